@@ -1,0 +1,48 @@
+// A fixed pool of worker threads for data-parallel loops. The caller's thread takes part, so a
+// pool of N threads keeps N cores busy. Workers are pinned to cores when the OS allows it, so
+// each keeps its caches warm across the many short loops of a forward step.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace sy {
+
+class ThreadPool {
+ public:
+  // threads = 0 means one per available core.
+  explicit ThreadPool(int threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Runs body(begin, end) over [0, count) split into at most size() contiguous chunks of
+  // near-equal length, and returns when all are done. Not reentrant.
+  void ParallelFor(size_t count, const std::function<void(size_t, size_t)>& body);
+
+  // The process-wide pool used by the kernels.
+  static ThreadPool& Global();
+  // Sets the size of the global pool; must be called before its first use.
+  static void ConfigureGlobal(int threads);
+
+ private:
+  void WorkerLoop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable start_;
+  std::condition_variable done_;
+  const std::function<void(size_t, size_t)>* body_ = nullptr;
+  size_t count_ = 0;
+  size_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace sy

@@ -1,0 +1,40 @@
+// switchyard init-model: writes the embedded default model (or a variant) as a checkpoint.
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/verbs.h"
+#include "model/synthetic.h"
+
+namespace sy {
+namespace {
+
+struct InitModelArgs {
+  std::string out;
+  uint64_t seed = 0;
+  bool bf16 = false;
+};
+
+void RunInitModel(const InitModelArgs& args) {
+  ModelConfig config = DefaultModelConfig();
+  if (args.bf16) config.fp8_weights = false;
+  SyntheticOptions options;
+  options.seed = args.seed;
+  Status status = WriteSyntheticCheckpoint(config, args.out, options);
+  if (!status.ok()) FailVerb(status.message());
+  std::printf("wrote the default model (%s weights, seed %llu) to %s\n",
+              config.fp8_weights ? "fp8" : "bf16", static_cast<unsigned long long>(args.seed),
+              args.out.c_str());
+}
+
+}  // namespace
+
+void AddInitModelVerb(CLI::App& app) {
+  auto args = std::make_shared<InitModelArgs>();
+  CLI::App* verb = app.add_subcommand("init-model", "Write the embedded default model, deterministically");
+  verb->add_option("--out", args->out, "Directory to write")->required();
+  verb->add_option("--seed", args->seed, "Random seed");
+  verb->add_flag("--bf16", args->bf16, "Store weights in bf16 instead of fp8 blocks");
+  verb->callback([args] { RunInitModel(*args); });
+}
+
+}  // namespace sy

@@ -1,0 +1,16 @@
+// The command-line verbs. Each registers a subcommand; a failing verb prints one line to stderr
+// and throws CLI::RuntimeError with a non-zero exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace sy {
+
+void AddLogitsVerb(CLI::App& app);
+void AddGenerateVerb(CLI::App& app);
+void AddInitModelVerb(CLI::App& app);
+
+// Prints "error: message" and aborts the verb with exit code 1.
+[[noreturn]] void FailVerb(const std::string& message);
+
+}  // namespace sy

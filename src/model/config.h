@@ -1,0 +1,82 @@
+// config.json → ModelConfig: every DeepSeek-V2/V3 architecture field, parsed once and validated.
+// Everything downstream reads this struct, never the JSON.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "base/status.h"
+
+namespace sy {
+
+enum class ScoringFunc { kSigmoid, kSoftmax };
+// noaux_tc: DeepSeek-V3 (bias-corrected, group score = sum of top 2);
+// group_limited_greedy: V2 (group score = max); greedy: plain top-k.
+enum class TopkMethod { kNoauxTc, kGroupLimitedGreedy, kGreedy };
+
+struct YarnScaling {
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  std::optional<double> mscale;
+  std::optional<double> mscale_all_dim;
+  std::optional<double> attention_factor;
+};
+
+struct ModelConfig {
+  std::string model_type;  // "deepseek_v3" or "deepseek_v2"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t n_shared_experts = 0;
+  int64_t n_routed_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  ScoringFunc scoring_func = ScoringFunc::kSigmoid;
+  TopkMethod topk_method = TopkMethod::kNoauxTc;
+  bool norm_topk_prob = true;
+  int64_t first_k_dense_replace = 0;
+  int64_t moe_layer_freq = 1;
+  std::optional<int64_t> q_lora_rank;  // absent/null: a single q_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  double rope_theta = 10000.0;
+  std::optional<YarnScaling> yarn;  // rope_scaling of type yarn
+  double rms_norm_eps = 1e-6;
+  int64_t num_nextn_predict_layers = 0;
+  int64_t max_position_embeddings = 0;
+  bool attention_bias = false;
+  bool tie_word_embeddings = false;
+  int64_t bos_token_id = 0;
+  int64_t eos_token_id = 1;
+  // quantization_config: fp8 e4m3 weights with [block_rows, block_cols] scale blocks.
+  bool fp8_weights = false;
+  int64_t weight_block_rows = 128;
+  int64_t weight_block_cols = 128;
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  // Elements cached per token per layer by absorbed MLA: the normalized latent and rotated k_pe.
+  int64_t latent_cache_width() const { return kv_lora_rank + qk_rope_head_dim; }
+  int64_t shared_expert_width() const { return moe_intermediate_size * n_shared_experts; }
+  bool IsMoeLayer(int64_t layer) const {
+    return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+  }
+};
+
+// Parses and validates config.json text; `source` names the file in messages.
+Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source);
+Result<ModelConfig> LoadModelConfig(const std::string& path);
+// Writes the config back as HF-style config.json text (used by the model generator).
+std::string ModelConfigToJson(const ModelConfig& config);
+
+}  // namespace sy

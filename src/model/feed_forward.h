@@ -1,0 +1,47 @@
+// SwiGLU MLPs and the MoE block. The MoE block is split into the Huawei recipe's stages —
+// init routing (expand × top-k, sort by expert), expert compute, finalize routing (undo the
+// sort, weighted sum, shared expert added) — so expert parallelism can put dispatch and combine
+// between them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace sy {
+
+// out[tokens, D] = down(silu(gate(x)) · up(x))
+void FeedForward(const FeedForwardWeights& w, const float* x, int64_t tokens, float* out);
+
+// The result of init routing for `tokens` tokens with top-k experts each. A "slot" is one
+// (token, k) pair, numbered token·top_k + k.
+struct ExpertRouting {
+  int64_t tokens = 0;
+  int64_t top_k = 0;
+  std::vector<int32_t> expert_ids;     // [tokens · top_k]
+  std::vector<float> weights;          // [tokens · top_k]
+  std::vector<int32_t> sorted_slots;   // [tokens · top_k] slots in expert order (stable)
+  std::vector<int64_t> expert_offsets; // [experts + 1] start of each expert in sorted_slots
+};
+
+// Router GEMM in f32, gate, and the sort by expert.
+ExpertRouting RouteTokens(const ModelConfig& config, const MoeWeights& w, const float* x,
+                          int64_t tokens);
+
+// expert_rows[sorted slot i] = Expert_{e}(x[token of slot]) for every expert held in `w`;
+// rows [T·K, D].
+void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* x, int64_t hidden,
+                float* expert_rows);
+
+// out[t] = Σ_k weight(t,k) · expert_rows[position of slot (t,k)] + shared[t] (shared may be null).
+// Slots are summed in ascending expert order, as Hugging Face's eager loop does.
+void FinalizeRouting(const ExpertRouting& routing, const float* expert_rows, const float* shared,
+                     int64_t hidden, float* out);
+
+// The whole MoE block in one process: out[tokens, D].
+void MoeForward(const ModelConfig& config, const MoeWeights& w, const float* x, int64_t tokens,
+                float* out);
+
+}  // namespace sy

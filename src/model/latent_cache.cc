@@ -1,0 +1,77 @@
+#include "model/latent_cache.h"
+
+#include <cstring>
+
+namespace sy {
+
+LatentCache::LatentCache(int64_t layers, int64_t row_width, int64_t page_size, int64_t pages,
+                         DType dtype)
+    : layers_(layers), row_width_(row_width), page_size_(page_size), pages_(pages), dtype_(dtype) {
+  const size_t layer_bytes =
+      static_cast<size_t>(pages * page_size * row_width) * DTypeSize(dtype);
+  storage_.assign(static_cast<size_t>(layers), std::vector<uint8_t>(layer_bytes));
+  for (int64_t page = pages - 1; page >= 0; --page) free_.push_back(static_cast<int32_t>(page));
+}
+
+Status LatentCache::Reserve(SequenceCache& sequence, int64_t length) {
+  const int64_t needed = (length + page_size_ - 1) / page_size_;
+  const int64_t missing = needed - static_cast<int64_t>(sequence.pages.size());
+  if (missing > free_pages())
+    return Status::Errorf("latent KV cache is full: {} more pages needed, {} free of {}", missing,
+                          free_pages(), pages_);
+  for (int64_t i = 0; i < missing; ++i) {
+    sequence.pages.push_back(free_.back());
+    free_.pop_back();
+  }
+  if (length > sequence.length) sequence.length = length;
+  return Status::Ok();
+}
+
+void LatentCache::Truncate(SequenceCache& sequence, int64_t length) {
+  const size_t needed = static_cast<size_t>((length + page_size_ - 1) / page_size_);
+  while (sequence.pages.size() > needed) {
+    free_.push_back(sequence.pages.back());
+    sequence.pages.pop_back();
+  }
+  if (length < sequence.length) sequence.length = length;
+}
+
+uint8_t* LatentCache::RowAddress(int64_t layer, const SequenceCache& sequence,
+                                 int64_t position) const {
+  const int64_t page = sequence.pages[static_cast<size_t>(position / page_size_)];
+  const int64_t slot = page * page_size_ + position % page_size_;
+  return const_cast<uint8_t*>(storage_[static_cast<size_t>(layer)].data()) +
+         static_cast<size_t>(slot * row_width_) * DTypeSize(dtype_);
+}
+
+void LatentCache::Write(int64_t layer, const SequenceCache& sequence, int64_t position,
+                        const float* row) {
+  uint8_t* target = RowAddress(layer, sequence, position);
+  if (dtype_ == DType::kF32) {
+    std::memcpy(target, row, static_cast<size_t>(row_width_) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < row_width_; ++i) {
+    uint16_t bits = F32ToBF16(row[i]);
+    std::memcpy(target + 2 * i, &bits, 2);
+  }
+}
+
+void LatentCache::Gather(int64_t layer, const SequenceCache& sequence, int64_t count,
+                         float* out) const {
+  for (int64_t position = 0; position < count; ++position) {
+    const uint8_t* source = RowAddress(layer, sequence, position);
+    float* target = out + position * row_width_;
+    if (dtype_ == DType::kF32) {
+      std::memcpy(target, source, static_cast<size_t>(row_width_) * sizeof(float));
+    } else {
+      for (int64_t i = 0; i < row_width_; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, source + 2 * i, 2);
+        target[i] = BF16ToF32(bits);
+      }
+    }
+  }
+}
+
+}  // namespace sy

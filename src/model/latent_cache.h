@@ -1,0 +1,56 @@
+// The paged latent KV cache of absorbed MLA. Per token and layer it holds one row of
+// [c (kv_lora_rank, normalized) | k_pe (qk_rope_head_dim, rotated)] — 576 values for
+// DeepSeek-V3, 70,272 bytes per token over 61 layers in bf16. Rows live in fixed-size pages
+// shared by all layers; a sequence owns a list of pages, so sequences of any length share one
+// pool and continuous batching needs no copying.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/status.h"
+#include "tensor/dtype.h"
+
+namespace sy {
+
+// One sequence's view of the cache: its pages, in position order, and how many rows are filled.
+struct SequenceCache {
+  std::vector<int32_t> pages;
+  int64_t length = 0;
+};
+
+class LatentCache {
+ public:
+  // dtype: kBF16 (as deployed) or kF32 (exact, for conformance checks).
+  LatentCache(int64_t layers, int64_t row_width, int64_t page_size, int64_t pages, DType dtype);
+
+  int64_t page_size() const { return page_size_; }
+  int64_t row_width() const { return row_width_; }
+  int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
+  DType dtype() const { return dtype_; }
+  // Bytes one token occupies over all layers.
+  int64_t BytesPerToken() const {
+    return layers_ * row_width_ * static_cast<int64_t>(DTypeSize(dtype_));
+  }
+
+  // Makes room for `length` rows in total; fails without side effects if the pool is full.
+  Status Reserve(SequenceCache& sequence, int64_t length);
+  // Drops rows from `length` on (speculative rollback), returning whole pages to the pool.
+  void Truncate(SequenceCache& sequence, int64_t length);
+  void Release(SequenceCache& sequence) { Truncate(sequence, 0); }
+
+  // Stores the row for `position` (which must be reserved) in `layer`.
+  void Write(int64_t layer, const SequenceCache& sequence, int64_t position, const float* row);
+  // Copies rows [0, count) of `layer` into out[count, row_width] as f32.
+  void Gather(int64_t layer, const SequenceCache& sequence, int64_t count, float* out) const;
+
+ private:
+  uint8_t* RowAddress(int64_t layer, const SequenceCache& sequence, int64_t position) const;
+
+  int64_t layers_, row_width_, page_size_, pages_;
+  DType dtype_;
+  std::vector<std::vector<uint8_t>> storage_;  // [layer][page · page_size · row_width]
+  std::vector<int32_t> free_;
+};
+
+}  // namespace sy

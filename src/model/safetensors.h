@@ -1,0 +1,72 @@
+// The safetensors format: an 8-byte little-endian header length, a JSON header mapping tensor
+// names to {dtype, shape, data_offsets}, then the raw data. The parser trusts nothing: every
+// offset, size and overlap is checked before a tensor's bytes are handed out.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/mapped_file.h"
+#include "base/status.h"
+#include "tensor/dtype.h"
+
+namespace sy {
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t data_begin = 0;  // offset within the file, past the header
+  uint64_t data_end = 0;
+
+  int64_t NumElements() const;
+};
+
+// Parses and validates the header of a safetensors file held in `bytes`; `source` names the
+// file in messages. Entries come back sorted by data offset.
+Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const uint8_t* bytes, size_t size,
+                                                             const std::string& source);
+
+// A tensor inside a mapped checkpoint file.
+struct CheckpointTensor {
+  const SafetensorsEntry* entry = nullptr;
+  const uint8_t* data = nullptr;
+  const std::string* file = nullptr;
+};
+
+// A checkpoint directory: one model.safetensors, or shards listed by
+// model.safetensors.index.json, all memory-mapped.
+class Checkpoint {
+ public:
+  static Result<Checkpoint> Open(const std::string& directory);
+
+  // Null when the tensor is absent.
+  const CheckpointTensor* Find(const std::string& name) const;
+  const std::map<std::string, CheckpointTensor>& tensors() const { return tensors_; }
+  const std::string& directory() const { return directory_; }
+
+ private:
+  struct Shard {
+    std::shared_ptr<MappedFile> file;
+    std::vector<SafetensorsEntry> entries;
+  };
+  Status AddShard(const std::string& path);
+
+  std::string directory_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::map<std::string, CheckpointTensor> tensors_;
+};
+
+// One tensor to write: raw little-endian bytes of `dtype` with `shape`.
+struct TensorToWrite {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
+
+}  // namespace sy

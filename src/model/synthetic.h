@@ -1,0 +1,27 @@
+// Deterministic synthetic checkpoints in the Hugging Face layout: the embedded default model
+// and benchmark models. Initialization follows the spec's test recipe (§9.2) so that routing
+// and attention are far from uniform.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "model/config.h"
+
+namespace sy {
+
+// The embedded default: a small DeepSeek-V3-shaped model (MLA with q_lora, YaRN, a dense first
+// layer, 32 routed experts in 4 groups, a shared expert, an MTP module, fp8 128×128 blocks).
+ModelConfig DefaultModelConfig();
+
+struct SyntheticOptions {
+  uint64_t seed = 0;
+};
+
+// Writes config.json and model.safetensors into `directory` (created if needed). Weights that
+// DeepSeek quantizes are stored fp8-e4m3 with block scales when config.fp8_weights, else bf16.
+Status WriteSyntheticCheckpoint(const ModelConfig& config, const std::string& directory,
+                                const SyntheticOptions& options = {});
+
+}  // namespace sy

@@ -1,0 +1,225 @@
+#include "model/weights.h"
+
+#include <set>
+
+namespace sy {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Reads named tensors out of a checkpoint, checking each against what config.json implies.
+class TensorReader {
+ public:
+  TensorReader(const Checkpoint& checkpoint, const ModelConfig& config)
+      : checkpoint_(checkpoint), config_(config) {}
+
+  const std::set<std::string>& used() const { return used_; }
+
+  const CheckpointTensor* Find(const std::string& name) const { return checkpoint_.Find(name); }
+
+  Result<const CheckpointTensor*> Require(const std::string& name) {
+    const CheckpointTensor* tensor = checkpoint_.Find(name);
+    if (tensor == nullptr)
+      return Status::Errorf("{}: tensor '{}' is missing", checkpoint_.directory(), name);
+    used_.insert(name);
+    return tensor;
+  }
+
+  Status CheckShape(const CheckpointTensor& tensor, const std::vector<int64_t>& expected) {
+    if (tensor.entry->shape == expected) return Status::Ok();
+    return Status::Errorf("{}: tensor '{}' has shape {} but config.json implies {}", *tensor.file,
+                          tensor.entry->name, ShapeString(tensor.entry->shape),
+                          ShapeString(expected));
+  }
+
+  // A [rows, cols] weight: f32/bf16/f16, or fp8-e4m3 with its `_scale_inv` block scales.
+  Result<Matrix> LoadMatrix(const std::string& name, int64_t rows, int64_t cols,
+                            bool may_be_fp8 = true) {
+    SY_ASSIGN_OR_RETURN(const CheckpointTensor* tensor, Require(name));
+    SY_RETURN_IF_ERROR(CheckShape(*tensor, {rows, cols}));
+    Matrix m;
+    m.dtype = tensor->entry->dtype;
+    m.rows = rows;
+    m.cols = cols;
+    m.data = tensor->data;
+    switch (m.dtype) {
+      case DType::kF32:
+      case DType::kBF16:
+      case DType::kF16:
+        return m;
+      case DType::kF8E4M3:
+        break;
+      default:
+        return Status::Errorf("{}: tensor '{}' has dtype {}; weights must be F32, BF16, F16 or "
+                              "F8_E4M3", *tensor->file, name, DTypeName(m.dtype));
+    }
+    if (!may_be_fp8)
+      return Status::Errorf("{}: tensor '{}' is F8_E4M3 but this weight is never quantized",
+                            *tensor->file, name);
+    if (!config_.fp8_weights)
+      return Status::Errorf("{}: tensor '{}' is F8_E4M3 but config.json has no fp8 "
+                            "quantization_config", *tensor->file, name);
+    const std::string scale_name = name + "_scale_inv";
+    SY_ASSIGN_OR_RETURN(const CheckpointTensor* scales, Require(scale_name));
+    if (scales->entry->dtype != DType::kF32)
+      return Status::Errorf("{}: tensor '{}' must be F32, not {}", *scales->file, scale_name,
+                            DTypeName(scales->entry->dtype));
+    m.block_rows = config_.weight_block_rows;
+    m.block_cols = config_.weight_block_cols;
+    m.scale_cols = CeilDiv(cols, m.block_cols);
+    SY_RETURN_IF_ERROR(CheckShape(*scales, {CeilDiv(rows, m.block_rows), m.scale_cols}));
+    // Copy the scales: they are small, and the mapping gives no alignment guarantee for floats.
+    auto copy = std::make_shared<std::vector<float>>(static_cast<size_t>(scales->entry->NumElements()));
+    std::memcpy(copy->data(), scales->data, copy->size() * sizeof(float));
+    m.block_scales = copy->data();
+    m.owner = copy;
+    return m;
+  }
+
+  // A 1-D f32/bf16/f16 vector of `size`, converted to f32.
+  Result<std::vector<float>> LoadVector(const std::string& name, int64_t size) {
+    SY_ASSIGN_OR_RETURN(const CheckpointTensor* tensor, Require(name));
+    SY_RETURN_IF_ERROR(CheckShape(*tensor, {size}));
+    DType dtype = tensor->entry->dtype;
+    if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
+      return Status::Errorf("{}: tensor '{}' has dtype {}; expected F32, BF16 or F16",
+                            *tensor->file, name, DTypeName(dtype));
+    Matrix view;
+    view.dtype = dtype;
+    view.rows = 1;
+    view.cols = size;
+    view.data = tensor->data;
+    std::vector<float> values(static_cast<size_t>(size));
+    view.DecodeRow(0, values.data());
+    return values;
+  }
+
+ private:
+  const Checkpoint& checkpoint_;
+  const ModelConfig& config_;
+  std::set<std::string> used_;
+};
+
+Result<FeedForwardWeights> LoadFeedForward(TensorReader& reader, const std::string& prefix,
+                                           int64_t width, int64_t hidden) {
+  FeedForwardWeights ff;
+  SY_ASSIGN_OR_RETURN(ff.gate_proj, reader.LoadMatrix(prefix + ".gate_proj.weight", width, hidden));
+  SY_ASSIGN_OR_RETURN(ff.up_proj, reader.LoadMatrix(prefix + ".up_proj.weight", width, hidden));
+  SY_ASSIGN_OR_RETURN(ff.down_proj, reader.LoadMatrix(prefix + ".down_proj.weight", hidden, width));
+  return ff;
+}
+
+Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelConfig& c,
+                                             int64_t layer, const WeightLoadOptions& options) {
+  const std::string p = "model.layers." + std::to_string(layer);
+  const int64_t D = c.hidden_size, H = c.num_attention_heads;
+  DecoderLayerWeights w;
+  AttentionWeights& a = w.self_attn;
+  SY_ASSIGN_OR_RETURN(a.input_layernorm, reader.LoadVector(p + ".input_layernorm.weight", D));
+  const std::string attn = p + ".self_attn";
+  if (c.q_lora_rank) {
+    SY_ASSIGN_OR_RETURN(a.q_a_proj, reader.LoadMatrix(attn + ".q_a_proj.weight", *c.q_lora_rank, D));
+    SY_ASSIGN_OR_RETURN(a.q_a_layernorm,
+                        reader.LoadVector(attn + ".q_a_layernorm.weight", *c.q_lora_rank));
+    SY_ASSIGN_OR_RETURN(a.q_b_proj, reader.LoadMatrix(attn + ".q_b_proj.weight",
+                                                      H * c.qk_head_dim(), *c.q_lora_rank));
+  } else {
+    SY_ASSIGN_OR_RETURN(a.q_proj, reader.LoadMatrix(attn + ".q_proj.weight", H * c.qk_head_dim(), D));
+  }
+  SY_ASSIGN_OR_RETURN(a.kv_a_proj_with_mqa, reader.LoadMatrix(attn + ".kv_a_proj_with_mqa.weight",
+                                                              c.latent_cache_width(), D));
+  SY_ASSIGN_OR_RETURN(a.kv_a_layernorm, reader.LoadVector(attn + ".kv_a_layernorm.weight", c.kv_lora_rank));
+  SY_ASSIGN_OR_RETURN(a.kv_b_proj, reader.LoadMatrix(attn + ".kv_b_proj.weight",
+                                                     H * (c.qk_nope_head_dim + c.v_head_dim),
+                                                     c.kv_lora_rank));
+  SY_ASSIGN_OR_RETURN(a.o_proj, reader.LoadMatrix(attn + ".o_proj.weight", D, H * c.v_head_dim));
+  SY_ASSIGN_OR_RETURN(w.post_attention_layernorm,
+                      reader.LoadVector(p + ".post_attention_layernorm.weight", D));
+
+  w.is_moe = c.IsMoeLayer(layer);
+  if (!w.is_moe) {
+    SY_ASSIGN_OR_RETURN(w.mlp, LoadFeedForward(reader, p + ".mlp", c.intermediate_size, D));
+    return w;
+  }
+  MoeWeights& moe = w.moe;
+  SY_ASSIGN_OR_RETURN(moe.gate, reader.LoadMatrix(p + ".mlp.gate.weight", c.n_routed_experts, D,
+                                                  /*may_be_fp8=*/false));
+  const std::string bias_name = p + ".mlp.gate.e_score_correction_bias";
+  if (c.topk_method == TopkMethod::kNoauxTc) {
+    SY_ASSIGN_OR_RETURN(moe.e_score_correction_bias, reader.LoadVector(bias_name, c.n_routed_experts));
+  } else if (reader.Find(bias_name) != nullptr) {
+    return Status::Errorf("tensor '{}' is present but topk_method does not use a correction bias",
+                          bias_name);
+  }
+  const int64_t begin = options.expert_begin;
+  const int64_t end = options.expert_end < 0 ? c.n_routed_experts : options.expert_end;
+  moe.experts.resize(static_cast<size_t>(c.n_routed_experts));
+  for (int64_t e = begin; e < end; ++e) {
+    SY_ASSIGN_OR_RETURN(moe.experts[e], LoadFeedForward(reader, p + ".mlp.experts." + std::to_string(e),
+                                                        c.moe_intermediate_size, D));
+  }
+  if (c.n_shared_experts > 0) {
+    SY_ASSIGN_OR_RETURN(moe.shared_experts,
+                        LoadFeedForward(reader, p + ".mlp.shared_experts", c.shared_expert_width(), D));
+  }
+  return w;
+}
+
+}  // namespace
+
+Result<ModelWeights> LoadWeights(const Checkpoint& checkpoint, const ModelConfig& c,
+                                 const WeightLoadOptions& options, std::vector<std::string>* unused) {
+  if (options.expert_begin < 0 || (options.expert_end >= 0 && (options.expert_end < options.expert_begin ||
+                                                               options.expert_end > c.n_routed_experts)))
+    return Status::Errorf("expert range [{}, {}) is outside [0, {})", options.expert_begin,
+                          options.expert_end, c.n_routed_experts);
+  TensorReader reader(checkpoint, c);
+  ModelWeights w;
+  const int64_t D = c.hidden_size;
+  SY_ASSIGN_OR_RETURN(w.embed_tokens, reader.LoadMatrix("model.embed_tokens.weight", c.vocab_size, D, false));
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    SY_ASSIGN_OR_RETURN(auto layer_weights, LoadDecoderLayer(reader, c, layer, options));
+    w.layers.push_back(std::move(layer_weights));
+  }
+  SY_ASSIGN_OR_RETURN(w.norm, reader.LoadVector("model.norm.weight", D));
+  SY_ASSIGN_OR_RETURN(w.lm_head, reader.LoadMatrix("lm_head.weight", c.vocab_size, D, false));
+
+  for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) {
+    const int64_t layer = c.num_hidden_layers + i;
+    const std::string p = "model.layers." + std::to_string(layer);
+    if (reader.Find(p + ".eh_proj.weight") == nullptr) {
+      // A checkpoint may ship without its MTP module (HF's save_pretrained drops it).
+      continue;
+    }
+    MtpWeights mtp;
+    mtp.embed_tokens = w.embed_tokens;
+    mtp.head = w.lm_head;
+    if (reader.Find(p + ".embed_tokens.weight")) {
+      SY_ASSIGN_OR_RETURN(mtp.embed_tokens, reader.LoadMatrix(p + ".embed_tokens.weight", c.vocab_size, D, false));
+    }
+    if (reader.Find(p + ".shared_head.head.weight")) {
+      SY_ASSIGN_OR_RETURN(mtp.head, reader.LoadMatrix(p + ".shared_head.head.weight", c.vocab_size, D, false));
+    }
+    SY_ASSIGN_OR_RETURN(mtp.enorm, reader.LoadVector(p + ".enorm.weight", D));
+    SY_ASSIGN_OR_RETURN(mtp.hnorm, reader.LoadVector(p + ".hnorm.weight", D));
+    SY_ASSIGN_OR_RETURN(mtp.eh_proj, reader.LoadMatrix(p + ".eh_proj.weight", D, 2 * D));
+    SY_ASSIGN_OR_RETURN(mtp.head_norm, reader.LoadVector(p + ".shared_head.norm.weight", D));
+    SY_ASSIGN_OR_RETURN(mtp.block, LoadDecoderLayer(reader, c, layer, options));
+    w.mtp.push_back(std::move(mtp));
+  }
+
+  if (unused != nullptr) {
+    unused->clear();
+    for (const auto& [name, tensor] : checkpoint.tensors())
+      if (!reader.used().count(name)) unused->push_back(name);
+  }
+  return w;
+}
+
+}  // namespace sy

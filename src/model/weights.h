@@ -1,0 +1,83 @@
+// The weights of a DeepSeek-V3-family model, named as in the spec and the checkpoint.
+// Matrices are views into the memory-mapped checkpoint; norms and biases are small f32 copies.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "tensor/matrix.h"
+
+namespace sy {
+
+struct AttentionWeights {
+  std::vector<float> input_layernorm;  // [D]
+  Matrix q_a_proj;                     // [q_lora_rank, D]        (q_lora variant)
+  std::vector<float> q_a_layernorm;    // [q_lora_rank]
+  Matrix q_b_proj;                     // [H·dqk, q_lora_rank]
+  Matrix q_proj;                       // [H·dqk, D]              (no q_lora)
+  Matrix kv_a_proj_with_mqa;           // [kv_lora_rank + dr, D]
+  std::vector<float> kv_a_layernorm;   // [kv_lora_rank]
+  Matrix kv_b_proj;                    // [H·(dn + dv), kv_lora_rank]
+  Matrix o_proj;                       // [D, H·dv]
+};
+
+// One SwiGLU MLP: down(silu(gate(x)) · up(x)).
+struct FeedForwardWeights {
+  Matrix gate_proj;  // [width, D]
+  Matrix up_proj;    // [width, D]
+  Matrix down_proj;  // [D, width]
+  bool empty() const { return gate_proj.empty(); }
+};
+
+struct MoeWeights {
+  Matrix gate;                                  // router [E, D], never fp8
+  std::vector<float> e_score_correction_bias;   // [E]; empty for V2-style gates
+  std::vector<FeedForwardWeights> experts;      // [E]; empty entries for experts held elsewhere
+  FeedForwardWeights shared_experts;            // width moe_intermediate_size · n_shared_experts
+};
+
+struct DecoderLayerWeights {
+  AttentionWeights self_attn;
+  std::vector<float> post_attention_layernorm;  // [D]
+  bool is_moe = false;
+  FeedForwardWeights mlp;  // dense layers
+  MoeWeights moe;          // MoE layers
+};
+
+// A multi-token-prediction module (stored after the last main layer); loaded and kept for
+// speculative decoding.
+struct MtpWeights {
+  Matrix embed_tokens;           // [vocab, D], the main embedding when not stored
+  std::vector<float> enorm;      // [D]
+  std::vector<float> hnorm;      // [D]
+  Matrix eh_proj;                // [D, 2D]: columns [0, D) take the embedding, [D, 2D) the hidden
+  std::vector<float> head_norm;  // shared_head.norm [D]
+  Matrix head;                   // shared_head.head [vocab, D], lm_head when not stored
+  DecoderLayerWeights block;
+};
+
+struct ModelWeights {
+  Matrix embed_tokens;                     // [vocab, D]
+  std::vector<DecoderLayerWeights> layers;  // num_hidden_layers
+  std::vector<float> norm;                 // [D]
+  Matrix lm_head;                          // [vocab, D]
+  std::vector<MtpWeights> mtp;             // num_nextn_predict_layers
+};
+
+struct WeightLoadOptions {
+  // Routed experts [expert_begin, expert_end) are loaded; -1 means all of them.
+  int64_t expert_begin = 0;
+  int64_t expert_end = -1;
+};
+
+// Loads and checks every tensor the config calls for: presence, dtype, shape, fp8 block scales.
+// Errors name the file and tensor. Tensors the model does not use are reported in `unused`.
+Result<ModelWeights> LoadWeights(const Checkpoint& checkpoint, const ModelConfig& config,
+                                 const WeightLoadOptions& options = {},
+                                 std::vector<std::string>* unused = nullptr);
+
+}  // namespace sy

@@ -1,0 +1,51 @@
+// Element types of checkpoint tensors and their conversions to and from float32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace sy {
+
+enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kF8E5M2, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
+
+// Bytes per element.
+size_t DTypeSize(DType dtype);
+// The safetensors spelling ("BF16", "F8_E4M3", ...).
+std::string_view DTypeName(DType dtype);
+// Parses the safetensors spelling; nullopt for anything unknown.
+std::optional<DType> ParseDType(std::string_view name);
+
+inline float F32FromBits(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+inline uint32_t BitsFromF32(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+inline float BF16ToF32(uint16_t bits) { return F32FromBits(static_cast<uint32_t>(bits) << 16); }
+// Round to nearest even, as torch does; NaN stays NaN.
+inline uint16_t F32ToBF16(float value) {
+  uint32_t bits = BitsFromF32(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float F16ToF32(uint16_t bits);
+uint16_t F32ToF16(float value);
+
+// float8 e4m3fn: s eeee mmm, bias 7, no infinities, 0x7f/0xff are NaN, max finite 448.
+float F8E4M3ToF32(uint8_t bits);
+// Round to nearest even, saturating to ±448 (the quantizer's convention).
+uint8_t F32ToF8E4M3(float value);
+// A 256-entry table of F8E4M3ToF32, for kernels that decode bytes in bulk.
+const float* F8E4M3Table();
+
+}  // namespace sy
