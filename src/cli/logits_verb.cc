@@ -14,7 +14,7 @@ struct LogitsArgs {
   std::string tokens;
   std::string out;
   int64_t decode_from = -1;
-  std::string kv_dtype = "bf16";
+  std::string kv_dtype = "f32";  // a conformance tool: exact by default
   std::string attention = "auto";
 };
 
@@ -98,7 +98,7 @@ void AddLogitsVerb(CLI::App& app) {
   verb->add_option("--decode-from", args->decode_from,
                    "Prefill positions [0, K), then decode every later position one token per step")
       ->check(CLI::NonNegativeNumber);
-  verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")->check(CLI::IsMember({"bf16", "f32"}));
+  verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype (f32 keeps the reference's arithmetic; bf16 as deployed)")->check(CLI::IsMember({"bf16", "f32"}));
   verb->add_option("--attention", args->attention, "MLA form: auto (expanded for prefill, absorbed for decode), expanded or absorbed")
       ->check(CLI::IsMember({"auto", "expanded", "absorbed"}));
   verb->callback([args] { RunLogits(*args); });

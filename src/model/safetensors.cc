@@ -42,7 +42,9 @@ Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const uint8_t* byte
   const uint64_t data_size = size - 8 - header_size;
   const uint64_t data_start = 8 + header_size;
   std::vector<SafetensorsEntry> entries;
-  for (const auto& [name, value] : header.items()) {
+  for (const auto& item : header.items()) {
+    const std::string& name = item.key();
+    const json& value = item.value();
     if (name == "__metadata__") continue;
     auto fail = [&](const std::string& what) {
       return Status::Errorf("{}: tensor '{}': {}", source, name, what);

@@ -1,0 +1,209 @@
+// The reference kernels against direct double-precision formulas, at awkward sizes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/mla_attention.h"
+#include "kernels/cpu/router.h"
+
+namespace sy {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// An fp8 matrix with block scales and its exact f32 values.
+struct Fp8Matrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+  std::vector<float> values;
+  Matrix view;
+};
+
+Fp8Matrix MakeFp8(int64_t rows, int64_t cols, int64_t block, uint32_t seed) {
+  Fp8Matrix m;
+  auto raw = Random(static_cast<size_t>(rows * cols), seed);
+  const int64_t scale_cols = (cols + block - 1) / block, scale_rows = (rows + block - 1) / block;
+  m.scales.resize(static_cast<size_t>(scale_rows * scale_cols));
+  for (size_t i = 0; i < m.scales.size(); ++i) m.scales[i] = 0.01f * (1 + i % 7);
+  m.bytes.resize(raw.size());
+  m.values.resize(raw.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float scale = m.scales[(r / block) * scale_cols + c / block];
+      uint8_t q = F32ToF8E4M3(raw[r * cols + c] * 30);
+      m.bytes[r * cols + c] = q;
+      m.values[r * cols + c] = F8E4M3ToF32(q) * scale;
+    }
+  m.view.dtype = DType::kF8E4M3;
+  m.view.rows = rows;
+  m.view.cols = cols;
+  m.view.data = m.bytes.data();
+  m.view.block_scales = m.scales.data();
+  m.view.block_rows = m.view.block_cols = block;
+  m.view.scale_cols = scale_cols;
+  return m;
+}
+
+TEST(LinearTest, Fp8WithPartialBlocksMatchesDequantizedProduct) {
+  const int64_t rows = 37, cols = 45, tokens = 3, block = 16;
+  Fp8Matrix w = MakeFp8(rows, cols, block, 1);
+  auto x = Random(static_cast<size_t>(tokens * cols), 2);
+  std::vector<float> y(static_cast<size_t>(tokens * rows));
+  kernels::Linear(x.data(), tokens, w.view, y.data());
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t o = 0; o < rows; ++o) {
+      double expected = 0;
+      for (int64_t i = 0; i < cols; ++i) expected += static_cast<double>(x[t * cols + i]) * w.values[o * cols + i];
+      EXPECT_NEAR(y[t * rows + o], expected, 1e-4 * (1 + std::fabs(expected)));
+    }
+}
+
+TEST(LinearTest, RowSliceUsesTheRightScales) {
+  Fp8Matrix w = MakeFp8(40, 20, 16, 3);
+  Matrix slice = w.view.RowSlice(17, 9);  // starts inside the second row block
+  std::vector<float> row(20);
+  for (int64_t r = 0; r < 9; ++r) {
+    slice.DecodeRow(r, row.data());
+    for (int64_t c = 0; c < 20; ++c) EXPECT_EQ(row[c], w.values[(17 + r) * 20 + c]);
+  }
+}
+
+TEST(LinearTest, TransposedMatchesDirectSum) {
+  const int64_t rows = 13, cols = 29, tokens = 2;
+  auto values = Random(static_cast<size_t>(rows * cols), 4);
+  Matrix w;
+  w.dtype = DType::kF32;
+  w.rows = rows;
+  w.cols = cols;
+  w.data = reinterpret_cast<const uint8_t*>(values.data());
+  auto x = Random(static_cast<size_t>(tokens * rows), 5);
+  std::vector<float> y(static_cast<size_t>(tokens * cols));
+  kernels::LinearTransposed(x.data(), tokens, w, y.data());
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = 0; c < cols; ++c) {
+      double expected = 0;
+      for (int64_t r = 0; r < rows; ++r) expected += static_cast<double>(x[t * rows + r]) * values[r * cols + c];
+      EXPECT_NEAR(y[t * cols + c], expected, 1e-4);
+    }
+}
+
+TEST(ElementwiseTest, RmsNormAndSoftmax) {
+  std::vector<float> x = {1, 2, 3, 4}, w = {1, 0.5f, 2, 1}, out(4);
+  kernels::RmsNorm(x.data(), 1, 4, w.data(), 0.0f, out.data());
+  const float inv = 1.0f / std::sqrt(7.5f);
+  EXPECT_FLOAT_EQ(out[1], 2 * inv * 0.5f);
+  std::vector<float> s = {1, 2, 3};
+  kernels::Softmax(s.data(), 3);
+  EXPECT_NEAR(s[2], std::exp(3.0) / (std::exp(1.0) + std::exp(2.0) + std::exp(3.0)), 1e-6);
+}
+
+TEST(ElementwiseTest, RopeRotatesConsecutivePairs) {
+  std::vector<float> v = {1, 0, 0, 1}, inv_freq = {1.0f, 0.5f};
+  kernels::RopePairwise(v.data(), 4, 2, inv_freq.data(), 1.0f);
+  EXPECT_NEAR(v[0], std::cos(2.0f), 1e-6);   // pair 0 by angle 2
+  EXPECT_NEAR(v[1], std::sin(2.0f), 1e-6);
+  EXPECT_NEAR(v[2], -std::sin(1.0f), 1e-6);  // pair 1 by angle 1
+  EXPECT_NEAR(v[3], std::cos(1.0f), 1e-6);
+}
+
+kernels::RouterParams V3Params() {
+  kernels::RouterParams p;
+  p.experts = 8;
+  p.groups = 4;
+  p.groups_kept = 2;
+  p.top_k = 2;
+  p.sigmoid = true;
+  p.group_score = kernels::GroupScore::kSumOfTop2;
+  p.normalize = true;
+  p.scale = 2.5f;
+  return p;
+}
+
+TEST(RouterTest, BiasSelectsButDoesNotWeigh) {
+  auto p = V3Params();
+  p.groups = 1;
+  p.groups_kept = 1;
+  std::vector<float> logits = {2.0f, 1.0f, 0, 0, 0, 0, 0, 0};
+  std::vector<float> bias = {0, 0, 0, 0, 0, 0, 0, 0.9f};  // lifts expert 7 above expert 1
+  int32_t ids[2];
+  float weights[2];
+  kernels::Route(logits.data(), 1, bias.data(), p, ids, weights);
+  EXPECT_EQ(ids[0], 7);  // sigmoid(0) + 0.9 = 1.4 > sigmoid(2) = 0.88
+  EXPECT_EQ(ids[1], 0);
+  const float s0 = 1 / (1 + std::exp(-2.0f)), s7 = 0.5f;
+  EXPECT_NEAR(weights[0], s7 / (s0 + s7) * 2.5f, 1e-6);
+  EXPECT_NEAR(weights[1], s0 / (s0 + s7) * 2.5f, 1e-6);
+}
+
+TEST(RouterTest, GroupScoreIsTheSumOfTheTopTwo) {
+  auto p = V3Params();
+  // Group 0 = {0,1}: one strong expert; group 1 = {2,3}: two good ones; groups 2, 3 weak.
+  std::vector<float> logits = {3.0f, -3.0f, 1.0f, 1.0f, -2, -2, -1, -5};
+  int32_t ids[2];
+  float weights[2];
+  kernels::Route(logits.data(), 1, nullptr, p, ids, weights);
+  // Group sums: g0 = .953+.047 = 1.0, g1 = 1.46, g2 = .24, g3 = .27 -> keep g1 and g0.
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 2);  // 2 and 3 tie: the lower index wins
+  // With the max rule (V2), the same logits keep g0 and g1 too, but a case where they differ:
+  std::vector<float> close = {2.0f, -9.0f, 1.9f, 1.9f, -9, -9, -9, -9};
+  p.group_score = kernels::GroupScore::kMax;
+  p.groups_kept = 1;
+  kernels::Route(close.data(), 1, nullptr, p, ids, weights);
+  EXPECT_EQ(ids[0], 0);  // max: g0 (2.0) beats g1 (1.9); the top-2 sum would choose g1
+  EXPECT_EQ(ids[1], 1);
+  p.group_score = kernels::GroupScore::kSumOfTop2;
+  kernels::Route(close.data(), 1, nullptr, p, ids, weights);
+  EXPECT_EQ(ids[0], 2);
+  EXPECT_EQ(ids[1], 3);
+}
+
+TEST(RouterTest, SoftmaxGreedyWithoutRenormalization) {
+  kernels::RouterParams p;
+  p.experts = 4;
+  p.top_k = 2;
+  p.sigmoid = false;
+  p.group_score = kernels::GroupScore::kNone;
+  p.normalize = false;
+  p.scale = 2.0f;
+  std::vector<float> logits = {0, 1, 2, 3};
+  int32_t ids[2];
+  float weights[2];
+  kernels::Route(logits.data(), 1, nullptr, p, ids, weights);
+  double z = 1 + std::exp(1.0) + std::exp(2.0) + std::exp(3.0);
+  EXPECT_EQ(ids[0], 3);
+  EXPECT_NEAR(weights[0], 2 * std::exp(3.0) / z, 1e-6);
+  EXPECT_NEAR(weights[1], 2 * std::exp(2.0) / z, 1e-6);
+}
+
+// The two MLA forms are the same function: compare them on random data with query offsets.
+TEST(MlaAttentionTest, AbsorbedEqualsExpanded) {
+  kernels::MlaDims d{3, 10, 6, 7, 11, 0.3f};
+  const int64_t tokens = 4, keys = 9;
+  auto q = Random(static_cast<size_t>(tokens * d.heads * (d.nope + d.rope)), 6);
+  auto latents = Random(static_cast<size_t>(keys * (d.latent + d.rope)), 7);
+  Fp8Matrix kv_b = MakeFp8(d.heads * (d.nope + d.v), d.latent, 8, 8);
+  const int64_t positions[] = {5, 6, 7, 8};  // a chunk on top of 5 cached tokens
+  std::vector<float> expanded(static_cast<size_t>(tokens * d.heads * d.v)), absorbed(expanded.size());
+  kernels::MlaAttendExpanded(q.data(), tokens, positions, latents.data(), keys, kv_b.view, d, expanded.data());
+  kernels::MlaAttendAbsorbed(q.data(), tokens, positions, latents.data(), keys, kv_b.view, d, absorbed.data());
+  for (size_t i = 0; i < expanded.size(); ++i) EXPECT_NEAR(expanded[i], absorbed[i], 1e-4) << i;
+  // The first query must not see the keys after position 5.
+  std::vector<float> changed = latents;
+  for (int64_t j = 6; j < keys; ++j) changed[j * (d.latent + d.rope)] += 100;
+  std::vector<float> again(expanded.size());
+  kernels::MlaAttendAbsorbed(q.data(), 1, positions, changed.data(), keys, kv_b.view, d, again.data());
+  for (int64_t i = 0; i < d.heads * d.v; ++i) EXPECT_NEAR(again[i], absorbed[i], 1e-5);
+}
+
+}  // namespace
+}  // namespace sy

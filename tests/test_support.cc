@@ -1,0 +1,121 @@
+#include "test_support.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "cli/token_lists.h"
+
+namespace sy::testing {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << contents;
+}
+
+Fixture LoadFixture(const std::string& name) {
+  Fixture f;
+  f.directory = std::string(kFixturesDir) + "/" + name;
+  f.tokens_text = ReadFile(f.directory + "/tokens.txt");
+  while (!f.tokens_text.empty() && (f.tokens_text.back() == '\n' || f.tokens_text.back() == '\r'))
+    f.tokens_text.pop_back();
+  auto parsed = ParseTokenLists(f.tokens_text, "tokens.txt");
+  if (!parsed.ok()) throw std::runtime_error(parsed.status().message());
+  f.tokens = parsed.value();
+  std::string bytes = ReadFile(f.directory + "/logits.bin");
+  f.logits.resize(bytes.size() / sizeof(float));
+  std::memcpy(f.logits.data(), bytes.data(), f.logits.size() * sizeof(float));
+  int64_t rows = 0;
+  for (const auto& s : f.tokens) rows += static_cast<int64_t>(s.size());
+  f.vocab = static_cast<int64_t>(f.logits.size()) / rows;
+  return f;
+}
+
+std::vector<std::string> FixtureNames() {
+  return {"tiny-v3-bf16", "tiny-v3-fp8", "tiny-v3-qproj-f16", "tiny-v2-f32"};
+}
+
+LogitComparison CompareLogits(const std::vector<float>& reference, const std::vector<float>& got,
+                              int64_t vocab, float margin) {
+  LogitComparison result;
+  if (reference.size() != got.size()) {
+    result.max_abs_diff = INFINITY;
+    return result;
+  }
+  const int64_t rows = static_cast<int64_t>(reference.size()) / vocab;
+  result.row_max_diff.assign(static_cast<size_t>(rows), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* ref = reference.data() + r * vocab;
+    const float* out = got.data() + r * vocab;
+    int64_t best = 0, second = -1;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const double diff = std::fabs(ref[i] - out[i]);
+      result.max_abs_diff = std::max(result.max_abs_diff, diff);
+      result.row_max_diff[r] = std::max(result.row_max_diff[r], diff);
+      result.max_abs_reference = std::max(result.max_abs_reference, static_cast<double>(std::fabs(ref[i])));
+      if (i == 0) continue;
+      if (ref[i] > ref[best]) {
+        second = best;
+        best = i;
+      } else if (second < 0 || ref[i] > ref[second]) {
+        second = i;
+      }
+    }
+    if (ref[best] - ref[second] > margin) {
+      ++result.argmax_checked;
+      int64_t got_best = std::max_element(out, out + vocab) - out;
+      if (got_best != best) ++result.argmax_mismatches;
+    }
+  }
+  return result;
+}
+
+int64_t LogitComparison::RowsOver(double relative) const {
+  int64_t count = 0;
+  for (double diff : row_max_diff) count += diff > relative * max_abs_reference;
+  return count;
+}
+
+std::string TempDirectory(const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("switchyard-test-" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+void CopyDirectory(const std::string& from, const std::string& to) {
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive |
+                                      std::filesystem::copy_options::overwrite_existing);
+}
+
+int RunCommand(const std::string& command, std::string* output) {
+  std::string full = command + " 2>&1";
+  FILE* pipe = ::popen(full.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  std::array<char, 4096> buffer{};
+  output->clear();
+  size_t read;
+  while ((read = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output->append(buffer.data(), read);
+  int status = ::pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace sy::testing

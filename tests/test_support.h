@@ -1,0 +1,46 @@
+// Shared test helpers: the committed Hugging Face fixtures and logit comparison.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sy::testing {
+
+inline const char* kFixturesDir = SY_FIXTURES_DIR;
+inline const char* kBinary = SY_BINARY;
+
+struct Fixture {
+  std::string directory;
+  std::string tokens_text;                   // CLI form
+  std::vector<std::vector<int32_t>> tokens;  // per sequence
+  std::vector<float> logits;                 // [rows, vocab]
+  int64_t vocab = 0;
+};
+
+Fixture LoadFixture(const std::string& name);
+std::vector<std::string> FixtureNames();
+
+struct LogitComparison {
+  double max_abs_diff = 0;
+  double max_abs_reference = 0;
+  int64_t argmax_checked = 0;     // rows whose reference top-2 margin exceeds the threshold
+  int64_t argmax_mismatches = 0;  // of those, rows whose argmax differs
+  std::vector<double> row_max_diff;  // per row
+  // Rows whose max |Δ| exceeds `relative` × max|reference logit|.
+  int64_t RowsOver(double relative) const;
+};
+LogitComparison CompareLogits(const std::vector<float>& reference, const std::vector<float>& got,
+                              int64_t vocab, float margin = 0.05f);
+
+// A fresh empty directory under the test temp area.
+std::string TempDirectory(const std::string& name);
+// Recursively copies a directory.
+void CopyDirectory(const std::string& from, const std::string& to);
+std::string ReadFile(const std::string& path);
+void WriteFile(const std::string& path, const std::string& contents);
+
+// Runs a shell command; returns its exit status and captures stdout+stderr.
+int RunCommand(const std::string& command, std::string* output);
+
+}  // namespace sy::testing
