@@ -19,6 +19,11 @@ struct Case {
   int64_t decode_from;  // -1: one prefill per sequence
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.fixture << " form " << static_cast<int>(c.form) << " cache " << DTypeName(c.kv_dtype)
+      << " decode_from " << c.decode_from;
+}
+
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   std::string name = info.param.fixture + "_";
   name += info.param.form == AttentionForm::kAuto       ? "auto"
