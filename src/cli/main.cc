@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   sy::AddLogitsVerb(app);
   sy::AddGenerateVerb(app);
   sy::AddInitModelVerb(app);
+  sy::AddPlanVerb(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -9,6 +9,7 @@ namespace sy {
 void AddLogitsVerb(CLI::App& app);
 void AddGenerateVerb(CLI::App& app);
 void AddInitModelVerb(CLI::App& app);
+void AddPlanVerb(CLI::App& app);
 
 // Prints "error: message" and aborts the verb with exit code 1.
 [[noreturn]] void FailVerb(const std::string& message);
