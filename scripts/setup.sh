@@ -23,5 +23,5 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 jobs="$(nproc)"
-cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSWITCHYARD_NATIVE=OFF >/dev/null
 cmake --build "$root/build" -j "$jobs"

@@ -4,7 +4,8 @@
 #include <numeric>
 
 #include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/linear.h"
+#include "kernels/cpu/fast_linear.h"
+#include "kernels/cpu/grouped_ffn.h"
 #include "kernels/cpu/router.h"
 
 namespace sy {
@@ -12,10 +13,10 @@ namespace sy {
 void FeedForward(const FeedForwardWeights& w, const float* x, int64_t tokens, float* out) {
   const int64_t width = w.gate_proj.rows;
   std::vector<float> gate(static_cast<size_t>(tokens * width)), up(gate.size());
-  kernels::Linear(x, tokens, w.gate_proj, gate.data());
-  kernels::Linear(x, tokens, w.up_proj, up.data());
+  kernels::LinearAuto(x, tokens, w.gate_proj, gate.data());
+  kernels::LinearAuto(x, tokens, w.up_proj, up.data());
   kernels::SiluMul(gate.data(), up.data(), tokens * width);
-  kernels::Linear(gate.data(), tokens, w.down_proj, out);
+  kernels::LinearAuto(gate.data(), tokens, w.down_proj, out);
 }
 
 ExpertRouting RouteTokens(const ModelConfig& c, const MoeWeights& w, const float* x,
@@ -25,7 +26,7 @@ ExpertRouting RouteTokens(const ModelConfig& c, const MoeWeights& w, const float
   routing.tokens = tokens;
   routing.top_k = K;
   std::vector<float> logits(static_cast<size_t>(tokens * E));
-  kernels::Linear(x, tokens, w.gate, logits.data());  // HF runs the router in f32
+  kernels::LinearAuto(x, tokens, w.gate, logits.data());  // HF runs the router in f32
 
   kernels::RouterParams params;
   params.experts = E;
@@ -59,17 +60,32 @@ ExpertRouting RouteTokens(const ModelConfig& c, const MoeWeights& w, const float
 
 void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* x, int64_t hidden,
                 float* expert_rows) {
-  std::vector<float> inputs;
+  // Gather the rows in expert order (the sort of init routing), then one grouped pass.
+  const int64_t slots = static_cast<int64_t>(routing.sorted_slots.size());
+  std::vector<float> inputs(static_cast<size_t>(slots * hidden));
+  for (int64_t i = 0; i < slots; ++i)
+    std::copy_n(x + (routing.sorted_slots[i] / routing.top_k) * hidden, hidden, inputs.begin() + i * hidden);
+  std::vector<kernels::ExpertPanels> panels(w.experts.size());
+  bool packed = true;
+  for (size_t e = 0; e < w.experts.size(); ++e) {
+    const FeedForwardWeights& ff = w.experts[e];
+    if (ff.empty()) continue;
+    if (!ff.gate_proj.packed || !ff.up_proj.packed || !ff.down_proj.packed) packed = false;
+    panels[e] = {ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()};
+  }
+  if (packed) {
+    kernels::GroupedExpertFfn(inputs.data(), routing.expert_offsets, panels, hidden, expert_rows);
+    return;
+  }
+  RunExpertsReference(w, routing, inputs.data(), hidden, expert_rows);
+}
+
+void RunExpertsReference(const MoeWeights& w, const ExpertRouting& routing, const float* sorted_x,
+                         int64_t hidden, float* expert_rows) {
   for (size_t e = 0; e < w.experts.size(); ++e) {
     const int64_t begin = routing.expert_offsets[e], end = routing.expert_offsets[e + 1];
     if (begin == end || w.experts[e].empty()) continue;
-    const int64_t count = end - begin;
-    inputs.resize(static_cast<size_t>(count * hidden));
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t token = routing.sorted_slots[begin + i] / routing.top_k;
-      std::copy_n(x + token * hidden, hidden, inputs.begin() + i * hidden);
-    }
-    FeedForward(w.experts[e], inputs.data(), count, expert_rows + begin * hidden);
+    FeedForward(w.experts[e], sorted_x + begin * hidden, end - begin, expert_rows + begin * hidden);
   }
 }
 

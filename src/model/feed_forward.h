@@ -40,6 +40,11 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
 void FinalizeRouting(const ExpertRouting& routing, const float* expert_rows, const float* shared,
                      int64_t hidden, float* out);
 
+// The same with one FeedForward call per expert over rows already in expert order: the
+// yardstick for the grouped kernel, and the path for unpacked weights.
+void RunExpertsReference(const MoeWeights& w, const ExpertRouting& routing, const float* sorted_x,
+                         int64_t hidden, float* expert_rows);
+
 // The whole MoE block in one process: out[tokens, D].
 void MoeForward(const ModelConfig& config, const MoeWeights& w, const float* x, int64_t tokens,
                 float* out);

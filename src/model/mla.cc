@@ -1,7 +1,7 @@
 #include "model/mla.h"
 
 #include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/linear.h"
+#include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/mla_attention.h"
 
 namespace sy {
@@ -23,15 +23,15 @@ void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWei
   if (c.q_lora_rank) {
     const int64_t rq = *c.q_lora_rank;
     std::vector<float> cq(static_cast<size_t>(T * rq));
-    kernels::Linear(x, T, w.q_a_proj, cq.data());
+    kernels::LinearAuto(x, T, w.q_a_proj, cq.data());
     kernels::RmsNorm(cq.data(), T, rq, w.q_a_layernorm.data(), kLatentNormEps, cq.data());
-    kernels::Linear(cq.data(), T, w.q_b_proj, q.data());
+    kernels::LinearAuto(cq.data(), T, w.q_b_proj, q.data());
   } else {
-    kernels::Linear(x, T, w.q_proj, q.data());
+    kernels::LinearAuto(x, T, w.q_proj, q.data());
   }
   // Latent rows: [c | k_pe] = kv_a(x); c normalized, k_pe rotated, then cached.
   std::vector<float> latent_rows(static_cast<size_t>(T * row));
-  kernels::Linear(x, T, w.kv_a_proj_with_mqa, latent_rows.data());
+  kernels::LinearAuto(x, T, w.kv_a_proj_with_mqa, latent_rows.data());
   for (int64_t t = 0; t < T; ++t) {
     float* r = latent_rows.data() + t * row;
     kernels::RmsNorm(r, 1, latent, w.kv_a_layernorm.data(), kLatentNormEps, r);
@@ -59,7 +59,7 @@ void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWei
            positions.data() + seq.token_offset, latents.data(), keys, w.kv_b_proj, dims,
            heads_out.data() + seq.token_offset * H * c.v_head_dim);
   }
-  kernels::Linear(heads_out.data(), T, w.o_proj, out);
+  kernels::LinearAuto(heads_out.data(), T, w.o_proj, out);
 }
 
 }  // namespace sy

@@ -3,7 +3,7 @@
 #include <filesystem>
 
 #include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/linear.h"
+#include "kernels/cpu/fast_linear.h"
 #include "model/feed_forward.h"
 
 namespace sy {
@@ -18,6 +18,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
   SY_ASSIGN_OR_RETURN(model->weights_, LoadWeights(*model->checkpoint_, model->config_, options,
                                                    &model->unused_tensors_));
+  if (options.pack) PackWeights(model->weights_);
   model->rope_ = ComputeRopeParams(model->config_);
   return model;
 }
@@ -109,7 +110,7 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
     kernels::RmsNorm(hidden.data() + rows[r] * D, 1, D, weights_.norm.data(), eps,
                      final_rows.data() + r * D);
   logits->resize(static_cast<size_t>(R * c.vocab_size));
-  kernels::Linear(final_rows.data(), R, weights_.lm_head, logits->data());
+  kernels::LinearAuto(final_rows.data(), R, weights_.lm_head, logits->data());
   return Status::Ok();
 }
 

@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include "tensor/packed_matrix.h"
+
 #include <set>
 
 namespace sy {
@@ -171,7 +173,38 @@ Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelCo
   return w;
 }
 
+void PackMatrix(Matrix& m) {
+  if (CanPack(m)) m.packed = Pack(m);
+}
+
+void PackFeedForward(FeedForwardWeights& ff) {
+  PackMatrix(ff.gate_proj);
+  PackMatrix(ff.up_proj);
+  PackMatrix(ff.down_proj);
+}
+
+void PackLayer(DecoderLayerWeights& layer) {
+  AttentionWeights& a = layer.self_attn;
+  // kv_b_proj stays as stored: absorbed attention reads it per head (row slices).
+  for (Matrix* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj_with_mqa, &a.o_proj}) PackMatrix(*m);
+  PackFeedForward(layer.mlp);
+  PackMatrix(layer.moe.gate);
+  for (auto& expert : layer.moe.experts)
+    if (!expert.empty()) PackFeedForward(expert);
+  if (!layer.moe.shared_experts.empty()) PackFeedForward(layer.moe.shared_experts);
+}
+
 }  // namespace
+
+void PackWeights(ModelWeights& weights) {
+  for (auto& layer : weights.layers) PackLayer(layer);
+  PackMatrix(weights.lm_head);
+  for (auto& mtp : weights.mtp) {
+    PackLayer(mtp.block);
+    PackMatrix(mtp.eh_proj);
+    PackMatrix(mtp.head);
+  }
+}
 
 Result<ModelWeights> LoadWeights(const Checkpoint& checkpoint, const ModelConfig& c,
                                  const WeightLoadOptions& options, std::vector<std::string>* unused) {

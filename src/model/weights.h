@@ -72,7 +72,12 @@ struct WeightLoadOptions {
   // Routed experts [expert_begin, expert_end) are loaded; -1 means all of them.
   int64_t expert_begin = 0;
   int64_t expert_end = -1;
+  // Re-lay out the matrices for the fast kernels (Model::Load); off keeps the reference path.
+  bool pack = true;
 };
+
+// Packs every matrix the forward pass multiplies by (tensor/packed_matrix.h), in place.
+void PackWeights(ModelWeights& weights);
 
 // Loads and checks every tensor the config calls for: presence, dtype, shape, fp8 block scales.
 // Errors name the file and tensor. Tensors the model does not use are reported in `unused`.

@@ -25,6 +25,8 @@ struct Matrix {
   int64_t scale_cols = 0;
   int64_t first_row = 0;  // row offset of this view within the quantized matrix (for scales)
   std::shared_ptr<const void> owner;  // keeps owned data alive (mapped files, converted copies)
+  // The same weights re-laid out for the fast kernels (tensor/packed_matrix.h), when packed.
+  std::shared_ptr<const struct PackedMatrix> packed;
 
   bool empty() const { return rows == 0 || cols == 0; }
   size_t RowBytes() const { return static_cast<size_t>(cols) * DTypeSize(dtype); }
@@ -35,6 +37,7 @@ struct Matrix {
     slice.rows = count;
     slice.data = data + static_cast<size_t>(begin) * RowBytes();
     slice.first_row = first_row + begin;
+    slice.packed = nullptr;  // panels do not follow arbitrary row slices
     return slice;
   }
 

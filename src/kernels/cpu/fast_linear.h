@@ -1,0 +1,32 @@
+// The fast products the model uses: packed weights, threads split so both cores finish
+// together, the AVX-512 BF16 GEMM for prefill-sized batches and the Highway panel kernel for
+// decode. Unpacked weights fall back to the reference kernels in linear.h.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/matrix.h"
+#include "tensor/packed_matrix.h"
+
+namespace sy::kernels {
+
+struct KernelOptions {
+  // Batches of at least this many rows use the bf16 GEMM where the CPU has AVX-512 BF16
+  // (activations rounded to bf16); smaller ones the f32 panel kernel.
+  int64_t bf16_gemm_min_rows = 128;
+  bool allow_bf16_gemm = true;
+};
+KernelOptions& GlobalKernelOptions();
+
+// y[m, w.rows] = x[m, w.cols] · wᵀ on all threads.
+void LinearPacked(const float* x, int64_t m, const PackedMatrix& w, float* y);
+
+// Uses w.packed when present, the reference kernel otherwise.
+void LinearAuto(const float* x, int64_t m, const Matrix& w, float* y);
+
+// Single-threaded versions, for callers that split work themselves (grouped experts).
+void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                  int64_t panel_begin, int64_t panel_end, float* y);
+bool UseBf16Gemm(int64_t m, const PackedMatrix& w);
+
+}  // namespace sy::kernels
