@@ -2,6 +2,8 @@
 // decode path, each MLA form, both latent-cache dtypes, sequences batched raggedly.
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/fast_linear.h"
 #include "model/model.h"
 #include "test_support.h"
 
@@ -152,6 +154,42 @@ TEST(ConformanceTest, MtpTensorsAreLoaded) {
   auto without = Model::Load(LoadFixture("tiny-v3-bf16").directory);
   ASSERT_TRUE(without.ok()) << without.status().message();
   EXPECT_TRUE(without.value()->weights().mtp.empty());
+}
+
+}  // namespace
+}  // namespace sy
+
+namespace sy {
+namespace {
+
+// The prefill GEMM path (AVX-512 BF16, activations rounded to bf16) forced for every product:
+// the bar on every fixture, routing flips aside as with the bf16 cache.
+TEST(ConformanceTest, Bf16GemmPathMeetsTheBar) {
+  if (!kernels::HasAvx512Bf16()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  kernels::GlobalKernelOptions().bf16_gemm_min_rows = 1;
+  for (const auto& name : testing::FixtureNames()) {
+    Fixture fixture = LoadFixture(name);
+    auto model = Model::Load(fixture.directory);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    auto logits = RunModel(*model.value(), fixture, {name, AttentionForm::kAuto, DType::kF32, 5});
+    auto comparison = CompareLogits(fixture.logits, logits, fixture.vocab);
+    EXPECT_EQ(comparison.argmax_mismatches, 0) << name;
+    EXPECT_LE(comparison.RowsOver(1e-2), static_cast<int64_t>(comparison.row_max_diff.size()) / 20) << name;
+  }
+  kernels::GlobalKernelOptions().bf16_gemm_min_rows = 128;
+}
+
+// The reference kernels (no packing) give the same logits as the fast ones.
+TEST(ConformanceTest, ReferenceKernelsAgreeWithFastOnes) {
+  Fixture fixture = LoadFixture("tiny-v3-fp8");
+  WeightLoadOptions reference;
+  reference.pack = false;
+  auto slow = Model::Load(fixture.directory, reference);
+  auto fast = Model::Load(fixture.directory);
+  ASSERT_TRUE(slow.ok() && fast.ok());
+  Case c{"tiny-v3-fp8", AttentionForm::kAuto, DType::kF32, 4};
+  auto comparison = CompareLogits(RunModel(*slow.value(), fixture, c), RunModel(*fast.value(), fixture, c), fixture.vocab);
+  EXPECT_LE(comparison.max_abs_diff, 1e-5 * comparison.max_abs_reference);
 }
 
 }  // namespace

@@ -1,0 +1,180 @@
+// Every fast kernel against its reference kernel on random inputs at awkward sizes (not
+// multiples of the panel, of 128, of the SIMD width; experts with zero rows; one row), on every
+// SIMD target this binary was built for and this CPU runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "base/thread_pool.h"
+#include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/fast_linear.h"
+#include "kernels/cpu/grouped_ffn.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/panel_gemm.h"
+#include "model/feed_forward.h"
+
+namespace sy {
+namespace {
+
+struct OwnedMatrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+  Matrix view;
+};
+
+// A random [rows, cols] matrix in `dtype`; fp8 with `block`-sized scale blocks.
+OwnedMatrix RandomMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed, int64_t block = 128) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  OwnedMatrix m;
+  const size_t count = static_cast<size_t>(rows * cols);
+  m.bytes.resize(count * DTypeSize(dtype));
+  for (size_t i = 0; i < count; ++i) {
+    const float v = normal(rng);
+    switch (dtype) {
+      case DType::kF8E4M3: m.bytes[i] = F32ToF8E4M3(v * 100); break;
+      case DType::kBF16: { uint16_t b = F32ToBF16(v); std::memcpy(&m.bytes[2 * i], &b, 2); break; }
+      case DType::kF16: { uint16_t b = F32ToF16(v); std::memcpy(&m.bytes[2 * i], &b, 2); break; }
+      default: std::memcpy(&m.bytes[4 * i], &v, 4); break;
+    }
+  }
+  m.view.dtype = dtype;
+  m.view.rows = rows;
+  m.view.cols = cols;
+  m.view.data = m.bytes.data();
+  if (dtype == DType::kF8E4M3) {
+    m.view.block_rows = m.view.block_cols = block;
+    m.view.scale_cols = (cols + block - 1) / block;
+    m.scales.resize(static_cast<size_t>((rows + block - 1) / block * m.view.scale_cols));
+    for (size_t i = 0; i < m.scales.size(); ++i) m.scales[i] = 0.001f * (1 + i % 5);
+    m.view.block_scales = m.scales.data();
+  }
+  return m;
+}
+
+std::vector<float> RandomVector(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// max |a − b| relative to max |b|.
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+  }
+  return diff / scale;
+}
+
+class PerTarget : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override { kernels::ForcePanelGemmTarget(GetParam()); }
+  void TearDown() override { kernels::ForcePanelGemmTarget(0); }
+};
+
+std::string TargetName(const ::testing::TestParamInfo<int64_t>& info) {
+  return kernels::TargetName(info.param);
+}
+
+TEST_P(PerTarget, PanelGemmMatchesReference) {
+  kernels::GlobalKernelOptions().allow_bf16_gemm = false;
+  for (DType dtype : {DType::kF8E4M3, DType::kBF16, DType::kF32, DType::kF16}) {
+    for (auto [rows, cols, m] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {1, 1, 1}, {17, 33, 1}, {33, 129, 3}, {130, 300, 5}, {256, 257, 9}, {48, 7, 2}}) {
+      OwnedMatrix w = RandomMatrix(dtype, rows, cols, static_cast<uint32_t>(rows * 31 + cols));
+      ASSERT_TRUE(CanPack(w.view));
+      auto packed = Pack(w.view);
+      auto x = RandomVector(static_cast<size_t>(m * cols), 7);
+      std::vector<float> expected(static_cast<size_t>(m * rows)), got(expected.size(), -1);
+      kernels::Linear(x.data(), m, w.view, expected.data());
+      kernels::LinearPacked(x.data(), m, *packed, got.data());
+      EXPECT_LT(RelativeError(got, expected), 1e-5)
+          << DTypeName(dtype) << " rows " << rows << " cols " << cols << " m " << m;
+    }
+  }
+  kernels::GlobalKernelOptions().allow_bf16_gemm = true;
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, PerTarget, ::testing::ValuesIn(kernels::PanelGemmTargets()), TargetName);
+
+TEST(FastKernelsTest, PartialFp8BlocksUseTheirOwnScales) {
+  // 16-row blocks: every panel has its own scale row; 40 columns leave a partial column block.
+  OwnedMatrix w = RandomMatrix(DType::kF8E4M3, 50, 40, 3, 16);
+  auto packed = Pack(w.view);
+  auto x = RandomVector(40 * 2, 4);
+  std::vector<float> expected(100), got(100);
+  kernels::Linear(x.data(), 2, w.view, expected.data());
+  kernels::LinearPacked(x.data(), 2, *packed, got.data());
+  EXPECT_LT(RelativeError(got, expected), 1e-5);
+}
+
+TEST(FastKernelsTest, Bf16GemmMatchesReferenceWithinBf16Rounding) {
+  if (!kernels::HasAvx512Bf16()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  kernels::GlobalKernelOptions().bf16_gemm_min_rows = 1;
+  for (DType dtype : {DType::kF8E4M3, DType::kBF16, DType::kF32}) {
+    for (auto [rows, cols, m] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {16, 2, 1}, {17, 33, 13}, {47, 301, 25}, {256, 513, 37}, {33, 1, 12}}) {
+      OwnedMatrix w = RandomMatrix(dtype, rows, cols, static_cast<uint32_t>(rows + cols));
+      auto packed = Pack(w.view);
+      auto x = RandomVector(static_cast<size_t>(m * cols), 9);
+      std::vector<float> expected(static_cast<size_t>(m * rows)), got(expected.size(), -1);
+      kernels::Linear(x.data(), m, w.view, expected.data());
+      kernels::LinearPacked(x.data(), m, *packed, got.data());
+      // Activations (and f32 weights) are rounded to bf16: 8 significant bits.
+      EXPECT_LT(RelativeError(got, expected), 2e-2) << DTypeName(dtype) << " " << rows << "x" << cols << " m " << m;
+    }
+  }
+  kernels::GlobalKernelOptions().bf16_gemm_min_rows = 128;
+}
+
+TEST(FastKernelsTest, GroupedExpertFfnMatchesReference) {
+  const int64_t hidden = 70, width = 45, experts = 6;
+  // Expert 1 and 4 have no rows, expert 3 exactly one, expert 5 is not held here.
+  const std::vector<int64_t> counts = {3, 0, 7, 1, 0, 2};
+  MoeWeights moe;
+  std::vector<OwnedMatrix> storage;
+  moe.experts.resize(experts);
+  for (int64_t e = 0; e < experts - 1; ++e) {
+    storage.push_back(RandomMatrix(DType::kF8E4M3, width, hidden, static_cast<uint32_t>(10 + e), 16));
+    storage.push_back(RandomMatrix(DType::kF8E4M3, width, hidden, static_cast<uint32_t>(20 + e), 16));
+    storage.push_back(RandomMatrix(DType::kF8E4M3, hidden, width, static_cast<uint32_t>(30 + e), 16));
+  }
+  for (int64_t e = 0; e < experts - 1; ++e) {
+    moe.experts[e] = {storage[3 * e].view, storage[3 * e + 1].view, storage[3 * e + 2].view};
+  }
+  ExpertRouting routing;
+  routing.top_k = 1;
+  routing.expert_offsets = {0};
+  for (int64_t c : counts) routing.expert_offsets.push_back(routing.expert_offsets.back() + c);
+  const int64_t rows = routing.expert_offsets.back();
+  routing.tokens = rows;
+  for (int64_t i = 0; i < rows; ++i) routing.sorted_slots.push_back(static_cast<int32_t>(i));
+  auto x = RandomVector(static_cast<size_t>(rows * hidden), 5);
+  for (float& v : x) v *= 0.1f;
+  std::vector<float> expected(x.size(), 0), got(x.size(), 0);
+  RunExpertsReference(moe, routing, x.data(), hidden, expected.data());
+  std::vector<kernels::ExpertPanels> panels(experts);
+  std::vector<std::shared_ptr<const PackedMatrix>> keep;
+  for (int64_t e = 0; e < experts - 1; ++e) {
+    for (Matrix* m : {&moe.experts[e].gate_proj, &moe.experts[e].up_proj, &moe.experts[e].down_proj}) {
+      keep.push_back(Pack(*m));
+    }
+    panels[e] = {keep[3 * e].get(), keep[3 * e + 1].get(), keep[3 * e + 2].get()};
+  }
+  for (int64_t min_rows : {int64_t{1}, int64_t{1000}}) {  // the bf16 GEMM for every expert, then none
+    kernels::GlobalKernelOptions().bf16_gemm_min_rows = min_rows;
+    std::fill(got.begin(), got.end(), 0.0f);
+    kernels::GroupedExpertFfn(x.data(), routing.expert_offsets, panels, hidden, got.data());
+    const double tolerance = min_rows == 1 && kernels::HasAvx512Bf16() ? 3e-2 : 1e-5;
+    EXPECT_LT(RelativeError(got, expected), tolerance) << "min rows " << min_rows;
+  }
+  kernels::GlobalKernelOptions().bf16_gemm_min_rows = 128;
+}
+
+}  // namespace
+}  // namespace sy
