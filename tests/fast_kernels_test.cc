@@ -11,6 +11,7 @@
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/mla_decode.h"
 #include "kernels/cpu/panel_gemm.h"
 #include "model/feed_forward.h"
 
@@ -174,6 +175,74 @@ TEST(FastKernelsTest, GroupedExpertFfnMatchesReference) {
     EXPECT_LT(RelativeError(got, expected), tolerance) << "min rows " << min_rows;
   }
   kernels::GlobalKernelOptions().bf16_gemm_min_rows = 128;
+}
+
+}  // namespace
+}  // namespace sy
+
+namespace sy {
+namespace {
+
+// The paged flash-decoding kernel against the reference absorbed attention, query lengths 1 and
+// 2 on top of a cache whose length is not a multiple of the key chunk or the page.
+TEST(FastKernelsTest, MlaDecodeMatchesReferenceOverPages) {
+  const int64_t heads = 5, latent = 24, rope = 6, page = 7;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t keys : {int64_t{1}, int64_t{33}, int64_t{70}}) {
+      for (int64_t tokens : {int64_t{1}, int64_t{2}}) {
+        if (tokens > keys) continue;
+        const int64_t width = latent + rope, pages = (keys + page - 1) / page;
+        // Pages deliberately out of order in the pool.
+        std::vector<int32_t> table(static_cast<size_t>(pages));
+        for (int64_t p = 0; p < pages; ++p) table[p] = static_cast<int32_t>(pages - 1 - p);
+        auto rows = RandomVector(static_cast<size_t>(keys * width), 11);
+        std::vector<uint8_t> pool(static_cast<size_t>(pages * page * width) * DTypeSize(dtype));
+        for (int64_t j = 0; j < keys; ++j) {
+          const int64_t slot = table[j / page] * page + j % page;
+          for (int64_t d = 0; d < width; ++d) {
+            float& v = rows[j * width + d];
+            if (dtype == DType::kBF16) {
+              uint16_t b = F32ToBF16(v);
+              v = BF16ToF32(b);
+              std::memcpy(&pool[(slot * width + d) * 2], &b, 2);
+            } else {
+              std::memcpy(&pool[(slot * width + d) * 4], &v, 4);
+            }
+          }
+        }
+        kernels::LatentPages view{pool.data(), dtype, page, width, table.data()};
+        auto q_latent = RandomVector(static_cast<size_t>(tokens * heads * latent), 12);
+        auto q_pe = RandomVector(static_cast<size_t>(tokens * heads * rope), 13);
+        std::vector<int64_t> positions;
+        for (int64_t t = 0; t < tokens; ++t) positions.push_back(keys - tokens + t);
+        std::vector<float> got(static_cast<size_t>(tokens * heads * latent));
+        kernels::MlaDecodeAttention(q_latent.data(), q_pe.data(), tokens, positions.data(), view, keys, heads, 0, 2,
+                                    latent, rope, 0.3f, got.data());
+        kernels::MlaDecodeAttention(q_latent.data(), q_pe.data(), tokens, positions.data(), view, keys, heads, 2,
+                                    heads, latent, rope, 0.3f, got.data());
+        // Reference: the absorbed form with an identity W_UK/W_UV (kv_b = [I; I] per head).
+        for (int64_t t = 0; t < tokens; ++t)
+          for (int64_t h = 0; h < heads; ++h) {
+            std::vector<double> scores;
+            double top = -1e30;
+            for (int64_t j = 0; j <= positions[t]; ++j) {
+              double s = 0;
+              for (int64_t d = 0; d < latent; ++d) s += q_latent[(t * heads + h) * latent + d] * rows[j * width + d];
+              for (int64_t r = 0; r < rope; ++r) s += q_pe[(t * heads + h) * rope + r] * rows[j * width + latent + r];
+              scores.push_back(s * 0.3);
+              top = std::max(top, scores.back());
+            }
+            double sum = 0;
+            for (double& s : scores) sum += (s = std::exp(s - top));
+            for (int64_t d = 0; d < latent; ++d) {
+              double o = 0;
+              for (size_t j = 0; j < scores.size(); ++j) o += scores[j] / sum * rows[j * width + d];
+              EXPECT_NEAR(got[(t * heads + h) * latent + d], o, 1e-4) << keys << " " << tokens;
+            }
+          }
+      }
+    }
+  }
 }
 
 }  // namespace

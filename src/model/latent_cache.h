@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/cpu/mla_decode.h"
 #include "tensor/dtype.h"
 
 namespace sy {
@@ -41,6 +42,10 @@ class LatentCache {
 
   // Stores the row for `position` (which must be reserved) in `layer`.
   void Write(int64_t layer, const SequenceCache& sequence, int64_t position, const float* row);
+  // The sequence's rows of `layer` as the attention kernels read them, in place.
+  kernels::LatentPages Pages(int64_t layer, const SequenceCache& sequence) const {
+    return {storage_[static_cast<size_t>(layer)].data(), dtype_, page_size_, row_width_, sequence.pages.data()};
+  }
   // Copies rows [0, count) of `layer` into out[count, row_width] as f32.
   void Gather(int64_t layer, const SequenceCache& sequence, int64_t count, float* out) const;
 

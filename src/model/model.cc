@@ -18,7 +18,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
   SY_ASSIGN_OR_RETURN(model->weights_, LoadWeights(*model->checkpoint_, model->config_, options,
                                                    &model->unused_tensors_));
-  if (options.pack) PackWeights(model->weights_);
+  if (options.pack) PackWeights(model->config_, model->weights_);
   model->rope_ = ComputeRopeParams(model->config_);
   return model;
 }

@@ -23,6 +23,9 @@ struct AttentionWeights {
   std::vector<float> kv_a_layernorm;   // [kv_lora_rank]
   Matrix kv_b_proj;                    // [H·(dn + dv), kv_lora_rank]
   Matrix o_proj;                       // [D, H·dv]
+  // kv_b_proj split per head for the absorbed form, made at load time (PackWeights), f32, packed:
+  std::vector<Matrix> w_uk_t;  // [H] of [kv_lora_rank, dn]: q_abs = q_nope · W_UK = W_UKᵀ-as-Linear
+  std::vector<Matrix> w_uv;    // [H] of [dv, kv_lora_rank]: O = W_UV · o_latent
 };
 
 // One SwiGLU MLP: down(silu(gate(x)) · up(x)).
@@ -77,7 +80,8 @@ struct WeightLoadOptions {
 };
 
 // Packs every matrix the forward pass multiplies by (tensor/packed_matrix.h), in place.
-void PackWeights(ModelWeights& weights);
+// Also splits kv_b_proj into per-head absorbed matrices, which needs the config's dimensions.
+void PackWeights(const ModelConfig& config, ModelWeights& weights);
 
 // Loads and checks every tensor the config calls for: presence, dtype, shape, fp8 block scales.
 // Errors name the file and tensor. Tensors the model does not use are reported in `unused`.

@@ -1,0 +1,36 @@
+// Absorbed MLA attention read straight from the paged latent cache, flash-decoding style:
+// keys are visited a chunk at a time with an online softmax, so nothing of size
+// heads × keys is materialized and the cache is read once per head block.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace sy::kernels {
+
+// One sequence's rows of one layer of the paged latent cache.
+struct LatentPages {
+  const uint8_t* base = nullptr;  // the layer's storage
+  DType dtype = DType::kBF16;     // kBF16 or kF32
+  int64_t page_size = 0;
+  int64_t row_width = 0;          // latent + rope
+  const int32_t* pages = nullptr; // page of position p is pages[p / page_size]
+
+  const uint8_t* Row(int64_t position) const {
+    const int64_t slot = static_cast<int64_t>(pages[position / page_size]) * page_size + position % page_size;
+    return base + static_cast<size_t>(slot * row_width) * DTypeSize(dtype);
+  }
+};
+
+// q_latent: [tokens, heads, latent]  W_UKᵀ·q_nope per head
+// q_pe:     [tokens, heads, rope]    rotated
+// positions:[tokens]                 query t sees cache rows j ≤ positions[t]
+// o_latent: [tokens, heads, latent]  Σ_j softmax_j(scale · (q_latent·c_j + q_pe·k_pe_j)) · c_j
+// Heads [head_begin, head_end) only; one thread. `heads` is the row stride of the arrays.
+void MlaDecodeAttention(const float* q_latent, const float* q_pe, int64_t tokens,
+                        const int64_t* positions, const LatentPages& cache, int64_t keys,
+                        int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
+                        int64_t rope, float softmax_scale, float* o_latent);
+
+}  // namespace sy::kernels
