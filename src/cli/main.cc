@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   sy::AddGenerateVerb(app);
   sy::AddInitModelVerb(app);
   sy::AddPlanVerb(app);
+  sy::AddBenchVerb(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -10,6 +10,10 @@ void AddLogitsVerb(CLI::App& app);
 void AddGenerateVerb(CLI::App& app);
 void AddInitModelVerb(CLI::App& app);
 void AddPlanVerb(CLI::App& app);
+void AddBenchVerb(CLI::App& app);
+// `bench layer` and `bench decode`, registered under `bench`.
+void AddBenchLayerCommand(CLI::App& bench);
+void AddBenchDecodeCommand(CLI::App& bench);
 
 // Prints "error: message" and aborts the verb with exit code 1.
 [[noreturn]] void FailVerb(const std::string& message);

@@ -26,6 +26,9 @@ struct ExpertRouting {
   std::vector<int64_t> expert_offsets; // [experts + 1] start of each expert in sorted_slots
 };
 
+// The counting sort of init routing: fills sorted_slots and expert_offsets from expert_ids.
+void SortByExpert(ExpertRouting& routing, int64_t experts);
+
 // Router GEMM in f32, gate, and the sort by expert.
 ExpertRouting RouteTokens(const ModelConfig& config, const MoeWeights& w, const float* x,
                           int64_t tokens);

@@ -1,10 +1,11 @@
 #include "model/mla.h"
 
+#include "base/stage_timer.h"
+#include "base/thread_pool.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/mla_decode.h"
-#include "base/thread_pool.h"
 
 namespace sy {
 namespace {
@@ -14,8 +15,8 @@ constexpr float kLatentNormEps = 1e-6f;
 
 // Absorbed attention for the listed sequences on the fast kernels: per-head q·W_UK, attention
 // straight from the cache pages, per-head W_UV; heads spread over the threads.
-void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionWeights& w, int64_t layer,
-                  const ForwardBatch& batch, const std::vector<size_t>& members,
+void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionWeights& w,
+                  int64_t layer, const ForwardBatch& batch, const std::vector<size_t>& members,
                   const std::vector<int64_t>& positions, const LatentCache& cache, const float* q,
                   float* heads_out) {
   const int64_t H = c.num_attention_heads, dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim;
@@ -23,9 +24,11 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
   // The member sequences' tokens, compacted.
   std::vector<int64_t> token_index;
   for (size_t s : members)
-    for (int64_t i = 0; i < batch.sequences[s].token_count; ++i) token_index.push_back(batch.sequences[s].token_offset + i);
+    for (int64_t i = 0; i < batch.sequences[s].token_count; ++i)
+      token_index.push_back(batch.sequences[s].token_offset + i);
   const int64_t T = static_cast<int64_t>(token_index.size());
-  std::vector<float> q_latent(static_cast<size_t>(T * H * latent)), q_pe(static_cast<size_t>(T * H * dr));
+  std::vector<float> q_latent(static_cast<size_t>(T * H * latent)),
+      q_pe(static_cast<size_t>(T * H * dr));
   std::vector<float> o_latent(q_latent.size());
   ThreadPool::Global().ParallelFor(static_cast<size_t>(H), [&](size_t begin, size_t end) {
     std::vector<float> nope(static_cast<size_t>(T * dn)), absorbed(static_cast<size_t>(T * latent));
@@ -43,29 +46,37 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
   });
   // Work items: (sequence, block of heads); a lone sequence still splits over the threads.
   const int64_t head_block = std::max<int64_t>(1, H / ThreadPool::Global().size());
-  struct Item { size_t member; int64_t first_token; int64_t head_begin; };
+  struct Item {
+    size_t member;
+    int64_t first_token;
+    int64_t head_begin;
+  };
   std::vector<Item> items;
   int64_t first = 0;
   for (size_t m = 0; m < members.size(); ++m) {
-    for (int64_t h = 0; h < H; h += head_block) items.push_back({m, first, h});
+    for (int64_t h = 0; h < H; h += head_block)
+      items.push_back({m, first, h});
     first += batch.sequences[members[m]].token_count;
   }
   ThreadPool::Global().ParallelFor(items.size(), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       const SequenceSlice& seq = batch.sequences[members[items[i].member]];
       const int64_t t0 = items[i].first_token;
-      kernels::MlaDecodeAttention(q_latent.data() + t0 * H * latent, q_pe.data() + t0 * H * dr, seq.token_count,
-                                  positions.data() + seq.token_offset, cache.Pages(layer, *seq.cache),
+      kernels::MlaDecodeAttention(q_latent.data() + t0 * H * latent, q_pe.data() + t0 * H * dr,
+                                  seq.token_count, positions.data() + seq.token_offset,
+                                  cache.Pages(layer, *seq.cache),
                                   seq.start_position + seq.token_count, H, items[i].head_begin,
-                                  std::min(H, items[i].head_begin + head_block), latent, dr, rope.softmax_scale,
-                                  o_latent.data() + t0 * H * latent);
+                                  std::min(H, items[i].head_begin + head_block), latent, dr,
+                                  rope.softmax_scale, o_latent.data() + t0 * H * latent);
     }
   });
   ThreadPool::Global().ParallelFor(static_cast<size_t>(H), [&](size_t begin, size_t end) {
-    std::vector<float> head_latent(static_cast<size_t>(T * latent)), head_out(static_cast<size_t>(T * dv));
+    std::vector<float> head_latent(static_cast<size_t>(T * latent)),
+        head_out(static_cast<size_t>(T * dv));
     for (size_t h = begin; h < end; ++h) {
       for (int64_t t = 0; t < T; ++t)
-        std::copy_n(o_latent.begin() + (t * H + h) * latent, latent, head_latent.begin() + t * latent);
+        std::copy_n(o_latent.begin() + (t * H + h) * latent, latent,
+                    head_latent.begin() + t * latent);
       const PackedMatrix& uv = *w.w_uv[h].packed;
       kernels::LinearPanels(head_latent.data(), nullptr, T, uv, 0, uv.panels, head_out.data());
       for (int64_t t = 0; t < T; ++t)
@@ -84,22 +95,26 @@ void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWei
 
   // Queries: q = q_b(rmsnorm(q_a(x))) or q_proj(x); [T, H, dqk], rope on the last dr of each head.
   std::vector<float> q(static_cast<size_t>(T * H * dqk));
-  if (c.q_lora_rank) {
-    const int64_t rq = *c.q_lora_rank;
-    std::vector<float> cq(static_cast<size_t>(T * rq));
-    kernels::LinearAuto(x, T, w.q_a_proj, cq.data());
-    kernels::RmsNorm(cq.data(), T, rq, w.q_a_layernorm.data(), kLatentNormEps, cq.data());
-    kernels::LinearAuto(cq.data(), T, w.q_b_proj, q.data());
-  } else {
-    kernels::LinearAuto(x, T, w.q_proj, q.data());
-  }
-  // Latent rows: [c | k_pe] = kv_a(x); c normalized, k_pe rotated, then cached.
   std::vector<float> latent_rows(static_cast<size_t>(T * row));
-  kernels::LinearAuto(x, T, w.kv_a_proj_with_mqa, latent_rows.data());
+  {
+    ScopedStage gemm(Stage::kGemm);
+    if (c.q_lora_rank) {
+      const int64_t rq = *c.q_lora_rank;
+      std::vector<float> cq(static_cast<size_t>(T * rq));
+      kernels::LinearAuto(x, T, w.q_a_proj, cq.data());
+      kernels::RmsNorm(cq.data(), T, rq, w.q_a_layernorm.data(), kLatentNormEps, cq.data());
+      kernels::LinearAuto(cq.data(), T, w.q_b_proj, q.data());
+    } else {
+      kernels::LinearAuto(x, T, w.q_proj, q.data());
+    }
+    // Latent rows: [c | k_pe] = kv_a(x); c normalized, k_pe rotated, then cached.
+    kernels::LinearAuto(x, T, w.kv_a_proj_with_mqa, latent_rows.data());
+  }
   for (int64_t t = 0; t < T; ++t) {
     float* r = latent_rows.data() + t * row;
     kernels::RmsNorm(r, 1, latent, w.kv_a_layernorm.data(), kLatentNormEps, r);
-    kernels::RopePairwise(r + latent, dr, positions[t], rope.inv_freq.data(), rope.attention_factor);
+    kernels::RopePairwise(r + latent, dr, positions[t], rope.inv_freq.data(),
+                          rope.attention_factor);
     for (int64_t h = 0; h < H; ++h)
       kernels::RopePairwise(q.data() + (t * H + h) * dqk + c.qk_nope_head_dim, dr, positions[t],
                             rope.inv_freq.data(), rope.attention_factor);
@@ -109,29 +124,35 @@ void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWei
       cache.Write(layer, *seq.cache, seq.start_position + i,
                   latent_rows.data() + (seq.token_offset + i) * row);
 
-  const kernels::MlaDims dims{H, c.qk_nope_head_dim, dr, c.v_head_dim, latent, rope.softmax_scale};
   std::vector<float> heads_out(static_cast<size_t>(T * H * c.v_head_dim));
-  std::vector<float> latents;
-  std::vector<size_t> fast_absorbed;
-  const bool have_fast_absorbed = !w.w_uk_t.empty();
-  for (size_t s = 0; s < batch.sequences.size(); ++s) {
-    const SequenceSlice& seq = batch.sequences[s];
-    const int64_t keys = seq.start_position + seq.token_count;
-    bool absorbed = form == AttentionForm::kAbsorbed ||
-                    (form == AttentionForm::kAuto && seq.token_count <= kAbsorbedMaxQueries);
-    if (absorbed && have_fast_absorbed) {
-      fast_absorbed.push_back(s);
-      continue;
+  {
+    ScopedStage attention(Stage::kAttention);
+    const kernels::MlaDims dims{H,      c.qk_nope_head_dim, dr, c.v_head_dim,
+                                latent, rope.softmax_scale};
+    std::vector<float> latents;
+    std::vector<size_t> fast_absorbed;
+    const bool have_fast_absorbed = !w.w_uk_t.empty();
+    for (size_t s = 0; s < batch.sequences.size(); ++s) {
+      const SequenceSlice& seq = batch.sequences[s];
+      const int64_t keys = seq.start_position + seq.token_count;
+      bool absorbed = form == AttentionForm::kAbsorbed ||
+                      (form == AttentionForm::kAuto && seq.token_count <= kAbsorbedMaxQueries);
+      if (absorbed && have_fast_absorbed) {
+        fast_absorbed.push_back(s);
+        continue;
+      }
+      latents.resize(static_cast<size_t>(keys * row));
+      cache.Gather(layer, *seq.cache, keys, latents.data());
+      auto attend = absorbed ? kernels::MlaAttendAbsorbed : kernels::MlaAttendExpanded;
+      attend(q.data() + seq.token_offset * H * dqk, seq.token_count,
+             positions.data() + seq.token_offset, latents.data(), keys, w.kv_b_proj, dims,
+             heads_out.data() + seq.token_offset * H * c.v_head_dim);
     }
-    latents.resize(static_cast<size_t>(keys * row));
-    cache.Gather(layer, *seq.cache, keys, latents.data());
-    auto attend = absorbed ? kernels::MlaAttendAbsorbed : kernels::MlaAttendExpanded;
-    attend(q.data() + seq.token_offset * H * dqk, seq.token_count,
-           positions.data() + seq.token_offset, latents.data(), keys, w.kv_b_proj, dims,
-           heads_out.data() + seq.token_offset * H * c.v_head_dim);
+    if (!fast_absorbed.empty())
+      AbsorbedFast(c, rope, w, layer, batch, fast_absorbed, positions, cache, q.data(),
+                   heads_out.data());
   }
-  if (!fast_absorbed.empty())
-    AbsorbedFast(c, rope, w, layer, batch, fast_absorbed, positions, cache, q.data(), heads_out.data());
+  ScopedStage gemm(Stage::kGemm);
   kernels::LinearAuto(heads_out.data(), T, w.o_proj, out);
 }
 

@@ -180,6 +180,28 @@ ModelConfig DefaultModelConfig() {
   return c;
 }
 
+ModelConfig DeepSeekV3Config() {
+  ModelConfig c = DefaultModelConfig();
+  c.vocab_size = 129280;
+  c.hidden_size = 7168;
+  c.intermediate_size = 18432;
+  c.moe_intermediate_size = 2048;
+  c.num_hidden_layers = 61;
+  c.num_attention_heads = c.num_key_value_heads = 128;
+  c.n_shared_experts = 1;
+  c.n_routed_experts = 256;
+  c.num_experts_per_tok = 8;
+  c.n_group = 8;
+  c.topk_group = 4;
+  c.first_k_dense_replace = 3;
+  c.q_lora_rank = 1536;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  return c;
+}
+
 Status WriteSyntheticCheckpoint(const ModelConfig& c, const std::string& directory,
                                 const SyntheticOptions& options) {
   namespace fs = std::filesystem;

@@ -15,6 +15,9 @@ namespace sy {
 // layer, 32 routed experts in 4 groups, a shared expert, an MTP module, fp8 128×128 blocks).
 ModelConfig DefaultModelConfig();
 
+// DeepSeek-V3's own architecture (configs/deepseek-v3.json), fp8 with 128×128 blocks.
+ModelConfig DeepSeekV3Config();
+
 struct SyntheticOptions {
   uint64_t seed = 0;
 };

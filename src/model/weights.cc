@@ -226,6 +226,8 @@ void PackLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
 
 }  // namespace
 
+void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer) { PackLayer(config, layer); }
+
 void PackWeights(const ModelConfig& config, ModelWeights& weights) {
   for (auto& layer : weights.layers) PackLayer(config, layer);
   PackMatrix(weights.lm_head);

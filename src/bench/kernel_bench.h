@@ -1,0 +1,38 @@
+// `switchyard bench kernels`: each fast kernel at DeepSeek-V3's real shapes, with the bytes it
+// must move, the FLOPs it does, and its fraction of the roofline built from the machine's peaks
+// measured in the same run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "bench/machine_peaks.h"
+
+namespace sy::bench {
+
+struct KernelResult {
+  std::string kernel;        // gemv, gemm, grouped_gemm, mla_decode
+  std::string weight_dtype;  // fp8, bf16 (mla_decode: the cache's)
+  std::string path;          // which implementation ran (panel-f32, avx512-bf16, flash-decode)
+  int64_t m = 0, n = 0, k = 0, groups = 1;
+  double seconds = 0;        // median of the repetitions
+  double bytes = 0, flops = 0;
+  double gbps = 0, gflops = 0;
+  double roofline_fraction = 0;
+};
+
+struct KernelBenchOptions {
+  bool quick = false;
+  int repetitions = 5;
+  int64_t stream_bytes = 256ll << 20;  // weights cycled per shape: 8× a 32 MB last-level cache
+};
+
+std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks, const KernelBenchOptions& options);
+
+// Completes gbps, gflops and roofline_fraction from seconds, bytes and flops.
+void Score(KernelResult& result, const MachinePeaks& peaks, double peak_gflops);
+
+std::string KernelResultsJson(const MachinePeaks& peaks, const std::vector<KernelResult>& results);
+std::string KernelResultsTable(const MachinePeaks& peaks, const std::vector<KernelResult>& results);
+
+}  // namespace sy::bench

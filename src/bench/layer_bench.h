@@ -1,0 +1,35 @@
+// `switchyard bench layer`: one DeepSeek-V3-sized MoE layer on this machine — fp8 weights
+// generated in memory, the routed experts of one EP rank, a latent cache of kv_len tokens per
+// request — timed stage by stage for batches 1…128 and query lengths 1 and 2: the CPU
+// counterpart of the seed's per-layer figure.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/stage_timer.h"
+#include "bench/machine_peaks.h"
+
+namespace sy::bench {
+
+struct LayerBenchOptions {
+  int ep = 8;  // this rank holds 256 / ep routed experts
+  std::vector<int64_t> batches = {1, 2, 4, 8, 16, 32, 64, 128};
+  std::vector<int64_t> query_lengths = {1, 2};
+  int64_t kv_len = 5000;
+  int repetitions = 3;
+};
+
+struct LayerResult {
+  int64_t batch = 0;
+  int64_t query_len = 0;
+  StageTimes stages;       // median per stage, seconds
+  double total = 0;        // median of the whole layer, seconds
+  double experts_active = 0;
+};
+
+std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options);
+std::string LayerResultsTable(const LayerBenchOptions& options, const std::vector<LayerResult>& results);
+std::string LayerResultsJson(const LayerBenchOptions& options, const std::vector<LayerResult>& results);
+
+}  // namespace sy::bench

@@ -1,0 +1,166 @@
+#include "bench/machine_peaks.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/thread_pool.h"
+#include "kernels/cpu/bf16_gemm.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "bench/machine_peaks.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace sy::bench::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Sums `count` floats with four accumulators (reads only).
+float ReadSumImpl(const float* data, size_t count) {
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  auto a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 4 * N <= count; i += 4 * N) {
+    a0 = hn::Add(a0, hn::Load(df, data + i));
+    a1 = hn::Add(a1, hn::Load(df, data + i + N));
+    a2 = hn::Add(a2, hn::Load(df, data + i + 2 * N));
+    a3 = hn::Add(a3, hn::Load(df, data + i + 3 * N));
+  }
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+}
+
+// a = b + s·c (STREAM triad).
+void TriadImpl(float* a, const float* b, const float* c, float s, size_t count) {
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  const auto scale = hn::Set(df, s);
+  for (size_t i = 0; i + N <= count; i += N) hn::Stream(hn::MulAdd(scale, hn::Load(df, c + i), hn::Load(df, b + i)), df, a + i);
+}
+
+// `iterations` × 16 independent FMA chains; returns a value so the work is not discarded.
+float FmaLoopImpl(int64_t iterations) {
+  const hn::ScalableTag<float> df;
+  hn::Vec<decltype(df)> acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = hn::Set(df, 1.0f + i * 1e-3f);
+  const auto m = hn::Set(df, 0.999999f), a = hn::Set(df, 1e-7f);
+  for (int64_t it = 0; it < iterations; ++it)
+    for (int i = 0; i < 16; ++i) acc[i] = hn::MulAdd(acc[i], m, a);
+  auto total = acc[0];
+  for (int i = 1; i < 16; ++i) total = hn::Add(total, acc[i]);
+  return hn::GetLane(total);
+}
+
+size_t FloatLanesImpl() { return hn::Lanes(hn::ScalableTag<float>()); }
+
+}  // namespace sy::bench::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace sy::bench {
+namespace {
+
+HWY_EXPORT(ReadSumImpl);
+HWY_EXPORT(TriadImpl);
+HWY_EXPORT(FmaLoopImpl);
+HWY_EXPORT(FloatLanesImpl);
+
+#if defined(__x86_64__)
+// 16 independent VDPBF16PS chains: 16 lanes × 2 products × 2 flops = 64 flops each.
+__attribute__((target("avx512f,avx512bf16"))) float Bf16LoopAvx512(int64_t iterations) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));  // (1, 1) in bf16
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33803380));  // tiny
+  for (int64_t it = 0; it < iterations; ++it)
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  __m512 total = acc[0];
+  for (int i = 1; i < 16; ++i) total = _mm512_add_ps(total, acc[i]);
+  return _mm512_reduce_add_ps(total);
+}
+#endif
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Runs body(thread index) on every thread of the pool at once; returns the wall time.
+double TimeOnAllThreads(const std::function<void(int)>& body) {
+  ThreadPool& pool = ThreadPool::Global();
+  const double start = NowSeconds();
+  pool.ParallelFor(static_cast<size_t>(pool.size()), [&](size_t begin, size_t end) {
+    for (size_t t = begin; t < end; ++t) body(static_cast<int>(t));
+  });
+  return NowSeconds() - start;
+}
+
+volatile float g_sink;
+
+}  // namespace
+
+MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions) {
+  MachinePeaks peaks;
+  ThreadPool& pool = ThreadPool::Global();
+  peaks.threads = pool.size();
+  const size_t floats = static_cast<size_t>(buffer_bytes) / sizeof(float) / 64 * 64;
+  auto allocate = [&] {
+    float* p = static_cast<float*>(std::aligned_alloc(64, floats * sizeof(float)));
+    // First touch on every thread's own slice (NUMA-friendly), with non-zero data.
+    pool.ParallelFor(floats, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) p[i] = 1.0f;
+    });
+    return p;
+  };
+  float *a = allocate(), *b = allocate(), *c = allocate();
+  const int threads = pool.size();
+  auto slice = [&](int t) {
+    const size_t per = floats / threads / 64 * 64;
+    return std::pair<size_t, size_t>(t * per, per);
+  };
+
+  std::vector<double> read, triad, f32, bf16;
+  for (int r = 0; r < repetitions; ++r) {
+    double seconds = TimeOnAllThreads([&](int t) {
+      auto [offset, count] = slice(t);
+      g_sink = HWY_DYNAMIC_DISPATCH(ReadSumImpl)(a + offset, count);
+    });
+    read.push_back(static_cast<double>(slice(0).second) * threads * 4 / seconds / 1e9);
+    seconds = TimeOnAllThreads([&](int t) {
+      auto [offset, count] = slice(t);
+      HWY_DYNAMIC_DISPATCH(TriadImpl)(a + offset, b + offset, c + offset, 0.5f, count);
+    });
+    triad.push_back(static_cast<double>(slice(0).second) * threads * 12 / seconds / 1e9);
+  }
+  const int64_t iterations = 20'000'000;
+  const double lanes = static_cast<double>(HWY_DYNAMIC_DISPATCH(FloatLanesImpl)());
+  for (int r = 0; r < repetitions; ++r) {
+    double seconds = TimeOnAllThreads([&](int) { g_sink = HWY_DYNAMIC_DISPATCH(FmaLoopImpl)(iterations); });
+    f32.push_back(iterations * 16.0 * lanes * 2 * threads / seconds / 1e9);
+#if defined(__x86_64__)
+    if (kernels::HasAvx512Bf16()) {
+      seconds = TimeOnAllThreads([&](int) { g_sink = Bf16LoopAvx512(iterations); });
+      bf16.push_back(iterations * 16.0 * 64 * threads / seconds / 1e9);
+    }
+#endif
+  }
+  std::free(a);
+  std::free(b);
+  std::free(c);
+  peaks.read_gbps = Median(read);
+  peaks.triad_gbps = Median(triad);
+  peaks.f32_gflops = Median(f32);
+  peaks.bf16_gflops = bf16.empty() ? peaks.f32_gflops : Median(bf16);
+  return peaks;
+}
+
+}  // namespace sy::bench
+#endif

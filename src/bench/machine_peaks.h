@@ -1,0 +1,23 @@
+// The machine's own limits, measured in the same run as the kernels they judge: streaming read
+// and triad bandwidth over buffers far larger than the last-level cache, and bf16 and f32
+// multiply-add throughput with enough independent accumulators to hide instruction latency.
+// Each figure is the median of several repetitions on all threads.
+#pragma once
+
+#include <cstdint>
+
+namespace sy::bench {
+
+struct MachinePeaks {
+  double read_gbps = 0;
+  double triad_gbps = 0;
+  double bf16_gflops = 0;  // AVX-512 BF16 dot products; equals f32_gflops where there are none
+  double f32_gflops = 0;
+  int threads = 0;
+};
+
+// buffer_bytes: per array; at least 8× the LLC. repetitions: odd, for a clean median.
+MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions);
+
+
+}  // namespace sy::bench

@@ -1,0 +1,81 @@
+// switchyard bench: kernel, layer and decode benchmarks, each against the machine's peaks
+// measured in the same run.
+#include <cstdio>
+
+#include "bench/kernel_bench.h"
+#include "bench/machine_peaks.h"
+#include "cli/verbs.h"
+
+namespace sy {
+namespace {
+
+struct BenchKernelsArgs {
+  bool quick = false;
+  bool json = false;
+  int repetitions = 5;
+};
+
+bench::MachinePeaks MeasurePeaks(bool quick) {
+  // Buffers of 512 MiB (256 MiB quick) per array: 8-16× a 32 MB last-level cache.
+  return bench::MeasureMachine(quick ? (256ll << 20) : (512ll << 20), quick ? 3 : 5);
+}
+
+void RunBenchKernels(const BenchKernelsArgs& args) {
+  bench::MachinePeaks peaks = MeasurePeaks(args.quick);
+  bench::KernelBenchOptions options;
+  options.quick = args.quick;
+  options.repetitions = args.repetitions;
+  auto results = bench::BenchKernels(peaks, options);
+  std::fputs((args.json ? bench::KernelResultsJson(peaks, results) : bench::KernelResultsTable(peaks, results)).c_str(),
+             stdout);
+}
+
+}  // namespace
+
+void AddBenchVerb(CLI::App& app) {
+  CLI::App* verb = app.add_subcommand("bench", "Benchmarks against the machine's measured peaks");
+  verb->require_subcommand(1);
+  auto kernels = std::make_shared<BenchKernelsArgs>();
+  CLI::App* k = verb->add_subcommand("kernels", "Kernels at DeepSeek-V3 shapes: bandwidth, FLOP/s, roofline fraction");
+  k->add_flag("--quick", kernels->quick, "Fewer shapes and repetitions (under two minutes)");
+  k->add_flag("--json", kernels->json, "Print one JSON object");
+  k->add_option("--repetitions", kernels->repetitions, "Timed repetitions per result (median reported)")
+      ->check(CLI::Range(1, 101));
+  k->callback([kernels] { RunBenchKernels(*kernels); });
+  AddBenchLayerCommand(*verb);
+  AddBenchDecodeCommand(*verb);
+}
+
+}  // namespace sy
+
+#include "bench/layer_bench.h"
+
+namespace sy {
+namespace {
+
+struct BenchLayerArgs {
+  bench::LayerBenchOptions options;
+  bool json = false;
+};
+
+}  // namespace
+
+void AddBenchLayerCommand(CLI::App& bench_app) {
+  auto args = std::make_shared<BenchLayerArgs>();
+  CLI::App* l = bench_app.add_subcommand("layer", "One DeepSeek-V3 MoE layer of one EP rank, stage by stage");
+  l->add_option("--ep", args->options.ep, "EP size: this rank holds 256/EP routed experts")->check(CLI::IsMember({1, 2, 4, 8, 16, 32, 64, 128, 256}));
+  l->add_option("--batches", args->options.batches, "Batches per rank")->delimiter(',');
+  l->add_option("--query-len", args->options.query_lengths, "Query lengths (1, or 2 with MTP)")->delimiter(',');
+  l->add_option("--kv-len", args->options.kv_len, "Cached tokens per request")->check(CLI::PositiveNumber);
+  l->add_option("--repetitions", args->options.repetitions, "Timed runs (median)")->check(CLI::Range(1, 101));
+  l->add_flag("--json", args->json, "Print JSON");
+  l->callback([args] {
+    auto results = bench::BenchLayer(args->options);
+    std::fputs((args->json ? bench::LayerResultsJson(args->options, results)
+                           : bench::LayerResultsTable(args->options, results)).c_str(), stdout);
+  });
+}
+
+void AddBenchDecodeCommand(CLI::App& bench_app) {}
+
+}  // namespace sy
