@@ -10,17 +10,21 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/mla_decode.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sy::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr int64_t kChunk = 32;  // keys per step
+constexpr int64_t kGroup = 4;   // heads sharing each loaded key/value vector
+
+using DF = hn::CappedTag<float, kChunk>;
 
 void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t tokens, const int64_t* positions,
                             const LatentPages& cache, int64_t keys, int64_t heads, int64_t head_begin,
                             int64_t head_end, int64_t latent, int64_t rope, float scale, float* o_latent) {
-  const hn::CappedTag<float, kChunk> df;
+  const DF df;
   const size_t N = hn::Lanes(df);
   const int64_t width = latent + rope;
   const int64_t items = tokens * (head_end - head_begin);
@@ -29,7 +33,7 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
   std::vector<float> running_sum(static_cast<size_t>(items), 0.0f);
   std::vector<float> rows(static_cast<size_t>(kChunk * width));        // chunk rows, f32, key-major
   std::vector<float> transposed(static_cast<size_t>(width * kChunk));  // [dim][key] for scores
-  std::vector<float> scores(kChunk);
+  std::vector<float> scores(kChunk * kGroup);
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t h = head_begin; h < head_end; ++h)
       std::fill_n(o_latent + (t * heads + h) * latent, latent, 0.0f);
@@ -59,50 +63,86 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
       const int64_t visible = std::min(keys, positions[t] + 1) - start;  // keys of this chunk t sees
       if (visible <= 0) continue;
       const int64_t used = std::min(count, visible);
-      for (int64_t h = head_begin; h < head_end; ++h) {
-        const int64_t item = t * (head_end - head_begin) + (h - head_begin);
-        const float* ql = q_latent + (t * heads + h) * latent;
-        const float* qp = q_pe + (t * heads + h) * rope;
-        // scores[j] = q · row_j over the latent and rope parts, keys in lanes.
+      // Heads in groups of kGroup: every key or value vector loaded feeds kGroup heads.
+      for (int64_t h0 = head_begin; h0 < head_end; h0 += kGroup) {
+        const int64_t group = std::min<int64_t>(kGroup, head_end - h0);
+        const float* ql[kGroup];
+        const float* qp[kGroup];
+        for (int64_t g = 0; g < kGroup; ++g) {
+          const int64_t h = h0 + std::min(g, group - 1);  // pad with the last head
+          ql[g] = q_latent + (t * heads + h) * latent;
+          qp[g] = q_pe + (t * heads + h) * rope;
+        }
+        // scores[g][j] = q_g · row_j, keys in lanes.
         for (int64_t j0 = 0; j0 < kChunk; j0 += static_cast<int64_t>(N)) {
-          auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
-          int64_t d = 0;
-          for (; d + 1 < latent; d += 2) {
-            acc0 = hn::MulAdd(hn::Set(df, ql[d]), hn::LoadU(df, transposed.data() + d * kChunk + j0), acc0);
-            acc1 = hn::MulAdd(hn::Set(df, ql[d + 1]), hn::LoadU(df, transposed.data() + (d + 1) * kChunk + j0), acc1);
+          hn::Vec<DF> acc[kGroup];
+          for (int64_t g = 0; g < kGroup; ++g) acc[g] = hn::Zero(df);
+          const float* column = transposed.data() + j0;
+          for (int64_t d = 0; d < latent; ++d) {
+            const auto k = hn::LoadU(df, column + d * kChunk);
+            for (int64_t g = 0; g < kGroup; ++g) acc[g] = hn::MulAdd(hn::Set(df, ql[g][d]), k, acc[g]);
           }
-          for (; d < latent; ++d)
-            acc0 = hn::MulAdd(hn::Set(df, ql[d]), hn::LoadU(df, transposed.data() + d * kChunk + j0), acc0);
-          for (int64_t r = 0; r < rope; ++r)
-            acc1 = hn::MulAdd(hn::Set(df, qp[r]), hn::LoadU(df, transposed.data() + (latent + r) * kChunk + j0), acc1);
-          hn::StoreU(hn::Mul(hn::Add(acc0, acc1), hn::Set(df, scale)), df, scores.data() + j0);
+          for (int64_t r = 0; r < rope; ++r) {
+            const auto k = hn::LoadU(df, column + (latent + r) * kChunk);
+            for (int64_t g = 0; g < kGroup; ++g) acc[g] = hn::MulAdd(hn::Set(df, qp[g][r]), k, acc[g]);
+          }
+          for (int64_t g = 0; g < kGroup; ++g)
+            hn::StoreU(hn::Mul(acc[g], hn::Set(df, scale)), df, scores.data() + g * kChunk + j0);
         }
-        float chunk_max = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < used; ++j) chunk_max = std::max(chunk_max, scores[j]);
-        const float new_max = std::max(running_max[item], chunk_max);
-        const float correction = std::exp(running_max[item] - new_max);
-        float sum = 0;
-        for (int64_t j = 0; j < used; ++j) {
-          scores[j] = std::exp(scores[j] - new_max);
-          sum += scores[j];
+        // Online softmax per head: p = exp(s − max); rescale what was accumulated so far.
+        float correction[kGroup];
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t item = t * (head_end - head_begin) + (h0 + g - head_begin);
+          float* s = scores.data() + g * kChunk;
+          float chunk_max = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < used; ++j) chunk_max = std::max(chunk_max, s[j]);
+          const float new_max = std::max(running_max[item], chunk_max);
+          correction[g] = std::exp(running_max[item] - new_max);
+          float sum = 0;
+          for (int64_t j0 = 0; j0 < kChunk; j0 += static_cast<int64_t>(N)) {
+            auto p = hn::CallExp(df, hn::Sub(hn::LoadU(df, s + j0), hn::Set(df, new_max)));
+            p = hn::IfThenElseZero(hn::FirstN(df, static_cast<size_t>(std::max<int64_t>(0, used - j0))), p);
+            hn::StoreU(p, df, s + j0);
+            sum += hn::GetLane(hn::SumOfLanes(df, p));
+          }
+          running_sum[item] = running_sum[item] * correction[g] + sum;
+          running_max[item] = new_max;
         }
-        running_sum[item] = running_sum[item] * correction + sum;
-        running_max[item] = new_max;
-        // o = o · correction + Σ_j p_j · c_j, the latent dims in lanes.
-        float* o = o_latent + (t * heads + h) * latent;
-        const auto corr = hn::Set(df, correction);
+        // o_g = o_g · correction_g + Σ_j p_gj · c_j, latent dims in lanes, two vectors at a time.
+        const int64_t n = static_cast<int64_t>(N);
         int64_t d = 0;
-        for (; d + static_cast<int64_t>(N) <= latent; d += static_cast<int64_t>(N)) {
-          auto acc = hn::Mul(hn::LoadU(df, o + d), corr);
-          for (int64_t j = 0; j < used; ++j)
-            acc = hn::MulAdd(hn::Set(df, scores[j]), hn::LoadU(df, rows.data() + j * width + d), acc);
-          hn::StoreU(acc, df, o + d);
+        for (; d + n <= latent; d += 2 * n) {
+          const bool pair = d + 2 * n <= latent;
+          hn::Vec<DF> o0[kGroup], o1[kGroup];
+          for (int64_t g = 0; g < group; ++g) {
+            float* o = o_latent + (t * heads + h0 + g) * latent + d;
+            o0[g] = hn::Mul(hn::LoadU(df, o), hn::Set(df, correction[g]));
+            o1[g] = pair ? hn::Mul(hn::LoadU(df, o + n), hn::Set(df, correction[g])) : hn::Zero(df);
+          }
+          for (int64_t j = 0; j < used; ++j) {
+            const float* value = rows.data() + j * width + d;
+            const auto v0 = hn::LoadU(df, value);
+            const auto v1 = pair ? hn::LoadU(df, value + n) : hn::Zero(df);
+            for (int64_t g = 0; g < group; ++g) {
+              const auto p = hn::Set(df, scores[g * kChunk + j]);
+              o0[g] = hn::MulAdd(p, v0, o0[g]);
+              o1[g] = hn::MulAdd(p, v1, o1[g]);
+            }
+          }
+          for (int64_t g = 0; g < group; ++g) {
+            float* o = o_latent + (t * heads + h0 + g) * latent + d;
+            hn::StoreU(o0[g], df, o);
+            if (pair) hn::StoreU(o1[g], df, o + n);
+          }
+          if (!pair) d -= n;  // only one vector was left
         }
-        for (; d < latent; ++d) {
-          float acc = o[d] * correction;
-          for (int64_t j = 0; j < used; ++j) acc += scores[j] * rows[j * width + d];
-          o[d] = acc;
-        }
+        for (; d < latent; ++d)  // fewer dims than a vector
+          for (int64_t g = 0; g < group; ++g) {
+            float* o = o_latent + (t * heads + h0 + g) * latent + d;
+            float acc = *o * correction[g];
+            for (int64_t j = 0; j < used; ++j) acc += scores[g * kChunk + j] * rows[j * width + d];
+            *o = acc;
+          }
       }
     }
   }
