@@ -42,7 +42,7 @@ ThreadPool::ThreadPool(int threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    stop_.store(true);
   }
   start_.notify_all();
   for (auto& worker : workers_) worker.join();
@@ -54,46 +54,55 @@ static std::pair<size_t, size_t> ChunkOf(size_t count, int chunks, int index) {
   return {begin, begin + base + (static_cast<size_t>(index) < extra ? 1 : 0)};
 }
 
+static inline void CpuRelax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
 void ThreadPool::ParallelFor(size_t count, const std::function<void(size_t, size_t)>& body) {
   if (count == 0) return;
   if (workers_.empty() || count == 1) {
     body(0, count);
     return;
   }
+  body_ = &body;
+  count_ = count;
+  pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
   {
+    // Publish under the lock so a worker about to sleep cannot miss the new generation.
     std::lock_guard<std::mutex> lock(mutex_);
-    body_ = &body;
-    count_ = count;
-    pending_ = static_cast<int>(workers_.size());
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
-  start_.notify_all();
+  if (sleeping_.load(std::memory_order_acquire) > 0) start_.notify_all();
   auto [begin, end] = ChunkOf(count, size(), 0);
   if (begin < end) body(begin, end);
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_.wait(lock, [this] { return pending_ == 0; });
+  while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
   body_ = nullptr;
 }
 
 void ThreadPool::WorkerLoop(int index) {
-  size_t seen_generation = 0;
+  size_t seen = 0;
+  constexpr int kSpins = 200000;  // roughly 1-5 ms of polling before sleeping
   while (true) {
-    const std::function<void(size_t, size_t)>* body;
-    size_t count;
-    {
+    size_t current = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; current == seen && spin < kSpins && !stop_.load(std::memory_order_relaxed); ++spin) {
+      CpuRelax();
+      current = generation_.load(std::memory_order_acquire);
+    }
+    if (current == seen) {
       std::unique_lock<std::mutex> lock(mutex_);
-      start_.wait(lock, [&] { return stop_ || generation_ != seen_generation; });
-      if (stop_) return;
-      seen_generation = generation_;
-      body = body_;
-      count = count_;
+      sleeping_.fetch_add(1, std::memory_order_acq_rel);
+      start_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+      sleeping_.fetch_sub(1, std::memory_order_acq_rel);
+      if (stop_.load()) return;
+      current = generation_.load(std::memory_order_acquire);
     }
-    auto [begin, end] = ChunkOf(count, size(), index);
-    if (begin < end) (*body)(begin, end);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_.notify_one();
-    }
+    if (stop_.load()) return;
+    seen = current;
+    auto [begin, end] = ChunkOf(count_, size(), index);
+    if (begin < end) (*body_)(begin, end);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 

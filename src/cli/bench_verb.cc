@@ -16,8 +16,8 @@ struct BenchKernelsArgs {
 };
 
 bench::MachinePeaks MeasurePeaks(bool quick) {
-  // Buffers of 512 MiB (256 MiB quick) per array: 8-16× a 32 MB last-level cache.
-  return bench::MeasureMachine(quick ? (256ll << 20) : (512ll << 20), quick ? 3 : 5);
+  // 1 GiB per array: four times even a 260 MB last-level cache.
+  return bench::MeasureMachine(1ll << 30, quick ? 3 : 5);
 }
 
 void RunBenchKernels(const BenchKernelsArgs& args) {
@@ -48,6 +48,7 @@ void AddBenchVerb(CLI::App& app) {
 
 }  // namespace sy
 
+#include "bench/decode_bench.h"
 #include "bench/layer_bench.h"
 
 namespace sy {
@@ -76,6 +77,23 @@ void AddBenchLayerCommand(CLI::App& bench_app) {
   });
 }
 
-void AddBenchDecodeCommand(CLI::App& bench_app) {}
+void AddBenchDecodeCommand(CLI::App& bench_app) {
+  struct Args {
+    std::string model;
+    bench::DecodeBenchOptions options;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* d = bench_app.add_subcommand("decode", "End-to-end decode tok/s next to the memory-bandwidth bound");
+  d->add_option("--model", args->model, "Checkpoint directory")->required();
+  d->add_option("--batches", args->options.batches, "Batches")->delimiter(',');
+  d->add_option("--steps", args->options.steps, "Timed decode steps per batch")->check(CLI::PositiveNumber);
+  d->add_option("--prompt-len", args->options.prompt_len, "Prompt tokens per sequence")->check(CLI::PositiveNumber);
+  d->callback([args] {
+    bench::MachinePeaks peaks = bench::MeasureMachine(1ll << 30, 3);
+    auto results = bench::BenchDecode(args->model, peaks, args->options);
+    if (!results.ok()) FailVerb(results.status().message());
+    std::fputs(bench::DecodeResultsTable(peaks, results.value()).c_str(), stdout);
+  });
+}
 
 }  // namespace sy

@@ -1,10 +1,12 @@
 // switchyard: one binary, a few verbs (docs/architecture.md).
 #include <CLI/CLI.hpp>
 
+#include "base/allocator.h"
 #include "base/thread_pool.h"
 #include "cli/verbs.h"
 
 int main(int argc, char** argv) {
+  sy::KeepFreedMemoryInHeap();
   CLI::App app{"switchyard: a wide-expert-parallel inference engine for DeepSeek-V3-class MoE models"};
   app.require_subcommand(1);
   int threads = 0;

@@ -1,0 +1,103 @@
+#include "bench/decode_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/clock.h"
+#include "model/model.h"
+#include "tensor/packed_matrix.h"
+
+namespace sy::bench {
+namespace {
+
+double MatrixBytes(const Matrix& m) {
+  if (m.packed) return static_cast<double>(m.packed->Bytes()) + m.packed->scales.size() * 4.0;
+  return static_cast<double>(m.rows) * m.cols * DTypeSize(m.dtype);
+}
+
+double FeedForwardBytes(const FeedForwardWeights& f) {
+  return f.empty() ? 0 : MatrixBytes(f.gate_proj) + MatrixBytes(f.up_proj) + MatrixBytes(f.down_proj);
+}
+
+// Bytes one decode step of `batch` sequences of `context` tokens must read at least once.
+double StepBytes(const Model& model, int64_t batch, int64_t context) {
+  const ModelConfig& c = model.config();
+  const ModelWeights& w = model.weights();
+  double bytes = MatrixBytes(w.lm_head) + batch * c.hidden_size * 2.0;  // head, embedding rows
+  for (const auto& layer : w.layers) {
+    const AttentionWeights& a = layer.self_attn;
+    for (const Matrix* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj_with_mqa, &a.o_proj})
+      if (!m->empty()) bytes += MatrixBytes(*m);
+    for (const auto& m : a.w_uk_t) bytes += MatrixBytes(m);
+    for (const auto& m : a.w_uv) bytes += MatrixBytes(m);
+    if (!layer.is_moe) {
+      bytes += FeedForwardBytes(layer.mlp);
+      continue;
+    }
+    bytes += MatrixBytes(layer.moe.gate) + FeedForwardBytes(layer.moe.shared_experts);
+    // Expected distinct experts for `batch` tokens choosing top-k of E each.
+    const double E = c.n_routed_experts, K = c.num_experts_per_tok;
+    const double active = E * (1 - std::pow(1 - K / E, static_cast<double>(batch)));
+    bytes += active * FeedForwardBytes(layer.moe.experts[0]);
+  }
+  bytes += static_cast<double>(batch) * context * c.latent_cache_width() * 2 * c.num_hidden_layers;  // bf16 cache
+  return bytes;
+}
+
+}  // namespace
+
+Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir, const MachinePeaks& peaks,
+                                               const DecodeBenchOptions& options) {
+  SY_ASSIGN_OR_RETURN(auto model, Model::Load(model_dir));
+  const ModelConfig& c = model->config();
+  std::vector<DecodeResult> results;
+  for (int64_t batch : options.batches) {
+    LatentCache cache = model->NewCache(batch * (options.prompt_len + options.steps + 1), batch, DType::kBF16);
+    std::vector<SequenceCache> sequences(static_cast<size_t>(batch));
+    ForwardBatch prefill;
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t i = 0; i < options.prompt_len; ++i)
+        prompts[b].push_back(static_cast<int32_t>((b * 131 + i * 17 + 3) % c.vocab_size));
+      prefill.Add(prompts[b].data(), options.prompt_len, &sequences[b]);
+    }
+    ForwardOptions forward;
+    forward.logit_rows = LogitRows::kLast;
+    std::vector<float> logits;
+    SY_RETURN_IF_ERROR(model->Forward(prefill, cache, forward, &logits));
+    std::vector<int32_t> next(static_cast<size_t>(batch));
+    double start = 0;
+    for (int64_t step = 0; step <= options.steps; ++step) {
+      if (step == 1) start = NowSeconds();  // step 0 warms up
+      ForwardBatch decode;
+      for (int64_t b = 0; b < batch; ++b) {
+        const float* row = logits.data() + b * c.vocab_size;
+        next[b] = static_cast<int32_t>(std::max_element(row, row + c.vocab_size) - row);
+        decode.Add(&next[b], 1, &sequences[b]);
+      }
+      SY_RETURN_IF_ERROR(model->Forward(decode, cache, forward, &logits));
+    }
+    const double seconds = NowSeconds() - start;
+    DecodeResult r;
+    r.batch = batch;
+    r.tokens_per_second = batch * options.steps / seconds;
+    r.bytes_per_step = StepBytes(*model, batch, options.prompt_len + options.steps / 2);
+    r.bound_tokens_per_second = batch / (r.bytes_per_step / (peaks.read_gbps * 1e9));
+    results.push_back(r);
+  }
+  return results;
+}
+
+std::string DecodeResultsTable(const MachinePeaks& peaks, const std::vector<DecodeResult>& results) {
+  std::string out = fmt::format("read bandwidth {:.1f} GB/s, {} threads\n", peaks.read_gbps, peaks.threads);
+  out += fmt::format("{:>6} {:>12} {:>14} {:>16} {:>10}\n", "batch", "tok/s", "MB per step", "bound tok/s", "of bound");
+  for (const auto& r : results)
+    out += fmt::format("{:>6} {:>12.1f} {:>14.1f} {:>16.1f} {:>9.0f}%\n", r.batch, r.tokens_per_second,
+                       r.bytes_per_step / 1e6, r.bound_tokens_per_second,
+                       100 * r.tokens_per_second / r.bound_tokens_per_second);
+  return out;
+}
+
+}  // namespace sy::bench

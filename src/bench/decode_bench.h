@@ -1,0 +1,31 @@
+// `switchyard bench decode --model DIR`: end-to-end greedy decode at batch 1…64 next to the
+// memory-bandwidth bound for that batch: the bytes a step must read (every weight it uses once,
+// the expected distinct experts, the latent cache) over the read bandwidth measured in the run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "bench/machine_peaks.h"
+#include "base/status.h"
+
+namespace sy::bench {
+
+struct DecodeResult {
+  int64_t batch = 0;
+  double tokens_per_second = 0;
+  double bytes_per_step = 0;
+  double bound_tokens_per_second = 0;  // batch / (bytes_per_step / read bandwidth)
+};
+
+struct DecodeBenchOptions {
+  std::vector<int64_t> batches = {1, 2, 4, 8, 16, 32, 64};
+  int64_t prompt_len = 32;
+  int64_t steps = 16;
+};
+
+Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir, const MachinePeaks& peaks,
+                                               const DecodeBenchOptions& options);
+std::string DecodeResultsTable(const MachinePeaks& peaks, const std::vector<DecodeResult>& results);
+
+}  // namespace sy::bench
