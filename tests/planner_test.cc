@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "model/config.h"
 #include "plan/calibration.h"
@@ -176,12 +177,12 @@ TEST(CalibrationTest, BenchResultsReplacePeaksAndEfficiencies) {
                {"kernel":"gemm","weight_dtype":"bf16","m":512,"n":2048,"k":7168,"groups":1,"seconds":0.1,"gbps":1,"gflops":200,"roofline_fraction":0.66}]})";
   ASSERT_TRUE(CalibrateFromBench(bench, "bench.json", spec).ok());
   EXPECT_EQ(spec.memory_bandwidth_gbps, 21.5);
-  EXPECT_DOUBLE_EQ(spec.peak_bf16_tflops, 0.3);
-  EXPECT_DOUBLE_EQ(spec.efficiency.gemm_memory, 0.85);
-  EXPECT_DOUBLE_EQ(spec.efficiency.grouped_memory, 0.7);
-  EXPECT_DOUBLE_EQ(spec.efficiency.gemm_compute, 0.66);
+  EXPECT_DOUBLE_EQ(spec.peak_bf16_tflops, 0.3);  // the faster of bf16 (300) and f32 (150)
+  EXPECT_DOUBLE_EQ(spec.efficiency.gemm_memory, 17.0 / 21.5);      // memory-bound: GB/s over the peak
+  EXPECT_DOUBLE_EQ(spec.efficiency.grouped_memory, 15.0 / 21.5);
+  EXPECT_DOUBLE_EQ(spec.efficiency.gemm_compute, 200.0 / 300.0);   // compute-bound: FLOP/s over the peak
   EXPECT_FALSE(CalibrateFromBench(R"({"machine":{}})", "bench.json", spec).ok());
-  EXPECT_FALSE(CalibrateFromBench(R"({"machine":{"read_gbps":1,"bf16_gflops":1},"results":[{"kernel":"gemv"}]})",
+  EXPECT_FALSE(CalibrateFromBench(R"({"machine":{"read_gbps":1,"bf16_gflops":1},"results":[{"kernel":"gemv","m":1}]})",
                                   "bench.json", spec).ok());
 }
 
@@ -201,6 +202,36 @@ TEST(PlanCliTest, JsonPlotAndErrors) {
   EXPECT_NE(out.find("--ep 7"), std::string::npos) << out;
   EXPECT_NE(testing::RunCommand(base + " --hardware nothing", &out), 0);
   EXPECT_NE(out.find("'nothing'"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace sy::plan
+
+namespace sy::plan {
+namespace {
+
+// The planner calibrated by a recorded `bench kernels --quick --json` run on the development
+// machine, held against a recorded `bench layer --ep 8` run on the same machine
+// (docs/bench/): the compute part of one EP8 rank's layer within 40% at every batch.
+TEST(CalibrationTest, CalibratedPlanTracksTheMeasuredLayer) {
+  const std::string dir = std::string(SY_SOURCE_DIR) + "/docs/bench/";
+  HardwareSpec spec = Hardware(std::string(SY_SOURCE_DIR) + "/configs/hardware/cpu-cluster.json");
+  ASSERT_TRUE(CalibrateFromBenchFile(dir + "kernels-quick.json", spec).ok());
+  CostModel model(DeepSeekV3(), spec, {5000, 0, 0.6});
+  std::istringstream measured(testing::ReadFile(dir + "layer-ep8.txt"));
+  std::string line;
+  int checked = 0;
+  while (std::getline(measured, line)) {
+    std::istringstream fields(line);
+    double batch, q, attention, gemm, grouped, router, other, total, experts;
+    if (!(fields >> batch >> q >> attention >> gemm >> grouped >> router >> other >> total >> experts) || q != 1)
+      continue;
+    auto layer = model.Predict({8, 1, static_cast<int>(batch), Overlap::kNone}).moe_layer;
+    const double predicted = layer.attention + layer.gemm + layer.grouped_gemm + layer.other;
+    EXPECT_NEAR(predicted / total, 1.0, 0.4) << "batch " << batch;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
 }
 
 }  // namespace

@@ -33,27 +33,37 @@ Status CalibrateFromBench(const std::string& text, const std::string& source, Ha
       return Status::Errorf("{}: field 'machine.{}' must be a positive number", source, key);
   }
   spec.memory_bandwidth_gbps = (*machine)["read_gbps"].get<double>();
-  spec.peak_bf16_tflops = (*machine)["bf16_gflops"].get<double>() / 1000;
-  spec.peak_fp8_tflops = 0;  // a CPU decodes fp8 weights and multiplies at the bf16 rate
+  // A CPU decodes fp8 and multiplies at the rate of its fastest multiply-add, which need not be
+  // the bf16 one (on some Xeons f32 FMA outruns VDPBF16PS): that is the peak the planner uses.
+  double f32 = 0;
+  if (machine->contains("f32_gflops") && (*machine)["f32_gflops"].is_number()) f32 = (*machine)["f32_gflops"].get<double>();
+  const double peak_gflops = std::max((*machine)["bf16_gflops"].get<double>(), f32);
+  spec.peak_bf16_tflops = peak_gflops / 1000;
+  spec.peak_fp8_tflops = 0;
 
-  // Memory-bound fractions from decode shapes (m ≤ 32), compute-bound ones from prefill (m ≥ 256).
+  // Each result is memory-bound or compute-bound on this machine's roofline; its achieved
+  // bandwidth or FLOP/s over the matching peak becomes that family's efficiency.
   std::vector<double> gemm_memory, gemm_compute, grouped_memory, grouped_compute, attention;
   for (size_t i = 0; i < results->size(); ++i) {
     const json& r = (*results)[i];
-    if (!r.is_object() || !r.contains("kernel") || !r["kernel"].is_string() || !r.contains("roofline_fraction") ||
-        !r["roofline_fraction"].is_number() || !r.contains("m") || !r["m"].is_number())
-      return Status::Errorf("{}: results[{}] needs 'kernel', 'm' and 'roofline_fraction'", source, i);
+    auto number = [&](const char* key) {
+      return r.contains(key) && r[key].is_number() ? r[key].get<double>() : -1.0;
+    };
+    if (!r.is_object() || !r.contains("kernel") || !r["kernel"].is_string() || number("gbps") < 0 ||
+        number("gflops") < 0 || number("m") < 0)
+      return Status::Errorf("{}: results[{}] needs 'kernel', 'm', 'gbps' and 'gflops'", source, i);
     const std::string kernel = r["kernel"].get<std::string>();
-    const double fraction = r["roofline_fraction"].get<double>(), m = r["m"].get<double>();
-    if (!(fraction > 0 && fraction <= 1.5))
-      return Status::Errorf("{}: results[{}].roofline_fraction {} is out of range", source, i, fraction);
+    const double gbps = number("gbps"), gflops = number("gflops");
+    if (gbps <= 0 || gflops <= 0) return Status::Errorf("{}: results[{}] has no measurement", source, i);
+    const double intensity = gflops / gbps;  // FLOPs per byte moved
+    const bool memory_bound = intensity * spec.memory_bandwidth_gbps < peak_gflops;
+    const double memory = gbps / spec.memory_bandwidth_gbps, compute = gflops / peak_gflops;
     if (kernel == "gemv" || kernel == "gemm") {
-      if (m <= 32) gemm_memory.push_back(fraction);
-      if (m >= 256) gemm_compute.push_back(fraction);
+      (memory_bound ? gemm_memory : gemm_compute).push_back(memory_bound ? memory : compute);
     } else if (kernel == "grouped_gemm") {
-      (m >= 256 ? grouped_compute : grouped_memory).push_back(fraction);
+      (memory_bound ? grouped_memory : grouped_compute).push_back(memory_bound ? memory : compute);
     } else if (kernel == "mla_decode") {
-      attention.push_back(fraction);
+      attention.push_back(memory_bound ? memory : compute);
     }
   }
   Efficiency& e = spec.efficiency;
