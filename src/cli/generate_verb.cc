@@ -3,7 +3,10 @@
 #include <cstdio>
 
 #include "base/clock.h"
+#include <cstring>
+
 #include "cli/common.h"
+#include "cli/parallel_setup.h"
 #include "cli/token_lists.h"
 #include "cli/verbs.h"
 
@@ -16,6 +19,7 @@ struct GenerateArgs {
   int64_t max_tokens = 16;
   bool ignore_eos = false;
   std::string kv_dtype = "bf16";
+  ParallelArgs parallel;
 };
 
 int32_t Argmax(const float* row, int64_t size) {
@@ -26,72 +30,101 @@ void RunGenerate(const GenerateArgs& args) {
   auto parsed = ParseTokenLists(args.prompt_tokens, "--prompt-tokens");
   if (!parsed.ok()) FailVerb(parsed.status().message());
   const auto& prompts = parsed.value();
-  auto model = LoadModelOrFail(args.model);
-  const ModelConfig& config = model->config();
+  ParallelRun run = LoadParallel(args.model, args.parallel);
+  Communicator& comm = *run.comm;
+  const Model& model = *run.model;
+  const ModelConfig& config = model.config();
   const int64_t vocab = config.vocab_size;
   const size_t count = prompts.size();
+  for (size_t s = 0; s < count; ++s)
+    for (size_t i = 0; i < prompts[s].size(); ++i)
+      if (prompts[s][i] >= vocab)
+        FailEverywhere(comm, fmt::format("--prompt-tokens: sequence {}, position {}: token id {} is outside [0, {})", s,
+                                         i, prompts[s][i], vocab));
 
   int64_t capacity = 0;
-  for (const auto& p : prompts) capacity += static_cast<int64_t>(p.size()) + args.max_tokens;
-  LatentCache cache = model->NewCache(capacity, static_cast<int64_t>(count), KvDTypeOrFail(args.kv_dtype));
+  for (size_t s = 0; s < count; ++s)
+    if (run.Owns(s)) capacity += static_cast<int64_t>(prompts[s].size()) + args.max_tokens;
+  LatentCache cache = model.NewCache(capacity, static_cast<int64_t>(count), KvDTypeOrFail(args.kv_dtype));
   std::vector<SequenceCache> caches(count);
   std::vector<std::vector<int32_t>> generated(count);
-  std::vector<bool> finished(count, args.max_tokens == 0);
-  ForwardOptions options;
+  ForwardOptions options = run.Options();
   options.logit_rows = LogitRows::kLast;
   std::vector<float> logits;
+  auto forward = [&](const ForwardBatch& batch) {
+    Status status = model.Forward(batch, cache, options, &logits);
+    if (!status.ok()) comm.Abort(status.message(), 1);
+  };
 
   const double start = NowSeconds();
   ForwardBatch prefill;
-  for (size_t s = 0; s < count; ++s) prefill.Add(prompts[s].data(), static_cast<int64_t>(prompts[s].size()), &caches[s]);
-  if (args.max_tokens > 0) {
-    Status status = model->Forward(prefill, cache, options, &logits);
-    if (!status.ok()) FailVerb(status.message());
+  std::vector<size_t> members;
+  for (size_t s = 0; s < count; ++s) {
+    if (!run.Owns(s)) continue;
+    prefill.Add(prompts[s].data(), static_cast<int64_t>(prompts[s].size()), &caches[s]);
+    members.push_back(s);
   }
+  if (args.max_tokens > 0) forward(prefill);
+  else members.clear();
   const double prefill_done = NowSeconds();
-  std::vector<size_t> members(count);
-  for (size_t s = 0; s < count; ++s) members[s] = s;
   int64_t decode_steps = 0, decoded_tokens = 0;
   while (true) {
-    // Take the next token of every sequence still running from the last step's logits.
+    // Take the next token of every local sequence still running from the last step's logits.
     ForwardBatch step;
     std::vector<size_t> next_members;
-    for (size_t i = 0; i < members.size() && args.max_tokens > 0; ++i) {
+    for (size_t i = 0; i < members.size(); ++i) {
       const size_t s = members[i];
       const int32_t token = Argmax(logits.data() + i * vocab, vocab);
       generated[s].push_back(token);
       const bool stop = (!args.ignore_eos && token == config.eos_token_id) ||
                         static_cast<int64_t>(generated[s].size()) >= args.max_tokens;
-      if (stop) {
-        finished[s] = true;
-        continue;
-      }
+      if (stop) continue;
       step.Add(&generated[s].back(), 1, &caches[s]);
       next_members.push_back(s);
     }
     members = std::move(next_members);
-    if (members.empty()) break;
-    Status status = model->Forward(step, cache, options, &logits);
-    if (!status.ok()) FailVerb(status.message());
+    // Every rank steps while any rank has work, with an empty batch if it has none.
+    if (comm.AllReduceMax(static_cast<int64_t>(members.size())) == 0) break;
+    forward(step);
     ++decode_steps;
     decoded_tokens += static_cast<int64_t>(members.size());
   }
   const double end = NowSeconds();
 
+  // Rank 0 prints every sequence in input order.
+  std::vector<uint8_t> mine;
+  for (size_t s = 0; s < count; ++s) {
+    if (!run.Owns(s)) continue;
+    const int32_t header[2] = {static_cast<int32_t>(s), static_cast<int32_t>(generated[s].size())};
+    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(header), reinterpret_cast<const uint8_t*>(header) + 8);
+    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(generated[s].data()),
+                reinterpret_cast<const uint8_t*>(generated[s].data() + generated[s].size()));
+  }
+  std::vector<uint8_t> all = comm.GatherToRoot(mine);
+  const int64_t total_decoded = comm.AllReduceSum(decoded_tokens);
+  if (comm.rank() != 0) return;
+  std::vector<std::vector<int32_t>> ordered(count);
+  for (size_t at = 0; at < all.size();) {
+    int32_t header[2];
+    std::memcpy(header, all.data() + at, 8);
+    at += 8;
+    ordered[header[0]].resize(static_cast<size_t>(header[1]));
+    std::memcpy(ordered[header[0]].data(), all.data() + at, static_cast<size_t>(header[1]) * 4);
+    at += static_cast<size_t>(header[1]) * 4;
+  }
   int64_t total_generated = 0;
   for (size_t s = 0; s < count; ++s) {
     std::printf("sequence %zu:", s);
-    for (int32_t token : generated[s]) std::printf(" %d", token);
+    for (int32_t token : ordered[s]) std::printf(" %d", token);
     std::printf("\n");
-    total_generated += static_cast<int64_t>(generated[s].size());
+    total_generated += static_cast<int64_t>(ordered[s].size());
   }
   const double decode_seconds = end - prefill_done;
-  std::printf("generated %lld tokens for %zu sequences in %.3f s: %.1f tok/s overall; prefill %lld "
-              "tokens in %.3f s; decode %.1f tok/s over %lld steps\n",
+  std::printf("generated %lld tokens for %zu sequences in %.3f s: %.1f tok/s overall; prefill %.3f s; decode %.1f "
+              "tok/s over %lld steps on %d rank(s)\n",
               static_cast<long long>(total_generated), count, end - start,
-              total_generated / std::max(end - start, 1e-9), static_cast<long long>(prefill.size()),
-              prefill_done - start, decoded_tokens / std::max(decode_seconds, 1e-9),
-              static_cast<long long>(decode_steps));
+              total_generated / std::max(end - start, 1e-9), prefill_done - start,
+              total_decoded / std::max(decode_seconds, 1e-9), static_cast<long long>(decode_steps), comm.size());
 }
 
 }  // namespace
@@ -104,6 +137,7 @@ void AddGenerateVerb(CLI::App& app) {
   verb->add_option("--max-tokens", args->max_tokens, "Tokens to generate per prompt")->check(CLI::NonNegativeNumber);
   verb->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past the end-of-sequence token");
   verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")->check(CLI::IsMember({"bf16", "f32"}));
+  AddParallelOptions(verb, args->parallel);
   verb->callback([args] { RunGenerate(*args); });
 }
 

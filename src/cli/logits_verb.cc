@@ -2,7 +2,10 @@
 #include <cstdio>
 #include <fstream>
 
+#include <cstring>
+
 #include "cli/common.h"
+#include "cli/parallel_setup.h"
 #include "cli/token_lists.h"
 #include "cli/verbs.h"
 
@@ -16,72 +19,101 @@ struct LogitsArgs {
   int64_t decode_from = -1;
   std::string kv_dtype = "f32";  // a conformance tool: exact by default
   std::string attention = "auto";
+  ParallelArgs parallel;
 };
 
 void RunLogits(const LogitsArgs& args) {
   auto parsed = ParseTokenLists(args.tokens, "--tokens");
   if (!parsed.ok()) FailVerb(parsed.status().message());
   const auto& sequences = parsed.value();
-  auto model = LoadModelOrFail(args.model);
-  const ModelConfig& config = model->config();
+  ParallelRun run = LoadParallel(args.model, args.parallel);
+  Communicator& comm = *run.comm;
+  const Model& model = *run.model;
+  const int64_t vocab = model.config().vocab_size;
+  // Every rank checks every sequence, so a bad id fails all ranks alike before any step.
+  for (size_t s = 0; s < sequences.size(); ++s)
+    for (size_t i = 0; i < sequences[s].size(); ++i)
+      if (sequences[s][i] >= vocab)
+        FailEverywhere(comm, fmt::format("--tokens: sequence {}, position {}: token id {} is outside [0, {})", s, i,
+                                         sequences[s][i], vocab));
 
-  ForwardOptions options;
+  ForwardOptions options = run.Options();
   if (args.attention == "expanded") options.attention = AttentionForm::kExpanded;
   else if (args.attention == "absorbed") options.attention = AttentionForm::kAbsorbed;
 
-  int64_t total = 0;
-  for (const auto& s : sequences) total += static_cast<int64_t>(s.size());
-  LatentCache cache = model->NewCache(total, static_cast<int64_t>(sequences.size()),
-                                      KvDTypeOrFail(args.kv_dtype));
+  int64_t local_tokens = 0;
+  for (size_t s = 0; s < sequences.size(); ++s)
+    if (run.Owns(s)) local_tokens += static_cast<int64_t>(sequences[s].size());
+  LatentCache cache = model.NewCache(local_tokens, static_cast<int64_t>(sequences.size()), KvDTypeOrFail(args.kv_dtype));
   std::vector<SequenceCache> caches(sequences.size());
-  // Per sequence, the logits of each position in order.
-  std::vector<std::vector<float>> rows(sequences.size());
-  const int64_t vocab = config.vocab_size;
+  std::vector<std::vector<float>> rows(sequences.size());  // this rank's sequences only
   std::vector<float> logits;
+  auto step = [&](const ForwardBatch& batch, const std::vector<size_t>& members) {
+    Status status = model.Forward(batch, cache, options, &logits);
+    if (!status.ok()) comm.Abort(status.message(), 1);  // inputs were checked: a real fault
+    for (size_t i = 0; i < members.size(); ++i) {
+      const auto& slice = batch.sequences[i];
+      rows[members[i]].insert(rows[members[i]].end(), logits.begin() + slice.token_offset * vocab,
+                              logits.begin() + (slice.token_offset + slice.token_count) * vocab);
+    }
+  };
 
-  // Prefill: every sequence's first K positions (all of them without --decode-from), batched.
+  // Prefill: positions [0, K) of this rank's sequences (all of them without --decode-from).
+  // Every rank steps, with an empty batch if it has nothing, so expert exchanges complete.
   const int64_t prefill_until = args.decode_from < 0 ? INT64_MAX : args.decode_from;
   ForwardBatch prefill;
-  std::vector<size_t> prefilled;
+  std::vector<size_t> members;
   for (size_t s = 0; s < sequences.size(); ++s) {
-    int64_t count = std::min<int64_t>(prefill_until, static_cast<int64_t>(sequences[s].size()));
+    if (!run.Owns(s)) continue;
+    const int64_t count = std::min<int64_t>(prefill_until, static_cast<int64_t>(sequences[s].size()));
     if (count == 0) continue;
     prefill.Add(sequences[s].data(), count, &caches[s]);
-    prefilled.push_back(s);
+    members.push_back(s);
   }
-  if (prefill.size() > 0) {
-    Status status = model->Forward(prefill, cache, options, &logits);
-    if (!status.ok()) FailVerb(status.message());
-    for (size_t i = 0; i < prefilled.size(); ++i) {
-      const auto& slice = prefill.sequences[i];
-      auto& target = rows[prefilled[i]];
-      target.insert(target.end(), logits.begin() + slice.token_offset * vocab,
-                    logits.begin() + (slice.token_offset + slice.token_count) * vocab);
-    }
-  }
-  // Decode: one position per sequence per step, all unfinished sequences batched together.
+  step(prefill, members);
+  // Decode: one position per unfinished sequence per step, until no rank has work left.
   while (true) {
-    ForwardBatch step;
-    std::vector<size_t> members;
+    ForwardBatch batch;
+    members.clear();
     for (size_t s = 0; s < sequences.size(); ++s) {
+      if (!run.Owns(s)) continue;
       const int64_t position = caches[s].length;
       if (position >= static_cast<int64_t>(sequences[s].size())) continue;
-      step.Add(&sequences[s][position], 1, &caches[s]);
+      batch.Add(&sequences[s][position], 1, &caches[s]);
       members.push_back(s);
     }
-    if (members.empty()) break;
-    Status status = model->Forward(step, cache, options, &logits);
-    if (!status.ok()) FailVerb(status.message());
-    for (size_t i = 0; i < members.size(); ++i)
-      rows[members[i]].insert(rows[members[i]].end(), logits.begin() + i * vocab,
-                              logits.begin() + (i + 1) * vocab);
+    if (comm.AllReduceMax(static_cast<int64_t>(members.size())) == 0) break;
+    step(batch, members);
   }
 
+  // Rank 0 collects [sequence index, row count, rows] records and writes them in input order.
+  std::vector<uint8_t> mine;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    if (!run.Owns(s)) continue;
+    const int64_t header[2] = {static_cast<int64_t>(s), static_cast<int64_t>(rows[s].size())};
+    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(header), reinterpret_cast<const uint8_t*>(header) + 16);
+    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(rows[s].data()),
+                reinterpret_cast<const uint8_t*>(rows[s].data() + rows[s].size()));
+  }
+  std::vector<uint8_t> all = comm.GatherToRoot(mine);
+  if (comm.rank() != 0) return;
+  std::vector<std::vector<float>> ordered(sequences.size());
+  for (size_t at = 0; at < all.size();) {
+    int64_t header[2];
+    std::memcpy(header, all.data() + at, 16);
+    at += 16;
+    ordered[header[0]].resize(static_cast<size_t>(header[1]));
+    std::memcpy(ordered[header[0]].data(), all.data() + at, static_cast<size_t>(header[1]) * 4);
+    at += static_cast<size_t>(header[1]) * 4;
+  }
   std::ofstream out(args.out, std::ios::binary | std::ios::trunc);
   if (!out) FailVerb(args.out + ": cannot create");
-  for (const auto& sequence_rows : rows)
+  int64_t total = 0;
+  for (const auto& sequence_rows : ordered) {
     out.write(reinterpret_cast<const char*>(sequence_rows.data()),
               static_cast<std::streamsize>(sequence_rows.size() * sizeof(float)));
+    total += static_cast<int64_t>(sequence_rows.size()) / vocab;
+  }
   if (!out) FailVerb(args.out + ": write failed");
   std::fprintf(stderr, "wrote %lld rows x %lld logits to %s\n", static_cast<long long>(total),
                static_cast<long long>(vocab), args.out.c_str());
@@ -101,6 +133,7 @@ void AddLogitsVerb(CLI::App& app) {
   verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype (f32 keeps the reference's arithmetic; bf16 as deployed)")->check(CLI::IsMember({"bf16", "f32"}));
   verb->add_option("--attention", args->attention, "MLA form: auto (expanded for prefill, absorbed for decode), expanded or absorbed")
       ->check(CLI::IsMember({"auto", "expanded", "absorbed"}));
+  AddParallelOptions(verb, args->parallel);
   verb->callback([args] { RunLogits(*args); });
 }
 

@@ -90,7 +90,11 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
     for (size_t i = 0; i < hidden.size(); ++i) hidden[i] += delta[i];
     kernels::RmsNorm(hidden.data(), T, D, layer.post_attention_layernorm.data(), eps, normed.data());
     if (layer.is_moe) {
-      MoeForward(c, layer.moe, normed.data(), T, delta.data());
+      if (options.moe != nullptr) {
+        options.moe->Run(c, layer.moe, l, normed.data(), T, delta.data());
+      } else {
+        MoeForward(c, layer.moe, normed.data(), T, delta.data());
+      }
     } else {
       FeedForward(layer.mlp, normed.data(), T, delta.data());
     }

@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/latent_cache.h"
 #include "model/mla.h"
+#include "model/moe_executor.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -26,6 +27,8 @@ enum class LogitRows {
 struct ForwardOptions {
   AttentionForm attention = AttentionForm::kAuto;
   LogitRows logit_rows = LogitRows::kAll;
+  // Runs the MoE layers; null means all experts in this process (MoeForward).
+  MoeExecutor* moe = nullptr;
 };
 
 class Model {
@@ -44,7 +47,8 @@ class Model {
                        int64_t page_size = 16) const;
 
   // Runs one step. Checks token ids, positions and cache space first and changes nothing on
-  // error. logits: [rows, vocab_size] per `options.logit_rows`.
+  // error. logits: [rows, vocab_size] per `options.logit_rows`. An empty batch is allowed: under
+  // expert parallelism a rank with nothing to do still steps so its peers' exchanges complete.
   Status Forward(const ForwardBatch& batch, LatentCache& cache, const ForwardOptions& options,
                  std::vector<float>* logits) const;
 

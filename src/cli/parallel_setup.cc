@@ -1,0 +1,87 @@
+#include "cli/parallel_setup.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "cli/verbs.h"
+
+namespace sy {
+
+void FailEverywhere(Communicator& comm, const std::string& message) {
+  if (comm.size() == 1) FailVerb(message);
+  // Every rank reached the same conclusion from the same inputs: exit together, no abort needed.
+  if (comm.rank() == 0) std::fprintf(stderr, "error: %s\n", message.c_str());
+  std::fflush(stderr);
+  comm.AllReduceMax(0);  // nobody leaves while a peer still waits in a collective
+  throw CLI::RuntimeError(1);
+}
+
+void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
+  verb->add_option("--wire-dtype", args.wire_dtype, "Row format between expert-parallel ranks")
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  verb->add_option("--overlap", args.overlap, "Communication overlap: none, or dispatch (shared expert between dispatch send and receive)")
+      ->check(CLI::IsMember({"none", "dispatch"}));
+}
+
+static double ResidentMegabytes() {
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return static_cast<double>(resident) * sysconf(_SC_PAGESIZE) / 1e6;
+}
+
+ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args) {
+  ParallelRun run;
+  run.comm = &WorldCommunicator();
+  Communicator& comm = *run.comm;
+  const int ranks = comm.size(), rank = comm.rank();
+  // Every rank reads the config; a mismatch (a different checkpoint on one rank) shows up in the
+  // fingerprint comparison below.
+  auto config = LoadModelConfig(directory + "/config.json");
+  int64_t local_ok = config.ok() ? 1 : 0;
+  std::string reason = config.ok() ? "" : config.status().message();
+  if (config.ok() && ranks > 1 && config.value().n_routed_experts % ranks != 0) {
+    local_ok = 0;
+    reason = fmt::format("{} routed experts cannot be spread evenly over {} ranks", config.value().n_routed_experts, ranks);
+  }
+  WeightLoadOptions options;
+  if (local_ok && ranks > 1) {
+    const int64_t local = config.value().n_routed_experts / ranks;
+    options.expert_begin = rank * local;
+    options.expert_end = (rank + 1) * local;
+  }
+  if (local_ok) {
+    auto model = Model::Load(directory, options);
+    if (model.ok()) {
+      run.model = std::move(model).value();
+    } else {
+      local_ok = 0;
+      reason = model.status().message();
+    }
+  }
+  if (ranks == 1) {
+    if (!local_ok) FailVerb(reason);
+    return run;
+  }
+  if (comm.AllReduceMax(local_ok ? 0 : 1) != 0)  // end every rank; the one that knows says why
+    comm.Abort(local_ok ? "a peer rank failed to load the model" : reason, 1);
+  // Same checkpoint and flags everywhere: compare a fingerprint of what shapes the run.
+  const ModelConfig& c = run.model->config();
+  const std::string fingerprint = fmt::format("{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype,
+                                              args.overlap, c.vocab_size, c.hidden_size, c.n_routed_experts, ranks);
+  std::vector<uint8_t> mine(fingerprint.begin(), fingerprint.end());
+  std::vector<uint8_t> root = comm.Broadcast(mine);
+  if (comm.AllReduceMax(root == mine ? 0 : 1) != 0)
+    comm.Abort(root != mine ? "this rank's checkpoint or flags differ from rank 0's"
+                            : "a peer's checkpoint or flags differ from rank 0's", 1);
+  run.moe = std::make_unique<ExpertParallelMoe>(comm, c, args.wire_dtype == "f32" ? DType::kF32 : DType::kBF16,
+                                               args.overlap == "dispatch" ? OverlapMode::kDispatch : OverlapMode::kNone);
+  std::fprintf(stderr, "rank %d of %d: experts [%lld, %lld), resident %.0f MB\n", rank, ranks,
+               static_cast<long long>(options.expert_begin), static_cast<long long>(options.expert_end),
+               ResidentMegabytes());
+  return run;
+}
+
+}  // namespace sy

@@ -1,0 +1,150 @@
+#include "parallel/communicator.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace sy {
+namespace {
+
+class SingleProcess final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void AllToAll(const int64_t* send, int64_t* recv, int64_t per_rank) override {
+    std::memcpy(recv, send, static_cast<size_t>(per_rank) * sizeof(int64_t));
+  }
+  class Done final : public Exchange {
+   public:
+    void Wait() override {}
+  };
+  std::unique_ptr<Exchange> StartAllToAllV(const void* send, const std::vector<int64_t>& send_bytes,
+                                           const std::vector<int64_t>& send_offsets, void* recv,
+                                           const std::vector<int64_t>&, const std::vector<int64_t>& recv_offsets) override {
+    if (send_bytes[0] > 0)
+      std::memcpy(static_cast<uint8_t*>(recv) + recv_offsets[0], static_cast<const uint8_t*>(send) + send_offsets[0],
+                  static_cast<size_t>(send_bytes[0]));
+    return std::make_unique<Done>();
+  }
+  int64_t AllReduceMax(int64_t value) override { return value; }
+  int64_t AllReduceSum(int64_t value) override { return value; }
+  std::vector<uint8_t> GatherToRoot(const std::vector<uint8_t>& bytes) override { return bytes; }
+  std::vector<uint8_t> Broadcast(const std::vector<uint8_t>& bytes) override { return bytes; }
+  void Abort(const std::string& message, int code) override {
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+    std::exit(code);
+  }
+};
+
+// MPI's all-to-all-v takes int counts; rows are chunked below 2 GiB per peer by the callers'
+// sizes (a step's dispatch is megabytes), and larger ones are rejected loudly.
+int CheckedInt(int64_t value) {
+  if (value > INT32_MAX) {
+    std::fprintf(stderr, "error: an exchange of %lld bytes exceeds MPI's int counts\n", static_cast<long long>(value));
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  return static_cast<int>(value);
+}
+
+class Mpi final : public Communicator {
+ public:
+  Mpi() {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    // Errors come back as codes; a peer that died turns into an abort, not a hang (see Abort).
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    std::atexit([] {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Finalize();
+    });
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void AllToAll(const int64_t* send, int64_t* recv, int64_t per_rank) override {
+    MPI_Alltoall(send, static_cast<int>(per_rank), MPI_INT64_T, recv, static_cast<int>(per_rank), MPI_INT64_T,
+                 MPI_COMM_WORLD);
+  }
+  class Pending final : public Exchange {
+   public:
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<int> counts[4];
+    void Wait() override { MPI_Wait(&request, MPI_STATUS_IGNORE); }
+    ~Pending() override {
+      if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
+    }
+  };
+  std::unique_ptr<Exchange> StartAllToAllV(const void* send, const std::vector<int64_t>& send_bytes,
+                                           const std::vector<int64_t>& send_offsets, void* recv,
+                                           const std::vector<int64_t>& recv_bytes,
+                                           const std::vector<int64_t>& recv_offsets) override {
+    auto pending = std::make_unique<Pending>();
+    const std::vector<int64_t>* sources[4] = {&send_bytes, &send_offsets, &recv_bytes, &recv_offsets};
+    for (int i = 0; i < 4; ++i)
+      for (int64_t v : *sources[i]) pending->counts[i].push_back(CheckedInt(v));
+    MPI_Ialltoallv(send, pending->counts[0].data(), pending->counts[1].data(), MPI_BYTE, recv,
+                   pending->counts[2].data(), pending->counts[3].data(), MPI_BYTE, MPI_COMM_WORLD, &pending->request);
+    return pending;
+  }
+  int64_t AllReduceMax(int64_t value) override {
+    int64_t result = 0;
+    MPI_Allreduce(&value, &result, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    return result;
+  }
+  int64_t AllReduceSum(int64_t value) override {
+    int64_t result = 0;
+    MPI_Allreduce(&value, &result, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    return result;
+  }
+  std::vector<uint8_t> GatherToRoot(const std::vector<uint8_t>& bytes) override {
+    int count = CheckedInt(static_cast<int64_t>(bytes.size()));
+    std::vector<int> counts(rank_ == 0 ? size_ : 0), offsets(rank_ == 0 ? size_ : 0);
+    MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+    std::vector<uint8_t> all;
+    if (rank_ == 0) {
+      int64_t total = 0;
+      for (int r = 0; r < size_; ++r) {
+        offsets[r] = CheckedInt(total);
+        total += counts[r];
+      }
+      all.resize(static_cast<size_t>(total));
+    }
+    MPI_Gatherv(bytes.data(), count, MPI_BYTE, all.data(), counts.data(), offsets.data(), MPI_BYTE, 0, MPI_COMM_WORLD);
+    return all;
+  }
+  std::vector<uint8_t> Broadcast(const std::vector<uint8_t>& bytes) override {
+    int64_t size = static_cast<int64_t>(bytes.size());
+    MPI_Bcast(&size, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    std::vector<uint8_t> out = rank_ == 0 ? bytes : std::vector<uint8_t>(static_cast<size_t>(size));
+    MPI_Bcast(out.data(), CheckedInt(size), MPI_BYTE, 0, MPI_COMM_WORLD);
+    return out;
+  }
+  void Abort(const std::string& message, int code) override {
+    std::fprintf(stderr, "error: rank %d: %s\n", rank_, message.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::exit(code);
+  }
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+
+bool LaunchedByMpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr ||
+         std::getenv("PMIX_RANK") != nullptr;
+}
+
+}  // namespace
+
+Communicator& WorldCommunicator() {
+  static std::unique_ptr<Communicator> world =
+      LaunchedByMpi() ? std::unique_ptr<Communicator>(new Mpi()) : std::unique_ptr<Communicator>(new SingleProcess());
+  return *world;
+}
+
+}  // namespace sy

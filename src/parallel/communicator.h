@@ -1,0 +1,49 @@
+// The few collectives expert parallelism needs, behind one interface: one process (size 1), or
+// MPI ranks. Every call is collective over all ranks unless it says otherwise.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace sy {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // recv[s · per_rank + i] = what rank s put in send[rank() · per_rank + i].
+  virtual void AllToAll(const int64_t* send, int64_t* recv, int64_t per_rank) = 0;
+
+  // A started all-to-all-v of bytes; Wait() completes it. Counts and displacements in bytes,
+  // one per rank. Buffers must stay valid until Wait().
+  class Exchange {
+   public:
+    virtual ~Exchange() = default;
+    virtual void Wait() = 0;
+  };
+  virtual std::unique_ptr<Exchange> StartAllToAllV(const void* send, const std::vector<int64_t>& send_bytes,
+                                                   const std::vector<int64_t>& send_offsets, void* recv,
+                                                   const std::vector<int64_t>& recv_bytes,
+                                                   const std::vector<int64_t>& recv_offsets) = 0;
+
+  virtual int64_t AllReduceMax(int64_t value) = 0;
+  virtual int64_t AllReduceSum(int64_t value) = 0;
+  // Rank 0 receives every rank's bytes, concatenated in rank order; other ranks get nothing.
+  virtual std::vector<uint8_t> GatherToRoot(const std::vector<uint8_t>& bytes) = 0;
+  // Rank 0's bytes on every rank.
+  virtual std::vector<uint8_t> Broadcast(const std::vector<uint8_t>& bytes) = 0;
+  // Ends every rank with `code` after printing `message` (one line) on this rank.
+  [[noreturn]] virtual void Abort(const std::string& message, int code) = 0;
+};
+
+// The process's communicator: MPI when launched by mpirun (OMPI_COMM_WORLD_SIZE or PMI_SIZE set),
+// otherwise a single in-process rank. Created once; MPI is finalized at exit.
+Communicator& WorldCommunicator();
+
+}  // namespace sy

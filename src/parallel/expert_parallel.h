@@ -1,0 +1,71 @@
+// Expert parallelism: routed experts spread over the ranks, tokens sent to their experts and
+// back by an all-to-all dispatch and combine, with the Huawei recipe's double routing:
+//   init routing (sort slots by expert, model/feed_forward.h) → exchange per-expert counts →
+//   exchange rows → re-sort by local expert → grouped experts → undo the re-sort → exchange back
+//   → finalize routing (undo the first sort, weighted sum + shared expert).
+// Dispatch and combine each have a send half that starts the exchange and a receive half that
+// completes it, so a schedule can compute in between (the shared expert, in dispatch overlap).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/feed_forward.h"
+#include "model/moe_executor.h"
+#include "parallel/communicator.h"
+
+namespace sy {
+
+class ExpertDispatcher {
+ public:
+  // experts: E, spread evenly ([r·E/N, (r+1)·E/N) on rank r); hidden: D; wire: kBF16 or kF32.
+  ExpertDispatcher(Communicator& comm, int64_t experts, int64_t hidden, DType wire);
+
+  int64_t local_experts() const { return local_; }
+  int64_t first_expert() const { return static_cast<int64_t>(comm_.rank()) * local_; }
+
+  // routing: this rank's slots sorted by global expert; x: [tokens, D]. Starts the exchange.
+  void DispatchSend(const ExpertRouting& routing, const float* x);
+  // Completes it. Returns the received rows [R, D] sorted by local expert, with
+  // local_offsets [local_experts + 1] (rows of local expert i are [offsets[i], offsets[i+1])).
+  const std::vector<float>& DispatchRecv(std::vector<int64_t>* local_offsets);
+  // expert_rows: [R, D] outputs in DispatchRecv's order. Starts sending them home.
+  void CombineSend(const float* expert_rows);
+  // Completes it: out [slots, D] holds each slot's expert output in the routing's sorted order.
+  void CombineRecv(float* out);
+
+ private:
+  void Pack(const float* rows, int64_t count, uint8_t* wire) const;
+  void Unpack(const uint8_t* wire, int64_t count, float* rows) const;
+
+  Communicator& comm_;
+  int64_t experts_, local_, hidden_;
+  DType wire_;
+  size_t row_bytes_;
+  std::vector<int64_t> send_bytes_, send_offsets_, recv_bytes_, recv_offsets_;
+  std::vector<uint8_t> send_buffer_, recv_buffer_;
+  std::vector<float> received_;          // [R, D] sorted by local expert
+  std::vector<int64_t> resort_source_;   // sorted row j came from received row resort_source_[j]
+  std::vector<int64_t> local_offsets_;
+  int64_t slots_ = 0;
+  std::unique_ptr<Communicator::Exchange> pending_;
+};
+
+enum class OverlapMode { kNone, kDispatch };
+
+// Runs MoE layers expert-parallel over `comm`. Each rank must hold experts
+// [rank·E/N, (rank+1)·E/N) (WeightLoadOptions) and calls Run for every MoE layer of every step,
+// with zero tokens when it has no work.
+class ExpertParallelMoe final : public MoeExecutor {
+ public:
+  ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire, OverlapMode overlap);
+  void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x, int64_t tokens,
+           float* out) override;
+
+ private:
+  ExpertDispatcher dispatcher_;
+  OverlapMode overlap_;
+};
+
+}  // namespace sy
