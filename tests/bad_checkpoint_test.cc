@@ -27,7 +27,8 @@ std::string LoadError(const std::string& dir) {
 void ExpectOneLineMentioning(const std::string& error, const std::vector<std::string>& parts) {
   ASSERT_FALSE(error.empty());
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
-  for (const auto& part : parts) EXPECT_NE(error.find(part), std::string::npos) << error;
+  for (const auto& part : parts)
+    EXPECT_NE(error.find(part), std::string::npos) << error;
 }
 
 TEST(BadCheckpointTest, TruncatedFile) {
@@ -39,7 +40,8 @@ TEST(BadCheckpointTest, TruncatedFile) {
 TEST(BadCheckpointTest, CorruptHeader) {
   std::string dir = CopyFixture("tiny-v3-fp8", "corrupt");
   std::string bytes = testing::ReadFile(dir + "/model.safetensors");
-  for (int i = 8; i < 40; ++i) bytes[i] = '#';
+  for (int i = 8; i < 40; ++i)
+    bytes[i] = '#';
   testing::WriteFile(dir + "/model.safetensors", bytes);
   ExpectOneLineMentioning(LoadError(dir), {"model.safetensors", "JSON"});
 }
@@ -48,20 +50,21 @@ TEST(BadCheckpointTest, CorruptHeader) {
 void EditHeader(const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
   std::string bytes = testing::ReadFile(path);
   uint64_t length = 0;
-  for (int i = 7; i >= 0; --i) length = (length << 8) | static_cast<uint8_t>(bytes[i]);
+  for (int i = 7; i >= 0; --i)
+    length = (length << 8) | static_cast<uint8_t>(bytes[i]);
   auto header = nlohmann::json::parse(bytes.substr(8, length));
   edit(header);
   std::string text = header.dump();
   std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    out[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
   testing::WriteFile(path, out + text + bytes.substr(8 + length));
 }
 
 TEST(BadCheckpointTest, OffsetsOutOfRange) {
   std::string dir = CopyFixture("tiny-v3-fp8", "offsets");
-  EditHeader(dir + "/model.safetensors", [](auto& h) {
-    h["model.norm.weight"]["data_offsets"][1] = 999999999;
-  });
+  EditHeader(dir + "/model.safetensors",
+             [](auto& h) { h["model.norm.weight"]["data_offsets"][1] = 999999999; });
   ExpectOneLineMentioning(LoadError(dir), {"model.safetensors", "model.norm.weight"});
 }
 
@@ -90,10 +93,12 @@ TEST(BadCheckpointTest, UnusableDtype) {
 TEST(BadCheckpointTest, MissingTensor) {
   std::string dir = CopyFixture("tiny-v3-fp8", "missing");
   EditHeader(dir + "/model.safetensors", [](auto& h) {
-    h["model.layers.2.mlp.experts.7.up_proj.weight_renamed"] = h["model.layers.2.mlp.experts.7.up_proj.weight"];
+    h["model.layers.2.mlp.experts.7.up_proj.weight_renamed"] =
+        h["model.layers.2.mlp.experts.7.up_proj.weight"];
     h.erase("model.layers.2.mlp.experts.7.up_proj.weight");
   });
-  ExpectOneLineMentioning(LoadError(dir), {"model.layers.2.mlp.experts.7.up_proj.weight", "missing"});
+  ExpectOneLineMentioning(LoadError(dir),
+                          {"model.layers.2.mlp.experts.7.up_proj.weight", "missing"});
 }
 
 TEST(BadCheckpointTest, MissingScale) {
@@ -102,7 +107,8 @@ TEST(BadCheckpointTest, MissingScale) {
     h["x"] = h["model.layers.0.self_attn.o_proj.weight_scale_inv"];
     h.erase("model.layers.0.self_attn.o_proj.weight_scale_inv");
   });
-  ExpectOneLineMentioning(LoadError(dir), {"model.layers.0.self_attn.o_proj.weight_scale_inv", "missing"});
+  ExpectOneLineMentioning(LoadError(dir),
+                          {"model.layers.0.self_attn.o_proj.weight_scale_inv", "missing"});
 }
 
 TEST(BadCheckpointTest, ShapeDisagreesWithConfig) {
@@ -156,8 +162,8 @@ TEST(BadRequestTest, TokenIdsOutsideTheVocabularyAndEmptySequences) {
 TEST(BadRequestTest, FullCacheIsAnErrorAndChangesNothing) {
   auto model = Model::Load(std::string(testing::kFixturesDir) + "/tiny-v3-fp8");
   ASSERT_TRUE(model.ok());
-  LatentCache cache(model.value()->config().num_hidden_layers, model.value()->config().latent_cache_width(),
-                    4, 2, DType::kBF16);
+  LatentCache cache(model.value()->config().num_hidden_layers,
+                    model.value()->config().latent_cache_width(), 4, 2, DType::kBF16);
   SequenceCache a, b;
   ForwardBatch batch;
   std::vector<int32_t> tokens(6, 7);

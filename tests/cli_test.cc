@@ -11,15 +11,18 @@ namespace {
 
 using testing::RunCommand;
 
-std::string Binary() { return testing::kBinary; }
+std::string Binary() {
+  return testing::kBinary;
+}
 
 TEST(CliTest, LogitsDecodeFromMatchesTheReference) {
   auto fixture = testing::LoadFixture("tiny-v3-fp8");
   std::string out = testing::TempDirectory("cli_logits") + "/logits.bin";
   std::string output;
-  int status = RunCommand(Binary() + " --threads 2 logits --model " + fixture.directory + " --tokens '" +
-                              fixture.tokens_text + "' --out " + out + " --decode-from 4",
-                          &output);
+  int status =
+      RunCommand(Binary() + " --threads 2 logits --model " + fixture.directory + " --tokens '" +
+                     fixture.tokens_text + "' --out " + out + " --decode-from 4",
+                 &output);
   ASSERT_EQ(status, 0) << output;
   std::string bytes = testing::ReadFile(out);
   std::vector<float> logits(bytes.size() / 4);
@@ -32,15 +35,22 @@ TEST(CliTest, LogitsDecodeFromMatchesTheReference) {
 TEST(CliTest, GenerateIsDeterministicAndBatchInvariant) {
   std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-bf16";
   std::string batched, single;
-  ASSERT_EQ(RunCommand(Binary() + " generate --model " + model +
-                           " --prompt-tokens '5,6,7;8,9' --max-tokens 6 --ignore-eos --kv-dtype f32",
-                       &batched), 0) << batched;
+  ASSERT_EQ(
+      RunCommand(Binary() + " generate --model " + model +
+                     " --prompt-tokens '5,6,7;8,9' --max-tokens 6 --ignore-eos --kv-dtype f32",
+                 &batched),
+      0)
+      << batched;
   ASSERT_EQ(RunCommand(Binary() + " generate --model " + model +
                            " --prompt-tokens '8,9' --max-tokens 6 --ignore-eos --kv-dtype f32",
-                       &single), 0) << single;
+                       &single),
+            0)
+      << single;
   auto line = [](const std::string& text, const std::string& prefix) {
     size_t at = text.find(prefix);
-    return at == std::string::npos ? std::string() : text.substr(at + prefix.size(), text.find('\n', at) - at - prefix.size());
+    return at == std::string::npos
+               ? std::string()
+               : text.substr(at + prefix.size(), text.find('\n', at) - at - prefix.size());
   };
   std::string second = line(batched, "sequence 1:");
   EXPECT_EQ(std::count(second.begin(), second.end(), ' '), 6) << batched;
@@ -79,11 +89,15 @@ TEST(CliTest, InitModelWritesALoadableDefault) {
   std::string dir = testing::TempDirectory("cli_init");
   std::string output;
   ASSERT_EQ(RunCommand(Binary() + " init-model --out " + dir + "/m", &output), 0) << output;
-  ASSERT_EQ(RunCommand(Binary() + " generate --model " + dir + "/m --prompt-tokens '1,2,3' --max-tokens 3 --ignore-eos", &output), 0)
+  ASSERT_EQ(RunCommand(Binary() + " generate --model " + dir +
+                           "/m --prompt-tokens '1,2,3' --max-tokens 3 --ignore-eos",
+                       &output),
+            0)
       << output;
   // Deterministic: a second generation writes the same bytes.
   ASSERT_EQ(RunCommand(Binary() + " init-model --out " + dir + "/n", &output), 0) << output;
-  EXPECT_EQ(testing::ReadFile(dir + "/m/model.safetensors"), testing::ReadFile(dir + "/n/model.safetensors"));
+  EXPECT_EQ(testing::ReadFile(dir + "/m/model.safetensors"),
+            testing::ReadFile(dir + "/n/model.safetensors"));
 }
 
 }  // namespace

@@ -84,7 +84,8 @@ TEST(ConfigTest, UnsupportedValuesAreRejectedByName) {
   for (const auto& e : edits) {
     auto config = ParseEdited(e.edit);
     ASSERT_FALSE(config.ok()) << e.field;
-    EXPECT_NE(config.status().message().find(e.field), std::string::npos) << config.status().message();
+    EXPECT_NE(config.status().message().find(e.field), std::string::npos)
+        << config.status().message();
     EXPECT_EQ(config.status().message().find('\n'), std::string::npos);
   }
 }
@@ -108,10 +109,11 @@ TEST(RopeTest, YarnMatchesTheSpec) {
   auto config = ParseModelConfig(FixtureConfig("tiny-v3-bf16"), "config.json");
   ASSERT_TRUE(config.ok());
   RopeParams rope = ComputeRopeParams(config.value());
-  const double expected[] = {1, 0.316227766, 0.1, 0.02391472481, 0.005125, 0.0008498621212,
-                             2.5e-05, 7.90569415e-06};
+  const double expected[] = {1,        0.316227766,     0.1,     0.02391472481,
+                             0.005125, 0.0008498621212, 2.5e-05, 7.90569415e-06};
   ASSERT_EQ(rope.inv_freq.size(), 8u);
-  for (int i = 0; i < 8; ++i) EXPECT_NEAR(rope.inv_freq[i], expected[i], 1e-6 * expected[i] + 1e-12) << i;
+  for (int i = 0; i < 8; ++i)
+    EXPECT_NEAR(rope.inv_freq[i], expected[i], 1e-6 * expected[i] + 1e-12) << i;
   EXPECT_NEAR(rope.softmax_scale, 0.2704675577, 1e-7);
   EXPECT_FLOAT_EQ(rope.attention_factor, 1.0f);
 }

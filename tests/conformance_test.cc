@@ -32,7 +32,8 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
           : info.param.form == AttentionForm::kExpanded ? "expanded"
                                                         : "absorbed";
   name += info.param.kv_dtype == DType::kF32 ? "_f32cache" : "_bf16cache";
-  name += info.param.decode_from < 0 ? "_prefill" : "_decode_from_" + std::to_string(info.param.decode_from);
+  name += info.param.decode_from < 0 ? "_prefill"
+                                     : "_decode_from_" + std::to_string(info.param.decode_from);
   for (char& c : name)
     if (!isalnum(static_cast<unsigned char>(c))) c = '_';
   return name;
@@ -42,8 +43,10 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
 // every sequence, then one batched decode step per later position.
 std::vector<float> RunModel(const Model& model, const Fixture& fixture, const Case& c) {
   int64_t total = 0;
-  for (const auto& s : fixture.tokens) total += static_cast<int64_t>(s.size());
-  LatentCache cache = model.NewCache(total, static_cast<int64_t>(fixture.tokens.size()), c.kv_dtype, 4);
+  for (const auto& s : fixture.tokens)
+    total += static_cast<int64_t>(s.size());
+  LatentCache cache =
+      model.NewCache(total, static_cast<int64_t>(fixture.tokens.size()), c.kv_dtype, 4);
   std::vector<SequenceCache> caches(fixture.tokens.size());
   std::vector<std::vector<float>> rows(fixture.tokens.size());
   ForwardOptions options;
@@ -55,7 +58,8 @@ std::vector<float> RunModel(const Model& model, const Fixture& fixture, const Ca
   ForwardBatch prefill;
   std::vector<size_t> members;
   for (size_t s = 0; s < fixture.tokens.size(); ++s) {
-    int64_t count = std::min<int64_t>(prefill_until, static_cast<int64_t>(fixture.tokens[s].size()));
+    int64_t count =
+        std::min<int64_t>(prefill_until, static_cast<int64_t>(fixture.tokens[s].size()));
     if (count == 0) continue;
     prefill.Add(fixture.tokens[s].data(), count, &caches[s]);
     members.push_back(s);
@@ -87,7 +91,8 @@ std::vector<float> RunModel(const Model& model, const Fixture& fixture, const Ca
                               logits.begin() + (i + 1) * vocab);
   }
   std::vector<float> all;
-  for (const auto& r : rows) all.insert(all.end(), r.begin(), r.end());
+  for (const auto& r : rows)
+    all.insert(all.end(), r.begin(), r.end());
   return all;
 }
 
@@ -137,8 +142,10 @@ TEST(ConformanceTest, DecodeAfterPrefillEqualsPrefill) {
   Fixture fixture = LoadFixture("tiny-v3-fp8");
   auto model = Model::Load(fixture.directory);
   ASSERT_TRUE(model.ok()) << model.status().message();
-  auto whole = RunModel(*model.value(), fixture, {fixture.directory, AttentionForm::kAuto, DType::kF32, -1});
-  auto stepped = RunModel(*model.value(), fixture, {fixture.directory, AttentionForm::kAuto, DType::kF32, 3});
+  auto whole =
+      RunModel(*model.value(), fixture, {fixture.directory, AttentionForm::kAuto, DType::kF32, -1});
+  auto stepped =
+      RunModel(*model.value(), fixture, {fixture.directory, AttentionForm::kAuto, DType::kF32, 3});
   auto comparison = CompareLogits(whole, stepped, fixture.vocab);
   EXPECT_LE(comparison.max_abs_diff, 1e-5 * comparison.max_abs_reference);
 }
@@ -149,7 +156,8 @@ TEST(ConformanceTest, MtpTensorsAreLoaded) {
   ASSERT_TRUE(with_mtp.ok()) << with_mtp.status().message();
   ASSERT_EQ(with_mtp.value()->weights().mtp.size(), 1u);
   EXPECT_TRUE(with_mtp.value()->weights().mtp[0].block.is_moe);
-  EXPECT_EQ(with_mtp.value()->weights().mtp[0].eh_proj.cols, 2 * with_mtp.value()->config().hidden_size);
+  EXPECT_EQ(with_mtp.value()->weights().mtp[0].eh_proj.cols,
+            2 * with_mtp.value()->config().hidden_size);
   EXPECT_TRUE(with_mtp.value()->unused_tensors().empty());
   auto without = Model::Load(LoadFixture("tiny-v3-bf16").directory);
   ASSERT_TRUE(without.ok()) << without.status().message();
@@ -174,7 +182,8 @@ TEST(ConformanceTest, Bf16GemmPathMeetsTheBar) {
     auto logits = RunModel(*model.value(), fixture, {name, AttentionForm::kAuto, DType::kF32, 5});
     auto comparison = CompareLogits(fixture.logits, logits, fixture.vocab);
     EXPECT_EQ(comparison.argmax_mismatches, 0) << name;
-    EXPECT_LE(comparison.RowsOver(1e-2), static_cast<int64_t>(comparison.row_max_diff.size()) / 20) << name;
+    EXPECT_LE(comparison.RowsOver(1e-2), static_cast<int64_t>(comparison.row_max_diff.size()) / 20)
+        << name;
   }
   kernels::GlobalKernelOptions().bf16_gemm_min_rows = 128;
 }
@@ -188,7 +197,8 @@ TEST(ConformanceTest, ReferenceKernelsAgreeWithFastOnes) {
   auto fast = Model::Load(fixture.directory);
   ASSERT_TRUE(slow.ok() && fast.ok());
   Case c{"tiny-v3-fp8", AttentionForm::kAuto, DType::kF32, 4};
-  auto comparison = CompareLogits(RunModel(*slow.value(), fixture, c), RunModel(*fast.value(), fixture, c), fixture.vocab);
+  auto comparison = CompareLogits(RunModel(*slow.value(), fixture, c),
+                                  RunModel(*fast.value(), fixture, c), fixture.vocab);
   EXPECT_LE(comparison.max_abs_diff, 1e-5 * comparison.max_abs_reference);
 }
 

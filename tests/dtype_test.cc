@@ -9,8 +9,8 @@ namespace {
 
 TEST(DTypeTest, Fp8DecodesTheSpecValues) {
   EXPECT_EQ(F8E4M3ToF32(0x00), 0.0f);
-  EXPECT_EQ(F8E4M3ToF32(0x38), 1.0f);             // e=7, m=0
-  EXPECT_EQ(F8E4M3ToF32(0x7e), 448.0f);           // largest finite
+  EXPECT_EQ(F8E4M3ToF32(0x38), 1.0f);                  // e=7, m=0
+  EXPECT_EQ(F8E4M3ToF32(0x7e), 448.0f);                // largest finite
   EXPECT_EQ(F8E4M3ToF32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
   EXPECT_EQ(F8E4M3ToF32(0xb8), -1.0f);
   EXPECT_TRUE(std::isnan(F8E4M3ToF32(0x7f)));
@@ -31,16 +31,16 @@ TEST(DTypeTest, Fp8EncodeRoundTripsEveryCode) {
 }
 
 TEST(DTypeTest, Fp8EncodeRoundsToNearestEvenAndSaturates) {
-  EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(1.0625f)), 1.0f);    // halfway between 1 and 1.125: even
-  EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(1.1875f)), 1.25f);   // halfway between 1.125 and 1.25: even
+  EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(1.0625f)), 1.0f);   // halfway between 1 and 1.125: even
+  EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(1.1875f)), 1.25f);  // halfway between 1.125 and 1.25: even
   EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(1000.0f)), 448.0f);
   EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(-1000.0f)), -448.0f);
-  EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(15.5f)), 16.0f);     // rounds up into the next binade
+  EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(15.5f)), 16.0f);  // rounds up into the next binade
 }
 
 TEST(DTypeTest, BF16RoundsToNearestEven) {
   EXPECT_EQ(BF16ToF32(F32ToBF16(1.0f)), 1.0f);
-  EXPECT_EQ(BF16ToF32(F32ToBF16(1.00390625f)), 1.0f);   // halfway, to even
+  EXPECT_EQ(BF16ToF32(F32ToBF16(1.00390625f)), 1.0f);       // halfway, to even
   EXPECT_EQ(BF16ToF32(F32ToBF16(1.01171875f)), 1.015625f);  // halfway, to even (up)
   EXPECT_TRUE(std::isnan(BF16ToF32(F32ToBF16(NAN))));
 }

@@ -14,8 +14,10 @@ using testing::RunCommand;
 
 std::string Mpirun(int ranks) {
   // Root in CI containers; one thread per rank so four ranks fit two cores.
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 timeout 300 "
-         "mpirun --oversubscribe -np " + std::to_string(ranks) + " ";
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+         "OMPI_MCA_rmaps_base_oversubscribe=1 timeout 300 "
+         "mpirun --oversubscribe -np " +
+         std::to_string(ranks) + " ";
 }
 
 std::vector<float> ReadLogits(const std::string& path) {
@@ -37,21 +39,30 @@ class ExpertParallelTest : public ::testing::TestWithParam<EpCase> {};
 TEST_P(ExpertParallelTest, LogitsMatchTheSingleProcessRun) {
   const EpCase& c = GetParam();
   auto fixture = testing::LoadFixture("tiny-v3-fp8");
-  const std::string dir = testing::TempDirectory("ep_" + std::to_string(c.ranks) + c.wire + c.overlap +
-                                                 std::to_string(c.decode_from));
-  const std::string decode = c.decode_from < 0 ? "" : " --decode-from " + std::to_string(c.decode_from);
-  const std::string args = " logits --model " + fixture.directory + " --tokens '" + fixture.tokens_text + "'" + decode;
+  const std::string dir = testing::TempDirectory("ep_" + std::to_string(c.ranks) + c.wire +
+                                                 c.overlap + std::to_string(c.decode_from));
+  const std::string decode =
+      c.decode_from < 0 ? "" : " --decode-from " + std::to_string(c.decode_from);
+  const std::string args =
+      " logits --model " + fixture.directory + " --tokens '" + fixture.tokens_text + "'" + decode;
   std::string output;
-  ASSERT_EQ(RunCommand(std::string(testing::kBinary) + " --threads 1" + args + " --out " + dir + "/one.bin", &output), 0)
+  ASSERT_EQ(RunCommand(std::string(testing::kBinary) + " --threads 1" + args + " --out " + dir +
+                           "/one.bin",
+                       &output),
+            0)
       << output;
-  ASSERT_EQ(RunCommand(Mpirun(c.ranks) + testing::kBinary + " --threads 1" + args + " --out " + dir +
-                           "/many.bin --wire-dtype " + c.wire + " --overlap " + c.overlap,
-                       &output), 0) << output;
+  ASSERT_EQ(RunCommand(Mpirun(c.ranks) + testing::kBinary + " --threads 1" + args + " --out " +
+                           dir + "/many.bin --wire-dtype " + c.wire + " --overlap " + c.overlap,
+                       &output),
+            0)
+      << output;
   if (c.ranks > 1) {  // each rank reports its share and memory
-    EXPECT_NE(output.find("rank " + std::to_string(c.ranks - 1) + " of " + std::to_string(c.ranks)), std::string::npos)
+    EXPECT_NE(output.find("rank " + std::to_string(c.ranks - 1) + " of " + std::to_string(c.ranks)),
+              std::string::npos)
         << output;
   }
-  auto comparison = testing::CompareLogits(ReadLogits(dir + "/one.bin"), ReadLogits(dir + "/many.bin"), fixture.vocab);
+  auto comparison = testing::CompareLogits(ReadLogits(dir + "/one.bin"),
+                                           ReadLogits(dir + "/many.bin"), fixture.vocab);
   if (c.wire == "f32") {
     // Exact rows on the wire: the bar, 1e-4 · max|logit|, and the same argmax.
     EXPECT_EQ(comparison.argmax_mismatches, 0);
@@ -70,12 +81,13 @@ std::string EpCaseName(const ::testing::TestParamInfo<EpCase>& info) {
          (c.decode_from < 0 ? std::string("prefill") : "decode" + std::to_string(c.decode_from));
 }
 
-INSTANTIATE_TEST_SUITE_P(Launches, ExpertParallelTest,
-                         ::testing::Values(EpCase{1, "f32", "none", 5}, EpCase{2, "f32", "none", -1},
-                                           EpCase{2, "f32", "dispatch", 5}, EpCase{4, "f32", "none", 5},
-                                           EpCase{4, "f32", "dispatch", -1}, EpCase{2, "bf16", "none", 5},
-                                           EpCase{4, "bf16", "dispatch", 3}),
-                         EpCaseName);
+INSTANTIATE_TEST_SUITE_P(
+    Launches, ExpertParallelTest,
+    ::testing::Values(EpCase{1, "f32", "none", 5}, EpCase{2, "f32", "none", -1},
+                      EpCase{2, "f32", "dispatch", 5}, EpCase{4, "f32", "none", 5},
+                      EpCase{4, "f32", "dispatch", -1}, EpCase{2, "bf16", "none", 5},
+                      EpCase{4, "bf16", "dispatch", 3}),
+    EpCaseName);
 
 // Four ranks and three sequences of different lengths: one rank has no sequence at all, and
 // the others finish at different steps; every rank must keep stepping until all are done.
@@ -85,10 +97,14 @@ TEST(ExpertParallelGenerate, TokensMatchWithIdleAndEarlyFinishingRanks) {
                            " --prompt-tokens '5,6,7;8,9;10,11,12,13' --max-tokens 6 --kv-dtype f32";
   std::string one, many;
   ASSERT_EQ(RunCommand(std::string(testing::kBinary) + args + " --ignore-eos", &one), 0) << one;
-  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " --ignore-eos --wire-dtype f32", &many), 0) << many;
+  ASSERT_EQ(
+      RunCommand(Mpirun(4) + testing::kBinary + args + " --ignore-eos --wire-dtype f32", &many), 0)
+      << many;
   for (int s = 0; s < 3; ++s) {
     const std::string key = "sequence " + std::to_string(s) + ":";
-    auto line = [&](const std::string& text) { return text.substr(text.find(key), text.find('\n', text.find(key)) - text.find(key)); };
+    auto line = [&](const std::string& text) {
+      return text.substr(text.find(key), text.find('\n', text.find(key)) - text.find(key));
+    };
     ASSERT_NE(many.find(key), std::string::npos) << many;
     EXPECT_EQ(line(one), line(many));
   }
@@ -98,22 +114,32 @@ TEST(ExpertParallelErrors, ExpertsThatDoNotDivideFailOnEveryRank) {
   std::string output;
   const std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-fp8";  // 16 experts
   int status = RunCommand(Mpirun(3) + testing::kBinary + " --threads 1 logits --model " + model +
-                              " --tokens '1,2' --out /dev/null", &output);
+                              " --tokens '1,2' --out /dev/null",
+                          &output);
   EXPECT_NE(status, 0);
-  EXPECT_NE(output.find("16 routed experts cannot be spread evenly over 3 ranks"), std::string::npos) << output;
+  EXPECT_NE(output.find("16 routed experts cannot be spread evenly over 3 ranks"),
+            std::string::npos)
+      << output;
 }
 
 TEST(ExpertParallelErrors, DifferentCheckpointsOrFlagsFailLoudly) {
   std::string output;
   const std::string fp8 = std::string(testing::kFixturesDir) + "/tiny-v3-fp8";
   const std::string bf16 = std::string(testing::kFixturesDir) + "/tiny-v3-bf16";
-  const std::string run = std::string(testing::kBinary) + " --threads 1 logits --tokens '1,2' --out /dev/null --model ";
-  int status = RunCommand("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun --oversubscribe -np 1 " +
-                              run + fp8 + " : -np 1 " + run + bf16, &output);
+  const std::string run =
+      std::string(testing::kBinary) + " --threads 1 logits --tokens '1,2' --out /dev/null --model ";
+  int status = RunCommand(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun "
+      "--oversubscribe -np 1 " +
+          run + fp8 + " : -np 1 " + run + bf16,
+      &output);
   EXPECT_NE(status, 0);
   EXPECT_NE(output.find("differ from rank 0"), std::string::npos) << output;
-  status = RunCommand("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun --oversubscribe -np 1 " +
-                          run + fp8 + " --wire-dtype f32 : -np 1 " + run + fp8, &output);
+  status = RunCommand(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun "
+      "--oversubscribe -np 1 " +
+          run + fp8 + " --wire-dtype f32 : -np 1 " + run + fp8,
+      &output);
   EXPECT_NE(status, 0);
   EXPECT_NE(output.find("differ from rank 0"), std::string::npos) << output;
 }
@@ -122,7 +148,8 @@ TEST(ExpertParallelErrors, BadTokenFailsEveryRankWithOneMessage) {
   std::string output;
   const std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-fp8";
   int status = RunCommand(Mpirun(2) + testing::kBinary + " --threads 1 logits --model " + model +
-                              " --tokens '1,2;3,1000' --out /dev/null", &output);
+                              " --tokens '1,2;3,1000' --out /dev/null",
+                          &output);
   EXPECT_NE(status, 0);
   EXPECT_LT(status, 124);  // failed, not timed out
   EXPECT_NE(output.find("token id 1000"), std::string::npos) << output;

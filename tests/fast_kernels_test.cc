@@ -25,7 +25,8 @@ struct OwnedMatrix {
 };
 
 // A random [rows, cols] matrix in `dtype`; fp8 with `block`-sized scale blocks.
-OwnedMatrix RandomMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed, int64_t block = 128) {
+OwnedMatrix RandomMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed,
+                         int64_t block = 128) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   OwnedMatrix m;
@@ -34,10 +35,22 @@ OwnedMatrix RandomMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed,
   for (size_t i = 0; i < count; ++i) {
     const float v = normal(rng);
     switch (dtype) {
-      case DType::kF8E4M3: m.bytes[i] = F32ToF8E4M3(v * 100); break;
-      case DType::kBF16: { uint16_t b = F32ToBF16(v); std::memcpy(&m.bytes[2 * i], &b, 2); break; }
-      case DType::kF16: { uint16_t b = F32ToF16(v); std::memcpy(&m.bytes[2 * i], &b, 2); break; }
-      default: std::memcpy(&m.bytes[4 * i], &v, 4); break;
+      case DType::kF8E4M3:
+        m.bytes[i] = F32ToF8E4M3(v * 100);
+        break;
+      case DType::kBF16: {
+        uint16_t b = F32ToBF16(v);
+        std::memcpy(&m.bytes[2 * i], &b, 2);
+        break;
+      }
+      case DType::kF16: {
+        uint16_t b = F32ToF16(v);
+        std::memcpy(&m.bytes[2 * i], &b, 2);
+        break;
+      }
+      default:
+        std::memcpy(&m.bytes[4 * i], &v, 4);
+        break;
     }
   }
   m.view.dtype = dtype;
@@ -48,7 +61,8 @@ OwnedMatrix RandomMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed,
     m.view.block_rows = m.view.block_cols = block;
     m.view.scale_cols = (cols + block - 1) / block;
     m.scales.resize(static_cast<size_t>((rows + block - 1) / block * m.view.scale_cols));
-    for (size_t i = 0; i < m.scales.size(); ++i) m.scales[i] = 0.001f * (1 + i % 5);
+    for (size_t i = 0; i < m.scales.size(); ++i)
+      m.scales[i] = 0.001f * (1 + i % 5);
     m.view.block_scales = m.scales.data();
   }
   return m;
@@ -58,7 +72,8 @@ std::vector<float> RandomVector(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
+  for (float& x : v)
+    x = normal(rng);
   return v;
 }
 
@@ -101,7 +116,8 @@ TEST_P(PerTarget, PanelGemmMatchesReference) {
   kernels::GlobalKernelOptions().allow_bf16_gemm = true;
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, PerTarget, ::testing::ValuesIn(kernels::PanelGemmTargets()), TargetName);
+INSTANTIATE_TEST_SUITE_P(Targets, PerTarget, ::testing::ValuesIn(kernels::PanelGemmTargets()),
+                         TargetName);
 
 TEST(FastKernelsTest, PartialFp8BlocksUseTheirOwnScales) {
   // 16-row blocks: every panel has its own scale row; 40 columns leave a partial column block.
@@ -127,7 +143,8 @@ TEST(FastKernelsTest, Bf16GemmMatchesReferenceWithinBf16Rounding) {
       kernels::Linear(x.data(), m, w.view, expected.data());
       kernels::LinearPacked(x.data(), m, *packed, got.data());
       // Activations (and f32 weights) are rounded to bf16: 8 significant bits.
-      EXPECT_LT(RelativeError(got, expected), 2e-2) << DTypeName(dtype) << " " << rows << "x" << cols << " m " << m;
+      EXPECT_LT(RelativeError(got, expected), 2e-2)
+          << DTypeName(dtype) << " " << rows << "x" << cols << " m " << m;
     }
   }
   kernels::GlobalKernelOptions().bf16_gemm_min_rows = 128;
@@ -141,9 +158,12 @@ TEST(FastKernelsTest, GroupedExpertFfnMatchesReference) {
   std::vector<OwnedMatrix> storage;
   moe.experts.resize(experts);
   for (int64_t e = 0; e < experts - 1; ++e) {
-    storage.push_back(RandomMatrix(DType::kF8E4M3, width, hidden, static_cast<uint32_t>(10 + e), 16));
-    storage.push_back(RandomMatrix(DType::kF8E4M3, width, hidden, static_cast<uint32_t>(20 + e), 16));
-    storage.push_back(RandomMatrix(DType::kF8E4M3, hidden, width, static_cast<uint32_t>(30 + e), 16));
+    storage.push_back(
+        RandomMatrix(DType::kF8E4M3, width, hidden, static_cast<uint32_t>(10 + e), 16));
+    storage.push_back(
+        RandomMatrix(DType::kF8E4M3, width, hidden, static_cast<uint32_t>(20 + e), 16));
+    storage.push_back(
+        RandomMatrix(DType::kF8E4M3, hidden, width, static_cast<uint32_t>(30 + e), 16));
   }
   for (int64_t e = 0; e < experts - 1; ++e) {
     moe.experts[e] = {storage[3 * e].view, storage[3 * e + 1].view, storage[3 * e + 2].view};
@@ -151,23 +171,28 @@ TEST(FastKernelsTest, GroupedExpertFfnMatchesReference) {
   ExpertRouting routing;
   routing.top_k = 1;
   routing.expert_offsets = {0};
-  for (int64_t c : counts) routing.expert_offsets.push_back(routing.expert_offsets.back() + c);
+  for (int64_t c : counts)
+    routing.expert_offsets.push_back(routing.expert_offsets.back() + c);
   const int64_t rows = routing.expert_offsets.back();
   routing.tokens = rows;
-  for (int64_t i = 0; i < rows; ++i) routing.sorted_slots.push_back(static_cast<int32_t>(i));
+  for (int64_t i = 0; i < rows; ++i)
+    routing.sorted_slots.push_back(static_cast<int32_t>(i));
   auto x = RandomVector(static_cast<size_t>(rows * hidden), 5);
-  for (float& v : x) v *= 0.1f;
+  for (float& v : x)
+    v *= 0.1f;
   std::vector<float> expected(x.size(), 0), got(x.size(), 0);
   RunExpertsReference(moe, routing, x.data(), hidden, expected.data());
   std::vector<kernels::ExpertPanels> panels(experts);
   std::vector<std::shared_ptr<const PackedMatrix>> keep;
   for (int64_t e = 0; e < experts - 1; ++e) {
-    for (Matrix* m : {&moe.experts[e].gate_proj, &moe.experts[e].up_proj, &moe.experts[e].down_proj}) {
+    for (Matrix* m :
+         {&moe.experts[e].gate_proj, &moe.experts[e].up_proj, &moe.experts[e].down_proj}) {
       keep.push_back(Pack(*m));
     }
     panels[e] = {keep[3 * e].get(), keep[3 * e + 1].get(), keep[3 * e + 2].get()};
   }
-  for (int64_t min_rows : {int64_t{1}, int64_t{1000}}) {  // the bf16 GEMM for every expert, then none
+  for (int64_t min_rows :
+       {int64_t{1}, int64_t{1000}}) {  // the bf16 GEMM for every expert, then none
     kernels::GlobalKernelOptions().bf16_gemm_min_rows = min_rows;
     std::fill(got.begin(), got.end(), 0.0f);
     kernels::GroupedExpertFfn(x.data(), routing.expert_offsets, panels, hidden, got.data());
@@ -194,7 +219,8 @@ TEST(FastKernelsTest, MlaDecodeMatchesReferenceOverPages) {
         const int64_t width = latent + rope, pages = (keys + page - 1) / page;
         // Pages deliberately out of order in the pool.
         std::vector<int32_t> table(static_cast<size_t>(pages));
-        for (int64_t p = 0; p < pages; ++p) table[p] = static_cast<int32_t>(pages - 1 - p);
+        for (int64_t p = 0; p < pages; ++p)
+          table[p] = static_cast<int32_t>(pages - 1 - p);
         auto rows = RandomVector(static_cast<size_t>(keys * width), 11);
         std::vector<uint8_t> pool(static_cast<size_t>(pages * page * width) * DTypeSize(dtype));
         for (int64_t j = 0; j < keys; ++j) {
@@ -214,12 +240,13 @@ TEST(FastKernelsTest, MlaDecodeMatchesReferenceOverPages) {
         auto q_latent = RandomVector(static_cast<size_t>(tokens * heads * latent), 12);
         auto q_pe = RandomVector(static_cast<size_t>(tokens * heads * rope), 13);
         std::vector<int64_t> positions;
-        for (int64_t t = 0; t < tokens; ++t) positions.push_back(keys - tokens + t);
+        for (int64_t t = 0; t < tokens; ++t)
+          positions.push_back(keys - tokens + t);
         std::vector<float> got(static_cast<size_t>(tokens * heads * latent));
-        kernels::MlaDecodeAttention(q_latent.data(), q_pe.data(), tokens, positions.data(), view, keys, heads, 0, 2,
-                                    latent, rope, 0.3f, got.data());
-        kernels::MlaDecodeAttention(q_latent.data(), q_pe.data(), tokens, positions.data(), view, keys, heads, 2,
-                                    heads, latent, rope, 0.3f, got.data());
+        kernels::MlaDecodeAttention(q_latent.data(), q_pe.data(), tokens, positions.data(), view,
+                                    keys, heads, 0, 2, latent, rope, 0.3f, got.data());
+        kernels::MlaDecodeAttention(q_latent.data(), q_pe.data(), tokens, positions.data(), view,
+                                    keys, heads, 2, heads, latent, rope, 0.3f, got.data());
         // Reference: the absorbed form with an identity W_UK/W_UV (kv_b = [I; I] per head).
         for (int64_t t = 0; t < tokens; ++t)
           for (int64_t h = 0; h < heads; ++h) {
@@ -227,16 +254,20 @@ TEST(FastKernelsTest, MlaDecodeMatchesReferenceOverPages) {
             double top = -1e30;
             for (int64_t j = 0; j <= positions[t]; ++j) {
               double s = 0;
-              for (int64_t d = 0; d < latent; ++d) s += q_latent[(t * heads + h) * latent + d] * rows[j * width + d];
-              for (int64_t r = 0; r < rope; ++r) s += q_pe[(t * heads + h) * rope + r] * rows[j * width + latent + r];
+              for (int64_t d = 0; d < latent; ++d)
+                s += q_latent[(t * heads + h) * latent + d] * rows[j * width + d];
+              for (int64_t r = 0; r < rope; ++r)
+                s += q_pe[(t * heads + h) * rope + r] * rows[j * width + latent + r];
               scores.push_back(s * 0.3);
               top = std::max(top, scores.back());
             }
             double sum = 0;
-            for (double& s : scores) sum += (s = std::exp(s - top));
+            for (double& s : scores)
+              sum += (s = std::exp(s - top));
             for (int64_t d = 0; d < latent; ++d) {
               double o = 0;
-              for (size_t j = 0; j < scores.size(); ++j) o += scores[j] / sum * rows[j * width + d];
+              for (size_t j = 0; j < scores.size(); ++j)
+                o += scores[j] / sum * rows[j * width + d];
               EXPECT_NEAR(got[(t * heads + h) * latent + d], o, 1e-4) << keys << " " << tokens;
             }
           }

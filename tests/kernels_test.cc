@@ -16,7 +16,8 @@ std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, scale);
   std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
+  for (float& x : v)
+    x = normal(rng);
   return v;
 }
 
@@ -33,7 +34,8 @@ Fp8Matrix MakeFp8(int64_t rows, int64_t cols, int64_t block, uint32_t seed) {
   auto raw = Random(static_cast<size_t>(rows * cols), seed);
   const int64_t scale_cols = (cols + block - 1) / block, scale_rows = (rows + block - 1) / block;
   m.scales.resize(static_cast<size_t>(scale_rows * scale_cols));
-  for (size_t i = 0; i < m.scales.size(); ++i) m.scales[i] = 0.01f * (1 + i % 7);
+  for (size_t i = 0; i < m.scales.size(); ++i)
+    m.scales[i] = 0.01f * (1 + i % 7);
   m.bytes.resize(raw.size());
   m.values.resize(raw.size());
   for (int64_t r = 0; r < rows; ++r)
@@ -62,7 +64,8 @@ TEST(LinearTest, Fp8WithPartialBlocksMatchesDequantizedProduct) {
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t o = 0; o < rows; ++o) {
       double expected = 0;
-      for (int64_t i = 0; i < cols; ++i) expected += static_cast<double>(x[t * cols + i]) * w.values[o * cols + i];
+      for (int64_t i = 0; i < cols; ++i)
+        expected += static_cast<double>(x[t * cols + i]) * w.values[o * cols + i];
       EXPECT_NEAR(y[t * rows + o], expected, 1e-4 * (1 + std::fabs(expected)));
     }
 }
@@ -73,7 +76,8 @@ TEST(LinearTest, RowSliceUsesTheRightScales) {
   std::vector<float> row(20);
   for (int64_t r = 0; r < 9; ++r) {
     slice.DecodeRow(r, row.data());
-    for (int64_t c = 0; c < 20; ++c) EXPECT_EQ(row[c], w.values[(17 + r) * 20 + c]);
+    for (int64_t c = 0; c < 20; ++c)
+      EXPECT_EQ(row[c], w.values[(17 + r) * 20 + c]);
   }
 }
 
@@ -91,7 +95,8 @@ TEST(LinearTest, TransposedMatchesDirectSum) {
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t c = 0; c < cols; ++c) {
       double expected = 0;
-      for (int64_t r = 0; r < rows; ++r) expected += static_cast<double>(x[t * rows + r]) * values[r * cols + c];
+      for (int64_t r = 0; r < rows; ++r)
+        expected += static_cast<double>(x[t * rows + r]) * values[r * cols + c];
       EXPECT_NEAR(y[t * cols + c], expected, 1e-4);
     }
 }
@@ -109,7 +114,7 @@ TEST(ElementwiseTest, RmsNormAndSoftmax) {
 TEST(ElementwiseTest, RopeRotatesConsecutivePairs) {
   std::vector<float> v = {1, 0, 0, 1}, inv_freq = {1.0f, 0.5f};
   kernels::RopePairwise(v.data(), 4, 2, inv_freq.data(), 1.0f);
-  EXPECT_NEAR(v[0], std::cos(2.0f), 1e-6);   // pair 0 by angle 2
+  EXPECT_NEAR(v[0], std::cos(2.0f), 1e-6);  // pair 0 by angle 2
   EXPECT_NEAR(v[1], std::sin(2.0f), 1e-6);
   EXPECT_NEAR(v[2], -std::sin(1.0f), 1e-6);  // pair 1 by angle 1
   EXPECT_NEAR(v[3], std::cos(1.0f), 1e-6);
@@ -193,16 +198,23 @@ TEST(MlaAttentionTest, AbsorbedEqualsExpanded) {
   auto latents = Random(static_cast<size_t>(keys * (d.latent + d.rope)), 7);
   Fp8Matrix kv_b = MakeFp8(d.heads * (d.nope + d.v), d.latent, 8, 8);
   const int64_t positions[] = {5, 6, 7, 8};  // a chunk on top of 5 cached tokens
-  std::vector<float> expanded(static_cast<size_t>(tokens * d.heads * d.v)), absorbed(expanded.size());
-  kernels::MlaAttendExpanded(q.data(), tokens, positions, latents.data(), keys, kv_b.view, d, expanded.data());
-  kernels::MlaAttendAbsorbed(q.data(), tokens, positions, latents.data(), keys, kv_b.view, d, absorbed.data());
-  for (size_t i = 0; i < expanded.size(); ++i) EXPECT_NEAR(expanded[i], absorbed[i], 1e-4) << i;
+  std::vector<float> expanded(static_cast<size_t>(tokens * d.heads * d.v)),
+      absorbed(expanded.size());
+  kernels::MlaAttendExpanded(q.data(), tokens, positions, latents.data(), keys, kv_b.view, d,
+                             expanded.data());
+  kernels::MlaAttendAbsorbed(q.data(), tokens, positions, latents.data(), keys, kv_b.view, d,
+                             absorbed.data());
+  for (size_t i = 0; i < expanded.size(); ++i)
+    EXPECT_NEAR(expanded[i], absorbed[i], 1e-4) << i;
   // The first query must not see the keys after position 5.
   std::vector<float> changed = latents;
-  for (int64_t j = 6; j < keys; ++j) changed[j * (d.latent + d.rope)] += 100;
+  for (int64_t j = 6; j < keys; ++j)
+    changed[j * (d.latent + d.rope)] += 100;
   std::vector<float> again(expanded.size());
-  kernels::MlaAttendAbsorbed(q.data(), 1, positions, changed.data(), keys, kv_b.view, d, again.data());
-  for (int64_t i = 0; i < d.heads * d.v; ++i) EXPECT_NEAR(again[i], absorbed[i], 1e-5);
+  kernels::MlaAttendAbsorbed(q.data(), 1, positions, changed.data(), keys, kv_b.view, d,
+                             again.data());
+  for (int64_t i = 0; i < d.heads * d.v; ++i)
+    EXPECT_NEAR(again[i], absorbed[i], 1e-5);
 }
 
 }  // namespace

@@ -36,8 +36,8 @@ TEST(PlannerTest, KvBytesPerToken) {
 TEST(PlannerTest, AboutOneHundredRequestsPerH200) {
   CostModel model(DeepSeekV3(), Hardware("H200"), kSeedWorkload);
   Prediction p = model.Predict({8, 1, 64, Overlap::kNone});
-  EXPECT_NEAR(p.memory.weight_bytes / 1e9, 100, 10);     // ±10%
-  EXPECT_NEAR(p.memory.max_requests, 100, 15);           // ±15%
+  EXPECT_NEAR(p.memory.weight_bytes / 1e9, 100, 10);  // ±10%
+  EXPECT_NEAR(p.memory.max_requests, 100, 15);        // ±15%
   EXPECT_FALSE(model.Predict({8, 1, 128, Overlap::kNone}).memory.fits);
   // And 671B does not fit 8×H100 at all.
   CostModel h100(DeepSeekV3(), Hardware("H100"), kSeedWorkload);
@@ -119,7 +119,8 @@ TEST(PlannerTest, FrontiersAreParetoAndEveryConfigIsListed) {
   // EP {16..128} on 16 nodes of 8 (EP8 is listed too, and fits nowhere on H100).
   size_t expected = 0;
   for (int ep : {8, 16, 32, 64, 128})
-    for (int tp : {1, 2, 4, 8}) expected += tp <= ep ? 8 * 3 : 0;
+    for (int tp : {1, 2, 4, 8})
+      expected += tp <= ep ? 8 * 3 : 0;
   EXPECT_EQ(plan.configs.size(), expected);
   for (const auto& f : plan.pareto)
     for (size_t i = 1; i < f.points.size(); ++i) {
@@ -129,8 +130,9 @@ TEST(PlannerTest, FrontiersAreParetoAndEveryConfigIsListed) {
   auto json = nlohmann::json::parse(PlanToJson(plan));
   EXPECT_EQ(json["kv_bytes_per_token"], 70272);
   EXPECT_EQ(json["configs"].size(), expected);
-  for (const char* key : {"ep", "dp", "tp", "batch_per_gpu", "overlap", "fits", "max_requests_per_gpu",
-                          "layer_us", "output_tok_s", "throughput_tok_s_per_gpu"})
+  for (const char* key :
+       {"ep", "dp", "tp", "batch_per_gpu", "overlap", "fits", "max_requests_per_gpu", "layer_us",
+        "output_tok_s", "throughput_tok_s_per_gpu"})
     EXPECT_TRUE(json["configs"][0].contains(key)) << key;
   // Larger EP moves the frontier up: more throughput at 60 tok/s from EP16 to EP64.
   double previous = 0;
@@ -152,7 +154,8 @@ TEST(HardwareTest, FilesAreCheckedAndCanExtendABuiltin) {
   auto typo = ParseHardware(R"({"base":"H100","efficiency":{"linkk":0.4}})", "hw.json");
   ASSERT_FALSE(typo.ok());
   EXPECT_NE(typo.status().message().find("linkk"), std::string::npos);
-  auto based = ParseHardware(R"({"base":"H100","memory_capacity_gb":96,"efficiency":{"link":0.33}})", "hw.json");
+  auto based = ParseHardware(
+      R"({"base":"H100","memory_capacity_gb":96,"efficiency":{"link":0.33}})", "hw.json");
   ASSERT_TRUE(based.ok()) << based.status().message();
   EXPECT_EQ(based.value().memory_capacity_gb, 96);
   EXPECT_EQ(based.value().efficiency.link, 0.33);
@@ -170,7 +173,8 @@ TEST(HardwareTest, FilesAreCheckedAndCanExtendABuiltin) {
 
 TEST(CalibrationTest, BenchResultsReplacePeaksAndEfficiencies) {
   HardwareSpec spec = Hardware(std::string(SY_SOURCE_DIR) + "/configs/hardware/cpu-cluster.json");
-  const std::string bench = R"({"machine":{"read_gbps":21.5,"triad_gbps":19,"bf16_gflops":300,"f32_gflops":150,"threads":2},
+  const std::string bench =
+      R"({"machine":{"read_gbps":21.5,"triad_gbps":19,"bf16_gflops":300,"f32_gflops":150,"threads":2},
     "results":[{"kernel":"gemv","weight_dtype":"fp8","m":1,"n":2048,"k":7168,"groups":1,"seconds":0.001,"gbps":17,"gflops":30,"roofline_fraction":0.8},
                {"kernel":"gemv","weight_dtype":"fp8","m":4,"n":2048,"k":7168,"groups":1,"seconds":0.001,"gbps":17,"gflops":30,"roofline_fraction":0.9},
                {"kernel":"grouped_gemm","weight_dtype":"fp8","m":8,"n":2048,"k":7168,"groups":8,"seconds":0.001,"gbps":15,"gflops":30,"roofline_fraction":0.7},
@@ -178,21 +182,28 @@ TEST(CalibrationTest, BenchResultsReplacePeaksAndEfficiencies) {
   ASSERT_TRUE(CalibrateFromBench(bench, "bench.json", spec).ok());
   EXPECT_EQ(spec.memory_bandwidth_gbps, 21.5);
   EXPECT_DOUBLE_EQ(spec.peak_bf16_tflops, 0.3);  // the faster of bf16 (300) and f32 (150)
-  EXPECT_DOUBLE_EQ(spec.efficiency.gemm_memory, 17.0 / 21.5);      // memory-bound: GB/s over the peak
+  EXPECT_DOUBLE_EQ(spec.efficiency.gemm_memory, 17.0 / 21.5);  // memory-bound: GB/s over the peak
   EXPECT_DOUBLE_EQ(spec.efficiency.grouped_memory, 15.0 / 21.5);
-  EXPECT_DOUBLE_EQ(spec.efficiency.gemm_compute, 200.0 / 300.0);   // compute-bound: FLOP/s over the peak
+  EXPECT_DOUBLE_EQ(spec.efficiency.gemm_compute,
+                   200.0 / 300.0);  // compute-bound: FLOP/s over the peak
   EXPECT_FALSE(CalibrateFromBench(R"({"machine":{}})", "bench.json", spec).ok());
-  EXPECT_FALSE(CalibrateFromBench(R"({"machine":{"read_gbps":1,"bf16_gflops":1},"results":[{"kernel":"gemv","m":1}]})",
-                                  "bench.json", spec).ok());
+  EXPECT_FALSE(
+      CalibrateFromBench(
+          R"({"machine":{"read_gbps":1,"bf16_gflops":1},"results":[{"kernel":"gemv","m":1}]})",
+          "bench.json", spec)
+          .ok());
 }
 
 TEST(PlanCliTest, JsonPlotAndErrors) {
   std::string dir = testing::TempDirectory("plan_cli");
   std::string out;
-  std::string base = std::string(testing::kBinary) + " plan --model " + SY_SOURCE_DIR + "/configs/deepseek-v3.json";
-  ASSERT_EQ(testing::RunCommand(base + " --hardware H200 --ep 8 --mtp 1 --json --plot " + dir + "/p.svg > " + dir +
-                                    "/p.json",
-                                &out), 0) << out;
+  std::string base = std::string(testing::kBinary) + " plan --model " + SY_SOURCE_DIR +
+                     "/configs/deepseek-v3.json";
+  ASSERT_EQ(testing::RunCommand(base + " --hardware H200 --ep 8 --mtp 1 --json --plot " + dir +
+                                    "/p.svg > " + dir + "/p.json",
+                                &out),
+            0)
+      << out;
   auto json = nlohmann::json::parse(testing::ReadFile(dir + "/p.json"));
   EXPECT_EQ(json["pareto"][0]["ep"], 8);
   EXPECT_FALSE(json["pareto"][0]["points"].empty());
@@ -224,7 +235,9 @@ TEST(CalibrationTest, CalibratedPlanTracksTheMeasuredLayer) {
   while (std::getline(measured, line)) {
     std::istringstream fields(line);
     double batch, q, attention, gemm, grouped, router, other, total, experts;
-    if (!(fields >> batch >> q >> attention >> gemm >> grouped >> router >> other >> total >> experts) || q != 1)
+    if (!(fields >> batch >> q >> attention >> gemm >> grouped >> router >> other >> total >>
+          experts) ||
+        q != 1)
       continue;
     auto layer = model.Predict({8, 1, static_cast<int>(batch), Overlap::kNone}).moe_layer;
     const double predicted = layer.attention + layer.gemm + layer.grouped_gemm + layer.other;

@@ -11,7 +11,8 @@ namespace {
 std::vector<uint8_t> File(const std::string& header, size_t data_bytes, int64_t claimed = -1) {
   std::vector<uint8_t> bytes(8);
   uint64_t length = claimed < 0 ? header.size() : static_cast<uint64_t>(claimed);
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(length >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    bytes[i] = static_cast<uint8_t>(length >> (8 * i));
   bytes.insert(bytes.end(), header.begin(), header.end());
   bytes.resize(bytes.size() + data_bytes, 0);
   return bytes;
@@ -23,8 +24,10 @@ std::string ParseError(const std::vector<uint8_t>& bytes) {
 }
 
 TEST(SafetensorsTest, ParsesAValidHeader) {
-  auto bytes = File(R"({"__metadata__":{"format":"pt"},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]},)"
-                    R"("a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", 12);
+  auto bytes = File(
+      R"({"__metadata__":{"format":"pt"},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]},)"
+      R"("a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})",
+      12);
   auto parsed = ParseSafetensorsHeader(bytes.data(), bytes.size(), "x");
   ASSERT_TRUE(parsed.ok()) << parsed.status().message();
   ASSERT_EQ(parsed.value().size(), 2u);
@@ -46,23 +49,29 @@ TEST(SafetensorsTest, RejectsBadFilesWithTheReason) {
       {File(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8), "run past"},
       {File(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[8,0]}})", 16), "reversed"},
       {File(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})", 16), "need 12"},
-      {File(R"({"w":{"dtype":"Q4_K","shape":[4],"data_offsets":[0,4]}})", 4), "unknown dtype 'Q4_K'"},
+      {File(R"({"w":{"dtype":"Q4_K","shape":[4],"data_offsets":[0,4]}})", 4),
+       "unknown dtype 'Q4_K'"},
       {File(R"({"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", 16), "non-negative"},
       {File(R"({"w":{"dtype":"F32","shape":[4]}})", 16), "data_offsets"},
       {File(R"({"w":{"shape":[4],"data_offsets":[0,16]}})", 16), "dtype"},
-      {File(R"({"w":{"dtype":"U8","shape":[4294967296,4294967296,16],"data_offsets":[0,16]}})", 16), "overflows"},
+      {File(R"({"w":{"dtype":"U8","shape":[4294967296,4294967296,16],"data_offsets":[0,16]}})", 16),
+       "overflows"},
       {File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12), "overlap"},
+            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+            12),
+       "overlap"},
   };
   for (const auto& c : cases) {
     std::string error = ParseError(c.bytes);
-    EXPECT_NE(error.find(c.expected), std::string::npos) << "expected '" << c.expected << "', got '" << error << "'";
+    EXPECT_NE(error.find(c.expected), std::string::npos)
+        << "expected '" << c.expected << "', got '" << error << "'";
     EXPECT_NE(error.find("model.safetensors"), std::string::npos) << error;
   }
 }
 
 TEST(SafetensorsTest, NamesTheTensorAtFault) {
-  std::string error = ParseError(File(R"({"model.norm.weight":{"dtype":"F32","shape":[4],"data_offsets":[0,99]}})", 16));
+  std::string error = ParseError(
+      File(R"({"model.norm.weight":{"dtype":"F32","shape":[4],"data_offsets":[0,99]}})", 16));
   EXPECT_NE(error.find("model.norm.weight"), std::string::npos) << error;
 }
 
@@ -83,8 +92,12 @@ TEST(SafetensorsTest, WriteThenOpenRoundTrips) {
 
 TEST(SafetensorsTest, ShardedIndexIsChecked) {
   std::string dir = testing::TempDirectory("safetensors_index");
-  ASSERT_TRUE(WriteSafetensors(dir + "/a.safetensors", {{"x", DType::kF32, {1}, std::vector<uint8_t>(4)}}).ok());
-  ASSERT_TRUE(WriteSafetensors(dir + "/b.safetensors", {{"y", DType::kF32, {1}, std::vector<uint8_t>(4)}}).ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir + "/a.safetensors", {{"x", DType::kF32, {1}, std::vector<uint8_t>(4)}})
+          .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir + "/b.safetensors", {{"y", DType::kF32, {1}, std::vector<uint8_t>(4)}})
+          .ok());
   testing::WriteFile(dir + "/model.safetensors.index.json",
                      R"({"weight_map":{"x":"a.safetensors","y":"b.safetensors"}})");
   auto ok = Checkpoint::Open(dir);
@@ -95,14 +108,17 @@ TEST(SafetensorsTest, ShardedIndexIsChecked) {
                      R"({"weight_map":{"x":"a.safetensors","y":"a.safetensors"}})");
   auto misplaced = Checkpoint::Open(dir);
   ASSERT_FALSE(misplaced.ok());
-  EXPECT_NE(misplaced.status().message().find("'y'"), std::string::npos) << misplaced.status().message();
+  EXPECT_NE(misplaced.status().message().find("'y'"), std::string::npos)
+      << misplaced.status().message();
 
-  testing::WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"x":"gone.safetensors"}})");
+  testing::WriteFile(dir + "/model.safetensors.index.json",
+                     R"({"weight_map":{"x":"gone.safetensors"}})");
   auto missing = Checkpoint::Open(dir);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("gone.safetensors"), std::string::npos);
 
-  testing::WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"x":"../etc/passwd"}})");
+  testing::WriteFile(dir + "/model.safetensors.index.json",
+                     R"({"weight_map":{"x":"../etc/passwd"}})");
   EXPECT_FALSE(Checkpoint::Open(dir).ok());
 }
 

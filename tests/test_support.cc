@@ -2,12 +2,12 @@
 
 #include <sys/wait.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -43,7 +43,8 @@ Fixture LoadFixture(const std::string& name) {
   f.logits.resize(bytes.size() / sizeof(float));
   std::memcpy(f.logits.data(), bytes.data(), f.logits.size() * sizeof(float));
   int64_t rows = 0;
-  for (const auto& s : f.tokens) rows += static_cast<int64_t>(s.size());
+  for (const auto& s : f.tokens)
+    rows += static_cast<int64_t>(s.size());
   f.vocab = static_cast<int64_t>(f.logits.size()) / rows;
   return f;
 }
@@ -69,7 +70,8 @@ LogitComparison CompareLogits(const std::vector<float>& reference, const std::ve
       const double diff = std::fabs(ref[i] - out[i]);
       result.max_abs_diff = std::max(result.max_abs_diff, diff);
       result.row_max_diff[r] = std::max(result.row_max_diff[r], diff);
-      result.max_abs_reference = std::max(result.max_abs_reference, static_cast<double>(std::fabs(ref[i])));
+      result.max_abs_reference =
+          std::max(result.max_abs_reference, static_cast<double>(std::fabs(ref[i])));
       if (i == 0) continue;
       if (ref[i] > ref[best]) {
         second = best;
@@ -89,21 +91,24 @@ LogitComparison CompareLogits(const std::vector<float>& reference, const std::ve
 
 int64_t LogitComparison::RowsOver(double relative) const {
   int64_t count = 0;
-  for (double diff : row_max_diff) count += diff > relative * max_abs_reference;
+  for (double diff : row_max_diff)
+    count += diff > relative * max_abs_reference;
   return count;
 }
 
 std::string TempDirectory(const std::string& name) {
   namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / ("switchyard-test-" + std::to_string(::getpid())) / name;
+  fs::path dir =
+      fs::temp_directory_path() / ("switchyard-test-" + std::to_string(::getpid())) / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
 }
 
 void CopyDirectory(const std::string& from, const std::string& to) {
-  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive |
-                                      std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy(
+      from, to,
+      std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
 }
 
 int RunCommand(const std::string& command, std::string* output) {
@@ -113,7 +118,8 @@ int RunCommand(const std::string& command, std::string* output) {
   std::array<char, 4096> buffer{};
   output->clear();
   size_t read;
-  while ((read = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output->append(buffer.data(), read);
+  while ((read = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    output->append(buffer.data(), read);
   int status = ::pclose(pipe);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

@@ -24,8 +24,8 @@ std::vector<std::string> FixtureNames();
 struct LogitComparison {
   double max_abs_diff = 0;
   double max_abs_reference = 0;
-  int64_t argmax_checked = 0;     // rows whose reference top-2 margin exceeds the threshold
-  int64_t argmax_mismatches = 0;  // of those, rows whose argmax differs
+  int64_t argmax_checked = 0;        // rows whose reference top-2 margin exceeds the threshold
+  int64_t argmax_mismatches = 0;     // of those, rows whose argmax differs
   std::vector<double> row_max_diff;  // per row
   // Rows whose max |Δ| exceeds `relative` × max|reference logit|.
   int64_t RowsOver(double relative) const;

@@ -28,7 +28,8 @@ class ScopedStage {
     if (CurrentStageTimes() != nullptr && Depth()++ == 0) start_ = NowSeconds();
   }
   ~ScopedStage() {
-    if (CurrentStageTimes() != nullptr && --Depth() == 0) (*CurrentStageTimes())[stage_] += NowSeconds() - start_;
+    if (CurrentStageTimes() != nullptr && --Depth() == 0)
+      (*CurrentStageTimes())[stage_] += NowSeconds() - start_;
   }
   ScopedStage(const ScopedStage&) = delete;
   ScopedStage& operator=(const ScopedStage&) = delete;

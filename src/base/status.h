@@ -40,7 +40,7 @@ class Status {
 template <typename T>
 class Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : value_(std::move(status)) {}  // NOLINT: must be an error
 
   bool ok() const { return std::holds_alternative<T>(value_); }
@@ -62,17 +62,16 @@ class Result {
 }  // namespace sy
 
 // Returns early from the enclosing function when a Status is an error.
-#define SY_RETURN_IF_ERROR(expr)        \
-  do {                                  \
-    ::sy::Status sy_status_ = (expr);   \
+#define SY_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::sy::Status sy_status_ = (expr);        \
     if (!sy_status_.ok()) return sy_status_; \
   } while (0)
 
 #define SY_CONCAT_INNER(a, b) a##b
 #define SY_CONCAT(a, b) SY_CONCAT_INNER(a, b)
 // Binds `lhs` to the value of a Result, or returns its error.
-#define SY_ASSIGN_OR_RETURN(lhs, expr)                                   \
-  auto SY_CONCAT(sy_result_, __LINE__) = (expr);                          \
-  if (!SY_CONCAT(sy_result_, __LINE__).ok())                              \
-    return SY_CONCAT(sy_result_, __LINE__).status();                      \
+#define SY_ASSIGN_OR_RETURN(lhs, expr)                                                        \
+  auto SY_CONCAT(sy_result_, __LINE__) = (expr);                                              \
+  if (!SY_CONCAT(sy_result_, __LINE__).ok()) return SY_CONCAT(sy_result_, __LINE__).status(); \
   lhs = std::move(SY_CONCAT(sy_result_, __LINE__)).value()

@@ -45,7 +45,8 @@ ThreadPool::~ThreadPool() {
     stop_.store(true);
   }
   start_.notify_all();
-  for (auto& worker : workers_) worker.join();
+  for (auto& worker : workers_)
+    worker.join();
 }
 
 static std::pair<size_t, size_t> ChunkOf(size_t count, int chunks, int index) {
@@ -77,7 +78,8 @@ void ThreadPool::ParallelFor(size_t count, const std::function<void(size_t, size
   if (sleeping_.load(std::memory_order_acquire) > 0) start_.notify_all();
   auto [begin, end] = ChunkOf(count, size(), 0);
   if (begin < end) body(begin, end);
-  while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
+  while (pending_.load(std::memory_order_acquire) != 0)
+    CpuRelax();
   body_ = nullptr;
 }
 
@@ -86,7 +88,8 @@ void ThreadPool::WorkerLoop(int index) {
   constexpr int kSpins = 200000;  // roughly 1-5 ms of polling before sleeping
   while (true) {
     size_t current = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; current == seen && spin < kSpins && !stop_.load(std::memory_order_relaxed); ++spin) {
+    for (int spin = 0; current == seen && spin < kSpins && !stop_.load(std::memory_order_relaxed);
+         ++spin) {
       CpuRelax();
       current = generation_.load(std::memory_order_acquire);
     }
@@ -111,6 +114,8 @@ ThreadPool& ThreadPool::Global() {
   return pool;
 }
 
-void ThreadPool::ConfigureGlobal(int threads) { g_global_threads = threads; }
+void ThreadPool::ConfigureGlobal(int threads) {
+  g_global_threads = threads;
+}
 
 }  // namespace sy

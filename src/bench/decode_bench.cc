@@ -18,7 +18,8 @@ double MatrixBytes(const Matrix& m) {
 }
 
 double FeedForwardBytes(const FeedForwardWeights& f) {
-  return f.empty() ? 0 : MatrixBytes(f.gate_proj) + MatrixBytes(f.up_proj) + MatrixBytes(f.down_proj);
+  return f.empty() ? 0
+                   : MatrixBytes(f.gate_proj) + MatrixBytes(f.up_proj) + MatrixBytes(f.down_proj);
 }
 
 // Bytes one decode step of `batch` sequences of `context` tokens must read at least once.
@@ -30,8 +31,10 @@ double StepBytes(const Model& model, int64_t batch, int64_t context) {
     const AttentionWeights& a = layer.self_attn;
     for (const Matrix* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj_with_mqa, &a.o_proj})
       if (!m->empty()) bytes += MatrixBytes(*m);
-    for (const auto& m : a.w_uk_t) bytes += MatrixBytes(m);
-    for (const auto& m : a.w_uv) bytes += MatrixBytes(m);
+    for (const auto& m : a.w_uk_t)
+      bytes += MatrixBytes(m);
+    for (const auto& m : a.w_uv)
+      bytes += MatrixBytes(m);
     if (!layer.is_moe) {
       bytes += FeedForwardBytes(layer.mlp);
       continue;
@@ -42,19 +45,22 @@ double StepBytes(const Model& model, int64_t batch, int64_t context) {
     const double active = E * (1 - std::pow(1 - K / E, static_cast<double>(batch)));
     bytes += active * FeedForwardBytes(layer.moe.experts[0]);
   }
-  bytes += static_cast<double>(batch) * context * c.latent_cache_width() * 2 * c.num_hidden_layers;  // bf16 cache
+  bytes += static_cast<double>(batch) * context * c.latent_cache_width() * 2 *
+           c.num_hidden_layers;  // bf16 cache
   return bytes;
 }
 
 }  // namespace
 
-Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir, const MachinePeaks& peaks,
-                                               const DecodeBenchOptions& options) {
+Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir,
+                                              const MachinePeaks& peaks,
+                                              const DecodeBenchOptions& options) {
   SY_ASSIGN_OR_RETURN(auto model, Model::Load(model_dir));
   const ModelConfig& c = model->config();
   std::vector<DecodeResult> results;
   for (int64_t batch : options.batches) {
-    LatentCache cache = model->NewCache(batch * (options.prompt_len + options.steps + 1), batch, DType::kBF16);
+    LatentCache cache =
+        model->NewCache(batch * (options.prompt_len + options.steps + 1), batch, DType::kBF16);
     std::vector<SequenceCache> sequences(static_cast<size_t>(batch));
     ForwardBatch prefill;
     std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
@@ -90,12 +96,15 @@ Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir, cons
   return results;
 }
 
-std::string DecodeResultsTable(const MachinePeaks& peaks, const std::vector<DecodeResult>& results) {
-  std::string out = fmt::format("read bandwidth {:.1f} GB/s, {} threads\n", peaks.read_gbps, peaks.threads);
-  out += fmt::format("{:>6} {:>12} {:>14} {:>16} {:>10}\n", "batch", "tok/s", "MB per step", "bound tok/s", "of bound");
+std::string DecodeResultsTable(const MachinePeaks& peaks,
+                               const std::vector<DecodeResult>& results) {
+  std::string out =
+      fmt::format("read bandwidth {:.1f} GB/s, {} threads\n", peaks.read_gbps, peaks.threads);
+  out += fmt::format("{:>6} {:>12} {:>14} {:>16} {:>10}\n", "batch", "tok/s", "MB per step",
+                     "bound tok/s", "of bound");
   for (const auto& r : results)
-    out += fmt::format("{:>6} {:>12.1f} {:>14.1f} {:>16.1f} {:>9.0f}%\n", r.batch, r.tokens_per_second,
-                       r.bytes_per_step / 1e6, r.bound_tokens_per_second,
+    out += fmt::format("{:>6} {:>12.1f} {:>14.1f} {:>16.1f} {:>9.0f}%\n", r.batch,
+                       r.tokens_per_second, r.bytes_per_step / 1e6, r.bound_tokens_per_second,
                        100 * r.tokens_per_second / r.bound_tokens_per_second);
   return out;
 }

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/machine_peaks.h"
 #include "base/status.h"
+#include "bench/machine_peaks.h"
 
 namespace sy::bench {
 
@@ -24,8 +24,9 @@ struct DecodeBenchOptions {
   int64_t steps = 16;
 };
 
-Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir, const MachinePeaks& peaks,
-                                               const DecodeBenchOptions& options);
+Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir,
+                                              const MachinePeaks& peaks,
+                                              const DecodeBenchOptions& options);
 std::string DecodeResultsTable(const MachinePeaks& peaks, const std::vector<DecodeResult>& results);
 
 }  // namespace sy::bench

@@ -18,8 +18,8 @@ namespace sy::bench {
 namespace {
 
 // DeepSeek-V3 (spec §3.1).
-constexpr int64_t kHidden = 7168, kExpertWidth = 2048, kDenseWidth = 18432, kHeads = 128, kLatent = 512,
-                  kRope = 64, kQLora = 1536, kTopK = 8;
+constexpr int64_t kHidden = 7168, kExpertWidth = 2048, kDenseWidth = 18432, kHeads = 128,
+                  kLatent = 512, kRope = 64, kQLora = 1536, kTopK = 8;
 
 double MedianTime(int repetitions, const std::function<void()>& body) {
   body();  // warm-up: page faults, thread wake-up
@@ -37,7 +37,8 @@ std::vector<float> RandomActivations(size_t count) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0, 1);
   std::vector<float> v(count);
-  for (float& x : v) x = normal(rng);
+  for (float& x : v)
+    x = normal(rng);
   return v;
 }
 
@@ -59,13 +60,17 @@ void BenchLinear(const MachinePeaks& peaks, const KernelBenchOptions& options, c
   const double one = WeightBytes(shape.dtype, shape.n, shape.k);
   const int copies = static_cast<int>(std::max(1.0, std::ceil(options.stream_bytes / one)));
   std::vector<Matrix> weights;
-  for (int c = 0; c < copies; ++c) weights.push_back(RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100 + c));
+  for (int c = 0; c < copies; ++c)
+    weights.push_back(RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100 + c));
   for (int64_t m : ms) {
     auto x = RandomActivations(static_cast<size_t>(m * shape.k));
     std::vector<float> y(static_cast<size_t>(m * shape.n));
-    const double seconds = MedianTime(options.repetitions, [&] {
-      for (const auto& w : weights) kernels::LinearPacked(x.data(), m, *w.packed, y.data());
-    }) / copies;
+    const double seconds = MedianTime(options.repetitions,
+                                      [&] {
+                                        for (const auto& w : weights)
+                                          kernels::LinearPacked(x.data(), m, *w.packed, y.data());
+                                      }) /
+                           copies;
     KernelResult r;
     const bool bf16 = kernels::UseBf16Gemm(m, *weights[0].packed);
     r.kernel = m >= 256 ? "gemm" : "gemv";
@@ -91,13 +96,15 @@ void BenchGrouped(const MachinePeaks& peaks, const KernelBenchOptions& options, 
     up.push_back(RandomPackedMatrix(DType::kF8E4M3, kExpertWidth, kHidden, 1001 + 3 * e));
     down.push_back(RandomPackedMatrix(DType::kF8E4M3, kHidden, kExpertWidth, 1002 + 3 * e));
   }
-  for (int64_t e = 0; e < groups; ++e) experts.push_back({gate[e].packed.get(), up[e].packed.get(), down[e].packed.get()});
+  for (int64_t e = 0; e < groups; ++e)
+    experts.push_back({gate[e].packed.get(), up[e].packed.get(), down[e].packed.get()});
   const double expert_bytes = 2 * WeightBytes(DType::kF8E4M3, kExpertWidth, kHidden) +
                               WeightBytes(DType::kF8E4M3, kHidden, kExpertWidth);
   for (int64_t rows : row_counts) {
     // Rows spread evenly over the experts, as balanced routing delivers them.
     std::vector<int64_t> offsets(static_cast<size_t>(groups + 1), 0);
-    for (int64_t e = 0; e < groups; ++e) offsets[e + 1] = offsets[e] + rows / groups + (e < rows % groups ? 1 : 0);
+    for (int64_t e = 0; e < groups; ++e)
+      offsets[e + 1] = offsets[e] + rows / groups + (e < rows % groups ? 1 : 0);
     const int64_t active = std::min(rows, groups);
     auto x = RandomActivations(static_cast<size_t>(rows * kHidden));
     std::vector<float> y(x.size());
@@ -114,28 +121,32 @@ void BenchGrouped(const MachinePeaks& peaks, const KernelBenchOptions& options, 
     r.k = kHidden;
     r.groups = groups;
     r.seconds = seconds;
-    r.bytes = active * expert_bytes + static_cast<double>(rows) * (2 * kHidden + 3 * kExpertWidth) * 4;
+    r.bytes =
+        active * expert_bytes + static_cast<double>(rows) * (2 * kHidden + 3 * kExpertWidth) * 4;
     r.flops = 2.0 * rows * 3 * kHidden * kExpertWidth;
     Score(r, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
     out.push_back(r);
   }
 }
 
-void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options, int64_t batch, int64_t kv_len,
-                    int64_t query_len, std::vector<KernelResult>& out) {
+void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options, int64_t batch,
+                    int64_t kv_len, int64_t query_len, std::vector<KernelResult>& out) {
   const int64_t width = kLatent + kRope, page = 64;
   const int64_t pages_per_request = (kv_len + page - 1) / page;
   std::vector<uint16_t> pool(static_cast<size_t>(batch * pages_per_request * page * width));
-  for (size_t i = 0; i < pool.size(); ++i) pool[i] = static_cast<uint16_t>(0x3c00 | (i * 2654435761u >> 24 & 0xff));
+  for (size_t i = 0; i < pool.size(); ++i)
+    pool[i] = static_cast<uint16_t>(0x3c00 | (i * 2654435761u >> 24 & 0xff));
   std::vector<int32_t> table(static_cast<size_t>(batch * pages_per_request));
-  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < table.size(); ++i)
+    table[i] = static_cast<int32_t>(i);
   const int64_t tokens = batch * query_len;
   auto q_latent = RandomActivations(static_cast<size_t>(tokens * kHeads * kLatent));
   auto q_pe = RandomActivations(static_cast<size_t>(tokens * kHeads * kRope));
   std::vector<float> o(q_latent.size());
   std::vector<int64_t> positions;
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t t = 0; t < query_len; ++t) positions.push_back(kv_len - query_len + t);
+    for (int64_t t = 0; t < query_len; ++t)
+      positions.push_back(kv_len - query_len + t);
   ThreadPool& pool_threads = ThreadPool::Global();
   const int64_t head_block = std::max<int64_t>(1, kHeads / pool_threads.size());
   const int64_t items = batch * ((kHeads + head_block - 1) / head_block);
@@ -143,14 +154,15 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
     pool_threads.ParallelFor(static_cast<size_t>(items), [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
         const int64_t b = static_cast<int64_t>(i) / ((kHeads + head_block - 1) / head_block);
-        const int64_t h0 = (static_cast<int64_t>(i) % ((kHeads + head_block - 1) / head_block)) * head_block;
-        kernels::LatentPages view{reinterpret_cast<const uint8_t*>(pool.data()), DType::kBF16, page, width,
-                                  table.data() + b * pages_per_request};
+        const int64_t h0 =
+            (static_cast<int64_t>(i) % ((kHeads + head_block - 1) / head_block)) * head_block;
+        kernels::LatentPages view{reinterpret_cast<const uint8_t*>(pool.data()), DType::kBF16, page,
+                                  width, table.data() + b * pages_per_request};
         const int64_t t0 = b * query_len;
-        kernels::MlaDecodeAttention(q_latent.data() + t0 * kHeads * kLatent, q_pe.data() + t0 * kHeads * kRope,
-                                    query_len, positions.data() + t0, view, kv_len, kHeads, h0,
-                                    std::min(kHeads, h0 + head_block), kLatent, kRope, 0.135f,
-                                    o.data() + t0 * kHeads * kLatent);
+        kernels::MlaDecodeAttention(
+            q_latent.data() + t0 * kHeads * kLatent, q_pe.data() + t0 * kHeads * kRope, query_len,
+            positions.data() + t0, view, kv_len, kHeads, h0, std::min(kHeads, h0 + head_block),
+            kLatent, kRope, 0.135f, o.data() + t0 * kHeads * kLatent);
       }
     });
   });
@@ -163,7 +175,8 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
   r.k = kv_len;
   r.groups = batch;
   r.seconds = seconds;
-  r.bytes = static_cast<double>(batch) * kv_len * width * 2 + tokens * kHeads * (width + kLatent) * 4.0;
+  r.bytes =
+      static_cast<double>(batch) * kv_len * width * 2 + tokens * kHeads * (width + kLatent) * 4.0;
   r.flops = 2.0 * tokens * kHeads * kv_len * (width + kLatent);
   Score(r, peaks, peaks.f32_gflops);
   out.push_back(r);
@@ -178,11 +191,14 @@ void Score(KernelResult& r, const MachinePeaks& peaks, double peak_gflops) {
   r.roofline_fraction = r.gflops / std::min(peak_gflops, intensity * peaks.read_gbps);
 }
 
-std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks, const KernelBenchOptions& options) {
+std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
+                                       const KernelBenchOptions& options) {
   std::vector<KernelResult> out;
-  const std::vector<int64_t> decode_m = options.quick ? std::vector<int64_t>{1, 8, 32, 128}
-                                                      : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128};
-  const std::vector<int64_t> prefill_m = options.quick ? std::vector<int64_t>{256} : std::vector<int64_t>{256, 512};
+  const std::vector<int64_t> decode_m = options.quick
+                                            ? std::vector<int64_t>{1, 8, 32, 128}
+                                            : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128};
+  const std::vector<int64_t> prefill_m =
+      options.quick ? std::vector<int64_t>{256} : std::vector<int64_t>{256, 512};
   std::vector<Shape> shapes = {
       {"o_proj", kHidden, kHeads * 128, DType::kF8E4M3},
       {"expert_gate", kExpertWidth, kHidden, DType::kF8E4M3},
@@ -195,14 +211,18 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks, const KernelBe
     shapes.push_back({"dense_down", kHidden, kDenseWidth, DType::kF8E4M3});
     shapes.push_back({"o_proj_bf16", kHidden, kHeads * 128, DType::kBF16});
   }
-  for (const auto& shape : shapes) BenchLinear(peaks, options, shape, decode_m, out);
+  for (const auto& shape : shapes)
+    BenchLinear(peaks, options, shape, decode_m, out);
   BenchLinear(peaks, options, shapes[0], prefill_m, out);
-  if (!options.quick) BenchLinear(peaks, options, {"o_proj_bf16", kHidden, kHeads * 128, DType::kBF16}, prefill_m, out);
+  if (!options.quick)
+    BenchLinear(peaks, options, {"o_proj_bf16", kHidden, kHeads * 128, DType::kBF16}, prefill_m,
+                out);
 
   // The routed experts of one EP rank: 8 local experts (EP32) quick, 32 (EP8) in full.
   const int64_t groups = options.quick ? 8 : 32;
   std::vector<int64_t> rows;
-  for (int64_t batch : options.quick ? std::vector<int64_t>{1, 16, 128} : std::vector<int64_t>{1, 4, 16, 64, 128})
+  for (int64_t batch :
+       options.quick ? std::vector<int64_t>{1, 16, 128} : std::vector<int64_t>{1, 4, 16, 64, 128})
     rows.push_back(batch * kTopK);
   BenchGrouped(peaks, options, groups, rows, out);
   BenchGrouped(peaks, options, groups, {groups * 256}, out);  // prefill: 256 rows per expert
@@ -217,27 +237,42 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks, const KernelBe
 
 std::string KernelResultsJson(const MachinePeaks& peaks, const std::vector<KernelResult>& results) {
   nlohmann::json j;
-  j["machine"] = {{"read_gbps", peaks.read_gbps}, {"triad_gbps", peaks.triad_gbps}, {"bf16_gflops", peaks.bf16_gflops},
-                  {"f32_gflops", peaks.f32_gflops}, {"threads", peaks.threads}};
+  j["machine"] = {{"read_gbps", peaks.read_gbps},
+                  {"triad_gbps", peaks.triad_gbps},
+                  {"bf16_gflops", peaks.bf16_gflops},
+                  {"f32_gflops", peaks.f32_gflops},
+                  {"threads", peaks.threads}};
   j["results"] = nlohmann::json::array();
   for (const auto& r : results) {
-    j["results"].push_back({{"kernel", r.kernel}, {"weight_dtype", r.weight_dtype}, {"path", r.path}, {"m", r.m},
-                            {"n", r.n}, {"k", r.k}, {"groups", r.groups}, {"seconds", r.seconds}, {"gbps", r.gbps},
-                            {"gflops", r.gflops}, {"roofline_fraction", r.roofline_fraction}});
+    j["results"].push_back({{"kernel", r.kernel},
+                            {"weight_dtype", r.weight_dtype},
+                            {"path", r.path},
+                            {"m", r.m},
+                            {"n", r.n},
+                            {"k", r.k},
+                            {"groups", r.groups},
+                            {"seconds", r.seconds},
+                            {"gbps", r.gbps},
+                            {"gflops", r.gflops},
+                            {"roofline_fraction", r.roofline_fraction}});
   }
   return j.dump(1) + "\n";
 }
 
-std::string KernelResultsTable(const MachinePeaks& peaks, const std::vector<KernelResult>& results) {
+std::string KernelResultsTable(const MachinePeaks& peaks,
+                               const std::vector<KernelResult>& results) {
   std::string out = fmt::format(
-      "machine: read {:.1f} GB/s, triad {:.1f} GB/s, bf16 {:.1f} GFLOP/s, f32 {:.1f} GFLOP/s, {} threads\n\n",
+      "machine: read {:.1f} GB/s, triad {:.1f} GB/s, bf16 {:.1f} GFLOP/s, f32 {:.1f} GFLOP/s, {} "
+      "threads\n\n",
       peaks.read_gbps, peaks.triad_gbps, peaks.bf16_gflops, peaks.f32_gflops, peaks.threads);
-  out += fmt::format("{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10} {:>8} {:>9} {:>9}\n", "kernel", "dtype", "path",
-                     "m", "n", "k", "groups", "µs", "GB/s", "GFLOP/s", "roofline");
+  out += fmt::format("{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10} {:>8} {:>9} {:>9}\n",
+                     "kernel", "dtype", "path", "m", "n", "k", "groups", "µs", "GB/s", "GFLOP/s",
+                     "roofline");
   for (const auto& r : results) {
-    out += fmt::format("{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10.1f} {:>8.2f} {:>9.2f} {:>8.0f}%\n", r.kernel,
-                       r.weight_dtype, r.path, r.m, r.n, r.k, r.groups, r.seconds * 1e6, r.gbps, r.gflops,
-                       r.roofline_fraction * 100);
+    out += fmt::format(
+        "{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10.1f} {:>8.2f} {:>9.2f} {:>8.0f}%\n",
+        r.kernel, r.weight_dtype, r.path, r.m, r.n, r.k, r.groups, r.seconds * 1e6, r.gbps,
+        r.gflops, r.roofline_fraction * 100);
   }
   return out;
 }

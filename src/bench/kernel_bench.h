@@ -15,7 +15,7 @@ struct KernelResult {
   std::string weight_dtype;  // fp8, bf16 (mla_decode: the cache's)
   std::string path;          // which implementation ran (panel-f32, avx512-bf16, flash-decode)
   int64_t m = 0, n = 0, k = 0, groups = 1;
-  double seconds = 0;        // median of the repetitions
+  double seconds = 0;  // median of the repetitions
   double bytes = 0, flops = 0;
   double gbps = 0, gflops = 0;
   double roofline_fraction = 0;
@@ -27,7 +27,8 @@ struct KernelBenchOptions {
   int64_t stream_bytes = 1ll << 30;  // weights cycled per shape: 4× even a 260 MB last-level cache
 };
 
-std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks, const KernelBenchOptions& options);
+std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
+                                       const KernelBenchOptions& options);
 
 // Completes gbps, gflops and roofline_fraction from seconds, bytes and flops.
 void Score(KernelResult& result, const MachinePeaks& peaks, double peak_gflops);

@@ -36,7 +36,8 @@ DecoderLayerWeights RandomMoeLayer(const ModelConfig& c, int ep) {
   a.kv_a_proj_with_mqa = RandomPackedMatrix(DType::kF8E4M3, c.latent_cache_width(), D, 3);
   a.kv_a_layernorm.assign(static_cast<size_t>(c.kv_lora_rank), 1.0f);
   for (int64_t h = 0; h < H; ++h) {  // the absorbed per-head matrices, as PackWeights makes them
-    a.w_uk_t.push_back(RandomPackedMatrix(DType::kF32, c.kv_lora_rank, c.qk_nope_head_dim, 100 + h));
+    a.w_uk_t.push_back(
+        RandomPackedMatrix(DType::kF32, c.kv_lora_rank, c.qk_nope_head_dim, 100 + h));
     a.w_uv.push_back(RandomPackedMatrix(DType::kF32, c.v_head_dim, c.kv_lora_rank, 400 + h));
   }
   a.o_proj = RandomPackedMatrix(DType::kF8E4M3, D, H * c.v_head_dim, 4);
@@ -66,7 +67,8 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
 
   // A latent cache holding kv_len rows for each of the largest batch's requests.
   const int64_t max_batch = *std::max_element(options.batches.begin(), options.batches.end());
-  const int64_t max_query = *std::max_element(options.query_lengths.begin(), options.query_lengths.end());
+  const int64_t max_query =
+      *std::max_element(options.query_lengths.begin(), options.query_lengths.end());
   const int64_t page = 64, per_request = (options.kv_len + max_query + page - 1) / page;
   LatentCache cache(1, c.latent_cache_width(), page, max_batch * per_request, DType::kBF16);
   std::vector<SequenceCache> sequences(static_cast<size_t>(max_batch));
@@ -76,7 +78,8 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
   for (auto& s : sequences) {
     (void)cache.Reserve(s, options.kv_len);
     for (int64_t p = 0; p < options.kv_len; ++p) {
-      for (size_t i = 0; i < row.size(); i += 37) row[i] = normal(rng);  // varied, cheaply
+      for (size_t i = 0; i < row.size(); i += 37)
+        row[i] = normal(rng);  // varied, cheaply
       cache.Write(0, s, p, row.data());
     }
   }
@@ -90,47 +93,59 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
       std::vector<int64_t> positions;
       for (int64_t b = 0; b < batch; ++b) {
         step.Add(ids.data(), q, &sequences[b]);
-        for (int64_t i = 0; i < q; ++i) positions.push_back(options.kv_len + i);
+        for (int64_t i = 0; i < q; ++i)
+          positions.push_back(options.kv_len + i);
       }
-      std::vector<float> hidden(static_cast<size_t>(T * D)), normed(hidden.size()), delta(hidden.size());
-      for (float& v : hidden) v = normal(rng);
+      std::vector<float> hidden(static_cast<size_t>(T * D)), normed(hidden.size()),
+          delta(hidden.size());
+      for (float& v : hidden)
+        v = normal(rng);
       std::vector<StageTimes> runs;
       std::vector<double> totals;
       double active = 0;
       for (int r = 0; r <= options.repetitions; ++r) {  // run 0 warms up
-        for (int64_t b = 0; b < batch; ++b) (void)cache.Reserve(sequences[b], options.kv_len + q);
+        for (int64_t b = 0; b < batch; ++b)
+          (void)cache.Reserve(sequences[b], options.kv_len + q);
         StageTimes times;
         CurrentStageTimes() = &times;
         const double start = NowSeconds();
-        kernels::RmsNorm(hidden.data(), T, D, layer.self_attn.input_layernorm.data(), 1e-6f, normed.data());
-        MlaForward(c, rope, layer.self_attn, 0, step, positions, cache, AttentionForm::kAuto, normed.data(),
-                   delta.data());
-        for (size_t i = 0; i < hidden.size(); ++i) delta[i] += hidden[i];
-        kernels::RmsNorm(delta.data(), T, D, layer.post_attention_layernorm.data(), 1e-6f, normed.data());
+        kernels::RmsNorm(hidden.data(), T, D, layer.self_attn.input_layernorm.data(), 1e-6f,
+                         normed.data());
+        MlaForward(c, rope, layer.self_attn, 0, step, positions, cache, AttentionForm::kAuto,
+                   normed.data(), delta.data());
+        for (size_t i = 0; i < hidden.size(); ++i)
+          delta[i] += hidden[i];
+        kernels::RmsNorm(delta.data(), T, D, layer.post_attention_layernorm.data(), 1e-6f,
+                         normed.data());
         ExpertRouting routing = RouteTokens(c, layer.moe, normed.data(), T);
         {
           // This rank's share of the layer: the routed slots land on its own experts, as the
           // dispatch from all EP ranks delivers them on average (tokens × top-k per rank).
           ScopedStage router(Stage::kRouter);
-          for (int32_t& e : routing.expert_ids) e %= static_cast<int32_t>(local_experts);
+          for (int32_t& e : routing.expert_ids)
+            e %= static_cast<int32_t>(local_experts);
           SortByExpert(routing, c.n_routed_experts);
         }
-        std::vector<float> expert_rows(static_cast<size_t>(T * routing.top_k * D)), shared(hidden.size());
+        std::vector<float> expert_rows(static_cast<size_t>(T * routing.top_k * D)),
+            shared(hidden.size());
         RunExperts(layer.moe, routing, normed.data(), D, expert_rows.data());
         FeedForward(layer.moe.shared_experts, normed.data(), T, shared.data());
         FinalizeRouting(routing, expert_rows.data(), shared.data(), D, delta.data());
         const double total = NowSeconds() - start;
         CurrentStageTimes() = nullptr;
         double staged = 0;
-        for (double s : times.seconds) staged += s;
+        for (double s : times.seconds)
+          staged += s;
         times[Stage::kOther] = total - staged;
         if (r > 0) {
           runs.push_back(times);
           totals.push_back(total);
         }
         active = 0;
-        for (int64_t e = 0; e < local_experts; ++e) active += routing.expert_offsets[e + 1] > routing.expert_offsets[e];
-        for (int64_t b = 0; b < batch; ++b) cache.Truncate(sequences[b], options.kv_len);
+        for (int64_t e = 0; e < local_experts; ++e)
+          active += routing.expert_offsets[e + 1] > routing.expert_offsets[e];
+        for (int64_t b = 0; b < batch; ++b)
+          cache.Truncate(sequences[b], options.kv_len);
       }
       LayerResult result;
       result.batch = batch;
@@ -139,7 +154,8 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
       result.experts_active = active;
       for (size_t s = 0; s < result.stages.seconds.size(); ++s) {
         std::vector<double> values;
-        for (const auto& run : runs) values.push_back(run.seconds[s]);
+        for (const auto& run : runs)
+          values.push_back(run.seconds[s]);
         result.stages.seconds[s] = Median(values);
       }
       results.push_back(result);
@@ -148,31 +164,38 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
   return results;
 }
 
-std::string LayerResultsTable(const LayerBenchOptions& options, const std::vector<LayerResult>& results) {
+std::string LayerResultsTable(const LayerBenchOptions& options,
+                              const std::vector<LayerResult>& results) {
   std::string out = fmt::format(
-      "DeepSeek-V3 MoE layer, EP{} rank ({} local experts), KV {} tokens per request, bf16 latent cache; µs\n",
+      "DeepSeek-V3 MoE layer, EP{} rank ({} local experts), KV {} tokens per request, bf16 latent "
+      "cache; µs\n",
       options.ep, 256 / options.ep, options.kv_len);
-  out += fmt::format("{:>6} {:>3} {:>10} {:>10} {:>12} {:>9} {:>9} {:>10} {:>8}\n", "batch", "q", "attention", "gemm",
-                     "grouped", "router", "other", "total", "experts");
+  out += fmt::format("{:>6} {:>3} {:>10} {:>10} {:>12} {:>9} {:>9} {:>10} {:>8}\n", "batch", "q",
+                     "attention", "gemm", "grouped", "router", "other", "total", "experts");
   for (const auto& r : results)
-    out += fmt::format("{:>6} {:>3} {:>10.0f} {:>10.0f} {:>12.0f} {:>9.0f} {:>9.0f} {:>10.0f} {:>8.0f}\n", r.batch,
-                       r.query_len, r.stages[Stage::kAttention] * 1e6, r.stages[Stage::kGemm] * 1e6,
-                       r.stages[Stage::kGroupedGemm] * 1e6, r.stages[Stage::kRouter] * 1e6,
-                       r.stages[Stage::kOther] * 1e6, r.total * 1e6, r.experts_active);
+    out += fmt::format(
+        "{:>6} {:>3} {:>10.0f} {:>10.0f} {:>12.0f} {:>9.0f} {:>9.0f} {:>10.0f} {:>8.0f}\n", r.batch,
+        r.query_len, r.stages[Stage::kAttention] * 1e6, r.stages[Stage::kGemm] * 1e6,
+        r.stages[Stage::kGroupedGemm] * 1e6, r.stages[Stage::kRouter] * 1e6,
+        r.stages[Stage::kOther] * 1e6, r.total * 1e6, r.experts_active);
   return out;
 }
 
-std::string LayerResultsJson(const LayerBenchOptions& options, const std::vector<LayerResult>& results) {
+std::string LayerResultsJson(const LayerBenchOptions& options,
+                             const std::vector<LayerResult>& results) {
   nlohmann::json j;
   j["ep"] = options.ep;
   j["kv_len"] = options.kv_len;
   j["results"] = nlohmann::json::array();
   for (const auto& r : results)
-    j["results"].push_back({{"batch", r.batch}, {"query_len", r.query_len}, {"total_us", r.total * 1e6},
+    j["results"].push_back({{"batch", r.batch},
+                            {"query_len", r.query_len},
+                            {"total_us", r.total * 1e6},
                             {"attention_us", r.stages[Stage::kAttention] * 1e6},
                             {"gemm_us", r.stages[Stage::kGemm] * 1e6},
                             {"grouped_gemm_us", r.stages[Stage::kGroupedGemm] * 1e6},
-                            {"router_us", r.stages[Stage::kRouter] * 1e6}, {"other_us", r.stages[Stage::kOther] * 1e6},
+                            {"router_us", r.stages[Stage::kRouter] * 1e6},
+                            {"other_us", r.stages[Stage::kOther] * 1e6},
                             {"experts_active", r.experts_active}});
   return j.dump(1) + "\n";
 }

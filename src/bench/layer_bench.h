@@ -23,13 +23,15 @@ struct LayerBenchOptions {
 struct LayerResult {
   int64_t batch = 0;
   int64_t query_len = 0;
-  StageTimes stages;       // median per stage, seconds
-  double total = 0;        // median of the whole layer, seconds
+  StageTimes stages;  // median per stage, seconds
+  double total = 0;   // median of the whole layer, seconds
   double experts_active = 0;
 };
 
 std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options);
-std::string LayerResultsTable(const LayerBenchOptions& options, const std::vector<LayerResult>& results);
-std::string LayerResultsJson(const LayerBenchOptions& options, const std::vector<LayerResult>& results);
+std::string LayerResultsTable(const LayerBenchOptions& options,
+                              const std::vector<LayerResult>& results);
+std::string LayerResultsJson(const LayerBenchOptions& options,
+                             const std::vector<LayerResult>& results);
 
 }  // namespace sy::bench

@@ -43,23 +43,29 @@ void TriadImpl(float* a, const float* b, const float* c, float s, size_t count) 
   const hn::ScalableTag<float> df;
   const size_t N = hn::Lanes(df);
   const auto scale = hn::Set(df, s);
-  for (size_t i = 0; i + N <= count; i += N) hn::Stream(hn::MulAdd(scale, hn::Load(df, c + i), hn::Load(df, b + i)), df, a + i);
+  for (size_t i = 0; i + N <= count; i += N)
+    hn::Stream(hn::MulAdd(scale, hn::Load(df, c + i), hn::Load(df, b + i)), df, a + i);
 }
 
 // `iterations` × 16 independent FMA chains; returns a value so the work is not discarded.
 float FmaLoopImpl(int64_t iterations) {
   const hn::ScalableTag<float> df;
   hn::Vec<decltype(df)> acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = hn::Set(df, 1.0f + i * 1e-3f);
+  for (int i = 0; i < 16; ++i)
+    acc[i] = hn::Set(df, 1.0f + i * 1e-3f);
   const auto m = hn::Set(df, 0.999999f), a = hn::Set(df, 1e-7f);
   for (int64_t it = 0; it < iterations; ++it)
-    for (int i = 0; i < 16; ++i) acc[i] = hn::MulAdd(acc[i], m, a);
+    for (int i = 0; i < 16; ++i)
+      acc[i] = hn::MulAdd(acc[i], m, a);
   auto total = acc[0];
-  for (int i = 1; i < 16; ++i) total = hn::Add(total, acc[i]);
+  for (int i = 1; i < 16; ++i)
+    total = hn::Add(total, acc[i]);
   return hn::GetLane(total);
 }
 
-size_t FloatLanesImpl() { return hn::Lanes(hn::ScalableTag<float>()); }
+size_t FloatLanesImpl() {
+  return hn::Lanes(hn::ScalableTag<float>());
+}
 
 }  // namespace sy::bench::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -77,13 +83,16 @@ HWY_EXPORT(FloatLanesImpl);
 // 16 independent VDPBF16PS chains: 16 lanes × 2 products × 2 flops = 64 flops each.
 __attribute__((target("avx512f,avx512bf16"))) float Bf16LoopAvx512(int64_t iterations) {
   __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  for (int i = 0; i < 16; ++i)
+    acc[i] = _mm512_set1_ps(static_cast<float>(i));
   const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));  // (1, 1) in bf16
   const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33803380));  // tiny
   for (int64_t it = 0; it < iterations; ++it)
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    for (int i = 0; i < 16; ++i)
+      acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
   __m512 total = acc[0];
-  for (int i = 1; i < 16; ++i) total = _mm512_add_ps(total, acc[i]);
+  for (int i = 1; i < 16; ++i)
+    total = _mm512_add_ps(total, acc[i]);
   return _mm512_reduce_add_ps(total);
 }
 #endif
@@ -98,7 +107,8 @@ double TimeOnAllThreads(const std::function<void(int)>& body) {
   ThreadPool& pool = ThreadPool::Global();
   const double start = NowSeconds();
   pool.ParallelFor(static_cast<size_t>(pool.size()), [&](size_t begin, size_t end) {
-    for (size_t t = begin; t < end; ++t) body(static_cast<int>(t));
+    for (size_t t = begin; t < end; ++t)
+      body(static_cast<int>(t));
   });
   return NowSeconds() - start;
 }
@@ -116,7 +126,8 @@ MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions) {
     float* p = static_cast<float*>(std::aligned_alloc(64, floats * sizeof(float)));
     // First touch on every thread's own slice (NUMA-friendly), with non-zero data.
     pool.ParallelFor(floats, [&](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i) p[i] = 1.0f;
+      for (size_t i = begin; i < end; ++i)
+        p[i] = 1.0f;
     });
     return p;
   };
@@ -143,7 +154,8 @@ MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions) {
   const int64_t iterations = 20'000'000;
   const double lanes = static_cast<double>(HWY_DYNAMIC_DISPATCH(FloatLanesImpl)());
   for (int r = 0; r < repetitions; ++r) {
-    double seconds = TimeOnAllThreads([&](int) { g_sink = HWY_DYNAMIC_DISPATCH(FmaLoopImpl)(iterations); });
+    double seconds =
+        TimeOnAllThreads([&](int) { g_sink = HWY_DYNAMIC_DISPATCH(FmaLoopImpl)(iterations); });
     f32.push_back(iterations * 16.0 * lanes * 2 * threads / seconds / 1e9);
 #if defined(__x86_64__)
     if (kernels::HasAvx512Bf16()) {

@@ -19,5 +19,4 @@ struct MachinePeaks {
 // buffer_bytes: per array; at least 8× the LLC. repetitions: odd, for a clean median.
 MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions);
 
-
 }  // namespace sy::bench

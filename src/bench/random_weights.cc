@@ -21,14 +21,17 @@ Matrix RandomPackedMatrix(DType dtype, int64_t rows, int64_t cols, uint64_t seed
     for (size_t b = 0; b < 8 && i + b < bytes->size(); ++b) {
       uint8_t value = static_cast<uint8_t>(word >> (8 * b));
       // fp8: keep clear of NaN (0x7f, 0xff) and of huge values; bf16: a modest exponent.
-      if (dtype == DType::kF8E4M3) value = static_cast<uint8_t>((value & 0x80) | ((value & 0x7f) % 0x60));
-      if (dtype == DType::kBF16 && (i + b) % 2 == 1) value = static_cast<uint8_t>((value & 0x80) | 0x3c | (value & 1));
+      if (dtype == DType::kF8E4M3)
+        value = static_cast<uint8_t>((value & 0x80) | ((value & 0x7f) % 0x60));
+      if (dtype == DType::kBF16 && (i + b) % 2 == 1)
+        value = static_cast<uint8_t>((value & 0x80) | 0x3c | (value & 1));
       (*bytes)[i + b] = value;
     }
   }
   if (dtype == DType::kF32) {  // small uniform values
     float* values = reinterpret_cast<float*>(bytes->data());
-    for (size_t i = 0; i < count; ++i) values[i] = static_cast<float>(next() >> 40) / 16777216.0f * 0.1f - 0.05f;
+    for (size_t i = 0; i < count; ++i)
+      values[i] = static_cast<float>(next() >> 40) / 16777216.0f * 0.1f - 0.05f;
   }
   Matrix m;
   m.dtype = dtype;

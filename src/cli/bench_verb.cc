@@ -26,7 +26,9 @@ void RunBenchKernels(const BenchKernelsArgs& args) {
   options.quick = args.quick;
   options.repetitions = args.repetitions;
   auto results = bench::BenchKernels(peaks, options);
-  std::fputs((args.json ? bench::KernelResultsJson(peaks, results) : bench::KernelResultsTable(peaks, results)).c_str(),
+  std::fputs((args.json ? bench::KernelResultsJson(peaks, results)
+                        : bench::KernelResultsTable(peaks, results))
+                 .c_str(),
              stdout);
 }
 
@@ -36,10 +38,12 @@ void AddBenchVerb(CLI::App& app) {
   CLI::App* verb = app.add_subcommand("bench", "Benchmarks against the machine's measured peaks");
   verb->require_subcommand(1);
   auto kernels = std::make_shared<BenchKernelsArgs>();
-  CLI::App* k = verb->add_subcommand("kernels", "Kernels at DeepSeek-V3 shapes: bandwidth, FLOP/s, roofline fraction");
+  CLI::App* k = verb->add_subcommand(
+      "kernels", "Kernels at DeepSeek-V3 shapes: bandwidth, FLOP/s, roofline fraction");
   k->add_flag("--quick", kernels->quick, "Fewer shapes and repetitions (under two minutes)");
   k->add_flag("--json", kernels->json, "Print one JSON object");
-  k->add_option("--repetitions", kernels->repetitions, "Timed repetitions per result (median reported)")
+  k->add_option("--repetitions", kernels->repetitions,
+                "Timed repetitions per result (median reported)")
       ->check(CLI::Range(1, 101));
   k->callback([kernels] { RunBenchKernels(*kernels); });
   AddBenchLayerCommand(*verb);
@@ -63,17 +67,24 @@ struct BenchLayerArgs {
 
 void AddBenchLayerCommand(CLI::App& bench_app) {
   auto args = std::make_shared<BenchLayerArgs>();
-  CLI::App* l = bench_app.add_subcommand("layer", "One DeepSeek-V3 MoE layer of one EP rank, stage by stage");
-  l->add_option("--ep", args->options.ep, "EP size: this rank holds 256/EP routed experts")->check(CLI::IsMember({1, 2, 4, 8, 16, 32, 64, 128, 256}));
+  CLI::App* l =
+      bench_app.add_subcommand("layer", "One DeepSeek-V3 MoE layer of one EP rank, stage by stage");
+  l->add_option("--ep", args->options.ep, "EP size: this rank holds 256/EP routed experts")
+      ->check(CLI::IsMember({1, 2, 4, 8, 16, 32, 64, 128, 256}));
   l->add_option("--batches", args->options.batches, "Batches per rank")->delimiter(',');
-  l->add_option("--query-len", args->options.query_lengths, "Query lengths (1, or 2 with MTP)")->delimiter(',');
-  l->add_option("--kv-len", args->options.kv_len, "Cached tokens per request")->check(CLI::PositiveNumber);
-  l->add_option("--repetitions", args->options.repetitions, "Timed runs (median)")->check(CLI::Range(1, 101));
+  l->add_option("--query-len", args->options.query_lengths, "Query lengths (1, or 2 with MTP)")
+      ->delimiter(',');
+  l->add_option("--kv-len", args->options.kv_len, "Cached tokens per request")
+      ->check(CLI::PositiveNumber);
+  l->add_option("--repetitions", args->options.repetitions, "Timed runs (median)")
+      ->check(CLI::Range(1, 101));
   l->add_flag("--json", args->json, "Print JSON");
   l->callback([args] {
     auto results = bench::BenchLayer(args->options);
     std::fputs((args->json ? bench::LayerResultsJson(args->options, results)
-                           : bench::LayerResultsTable(args->options, results)).c_str(), stdout);
+                           : bench::LayerResultsTable(args->options, results))
+                   .c_str(),
+               stdout);
   });
 }
 
@@ -83,11 +94,14 @@ void AddBenchDecodeCommand(CLI::App& bench_app) {
     bench::DecodeBenchOptions options;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* d = bench_app.add_subcommand("decode", "End-to-end decode tok/s next to the memory-bandwidth bound");
+  CLI::App* d = bench_app.add_subcommand(
+      "decode", "End-to-end decode tok/s next to the memory-bandwidth bound");
   d->add_option("--model", args->model, "Checkpoint directory")->required();
   d->add_option("--batches", args->options.batches, "Batches")->delimiter(',');
-  d->add_option("--steps", args->options.steps, "Timed decode steps per batch")->check(CLI::PositiveNumber);
-  d->add_option("--prompt-len", args->options.prompt_len, "Prompt tokens per sequence")->check(CLI::PositiveNumber);
+  d->add_option("--steps", args->options.steps, "Timed decode steps per batch")
+      ->check(CLI::PositiveNumber);
+  d->add_option("--prompt-len", args->options.prompt_len, "Prompt tokens per sequence")
+      ->check(CLI::PositiveNumber);
   d->callback([args] {
     bench::MachinePeaks peaks = bench::MeasureMachine(1ll << 30, 3);
     auto results = bench::BenchDecode(args->model, peaks, args->options);

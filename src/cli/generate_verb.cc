@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "base/clock.h"
 #include <cstring>
+#include "base/clock.h"
 
 #include "cli/common.h"
 #include "cli/parallel_setup.h"
@@ -39,13 +39,16 @@ void RunGenerate(const GenerateArgs& args) {
   for (size_t s = 0; s < count; ++s)
     for (size_t i = 0; i < prompts[s].size(); ++i)
       if (prompts[s][i] >= vocab)
-        FailEverywhere(comm, fmt::format("--prompt-tokens: sequence {}, position {}: token id {} is outside [0, {})", s,
-                                         i, prompts[s][i], vocab));
+        FailEverywhere(
+            comm,
+            fmt::format("--prompt-tokens: sequence {}, position {}: token id {} is outside [0, {})",
+                        s, i, prompts[s][i], vocab));
 
   int64_t capacity = 0;
   for (size_t s = 0; s < count; ++s)
     if (run.Owns(s)) capacity += static_cast<int64_t>(prompts[s].size()) + args.max_tokens;
-  LatentCache cache = model.NewCache(capacity, static_cast<int64_t>(count), KvDTypeOrFail(args.kv_dtype));
+  LatentCache cache =
+      model.NewCache(capacity, static_cast<int64_t>(count), KvDTypeOrFail(args.kv_dtype));
   std::vector<SequenceCache> caches(count);
   std::vector<std::vector<int32_t>> generated(count);
   ForwardOptions options = run.Options();
@@ -64,8 +67,10 @@ void RunGenerate(const GenerateArgs& args) {
     prefill.Add(prompts[s].data(), static_cast<int64_t>(prompts[s].size()), &caches[s]);
     members.push_back(s);
   }
-  if (args.max_tokens > 0) forward(prefill);
-  else members.clear();
+  if (args.max_tokens > 0)
+    forward(prefill);
+  else
+    members.clear();
   const double prefill_done = NowSeconds();
   int64_t decode_steps = 0, decoded_tokens = 0;
   while (true) {
@@ -96,7 +101,8 @@ void RunGenerate(const GenerateArgs& args) {
   for (size_t s = 0; s < count; ++s) {
     if (!run.Owns(s)) continue;
     const int32_t header[2] = {static_cast<int32_t>(s), static_cast<int32_t>(generated[s].size())};
-    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(header), reinterpret_cast<const uint8_t*>(header) + 8);
+    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(header),
+                reinterpret_cast<const uint8_t*>(header) + 8);
     mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(generated[s].data()),
                 reinterpret_cast<const uint8_t*>(generated[s].data() + generated[s].size()));
   }
@@ -115,16 +121,20 @@ void RunGenerate(const GenerateArgs& args) {
   int64_t total_generated = 0;
   for (size_t s = 0; s < count; ++s) {
     std::printf("sequence %zu:", s);
-    for (int32_t token : ordered[s]) std::printf(" %d", token);
+    for (int32_t token : ordered[s])
+      std::printf(" %d", token);
     std::printf("\n");
     total_generated += static_cast<int64_t>(ordered[s].size());
   }
   const double decode_seconds = end - prefill_done;
-  std::printf("generated %lld tokens for %zu sequences in %.3f s: %.1f tok/s overall; prefill %.3f s; decode %.1f "
-              "tok/s over %lld steps on %d rank(s)\n",
-              static_cast<long long>(total_generated), count, end - start,
-              total_generated / std::max(end - start, 1e-9), prefill_done - start,
-              total_decoded / std::max(decode_seconds, 1e-9), static_cast<long long>(decode_steps), comm.size());
+  std::printf(
+      "generated %lld tokens for %zu sequences in %.3f s: %.1f tok/s overall; prefill %.3f s; "
+      "decode %.1f "
+      "tok/s over %lld steps on %d rank(s)\n",
+      static_cast<long long>(total_generated), count, end - start,
+      total_generated / std::max(end - start, 1e-9), prefill_done - start,
+      total_decoded / std::max(decode_seconds, 1e-9), static_cast<long long>(decode_steps),
+      comm.size());
 }
 
 }  // namespace
@@ -133,10 +143,15 @@ void AddGenerateVerb(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* verb = app.add_subcommand("generate", "Greedy decoding of token prompts, batched");
   verb->add_option("--model", args->model, "Checkpoint directory")->required();
-  verb->add_option("--prompt-tokens", args->prompt_tokens, "Prompt token ids: '1,2,3;4,5' is two prompts")->required();
-  verb->add_option("--max-tokens", args->max_tokens, "Tokens to generate per prompt")->check(CLI::NonNegativeNumber);
-  verb->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past the end-of-sequence token");
-  verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")->check(CLI::IsMember({"bf16", "f32"}));
+  verb->add_option("--prompt-tokens", args->prompt_tokens,
+                   "Prompt token ids: '1,2,3;4,5' is two prompts")
+      ->required();
+  verb->add_option("--max-tokens", args->max_tokens, "Tokens to generate per prompt")
+      ->check(CLI::NonNegativeNumber);
+  verb->add_flag("--ignore-eos", args->ignore_eos,
+                 "Keep generating past the end-of-sequence token");
+  verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")
+      ->check(CLI::IsMember({"bf16", "f32"}));
   AddParallelOptions(verb, args->parallel);
   verb->callback([args] { RunGenerate(*args); });
 }

@@ -30,7 +30,8 @@ void RunInitModel(const InitModelArgs& args) {
 
 void AddInitModelVerb(CLI::App& app) {
   auto args = std::make_shared<InitModelArgs>();
-  CLI::App* verb = app.add_subcommand("init-model", "Write the embedded default model, deterministically");
+  CLI::App* verb =
+      app.add_subcommand("init-model", "Write the embedded default model, deterministically");
   verb->add_option("--out", args->out, "Directory to write")->required();
   verb->add_option("--seed", args->seed, "Random seed");
   verb->add_flag("--bf16", args->bf16, "Store weights in bf16 instead of fp8 blocks");

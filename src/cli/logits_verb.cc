@@ -34,17 +34,21 @@ void RunLogits(const LogitsArgs& args) {
   for (size_t s = 0; s < sequences.size(); ++s)
     for (size_t i = 0; i < sequences[s].size(); ++i)
       if (sequences[s][i] >= vocab)
-        FailEverywhere(comm, fmt::format("--tokens: sequence {}, position {}: token id {} is outside [0, {})", s, i,
-                                         sequences[s][i], vocab));
+        FailEverywhere(
+            comm, fmt::format("--tokens: sequence {}, position {}: token id {} is outside [0, {})",
+                              s, i, sequences[s][i], vocab));
 
   ForwardOptions options = run.Options();
-  if (args.attention == "expanded") options.attention = AttentionForm::kExpanded;
-  else if (args.attention == "absorbed") options.attention = AttentionForm::kAbsorbed;
+  if (args.attention == "expanded")
+    options.attention = AttentionForm::kExpanded;
+  else if (args.attention == "absorbed")
+    options.attention = AttentionForm::kAbsorbed;
 
   int64_t local_tokens = 0;
   for (size_t s = 0; s < sequences.size(); ++s)
     if (run.Owns(s)) local_tokens += static_cast<int64_t>(sequences[s].size());
-  LatentCache cache = model.NewCache(local_tokens, static_cast<int64_t>(sequences.size()), KvDTypeOrFail(args.kv_dtype));
+  LatentCache cache = model.NewCache(local_tokens, static_cast<int64_t>(sequences.size()),
+                                     KvDTypeOrFail(args.kv_dtype));
   std::vector<SequenceCache> caches(sequences.size());
   std::vector<std::vector<float>> rows(sequences.size());  // this rank's sequences only
   std::vector<float> logits;
@@ -65,7 +69,8 @@ void RunLogits(const LogitsArgs& args) {
   std::vector<size_t> members;
   for (size_t s = 0; s < sequences.size(); ++s) {
     if (!run.Owns(s)) continue;
-    const int64_t count = std::min<int64_t>(prefill_until, static_cast<int64_t>(sequences[s].size()));
+    const int64_t count =
+        std::min<int64_t>(prefill_until, static_cast<int64_t>(sequences[s].size()));
     if (count == 0) continue;
     prefill.Add(sequences[s].data(), count, &caches[s]);
     members.push_back(s);
@@ -91,7 +96,8 @@ void RunLogits(const LogitsArgs& args) {
   for (size_t s = 0; s < sequences.size(); ++s) {
     if (!run.Owns(s)) continue;
     const int64_t header[2] = {static_cast<int64_t>(s), static_cast<int64_t>(rows[s].size())};
-    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(header), reinterpret_cast<const uint8_t*>(header) + 16);
+    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(header),
+                reinterpret_cast<const uint8_t*>(header) + 16);
     mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(rows[s].data()),
                 reinterpret_cast<const uint8_t*>(rows[s].data() + rows[s].size()));
   }
@@ -123,15 +129,22 @@ void RunLogits(const LogitsArgs& args) {
 
 void AddLogitsVerb(CLI::App& app) {
   auto args = std::make_shared<LogitsArgs>();
-  CLI::App* verb = app.add_subcommand("logits", "Write float32 logits [rows x vocab] for token sequences");
-  verb->add_option("--model", args->model, "Checkpoint directory (config.json + safetensors)")->required();
+  CLI::App* verb =
+      app.add_subcommand("logits", "Write float32 logits [rows x vocab] for token sequences");
+  verb->add_option("--model", args->model, "Checkpoint directory (config.json + safetensors)")
+      ->required();
   verb->add_option("--tokens", args->tokens, "Token ids: '1,2,3;4,5' is two sequences")->required();
-  verb->add_option("--out", args->out, "Output file: little-endian f32, one row per position")->required();
+  verb->add_option("--out", args->out, "Output file: little-endian f32, one row per position")
+      ->required();
   verb->add_option("--decode-from", args->decode_from,
                    "Prefill positions [0, K), then decode every later position one token per step")
       ->check(CLI::NonNegativeNumber);
-  verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype (f32 keeps the reference's arithmetic; bf16 as deployed)")->check(CLI::IsMember({"bf16", "f32"}));
-  verb->add_option("--attention", args->attention, "MLA form: auto (expanded for prefill, absorbed for decode), expanded or absorbed")
+  verb->add_option("--kv-dtype", args->kv_dtype,
+                   "Latent cache dtype (f32 keeps the reference's arithmetic; bf16 as deployed)")
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  verb->add_option(
+          "--attention", args->attention,
+          "MLA form: auto (expanded for prefill, absorbed for decode), expanded or absorbed")
       ->check(CLI::IsMember({"auto", "expanded", "absorbed"}));
   AddParallelOptions(verb, args->parallel);
   verb->callback([args] { RunLogits(*args); });

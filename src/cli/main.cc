@@ -7,10 +7,12 @@
 
 int main(int argc, char** argv) {
   sy::KeepFreedMemoryInHeap();
-  CLI::App app{"switchyard: a wide-expert-parallel inference engine for DeepSeek-V3-class MoE models"};
+  CLI::App app{
+      "switchyard: a wide-expert-parallel inference engine for DeepSeek-V3-class MoE models"};
   app.require_subcommand(1);
   int threads = 0;
-  app.add_option("--threads", threads, "Worker threads (0: one per core)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads, "Worker threads (0: one per core)")
+      ->check(CLI::NonNegativeNumber);
   app.parse_complete_callback([&] { sy::ThreadPool::ConfigureGlobal(threads); });
   sy::AddLogitsVerb(app);
   sy::AddGenerateVerb(app);

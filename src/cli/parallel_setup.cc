@@ -21,7 +21,9 @@ void FailEverywhere(Communicator& comm, const std::string& message) {
 void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
   verb->add_option("--wire-dtype", args.wire_dtype, "Row format between expert-parallel ranks")
       ->check(CLI::IsMember({"bf16", "f32"}));
-  verb->add_option("--overlap", args.overlap, "Communication overlap: none, or dispatch (shared expert between dispatch send and receive)")
+  verb->add_option("--overlap", args.overlap,
+                   "Communication overlap: none, or dispatch (shared expert between dispatch send "
+                   "and receive)")
       ->check(CLI::IsMember({"none", "dispatch"}));
 }
 
@@ -44,7 +46,8 @@ ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args)
   std::string reason = config.ok() ? "" : config.status().message();
   if (config.ok() && ranks > 1 && config.value().n_routed_experts % ranks != 0) {
     local_ok = 0;
-    reason = fmt::format("{} routed experts cannot be spread evenly over {} ranks", config.value().n_routed_experts, ranks);
+    reason = fmt::format("{} routed experts cannot be spread evenly over {} ranks",
+                         config.value().n_routed_experts, ranks);
   }
   WeightLoadOptions options;
   if (local_ok && ranks > 1) {
@@ -69,18 +72,21 @@ ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args)
     comm.Abort(local_ok ? "a peer rank failed to load the model" : reason, 1);
   // Same checkpoint and flags everywhere: compare a fingerprint of what shapes the run.
   const ModelConfig& c = run.model->config();
-  const std::string fingerprint = fmt::format("{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype,
-                                              args.overlap, c.vocab_size, c.hidden_size, c.n_routed_experts, ranks);
+  const std::string fingerprint =
+      fmt::format("{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype, args.overlap,
+                  c.vocab_size, c.hidden_size, c.n_routed_experts, ranks);
   std::vector<uint8_t> mine(fingerprint.begin(), fingerprint.end());
   std::vector<uint8_t> root = comm.Broadcast(mine);
   if (comm.AllReduceMax(root == mine ? 0 : 1) != 0)
     comm.Abort(root != mine ? "this rank's checkpoint or flags differ from rank 0's"
-                            : "a peer's checkpoint or flags differ from rank 0's", 1);
-  run.moe = std::make_unique<ExpertParallelMoe>(comm, c, args.wire_dtype == "f32" ? DType::kF32 : DType::kBF16,
-                                               args.overlap == "dispatch" ? OverlapMode::kDispatch : OverlapMode::kNone);
+                            : "a peer's checkpoint or flags differ from rank 0's",
+               1);
+  run.moe = std::make_unique<ExpertParallelMoe>(
+      comm, c, args.wire_dtype == "f32" ? DType::kF32 : DType::kBF16,
+      args.overlap == "dispatch" ? OverlapMode::kDispatch : OverlapMode::kNone);
   std::fprintf(stderr, "rank %d of %d: experts [%lld, %lld), resident %.0f MB\n", rank, ranks,
-               static_cast<long long>(options.expert_begin), static_cast<long long>(options.expert_end),
-               ResidentMegabytes());
+               static_cast<long long>(options.expert_begin),
+               static_cast<long long>(options.expert_end), ResidentMegabytes());
   return run;
 }
 

@@ -29,7 +29,9 @@ struct ParallelRun {
     return options;
   }
   // Sequence s runs on rank s % size (each rank is one DP group).
-  bool Owns(size_t sequence) const { return static_cast<int>(sequence % comm->size()) == comm->rank(); }
+  bool Owns(size_t sequence) const {
+    return static_cast<int>(sequence % comm->size()) == comm->rank();
+  }
 };
 
 // Loads the model on every rank (aborting every rank, with the reason, if any rank fails) and

@@ -27,7 +27,8 @@ struct PlanArgs {
 void RunPlan(const PlanArgs& args) {
   auto config = LoadModelConfig(args.model);
   if (!config.ok()) FailVerb(config.status().message());
-  if (config.value().n_routed_experts == 0) FailVerb(args.model + ": the planner needs an MoE model");
+  if (config.value().n_routed_experts == 0)
+    FailVerb(args.model + ": the planner needs an MoE model");
   auto hardware = plan::LoadHardware(args.hardware);
   if (!hardware.ok()) FailVerb(hardware.status().message());
   plan::HardwareSpec spec = hardware.value();
@@ -37,7 +38,8 @@ void RunPlan(const PlanArgs& args) {
   }
   for (int ep : args.ep)
     if (config.value().n_routed_experts % ep != 0)
-      FailVerb(fmt::format("--ep {} does not divide the {} routed experts", ep, config.value().n_routed_experts));
+      FailVerb(fmt::format("--ep {} does not divide the {} routed experts", ep,
+                           config.value().n_routed_experts));
   plan::Workload workload{args.kv_len, args.mtp, args.acceptance};
   plan::CostModel model(config.value(), spec, workload);
   plan::SearchSpace space;
@@ -46,23 +48,31 @@ void RunPlan(const PlanArgs& args) {
   if (!args.plot.empty()) {
     std::ofstream out(args.plot);
     out << plan::PlotParetoSvg(result, spec,
-                               fmt::format("{} on {}: KV {} tokens, MTP {}", args.model, spec.name, args.kv_len, args.mtp));
+                               fmt::format("{} on {}: KV {} tokens, MTP {}", args.model, spec.name,
+                                           args.kv_len, args.mtp));
     if (!out) FailVerb(args.plot + ": cannot write");
   }
-  std::fputs((args.json ? plan::PlanToJson(result) : plan::PlanToTable(result, spec)).c_str(), stdout);
+  std::fputs((args.json ? plan::PlanToJson(result) : plan::PlanToTable(result, spec)).c_str(),
+             stdout);
 }
 
 }  // namespace
 
 void AddPlanVerb(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
-  CLI::App* verb = app.add_subcommand("plan", "Deployment planner: memory fit, roofline time model, Pareto frontier");
-  verb->add_option("--model", args->model, "config.json of the model (configs/deepseek-v3.json)")->required();
-  verb->add_option("--hardware", args->hardware, "H100, H200, B200, GB200, or a JSON spec file (docs/planner.md)");
-  verb->add_option("--calibrate", args->calibrate, "`switchyard bench kernels --json` output measured on the target machine");
-  verb->add_option("--kv-len", args->kv_len, "Context tokens per request")->check(CLI::PositiveNumber);
+  CLI::App* verb = app.add_subcommand(
+      "plan", "Deployment planner: memory fit, roofline time model, Pareto frontier");
+  verb->add_option("--model", args->model, "config.json of the model (configs/deepseek-v3.json)")
+      ->required();
+  verb->add_option("--hardware", args->hardware,
+                   "H100, H200, B200, GB200, or a JSON spec file (docs/planner.md)");
+  verb->add_option("--calibrate", args->calibrate,
+                   "`switchyard bench kernels --json` output measured on the target machine");
+  verb->add_option("--kv-len", args->kv_len, "Context tokens per request")
+      ->check(CLI::PositiveNumber);
   verb->add_option("--mtp", args->mtp, "MTP draft tokens per step")->check(CLI::Range(0, 1));
-  verb->add_option("--acceptance", args->acceptance, "Draft acceptance rate")->check(CLI::Range(0.0, 1.0));
+  verb->add_option("--acceptance", args->acceptance, "Draft acceptance rate")
+      ->check(CLI::Range(0.0, 1.0));
   verb->add_option("--ep", args->ep, "Restrict EP sizes (repeatable)")->check(CLI::PositiveNumber);
   verb->add_flag("--json", args->json, "Print JSON instead of a table");
   verb->add_option("--plot", args->plot, "Write the Pareto figure as SVG");

@@ -8,8 +8,10 @@ Result<std::vector<std::vector<int32_t>>> ParseTokenLists(const std::string& tex
                                                           const std::string& flag) {
   std::vector<std::vector<int32_t>> sequences(1);
   auto trim = [](std::string_view s) {
-    while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-    while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+    while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
+      s.remove_prefix(1);
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
+      s.remove_suffix(1);
     return s;
   };
   size_t start = 0;
@@ -30,7 +32,8 @@ Result<std::vector<std::vector<int32_t>>> ParseTokenLists(const std::string& tex
       return Status::Errorf("{}: empty entry in sequence {}", flag, sequence);
     }
     if (end < text.size() && text[end] == ';') {
-      if (sequences.back().empty()) return Status::Errorf("{}: sequence {} is empty", flag, sequence);
+      if (sequences.back().empty())
+        return Status::Errorf("{}: sequence {} is empty", flag, sequence);
       sequences.emplace_back();
     }
     start = end + 1;

@@ -12,7 +12,8 @@ using nlohmann::json;
 // Field readers: each names the field and what was wrong with it.
 class FieldReader {
  public:
-  FieldReader(const json& object, std::string source) : object_(object), source_(std::move(source)) {}
+  FieldReader(const json& object, std::string source)
+      : object_(object), source_(std::move(source)) {}
 
   Status status() const { return status_; }
 
@@ -119,24 +120,25 @@ Status Validate(const ModelConfig& c, const std::string& s) {
   SY_RETURN_IF_ERROR(Check(c.num_hidden_layers > 0, s, "num_hidden_layers", "must be positive"));
   SY_RETURN_IF_ERROR(
       Check(c.num_attention_heads > 0, s, "num_attention_heads", "must be positive"));
-  SY_RETURN_IF_ERROR(Check(c.num_key_value_heads == c.num_attention_heads, s,
-                           "num_key_value_heads", "must equal num_attention_heads for MLA"));
+  SY_RETURN_IF_ERROR(Check(c.num_key_value_heads == c.num_attention_heads, s, "num_key_value_heads",
+                           "must equal num_attention_heads for MLA"));
   SY_RETURN_IF_ERROR(Check(c.kv_lora_rank > 0, s, "kv_lora_rank", "must be positive"));
-  SY_RETURN_IF_ERROR(Check(!c.q_lora_rank || *c.q_lora_rank > 0, s, "q_lora_rank",
-                           "must be positive or null"));
+  SY_RETURN_IF_ERROR(
+      Check(!c.q_lora_rank || *c.q_lora_rank > 0, s, "q_lora_rank", "must be positive or null"));
   SY_RETURN_IF_ERROR(Check(c.qk_nope_head_dim > 0, s, "qk_nope_head_dim", "must be positive"));
   SY_RETURN_IF_ERROR(Check(c.qk_rope_head_dim > 0 && c.qk_rope_head_dim % 2 == 0, s,
                            "qk_rope_head_dim", "must be positive and even"));
   SY_RETURN_IF_ERROR(Check(c.v_head_dim > 0, s, "v_head_dim", "must be positive"));
   SY_RETURN_IF_ERROR(Check(c.rms_norm_eps > 0, s, "rms_norm_eps", "must be positive"));
   SY_RETURN_IF_ERROR(Check(c.rope_theta > 0, s, "rope_theta", "must be positive"));
-  SY_RETURN_IF_ERROR(Check(c.first_k_dense_replace >= 0, s, "first_k_dense_replace",
-                           "must not be negative"));
+  SY_RETURN_IF_ERROR(
+      Check(c.first_k_dense_replace >= 0, s, "first_k_dense_replace", "must not be negative"));
   SY_RETURN_IF_ERROR(Check(c.moe_layer_freq >= 1, s, "moe_layer_freq", "must be at least 1"));
   SY_RETURN_IF_ERROR(Check(c.num_nextn_predict_layers >= 0, s, "num_nextn_predict_layers",
                            "must not be negative"));
   bool any_dense = false;
-  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) any_dense |= !c.IsMoeLayer(layer);
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer)
+    any_dense |= !c.IsMoeLayer(layer);
   if (any_dense) {
     SY_RETURN_IF_ERROR(Check(c.intermediate_size > 0, s, "intermediate_size",
                              "must be positive (the config has dense layers)"));
@@ -144,14 +146,15 @@ Status Validate(const ModelConfig& c, const std::string& s) {
   if (c.n_routed_experts > 0) {
     SY_RETURN_IF_ERROR(
         Check(c.moe_intermediate_size > 0, s, "moe_intermediate_size", "must be positive"));
-    SY_RETURN_IF_ERROR(Check(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.n_routed_experts,
-                             s, "num_experts_per_tok", "must be in [1, n_routed_experts]"));
+    SY_RETURN_IF_ERROR(
+        Check(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.n_routed_experts, s,
+              "num_experts_per_tok", "must be in [1, n_routed_experts]"));
     SY_RETURN_IF_ERROR(Check(c.n_group >= 1 && c.n_routed_experts % c.n_group == 0, s, "n_group",
                              "must be at least 1 and divide n_routed_experts"));
     SY_RETURN_IF_ERROR(Check(c.topk_group >= 1 && c.topk_group <= c.n_group, s, "topk_group",
                              "must be in [1, n_group]"));
-    SY_RETURN_IF_ERROR(Check(c.n_shared_experts >= 0, s, "n_shared_experts",
-                             "must not be negative"));
+    SY_RETURN_IF_ERROR(
+        Check(c.n_shared_experts >= 0, s, "n_shared_experts", "must not be negative"));
     int64_t candidates = c.topk_group * (c.n_routed_experts / c.n_group);
     if (c.topk_method != TopkMethod::kGreedy) {
       SY_RETURN_IF_ERROR(Check(candidates >= c.num_experts_per_tok, s, "topk_group",
@@ -165,8 +168,7 @@ Status Validate(const ModelConfig& c, const std::string& s) {
   if (c.yarn) {
     SY_RETURN_IF_ERROR(Check(c.yarn->factor > 0, s, "rope_scaling.factor", "must be positive"));
     SY_RETURN_IF_ERROR(Check(c.yarn->original_max_position_embeddings > 0, s,
-                             "rope_scaling.original_max_position_embeddings",
-                             "must be positive"));
+                             "rope_scaling.original_max_position_embeddings", "must be positive"));
   }
   if (c.fp8_weights) {
     SY_RETURN_IF_ERROR(Check(c.weight_block_rows > 0 && c.weight_block_cols > 0, s,
@@ -229,14 +231,19 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   read.String("scoring_func", scoring);
   read.String("topk_method", topk_method);
   SY_RETURN_IF_ERROR(read.status());
-  if (scoring == "sigmoid") c.scoring_func = ScoringFunc::kSigmoid;
-  else if (scoring == "softmax") c.scoring_func = ScoringFunc::kSoftmax;
+  if (scoring == "sigmoid")
+    c.scoring_func = ScoringFunc::kSigmoid;
+  else if (scoring == "softmax")
+    c.scoring_func = ScoringFunc::kSoftmax;
   else if (!scoring.empty())
     return Status::Errorf("{}: field 'scoring_func' is '{}'; supported: sigmoid, softmax", source,
                           scoring);
-  if (topk_method == "noaux_tc") c.topk_method = TopkMethod::kNoauxTc;
-  else if (topk_method == "group_limited_greedy") c.topk_method = TopkMethod::kGroupLimitedGreedy;
-  else if (topk_method == "greedy") c.topk_method = TopkMethod::kGreedy;
+  if (topk_method == "noaux_tc")
+    c.topk_method = TopkMethod::kNoauxTc;
+  else if (topk_method == "group_limited_greedy")
+    c.topk_method = TopkMethod::kGroupLimitedGreedy;
+  else if (topk_method == "greedy")
+    c.topk_method = TopkMethod::kGreedy;
   else if (!topk_method.empty())
     return Status::Errorf(
         "{}: field 'topk_method' is '{}'; supported: noaux_tc, group_limited_greedy, greedy",
@@ -248,20 +255,27 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   if (hidden_act != "silu")
     return Status::Errorf("{}: field 'hidden_act' is '{}'; supported: silu", source, hidden_act);
   if (c.attention_bias)
-    return Status::Errorf("{}: field 'attention_bias' is true; biased attention projections are "
-                          "not supported", source);
+    return Status::Errorf(
+        "{}: field 'attention_bias' is true; biased attention projections are "
+        "not supported",
+        source);
   if (c.tie_word_embeddings)
-    return Status::Errorf("{}: field 'tie_word_embeddings' is true; DeepSeek checkpoints keep a "
-                          "separate lm_head and tied heads are not supported", source);
+    return Status::Errorf(
+        "{}: field 'tie_word_embeddings' is true; DeepSeek checkpoints keep a "
+        "separate lm_head and tied heads are not supported",
+        source);
   if (root.contains("rope_interleave") && root["rope_interleave"].is_boolean() &&
       !root["rope_interleave"].get<bool>()) {
-    return Status::Errorf("{}: field 'rope_interleave' is false; DeepSeek weights need the "
-                          "pairwise rope layout", source);
+    return Status::Errorf(
+        "{}: field 'rope_interleave' is false; DeepSeek weights need the "
+        "pairwise rope layout",
+        source);
   }
 
   auto scaling = root.find("rope_scaling");
   if (scaling != root.end() && !scaling->is_null()) {
-    if (!scaling->is_object()) return Status::Errorf("{}: field 'rope_scaling' must be an object", source);
+    if (!scaling->is_object())
+      return Status::Errorf("{}: field 'rope_scaling' must be an object", source);
     std::string type;
     FieldReader rope(*scaling, source + ": rope_scaling");
     rope.String("type", type);
@@ -297,13 +311,15 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
       return Status::Errorf("{}: field 'quantization_config.quant_method' is '{}'; supported: fp8",
                             source, method);
     if (format != "e4m3")
-      return Status::Errorf("{}: field 'quantization_config.fmt' is '{}'; supported: e4m3",
-                            source, format);
+      return Status::Errorf("{}: field 'quantization_config.fmt' is '{}'; supported: e4m3", source,
+                            format);
     auto block = quant->find("weight_block_size");
     if (block == quant->end() || !block->is_array() || block->size() != 2 ||
         !(*block)[0].is_number_integer() || !(*block)[1].is_number_integer()) {
-      return Status::Errorf("{}: field 'quantization_config.weight_block_size' must be "
-                            "[rows, cols]", source);
+      return Status::Errorf(
+          "{}: field 'quantization_config.weight_block_size' must be "
+          "[rows, cols]",
+          source);
     }
     c.fp8_weights = true;
     c.weight_block_rows = (*block)[0].get<int64_t>();
@@ -341,7 +357,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["topk_group"] = c.topk_group;
   j["routed_scaling_factor"] = c.routed_scaling_factor;
   j["scoring_func"] = c.scoring_func == ScoringFunc::kSigmoid ? "sigmoid" : "softmax";
-  j["topk_method"] = c.topk_method == TopkMethod::kNoauxTc             ? "noaux_tc"
+  j["topk_method"] = c.topk_method == TopkMethod::kNoauxTc              ? "noaux_tc"
                      : c.topk_method == TopkMethod::kGroupLimitedGreedy ? "group_limited_greedy"
                                                                         : "greedy";
   j["norm_topk_prob"] = c.norm_topk_prob;

@@ -24,7 +24,8 @@ void FeedForward(const FeedForwardWeights& w, const float* x, int64_t tokens, fl
 void SortByExpert(ExpertRouting& routing, int64_t experts) {
   // Counting sort by expert: stable, so slots of one expert stay in token order.
   routing.expert_offsets.assign(static_cast<size_t>(experts + 1), 0);
-  for (int32_t expert : routing.expert_ids) ++routing.expert_offsets[expert + 1];
+  for (int32_t expert : routing.expert_ids)
+    ++routing.expert_offsets[expert + 1];
   std::partial_sum(routing.expert_offsets.begin(), routing.expert_offsets.end(),
                    routing.expert_offsets.begin());
   std::vector<int64_t> next(routing.expert_offsets.begin(), routing.expert_offsets.end() - 1);

@@ -20,10 +20,10 @@ void FeedForward(const FeedForwardWeights& w, const float* x, int64_t tokens, fl
 struct ExpertRouting {
   int64_t tokens = 0;
   int64_t top_k = 0;
-  std::vector<int32_t> expert_ids;     // [tokens · top_k]
-  std::vector<float> weights;          // [tokens · top_k]
-  std::vector<int32_t> sorted_slots;   // [tokens · top_k] slots in expert order (stable)
-  std::vector<int64_t> expert_offsets; // [experts + 1] start of each expert in sorted_slots
+  std::vector<int32_t> expert_ids;      // [tokens · top_k]
+  std::vector<float> weights;           // [tokens · top_k]
+  std::vector<int32_t> sorted_slots;    // [tokens · top_k] slots in expert order (stable)
+  std::vector<int64_t> expert_offsets;  // [experts + 1] start of each expert in sorted_slots
 };
 
 // The counting sort of init routing: fills sorted_slots and expert_offsets from expert_ids.

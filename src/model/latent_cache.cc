@@ -7,10 +7,10 @@ namespace sy {
 LatentCache::LatentCache(int64_t layers, int64_t row_width, int64_t page_size, int64_t pages,
                          DType dtype)
     : layers_(layers), row_width_(row_width), page_size_(page_size), pages_(pages), dtype_(dtype) {
-  const size_t layer_bytes =
-      static_cast<size_t>(pages * page_size * row_width) * DTypeSize(dtype);
+  const size_t layer_bytes = static_cast<size_t>(pages * page_size * row_width) * DTypeSize(dtype);
   storage_.assign(static_cast<size_t>(layers), std::vector<uint8_t>(layer_bytes));
-  for (int64_t page = pages - 1; page >= 0; --page) free_.push_back(static_cast<int32_t>(page));
+  for (int64_t page = pages - 1; page >= 0; --page)
+    free_.push_back(static_cast<int32_t>(page));
 }
 
 Status LatentCache::Reserve(SequenceCache& sequence, int64_t length) {

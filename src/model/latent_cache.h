@@ -44,7 +44,8 @@ class LatentCache {
   void Write(int64_t layer, const SequenceCache& sequence, int64_t position, const float* row);
   // The sequence's rows of `layer` as the attention kernels read them, in place.
   kernels::LatentPages Pages(int64_t layer, const SequenceCache& sequence) const {
-    return {storage_[static_cast<size_t>(layer)].data(), dtype_, page_size_, row_width_, sequence.pages.data()};
+    return {storage_[static_cast<size_t>(layer)].data(), dtype_, page_size_, row_width_,
+            sequence.pages.data()};
   }
   // Copies rows [0, count) of `layer` into out[count, row_width] as f32.
   void Gather(int64_t layer, const SequenceCache& sequence, int64_t count, float* out) const;

@@ -37,8 +37,8 @@ Status Model::CheckBatch(const ForwardBatch& batch) const {
     if (seq.token_count <= 0) return Status::Errorf("sequence {} is empty", s);
     if (seq.cache == nullptr) return Status::Errorf("sequence {} has no cache", s);
     if (seq.token_offset != expected_offset || seq.token_offset + seq.token_count > batch.size())
-      return Status::Errorf("sequence {}: tokens [{}, {}) do not follow the previous sequence",
-                            s, seq.token_offset, seq.token_offset + seq.token_count);
+      return Status::Errorf("sequence {}: tokens [{}, {}) do not follow the previous sequence", s,
+                            seq.token_offset, seq.token_offset + seq.token_count);
     if (seq.start_position != seq.cache->length)
       return Status::Errorf("sequence {}: starts at position {} but its cache holds {} tokens", s,
                             seq.start_position, seq.cache->length);
@@ -78,17 +78,22 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
     for (int64_t i = 0; i < seq.token_count; ++i)
       positions[seq.token_offset + i] = seq.start_position + i;
 
-  std::vector<float> hidden(static_cast<size_t>(T * D)), normed(hidden.size()), delta(hidden.size());
-  for (int64_t t = 0; t < T; ++t) weights_.embed_tokens.DecodeRow(batch.tokens[t], hidden.data() + t * D);
+  std::vector<float> hidden(static_cast<size_t>(T * D)), normed(hidden.size()),
+      delta(hidden.size());
+  for (int64_t t = 0; t < T; ++t)
+    weights_.embed_tokens.DecodeRow(batch.tokens[t], hidden.data() + t * D);
 
   const float eps = static_cast<float>(c.rms_norm_eps);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const DecoderLayerWeights& layer = weights_.layers[l];
-    kernels::RmsNorm(hidden.data(), T, D, layer.self_attn.input_layernorm.data(), eps, normed.data());
+    kernels::RmsNorm(hidden.data(), T, D, layer.self_attn.input_layernorm.data(), eps,
+                     normed.data());
     MlaForward(c, rope_, layer.self_attn, l, batch, positions, cache, options.attention,
                normed.data(), delta.data());
-    for (size_t i = 0; i < hidden.size(); ++i) hidden[i] += delta[i];
-    kernels::RmsNorm(hidden.data(), T, D, layer.post_attention_layernorm.data(), eps, normed.data());
+    for (size_t i = 0; i < hidden.size(); ++i)
+      hidden[i] += delta[i];
+    kernels::RmsNorm(hidden.data(), T, D, layer.post_attention_layernorm.data(), eps,
+                     normed.data());
     if (layer.is_moe) {
       if (options.moe != nullptr) {
         options.moe->Run(c, layer.moe, l, normed.data(), T, delta.data());
@@ -98,15 +103,18 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
     } else {
       FeedForward(layer.mlp, normed.data(), T, delta.data());
     }
-    for (size_t i = 0; i < hidden.size(); ++i) hidden[i] += delta[i];
+    for (size_t i = 0; i < hidden.size(); ++i)
+      hidden[i] += delta[i];
   }
 
   // Final norm and lm_head over the rows asked for.
   std::vector<int64_t> rows;
   if (options.logit_rows == LogitRows::kAll) {
-    for (int64_t t = 0; t < T; ++t) rows.push_back(t);
+    for (int64_t t = 0; t < T; ++t)
+      rows.push_back(t);
   } else {
-    for (const auto& seq : batch.sequences) rows.push_back(seq.token_offset + seq.token_count - 1);
+    for (const auto& seq : batch.sequences)
+      rows.push_back(seq.token_offset + seq.token_count - 1);
   }
   const int64_t R = static_cast<int64_t>(rows.size());
   std::vector<float> final_rows(static_cast<size_t>(R * D));

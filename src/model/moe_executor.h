@@ -14,8 +14,8 @@ class MoeExecutor {
   virtual ~MoeExecutor() = default;
   // x: [tokens, D] output of post_attention_layernorm (tokens may be 0: a rank with no work
   // still takes part); out: [tokens, D] routed experts' weighted sum plus the shared expert.
-  virtual void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
-                   int64_t tokens, float* out) = 0;
+  virtual void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer,
+                   const float* x, int64_t tokens, float* out) = 0;
 };
 
 }  // namespace sy

@@ -21,7 +21,8 @@ RopeParams ComputeRopeParams(const ModelConfig& c) {
   params.softmax_scale = static_cast<float>(std::pow(static_cast<double>(c.qk_head_dim()), -0.5));
   if (!c.yarn) {
     for (int64_t i = 0; i < half; ++i)
-      params.inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(dim));
+      params.inv_freq[i] =
+          1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(dim));
     return params;
   }
   const YarnScaling& y = *c.yarn;
@@ -47,8 +48,8 @@ RopeParams ComputeRopeParams(const ModelConfig& c) {
   if (y.attention_factor) {
     params.attention_factor = static_cast<float>(*y.attention_factor);
   } else if (y.mscale && y.mscale_all_dim && *y.mscale != 0 && *y.mscale_all_dim != 0) {
-    params.attention_factor =
-        static_cast<float>(YarnMscale(y.factor, *y.mscale) / YarnMscale(y.factor, *y.mscale_all_dim));
+    params.attention_factor = static_cast<float>(YarnMscale(y.factor, *y.mscale) /
+                                                 YarnMscale(y.factor, *y.mscale_all_dim));
   } else {
     params.attention_factor = static_cast<float>(YarnMscale(y.factor, 1.0));
   }

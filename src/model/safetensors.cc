@@ -20,7 +20,8 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
 int64_t SafetensorsEntry::NumElements() const {
   int64_t count = 1;
-  for (int64_t dim : shape) count *= dim;
+  for (int64_t dim : shape)
+    count *= dim;
   return count;
 }
 
@@ -28,7 +29,8 @@ Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const uint8_t* byte
                                                              const std::string& source) {
   if (size < 8) return Status::Errorf("{}: truncated: {} bytes, no header length", source, size);
   uint64_t header_size = 0;
-  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | bytes[i];
+  for (int i = 7; i >= 0; --i)
+    header_size = (header_size << 8) | bytes[i];
   if (header_size > kMaxHeaderBytes)
     return Status::Errorf("{}: header length {} is implausibly large", source, header_size);
   if (header_size > size - 8)
@@ -67,8 +69,10 @@ Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const uint8_t* byte
     for (const auto& dim : *shape_it) {
       if (!dim.is_number_unsigned()) return fail("shape entries must be non-negative integers");
       uint64_t d = dim.get<uint64_t>();
-      if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return fail("shape too large");
-      if (d != 0 && elements > std::numeric_limits<uint64_t>::max() / d) return fail("shape overflows");
+      if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        return fail("shape too large");
+      if (d != 0 && elements > std::numeric_limits<uint64_t>::max() / d)
+        return fail("shape overflows");
       elements *= d;
       entry.shape.push_back(static_cast<int64_t>(d));
     }
@@ -79,8 +83,10 @@ Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const uint8_t* byte
     uint64_t begin = begin_json.get<uint64_t>(), end = end_json.get<uint64_t>();
     if (begin > end) return fail(fmt::format("data_offsets [{}, {}] are reversed", begin, end));
     if (end > data_size)
-      return fail(fmt::format("data_offsets [{}, {}] run past the data section of {} bytes "
-                              "(file truncated?)", begin, end, data_size));
+      return fail(
+          fmt::format("data_offsets [{}, {}] run past the data section of {} bytes "
+                      "(file truncated?)",
+                      begin, end, data_size));
     uint64_t element_size = DTypeSize(entry.dtype);
     if (elements > std::numeric_limits<uint64_t>::max() / element_size ||
         elements * element_size != end - begin) {
@@ -113,8 +119,8 @@ Status Checkpoint::AddShard(const std::string& path) {
   for (const auto& entry : shard->entries) {
     if (tensors_.count(entry.name))
       return Status::Errorf("{}: tensor '{}' appears in more than one shard", path, entry.name);
-    tensors_[entry.name] = CheckpointTensor{&entry, shard->file->data() + entry.data_begin,
-                                            &shard->file->path()};
+    tensors_[entry.name] =
+        CheckpointTensor{&entry, shard->file->data() + entry.data_begin, &shard->file->path()};
   }
   shards_.push_back(std::move(shard));
   return Status::Ok();
@@ -142,7 +148,8 @@ Result<Checkpoint> Checkpoint::Open(const std::string& directory) {
     std::set<std::string> shard_names;
     for (const auto& [name, file] : map->items()) {
       if (!file.is_string())
-        return Status::Errorf("{}: weight_map entry '{}' must name a file", index_path.string(), name);
+        return Status::Errorf("{}: weight_map entry '{}' must name a file", index_path.string(),
+                              name);
       std::string shard = file.get<std::string>();
       if (shard.find('/') != std::string::npos || shard == ".." || shard.empty())
         return Status::Errorf("{}: weight_map entry '{}' names an invalid file '{}'",
@@ -150,7 +157,8 @@ Result<Checkpoint> Checkpoint::Open(const std::string& directory) {
       expected[name] = shard;
       shard_names.insert(shard);
     }
-    for (const auto& shard : shard_names) SY_RETURN_IF_ERROR(checkpoint.AddShard((dir / shard).string()));
+    for (const auto& shard : shard_names)
+      SY_RETURN_IF_ERROR(checkpoint.AddShard((dir / shard).string()));
     for (const auto& [name, shard] : expected) {
       auto found = checkpoint.tensors_.find(name);
       if (found == checkpoint.tensors_.end() ||
@@ -187,7 +195,8 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
   if (!out) return Status::Errorf("{}: cannot create", path);
   uint64_t length = text.size();
   uint8_t length_bytes[8];
-  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<uint8_t>(length >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    length_bytes[i] = static_cast<uint8_t>(length >> (8 * i));
   out.write(reinterpret_cast<const char*>(length_bytes), 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   for (const auto& tensor : tensors)

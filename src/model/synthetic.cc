@@ -41,7 +41,8 @@ class CheckpointBuilder {
   // A [rows, cols] Linear weight ~ N(0, std); fp8 with block scales when `quantize`.
   void Matrix(const std::string& name, int64_t rows, int64_t cols, double std, bool quantize) {
     std::vector<float> values(static_cast<size_t>(rows * cols));
-    for (float& v : values) v = static_cast<float>(random_.Normal() * std);
+    for (float& v : values)
+      v = static_cast<float>(random_.Normal() * std);
     if (quantize && config_.fp8_weights) {
       AddFp8(name, values, rows, cols);
     } else {
@@ -53,12 +54,14 @@ class CheckpointBuilder {
   }
   void Norm(const std::string& name, int64_t size) {
     std::vector<float> values(static_cast<size_t>(size));
-    for (float& v : values) v = static_cast<float>(1.0 + 0.1 * random_.Normal());
+    for (float& v : values)
+      v = static_cast<float>(1.0 + 0.1 * random_.Normal());
     AddBF16(name, values, {size});
   }
   void Bias(const std::string& name, int64_t size) {
     std::vector<float> values(static_cast<size_t>(size));
-    for (float& v : values) v = static_cast<float>(0.1 * random_.Uniform());
+    for (float& v : values)
+      v = static_cast<float>(0.1 * random_.Uniform());
     TensorToWrite tensor{name, DType::kF32, {size}, {}};
     tensor.bytes.resize(values.size() * 4);
     std::memcpy(tensor.bytes.data(), values.data(), tensor.bytes.size());
@@ -66,7 +69,8 @@ class CheckpointBuilder {
   }
 
  private:
-  void AddBF16(const std::string& name, const std::vector<float>& values, std::vector<int64_t> shape) {
+  void AddBF16(const std::string& name, const std::vector<float>& values,
+               std::vector<int64_t> shape) {
     TensorToWrite tensor{name, DType::kBF16, std::move(shape), {}};
     tensor.bytes.resize(values.size() * 2);
     for (size_t i = 0; i < values.size(); ++i) {
@@ -78,7 +82,8 @@ class CheckpointBuilder {
 
   // DeepSeek's block quantization: scale_inv = amax(|block|) / 448 over each (possibly partial)
   // block, q = e4m3(w / scale_inv).
-  void AddFp8(const std::string& name, const std::vector<float>& values, int64_t rows, int64_t cols) {
+  void AddFp8(const std::string& name, const std::vector<float>& values, int64_t rows,
+              int64_t cols) {
     const int64_t br = config_.weight_block_rows, bc = config_.weight_block_cols;
     const int64_t scale_rows = (rows + br - 1) / br, scale_cols = (cols + bc - 1) / bc;
     std::vector<float> scales(static_cast<size_t>(scale_rows * scale_cols), 0.0f);
@@ -87,7 +92,8 @@ class CheckpointBuilder {
         float& amax = scales[(r / br) * scale_cols + col / bc];
         amax = std::max(amax, std::fabs(values[r * cols + col]));
       }
-    for (float& s : scales) s = s > 0 ? s / 448.0f : 1.0f;
+    for (float& s : scales)
+      s = s > 0 ? s / 448.0f : 1.0f;
     TensorToWrite weight{name, DType::kF8E4M3, {rows, cols}, {}};
     weight.bytes.resize(values.size());
     for (int64_t r = 0; r < rows; ++r)
@@ -106,7 +112,8 @@ class CheckpointBuilder {
   std::vector<TensorToWrite> tensors_;
 };
 
-void AddFeedForward(CheckpointBuilder& b, const std::string& prefix, int64_t width, int64_t hidden) {
+void AddFeedForward(CheckpointBuilder& b, const std::string& prefix, int64_t width,
+                    int64_t hidden) {
   b.Linear(prefix + ".gate_proj.weight", width, hidden);
   b.Linear(prefix + ".up_proj.weight", width, hidden);
   b.Linear(prefix + ".down_proj.weight", hidden, width);
@@ -125,18 +132,22 @@ void AddDecoderLayer(CheckpointBuilder& b, const ModelConfig& c, int64_t layer) 
   }
   b.Linear(p + ".self_attn.kv_a_proj_with_mqa.weight", c.latent_cache_width(), D);
   b.Norm(p + ".self_attn.kv_a_layernorm.weight", c.kv_lora_rank);
-  b.Linear(p + ".self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
+  b.Linear(p + ".self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim),
+           c.kv_lora_rank);
   b.Linear(p + ".self_attn.o_proj.weight", D, H * c.v_head_dim);
   b.Norm(p + ".post_attention_layernorm.weight", D);
   if (!c.IsMoeLayer(layer)) {
     AddFeedForward(b, p + ".mlp", c.intermediate_size, D);
     return;
   }
-  b.Matrix(p + ".mlp.gate.weight", c.n_routed_experts, D, 1.0 / std::sqrt(static_cast<double>(D)), false);
-  if (c.topk_method == TopkMethod::kNoauxTc) b.Bias(p + ".mlp.gate.e_score_correction_bias", c.n_routed_experts);
+  b.Matrix(p + ".mlp.gate.weight", c.n_routed_experts, D, 1.0 / std::sqrt(static_cast<double>(D)),
+           false);
+  if (c.topk_method == TopkMethod::kNoauxTc)
+    b.Bias(p + ".mlp.gate.e_score_correction_bias", c.n_routed_experts);
   for (int64_t e = 0; e < c.n_routed_experts; ++e)
     AddFeedForward(b, p + ".mlp.experts." + std::to_string(e), c.moe_intermediate_size, D);
-  if (c.n_shared_experts > 0) AddFeedForward(b, p + ".mlp.shared_experts", c.shared_expert_width(), D);
+  if (c.n_shared_experts > 0)
+    AddFeedForward(b, p + ".mlp.shared_experts", c.shared_expert_width(), D);
 }
 
 }  // namespace
@@ -211,7 +222,8 @@ Status WriteSyntheticCheckpoint(const ModelConfig& c, const std::string& directo
   CheckpointBuilder b(c, options.seed);
   const int64_t D = c.hidden_size;
   b.Matrix("model.embed_tokens.weight", c.vocab_size, D, 1.0, false);
-  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) AddDecoderLayer(b, c, layer);
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer)
+    AddDecoderLayer(b, c, layer);
   b.Norm("model.norm.weight", D);
   b.Matrix("lm_head.weight", c.vocab_size, D, 1.0 / std::sqrt(static_cast<double>(D)), false);
   for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) {
@@ -223,7 +235,8 @@ Status WriteSyntheticCheckpoint(const ModelConfig& c, const std::string& directo
     b.Matrix(p + ".eh_proj.weight", D, 2 * D, 1.0 / std::sqrt(2.0 * D), false);
     b.Norm(p + ".shared_head.norm.weight", D);
   }
-  SY_RETURN_IF_ERROR(WriteSafetensors((fs::path(directory) / "model.safetensors").string(), b.tensors()));
+  SY_RETURN_IF_ERROR(
+      WriteSafetensors((fs::path(directory) / "model.safetensors").string(), b.tensors()));
   std::ofstream config_file(fs::path(directory) / "config.json");
   config_file << ModelConfigToJson(c);
   if (!config_file) return Status::Errorf("{}: cannot write config.json", directory);

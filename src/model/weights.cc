@@ -9,11 +9,14 @@ namespace {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i)
+    text += (i ? ", " : "") + std::to_string(shape[i]);
   return text + "]";
 }
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t CeilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Reads named tensors out of a checkpoint, checking each against what config.json implies.
 class TensorReader {
@@ -58,15 +61,19 @@ class TensorReader {
       case DType::kF8E4M3:
         break;
       default:
-        return Status::Errorf("{}: tensor '{}' has dtype {}; weights must be F32, BF16, F16 or "
-                              "F8_E4M3", *tensor->file, name, DTypeName(m.dtype));
+        return Status::Errorf(
+            "{}: tensor '{}' has dtype {}; weights must be F32, BF16, F16 or "
+            "F8_E4M3",
+            *tensor->file, name, DTypeName(m.dtype));
     }
     if (!may_be_fp8)
       return Status::Errorf("{}: tensor '{}' is F8_E4M3 but this weight is never quantized",
                             *tensor->file, name);
     if (!config_.fp8_weights)
-      return Status::Errorf("{}: tensor '{}' is F8_E4M3 but config.json has no fp8 "
-                            "quantization_config", *tensor->file, name);
+      return Status::Errorf(
+          "{}: tensor '{}' is F8_E4M3 but config.json has no fp8 "
+          "quantization_config",
+          *tensor->file, name);
     const std::string scale_name = name + "_scale_inv";
     SY_ASSIGN_OR_RETURN(const CheckpointTensor* scales, Require(scale_name));
     if (scales->entry->dtype != DType::kF32)
@@ -77,7 +84,8 @@ class TensorReader {
     m.scale_cols = CeilDiv(cols, m.block_cols);
     SY_RETURN_IF_ERROR(CheckShape(*scales, {CeilDiv(rows, m.block_rows), m.scale_cols}));
     // Copy the scales: they are small, and the mapping gives no alignment guarantee for floats.
-    auto copy = std::make_shared<std::vector<float>>(static_cast<size_t>(scales->entry->NumElements()));
+    auto copy =
+        std::make_shared<std::vector<float>>(static_cast<size_t>(scales->entry->NumElements()));
     std::memcpy(copy->data(), scales->data, copy->size() * sizeof(float));
     m.block_scales = copy->data();
     m.owner = copy;
@@ -126,20 +134,23 @@ Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelCo
   SY_ASSIGN_OR_RETURN(a.input_layernorm, reader.LoadVector(p + ".input_layernorm.weight", D));
   const std::string attn = p + ".self_attn";
   if (c.q_lora_rank) {
-    SY_ASSIGN_OR_RETURN(a.q_a_proj, reader.LoadMatrix(attn + ".q_a_proj.weight", *c.q_lora_rank, D));
+    SY_ASSIGN_OR_RETURN(a.q_a_proj,
+                        reader.LoadMatrix(attn + ".q_a_proj.weight", *c.q_lora_rank, D));
     SY_ASSIGN_OR_RETURN(a.q_a_layernorm,
                         reader.LoadVector(attn + ".q_a_layernorm.weight", *c.q_lora_rank));
     SY_ASSIGN_OR_RETURN(a.q_b_proj, reader.LoadMatrix(attn + ".q_b_proj.weight",
                                                       H * c.qk_head_dim(), *c.q_lora_rank));
   } else {
-    SY_ASSIGN_OR_RETURN(a.q_proj, reader.LoadMatrix(attn + ".q_proj.weight", H * c.qk_head_dim(), D));
+    SY_ASSIGN_OR_RETURN(a.q_proj,
+                        reader.LoadMatrix(attn + ".q_proj.weight", H * c.qk_head_dim(), D));
   }
   SY_ASSIGN_OR_RETURN(a.kv_a_proj_with_mqa, reader.LoadMatrix(attn + ".kv_a_proj_with_mqa.weight",
                                                               c.latent_cache_width(), D));
-  SY_ASSIGN_OR_RETURN(a.kv_a_layernorm, reader.LoadVector(attn + ".kv_a_layernorm.weight", c.kv_lora_rank));
-  SY_ASSIGN_OR_RETURN(a.kv_b_proj, reader.LoadMatrix(attn + ".kv_b_proj.weight",
-                                                     H * (c.qk_nope_head_dim + c.v_head_dim),
-                                                     c.kv_lora_rank));
+  SY_ASSIGN_OR_RETURN(a.kv_a_layernorm,
+                      reader.LoadVector(attn + ".kv_a_layernorm.weight", c.kv_lora_rank));
+  SY_ASSIGN_OR_RETURN(a.kv_b_proj,
+                      reader.LoadMatrix(attn + ".kv_b_proj.weight",
+                                        H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank));
   SY_ASSIGN_OR_RETURN(a.o_proj, reader.LoadMatrix(attn + ".o_proj.weight", D, H * c.v_head_dim));
   SY_ASSIGN_OR_RETURN(w.post_attention_layernorm,
                       reader.LoadVector(p + ".post_attention_layernorm.weight", D));
@@ -154,7 +165,8 @@ Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelCo
                                                   /*may_be_fp8=*/false));
   const std::string bias_name = p + ".mlp.gate.e_score_correction_bias";
   if (c.topk_method == TopkMethod::kNoauxTc) {
-    SY_ASSIGN_OR_RETURN(moe.e_score_correction_bias, reader.LoadVector(bias_name, c.n_routed_experts));
+    SY_ASSIGN_OR_RETURN(moe.e_score_correction_bias,
+                        reader.LoadVector(bias_name, c.n_routed_experts));
   } else if (reader.Find(bias_name) != nullptr) {
     return Status::Errorf("tensor '{}' is present but topk_method does not use a correction bias",
                           bias_name);
@@ -163,12 +175,13 @@ Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelCo
   const int64_t end = options.expert_end < 0 ? c.n_routed_experts : options.expert_end;
   moe.experts.resize(static_cast<size_t>(c.n_routed_experts));
   for (int64_t e = begin; e < end; ++e) {
-    SY_ASSIGN_OR_RETURN(moe.experts[e], LoadFeedForward(reader, p + ".mlp.experts." + std::to_string(e),
-                                                        c.moe_intermediate_size, D));
+    SY_ASSIGN_OR_RETURN(moe.experts[e],
+                        LoadFeedForward(reader, p + ".mlp.experts." + std::to_string(e),
+                                        c.moe_intermediate_size, D));
   }
   if (c.n_shared_experts > 0) {
-    SY_ASSIGN_OR_RETURN(moe.shared_experts,
-                        LoadFeedForward(reader, p + ".mlp.shared_experts", c.shared_expert_width(), D));
+    SY_ASSIGN_OR_RETURN(moe.shared_experts, LoadFeedForward(reader, p + ".mlp.shared_experts",
+                                                            c.shared_expert_width(), D));
   }
   return w;
 }
@@ -190,7 +203,8 @@ template <typename Value>
 Matrix PackedF32(int64_t rows, int64_t cols, Value value) {
   auto storage = std::make_shared<std::vector<float>>(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) (*storage)[r * cols + c] = value(r, c);
+    for (int64_t c = 0; c < cols; ++c)
+      (*storage)[r * cols + c] = value(r, c);
   Matrix m;
   m.dtype = DType::kF32;
   m.rows = rows;
@@ -207,16 +221,20 @@ void SplitKvB(const ModelConfig& c, AttentionWeights& a) {
   const int64_t dn = c.qk_nope_head_dim, dv = c.v_head_dim, latent = c.kv_lora_rank;
   std::vector<float> rows(static_cast<size_t>((dn + dv) * latent));
   for (int64_t h = 0; h < c.num_attention_heads; ++h) {
-    for (int64_t r = 0; r < dn + dv; ++r) a.kv_b_proj.DecodeRow(h * (dn + dv) + r, rows.data() + r * latent);
-    a.w_uk_t.push_back(PackedF32(latent, dn, [&](int64_t r, int64_t col) { return rows[col * latent + r]; }));
-    a.w_uv.push_back(PackedF32(dv, latent, [&](int64_t r, int64_t col) { return rows[(dn + r) * latent + col]; }));
+    for (int64_t r = 0; r < dn + dv; ++r)
+      a.kv_b_proj.DecodeRow(h * (dn + dv) + r, rows.data() + r * latent);
+    a.w_uk_t.push_back(
+        PackedF32(latent, dn, [&](int64_t r, int64_t col) { return rows[col * latent + r]; }));
+    a.w_uv.push_back(PackedF32(
+        dv, latent, [&](int64_t r, int64_t col) { return rows[(dn + r) * latent + col]; }));
   }
 }
 
 void PackLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
   AttentionWeights& a = layer.self_attn;
   SplitKvB(config, a);
-  for (Matrix* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj_with_mqa, &a.o_proj}) PackMatrix(*m);
+  for (Matrix* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj_with_mqa, &a.o_proj})
+    PackMatrix(*m);
   PackFeedForward(layer.mlp);
   PackMatrix(layer.moe.gate);
   for (auto& expert : layer.moe.experts)
@@ -226,10 +244,13 @@ void PackLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
 
 }  // namespace
 
-void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer) { PackLayer(config, layer); }
+void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
+  PackLayer(config, layer);
+}
 
 void PackWeights(const ModelConfig& config, ModelWeights& weights) {
-  for (auto& layer : weights.layers) PackLayer(config, layer);
+  for (auto& layer : weights.layers)
+    PackLayer(config, layer);
   PackMatrix(weights.lm_head);
   for (auto& mtp : weights.mtp) {
     PackLayer(config, mtp.block);
@@ -239,15 +260,18 @@ void PackWeights(const ModelConfig& config, ModelWeights& weights) {
 }
 
 Result<ModelWeights> LoadWeights(const Checkpoint& checkpoint, const ModelConfig& c,
-                                 const WeightLoadOptions& options, std::vector<std::string>* unused) {
-  if (options.expert_begin < 0 || (options.expert_end >= 0 && (options.expert_end < options.expert_begin ||
-                                                               options.expert_end > c.n_routed_experts)))
+                                 const WeightLoadOptions& options,
+                                 std::vector<std::string>* unused) {
+  if (options.expert_begin < 0 ||
+      (options.expert_end >= 0 &&
+       (options.expert_end < options.expert_begin || options.expert_end > c.n_routed_experts)))
     return Status::Errorf("expert range [{}, {}) is outside [0, {})", options.expert_begin,
                           options.expert_end, c.n_routed_experts);
   TensorReader reader(checkpoint, c);
   ModelWeights w;
   const int64_t D = c.hidden_size;
-  SY_ASSIGN_OR_RETURN(w.embed_tokens, reader.LoadMatrix("model.embed_tokens.weight", c.vocab_size, D, false));
+  SY_ASSIGN_OR_RETURN(w.embed_tokens,
+                      reader.LoadMatrix("model.embed_tokens.weight", c.vocab_size, D, false));
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     SY_ASSIGN_OR_RETURN(auto layer_weights, LoadDecoderLayer(reader, c, layer, options));
     w.layers.push_back(std::move(layer_weights));
@@ -266,10 +290,12 @@ Result<ModelWeights> LoadWeights(const Checkpoint& checkpoint, const ModelConfig
     mtp.embed_tokens = w.embed_tokens;
     mtp.head = w.lm_head;
     if (reader.Find(p + ".embed_tokens.weight")) {
-      SY_ASSIGN_OR_RETURN(mtp.embed_tokens, reader.LoadMatrix(p + ".embed_tokens.weight", c.vocab_size, D, false));
+      SY_ASSIGN_OR_RETURN(mtp.embed_tokens,
+                          reader.LoadMatrix(p + ".embed_tokens.weight", c.vocab_size, D, false));
     }
     if (reader.Find(p + ".shared_head.head.weight")) {
-      SY_ASSIGN_OR_RETURN(mtp.head, reader.LoadMatrix(p + ".shared_head.head.weight", c.vocab_size, D, false));
+      SY_ASSIGN_OR_RETURN(
+          mtp.head, reader.LoadMatrix(p + ".shared_head.head.weight", c.vocab_size, D, false));
     }
     SY_ASSIGN_OR_RETURN(mtp.enorm, reader.LoadVector(p + ".enorm.weight", D));
     SY_ASSIGN_OR_RETURN(mtp.hnorm, reader.LoadVector(p + ".hnorm.weight", D));

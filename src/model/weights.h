@@ -25,7 +25,7 @@ struct AttentionWeights {
   Matrix o_proj;                       // [D, H·dv]
   // kv_b_proj split per head for the absorbed form, made at load time (PackWeights), f32, packed:
   std::vector<Matrix> w_uk_t;  // [H] of [kv_lora_rank, dn]: q_abs = q_nope · W_UK = W_UKᵀ-as-Linear
-  std::vector<Matrix> w_uv;    // [H] of [dv, kv_lora_rank]: O = W_UV · o_latent
+  std::vector<Matrix> w_uv;  // [H] of [dv, kv_lora_rank]: O = W_UV · o_latent
 };
 
 // One SwiGLU MLP: down(silu(gate(x)) · up(x)).
@@ -37,10 +37,10 @@ struct FeedForwardWeights {
 };
 
 struct MoeWeights {
-  Matrix gate;                                  // router [E, D], never fp8
-  std::vector<float> e_score_correction_bias;   // [E]; empty for V2-style gates
-  std::vector<FeedForwardWeights> experts;      // [E]; empty entries for experts held elsewhere
-  FeedForwardWeights shared_experts;            // width moe_intermediate_size · n_shared_experts
+  Matrix gate;                                 // router [E, D], never fp8
+  std::vector<float> e_score_correction_bias;  // [E]; empty for V2-style gates
+  std::vector<FeedForwardWeights> experts;     // [E]; empty entries for experts held elsewhere
+  FeedForwardWeights shared_experts;           // width moe_intermediate_size · n_shared_experts
 };
 
 struct DecoderLayerWeights {
@@ -64,11 +64,11 @@ struct MtpWeights {
 };
 
 struct ModelWeights {
-  Matrix embed_tokens;                     // [vocab, D]
+  Matrix embed_tokens;                      // [vocab, D]
   std::vector<DecoderLayerWeights> layers;  // num_hidden_layers
-  std::vector<float> norm;                 // [D]
-  Matrix lm_head;                          // [vocab, D]
-  std::vector<MtpWeights> mtp;             // num_nextn_predict_layers
+  std::vector<float> norm;                  // [D]
+  Matrix lm_head;                           // [vocab, D]
+  std::vector<MtpWeights> mtp;              // num_nextn_predict_layers
 };
 
 struct WeightLoadOptions {

@@ -22,9 +22,11 @@ class SingleProcess final : public Communicator {
   };
   std::unique_ptr<Exchange> StartAllToAllV(const void* send, const std::vector<int64_t>& send_bytes,
                                            const std::vector<int64_t>& send_offsets, void* recv,
-                                           const std::vector<int64_t>&, const std::vector<int64_t>& recv_offsets) override {
+                                           const std::vector<int64_t>&,
+                                           const std::vector<int64_t>& recv_offsets) override {
     if (send_bytes[0] > 0)
-      std::memcpy(static_cast<uint8_t*>(recv) + recv_offsets[0], static_cast<const uint8_t*>(send) + send_offsets[0],
+      std::memcpy(static_cast<uint8_t*>(recv) + recv_offsets[0],
+                  static_cast<const uint8_t*>(send) + send_offsets[0],
                   static_cast<size_t>(send_bytes[0]));
     return std::make_unique<Done>();
   }
@@ -42,7 +44,8 @@ class SingleProcess final : public Communicator {
 // sizes (a step's dispatch is megabytes), and larger ones are rejected loudly.
 int CheckedInt(int64_t value) {
   if (value > INT32_MAX) {
-    std::fprintf(stderr, "error: an exchange of %lld bytes exceeds MPI's int counts\n", static_cast<long long>(value));
+    std::fprintf(stderr, "error: an exchange of %lld bytes exceeds MPI's int counts\n",
+                 static_cast<long long>(value));
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
   return static_cast<int>(value);
@@ -66,8 +69,8 @@ class Mpi final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void AllToAll(const int64_t* send, int64_t* recv, int64_t per_rank) override {
-    MPI_Alltoall(send, static_cast<int>(per_rank), MPI_INT64_T, recv, static_cast<int>(per_rank), MPI_INT64_T,
-                 MPI_COMM_WORLD);
+    MPI_Alltoall(send, static_cast<int>(per_rank), MPI_INT64_T, recv, static_cast<int>(per_rank),
+                 MPI_INT64_T, MPI_COMM_WORLD);
   }
   class Pending final : public Exchange {
    public:
@@ -83,11 +86,14 @@ class Mpi final : public Communicator {
                                            const std::vector<int64_t>& recv_bytes,
                                            const std::vector<int64_t>& recv_offsets) override {
     auto pending = std::make_unique<Pending>();
-    const std::vector<int64_t>* sources[4] = {&send_bytes, &send_offsets, &recv_bytes, &recv_offsets};
+    const std::vector<int64_t>* sources[4] = {&send_bytes, &send_offsets, &recv_bytes,
+                                              &recv_offsets};
     for (int i = 0; i < 4; ++i)
-      for (int64_t v : *sources[i]) pending->counts[i].push_back(CheckedInt(v));
+      for (int64_t v : *sources[i])
+        pending->counts[i].push_back(CheckedInt(v));
     MPI_Ialltoallv(send, pending->counts[0].data(), pending->counts[1].data(), MPI_BYTE, recv,
-                   pending->counts[2].data(), pending->counts[3].data(), MPI_BYTE, MPI_COMM_WORLD, &pending->request);
+                   pending->counts[2].data(), pending->counts[3].data(), MPI_BYTE, MPI_COMM_WORLD,
+                   &pending->request);
     return pending;
   }
   int64_t AllReduceMax(int64_t value) override {
@@ -113,7 +119,8 @@ class Mpi final : public Communicator {
       }
       all.resize(static_cast<size_t>(total));
     }
-    MPI_Gatherv(bytes.data(), count, MPI_BYTE, all.data(), counts.data(), offsets.data(), MPI_BYTE, 0, MPI_COMM_WORLD);
+    MPI_Gatherv(bytes.data(), count, MPI_BYTE, all.data(), counts.data(), offsets.data(), MPI_BYTE,
+                0, MPI_COMM_WORLD);
     return all;
   }
   std::vector<uint8_t> Broadcast(const std::vector<uint8_t>& bytes) override {
@@ -143,7 +150,8 @@ bool LaunchedByMpi() {
 
 Communicator& WorldCommunicator() {
   static std::unique_ptr<Communicator> world =
-      LaunchedByMpi() ? std::unique_ptr<Communicator>(new Mpi()) : std::unique_ptr<Communicator>(new SingleProcess());
+      LaunchedByMpi() ? std::unique_ptr<Communicator>(new Mpi())
+                      : std::unique_ptr<Communicator>(new SingleProcess());
   return *world;
 }
 

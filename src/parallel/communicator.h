@@ -27,8 +27,10 @@ class Communicator {
     virtual ~Exchange() = default;
     virtual void Wait() = 0;
   };
-  virtual std::unique_ptr<Exchange> StartAllToAllV(const void* send, const std::vector<int64_t>& send_bytes,
-                                                   const std::vector<int64_t>& send_offsets, void* recv,
+  virtual std::unique_ptr<Exchange> StartAllToAllV(const void* send,
+                                                   const std::vector<int64_t>& send_bytes,
+                                                   const std::vector<int64_t>& send_offsets,
+                                                   void* recv,
                                                    const std::vector<int64_t>& recv_bytes,
                                                    const std::vector<int64_t>& recv_offsets) = 0;
 

@@ -8,7 +8,11 @@
 namespace sy {
 
 ExpertDispatcher::ExpertDispatcher(Communicator& comm, int64_t experts, int64_t hidden, DType wire)
-    : comm_(comm), experts_(experts), local_(experts / comm.size()), hidden_(hidden), wire_(wire),
+    : comm_(comm),
+      experts_(experts),
+      local_(experts / comm.size()),
+      hidden_(hidden),
+      wire_(wire),
       row_bytes_(static_cast<size_t>(hidden) * DTypeSize(wire)) {
   const size_t n = static_cast<size_t>(comm.size());
   send_bytes_.assign(n, 0);
@@ -47,21 +51,26 @@ void ExpertDispatcher::DispatchSend(const ExpertRouting& routing, const float* x
   const int ranks = comm_.size();
   slots_ = static_cast<int64_t>(routing.sorted_slots.size());
   // Counts per destination rank and per its local expert; exchange them first.
-  std::vector<int64_t> counts_out(static_cast<size_t>(experts_)), counts_in(static_cast<size_t>(experts_));
-  for (int64_t e = 0; e < experts_; ++e) counts_out[e] = routing.expert_offsets[e + 1] - routing.expert_offsets[e];
+  std::vector<int64_t> counts_out(static_cast<size_t>(experts_)),
+      counts_in(static_cast<size_t>(experts_));
+  for (int64_t e = 0; e < experts_; ++e)
+    counts_out[e] = routing.expert_offsets[e + 1] - routing.expert_offsets[e];
   comm_.AllToAll(counts_out.data(), counts_in.data(), local_);
   // Rows in sorted order are already grouped by destination rank.
   send_buffer_.resize(static_cast<size_t>(slots_) * row_bytes_);
   std::vector<float> row_scratch(static_cast<size_t>(hidden_));
   for (int64_t i = 0; i < slots_; ++i)
-    Pack(x + (routing.sorted_slots[i] / routing.top_k) * hidden_, 1, send_buffer_.data() + i * row_bytes_);
+    Pack(x + (routing.sorted_slots[i] / routing.top_k) * hidden_, 1,
+         send_buffer_.data() + i * row_bytes_);
   int64_t received_rows = 0;
   for (int r = 0; r < ranks; ++r) {
-    const int64_t rows_out = routing.expert_offsets[(r + 1) * local_] - routing.expert_offsets[r * local_];
+    const int64_t rows_out =
+        routing.expert_offsets[(r + 1) * local_] - routing.expert_offsets[r * local_];
     send_offsets_[r] = routing.expert_offsets[r * local_] * static_cast<int64_t>(row_bytes_);
     send_bytes_[r] = rows_out * static_cast<int64_t>(row_bytes_);
     int64_t rows_in = 0;
-    for (int64_t i = 0; i < local_; ++i) rows_in += counts_in[r * local_ + i];
+    for (int64_t i = 0; i < local_; ++i)
+      rows_in += counts_in[r * local_ + i];
     recv_offsets_[r] = received_rows * static_cast<int64_t>(row_bytes_);
     recv_bytes_[r] = rows_in * static_cast<int64_t>(row_bytes_);
     received_rows += rows_in;
@@ -71,19 +80,22 @@ void ExpertDispatcher::DispatchSend(const ExpertRouting& routing, const float* x
   local_offsets_.assign(static_cast<size_t>(local_ + 1), 0);
   resort_source_.resize(static_cast<size_t>(received_rows));
   std::vector<int64_t> source_start(static_cast<size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) source_start[r] = recv_offsets_[r] / static_cast<int64_t>(row_bytes_);
+  for (int r = 0; r < ranks; ++r)
+    source_start[r] = recv_offsets_[r] / static_cast<int64_t>(row_bytes_);
   int64_t next = 0;
   for (int64_t i = 0; i < local_; ++i) {
     for (int r = 0; r < ranks; ++r) {
       int64_t before = 0;  // rows of this source for local experts < i
-      for (int64_t j = 0; j < i; ++j) before += counts_in[r * local_ + j];
-      for (int64_t k = 0; k < counts_in[r * local_ + i]; ++k) resort_source_[next++] = source_start[r] + before + k;
+      for (int64_t j = 0; j < i; ++j)
+        before += counts_in[r * local_ + j];
+      for (int64_t k = 0; k < counts_in[r * local_ + i]; ++k)
+        resort_source_[next++] = source_start[r] + before + k;
     }
     local_offsets_[i + 1] = next;
   }
   recv_buffer_.resize(static_cast<size_t>(received_rows) * row_bytes_);
-  pending_ = comm_.StartAllToAllV(send_buffer_.data(), send_bytes_, send_offsets_, recv_buffer_.data(), recv_bytes_,
-                                  recv_offsets_);
+  pending_ = comm_.StartAllToAllV(send_buffer_.data(), send_bytes_, send_offsets_,
+                                  recv_buffer_.data(), recv_bytes_, recv_offsets_);
 }
 
 const std::vector<float>& ExpertDispatcher::DispatchRecv(std::vector<int64_t>* local_offsets) {
@@ -102,9 +114,10 @@ void ExpertDispatcher::CombineSend(const float* expert_rows) {
   ScopedStage stage(Stage::kCombine);
   // Undo the re-routing sort into the arrival order, then send each source its rows back.
   const int64_t rows = static_cast<int64_t>(resort_source_.size());
-  for (int64_t j = 0; j < rows; ++j) Pack(expert_rows + j * hidden_, 1, recv_buffer_.data() + resort_source_[j] * row_bytes_);
-  pending_ = comm_.StartAllToAllV(recv_buffer_.data(), recv_bytes_, recv_offsets_, send_buffer_.data(), send_bytes_,
-                                  send_offsets_);
+  for (int64_t j = 0; j < rows; ++j)
+    Pack(expert_rows + j * hidden_, 1, recv_buffer_.data() + resort_source_[j] * row_bytes_);
+  pending_ = comm_.StartAllToAllV(recv_buffer_.data(), recv_bytes_, recv_offsets_,
+                                  send_buffer_.data(), send_bytes_, send_offsets_);
 }
 
 void ExpertDispatcher::CombineRecv(float* out) {
@@ -114,11 +127,12 @@ void ExpertDispatcher::CombineRecv(float* out) {
   Unpack(send_buffer_.data(), slots_, out);  // back in this rank's sorted-slot order
 }
 
-ExpertParallelMoe::ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire, OverlapMode overlap)
+ExpertParallelMoe::ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire,
+                                     OverlapMode overlap)
     : dispatcher_(comm, config.n_routed_experts, config.hidden_size, wire), overlap_(overlap) {}
 
-void ExpertParallelMoe::Run(const ModelConfig& c, const MoeWeights& w, int64_t layer, const float* x, int64_t tokens,
-                            float* out) {
+void ExpertParallelMoe::Run(const ModelConfig& c, const MoeWeights& w, int64_t layer,
+                            const float* x, int64_t tokens, float* out) {
   const int64_t D = c.hidden_size;
   ExpertRouting routing = RouteTokens(c, w, x, tokens);
   std::vector<float> shared;
@@ -141,14 +155,17 @@ void ExpertParallelMoe::Run(const ModelConfig& c, const MoeWeights& w, int64_t l
     for (int64_t i = 0; i < local; ++i) {
       const FeedForwardWeights& ff = w.experts[first + i];
       packed = packed && ff.gate_proj.packed && ff.up_proj.packed && ff.down_proj.packed;
-      if (packed) panels[i] = {ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()};
+      if (packed)
+        panels[i] = {ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()};
     }
     if (received > 0 && packed) {
       kernels::GroupedExpertFfn(rows.data(), local_offsets, panels, D, expert_out.data());
     } else {
       for (int64_t i = 0; i < local; ++i) {
         const int64_t begin = local_offsets[i], end = local_offsets[i + 1];
-        if (begin < end) FeedForward(w.experts[first + i], rows.data() + begin * D, end - begin, expert_out.data() + begin * D);
+        if (begin < end)
+          FeedForward(w.experts[first + i], rows.data() + begin * D, end - begin,
+                      expert_out.data() + begin * D);
       }
     }
   }
@@ -156,7 +173,8 @@ void ExpertParallelMoe::Run(const ModelConfig& c, const MoeWeights& w, int64_t l
   std::vector<float> expert_rows(static_cast<size_t>(tokens * routing.top_k * D));
   dispatcher_.CombineRecv(expert_rows.data());
   if (overlap_ == OverlapMode::kNone) run_shared();
-  if (tokens > 0) FinalizeRouting(routing, expert_rows.data(), shared.empty() ? nullptr : shared.data(), D, out);
+  if (tokens > 0)
+    FinalizeRouting(routing, expert_rows.data(), shared.empty() ? nullptr : shared.data(), D, out);
 }
 
 }  // namespace sy

@@ -45,8 +45,8 @@ class ExpertDispatcher {
   size_t row_bytes_;
   std::vector<int64_t> send_bytes_, send_offsets_, recv_bytes_, recv_offsets_;
   std::vector<uint8_t> send_buffer_, recv_buffer_;
-  std::vector<float> received_;          // [R, D] sorted by local expert
-  std::vector<int64_t> resort_source_;   // sorted row j came from received row resort_source_[j]
+  std::vector<float> received_;         // [R, D] sorted by local expert
+  std::vector<int64_t> resort_source_;  // sorted row j came from received row resort_source_[j]
   std::vector<int64_t> local_offsets_;
   int64_t slots_ = 0;
   std::unique_ptr<Communicator::Exchange> pending_;
@@ -60,8 +60,8 @@ enum class OverlapMode { kNone, kDispatch };
 class ExpertParallelMoe final : public MoeExecutor {
  public:
   ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire, OverlapMode overlap);
-  void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x, int64_t tokens,
-           float* out) override;
+  void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
+           int64_t tokens, float* out) override;
 
  private:
   ExpertDispatcher dispatcher_;

@@ -20,7 +20,8 @@ double Median(std::vector<double> values) {
 Status CalibrateFromBench(const std::string& text, const std::string& source, HardwareSpec& spec) {
   using nlohmann::json;
   json root = json::parse(text, nullptr, false);
-  if (root.is_discarded() || !root.is_object()) return Status::Errorf("{}: not a JSON object", source);
+  if (root.is_discarded() || !root.is_object())
+    return Status::Errorf("{}: not a JSON object", source);
   auto machine = root.find("machine");
   auto results = root.find("results");
   if (machine == root.end() || !machine->is_object())
@@ -36,7 +37,8 @@ Status CalibrateFromBench(const std::string& text, const std::string& source, Ha
   // A CPU decodes fp8 and multiplies at the rate of its fastest multiply-add, which need not be
   // the bf16 one (on some Xeons f32 FMA outruns VDPBF16PS): that is the peak the planner uses.
   double f32 = 0;
-  if (machine->contains("f32_gflops") && (*machine)["f32_gflops"].is_number()) f32 = (*machine)["f32_gflops"].get<double>();
+  if (machine->contains("f32_gflops") && (*machine)["f32_gflops"].is_number())
+    f32 = (*machine)["f32_gflops"].get<double>();
   const double peak_gflops = std::max((*machine)["bf16_gflops"].get<double>(), f32);
   spec.peak_bf16_tflops = peak_gflops / 1000;
   spec.peak_fp8_tflops = 0;
@@ -54,7 +56,8 @@ Status CalibrateFromBench(const std::string& text, const std::string& source, Ha
       return Status::Errorf("{}: results[{}] needs 'kernel', 'm', 'gbps' and 'gflops'", source, i);
     const std::string kernel = r["kernel"].get<std::string>();
     const double gbps = number("gbps"), gflops = number("gflops");
-    if (gbps <= 0 || gflops <= 0) return Status::Errorf("{}: results[{}] has no measurement", source, i);
+    if (gbps <= 0 || gflops <= 0)
+      return Status::Errorf("{}: results[{}] has no measurement", source, i);
     const double intensity = gflops / gbps;  // FLOPs per byte moved
     const bool memory_bound = intensity * spec.memory_bandwidth_gbps < peak_gflops;
     const double memory = gbps / spec.memory_bandwidth_gbps, compute = gflops / peak_gflops;
@@ -71,7 +74,8 @@ Status CalibrateFromBench(const std::string& text, const std::string& source, Ha
   if (!gemm_compute.empty()) e.gemm_compute = std::min(1.0, Median(gemm_compute));
   if (!grouped_memory.empty()) e.grouped_memory = std::min(1.0, Median(grouped_memory));
   if (!grouped_compute.empty()) e.grouped_compute = std::min(1.0, Median(grouped_compute));
-  if (!attention.empty()) e.attention_memory = e.attention_compute = std::min(1.0, Median(attention));
+  if (!attention.empty())
+    e.attention_memory = e.attention_compute = std::min(1.0, Median(attention));
   spec.name += " (calibrated by " + source + ")";
   return Status::Ok();
 }

@@ -11,7 +11,8 @@
 namespace sy::plan {
 
 // Applies the bench results in `json_text` to `spec`; `source` names the file in messages.
-Status CalibrateFromBench(const std::string& json_text, const std::string& source, HardwareSpec& spec);
+Status CalibrateFromBench(const std::string& json_text, const std::string& source,
+                          HardwareSpec& spec);
 Status CalibrateFromBenchFile(const std::string& path, HardwareSpec& spec);
 
 }  // namespace sy::plan

@@ -18,14 +18,18 @@ double Fp8Bytes(double rows, double cols) {
 
 const char* OverlapName(Overlap overlap) {
   switch (overlap) {
-    case Overlap::kNone: return "none";
-    case Overlap::kDispatch: return "dispatch";
-    case Overlap::kMicrobatch: return "microbatch";
+    case Overlap::kNone:
+      return "none";
+    case Overlap::kDispatch:
+      return "dispatch";
+    case Overlap::kMicrobatch:
+      return "microbatch";
   }
   return "?";
 }
 
-CostModel::CostModel(const ModelConfig& model, const HardwareSpec& hardware, const Workload& workload)
+CostModel::CostModel(const ModelConfig& model, const HardwareSpec& hardware,
+                     const Workload& workload)
     : m_(model), hw_(hardware), work_(workload) {}
 
 int64_t CostModel::KvBytesPerToken() const {
@@ -35,13 +39,18 @@ int64_t CostModel::KvBytesPerToken() const {
 MemoryEstimate CostModel::Memory(const Deployment& d) const {
   const double D = m_.hidden_size, H = m_.num_attention_heads, T = d.tp;
   const double rq = m_.q_lora_rank.value_or(0), dqk = m_.qk_head_dim();
-  const int64_t mtp_layers = work_.mtp > 0 ? std::min<int64_t>(work_.mtp, std::max<int64_t>(m_.num_nextn_predict_layers, 1)) : 0;
+  const int64_t mtp_layers =
+      work_.mtp > 0
+          ? std::min<int64_t>(work_.mtp, std::max<int64_t>(m_.num_nextn_predict_layers, 1))
+          : 0;
   int64_t moe_layers = mtp_layers, dense_layers = 0;
-  for (int64_t l = 0; l < m_.num_hidden_layers; ++l) (m_.IsMoeLayer(l) ? moe_layers : dense_layers)++;
+  for (int64_t l = 0; l < m_.num_hidden_layers; ++l)
+    (m_.IsMoeLayer(l) ? moe_layers : dense_layers)++;
   const int64_t attention_layers = m_.num_hidden_layers + mtp_layers;
 
   MemoryEstimate mem;
-  const double expert = 2 * Fp8Bytes(m_.moe_intermediate_size, D) + Fp8Bytes(D, m_.moe_intermediate_size);
+  const double expert =
+      2 * Fp8Bytes(m_.moe_intermediate_size, D) + Fp8Bytes(D, m_.moe_intermediate_size);
   mem.routed_expert_bytes = moe_layers * (static_cast<double>(m_.n_routed_experts) / d.ep) * expert;
   // kv_a, kv_b (and q_a) serve every head, so TP replicates them; q_b and o_proj split by heads.
   double replicated = Fp8Bytes(m_.latent_cache_width(), D) +
@@ -50,13 +59,14 @@ MemoryEstimate CostModel::Memory(const Deployment& d) const {
   double split = (m_.q_lora_rank ? Fp8Bytes(H * dqk, rq) : Fp8Bytes(H * dqk, D)) +
                  Fp8Bytes(D, H * m_.v_head_dim);
   mem.attention_bytes = attention_layers * (replicated + split / T);
-  mem.dense_bytes = dense_layers * (2 * Fp8Bytes(m_.intermediate_size, D) + Fp8Bytes(D, m_.intermediate_size));
+  mem.dense_bytes =
+      dense_layers * (2 * Fp8Bytes(m_.intermediate_size, D) + Fp8Bytes(D, m_.intermediate_size));
   const double shared = m_.shared_expert_width();
   mem.shared_expert_bytes = moe_layers * (2 * Fp8Bytes(shared, D) + Fp8Bytes(D, shared));
-  mem.other_weight_bytes = 2 * m_.vocab_size * D * kBf16 +                   // embeddings, head
+  mem.other_weight_bytes = 2 * m_.vocab_size * D * kBf16 +                       // embeddings, head
                            moe_layers * m_.n_routed_experts * (D * kBf16 + 4) +  // routers
-                           attention_layers * 4 * D * kBf16 +                  // norms
-                           mtp_layers * 2 * D * D * kBf16;                     // eh_proj
+                           attention_layers * 4 * D * kBf16 +                    // norms
+                           mtp_layers * 2 * D * D * kBf16;                       // eh_proj
   mem.weight_bytes = mem.routed_expert_bytes + mem.attention_bytes + mem.dense_bytes +
                      mem.shared_expert_bytes + mem.other_weight_bytes;
 
@@ -66,11 +76,12 @@ MemoryEstimate CostModel::Memory(const Deployment& d) const {
   // workspace for GEMM and attention scratch.
   mem.activation_bytes = group_tokens * (4 * D * kBf16 + H / T * (dqk + m_.kv_lora_rank) * kBf16) +
                          group_tokens / T * m_.num_experts_per_tok * D * (kFp8 + kBf16) + 0.5 * kGB;
-  mem.kv_bytes_per_request = static_cast<double>(work_.kv_len) * m_.latent_cache_width() * kBf16 *
-                             attention_layers;
+  mem.kv_bytes_per_request =
+      static_cast<double>(work_.kv_len) * m_.latent_cache_width() * kBf16 * attention_layers;
   mem.free_bytes = hw_.memory_capacity_gb * kGB - hw_.memory_reserved_gb * kGB - mem.weight_bytes -
                    mem.activation_bytes;
-  mem.max_requests = mem.free_bytes > 0 ? static_cast<int64_t>(mem.free_bytes / mem.kv_bytes_per_request) : 0;
+  mem.max_requests =
+      mem.free_bytes > 0 ? static_cast<int64_t>(mem.free_bytes / mem.kv_bytes_per_request) : 0;
   mem.fits = mem.max_requests >= d.batch;
   return mem;
 }
@@ -124,7 +135,8 @@ CostModel::Parts CostModel::LayerParts(const Deployment& d, double group_tokens,
     p.projections += GemmUs(group_tokens, D, rq + row, kFp8, true);  // fused qkv_a_proj (seed)
     p.projections += GemmUs(group_tokens, rq, H * dqk, kFp8, true);
   } else {
-    p.projections += GemmUs(group_tokens, D, row, kFp8, true) + GemmUs(group_tokens, D, H * dqk, kFp8, true);
+    p.projections +=
+        GemmUs(group_tokens, D, row, kFp8, true) + GemmUs(group_tokens, D, H * dqk, kFp8, true);
   }
   // Absorbed MLA: q·W_UK and o_lat·W_UV as fp8 batched GEMMs over the local heads.
   p.projections += GemmUs(group_tokens, m_.qk_nope_head_dim, H * latent, kFp8, true);
@@ -141,7 +153,8 @@ CostModel::Parts CostModel::LayerParts(const Deployment& d, double group_tokens,
   }
   if (d.tp > 1) {  // reduce-scatter of o_proj's output inside the node
     const double bytes = group_tokens * D * kBf16 * (T - 1) / T;
-    p.tp_reduce = bytes / (hw_.intra_node.bandwidth_gbps * kGB * e.link) * 1e6 + hw_.intra_node.latency_us;
+    p.tp_reduce =
+        bytes / (hw_.intra_node.bandwidth_gbps * kGB * e.link) * 1e6 + hw_.intra_node.latency_us;
   }
   p.other = e.layer_overhead_us;
   const double tokens = group_tokens / T;  // this device's share after attention
@@ -153,7 +166,8 @@ CostModel::Parts CostModel::LayerParts(const Deployment& d, double group_tokens,
   const double E = m_.n_routed_experts, K = m_.num_experts_per_tok;
   p.router = GemmUs(tokens, D, E, kBf16, false);
   const double shared = m_.shared_expert_width();
-  if (shared > 0) p.shared = GemmUs(tokens, D, 2 * shared, kFp8, true) + GemmUs(tokens, shared, D, kFp8, true);
+  if (shared > 0)
+    p.shared = GemmUs(tokens, D, 2 * shared, kFp8, true) + GemmUs(tokens, shared, D, kFp8, true);
 
   // Routed experts. Each token picks K distinct experts of E, so an expert is untouched by all
   // of the step's global tokens with probability (1 − K/E)^tokens (balanced routing).
@@ -169,9 +183,10 @@ CostModel::Parts CostModel::LayerParts(const Deployment& d, double group_tokens,
     const double activations = slots * (D * kFp8 + 2 * Im * kBf16 + Im * kFp8 + D * kBf16);
     const double m = p.tokens_per_expert;
     const double compute_eff = e.grouped_compute * m / (m + e.grouped_m_half);
-    p.grouped = std::max({flops / (hw_.fp8_tflops() * 1e12 * compute_eff) * 1e6,
-                          (weights + activations) / (hw_.memory_bandwidth_gbps * kGB * e.grouped_memory) * 1e6,
-                          e.kernel_floor_us});
+    p.grouped = std::max(
+        {flops / (hw_.fp8_tflops() * 1e12 * compute_eff) * 1e6,
+         (weights + activations) / (hw_.memory_bandwidth_gbps * kGB * e.grouped_memory) * 1e6,
+         e.kernel_floor_us});
   }
   // Dispatch sends fp8 rows with 1×128 scales; combine returns bf16 rows.
   p.dispatch = LinkUs(slots * (D * kFp8 + D / 128 * 4), d.ep);
@@ -225,13 +240,16 @@ Prediction CostModel::Predict(const Deployment& d) const {
   out.dense_layer.other = dense.other;
   out.dense_layer.total = dense.AttentionStage() + dense.dense;
 
-  out.head_us = GemmUs(group_tokens / d.tp, m_.hidden_size, static_cast<double>(m_.vocab_size), kBf16, false);
+  out.head_us =
+      GemmUs(group_tokens / d.tp, m_.hidden_size, static_cast<double>(m_.vocab_size), kBf16, false);
   int64_t moe_layers = 0, dense_layers = 0;
-  for (int64_t l = 0; l < m_.num_hidden_layers; ++l) (m_.IsMoeLayer(l) ? moe_layers : dense_layers)++;
+  for (int64_t l = 0; l < m_.num_hidden_layers; ++l)
+    (m_.IsMoeLayer(l) ? moe_layers : dense_layers)++;
   out.step_us = dense_layers * out.dense_layer.total + moe_layers * layer.total + out.head_us;
   if (work_.mtp > 0) {  // the MTP module: one more MoE block, its projection and head
     out.step_us += work_.mtp * (layer.total + out.head_us +
-                                GemmUs(group_tokens / d.tp, 2.0 * m_.hidden_size, m_.hidden_size, kBf16, false));
+                                GemmUs(group_tokens / d.tp, 2.0 * m_.hidden_size, m_.hidden_size,
+                                       kBf16, false));
   }
   out.output_tok_s = (1 + work_.acceptance * work_.mtp) / (out.step_us * 1e-6);
   out.throughput_tok_s_per_gpu = d.batch * out.output_tok_s / d.tp;

@@ -33,27 +33,27 @@ struct Deployment {
 struct MemoryEstimate {
   double routed_expert_bytes = 0;
   double attention_bytes = 0;
-  double dense_bytes = 0;        // dense-first MLP layers
+  double dense_bytes = 0;  // dense-first MLP layers
   double shared_expert_bytes = 0;
   double other_weight_bytes = 0;  // embeddings, head, routers, norms, MTP projections
   double weight_bytes = 0;
   double activation_bytes = 0;
   double kv_bytes_per_request = 0;
-  double free_bytes = 0;          // capacity − reserve − weights − activations
-  int64_t max_requests = 0;       // per device (KV is replicated across a TP group)
-  bool fits = false;              // weights and `batch` requests fit
+  double free_bytes = 0;     // capacity − reserve − weights − activations
+  int64_t max_requests = 0;  // per device (KV is replicated across a TP group)
+  bool fits = false;         // weights and `batch` requests fit
 };
 
 // One layer's time on one device, µs. In overlapped modes dispatch and combine are the parts
 // left exposed; in micro-batch mode compute terms are the sum over both half-batches.
 struct LayerBreakdown {
-  double attention = 0;      // MLA over the latent cache
-  double gemm = 0;           // projections, o_proj, router, shared expert or dense MLP
-  double tp_reduce = 0;      // o_proj reduction inside a TP group
-  double grouped_gemm = 0;   // routed experts
+  double attention = 0;     // MLA over the latent cache
+  double gemm = 0;          // projections, o_proj, router, shared expert or dense MLP
+  double tp_reduce = 0;     // o_proj reduction inside a TP group
+  double grouped_gemm = 0;  // routed experts
   double dispatch = 0;
   double combine = 0;
-  double other = 0;          // norms, top-k, quantization, launch
+  double other = 0;  // norms, top-k, quantization, launch
   double total = 0;
 };
 
@@ -64,10 +64,10 @@ struct Prediction {
   LayerBreakdown dense_layer;
   double head_us = 0;
   double step_us = 0;
-  double output_tok_s = 0;             // per request
+  double output_tok_s = 0;  // per request
   double throughput_tok_s_per_gpu = 0;
-  double experts_active_per_gpu = 0;   // expected distinct local experts read per step
-  double tokens_per_expert = 0;        // rows per active expert in the grouped GEMM
+  double experts_active_per_gpu = 0;  // expected distinct local experts read per step
+  double tokens_per_expert = 0;       // rows per active expert in the grouped GEMM
 };
 
 class CostModel {

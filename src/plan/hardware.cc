@@ -52,7 +52,8 @@ std::vector<HardwareSpec> Builtins() {
 }
 
 std::string Lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   return text;
 }
 
@@ -66,7 +67,8 @@ Status ReadNumber(const json& object, const char* key, double& out, const std::s
   if (!it->is_number()) return Status::Errorf("{}: field '{}' must be a number", where, key);
   double value = it->get<double>();
   if (positive ? !(value > 0) : !(value >= 0))
-    return Status::Errorf("{}: field '{}' must be {}", where, key, positive ? "positive" : "non-negative");
+    return Status::Errorf("{}: field '{}' must be {}", where, key,
+                          positive ? "positive" : "non-negative");
   out = value;
   return Status::Ok();
 }
@@ -75,13 +77,15 @@ Status ReadNumber(const json& object, const char* key, double& out, const std::s
 
 std::vector<std::string> BuiltinHardwareNames() {
   std::vector<std::string> names;
-  for (const auto& spec : Builtins()) names.push_back(spec.name);
+  for (const auto& spec : Builtins())
+    names.push_back(spec.name);
   return names;
 }
 
 Result<HardwareSpec> ParseHardware(const std::string& text, const std::string& source) {
   json root = json::parse(text, nullptr, false);
-  if (root.is_discarded() || !root.is_object()) return Status::Errorf("{}: not a JSON object", source);
+  if (root.is_discarded() || !root.is_object())
+    return Status::Errorf("{}: not a JSON object", source);
   HardwareSpec spec;
   if (root.contains("base")) {  // start from a built-in and override fields
     if (!root["base"].is_string()) return Status::Errorf("{}: field 'base' must be a name", source);
@@ -89,14 +93,19 @@ Result<HardwareSpec> ParseHardware(const std::string& text, const std::string& s
   }
   bool based = root.contains("base");
   if (root.contains("name")) {
-    if (!root["name"].is_string()) return Status::Errorf("{}: field 'name' must be a string", source);
+    if (!root["name"].is_string())
+      return Status::Errorf("{}: field 'name' must be a string", source);
     spec.name = root["name"].get<std::string>();
   }
   SY_RETURN_IF_ERROR(ReadNumber(root, "peak_bf16_tflops", spec.peak_bf16_tflops, source, !based));
-  SY_RETURN_IF_ERROR(ReadNumber(root, "peak_fp8_tflops", spec.peak_fp8_tflops, source, false, false));
-  SY_RETURN_IF_ERROR(ReadNumber(root, "memory_bandwidth_gbps", spec.memory_bandwidth_gbps, source, !based));
-  SY_RETURN_IF_ERROR(ReadNumber(root, "memory_capacity_gb", spec.memory_capacity_gb, source, !based));
-  SY_RETURN_IF_ERROR(ReadNumber(root, "memory_reserved_gb", spec.memory_reserved_gb, source, false, false));
+  SY_RETURN_IF_ERROR(
+      ReadNumber(root, "peak_fp8_tflops", spec.peak_fp8_tflops, source, false, false));
+  SY_RETURN_IF_ERROR(
+      ReadNumber(root, "memory_bandwidth_gbps", spec.memory_bandwidth_gbps, source, !based));
+  SY_RETURN_IF_ERROR(
+      ReadNumber(root, "memory_capacity_gb", spec.memory_capacity_gb, source, !based));
+  SY_RETURN_IF_ERROR(
+      ReadNumber(root, "memory_reserved_gb", spec.memory_reserved_gb, source, false, false));
   double devices = spec.devices_per_node, nodes = spec.max_nodes;
   SY_RETURN_IF_ERROR(ReadNumber(root, "devices_per_node", devices, source, !based));
   SY_RETURN_IF_ERROR(ReadNumber(root, "max_nodes", nodes, source, false));
@@ -118,24 +127,31 @@ Result<HardwareSpec> ParseHardware(const std::string& text, const std::string& s
   }
   auto eff = root.find("efficiency");
   if (eff != root.end()) {
-    if (!eff->is_object()) return Status::Errorf("{}: field 'efficiency' must be an object", source);
+    if (!eff->is_object())
+      return Status::Errorf("{}: field 'efficiency' must be an object", source);
     const std::string where = source + ": efficiency";
     Efficiency& e = spec.efficiency;
-    for (auto [key, value] : std::vector<std::pair<const char*, double*>>{
-             {"gemm_memory", &e.gemm_memory}, {"gemm_compute", &e.gemm_compute},
-             {"gemm_m_half", &e.gemm_m_half}, {"grouped_memory", &e.grouped_memory},
-             {"grouped_compute", &e.grouped_compute}, {"grouped_m_half", &e.grouped_m_half},
-             {"attention_memory", &e.attention_memory}, {"attention_compute", &e.attention_compute},
-             {"link", &e.link}}) {
+    for (auto [key, value] :
+         std::vector<std::pair<const char*, double*>>{{"gemm_memory", &e.gemm_memory},
+                                                      {"gemm_compute", &e.gemm_compute},
+                                                      {"gemm_m_half", &e.gemm_m_half},
+                                                      {"grouped_memory", &e.grouped_memory},
+                                                      {"grouped_compute", &e.grouped_compute},
+                                                      {"grouped_m_half", &e.grouped_m_half},
+                                                      {"attention_memory", &e.attention_memory},
+                                                      {"attention_compute", &e.attention_compute},
+                                                      {"link", &e.link}}) {
       SY_RETURN_IF_ERROR(ReadNumber(*eff, key, *value, where, false));
     }
     SY_RETURN_IF_ERROR(ReadNumber(*eff, "kernel_floor_us", e.kernel_floor_us, where, false, false));
-    SY_RETURN_IF_ERROR(ReadNumber(*eff, "layer_overhead_us", e.layer_overhead_us, where, false, false));
+    SY_RETURN_IF_ERROR(
+        ReadNumber(*eff, "layer_overhead_us", e.layer_overhead_us, where, false, false));
     for (const auto& item : eff->items()) {
       static const std::vector<std::string> known = {
-          "gemm_memory", "gemm_compute", "gemm_m_half", "grouped_memory", "grouped_compute",
-          "grouped_m_half", "attention_memory", "attention_compute", "link", "kernel_floor_us",
-          "layer_overhead_us"};
+          "gemm_memory",      "gemm_compute",      "gemm_m_half",
+          "grouped_memory",   "grouped_compute",   "grouped_m_half",
+          "attention_memory", "attention_compute", "link",
+          "kernel_floor_us",  "layer_overhead_us"};
       if (std::find(known.begin(), known.end(), item.key()) == known.end())
         return Status::Errorf("{}: unknown field '{}'", where, item.key());
     }
@@ -151,7 +167,8 @@ Result<HardwareSpec> LoadHardware(const std::string& name_or_path) {
   std::ifstream in(name_or_path);
   if (!in) {
     std::string names;
-    for (const auto& n : BuiltinHardwareNames()) names += (names.empty() ? "" : ", ") + n;
+    for (const auto& n : BuiltinHardwareNames())
+      names += (names.empty() ? "" : ", ") + n;
     return Status::Errorf("--hardware '{}' is neither a built-in ({}) nor a readable file",
                           name_or_path, names);
   }
@@ -171,14 +188,22 @@ std::string HardwareToJson(const HardwareSpec& s) {
       {"memory_reserved_gb", s.memory_reserved_gb},
       {"devices_per_node", s.devices_per_node},
       {"max_nodes", s.max_nodes},
-      {"intra_node", {{"bandwidth_gbps", s.intra_node.bandwidth_gbps}, {"latency_us", s.intra_node.latency_us}}},
-      {"inter_node", {{"bandwidth_gbps", s.inter_node.bandwidth_gbps}, {"latency_us", s.inter_node.latency_us}}},
+      {"intra_node",
+       {{"bandwidth_gbps", s.intra_node.bandwidth_gbps}, {"latency_us", s.intra_node.latency_us}}},
+      {"inter_node",
+       {{"bandwidth_gbps", s.inter_node.bandwidth_gbps}, {"latency_us", s.inter_node.latency_us}}},
       {"efficiency",
-       {{"gemm_memory", e.gemm_memory}, {"gemm_compute", e.gemm_compute}, {"gemm_m_half", e.gemm_m_half},
-        {"grouped_memory", e.grouped_memory}, {"grouped_compute", e.grouped_compute},
-        {"grouped_m_half", e.grouped_m_half}, {"attention_memory", e.attention_memory},
-        {"attention_compute", e.attention_compute}, {"link", e.link},
-        {"kernel_floor_us", e.kernel_floor_us}, {"layer_overhead_us", e.layer_overhead_us}}},
+       {{"gemm_memory", e.gemm_memory},
+        {"gemm_compute", e.gemm_compute},
+        {"gemm_m_half", e.gemm_m_half},
+        {"grouped_memory", e.grouped_memory},
+        {"grouped_compute", e.grouped_compute},
+        {"grouped_m_half", e.grouped_m_half},
+        {"attention_memory", e.attention_memory},
+        {"attention_compute", e.attention_compute},
+        {"link", e.link},
+        {"kernel_floor_us", e.kernel_floor_us},
+        {"layer_overhead_us", e.layer_overhead_us}}},
   };
   return j.dump(2) + "\n";
 }

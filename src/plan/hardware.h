@@ -14,17 +14,17 @@ namespace sy::plan {
 // Fractions of a peak that real kernels reach, and fixed costs. Defaults are calibrated against
 // the Perplexity measurements on H100 (docs/planner.md, "Calibration").
 struct Efficiency {
-  double gemm_memory = 0.70;          // memory-bound dense GEMMs, fraction of memory bandwidth
-  double gemm_compute = 0.60;         // compute-bound dense GEMMs at large m, fraction of peak
-  double gemm_m_half = 64;            // rows at which a GEMM reaches half its compute efficiency
-  double grouped_memory = 0.53;       // grouped expert GEMM, memory-bound
-  double grouped_compute = 0.38;      // grouped expert GEMM, compute-bound at large m per expert
-  double grouped_m_half = 64;         // rows per expert at half of grouped_compute
-  double attention_memory = 0.80;     // MLA decode reading the latent cache
-  double attention_compute = 0.50;    // MLA decode FLOPs (absorbed form, bf16)
-  double link = 0.50;                 // dispatch/combine, fraction of link bandwidth achieved
-  double kernel_floor_us = 10.0;      // least time of any kernel (launch, sync)
-  double layer_overhead_us = 25.0;    // norms, top-k, activation quantization per layer
+  double gemm_memory = 0.70;        // memory-bound dense GEMMs, fraction of memory bandwidth
+  double gemm_compute = 0.60;       // compute-bound dense GEMMs at large m, fraction of peak
+  double gemm_m_half = 64;          // rows at which a GEMM reaches half its compute efficiency
+  double grouped_memory = 0.53;     // grouped expert GEMM, memory-bound
+  double grouped_compute = 0.38;    // grouped expert GEMM, compute-bound at large m per expert
+  double grouped_m_half = 64;       // rows per expert at half of grouped_compute
+  double attention_memory = 0.80;   // MLA decode reading the latent cache
+  double attention_compute = 0.50;  // MLA decode FLOPs (absorbed form, bf16)
+  double link = 0.50;               // dispatch/combine, fraction of link bandwidth achieved
+  double kernel_floor_us = 10.0;    // least time of any kernel (launch, sync)
+  double layer_overhead_us = 25.0;  // norms, top-k, activation quantization per layer
 };
 
 struct Link {

@@ -27,7 +27,8 @@ Plan MakePlan(const CostModel& model, const ModelConfig& config, const SearchSpa
       if (tp > ep || ep % tp != 0 || tp > model.hardware().devices_per_node) continue;
       if (config.num_attention_heads % tp != 0) continue;
       for (int batch : space.batch)
-        for (Overlap overlap : space.overlap) plan.configs.push_back(model.Predict({ep, tp, batch, overlap}));
+        for (Overlap overlap : space.overlap)
+          plan.configs.push_back(model.Predict({ep, tp, batch, overlap}));
     }
   for (int ep : eps) {
     ParetoFrontier frontier;
@@ -36,8 +37,9 @@ Plan MakePlan(const CostModel& model, const ModelConfig& config, const SearchSpa
     for (const auto& p : plan.configs)
       if (p.deployment.ep == ep && p.memory.fits) candidates.push_back(&p);
     std::sort(candidates.begin(), candidates.end(), [](const Prediction* a, const Prediction* b) {
-      return a->output_tok_s != b->output_tok_s ? a->output_tok_s > b->output_tok_s
-                                                : a->throughput_tok_s_per_gpu > b->throughput_tok_s_per_gpu;
+      return a->output_tok_s != b->output_tok_s
+                 ? a->output_tok_s > b->output_tok_s
+                 : a->throughput_tok_s_per_gpu > b->throughput_tok_s_per_gpu;
     });
     double best = -1;  // highest throughput among faster configurations
     for (const Prediction* p : candidates) {
@@ -57,10 +59,12 @@ double ThroughputAt(const ParetoFrontier& f, double speed) {
     double s0 = pts[i]->output_tok_s, s1 = pts[i + 1]->output_tok_s;
     if (speed <= s0 && speed >= s1) {
       double t = s0 == s1 ? 0 : (s0 - speed) / (s0 - s1);
-      return pts[i]->throughput_tok_s_per_gpu + t * (pts[i + 1]->throughput_tok_s_per_gpu - pts[i]->throughput_tok_s_per_gpu);
+      return pts[i]->throughput_tok_s_per_gpu +
+             t * (pts[i + 1]->throughput_tok_s_per_gpu - pts[i]->throughput_tok_s_per_gpu);
     }
   }
-  if (!pts.empty() && std::abs(pts.front()->output_tok_s - speed) < 1e-9) return pts.front()->throughput_tok_s_per_gpu;
+  if (!pts.empty() && std::abs(pts.front()->output_tok_s - speed) < 1e-9)
+    return pts.front()->throughput_tok_s_per_gpu;
   return 0;
 }
 
@@ -72,21 +76,34 @@ std::string PlanToJson(const Plan& plan) {
     const auto& d = p.deployment;
     const auto& l = p.moe_layer;
     j["configs"].push_back({
-        {"ep", d.ep}, {"dp", d.dp()}, {"tp", d.tp}, {"batch_per_gpu", d.batch},
-        {"overlap", OverlapName(d.overlap)}, {"fits", p.memory.fits},
-        {"max_requests_per_gpu", p.memory.max_requests}, {"layer_us", l.total},
-        {"output_tok_s", p.output_tok_s}, {"throughput_tok_s_per_gpu", p.throughput_tok_s_per_gpu},
-        {"step_us", p.step_us}, {"weights_gb_per_gpu", p.memory.weight_bytes / 1e9},
+        {"ep", d.ep},
+        {"dp", d.dp()},
+        {"tp", d.tp},
+        {"batch_per_gpu", d.batch},
+        {"overlap", OverlapName(d.overlap)},
+        {"fits", p.memory.fits},
+        {"max_requests_per_gpu", p.memory.max_requests},
+        {"layer_us", l.total},
+        {"output_tok_s", p.output_tok_s},
+        {"throughput_tok_s_per_gpu", p.throughput_tok_s_per_gpu},
+        {"step_us", p.step_us},
+        {"weights_gb_per_gpu", p.memory.weight_bytes / 1e9},
         {"experts_active_per_gpu", p.experts_active_per_gpu},
-        {"layer_breakdown_us", {{"attention", l.attention}, {"gemm", l.gemm}, {"tp_reduce", l.tp_reduce},
-                                {"grouped_gemm", l.grouped_gemm}, {"dispatch", l.dispatch},
-                                {"combine", l.combine}, {"other", l.other}}},
+        {"layer_breakdown_us",
+         {{"attention", l.attention},
+          {"gemm", l.gemm},
+          {"tp_reduce", l.tp_reduce},
+          {"grouped_gemm", l.grouped_gemm},
+          {"dispatch", l.dispatch},
+          {"combine", l.combine},
+          {"other", l.other}}},
     });
   }
   j["pareto"] = nlohmann::json::array();
   for (const auto& f : plan.pareto) {
     nlohmann::json points = nlohmann::json::array();
-    for (const auto* p : f.points) points.push_back({p->output_tok_s, p->throughput_tok_s_per_gpu});
+    for (const auto* p : f.points)
+      points.push_back({p->output_tok_s, p->throughput_tok_s_per_gpu});
     j["pareto"].push_back({{"ep", f.ep}, {"points", points}});
   }
   return j.dump(1) + "\n";
@@ -101,14 +118,16 @@ std::string PlanToTable(const Plan& plan, const HardwareSpec& hw) {
       out += "  no configuration fits in memory\n";
       continue;
     }
-    out += fmt::format("  {:>4} {:>4} {:>6} {:>10} {:>12} {:>14} {:>16} {:>10} {:>9}\n", "DP", "TP", "batch",
-                       "overlap", "tok/s/req", "tok/s/device", "tok/s/machine", "layer µs", "max req");
+    out += fmt::format("  {:>4} {:>4} {:>6} {:>10} {:>12} {:>14} {:>16} {:>10} {:>9}\n", "DP", "TP",
+                       "batch", "overlap", "tok/s/req", "tok/s/device", "tok/s/machine", "layer µs",
+                       "max req");
     for (const auto* p : f.points) {
       const auto& d = p->deployment;
-      out += fmt::format("  {:>4} {:>4} {:>6} {:>10} {:>12.1f} {:>14.1f} {:>16.0f} {:>10.0f} {:>9}\n", d.dp(),
-                         d.tp, d.batch, OverlapName(d.overlap), p->output_tok_s, p->throughput_tok_s_per_gpu,
-                         p->throughput_tok_s_per_gpu * hw.devices_per_node, p->moe_layer.total,
-                         p->memory.max_requests);
+      out += fmt::format(
+          "  {:>4} {:>4} {:>6} {:>10} {:>12.1f} {:>14.1f} {:>16.0f} {:>10.0f} {:>9}\n", d.dp(),
+          d.tp, d.batch, OverlapName(d.overlap), p->output_tok_s, p->throughput_tok_s_per_gpu,
+          p->throughput_tok_s_per_gpu * hw.devices_per_node, p->moe_layer.total,
+          p->memory.max_requests);
     }
   }
   return out;

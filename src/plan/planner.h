@@ -10,7 +10,7 @@
 namespace sy::plan {
 
 struct SearchSpace {
-  std::vector<int> ep;       // empty: {8, 16, 32, 64, 128} within what the hardware allows
+  std::vector<int> ep;  // empty: {8, 16, 32, 64, 128} within what the hardware allows
   std::vector<int> tp = {1, 2, 4, 8};
   std::vector<int> batch = {1, 2, 4, 8, 16, 32, 64, 128};
   std::vector<Overlap> overlap = {Overlap::kNone, Overlap::kDispatch, Overlap::kMicrobatch};

@@ -117,7 +117,8 @@ uint8_t F32ToF8E4M3(float value) {
 const float* F8E4M3Table() {
   static const std::array<float, 256> table = [] {
     std::array<float, 256> values{};
-    for (int code = 0; code < 256; ++code) values[code] = F8E4M3ToF32(static_cast<uint8_t>(code));
+    for (int code = 0; code < 256; ++code)
+      values[code] = F8E4M3ToF32(static_cast<uint8_t>(code));
     return values;
   }();
   return table.data();

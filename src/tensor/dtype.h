@@ -9,7 +9,20 @@
 
 namespace sy {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kF8E5M2, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kF8E4M3,
+  kF8E5M2,
+  kF64,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU8,
+  kBool
+};
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);
@@ -29,7 +42,9 @@ inline uint32_t BitsFromF32(float value) {
   return bits;
 }
 
-inline float BF16ToF32(uint16_t bits) { return F32FromBits(static_cast<uint32_t>(bits) << 16); }
+inline float BF16ToF32(uint16_t bits) {
+  return F32FromBits(static_cast<uint32_t>(bits) << 16);
+}
 // Round to nearest even, as torch does; NaN stays NaN.
 inline uint16_t F32ToBF16(float value) {
   uint32_t bits = BitsFromF32(value);

@@ -36,7 +36,8 @@ std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
   void* memory = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
   ::madvise(memory, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
   std::memset(memory, 0, bytes);
-  p.data = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(memory), [](uint8_t* ptr) { std::free(ptr); });
+  p.data =
+      std::shared_ptr<uint8_t>(static_cast<uint8_t*>(memory), [](uint8_t* ptr) { std::free(ptr); });
   if (m.dtype == DType::kF8E4M3) {
     p.block_rows = m.block_rows;
     p.block_cols = m.block_cols;

@@ -12,9 +12,11 @@ void RmsNorm(const float* x, int64_t rows, int64_t width, const float* weight, f
     float* target = out + r * width;
     // Accumulate the mean square in double: a row of 7168 values should not lose bits here.
     double sum = 0;
-    for (int64_t i = 0; i < width; ++i) sum += static_cast<double>(in[i]) * in[i];
+    for (int64_t i = 0; i < width; ++i)
+      sum += static_cast<double>(in[i]) * in[i];
     float inverse = 1.0f / std::sqrt(static_cast<float>(sum / width) + eps);
-    for (int64_t i = 0; i < width; ++i) target[i] = in[i] * inverse * weight[i];
+    for (int64_t i = 0; i < width; ++i)
+      target[i] = in[i] * inverse * weight[i];
   }
 }
 
@@ -46,7 +48,8 @@ void Softmax(float* values, int64_t count) {
     sum += values[i];
   }
   float inverse = static_cast<float>(1.0 / sum);
-  for (int64_t i = 0; i < count; ++i) values[i] *= inverse;
+  for (int64_t i = 0; i < count; ++i)
+    values[i] *= inverse;
 }
 
 }  // namespace sy::kernels

@@ -38,7 +38,8 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       if (count == 0 || experts[e].gate == nullptr) continue;
       const PackedMatrix& w = down ? *experts[e].down : *experts[e].gate;
       const int64_t step = use_bf16[e] ? 2 : 1;  // the bf16 kernel takes panel pairs
-      for (int64_t p = 0; p < w.panels; p += step) items.push_back({static_cast<int32_t>(e), static_cast<int32_t>(p)});
+      for (int64_t p = 0; p < w.panels; p += step)
+        items.push_back({static_cast<int32_t>(e), static_cast<int32_t>(p)});
     }
     return items;
   };
@@ -47,10 +48,12 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     const int64_t count = offsets[e + 1] - offsets[e];
     if (count > 0 && experts[e].gate && UseBf16Gemm(count, *experts[e].gate)) use_bf16[e] = 1;
   }
-  ThreadPool::Global().ParallelFor(static_cast<size_t>(experts_count), [&](size_t begin, size_t end) {
-    for (size_t e = begin; e < end; ++e)
-      if (use_bf16[e]) x_bf16[e] = ToBf16Rows(x + offsets[e] * hidden, offsets[e + 1] - offsets[e], hidden);
-  });
+  ThreadPool::Global().ParallelFor(
+      static_cast<size_t>(experts_count), [&](size_t begin, size_t end) {
+        for (size_t e = begin; e < end; ++e)
+          if (use_bf16[e])
+            x_bf16[e] = ToBf16Rows(x + offsets[e] * hidden, offsets[e + 1] - offsets[e], hidden);
+      });
 
   // Phase 1: gate and up panels, then SiLU(gate)·up on the same columns.
   std::vector<WorkItem> items = build_items(false);
@@ -87,8 +90,8 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       const int64_t first = offsets[e], count = offsets[e + 1] - first;
       const PackedMatrix& down = *experts[e].down;
       const int64_t p_end = std::min<int64_t>(down.panels, p + (use_bf16[e] ? 2 : 1));
-      LinearPanels(hidden_rows.data() + first * width, use_bf16[e] ? x_bf16[e].data() : nullptr, count, down, p,
-                   p_end, out + first * hidden);
+      LinearPanels(hidden_rows.data() + first * width, use_bf16[e] ? x_bf16[e].data() : nullptr,
+                   count, down, p, p_end, out + first * hidden);
     }
   });
 }

@@ -21,27 +21,30 @@ void MlaAttendExpanded(const float* q, int64_t tokens, const int64_t* positions,
   std::vector<float> kv(static_cast<size_t>(keys * d.heads * kv_width));
   Linear(latent_only.data(), keys, kv_b, kv.data());
 
-  ThreadPool::Global().ParallelFor(static_cast<size_t>(tokens * d.heads), [&](size_t begin, size_t end) {
-    std::vector<float> scores(static_cast<size_t>(keys));
-    for (size_t item = begin; item < end; ++item) {
-      const int64_t t = static_cast<int64_t>(item) / d.heads, h = static_cast<int64_t>(item) % d.heads;
-      const float* query = q + (t * d.heads + h) * qk;
-      const int64_t visible = std::min(keys, positions[t] + 1);
-      for (int64_t j = 0; j < visible; ++j) {
-        const float* key_nope = kv.data() + (j * d.heads + h) * kv_width;
-        const float* key_pe = latents + j * row + d.latent;
-        scores[j] = (Dot(query, key_nope, d.nope) + Dot(query + d.nope, key_pe, d.rope)) *
-                    d.softmax_scale;
-      }
-      Softmax(scores.data(), visible);
-      float* target = out + (t * d.heads + h) * d.v;
-      std::fill_n(target, d.v, 0.0f);
-      for (int64_t j = 0; j < visible; ++j) {
-        const float* value = kv.data() + (j * d.heads + h) * kv_width + d.nope;
-        for (int64_t i = 0; i < d.v; ++i) target[i] += scores[j] * value[i];
-      }
-    }
-  });
+  ThreadPool::Global().ParallelFor(
+      static_cast<size_t>(tokens * d.heads), [&](size_t begin, size_t end) {
+        std::vector<float> scores(static_cast<size_t>(keys));
+        for (size_t item = begin; item < end; ++item) {
+          const int64_t t = static_cast<int64_t>(item) / d.heads,
+                        h = static_cast<int64_t>(item) % d.heads;
+          const float* query = q + (t * d.heads + h) * qk;
+          const int64_t visible = std::min(keys, positions[t] + 1);
+          for (int64_t j = 0; j < visible; ++j) {
+            const float* key_nope = kv.data() + (j * d.heads + h) * kv_width;
+            const float* key_pe = latents + j * row + d.latent;
+            scores[j] = (Dot(query, key_nope, d.nope) + Dot(query + d.nope, key_pe, d.rope)) *
+                        d.softmax_scale;
+          }
+          Softmax(scores.data(), visible);
+          float* target = out + (t * d.heads + h) * d.v;
+          std::fill_n(target, d.v, 0.0f);
+          for (int64_t j = 0; j < visible; ++j) {
+            const float* value = kv.data() + (j * d.heads + h) * kv_width + d.nope;
+            for (int64_t i = 0; i < d.v; ++i)
+              target[i] += scores[j] * value[i];
+          }
+        }
+      });
 }
 
 void MlaAttendAbsorbed(const float* q, int64_t tokens, const int64_t* positions,
@@ -64,27 +67,30 @@ void MlaAttendAbsorbed(const float* q, int64_t tokens, const int64_t* positions,
 
   // MQA over the latents: o_lat[t, h] = Σ_j softmax_j(scale · (q_abs·c_j + q_pe·k_pe_j)) c_j
   std::vector<float> o_latent(static_cast<size_t>(tokens * d.heads * d.latent));
-  ThreadPool::Global().ParallelFor(static_cast<size_t>(tokens * d.heads), [&](size_t begin, size_t end) {
-    std::vector<float> scores(static_cast<size_t>(keys));
-    for (size_t item = begin; item < end; ++item) {
-      const int64_t t = static_cast<int64_t>(item) / d.heads, h = static_cast<int64_t>(item) % d.heads;
-      const float* query_latent = q_abs.data() + item * d.latent;
-      const float* query_pe = q + (t * d.heads + h) * qk + d.nope;
-      const int64_t visible = std::min(keys, positions[t] + 1);
-      for (int64_t j = 0; j < visible; ++j) {
-        const float* key = latents + j * row;
-        scores[j] = (Dot(query_latent, key, d.latent) + Dot(query_pe, key + d.latent, d.rope)) *
-                    d.softmax_scale;
-      }
-      Softmax(scores.data(), visible);
-      float* target = o_latent.data() + item * d.latent;
-      std::fill_n(target, d.latent, 0.0f);
-      for (int64_t j = 0; j < visible; ++j) {
-        const float* value = latents + j * row;
-        for (int64_t i = 0; i < d.latent; ++i) target[i] += scores[j] * value[i];
-      }
-    }
-  });
+  ThreadPool::Global().ParallelFor(
+      static_cast<size_t>(tokens * d.heads), [&](size_t begin, size_t end) {
+        std::vector<float> scores(static_cast<size_t>(keys));
+        for (size_t item = begin; item < end; ++item) {
+          const int64_t t = static_cast<int64_t>(item) / d.heads,
+                        h = static_cast<int64_t>(item) % d.heads;
+          const float* query_latent = q_abs.data() + item * d.latent;
+          const float* query_pe = q + (t * d.heads + h) * qk + d.nope;
+          const int64_t visible = std::min(keys, positions[t] + 1);
+          for (int64_t j = 0; j < visible; ++j) {
+            const float* key = latents + j * row;
+            scores[j] = (Dot(query_latent, key, d.latent) + Dot(query_pe, key + d.latent, d.rope)) *
+                        d.softmax_scale;
+          }
+          Softmax(scores.data(), visible);
+          float* target = o_latent.data() + item * d.latent;
+          std::fill_n(target, d.latent, 0.0f);
+          for (int64_t j = 0; j < visible; ++j) {
+            const float* value = latents + j * row;
+            for (int64_t i = 0; i < d.latent; ++i)
+              target[i] += scores[j] * value[i];
+          }
+        }
+      });
 
   // out[t, h] = W_UV[h] · o_lat[t, h]
   std::vector<float> head_latent(static_cast<size_t>(tokens * d.latent));

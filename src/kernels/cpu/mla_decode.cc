@@ -8,9 +8,9 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/mla_decode.cc"
+#include "hwy/contrib/math/math-inl.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sy::kernels::HWY_NAMESPACE {
@@ -21,15 +21,17 @@ constexpr int64_t kGroup = 4;   // heads sharing each loaded key/value vector
 
 using DF = hn::CappedTag<float, kChunk>;
 
-void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t tokens, const int64_t* positions,
-                            const LatentPages& cache, int64_t keys, int64_t heads, int64_t head_begin,
-                            int64_t head_end, int64_t latent, int64_t rope, float scale, float* o_latent) {
+void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t tokens,
+                            const int64_t* positions, const LatentPages& cache, int64_t keys,
+                            int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
+                            int64_t rope, float scale, float* o_latent) {
   const DF df;
   const size_t N = hn::Lanes(df);
   const int64_t width = latent + rope;
   const int64_t items = tokens * (head_end - head_begin);
   // Per (token, head): running max, running sum, and the output accumulator.
-  std::vector<float> running_max(static_cast<size_t>(items), -std::numeric_limits<float>::infinity());
+  std::vector<float> running_max(static_cast<size_t>(items),
+                                 -std::numeric_limits<float>::infinity());
   std::vector<float> running_sum(static_cast<size_t>(items), 0.0f);
   std::vector<float> rows(static_cast<size_t>(kChunk * width));        // chunk rows, f32, key-major
   std::vector<float> transposed(static_cast<size_t>(width * kChunk));  // [dim][key] for scores
@@ -38,7 +40,8 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
     for (int64_t h = head_begin; h < head_end; ++h)
       std::fill_n(o_latent + (t * heads + h) * latent, latent, 0.0f);
   int64_t last_visible = 0;
-  for (int64_t t = 0; t < tokens; ++t) last_visible = std::max(last_visible, std::min(keys, positions[t] + 1));
+  for (int64_t t = 0; t < tokens; ++t)
+    last_visible = std::max(last_visible, std::min(keys, positions[t] + 1));
 
   for (int64_t start = 0; start < last_visible; start += kChunk) {
     const int64_t count = std::min(kChunk, last_visible - start);
@@ -57,10 +60,12 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
       }
     }
     for (int64_t d = 0; d < width; ++d)
-      for (int64_t j = 0; j < kChunk; ++j) transposed[d * kChunk + j] = j < count ? rows[j * width + d] : 0.0f;
+      for (int64_t j = 0; j < kChunk; ++j)
+        transposed[d * kChunk + j] = j < count ? rows[j * width + d] : 0.0f;
 
     for (int64_t t = 0; t < tokens; ++t) {
-      const int64_t visible = std::min(keys, positions[t] + 1) - start;  // keys of this chunk t sees
+      const int64_t visible =
+          std::min(keys, positions[t] + 1) - start;  // keys of this chunk t sees
       if (visible <= 0) continue;
       const int64_t used = std::min(count, visible);
       // Heads in groups of kGroup: every key or value vector loaded feeds kGroup heads.
@@ -76,15 +81,18 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
         // scores[g][j] = q_g · row_j, keys in lanes.
         for (int64_t j0 = 0; j0 < kChunk; j0 += static_cast<int64_t>(N)) {
           hn::Vec<DF> acc[kGroup];
-          for (int64_t g = 0; g < kGroup; ++g) acc[g] = hn::Zero(df);
+          for (int64_t g = 0; g < kGroup; ++g)
+            acc[g] = hn::Zero(df);
           const float* column = transposed.data() + j0;
           for (int64_t d = 0; d < latent; ++d) {
             const auto k = hn::LoadU(df, column + d * kChunk);
-            for (int64_t g = 0; g < kGroup; ++g) acc[g] = hn::MulAdd(hn::Set(df, ql[g][d]), k, acc[g]);
+            for (int64_t g = 0; g < kGroup; ++g)
+              acc[g] = hn::MulAdd(hn::Set(df, ql[g][d]), k, acc[g]);
           }
           for (int64_t r = 0; r < rope; ++r) {
             const auto k = hn::LoadU(df, column + (latent + r) * kChunk);
-            for (int64_t g = 0; g < kGroup; ++g) acc[g] = hn::MulAdd(hn::Set(df, qp[g][r]), k, acc[g]);
+            for (int64_t g = 0; g < kGroup; ++g)
+              acc[g] = hn::MulAdd(hn::Set(df, qp[g][r]), k, acc[g]);
           }
           for (int64_t g = 0; g < kGroup; ++g)
             hn::StoreU(hn::Mul(acc[g], hn::Set(df, scale)), df, scores.data() + g * kChunk + j0);
@@ -95,13 +103,15 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
           const int64_t item = t * (head_end - head_begin) + (h0 + g - head_begin);
           float* s = scores.data() + g * kChunk;
           float chunk_max = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j < used; ++j) chunk_max = std::max(chunk_max, s[j]);
+          for (int64_t j = 0; j < used; ++j)
+            chunk_max = std::max(chunk_max, s[j]);
           const float new_max = std::max(running_max[item], chunk_max);
           correction[g] = std::exp(running_max[item] - new_max);
           float sum = 0;
           for (int64_t j0 = 0; j0 < kChunk; j0 += static_cast<int64_t>(N)) {
             auto p = hn::CallExp(df, hn::Sub(hn::LoadU(df, s + j0), hn::Set(df, new_max)));
-            p = hn::IfThenElseZero(hn::FirstN(df, static_cast<size_t>(std::max<int64_t>(0, used - j0))), p);
+            p = hn::IfThenElseZero(
+                hn::FirstN(df, static_cast<size_t>(std::max<int64_t>(0, used - j0))), p);
             hn::StoreU(p, df, s + j0);
             sum += hn::GetLane(hn::SumOfLanes(df, p));
           }
@@ -140,7 +150,8 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
           for (int64_t g = 0; g < group; ++g) {
             float* o = o_latent + (t * heads + h0 + g) * latent + d;
             float acc = *o * correction[g];
-            for (int64_t j = 0; j < used; ++j) acc += scores[g * kChunk + j] * rows[j * width + d];
+            for (int64_t j = 0; j < used; ++j)
+              acc += scores[g * kChunk + j] * rows[j * width + d];
             *o = acc;
           }
       }
@@ -151,7 +162,8 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
       const int64_t item = t * (head_end - head_begin) + (h - head_begin);
       const float inverse = running_sum[item] > 0 ? 1.0f / running_sum[item] : 0.0f;
       float* o = o_latent + (t * heads + h) * latent;
-      for (int64_t d = 0; d < latent; ++d) o[d] *= inverse;
+      for (int64_t d = 0; d < latent; ++d)
+        o[d] *= inverse;
     }
 }
 
@@ -162,11 +174,13 @@ HWY_AFTER_NAMESPACE();
 namespace sy::kernels {
 HWY_EXPORT(MlaDecodeAttentionImpl);
 
-void MlaDecodeAttention(const float* q_latent, const float* q_pe, int64_t tokens, const int64_t* positions,
-                        const LatentPages& cache, int64_t keys, int64_t heads, int64_t head_begin, int64_t head_end,
-                        int64_t latent, int64_t rope, float softmax_scale, float* o_latent) {
-  HWY_DYNAMIC_DISPATCH(MlaDecodeAttentionImpl)(q_latent, q_pe, tokens, positions, cache, keys, heads, head_begin,
-                                               head_end, latent, rope, softmax_scale, o_latent);
+void MlaDecodeAttention(const float* q_latent, const float* q_pe, int64_t tokens,
+                        const int64_t* positions, const LatentPages& cache, int64_t keys,
+                        int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
+                        int64_t rope, float softmax_scale, float* o_latent) {
+  HWY_DYNAMIC_DISPATCH(MlaDecodeAttentionImpl)
+  (q_latent, q_pe, tokens, positions, cache, keys, heads, head_begin, head_end, latent, rope,
+   softmax_scale, o_latent);
 }
 }  // namespace sy::kernels
 #endif

@@ -14,11 +14,12 @@ struct LatentPages {
   const uint8_t* base = nullptr;  // the layer's storage
   DType dtype = DType::kBF16;     // kBF16 or kF32
   int64_t page_size = 0;
-  int64_t row_width = 0;          // latent + rope
-  const int32_t* pages = nullptr; // page of position p is pages[p / page_size]
+  int64_t row_width = 0;           // latent + rope
+  const int32_t* pages = nullptr;  // page of position p is pages[p / page_size]
 
   const uint8_t* Row(int64_t position) const {
-    const int64_t slot = static_cast<int64_t>(pages[position / page_size]) * page_size + position % page_size;
+    const int64_t slot =
+        static_cast<int64_t>(pages[position / page_size]) * page_size + position % page_size;
     return base + static_cast<size_t>(slot * row_width) * DTypeSize(dtype);
   }
 };

@@ -30,11 +30,17 @@ HWY_INLINE hn::Vec<DF> LoadWeights(DF df, const uint8_t* panel, int64_t col, siz
     const hn::Rebind<int8_t, DF> di8;
     const hn::Rebind<int16_t, DF> di16;
     const hn::Rebind<hwy::float16_t, DF> df16;
-    return hn::PromoteTo(df, hn::BitCast(df16, Fp8ToF16Bits(di16, hn::PromoteTo(di16, hn::LoadU(di8, reinterpret_cast<const int8_t*>(panel) + col * kPanelRows + lane)))));
+    return hn::PromoteTo(
+        df, hn::BitCast(
+                df16,
+                Fp8ToF16Bits(di16, hn::PromoteTo(
+                                       di16, hn::LoadU(di8, reinterpret_cast<const int8_t*>(panel) +
+                                                                col * kPanelRows + lane)))));
   } else if constexpr (kType == DType::kBF16) {
     const hn::Rebind<uint16_t, DF> du16;
     const hn::Rebind<uint32_t, DF> du32;
-    auto halves = hn::LoadU(du16, reinterpret_cast<const uint16_t*>(panel) + col * kPanelRows + lane);
+    auto halves =
+        hn::LoadU(du16, reinterpret_cast<const uint16_t*>(panel) + col * kPanelRows + lane);
     return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, halves)));
   } else {
     return hn::LoadU(df, reinterpret_cast<const float*>(panel) + col * kPanelRows + lane);
@@ -45,13 +51,17 @@ HWY_INLINE hn::Vec<DF> LoadWeights(DF df, const uint8_t* panel, int64_t col, siz
 // Columns `col` and `col + 1` of a panel whose rows fill one vector (N == kPanelRows): fp8 is
 // decoded 32 weights at a time, halving the decode work per weight.
 template <DType kType>
-HWY_INLINE void LoadWeightPair(DF df, const uint8_t* panel, int64_t col, hn::Vec<DF>& first, hn::Vec<DF>& second) {
+HWY_INLINE void LoadWeightPair(DF df, const uint8_t* panel, int64_t col, hn::Vec<DF>& first,
+                               hn::Vec<DF>& second) {
   if constexpr (kType == DType::kF8E4M3) {
     const hn::Repartition<int16_t, DF> di16;  // 2N lanes
     const hn::Rebind<int8_t, decltype(di16)> di8;
     const hn::Repartition<hwy::float16_t, DF> df16;
     const hn::Half<decltype(df16)> dh;
-    const auto bits = hn::BitCast(df16, Fp8ToF16Bits(di16, hn::PromoteTo(di16, hn::LoadU(di8, reinterpret_cast<const int8_t*>(panel) + col * kPanelRows))));
+    const auto bits = hn::BitCast(
+        df16, Fp8ToF16Bits(
+                  di16, hn::PromoteTo(di16, hn::LoadU(di8, reinterpret_cast<const int8_t*>(panel) +
+                                                               col * kPanelRows))));
     first = hn::PromoteTo(df, hn::LowerHalf(dh, bits));
     second = hn::PromoteTo(df, hn::UpperHalf(dh, bits));
   } else {
@@ -70,87 +80,96 @@ HWY_INLINE void LoadWeightPair(DF df, const uint8_t* panel, int64_t col, hn::Vec
 template <DType kType, size_t kVectors, size_t kTokens>
 HWY_NOINLINE void PanelTile(const float* x, int64_t x_stride, const PackedMatrix& w, int64_t panel,
                             float* out /* [kTokens][kPanelRows] */) {
-  constexpr size_t kUnroll = kTokens * kVectors >= 4 ? (kVectors == 1 ? 2 : 1) : 4 / (kTokens * kVectors);
+  constexpr size_t kUnroll =
+      kTokens * kVectors >= 4 ? (kVectors == 1 ? 2 : 1) : 4 / (kTokens * kVectors);
   const DF df;
   const size_t N = hn::Lanes(df);
   const uint8_t* base = w.Panel(panel);
   hn::Vec<DF> acc[kTokens][kVectors];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (size_t t = 0; t < kTokens; ++t)
-    #pragma GCC unroll 16
-    for (size_t v = 0; v < kVectors; ++v) acc[t][v] = hn::Zero(df);
+#pragma GCC unroll 16
+    for (size_t v = 0; v < kVectors; ++v)
+      acc[t][v] = hn::Zero(df);
   // fp8 scales change every block_cols columns: accumulate each block apart, then scale it.
   const int64_t block = kType == DType::kF8E4M3 ? w.block_cols : w.cols;
   const float* scales = kType == DType::kF8E4M3 ? w.PanelScales(panel) : nullptr;
   for (int64_t begin = 0; begin < w.cols; begin += block) {
     const int64_t end = std::min(w.cols, begin + block);
     hn::Vec<DF> part[kUnroll][kTokens][kVectors];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (size_t u = 0; u < kUnroll; ++u)
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (size_t t = 0; t < kTokens; ++t)
-        #pragma GCC unroll 16
-        for (size_t v = 0; v < kVectors; ++v) part[u][t][v] = hn::Zero(df);
+#pragma GCC unroll 16
+        for (size_t v = 0; v < kVectors; ++v)
+          part[u][t][v] = hn::Zero(df);
     int64_t c = begin;
     if constexpr (SY_HAVE_PAIR_LOADS && kVectors == 1 && kUnroll % 2 == 0) {
 #if SY_HAVE_PAIR_LOADS
       for (; c + static_cast<int64_t>(kUnroll) <= end; c += kUnroll) {
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (size_t u = 0; u < kUnroll; u += 2) {
           hn::Vec<DF> w0, w1;
           LoadWeightPair<kType>(df, base, c + u, w0, w1);
-          #pragma GCC unroll 16
+#pragma GCC unroll 16
           for (size_t t = 0; t < kTokens; ++t) {
             part[u][t][0] = hn::MulAdd(hn::Set(df, x[t * x_stride + c + u]), w0, part[u][t][0]);
-            part[u + 1][t][0] = hn::MulAdd(hn::Set(df, x[t * x_stride + c + u + 1]), w1, part[u + 1][t][0]);
+            part[u + 1][t][0] =
+                hn::MulAdd(hn::Set(df, x[t * x_stride + c + u + 1]), w1, part[u + 1][t][0]);
           }
         }
       }
 #endif
     } else {
       for (; c + static_cast<int64_t>(kUnroll) <= end; c += kUnroll) {
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (size_t u = 0; u < kUnroll; ++u)
-          #pragma GCC unroll 16
+#pragma GCC unroll 16
           for (size_t v = 0; v < kVectors; ++v) {
             const auto weights = LoadWeights<kType>(df, base, c + u, v * N);
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (size_t t = 0; t < kTokens; ++t)
-              part[u][t][v] = hn::MulAdd(hn::Set(df, x[t * x_stride + c + u]), weights, part[u][t][v]);
+              part[u][t][v] =
+                  hn::MulAdd(hn::Set(df, x[t * x_stride + c + u]), weights, part[u][t][v]);
           }
       }
     }
     for (; c < end; ++c)
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (size_t v = 0; v < kVectors; ++v) {
         const auto weights = LoadWeights<kType>(df, base, c, v * N);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (size_t t = 0; t < kTokens; ++t)
           part[0][t][v] = hn::MulAdd(hn::Set(df, x[t * x_stride + c]), weights, part[0][t][v]);
       }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (size_t u = 1; u < kUnroll; ++u)
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (size_t t = 0; t < kTokens; ++t)
-        #pragma GCC unroll 16
-        for (size_t v = 0; v < kVectors; ++v) part[0][t][v] = hn::Add(part[0][t][v], part[u][t][v]);
+#pragma GCC unroll 16
+        for (size_t v = 0; v < kVectors; ++v)
+          part[0][t][v] = hn::Add(part[0][t][v], part[u][t][v]);
     if constexpr (kType == DType::kF8E4M3) {
       const auto scale = hn::Set(df, scales[begin / block] * 256.0f);
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (size_t t = 0; t < kTokens; ++t)
-        #pragma GCC unroll 16
-        for (size_t v = 0; v < kVectors; ++v) acc[t][v] = hn::MulAdd(part[0][t][v], scale, acc[t][v]);
+#pragma GCC unroll 16
+        for (size_t v = 0; v < kVectors; ++v)
+          acc[t][v] = hn::MulAdd(part[0][t][v], scale, acc[t][v]);
     } else {
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (size_t t = 0; t < kTokens; ++t)
-        #pragma GCC unroll 16
-        for (size_t v = 0; v < kVectors; ++v) acc[t][v] = hn::Add(part[0][t][v], acc[t][v]);
+#pragma GCC unroll 16
+        for (size_t v = 0; v < kVectors; ++v)
+          acc[t][v] = hn::Add(part[0][t][v], acc[t][v]);
     }
   }
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (size_t t = 0; t < kTokens; ++t)
-    #pragma GCC unroll 16
-    for (size_t v = 0; v < kVectors; ++v) hn::StoreU(acc[t][v], df, out + t * kPanelRows + v * N);
+#pragma GCC unroll 16
+    for (size_t v = 0; v < kVectors; ++v)
+      hn::StoreU(acc[t][v], df, out + t * kPanelRows + v * N);
 }
 
 template <DType kType, size_t kVectors>
@@ -167,40 +186,71 @@ void PanelGemmTyped(const float* x, int64_t m, const PackedMatrix& w, int64_t pa
       const float* xt = x + t0 * w.cols;
       if constexpr (kTokens == 8) {
         switch (count) {
-          case 8: PanelTile<kType, kVectors, 8>(xt, w.cols, w, panel, tile); break;
-          case 7: PanelTile<kType, kVectors, 7>(xt, w.cols, w, panel, tile); break;
-          case 6: PanelTile<kType, kVectors, 6>(xt, w.cols, w, panel, tile); break;
-          case 5: PanelTile<kType, kVectors, 5>(xt, w.cols, w, panel, tile); break;
-          default: break;
+          case 8:
+            PanelTile<kType, kVectors, 8>(xt, w.cols, w, panel, tile);
+            break;
+          case 7:
+            PanelTile<kType, kVectors, 7>(xt, w.cols, w, panel, tile);
+            break;
+          case 6:
+            PanelTile<kType, kVectors, 6>(xt, w.cols, w, panel, tile);
+            break;
+          case 5:
+            PanelTile<kType, kVectors, 5>(xt, w.cols, w, panel, tile);
+            break;
+          default:
+            break;
         }
       }
       switch (count) {
-        case 4: PanelTile<kType, kVectors, 4>(xt, w.cols, w, panel, tile); break;
-        case 3: PanelTile<kType, kVectors, 3>(xt, w.cols, w, panel, tile); break;
-        case 2: PanelTile<kType, kVectors, 2>(xt, w.cols, w, panel, tile); break;
-        case 1: PanelTile<kType, kVectors, 1>(xt, w.cols, w, panel, tile); break;
-        default: break;
+        case 4:
+          PanelTile<kType, kVectors, 4>(xt, w.cols, w, panel, tile);
+          break;
+        case 3:
+          PanelTile<kType, kVectors, 3>(xt, w.cols, w, panel, tile);
+          break;
+        case 2:
+          PanelTile<kType, kVectors, 2>(xt, w.cols, w, panel, tile);
+          break;
+        case 1:
+          PanelTile<kType, kVectors, 1>(xt, w.cols, w, panel, tile);
+          break;
+        default:
+          break;
       }
       for (int64_t t = 0; t < count; ++t)
-        std::memcpy(y + (t0 + t) * w.rows + row0, tile + t * kPanelRows, static_cast<size_t>(valid) * sizeof(float));
+        std::memcpy(y + (t0 + t) * w.rows + row0, tile + t * kPanelRows,
+                    static_cast<size_t>(valid) * sizeof(float));
     }
   }
 }
 
 template <DType kType>
-void PanelGemmForType(const float* x, int64_t m, const PackedMatrix& w, int64_t begin, int64_t end, float* y) {
+void PanelGemmForType(const float* x, int64_t m, const PackedMatrix& w, int64_t begin, int64_t end,
+                      float* y) {
   const size_t vectors = kPanelRows / hn::Lanes(DF());
-  if (vectors == 1) PanelGemmTyped<kType, 1>(x, m, w, begin, end, y);
-  else if (vectors == 2) PanelGemmTyped<kType, 2>(x, m, w, begin, end, y);
-  else if (vectors == 4) PanelGemmTyped<kType, 4>(x, m, w, begin, end, y);
-  else PanelGemmTyped<kType, 16>(x, m, w, begin, end, y);
+  if (vectors == 1)
+    PanelGemmTyped<kType, 1>(x, m, w, begin, end, y);
+  else if (vectors == 2)
+    PanelGemmTyped<kType, 2>(x, m, w, begin, end, y);
+  else if (vectors == 4)
+    PanelGemmTyped<kType, 4>(x, m, w, begin, end, y);
+  else
+    PanelGemmTyped<kType, 16>(x, m, w, begin, end, y);
 }
 
-void PanelGemmImpl(const float* x, int64_t m, const PackedMatrix& w, int64_t begin, int64_t end, float* y) {
+void PanelGemmImpl(const float* x, int64_t m, const PackedMatrix& w, int64_t begin, int64_t end,
+                   float* y) {
   switch (w.dtype) {
-    case DType::kF8E4M3: PanelGemmForType<DType::kF8E4M3>(x, m, w, begin, end, y); break;
-    case DType::kBF16: PanelGemmForType<DType::kBF16>(x, m, w, begin, end, y); break;
-    default: PanelGemmForType<DType::kF32>(x, m, w, begin, end, y); break;
+    case DType::kF8E4M3:
+      PanelGemmForType<DType::kF8E4M3>(x, m, w, begin, end, y);
+      break;
+    case DType::kBF16:
+      PanelGemmForType<DType::kBF16>(x, m, w, begin, end, y);
+      break;
+    default:
+      PanelGemmForType<DType::kF32>(x, m, w, begin, end, y);
+      break;
   }
 }
 
@@ -213,8 +263,8 @@ namespace sy::kernels {
 
 HWY_EXPORT(PanelGemmImpl);
 
-void PanelGemm(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin, int64_t panel_end,
-               float* y) {
+void PanelGemm(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
+               int64_t panel_end, float* y) {
   HWY_DYNAMIC_DISPATCH(PanelGemmImpl)(x, m, w, panel_begin, panel_end, y);
 }
 
@@ -229,11 +279,14 @@ void ForcePanelGemmTarget(int64_t target) {
 
 std::vector<int64_t> PanelGemmTargets() {
   std::vector<int64_t> targets;
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) targets.push_back(target);
+  for (int64_t target : hwy::SupportedAndGeneratedTargets())
+    targets.push_back(target);
   return targets;
 }
 
-const char* TargetName(int64_t target) { return hwy::TargetName(target); }
+const char* TargetName(int64_t target) {
+  return hwy::TargetName(target);
+}
 
 }  // namespace sy::kernels
 #endif

@@ -34,12 +34,14 @@ void Route(const float* logits, int64_t tokens, const float* bias, const RouterP
   for (int64_t t = 0; t < tokens; ++t) {
     const float* row = logits + t * experts;
     if (params.sigmoid) {
-      for (int64_t e = 0; e < experts; ++e) scores[e] = 1.0f / (1.0f + std::exp(-row[e]));
+      for (int64_t e = 0; e < experts; ++e)
+        scores[e] = 1.0f / (1.0f + std::exp(-row[e]));
     } else {
       std::copy_n(row, experts, scores.begin());
       Softmax(scores.data(), experts);
     }
-    for (int64_t e = 0; e < experts; ++e) selection[e] = scores[e] + (bias ? bias[e] : 0.0f);
+    for (int64_t e = 0; e < experts; ++e)
+      selection[e] = scores[e] + (bias ? bias[e] : 0.0f);
 
     if (params.group_score != GroupScore::kNone && params.groups > 1 &&
         params.groups_kept < params.groups) {
@@ -62,7 +64,8 @@ void Route(const float* logits, int64_t tokens, const float* bias, const RouterP
       }
       TopIndices(group_scores.data(), params.groups, params.groups_kept, kept_groups.data());
       std::vector<bool> keep(static_cast<size_t>(params.groups), false);
-      for (int64_t i = 0; i < params.groups_kept; ++i) keep[kept_groups[i]] = true;
+      for (int64_t i = 0; i < params.groups_kept; ++i)
+        keep[kept_groups[i]] = true;
       for (int64_t e = 0; e < experts; ++e)
         if (!keep[e / per_group]) selection[e] = masked;
     }
@@ -76,7 +79,8 @@ void Route(const float* logits, int64_t tokens, const float* bias, const RouterP
       sum += token_weights[k];
     }
     const float divisor = params.normalize ? sum + 1e-20f : 1.0f;
-    for (int64_t k = 0; k < top_k; ++k) token_weights[k] = token_weights[k] / divisor * params.scale;
+    for (int64_t k = 0; k < top_k; ++k)
+      token_weights[k] = token_weights[k] / divisor * params.scale;
   }
 }
 

@@ -14,10 +14,10 @@ struct RouterParams {
   int64_t groups = 1;       // contiguous expert groups
   int64_t groups_kept = 1;  // groups a token may draw from
   int64_t top_k = 0;
-  bool sigmoid = true;      // sigmoid affinities; otherwise softmax over all experts
+  bool sigmoid = true;  // sigmoid affinities; otherwise softmax over all experts
   GroupScore group_score = GroupScore::kSumOfTop2;
-  bool normalize = true;    // renormalize the chosen weights to sum to 1
-  float scale = 1.0f;       // routed_scaling_factor
+  bool normalize = true;  // renormalize the chosen weights to sum to 1
+  float scale = 1.0f;     // routed_scaling_factor
 };
 
 // logits:  [tokens, experts]   router logits (x · gateᵀ) in f32
