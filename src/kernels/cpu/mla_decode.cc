@@ -6,11 +6,13 @@
 #include <limits>
 #include <vector>
 
+// clang-format off: Highway's per-target re-inclusion needs this order.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/mla_decode.cc"
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+// clang-format on
 
 HWY_BEFORE_NAMESPACE();
 namespace sy::kernels::HWY_NAMESPACE {
