@@ -6,7 +6,8 @@
 #include <limits>
 #include <vector>
 
-// clang-format off: Highway's per-target re-inclusion needs this order.
+// Highway's per-target re-inclusion needs this order.
+// clang-format off
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/mla_decode.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
