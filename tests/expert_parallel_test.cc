@@ -34,6 +34,11 @@ struct EpCase {
   int decode_from;  // -1: prefill only
 };
 
+void PrintTo(const EpCase& c, std::ostream* os) {
+  *os << c.ranks << " ranks, " << c.wire << " wire, overlap " << c.overlap << ", decode from "
+      << c.decode_from;
+}
+
 class ExpertParallelTest : public ::testing::TestWithParam<EpCase> {};
 
 TEST_P(ExpertParallelTest, LogitsMatchTheSingleProcessRun) {
@@ -85,7 +90,8 @@ INSTANTIATE_TEST_SUITE_P(
     Launches, ExpertParallelTest,
     ::testing::Values(EpCase{1, "f32", "none", 5}, EpCase{2, "f32", "none", -1},
                       EpCase{2, "f32", "dispatch", 5}, EpCase{4, "f32", "none", 5},
-                      EpCase{4, "f32", "dispatch", -1}, EpCase{2, "bf16", "none", 5},
+                      EpCase{4, "f32", "dispatch", -1}, EpCase{2, "f32", "microbatch", 5},
+                      EpCase{4, "f32", "microbatch", -1}, EpCase{2, "bf16", "none", 5},
                       EpCase{4, "bf16", "dispatch", 3}),
     EpCaseName);
 

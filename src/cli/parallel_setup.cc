@@ -24,7 +24,7 @@ void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
   verb->add_option("--overlap", args.overlap,
                    "Communication overlap: none, or dispatch (shared expert between dispatch send "
                    "and receive)")
-      ->check(CLI::IsMember({"none", "dispatch"}));
+      ->check(CLI::IsMember({"none", "dispatch", "microbatch"}));
 }
 
 static double ResidentMegabytes() {

@@ -129,7 +129,72 @@ void ExpertDispatcher::CombineRecv(float* out) {
 
 ExpertParallelMoe::ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire,
                                      OverlapMode overlap)
-    : dispatcher_(comm, config.n_routed_experts, config.hidden_size, wire), overlap_(overlap) {}
+    : dispatcher_(comm, config.n_routed_experts, config.hidden_size, wire),
+      second_(comm, config.n_routed_experts, config.hidden_size, wire),
+      overlap_(overlap) {}
+
+void ExpertParallelMoe::RunLocalExperts(const MoeWeights& w, const std::vector<float>& rows,
+                                        const std::vector<int64_t>& local_offsets,
+                                        float* out) const {
+  ScopedStage stage(Stage::kGroupedGemm);
+  const int64_t D = dispatcher_.hidden(), first = dispatcher_.first_expert(),
+                local = dispatcher_.local_experts();
+  const int64_t received = local_offsets.back();
+  std::vector<kernels::ExpertPanels> panels(static_cast<size_t>(local));
+  bool packed = true;
+  for (int64_t i = 0; i < local; ++i) {
+    const FeedForwardWeights& ff = w.experts[first + i];
+    packed = packed && ff.gate_proj.packed && ff.up_proj.packed && ff.down_proj.packed;
+    if (packed)
+      panels[i] = {ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()};
+  }
+  if (received > 0 && packed) {
+    kernels::GroupedExpertFfn(rows.data(), local_offsets, panels, D, out);
+    return;
+  }
+  for (int64_t i = 0; i < local; ++i) {
+    const int64_t begin = local_offsets[i], end = local_offsets[i + 1];
+    if (begin < end)
+      FeedForward(w.experts[first + i], rows.data() + begin * D, end - begin, out + begin * D);
+  }
+}
+
+void ExpertParallelMoe::RunMicrobatched(const ModelConfig& c, const MoeWeights& w, const float* x,
+                                        int64_t tokens, float* out) {
+  const int64_t D = c.hidden_size;
+  const int64_t half[2] = {tokens / 2, tokens - tokens / 2};
+  const float* inputs[2] = {x, x + half[0] * D};
+  ExpertDispatcher* exchange[2] = {&dispatcher_, &second_};
+  ExpertRouting routing[2] = {RouteTokens(c, w, inputs[0], half[0]),
+                              RouteTokens(c, w, inputs[1], half[1])};
+  std::vector<float> shared[2], expert_out[2], expert_rows[2];
+  auto run_shared = [&](int h) {
+    if (w.shared_experts.empty() || half[h] == 0) return;
+    shared[h].resize(static_cast<size_t>(half[h] * D));
+    FeedForward(w.shared_experts, inputs[h], half[h], shared[h].data());
+  };
+  // Every rank starts the exchanges in the same order: A's dispatch, B's dispatch, A's combine,
+  // B's combine. A's rows travel while B's shared expert runs, and the other way round.
+  exchange[0]->DispatchSend(routing[0], inputs[0]);
+  exchange[1]->DispatchSend(routing[1], inputs[1]);
+  run_shared(0);
+  for (int h = 0; h < 2; ++h) {
+    std::vector<int64_t> offsets;
+    const std::vector<float>& rows = exchange[h]->DispatchRecv(&offsets);
+    expert_out[h].resize(static_cast<size_t>(offsets.back() * D));
+    RunLocalExperts(w, rows, offsets, expert_out[h].data());
+    exchange[h]->CombineSend(expert_out[h].data());
+    if (h == 0) run_shared(1);
+  }
+  for (int h = 0; h < 2; ++h) {
+    expert_rows[h].resize(static_cast<size_t>(half[h] * routing[h].top_k * D));
+    exchange[h]->CombineRecv(expert_rows[h].data());
+    if (half[h] > 0)
+      FinalizeRouting(routing[h], expert_rows[h].data(),
+                      shared[h].empty() ? nullptr : shared[h].data(), D,
+                      out + (h == 0 ? 0 : half[0] * D));
+  }
+}
 
 void ExpertParallelMoe::Run(const ModelConfig& c, const MoeWeights& w, int64_t layer,
                             const float* x, int64_t tokens, float* out) {
@@ -145,30 +210,8 @@ void ExpertParallelMoe::Run(const ModelConfig& c, const MoeWeights& w, int64_t l
   if (overlap_ == OverlapMode::kDispatch) run_shared();  // between dispatch send and receive
   std::vector<int64_t> local_offsets;
   const std::vector<float>& rows = dispatcher_.DispatchRecv(&local_offsets);
-  const int64_t received = local_offsets.back();
-  std::vector<float> expert_out(static_cast<size_t>(received * D));
-  {
-    ScopedStage stage(Stage::kGroupedGemm);
-    const int64_t first = dispatcher_.first_expert(), local = dispatcher_.local_experts();
-    std::vector<kernels::ExpertPanels> panels(static_cast<size_t>(local));
-    bool packed = true;
-    for (int64_t i = 0; i < local; ++i) {
-      const FeedForwardWeights& ff = w.experts[first + i];
-      packed = packed && ff.gate_proj.packed && ff.up_proj.packed && ff.down_proj.packed;
-      if (packed)
-        panels[i] = {ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()};
-    }
-    if (received > 0 && packed) {
-      kernels::GroupedExpertFfn(rows.data(), local_offsets, panels, D, expert_out.data());
-    } else {
-      for (int64_t i = 0; i < local; ++i) {
-        const int64_t begin = local_offsets[i], end = local_offsets[i + 1];
-        if (begin < end)
-          FeedForward(w.experts[first + i], rows.data() + begin * D, end - begin,
-                      expert_out.data() + begin * D);
-      }
-    }
-  }
+  std::vector<float> expert_out(static_cast<size_t>(local_offsets.back() * D));
+  RunLocalExperts(w, rows, local_offsets, expert_out.data());
   dispatcher_.CombineSend(expert_out.data());
   std::vector<float> expert_rows(static_cast<size_t>(tokens * routing.top_k * D));
   dispatcher_.CombineRecv(expert_rows.data());

@@ -23,6 +23,7 @@ class ExpertDispatcher {
   ExpertDispatcher(Communicator& comm, int64_t experts, int64_t hidden, DType wire);
 
   int64_t local_experts() const { return local_; }
+  int64_t hidden() const { return hidden_; }
   int64_t first_expert() const { return static_cast<int64_t>(comm_.rank()) * local_; }
 
   // routing: this rank's slots sorted by global expert; x: [tokens, D]. Starts the exchange.
@@ -52,7 +53,11 @@ class ExpertDispatcher {
   std::unique_ptr<Communicator::Exchange> pending_;
 };
 
-enum class OverlapMode { kNone, kDispatch };
+// none: dispatch, experts, combine, then the shared expert. dispatch: the shared expert runs
+// between dispatch send and receive. microbatch: the tokens split in two halves whose exchanges
+// interleave — each half's communication runs while the other half computes (the seed's
+// two-micro-batch idea, applied inside the MoE block).
+enum class OverlapMode { kNone, kDispatch, kMicrobatch };
 
 // Runs MoE layers expert-parallel over `comm`. Each rank must hold experts
 // [rank·E/N, (rank+1)·E/N) (WeightLoadOptions) and calls Run for every MoE layer of every step,
@@ -64,7 +69,13 @@ class ExpertParallelMoe final : public MoeExecutor {
            int64_t tokens, float* out) override;
 
  private:
+  void RunLocalExperts(const MoeWeights& weights, const std::vector<float>& rows,
+                       const std::vector<int64_t>& local_offsets, float* out) const;
+  void RunMicrobatched(const ModelConfig& config, const MoeWeights& weights, const float* x,
+                       int64_t tokens, float* out);
+
   ExpertDispatcher dispatcher_;
+  ExpertDispatcher second_;  // the other half's exchanges in microbatch mode
   OverlapMode overlap_;
 };
 
