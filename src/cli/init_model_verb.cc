@@ -12,16 +12,17 @@ struct InitModelArgs {
   std::string out;
   uint64_t seed = 0;
   bool bf16 = false;
+  std::string preset = "default";
 };
 
 void RunInitModel(const InitModelArgs& args) {
-  ModelConfig config = DefaultModelConfig();
+  ModelConfig config = args.preset == "bench" ? BenchModelConfig() : DefaultModelConfig();
   if (args.bf16) config.fp8_weights = false;
   SyntheticOptions options;
   options.seed = args.seed;
   Status status = WriteSyntheticCheckpoint(config, args.out, options);
   if (!status.ok()) FailVerb(status.message());
-  std::printf("wrote the default model (%s weights, seed %llu) to %s\n",
+  std::printf("wrote the %s model (%s weights, seed %llu) to %s\n", args.preset.c_str(),
               config.fp8_weights ? "fp8" : "bf16", static_cast<unsigned long long>(args.seed),
               args.out.c_str());
 }
@@ -35,6 +36,8 @@ void AddInitModelVerb(CLI::App& app) {
   verb->add_option("--out", args->out, "Directory to write")->required();
   verb->add_option("--seed", args->seed, "Random seed");
   verb->add_flag("--bf16", args->bf16, "Store weights in bf16 instead of fp8 blocks");
+  verb->add_option("--preset", args->preset, "default (small, the embedded model) or bench (about 1 GB, for benchmarks)")
+      ->check(CLI::IsMember({"default", "bench"}));
   verb->callback([args] { RunInitModel(*args); });
 }
 

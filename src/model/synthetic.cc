@@ -191,6 +191,27 @@ ModelConfig DefaultModelConfig() {
   return c;
 }
 
+ModelConfig BenchModelConfig() {
+  ModelConfig c = DefaultModelConfig();
+  c.vocab_size = 16384;
+  c.hidden_size = 2048;
+  c.intermediate_size = 5632;
+  c.moe_intermediate_size = 768;
+  c.num_hidden_layers = 10;
+  c.num_attention_heads = c.num_key_value_heads = 16;
+  c.n_routed_experts = 16;
+  c.num_experts_per_tok = 4;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.q_lora_rank = 768;
+  c.kv_lora_rank = 256;
+  c.qk_nope_head_dim = 64;
+  c.qk_rope_head_dim = 32;
+  c.v_head_dim = 64;
+  c.num_nextn_predict_layers = 0;
+  return c;
+}
+
 ModelConfig DeepSeekV3Config() {
   ModelConfig c = DefaultModelConfig();
   c.vocab_size = 129280;

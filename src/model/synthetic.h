@@ -15,6 +15,10 @@ namespace sy {
 // layer, 32 routed experts in 4 groups, a shared expert, an MTP module, fp8 128×128 blocks).
 ModelConfig DefaultModelConfig();
 
+// A larger DeepSeek-V3-shaped model (about 1 GB in fp8, ten times a 100 MB cache) for
+// benchmarks that must stream weights from memory, such as the comparison with llama.cpp.
+ModelConfig BenchModelConfig();
+
 // DeepSeek-V3's own architecture (configs/deepseek-v3.json), fp8 with 128×128 blocks.
 ModelConfig DeepSeekV3Config();
 
