@@ -36,7 +36,8 @@ void AddInitModelVerb(CLI::App& app) {
   verb->add_option("--out", args->out, "Directory to write")->required();
   verb->add_option("--seed", args->seed, "Random seed");
   verb->add_flag("--bf16", args->bf16, "Store weights in bf16 instead of fp8 blocks");
-  verb->add_option("--preset", args->preset, "default (small, the embedded model) or bench (about 1 GB, for benchmarks)")
+  verb->add_option("--preset", args->preset,
+                   "default (small, the embedded model) or bench (about 1 GB, for benchmarks)")
       ->check(CLI::IsMember({"default", "bench"}));
   verb->callback([args] { RunInitModel(*args); });
 }
