@@ -163,3 +163,34 @@ TEST(ExpertParallelErrors, BadTokenFailsEveryRankWithOneMessage) {
 
 }  // namespace
 }  // namespace sy
+
+namespace sy {
+namespace {
+
+// Several machines, emulated: network namespaces joined by shaped veth links
+// (scripts/netns-cluster.sh), mpirun starting one daemon per host through `ip netns exec`, rows
+// crossing real TCP connections. The parity bar is the same as on one host.
+TEST(ExpertParallelMultiHost, LogitsMatchAcrossEmulatedHosts) {
+  const std::string scripts = std::string(SY_SOURCE_DIR) + "/scripts/netns-cluster.sh";
+  std::string output;
+  if (RunCommand(scripts + " up 4", &output) != 0) GTEST_SKIP() << "cannot create network namespaces: " << output;
+  auto fixture = testing::LoadFixture("tiny-v3-fp8");
+  const std::string dir = testing::TempDirectory("multihost");
+  const std::string args = " --threads 1 logits --model " + fixture.directory + " --tokens '" + fixture.tokens_text +
+                           "' --decode-from 4";
+  ASSERT_EQ(RunCommand(std::string(testing::kBinary) + args + " --out " + dir + "/one.bin", &output), 0) << output;
+  for (int hosts : {2, 4}) {
+    const std::string out = dir + "/hosts" + std::to_string(hosts) + ".bin";
+    int status = RunCommand("timeout 300 " + scripts + " mpirun " + std::to_string(hosts) + " " + testing::kBinary +
+                                args + " --out " + out + " --wire-dtype f32 --overlap dispatch", &output);
+    EXPECT_EQ(status, 0) << output;
+    if (status != 0) continue;
+    auto comparison = testing::CompareLogits(ReadLogits(dir + "/one.bin"), ReadLogits(out), fixture.vocab);
+    EXPECT_EQ(comparison.argmax_mismatches, 0) << hosts;
+    EXPECT_LE(comparison.max_abs_diff, 1e-4 * comparison.max_abs_reference) << hosts;
+  }
+  RunCommand(scripts + " down 4", &output);
+}
+
+}  // namespace
+}  // namespace sy
