@@ -14,6 +14,8 @@
 #include "model/mla.h"
 #include "model/rope.h"
 #include "model/synthetic.h"
+#include "parallel/communicator.h"
+#include "parallel/expert_parallel.h"
 
 namespace sy::bench {
 namespace {
@@ -25,7 +27,7 @@ FeedForwardWeights RandomFeedForward(int64_t width, int64_t hidden, uint64_t see
 }
 
 // One MoE decoder layer of DeepSeek-V3 holding routed experts [0, E / ep).
-DecoderLayerWeights RandomMoeLayer(const ModelConfig& c, int ep) {
+DecoderLayerWeights RandomMoeLayer(const ModelConfig& c, int64_t local_experts) {
   const int64_t D = c.hidden_size, H = c.num_attention_heads;
   DecoderLayerWeights w;
   AttentionWeights& a = w.self_attn;
@@ -46,7 +48,7 @@ DecoderLayerWeights RandomMoeLayer(const ModelConfig& c, int ep) {
   w.moe.gate = RandomPackedMatrix(DType::kBF16, c.n_routed_experts, D, 5);
   w.moe.e_score_correction_bias.assign(static_cast<size_t>(c.n_routed_experts), 0.01f);
   w.moe.experts.resize(static_cast<size_t>(c.n_routed_experts));
-  for (int64_t e = 0; e < c.n_routed_experts / ep; ++e)
+  for (int64_t e = 0; e < local_experts; ++e)
     w.moe.experts[e] = RandomFeedForward(c.moe_intermediate_size, D, 1000 + 3 * e);
   w.moe.shared_experts = RandomFeedForward(c.shared_expert_width(), D, 6);
   return w;
@@ -60,10 +62,29 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
-  const ModelConfig c = DeepSeekV3Config();
+  Communicator& comm = WorldCommunicator();
+  ModelConfig c = DeepSeekV3Config();
   const RopeParams rope = ComputeRopeParams(c);
   const int64_t D = c.hidden_size, local_experts = c.n_routed_experts / options.ep;
-  DecoderLayerWeights layer = RandomMoeLayer(c, options.ep);
+  std::unique_ptr<ExpertParallelMoe> exchange;
+  if (comm.size() > 1) {
+    // The experts of the N real ranks form the whole MoE: rank r holds experts
+    // [r·local, (r+1)·local) of N·local, and top-8 routing picks among them.
+    c.n_routed_experts = comm.size() * local_experts;
+    c.n_group = std::min<int64_t>(c.n_group, c.n_routed_experts / 2);
+    c.topk_group = std::max<int64_t>(1, c.n_group / 2);
+    c.num_experts_per_tok = std::min<int64_t>(c.num_experts_per_tok, c.topk_group * (c.n_routed_experts / c.n_group));
+    const OverlapMode mode = options.overlap == "dispatch"     ? OverlapMode::kDispatch
+                             : options.overlap == "microbatch" ? OverlapMode::kMicrobatch
+                                                               : OverlapMode::kNone;
+    exchange = std::make_unique<ExpertParallelMoe>(comm, c, DType::kBF16, mode);
+  }
+  DecoderLayerWeights layer = RandomMoeLayer(c, local_experts);
+  if (comm.size() > 1) {  // move this rank's experts to their global slots
+    std::vector<FeedForwardWeights> placed(static_cast<size_t>(c.n_routed_experts));
+    for (int64_t e = 0; e < local_experts; ++e) placed[comm.rank() * local_experts + e] = layer.moe.experts[e];
+    layer.moe.experts = std::move(placed);
+  }
 
   // A latent cache holding kv_len rows for each of the largest batch's requests.
   const int64_t max_batch = *std::max_element(options.batches.begin(), options.batches.end());
@@ -117,20 +138,26 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
           delta[i] += hidden[i];
         kernels::RmsNorm(delta.data(), T, D, layer.post_attention_layernorm.data(), 1e-6f,
                          normed.data());
-        ExpertRouting routing = RouteTokens(c, layer.moe, normed.data(), T);
-        {
-          // This rank's share of the layer: the routed slots land on its own experts, as the
-          // dispatch from all EP ranks delivers them on average (tokens × top-k per rank).
-          ScopedStage router(Stage::kRouter);
-          for (int32_t& e : routing.expert_ids)
-            e %= static_cast<int32_t>(local_experts);
-          SortByExpert(routing, c.n_routed_experts);
+        if (exchange) {
+          exchange->Run(c, layer.moe, 0, normed.data(), T, delta.data());
+          active = local_experts;
+        } else {
+          ExpertRouting routing = RouteTokens(c, layer.moe, normed.data(), T);
+          {
+            // This rank's share of the layer: the routed slots land on its own experts, as the
+            // dispatch from all EP ranks delivers them on average (tokens × top-k per rank).
+            ScopedStage router(Stage::kRouter);
+            for (int32_t& e : routing.expert_ids) e %= static_cast<int32_t>(local_experts);
+            SortByExpert(routing, c.n_routed_experts);
+          }
+          std::vector<float> expert_rows(static_cast<size_t>(T * routing.top_k * D)), shared(hidden.size());
+          RunExperts(layer.moe, routing, normed.data(), D, expert_rows.data());
+          FeedForward(layer.moe.shared_experts, normed.data(), T, shared.data());
+          FinalizeRouting(routing, expert_rows.data(), shared.data(), D, delta.data());
+          active = 0;
+          for (int64_t e = 0; e < local_experts; ++e)
+            active += routing.expert_offsets[e + 1] > routing.expert_offsets[e];
         }
-        std::vector<float> expert_rows(static_cast<size_t>(T * routing.top_k * D)),
-            shared(hidden.size());
-        RunExperts(layer.moe, routing, normed.data(), D, expert_rows.data());
-        FeedForward(layer.moe.shared_experts, normed.data(), T, shared.data());
-        FinalizeRouting(routing, expert_rows.data(), shared.data(), D, delta.data());
         const double total = NowSeconds() - start;
         CurrentStageTimes() = nullptr;
         double staged = 0;
@@ -141,9 +168,6 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
           runs.push_back(times);
           totals.push_back(total);
         }
-        active = 0;
-        for (int64_t e = 0; e < local_experts; ++e)
-          active += routing.expert_offsets[e + 1] > routing.expert_offsets[e];
         for (int64_t b = 0; b < batch; ++b)
           cache.Truncate(sequences[b], options.kv_len);
       }
@@ -152,6 +176,7 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
       result.query_len = q;
       result.total = Median(totals);
       result.experts_active = active;
+      result.ranks = comm.size();
       for (size_t s = 0; s < result.stages.seconds.size(); ++s) {
         std::vector<double> values;
         for (const auto& run : runs)
@@ -166,17 +191,24 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
 
 std::string LayerResultsTable(const LayerBenchOptions& options,
                               const std::vector<LayerResult>& results) {
+  const int ranks = results.empty() ? 1 : results[0].ranks;
   std::string out = fmt::format(
       "DeepSeek-V3 MoE layer, EP{} rank ({} local experts), KV {} tokens per request, bf16 latent "
       "cache; µs\n",
       options.ep, 256 / options.ep, options.kv_len);
-  out += fmt::format("{:>6} {:>3} {:>10} {:>10} {:>12} {:>9} {:>9} {:>10} {:>8}\n", "batch", "q",
-                     "attention", "gemm", "grouped", "router", "other", "total", "experts");
+  if (ranks > 1)
+    out += fmt::format("{} ranks exchanging bf16 rows by dispatch and combine, overlap {}\n", ranks,
+                       options.overlap);
+  out += fmt::format("{:>6} {:>3} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8}\n", "batch",
+                     "q", "attention", "gemm", "grouped", "router", "dispatch", "combine", "other",
+                     "total", "experts");
   for (const auto& r : results)
     out += fmt::format(
-        "{:>6} {:>3} {:>10.0f} {:>10.0f} {:>12.0f} {:>9.0f} {:>9.0f} {:>10.0f} {:>8.0f}\n", r.batch,
-        r.query_len, r.stages[Stage::kAttention] * 1e6, r.stages[Stage::kGemm] * 1e6,
+        "{:>6} {:>3} {:>10.0f} {:>10.0f} {:>10.0f} {:>8.0f} {:>9.0f} {:>9.0f} {:>8.0f} {:>10.0f} "
+        "{:>8.0f}\n",
+        r.batch, r.query_len, r.stages[Stage::kAttention] * 1e6, r.stages[Stage::kGemm] * 1e6,
         r.stages[Stage::kGroupedGemm] * 1e6, r.stages[Stage::kRouter] * 1e6,
+        r.stages[Stage::kDispatch] * 1e6, r.stages[Stage::kCombine] * 1e6,
         r.stages[Stage::kOther] * 1e6, r.total * 1e6, r.experts_active);
   return out;
 }
@@ -196,6 +228,9 @@ std::string LayerResultsJson(const LayerBenchOptions& options,
                             {"grouped_gemm_us", r.stages[Stage::kGroupedGemm] * 1e6},
                             {"router_us", r.stages[Stage::kRouter] * 1e6},
                             {"other_us", r.stages[Stage::kOther] * 1e6},
+                            {"dispatch_us", r.stages[Stage::kDispatch] * 1e6},
+                            {"combine_us", r.stages[Stage::kCombine] * 1e6},
+                            {"ranks", r.ranks},
                             {"experts_active", r.experts_active}});
   return j.dump(1) + "\n";
 }

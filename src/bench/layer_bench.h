@@ -13,7 +13,10 @@
 namespace sy::bench {
 
 struct LayerBenchOptions {
-  int ep = 8;  // this rank holds 256 / ep routed experts
+  int ep = 8;  // each rank holds 256 / ep routed experts
+  // Under mpirun with N ranks the exchange is real: tokens route over the N ranks' experts
+  // (N × 256/ep of them) and travel by dispatch and combine in this overlap mode.
+  std::string overlap = "none";
   std::vector<int64_t> batches = {1, 2, 4, 8, 16, 32, 64, 128};
   std::vector<int64_t> query_lengths = {1, 2};
   int64_t kv_len = 5000;
@@ -26,6 +29,7 @@ struct LayerResult {
   StageTimes stages;  // median per stage, seconds
   double total = 0;   // median of the whole layer, seconds
   double experts_active = 0;
+  int ranks = 1;
 };
 
 std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options);

@@ -54,6 +54,7 @@ void AddBenchVerb(CLI::App& app) {
 
 #include "bench/decode_bench.h"
 #include "bench/layer_bench.h"
+#include "parallel/communicator.h"
 
 namespace sy {
 namespace {
@@ -78,9 +79,12 @@ void AddBenchLayerCommand(CLI::App& bench_app) {
       ->check(CLI::PositiveNumber);
   l->add_option("--repetitions", args->options.repetitions, "Timed runs (median)")
       ->check(CLI::Range(1, 101));
+  l->add_option("--overlap", args->options.overlap, "Under mpirun: none, dispatch or microbatch")
+      ->check(CLI::IsMember({"none", "dispatch", "microbatch"}));
   l->add_flag("--json", args->json, "Print JSON");
   l->callback([args] {
     auto results = bench::BenchLayer(args->options);
+    if (WorldCommunicator().rank() != 0) return;
     std::fputs((args->json ? bench::LayerResultsJson(args->options, results)
                            : bench::LayerResultsTable(args->options, results))
                    .c_str(),
