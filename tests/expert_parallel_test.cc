@@ -3,8 +3,11 @@
 // must fail loudly on every rank.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
 
+#include "base/clock.h"
 #include "test_support.h"
 
 namespace sy {
@@ -173,23 +176,65 @@ namespace {
 TEST(ExpertParallelMultiHost, LogitsMatchAcrossEmulatedHosts) {
   const std::string scripts = std::string(SY_SOURCE_DIR) + "/scripts/netns-cluster.sh";
   std::string output;
-  if (RunCommand(scripts + " up 4", &output) != 0) GTEST_SKIP() << "cannot create network namespaces: " << output;
+  if (RunCommand(scripts + " up 4", &output) != 0)
+    GTEST_SKIP() << "cannot create network namespaces: " << output;
   auto fixture = testing::LoadFixture("tiny-v3-fp8");
   const std::string dir = testing::TempDirectory("multihost");
-  const std::string args = " --threads 1 logits --model " + fixture.directory + " --tokens '" + fixture.tokens_text +
-                           "' --decode-from 4";
-  ASSERT_EQ(RunCommand(std::string(testing::kBinary) + args + " --out " + dir + "/one.bin", &output), 0) << output;
+  const std::string args = " --threads 1 logits --model " + fixture.directory + " --tokens '" +
+                           fixture.tokens_text + "' --decode-from 4";
+  ASSERT_EQ(
+      RunCommand(std::string(testing::kBinary) + args + " --out " + dir + "/one.bin", &output), 0)
+      << output;
   for (int hosts : {2, 4}) {
     const std::string out = dir + "/hosts" + std::to_string(hosts) + ".bin";
-    int status = RunCommand("timeout 300 " + scripts + " mpirun " + std::to_string(hosts) + " " + testing::kBinary +
-                                args + " --out " + out + " --wire-dtype f32 --overlap dispatch", &output);
+    int status = RunCommand("timeout 300 " + scripts + " mpirun " + std::to_string(hosts) + " " +
+                                testing::kBinary + args + " --out " + out +
+                                " --wire-dtype f32 --overlap dispatch",
+                            &output);
     EXPECT_EQ(status, 0) << output;
     if (status != 0) continue;
-    auto comparison = testing::CompareLogits(ReadLogits(dir + "/one.bin"), ReadLogits(out), fixture.vocab);
+    auto comparison =
+        testing::CompareLogits(ReadLogits(dir + "/one.bin"), ReadLogits(out), fixture.vocab);
     EXPECT_EQ(comparison.argmax_mismatches, 0) << hosts;
     EXPECT_LE(comparison.max_abs_diff, 1e-4 * comparison.max_abs_reference) << hosts;
   }
   RunCommand(scripts + " down 4", &output);
+}
+
+}  // namespace
+}  // namespace sy
+
+namespace sy {
+namespace {
+
+// A rank that dies mid-run must end the whole job with an error in bounded time, not leave its
+// peers waiting forever in an exchange.
+TEST(ExpertParallelErrors, ADeadRankEndsTheJob) {
+  const std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-bf16";
+  const std::string dir = testing::TempDirectory("dead_rank");
+  // A uniquely named link to the binary, so the ranks (and only they) can be found and killed.
+  const std::string binary = dir + "/switchyard-dies-" + std::to_string(::getpid());
+  std::string output;
+  ASSERT_EQ(RunCommand("ln -sf " + std::string(testing::kBinary) + " " + binary, &output), 0)
+      << output;
+  const std::string script = dir + "/run.sh";
+  testing::WriteFile(script,
+                     "(" + Mpirun(2) + binary + " --threads 1 generate --model " + model +
+                         " --prompt-tokens '5,6,7;8,9,10;11,12;13' --max-tokens 100000 --ignore-eos"
+                         " > /dev/null 2>&1; echo exit=$?) &\n"
+                         "sleep 4\n"
+                         "pkill -9 -n -f -- '^" +
+                         binary +
+                         " '\n"
+                         "wait\n");
+  const double start = NowSeconds();
+  RunCommand("bash " + script, &output);
+  const double elapsed = NowSeconds() - start;
+  EXPECT_NE(output.find("exit="), std::string::npos) << output;
+  EXPECT_EQ(output.find("exit=0\n"), std::string::npos) << output;
+  EXPECT_EQ(output.find("exit=124"), std::string::npos)
+      << "timed out instead of failing: " << output;
+  EXPECT_LT(elapsed, 120) << output;
 }
 
 }  // namespace

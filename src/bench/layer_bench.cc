@@ -73,7 +73,8 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
     c.n_routed_experts = comm.size() * local_experts;
     c.n_group = std::min<int64_t>(c.n_group, c.n_routed_experts / 2);
     c.topk_group = std::max<int64_t>(1, c.n_group / 2);
-    c.num_experts_per_tok = std::min<int64_t>(c.num_experts_per_tok, c.topk_group * (c.n_routed_experts / c.n_group));
+    c.num_experts_per_tok =
+        std::min<int64_t>(c.num_experts_per_tok, c.topk_group * (c.n_routed_experts / c.n_group));
     const OverlapMode mode = options.overlap == "dispatch"     ? OverlapMode::kDispatch
                              : options.overlap == "microbatch" ? OverlapMode::kMicrobatch
                                                                : OverlapMode::kNone;
@@ -82,7 +83,8 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
   DecoderLayerWeights layer = RandomMoeLayer(c, local_experts);
   if (comm.size() > 1) {  // move this rank's experts to their global slots
     std::vector<FeedForwardWeights> placed(static_cast<size_t>(c.n_routed_experts));
-    for (int64_t e = 0; e < local_experts; ++e) placed[comm.rank() * local_experts + e] = layer.moe.experts[e];
+    for (int64_t e = 0; e < local_experts; ++e)
+      placed[comm.rank() * local_experts + e] = layer.moe.experts[e];
     layer.moe.experts = std::move(placed);
   }
 
@@ -147,10 +149,12 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
             // This rank's share of the layer: the routed slots land on its own experts, as the
             // dispatch from all EP ranks delivers them on average (tokens × top-k per rank).
             ScopedStage router(Stage::kRouter);
-            for (int32_t& e : routing.expert_ids) e %= static_cast<int32_t>(local_experts);
+            for (int32_t& e : routing.expert_ids)
+              e %= static_cast<int32_t>(local_experts);
             SortByExpert(routing, c.n_routed_experts);
           }
-          std::vector<float> expert_rows(static_cast<size_t>(T * routing.top_k * D)), shared(hidden.size());
+          std::vector<float> expert_rows(static_cast<size_t>(T * routing.top_k * D)),
+              shared(hidden.size());
           RunExperts(layer.moe, routing, normed.data(), D, expert_rows.data());
           FeedForward(layer.moe.shared_experts, normed.data(), T, shared.data());
           FinalizeRouting(routing, expert_rows.data(), shared.data(), D, delta.data());
@@ -199,9 +203,9 @@ std::string LayerResultsTable(const LayerBenchOptions& options,
   if (ranks > 1)
     out += fmt::format("{} ranks exchanging bf16 rows by dispatch and combine, overlap {}\n", ranks,
                        options.overlap);
-  out += fmt::format("{:>6} {:>3} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8}\n", "batch",
-                     "q", "attention", "gemm", "grouped", "router", "dispatch", "combine", "other",
-                     "total", "experts");
+  out += fmt::format("{:>6} {:>3} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8}\n",
+                     "batch", "q", "attention", "gemm", "grouped", "router", "dispatch", "combine",
+                     "other", "total", "experts");
   for (const auto& r : results)
     out += fmt::format(
         "{:>6} {:>3} {:>10.0f} {:>10.0f} {:>10.0f} {:>8.0f} {:>9.0f} {:>9.0f} {:>8.0f} {:>10.0f} "
