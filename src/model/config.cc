@@ -63,6 +63,7 @@ class FieldReader {
   }
 
   void OptionalDouble(const char* name, std::optional<double>& out) {
+    if (!status_.ok()) return;
     auto it = object_.find(name);
     if (it == object_.end() || it->is_null()) return;
     double value = 0;

@@ -58,7 +58,6 @@ void ExpertDispatcher::DispatchSend(const ExpertRouting& routing, const float* x
   comm_.AllToAll(counts_out.data(), counts_in.data(), local_);
   // Rows in sorted order are already grouped by destination rank.
   send_buffer_.resize(static_cast<size_t>(slots_) * row_bytes_);
-  std::vector<float> row_scratch(static_cast<size_t>(hidden_));
   for (int64_t i = 0; i < slots_; ++i)
     Pack(x + (routing.sorted_slots[i] / routing.top_k) * hidden_, 1,
          send_buffer_.data() + i * row_bytes_);
