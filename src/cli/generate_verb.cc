@@ -99,7 +99,7 @@ void RunGenerate(const GenerateArgs& args) {
   // Rank 0 prints every sequence in input order.
   std::vector<uint8_t> mine;
   for (size_t s = 0; s < count; ++s) {
-    if (!run.Owns(s)) continue;
+    if (!run.Reports(s)) continue;
     const int32_t header[2] = {static_cast<int32_t>(s), static_cast<int32_t>(generated[s].size())};
     mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(header),
                 reinterpret_cast<const uint8_t*>(header) + 8);

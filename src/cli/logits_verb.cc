@@ -94,7 +94,7 @@ void RunLogits(const LogitsArgs& args) {
   // Rank 0 collects [sequence index, row count, rows] records and writes them in input order.
   std::vector<uint8_t> mine;
   for (size_t s = 0; s < sequences.size(); ++s) {
-    if (!run.Owns(s)) continue;
+    if (!run.Reports(s)) continue;
     const int64_t header[2] = {static_cast<int64_t>(s), static_cast<int64_t>(rows[s].size())};
     mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(header),
                 reinterpret_cast<const uint8_t*>(header) + 16);

@@ -21,9 +21,11 @@ void FailEverywhere(Communicator& comm, const std::string& message) {
 void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
   verb->add_option("--wire-dtype", args.wire_dtype, "Row format between expert-parallel ranks")
       ->check(CLI::IsMember({"bf16", "f32"}));
+  verb->add_option("--tp", args.tp, "Tensor-parallel ranks per DP group: attention heads split, EP = ranks")
+      ->check(CLI::PositiveNumber);
   verb->add_option("--overlap", args.overlap,
-                   "Communication overlap: none, or dispatch (shared expert between dispatch send "
-                   "and receive)")
+                   "Communication overlap: none; dispatch (shared expert between dispatch send and "
+                   "receive); microbatch (two halves whose exchanges interleave)")
       ->check(CLI::IsMember({"none", "dispatch", "microbatch"}));
 }
 
@@ -49,7 +51,15 @@ ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args)
     reason = fmt::format("{} routed experts cannot be spread evenly over {} ranks",
                          config.value().n_routed_experts, ranks);
   }
+  if (ranks % args.tp != 0) {
+    local_ok = 0;
+    reason = fmt::format("--tp {} does not divide the {} ranks", args.tp, ranks);
+  }
+  run.tp = local_ok ? args.tp : 1;
+  run.dp_group = rank / run.tp;
   WeightLoadOptions options;
+  options.tp_rank = rank % run.tp;
+  options.tp_size = run.tp;
   if (local_ok && ranks > 1) {
     const int64_t local = config.value().n_routed_experts / ranks;
     options.expert_begin = rank * local;
@@ -73,18 +83,29 @@ ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args)
   // Same checkpoint and flags everywhere: compare a fingerprint of what shapes the run.
   const ModelConfig& c = run.model->config();
   const std::string fingerprint =
-      fmt::format("{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype, args.overlap,
-                  c.vocab_size, c.hidden_size, c.n_routed_experts, ranks);
+      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype, args.overlap,
+                  args.tp, c.vocab_size, c.hidden_size, c.n_routed_experts, ranks);
   std::vector<uint8_t> mine(fingerprint.begin(), fingerprint.end());
   std::vector<uint8_t> root = comm.Broadcast(mine);
   if (comm.AllReduceMax(root == mine ? 0 : 1) != 0)
     comm.Abort(root != mine ? "this rank's checkpoint or flags differ from rank 0's"
                             : "a peer's checkpoint or flags differ from rank 0's",
                1);
+  const OverlapMode overlap = args.overlap == "dispatch"     ? OverlapMode::kDispatch
+                              : args.overlap == "microbatch" ? OverlapMode::kMicrobatch
+                                                             : OverlapMode::kNone;
   run.moe = std::make_unique<ExpertParallelMoe>(
-      comm, c, args.wire_dtype == "f32" ? DType::kF32 : DType::kBF16,
-      args.overlap == "dispatch" ? OverlapMode::kDispatch : OverlapMode::kNone);
-  std::fprintf(stderr, "rank %d of %d: experts [%lld, %lld), resident %.0f MB\n", rank, ranks,
+      comm, c, args.wire_dtype == "f32" ? DType::kF32 : DType::kBF16, overlap);
+  if (run.tp > 1) {
+    run.tp_group = comm.Split(run.dp_group);
+    run.tp_attention = std::make_unique<TensorParallelAttention>(*run.tp_group);
+    run.tp_moe = std::make_unique<TokenShardedMoe>(*run.moe, *run.tp_group);
+  }
+  std::fprintf(stderr,
+               "rank %d of %d: DP group %d, TP rank %d of %d (%lld heads), experts [%lld, %lld), "
+               "resident %.0f MB\n",
+               rank, ranks, run.dp_group, options.tp_rank, run.tp,
+               static_cast<long long>(run.model->attention_config().num_attention_heads),
                static_cast<long long>(options.expert_begin),
                static_cast<long long>(options.expert_end), ResidentMegabytes());
   return run;

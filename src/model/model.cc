@@ -19,6 +19,15 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
   SY_ASSIGN_OR_RETURN(model->weights_, LoadWeights(*model->checkpoint_, model->config_, options,
                                                    &model->unused_tensors_));
   if (options.pack) PackWeights(model->config_, model->weights_);
+  model->attention_config_ = model->config_;
+  if (options.tp_size > 1) {
+    if (model->config_.num_attention_heads % options.tp_size != 0)
+      return Status::Errorf("{} attention heads cannot be split over {} tensor-parallel ranks",
+                            model->config_.num_attention_heads, options.tp_size);
+    ShardAttentionHeads(model->config_, options.tp_rank, options.tp_size, model->weights_);
+    model->attention_config_.num_attention_heads /= options.tp_size;
+    model->attention_config_.num_key_value_heads = model->attention_config_.num_attention_heads;
+  }
   model->rope_ = ComputeRopeParams(model->config_);
   return model;
 }
@@ -88,8 +97,9 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
     const DecoderLayerWeights& layer = weights_.layers[l];
     kernels::RmsNorm(hidden.data(), T, D, layer.self_attn.input_layernorm.data(), eps,
                      normed.data());
-    MlaForward(c, rope_, layer.self_attn, l, batch, positions, cache, options.attention,
-               normed.data(), delta.data());
+    MlaForward(attention_config_, rope_, layer.self_attn, l, batch, positions, cache,
+               options.attention, normed.data(), delta.data());
+    if (options.attention_reduce != nullptr) options.attention_reduce->Sum(delta.data(), T * D);
     for (size_t i = 0; i < hidden.size(); ++i)
       hidden[i] += delta[i];
     kernels::RmsNorm(hidden.data(), T, D, layer.post_attention_layernorm.data(), eps,

@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/latent_cache.h"
 #include "model/mla.h"
+#include "model/attention_reducer.h"
 #include "model/moe_executor.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
@@ -29,6 +30,8 @@ struct ForwardOptions {
   LogitRows logit_rows = LogitRows::kAll;
   // Runs the MoE layers; null means all experts in this process (MoeForward).
   MoeExecutor* moe = nullptr;
+  // Adds up head-sharded attention outputs across a TP group; null without TP.
+  AttentionReducer* attention_reduce = nullptr;
 };
 
 class Model {
@@ -38,6 +41,8 @@ class Model {
                                              const WeightLoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
+  // The config attention runs with: num_attention_heads is this rank's share under TP.
+  const ModelConfig& attention_config() const { return attention_config_; }
   const ModelWeights& weights() const { return weights_; }
   const std::vector<std::string>& unused_tensors() const { return unused_tensors_; }
 
@@ -57,6 +62,7 @@ class Model {
 
   std::string directory_;
   ModelConfig config_;
+  ModelConfig attention_config_;
   std::unique_ptr<Checkpoint> checkpoint_;  // owns the mappings the weights point into
   ModelWeights weights_;
   RopeParams rope_;

@@ -242,7 +242,44 @@ void PackLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
   if (!layer.moe.shared_experts.empty()) PackFeedForward(layer.moe.shared_experts);
 }
 
+// Rows [begin, begin + count) as an owned, packed f32 matrix (head boundaries need not fall on
+// fp8 block or panel boundaries).
+Matrix CopyRows(const Matrix& m, int64_t begin, int64_t count) {
+  std::vector<float> values(static_cast<size_t>(count * m.cols));
+  for (int64_t r = 0; r < count; ++r) m.DecodeRow(begin + r, values.data() + r * m.cols);
+  Matrix out = OwnedF32Matrix(std::move(values), count, m.cols);
+  out.packed = Pack(out);
+  return out;
+}
+
+// Columns [begin, begin + count) as an owned, packed f32 matrix.
+Matrix CopyColumns(const Matrix& m, int64_t begin, int64_t count) {
+  std::vector<float> values(static_cast<size_t>(m.rows * count));
+  for (int64_t r = 0; r < m.rows; ++r) m.DecodeRow(r, begin, begin + count, values.data() + r * count);
+  Matrix out = OwnedF32Matrix(std::move(values), m.rows, count);
+  out.packed = Pack(out);
+  return out;
+}
+
+void ShardLayerHeads(const ModelConfig& c, int tp_rank, int tp_size, AttentionWeights& a) {
+  const int64_t heads = c.num_attention_heads / tp_size, first = tp_rank * heads;
+  const int64_t dqk = c.qk_head_dim(), kv = c.qk_nope_head_dim + c.v_head_dim, dv = c.v_head_dim;
+  if (!a.q_b_proj.empty()) a.q_b_proj = CopyRows(a.q_b_proj, first * dqk, heads * dqk);
+  if (!a.q_proj.empty()) a.q_proj = CopyRows(a.q_proj, first * dqk, heads * dqk);
+  a.kv_b_proj = CopyRows(a.kv_b_proj, first * kv, heads * kv);
+  a.o_proj = CopyColumns(a.o_proj, first * dv, heads * dv);
+  if (!a.w_uk_t.empty()) {
+    a.w_uk_t = std::vector<Matrix>(a.w_uk_t.begin() + first, a.w_uk_t.begin() + first + heads);
+    a.w_uv = std::vector<Matrix>(a.w_uv.begin() + first, a.w_uv.begin() + first + heads);
+  }
+}
+
 }  // namespace
+
+void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size, ModelWeights& weights) {
+  for (auto& layer : weights.layers) ShardLayerHeads(config, tp_rank, tp_size, layer.self_attn);
+  for (auto& mtp : weights.mtp) ShardLayerHeads(config, tp_rank, tp_size, mtp.block.self_attn);
+}
 
 void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
   PackLayer(config, layer);

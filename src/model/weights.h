@@ -77,7 +77,15 @@ struct WeightLoadOptions {
   int64_t expert_end = -1;
   // Re-lay out the matrices for the fast kernels (Model::Load); off keeps the reference path.
   bool pack = true;
+  // Tensor parallelism: this rank keeps attention heads [tp_rank·H/tp_size, (tp_rank+1)·H/tp_size).
+  int tp_rank = 0;
+  int tp_size = 1;
 };
+
+// Keeps only this rank's attention heads in every layer: q_b_proj (or q_proj) and kv_b_proj rows,
+// the absorbed per-head matrices, and o_proj's columns. q_a, kv_a and the latent cache serve every
+// head and stay whole (the seed's point about MLA under TP).
+void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size, ModelWeights& weights);
 
 // Packs one decoder layer's matrices and splits its kv_b_proj per head (see PackWeights).
 void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer);

@@ -34,6 +34,9 @@ class SingleProcess final : public Communicator {
   int64_t AllReduceSum(int64_t value) override { return value; }
   std::vector<uint8_t> GatherToRoot(const std::vector<uint8_t>& bytes) override { return bytes; }
   std::vector<uint8_t> Broadcast(const std::vector<uint8_t>& bytes) override { return bytes; }
+  void AllReduceSumFloats(float*, int64_t) override {}
+  std::vector<uint8_t> AllGather(const std::vector<uint8_t>& bytes) override { return bytes; }
+  std::unique_ptr<Communicator> Split(int) override { return std::make_unique<SingleProcess>(); }
   void Abort(const std::string& message, int code) override {
     std::fprintf(stderr, "error: %s\n", message.c_str());
     std::exit(code);
@@ -53,24 +56,31 @@ int CheckedInt(int64_t value) {
 
 class Mpi final : public Communicator {
  public:
+  // The world: initializes MPI.
   Mpi() {
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-    // Errors come back as codes; a peer that died turns into an abort, not a hang (see Abort).
+    // A failing call or a peer that died ends the job, never a hang.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    comm_ = MPI_COMM_WORLD;
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
     std::atexit([] {
       int finalized = 0;
       MPI_Finalized(&finalized);
       if (!finalized) MPI_Finalize();
     });
   }
+  // A sub-communicator (a TP group).
+  explicit Mpi(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void AllToAll(const int64_t* send, int64_t* recv, int64_t per_rank) override {
     MPI_Alltoall(send, static_cast<int>(per_rank), MPI_INT64_T, recv, static_cast<int>(per_rank),
-                 MPI_INT64_T, MPI_COMM_WORLD);
+                 MPI_INT64_T, comm_);
   }
   class Pending final : public Exchange {
    public:
@@ -92,24 +102,24 @@ class Mpi final : public Communicator {
       for (int64_t v : *sources[i])
         pending->counts[i].push_back(CheckedInt(v));
     MPI_Ialltoallv(send, pending->counts[0].data(), pending->counts[1].data(), MPI_BYTE, recv,
-                   pending->counts[2].data(), pending->counts[3].data(), MPI_BYTE, MPI_COMM_WORLD,
+                   pending->counts[2].data(), pending->counts[3].data(), MPI_BYTE, comm_,
                    &pending->request);
     return pending;
   }
   int64_t AllReduceMax(int64_t value) override {
     int64_t result = 0;
-    MPI_Allreduce(&value, &result, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(&value, &result, 1, MPI_INT64_T, MPI_MAX, comm_);
     return result;
   }
   int64_t AllReduceSum(int64_t value) override {
     int64_t result = 0;
-    MPI_Allreduce(&value, &result, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&value, &result, 1, MPI_INT64_T, MPI_SUM, comm_);
     return result;
   }
   std::vector<uint8_t> GatherToRoot(const std::vector<uint8_t>& bytes) override {
     int count = CheckedInt(static_cast<int64_t>(bytes.size()));
     std::vector<int> counts(rank_ == 0 ? size_ : 0), offsets(rank_ == 0 ? size_ : 0);
-    MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+    MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm_);
     std::vector<uint8_t> all;
     if (rank_ == 0) {
       int64_t total = 0;
@@ -120,14 +130,35 @@ class Mpi final : public Communicator {
       all.resize(static_cast<size_t>(total));
     }
     MPI_Gatherv(bytes.data(), count, MPI_BYTE, all.data(), counts.data(), offsets.data(), MPI_BYTE,
-                0, MPI_COMM_WORLD);
+                0, comm_);
     return all;
+  }
+  void AllReduceSumFloats(float* values, int64_t count) override {
+    MPI_Allreduce(MPI_IN_PLACE, values, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_);
+  }
+  std::vector<uint8_t> AllGather(const std::vector<uint8_t>& bytes) override {
+    int count = CheckedInt(static_cast<int64_t>(bytes.size()));
+    std::vector<int> counts(static_cast<size_t>(size_)), offsets(static_cast<size_t>(size_));
+    MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_);
+    int64_t total = 0;
+    for (int r = 0; r < size_; ++r) {
+      offsets[r] = CheckedInt(total);
+      total += counts[r];
+    }
+    std::vector<uint8_t> all(static_cast<size_t>(total));
+    MPI_Allgatherv(bytes.data(), count, MPI_BYTE, all.data(), counts.data(), offsets.data(), MPI_BYTE, comm_);
+    return all;
+  }
+  std::unique_ptr<Communicator> Split(int color) override {
+    MPI_Comm sub;
+    MPI_Comm_split(comm_, color, rank_, &sub);
+    return std::make_unique<Mpi>(sub);
   }
   std::vector<uint8_t> Broadcast(const std::vector<uint8_t>& bytes) override {
     int64_t size = static_cast<int64_t>(bytes.size());
-    MPI_Bcast(&size, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    MPI_Bcast(&size, 1, MPI_INT64_T, 0, comm_);
     std::vector<uint8_t> out = rank_ == 0 ? bytes : std::vector<uint8_t>(static_cast<size_t>(size));
-    MPI_Bcast(out.data(), CheckedInt(size), MPI_BYTE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(out.data(), CheckedInt(size), MPI_BYTE, 0, comm_);
     return out;
   }
   void Abort(const std::string& message, int code) override {
@@ -138,6 +169,7 @@ class Mpi final : public Communicator {
   }
 
  private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
 };
 

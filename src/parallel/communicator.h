@@ -40,6 +40,12 @@ class Communicator {
   virtual std::vector<uint8_t> GatherToRoot(const std::vector<uint8_t>& bytes) = 0;
   // Rank 0's bytes on every rank.
   virtual std::vector<uint8_t> Broadcast(const std::vector<uint8_t>& bytes) = 0;
+  // Sums `count` floats over the ranks, in place.
+  virtual void AllReduceSumFloats(float* values, int64_t count) = 0;
+  // Every rank's bytes, concatenated in rank order, on every rank.
+  virtual std::vector<uint8_t> AllGather(const std::vector<uint8_t>& bytes) = 0;
+  // The ranks with the same `color`, ordered by their rank here (MPI_Comm_split).
+  virtual std::unique_ptr<Communicator> Split(int color) = 0;
   // Ends every rank with `code` after printing `message` (one line) on this rank.
   [[noreturn]] virtual void Abort(const std::string& message, int code) = 0;
 };

@@ -197,6 +197,10 @@ void ExpertParallelMoe::RunMicrobatched(const ModelConfig& c, const MoeWeights& 
 
 void ExpertParallelMoe::Run(const ModelConfig& c, const MoeWeights& w, int64_t layer,
                             const float* x, int64_t tokens, float* out) {
+  if (overlap_ == OverlapMode::kMicrobatch) {
+    RunMicrobatched(c, w, x, tokens, out);
+    return;
+  }
   const int64_t D = c.hidden_size;
   ExpertRouting routing = RouteTokens(c, w, x, tokens);
   std::vector<float> shared;
