@@ -35,6 +35,7 @@ struct EpCase {
   std::string wire;
   std::string overlap;
   int decode_from;  // -1: prefill only
+  int tp = 1;
 };
 
 void PrintTo(const EpCase& c, std::ostream* os) {
@@ -47,8 +48,9 @@ class ExpertParallelTest : public ::testing::TestWithParam<EpCase> {};
 TEST_P(ExpertParallelTest, LogitsMatchTheSingleProcessRun) {
   const EpCase& c = GetParam();
   auto fixture = testing::LoadFixture("tiny-v3-fp8");
-  const std::string dir = testing::TempDirectory("ep_" + std::to_string(c.ranks) + c.wire +
-                                                 c.overlap + std::to_string(c.decode_from));
+  const std::string dir =
+      testing::TempDirectory("ep_" + std::to_string(c.ranks) + "tp" + std::to_string(c.tp) +
+                             c.wire + c.overlap + std::to_string(c.decode_from));
   const std::string decode =
       c.decode_from < 0 ? "" : " --decode-from " + std::to_string(c.decode_from);
   const std::string args =
@@ -60,7 +62,8 @@ TEST_P(ExpertParallelTest, LogitsMatchTheSingleProcessRun) {
             0)
       << output;
   ASSERT_EQ(RunCommand(Mpirun(c.ranks) + testing::kBinary + " --threads 1" + args + " --out " +
-                           dir + "/many.bin --wire-dtype " + c.wire + " --overlap " + c.overlap,
+                           dir + "/many.bin --wire-dtype " + c.wire + " --overlap " + c.overlap +
+                           " --tp " + std::to_string(c.tp),
                        &output),
             0)
       << output;
@@ -85,7 +88,8 @@ TEST_P(ExpertParallelTest, LogitsMatchTheSingleProcessRun) {
 
 std::string EpCaseName(const ::testing::TestParamInfo<EpCase>& info) {
   const EpCase& c = info.param;
-  return "ep" + std::to_string(c.ranks) + "_" + c.wire + "_" + c.overlap + "_" +
+  return "ep" + std::to_string(c.ranks) + "_tp" + std::to_string(c.tp) + "_" + c.wire + "_" +
+         c.overlap + "_" +
          (c.decode_from < 0 ? std::string("prefill") : "decode" + std::to_string(c.decode_from));
 }
 
@@ -94,8 +98,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(EpCase{1, "f32", "none", 5}, EpCase{2, "f32", "none", -1},
                       EpCase{2, "f32", "dispatch", 5}, EpCase{4, "f32", "none", 5},
                       EpCase{4, "f32", "dispatch", -1}, EpCase{2, "f32", "microbatch", 5},
-                      EpCase{4, "f32", "microbatch", -1}, EpCase{2, "bf16", "none", 5},
-                      EpCase{4, "bf16", "dispatch", 3}),
+                      EpCase{2, "f32", "none", 5, 2}, EpCase{4, "f32", "microbatch", 5, 2},
+                      EpCase{4, "f32", "dispatch", -1, 4}, EpCase{4, "f32", "microbatch", -1},
+                      EpCase{2, "bf16", "none", 5}, EpCase{4, "bf16", "dispatch", 3}),
     EpCaseName);
 
 // Four ranks and three sequences of different lengths: one rank has no sequence at all, and

@@ -21,7 +21,8 @@ void FailEverywhere(Communicator& comm, const std::string& message) {
 void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
   verb->add_option("--wire-dtype", args.wire_dtype, "Row format between expert-parallel ranks")
       ->check(CLI::IsMember({"bf16", "f32"}));
-  verb->add_option("--tp", args.tp, "Tensor-parallel ranks per DP group: attention heads split, EP = ranks")
+  verb->add_option("--tp", args.tp,
+                   "Tensor-parallel ranks per DP group: attention heads split, EP = ranks")
       ->check(CLI::PositiveNumber);
   verb->add_option("--overlap", args.overlap,
                    "Communication overlap: none; dispatch (shared expert between dispatch send and "

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "base/status.h"
+#include "model/attention_reducer.h"
 #include "model/batch.h"
 #include "model/config.h"
 #include "model/latent_cache.h"
 #include "model/mla.h"
-#include "model/attention_reducer.h"
 #include "model/moe_executor.h"
 #include "model/rope.h"
 #include "model/safetensors.h"

@@ -246,7 +246,8 @@ void PackLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
 // fp8 block or panel boundaries).
 Matrix CopyRows(const Matrix& m, int64_t begin, int64_t count) {
   std::vector<float> values(static_cast<size_t>(count * m.cols));
-  for (int64_t r = 0; r < count; ++r) m.DecodeRow(begin + r, values.data() + r * m.cols);
+  for (int64_t r = 0; r < count; ++r)
+    m.DecodeRow(begin + r, values.data() + r * m.cols);
   Matrix out = OwnedF32Matrix(std::move(values), count, m.cols);
   out.packed = Pack(out);
   return out;
@@ -255,7 +256,8 @@ Matrix CopyRows(const Matrix& m, int64_t begin, int64_t count) {
 // Columns [begin, begin + count) as an owned, packed f32 matrix.
 Matrix CopyColumns(const Matrix& m, int64_t begin, int64_t count) {
   std::vector<float> values(static_cast<size_t>(m.rows * count));
-  for (int64_t r = 0; r < m.rows; ++r) m.DecodeRow(r, begin, begin + count, values.data() + r * count);
+  for (int64_t r = 0; r < m.rows; ++r)
+    m.DecodeRow(r, begin, begin + count, values.data() + r * count);
   Matrix out = OwnedF32Matrix(std::move(values), m.rows, count);
   out.packed = Pack(out);
   return out;
@@ -276,9 +278,12 @@ void ShardLayerHeads(const ModelConfig& c, int tp_rank, int tp_size, AttentionWe
 
 }  // namespace
 
-void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size, ModelWeights& weights) {
-  for (auto& layer : weights.layers) ShardLayerHeads(config, tp_rank, tp_size, layer.self_attn);
-  for (auto& mtp : weights.mtp) ShardLayerHeads(config, tp_rank, tp_size, mtp.block.self_attn);
+void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size,
+                         ModelWeights& weights) {
+  for (auto& layer : weights.layers)
+    ShardLayerHeads(config, tp_rank, tp_size, layer.self_attn);
+  for (auto& mtp : weights.mtp)
+    ShardLayerHeads(config, tp_rank, tp_size, mtp.block.self_attn);
 }
 
 void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer) {

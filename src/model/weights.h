@@ -85,7 +85,8 @@ struct WeightLoadOptions {
 // Keeps only this rank's attention heads in every layer: q_b_proj (or q_proj) and kv_b_proj rows,
 // the absorbed per-head matrices, and o_proj's columns. q_a, kv_a and the latent cache serve every
 // head and stay whole (the seed's point about MLA under TP).
-void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size, ModelWeights& weights);
+void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size,
+                         ModelWeights& weights);
 
 // Packs one decoder layer's matrices and splits its kv_b_proj per head (see PackWeights).
 void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer);

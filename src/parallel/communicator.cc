@@ -146,7 +146,8 @@ class Mpi final : public Communicator {
       total += counts[r];
     }
     std::vector<uint8_t> all(static_cast<size_t>(total));
-    MPI_Allgatherv(bytes.data(), count, MPI_BYTE, all.data(), counts.data(), offsets.data(), MPI_BYTE, comm_);
+    MPI_Allgatherv(bytes.data(), count, MPI_BYTE, all.data(), counts.data(), offsets.data(),
+                   MPI_BYTE, comm_);
     return all;
   }
   std::unique_ptr<Communicator> Split(int color) override {

@@ -5,8 +5,8 @@
 
 namespace sy {
 
-void TokenShardedMoe::Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
-                          int64_t tokens, float* out) {
+void TokenShardedMoe::Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer,
+                          const float* x, int64_t tokens, float* out) {
   const int64_t D = config.hidden_size, parts = group_.size(), index = group_.rank();
   const int64_t begin = tokens * index / parts, end = tokens * (index + 1) / parts;
   std::vector<float> mine(static_cast<size_t>((end - begin) * D));

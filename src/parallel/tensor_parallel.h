@@ -25,8 +25,8 @@ class TensorParallelAttention final : public AttentionReducer {
 class TokenShardedMoe final : public MoeExecutor {
  public:
   TokenShardedMoe(MoeExecutor& inner, Communicator& group) : inner_(inner), group_(group) {}
-  void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x, int64_t tokens,
-           float* out) override;
+  void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
+           int64_t tokens, float* out) override;
 
  private:
   MoeExecutor& inner_;
