@@ -244,3 +244,21 @@ TEST(ExpertParallelErrors, ADeadRankEndsTheJob) {
 
 }  // namespace
 }  // namespace sy
+
+namespace sy {
+namespace {
+
+TEST(ExpertParallelErrors, TensorParallelSizesMustDivide) {
+  std::string output;
+  const std::string model =
+      std::string(testing::kFixturesDir) + "/tiny-v3-fp8";  // 4 heads, 16 experts
+  const std::string run = std::string(testing::kBinary) + " --threads 1 logits --model " + model +
+                          " --tokens '1,2' --out /dev/null";
+  EXPECT_NE(RunCommand(Mpirun(4) + run + " --tp 3", &output), 0);
+  EXPECT_NE(output.find("--tp 3 does not divide the 4 ranks"), std::string::npos) << output;
+  EXPECT_NE(RunCommand(Mpirun(8) + run + " --tp 8", &output), 0);
+  EXPECT_NE(output.find("4 attention heads cannot be split over 8"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace sy
