@@ -101,7 +101,16 @@ TEST_P(PerTarget, PanelGemmMatchesReference) {
   kernels::GlobalKernelOptions().allow_bf16_gemm = false;
   for (DType dtype : {DType::kF8E4M3, DType::kBF16, DType::kF32, DType::kF16}) {
     for (auto [rows, cols, m] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-             {1, 1, 1}, {17, 33, 1}, {33, 129, 3}, {130, 300, 5}, {256, 257, 9}, {48, 7, 2}}) {
+             {1, 1, 1},
+             {17, 33, 1},
+             {33, 129, 3},
+             {130, 300, 5},
+             {256, 257, 9},
+             {48, 7, 2},
+             // four-panel decode path (m ≤ 2) with leftover panels and an odd column count
+             {100, 131, 1},
+             {70, 257, 2},
+             {64, 128, 1}}) {
       OwnedMatrix w = RandomMatrix(dtype, rows, cols, static_cast<uint32_t>(rows * 31 + cols));
       ASSERT_TRUE(CanPack(w.view));
       auto packed = Pack(w.view);

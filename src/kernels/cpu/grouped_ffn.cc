@@ -15,6 +15,10 @@ struct WorkItem {
   int32_t panel;  // first panel of the item
 };
 
+// Panels per work item: pairs for the bf16 kernel, four for decode-sized experts (the panel
+// kernel streams four panels side by side when it has one or two rows), else one.
+int64_t PanelsPerItem(bool bf16, int64_t rows) { return bf16 ? 2 : rows <= 2 ? 4 : 1; }
+
 }  // namespace
 
 void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
@@ -37,7 +41,7 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       const int64_t count = offsets[e + 1] - offsets[e];
       if (count == 0 || experts[e].gate == nullptr) continue;
       const PackedMatrix& w = down ? *experts[e].down : *experts[e].gate;
-      const int64_t step = use_bf16[e] ? 2 : 1;  // the bf16 kernel takes panel pairs
+      const int64_t step = PanelsPerItem(use_bf16[e], count);
       for (int64_t p = 0; p < w.panels; p += step)
         items.push_back({static_cast<int32_t>(e), static_cast<int32_t>(p)});
     }
@@ -62,7 +66,7 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       const int64_t e = items[i].expert, p = items[i].panel;
       const int64_t first = offsets[e], count = offsets[e + 1] - first;
       const ExpertPanels& w = experts[e];
-      const int64_t p_end = std::min<int64_t>(w.gate->panels, p + (use_bf16[e] ? 2 : 1));
+      const int64_t p_end = std::min<int64_t>(w.gate->panels, p + PanelsPerItem(use_bf16[e], count));
       const uint16_t* xb = use_bf16[e] ? x_bf16[e].data() : nullptr;
       float* gate = hidden_rows.data() + first * width;
       float* up = up_rows.data() + first * width;
@@ -89,7 +93,7 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       const int64_t e = items[i].expert, p = items[i].panel;
       const int64_t first = offsets[e], count = offsets[e + 1] - first;
       const PackedMatrix& down = *experts[e].down;
-      const int64_t p_end = std::min<int64_t>(down.panels, p + (use_bf16[e] ? 2 : 1));
+      const int64_t p_end = std::min<int64_t>(down.panels, p + PanelsPerItem(use_bf16[e], count));
       LinearPanels(hidden_rows.data() + first * width, use_bf16[e] ? x_bf16[e].data() : nullptr,
                    count, down, p, p_end, out + first * hidden);
     }

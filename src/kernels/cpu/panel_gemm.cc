@@ -172,12 +172,89 @@ HWY_NOINLINE void PanelTile(const float* x, int64_t x_stride, const PackedMatrix
       hn::StoreU(acc[t][v], df, out + t * kPanelRows + v * N);
 }
 
+#if SY_HAVE_PAIR_LOADS
+// Decode with one or two rows of x is memory-bound, and one core streaming a single panel while
+// decoding it keeps too few cache misses in flight: measured here, one stream reaches 6.8 GB/s
+// and four interleaved streams 11.7 GB/s, near the core's pure-read rate. So four panels are
+// walked side by side. Needs one vector per panel row (N == kPanelRows).
+template <DType kType, size_t kTokens>
+HWY_NOINLINE void PanelQuadTile(const float* x, int64_t x_stride, const PackedMatrix& w,
+                                int64_t panel, float* out /* [4][kTokens][kPanelRows] */) {
+  constexpr int kPanels = 4;
+  const DF df;
+  const uint8_t* base[kPanels];
+  const float* scales[kPanels];
+  for (int q = 0; q < kPanels; ++q) {
+    base[q] = w.Panel(panel + q);
+    scales[q] = kType == DType::kF8E4M3 ? w.PanelScales(panel + q) : nullptr;
+  }
+  hn::Vec<DF> acc[kPanels][kTokens];
+  for (int q = 0; q < kPanels; ++q)
+    for (size_t t = 0; t < kTokens; ++t)
+      acc[q][t] = hn::Zero(df);
+  const int64_t block = kType == DType::kF8E4M3 ? w.block_cols : w.cols;
+  for (int64_t begin = 0; begin < w.cols; begin += block) {
+    const int64_t end = std::min(w.cols, begin + block);
+    hn::Vec<DF> even[kPanels][kTokens], odd[kPanels][kTokens];
+    for (int q = 0; q < kPanels; ++q)
+      for (size_t t = 0; t < kTokens; ++t)
+        even[q][t] = odd[q][t] = hn::Zero(df);
+    int64_t c = begin;
+    for (; c + 2 <= end; c += 2) {
+      for (int q = 0; q < kPanels; ++q) {
+        hn::Vec<DF> w0, w1;
+        LoadWeightPair<kType>(df, base[q], c, w0, w1);
+        for (size_t t = 0; t < kTokens; ++t) {
+          even[q][t] = hn::MulAdd(hn::Set(df, x[t * x_stride + c]), w0, even[q][t]);
+          odd[q][t] = hn::MulAdd(hn::Set(df, x[t * x_stride + c + 1]), w1, odd[q][t]);
+        }
+      }
+    }
+    for (; c < end; ++c)
+      for (int q = 0; q < kPanels; ++q) {
+        const auto w0 = LoadWeights<kType>(df, base[q], c, 0);
+        for (size_t t = 0; t < kTokens; ++t)
+          even[q][t] = hn::MulAdd(hn::Set(df, x[t * x_stride + c]), w0, even[q][t]);
+      }
+    for (int q = 0; q < kPanels; ++q) {
+      const auto scale =
+          hn::Set(df, kType == DType::kF8E4M3 ? scales[q][begin / block] * 256.0f : 1.0f);
+      for (size_t t = 0; t < kTokens; ++t)
+        acc[q][t] = hn::MulAdd(hn::Add(even[q][t], odd[q][t]), scale, acc[q][t]);
+    }
+  }
+  for (int q = 0; q < kPanels; ++q)
+    for (size_t t = 0; t < kTokens; ++t)
+      hn::StoreU(acc[q][t], df, out + (q * kTokens + t) * kPanelRows);
+}
+#endif
+
 template <DType kType, size_t kVectors>
 void PanelGemmTyped(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
                     int64_t panel_end, float* y) {
   // Rows of x per tile: as many as the registers hold next to their partial sums.
   constexpr size_t kTokens = kVectors == 1 ? 8 : 4;
   HWY_ALIGN float tile[8 * kPanelRows];
+#if SY_HAVE_PAIR_LOADS
+  if constexpr (kVectors == 1) {
+    if (m <= 2) {  // memory-bound decode: four panels side by side (see PanelQuadTile)
+      for (; panel_begin + 4 <= panel_end; panel_begin += 4) {
+        if (m == 1) {
+          PanelQuadTile<kType, 1>(x, w.cols, w, panel_begin, tile);
+        } else {
+          PanelQuadTile<kType, 2>(x, w.cols, w, panel_begin, tile);
+        }
+        for (int q = 0; q < 4; ++q) {
+          const int64_t row0 = (panel_begin + q) * kPanelRows;
+          const int64_t valid = std::min<int64_t>(kPanelRows, w.rows - row0);
+          for (int64_t t = 0; t < m; ++t)
+            std::memcpy(y + t * w.rows + row0, tile + (q * m + t) * kPanelRows,
+                        static_cast<size_t>(std::max<int64_t>(valid, 0)) * sizeof(float));
+        }
+      }
+    }
+  }
+#endif
   for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
     const int64_t row0 = panel * kPanelRows;
     const int64_t valid = std::min<int64_t>(kPanelRows, w.rows - row0);
