@@ -234,9 +234,10 @@ TEST(CalibrationTest, CalibratedPlanTracksTheMeasuredLayer) {
   int checked = 0;
   while (std::getline(measured, line)) {
     std::istringstream fields(line);
-    double batch, q, attention, gemm, grouped, router, other, total, experts;
-    if (!(fields >> batch >> q >> attention >> gemm >> grouped >> router >> other >> total >>
-          experts) ||
+    // batch q attention gemm grouped router dispatch combine other total experts
+    double batch, q, attention, gemm, grouped, router, dispatch, combine, other, total, experts;
+    if (!(fields >> batch >> q >> attention >> gemm >> grouped >> router >> dispatch >> combine >>
+          other >> total >> experts) ||
         q != 1)
       continue;
     auto layer = model.Predict({8, 1, static_cast<int>(batch), Overlap::kNone}).moe_layer;
