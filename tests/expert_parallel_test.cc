@@ -39,8 +39,8 @@ struct EpCase {
 };
 
 void PrintTo(const EpCase& c, std::ostream* os) {
-  *os << c.ranks << " ranks, " << c.wire << " wire, overlap " << c.overlap << ", decode from "
-      << c.decode_from;
+  *os << c.ranks << " ranks, TP " << c.tp << ", " << c.wire << " wire, overlap " << c.overlap
+      << ", decode from " << c.decode_from;
 }
 
 class ExpertParallelTest : public ::testing::TestWithParam<EpCase> {};
