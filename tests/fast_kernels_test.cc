@@ -287,3 +287,34 @@ TEST(FastKernelsTest, MlaDecodeMatchesReferenceOverPages) {
 
 }  // namespace
 }  // namespace sy
+
+namespace sy {
+namespace {
+
+// Split-K: few panels, long rows, decode-sized m — the columns are split over the threads. The
+// result must not depend on the split (fp8 splits fall on scale-block boundaries).
+TEST(FastKernelsTest, SplitKMatchesReference) {
+  if (ThreadPool::Global().size() < 2) GTEST_SKIP() << "split-K needs two threads";
+  for (DType dtype : {DType::kF8E4M3, DType::kBF16, DType::kF32}) {
+    for (auto [rows, cols, m] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {20, 777, 1}, {17, 1030, 3}, {5, 2000, 2}}) {
+      OwnedMatrix w = RandomMatrix(dtype, rows, cols, static_cast<uint32_t>(rows * 7 + cols), 128);
+      auto packed = Pack(w.view);
+      auto x = RandomVector(static_cast<size_t>(m * cols), 3);
+      std::vector<float> expected(static_cast<size_t>(m * rows)), split(expected.size(), -1),
+          whole(expected.size(), -1);
+      kernels::Linear(x.data(), m, w.view, expected.data());
+      kernels::LinearPacked(x.data(), m, *packed, split.data());
+      kernels::SplitKEnabled() = false;
+      kernels::LinearPacked(x.data(), m, *packed, whole.data());
+      kernels::SplitKEnabled() = true;
+      EXPECT_LT(RelativeError(split, expected), 1e-5)
+          << DTypeName(dtype) << " " << rows << "x" << cols;
+      EXPECT_LT(RelativeError(whole, expected), 1e-5)
+          << DTypeName(dtype) << " " << rows << "x" << cols;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sy

@@ -9,6 +9,16 @@
 
 namespace sy {
 
+PackedMatrix ColumnRange(const PackedMatrix& m, int64_t begin, int64_t end) {
+  PackedMatrix view = m;
+  view.panel_stride = m.panel_stride ? m.panel_stride : m.cols;
+  view.cols = end - begin;
+  view.data = std::shared_ptr<uint8_t>(
+      m.data, m.data.get() + static_cast<size_t>(begin * kPanelRows) * m.ElementBytes());
+  if (m.dtype == DType::kF8E4M3) view.scale_col_offset = m.scale_col_offset + begin / m.block_cols;
+  return view;
+}
+
 bool CanPack(const Matrix& m) {
   switch (m.dtype) {
     case DType::kF32:

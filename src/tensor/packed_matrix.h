@@ -30,17 +30,25 @@ struct PackedMatrix {
   int64_t block_rows = 0;
   int64_t block_cols = 0;
   int64_t scale_cols = 0;
+  // A column-range view (ColumnRange) keeps the full matrix's panel stride and scale columns.
+  int64_t panel_stride = 0;      // columns between panels; 0 means `cols`
+  int64_t scale_col_offset = 0;  // first scale column of the view
 
   size_t ElementBytes() const { return DTypeSize(dtype); }
   const uint8_t* Panel(int64_t panel) const {
-    return data.get() + static_cast<size_t>(panel * cols * kPanelRows) * ElementBytes();
+    const int64_t stride = panel_stride ? panel_stride : cols;
+    return data.get() + static_cast<size_t>(panel * stride * kPanelRows) * ElementBytes();
   }
-  // The scale row of the block that holds `panel`.
+  // The scale row of the block that holds `panel`, from the view's first column.
   const float* PanelScales(int64_t panel) const {
-    return scales.data() + (panel * kPanelRows / block_rows) * scale_cols;
+    return scales.data() + (panel * kPanelRows / block_rows) * scale_cols + scale_col_offset;
   }
   size_t Bytes() const { return static_cast<size_t>(panels * cols * kPanelRows) * ElementBytes(); }
 };
+
+// Columns [begin, end) of a packed matrix, sharing its storage (split-K). For fp8, begin must
+// fall on a scale-block boundary.
+PackedMatrix ColumnRange(const PackedMatrix& m, int64_t begin, int64_t end);
 
 // Whether `m` can be packed: fp8 blocks must hold whole panels (DeepSeek's 128 rows do).
 bool CanPack(const Matrix& m);

@@ -1,6 +1,8 @@
 #include "kernels/cpu/fast_linear.h"
 
+#include <algorithm>
 #include "base/thread_pool.h"
+
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/panel_gemm.h"
@@ -27,8 +29,46 @@ void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const Packe
   }
 }
 
+// Split-K: when a decode-sized product has fewer panels than threads to keep busy, the columns
+// are split instead, each thread sums its share into its own buffer, and the shares are added.
+// (With DeepSeek-V3's shapes this matters on many-core machines: its router has 16 panels.)
+static bool SplitK(const float* x, int64_t m, const PackedMatrix& w, float* y) {
+  ThreadPool& pool = ThreadPool::Global();
+  const int64_t parts = pool.size();
+  const int64_t align = w.dtype == DType::kF8E4M3 ? w.block_cols : 64;
+  if (parts < 2 || m > 4 || w.panels >= 2 * parts || w.cols < 2 * align * parts) return false;
+  const int64_t chunk = (w.cols / parts + align - 1) / align * align;
+  std::vector<std::vector<float>> partial(static_cast<size_t>(parts));
+  pool.ParallelFor(static_cast<size_t>(parts), [&](size_t begin, size_t end) {
+    for (size_t part = begin; part < end; ++part) {
+      const int64_t c0 = std::min(w.cols, static_cast<int64_t>(part) * chunk);
+      const int64_t c1 = std::min(w.cols, c0 + chunk);
+      partial[part].assign(static_cast<size_t>(m * w.rows), 0.0f);
+      if (c0 >= c1) continue;
+      std::vector<float> slice(static_cast<size_t>(m * (c1 - c0)));  // x's columns, contiguous
+      for (int64_t t = 0; t < m; ++t)
+        std::copy_n(x + t * w.cols + c0, c1 - c0, slice.begin() + t * (c1 - c0));
+      const PackedMatrix view = ColumnRange(w, c0, c1);
+      PanelGemm(slice.data(), m, view, 0, view.panels, partial[part].data());
+    }
+  });
+  for (int64_t i = 0; i < m * w.rows; ++i) {
+    float sum = 0;
+    for (const auto& p : partial)
+      sum += p[i];
+    y[i] = sum;
+  }
+  return true;
+}
+
+bool& SplitKEnabled() {
+  static bool enabled = true;
+  return enabled;
+}
+
 void LinearPacked(const float* x, int64_t m, const PackedMatrix& w, float* y) {
   if (m == 0) return;
+  if (SplitKEnabled() && SplitK(x, m, w, y)) return;
   std::vector<uint16_t> x_bf16;
   const bool bf16 = UseBf16Gemm(m, w);
   if (bf16) x_bf16 = ToBf16Rows(x, m, w.cols);

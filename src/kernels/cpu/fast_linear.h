@@ -21,6 +21,9 @@ KernelOptions& GlobalKernelOptions();
 // y[m, w.rows] = x[m, w.cols] · wᵀ on all threads.
 void LinearPacked(const float* x, int64_t m, const PackedMatrix& w, float* y);
 
+// Split-K for decode-sized products with too few panels for the threads (on by default).
+bool& SplitKEnabled();
+
 // Uses w.packed when present, the reference kernel otherwise.
 void LinearAuto(const float* x, int64_t m, const Matrix& w, float* y);
 
