@@ -219,3 +219,29 @@ TEST(MlaAttentionTest, AbsorbedEqualsExpanded) {
 
 }  // namespace
 }  // namespace sy
+
+namespace sy {
+namespace {
+
+// The tiled prefill form equals the whole-sequence expanded form across several key blocks,
+// with queries on top of a cached prefix and a partial last block.
+TEST(MlaAttentionTest, TiledExpandedEqualsExpanded) {
+  kernels::MlaDims d{3, 10, 6, 7, 11, 0.3f};
+  const int64_t keys = 150, tokens = 40;  // blocks of 64: two full, one partial
+  auto q = Random(static_cast<size_t>(tokens * d.heads * (d.nope + d.rope)), 16);
+  auto latents = Random(static_cast<size_t>(keys * (d.latent + d.rope)), 17);
+  Fp8Matrix kv_b = MakeFp8(d.heads * (d.nope + d.v), d.latent, 8, 18);
+  std::vector<int64_t> positions;
+  for (int64_t t = 0; t < tokens; ++t)
+    positions.push_back(keys - tokens + t);
+  std::vector<float> whole(static_cast<size_t>(tokens * d.heads * d.v)), tiled(whole.size());
+  kernels::MlaAttendExpanded(q.data(), tokens, positions.data(), latents.data(), keys, kv_b.view, d,
+                             whole.data());
+  kernels::MlaAttendExpandedTiled(q.data(), tokens, positions.data(), latents.data(), keys,
+                                  kv_b.view, d, tiled.data());
+  for (size_t i = 0; i < whole.size(); ++i)
+    EXPECT_NEAR(tiled[i], whole[i], 1e-4) << i;
+}
+
+}  // namespace
+}  // namespace sy

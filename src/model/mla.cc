@@ -143,7 +143,7 @@ void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWei
       }
       latents.resize(static_cast<size_t>(keys * row));
       cache.Gather(layer, *seq.cache, keys, latents.data());
-      auto attend = absorbed ? kernels::MlaAttendAbsorbed : kernels::MlaAttendExpanded;
+      auto attend = absorbed ? kernels::MlaAttendAbsorbed : kernels::MlaAttendExpandedTiled;
       attend(q.data() + seq.token_offset * H * dqk, seq.token_count,
              positions.data() + seq.token_offset, latents.data(), keys, w.kv_b_proj, dims,
              heads_out.data() + seq.token_offset * H * c.v_head_dim);

@@ -5,7 +5,11 @@
 
 #include "base/thread_pool.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/linear.h"
+
+#include <cmath>
+#include <limits>
 
 namespace sy::kernels {
 
@@ -45,6 +49,68 @@ void MlaAttendExpanded(const float* q, int64_t tokens, const int64_t* positions,
           }
         }
       });
+}
+
+void MlaAttendExpandedTiled(const float* q, int64_t tokens, const int64_t* positions,
+                            const float* latents, int64_t keys, const Matrix& kv_b,
+                            const MlaDims& d, float* out) {
+  if (tokens == 0) return;
+  constexpr int64_t kBlock = 64;
+  const int64_t row = d.latent + d.rope, qk = d.nope + d.rope, kv_width = d.nope + d.v;
+  const int64_t items = tokens * d.heads;
+  std::vector<float> running_max(static_cast<size_t>(items),
+                                 -std::numeric_limits<float>::infinity());
+  std::vector<float> running_sum(static_cast<size_t>(items), 0.0f);
+  std::fill_n(out, items * d.v, 0.0f);
+  int64_t last = 0;
+  for (int64_t t = 0; t < tokens; ++t)
+    last = std::max(last, std::min(keys, positions[t] + 1));
+  std::vector<float> block_latent(static_cast<size_t>(kBlock * d.latent));
+  std::vector<float> kv(static_cast<size_t>(kBlock * d.heads * kv_width));
+  for (int64_t start = 0; start < last; start += kBlock) {
+    const int64_t count = std::min(kBlock, last - start);
+    for (int64_t j = 0; j < count; ++j)
+      std::copy_n(latents + (start + j) * row, d.latent, block_latent.begin() + j * d.latent);
+    LinearAuto(block_latent.data(), count, kv_b, kv.data());  // [count, H·(dn + dv)]
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(items), [&](size_t begin, size_t end) {
+      float scores[kBlock];
+      for (size_t item = begin; item < end; ++item) {
+        const int64_t t = static_cast<int64_t>(item) / d.heads,
+                      h = static_cast<int64_t>(item) % d.heads;
+        const int64_t used = std::min(count, std::min(keys, positions[t] + 1) - start);
+        if (used <= 0) continue;
+        const float* query = q + (t * d.heads + h) * qk;
+        float block_max = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < used; ++j) {
+          const float* key_nope = kv.data() + (j * d.heads + h) * kv_width;
+          const float* key_pe = latents + (start + j) * row + d.latent;
+          scores[j] = (Dot(query, key_nope, d.nope) + Dot(query + d.nope, key_pe, d.rope)) *
+                      d.softmax_scale;
+          block_max = std::max(block_max, scores[j]);
+        }
+        const float new_max = std::max(running_max[item], block_max);
+        const float correction = std::exp(running_max[item] - new_max);
+        float sum = 0;
+        for (int64_t j = 0; j < used; ++j)
+          sum += (scores[j] = std::exp(scores[j] - new_max));
+        running_sum[item] = running_sum[item] * correction + sum;
+        running_max[item] = new_max;
+        float* target = out + item * d.v;
+        for (int64_t i = 0; i < d.v; ++i)
+          target[i] *= correction;
+        for (int64_t j = 0; j < used; ++j) {
+          const float* value = kv.data() + (j * d.heads + h) * kv_width + d.nope;
+          for (int64_t i = 0; i < d.v; ++i)
+            target[i] += scores[j] * value[i];
+        }
+      }
+    });
+  }
+  for (int64_t item = 0; item < items; ++item) {
+    const float inverse = running_sum[item] > 0 ? 1.0f / running_sum[item] : 0.0f;
+    for (int64_t i = 0; i < d.v; ++i)
+      out[item * d.v + i] *= inverse;
+  }
 }
 
 void MlaAttendAbsorbed(const float* q, int64_t tokens, const int64_t* positions,

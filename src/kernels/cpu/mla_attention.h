@@ -30,6 +30,14 @@ void MlaAttendExpanded(const float* q, int64_t tokens, const int64_t* positions,
                        const float* latents, int64_t keys, const Matrix& kv_b, const MlaDims& dims,
                        float* out);
 
+// The expanded form tiled for long prefills: keys are expanded with kv_b a block of 64 at a time
+// and folded in with an online softmax, so memory stays O(block · heads) instead of
+// O(keys · heads), and each expanded block is reused by every query. Same result as
+// MlaAttendExpanded up to rounding.
+void MlaAttendExpandedTiled(const float* q, int64_t tokens, const int64_t* positions,
+                            const float* latents, int64_t keys, const Matrix& kv_b,
+                            const MlaDims& dims, float* out);
+
 // Absorbed form: folds W_UK into the query and W_UV into the output, so attention runs as MQA
 // over the latents themselves (DeepSeek's inference/model.py). Best for decode.
 void MlaAttendAbsorbed(const float* q, int64_t tokens, const int64_t* positions,
