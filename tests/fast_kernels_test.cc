@@ -93,6 +93,9 @@ class PerTarget : public ::testing::TestWithParam<int64_t> {
   void TearDown() override { kernels::ForcePanelGemmTarget(0); }
 };
 
+// Forcing a target affects every Highway dispatch in the process, the MLA kernel's included.
+class PerTargetMla : public PerTarget {};
+
 std::string TargetName(const ::testing::TestParamInfo<int64_t>& info) {
   return kernels::TargetName(info.param);
 }
@@ -219,7 +222,7 @@ namespace {
 
 // The paged flash-decoding kernel against the reference absorbed attention, query lengths 1 and
 // 2 on top of a cache whose length is not a multiple of the key chunk or the page.
-TEST(FastKernelsTest, MlaDecodeMatchesReferenceOverPages) {
+void CheckMlaDecodeAgainstDirectSums() {
   const int64_t heads = 5, latent = 24, rope = 6, page = 7;
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     for (int64_t keys : {int64_t{1}, int64_t{33}, int64_t{70}}) {
@@ -290,6 +293,15 @@ TEST(FastKernelsTest, MlaDecodeMatchesReferenceOverPages) {
 
 namespace sy {
 namespace {
+
+// The paged flash-decoding kernel on every SIMD target too.
+TEST_P(PerTargetMla, MlaDecodeMatchesReferenceOverPages) {
+  CheckMlaDecodeAgainstDirectSums();
+}
+INSTANTIATE_TEST_SUITE_P(Targets, PerTargetMla, ::testing::ValuesIn(kernels::PanelGemmTargets()),
+                         [](const ::testing::TestParamInfo<int64_t>& info) {
+                           return std::string(kernels::TargetName(info.param));
+                         });
 
 // Split-K: few panels, long rows, decode-sized m — the columns are split over the threads. The
 // result must not depend on the split (fp8 splits fall on scale-block boundaries).
