@@ -17,7 +17,9 @@ struct WorkItem {
 
 // Panels per work item: pairs for the bf16 kernel, four for decode-sized experts (the panel
 // kernel streams four panels side by side when it has one or two rows), else one.
-int64_t PanelsPerItem(bool bf16, int64_t rows) { return bf16 ? 2 : rows <= 2 ? 4 : 1; }
+int64_t PanelsPerItem(bool bf16, int64_t rows) {
+  return bf16 ? 2 : rows <= 2 ? 4 : 1;
+}
 
 }  // namespace
 
@@ -66,7 +68,8 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       const int64_t e = items[i].expert, p = items[i].panel;
       const int64_t first = offsets[e], count = offsets[e + 1] - first;
       const ExpertPanels& w = experts[e];
-      const int64_t p_end = std::min<int64_t>(w.gate->panels, p + PanelsPerItem(use_bf16[e], count));
+      const int64_t p_end =
+          std::min<int64_t>(w.gate->panels, p + PanelsPerItem(use_bf16[e], count));
       const uint16_t* xb = use_bf16[e] ? x_bf16[e].data() : nullptr;
       float* gate = hidden_rows.data() + first * width;
       float* up = up_rows.data() + first * width;
