@@ -18,12 +18,13 @@ struct Case {
   std::string fixture;
   AttentionForm form;
   DType kv_dtype;
-  int64_t decode_from;  // -1: one prefill per sequence
+  int64_t decode_from;         // -1: one prefill per sequence
+  bool micro_batches = false;  // the two-micro-batch schedule (sequences cut between halves)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.fixture << " form " << static_cast<int>(c.form) << " cache " << DTypeName(c.kv_dtype)
-      << " decode_from " << c.decode_from;
+      << " decode_from " << c.decode_from << (c.micro_batches ? " micro-batched" : "");
 }
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
@@ -34,6 +35,7 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   name += info.param.kv_dtype == DType::kF32 ? "_f32cache" : "_bf16cache";
   name += info.param.decode_from < 0 ? "_prefill"
                                      : "_decode_from_" + std::to_string(info.param.decode_from);
+  if (info.param.micro_batches) name += "_microbatch";
   for (char& c : name)
     if (!isalnum(static_cast<unsigned char>(c))) c = '_';
   return name;
@@ -51,6 +53,7 @@ std::vector<float> RunModel(const Model& model, const Fixture& fixture, const Ca
   std::vector<std::vector<float>> rows(fixture.tokens.size());
   ForwardOptions options;
   options.attention = c.form;
+  options.micro_batches = c.micro_batches;
   std::vector<float> logits;
   const int64_t vocab = model.config().vocab_size;
   const int64_t prefill_until = c.decode_from < 0 ? INT64_MAX : c.decode_from;
@@ -130,6 +133,8 @@ std::vector<Case> AllCases() {
     }
     cases.push_back({name, AttentionForm::kExpanded, DType::kF32, 5});
     cases.push_back({name, AttentionForm::kAbsorbed, DType::kF32, -1});
+    cases.push_back({name, AttentionForm::kAuto, DType::kF32, -1, true});
+    cases.push_back({name, AttentionForm::kAuto, DType::kF32, 5, true});
   }
   return cases;
 }

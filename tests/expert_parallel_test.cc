@@ -36,11 +36,13 @@ struct EpCase {
   std::string overlap;
   int decode_from;  // -1: prefill only
   int tp = 1;
+  std::string split = "heads";  // attention under TP: heads | sp-tp-sp
+  std::string progress = "on";  // the communication progress thread
 };
 
 void PrintTo(const EpCase& c, std::ostream* os) {
-  *os << c.ranks << " ranks, TP " << c.tp << ", " << c.wire << " wire, overlap " << c.overlap
-      << ", decode from " << c.decode_from;
+  *os << c.ranks << " ranks, TP " << c.tp << " (" << c.split << "), " << c.wire << " wire, overlap "
+      << c.overlap << ", decode from " << c.decode_from << ", progress thread " << c.progress;
 }
 
 class ExpertParallelTest : public ::testing::TestWithParam<EpCase> {};
@@ -48,9 +50,9 @@ class ExpertParallelTest : public ::testing::TestWithParam<EpCase> {};
 TEST_P(ExpertParallelTest, LogitsMatchTheSingleProcessRun) {
   const EpCase& c = GetParam();
   auto fixture = testing::LoadFixture("tiny-v3-fp8");
-  const std::string dir =
-      testing::TempDirectory("ep_" + std::to_string(c.ranks) + "tp" + std::to_string(c.tp) +
-                             c.wire + c.overlap + std::to_string(c.decode_from));
+  const std::string dir = testing::TempDirectory(
+      "ep_" + std::to_string(c.ranks) + "tp" + std::to_string(c.tp) + c.wire + c.overlap +
+      std::to_string(c.decode_from) + c.split + c.progress);
   const std::string decode =
       c.decode_from < 0 ? "" : " --decode-from " + std::to_string(c.decode_from);
   const std::string args =
@@ -63,7 +65,8 @@ TEST_P(ExpertParallelTest, LogitsMatchTheSingleProcessRun) {
       << output;
   ASSERT_EQ(RunCommand(Mpirun(c.ranks) + testing::kBinary + " --threads 1" + args + " --out " +
                            dir + "/many.bin --wire-dtype " + c.wire + " --overlap " + c.overlap +
-                           " --tp " + std::to_string(c.tp),
+                           " --tp " + std::to_string(c.tp) + " --attention-split " + c.split +
+                           " --progress-thread " + c.progress,
                        &output),
             0)
       << output;
@@ -88,9 +91,11 @@ TEST_P(ExpertParallelTest, LogitsMatchTheSingleProcessRun) {
 
 std::string EpCaseName(const ::testing::TestParamInfo<EpCase>& info) {
   const EpCase& c = info.param;
-  return "ep" + std::to_string(c.ranks) + "_tp" + std::to_string(c.tp) + "_" + c.wire + "_" +
-         c.overlap + "_" +
-         (c.decode_from < 0 ? std::string("prefill") : "decode" + std::to_string(c.decode_from));
+  std::string split = c.split == "sp-tp-sp" ? "_sptpsp" : "";
+  return "ep" + std::to_string(c.ranks) + "_tp" + std::to_string(c.tp) + split + "_" + c.wire +
+         "_" + c.overlap + "_" +
+         (c.decode_from < 0 ? std::string("prefill") : "decode" + std::to_string(c.decode_from)) +
+         (c.progress == "on" ? "" : "_no_progress_thread");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -100,19 +105,32 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{4, "f32", "dispatch", -1}, EpCase{2, "f32", "microbatch", 5},
                       EpCase{2, "f32", "none", 5, 2}, EpCase{4, "f32", "microbatch", 5, 2},
                       EpCase{4, "f32", "dispatch", -1, 4}, EpCase{4, "f32", "microbatch", -1},
-                      EpCase{2, "bf16", "none", 5}, EpCase{4, "bf16", "dispatch", 3}),
+                      EpCase{2, "bf16", "none", 5}, EpCase{4, "bf16", "dispatch", 3},
+                      // The five-stage schedule in one process (local experts), with bf16 rows,
+                      // and with exchanges progressed only inside Wait().
+                      EpCase{1, "f32", "microbatch", 5}, EpCase{4, "bf16", "microbatch", -1},
+                      EpCase{2, "f32", "microbatch", -1, 1, "heads", "off"},
+                      // SP-TP-SP attention: token shards, q/latent/output exchanges.
+                      EpCase{2, "f32", "none", -1, 2, "sp-tp-sp"},
+                      EpCase{4, "f32", "microbatch", 5, 2, "sp-tp-sp"},
+                      EpCase{4, "f32", "dispatch", 3, 4, "sp-tp-sp"}),
     EpCaseName);
 
-// Four ranks and three sequences of different lengths: one rank has no sequence at all, and
-// the others finish at different steps; every rank must keep stepping until all are done.
-TEST(ExpertParallelGenerate, TokensMatchWithIdleAndEarlyFinishingRanks) {
+// Four ranks and three sequences of different lengths: one DP group has no sequence at all, and
+// the others finish at different steps; every rank must keep stepping until all are done —
+// also in the two-micro-batch schedule, and with SP-TP-SP groups.
+class ExpertParallelGenerate : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExpertParallelGenerate, TokensMatchWithIdleAndEarlyFinishingRanks) {
   const std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-bf16";
   const std::string args = " --threads 1 generate --model " + model +
                            " --prompt-tokens '5,6,7;8,9;10,11,12,13' --max-tokens 6 --kv-dtype f32";
   std::string one, many;
   ASSERT_EQ(RunCommand(std::string(testing::kBinary) + args + " --ignore-eos", &one), 0) << one;
-  ASSERT_EQ(
-      RunCommand(Mpirun(4) + testing::kBinary + args + " --ignore-eos --wire-dtype f32", &many), 0)
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " --ignore-eos --wire-dtype f32 " +
+                           GetParam(),
+                       &many),
+            0)
       << many;
   for (int s = 0; s < 3; ++s) {
     const std::string key = "sequence " + std::to_string(s) + ":";
@@ -123,6 +141,16 @@ TEST(ExpertParallelGenerate, TokensMatchWithIdleAndEarlyFinishingRanks) {
     EXPECT_EQ(line(one), line(many));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Launches, ExpertParallelGenerate,
+    ::testing::Values("", "--overlap microbatch",
+                      "--tp 2 --attention-split sp-tp-sp --overlap microbatch"),
+    [](const ::testing::TestParamInfo<std::string>& info) {
+      return info.index == 0   ? std::string("ep4")
+             : info.index == 1 ? std::string("ep4_microbatch")
+                               : std::string("ep4_tp2_sptpsp_microbatch");
+    });
 
 TEST(ExpertParallelErrors, ExpertsThatDoNotDivideFailOnEveryRank) {
   std::string output;

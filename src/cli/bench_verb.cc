@@ -64,6 +64,7 @@ namespace {
 struct BenchLayerArgs {
   bench::LayerBenchOptions options;
   bool json = false;
+  std::string progress_thread = "on";
 };
 
 }  // namespace
@@ -81,10 +82,19 @@ void AddBenchLayerCommand(CLI::App& bench_app) {
       ->check(CLI::PositiveNumber);
   l->add_option("--repetitions", args->options.repetitions, "Timed runs (median)")
       ->check(CLI::Range(1, 101));
-  l->add_option("--overlap", args->options.overlap, "Under mpirun: none, dispatch or microbatch")
+  l->add_option("--overlap", args->options.overlaps,
+                "Overlap modes, run alternately batch by batch: none, dispatch, microbatch "
+                "(the five-stage two-micro-batch schedule)")
+      ->delimiter(',')
       ->check(CLI::IsMember({"none", "dispatch", "microbatch"}));
+  l->add_option("--layers", args->options.layers, "Consecutive MoE layers per timed run")
+      ->check(CLI::Range(1, 8));
+  l->add_option("--progress-thread", args->progress_thread,
+                "Under mpirun: a thread advancing started exchanges (on) or not (off)")
+      ->check(CLI::IsMember({"on", "off"}));
   l->add_flag("--json", args->json, "Print JSON");
   l->callback([args] {
+    CommunicationOptions().progress_thread = args->progress_thread == "on";
     auto results = bench::BenchLayer(args->options);
     if (WorldCommunicator().rank() != 0) return;
     std::fputs((args->json ? bench::LayerResultsJson(args->options, results)

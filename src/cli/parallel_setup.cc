@@ -28,6 +28,14 @@ void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
                    "Communication overlap: none; dispatch (shared expert between dispatch send and "
                    "receive); microbatch (two halves whose exchanges interleave)")
       ->check(CLI::IsMember({"none", "dispatch", "microbatch"}));
+  verb->add_option("--attention-split", args.attention_split,
+                   "With --tp: heads (every rank holds the group's tokens, heads split, o_proj "
+                   "all-reduced) or sp-tp-sp (tokens spread over the group, q and outputs "
+                   "exchanged, TP over heads; the prefill recipe for few or long requests)")
+      ->check(CLI::IsMember({"heads", "sp-tp-sp"}));
+  verb->add_option("--progress-thread", args.progress_thread,
+                   "A thread advancing started exchanges while compute runs")
+      ->check(CLI::IsMember({"on", "off"}));
 }
 
 static double ResidentMegabytes() {
@@ -61,6 +69,10 @@ ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args)
   WeightLoadOptions options;
   options.tp_rank = rank % run.tp;
   options.tp_size = run.tp;
+  run.sequence_parallel = run.tp > 1 && args.attention_split == "sp-tp-sp";
+  options.sequence_parallel_attention = run.sequence_parallel;
+  run.micro_batches = args.overlap == "microbatch";
+  CommunicationOptions().progress_thread = args.progress_thread == "on";
   if (local_ok && ranks > 1) {
     const int64_t local = config.value().n_routed_experts / ranks;
     options.expert_begin = rank * local;
@@ -83,9 +95,9 @@ ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args)
     comm.Abort(local_ok ? "a peer rank failed to load the model" : reason, 1);
   // Same checkpoint and flags everywhere: compare a fingerprint of what shapes the run.
   const ModelConfig& c = run.model->config();
-  const std::string fingerprint =
-      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype, args.overlap,
-                  args.tp, c.vocab_size, c.hidden_size, c.n_routed_experts, ranks);
+  const std::string fingerprint = fmt::format(
+      "{}|{}|{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype, args.overlap, args.tp,
+      args.attention_split, c.vocab_size, c.hidden_size, c.n_routed_experts, ranks);
   std::vector<uint8_t> mine(fingerprint.begin(), fingerprint.end());
   std::vector<uint8_t> root = comm.Broadcast(mine);
   if (comm.AllReduceMax(root == mine ? 0 : 1) != 0)
@@ -103,10 +115,11 @@ ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args)
     run.tp_moe = std::make_unique<TokenShardedMoe>(*run.moe, *run.tp_group);
   }
   std::fprintf(stderr,
-               "rank %d of %d: DP group %d, TP rank %d of %d (%lld heads), experts [%lld, %lld), "
+               "rank %d of %d: DP group %d, TP rank %d of %d (%lld heads%s), experts [%lld, %lld), "
                "resident %.0f MB\n",
                rank, ranks, run.dp_group, options.tp_rank, run.tp,
                static_cast<long long>(run.model->attention_config().num_attention_heads),
+               run.sequence_parallel ? ", SP-TP-SP" : "",
                static_cast<long long>(options.expert_begin),
                static_cast<long long>(options.expert_end), ResidentMegabytes());
   return run;

@@ -16,9 +16,11 @@
 namespace sy {
 
 struct ParallelArgs {
-  std::string wire_dtype = "bf16";  // rows on the wire between ranks
-  std::string overlap = "none";     // none | dispatch | microbatch
-  int tp = 1;                       // tensor-parallel ranks per DP group (consecutive ranks)
+  std::string wire_dtype = "bf16";        // rows on the wire between ranks
+  std::string overlap = "none";           // none | dispatch | microbatch
+  int tp = 1;                             // tensor-parallel ranks per DP group (consecutive ranks)
+  std::string attention_split = "heads";  // heads | sp-tp-sp
+  std::string progress_thread = "on";     // a thread advancing started exchanges
 };
 
 struct ParallelRun {
@@ -27,13 +29,18 @@ struct ParallelRun {
   std::unique_ptr<Model> model;
   std::unique_ptr<ExpertParallelMoe> moe;  // null with one rank
   std::unique_ptr<MoeExecutor> tp_moe;     // tokens split over the TP group before EP
-  std::unique_ptr<AttentionReducer> tp_attention;
+  std::unique_ptr<AttentionGroup> tp_attention;
   int tp = 1;
   int dp_group = 0;
+  bool sequence_parallel = false;  // SP-TP-SP attention: each rank holds a token shard
+  bool micro_batches = false;
   ForwardOptions Options() const {
     ForwardOptions options;
-    options.moe = tp_moe ? tp_moe.get() : moe.get();
-    options.attention_reduce = tp_attention.get();
+    options.moe = tp_moe && !sequence_parallel ? tp_moe.get() : moe.get();
+    options.attention_group = tp_attention.get();
+    options.attention_split =
+        sequence_parallel ? AttentionSplit::kSequence : AttentionSplit::kHeads;
+    options.micro_batches = micro_batches;
     return options;
   }
   int dp() const { return comm->size() / tp; }

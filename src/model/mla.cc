@@ -87,15 +87,12 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
 
 }  // namespace
 
-void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWeights& w,
-                int64_t layer, const ForwardBatch& batch, const std::vector<int64_t>& positions,
-                LatentCache& cache, AttentionForm form, const float* x, float* out) {
-  const int64_t T = batch.size(), H = c.num_attention_heads, dqk = c.qk_head_dim();
+void MlaProject(const ModelConfig& c, const RopeParams& rope, const AttentionWeights& w,
+                int64_t tokens, const int64_t* positions, const float* x, float* q,
+                float* latent_rows) {
+  const int64_t T = tokens, H = c.num_attention_heads, dqk = c.qk_head_dim();
   const int64_t latent = c.kv_lora_rank, dr = c.qk_rope_head_dim, row = c.latent_cache_width();
-
-  // Queries: q = q_b(rmsnorm(q_a(x))) or q_proj(x); [T, H, dqk], rope on the last dr of each head.
-  std::vector<float> q(static_cast<size_t>(T * H * dqk));
-  std::vector<float> latent_rows(static_cast<size_t>(T * row));
+  if (T == 0) return;
   {
     ScopedStage gemm(Stage::kGemm);
     if (c.q_lora_rank) {
@@ -103,57 +100,74 @@ void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWei
       std::vector<float> cq(static_cast<size_t>(T * rq));
       kernels::LinearAuto(x, T, w.q_a_proj, cq.data());
       kernels::RmsNorm(cq.data(), T, rq, w.q_a_layernorm.data(), kLatentNormEps, cq.data());
-      kernels::LinearAuto(cq.data(), T, w.q_b_proj, q.data());
+      kernels::LinearAuto(cq.data(), T, w.q_b_proj, q);
     } else {
-      kernels::LinearAuto(x, T, w.q_proj, q.data());
+      kernels::LinearAuto(x, T, w.q_proj, q);
     }
-    // Latent rows: [c | k_pe] = kv_a(x); c normalized, k_pe rotated, then cached.
-    kernels::LinearAuto(x, T, w.kv_a_proj_with_mqa, latent_rows.data());
+    kernels::LinearAuto(x, T, w.kv_a_proj_with_mqa, latent_rows);
   }
   for (int64_t t = 0; t < T; ++t) {
-    float* r = latent_rows.data() + t * row;
+    float* r = latent_rows + t * row;
     kernels::RmsNorm(r, 1, latent, w.kv_a_layernorm.data(), kLatentNormEps, r);
     kernels::RopePairwise(r + latent, dr, positions[t], rope.inv_freq.data(),
                           rope.attention_factor);
     for (int64_t h = 0; h < H; ++h)
-      kernels::RopePairwise(q.data() + (t * H + h) * dqk + c.qk_nope_head_dim, dr, positions[t],
+      kernels::RopePairwise(q + (t * H + h) * dqk + c.qk_nope_head_dim, dr, positions[t],
                             rope.inv_freq.data(), rope.attention_factor);
   }
+}
+
+void MlaWriteCache(const ModelConfig& c, int64_t layer, const ForwardBatch& batch,
+                   const float* latent_rows, LatentCache& cache) {
+  const int64_t row = c.latent_cache_width();
   for (const auto& seq : batch.sequences)
     for (int64_t i = 0; i < seq.token_count; ++i)
       cache.Write(layer, *seq.cache, seq.start_position + i,
-                  latent_rows.data() + (seq.token_offset + i) * row);
+                  latent_rows + (seq.token_offset + i) * row);
+}
 
-  std::vector<float> heads_out(static_cast<size_t>(T * H * c.v_head_dim));
-  {
-    ScopedStage attention(Stage::kAttention);
-    const kernels::MlaDims dims{H,      c.qk_nope_head_dim, dr, c.v_head_dim,
-                                latent, rope.softmax_scale};
-    std::vector<float> latents;
-    std::vector<size_t> fast_absorbed;
-    const bool have_fast_absorbed = !w.w_uk_t.empty();
-    for (size_t s = 0; s < batch.sequences.size(); ++s) {
-      const SequenceSlice& seq = batch.sequences[s];
-      const int64_t keys = seq.start_position + seq.token_count;
-      bool absorbed = form == AttentionForm::kAbsorbed ||
-                      (form == AttentionForm::kAuto && seq.token_count <= kAbsorbedMaxQueries);
-      if (absorbed && have_fast_absorbed) {
-        fast_absorbed.push_back(s);
-        continue;
-      }
-      latents.resize(static_cast<size_t>(keys * row));
-      cache.Gather(layer, *seq.cache, keys, latents.data());
-      auto attend = absorbed ? kernels::MlaAttendAbsorbed : kernels::MlaAttendExpandedTiled;
-      attend(q.data() + seq.token_offset * H * dqk, seq.token_count,
-             positions.data() + seq.token_offset, latents.data(), keys, w.kv_b_proj, dims,
-             heads_out.data() + seq.token_offset * H * c.v_head_dim);
+void MlaAttend(const ModelConfig& c, const RopeParams& rope, const AttentionWeights& w,
+               int64_t layer, const ForwardBatch& batch, const std::vector<int64_t>& positions,
+               const LatentCache& cache, AttentionForm form, const float* q, float* heads_out) {
+  ScopedStage attention(Stage::kAttention);
+  const int64_t H = c.num_attention_heads, dqk = c.qk_head_dim(), dr = c.qk_rope_head_dim;
+  const int64_t latent = c.kv_lora_rank, row = c.latent_cache_width();
+  const kernels::MlaDims dims{H, c.qk_nope_head_dim, dr, c.v_head_dim, latent, rope.softmax_scale};
+  std::vector<float> latents;
+  std::vector<size_t> fast_absorbed;
+  const bool have_fast_absorbed = !w.w_uk_t.empty();
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const SequenceSlice& seq = batch.sequences[s];
+    const int64_t keys = seq.start_position + seq.token_count;
+    bool absorbed = form == AttentionForm::kAbsorbed ||
+                    (form == AttentionForm::kAuto && seq.token_count <= kAbsorbedMaxQueries);
+    if (absorbed && have_fast_absorbed) {
+      fast_absorbed.push_back(s);
+      continue;
     }
-    if (!fast_absorbed.empty())
-      AbsorbedFast(c, rope, w, layer, batch, fast_absorbed, positions, cache, q.data(),
-                   heads_out.data());
+    latents.resize(static_cast<size_t>(keys * row));
+    cache.Gather(layer, *seq.cache, keys, latents.data());
+    auto attend = absorbed ? kernels::MlaAttendAbsorbed : kernels::MlaAttendExpandedTiled;
+    attend(q + seq.token_offset * H * dqk, seq.token_count, positions.data() + seq.token_offset,
+           latents.data(), keys, w.kv_b_proj, dims,
+           heads_out + seq.token_offset * H * c.v_head_dim);
   }
+  if (!fast_absorbed.empty())
+    AbsorbedFast(c, rope, w, layer, batch, fast_absorbed, positions, cache, q, heads_out);
+}
+
+void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWeights& w,
+                int64_t layer, const ForwardBatch& batch, const std::vector<int64_t>& positions,
+                LatentCache& cache, AttentionForm form, const float* x, float* out) {
+  const int64_t T = batch.size(), H = c.num_attention_heads;
+  std::vector<float> q(static_cast<size_t>(T * H * c.qk_head_dim()));
+  std::vector<float> latent_rows(static_cast<size_t>(T * c.latent_cache_width()));
+  MlaProject(c, rope, w, T, positions.data(), x, q.data(), latent_rows.data());
+  MlaWriteCache(c, layer, batch, latent_rows.data(), cache);
+  std::vector<float> heads_out(static_cast<size_t>(T * H * c.v_head_dim));
+  MlaAttend(c, rope, w, layer, batch, positions, cache, form, q.data(), heads_out.data());
   ScopedStage gemm(Stage::kGemm);
-  kernels::LinearAuto(heads_out.data(), T, w.o_proj, out);
+  if (T > 0) kernels::LinearAuto(heads_out.data(), T, w.o_proj, out);
 }
 
 }  // namespace sy

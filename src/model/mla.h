@@ -22,6 +22,23 @@ enum class AttentionForm {
 // or an MTP verification step of query length 2.
 inline constexpr int64_t kAbsorbedMaxQueries = 2;
 
+// The block in its phases, for schedules that exchange between them (SP-TP-SP attention):
+// Projections of `tokens` rows x [tokens, D]: q [tokens, H, qk_head_dim] with RoPE applied, and
+// latent rows [tokens, kv_lora_rank + qk_rope_head_dim] (c normalized, k_pe rotated), ready for
+// the cache. H is config.num_attention_heads (q_b_proj must hold that many heads).
+void MlaProject(const ModelConfig& config, const RopeParams& rope, const AttentionWeights& w,
+                int64_t tokens, const int64_t* positions, const float* x, float* q,
+                float* latent_rows);
+// Appends the batch's latent rows [batch.size(), width] to this layer of the cache.
+void MlaWriteCache(const ModelConfig& config, int64_t layer, const ForwardBatch& batch,
+                   const float* latent_rows, LatentCache& cache);
+// Attention of the batch's queries q [T, H, qk_head_dim] over the cache (this layer's rows for
+// the batch already written): heads_out [T, H, v_head_dim], before o_proj.
+void MlaAttend(const ModelConfig& config, const RopeParams& rope, const AttentionWeights& w,
+               int64_t layer, const ForwardBatch& batch, const std::vector<int64_t>& positions,
+               const LatentCache& cache, AttentionForm form, const float* q, float* heads_out);
+
+// The whole block:
 // x:   [tokens, D] output of input_layernorm
 // out: [tokens, D] attention output after o_proj
 // Appends this layer's latent rows for every token to the sequences' caches (already reserved).

@@ -24,7 +24,9 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
     if (model->config_.num_attention_heads % options.tp_size != 0)
       return Status::Errorf("{} attention heads cannot be split over {} tensor-parallel ranks",
                             model->config_.num_attention_heads, options.tp_size);
-    ShardAttentionHeads(model->config_, options.tp_rank, options.tp_size, model->weights_);
+    ShardAttentionHeads(model->config_, options.tp_rank, options.tp_size,
+                        options.sequence_parallel_attention, model->weights_);
+    model->sequence_parallel_attention_ = options.sequence_parallel_attention;
     model->attention_config_.num_attention_heads /= options.tp_size;
     model->attention_config_.num_key_value_heads = model->attention_config_.num_attention_heads;
   }
@@ -82,42 +84,68 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
 
   const ModelConfig& c = config_;
   const int64_t T = batch.size(), D = c.hidden_size;
-  std::vector<int64_t> positions(static_cast<size_t>(T));
-  for (const auto& seq : batch.sequences)
-    for (int64_t i = 0; i < seq.token_count; ++i)
-      positions[seq.token_offset + i] = seq.start_position + i;
+  AttentionGroup* group = options.attention_group;
+  const bool sequence_parallel =
+      group != nullptr && group->size() > 1 && options.attention_split == AttentionSplit::kSequence;
+  if (sequence_parallel != sequence_parallel_attention_ && group != nullptr && group->size() > 1)
+    return Status::Errorf("the weights are split for {} attention but the step asks for {}",
+                          sequence_parallel_attention_ ? "SP-TP-SP" : "head-parallel",
+                          sequence_parallel ? "SP-TP-SP" : "head-parallel");
+  const int sp_size = sequence_parallel ? group->size() : 1;
+  const int sp_rank = sequence_parallel ? group->rank() : 0;
 
-  std::vector<float> hidden(static_cast<size_t>(T * D)), normed(hidden.size()),
-      delta(hidden.size());
-  for (int64_t t = 0; t < T; ++t)
-    weights_.embed_tokens.DecodeRow(batch.tokens[t], hidden.data() + t * D);
-
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const DecoderLayerWeights& layer = weights_.layers[l];
-    kernels::RmsNorm(hidden.data(), T, D, layer.self_attn.input_layernorm.data(), eps,
-                     normed.data());
-    MlaForward(attention_config_, rope_, layer.self_attn, l, batch, positions, cache,
-               options.attention, normed.data(), delta.data());
-    if (options.attention_reduce != nullptr) options.attention_reduce->Sum(delta.data(), T * D);
-    for (size_t i = 0; i < hidden.size(); ++i)
-      hidden[i] += delta[i];
-    kernels::RmsNorm(hidden.data(), T, D, layer.post_attention_layernorm.data(), eps,
-                     normed.data());
-    if (layer.is_moe) {
-      if (options.moe != nullptr) {
-        options.moe->Run(c, layer.moe, l, normed.data(), T, delta.data());
-      } else {
-        MoeForward(c, layer.moe, normed.data(), T, delta.data());
-      }
-    } else {
-      FeedForward(layer.mlp, normed.data(), T, delta.data());
+  // The parts this rank holds: the whole batch (its SP shard under SP-TP-SP), or two
+  // micro-batches. Without SP the micro-batches are views into the whole batch's rows, so the
+  // dense-first layers run whole, as the seed's schedule has them.
+  std::vector<MicroBatch> whole = SplitBatch(batch, 1, sp_size, sp_rank);
+  std::vector<MicroBatch> halves;
+  if (options.micro_batches) halves = SplitBatch(batch, 2, sp_size, sp_rank);
+  std::vector<float> hidden;
+  if (!sequence_parallel || halves.empty()) {
+    hidden.resize(static_cast<size_t>(whole[0].rows * D));
+    whole[0].hidden = hidden.data();
+    if (!halves.empty()) {
+      halves[0].hidden = hidden.data();
+      halves[1].hidden = hidden.data() + halves[0].rows * D;
     }
-    for (size_t i = 0; i < hidden.size(); ++i)
-      hidden[i] += delta[i];
+  } else {
+    hidden.resize(static_cast<size_t>((halves[0].rows + halves[1].rows) * D));
+    halves[0].hidden = hidden.data();
+    halves[1].hidden = hidden.data() + halves[0].rows * D;
+  }
+  std::vector<MicroBatch>& embedded = sequence_parallel && !halves.empty() ? halves : whole;
+  for (const MicroBatch& mb : embedded)
+    for (int64_t r = 0; r < mb.rows; ++r)
+      weights_.embed_tokens.DecodeRow(batch.tokens[mb.first_token + mb.row_begin + r],
+                                      mb.hidden + r * D);
+
+  const DecoderContext context{&config_, &attention_config_, &rope_, &weights_.layers, &cache};
+  const int64_t L = c.num_hidden_layers;
+  if (halves.empty()) {
+    RunDecoderLayers(context, options, whole, 0, L);
+  } else if (sequence_parallel) {
+    RunDecoderLayers(context, options, halves, 0, L);
+  } else {
+    int64_t first_moe = 0;
+    while (first_moe < L && !weights_.layers[first_moe].is_moe)
+      ++first_moe;
+    RunDecoderLayers(context, options, whole, 0, first_moe);
+    RunDecoderLayers(context, options, halves, first_moe, L);
+  }
+  if (sequence_parallel) {  // every rank of the group gets all the rows back, in token order
+    std::vector<float> all(static_cast<size_t>(T * D));
+    for (const MicroBatch& mb : embedded) {
+      const int64_t size = mb.batch.size();
+      std::vector<int64_t> counts(static_cast<size_t>(sp_size));
+      for (int r = 0; r < sp_size; ++r)
+        counts[r] = (size * (r + 1) / sp_size - size * r / sp_size) * D;
+      group->AllGather(mb.hidden, counts, all.data() + mb.first_token * D);
+    }
+    hidden = std::move(all);
   }
 
   // Final norm and lm_head over the rows asked for.
+  const float eps = static_cast<float>(c.rms_norm_eps);
   std::vector<int64_t> rows;
   if (options.logit_rows == LogitRows::kAll) {
     for (int64_t t = 0; t < T; ++t)

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "base/status.h"
-#include "model/attention_reducer.h"
 #include "model/batch.h"
 #include "model/config.h"
+#include "model/decoder_schedule.h"
 #include "model/latent_cache.h"
 #include "model/mla.h"
 #include "model/moe_executor.h"
@@ -19,20 +19,6 @@
 #include "model/weights.h"
 
 namespace sy {
-
-enum class LogitRows {
-  kAll,   // one row per input token
-  kLast,  // one row per sequence: its last token (what decoding needs)
-};
-
-struct ForwardOptions {
-  AttentionForm attention = AttentionForm::kAuto;
-  LogitRows logit_rows = LogitRows::kAll;
-  // Runs the MoE layers; null means all experts in this process (MoeForward).
-  MoeExecutor* moe = nullptr;
-  // Adds up head-sharded attention outputs across a TP group; null without TP.
-  AttentionReducer* attention_reduce = nullptr;
-};
 
 class Model {
  public:
@@ -66,6 +52,7 @@ class Model {
   std::unique_ptr<Checkpoint> checkpoint_;  // owns the mappings the weights point into
   ModelWeights weights_;
   RopeParams rope_;
+  bool sequence_parallel_attention_ = false;  // weights laid out for SP-TP-SP
   std::vector<std::string> unused_tensors_;
 };
 

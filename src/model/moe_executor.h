@@ -1,8 +1,9 @@
-// How a MoE layer's experts run: in this process, or spread over expert-parallel ranks
-// (parallel/expert_parallel.h). Model::Forward calls it once per MoE layer.
+// How a MoE layer's experts run: in this process (LocalMoe), or spread over expert-parallel
+// ranks (parallel/expert_parallel.h). Model::Forward calls it once per MoE layer and micro-batch.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "model/config.h"
 #include "model/weights.h"
@@ -16,6 +17,33 @@ class MoeExecutor {
   // still takes part); out: [tokens, D] routed experts' weighted sum plus the shared expert.
   virtual void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer,
                    const float* x, int64_t tokens, float* out) = 0;
+
+  // The same work in three calls, for the two-micro-batch schedule (model/decoder_schedule.h),
+  // which runs the other micro-batch's compute between them while this one's rows travel:
+  //   Begin:  gate and routing, dispatch send, the shared expert        (the seed's stage 3)
+  //   Middle: dispatch receive, the local experts, combine send          (stage 4)
+  //   End:    combine receive, the weighted sum with the shared expert   (stage 5)
+  // `slot` (0 or 1) names the micro-batch; x must stay valid until End. Every rank calls the
+  // three in the same order of slots.
+  static constexpr int kSlots = 2;
+  virtual void Begin(const ModelConfig& config, const MoeWeights& weights, int64_t layer,
+                     const float* x, int64_t tokens, int slot) = 0;
+  virtual void Middle(int slot) = 0;
+  virtual void End(int slot, float* out) = 0;
+};
+
+// All experts in this process: the whole layer runs in Begin (nothing to wait for).
+class LocalMoe final : public MoeExecutor {
+ public:
+  void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
+           int64_t tokens, float* out) override;
+  void Begin(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
+             int64_t tokens, int slot) override;
+  void Middle(int) override {}
+  void End(int slot, float* out) override;
+
+ private:
+  std::vector<float> results_[kSlots];
 };
 
 }  // namespace sy

@@ -263,13 +263,16 @@ Matrix CopyColumns(const Matrix& m, int64_t begin, int64_t count) {
   return out;
 }
 
-void ShardLayerHeads(const ModelConfig& c, int tp_rank, int tp_size, AttentionWeights& a) {
+void ShardLayerHeads(const ModelConfig& c, int tp_rank, int tp_size, bool keep_projections,
+                     AttentionWeights& a) {
   const int64_t heads = c.num_attention_heads / tp_size, first = tp_rank * heads;
   const int64_t dqk = c.qk_head_dim(), kv = c.qk_nope_head_dim + c.v_head_dim, dv = c.v_head_dim;
-  if (!a.q_b_proj.empty()) a.q_b_proj = CopyRows(a.q_b_proj, first * dqk, heads * dqk);
-  if (!a.q_proj.empty()) a.q_proj = CopyRows(a.q_proj, first * dqk, heads * dqk);
   a.kv_b_proj = CopyRows(a.kv_b_proj, first * kv, heads * kv);
-  a.o_proj = CopyColumns(a.o_proj, first * dv, heads * dv);
+  if (!keep_projections) {
+    if (!a.q_b_proj.empty()) a.q_b_proj = CopyRows(a.q_b_proj, first * dqk, heads * dqk);
+    if (!a.q_proj.empty()) a.q_proj = CopyRows(a.q_proj, first * dqk, heads * dqk);
+    a.o_proj = CopyColumns(a.o_proj, first * dv, heads * dv);
+  }
   if (!a.w_uk_t.empty()) {
     a.w_uk_t = std::vector<Matrix>(a.w_uk_t.begin() + first, a.w_uk_t.begin() + first + heads);
     a.w_uv = std::vector<Matrix>(a.w_uv.begin() + first, a.w_uv.begin() + first + heads);
@@ -278,12 +281,12 @@ void ShardLayerHeads(const ModelConfig& c, int tp_rank, int tp_size, AttentionWe
 
 }  // namespace
 
-void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size,
+void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size, bool keep_projections,
                          ModelWeights& weights) {
   for (auto& layer : weights.layers)
-    ShardLayerHeads(config, tp_rank, tp_size, layer.self_attn);
+    ShardLayerHeads(config, tp_rank, tp_size, keep_projections, layer.self_attn);
   for (auto& mtp : weights.mtp)
-    ShardLayerHeads(config, tp_rank, tp_size, mtp.block.self_attn);
+    ShardLayerHeads(config, tp_rank, tp_size, keep_projections, mtp.block.self_attn);
 }
 
 void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer) {

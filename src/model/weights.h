@@ -80,12 +80,17 @@ struct WeightLoadOptions {
   // Tensor parallelism: this rank keeps attention heads [tp_rank·H/tp_size, (tp_rank+1)·H/tp_size).
   int tp_rank = 0;
   int tp_size = 1;
+  // SP-TP-SP attention (the Huawei prefill recipe): q_b_proj (q_proj) and o_proj stay whole —
+  // they run on this rank's token shard for every head — and only kv_b_proj and the absorbed
+  // per-head matrices are split by heads.
+  bool sequence_parallel_attention = false;
 };
 
 // Keeps only this rank's attention heads in every layer: q_b_proj (or q_proj) and kv_b_proj rows,
 // the absorbed per-head matrices, and o_proj's columns. q_a, kv_a and the latent cache serve every
-// head and stay whole (the seed's point about MLA under TP).
-void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size,
+// head and stay whole (the seed's point about MLA under TP). keep_projections: q_b/q_proj and
+// o_proj stay whole too (SP-TP-SP).
+void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size, bool keep_projections,
                          ModelWeights& weights);
 
 // Packs one decoder layer's matrices and splits its kv_b_proj per head (see PackWeights).

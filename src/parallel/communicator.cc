@@ -2,9 +2,13 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 namespace sy {
 namespace {
@@ -54,12 +58,77 @@ int CheckedInt(int64_t value) {
   return static_cast<int>(value);
 }
 
+// Debian's OpenMPI has no asynchronous progress of its own ("OMPI progress: no" in ompi_info):
+// a started all-to-all-v only moves while some thread is inside MPI. Without help its rows sit
+// in the sender's buffer until Wait(), and compute placed between start and wait hides nothing.
+// This thread polls every started exchange with MPI_Test until it completes, so transfers run
+// while the compute threads work. It sleeps between polls (one core of two is not spent
+// spinning) and blocks while nothing is in flight.
+class ProgressThread {
+ public:
+  struct Request {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::atomic<bool> done{false};
+  };
+
+  static ProgressThread& Get() {
+    static ProgressThread* instance = new ProgressThread();  // lives until exit, never joined
+    return *instance;
+  }
+
+  void Add(Request* request) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    requests_.push_back(request);
+    wake_.notify_one();
+  }
+  // Blocks until the thread saw `request` complete.
+  void Wait(Request* request) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    finished_.wait(lock, [&] { return request->done.load(); });
+  }
+
+ private:
+  ProgressThread() : thread_([this] { Loop(); }) { thread_.detach(); }
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return !requests_.empty(); });
+      bool any_done = false;
+      for (size_t i = 0; i < requests_.size();) {
+        int flag = 0;
+        MPI_Test(&requests_[i]->request, &flag, MPI_STATUS_IGNORE);
+        if (flag) {
+          requests_[i]->done = true;
+          requests_[i] = requests_.back();
+          requests_.pop_back();
+          any_done = true;
+        } else {
+          ++i;
+        }
+      }
+      if (any_done) finished_.notify_all();
+      if (requests_.empty()) continue;
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, finished_;
+  std::vector<Request*> requests_;
+  std::thread thread_;
+};
+
 class Mpi final : public Communicator {
  public:
-  // The world: initializes MPI.
+  // The world: initializes MPI. THREAD_MULTIPLE because the progress thread tests requests
+  // while the main thread calls collectives.
   Mpi() {
     int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    threaded_ = provided >= MPI_THREAD_MULTIPLE;
     // A failing call or a peer that died ends the job, never a hang.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
     comm_ = MPI_COMM_WORLD;
@@ -72,7 +141,7 @@ class Mpi final : public Communicator {
     });
   }
   // A sub-communicator (a TP group).
-  explicit Mpi(MPI_Comm comm) : comm_(comm) {
+  Mpi(MPI_Comm comm, bool threaded) : comm_(comm), threaded_(threaded) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
@@ -84,12 +153,17 @@ class Mpi final : public Communicator {
   }
   class Pending final : public Exchange {
    public:
-    MPI_Request request = MPI_REQUEST_NULL;
+    ProgressThread::Request slot;
+    bool progressed = false;  // handed to the progress thread
     std::vector<int> counts[4];
-    void Wait() override { MPI_Wait(&request, MPI_STATUS_IGNORE); }
-    ~Pending() override {
-      if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
+    void Wait() override {
+      if (progressed) {
+        ProgressThread::Get().Wait(&slot);
+      } else if (slot.request != MPI_REQUEST_NULL) {
+        MPI_Wait(&slot.request, MPI_STATUS_IGNORE);
+      }
     }
+    ~Pending() override { Wait(); }
   };
   std::unique_ptr<Exchange> StartAllToAllV(const void* send, const std::vector<int64_t>& send_bytes,
                                            const std::vector<int64_t>& send_offsets, void* recv,
@@ -103,7 +177,11 @@ class Mpi final : public Communicator {
         pending->counts[i].push_back(CheckedInt(v));
     MPI_Ialltoallv(send, pending->counts[0].data(), pending->counts[1].data(), MPI_BYTE, recv,
                    pending->counts[2].data(), pending->counts[3].data(), MPI_BYTE, comm_,
-                   &pending->request);
+                   &pending->slot.request);
+    if (threaded_ && CommunicationOptions().progress_thread) {
+      pending->progressed = true;
+      ProgressThread::Get().Add(&pending->slot);
+    }
     return pending;
   }
   int64_t AllReduceMax(int64_t value) override {
@@ -153,7 +231,7 @@ class Mpi final : public Communicator {
   std::unique_ptr<Communicator> Split(int color) override {
     MPI_Comm sub;
     MPI_Comm_split(comm_, color, rank_, &sub);
-    return std::make_unique<Mpi>(sub);
+    return std::make_unique<Mpi>(sub, threaded_);
   }
   std::vector<uint8_t> Broadcast(const std::vector<uint8_t>& bytes) override {
     int64_t size = static_cast<int64_t>(bytes.size());
@@ -172,6 +250,7 @@ class Mpi final : public Communicator {
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  bool threaded_ = false;
 };
 
 bool LaunchedByMpi() {
@@ -180,6 +259,11 @@ bool LaunchedByMpi() {
 }
 
 }  // namespace
+
+CommunicationSettings& CommunicationOptions() {
+  static CommunicationSettings settings;
+  return settings;
+}
 
 Communicator& WorldCommunicator() {
   static std::unique_ptr<Communicator> world =

@@ -50,6 +50,13 @@ class Communicator {
   [[noreturn]] virtual void Abort(const std::string& message, int code) = 0;
 };
 
+struct CommunicationSettings {
+  // Started exchanges are advanced by a background thread while the caller computes; off, they
+  // move only inside Wait() (what OpenMPI does on its own).
+  bool progress_thread = true;
+};
+CommunicationSettings& CommunicationOptions();
+
 // The process's communicator: MPI when launched by mpirun (OMPI_COMM_WORLD_SIZE or PMI_SIZE set),
 // otherwise a single in-process rank. Created once; MPI is finalized at exit.
 Communicator& WorldCommunicator();

@@ -93,6 +93,8 @@ void ExpertDispatcher::DispatchSend(const ExpertRouting& routing, const float* x
     local_offsets_[i + 1] = next;
   }
   recv_buffer_.resize(static_cast<size_t>(received_rows) * row_bytes_);
+  for (int r = 0; r < ranks; ++r)
+    if (r != comm_.rank()) remote_bytes_sent_ += send_bytes_[r];
   pending_ = comm_.StartAllToAllV(send_buffer_.data(), send_bytes_, send_offsets_,
                                   recv_buffer_.data(), recv_bytes_, recv_offsets_);
 }
@@ -115,6 +117,8 @@ void ExpertDispatcher::CombineSend(const float* expert_rows) {
   const int64_t rows = static_cast<int64_t>(resort_source_.size());
   for (int64_t j = 0; j < rows; ++j)
     Pack(expert_rows + j * hidden_, 1, recv_buffer_.data() + resort_source_[j] * row_bytes_);
+  for (int r = 0; r < comm_.size(); ++r)
+    if (r != comm_.rank()) remote_bytes_sent_ += recv_bytes_[r];
   pending_ = comm_.StartAllToAllV(recv_buffer_.data(), recv_bytes_, recv_offsets_,
                                   send_buffer_.data(), send_bytes_, send_offsets_);
 }
@@ -128,16 +132,17 @@ void ExpertDispatcher::CombineRecv(float* out) {
 
 ExpertParallelMoe::ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire,
                                      OverlapMode overlap)
-    : dispatcher_(comm, config.n_routed_experts, config.hidden_size, wire),
-      second_(comm, config.n_routed_experts, config.hidden_size, wire),
-      overlap_(overlap) {}
+    : overlap_(overlap) {
+  for (int i = 0; i < kSlots; ++i)
+    slots_.emplace_back(ExpertDispatcher(comm, config.n_routed_experts, config.hidden_size, wire));
+}
 
 void ExpertParallelMoe::RunLocalExperts(const MoeWeights& w, const std::vector<float>& rows,
                                         const std::vector<int64_t>& local_offsets,
                                         float* out) const {
   ScopedStage stage(Stage::kGroupedGemm);
-  const int64_t D = dispatcher_.hidden(), first = dispatcher_.first_expert(),
-                local = dispatcher_.local_experts();
+  const ExpertDispatcher& d = slots_[0].dispatcher;
+  const int64_t D = d.hidden(), first = d.first_expert(), local = d.local_experts();
   const int64_t received = local_offsets.back();
   std::vector<kernels::ExpertPanels> panels(static_cast<size_t>(local));
   bool packed = true;
@@ -158,69 +163,64 @@ void ExpertParallelMoe::RunLocalExperts(const MoeWeights& w, const std::vector<f
   }
 }
 
-void ExpertParallelMoe::RunMicrobatched(const ModelConfig& c, const MoeWeights& w, const float* x,
-                                        int64_t tokens, float* out) {
-  const int64_t D = c.hidden_size;
-  const int64_t half[2] = {tokens / 2, tokens - tokens / 2};
-  const float* inputs[2] = {x, x + half[0] * D};
-  ExpertDispatcher* exchange[2] = {&dispatcher_, &second_};
-  ExpertRouting routing[2] = {RouteTokens(c, w, inputs[0], half[0]),
-                              RouteTokens(c, w, inputs[1], half[1])};
-  std::vector<float> shared[2], expert_out[2], expert_rows[2];
-  auto run_shared = [&](int h) {
-    if (w.shared_experts.empty() || half[h] == 0) return;
-    shared[h].resize(static_cast<size_t>(half[h] * D));
-    FeedForward(w.shared_experts, inputs[h], half[h], shared[h].data());
-  };
-  // Every rank starts the exchanges in the same order: A's dispatch, B's dispatch, A's combine,
-  // B's combine. A's rows travel while B's shared expert runs, and the other way round.
-  exchange[0]->DispatchSend(routing[0], inputs[0]);
-  exchange[1]->DispatchSend(routing[1], inputs[1]);
-  run_shared(0);
-  for (int h = 0; h < 2; ++h) {
-    std::vector<int64_t> offsets;
-    const std::vector<float>& rows = exchange[h]->DispatchRecv(&offsets);
-    expert_out[h].resize(static_cast<size_t>(offsets.back() * D));
-    RunLocalExperts(w, rows, offsets, expert_out[h].data());
-    exchange[h]->CombineSend(expert_out[h].data());
-    if (h == 0) run_shared(1);
-  }
-  for (int h = 0; h < 2; ++h) {
-    expert_rows[h].resize(static_cast<size_t>(half[h] * routing[h].top_k * D));
-    exchange[h]->CombineRecv(expert_rows[h].data());
-    if (half[h] > 0)
-      FinalizeRouting(routing[h], expert_rows[h].data(),
-                      shared[h].empty() ? nullptr : shared[h].data(), D,
-                      out + (h == 0 ? 0 : half[0] * D));
-  }
+void ExpertParallelMoe::RunShared(InFlight& s) const {
+  s.shared_done = true;
+  if (s.weights->shared_experts.empty() || s.tokens == 0) return;
+  s.shared.resize(static_cast<size_t>(s.tokens * s.config->hidden_size));
+  FeedForward(s.weights->shared_experts, s.x, s.tokens, s.shared.data());
 }
 
-void ExpertParallelMoe::Run(const ModelConfig& c, const MoeWeights& w, int64_t layer,
-                            const float* x, int64_t tokens, float* out) {
-  if (overlap_ == OverlapMode::kMicrobatch) {
-    RunMicrobatched(c, w, x, tokens, out);
-    return;
-  }
-  const int64_t D = c.hidden_size;
-  ExpertRouting routing = RouteTokens(c, w, x, tokens);
-  std::vector<float> shared;
-  auto run_shared = [&] {
-    if (w.shared_experts.empty() || tokens == 0) return;
-    shared.resize(static_cast<size_t>(tokens * D));
-    FeedForward(w.shared_experts, x, tokens, shared.data());
-  };
-  dispatcher_.DispatchSend(routing, x);
-  if (overlap_ == OverlapMode::kDispatch) run_shared();  // between dispatch send and receive
+void ExpertParallelMoe::Start(const ModelConfig& c, const MoeWeights& w, const float* x,
+                              int64_t tokens, int slot, bool shared_now) {
+  InFlight& s = slots_[slot];
+  s.config = &c;
+  s.weights = &w;
+  s.x = x;
+  s.tokens = tokens;
+  s.shared_done = false;
+  s.shared.clear();
+  s.routing = RouteTokens(c, w, x, tokens);
+  s.dispatcher.DispatchSend(s.routing, x);
+  if (shared_now) RunShared(s);  // between dispatch send and receive
+}
+
+void ExpertParallelMoe::Begin(const ModelConfig& c, const MoeWeights& w, int64_t, const float* x,
+                              int64_t tokens, int slot) {
+  Start(c, w, x, tokens, slot, /*shared_now=*/true);
+}
+
+void ExpertParallelMoe::Middle(int slot) {
+  InFlight& s = slots_[slot];
   std::vector<int64_t> local_offsets;
-  const std::vector<float>& rows = dispatcher_.DispatchRecv(&local_offsets);
-  std::vector<float> expert_out(static_cast<size_t>(local_offsets.back() * D));
-  RunLocalExperts(w, rows, local_offsets, expert_out.data());
-  dispatcher_.CombineSend(expert_out.data());
-  std::vector<float> expert_rows(static_cast<size_t>(tokens * routing.top_k * D));
-  dispatcher_.CombineRecv(expert_rows.data());
-  if (overlap_ == OverlapMode::kNone) run_shared();
-  if (tokens > 0)
-    FinalizeRouting(routing, expert_rows.data(), shared.empty() ? nullptr : shared.data(), D, out);
+  const std::vector<float>& rows = s.dispatcher.DispatchRecv(&local_offsets);
+  s.expert_out.resize(static_cast<size_t>(local_offsets.back() * s.config->hidden_size));
+  RunLocalExperts(*s.weights, rows, local_offsets, s.expert_out.data());
+  s.dispatcher.CombineSend(s.expert_out.data());
+}
+
+void ExpertParallelMoe::End(int slot, float* out) {
+  InFlight& s = slots_[slot];
+  const int64_t D = s.config->hidden_size;
+  std::vector<float> expert_rows(static_cast<size_t>(s.tokens * s.routing.top_k * D));
+  s.dispatcher.CombineRecv(expert_rows.data());
+  if (!s.shared_done) RunShared(s);  // no overlap: after the exchange
+  if (s.tokens > 0)
+    FinalizeRouting(s.routing, expert_rows.data(), s.shared.empty() ? nullptr : s.shared.data(), D,
+                    out);
+}
+
+int64_t ExpertParallelMoe::remote_bytes_sent() const {
+  int64_t total = 0;
+  for (const InFlight& s : slots_)
+    total += s.dispatcher.remote_bytes_sent();
+  return total;
+}
+
+void ExpertParallelMoe::Run(const ModelConfig& c, const MoeWeights& w, int64_t, const float* x,
+                            int64_t tokens, float* out) {
+  Start(c, w, x, tokens, 0, /*shared_now=*/overlap_ != OverlapMode::kNone);
+  Middle(0);
+  End(0, out);
 }
 
 }  // namespace sy

@@ -25,6 +25,8 @@ class ExpertDispatcher {
   int64_t local_experts() const { return local_; }
   int64_t hidden() const { return hidden_; }
   int64_t first_expert() const { return static_cast<int64_t>(comm_.rank()) * local_; }
+  // Bytes this rank has sent to other ranks (dispatch and combine), since construction.
+  int64_t remote_bytes_sent() const { return remote_bytes_sent_; }
 
   // routing: this rank's slots sorted by global expert; x: [tokens, D]. Starts the exchange.
   void DispatchSend(const ExpertRouting& routing, const float* x);
@@ -50,32 +52,52 @@ class ExpertDispatcher {
   std::vector<int64_t> resort_source_;  // sorted row j came from received row resort_source_[j]
   std::vector<int64_t> local_offsets_;
   int64_t slots_ = 0;
+  int64_t remote_bytes_sent_ = 0;
   std::unique_ptr<Communicator::Exchange> pending_;
 };
 
 // none: dispatch, experts, combine, then the shared expert. dispatch: the shared expert runs
-// between dispatch send and receive. microbatch: the tokens split in two halves whose exchanges
-// interleave — each half's communication runs while the other half computes (the seed's
-// two-micro-batch idea, applied inside the MoE block).
+// between dispatch send and receive. microbatch: the step runs in the five-stage two-micro-batch
+// schedule (model/decoder_schedule.h, ForwardOptions::micro_batches), which drives this
+// executor through Begin/Middle/End; a whole-layer Run then behaves as dispatch overlap.
 enum class OverlapMode { kNone, kDispatch, kMicrobatch };
 
 // Runs MoE layers expert-parallel over `comm`. Each rank must hold experts
-// [rank·E/N, (rank+1)·E/N) (WeightLoadOptions) and calls Run for every MoE layer of every step,
-// with zero tokens when it has no work.
+// [rank·E/N, (rank+1)·E/N) (WeightLoadOptions) and calls Run (or Begin, Middle, End) for every
+// MoE layer of every step, with zero tokens when it has no work.
 class ExpertParallelMoe final : public MoeExecutor {
  public:
   ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire, OverlapMode overlap);
   void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
            int64_t tokens, float* out) override;
+  void Begin(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
+             int64_t tokens, int slot) override;
+  void Middle(int slot) override;
+  void End(int slot, float* out) override;
+  // Bytes sent to other ranks by dispatch and combine so far.
+  int64_t remote_bytes_sent() const;
 
  private:
+  // One micro-batch's MoE layer between Begin and End.
+  struct InFlight {
+    explicit InFlight(ExpertDispatcher d) : dispatcher(std::move(d)) {}
+    ExpertDispatcher dispatcher;
+    ExpertRouting routing;
+    const ModelConfig* config = nullptr;
+    const MoeWeights* weights = nullptr;
+    const float* x = nullptr;
+    int64_t tokens = 0;
+    std::vector<float> shared;  // the shared expert's output, once computed
+    bool shared_done = false;
+    std::vector<float> expert_out;
+  };
+  void Start(const ModelConfig& config, const MoeWeights& weights, const float* x, int64_t tokens,
+             int slot, bool shared_now);
+  void RunShared(InFlight& s) const;
   void RunLocalExperts(const MoeWeights& weights, const std::vector<float>& rows,
                        const std::vector<int64_t>& local_offsets, float* out) const;
-  void RunMicrobatched(const ModelConfig& config, const MoeWeights& weights, const float* x,
-                       int64_t tokens, float* out);
 
-  ExpertDispatcher dispatcher_;
-  ExpertDispatcher second_;  // the other half's exchanges in microbatch mode
+  std::vector<InFlight> slots_;
   OverlapMode overlap_;
 };
 
