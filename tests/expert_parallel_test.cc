@@ -218,12 +218,15 @@ TEST(ExpertParallelMultiHost, LogitsMatchAcrossEmulatedHosts) {
   ASSERT_EQ(
       RunCommand(std::string(testing::kBinary) + args + " --out " + dir + "/one.bin", &output), 0)
       << output;
+  // Two hosts with dispatch overlap; four in the two-micro-batch schedule with SP-TP-SP pairs.
   for (int hosts : {2, 4}) {
     const std::string out = dir + "/hosts" + std::to_string(hosts) + ".bin";
-    int status = RunCommand("timeout 300 " + scripts + " mpirun " + std::to_string(hosts) + " " +
-                                testing::kBinary + args + " --out " + out +
-                                " --wire-dtype f32 --overlap dispatch",
-                            &output);
+    const std::string mode = hosts == 2 ? " --overlap dispatch"
+                                        : " --overlap microbatch --tp 2 --attention-split sp-tp-sp";
+    int status =
+        RunCommand("timeout 300 " + scripts + " mpirun " + std::to_string(hosts) + " " +
+                       testing::kBinary + args + " --out " + out + " --wire-dtype f32" + mode,
+                   &output);
     EXPECT_EQ(status, 0) << output;
     if (status != 0) continue;
     auto comparison =
