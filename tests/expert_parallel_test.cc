@@ -81,6 +81,13 @@ TEST_P(ExpertParallelTest, LogitsMatchTheSingleProcessRun) {
     // Exact rows on the wire: the bar, 1e-4 · max|logit|, and the same argmax.
     EXPECT_EQ(comparison.argmax_mismatches, 0);
     EXPECT_LE(comparison.max_abs_diff, 1e-4 * comparison.max_abs_reference);
+  } else if (c.wire == "fp8") {
+    // e4m3 dispatch rows (3 mantissa bits, a scale per 128 values) move every expert input by up
+    // to ~3%: logits land 1.5–3% of max|logit| off here. Nearly every row must stay within 5e-2
+    // and pick the same token.
+    const int64_t rows = static_cast<int64_t>(comparison.row_max_diff.size());
+    EXPECT_LE(comparison.RowsOver(5e-2), rows / 10) << "of " << rows;
+    EXPECT_LE(comparison.argmax_mismatches, rows / 10) << "of " << rows;
   } else {
     // bf16 rows round every expert input and output (~0.2% per row here); a rounded row can flip a
     // near-tie expert choice in a later layer. Nearly every row must still meet 1e-2.
@@ -106,6 +113,7 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{2, "f32", "none", 5, 2}, EpCase{4, "f32", "microbatch", 5, 2},
                       EpCase{4, "f32", "dispatch", -1, 4}, EpCase{4, "f32", "microbatch", -1},
                       EpCase{2, "bf16", "none", 5}, EpCase{4, "bf16", "dispatch", 3},
+                      EpCase{2, "fp8", "dispatch", -1}, EpCase{4, "fp8", "microbatch", 5},
                       // The five-stage schedule in one process (local experts), with bf16 rows,
                       // and with exchanges progressed only inside Wait().
                       EpCase{1, "f32", "microbatch", 5}, EpCase{4, "bf16", "microbatch", -1},

@@ -19,8 +19,10 @@ void FailEverywhere(Communicator& comm, const std::string& message) {
 }
 
 void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
-  verb->add_option("--wire-dtype", args.wire_dtype, "Row format between expert-parallel ranks")
-      ->check(CLI::IsMember({"bf16", "f32"}));
+  verb->add_option("--wire-dtype", args.wire_dtype,
+                   "Row format between expert-parallel ranks: bf16, f32, or fp8 (dispatch in e4m3 "
+                   "with a scale per 128 values, combine in bf16)")
+      ->check(CLI::IsMember({"bf16", "f32", "fp8"}));
   verb->add_option("--tp", args.tp,
                    "Tensor-parallel ranks per DP group: attention heads split, EP = ranks")
       ->check(CLI::PositiveNumber);
@@ -107,8 +109,11 @@ ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args)
   const OverlapMode overlap = args.overlap == "dispatch"     ? OverlapMode::kDispatch
                               : args.overlap == "microbatch" ? OverlapMode::kMicrobatch
                                                              : OverlapMode::kNone;
-  run.moe = std::make_unique<ExpertParallelMoe>(
-      comm, c, args.wire_dtype == "f32" ? DType::kF32 : DType::kBF16, overlap);
+  run.moe = std::make_unique<ExpertParallelMoe>(comm, c,
+                                                args.wire_dtype == "f32"   ? DType::kF32
+                                                : args.wire_dtype == "fp8" ? DType::kF8E4M3
+                                                                           : DType::kBF16,
+                                                overlap);
   if (run.tp > 1) {
     run.tp_group = comm.Split(run.dp_group);
     run.tp_attention = std::make_unique<TensorParallelAttention>(*run.tp_group);

@@ -1,5 +1,7 @@
 #include "parallel/expert_parallel.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "base/stage_timer.h"
@@ -7,13 +9,29 @@
 
 namespace sy {
 
+namespace {
+
+// fp8 rows carry one f32 scale per 128 values (the seed's 1×128 activation blocks), after the
+// row's D bytes of e4m3 values.
+constexpr int64_t kFp8Block = 128;
+
+size_t WireRowBytes(int64_t hidden, DType wire) {
+  if (wire == DType::kF8E4M3)
+    return static_cast<size_t>(hidden + 4 * ((hidden + kFp8Block - 1) / kFp8Block));
+  return static_cast<size_t>(hidden) * DTypeSize(wire);
+}
+
+}  // namespace
+
 ExpertDispatcher::ExpertDispatcher(Communicator& comm, int64_t experts, int64_t hidden, DType wire)
     : comm_(comm),
       experts_(experts),
       local_(experts / comm.size()),
       hidden_(hidden),
       wire_(wire),
-      row_bytes_(static_cast<size_t>(hidden) * DTypeSize(wire)) {
+      combine_wire_(wire == DType::kF8E4M3 ? DType::kBF16 : wire),
+      row_bytes_(WireRowBytes(hidden, wire)),
+      combine_row_bytes_(WireRowBytes(hidden, combine_wire_)) {
   const size_t n = static_cast<size_t>(comm.size());
   send_bytes_.assign(n, 0);
   send_offsets_.assign(n, 0);
@@ -21,10 +39,30 @@ ExpertDispatcher::ExpertDispatcher(Communicator& comm, int64_t experts, int64_t 
   recv_offsets_.assign(n, 0);
 }
 
-void ExpertDispatcher::Pack(const float* rows, int64_t count, uint8_t* wire) const {
+void ExpertDispatcher::Pack(DType format, const float* rows, int64_t count, uint8_t* wire) const {
   const int64_t values = count * hidden_;
-  if (wire_ == DType::kF32) {
+  const int64_t row_bytes = static_cast<int64_t>(WireRowBytes(hidden_, format));
+  if (format == DType::kF32) {
     std::memcpy(wire, rows, static_cast<size_t>(values) * 4);
+    return;
+  }
+  if (format == DType::kF8E4M3) {
+    for (int64_t r = 0; r < count; ++r) {
+      const float* row = rows + r * hidden_;
+      uint8_t* out = wire + r * row_bytes;
+      uint8_t* scales = out + hidden_;
+      for (int64_t b = 0; b * kFp8Block < hidden_; ++b) {
+        const int64_t begin = b * kFp8Block, end = std::min(hidden_, begin + kFp8Block);
+        float amax = 0;
+        for (int64_t i = begin; i < end; ++i)
+          amax = std::max(amax, std::abs(row[i]));
+        const float scale = amax > 0 ? amax / 448.0f : 1.0f;  // 448: e4m3's largest finite value
+        const float inverse = 1.0f / scale;
+        std::memcpy(scales + 4 * b, &scale, 4);
+        for (int64_t i = begin; i < end; ++i)
+          out[i] = F32ToF8E4M3(row[i] * inverse);
+      }
+    }
     return;
   }
   for (int64_t i = 0; i < values; ++i) {
@@ -33,10 +71,26 @@ void ExpertDispatcher::Pack(const float* rows, int64_t count, uint8_t* wire) con
   }
 }
 
-void ExpertDispatcher::Unpack(const uint8_t* wire, int64_t count, float* rows) const {
+void ExpertDispatcher::Unpack(DType format, const uint8_t* wire, int64_t count, float* rows) const {
   const int64_t values = count * hidden_;
-  if (wire_ == DType::kF32) {
+  const int64_t row_bytes = static_cast<int64_t>(WireRowBytes(hidden_, format));
+  if (format == DType::kF32) {
     std::memcpy(rows, wire, static_cast<size_t>(values) * 4);
+    return;
+  }
+  if (format == DType::kF8E4M3) {
+    const float* table = F8E4M3Table();
+    for (int64_t r = 0; r < count; ++r) {
+      const uint8_t* in = wire + r * row_bytes;
+      float* row = rows + r * hidden_;
+      for (int64_t b = 0; b * kFp8Block < hidden_; ++b) {
+        float scale;
+        std::memcpy(&scale, in + hidden_ + 4 * b, 4);
+        const int64_t begin = b * kFp8Block, end = std::min(hidden_, begin + kFp8Block);
+        for (int64_t i = begin; i < end; ++i)
+          row[i] = table[in[i]] * scale;
+      }
+    }
     return;
   }
   for (int64_t i = 0; i < values; ++i) {
@@ -59,7 +113,7 @@ void ExpertDispatcher::DispatchSend(const ExpertRouting& routing, const float* x
   // Rows in sorted order are already grouped by destination rank.
   send_buffer_.resize(static_cast<size_t>(slots_) * row_bytes_);
   for (int64_t i = 0; i < slots_; ++i)
-    Pack(x + (routing.sorted_slots[i] / routing.top_k) * hidden_, 1,
+    Pack(wire_, x + (routing.sorted_slots[i] / routing.top_k) * hidden_, 1,
          send_buffer_.data() + i * row_bytes_);
   int64_t received_rows = 0;
   for (int r = 0; r < ranks; ++r) {
@@ -106,28 +160,46 @@ const std::vector<float>& ExpertDispatcher::DispatchRecv(std::vector<int64_t>* l
   const int64_t rows = static_cast<int64_t>(resort_source_.size());
   received_.resize(static_cast<size_t>(rows * hidden_));
   for (int64_t j = 0; j < rows; ++j)
-    Unpack(recv_buffer_.data() + resort_source_[j] * row_bytes_, 1, received_.data() + j * hidden_);
+    Unpack(wire_, recv_buffer_.data() + resort_source_[j] * row_bytes_, 1,
+           received_.data() + j * hidden_);
   *local_offsets = local_offsets_;
   return received_;
 }
 
 void ExpertDispatcher::CombineSend(const float* expert_rows) {
   ScopedStage stage(Stage::kCombine);
-  // Undo the re-routing sort into the arrival order, then send each source its rows back.
+  // The same rows go back, in the combine format (bf16 when dispatch sends fp8, as the seed
+  // does: outputs are summed, and their error adds up across the top-k experts).
   const int64_t rows = static_cast<int64_t>(resort_source_.size());
+  const int64_t per_row = static_cast<int64_t>(combine_row_bytes_);
+  const int ranks = comm_.size();
+  combine_out_bytes_.resize(static_cast<size_t>(ranks));
+  combine_out_offsets_.resize(static_cast<size_t>(ranks));
+  combine_in_bytes_.resize(static_cast<size_t>(ranks));
+  combine_in_offsets_.resize(static_cast<size_t>(ranks));
+  const int64_t dispatch_row = static_cast<int64_t>(row_bytes_);
+  for (int r = 0; r < ranks; ++r) {  // dispatch's receive side is combine's send side
+    combine_out_bytes_[r] = recv_bytes_[r] / dispatch_row * per_row;
+    combine_out_offsets_[r] = recv_offsets_[r] / dispatch_row * per_row;
+    combine_in_bytes_[r] = send_bytes_[r] / dispatch_row * per_row;
+    combine_in_offsets_[r] = send_offsets_[r] / dispatch_row * per_row;
+    if (r != comm_.rank()) remote_bytes_sent_ += combine_out_bytes_[r];
+  }
+  // Undo the re-routing sort into the arrival order, then send each source its rows back.
+  combine_out_.resize(static_cast<size_t>(rows * per_row));
   for (int64_t j = 0; j < rows; ++j)
-    Pack(expert_rows + j * hidden_, 1, recv_buffer_.data() + resort_source_[j] * row_bytes_);
-  for (int r = 0; r < comm_.size(); ++r)
-    if (r != comm_.rank()) remote_bytes_sent_ += recv_bytes_[r];
-  pending_ = comm_.StartAllToAllV(recv_buffer_.data(), recv_bytes_, recv_offsets_,
-                                  send_buffer_.data(), send_bytes_, send_offsets_);
+    Pack(combine_wire_, expert_rows + j * hidden_, 1,
+         combine_out_.data() + resort_source_[j] * per_row);
+  combine_in_.resize(static_cast<size_t>(slots_ * per_row));
+  pending_ = comm_.StartAllToAllV(combine_out_.data(), combine_out_bytes_, combine_out_offsets_,
+                                  combine_in_.data(), combine_in_bytes_, combine_in_offsets_);
 }
 
 void ExpertDispatcher::CombineRecv(float* out) {
   ScopedStage stage(Stage::kCombine);
   pending_->Wait();
   pending_.reset();
-  Unpack(send_buffer_.data(), slots_, out);  // back in this rank's sorted-slot order
+  Unpack(combine_wire_, combine_in_.data(), slots_, out);  // in this rank's sorted-slot order
 }
 
 ExpertParallelMoe::ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire,

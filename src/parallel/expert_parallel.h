@@ -19,7 +19,8 @@ namespace sy {
 
 class ExpertDispatcher {
  public:
-  // experts: E, spread evenly ([r·E/N, (r+1)·E/N) on rank r); hidden: D; wire: kBF16 or kF32.
+  // experts: E, spread evenly ([r·E/N, (r+1)·E/N) on rank r); hidden: D; wire: kF32, kBF16,
+  // or kF8E4M3 (dispatch rows in e4m3 with an f32 scale per 128 values, combine in bf16).
   ExpertDispatcher(Communicator& comm, int64_t experts, int64_t hidden, DType wire);
 
   int64_t local_experts() const { return local_; }
@@ -39,15 +40,18 @@ class ExpertDispatcher {
   void CombineRecv(float* out);
 
  private:
-  void Pack(const float* rows, int64_t count, uint8_t* wire) const;
-  void Unpack(const uint8_t* wire, int64_t count, float* rows) const;
+  void Pack(DType format, const float* rows, int64_t count, uint8_t* wire) const;
+  void Unpack(DType format, const uint8_t* wire, int64_t count, float* rows) const;
 
   Communicator& comm_;
   int64_t experts_, local_, hidden_;
-  DType wire_;
-  size_t row_bytes_;
+  DType wire_, combine_wire_;
+  size_t row_bytes_, combine_row_bytes_;
   std::vector<int64_t> send_bytes_, send_offsets_, recv_bytes_, recv_offsets_;
-  std::vector<uint8_t> send_buffer_, recv_buffer_;
+  std::vector<uint8_t> send_buffer_, recv_buffer_;  // dispatch
+  std::vector<uint8_t> combine_out_, combine_in_;
+  std::vector<int64_t> combine_out_bytes_, combine_out_offsets_, combine_in_bytes_,
+      combine_in_offsets_;
   std::vector<float> received_;         // [R, D] sorted by local expert
   std::vector<int64_t> resort_source_;  // sorted row j came from received row resort_source_[j]
   std::vector<int64_t> local_offsets_;
