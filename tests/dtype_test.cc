@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "tensor/dtype.h"
 
@@ -36,6 +38,41 @@ TEST(DTypeTest, Fp8EncodeRoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(1000.0f)), 448.0f);
   EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(-1000.0f)), -448.0f);
   EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(15.5f)), 16.0f);  // rounds up into the next binade
+}
+
+// The encoder against a brute-force search of all 254 finite codes: the nearest value, ties to
+// the even code, saturating at ±448 — for every midpoint between neighbouring codes and their
+// neighbours, and a sweep of magnitudes across every binade.
+TEST(DTypeTest, Fp8EncodeEqualsTheNearestCode) {
+  auto nearest = [](float x) {
+    int best = -1;
+    double best_distance = 0;
+    for (int code = 0; code < 256; ++code) {
+      if ((code & 0x7f) == 0x7f) continue;
+      const double v = F8E4M3ToF32(static_cast<uint8_t>(code));
+      if ((v < 0) != std::signbit(x) && v != 0) continue;
+      const double d = std::fabs(v - std::min<double>(std::fabs(x), 448.0) * (x < 0 ? -1 : 1));
+      const bool tie = best >= 0 && d == best_distance;
+      if (best < 0 || d < best_distance || (tie && (code & 1) == 0 && (best & 1) == 1)) {
+        best = code;
+        best_distance = d;
+      }
+    }
+    return F8E4M3ToF32(static_cast<uint8_t>(best));
+  };
+  std::vector<float> probes;
+  for (int code = 0; code < 0x7e; ++code) {
+    const float a = F8E4M3ToF32(static_cast<uint8_t>(code)),
+                b = F8E4M3ToF32(static_cast<uint8_t>(code + 1));
+    const float mid = (a + b) / 2;
+    probes.insert(probes.end(), {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)});
+  }
+  for (float x = 1e-4f; x < 600.0f; x *= 1.0137f)
+    probes.push_back(x);
+  for (float x : probes) {
+    EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(x)), nearest(x)) << x;
+    EXPECT_EQ(F8E4M3ToF32(F32ToF8E4M3(-x)), -nearest(x)) << -x;
+  }
 }
 
 TEST(DTypeTest, BF16RoundsToNearestEven) {

@@ -50,11 +50,13 @@ void AddBenchVerb(CLI::App& app) {
   k->callback([kernels] { RunBenchKernels(*kernels); });
   AddBenchLayerCommand(*verb);
   AddBenchDecodeCommand(*verb);
+  AddBenchExchangeCommand(*verb);
 }
 
 }  // namespace sy
 
 #include "bench/decode_bench.h"
+#include "bench/exchange_bench.h"
 #include "bench/layer_bench.h"
 #include "parallel/communicator.h"
 
@@ -101,6 +103,25 @@ void AddBenchLayerCommand(CLI::App& bench_app) {
                            : bench::LayerResultsTable(args->options, results))
                    .c_str(),
                stdout);
+  });
+}
+
+void AddBenchExchangeCommand(CLI::App& bench_app) {
+  auto options = std::make_shared<bench::ExchangeBenchOptions>();
+  CLI::App* e = bench_app.add_subcommand(
+      "exchange", "Under mpirun: dispatch and combine alone, against the all-to-all peak");
+  e->add_option("--tokens", options->tokens, "Tokens per rank")->delimiter(',');
+  e->add_option("--wire-dtype", options->wires, "Row formats")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bf16", "f32", "fp8"}));
+  e->add_option("--repetitions", options->repetitions, "Timed runs (median)")
+      ->check(CLI::Range(1, 101));
+  e->callback([options] {
+    if (WorldCommunicator().size() < 2)
+      FailVerb("bench exchange needs mpirun with 2 or more ranks");
+    auto report = bench::BenchExchange(*options);
+    if (WorldCommunicator().rank() == 0)
+      std::fputs(bench::ExchangeReportTable(report).c_str(), stdout);
   });
 }
 

@@ -14,6 +14,7 @@ void AddBenchVerb(CLI::App& app);
 // `bench layer` and `bench decode`, registered under `bench`.
 void AddBenchLayerCommand(CLI::App& bench);
 void AddBenchDecodeCommand(CLI::App& bench);
+void AddBenchExchangeCommand(CLI::App& bench);
 
 // Prints "error: message" and aborts the verb with exit code 1.
 [[noreturn]] void FailVerb(const std::string& message);

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "base/stage_timer.h"
+#include "base/thread_pool.h"
 #include "kernels/cpu/grouped_ffn.h"
 
 namespace sy {
@@ -65,10 +66,9 @@ void ExpertDispatcher::Pack(DType format, const float* rows, int64_t count, uint
     }
     return;
   }
-  for (int64_t i = 0; i < values; ++i) {
-    const uint16_t bits = F32ToBF16(rows[i]);
-    std::memcpy(wire + 2 * i, &bits, 2);
-  }
+  uint16_t* out = reinterpret_cast<uint16_t*>(wire);  // rows start 2-byte aligned
+  for (int64_t i = 0; i < values; ++i)
+    out[i] = F32ToBF16(rows[i]);
 }
 
 void ExpertDispatcher::Unpack(DType format, const uint8_t* wire, int64_t count, float* rows) const {
@@ -93,11 +93,9 @@ void ExpertDispatcher::Unpack(DType format, const uint8_t* wire, int64_t count, 
     }
     return;
   }
-  for (int64_t i = 0; i < values; ++i) {
-    uint16_t bits;
-    std::memcpy(&bits, wire + 2 * i, 2);
-    rows[i] = BF16ToF32(bits);
-  }
+  const uint16_t* in = reinterpret_cast<const uint16_t*>(wire);
+  for (int64_t i = 0; i < values; ++i)
+    rows[i] = BF16ToF32(in[i]);
 }
 
 void ExpertDispatcher::DispatchSend(const ExpertRouting& routing, const float* x) {
@@ -112,9 +110,11 @@ void ExpertDispatcher::DispatchSend(const ExpertRouting& routing, const float* x
   comm_.AllToAll(counts_out.data(), counts_in.data(), local_);
   // Rows in sorted order are already grouped by destination rank.
   send_buffer_.resize(static_cast<size_t>(slots_) * row_bytes_);
-  for (int64_t i = 0; i < slots_; ++i)
-    Pack(wire_, x + (routing.sorted_slots[i] / routing.top_k) * hidden_, 1,
-         send_buffer_.data() + i * row_bytes_);
+  ThreadPool::Global().ParallelFor(static_cast<size_t>(slots_), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i)
+      Pack(wire_, x + (routing.sorted_slots[i] / routing.top_k) * hidden_, 1,
+           send_buffer_.data() + i * row_bytes_);
+  });
   int64_t received_rows = 0;
   for (int r = 0; r < ranks; ++r) {
     const int64_t rows_out =
@@ -159,9 +159,11 @@ const std::vector<float>& ExpertDispatcher::DispatchRecv(std::vector<int64_t>* l
   pending_.reset();
   const int64_t rows = static_cast<int64_t>(resort_source_.size());
   received_.resize(static_cast<size_t>(rows * hidden_));
-  for (int64_t j = 0; j < rows; ++j)
-    Unpack(wire_, recv_buffer_.data() + resort_source_[j] * row_bytes_, 1,
-           received_.data() + j * hidden_);
+  ThreadPool::Global().ParallelFor(static_cast<size_t>(rows), [&](size_t begin, size_t end) {
+    for (size_t j = begin; j < end; ++j)
+      Unpack(wire_, recv_buffer_.data() + resort_source_[j] * row_bytes_, 1,
+             received_.data() + j * hidden_);
+  });
   *local_offsets = local_offsets_;
   return received_;
 }
@@ -187,9 +189,11 @@ void ExpertDispatcher::CombineSend(const float* expert_rows) {
   }
   // Undo the re-routing sort into the arrival order, then send each source its rows back.
   combine_out_.resize(static_cast<size_t>(rows * per_row));
-  for (int64_t j = 0; j < rows; ++j)
-    Pack(combine_wire_, expert_rows + j * hidden_, 1,
-         combine_out_.data() + resort_source_[j] * per_row);
+  ThreadPool::Global().ParallelFor(static_cast<size_t>(rows), [&](size_t begin, size_t end) {
+    for (size_t j = begin; j < end; ++j)
+      Pack(combine_wire_, expert_rows + j * hidden_, 1,
+           combine_out_.data() + resort_source_[j] * per_row);
+  });
   combine_in_.resize(static_cast<size_t>(slots_ * per_row));
   pending_ = comm_.StartAllToAllV(combine_out_.data(), combine_out_bytes_, combine_out_offsets_,
                                   combine_in_.data(), combine_in_bytes_, combine_in_offsets_);
@@ -199,7 +203,11 @@ void ExpertDispatcher::CombineRecv(float* out) {
   ScopedStage stage(Stage::kCombine);
   pending_->Wait();
   pending_.reset();
-  Unpack(combine_wire_, combine_in_.data(), slots_, out);  // in this rank's sorted-slot order
+  // In this rank's sorted-slot order.
+  ThreadPool::Global().ParallelFor(static_cast<size_t>(slots_), [&](size_t begin, size_t end) {
+    Unpack(combine_wire_, combine_in_.data() + begin * combine_row_bytes_,
+           static_cast<int64_t>(end - begin), out + begin * hidden_);
+  });
 }
 
 ExpertParallelMoe::ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire,

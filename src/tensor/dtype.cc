@@ -95,25 +95,6 @@ float F8E4M3ToF32(uint8_t bits) {
   return sign ? -magnitude : magnitude;
 }
 
-uint8_t F32ToF8E4M3(float value) {
-  if (std::isnan(value)) return 0x7f;
-  uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
-  float magnitude = std::fmin(std::fabs(value), 448.0f);
-  if (magnitude < std::ldexp(1.0f, -6)) {
-    // Subnormals are m * 2^-9; m = 8 encodes 2^-6, the smallest normal, with the same bits.
-    return sign | static_cast<uint8_t>(std::nearbyint(magnitude * 512.0f));
-  }
-  int exponent;
-  std::frexp(magnitude, &exponent);  // magnitude in [2^(exponent-1), 2^exponent)
-  int significand = static_cast<int>(std::nearbyint(std::ldexp(magnitude, 4 - exponent)));
-  if (significand == 16) {  // rounded up into the next binade
-    significand = 8;
-    ++exponent;
-  }
-  int biased = exponent + 6;  // value = significand * 2^(biased - 10)
-  return sign | static_cast<uint8_t>((biased << 3) | (significand - 8));
-}
-
 const float* F8E4M3Table() {
   static const std::array<float, 256> table = [] {
     std::array<float, 256> values{};

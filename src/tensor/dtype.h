@@ -59,7 +59,26 @@ uint16_t F32ToF16(float value);
 // float8 e4m3fn: s eeee mmm, bias 7, no infinities, 0x7f/0xff are NaN, max finite 448.
 float F8E4M3ToF32(uint8_t bits);
 // Round to nearest even, saturating to ±448 (the quantizer's convention).
-uint8_t F32ToF8E4M3(float value);
+inline uint8_t F32ToF8E4M3(float value) {
+  // Bit arithmetic rather than frexp/ldexp: dispatch quantizes every activation it sends.
+  const uint32_t bits = BitsFromF32(value);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return 0x7f;          // NaN
+  if (magnitude >= 0x43e00000u) return sign | 0x7e;  // ≥ 448 saturates
+  if (magnitude < 0x3c800000u) {                     // below 2^-6: subnormal codes m · 2^-9
+    // Subnormals are m * 2^-9; m = 8 encodes 2^-6, the smallest normal, with the same bits.
+    // Adding 1.5·2^23 leaves the integer part rounded to nearest even in the low bits.
+    const float shifted = F32FromBits(magnitude) * 512.0f + 12582912.0f;
+    return sign | static_cast<uint8_t>(BitsFromF32(shifted) - 0x4b400000u);
+  }
+  // Round the 23-bit mantissa to 3 bits, to nearest even; a carry moves into the exponent.
+  const uint32_t rounded = magnitude + 0x7ffffu + ((magnitude >> 20) & 1u);
+  const uint32_t exponent = (rounded >> 23) - 127 + 7;
+  if (exponent > 15 || (exponent == 15 && ((rounded >> 20) & 7u) == 7u)) return sign | 0x7e;
+  return sign | static_cast<uint8_t>((exponent << 3) | ((rounded >> 20) & 7u));
+}
+
 // A 256-entry table of F8E4M3ToF32, for kernels that decode bytes in bulk.
 const float* F8E4M3Table();
 
