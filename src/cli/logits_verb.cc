@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "cli/common.h"
+#include "base/clock.h"
 #include "cli/parallel_setup.h"
 #include "cli/token_lists.h"
 #include "cli/verbs.h"
@@ -75,7 +76,17 @@ void RunLogits(const LogitsArgs& args) {
     prefill.Add(sequences[s].data(), count, &caches[s]);
     members.push_back(s);
   }
+  // Step times are the slowest rank's: a step is done when every rank is.
+  auto slowest = [&](double seconds) {
+    return static_cast<double>(comm.AllReduceMax(static_cast<int64_t>(seconds * 1e9))) / 1e9;
+  };
+  const int64_t prefill_tokens = comm.AllReduceSum(prefill.size());
+  comm.AllReduceMax(0);  // start together
+  double started = NowSeconds();
   step(prefill, members);
+  const double prefill_seconds = slowest(NowSeconds() - started);
+  int64_t decode_steps = 0;
+  started = NowSeconds();
   // Decode: one position per unfinished sequence per step, until no rank has work left.
   while (true) {
     ForwardBatch batch;
@@ -89,6 +100,18 @@ void RunLogits(const LogitsArgs& args) {
     }
     if (comm.AllReduceMax(static_cast<int64_t>(members.size())) == 0) break;
     step(batch, members);
+    ++decode_steps;
+  }
+  const double decode_seconds = slowest(NowSeconds() - started);
+  if (comm.rank() == 0) {
+    // Each DP group's tokens count once (a TP group's ranks hold the same tokens).
+    std::fprintf(stderr, "prefill: %lld tokens in %.3f s (%.1f tok/s)",
+                 static_cast<long long>(prefill_tokens / run.tp), prefill_seconds,
+                 static_cast<double>(prefill_tokens / run.tp) / prefill_seconds);
+    if (decode_steps > 0)
+      std::fprintf(stderr, "; decode: %lld steps in %.3f s", static_cast<long long>(decode_steps),
+                   decode_seconds);
+    std::fprintf(stderr, "\n");
   }
 
   // Rank 0 collects [sequence index, row count, rows] records and writes them in input order.
