@@ -4,8 +4,8 @@
 
 #include <cstring>
 
-#include "cli/common.h"
 #include "base/clock.h"
+#include "cli/common.h"
 #include "cli/parallel_setup.h"
 #include "cli/token_lists.h"
 #include "cli/verbs.h"
