@@ -60,23 +60,23 @@ uint16_t F32ToF16(float value);
 float F8E4M3ToF32(uint8_t bits);
 // Round to nearest even, saturating to ±448 (the quantizer's convention).
 inline uint8_t F32ToF8E4M3(float value) {
-  // Bit arithmetic rather than frexp/ldexp: dispatch quantizes every activation it sends.
+  // Bit arithmetic with selects instead of branches (or frexp/ldexp): dispatch quantizes every
+  // activation it sends, and in a loop this vectorizes.
   const uint32_t bits = BitsFromF32(value);
-  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
+  const uint32_t sign = (bits >> 24) & 0x80u;
   const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return 0x7f;          // NaN
-  if (magnitude >= 0x43e00000u) return sign | 0x7e;  // ≥ 448 saturates
-  if (magnitude < 0x3c800000u) {                     // below 2^-6: subnormal codes m · 2^-9
-    // Subnormals are m * 2^-9; m = 8 encodes 2^-6, the smallest normal, with the same bits.
-    // Adding 1.5·2^23 leaves the integer part rounded to nearest even in the low bits.
-    const float shifted = F32FromBits(magnitude) * 512.0f + 12582912.0f;
-    return sign | static_cast<uint8_t>(BitsFromF32(shifted) - 0x4b400000u);
-  }
-  // Round the 23-bit mantissa to 3 bits, to nearest even; a carry moves into the exponent.
+  // Normal codes (≥ 2^-6): round the 23-bit mantissa to 3 bits, to nearest even; a carry moves
+  // into the exponent (bias 127 → 7).
   const uint32_t rounded = magnitude + 0x7ffffu + ((magnitude >> 20) & 1u);
-  const uint32_t exponent = (rounded >> 23) - 127 + 7;
-  if (exponent > 15 || (exponent == 15 && ((rounded >> 20) & 7u) == 7u)) return sign | 0x7e;
-  return sign | static_cast<uint8_t>((exponent << 3) | ((rounded >> 20) & 7u));
+  const uint32_t normal = (((rounded >> 23) - 120u) << 3) | ((rounded >> 20) & 7u);
+  // Subnormal codes m · 2^-9 below 2^-6 (m = 8 is 2^-6 itself, with the same bits): adding
+  // 1.5·2^23 leaves m, rounded to nearest even, in the low bits.
+  const uint32_t subnormal =
+      BitsFromF32(F32FromBits(magnitude) * 512.0f + 12582912.0f) - 0x4b400000u;
+  uint32_t code = magnitude < 0x3c800000u ? subnormal : normal;
+  code = magnitude >= 0x43e00000u ? 0x7eu : code;  // ≥ 448 saturates
+  code = magnitude > 0x7f800000u ? 0x7fu : code;   // NaN
+  return static_cast<uint8_t>(sign | code);
 }
 
 // A 256-entry table of F8E4M3ToF32, for kernels that decode bytes in bulk.
