@@ -124,6 +124,51 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{4, "f32", "dispatch", 3, 4, "sp-tp-sp"}),
     EpCaseName);
 
+// Every conformance fixture (V3 bf16, V3 fp8, V3 with q_proj and f16, V2's softmax gate) under
+// four ranks in the five-stage schedule, prefill then decode: EP4, and EP4 with SP-TP-SP pairs
+// where the heads split in two — against the single-process logits and against HF's.
+class ExpertParallelFixtures : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExpertParallelFixtures, EveryFixtureMatchesTheSingleProcessRun) {
+  auto fixture = testing::LoadFixture(GetParam());
+  const std::string dir = testing::TempDirectory("ep_fixture_" + GetParam());
+  const std::string args = " --threads 1 logits --model " + fixture.directory + " --tokens '" +
+                           fixture.tokens_text + "' --decode-from 3 --kv-dtype f32";
+  std::string output;
+  ASSERT_EQ(
+      RunCommand(std::string(testing::kBinary) + args + " --out " + dir + "/one.bin", &output), 0)
+      << output;
+  const std::string config = testing::ReadFile(fixture.directory + "/config.json");
+  const bool even_heads = config.find("\"num_attention_heads\": 3") == std::string::npos;
+  std::vector<std::string> launches = {" --overlap microbatch"};
+  if (even_heads) launches.push_back(" --overlap microbatch --tp 2 --attention-split sp-tp-sp");
+  for (const std::string& flags : launches) {
+    ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " --out " + dir +
+                             "/many.bin --wire-dtype f32" + flags,
+                         &output),
+              0)
+        << flags << "\n"
+        << output;
+    const std::vector<float> many = ReadLogits(dir + "/many.bin");
+    auto parity = testing::CompareLogits(ReadLogits(dir + "/one.bin"), many, fixture.vocab);
+    EXPECT_EQ(parity.argmax_mismatches, 0) << flags;
+    EXPECT_LE(parity.max_abs_diff, 1e-4 * parity.max_abs_reference) << flags;
+    auto reference = testing::CompareLogits(fixture.logits, many, fixture.vocab);
+    EXPECT_EQ(reference.argmax_mismatches, 0) << flags;
+    EXPECT_LE(reference.max_abs_diff, 1e-4 * reference.max_abs_reference) << flags;
+  }
+  EXPECT_TRUE(even_heads || GetParam() == "tiny-v3-qproj-f16");  // the one with 3 heads
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ExpertParallelFixtures,
+                         ::testing::ValuesIn(testing::FixtureNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& c : name)
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name;
+                         });
+
 // Four ranks and three sequences of different lengths: one DP group has no sequence at all, and
 // the others finish at different steps; every rank must keep stepping until all are done —
 // also in the two-micro-batch schedule, and with SP-TP-SP groups.
