@@ -62,7 +62,7 @@ double Median(std::vector<double> v) {
 
 // One process standing in for one EP rank: the routed slots land on its own experts, as the
 // dispatch from all EP ranks delivers them on average (tokens × top-k per rank).
-class OneRankShareMoe final : public MoeExecutor {
+class OneRankShareMoe final : public WholeLayerMoe {
  public:
   explicit OneRankShareMoe(int64_t local_experts) : local_(local_experts) {}
   void Run(const ModelConfig& c, const MoeWeights& w, int64_t, const float* x, int64_t tokens,
@@ -85,21 +85,11 @@ class OneRankShareMoe final : public MoeExecutor {
     for (int64_t e = 0; e < local_; ++e)
       active_ += routing.expert_offsets[e + 1] > routing.expert_offsets[e];
   }
-  void Begin(const ModelConfig& c, const MoeWeights& w, int64_t layer, const float* x,
-             int64_t tokens, int slot) override {
-    results_[slot].resize(static_cast<size_t>(tokens * c.hidden_size));
-    Run(c, w, layer, x, tokens, results_[slot].data());
-  }
-  void Middle(int) override {}
-  void End(int slot, float* out) override {
-    std::copy(results_[slot].begin(), results_[slot].end(), out);
-  }
   double active() const { return active_; }
 
  private:
   int64_t local_;
   double active_ = 0;
-  std::vector<float> results_[kSlots];
 };
 
 OverlapMode ParseOverlap(const std::string& name) {

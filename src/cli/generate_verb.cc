@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cstdio>
 
-#include <cstring>
 #include "base/clock.h"
 
 #include "cli/common.h"
@@ -97,27 +96,9 @@ void RunGenerate(const GenerateArgs& args) {
   const double end = NowSeconds();
 
   // Rank 0 prints every sequence in input order.
-  std::vector<uint8_t> mine;
-  for (size_t s = 0; s < count; ++s) {
-    if (!run.Reports(s)) continue;
-    const int32_t header[2] = {static_cast<int32_t>(s), static_cast<int32_t>(generated[s].size())};
-    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(header),
-                reinterpret_cast<const uint8_t*>(header) + 8);
-    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(generated[s].data()),
-                reinterpret_cast<const uint8_t*>(generated[s].data() + generated[s].size()));
-  }
-  std::vector<uint8_t> all = comm.GatherToRoot(mine);
+  std::vector<std::vector<int32_t>> ordered = GatherSequencesToRoot(run, generated);
   const int64_t total_decoded = comm.AllReduceSum(decoded_tokens);
   if (comm.rank() != 0) return;
-  std::vector<std::vector<int32_t>> ordered(count);
-  for (size_t at = 0; at < all.size();) {
-    int32_t header[2];
-    std::memcpy(header, all.data() + at, 8);
-    at += 8;
-    ordered[header[0]].resize(static_cast<size_t>(header[1]));
-    std::memcpy(ordered[header[0]].data(), all.data() + at, static_cast<size_t>(header[1]) * 4);
-    at += static_cast<size_t>(header[1]) * 4;
-  }
   int64_t total_generated = 0;
   for (size_t s = 0; s < count; ++s) {
     std::printf("sequence %zu:", s);

@@ -2,8 +2,6 @@
 #include <cstdio>
 #include <fstream>
 
-#include <cstring>
-
 #include "base/clock.h"
 #include "cli/common.h"
 #include "cli/parallel_setup.h"
@@ -114,27 +112,9 @@ void RunLogits(const LogitsArgs& args) {
     std::fprintf(stderr, "\n");
   }
 
-  // Rank 0 collects [sequence index, row count, rows] records and writes them in input order.
-  std::vector<uint8_t> mine;
-  for (size_t s = 0; s < sequences.size(); ++s) {
-    if (!run.Reports(s)) continue;
-    const int64_t header[2] = {static_cast<int64_t>(s), static_cast<int64_t>(rows[s].size())};
-    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(header),
-                reinterpret_cast<const uint8_t*>(header) + 16);
-    mine.insert(mine.end(), reinterpret_cast<const uint8_t*>(rows[s].data()),
-                reinterpret_cast<const uint8_t*>(rows[s].data() + rows[s].size()));
-  }
-  std::vector<uint8_t> all = comm.GatherToRoot(mine);
+  // Rank 0 writes every sequence's rows in input order.
+  std::vector<std::vector<float>> ordered = GatherSequencesToRoot(run, rows);
   if (comm.rank() != 0) return;
-  std::vector<std::vector<float>> ordered(sequences.size());
-  for (size_t at = 0; at < all.size();) {
-    int64_t header[2];
-    std::memcpy(header, all.data() + at, 16);
-    at += 16;
-    ordered[header[0]].resize(static_cast<size_t>(header[1]));
-    std::memcpy(ordered[header[0]].data(), all.data() + at, static_cast<size_t>(header[1]) * 4);
-    at += static_cast<size_t>(header[1]) * 4;
-  }
   std::ofstream out(args.out, std::ios::binary | std::ios::trunc);
   if (!out) FailVerb(args.out + ": cannot create");
   int64_t total = 0;

@@ -4,8 +4,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "model/model.h"
@@ -53,6 +55,37 @@ struct ParallelRun {
 // Loads the model on every rank (aborting every rank, with the reason, if any rank fails) and
 // reports each rank's share and memory on stderr.
 ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args);
+
+// Rank 0 receives every sequence's values (each reported by the first rank of its DP group),
+// indexed by sequence; other ranks get an empty list. Collective over all ranks. T: 4-byte
+// values (token ids, f32 logits).
+template <typename T>
+std::vector<std::vector<T>> GatherSequencesToRoot(const ParallelRun& run,
+                                                  const std::vector<std::vector<T>>& per_sequence) {
+  static_assert(sizeof(T) == 4 && std::is_trivially_copyable_v<T>);
+  std::vector<uint8_t> mine;  // records: [sequence index, value count] (int64), then the values
+  for (size_t s = 0; s < per_sequence.size(); ++s) {
+    if (!run.Reports(s)) continue;
+    const int64_t header[2] = {static_cast<int64_t>(s),
+                               static_cast<int64_t>(per_sequence[s].size())};
+    const auto* h = reinterpret_cast<const uint8_t*>(header);
+    const auto* v = reinterpret_cast<const uint8_t*>(per_sequence[s].data());
+    mine.insert(mine.end(), h, h + sizeof(header));
+    mine.insert(mine.end(), v, v + per_sequence[s].size() * sizeof(T));
+  }
+  std::vector<uint8_t> all = run.comm->GatherToRoot(mine);
+  if (run.comm->rank() != 0) return {};
+  std::vector<std::vector<T>> ordered(per_sequence.size());
+  for (size_t at = 0; at < all.size();) {
+    int64_t header[2];
+    std::memcpy(header, all.data() + at, sizeof(header));
+    at += sizeof(header);
+    ordered[header[0]].resize(static_cast<size_t>(header[1]));
+    std::memcpy(ordered[header[0]].data(), all.data() + at, static_cast<size_t>(header[1]) * 4);
+    at += static_cast<size_t>(header[1]) * 4;
+  }
+  return ordered;
+}
 
 // Registers --wire-dtype and --overlap on a verb.
 void AddParallelOptions(CLI::App* verb, ParallelArgs& args);

@@ -1,5 +1,7 @@
 #include "model/moe_executor.h"
 
+#include <algorithm>
+
 #include "model/feed_forward.h"
 
 namespace sy {
@@ -9,13 +11,13 @@ void LocalMoe::Run(const ModelConfig& config, const MoeWeights& weights, int64_t
   if (tokens > 0) MoeForward(config, weights, x, tokens, out);
 }
 
-void LocalMoe::Begin(const ModelConfig& config, const MoeWeights& weights, int64_t layer,
-                     const float* x, int64_t tokens, int slot) {
+void WholeLayerMoe::Begin(const ModelConfig& config, const MoeWeights& weights, int64_t layer,
+                          const float* x, int64_t tokens, int slot) {
   results_[slot].resize(static_cast<size_t>(tokens * config.hidden_size));
   Run(config, weights, layer, x, tokens, results_[slot].data());
 }
 
-void LocalMoe::End(int slot, float* out) {
+void WholeLayerMoe::End(int slot, float* out) {
   std::copy(results_[slot].begin(), results_[slot].end(), out);
 }
 

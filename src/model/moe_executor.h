@@ -32,18 +32,23 @@ class MoeExecutor {
   virtual void End(int slot, float* out) = 0;
 };
 
-// All experts in this process: the whole layer runs in Begin (nothing to wait for).
-class LocalMoe final : public MoeExecutor {
+// An executor with nothing to wait for: the whole layer runs in Begin, End hands the result.
+class WholeLayerMoe : public MoeExecutor {
  public:
-  void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
-           int64_t tokens, float* out) override;
   void Begin(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
-             int64_t tokens, int slot) override;
-  void Middle(int) override {}
-  void End(int slot, float* out) override;
+             int64_t tokens, int slot) final;
+  void Middle(int) final {}
+  void End(int slot, float* out) final;
 
  private:
   std::vector<float> results_[kSlots];
+};
+
+// All experts in this process.
+class LocalMoe final : public WholeLayerMoe {
+ public:
+  void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
+           int64_t tokens, float* out) override;
 };
 
 }  // namespace sy

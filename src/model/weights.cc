@@ -201,16 +201,11 @@ void PackFeedForward(FeedForwardWeights& ff) {
 // costs 67 MB per layer, 0.6% of the model.
 template <typename Value>
 Matrix PackedF32(int64_t rows, int64_t cols, Value value) {
-  auto storage = std::make_shared<std::vector<float>>(static_cast<size_t>(rows * cols));
+  std::vector<float> values(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
-      (*storage)[r * cols + c] = value(r, c);
-  Matrix m;
-  m.dtype = DType::kF32;
-  m.rows = rows;
-  m.cols = cols;
-  m.data = reinterpret_cast<const uint8_t*>(storage->data());
-  m.owner = storage;
+      values[r * cols + c] = value(r, c);
+  Matrix m = OwnedF32Matrix(std::move(values), rows, cols);
   m.packed = Pack(m);
   return m;
 }

@@ -222,6 +222,7 @@ void ExpertDispatcher::CombineRecv(float* out) {
 ExpertParallelMoe::ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire,
                                      OverlapMode overlap)
     : overlap_(overlap) {
+  slots_.reserve(kSlots);
   for (int i = 0; i < kSlots; ++i)
     slots_.emplace_back(ExpertDispatcher(comm, config.n_routed_experts, config.hidden_size, wire));
 }
