@@ -7,7 +7,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 packages=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev          # the libFuzzer target of the test suite
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libhwy-dev libxxhash-dev
   openmpi-bin libopenmpi-dev iproute2
 )

@@ -1,0 +1,59 @@
+// The byte-level BPE model: a piece's bytes become one symbol each, then adjacent pairs merge in
+// rank order (lowest first, leftmost on ties) exactly as Hugging Face tokenizers' BPE does.
+// Written here because it is the product's hot path: merges are looked up by id pairs in a flat
+// hash table, and each thread keeps a cache of recent pieces.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "base/status.h"
+
+namespace sy {
+
+class BpeModel {
+ public:
+  // Parses the "model" object of tokenizer.json (type BPE, byte-level vocabulary).
+  static Result<BpeModel> FromJson(const nlohmann::json& model);
+
+  // Appends the ids of one pre-tokenized piece (raw bytes).
+  void EncodePiece(std::string_view bytes, std::vector<int32_t>* ids) const;
+
+  // Vocabulary strings, indexed by id (empty where an id is unused).
+  const std::vector<std::string>& id_to_token() const { return id_to_token_; }
+  const std::unordered_map<std::string, int32_t>& token_to_id() const { return token_to_id_; }
+
+ private:
+  struct MergeTable {
+    // Open addressing over (left << 32 | right) keys; value = rank << 32 | merged id.
+    std::vector<uint64_t> keys;
+    std::vector<uint64_t> values;
+    uint64_t mask = 0;
+    static constexpr uint64_t kEmpty = ~uint64_t{0};
+    void Reserve(size_t count);
+    void Insert(uint64_t key, uint64_t value);
+    // kEmpty when absent.
+    uint64_t Find(uint64_t key) const {
+      for (uint64_t slot = Hash(key) & mask;; slot = (slot + 1) & mask) {
+        if (keys[slot] == key) return values[slot];
+        if (keys[slot] == kEmpty) return kEmpty;
+      }
+    }
+    static uint64_t Hash(uint64_t key) { return (key * 0x9E3779B97F4A7C15ull) >> 20; }
+  };
+
+  void Merge(const int32_t* symbols, size_t count, std::vector<int32_t>* ids) const;
+
+  std::vector<std::string> id_to_token_;
+  std::unordered_map<std::string, int32_t> token_to_id_;
+  int32_t byte_to_id_[256];  // -1 where the vocabulary lacks a byte (the byte is dropped)
+  MergeTable merges_;
+  uint64_t serial_ = 0;  // identifies this model to the per-thread piece caches
+};
+
+}  // namespace sy

@@ -1,0 +1,413 @@
+#include "tokenizer/chat_template.h"
+
+#include <xxhash.h>
+
+#include <array>
+
+#include <nlohmann/json.hpp>
+
+namespace sy {
+namespace {
+
+using json = nlohmann::json;
+
+// The exact templates recognised, by XXH3-64 of their bytes (the texts are in
+// tests/fixtures/tokenizer/templates, with where each came from).
+struct KnownTemplate {
+  uint64_t hash;
+  ChatTemplateKind kind;
+  const char* name;
+};
+constexpr std::array<KnownTemplate, 4> kKnownTemplates = {{
+    {0x6d68488b86e2e184ull, ChatTemplateKind::kDeepSeekV3, "deepseek-v3"},
+    {0x56a138c31521e7c8ull, ChatTemplateKind::kDeepSeekR1, "deepseek-r1"},
+    {0x2c92a8e6f77c96b8ull, ChatTemplateKind::kDeepSeekV3_0324, "deepseek-v3-0324"},
+    {0xd48c10c1962fbd84ull, ChatTemplateKind::kDeepSeekV3_1, "deepseek-v3.1"},
+}};
+
+constexpr std::string_view kEos = "<｜end▁of▁sentence｜>";
+constexpr std::string_view kUser = "<｜User｜>";
+constexpr std::string_view kAssistant = "<｜Assistant｜>";
+constexpr std::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
+constexpr std::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
+constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
+constexpr std::string_view kSep = "<｜tool▁sep｜>";
+constexpr std::string_view kOutputsBegin = "<｜tool▁outputs▁begin｜>";
+constexpr std::string_view kOutputsEnd = "<｜tool▁outputs▁end｜>";
+constexpr std::string_view kOutputBegin = "<｜tool▁output▁begin｜>";
+constexpr std::string_view kOutputEnd = "<｜tool▁output▁end｜>";
+
+// Jinja's view of one message: a missing key is undefined, null is none.
+class Message {
+ public:
+  Message(const json& value, size_t index) : value_(value), index_(index) {}
+
+  std::string_view role() const {
+    auto it = value_.find("role");
+    return it != value_.end() && it->is_string() ? std::string_view(it->get_ref<const std::string&>())
+                                                 : std::string_view();
+  }
+  bool Has(const char* key) const { return value_.contains(key); }
+  // `message[key] is none`: present and null.
+  bool IsNone(const char* key) const {
+    auto it = value_.find(key);
+    return it != value_.end() && it->is_null();
+  }
+  // `message[key] is defined and message[key] is not none`.
+  bool DefinedNotNone(const char* key) const {
+    auto it = value_.find(key);
+    return it != value_.end() && !it->is_null();
+  }
+  // Jinja truthiness of message[key] (undefined and none are false).
+  bool Truthy(const char* key) const {
+    auto it = value_.find(key);
+    if (it == value_.end() || it->is_null()) return false;
+    if (it->is_boolean()) return it->get<bool>();
+    if (it->is_number()) return it->get<double>() != 0;
+    if (it->is_string() || it->is_array() || it->is_object()) return !it->empty();
+    return false;
+  }
+  // message[key] where the template concatenates it to a string.
+  Result<std::string> String(const char* key) const {
+    auto it = value_.find(key);
+    if (it == value_.end())
+      return Status::Errorf("messages[{}] ({}): \"{}\" is missing", index_, role(), key);
+    if (!it->is_string())
+      return Status::Errorf("messages[{}] ({}): \"{}\" must be a string, not {}", index_, role(),
+                            key, it->is_null() ? "null" : it->type_name());
+    return it->get<std::string>();
+  }
+  Result<const json*> ToolCalls() const {
+    auto it = value_.find("tool_calls");
+    if (it == value_.end() || !it->is_array())
+      return Status::Errorf("messages[{}] ({}): \"tool_calls\" must be a list", index_, role());
+    return &*it;
+  }
+  size_t index() const { return index_; }
+
+ private:
+  const json& value_;
+  size_t index_;
+};
+
+struct ToolCall {
+  std::string type, name, arguments;
+};
+
+// tool['type'], tool['function']['name'], tool['function']['arguments'] as strings.
+Result<ToolCall> ReadToolCall(const json& tool, size_t message, size_t call, bool need_type) {
+  auto where = [&](const char* field) {
+    return fmt::format("messages[{}].tool_calls[{}]: \"{}\" must be a string", message, call,
+                       field);
+  };
+  if (!tool.is_object()) return Status::Errorf("messages[{}].tool_calls[{}]: not an object",
+                                               message, call);
+  ToolCall out;
+  if (need_type) {
+    if (!tool.contains("type") || !tool["type"].is_string()) return Status::Error(where("type"));
+    out.type = tool["type"].get<std::string>();
+  }
+  if (!tool.contains("function") || !tool["function"].is_object())
+    return Status::Errorf("messages[{}].tool_calls[{}]: \"function\" must be an object", message,
+                          call);
+  const json& function = tool["function"];
+  if (!function.contains("name") || !function["name"].is_string())
+    return Status::Error(where("function.name"));
+  if (!function.contains("arguments") || !function["arguments"].is_string())
+    return Status::Error(where("function.arguments"));
+  out.name = function["name"].get<std::string>();
+  out.arguments = function["arguments"].get<std::string>();
+  return out;
+}
+
+// The V3/R1 and V3-0324 templates spell one call the same way.
+std::string V3Call(const ToolCall& call) {
+  return fmt::format("{}{}{}{}\n```json\n{}\n```{}", kCallBegin, call.type, kSep, call.name,
+                     call.arguments, kCallEnd);
+}
+
+// System messages are hoisted to the front, joined by a blank line (every variant).
+Result<std::string> SystemPrompt(const json& messages) {
+  std::string prompt;
+  bool first = true;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    Message m(messages[i], i);
+    if (m.role() != "system") continue;
+    SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+    if (!first) prompt += "\n\n";
+    prompt += content;
+    first = false;
+  }
+  return prompt;
+}
+
+// DeepSeek-V3 (December 2024) and R1 (January 2025); R1 differs only in the generation prompt.
+Result<std::string> RenderV3(const json& messages, const ChatOptions& options,
+                             const std::string& bos, bool r1) {
+  bool is_first = false, is_tool = false, is_output_first = true;
+  SY_ASSIGN_OR_RETURN(std::string out, SystemPrompt(messages));
+  out.insert(0, bos);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    Message m(messages[i], i);
+    const std::string_view role = m.role();
+    if (role == "user") {
+      is_tool = false;
+      SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+      out += kUser;
+      out += content;
+    }
+    if (role == "assistant" && m.Has("tool_calls")) {
+      is_tool = false;
+      SY_ASSIGN_OR_RETURN(const json* calls, m.ToolCalls());
+      for (size_t c = 0; c < calls->size(); ++c) {
+        SY_ASSIGN_OR_RETURN(ToolCall call, ReadToolCall((*calls)[c], i, c, true));
+        // is_first is never reset between messages in this template: a second assistant
+        // message with calls continues the first one's list. Reproduced as the template is.
+        if (!is_first) {
+          out += kAssistant;
+          if (!m.IsNone("content")) {
+            SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+            out += content;
+          }
+          out += kCallsBegin;
+          out += V3Call(call);
+          is_first = true;
+        } else {
+          out += "\n";
+          out += V3Call(call);
+        }
+      }
+      out += kCallsEnd;
+      out += kEos;
+    }
+    if (role == "assistant" && !m.Has("tool_calls")) {
+      SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+      if (is_tool) {
+        out += kOutputsEnd;
+        out += content;
+        out += kEos;
+        is_tool = false;
+      } else {
+        // Only the answer after the last </think> stays in the history.
+        if (const size_t at = content.rfind("</think>"); at != std::string::npos)
+          content = content.substr(at + 8);
+        out += kAssistant;
+        out += content;
+        out += kEos;
+      }
+    }
+    if (role == "tool") {
+      is_tool = true;
+      SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+      if (is_output_first) {
+        out += kOutputsBegin;
+        is_output_first = false;
+      }
+      out += kOutputBegin;
+      out += content;
+      out += kOutputEnd;
+    }
+  }
+  if (is_tool) out += kOutputsEnd;
+  if (options.add_generation_prompt && !is_tool) {
+    out += kAssistant;
+    if (r1) out += "<think>\n";
+  }
+  return out;
+}
+
+// DeepSeek-V3-0324: user turns carry the assistant tag; the generation prompt is added only when
+// the last message is not such a user turn.
+Result<std::string> RenderV3_0324(const json& messages, const ChatOptions& options,
+                                  const std::string& bos) {
+  bool is_first = false, is_tool = false, is_output_first = true, is_last_user = false;
+  SY_ASSIGN_OR_RETURN(std::string out, SystemPrompt(messages));
+  out.insert(0, bos);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    Message m(messages[i], i);
+    const std::string_view role = m.role();
+    if (role == "user") {
+      is_tool = false;
+      is_first = false;
+      is_last_user = true;
+      SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+      out += kUser;
+      out += content;
+      out += kAssistant;
+    }
+    const bool has_calls = m.DefinedNotNone("tool_calls");
+    if (role == "assistant" && has_calls) {
+      is_last_user = false;
+      if (is_tool) out += kOutputsEnd;
+      is_first = false;
+      is_tool = false;
+      is_output_first = true;
+      SY_ASSIGN_OR_RETURN(const json* calls, m.ToolCalls());
+      for (size_t c = 0; c < calls->size(); ++c) {
+        SY_ASSIGN_OR_RETURN(ToolCall call, ReadToolCall((*calls)[c], i, c, true));
+        if (!is_first) {
+          if (!m.IsNone("content")) {
+            SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+            out += content;
+          }
+          out += kCallsBegin;
+          out += V3Call(call);
+          is_first = true;
+        } else {
+          out += "\n";
+          out += V3Call(call);
+        }
+      }
+      out += kCallsEnd;
+      out += kEos;
+    }
+    if (role == "assistant" && !has_calls) {
+      is_last_user = false;
+      SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+      if (is_tool) {
+        out += kOutputsEnd;
+        is_tool = false;
+      }
+      out += content;
+      out += kEos;
+    }
+    if (role == "tool") {
+      is_last_user = false;
+      is_tool = true;
+      SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+      if (is_output_first) {
+        out += kOutputsBegin;
+        is_output_first = false;
+      } else {
+        out += "\n";
+      }
+      out += kOutputBegin;
+      out += content;
+      out += kOutputEnd;
+    }
+  }
+  if (is_tool) out += kOutputsEnd;
+  if (options.add_generation_prompt && !is_last_user && !is_tool) out += kAssistant;
+  return out;
+}
+
+// DeepSeek-V3.1: the assistant tag is followed by </think> (answer directly) or <think>.
+Result<std::string> RenderV3_1(const json& messages, const ChatOptions& options,
+                               const std::string& bos) {
+  bool is_first = false, is_tool = false, is_last_user = false;
+  SY_ASSIGN_OR_RETURN(std::string out, SystemPrompt(messages));
+  out.insert(0, bos);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    Message m(messages[i], i);
+    const std::string_view role = m.role();
+    if (role == "user") {
+      is_tool = false;
+      is_first = false;
+      is_last_user = true;
+      SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+      out += kUser;
+      out += content;
+    }
+    const bool has_calls = m.DefinedNotNone("tool_calls");
+    if (role == "assistant" && has_calls) {
+      if (is_last_user) {
+        out += kAssistant;
+        out += "</think>";
+      }
+      is_last_user = false;
+      is_first = false;
+      is_tool = false;
+      SY_ASSIGN_OR_RETURN(const json* calls, m.ToolCalls());
+      for (size_t c = 0; c < calls->size(); ++c) {
+        SY_ASSIGN_OR_RETURN(ToolCall call, ReadToolCall((*calls)[c], i, c, false));
+        const std::string spelled =
+            fmt::format("{}{}{}{}{}", kCallBegin, call.name, kSep, call.arguments, kCallEnd);
+        if (!is_first) {
+          if (!m.IsNone("content")) {
+            SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+            out += content;
+          }
+          out += kCallsBegin;
+          out += spelled;
+          is_first = true;
+        } else {
+          out += spelled;
+        }
+      }
+      out += kCallsEnd;
+      out += kEos;
+    }
+    if (role == "assistant" && !has_calls) {
+      if (is_last_user) {
+        out += kAssistant;
+        out += m.Truthy("prefix") && options.thinking ? "<think>" : "</think>";
+      }
+      is_last_user = false;
+      SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+      if (is_tool) {
+        is_tool = false;
+      } else if (const size_t at = content.find("</think>"); at != std::string::npos) {
+        content = content.substr(at + 8);  // split('</think>', 1)[1]
+      }
+      out += content;
+      out += kEos;
+    }
+    if (role == "tool") {
+      is_last_user = false;
+      is_tool = true;
+      SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+      out += kOutputBegin;
+      out += content;
+      out += kOutputEnd;
+    }
+  }
+  if (options.add_generation_prompt && is_last_user && !is_tool) {
+    out += kAssistant;
+    out += options.thinking ? "<think>" : "</think>";
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<ChatTemplate> ChatTemplate::Recognize(std::string_view template_text,
+                                             std::string bos_token) {
+  if (template_text.empty()) return Status::Error("the tokenizer has no chat template");
+  const uint64_t hash = XXH3_64bits(template_text.data(), template_text.size());
+  for (const KnownTemplate& known : kKnownTemplates)
+    if (known.hash == hash) return ChatTemplate(known.kind, std::move(bos_token));
+  std::string names;
+  for (const KnownTemplate& known : kKnownTemplates)
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", known.name);
+  return Status::Errorf(
+      "chat template not recognised (XXH3-64 {:016x}, {} bytes): switchyard renders only the "
+      "DeepSeek templates it knows exactly ({})",
+      hash, template_text.size(), names);
+}
+
+std::string_view ChatTemplate::name() const {
+  for (const KnownTemplate& known : kKnownTemplates)
+    if (known.kind == kind_) return known.name;
+  return "unknown";
+}
+
+Result<std::string> ChatTemplate::Render(const nlohmann::json& messages,
+                                         const ChatOptions& options) const {
+  if (!messages.is_array()) return Status::Error("messages must be a list");
+  for (size_t i = 0; i < messages.size(); ++i)
+    if (!messages[i].is_object()) return Status::Errorf("messages[{}] must be an object", i);
+  switch (kind_) {
+    case ChatTemplateKind::kDeepSeekV3:
+      return RenderV3(messages, options, bos_, false);
+    case ChatTemplateKind::kDeepSeekR1:
+      return RenderV3(messages, options, bos_, true);
+    case ChatTemplateKind::kDeepSeekV3_0324:
+      return RenderV3_0324(messages, options, bos_);
+    case ChatTemplateKind::kDeepSeekV3_1:
+      return RenderV3_1(messages, options, bos_);
+  }
+  return Status::Error("unreachable chat template kind");
+}
+
+}  // namespace sy

@@ -1,0 +1,336 @@
+// The tokenizer against Hugging Face `tokenizers` (ids and decoded text on a committed corpus,
+// DeepSeek-V3's and V4's tokenizer.json) and the chat templates against transformers'
+// apply_chat_template (jinja2). Fixtures: tests/fixtures/tokenizer, made by
+// tools/tokenizer/make_tokenizer_fixtures.sh.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "test_support.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
+
+namespace sy {
+namespace {
+
+using json = nlohmann::json;
+
+std::string TokenizerFixtures() { return std::string(testing::kFixturesDir) + "/tokenizer"; }
+
+std::vector<json> ReadJsonLines(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  std::vector<json> lines;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) lines.push_back(json::parse(line));
+  return lines;
+}
+
+const Tokenizer& LoadOnce(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
+  auto& slot = loaded[name];
+  if (!slot) {
+    auto t = Tokenizer::Load(TokenizerFixtures() + "/" + name);
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    slot = std::make_unique<Tokenizer>(std::move(t).value());
+  }
+  return *slot;
+}
+
+std::string Printable(const std::string& text) {
+  return text.size() > 120 ? text.substr(0, 120) + "…" : text;
+}
+
+class CorpusTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CorpusTest, IdsAndDecodingMatchHuggingFace) {
+  const Tokenizer& tokenizer = LoadOnce(GetParam());
+  const auto corpus = ReadJsonLines(TokenizerFixtures() + "/corpus.jsonl");
+  const auto expected = ReadJsonLines(TokenizerFixtures() + "/" + GetParam() + "/expected.jsonl");
+  ASSERT_EQ(corpus.size(), expected.size());
+  ASSERT_GE(corpus.size(), 100u);
+  int mismatches = 0;
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    const std::string name = corpus[i]["name"];
+    ASSERT_EQ(name, expected[i]["name"].get<std::string>());
+    const std::string text = corpus[i]["text"];
+    auto ids = tokenizer.Encode(text);
+    ASSERT_TRUE(ids.ok()) << name << ": " << ids.status().message();
+    const auto want = expected[i]["ids"].get<std::vector<int32_t>>();
+    if (ids.value() != want) {
+      ++mismatches;
+      size_t at = 0;
+      while (at < want.size() && at < ids->size() && want[at] == (*ids)[at]) ++at;
+      ADD_FAILURE() << name << " (" << Printable(text) << "): ids differ at position " << at
+                    << " of " << want.size() << " expected / " << ids->size() << " got";
+    }
+    auto decoded = tokenizer.Decode(want);
+    ASSERT_TRUE(decoded.ok()) << decoded.status().message();
+    EXPECT_EQ(decoded.value(), expected[i]["decoded"].get<std::string>()) << name;
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(DeepSeek, CorpusTest, ::testing::Values("deepseek-v3", "deepseek-v4"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+TEST(TokenizerTest, SpecialTokensInsideTextAreSingleIds) {
+  const Tokenizer& tokenizer = LoadOnce("deepseek-v3");
+  auto ids = tokenizer.Encode("<｜begin▁of▁sentence｜>Hi<｜User｜><｜end▁of▁sentence｜>");
+  ASSERT_TRUE(ids.ok());
+  ASSERT_GE(ids->size(), 4u);
+  EXPECT_EQ(ids->front(), 0);
+  EXPECT_EQ(ids->back(), 1);
+  EXPECT_EQ((*ids)[ids->size() - 2], *tokenizer.TokenToId("<｜User｜>"));
+  EXPECT_TRUE(tokenizer.IsSpecial(0));
+  // V3 marks the role tokens as added but not special: skipping specials keeps them.
+  EXPECT_FALSE(tokenizer.IsSpecial(*tokenizer.TokenToId("<｜User｜>")));
+  auto skipped = tokenizer.Decode(*ids, /*skip_special_tokens=*/true);
+  ASSERT_TRUE(skipped.ok());
+  EXPECT_EQ(skipped.value(), "Hi<｜User｜>");
+}
+
+TEST(TokenizerTest, BadInputIsAnErrorNamingIt) {
+  const Tokenizer& tokenizer = LoadOnce("deepseek-v3");
+  auto bad = tokenizer.Encode(std::string("ok \xC3\x28 then", 10));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("byte offset 3"), std::string::npos)
+      << bad.status().message();
+  std::vector<int32_t> ids = {5, static_cast<int32_t>(tokenizer.vocab_size()), 7};
+  auto decoded = tokenizer.Decode(ids);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_NE(decoded.status().message().find("position 1"), std::string::npos);
+}
+
+TEST(TokenizerTest, DecodingSplitCharactersGivesReplacementCharacters) {
+  const Tokenizer& tokenizer = LoadOnce("deepseek-v3");
+  auto ids = tokenizer.Encode("🦙");
+  ASSERT_TRUE(ids.ok());
+  ASSERT_GT(ids->size(), 1u);  // a rare emoji spans several byte tokens
+  auto first = tokenizer.Decode(std::span(ids->data(), 1));
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first.value().find("\xEF\xBF\xBD"), 0u);
+  EXPECT_EQ(CompleteUtf8Prefix(tokenizer.TokenBytes((*ids)[0])), 0u);
+}
+
+// A small tokenizer.json built in the test: every byte a token, a few merges.
+std::string TinyTokenizerJson(const std::string& pre_tokenizer, const std::string& extra = "") {
+  json vocab = json::object();
+  const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::Get();
+  for (int b = 0; b < 256; ++b) {
+    std::string symbol;
+    AppendUtf8(alphabet.CodePointOf(static_cast<uint8_t>(b)), &symbol);
+    vocab[symbol] = b;
+  }
+  vocab["ab"] = 256;
+  vocab["abc"] = 257;
+  vocab["aa"] = 258;
+  json root = {{"version", "1.0"},
+               {"added_tokens", json::array({{{"id", 300}, {"content", "<x>"}, {"special", true}},
+                                             {{"id", 301}, {"content", "<xy>"}, {"special", false}}})},
+               {"normalizer", nullptr},
+               {"pre_tokenizer", json::parse(pre_tokenizer)},
+               {"decoder", {{"type", "ByteLevel"}}},
+               {"model",
+                {{"type", "BPE"},
+                 {"vocab", vocab},
+                 {"merges", json::array({"a b", json::array({"ab", "c"}), "a a"})}}}};
+  std::string text = root.dump();
+  if (!extra.empty()) text = extra;
+  return text;
+}
+
+std::vector<int32_t> EncodeOrDie(const Tokenizer& t, const std::string& text) {
+  auto ids = t.Encode(text);
+  EXPECT_TRUE(ids.ok()) << ids.status().message();
+  return ids.ok() ? ids.value() : std::vector<int32_t>{};
+}
+
+TEST(TokenizerTest, MergesByRankLeftmostFirstInBothMergePaths) {
+  auto t = Tokenizer::FromJson(TinyTokenizerJson("null"), "tiny");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(EncodeOrDie(*t, "abc"), (std::vector<int32_t>{257}));
+  EXPECT_EQ(EncodeOrDie(*t, "aaa"), (std::vector<int32_t>{258, 'a'}));
+  // Added tokens: leftmost, then longest.
+  EXPECT_EQ(EncodeOrDie(*t, "c<xy><x>"), (std::vector<int32_t>{'c', 301, 300}));
+  // A piece longer than the rescanning limit takes the heap path: same answer.
+  std::string long_text;
+  std::vector<int32_t> want;
+  for (int i = 0; i < 40; ++i) {
+    long_text += "abcaaa";
+    want.insert(want.end(), {257, 258, 'a'});
+  }
+  EXPECT_EQ(EncodeOrDie(*t, long_text), want);
+}
+
+TEST(TokenizerTest, SplitBehaviorsFollowTokenizers) {
+  auto split = [](const std::string& behavior, bool invert, const std::string& text) {
+    auto pre = PreTokenizer::FromJson(json{{"type", "Split"},
+                                           {"pattern", {{"Regex", "-+"}}},
+                                           {"behavior", behavior},
+                                           {"invert", invert}});
+    EXPECT_TRUE(pre.ok()) << pre.status().message();
+    std::string buffer = text;
+    std::vector<TextPiece> pieces;
+    EXPECT_TRUE((*pre)->Split(&buffer, &pieces).ok());
+    std::vector<std::string> out;
+    for (auto p : pieces) out.push_back(buffer.substr(p.begin, p.end - p.begin));
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(split("Isolated", false, "a-b--c-"), (V{"a", "-", "b", "--", "c", "-"}));
+  EXPECT_EQ(split("Removed", false, "a-b--c-"), (V{"a", "b", "c"}));
+  EXPECT_EQ(split("MergedWithPrevious", false, "-a-b--c"), (V{"-", "a-", "b--", "c"}));
+  EXPECT_EQ(split("MergedWithNext", false, "-a-b--c-"), (V{"-a", "-b", "--c", "-"}));
+  EXPECT_EQ(split("Removed", true, "a-b--c"), (V{"-", "--"}));
+}
+
+TEST(TokenizerTest, OnigurumaEscapesKeepTheirMeaning) {
+  auto translated = OnigurumaToPcre2("\\s+(?!\\S)|[^\\s\\p{L}]");
+  ASSERT_TRUE(translated.ok());
+  // NEL (U+0085) is whitespace to Oniguruma, not to PCRE2's own \s.
+  EXPECT_NE(translated->find("\\x{85}"), std::string::npos);
+  EXPECT_FALSE(OnigurumaToPcre2("[\\S]").ok());
+  auto pre = PreTokenizer::FromJson(
+      json{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Removed"}});
+  ASSERT_TRUE(pre.ok());
+  std::string text = "a\xC2\x85" "b\xE3\x80\x80" "c";
+  std::vector<TextPiece> pieces;
+  ASSERT_TRUE((*pre)->Split(&text, &pieces).ok());
+  EXPECT_EQ(pieces.size(), 3u);
+}
+
+TEST(TokenizerTest, UnsupportedFilesAreClearErrors) {
+  auto expect_error = [](const std::string& text, const std::string& fragment) {
+    auto t = Tokenizer::FromJson(text, "tokenizer.json");
+    ASSERT_FALSE(t.ok()) << "accepted: " << text.substr(0, 80);
+    EXPECT_NE(t.status().message().find(fragment), std::string::npos) << t.status().message();
+  };
+  expect_error("{not json", "not valid JSON");
+  json base = json::parse(TinyTokenizerJson("null"));
+  json unigram = base;
+  unigram["model"]["type"] = "Unigram";
+  expect_error(unigram.dump(), "Unigram");
+  json metaspace = base;
+  metaspace["pre_tokenizer"] = {{"type", "Metaspace"}};
+  expect_error(metaspace.dump(), "Metaspace");
+  json nfc = base;
+  nfc["normalizer"] = {{"type", "NFC"}};
+  expect_error(nfc.dump(), "NFC");
+  json bad_merge = base;
+  bad_merge["model"]["merges"].push_back("zz qq");
+  expect_error(bad_merge.dump(), "merges[3]");
+  json bad_regex = base;
+  bad_regex["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  expect_error(bad_regex.dump(), "pre_tokenizer");
+  auto missing = Tokenizer::Load("/nonexistent/tokenizer.json");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent"), std::string::npos);
+}
+
+TEST(Utf8Test, LossyDecodingReplacesMaximalSubparts) {
+  EXPECT_EQ(Utf8Lossy("a\xF0\x9F\x98" "b"), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(Utf8Lossy("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(Utf8Lossy("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(CompleteUtf8Prefix("ab\xE2\x82"), 2u);
+  EXPECT_EQ(CompleteUtf8Prefix("ab\xE2\x82\xAC"), 5u);
+  EXPECT_EQ(CompleteUtf8Prefix("ab\xFF"), 3u);
+  EXPECT_EQ(FindInvalidUtf8("ok\xF5"), 2u);
+}
+
+// ---- chat templates ----
+
+std::string TemplateText(const std::string& stem) {
+  return testing::ReadFile(TokenizerFixtures() + "/templates/" + stem + ".jinja");
+}
+
+class ChatTemplateTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ChatTemplateTest, RendersLikeTransformers) {
+  const std::string stem = GetParam();
+  auto chat = ChatTemplate::Recognize(TemplateText(stem), "<｜begin▁of▁sentence｜>");
+  ASSERT_TRUE(chat.ok()) << chat.status().message();
+  EXPECT_EQ(chat->name(), stem);
+  const json cases = json::parse(testing::ReadFile(TokenizerFixtures() + "/chat/conversations.json"));
+  const json expected =
+      json::parse(testing::ReadFile(TokenizerFixtures() + "/chat/" + stem + ".expected.json"));
+  ASSERT_EQ(cases.size(), expected.size());
+  ASSERT_GE(cases.size(), 20u);
+  const Tokenizer& tokenizer = LoadOnce("deepseek-v3");
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string name = cases[i]["name"];
+    ASSERT_EQ(name, expected[i]["name"].get<std::string>());
+    ChatOptions options;
+    options.add_generation_prompt = cases[i].value("add_generation_prompt", true);
+    const json extra = cases[i].value("extra", json::object());
+    // The template reads `thinking`, or `enable_thinking` when `thinking` is not given.
+    options.thinking = extra.value("thinking", extra.value("enable_thinking", false));
+    auto rendered = chat->Render(cases[i]["messages"], options);
+    if (expected[i].contains("error")) {
+      EXPECT_FALSE(rendered.ok()) << name << ": jinja2 raised " << expected[i]["error"]
+                                  << " but switchyard rendered " << rendered.value();
+      continue;
+    }
+    ASSERT_TRUE(rendered.ok()) << name << ": " << rendered.status().message();
+    EXPECT_EQ(rendered.value(), expected[i]["rendered"].get<std::string>()) << name;
+    auto ids = tokenizer.Encode(rendered.value());
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(ids.value(), expected[i]["ids"].get<std::vector<int32_t>>()) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DeepSeek, ChatTemplateTest,
+                         ::testing::Values("deepseek-v3", "deepseek-r1", "deepseek-v3-0324",
+                                           "deepseek-v3.1"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name)
+                             if (c == '-' || c == '.') c = '_';
+                           return name;
+                         });
+
+TEST(ChatTemplateTest, UnknownTemplatesAreRefusedByName) {
+  auto chat = ChatTemplate::Recognize("{{ messages[0]['content'] }}", "<s>");
+  ASSERT_FALSE(chat.ok());
+  EXPECT_NE(chat.status().message().find("not recognised"), std::string::npos);
+  EXPECT_NE(chat.status().message().find("deepseek-v3"), std::string::npos);
+  // One byte changed is another template.
+  std::string text = TemplateText("deepseek-v3");
+  text.back() = ' ';
+  EXPECT_FALSE(ChatTemplate::Recognize(text, "<s>").ok());
+  EXPECT_FALSE(ChatTemplate::Recognize("", "<s>").ok());
+}
+
+TEST(ChatTemplateTest, ConfigFromTheCheckpointDirectory) {
+  auto config = LoadTokenizerConfig(TokenizerFixtures() + "/deepseek-v3");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->bos_token, "<｜begin▁of▁sentence｜>");
+  auto chat = ChatTemplate::Recognize(config->chat_template, config->bos_token);
+  ASSERT_TRUE(chat.ok()) << chat.status().message();
+  EXPECT_EQ(chat->kind(), ChatTemplateKind::kDeepSeekV3);
+  auto rendered = chat->Render(json::parse(R"([{"role":"system","content":"S"},
+      {"role":"user","content":"U1"},{"role":"assistant","content":"A1"},
+      {"role":"user","content":"U2"}])"),
+                               ChatOptions{});
+  ASSERT_TRUE(rendered.ok());
+  EXPECT_EQ(rendered.value(),
+            "<｜begin▁of▁sentence｜>S<｜User｜>U1<｜Assistant｜>A1<｜end▁of▁sentence｜><｜User｜>U2"
+            "<｜Assistant｜>");
+  auto bad = chat->Render(json::parse(R"([{"role":"user","content":null}])"), ChatOptions{});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("messages[0]"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sy
