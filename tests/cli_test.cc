@@ -3,6 +3,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "test_support.h"
 
@@ -98,6 +102,147 @@ TEST(CliTest, InitModelWritesALoadableDefault) {
   ASSERT_EQ(RunCommand(Binary() + " init-model --out " + dir + "/n", &output), 0) << output;
   EXPECT_EQ(testing::ReadFile(dir + "/m/model.safetensors"),
             testing::ReadFile(dir + "/n/model.safetensors"));
+}
+
+// Writes `lines` to a file and runs `command < file`.
+int RunWithInput(const std::string& command, const std::string& input, std::string* output) {
+  const std::string path = testing::TempDirectory("cli_stdin") + "/in.jsonl";
+  std::ofstream(path, std::ios::binary) << input;
+  return RunCommand("(" + command + " < " + path + ")", output);
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+TEST(CliTest, TokenizeMatchesHuggingFaceAndDecodesBack) {
+  const std::string fixtures = std::string(testing::kFixturesDir) + "/tokenizer";
+  std::ifstream corpus(fixtures + "/corpus.jsonl"), expected(fixtures + "/deepseek-v3/expected.jsonl");
+  std::string input, decode_input;
+  std::vector<std::vector<int32_t>> want;
+  std::vector<std::string> texts;
+  for (std::string c, e; std::getline(corpus, c) && std::getline(expected, e);) {
+    auto text = nlohmann::json::parse(c)["text"];
+    auto ids = nlohmann::json::parse(e)["ids"];
+    input += nlohmann::json{{"text", text}}.dump() + "\n";
+    decode_input += nlohmann::json{{"ids", ids}}.dump() + "\n";
+    want.push_back(ids.get<std::vector<int32_t>>());
+    texts.push_back(nlohmann::json::parse(e)["decoded"]);
+  }
+  ASSERT_GT(want.size(), 100u);
+  std::string output;
+  ASSERT_EQ(RunWithInput(Binary() + " tokenize --tokenizer " + fixtures + "/deepseek-v3", input,
+                         &output),
+            0)
+      << output.substr(0, 500);
+  auto lines = Lines(output);
+  ASSERT_EQ(lines.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(nlohmann::json::parse(lines[i])["ids"].get<std::vector<int32_t>>(), want[i]) << i;
+  ASSERT_EQ(RunWithInput(Binary() + " tokenize --decode --tokenizer " + fixtures +
+                             "/deepseek-v3/tokenizer.json",
+                         decode_input, &output),
+            0);
+  lines = Lines(output);
+  ASSERT_EQ(lines.size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i)
+    EXPECT_EQ(nlohmann::json::parse(lines[i])["text"].get<std::string>(), texts[i]) << i;
+}
+
+TEST(CliTest, TokenizeNamesBadLinesAndKeepsGoing) {
+  std::string output;
+  const std::string tokenizer =
+      " tokenize --tokenizer " + std::string(testing::kFixturesDir) + "/tokenizer/deepseek-v3";
+  int status = RunWithInput(Binary() + tokenizer + " 2>/dev/null",
+                            "{\"text\": \"a\"}\n{\"txt\": 1}\nnot json\n{\"text\": \"b\"}\n",
+                            &output);
+  EXPECT_EQ(status, 1);
+  auto lines = Lines(output);
+  ASSERT_EQ(lines.size(), 4u) << output;
+  EXPECT_TRUE(nlohmann::json::parse(lines[0]).contains("ids"));
+  EXPECT_NE(lines[1].find("line 2"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[2].find("line 3"), std::string::npos) << lines[2];
+  EXPECT_TRUE(nlohmann::json::parse(lines[3]).contains("ids"));
+  status = RunWithInput(Binary() + tokenizer + " --decode 2>/dev/null",
+                        "{\"ids\": [1, -1]}\n{\"ids\": [999999999]}\n", &output);
+  EXPECT_EQ(status, 1);
+  lines = Lines(output);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("ids[1]"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("ids[0]"), std::string::npos) << lines[1];
+}
+
+TEST(CliTest, TextPromptsGenerateTheSameTokensAsTheirIds) {
+  std::string dir = testing::TempDirectory("cli_text") + "/m";
+  std::string output;
+  ASSERT_EQ(RunCommand(Binary() + " init-model --out " + dir, &output), 0) << output;
+  ASSERT_EQ(RunWithInput(Binary() + " tokenize --model " + dir,
+                         "{\"text\": \"ROMEO: But soft, what light\"}\n", &output),
+            0)
+      << output;
+  auto ids = nlohmann::json::parse(output)["ids"].get<std::vector<int32_t>>();
+  std::string id_list = "0";  // the default tokenizer's config asks for BOS
+  for (int32_t id : ids) id_list += "," + std::to_string(id);
+  std::string from_text, from_ids;
+  ASSERT_EQ(RunCommand(Binary() + " generate --model " + dir +
+                           " --prompt 'ROMEO: But soft, what light' --prompt 'x' --max-tokens 5 "
+                           "--ignore-eos --json",
+                       &from_text),
+            0)
+      << from_text;
+  ASSERT_EQ(RunCommand(Binary() + " generate --model " + dir + " --prompt-tokens '" + id_list +
+                           "' --max-tokens 5 --ignore-eos --json",
+                       &from_ids),
+            0)
+      << from_ids;
+  auto text_report = nlohmann::json::parse(from_text);
+  auto ids_report = nlohmann::json::parse(from_ids);
+  ASSERT_EQ(text_report["outputs"].size(), 2u);
+  EXPECT_EQ(text_report["outputs"][0]["prompt"], "ROMEO: But soft, what light");
+  EXPECT_EQ(text_report["outputs"][0]["token_ids"], ids_report["outputs"][0]["token_ids"]);
+  EXPECT_EQ(text_report["outputs"][0]["text"], ids_report["outputs"][0]["text"]);
+  EXPECT_EQ(text_report["outputs"][0]["token_ids"].size(), 5u);
+  EXPECT_TRUE(text_report["mtp"].is_null());
+  // The chat form renders the template (BOS, user tag, assistant tag) before generating.
+  ASSERT_EQ(RunCommand(Binary() + " generate --model " + dir +
+                           " --chat --prompt 'Who art thou?' --max-tokens 2 --ignore-eos --json",
+                       &output),
+            0)
+      << output;
+  EXPECT_EQ(nlohmann::json::parse(output)["outputs"][0]["token_ids"].size(), 2u);
+}
+
+TEST(CliTest, VerbsWithoutModelUseTheEmbeddedDefault) {
+  std::string output;
+  ASSERT_EQ(RunWithInput(Binary() + " tokenize", "{\"text\": \"Good morrow\"}\n", &output), 0)
+      << output;
+  EXPECT_NE(output.find("\"ids\""), std::string::npos);
+  ASSERT_EQ(RunCommand(Binary() + " generate --prompt 'Good morrow' --max-tokens 2 2>&1", &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("text 0:"), std::string::npos) << output;
+}
+
+TEST(CliTest, TextBadInputIsOneLine) {
+  std::string fixture = std::string(testing::kFixturesDir) + "/tiny-v3-fp8";
+  std::vector<BadCall> calls = {
+      {"generate --model " + fixture + " --prompt hi", "tokenizer.json"},
+      {"generate --prompt hi --prompt-tokens 1", "either"},
+      {"generate --prompt-tokens 1 --chat", "--chat"},
+      {"generate --model " + fixture + " --prompt-tokens 1,2 --max-tokens 100000000", "context"},
+      {"tokenize --tokenizer /nonexistent/tok.json", "/nonexistent"},
+  };
+  for (const auto& call : calls) {
+    std::string output;
+    int status = RunCommand(Binary() + " " + call.arguments + " </dev/null", &output);
+    EXPECT_NE(status, 0) << call.arguments;
+    EXPECT_LT(status, 128) << "crashed: " << call.arguments << "\n" << output;
+    EXPECT_NE(output.find(call.expected), std::string::npos) << call.arguments << "\n" << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include "bench/kernel_bench.h"
 #include "bench/machine_peaks.h"
+#include "cli/common.h"
 #include "cli/verbs.h"
 
 namespace sy {
@@ -133,7 +134,7 @@ void AddBenchDecodeCommand(CLI::App& bench_app) {
   auto args = std::make_shared<Args>();
   CLI::App* d = bench_app.add_subcommand(
       "decode", "End-to-end decode tok/s next to the memory-bandwidth bound");
-  d->add_option("--model", args->model, "Checkpoint directory")->required();
+  d->add_option("--model", args->model, "Checkpoint directory (default: the embedded model)");
   d->add_option("--batches", args->options.batches, "Batches")->delimiter(',');
   d->add_option("--steps", args->options.steps, "Timed decode steps per batch")
       ->check(CLI::PositiveNumber);
@@ -141,7 +142,7 @@ void AddBenchDecodeCommand(CLI::App& bench_app) {
       ->check(CLI::PositiveNumber);
   d->callback([args] {
     bench::MachinePeaks peaks = bench::MeasureMachine(1ll << 30, 3);
-    auto results = bench::BenchDecode(args->model, peaks, args->options);
+    auto results = bench::BenchDecode(ResolveModelDirectory(args->model), peaks, args->options);
     if (!results.ok()) FailVerb(results.status().message());
     std::fputs(bench::DecodeResultsTable(peaks, results.value()).c_str(), stdout);
   });

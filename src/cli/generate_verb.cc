@@ -1,6 +1,10 @@
-// switchyard generate: greedy decoding of one or more prompts, batched.
+// switchyard generate: greedy decoding of one or more prompts, batched. Prompts are token ids
+// (--prompt-tokens) or text (--prompt, repeatable; --chat renders each as a user message through
+// the checkpoint's chat template); text prompts print text.
 #include <algorithm>
 #include <cstdio>
+
+#include <nlohmann/json.hpp>
 
 #include "base/clock.h"
 
@@ -15,6 +19,9 @@ namespace {
 struct GenerateArgs {
   std::string model;
   std::string prompt_tokens;
+  std::vector<std::string> prompts;
+  bool chat = false;
+  bool json = false;
   int64_t max_tokens = 16;
   bool ignore_eos = false;
   std::string kv_dtype = "bf16";
@@ -25,11 +32,39 @@ int32_t Argmax(const float* row, int64_t size) {
   return static_cast<int32_t>(std::max_element(row, row + size) - row);
 }
 
+// The prompts as ids: parsed from --prompt-tokens, or each --prompt tokenized.
+std::vector<std::vector<int32_t>> PromptIds(const GenerateArgs& args, const TextCodec* codec) {
+  if (codec == nullptr) {
+    auto parsed = ParseTokenLists(args.prompt_tokens, "--prompt-tokens");
+    if (!parsed.ok()) FailVerb(parsed.status().message());
+    return parsed.value();
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < args.prompts.size(); ++i) {
+    auto ids = args.chat ? codec->EncodeChat(args.prompts[i]) : codec->EncodePrompt(args.prompts[i]);
+    if (!ids.ok()) FailVerb(fmt::format("--prompt {}: {}", i, ids.status().message()));
+    if (ids->empty()) FailVerb(fmt::format("--prompt {}: the prompt has no tokens", i));
+    prompts.push_back(std::move(ids).value());
+  }
+  return prompts;
+}
+
+std::string Text(const TextCodec& codec, const std::vector<int32_t>& ids) {
+  auto text = codec.tokenizer->Decode(ids, /*skip_special_tokens=*/true);
+  return text.ok() ? text.value() : "";
+}
+
 void RunGenerate(const GenerateArgs& args) {
-  auto parsed = ParseTokenLists(args.prompt_tokens, "--prompt-tokens");
-  if (!parsed.ok()) FailVerb(parsed.status().message());
-  const auto& prompts = parsed.value();
-  ParallelRun run = LoadParallel(args.model, args.parallel);
+  if (args.prompts.empty() == args.prompt_tokens.empty())
+    FailVerb("give the prompts either as --prompt TEXT (repeatable) or as --prompt-tokens IDS");
+  if (args.chat && args.prompts.empty()) FailVerb("--chat applies to --prompt TEXT");
+  const std::string directory = ResolveModelDirectory(args.model);
+  std::unique_ptr<TextCodec> codec;
+  if (!args.prompts.empty() || args.json)
+    codec = std::make_unique<TextCodec>(LoadTextCodecOrFail(directory));
+  const std::vector<std::vector<int32_t>> prompts =
+      PromptIds(args, args.prompts.empty() ? nullptr : codec.get());
+  ParallelRun run = LoadParallel(directory, args.parallel);
   Communicator& comm = *run.comm;
   const Model& model = *run.model;
   const ModelConfig& config = model.config();
@@ -43,6 +78,14 @@ void RunGenerate(const GenerateArgs& args) {
             fmt::format("--prompt-tokens: sequence {}, position {}: token id {} is outside [0, {})",
                         s, i, prompts[s][i], vocab));
 
+  for (size_t s = 0; s < count; ++s) {
+    const int64_t length = static_cast<int64_t>(prompts[s].size()) + args.max_tokens;
+    if (length > config.max_position_embeddings)
+      FailEverywhere(comm, fmt::format("sequence {}: {} prompt tokens + --max-tokens {} exceed the "
+                                       "model's context of {} tokens",
+                                       s, prompts[s].size(), args.max_tokens,
+                                       config.max_position_embeddings));
+  }
   int64_t capacity = 0;
   for (size_t s = 0; s < count; ++s)
     if (run.Owns(s)) capacity += static_cast<int64_t>(prompts[s].size()) + args.max_tokens;
@@ -100,14 +143,32 @@ void RunGenerate(const GenerateArgs& args) {
   const int64_t total_decoded = comm.AllReduceSum(decoded_tokens);
   if (comm.rank() != 0) return;
   int64_t total_generated = 0;
+  for (size_t s = 0; s < count; ++s) total_generated += static_cast<int64_t>(ordered[s].size());
+  const double decode_seconds = end - prefill_done;
+  if (args.json) {
+    nlohmann::json outputs = nlohmann::json::array();
+    for (size_t s = 0; s < count; ++s)
+      outputs.push_back({{"prompt", args.prompts.empty() ? Text(*codec, prompts[s]) : args.prompts[s]},
+                         {"text", Text(*codec, ordered[s])},
+                         {"token_ids", ordered[s]}});
+    nlohmann::json report = {{"outputs", outputs},
+                             {"prefill_seconds", prefill_done - start},
+                             {"decode_tokens_per_second", total_decoded / std::max(decode_seconds, 1e-9)},
+                             {"mtp", nullptr}};
+    std::printf("%s\n", report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return;
+  }
   for (size_t s = 0; s < count; ++s) {
     std::printf("sequence %zu:", s);
     for (int32_t token : ordered[s])
       std::printf(" %d", token);
     std::printf("\n");
-    total_generated += static_cast<int64_t>(ordered[s].size());
+    if (!args.prompts.empty())
+      std::printf("text %zu: %s\n", s,
+                  nlohmann::json(Text(*codec, ordered[s]))
+                      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                      .c_str());
   }
-  const double decode_seconds = end - prefill_done;
   std::printf(
       "generated %lld tokens for %zu sequences in %.3f s: %.1f tok/s overall; prefill %.3f s; "
       "decode %.1f "
@@ -122,11 +183,15 @@ void RunGenerate(const GenerateArgs& args) {
 
 void AddGenerateVerb(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* verb = app.add_subcommand("generate", "Greedy decoding of token prompts, batched");
-  verb->add_option("--model", args->model, "Checkpoint directory")->required();
+  CLI::App* verb = app.add_subcommand("generate", "Greedy decoding of prompts, batched");
+  verb->add_option("--model", args->model,
+                   "Checkpoint directory (default: the embedded default model)");
+  verb->add_option("--prompt", args->prompts, "A text prompt (repeat for a batch)");
+  verb->add_flag("--chat", args->chat,
+                 "Render each --prompt as a user message through the chat template");
   verb->add_option("--prompt-tokens", args->prompt_tokens,
-                   "Prompt token ids: '1,2,3;4,5' is two prompts")
-      ->required();
+                   "Prompt token ids: '1,2,3;4,5' is two prompts");
+  verb->add_flag("--json", args->json, "Print one JSON object: outputs, timings");
   verb->add_option("--max-tokens", args->max_tokens, "Tokens to generate per prompt")
       ->check(CLI::NonNegativeNumber);
   verb->add_flag("--ignore-eos", args->ignore_eos,

@@ -4,6 +4,7 @@
 
 #include "cli/verbs.h"
 #include "model/synthetic.h"
+#include "tokenizer/embedded_tokenizers.h"
 
 namespace sy {
 namespace {
@@ -21,8 +22,9 @@ void RunInitModel(const InitModelArgs& args) {
   SyntheticOptions options;
   options.seed = args.seed;
   Status status = WriteSyntheticCheckpoint(config, args.out, options);
+  if (status.ok()) status = WriteEmbeddedTokenizer(args.preset, args.out);
   if (!status.ok()) FailVerb(status.message());
-  std::printf("wrote the %s model (%s weights, seed %llu) to %s\n", args.preset.c_str(),
+  std::printf("wrote the %s model (%s weights, seed %llu) and its tokenizer to %s\n", args.preset.c_str(),
               config.fp8_weights ? "fp8" : "bf16", static_cast<unsigned long long>(args.seed),
               args.out.c_str());
 }

@@ -25,7 +25,7 @@ void RunLogits(const LogitsArgs& args) {
   auto parsed = ParseTokenLists(args.tokens, "--tokens");
   if (!parsed.ok()) FailVerb(parsed.status().message());
   const auto& sequences = parsed.value();
-  ParallelRun run = LoadParallel(args.model, args.parallel);
+  ParallelRun run = LoadParallel(ResolveModelDirectory(args.model), args.parallel);
   Communicator& comm = *run.comm;
   const Model& model = *run.model;
   const int64_t vocab = model.config().vocab_size;
@@ -134,8 +134,8 @@ void AddLogitsVerb(CLI::App& app) {
   auto args = std::make_shared<LogitsArgs>();
   CLI::App* verb =
       app.add_subcommand("logits", "Write float32 logits [rows x vocab] for token sequences");
-  verb->add_option("--model", args->model, "Checkpoint directory (config.json + safetensors)")
-      ->required();
+  verb->add_option("--model", args->model,
+                   "Checkpoint directory (config.json + safetensors; default: the embedded model)");
   verb->add_option("--tokens", args->tokens, "Token ids: '1,2,3;4,5' is two sequences")->required();
   verb->add_option("--out", args->out, "Output file: little-endian f32, one row per position")
       ->required();

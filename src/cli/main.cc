@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   sy::AddInitModelVerb(app);
   sy::AddPlanVerb(app);
   sy::AddBenchVerb(app);
+  sy::AddTokenizeVerb(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -11,6 +11,7 @@ void AddGenerateVerb(CLI::App& app);
 void AddInitModelVerb(CLI::App& app);
 void AddPlanVerb(CLI::App& app);
 void AddBenchVerb(CLI::App& app);
+void AddTokenizeVerb(CLI::App& app);
 // `bench layer` and `bench decode`, registered under `bench`.
 void AddBenchLayerCommand(CLI::App& bench);
 void AddBenchDecodeCommand(CLI::App& bench);

@@ -120,6 +120,9 @@ def tokenizer_config(ds_config, template):
         if k == "chat_template":
             continue
         cfg[k] = v
+    # DeepSeek-V3's published tokenizer_config.json adds BOS to plain prompts; the packaged
+    # copy we start from says false. Plain-text prompts to the default model start with BOS.
+    cfg["add_bos_token"] = True
     cfg["model_max_length"] = 163840
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg["chat_template"] = template
