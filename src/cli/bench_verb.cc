@@ -52,6 +52,7 @@ void AddBenchVerb(CLI::App& app) {
   AddBenchLayerCommand(*verb);
   AddBenchDecodeCommand(*verb);
   AddBenchExchangeCommand(*verb);
+  AddBenchTokenizerCommand(*verb);
 }
 
 }  // namespace sy

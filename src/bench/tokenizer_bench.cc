@@ -1,0 +1,240 @@
+#include "bench/tokenizer_bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "base/clock.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace sy::bench {
+namespace {
+
+using json = nlohmann::json;
+
+// The Hugging Face side: same files, same repetitions, encode() alone timed, one thread.
+constexpr const char* kHfScript = R"PY(
+import json, statistics, sys, time
+import tokenizers
+tok = tokenizers.Tokenizer.from_file(sys.argv[1])
+texts = [json.loads(l)["text"] for l in open(sys.argv[2], encoding="utf-8") if l.strip()]
+long_text = open(sys.argv[3], encoding="utf-8", newline="").read()  # keep \r as is
+reps = int(sys.argv[4])
+out = {"version": tokenizers.__version__}
+for name, load in (("corpus", texts), ("long-prompt", [long_text])):
+    times, tokens = [], 0
+    for _ in range(reps):
+        start = time.perf_counter()
+        tokens = sum(len(tok.encode(t, add_special_tokens=False).ids) for t in load)
+        times.append(time.perf_counter() - start)
+    checksum = 0
+    for t in load:
+        for i in tok.encode(t, add_special_tokens=False).ids:
+            checksum = (checksum * 1000003 + i) & 0xFFFFFFFFFFFFFFFF
+    out[name] = {"times": times, "tokens": tokens, "checksum": checksum}
+print(json.dumps(out))
+)PY";
+
+struct Timing {
+  double median = 0, min = 0, max = 0;
+};
+
+Timing Summarize(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  return {times[times.size() / 2], times.front(), times.back()};
+}
+
+Result<std::string> ReadAll(FILE* pipe) {
+  std::string out;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  return out;
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Prefill tokens per second of the model on a 2,048-token prompt (the median of three).
+Result<double> PrefillRate(const std::string& model_dir) {
+  SY_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(model_dir));
+  const int64_t length = std::min<int64_t>(2048, model->config().max_position_embeddings);
+  std::vector<int32_t> prompt(length);
+  for (int64_t i = 0; i < length; ++i)
+    prompt[i] = static_cast<int32_t>((i * 7919 + 13) % model->config().vocab_size);
+  std::vector<double> times;
+  std::vector<float> logits;
+  ForwardOptions options;
+  options.logit_rows = LogitRows::kLast;
+  for (int rep = 0; rep < 3; ++rep) {
+    LatentCache cache = model->NewCache(length, 1, DType::kBF16);
+    SequenceCache sequence;
+    ForwardBatch batch;
+    batch.Add(prompt.data(), length, &sequence);
+    const double start = NowSeconds();
+    SY_RETURN_IF_ERROR(model->Forward(batch, cache, options, &logits));
+    times.push_back(NowSeconds() - start);
+  }
+  return static_cast<double>(length) / Summarize(times).median;
+}
+
+}  // namespace
+
+Result<TokenizerBenchReport> BenchTokenizer(const TokenizerBenchOptions& options) {
+  SY_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(options.tokenizer));
+  std::vector<std::string> texts;
+  {
+    std::ifstream in(options.corpus);
+    if (!in) return Status::Errorf("{}: cannot open", options.corpus);
+    std::string line;
+    for (int64_t n = 1; std::getline(in, line); ++n) {
+      if (line.empty()) continue;
+      json value = json::parse(line, nullptr, false);
+      if (!value.is_object() || !value.contains("text") || !value["text"].is_string())
+        return Status::Errorf("{}: line {}: expected {{\"text\": ...}}", options.corpus, n);
+      texts.push_back(value["text"].get<std::string>());
+    }
+  }
+  if (texts.empty()) return Status::Errorf("{}: no texts", options.corpus);
+  std::string long_prompt;
+  while (static_cast<int64_t>(long_prompt.size()) < options.long_prompt_bytes)
+    for (const std::string& t : texts) long_prompt += t + "\n";
+  double corpus_bytes = 0;
+  for (const auto& t : texts) corpus_bytes += static_cast<double>(t.size());
+
+  TokenizerBenchReport report;
+  std::vector<uint64_t> checksums;  // of our ids, per load, compared with Hugging Face's
+  const std::vector<std::string> long_load = {long_prompt};
+  for (const std::vector<std::string>* load : {&std::as_const(texts), &long_load}) {
+    std::vector<double> times;
+    int64_t tokens = 0;
+    uint64_t checksum = 0;
+    for (int rep = 0; rep < options.repetitions; ++rep) {
+      tokens = 0;
+      const double start = NowSeconds();
+      for (const std::string& t : *load) {
+        auto ids = tokenizer.Encode(t);
+        if (!ids.ok()) return ids.status();
+        tokens += static_cast<int64_t>(ids->size());
+      }
+      times.push_back(NowSeconds() - start);
+    }
+    for (const std::string& t : *load)  // untimed: the ids compared with Hugging Face's
+      for (int32_t id : tokenizer.Encode(t).value())
+        checksum = checksum * 1000003u + static_cast<uint64_t>(id);
+    checksums.push_back(checksum);
+    const Timing timing = Summarize(times);
+    const bool corpus = load == &texts;
+    report.rows.push_back({corpus ? "corpus" : "long-prompt", "switchyard",
+                           corpus ? corpus_bytes : static_cast<double>(long_prompt.size()), tokens,
+                           timing.median, timing.min, timing.max});
+  }
+
+  if (options.hf_python.empty() || !std::filesystem::exists(options.hf_python)) {
+    report.hf_note = options.hf_python.empty()
+                         ? "no --hf-python given"
+                         : options.hf_python + " not found (tools/tokenizer/make_tokenizer_fixtures.sh "
+                                               "makes .venv-tokenizer)";
+  } else {
+    const std::string scratch =
+        (std::filesystem::temp_directory_path() / ("sy-bench-tok-" + std::to_string(::getpid())))
+            .string();
+    std::filesystem::create_directories(scratch);
+    std::ofstream(scratch + "/bench.py") << kHfScript;
+    std::ofstream(scratch + "/long.txt", std::ios::binary) << long_prompt;
+    std::string file = options.tokenizer;
+    if (std::filesystem::is_directory(file)) file += "/tokenizer.json";
+    const std::string command =
+        "RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false " + ShellQuote(options.hf_python) + " " +
+        ShellQuote(scratch + "/bench.py") + " " + ShellQuote(file) + " " +
+        ShellQuote(options.corpus) + " " + ShellQuote(scratch + "/long.txt") + " " +
+        std::to_string(options.repetitions);
+    FILE* pipe = ::popen(command.c_str(), "r");
+    std::string output = pipe ? ReadAll(pipe).value() : "";
+    const int status = pipe ? ::pclose(pipe) : -1;
+    std::filesystem::remove_all(scratch);
+    json hf = json::parse(output, nullptr, false);
+    if (status != 0 || !hf.is_object())
+      return Status::Errorf("the Hugging Face side failed (exit {}): {}", status, output);
+    for (const char* name : {"corpus", "long-prompt"}) {
+      const Timing timing = Summarize(hf[name]["times"].get<std::vector<double>>());
+      const int64_t tokens = hf[name]["tokens"].get<int64_t>();
+      const bool corpus = std::string(name) == "corpus";
+      const TokenizerBenchRow& ours = report.rows[corpus ? 0 : 1];
+      report.ids_match = report.ids_match && tokens == ours.tokens &&
+                         hf[name]["checksum"].get<uint64_t>() == checksums[corpus ? 0 : 1];
+      report.rows.push_back({name, "hf-tokenizers " + hf["version"].get<std::string>(), ours.bytes,
+                             tokens, timing.median, timing.min, timing.max});
+    }
+  }
+
+  if (!options.model.empty()) {
+    SY_ASSIGN_OR_RETURN(report.prefill_tokens_per_second, PrefillRate(options.model));
+    SY_ASSIGN_OR_RETURN(Tokenizer model_tokenizer, Tokenizer::Load(options.model));
+    SY_ASSIGN_OR_RETURN(std::vector<int32_t> ids, model_tokenizer.Encode(long_prompt));
+    report.model_prompt_tokens = static_cast<int64_t>(ids.size());
+  }
+  return report;
+}
+
+std::string TokenizerReportTable(const TokenizerBenchReport& report) {
+  std::string out = fmt::format("{:<12} {:<22} {:>10} {:>9} {:>10} {:>9} {:>9}\n", "load",
+                                "engine", "MB", "tokens", "median ms", "MB/s", "vs HF");
+  for (const auto& row : report.rows) {
+    double ratio = 0;
+    for (const auto& other : report.rows)
+      if (other.workload == row.workload && other.engine != "switchyard")
+        ratio = other.median_seconds / row.median_seconds;
+    out += fmt::format("{:<12} {:<22} {:>10.3f} {:>9} {:>10.2f} {:>9.2f} {:>9}\n", row.workload,
+                       row.engine, row.bytes / 1e6, row.tokens, row.median_seconds * 1e3,
+                       row.MegabytesPerSecond(),
+                       row.engine == "switchyard" && ratio > 0 ? fmt::format("{:.2f}x", ratio)
+                                                               : std::string("-"));
+  }
+  if (!report.hf_note.empty()) out += "no Hugging Face row: " + report.hf_note + "\n";
+  if (report.rows.size() > 2)
+    out += fmt::format("ids {} Hugging Face's (count and checksum)\n",
+                       report.ids_match ? "equal" : "DIFFER from");
+  if (report.prefill_tokens_per_second > 0) {
+    const double encode = report.rows[1].median_seconds;
+    const double prefill = report.model_prompt_tokens / report.prefill_tokens_per_second;
+    out += fmt::format(
+        "long prompt: encode {:.1f} ms; its {} tokens at the model's measured prefill rate "
+        "({:.0f} tok/s at 2,048 tokens; a lower bound, attention grows with length) take at "
+        "least {:.1f} s: encode = {:.5f} of prefill\n",
+        encode * 1e3, report.model_prompt_tokens, report.prefill_tokens_per_second, prefill,
+        encode / prefill);
+  }
+  return out;
+}
+
+std::string TokenizerReportJson(const TokenizerBenchReport& report) {
+  json rows = json::array();
+  for (const auto& row : report.rows)
+    rows.push_back({{"workload", row.workload},
+                    {"engine", row.engine},
+                    {"bytes", row.bytes},
+                    {"tokens", row.tokens},
+                    {"median_seconds", row.median_seconds},
+                    {"min_seconds", row.min_seconds},
+                    {"max_seconds", row.max_seconds},
+                    {"megabytes_per_second", row.MegabytesPerSecond()}});
+  return json{{"rows", rows},
+              {"ids_match", report.ids_match},
+              {"hf_note", report.hf_note},
+              {"prefill_tokens_per_second", report.prefill_tokens_per_second},
+              {"model_prompt_tokens", report.model_prompt_tokens}}
+             .dump(2);
+}
+
+}  // namespace sy::bench
