@@ -129,9 +129,10 @@ Result<TokenizerBenchReport> BenchTokenizer(const TokenizerBenchOptions& options
       }
       times.push_back(NowSeconds() - start);
     }
-    for (const std::string& t : *load)  // untimed: the ids compared with Hugging Face's
-      for (int32_t id : tokenizer.Encode(t).value())
-        checksum = checksum * 1000003u + static_cast<uint64_t>(id);
+    for (const std::string& t : *load) {  // untimed: the ids compared with Hugging Face's
+      const std::vector<int32_t> ids = tokenizer.Encode(t).value();
+      for (int32_t id : ids) checksum = checksum * 1000003u + static_cast<uint64_t>(id);
+    }
     checksums.push_back(checksum);
     const Timing timing = Summarize(times);
     const bool corpus = load == &texts;
