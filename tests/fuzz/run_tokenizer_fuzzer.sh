@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the tokenizer / chat-template fuzzer with clang (libFuzzer + AddressSanitizer + UBSan)
+# and runs it for a bounded time. Usage: run_tokenizer_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
+set -euo pipefail
+src="$1"; build="$2"; seconds="${3:-30}"
+corpus="$build/tokenizer_corpus"
+mkdir -p "$corpus"
+clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -I "$src/src" \
+  -DSY_FUZZ_TOKENIZER="\"$src/configs/tokenizer/default/tokenizer.json\"" \
+  -DSY_FUZZ_TEMPLATES="\"$src/tests/fixtures/tokenizer/templates\"" \
+  "$src/tests/fuzz/tokenizer_fuzzer.cc" \
+  "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
+  "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
+  "$src/src/tokenizer/unicode.cc" \
+  $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt -o "$build/tokenizer_fuzzer"
+# Seeds: a small tokenizer.json (mode 0), corpus texts (1), ids (2), conversations (3).
+python3 - "$src" "$corpus" <<'PY'
+import json, pathlib, sys
+src, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+tok = json.loads((src / "configs/tokenizer/default/tokenizer.json").read_text(encoding="utf-8"))
+tok["model"]["merges"] = tok["model"]["merges"][:40]
+keep = set()
+for m in tok["model"]["merges"]:
+    a, b = m.split(" ") if isinstance(m, str) else m
+    keep |= {a, b, a + b}
+tok["model"]["vocab"] = {k: v for k, v in tok["model"]["vocab"].items() if v < 300 or k in keep}
+(out / "seed-tokenizer").write_bytes(b"\x00" + json.dumps(tok, ensure_ascii=False).encode())
+for i, line in enumerate((src / "tests/fixtures/tokenizer/corpus.jsonl").read_text(encoding="utf-8").splitlines()[:120]):
+    (out / f"seed-text-{i}").write_bytes(b"\x01" + json.loads(line)["text"].encode()[:2000])
+(out / "seed-ids").write_bytes(b"\x02" + b"".join(i.to_bytes(4, "little") for i in (0, 5, 300, 4095)))
+for i, case in enumerate(json.loads((src / "tests/fixtures/tokenizer/chat/conversations.json").read_text(encoding="utf-8"))):
+    (out / f"seed-chat-{i}").write_bytes(bytes([3 | 8]) + json.dumps(case["messages"]).encode())
+PY
+"$build/tokenizer_fuzzer" -max_total_time="$seconds" -max_len=16384 -timeout=10 -rss_limit_mb=4096 \
+  -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
