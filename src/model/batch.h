@@ -15,6 +15,9 @@ struct SequenceSlice {
   int64_t token_count = 0;     // query length this step
   int64_t start_position = 0;  // absolute position of the first token; equals cache->length
   SequenceCache* cache = nullptr;
+  // With LogitRows::kLast: logits for every token of this sequence, not only its last (prompt
+  // log-probabilities of a serving request).
+  bool all_logit_rows = false;
 };
 
 struct ForwardBatch {

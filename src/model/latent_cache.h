@@ -40,6 +40,18 @@ class LatentCache {
   void Truncate(SequenceCache& sequence, int64_t length);
   void Release(SequenceCache& sequence) { Truncate(sequence, 0); }
 
+  // Page-level use for an owner that shares pages between sequences (the serving engine's
+  // prefix cache): it takes pages itself and hands them back when no sequence uses them.
+  // TakePage returns -1 when the pool is empty.
+  int32_t TakePage() {
+    if (free_.empty()) return -1;
+    const int32_t page = free_.back();
+    free_.pop_back();
+    return page;
+  }
+  void ReturnPage(int32_t page) { free_.push_back(page); }
+  int64_t total_pages() const { return pages_; }
+
   // Stores the row for `position` (which must be reserved) in `layer`.
   void Write(int64_t layer, const SequenceCache& sequence, int64_t position, const float* row);
   // The sequence's rows of `layer` as the attention kernels read them, in place.

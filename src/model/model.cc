@@ -151,8 +151,12 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
     for (int64_t t = 0; t < T; ++t)
       rows.push_back(t);
   } else {
-    for (const auto& seq : batch.sequences)
+    for (const auto& seq : batch.sequences) {
+      if (seq.all_logit_rows)
+        for (int64_t t = seq.token_offset; t < seq.token_offset + seq.token_count - 1; ++t)
+          rows.push_back(t);
       rows.push_back(seq.token_offset + seq.token_count - 1);
+    }
   }
   const int64_t R = static_cast<int64_t>(rows.size());
   std::vector<float> final_rows(static_cast<size_t>(R * D));

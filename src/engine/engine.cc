@@ -1,0 +1,539 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "base/clock.h"
+
+namespace sy {
+
+void Histogram::Observe(double value) {
+  size_t i = 0;
+  while (i < bounds.size() && value > bounds[i]) ++i;
+  ++counts[i];
+  sum += value;
+  ++count;
+}
+
+namespace {
+
+std::vector<double> LatencyBounds() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+          2.5,   5.0,   7.5,  10,   20,   40,   80,   160, 640, 2560};
+}
+
+}  // namespace
+
+struct Engine::Sequence {
+  EngineRequest request;
+  std::shared_ptr<RequestStream> stream;
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int64_t prompt_length = 0;
+  int64_t computed = 0;         // tokens whose latent rows are in the cache
+  SequenceCache cache;          // pages (shared prefix pages first), length == computed
+  std::vector<uint64_t> page_hashes;  // chain hashes of the leading full pages
+  bool looked_up = false;       // prefix cache consulted since (re)admission
+  int64_t cached_tokens = 0;    // reported in usage: tokens the first admission found cached
+  bool first_admission = true;
+  bool sent_first = false;
+  PenaltyState penalties;
+  std::unique_ptr<IncrementalDetokenizer> detokenizer;
+  std::vector<std::optional<TokenLogprob>> prompt_logprobs;
+  double arrival = 0, last_token_time = 0;
+  bool aborted = false;
+  bool finished = false;
+
+  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_length; }
+  int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
+  bool wants_prompt_logprobs() const { return request.params.prompt_logprobs.has_value(); }
+};
+
+Engine::Engine(const Model& model, LatentCache& cache, const Tokenizer& tokenizer,
+               ForwardOptions forward_options, EngineConfig config)
+    : model_(model),
+      cache_(cache),
+      pool_(cache),
+      tokenizer_(tokenizer),
+      forward_options_(forward_options),
+      config_(config) {
+  max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len
+                                             : model.config().max_position_embeddings;
+  forward_options_.logit_rows = LogitRows::kLast;
+  metrics_.time_to_first_token = Histogram(LatencyBounds());
+  metrics_.inter_token_latency = Histogram(LatencyBounds());
+  metrics_.e2e_request_latency = Histogram(LatencyBounds());
+}
+
+Engine::~Engine() { Stop(false); }
+
+void Engine::Start() {
+  loop_ = std::thread([this] { Loop(); });
+  watchdog_ = std::thread([this] { Watchdog(); });
+}
+
+void Engine::Stop(bool drain) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) return;
+    stopping_ = true;
+    drain_ = drain;
+  }
+  wake_.notify_all();
+  if (loop_.joinable()) loop_.join();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopped_ = true;
+  }
+  wake_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+Result<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request, SubmitError* error) {
+  *error = SubmitError::kInvalid;
+  const int64_t vocab = model_.config().vocab_size;
+  if (request.prompt.empty()) return Status::Error("the prompt has no tokens");
+  for (size_t i = 0; i < request.prompt.size(); ++i)
+    if (request.prompt[i] < 0 || request.prompt[i] >= vocab)
+      return Status::Errorf("prompt token {} (position {}) is outside [0, {})", request.prompt[i],
+                            i, vocab);
+  SY_RETURN_IF_ERROR(request.params.Validate(vocab));
+  const int64_t length = static_cast<int64_t>(request.prompt.size()) + request.params.max_tokens;
+  if (length > max_model_len_)
+    return Status::Errorf(
+        "this model's maximum context length is {} tokens; the request asks for {} ({} in the "
+        "prompt, {} to generate)",
+        max_model_len_, length, request.prompt.size(), request.params.max_tokens);
+  const int64_t pages = (length + pool_.page_size() - 1) / pool_.page_size();
+  if (pages > pool_.total_pages())
+    return Status::Errorf(
+        "the request needs {} tokens of cache but the whole cache holds {} (raise --kv-cache-tokens)",
+        length, pool_.total_pages() * pool_.page_size());
+
+  auto seq = std::make_unique<Sequence>();
+  if (!request.params.seed) request.params.seed = std::random_device{}() * 0x100000001ull;
+  seq->tokens = request.prompt;
+  seq->prompt_length = static_cast<int64_t>(request.prompt.size());
+  seq->stream = std::make_shared<RequestStream>();
+  seq->detokenizer = std::make_unique<IncrementalDetokenizer>(
+      tokenizer_, request.params.stop, request.params.skip_special_tokens,
+      request.params.include_stop_str_in_output);
+  if (request.params.repetition_penalty != 1.0) {
+    seq->penalties.in_prompt.assign(static_cast<size_t>(vocab), 0);
+    for (int32_t t : request.prompt) seq->penalties.in_prompt[t] = 1;
+  }
+  seq->arrival = NowSeconds();
+  seq->request = std::move(request);
+  auto stream = seq->stream;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) {
+      *error = SubmitError::kStopping;
+      return Status::Error("the server is shutting down");
+    }
+    if (waiting_count_ >= config_.max_waiting) {
+      *error = SubmitError::kQueueFull;
+      return Status::Errorf("the waiting queue is full ({} requests)", config_.max_waiting);
+    }
+    ++waiting_count_;
+    incoming_.push_back(std::move(seq));
+  }
+  *error = SubmitError::kNone;
+  wake_.notify_all();
+  return stream;
+}
+
+void Engine::Abort(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aborts_.push_back(id);
+  }
+  wake_.notify_all();
+}
+
+void Engine::TakeIncoming() {
+  std::vector<std::string> aborts;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& seq : incoming_) waiting_.push_back(std::move(seq));
+    incoming_.clear();
+    aborts.swap(aborts_);
+  }
+  for (const std::string& id : aborts) {
+    for (auto& seq : running_)
+      if (seq->request.id == id) seq->aborted = true;
+    for (auto& seq : waiting_)
+      if (seq->request.id == id) seq->aborted = true;
+  }
+}
+
+bool Engine::EnsurePages(Sequence& seq, int64_t length) {
+  const int64_t needed = (length + pool_.page_size() - 1) / pool_.page_size();
+  std::vector<int32_t> taken;
+  while (static_cast<int64_t>(seq.cache.pages.size() + taken.size()) < needed) {
+    const int32_t page = pool_.Allocate();
+    if (page < 0) {
+      for (int32_t p : taken) pool_.Release(p);
+      return false;
+    }
+    taken.push_back(page);
+  }
+  seq.cache.pages.insert(seq.cache.pages.end(), taken.begin(), taken.end());
+  return true;
+}
+
+void Engine::FreePages(Sequence& seq) {
+  for (int32_t page : seq.cache.pages) pool_.Release(page);
+  seq.cache.pages.clear();
+  seq.cache.length = 0;
+  seq.computed = 0;
+  seq.page_hashes.clear();
+  seq.looked_up = false;
+}
+
+void Engine::Preempt(Sequence& seq) {
+  // Recompute later: the cache rows go, the tokens stay (prompt + generated become the prompt
+  // of the resumed computation; full pages may still be found in the prefix cache).
+  FreePages(seq);
+  std::lock_guard<std::mutex> lock(metrics_mutex_);
+  ++metrics_.preemptions_total;
+}
+
+void Engine::Finish(Sequence& seq, const std::string& reason, RequestEvent event) {
+  if (!seq.sent_first) {
+    event.first = true;
+    event.prompt_tokens = seq.prompt_length;
+    event.cached_tokens = seq.cached_tokens;
+    event.prompt_logprobs = std::move(seq.prompt_logprobs);
+    seq.sent_first = true;
+  }
+  event.finish_reason = reason;
+  seq.finished = true;
+  FreePages(seq);
+  const double now = NowSeconds();
+  {
+    std::lock_guard<std::mutex> lock(metrics_mutex_);
+    ++metrics_.finished_by_reason[reason];
+    metrics_.e2e_request_latency.Observe(now - seq.arrival);
+  }
+  seq.stream->Push(std::move(event));
+}
+
+void Engine::RegisterFullPages(Sequence& seq) {
+  const int64_t size = pool_.page_size();
+  while (static_cast<int64_t>(seq.page_hashes.size() + 1) * size <= seq.computed) {
+    const size_t index = seq.page_hashes.size();
+    const std::span<const int32_t> page_tokens(seq.tokens.data() + index * size, size);
+    const uint64_t hash =
+        PagePool::ChainHash(index == 0 ? 0 : seq.page_hashes.back(), page_tokens);
+    pool_.Register(seq.cache.pages[index], hash, page_tokens);
+    seq.page_hashes.push_back(hash);
+  }
+}
+
+void Engine::RecordPromptLogprobs(Sequence& seq, int64_t first, int64_t count, const float* rows) {
+  // Row r predicts the token at position first + r + 1.
+  const int64_t vocab = model_.config().vocab_size;
+  if (seq.prompt_logprobs.empty()) seq.prompt_logprobs.assign(1, std::nullopt);
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t position = first + r + 1;
+    if (position >= seq.prompt_length) break;
+    if (static_cast<int64_t>(seq.prompt_logprobs.size()) != position) continue;  // recomputed
+    scratch_.assign(rows + r * vocab, rows + (r + 1) * vocab);
+    LogSoftmaxInPlace(scratch_.data(), vocab);
+    TokenLogprob entry;
+    entry.token = seq.tokens[position];
+    entry.logprob = scratch_[entry.token];
+    const int64_t top = *seq.request.params.prompt_logprobs;
+    if (top > 0) entry.top = TopEntries(scratch_.data(), vocab, top);
+    seq.prompt_logprobs.push_back(std::move(entry));
+  }
+}
+
+void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, double now) {
+  const int64_t vocab = model_.config().vocab_size;
+  const SamplingParams& params = seq.request.params;
+  const int64_t first = seq.computed;
+  seq.computed += count;
+  seq.cache.length = seq.computed;
+  RegisterFullPages(seq);
+  const bool all_rows = seq.wants_prompt_logprobs() && first < seq.prompt_length;
+  if (all_rows) RecordPromptLogprobs(seq, first, count, rows);
+  if (seq.remaining() > 0) return;  // a prefill chunk with more to come
+
+  const float* last = rows + (all_rows ? count - 1 : 0) * vocab;
+  std::vector<int32_t> blocked;
+  if (seq.generated() < params.min_tokens) {
+    blocked = params.stop_token_ids;
+    if (!params.ignore_eos) blocked.push_back(static_cast<int32_t>(model_.config().eos_token_id));
+  }
+  RequestEvent event;
+  if (params.max_tokens > 0) {
+    SampledToken sampled =
+        SampleToken(last, vocab, params, seq.penalties, seq.generated(), blocked, scratch_);
+    const int32_t token = sampled.token;
+    seq.tokens.push_back(token);
+    ++seq.penalties.generated_counts[token];
+    if (!seq.penalties.in_prompt.empty()) seq.penalties.in_prompt[token] = 1;
+    event.token_ids.push_back(token);
+    if (params.logprobs) event.logprobs.push_back({token, sampled.logprob, std::move(sampled.top)});
+    {
+      std::lock_guard<std::mutex> lock(metrics_mutex_);
+      ++metrics_.generation_tokens_total;
+      if (seq.generated() == 1 && seq.first_admission)
+        metrics_.time_to_first_token.Observe(now - seq.arrival);
+      else if (seq.last_token_time > 0)
+        metrics_.inter_token_latency.Observe(now - seq.last_token_time);
+    }
+    seq.last_token_time = now;
+  }
+  bool stopped_by_string = false;
+  std::string reason;
+  if (!event.token_ids.empty()) {
+    const int32_t token = event.token_ids.back();
+    event.text = seq.detokenizer->Add(token, &stopped_by_string);
+    const bool eos = !params.ignore_eos && token == model_.config().eos_token_id;
+    const bool stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
+                                      token) != params.stop_token_ids.end();
+    if (eos || stop_token || stopped_by_string) reason = "stop";
+  }
+  if (reason.empty() && seq.generated() >= params.max_tokens) reason = "length";
+  if (!reason.empty()) {
+    if (!stopped_by_string) event.text += seq.detokenizer->Flush();
+    Finish(seq, reason, std::move(event));
+    return;
+  }
+  if (!seq.sent_first) {
+    event.first = true;
+    event.prompt_tokens = seq.prompt_length;
+    event.cached_tokens = seq.cached_tokens;
+    event.prompt_logprobs = std::move(seq.prompt_logprobs);
+    seq.prompt_logprobs.clear();
+    seq.sent_first = true;
+  }
+  seq.stream->Push(std::move(event));
+}
+
+bool Engine::StepOnce() {
+  TakeIncoming();
+  // Aborted requests leave first.
+  auto drop_aborted = [&](auto& list) {
+    for (auto it = list.begin(); it != list.end();) {
+      if ((*it)->aborted) {
+        Finish(**it, "abort", RequestEvent{});
+        it = list.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
+  drop_aborted(running_);
+  drop_aborted(waiting_);
+  bool stopping, drain;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping = stopping_;
+    drain = drain_;
+  }
+  if (stopping && !drain) {
+    for (auto& seq : running_) Finish(*seq, "abort", RequestEvent{});
+    for (auto& seq : waiting_) Finish(*seq, "abort", RequestEvent{});
+    running_.clear();
+    waiting_.clear();
+  }
+  if (running_.empty() && waiting_.empty()) {
+    PublishGauges();
+    return false;
+  }
+
+  // Schedule: running requests first (oldest first), preempting the newest when pages run out.
+  int64_t budget = config_.max_num_batched_tokens;
+  std::vector<std::pair<Sequence*, int64_t>> scheduled;
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence& seq = *running_[i];
+    const int64_t count = std::min(seq.remaining(), budget);
+    if (EnsurePages(seq, seq.computed + count)) {
+      scheduled.push_back({&seq, count});
+      budget -= count;
+      ++i;
+      continue;
+    }
+    // Preempt the newest running request (perhaps this one) and try again.
+    std::unique_ptr<Sequence> victim = std::move(running_.back());
+    running_.pop_back();
+    Preempt(*victim);
+    waiting_.push_front(std::move(victim));
+  }
+  // Then admissions in arrival order, while the budget, the sequence limit and pages allow.
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+    Sequence& seq = *waiting_.front();
+    if (!seq.looked_up) {
+      // The last token is always computed (its logits start generation), so at most the pages
+      // before it come from the cache.
+      const int64_t total = static_cast<int64_t>(seq.tokens.size());
+      const int64_t max_pages = (total - 1) / pool_.page_size();
+      seq.cache.pages = pool_.Match(seq.tokens, max_pages, &seq.page_hashes);
+      seq.computed = static_cast<int64_t>(seq.cache.pages.size()) * pool_.page_size();
+      seq.cache.length = seq.computed;
+      seq.looked_up = true;
+      // Prompt log-probabilities need every prompt row: those requests compute from the start.
+      if (seq.wants_prompt_logprobs() && seq.first_admission && seq.computed > 0) {
+        FreePages(seq);
+        seq.looked_up = true;
+      }
+    }
+    const int64_t count = std::min(seq.remaining(), budget);
+    if (!EnsurePages(seq, seq.computed + count)) {
+      // A waiting request holds no pages: the prefix it matched goes back (still cached) and
+      // is looked up again at its next try.
+      FreePages(seq);
+      if (running_.empty() && scheduled.empty()) {
+        // Nothing else holds pages; cached ones were evictable. Cannot happen for a request that
+        // passed Submit's size check, but never spin on it.
+        auto victim = std::move(waiting_.front());
+        waiting_.pop_front();
+        RequestEvent event;
+        event.error = "the request does not fit in the cache";
+        Finish(*victim, "error", std::move(event));
+      }
+      break;
+    }
+    if (seq.first_admission) {
+      seq.cached_tokens = seq.computed;
+      std::lock_guard<std::mutex> lock(metrics_mutex_);
+      metrics_.prefix_cache_queries_total += seq.prompt_length;
+      metrics_.prefix_cache_hits_total += seq.computed;
+      metrics_.prompt_tokens_total += seq.prompt_length;
+    }
+    seq.first_admission = false;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --waiting_count_;
+    }
+    scheduled.push_back({running_.back().get(), count});
+    budget -= count;
+  }
+  if (scheduled.empty()) return !running_.empty() || !waiting_.empty();
+
+  ForwardBatch batch;
+  for (auto& [seq, count] : scheduled) {
+    batch.Add(seq->tokens.data() + seq->computed, count, &seq->cache);
+    batch.sequences.back().all_logit_rows =
+        seq->wants_prompt_logprobs() && seq->computed < seq->prompt_length;
+  }
+  const double start = NowSeconds();
+  step_started_ = start;
+  busy_ = true;
+  Status status = model_.Forward(batch, cache_, forward_options_, &logits_);
+  const double now = NowSeconds();
+  busy_ = false;
+  last_step_end_ = now;
+  if (!status.ok()) {
+    // The batch was checked at submission; a failure here is a bug. Fail these requests loudly
+    // and keep serving the others.
+    std::fprintf(stderr, "switchyard: step failed: %s\n", status.message().c_str());
+    for (auto& [seq, count] : scheduled) seq->aborted = true;
+    for (auto it = running_.begin(); it != running_.end();) {
+      if ((*it)->aborted) {
+        RequestEvent event;
+        event.error = status.message();
+        Finish(**it, "error", std::move(event));
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return true;
+  }
+  const int64_t vocab = model_.config().vocab_size;
+  int64_t row = 0;
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    const auto [seq, count] = scheduled[i];
+    ProcessOutput(*seq, count, logits_.data() + row * vocab, now);
+    row += batch.sequences[i].all_logit_rows ? count : 1;
+  }
+  // Finished requests leave the running list.
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [](const std::unique_ptr<Sequence>& seq) { return seq->finished; }),
+                 running_.end());
+  {
+    std::lock_guard<std::mutex> lock(metrics_mutex_);
+    ++metrics_.steps_total;
+  }
+  PublishGauges();
+  return true;
+}
+
+void Engine::PublishGauges() {
+  int64_t queued = 0;
+  for (const auto& seq : running_)
+    queued += seq->remaining() + seq->request.params.max_tokens - seq->generated();
+  for (const auto& seq : waiting_)
+    queued += seq->remaining() + seq->request.params.max_tokens - seq->generated();
+  std::lock_guard<std::mutex> lock(mutex_);
+  running_count_ = static_cast<int64_t>(running_.size());
+  queued_tokens_ = queued;
+  used_pages_ = pool_.used_pages();
+  cached_pages_ = pool_.cached_pages();
+  free_pages_ = pool_.available_pages();
+}
+
+}  // namespace sy
+
+namespace sy {
+
+void Engine::Loop() {
+  while (true) {
+    bool worked = StepOnce();
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (stopping_ && running_.empty() && waiting_.empty() && incoming_.empty()) break;
+    if (!worked && incoming_.empty() && aborts_.empty() && !stopping_)
+      wake_.wait(lock, [&] { return !incoming_.empty() || !aborts_.empty() || stopping_; });
+  }
+}
+
+void Engine::Watchdog() {
+  // A step that does not complete within the limit marks the engine unhealthy (/health turns
+  // 503) and says so on stderr once; it recovers when steps complete again.
+  bool reported = false;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (wake_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopped_; })) return;
+    }
+    const bool stuck = busy_ && NowSeconds() - step_started_ > config_.step_timeout_seconds;
+    healthy_ = !stuck;
+    if (stuck && !reported) {
+      std::fprintf(stderr, "switchyard: watchdog: a step has run for %.0f s (limit %.0f s)\n",
+                   NowSeconds() - step_started_, config_.step_timeout_seconds);
+      reported = true;
+    }
+    if (!stuck) reported = false;
+  }
+}
+
+EngineMetrics Engine::Metrics() const {
+  EngineMetrics m;
+  {
+    std::lock_guard<std::mutex> lock(metrics_mutex_);
+    m = metrics_;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    m.waiting = waiting_count_;
+    m.running = running_count_;
+    m.queued_tokens = queued_tokens_;
+    m.used_pages = used_pages_;
+    m.cached_pages = cached_pages_;
+    m.free_pages = free_pages_;
+  }
+  m.total_pages = pool_.total_pages();
+  m.healthy = healthy_;
+  m.last_step_age_seconds = busy_ ? NowSeconds() - step_started_ : 0;
+  return m;
+}
+
+}  // namespace sy

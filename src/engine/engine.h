@@ -1,0 +1,138 @@
+// The serving engine: one model, its paged latent cache, and a step loop that batches requests
+// continuously. Each step runs one Model::Forward over a ragged batch of decode tokens of running
+// requests and prefill chunks of new ones, within a token budget: running requests first, then
+// admissions in arrival order, each only when the pages for its chunk can be had. When pages run
+// out the newest running request is preempted (its pages freed, recomputed later from prompt +
+// generated tokens). Full pages enter the prefix cache; a new request starts from the longest
+// cached run of its leading pages.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/detokenizer.h"
+#include "engine/page_pool.h"
+#include "engine/request.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace sy {
+
+struct EngineConfig {
+  int64_t max_num_seqs = 256;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_waiting = 4096;
+  int64_t max_model_len = 0;         // 0: the model's max_position_embeddings
+  double step_timeout_seconds = 120;  // the watchdog's limit for one step
+};
+
+struct Histogram {
+  std::vector<double> bounds;
+  std::vector<int64_t> counts;  // per bound (≤ bound), then +Inf
+  double sum = 0;
+  int64_t count = 0;
+  explicit Histogram(std::vector<double> b = {})
+      : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  void Observe(double value);
+};
+
+struct EngineMetrics {
+  int64_t running = 0, waiting = 0;
+  int64_t total_pages = 0, used_pages = 0, cached_pages = 0, free_pages = 0;
+  int64_t queued_tokens = 0;  // prompt tokens not yet computed plus tokens still to generate
+  int64_t prompt_tokens_total = 0, generation_tokens_total = 0, preemptions_total = 0;
+  int64_t prefix_cache_queries_total = 0, prefix_cache_hits_total = 0;  // in tokens
+  int64_t steps_total = 0;
+  std::map<std::string, int64_t> finished_by_reason;
+  Histogram time_to_first_token, inter_token_latency, e2e_request_latency;
+  double last_step_age_seconds = 0;  // since the last step completed (0 when idle)
+  bool healthy = true;
+};
+
+// Why Submit refused a request (the server maps it to a status code).
+enum class SubmitError { kNone, kInvalid, kQueueFull, kStopping };
+
+class Engine {
+ public:
+  Engine(const Model& model, LatentCache& cache, const Tokenizer& tokenizer,
+         ForwardOptions forward_options, EngineConfig config);
+  ~Engine();
+
+  void Start();
+  // Stops admitting; with drain, lets running and waiting requests finish first, else aborts
+  // them. Returns when the loop has ended.
+  void Stop(bool drain);
+
+  // Queues a request; on refusal `*error` says why and the message names the field.
+  Result<std::shared_ptr<RequestStream>> Submit(EngineRequest request, SubmitError* error);
+  // Aborts a request (a client hung up): its pages are freed at the next step.
+  void Abort(const std::string& id);
+
+  EngineMetrics Metrics() const;
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const ModelConfig& model_config() const { return model_.config(); }
+  int64_t max_model_len() const { return max_model_len_; }
+
+  // Runs one step synchronously (tests drive the engine without its thread). False when idle.
+  bool StepOnce();
+
+ private:
+  struct Sequence;
+  void Loop();
+  void Watchdog();
+  void TakeIncoming();
+  bool EnsurePages(Sequence& seq, int64_t length);
+  void FreePages(Sequence& seq);
+  void Preempt(Sequence& seq);
+  void Finish(Sequence& seq, const std::string& reason, RequestEvent event);
+  void RegisterFullPages(Sequence& seq);
+  void ProcessOutput(Sequence& seq, int64_t tokens, const float* rows, double now);
+  void PublishGauges();
+  void RecordPromptLogprobs(Sequence& seq, int64_t first, int64_t count, const float* rows);
+
+  const Model& model_;
+  LatentCache& cache_;
+  PagePool pool_;
+  const Tokenizer& tokenizer_;
+  ForwardOptions forward_options_;
+  EngineConfig config_;
+  int64_t max_model_len_;
+
+  // Shared with submitters.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Sequence>> incoming_;
+  std::vector<std::string> aborts_;
+  bool stopping_ = false, drain_ = false, stopped_ = false;
+  int64_t waiting_count_ = 0;  // incoming + waiting, for the queue limit
+  // Gauges the step loop publishes after each step.
+  int64_t running_count_ = 0, queued_tokens_ = 0, used_pages_ = 0, cached_pages_ = 0,
+          free_pages_ = 0;
+
+  // Owned by the step loop.
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<float> logits_;
+  std::vector<float> scratch_;
+
+  mutable std::mutex metrics_mutex_;
+  EngineMetrics metrics_;
+  std::atomic<double> last_step_end_{0};
+  std::atomic<double> step_started_{0};
+  std::atomic<bool> busy_{false};
+  std::atomic<bool> healthy_{true};
+
+  std::thread loop_, watchdog_;
+};
+
+}  // namespace sy

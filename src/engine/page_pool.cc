@@ -1,0 +1,75 @@
+#include "engine/page_pool.h"
+
+#include <xxhash.h>
+
+namespace sy {
+
+PagePool::PagePool(LatentCache& cache) : cache_(cache), pages_(cache.total_pages()) {}
+
+int32_t PagePool::Allocate() {
+  int32_t page = cache_.TakePage();
+  if (page < 0) {
+    if (lru_.empty()) return -1;
+    page = lru_.front();
+    Evict(page);
+    ++stats_.evictions;
+  }
+  pages_[page].refs = 1;
+  return page;
+}
+
+void PagePool::Evict(int32_t page) {
+  Page& p = pages_[page];
+  lru_.erase(p.lru_entry);
+  by_hash_.erase(p.hash);
+  p.cached = false;
+  p.tokens.clear();
+}
+
+void PagePool::Release(int32_t page) {
+  Page& p = pages_[page];
+  if (--p.refs > 0) return;
+  if (p.cached) {
+    p.lru_entry = lru_.insert(lru_.end(), page);
+  } else {
+    cache_.ReturnPage(page);
+  }
+}
+
+uint64_t PagePool::ChainHash(uint64_t previous, std::span<const int32_t> tokens) {
+  // The previous page's hash seeds this one: the chain covers every earlier token.
+  return XXH3_64bits_withSeed(tokens.data(), tokens.size_bytes(), previous);
+}
+
+std::vector<int32_t> PagePool::Match(std::span<const int32_t> tokens, int64_t max_pages,
+                                     std::vector<uint64_t>* hashes) {
+  std::vector<int32_t> found;
+  const int64_t size = page_size();
+  uint64_t hash = 0;
+  for (int64_t i = 0; i < max_pages && (i + 1) * size <= static_cast<int64_t>(tokens.size()); ++i) {
+    const auto page_tokens = tokens.subspan(i * size, size);
+    hash = ChainHash(hash, page_tokens);
+    ++stats_.queries;
+    auto it = by_hash_.find(hash);
+    if (it == by_hash_.end()) break;
+    Page& p = pages_[it->second];
+    if (!std::equal(p.tokens.begin(), p.tokens.end(), page_tokens.begin(), page_tokens.end()))
+      break;
+    ++stats_.hits;
+    if (p.refs++ == 0) lru_.erase(p.lru_entry);
+    found.push_back(it->second);
+    hashes->push_back(hash);
+  }
+  return found;
+}
+
+void PagePool::Register(int32_t page, uint64_t hash, std::span<const int32_t> tokens) {
+  Page& p = pages_[page];
+  if (p.cached || by_hash_.count(hash)) return;
+  p.cached = true;
+  p.hash = hash;
+  p.tokens.assign(tokens.begin(), tokens.end());
+  by_hash_[hash] = page;
+}
+
+}  // namespace sy

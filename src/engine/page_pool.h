@@ -1,0 +1,72 @@
+// The serving engine's view of the latent cache's pages: reference counts so that requests share
+// the pages of a common prefix, and the prefix cache itself — every full page keyed by a hash
+// chain over the token ids it and all earlier pages hold (the page's content is a function of
+// exactly those tokens). Unreferenced cached pages stay until space is needed and are then
+// evicted least recently used first. A lookup compares the stored token ids too, so a hash
+// collision can never hand out the wrong rows.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "model/latent_cache.h"
+
+namespace sy {
+
+class PagePool {
+ public:
+  explicit PagePool(LatentCache& cache);
+
+  int64_t page_size() const { return cache_.page_size(); }
+  int64_t total_pages() const { return cache_.total_pages(); }
+  // Pages a new allocation can get: free, or cached and unreferenced (evictable).
+  int64_t available_pages() const { return cache_.free_pages() + static_cast<int64_t>(lru_.size()); }
+  // Pages some request holds.
+  int64_t used_pages() const { return total_pages() - available_pages(); }
+  int64_t cached_pages() const { return static_cast<int64_t>(by_hash_.size()); }
+
+  // A fresh page with one reference, or -1 when none is available.
+  int32_t Allocate();
+  // Drops one reference; a page nobody holds goes back (to the LRU if cached, else free).
+  void Release(int32_t page);
+
+  // The hash of a page given the previous page's hash (0 for the first) and its token ids.
+  static uint64_t ChainHash(uint64_t previous, std::span<const int32_t> tokens);
+
+  // Leading full pages of `tokens` found in the cache, each with a reference taken; at most
+  // `max_pages`. hashes: the chain hashes of those pages (for registering later pages).
+  std::vector<int32_t> Match(std::span<const int32_t> tokens, int64_t max_pages,
+                             std::vector<uint64_t>* hashes);
+  // Records a now-full page under `hash` (no-op if that content is cached already).
+  void Register(int32_t page, uint64_t hash, std::span<const int32_t> tokens);
+
+  // The events a router mirrors: pages stored and evicted, by hash.
+  struct Stats {
+    int64_t queries = 0;       // prompt pages looked up
+    int64_t hits = 0;          // ... found
+    int64_t evictions = 0;
+  };
+  const Stats& stats() const { return stats_; }
+  int64_t reference_count(int32_t page) const { return pages_[page].refs; }
+
+ private:
+  struct Page {
+    int32_t refs = 0;
+    bool cached = false;
+    uint64_t hash = 0;
+    std::vector<int32_t> tokens;  // the page's token ids, when cached
+    std::list<int32_t>::iterator lru_entry;
+  };
+  void Evict(int32_t page);
+
+  LatentCache& cache_;
+  std::vector<Page> pages_;
+  std::unordered_map<uint64_t, int32_t> by_hash_;
+  std::list<int32_t> lru_;  // unreferenced cached pages, least recently used first
+  Stats stats_;
+};
+
+}  // namespace sy

@@ -1,0 +1,76 @@
+// What passes between the engine's step loop and whoever submitted a request: the request
+// itself, and a stream of events (tokens, text, log-probabilities, the finish) the step loop
+// appends to and the server drains. Appending never blocks on the reader: a slow client costs
+// memory for its own events, never step time.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/sampling.h"
+
+namespace sy {
+
+struct EngineRequest {
+  std::string id;
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+struct RequestEvent {
+  std::vector<int32_t> token_ids;
+  std::string text;  // the text delta these tokens complete
+  std::vector<TokenLogprob> logprobs;
+  std::optional<std::string> finish_reason;  // "stop", "length", "abort", "error"
+  std::string error;                         // with "error"
+  bool first = false;                        // carries the request's prompt facts below
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  std::vector<std::optional<TokenLogprob>> prompt_logprobs;  // when asked; first is none
+};
+
+class RequestStream {
+ public:
+  // Called (from the step loop) after events were added; must not block.
+  void SetNotifier(std::function<void()> notify) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    notify_ = std::move(notify);
+  }
+  void Push(RequestEvent event) {
+    std::function<void()> notify;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (event.finish_reason) finished_ = true;
+      events_.push_back(std::move(event));
+      notify = notify_;
+    }
+    if (notify) notify();
+  }
+  // Moves out what arrived; true once the finishing event has been taken.
+  bool Drain(std::vector<RequestEvent>* out) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& e : events_) out->push_back(std::move(e));
+    events_.clear();
+    return finished_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::deque<RequestEvent> events_;
+  std::function<void()> notify_;
+  bool finished_ = false;
+};
+
+}  // namespace sy

@@ -1,0 +1,161 @@
+#include "engine/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace sy {
+
+Status SamplingParams::Validate(int64_t vocab_size) const {
+  if (!(temperature >= 0) || temperature > 1e4)
+    return Status::Errorf("temperature must be in [0, 10000], got {}", temperature);
+  if (!(top_p > 0 && top_p <= 1)) return Status::Errorf("top_p must be in (0, 1], got {}", top_p);
+  if (top_k < -1) return Status::Errorf("top_k must be -1 (off) or at least 0, got {}", top_k);
+  if (!(min_p >= 0 && min_p <= 1)) return Status::Errorf("min_p must be in [0, 1], got {}", min_p);
+  if (!(presence_penalty >= -2 && presence_penalty <= 2))
+    return Status::Errorf("presence_penalty must be in [-2, 2], got {}", presence_penalty);
+  if (!(frequency_penalty >= -2 && frequency_penalty <= 2))
+    return Status::Errorf("frequency_penalty must be in [-2, 2], got {}", frequency_penalty);
+  if (!(repetition_penalty > 0 && repetition_penalty <= 10))
+    return Status::Errorf("repetition_penalty must be in (0, 10], got {}", repetition_penalty);
+  for (const auto& [token, bias] : logit_bias) {
+    if (token < 0 || token >= vocab_size)
+      return Status::Errorf("logit_bias: token id {} is outside [0, {})", token, vocab_size);
+    if (!(bias >= -100 && bias <= 100))
+      return Status::Errorf("logit_bias: bias {} for token {} is outside [-100, 100]", bias, token);
+  }
+  for (int32_t token : stop_token_ids)
+    if (token < 0 || token >= vocab_size)
+      return Status::Errorf("stop_token_ids: token id {} is outside [0, {})", token, vocab_size);
+  for (const auto& s : stop)
+    if (s.empty()) return Status::Error("stop: empty strings are not allowed");
+  if (stop.size() > 16) return Status::Errorf("stop: at most 16 strings, got {}", stop.size());
+  if (max_tokens < 0) return Status::Errorf("max_tokens must be at least 0, got {}", max_tokens);
+  if (min_tokens < 0 || min_tokens > max_tokens)
+    return Status::Errorf("min_tokens must be in [0, max_tokens = {}], got {}", max_tokens,
+                          min_tokens);
+  if (logprobs && (*logprobs < 0 || *logprobs > 20))
+    return Status::Errorf("logprobs must be in [0, 20], got {}", *logprobs);
+  if (prompt_logprobs && (*prompt_logprobs < 0 || *prompt_logprobs > 20))
+    return Status::Errorf("prompt_logprobs must be in [0, 20], got {}", *prompt_logprobs);
+  return Status::Ok();
+}
+
+void LogSoftmaxInPlace(float* row, int64_t size) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < size; ++i) max = std::max(max, row[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < size; ++i) sum += std::exp(static_cast<double>(row[i] - max));
+  const float log_sum = static_cast<float>(std::log(sum)) + max;
+  for (int64_t i = 0; i < size; ++i) row[i] -= log_sum;
+}
+
+std::vector<std::pair<int32_t, float>> TopEntries(const float* row, int64_t size, int64_t count) {
+  count = std::min(count, size);
+  std::vector<int32_t> ids(static_cast<size_t>(size));
+  std::iota(ids.begin(), ids.end(), 0);
+  auto better = [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
+  std::partial_sort(ids.begin(), ids.begin() + count, ids.end(), better);
+  std::vector<std::pair<int32_t, float>> out;
+  for (int64_t i = 0; i < count; ++i) out.push_back({ids[i], row[ids[i]]});
+  return out;
+}
+
+namespace {
+
+// A uniform double in [0, 1) from (seed, step): SplitMix64 of both, so a request's draws do not
+// depend on anything else in the batch.
+double UniformDraw(uint64_t seed, int64_t step) {
+  uint64_t z = seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step + 1));
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+}  // namespace
+
+SampledToken SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
+                         const PenaltyState& penalties, int64_t step,
+                         const std::vector<int32_t>& blocked_tokens, std::vector<float>& scratch) {
+  // Processed logits: penalties, bias, masks; then temperature and truncation.
+  scratch.assign(logits, logits + vocab);
+  float* x = scratch.data();
+  if (params.repetition_penalty != 1.0 && !penalties.in_prompt.empty()) {
+    const float r = static_cast<float>(params.repetition_penalty);
+    for (int64_t t = 0; t < vocab; ++t)
+      if (penalties.in_prompt[t]) x[t] = x[t] > 0 ? x[t] / r : x[t] * r;
+  }
+  for (const auto& [token, count] : penalties.generated_counts) {
+    x[token] -= static_cast<float>(params.frequency_penalty * static_cast<double>(count));
+    x[token] -= static_cast<float>(params.presence_penalty);
+  }
+  for (const auto& [token, bias] : params.logit_bias) x[token] += static_cast<float>(bias);
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  for (int32_t token : blocked_tokens) x[token] = minus_inf;
+
+  SampledToken out;
+  if (params.temperature == 0) {
+    out.token = static_cast<int32_t>(std::max_element(x, x + vocab) - x);
+  } else {
+    const float inv_t = static_cast<float>(1.0 / params.temperature);
+    for (int64_t t = 0; t < vocab; ++t) x[t] *= inv_t;
+    // Candidates sorted by processed logit, best first (ties: lower id), then truncated.
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    int64_t keep = vocab;
+    if (params.top_k > 0) keep = std::min(keep, params.top_k);
+    auto better = [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+    if (keep < vocab) {
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(), better);
+      order.resize(static_cast<size_t>(keep));
+    } else {
+      std::sort(order.begin(), order.end(), better);
+    }
+    const float top = x[order[0]];
+    std::vector<double> probs(order.size());
+    double sum = 0;
+    for (size_t i = 0; i < order.size(); ++i) sum += probs[i] = std::exp(double(x[order[i]] - top));
+    size_t cut = order.size();
+    if (params.min_p > 0) {  // relative to the most likely token
+      for (size_t i = 0; i < order.size(); ++i)
+        if (probs[i] < params.min_p * probs[0]) {
+          cut = std::max<size_t>(i, 1);
+          break;
+        }
+    }
+    if (params.top_p < 1) {  // smallest prefix whose mass reaches top_p
+      double mass = 0;
+      for (size_t i = 0; i < cut; ++i) {
+        mass += probs[i] / sum;
+        if (mass >= params.top_p) {
+          cut = i + 1;
+          break;
+        }
+      }
+    }
+    double kept = 0;
+    for (size_t i = 0; i < cut; ++i) kept += probs[i];
+    const uint64_t seed = params.seed.value_or(0x5EEDull);
+    double target = UniformDraw(seed, step) * kept;
+    out.token = order[cut - 1];
+    for (size_t i = 0; i < cut; ++i) {
+      target -= probs[i];
+      if (target < 0) {
+        out.token = order[i];
+        break;
+      }
+    }
+  }
+  // Log-probabilities of the model's own distribution.
+  if (params.logprobs) {
+    scratch.assign(logits, logits + vocab);
+    LogSoftmaxInPlace(scratch.data(), vocab);
+    out.logprob = scratch[out.token];
+    if (*params.logprobs > 0) out.top = TopEntries(scratch.data(), vocab, *params.logprobs);
+  }
+  return out;
+}
+
+}  // namespace sy

@@ -1,0 +1,67 @@
+// Per-request sampling: the parameters of OpenAI's and vLLM's APIs, and the sampler that turns one
+// row of logits into the next token. Reproducible for a given seed whatever else is in the batch:
+// the random draw for a request's k-th token depends only on (seed, k).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace sy {
+
+struct SamplingParams {
+  double temperature = 1.0;  // 0: greedy
+  double top_p = 1.0;
+  int64_t top_k = 0;  // 0 or -1: off
+  double min_p = 0.0;
+  std::optional<uint64_t> seed;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  double repetition_penalty = 1.0;
+  std::map<int32_t, double> logit_bias;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int64_t max_tokens = 16;
+  int64_t min_tokens = 0;
+  std::optional<int64_t> logprobs;         // top log-probabilities per generated token
+  std::optional<int64_t> prompt_logprobs;  // ... per prompt token
+  bool skip_special_tokens = true;
+  bool include_stop_str_in_output = false;
+
+  // Ranges as vLLM checks them; the message names the field.
+  Status Validate(int64_t vocab_size) const;
+};
+
+// One sampled token and what the request asked to know about it.
+struct SampledToken {
+  int32_t token = 0;
+  float logprob = 0;  // of the model's own distribution (before temperature and penalties)
+  std::vector<std::pair<int32_t, float>> top;  // the top `logprobs` alternatives, best first
+};
+
+// Log-softmax of a row of logits, in place.
+void LogSoftmaxInPlace(float* row, int64_t size);
+
+// The `count` largest entries of `row`, best first (ties: lower id first).
+std::vector<std::pair<int32_t, float>> TopEntries(const float* row, int64_t size, int64_t count);
+
+// Token counts a request has generated, for presence/frequency penalties; the prompt's token set
+// for the repetition penalty.
+struct PenaltyState {
+  std::map<int32_t, int64_t> generated_counts;
+  std::vector<uint8_t> in_prompt;  // [vocab] 1 where the prompt (or output) holds the token
+};
+
+// Picks the next token from `logits` (one row of `vocab` values, left unchanged).
+// `step` numbers the request's generated tokens from 0 (the random stream's position).
+// `eos_blocked`: min_tokens not reached yet, so end-of-sequence and stop tokens are masked.
+SampledToken SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
+                         const PenaltyState& penalties, int64_t step,
+                         const std::vector<int32_t>& blocked_tokens, std::vector<float>& scratch);
+
+}  // namespace sy

@@ -1,0 +1,292 @@
+// The serving engine against the model run directly: continuous batching, chunked prefill,
+// prefix reuse, preemption and sampling must not change what a request gets.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/engine.h"
+#include "kernels/cpu/fast_linear.h"
+#include "model/synthetic.h"
+#include "test_support.h"
+#include "tokenizer/embedded_tokenizers.h"
+
+namespace sy {
+namespace {
+
+struct Setup {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+const Setup& DefaultModel() {
+  static Setup setup = [] {
+    // The engine is compared with each request run alone, so the kernels must give a row the
+    // same result whatever the batch (the bf16 GEMM for big batches and split-K for small ones
+    // would change rounding, and the random model's routing amplifies it).
+    kernels::GlobalKernelOptions().allow_bf16_gemm = false;
+    kernels::SplitKEnabled() = false;
+    Setup s;
+    const std::string dir = testing::TempDirectory("engine_model");
+    EXPECT_TRUE(WriteSyntheticCheckpoint(DefaultModelConfig(), dir).ok());
+    EXPECT_TRUE(WriteEmbeddedTokenizer("default", dir).ok());
+    auto model = Model::Load(dir);
+    EXPECT_TRUE(model.ok()) << model.status().message();
+    s.model = std::move(model).value();
+    auto tokenizer = Tokenizer::Load(dir);
+    EXPECT_TRUE(tokenizer.ok());
+    s.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer).value());
+    return s;
+  }();
+  return setup;
+}
+
+// Greedy tokens of one prompt decoded alone, straight through Model::Forward.
+std::vector<int32_t> GreedyAlone(const std::vector<int32_t>& prompt, int64_t count) {
+  const Model& model = *DefaultModel().model;
+  LatentCache cache = model.NewCache(static_cast<int64_t>(prompt.size()) + count, 1, DType::kF32);
+  SequenceCache seq;
+  ForwardOptions options;
+  options.logit_rows = LogitRows::kLast;
+  std::vector<float> logits;
+  std::vector<int32_t> out;
+  std::vector<int32_t> next = prompt;
+  const int64_t vocab = model.config().vocab_size;
+  for (int64_t i = 0; i < count; ++i) {
+    ForwardBatch batch;
+    batch.Add(next.data(), static_cast<int64_t>(next.size()), &seq);
+    EXPECT_TRUE(model.Forward(batch, cache, options, &logits).ok());
+    const int32_t token = static_cast<int32_t>(
+        std::max_element(logits.begin(), logits.begin() + vocab) - logits.begin());
+    out.push_back(token);
+    next = {token};
+  }
+  return out;
+}
+
+std::vector<int32_t> Prompt(int64_t length, int32_t salt) {
+  std::vector<int32_t> p(static_cast<size_t>(length));
+  for (int64_t i = 0; i < length; ++i) p[i] = static_cast<int32_t>((i * 37 + salt * 101 + 5) % 4000 + 20);
+  return p;
+}
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::string finish;
+  int64_t prompt_tokens = -1, cached_tokens = -1;
+  std::vector<std::optional<TokenLogprob>> prompt_logprobs;
+  std::vector<TokenLogprob> logprobs;
+};
+
+Collected Collect(RequestStream& stream) {
+  Collected c;
+  std::vector<RequestEvent> events;
+  stream.Drain(&events);
+  for (auto& e : events) {
+    c.tokens.insert(c.tokens.end(), e.token_ids.begin(), e.token_ids.end());
+    c.text += e.text;
+    for (auto& l : e.logprobs) c.logprobs.push_back(l);
+    if (e.first) {
+      c.prompt_tokens = e.prompt_tokens;
+      c.cached_tokens = e.cached_tokens;
+      c.prompt_logprobs = e.prompt_logprobs;
+    }
+    if (e.finish_reason) c.finish = *e.finish_reason;
+  }
+  return c;
+}
+
+struct Harness {
+  LatentCache cache;
+  Engine engine;
+  Harness(int64_t cache_tokens, EngineConfig config)
+      : cache(DefaultModel().model->NewCache(cache_tokens, 1, DType::kF32)),
+        engine(*DefaultModel().model, cache, *DefaultModel().tokenizer, ForwardOptions{}, config) {}
+  std::shared_ptr<RequestStream> Submit(std::string id, std::vector<int32_t> prompt,
+                                        SamplingParams params) {
+    SubmitError error;
+    auto stream = engine.Submit({std::move(id), std::move(prompt), params}, &error);
+    EXPECT_TRUE(stream.ok()) << stream.status().message();
+    return stream.ok() ? stream.value() : nullptr;
+  }
+  void RunToIdle() {
+    for (int i = 0; i < 100000 && engine.StepOnce(); ++i) {
+    }
+  }
+};
+
+SamplingParams Greedy(int64_t max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+TEST(EngineTest, ContinuousBatchingMatchesEachRequestAlone) {
+  EngineConfig config;
+  config.max_num_batched_tokens = 48;  // prompts prefill in chunks, beside others' decode steps
+  Harness h(4096, config);
+  std::vector<std::vector<int32_t>> prompts = {Prompt(70, 1), Prompt(5, 2), Prompt(33, 3),
+                                               Prompt(120, 4)};
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    streams.push_back(h.Submit("r" + std::to_string(i), prompts[i], Greedy(12)));
+    h.engine.StepOnce();  // arrivals staggered across steps
+  }
+  h.RunToIdle();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Collected c = Collect(*streams[i]);
+    EXPECT_EQ(c.finish, "length");
+    EXPECT_EQ(c.prompt_tokens, static_cast<int64_t>(prompts[i].size()));
+    EXPECT_EQ(c.tokens, GreedyAlone(prompts[i], 12)) << "request " << i;
+  }
+  EXPECT_EQ(h.engine.Metrics().used_pages, 0);
+}
+
+TEST(EngineTest, PrefixHitGivesTheSameTokensAsAMiss) {
+  Harness h(4096, EngineConfig{});
+  std::vector<int32_t> shared = Prompt(80, 7);
+  std::vector<int32_t> a = shared, b = shared;
+  a.push_back(11);
+  b.insert(b.end(), {12, 13, 14});
+  auto first = h.Submit("a", a, Greedy(6));
+  h.RunToIdle();
+  auto second = h.Submit("b", b, Greedy(6));
+  h.RunToIdle();
+  Collected ca = Collect(*first), cb = Collect(*second);
+  EXPECT_EQ(ca.cached_tokens, 0);
+  EXPECT_EQ(cb.cached_tokens, 80);  // five full pages of 16
+  EXPECT_EQ(cb.tokens, GreedyAlone(b, 6));
+  auto metrics = h.engine.Metrics();
+  EXPECT_EQ(metrics.prefix_cache_hits_total, 80);
+  EXPECT_EQ(metrics.prefix_cache_queries_total, static_cast<int64_t>(a.size() + b.size()));
+  EXPECT_EQ(metrics.used_pages, 0);
+  EXPECT_GT(metrics.cached_pages, 0);
+}
+
+TEST(EngineTest, PreemptionUnderPagePressureLosesNothing) {
+  EngineConfig config;
+  config.max_num_batched_tokens = 256;
+  Harness h(16 * 14, config);  // 14 pages for 6 requests that need 4 or 5 each
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(Prompt(30 + i * 5, 20 + i));
+    streams.push_back(h.Submit("p" + std::to_string(i), prompts.back(), Greedy(30)));
+  }
+  h.RunToIdle();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Collected c = Collect(*streams[i]);
+    EXPECT_EQ(c.finish, "length");
+    EXPECT_EQ(c.tokens, GreedyAlone(prompts[i], 30)) << "request " << i;
+  }
+  auto metrics = h.engine.Metrics();
+  EXPECT_GT(metrics.preemptions_total, 0);
+  EXPECT_EQ(metrics.used_pages, 0);
+}
+
+TEST(EngineTest, SeededSamplingDoesNotDependOnTheBatch) {
+  SamplingParams params;
+  params.temperature = 0.9;
+  params.top_p = 0.9;
+  params.top_k = 50;
+  params.seed = 1234;
+  params.max_tokens = 10;
+  params.ignore_eos = true;
+  std::vector<int32_t> alone_tokens;
+  {
+    Harness h(4096, EngineConfig{});
+    auto s = h.Submit("alone", Prompt(20, 9), params);
+    h.RunToIdle();
+    alone_tokens = Collect(*s).tokens;
+  }
+  Harness h(4096, EngineConfig{});
+  std::vector<std::shared_ptr<RequestStream>> others;
+  for (int i = 0; i < 5; ++i) others.push_back(h.Submit("o" + std::to_string(i), Prompt(15, i), Greedy(8)));
+  auto s = h.Submit("crowd", Prompt(20, 9), params);
+  h.RunToIdle();
+  EXPECT_EQ(Collect(*s).tokens, alone_tokens);
+  params.seed = 99;
+  auto other_seed = h.Submit("seed99", Prompt(20, 9), params);
+  h.RunToIdle();
+  EXPECT_NE(Collect(*other_seed).tokens, alone_tokens);
+}
+
+TEST(EngineTest, PromptLogprobsAreTheLogSoftmaxOfTheLogits) {
+  const Model& model = *DefaultModel().model;
+  std::vector<int32_t> prompt = Prompt(40, 3);
+  LatentCache cache = model.NewCache(64, 1, DType::kF32);
+  SequenceCache seq;
+  ForwardBatch batch;
+  batch.Add(prompt.data(), static_cast<int64_t>(prompt.size()), &seq);
+  std::vector<float> logits;
+  ASSERT_TRUE(model.Forward(batch, cache, ForwardOptions{}, &logits).ok());
+  const int64_t vocab = model.config().vocab_size;
+
+  EngineConfig config;
+  config.max_num_batched_tokens = 16;  // prompt rows arrive over three chunks
+  Harness h(4096, config);
+  SamplingParams params = Greedy(1);
+  params.prompt_logprobs = 2;
+  params.logprobs = 1;
+  auto s = h.Submit("echo", prompt, params);
+  h.RunToIdle();
+  Collected c = Collect(*s);
+  ASSERT_EQ(c.prompt_logprobs.size(), prompt.size());
+  EXPECT_FALSE(c.prompt_logprobs[0].has_value());
+  for (size_t p = 1; p < prompt.size(); ++p) {
+    std::vector<float> row(logits.begin() + (p - 1) * vocab, logits.begin() + p * vocab);
+    LogSoftmaxInPlace(row.data(), vocab);
+    ASSERT_TRUE(c.prompt_logprobs[p].has_value());
+    EXPECT_NEAR(c.prompt_logprobs[p]->logprob, row[prompt[p]], 1e-4) << p;
+    EXPECT_EQ(c.prompt_logprobs[p]->top.size(), 2u);
+  }
+  ASSERT_EQ(c.logprobs.size(), 1u);
+  EXPECT_LE(c.logprobs[0].logprob, 0);
+}
+
+TEST(EngineTest, StopStringsAreNotReturnedAndAbortFreesPages) {
+  Harness h(4096, EngineConfig{});
+  // Find what greedy writes, then stop on a piece of it.
+  auto probe = h.Submit("probe", Prompt(10, 4), Greedy(20));
+  h.RunToIdle();
+  Collected full = Collect(*probe);
+  ASSERT_GE(full.text.size(), 12u);
+  const std::string stop = full.text.substr(6, 4);
+  SamplingParams params = Greedy(20);
+  params.stop = {stop};
+  auto stopped = h.Submit("stopped", Prompt(10, 4), params);
+  h.RunToIdle();
+  Collected c = Collect(*stopped);
+  EXPECT_EQ(c.finish, "stop");
+  EXPECT_EQ(c.text, full.text.substr(0, full.text.find(stop)));
+
+  auto long_one = h.Submit("long", Prompt(10, 5), Greedy(500));
+  for (int i = 0; i < 5; ++i) h.engine.StepOnce();
+  EXPECT_GT(h.engine.Metrics().used_pages, 0);
+  h.engine.Abort("long");
+  h.RunToIdle();
+  EXPECT_EQ(Collect(*long_one).finish, "abort");
+  EXPECT_EQ(h.engine.Metrics().used_pages, 0);
+}
+
+TEST(EngineTest, BadRequestsAreRefusedByField) {
+  Harness h(1024, EngineConfig{});
+  SubmitError error;
+  auto bad_token = h.engine.Submit({"x", {1, 5000}, Greedy(1)}, &error);
+  ASSERT_FALSE(bad_token.ok());
+  EXPECT_NE(bad_token.status().message().find("position 1"), std::string::npos);
+  SamplingParams params = Greedy(1);
+  params.top_p = 0;
+  auto bad_top_p = h.engine.Submit({"y", {1, 2}, params}, &error);
+  ASSERT_FALSE(bad_top_p.ok());
+  EXPECT_NE(bad_top_p.status().message().find("top_p"), std::string::npos);
+  auto too_long = h.engine.Submit({"z", {1, 2}, Greedy(5000)}, &error);
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.status().message().find("cache"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sy
