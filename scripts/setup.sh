@@ -7,9 +7,10 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 packages=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev          # the libFuzzer target of the test suite
-  libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libboost-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libhwy-dev libxxhash-dev
   openmpi-bin libopenmpi-dev iproute2
+  python3 python3-venv prometheus   # the server tests: a venv for the openai client; Prometheus
 )
 missing=()
 for p in "${packages[@]}"; do

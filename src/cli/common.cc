@@ -56,35 +56,10 @@ DType KvDTypeOrFail(const std::string& name) {
   FailVerb("--kv-dtype must be bf16 or f32, not '" + name + "'");
 }
 
-Result<std::vector<int32_t>> TextCodec::EncodePrompt(const std::string& text) const {
-  SY_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(text));
-  if (config.add_bos_token && bos_id) ids.insert(ids.begin(), *bos_id);
-  return ids;
-}
-
-Result<std::vector<int32_t>> TextCodec::EncodeChat(const std::string& user_message) const {
-  auto chat = ChatTemplate::Recognize(config.chat_template, config.bos_token);
-  if (!chat.ok()) return chat.status().WithContext(config.source);
-  nlohmann::json messages = nlohmann::json::array();
-  messages.push_back({{"role", "user"}, {"content", user_message}});
-  SY_ASSIGN_OR_RETURN(std::string prompt, chat->Render(messages, ChatOptions{}));
-  // The template writes BOS itself.
-  return tokenizer->Encode(prompt);
-}
-
 TextCodec LoadTextCodecOrFail(const std::string& directory, const std::string& tokenizer_path) {
-  TextCodec codec;
-  auto tokenizer = Tokenizer::Load(tokenizer_path.empty() ? directory : tokenizer_path);
-  if (!tokenizer.ok()) FailVerb(tokenizer.status().message());
-  codec.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer).value());
-  std::string config_directory = tokenizer_path.empty() ? directory : tokenizer_path;
-  if (!std::filesystem::is_directory(config_directory))
-    config_directory = std::filesystem::path(config_directory).parent_path().string();
-  auto config = LoadTokenizerConfig(config_directory.empty() ? "." : config_directory);
-  if (!config.ok()) FailVerb(config.status().message());
-  codec.config = std::move(config).value();
-  if (!codec.config.bos_token.empty()) codec.bos_id = codec.tokenizer->TokenToId(codec.config.bos_token);
-  return codec;
+  auto codec = TextCodec::Load(directory, tokenizer_path);
+  if (!codec.ok()) FailVerb(codec.status().message());
+  return std::move(codec).value();
 }
 
 }  // namespace sy

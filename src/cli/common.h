@@ -6,8 +6,7 @@
 #include <string>
 
 #include "model/model.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
+#include "tokenizer/text_codec.h"
 
 namespace sy {
 
@@ -20,18 +19,6 @@ std::unique_ptr<Model> LoadModelOrFail(const std::string& directory);
 
 // "bf16" or "f32".
 DType KvDTypeOrFail(const std::string& name);
-
-// A checkpoint's text interface: tokenizer.json, and tokenizer_config.json's chat template and
-// BOS when present.
-struct TextCodec {
-  std::unique_ptr<Tokenizer> tokenizer;
-  TokenizerConfig config;
-  std::optional<int32_t> bos_id;
-  // Plain text → prompt ids (BOS first when the tokenizer config asks for it).
-  Result<std::vector<int32_t>> EncodePrompt(const std::string& text) const;
-  // A single user message rendered through the chat template.
-  Result<std::vector<int32_t>> EncodeChat(const std::string& user_message) const;
-};
 
 // Loads the tokenizer of `directory` (or the file/directory `tokenizer_path` overrides it with);
 // fails the verb with the loader's message.

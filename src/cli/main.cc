@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   sy::AddPlanVerb(app);
   sy::AddBenchVerb(app);
   sy::AddTokenizeVerb(app);
+  sy::AddServeVerb(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -280,7 +280,7 @@ void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, doub
     {
       std::lock_guard<std::mutex> lock(metrics_mutex_);
       ++metrics_.generation_tokens_total;
-      if (seq.generated() == 1 && seq.first_admission)
+      if (seq.generated() == 1)
         metrics_.time_to_first_token.Observe(now - seq.arrival);
       else if (seq.last_token_time > 0)
         metrics_.inter_token_latency.Observe(now - seq.last_token_time);

@@ -1,0 +1,121 @@
+// switchyard serve: the engine behind the OpenAI-compatible HTTP server.
+#include <cstdio>
+
+#include "cli/common.h"
+#include "cli/parallel_setup.h"
+#include "cli/verbs.h"
+#include "engine/engine.h"
+#include "serve/http_server.h"
+
+namespace sy {
+namespace {
+
+struct ServeArgs {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;
+  int64_t max_num_seqs = 256;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t kv_cache_tokens = 0;
+  int64_t max_model_len = 0;
+  int64_t max_waiting = 4096;
+  std::string api_key;
+  std::string kv_dtype = "bf16";
+  int io_threads = 2;
+  double step_timeout = 120;
+  ParallelArgs parallel;
+};
+
+void RunServe(const ServeArgs& args) {
+  const std::string directory = ResolveModelDirectory(args.model);
+  TextCodec codec = LoadTextCodecOrFail(directory);
+  ParallelRun run = LoadParallel(directory, args.parallel);
+  if (run.comm->size() > 1)
+    FailEverywhere(*run.comm, "serve runs in one process so far (no mpirun)");
+  const Model& model = *run.model;
+  const ModelConfig& config = model.config();
+  if (codec.tokenizer->vocab_size() > config.vocab_size)
+    FailVerb(fmt::format("{}: the tokenizer has {} ids but the model's vocabulary is {}",
+                         codec.tokenizer->source(), codec.tokenizer->vocab_size(),
+                         config.vocab_size));
+  const DType kv_dtype = KvDTypeOrFail(args.kv_dtype);
+  // The cache: as asked, or 64 Ki tokens kept under 4 GiB.
+  int64_t cache_tokens = args.kv_cache_tokens;
+  const int64_t bytes_per_token =
+      config.num_hidden_layers * (config.kv_lora_rank + config.qk_rope_head_dim) *
+      static_cast<int64_t>(DTypeSize(kv_dtype));
+  if (cache_tokens == 0) cache_tokens = std::min<int64_t>(65536, (4ll << 30) / bytes_per_token);
+  LatentCache cache = model.NewCache(cache_tokens, 1, kv_dtype);
+  cache_tokens = cache.total_pages() * cache.page_size();
+
+  EngineConfig engine_config;
+  engine_config.max_num_seqs = args.max_num_seqs;
+  engine_config.max_num_batched_tokens = args.max_num_batched_tokens;
+  engine_config.max_waiting = args.max_waiting;
+  engine_config.step_timeout_seconds = args.step_timeout;
+  engine_config.max_model_len =
+      args.max_model_len > 0 ? args.max_model_len : config.max_position_embeddings;
+  if (engine_config.max_model_len > config.max_position_embeddings)
+    FailVerb(fmt::format("--max-model-len {} exceeds the model's {} positions",
+                         args.max_model_len, config.max_position_embeddings));
+  Engine engine(model, cache, *codec.tokenizer, run.Options(), engine_config);
+
+  serve::ServerOptions options;
+  options.host = args.host;
+  options.port = args.port;
+  options.api_key = args.api_key;
+  options.io_threads = args.io_threads;
+  options.limits.model_name = args.served_model_name.empty()
+                                  ? (args.model.empty() ? std::string("default") : args.model)
+                                  : args.served_model_name;
+  options.limits.max_model_len = engine_config.max_model_len;
+  options.limits.cache_tokens = cache_tokens;
+  serve::OpenAiServer server(engine, codec, options);
+  if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
+  engine.Start();
+  std::printf("switchyard: serving %s on http://%s:%d (cache %lld tokens in %s, chat template %s)\n",
+              options.limits.model_name.c_str(), args.host.c_str(), server.port(),
+              static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+              codec.chat ? std::string(codec.chat->name()).c_str() : "none");
+  std::fflush(stdout);
+  server.Run();
+  std::printf("switchyard: stopped\n");
+}
+
+}  // namespace
+
+void AddServeVerb(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* verb = app.add_subcommand("serve", "OpenAI-compatible server with continuous batching");
+  verb->add_option("--model", args->model, "Checkpoint directory (default: the embedded model)");
+  verb->add_option("--host", args->host, "Address to bind (default 127.0.0.1)");
+  verb->add_option("--port", args->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
+  verb->add_option("--served-model-name", args->served_model_name,
+                   "The model name clients use (default: the --model argument)");
+  verb->add_option("--max-num-seqs", args->max_num_seqs, "Requests in the running batch at most")
+      ->check(CLI::Range(1, 4096));
+  verb->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
+                   "Tokens one step computes at most (decode tokens + prefill chunks)")
+      ->check(CLI::Range(1, 1 << 20));
+  verb->add_option("--kv-cache-tokens", args->kv_cache_tokens,
+                   "Latent cache size in tokens (default: 65,536, at most 4 GiB)")
+      ->check(CLI::Range(int64_t{16}, int64_t{1} << 32));
+  verb->add_option("--max-model-len", args->max_model_len,
+                   "Longest prompt + output (default: the model's positions)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
+  verb->add_option("--max-waiting", args->max_waiting,
+                   "Queued requests before new ones get 503 (Retry-After)")
+      ->check(CLI::Range(1, 1 << 20));
+  verb->add_option("--api-key", args->api_key, "Require Authorization: Bearer KEY");
+  verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  verb->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
+  verb->add_option("--step-timeout", args->step_timeout,
+                   "Seconds one step may take before /health reports unhealthy")
+      ->check(CLI::Range(1.0, 1e6));
+  AddParallelOptions(verb, args->parallel);
+  verb->callback([args] { RunServe(*args); });
+}
+
+}  // namespace sy

@@ -1,0 +1,494 @@
+#include "serve/http_server.h"
+
+#include <sys/socket.h>
+
+#include <array>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <random>
+#include <thread>
+
+#include "serve/metrics.h"
+
+namespace sy::serve {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+namespace {
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string RandomId() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{:016x}{:016x}", rng(), rng());
+}
+
+}  // namespace
+
+class OpenAiServer::Impl {
+ public:
+  Impl(Engine& engine, const TextCodec& codec, ServerOptions options)
+      : engine_(engine),
+        codec_(codec),
+        options_(std::move(options)),
+        acceptor_(net::make_strand(io_)),
+        signals_(io_, SIGTERM, SIGINT) {}
+
+  Status Listen();
+  void Run();
+  void Shutdown();
+  int port() const { return port_; }
+
+  Engine& engine_;
+  const TextCodec& codec_;
+  ServerOptions options_;
+  net::io_context io_;
+  tcp::acceptor acceptor_;
+  net::signal_set signals_;
+  int port_ = 0;
+  std::atomic<int64_t> active_generations_{0};
+  std::atomic<bool> shutting_down_{false};
+  std::thread drainer_;
+
+ private:
+  void Accept();
+};
+
+namespace {
+
+using Response = http::response<http::string_body>;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, OpenAiServer::Impl& server)
+      : stream_(std::move(socket)), server_(server) {}
+
+  void Start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+  }
+
+ private:
+  struct Generation {
+    GenerationPlan plan;
+    std::string id;
+    int64_t created = 0;
+    std::vector<std::string> request_ids;
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    std::vector<ChoiceResult> results;
+    std::vector<bool> done, started;
+    bool keep_alive = true;
+    unsigned version = 11;
+  };
+
+  void Read() {
+    parser_.emplace();
+    parser_->body_limit(server_.options_.max_body_bytes);
+    parser_->header_limit(64 * 1024);
+    stream_.expires_after(std::chrono::minutes(10));  // idle keep-alive connections
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == net::error::eof ||
+        ec == net::error::connection_reset || ec == beast::error::timeout) {
+      return Close();
+    }
+    if (ec == http::error::body_limit) {
+      return SendError({413, fmt::format("the request body exceeds {} bytes",
+                                         server_.options_.max_body_bytes),
+                        "", "request_too_large"},
+                       11, false);
+    }
+    if (ec) return SendError({400, "malformed HTTP request: " + ec.message(), "", "bad_request"}, 11, false);
+    stream_.expires_never();
+    Handle(parser_->release());
+  }
+
+  void Handle(http::request<http::string_body> request) {
+    const std::string target(request.target());
+    const std::string path = target.substr(0, target.find('?'));
+    const bool keep_alive = request.keep_alive();
+    const unsigned version = request.version();
+    const bool get = request.method() == http::verb::get;
+    const bool post = request.method() == http::verb::post;
+    if (path == "/health" && get) {
+      const bool healthy = server_.engine_.Metrics().healthy && !server_.shutting_down_;
+      return Send(MakeResponse(healthy ? http::status::ok : http::status::service_unavailable, "",
+                               "text/plain", version, keep_alive));
+    }
+    if (path == "/metrics" && get) {
+      return Send(MakeResponse(http::status::ok,
+                               PrometheusText(server_.engine_.Metrics(),
+                                              server_.options_.limits.model_name),
+                               "text/plain; version=0.0.4; charset=utf-8", version, keep_alive));
+    }
+    if (!server_.options_.api_key.empty()) {
+      const auto auth = request[http::field::authorization];
+      if (auth != "Bearer " + server_.options_.api_key)
+        return SendError({401, "missing or wrong API key (Authorization: Bearer KEY)", "",
+                          "invalid_api_key"},
+                         version, keep_alive);
+    }
+    ApiError error;
+    if (path == "/v1/models" && get)
+      return Send(MakeResponse(http::status::ok,
+                               ModelsResponse(server_.options_.limits, UnixSeconds()),
+                               "application/json", version, keep_alive));
+    if (path == "/tokenize" && post) {
+      std::string body = TokenizeResponse(request.body(), server_.codec_, server_.options_.limits, &error);
+      if (body.empty()) return SendError(error, version, keep_alive);
+      return Send(MakeResponse(http::status::ok, body, "application/json", version, keep_alive));
+    }
+    if (path == "/detokenize" && post) {
+      std::string body = DetokenizeResponse(request.body(), server_.codec_, &error);
+      if (body.empty()) return SendError(error, version, keep_alive);
+      return Send(MakeResponse(http::status::ok, body, "application/json", version, keep_alive));
+    }
+    if ((path == "/v1/completions" || path == "/v1/chat/completions") && post) {
+      const Endpoint endpoint =
+          path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat;
+      ParsedRequest parsed = ParseGenerationRequest(endpoint, request.body(), server_.codec_,
+                                                    server_.options_.limits);
+      if (!parsed.plan) return SendError(parsed.error, version, keep_alive);
+      return StartGeneration(std::move(*parsed.plan), version, keep_alive);
+    }
+    const bool known = path == "/health" || path == "/metrics" || path == "/v1/models" ||
+                       path == "/tokenize" || path == "/detokenize" || path == "/v1/completions" ||
+                       path == "/v1/chat/completions";
+    if (known)
+      return SendError({405, fmt::format("{} does not accept {}", path,
+                                         std::string(request.method_string())),
+                        "", "method_not_allowed"},
+                       version, keep_alive);
+    SendError({404, fmt::format("no such endpoint: {}", path), "", "not_found"}, version, keep_alive);
+  }
+
+  static Response MakeResponse(http::status status, std::string body, const char* type,
+                               unsigned version, bool keep_alive) {
+    Response response{status, version};
+    response.set(http::field::server, "switchyard");
+    response.set(http::field::content_type, type);
+    response.keep_alive(keep_alive);
+    response.body() = std::move(body);
+    response.prepare_payload();
+    return response;
+  }
+
+  void SendError(const ApiError& error, unsigned version, bool keep_alive) {
+    Response response = MakeResponse(static_cast<http::status>(error.status), ErrorBody(error),
+                                     "application/json", version, keep_alive);
+    if (error.status == 503 || error.status == 429) response.set(http::field::retry_after, "1");
+    Send(std::move(response));
+  }
+
+  void Send(Response response) {
+    auto shared = std::make_shared<Response>(std::move(response));
+    const bool linger = shared->result() == http::status::payload_too_large;
+    http::async_write(stream_, *shared,
+                      [self = shared_from_this(), shared, linger](beast::error_code ec, size_t) {
+                        if (!ec && linger) return self->DrainAndClose(0);
+                        if (ec || !shared->keep_alive()) return self->Close();
+                        self->Read();
+                      });
+  }
+
+  // After refusing a body that is too large, read and drop what the client is still sending
+  // (up to a bound) so it can finish writing and read the refusal, then close.
+  void DrainAndClose(size_t drained) {
+    if (drained > (256u << 20)) return Close();
+    if (!drain_buffer_) drain_buffer_ = std::make_unique<std::array<char, 65536>>();
+    stream_.expires_after(std::chrono::seconds(10));
+    stream_.async_read_some(net::buffer(*drain_buffer_),
+                            [self = shared_from_this(), drained](beast::error_code ec, size_t n) {
+                              if (ec) return self->Close();
+                              self->DrainAndClose(drained + n);
+                            });
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.socket().close(ignored);
+  }
+
+  // ---- generation ----
+
+  void StartGeneration(GenerationPlan plan, unsigned version, bool keep_alive) {
+    auto g = std::make_shared<Generation>();
+    g->plan = std::move(plan);
+    g->id = (g->plan.endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + RandomId();
+    g->created = UnixSeconds();
+    g->keep_alive = keep_alive;
+    g->version = version;
+    const int64_t choices = g->plan.choices();
+    g->results.resize(choices);
+    g->done.assign(choices, false);
+    g->started.assign(choices, false);
+    for (int64_t i = 0; i < choices; ++i) {
+      EngineRequest request;
+      request.id = fmt::format("{}-{}", g->id, i);
+      request.prompt = g->plan.prompts[i / g->plan.n];
+      request.params = g->plan.params;
+      // Several samples of one seeded prompt draw from consecutive seeds.
+      if (request.params.seed && i % g->plan.n > 0) *request.params.seed += i % g->plan.n;
+      SubmitError why;
+      auto stream = server_.engine_.Submit(std::move(request), &why);
+      if (!stream.ok()) {
+        for (const std::string& id : g->request_ids) server_.engine_.Abort(id);
+        ApiError error{400, stream.status().message(), "", "invalid_value"};
+        if (why == SubmitError::kQueueFull) error = {503, stream.status().message(), "", "server_overloaded"};
+        if (why == SubmitError::kStopping) error = {503, stream.status().message(), "", "shutting_down"};
+        return SendError(error, version, keep_alive);
+      }
+      g->request_ids.push_back(fmt::format("{}-{}", g->id, i));
+      g->streams.push_back(stream.value());
+    }
+    generation_ = g;
+    ++server_.active_generations_;
+    std::weak_ptr<Session> weak = shared_from_this();
+    for (auto& stream : g->streams)
+      stream->SetNotifier([weak] {
+        if (auto self = weak.lock()) self->SchedulePump();
+      });
+    if (g->plan.stream) {
+      header_ = std::make_unique<http::response<http::empty_body>>(http::status::ok, version);
+      header_->set(http::field::server, "switchyard");
+      header_->set(http::field::content_type, "text/event-stream");
+      header_->set(http::field::cache_control, "no-cache");
+      header_->keep_alive(keep_alive);
+      header_->chunked(true);
+      serializer_ = std::make_unique<http::response_serializer<http::empty_body>>(*header_);
+      writing_ = true;
+      http::async_write_header(stream_, *serializer_,
+                               [self = shared_from_this()](beast::error_code ec, size_t) {
+                                 self->writing_ = false;
+                                 if (ec) return self->ClientGone();
+                                 self->FlushWrites();
+                               });
+    }
+    WatchForHangUp();
+    SchedulePump();
+  }
+
+  void SchedulePump() {
+    if (pump_pending_.exchange(true)) return;
+    net::post(stream_.get_executor(), [self = shared_from_this()] {
+      self->pump_pending_ = false;
+      self->Pump();
+    });
+  }
+
+  // A client that closes its connection mid-request has its requests aborted. The check polls
+  // (a peek every 100 ms) rather than waiting for readability: edge-triggered readiness can wake
+  // a wait with nothing to read. The pending timer also keeps the session alive while the
+  // engine works on its requests.
+  void WatchForHangUp() {
+    if (!hang_up_timer_) hang_up_timer_ = std::make_unique<net::steady_timer>(stream_.get_executor());
+    hang_up_timer_->expires_after(std::chrono::milliseconds(100));
+    hang_up_timer_->async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec || !self->generation_ || self->client_gone_) return;
+      char byte;
+      const ssize_t n = ::recv(self->stream_.socket().native_handle(), &byte, 1,
+                               MSG_PEEK | MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return self->ClientGone();
+      self->WatchForHangUp();
+    });
+  }
+
+  void ClientGone() {
+    client_gone_ = true;
+    if (generation_)
+      for (size_t i = 0; i < generation_->request_ids.size(); ++i)
+        if (!generation_->done[i]) server_.engine_.Abort(generation_->request_ids[i]);
+    SchedulePump();
+  }
+
+  void Pump() {
+    auto g = generation_;
+    if (!g) return;
+    std::vector<RequestEvent> events;
+    bool all_done = true;
+    for (size_t i = 0; i < g->streams.size(); ++i) {
+      events.clear();
+      g->streams[i]->Drain(&events);
+      ChoiceResult& r = g->results[i];
+      for (RequestEvent& e : events) {
+        r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
+        r.text += e.text;
+        for (auto& lp : e.logprobs) r.logprobs.push_back(lp);
+        if (e.first) {
+          r.prompt_tokens = e.prompt_tokens;
+          r.cached_tokens = e.cached_tokens;
+          r.prompt_logprobs = e.prompt_logprobs;
+        }
+        if (e.finish_reason) {
+          r.finish_reason = *e.finish_reason;
+          r.error = e.error;
+          g->done[i] = true;
+        }
+        if (g->plan.stream && !client_gone_) {
+          if (e.finish_reason && *e.finish_reason == "error") {
+            Queue(StreamError({500, "generation failed: " + e.error, "", "internal_error"}));
+          } else {
+            Queue(StreamChunk(g->plan, static_cast<int64_t>(i), e, r, !g->started[i], g->id,
+                              g->created, server_.codec_, server_.options_.limits));
+            g->started[i] = true;
+          }
+        }
+      }
+      all_done = all_done && g->done[i];
+    }
+    if (!all_done) {
+      if (g->plan.stream) FlushWrites();
+      return;
+    }
+    // Every choice has finished.
+    generation_.reset();
+    --server_.active_generations_;
+    if (client_gone_) return Close();
+    if (g->plan.stream) {
+      if (g->plan.include_usage)
+        Queue(StreamUsageChunk(g->plan, g->results, g->id, g->created, server_.options_.limits));
+      Queue(kStreamDone);
+      finishing_ = true;
+      keep_alive_after_stream_ = g->keep_alive;
+      return FlushWrites();
+    }
+    for (const ChoiceResult& r : g->results)
+      if (r.finish_reason == "error")
+        return SendError({500, "generation failed: " + r.error, "", "internal_error"}, g->version,
+                         g->keep_alive);
+    Send(MakeResponse(http::status::ok,
+                      ResponseBody(g->plan, g->results, g->id, g->created, server_.codec_,
+                                   server_.options_.limits),
+                      "application/json", g->version, g->keep_alive));
+  }
+
+  void Queue(std::string chunk) { pending_.push_back(std::make_shared<std::string>(std::move(chunk))); }
+
+  void FlushWrites() {
+    if (writing_ || client_gone_) return;
+    if (pending_.empty()) {
+      if (finishing_) {
+        finishing_ = false;
+        writing_ = true;
+        net::async_write(stream_, http::make_chunk_last(),
+                         [self = shared_from_this()](beast::error_code ec, size_t) {
+                           self->writing_ = false;
+                           if (ec || !self->keep_alive_after_stream_) return self->Close();
+                           self->serializer_.reset();
+                           self->header_.reset();
+                           self->Read();
+                         });
+      }
+      return;
+    }
+    // Everything queued goes out as one chunk.
+    auto data = std::make_shared<std::string>();
+    for (auto& piece : pending_) *data += *piece;
+    pending_.clear();
+    writing_ = true;
+    net::async_write(stream_, http::make_chunk(net::buffer(*data)),
+                     [self = shared_from_this(), data](beast::error_code ec, size_t) {
+                       self->writing_ = false;
+                       if (ec) return self->ClientGone();
+                       self->FlushWrites();
+                     });
+  }
+
+  beast::tcp_stream stream_;
+  OpenAiServer::Impl& server_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::shared_ptr<Generation> generation_;
+  std::unique_ptr<http::response<http::empty_body>> header_;
+  std::unique_ptr<http::response_serializer<http::empty_body>> serializer_;
+  std::deque<std::shared_ptr<std::string>> pending_;
+  std::atomic<bool> pump_pending_{false};
+  bool writing_ = false;
+  bool finishing_ = false;
+  bool keep_alive_after_stream_ = true;
+  bool client_gone_ = false;
+  std::unique_ptr<std::array<char, 65536>> drain_buffer_;
+  std::unique_ptr<net::steady_timer> hang_up_timer_;
+};
+
+}  // namespace
+
+Status OpenAiServer::Impl::Listen() {
+  beast::error_code ec;
+  const auto address = net::ip::make_address(options_.host, ec);
+  if (ec) return Status::Errorf("--host {}: not an IP address ({})", options_.host, ec.message());
+  const tcp::endpoint endpoint{address, static_cast<unsigned short>(options_.port)};
+  acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(endpoint, ec);
+  if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+  if (ec)
+    return Status::Errorf("cannot listen on {}:{}: {}", options_.host, options_.port, ec.message());
+  port_ = acceptor_.local_endpoint().port();
+  return Status::Ok();
+}
+
+void OpenAiServer::Impl::Accept() {
+  acceptor_.async_accept(net::make_strand(io_), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
+    } else {
+      std::make_shared<Session>(std::move(socket), *this)->Start();
+    }
+    Accept();
+  });
+}
+
+void OpenAiServer::Impl::Shutdown() {
+  if (shutting_down_.exchange(true)) return;
+  net::post(io_, [this] {
+    beast::error_code ignored;
+    acceptor_.close(ignored);
+    signals_.cancel(ignored);
+  });
+  // Running requests finish (their streams keep flowing), then the I/O threads stop; Run()
+  // joins this thread.
+  drainer_ = std::thread([this] {
+    engine_.Stop(/*drain=*/true);
+    for (int i = 0; i < 500 && active_generations_ > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // last writes drain
+    io_.stop();
+  });
+}
+
+void OpenAiServer::Impl::Run() {
+  signals_.async_wait([this](beast::error_code ec, int) {
+    if (!ec) Shutdown();
+  });
+  Accept();
+  std::vector<std::thread> threads;
+  for (int i = 1; i < std::max(1, options_.io_threads); ++i) threads.emplace_back([this] { io_.run(); });
+  io_.run();
+  for (auto& t : threads) t.join();
+  if (drainer_.joinable()) drainer_.join();
+}
+
+OpenAiServer::OpenAiServer(Engine& engine, const TextCodec& codec, ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, codec, std::move(options))) {}
+OpenAiServer::~OpenAiServer() = default;
+Status OpenAiServer::Listen() { return impl_->Listen(); }
+int OpenAiServer::port() const { return impl_->port(); }
+void OpenAiServer::Run() { impl_->Run(); }
+void OpenAiServer::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace sy::serve

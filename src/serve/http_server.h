@@ -1,0 +1,46 @@
+// The OpenAI-compatible HTTP front of an engine: /v1/completions and /v1/chat/completions
+// (JSON or server-sent events), /v1/models, /tokenize, /detokenize, /health, /metrics.
+// Boost.Beast over Asio (Debian's Boost): asynchronous connections on a small fixed pool of I/O
+// threads, so hundreds of open streams cost sockets and buffers, not threads; the engine's step
+// loop hands events over without waiting for any reader.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "serve/openai_api.h"
+#include "tokenizer/text_codec.h"
+
+namespace sy::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port
+  std::string api_key;
+  int io_threads = 2;
+  size_t max_body_bytes = 32u << 20;
+  ServingLimits limits;
+};
+
+class OpenAiServer {
+ public:
+  OpenAiServer(Engine& engine, const TextCodec& codec, ServerOptions options);
+  ~OpenAiServer();
+
+  // Binds and listens; an address in use is an error naming it.
+  Status Listen();
+  int port() const;
+  // Serves until SIGTERM or SIGINT (or Shutdown): then stops admitting, lets running requests
+  // finish, and returns.
+  void Run();
+  void Shutdown();
+
+  class Impl;  // the listener and its connections (http_server.cc)
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sy::serve

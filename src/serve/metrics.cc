@@ -1,0 +1,76 @@
+#include "serve/metrics.h"
+
+#include <fmt/format.h>
+
+namespace sy::serve {
+namespace {
+
+void Metric(std::string& out, const char* name, const char* type, const char* help,
+            const std::string& labels, double value) {
+  out += fmt::format("# HELP switchyard:{} {}\n# TYPE switchyard:{} {}\nswitchyard:{}{{{}}} {}\n",
+                     name, help, name, type, name, labels, value);
+}
+
+void HistogramText(std::string& out, const char* name, const char* help, const std::string& labels,
+                   const Histogram& h) {
+  out += fmt::format("# HELP switchyard:{} {}\n# TYPE switchyard:{} histogram\n", name, help, name);
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cumulative += h.counts[i];
+    out += fmt::format("switchyard:{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, h.bounds[i],
+                       cumulative);
+  }
+  cumulative += h.counts.back();
+  out += fmt::format("switchyard:{}_bucket{{{},le=\"+Inf\"}} {}\n", name, labels, cumulative);
+  out += fmt::format("switchyard:{}_sum{{{}}} {}\nswitchyard:{}_count{{{}}} {}\n", name, labels,
+                     h.sum, name, labels, h.count);
+}
+
+}  // namespace
+
+std::string PrometheusText(const EngineMetrics& m, const std::string& model_name) {
+  std::string escaped;
+  for (char c : model_name) {
+    if (c == '\\' || c == '"') escaped += '\\';
+    if (c == '\n') {
+      escaped += "\\n";
+      continue;
+    }
+    escaped += c;
+  }
+  const std::string labels = fmt::format("model_name=\"{}\"", escaped);
+  std::string out;
+  Metric(out, "num_requests_running", "gauge", "Requests in the running batch.", labels,
+         static_cast<double>(m.running));
+  Metric(out, "num_requests_waiting", "gauge", "Requests waiting to be admitted.", labels,
+         static_cast<double>(m.waiting));
+  Metric(out, "kv_cache_usage_perc", "gauge",
+         "Fraction of latent-cache pages held by requests (1 = full).", labels,
+         m.total_pages > 0 ? static_cast<double>(m.used_pages) / m.total_pages : 0.0);
+  Metric(out, "prompt_tokens_total", "counter", "Prompt tokens admitted.", labels,
+         static_cast<double>(m.prompt_tokens_total));
+  Metric(out, "generation_tokens_total", "counter", "Tokens generated.", labels,
+         static_cast<double>(m.generation_tokens_total));
+  out += "# HELP switchyard:request_success_total Requests finished, by reason.\n"
+         "# TYPE switchyard:request_success_total counter\n";
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    auto it = m.finished_by_reason.find(reason);
+    out += fmt::format("switchyard:request_success_total{{{},finished_reason=\"{}\"}} {}\n", labels,
+                       reason, it == m.finished_by_reason.end() ? 0 : it->second);
+  }
+  Metric(out, "num_preemptions_total", "counter", "Requests preempted for want of cache pages.",
+         labels, static_cast<double>(m.preemptions_total));
+  Metric(out, "prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+         labels, static_cast<double>(m.prefix_cache_queries_total));
+  Metric(out, "prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
+         labels, static_cast<double>(m.prefix_cache_hits_total));
+  HistogramText(out, "time_to_first_token_seconds", "Time to the first generated token.", labels,
+                m.time_to_first_token);
+  HistogramText(out, "inter_token_latency_seconds", "Time between generated tokens.", labels,
+                m.inter_token_latency);
+  HistogramText(out, "e2e_request_latency_seconds", "Time from arrival to the finish.", labels,
+                m.e2e_request_latency);
+  return out;
+}
+
+}  // namespace sy::serve

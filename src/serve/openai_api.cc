@@ -1,0 +1,646 @@
+#include "serve/openai_api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace sy::serve {
+namespace {
+
+using json = nlohmann::json;
+
+std::string ErrorType(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 404: return "not_found_error";
+    case 413: return "invalid_request_error";
+    case 429: return "rate_limit_error";
+    case 503: return "service_unavailable";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+ApiError Invalid(std::string param, std::string message) {
+  return {400, param.empty() ? message : param + ": " + message, param, "invalid_value"};
+}
+
+std::string Dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// Typed field readers: absent (or null) keeps the default; a wrong type or range is an error
+// naming the field.
+struct Reader {
+  const json& body;
+  std::optional<ApiError> error;
+
+  const json* Get(const char* key) {
+    auto it = body.find(key);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  }
+  void Fail(const char* key, const std::string& message) {
+    if (!error) error = Invalid(key, message);
+  }
+  void Number(const char* key, double* out, double lo, double hi) {
+    const json* v = Get(key);
+    if (!v) return;
+    if (!v->is_number()) return Fail(key, "must be a number");
+    const double x = v->get<double>();
+    if (!(x >= lo && x <= hi)) return Fail(key, fmt::format("must be in [{}, {}], got {}", lo, hi, x));
+    *out = x;
+  }
+  void Integer(const char* key, int64_t* out, int64_t lo, int64_t hi) {
+    const json* v = Get(key);
+    if (!v) return;
+    if (!v->is_number_integer()) return Fail(key, "must be an integer");
+    const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)
+                          ? INT64_MAX
+                          : v->get<int64_t>();
+    if (x < lo || x > hi) return Fail(key, fmt::format("must be in [{}, {}], got {}", lo, hi, x));
+    *out = x;
+  }
+  void Bool(const char* key, bool* out) {
+    const json* v = Get(key);
+    if (!v) return;
+    if (!v->is_boolean()) return Fail(key, "must be true or false");
+    *out = v->get<bool>();
+  }
+  void TokenList(const char* key, std::vector<int32_t>* out, int64_t vocab) {
+    const json* v = Get(key);
+    if (!v) return;
+    if (!v->is_array()) return Fail(key, "must be a list of token ids");
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& t = (*v)[i];
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
+        return Fail(key, fmt::format("[{}] is not a token id in [0, {})", i, vocab));
+      out->push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  }
+};
+
+// Fields both endpoints share: sampling and streaming.
+void ReadSampling(Reader& r, GenerationPlan& plan, int64_t vocab) {
+  SamplingParams& p = plan.params;
+  r.Number("temperature", &p.temperature, 0, 1e4);
+  r.Number("top_p", &p.top_p, 0, 1);
+  if (r.Get("top_p") && p.top_p == 0) r.Fail("top_p", "must be greater than 0");
+  r.Integer("top_k", &p.top_k, -1, vocab);
+  r.Number("min_p", &p.min_p, 0, 1);
+  r.Number("presence_penalty", &p.presence_penalty, -2, 2);
+  r.Number("frequency_penalty", &p.frequency_penalty, -2, 2);
+  r.Number("repetition_penalty", &p.repetition_penalty, 1e-6, 10);
+  int64_t seed = 0;
+  if (r.Get("seed")) {
+    r.Integer("seed", &seed, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+    p.seed = static_cast<uint64_t>(seed);
+  }
+  r.Bool("ignore_eos", &p.ignore_eos);
+  r.Integer("min_tokens", &p.min_tokens, 0, 1 << 30);
+  r.Bool("skip_special_tokens", &p.skip_special_tokens);
+  r.Bool("include_stop_str_in_output", &p.include_stop_str_in_output);
+  r.TokenList("stop_token_ids", &p.stop_token_ids, vocab);
+  if (const json* stop = r.Get("stop")) {
+    if (stop->is_string()) {
+      p.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const auto& s : *stop) {
+        if (!s.is_string()) return r.Fail("stop", "must be a string or a list of strings");
+        p.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      r.Fail("stop", "must be a string or a list of strings");
+    }
+    if (p.stop.size() > 16) r.Fail("stop", "at most 16 stop strings");
+    for (const auto& s : p.stop)
+      if (s.empty()) r.Fail("stop", "stop strings must not be empty");
+  }
+  if (const json* bias = r.Get("logit_bias")) {
+    if (!bias->is_object()) return r.Fail("logit_bias", "must be an object of token id → bias");
+    for (auto it = bias->begin(); it != bias->end(); ++it) {
+      int64_t id = -1;
+      try {
+        size_t used = 0;
+        id = std::stoll(it.key(), &used);
+        if (used != it.key().size()) id = -1;
+      } catch (...) {
+        id = -1;
+      }
+      if (id < 0 || id >= vocab)
+        return r.Fail("logit_bias", fmt::format("\"{}\" is not a token id in [0, {})", it.key(), vocab));
+      if (!it.value().is_number() || !(std::abs(it.value().get<double>()) <= 100))
+        return r.Fail("logit_bias", fmt::format("bias for {} must be a number in [-100, 100]", id));
+      p.logit_bias[static_cast<int32_t>(id)] = it.value().get<double>();
+    }
+  }
+  r.Integer("n", &plan.n, 1, 16);
+  if (const json* best_of = r.Get("best_of")) {
+    if (!best_of->is_number_integer() || best_of->get<int64_t>() != plan.n)
+      r.Fail("best_of", "only best_of equal to n is supported");
+  }
+  r.Bool("stream", &plan.stream);
+  if (const json* options = r.Get("stream_options")) {
+    if (!options->is_object()) return r.Fail("stream_options", "must be an object");
+    if (!plan.stream) return r.Fail("stream_options", "is only allowed with stream: true");
+    auto usage = options->find("include_usage");
+    if (usage != options->end() && !usage->is_null()) {
+      if (!usage->is_boolean()) return r.Fail("stream_options", "include_usage must be a boolean");
+      plan.include_usage = usage->get<bool>();
+    }
+  }
+}
+
+}  // namespace
+
+std::string ErrorBody(const ApiError& error) {
+  return Dump(json{{"error",
+                    {{"message", error.message},
+                     {"type", ErrorType(error.status)},
+                     {"param", error.param.empty() ? json(nullptr) : json(error.param)},
+                     {"code", error.code.empty() ? json(nullptr) : json(error.code)}}}});
+}
+
+ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
+                                     const TextCodec& codec, const ServingLimits& limits) {
+  ParsedRequest out;
+  json root = json::parse(body, nullptr, false);
+  if (root.is_discarded()) {
+    out.error = Invalid("", "the body is not valid JSON");
+    return out;
+  }
+  if (!root.is_object()) {
+    out.error = Invalid("", "the body must be a JSON object");
+    return out;
+  }
+  Reader r{root, std::nullopt};
+  GenerationPlan plan;
+  plan.endpoint = endpoint;
+  const int64_t vocab = codec.tokenizer->vocab_size();
+  if (const json* model = r.Get("model")) {
+    if (!model->is_string()) {
+      out.error = Invalid("model", "must be a string");
+      return out;
+    }
+    if (model->get<std::string>() != limits.model_name) {
+      out.error = {404, fmt::format("the model '{}' does not exist (this server serves '{}')",
+                                    model->get<std::string>(), limits.model_name),
+                   "model", "model_not_found"};
+      return out;
+    }
+  }
+  ReadSampling(r, plan, vocab);
+  bool max_given = false;
+  if (endpoint == Endpoint::kCompletions) {
+    plan.params.max_tokens = 16;
+    if (r.Get("max_tokens")) max_given = true;
+    r.Integer("max_tokens", &plan.params.max_tokens, 0, limits.max_model_len);
+    r.Bool("echo", &plan.echo);
+    int64_t logprobs = -1;
+    r.Integer("logprobs", &logprobs, 0, 20);
+    if (logprobs >= 0) plan.params.logprobs = logprobs;
+    if (r.Get("suffix")) r.Fail("suffix", "is not supported");
+    if (r.error) {
+      out.error = *r.error;
+      return out;
+    }
+    const json* prompt = r.Get("prompt");
+    if (!prompt) {
+      out.error = Invalid("prompt", "is required");
+      return out;
+    }
+    auto add_text = [&](const std::string& text) -> bool {
+      auto ids = codec.EncodePrompt(text);
+      if (!ids.ok()) {
+        out.error = Invalid("prompt", ids.status().message());
+        return false;
+      }
+      plan.prompts.push_back(std::move(ids).value());
+      plan.prompt_texts.push_back(text);
+      return true;
+    };
+    auto add_ids = [&](const json& list, const std::string& where) -> bool {
+      std::vector<int32_t> ids;
+      for (size_t i = 0; i < list.size(); ++i) {
+        const json& t = list[i];
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
+          out.error = Invalid("prompt", fmt::format("{}[{}] is not a token id in [0, {})", where, i, vocab));
+          return false;
+        }
+        ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
+      auto text = codec.tokenizer->Decode(ids);
+      plan.prompt_texts.push_back(text.ok() ? text.value() : "");
+      plan.prompts.push_back(std::move(ids));
+      return true;
+    };
+    if (prompt->is_string()) {
+      if (!add_text(prompt->get<std::string>())) return out;
+    } else if (prompt->is_array() && !prompt->empty()) {
+      const json& first = (*prompt)[0];
+      if (first.is_number_integer()) {
+        if (!add_ids(*prompt, "")) return out;
+      } else {
+        for (size_t i = 0; i < prompt->size(); ++i) {
+          const json& item = (*prompt)[i];
+          if (item.is_string()) {
+            if (!add_text(item.get<std::string>())) return out;
+          } else if (item.is_array()) {
+            if (!add_ids(item, fmt::format("[{}]", i))) return out;
+          } else {
+            out.error = Invalid("prompt", "must be a string, a list of strings, a list of token "
+                                          "ids, or a list of lists of token ids");
+            return out;
+          }
+        }
+      }
+    } else {
+      out.error = Invalid("prompt", "must be a non-empty string or list");
+      return out;
+    }
+    if (plan.echo && plan.params.logprobs) plan.params.prompt_logprobs = *plan.params.logprobs;
+  } else {
+    if (r.Get("max_tokens") || r.Get("max_completion_tokens")) max_given = true;
+    r.Integer("max_tokens", &plan.params.max_tokens, 0, limits.max_model_len);
+    r.Integer("max_completion_tokens", &plan.params.max_tokens, 0, limits.max_model_len);
+    r.Bool("logprobs", &plan.chat_logprobs);
+    int64_t top = 0;
+    r.Integer("top_logprobs", &top, 0, 20);
+    if (r.Get("top_logprobs") && !plan.chat_logprobs)
+      r.Fail("top_logprobs", "needs logprobs: true");
+    if (plan.chat_logprobs) plan.params.logprobs = top;
+    ChatOptions options;
+    r.Bool("add_generation_prompt", &options.add_generation_prompt);
+    if (const json* kwargs = r.Get("chat_template_kwargs")) {
+      if (!kwargs->is_object()) {
+        r.Fail("chat_template_kwargs", "must be an object");
+      } else {
+        for (const char* key : {"thinking", "enable_thinking"}) {
+          auto it = kwargs->find(key);
+          if (it != kwargs->end() && it->is_boolean()) options.thinking = it->get<bool>();
+        }
+      }
+    }
+    if (r.error) {
+      out.error = *r.error;
+      return out;
+    }
+    const json* messages = r.Get("messages");
+    if (!messages || !messages->is_array() || messages->empty()) {
+      out.error = Invalid("messages", "must be a non-empty list");
+      return out;
+    }
+    // Content given as parts is joined text (the DeepSeek templates take strings).
+    json flat = json::array();
+    for (size_t i = 0; i < messages->size(); ++i) {
+      const json& m = (*messages)[i];
+      const std::string where = fmt::format("messages[{}]", i);
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+        out.error = Invalid(where, "must be an object with a string \"role\"");
+        return out;
+      }
+      const std::string role = m["role"].get<std::string>();
+      if (role != "system" && role != "user" && role != "assistant" && role != "tool" &&
+          role != "developer") {
+        out.error = Invalid(where + ".role", fmt::format("unknown role '{}'", role));
+        return out;
+      }
+      json copy = m;
+      if (role == "developer") copy["role"] = "system";
+      auto content = m.find("content");
+      if (content != m.end() && content->is_array()) {
+        std::string text;
+        for (const auto& part : *content) {
+          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+              !part["text"].is_string()) {
+            out.error = Invalid(where + ".content", "only text parts are supported");
+            return out;
+          }
+          text += part["text"].get<std::string>();
+        }
+        copy["content"] = text;
+      } else if (content != m.end() && !content->is_string() && !content->is_null()) {
+        out.error = Invalid(where + ".content", "must be a string or a list of text parts");
+        return out;
+      } else if ((content == m.end() || content->is_null()) &&
+                 !(role == "assistant" && m.contains("tool_calls"))) {
+        out.error = Invalid(where + ".content", "is required");
+        return out;
+      }
+      flat.push_back(std::move(copy));
+    }
+    auto ids = codec.EncodeChat(flat, options);
+    if (!ids.ok()) {
+      out.error = Invalid("messages", ids.status().message());
+      return out;
+    }
+    plan.prompts.push_back(std::move(ids).value());
+    plan.prompt_texts.push_back("");
+  }
+  if (r.error) {
+    out.error = *r.error;
+    return out;
+  }
+  for (const auto& prompt : plan.prompts) {
+    if (prompt.empty()) {
+      out.error = Invalid("prompt", "the prompt has no tokens");
+      return out;
+    }
+    const int64_t room = std::min(limits.max_model_len, limits.cache_tokens) -
+                         static_cast<int64_t>(prompt.size());
+    if (!max_given) {
+      // Completions default to 16 tokens; chat to what the context leaves.
+      if (endpoint == Endpoint::kChat) plan.params.max_tokens = std::max<int64_t>(room, 0);
+      plan.params.max_tokens = std::min(plan.params.max_tokens, std::max<int64_t>(room, 0));
+    }
+    if (static_cast<int64_t>(prompt.size()) + plan.params.max_tokens > limits.max_model_len) {
+      out.error = Invalid(max_given ? "max_tokens" : "prompt",
+                          fmt::format("this model's maximum context length is {} tokens; the "
+                                      "request asks for {} ({} in the prompt, {} to generate)",
+                                      limits.max_model_len,
+                                      prompt.size() + plan.params.max_tokens, prompt.size(),
+                                      plan.params.max_tokens));
+      return out;
+    }
+    if (static_cast<int64_t>(prompt.size()) + plan.params.max_tokens > limits.cache_tokens) {
+      out.error = Invalid(max_given ? "max_tokens" : "prompt",
+                          fmt::format("the request needs {} tokens of cache but the server's "
+                                      "whole cache holds {}",
+                                      prompt.size() + plan.params.max_tokens, limits.cache_tokens));
+      return out;
+    }
+  }
+  if (plan.params.min_tokens > plan.params.max_tokens) {
+    out.error = Invalid("min_tokens", "must not exceed max_tokens");
+    return out;
+  }
+  if (Status s = plan.params.Validate(vocab); !s.ok()) {
+    out.error = Invalid("", s.message());
+    return out;
+  }
+  out.plan = std::move(plan);
+  return out;
+}
+
+namespace {
+
+std::string TokenText(const TextCodec& codec, int32_t token) {
+  const int32_t ids[1] = {token};
+  auto text = codec.tokenizer->Decode(ids);
+  return text.ok() ? text.value() : "";
+}
+
+json TokenBytes(const TextCodec& codec, int32_t token) {
+  json bytes = json::array();
+  for (unsigned char b : codec.tokenizer->TokenBytes(token)) bytes.push_back(b);
+  return bytes;
+}
+
+json ChatLogprobEntry(const TextCodec& codec, const TokenLogprob& lp) {
+  json top = json::array();
+  for (const auto& [t, l] : lp.top)
+    top.push_back({{"token", TokenText(codec, t)}, {"logprob", l}, {"bytes", TokenBytes(codec, t)}});
+  return {{"token", TokenText(codec, lp.token)},
+          {"logprob", lp.logprob},
+          {"bytes", TokenBytes(codec, lp.token)},
+          {"top_logprobs", top}};
+}
+
+// The legacy completions logprobs object for a run of tokens; `offset` starts text_offset.
+void AppendCompletionLogprobs(const TextCodec& codec, const std::optional<TokenLogprob>& lp,
+                              int32_t token, json& out, int64_t* offset) {
+  const std::string text = TokenText(codec, token);
+  out["tokens"].push_back(text);
+  out["text_offset"].push_back(*offset);
+  *offset += static_cast<int64_t>(text.size());
+  if (!lp) {
+    out["token_logprobs"].push_back(nullptr);
+    out["top_logprobs"].push_back(nullptr);
+    return;
+  }
+  out["token_logprobs"].push_back(lp->logprob);
+  json top = json::object();
+  for (const auto& [t, l] : lp->top) top[TokenText(codec, t)] = l;
+  out["top_logprobs"].push_back(top);
+}
+
+json Usage(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices) {
+  int64_t prompt = 0, completion = 0, cached = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    // Each prompt counts once however many samples it has.
+    if (static_cast<int64_t>(i) % plan.n == 0) {
+      prompt += choices[i].prompt_tokens;
+      cached += choices[i].cached_tokens;
+    }
+    completion += static_cast<int64_t>(choices[i].tokens.size());
+  }
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+json FinishReason(const ChoiceResult& c) {
+  if (c.finish_reason.empty()) return nullptr;
+  if (c.finish_reason == "error" || c.finish_reason == "abort") return "abort";
+  return c.finish_reason;
+}
+
+}  // namespace
+
+std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
+                         const std::string& id, int64_t created, const TextCodec& codec,
+                         const ServingLimits& limits) {
+  json out_choices = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceResult& c = choices[i];
+    const size_t prompt_index = i / static_cast<size_t>(plan.n);
+    if (plan.endpoint == Endpoint::kCompletions) {
+      std::string text = plan.echo ? plan.prompt_texts[prompt_index] + c.text : c.text;
+      json logprobs = nullptr;
+      if (plan.params.logprobs) {
+        logprobs = {{"tokens", json::array()},
+                    {"token_logprobs", json::array()},
+                    {"top_logprobs", json::array()},
+                    {"text_offset", json::array()}};
+        int64_t offset = 0;
+        if (plan.echo)
+          for (size_t p = 0; p < plan.prompts[prompt_index].size(); ++p)
+            AppendCompletionLogprobs(codec,
+                                     p < c.prompt_logprobs.size() ? c.prompt_logprobs[p]
+                                                                  : std::nullopt,
+                                     plan.prompts[prompt_index][p], logprobs, &offset);
+        for (size_t t = 0; t < c.tokens.size(); ++t)
+          AppendCompletionLogprobs(codec,
+                                   t < c.logprobs.size() ? std::optional(c.logprobs[t]) : std::nullopt,
+                                   c.tokens[t], logprobs, &offset);
+      }
+      out_choices.push_back({{"index", i},
+                             {"text", text},
+                             {"logprobs", logprobs},
+                             {"finish_reason", FinishReason(c)},
+                             {"stop_reason", nullptr}});
+    } else {
+      json logprobs = nullptr;
+      if (plan.chat_logprobs) {
+        json content = json::array();
+        for (const auto& lp : c.logprobs) content.push_back(ChatLogprobEntry(codec, lp));
+        logprobs = {{"content", content}};
+      }
+      out_choices.push_back({{"index", i},
+                             {"message", {{"role", "assistant"}, {"content", c.text}}},
+                             {"logprobs", logprobs},
+                             {"finish_reason", FinishReason(c)},
+                             {"stop_reason", nullptr}});
+    }
+  }
+  return Dump({{"id", id},
+               {"object", plan.endpoint == Endpoint::kCompletions ? "text_completion"
+                                                                  : "chat.completion"},
+               {"created", created},
+               {"model", limits.model_name},
+               {"choices", out_choices},
+               {"usage", Usage(plan, choices)}});
+}
+
+std::string StreamChunk(const GenerationPlan& plan, int64_t index, const RequestEvent& event,
+                        const ChoiceResult& so_far, bool first, const std::string& id,
+                        int64_t created, const TextCodec& codec, const ServingLimits& limits) {
+  json choice;
+  const size_t prompt_index = static_cast<size_t>(index / plan.n);
+  json finish = nullptr;
+  if (event.finish_reason) {
+    ChoiceResult c;
+    c.finish_reason = *event.finish_reason;
+    finish = FinishReason(c);
+  }
+  if (plan.endpoint == Endpoint::kCompletions) {
+    std::string text = event.text;
+    json logprobs = nullptr;
+    if (plan.params.logprobs) {
+      logprobs = {{"tokens", json::array()},
+                  {"token_logprobs", json::array()},
+                  {"top_logprobs", json::array()},
+                  {"text_offset", json::array()}};
+      int64_t offset = static_cast<int64_t>(so_far.text.size() - event.text.size());
+      if (plan.echo && first) {
+        offset = 0;
+        for (size_t p = 0; p < plan.prompts[prompt_index].size(); ++p)
+          AppendCompletionLogprobs(codec,
+                                   p < event.prompt_logprobs.size() ? event.prompt_logprobs[p]
+                                                                    : std::nullopt,
+                                   plan.prompts[prompt_index][p], logprobs, &offset);
+      }
+      if (plan.echo) offset += static_cast<int64_t>(plan.prompt_texts[prompt_index].size());
+      for (size_t t = 0; t < event.token_ids.size(); ++t)
+        AppendCompletionLogprobs(
+            codec, t < event.logprobs.size() ? std::optional(event.logprobs[t]) : std::nullopt,
+            event.token_ids[t], logprobs, &offset);
+    }
+    if (plan.echo && first) text = plan.prompt_texts[prompt_index] + text;
+    choice = {{"index", index},
+              {"text", text},
+              {"logprobs", logprobs},
+              {"finish_reason", finish},
+              {"stop_reason", nullptr}};
+  } else {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!event.text.empty() || !first) delta["content"] = event.text;
+    if (first && event.text.empty()) delta["content"] = "";
+    json logprobs = nullptr;
+    if (plan.chat_logprobs) {
+      json content = json::array();
+      for (const auto& lp : event.logprobs) content.push_back(ChatLogprobEntry(codec, lp));
+      logprobs = {{"content", content}};
+    }
+    choice = {{"index", index}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish}};
+  }
+  json chunk = {{"id", id},
+                {"object", plan.endpoint == Endpoint::kCompletions ? "text_completion"
+                                                                   : "chat.completion.chunk"},
+                {"created", created},
+                {"model", limits.model_name},
+                {"choices", json::array({choice})}};
+  if (plan.include_usage) chunk["usage"] = nullptr;
+  return "data: " + Dump(chunk) + "\n\n";
+}
+
+std::string StreamUsageChunk(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
+                             const std::string& id, int64_t created, const ServingLimits& limits) {
+  json chunk = {{"id", id},
+                {"object", plan.endpoint == Endpoint::kCompletions ? "text_completion"
+                                                                   : "chat.completion.chunk"},
+                {"created", created},
+                {"model", limits.model_name},
+                {"choices", json::array()},
+                {"usage", Usage(plan, choices)}};
+  return "data: " + Dump(chunk) + "\n\n";
+}
+
+std::string StreamError(const ApiError& error) { return "data: " + ErrorBody(error) + "\n\n"; }
+
+std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
+                             const ServingLimits& limits, ApiError* error) {
+  json root = json::parse(body, nullptr, false);
+  if (!root.is_object()) {
+    *error = Invalid("", "the body must be a JSON object");
+    return "";
+  }
+  bool add_special = true;
+  if (auto it = root.find("add_special_tokens"); it != root.end() && !it->is_null()) {
+    if (!it->is_boolean()) {
+      *error = Invalid("add_special_tokens", "must be true or false");
+      return "";
+    }
+    add_special = it->get<bool>();
+  }
+  Result<std::vector<int32_t>> ids = Status::Error("");
+  if (auto prompt = root.find("prompt"); prompt != root.end() && prompt->is_string()) {
+    ids = codec.EncodePrompt(prompt->get<std::string>(), add_special);
+  } else if (auto messages = root.find("messages"); messages != root.end() && messages->is_array()) {
+    ChatOptions options;
+    if (auto gen = root.find("add_generation_prompt"); gen != root.end() && gen->is_boolean())
+      options.add_generation_prompt = gen->get<bool>();
+    ids = codec.EncodeChat(*messages, options);
+  } else {
+    *error = Invalid("prompt", "give \"prompt\" (a string) or \"messages\" (a list)");
+    return "";
+  }
+  if (!ids.ok()) {
+    *error = Invalid("prompt", ids.status().message());
+    return "";
+  }
+  return Dump({{"count", ids->size()}, {"max_model_len", limits.max_model_len}, {"tokens", ids.value()}});
+}
+
+std::string DetokenizeResponse(const std::string& body, const TextCodec& codec, ApiError* error) {
+  json root = json::parse(body, nullptr, false);
+  if (!root.is_object() || !root.contains("tokens") || !root["tokens"].is_array()) {
+    *error = Invalid("tokens", "must be a list of token ids");
+    return "";
+  }
+  std::vector<int32_t> ids;
+  const auto& tokens = root["tokens"];
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (!tokens[i].is_number_integer() || tokens[i].get<int64_t>() < 0 ||
+        tokens[i].get<int64_t>() >= codec.tokenizer->vocab_size()) {
+      *error = Invalid("tokens", fmt::format("[{}] is not a token id in [0, {})", i,
+                                             codec.tokenizer->vocab_size()));
+      return "";
+    }
+    ids.push_back(static_cast<int32_t>(tokens[i].get<int64_t>()));
+  }
+  auto text = codec.tokenizer->Decode(ids);
+  return Dump({{"prompt", text.value()}});
+}
+
+std::string ModelsResponse(const ServingLimits& limits, int64_t created) {
+  return Dump({{"object", "list"},
+               {"data", json::array({{{"id", limits.model_name},
+                                      {"object", "model"},
+                                      {"created", created},
+                                      {"owned_by", "switchyard"},
+                                      {"root", limits.model_name},
+                                      {"max_model_len", limits.max_model_len}}})}});
+}
+
+}  // namespace sy::serve

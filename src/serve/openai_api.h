@@ -1,0 +1,96 @@
+// The OpenAI-compatible request and response shapes (with vLLM's extensions): parsing and
+// validating a request body into what the engine runs, and writing results back as JSON or
+// server-sent-event chunks. Pure functions of their inputs — the HTTP layer and the fuzzer both
+// call them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/request.h"
+#include "engine/sampling.h"
+#include "tokenizer/text_codec.h"
+
+namespace sy::serve {
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string param;  // the request field at fault, when there is one
+  std::string code;   // a short machine-readable reason
+};
+
+// {"error": {"message", "type", "param", "code"}} — OpenAI's shape.
+std::string ErrorBody(const ApiError& error);
+
+enum class Endpoint { kCompletions, kChat };
+
+// What the server knows when it validates a request.
+struct ServingLimits {
+  std::string model_name;
+  int64_t max_model_len = 0;
+  int64_t cache_tokens = 0;  // the whole latent cache, in tokens
+  int64_t max_n = 16;
+};
+
+// A validated generation request.
+struct GenerationPlan {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::vector<std::vector<int32_t>> prompts;  // completions may batch several prompts
+  std::vector<std::string> prompt_texts;      // what echo writes back
+  int64_t n = 1;
+  SamplingParams params;
+  bool stream = false;
+  bool include_usage = false;
+  bool echo = false;
+  bool chat_logprobs = false;  // chat: logprobs=true (top_logprobs in params.logprobs)
+  int64_t choices() const { return static_cast<int64_t>(prompts.size()) * n; }
+};
+
+struct ParsedRequest {
+  std::optional<GenerationPlan> plan;
+  ApiError error;
+};
+
+ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
+                                     const TextCodec& codec, const ServingLimits& limits);
+
+// What one choice came to.
+struct ChoiceResult {
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;
+  std::string finish_reason;
+  std::string error;
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  std::vector<std::optional<TokenLogprob>> prompt_logprobs;
+};
+
+// The whole response of a non-streaming request. `created`: seconds since the epoch.
+std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
+                         const std::string& id, int64_t created, const TextCodec& codec,
+                         const ServingLimits& limits);
+
+// One SSE "data: …\n\n" event for a streaming request: the delta of choice `index`.
+// `first`: the choice's first chunk (chat sends the role then; echo sends the prompt then).
+std::string StreamChunk(const GenerationPlan& plan, int64_t index, const RequestEvent& event,
+                        const ChoiceResult& so_far, bool first, const std::string& id,
+                        int64_t created, const TextCodec& codec, const ServingLimits& limits);
+// The closing usage chunk (stream_options.include_usage) and the terminator.
+std::string StreamUsageChunk(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
+                             const std::string& id, int64_t created, const ServingLimits& limits);
+std::string StreamError(const ApiError& error);
+constexpr const char* kStreamDone = "data: [DONE]\n\n";
+
+// /tokenize and /detokenize (vLLM's shapes); /v1/models.
+std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
+                             const ServingLimits& limits, ApiError* error);
+std::string DetokenizeResponse(const std::string& body, const TextCodec& codec, ApiError* error);
+std::string ModelsResponse(const ServingLimits& limits, int64_t created);
+
+}  // namespace sy::serve

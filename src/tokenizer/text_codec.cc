@@ -1,0 +1,56 @@
+#include "tokenizer/text_codec.h"
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+namespace sy {
+
+Result<TextCodec> TextCodec::Load(const std::string& directory, const std::string& tokenizer_path) {
+  TextCodec codec;
+  const std::string source = tokenizer_path.empty() ? directory : tokenizer_path;
+  SY_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(source));
+  codec.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer));
+  std::string config_directory = source;
+  std::error_code error;
+  if (!std::filesystem::is_directory(config_directory, error))
+    config_directory = std::filesystem::path(config_directory).parent_path().string();
+  SY_ASSIGN_OR_RETURN(codec.config,
+                      LoadTokenizerConfig(config_directory.empty() ? "." : config_directory));
+  if (!codec.config.bos_token.empty())
+    codec.bos_id = codec.tokenizer->TokenToId(codec.config.bos_token);
+  auto chat = ChatTemplate::Recognize(codec.config.chat_template, codec.config.bos_token);
+  if (chat.ok()) {
+    codec.chat = chat.value();
+  } else {
+    codec.chat_status = chat.status().WithContext(codec.config.source);
+  }
+  return codec;
+}
+
+Result<std::vector<int32_t>> TextCodec::EncodePrompt(const std::string& text,
+                                                     bool add_special_tokens) const {
+  SY_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(text));
+  if (add_special_tokens && config.add_bos_token && bos_id) ids.insert(ids.begin(), *bos_id);
+  return ids;
+}
+
+Result<std::string> TextCodec::RenderChat(const nlohmann::json& messages,
+                                          const ChatOptions& options) const {
+  if (!chat) return chat_status;
+  return chat->Render(messages, options);
+}
+
+Result<std::vector<int32_t>> TextCodec::EncodeChat(const nlohmann::json& messages,
+                                                   const ChatOptions& options) const {
+  SY_ASSIGN_OR_RETURN(std::string prompt, RenderChat(messages, options));
+  return tokenizer->Encode(prompt);
+}
+
+Result<std::vector<int32_t>> TextCodec::EncodeChat(const std::string& user_message) const {
+  nlohmann::json messages = nlohmann::json::array();
+  messages.push_back({{"role", "user"}, {"content", user_message}});
+  return EncodeChat(messages, ChatOptions{});
+}
+
+}  // namespace sy

@@ -1,0 +1,40 @@
+// A checkpoint's text interface in one place: tokenizer.json, and from tokenizer_config.json the
+// chat template (recognised once) and the BOS that plain prompts start with.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "base/status.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace sy {
+
+struct TextCodec {
+  std::unique_ptr<Tokenizer> tokenizer;
+  TokenizerConfig config;
+  std::optional<int32_t> bos_id;
+  std::optional<ChatTemplate> chat;  // absent when the template is missing or not recognised
+  Status chat_status;                // why `chat` is absent
+
+  // Loads `directory`'s tokenizer, or the file/directory `tokenizer_path` names instead.
+  static Result<TextCodec> Load(const std::string& directory, const std::string& tokenizer_path = "");
+
+  // Plain text → prompt ids (BOS first when add_special_tokens and the config asks for it).
+  Result<std::vector<int32_t>> EncodePrompt(const std::string& text,
+                                            bool add_special_tokens = true) const;
+  // Messages (OpenAI shape) rendered through the chat template, then tokenized (the template
+  // writes BOS itself).
+  Result<std::string> RenderChat(const nlohmann::json& messages, const ChatOptions& options) const;
+  Result<std::vector<int32_t>> EncodeChat(const nlohmann::json& messages,
+                                          const ChatOptions& options) const;
+  // One user message.
+  Result<std::vector<int32_t>> EncodeChat(const std::string& user_message) const;
+};
+
+}  // namespace sy

@@ -1,0 +1,104 @@
+"""Starts switchyard servers for the client tests: the embedded default model, written fresh by
+`switchyard init-model`, served on a free port."""
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+BINARY = os.environ.get("SWITCHYARD_BINARY", "build/switchyard")
+TMP = os.environ.get("SWITCHYARD_TEST_TMP", "/tmp/switchyard-serve-tests")
+
+
+class Server:
+    def __init__(self, model_dir, *extra):
+        self.model_dir = model_dir
+        self.process = subprocess.Popen(
+            [BINARY, "--threads", "2", "serve", "--model", model_dir, "--port", "0",
+             "--served-model-name", "sy-test", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 120
+        self.port = None
+        self.log = []
+        while time.time() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                break
+            self.log.append(line)
+            if "serving" in line and "http://" in line:
+                self.port = int(line.split("http://")[1].split(" ")[0].rsplit(":", 1)[1])
+                break
+        assert self.port, "server did not start:\n" + "".join(self.log)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        """(status, parsed JSON or text, headers) of one plain HTTP request."""
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as response:
+                status, text, hdrs = response.status, response.read().decode(), response.headers
+        except urllib.error.HTTPError as e:
+            status, text, hdrs = e.code, e.read().decode(), e.headers
+        try:
+            return status, json.loads(text), hdrs
+        except json.JSONDecodeError:
+            return status, text, hdrs
+
+    def metrics(self):
+        status, text, _ = self.request("GET", "/metrics")
+        assert status == 200
+        values = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+        return values
+
+    def metric(self, name, **labels):
+        label_text = ",".join([f'model_name="sy-test"'] + [f'{k}="{v}"' for k, v in labels.items()])
+        return self.metrics()[f"switchyard:{name}{{{label_text}}}"]
+
+    def rss_bytes(self):
+        with open(f"/proc/{self.process.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    path = os.path.join(TMP, "model")
+    if not os.path.exists(os.path.join(path, "tokenizer.json")):
+        subprocess.run([BINARY, "init-model", "--out", path], check=True, capture_output=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def server(model_dir):
+    s = Server(model_dir, "--kv-cache-tokens", "32768", "--max-waiting", "4096")
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    from openai import OpenAI
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)

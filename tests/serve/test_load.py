@@ -1,0 +1,165 @@
+"""The server under load and abuse: 256 concurrent streams, clients that hang up, a soak of
+2,000 requests with random parameters, SIGTERM while serving, and real Prometheus scraping."""
+
+import concurrent.futures
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+from openai import OpenAI
+
+from conftest import TMP, Server
+
+
+def wait_idle(server, timeout=60):
+    """Waits for no running or waiting request and no held cache page."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (server.metric("num_requests_running") == 0 and
+                server.metric("num_requests_waiting") == 0 and
+                server.metric("kv_cache_usage_perc") == 0):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_256_concurrent_streams_complete_and_free_their_pages(server):
+    def one(i):
+        client = OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        chunks = list(client.completions.create(
+            model="sy-test", prompt=f"Stream {i}: ", max_tokens=12, stream=True, temperature=0.7,
+            seed=i, extra_body={"ignore_eos": True}))
+        return sum(1 for c in chunks if c.choices and c.choices[0].text is not None), \
+            chunks[-1].choices[0].finish_reason
+    with concurrent.futures.ThreadPoolExecutor(max_workers=256) as pool:
+        results = list(pool.map(one, range(256)))
+    assert all(reason == "length" for _, reason in results)
+    assert wait_idle(server)
+
+
+def test_a_client_that_hangs_up_has_its_request_aborted(server):
+    before = server.metric("request_success_total", finished_reason="abort")
+    for stream in (True, False):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        body = json.dumps({"model": "sy-test", "prompt": "Go on and on", "max_tokens": 20000,
+                           "stream": stream, "extra_body": {}, "ignore_eos": True})
+        connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        if stream:
+            response = connection.getresponse()
+            response.fp.readline()  # the first event arrives, then the client goes
+        else:
+            time.sleep(0.3)
+        connection.sock.close()
+        connection.close()
+    deadline = time.time() + 30
+    while time.time() < deadline and \
+            server.metric("request_success_total", finished_reason="abort") < before + 2:
+        time.sleep(0.05)
+    assert server.metric("request_success_total", finished_reason="abort") == before + 2
+    assert wait_idle(server)
+
+
+def test_soak_of_2000_random_requests_holds_memory_flat(server):
+    rng = random.Random(2026)
+    client = OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+    def one(seed):
+        r = random.Random(seed)
+        common = dict(model="sy-test", max_tokens=r.randint(0, 8), temperature=r.choice([0, 0.5, 1.0]),
+                      top_p=r.choice([1.0, 0.9, 0.5]), seed=r.randint(0, 1 << 30),
+                      n=r.choice([1, 1, 2]), stop=r.choice([None, ["e"], ["the", "\n"]]),
+                      extra_body={"top_k": r.choice([-1, 5, 50]), "min_p": r.choice([0, 0.1]),
+                                  "repetition_penalty": r.choice([1.0, 1.2])})
+        prompt = "".join(r.choice("abcdefg hijk ,.") for _ in range(r.randint(1, 300)))
+        if r.random() < 0.5:
+            stream = r.random() < 0.5
+            out = client.completions.create(prompt=prompt, stream=stream,
+                                            logprobs=r.choice([None, 1]), **common)
+            if stream:
+                list(out)
+        else:
+            stream = r.random() < 0.5
+            out = client.chat.completions.create(
+                messages=[{"role": "user", "content": prompt}], stream=stream, **common)
+            if stream:
+                list(out)
+        return True
+
+    def batch(seeds):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+            assert all(pool.map(one, seeds))
+
+    batch([rng.randint(0, 1 << 30) for _ in range(300)])  # warm-up: caches and pools fill
+    assert wait_idle(server)
+    rss_before = server.rss_bytes()
+    batch([rng.randint(0, 1 << 30) for _ in range(1700)])
+    assert wait_idle(server)
+    growth = server.rss_bytes() - rss_before
+    assert growth < 64 << 20, f"resident memory grew {growth / 2**20:.1f} MiB over 1,700 requests"
+
+
+def test_sigterm_finishes_running_requests_and_exits_zero(model_dir):
+    s = Server(model_dir, "--kv-cache-tokens", "4096")
+    client = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    result = {}
+
+    def run():
+        result["out"] = client.completions.create(model="sy-test", prompt="Long tale", max_tokens=200,
+                                                  temperature=0, extra_body={"ignore_eos": True})
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.5)
+    s.process.send_signal(signal.SIGTERM)
+    thread.join(timeout=120)
+    assert s.process.wait(timeout=60) == 0
+    assert result["out"].usage.completion_tokens == 200
+
+
+def test_prometheus_scrapes_metrics(server):
+    prometheus = shutil.which("prometheus")
+    assert prometheus, "prometheus is not installed (scripts/setup.sh installs it)"
+    client = OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    client.completions.create(model="sy-test", prompt="Counted", max_tokens=2)
+    workdir = os.path.join(TMP, "prometheus")
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "prometheus.yml"), "w") as f:
+        f.write("global:\n  scrape_interval: 1s\nscrape_configs:\n"
+                "  - job_name: switchyard\n    static_configs:\n"
+                f"      - targets: ['127.0.0.1:{server.port}']\n")
+    web = Server.__new__(Server)  # only for a free port
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        web_port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [prometheus, f"--config.file={workdir}/prometheus.yml", f"--storage.tsdb.path={workdir}/data",
+         f"--web.listen-address=127.0.0.1:{web_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        query = urllib.parse.quote('sum(switchyard:request_success_total{job="switchyard"})')
+        value = None
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{web_port}/api/v1/query?query={query}", timeout=5) as r:
+                    data = json.loads(r.read())
+                if data["data"]["result"]:
+                    value = float(data["data"]["result"][0]["value"][1])
+                    if value > 0:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert value and value > 0, "Prometheus never saw a finished request"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -1,0 +1,220 @@
+"""The server through the official OpenAI Python client: every endpoint, streaming and not,
+seeds, stop strings, logprobs, n, echo; results checked against `switchyard generate` and
+`switchyard logits` on the same ids."""
+
+import array
+import json
+import math
+import subprocess
+
+import openai
+import pytest
+
+from conftest import BINARY, TMP
+
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+def test_models_lists_the_served_model(server, client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["sy-test"]
+    status, body, _ = server.request("GET", "/health")
+    assert status == 200
+
+
+def test_greedy_completion_equals_generate(server, client, model_dir):
+    prompt = "ROMEO: But soft, what light"
+    out = client.completions.create(model="sy-test", prompt=prompt, max_tokens=12, **GREEDY)
+    reference = json.loads(subprocess.run(
+        [BINARY, "generate", "--model", model_dir, "--prompt", prompt, "--max-tokens", "12",
+         "--ignore-eos", "--json"], check=True, capture_output=True, text=True).stdout)
+    assert out.choices[0].text == reference["outputs"][0]["text"]
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage.completion_tokens == 12
+    assert out.usage.prompt_tokens == 1 + len(server.request(
+        "POST", "/tokenize", {"prompt": prompt, "add_special_tokens": False})[1]["tokens"])
+
+
+def test_streaming_gives_the_same_text_as_non_streaming(client):
+    args = dict(model="sy-test", prompt="KING HENRY:", max_tokens=20, temperature=0.8, seed=7,
+                extra_body={"ignore_eos": True})
+    whole = client.completions.create(**args).choices[0].text
+    chunks = list(client.completions.create(stream=True, **args))
+    assert "".join(c.choices[0].text for c in chunks) == whole
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_seeds_reproduce_and_differ(client):
+    args = dict(model="sy-test", prompt="To be, or not", max_tokens=16, temperature=1.0, top_p=0.95)
+    a = client.completions.create(seed=11, **args).choices[0].text
+    b = client.completions.create(seed=11, **args).choices[0].text
+    c = client.completions.create(seed=12, **args).choices[0].text
+    assert a == b
+    assert a != c
+
+
+def test_stop_strings_end_the_text_and_are_not_returned(client):
+    full = client.completions.create(model="sy-test", prompt="HAMLET:", max_tokens=24,
+                                     **GREEDY).choices[0].text
+    stop = full[8:11]
+    assert len(stop) == 3
+    out = client.completions.create(model="sy-test", prompt="HAMLET:", max_tokens=24, stop=[stop],
+                                    **GREEDY)
+    assert out.choices[0].text == full[:full.index(stop)]
+    assert out.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="sy-test", prompt="HAMLET:", max_tokens=24, stop=stop, stream=True, **GREEDY))
+    assert streamed == full[:full.index(stop)]
+
+
+def test_completion_logprobs_and_n(client):
+    out = client.completions.create(model="sy-test", prompt="Good morrow", max_tokens=5, n=3,
+                                    logprobs=2, temperature=1.0, seed=3)
+    assert len(out.choices) == 3
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    for choice in out.choices:
+        lp = choice.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+        assert all(x <= 0 for x in lp.token_logprobs)
+        assert all(len(top) <= 2 for top in lp.top_logprobs)
+    assert out.usage.completion_tokens == 15
+
+
+def test_echo_prompt_logprobs_equal_the_logits(server, client, model_dir):
+    # lm-evaluation-harness's loglikelihood request: token ids, echo, logprobs=1, max_tokens=1.
+    ids = [0, 55, 432, 94, 27, 923, 16, 236, 176, 137, 270]
+    out = client.completions.create(model="sy-test", prompt=ids, echo=True, logprobs=1,
+                                    max_tokens=1, temperature=0)
+    lp = out.choices[0].logprobs
+    assert len(lp.token_logprobs) == len(ids) + 1
+    assert lp.token_logprobs[0] is None
+    logits_file = f"{TMP}/echo_logits.bin"
+    subprocess.run([BINARY, "logits", "--model", model_dir, "--tokens", ",".join(map(str, ids)),
+                    "--out", logits_file, "--kv-dtype", "bf16"], check=True, capture_output=True)
+    values = array.array("f")
+    with open(logits_file, "rb") as f:
+        values.frombytes(f.read())
+    vocab = len(values) // len(ids)
+    for position in range(1, len(ids)):
+        row = values[(position - 1) * vocab:position * vocab]
+        top = max(row)
+        log_sum = top + math.log(sum(math.exp(x - top) for x in row))
+        assert abs(lp.token_logprobs[position] - (row[ids[position]] - log_sum)) < 1e-3, position
+
+
+def test_chat_completion_and_stream_with_usage(client):
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Who art thou?"}]
+    out = client.chat.completions.create(model="sy-test", messages=messages, max_tokens=6,
+                                         logprobs=True, top_logprobs=2, **GREEDY)
+    message = out.choices[0].message
+    assert message.role == "assistant"
+    assert len(out.choices[0].logprobs.content) == 6
+    assert all(len(e.top_logprobs) == 2 for e in out.choices[0].logprobs.content)
+    chunks = list(client.chat.completions.create(
+        model="sy-test", messages=messages, max_tokens=6, stream=True,
+        stream_options={"include_usage": True}, **GREEDY))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == message.content
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].usage.prompt_tokens == out.usage.prompt_tokens
+
+
+def test_prefix_cache_hits_are_reported_and_change_nothing(client):
+    document = "FIRST CITIZEN: Before we proceed any further, hear me speak. " * 12
+    first = client.completions.create(model="sy-test", prompt=document + "Q1", max_tokens=8,
+                                      **GREEDY)
+    second = client.completions.create(model="sy-test", prompt=document + "Q1", max_tokens=8,
+                                       **GREEDY)
+    assert second.usage.prompt_tokens_details.cached_tokens > 0
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.choices[0].text == first.choices[0].text
+
+
+def test_tokenize_and_detokenize(server):
+    status, body, _ = server.request("POST", "/tokenize", {"prompt": "Hello, world"})
+    assert status == 200 and body["count"] == len(body["tokens"]) and body["tokens"][0] == 0
+    status, back, _ = server.request("POST", "/detokenize", {"tokens": body["tokens"][1:]})
+    assert status == 200 and back["prompt"] == "Hello, world"
+    status, chat, _ = server.request("POST", "/tokenize",
+                                     {"messages": [{"role": "user", "content": "Hi"}]})
+    assert status == 200 and chat["tokens"][0] == 0
+
+
+BAD_REQUESTS = [
+    ("/v1/completions", b"{not json", 400, None),
+    ("/v1/completions", b"[1, 2]", 400, None),
+    ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "three"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10**9}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "x", "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 50}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": [1, 2, 99999]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1, -2]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 1000}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "stop": [""]}, 400, "stop"),
+    ("/v1/completions", {"prompt": "x", "stop": 5}, 400, "stop"),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
+     "stream_options"),
+    ("/v1/completions", {"prompt": "x", "min_tokens": 5, "max_tokens": 2}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": "\ud800"}, 400, None),
+    ("/v1/completions", {"model": "other", "prompt": "x"}, 404, "model"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "messages[0]"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400,
+     "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400,
+     "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "top_logprobs": 3}, 400, "top_logprobs"),
+    ("/detokenize", {"tokens": [1, 99999]}, 400, "tokens"),
+    ("/tokenize", {"nothing": 1}, 400, "prompt"),
+    ("/v1/nothing", {}, 404, None),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD_REQUESTS)
+def test_bad_requests_get_openai_errors(server, path, body, status, param):
+    raw = body if isinstance(body, bytes) else None
+    got, error, _ = server.request("POST", path, None if raw else body, raw=raw)
+    assert got == status, error
+    assert set(error["error"]) == {"message", "type", "param", "code"}
+    assert error["error"]["message"]
+    if param:
+        assert error["error"]["param"] == param, error
+
+
+def test_errors_through_the_client_and_the_server_keeps_answering(server, client):
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="sy-test", prompt="x", max_tokens=-5)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x")
+    status, error, _ = server.request("POST", "/v1/completions",
+                                      raw=b'{"prompt": "' + b"a" * (40 << 20) + b'"}')
+    assert status == 413, error
+    status, _, _ = server.request("GET", "/v1/completions")
+    assert status == 405
+    out = client.completions.create(model="sy-test", prompt="Still here?", max_tokens=3, **GREEDY)
+    assert out.usage.completion_tokens == 3
+
+
+def test_api_key_is_required_when_set(model_dir):
+    from conftest import Server
+    from openai import OpenAI
+    s = Server(model_dir, "--api-key", "sekrit", "--kv-cache-tokens", "4096")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            OpenAI(base_url=s.url + "/v1", api_key="wrong", max_retries=0).models.list()
+        good = OpenAI(base_url=s.url + "/v1", api_key="sekrit", max_retries=0)
+        assert good.models.list().data[0].id == "sy-test"
+        assert s.request("GET", "/health")[0] == 200  # probes need no key
+    finally:
+        assert s.stop() == 0
