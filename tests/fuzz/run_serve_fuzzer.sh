@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds the HTTP/JSON request fuzzer with clang (libFuzzer + AddressSanitizer + UBSan) and runs
+# it for a bounded time. Usage: run_serve_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
+set -euo pipefail
+src="$1"; build="$2"; seconds="${3:-30}"
+corpus="$build/serve_corpus"
+mkdir -p "$corpus"
+clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -I "$src/src" \
+  -DSY_FUZZ_TOKENIZER_DIR="\"$src/configs/tokenizer/default\"" \
+  "$src/tests/fuzz/serve_fuzzer.cc" "$src/src/serve/openai_api.cc" "$src/src/engine/sampling.cc" \
+  "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
+  "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
+  "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" \
+  $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt -o "$build/serve_fuzzer"
+# Seeds: bodies the client tests send, raw and as HTTP requests.
+seed() { printf '%s' "$2" > "$corpus/$1"; }
+seed body-completion $'\x00{"model":"fuzz","prompt":"Hello","max_tokens":5,"temperature":0.5,"logprobs":2,"echo":true,"stop":["a"],"n":2,"logit_bias":{"5":1.5}}'
+seed body-ids $'\x00{"prompt":[[1,2,3],[4,5]],"stream":true,"stream_options":{"include_usage":true},"seed":3}'
+seed body-chat $'\x02{"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"logprobs":true,"top_logprobs":2,"chat_template_kwargs":{"thinking":true}}'
+seed body-tokens $'\x00{"tokens":[1,2,3],"prompt":"x","add_special_tokens":false}'
+seed http-completion $'\x01POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 33\r\n\r\n{"prompt":"hi","max_tokens":2}   '
+seed http-chunked $'\x03POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2d\r\n{"messages":[{"role":"user","content":"hi"}]}\r\n0\r\n\r\n'
+"$build/serve_fuzzer" -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=4096 \
+  -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
