@@ -234,6 +234,8 @@ TEST(CliTest, TextBadInputIsOneLine) {
       {"generate --prompt-tokens 1 --chat", "--chat"},
       {"generate --model " + fixture + " --prompt-tokens 1,2 --max-tokens 100000000", "context"},
       {"tokenize --tokenizer /nonexistent/tok.json", "/nonexistent"},
+      {"logits --model " + fixture + " --tokens 1,2 --out /tmp", "is a directory"},
+      {"logits --model " + fixture + " --tokens 1,2 --out /nonexistent/x.bin", "cannot create"},
   };
   for (const auto& call : calls) {
     std::string output;
@@ -243,6 +245,14 @@ TEST(CliTest, TextBadInputIsOneLine) {
     EXPECT_NE(output.find(call.expected), std::string::npos) << call.arguments << "\n" << output;
     EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
   }
+}
+
+TEST(CliTest, MoreThreadsThanCoresIsRefusedAtOnce) {
+  std::string output;
+  int status = RunCommand(Binary() + " --threads 100000 generate --prompt-tokens 1", &output);
+  EXPECT_NE(status, 0);
+  EXPECT_LT(status, 128);
+  EXPECT_NE(output.find("--threads"), std::string::npos) << output;
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // switchyard logits: float32 logits for token sequences, for conformance checks.
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "base/clock.h"
@@ -24,6 +26,18 @@ struct LogitsArgs {
 void RunLogits(const LogitsArgs& args) {
   auto parsed = ParseTokenLists(args.tokens, "--tokens");
   if (!parsed.ok()) FailVerb(parsed.status().message());
+  {
+    // Check the output can be written before computing anything (a directory, a missing
+    // parent, no permission), without leaving a file behind when the run fails later.
+    std::error_code error;
+    if (std::filesystem::is_directory(args.out, error))
+      FailVerb(args.out + ": is a directory (--out names the file to write)");
+    const bool existed = std::filesystem::exists(args.out, error);
+    std::ofstream probe(args.out, std::ios::binary | std::ios::app);
+    if (!probe) FailVerb(args.out + ": cannot create (" + std::strerror(errno) + ")");
+    probe.close();
+    if (!existed) std::filesystem::remove(args.out, error);
+  }
   const auto& sequences = parsed.value();
   ParallelRun run = LoadParallel(ResolveModelDirectory(args.model), args.parallel);
   Communicator& comm = *run.comm;

@@ -1,5 +1,9 @@
 // switchyard: one binary, a few verbs (docs/architecture.md).
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <thread>
 
 #include "base/allocator.h"
 #include "base/thread_pool.h"
@@ -11,8 +15,12 @@ int main(int argc, char** argv) {
       "switchyard: a wide-expert-parallel inference engine for DeepSeek-V3-class MoE models"};
   app.require_subcommand(1);
   int threads = 0;
-  app.add_option("--threads", threads, "Worker threads (0: one per core)")
-      ->check(CLI::NonNegativeNumber);
+  // The pool's workers spin briefly between tasks: more workers than cores only makes them
+  // wait on each other, so more than the machine has is refused rather than left to crawl.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  app.add_option("--threads", threads,
+                 fmt::format("Worker threads (0: one per core; at most {}, the cores here)", cores))
+      ->check(CLI::Range(0, cores));
   app.parse_complete_callback([&] { sy::ThreadPool::ConfigureGlobal(threads); });
   sy::AddLogitsVerb(app);
   sy::AddGenerateVerb(app);
