@@ -53,6 +53,7 @@ void AddBenchVerb(CLI::App& app) {
   AddBenchDecodeCommand(*verb);
   AddBenchExchangeCommand(*verb);
   AddBenchTokenizerCommand(*verb);
+  AddBenchServeCommand(*verb);
 }
 
 }  // namespace sy

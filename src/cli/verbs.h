@@ -18,6 +18,7 @@ void AddBenchLayerCommand(CLI::App& bench);
 void AddBenchDecodeCommand(CLI::App& bench);
 void AddBenchExchangeCommand(CLI::App& bench);
 void AddBenchTokenizerCommand(CLI::App& bench);
+void AddBenchServeCommand(CLI::App& bench);
 
 // Prints "error: message" and aborts the verb with exit code 1.
 [[noreturn]] void FailVerb(const std::string& message);

@@ -1,0 +1,88 @@
+// switchyard bench tokenizer (encode throughput beside Hugging Face tokenizers) and bench serve
+// (a load generator with vLLM bench serve's metrics).
+#include <cstdio>
+
+#include "bench/tokenizer_bench.h"
+#include "cli/common.h"
+#include "cli/verbs.h"
+
+namespace sy {
+
+void AddBenchTokenizerCommand(CLI::App& bench_app) {
+  struct Args {
+    bench::TokenizerBenchOptions options;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  args->options.tokenizer = std::string(SY_SOURCE_DIR) + "/tests/fixtures/tokenizer/deepseek-v3";
+  args->options.corpus = std::string(SY_SOURCE_DIR) + "/tests/fixtures/tokenizer/corpus.jsonl";
+  args->options.hf_python = std::string(SY_SOURCE_DIR) + "/.venv-tokenizer/bin/python";
+  CLI::App* t = bench_app.add_subcommand(
+      "tokenizer", "Encode throughput on one thread, side by side with Hugging Face tokenizers");
+  t->add_option("--tokenizer", args->options.tokenizer,
+                "tokenizer.json or its directory (default: DeepSeek-V3's, from the fixtures)");
+  t->add_option("--corpus", args->options.corpus, "JSON Lines of {\"text\": ...}");
+  t->add_option("--hf-python", args->options.hf_python,
+                "A Python with `tokenizers` installed (default: .venv-tokenizer in the checkout)");
+  t->add_option("--model", args->options.model,
+                "Model whose prefill rate the long prompt is set against (default: the embedded "
+                "model)");
+  t->add_option("--repetitions", args->options.repetitions, "Timed repetitions (median reported)")
+      ->check(CLI::Range(1, 101));
+  t->add_flag("--json", args->json, "Print one JSON object");
+  t->callback([args] {
+    args->options.model = ResolveModelDirectory(args->options.model);
+    auto report = bench::BenchTokenizer(args->options);
+    if (!report.ok()) FailVerb(report.status().message());
+    std::fputs((args->json ? bench::TokenizerReportJson(report.value()) + "\n"
+                           : bench::TokenizerReportTable(report.value()))
+                   .c_str(),
+               stdout);
+  });
+}
+
+}  // namespace sy
+
+#include "bench/serve_bench.h"
+
+namespace sy {
+
+void AddBenchServeCommand(CLI::App& bench_app) {
+  struct Args {
+    bench::ServeBenchOptions options;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  auto& o = args->options;
+  CLI::App* s = bench_app.add_subcommand(
+      "serve", "Load an OpenAI-compatible server; vLLM bench serve's metrics and JSON keys");
+  s->add_option("--url", o.url, "Server base URL (http://HOST:PORT)");
+  s->add_option("--model", o.model, "Model name (default: the server's first)");
+  s->add_option("--dataset", o.dataset, "random or shared-prefix")
+      ->check(CLI::IsMember({"random", "shared-prefix"}));
+  s->add_option("--num-prompts", o.num_prompts, "Requests")->check(CLI::Range(1, 1000000));
+  s->add_option("--input-len", o.input_len, "Prompt tokens")->check(CLI::Range(1, 1 << 24));
+  s->add_option("--output-len", o.output_len, "Generated tokens")->check(CLI::Range(1, 1 << 24));
+  s->add_option("--range-ratio", o.range_ratio, "Lengths drawn from [L(1-r), L(1+r)]")
+      ->check(CLI::Range(0.0, 1.0));
+  s->add_option("--concurrency", o.concurrency, "Requests in flight at most (vLLM's --max-concurrency)")
+      ->check(CLI::Range(1, 100000));
+  s->add_option("--request-rate", o.request_rate, "Poisson arrivals per second (default: all at once)")
+      ->check(CLI::Range(0.0, 1e6));
+  s->add_option("--prefix-len", o.prefix_len, "shared-prefix: tokens a group shares (default 3/4 of input)");
+  s->add_option("--num-prefixes", o.num_prefixes, "shared-prefix: groups (default num-prompts/8)");
+  s->add_option("--vocab-size", o.vocab_size, "Prompt ids are drawn from [16, V) (default 4096)");
+  s->add_option("--seed", o.seed, "Random seed for prompts and arrivals");
+  s->add_option("--goodput-ttft-ms", o.goodput_ttft_ms, "SLO for goodput: TTFT");
+  s->add_option("--goodput-tpot-ms", o.goodput_tpot_ms, "SLO for goodput: TPOT");
+  s->add_option("--goodput-e2el-ms", o.goodput_e2el_ms, "SLO for goodput: end-to-end latency");
+  s->add_option("--api-key", o.api_key, "Bearer key");
+  s->add_flag("--json", args->json, "Print vLLM's result JSON");
+  s->callback([args] {
+    auto result = bench::BenchServe(args->options);
+    if (!result.ok()) FailVerb(result.status().message());
+    std::fputs((args->json ? result->json + "\n" : result->table).c_str(), stdout);
+  });
+}
+
+}  // namespace sy
