@@ -218,3 +218,21 @@ def test_api_key_is_required_when_set(model_dir):
         assert s.request("GET", "/health")[0] == 200  # probes need no key
     finally:
         assert s.stop() == 0
+
+
+def test_bench_serve_reports_vllms_keys(server):
+    out = subprocess.run(
+        [BINARY, "bench", "serve", "--url", server.url, "--num-prompts", "12", "--input-len", "40",
+         "--output-len", "6", "--concurrency", "4", "--dataset", "shared-prefix", "--json",
+         "--goodput-e2el-ms", "60000"], check=True, capture_output=True, text=True).stdout
+    result = json.loads(out)
+    assert result["completed"] == 12
+    assert result["total_output_tokens"] == 12 * 6
+    for key in ("duration", "request_throughput", "request_goodput", "output_throughput",
+                "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms",
+                "p99_ttft_ms", "mean_tpot_ms", "median_itl_ms", "p99_e2el_ms", "input_lens",
+                "output_lens", "ttfts", "itls", "errors"):
+        assert key in result, key
+    assert result["request_goodput"] == result["request_throughput"]
+    assert 0 < result["median_ttft_ms"] <= result["median_e2el_ms"]
+    assert all(e == "" for e in result["errors"])
