@@ -1,0 +1,138 @@
+// The sampler on its own: each parameter does what its definition says, and temperature
+// sampling draws from the softmax it claims (a chi-square test over many seeds).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "engine/sampling.h"
+
+namespace sy {
+namespace {
+
+SampledToken Sample(const std::vector<float>& logits, const SamplingParams& params, int64_t step = 0,
+                    const PenaltyState& penalties = {}, const std::vector<int32_t>& blocked = {}) {
+  std::vector<float> scratch;
+  return SampleToken(logits.data(), static_cast<int64_t>(logits.size()), params, penalties, step,
+                     blocked, scratch);
+}
+
+TEST(SamplingTest, GreedyTopKOneAndBias) {
+  std::vector<float> logits = {0.1f, 2.0f, 1.5f, -1.0f};
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  EXPECT_EQ(Sample(logits, greedy).token, 1);
+  SamplingParams top1;
+  top1.top_k = 1;
+  top1.seed = 5;
+  for (int step = 0; step < 20; ++step) EXPECT_EQ(Sample(logits, top1, step).token, 1);
+  greedy.logit_bias[3] = 100;
+  EXPECT_EQ(Sample(logits, greedy).token, 3);
+  // Blocked tokens (min_tokens not reached: EOS and stop tokens) are never chosen.
+  greedy.logit_bias.clear();
+  EXPECT_EQ(Sample(logits, greedy, 0, {}, {1}).token, 2);
+}
+
+TEST(SamplingTest, PenaltiesFollowTheirDefinitions) {
+  std::vector<float> logits = {1.0f, 1.2f, 0.0f};
+  SamplingParams p;
+  p.temperature = 0;
+  PenaltyState state;
+  state.generated_counts[1] = 2;
+  p.frequency_penalty = 0.15;  // 1.2 − 2·0.15 = 0.9 < 1.0
+  EXPECT_EQ(Sample(logits, p, 0, state).token, 0);
+  p.frequency_penalty = 0;
+  p.presence_penalty = 0.1;  // 1.2 − 0.1 = 1.1 > 1.0
+  EXPECT_EQ(Sample(logits, p, 0, state).token, 1);
+  p.presence_penalty = 0.3;  // 0.9 < 1.0
+  EXPECT_EQ(Sample(logits, p, 0, state).token, 0);
+  // Repetition penalty divides positive logits of seen tokens, multiplies negative ones.
+  SamplingParams r;
+  r.temperature = 0;
+  r.repetition_penalty = 1.5;
+  PenaltyState seen;
+  seen.in_prompt = {0, 1, 0};
+  EXPECT_EQ(Sample(logits, r, 0, seen).token, 0);  // 1.2 / 1.5 = 0.8 < 1.0
+}
+
+TEST(SamplingTest, TopPAndMinPKeepOnlyTheHead) {
+  // probabilities ∝ e^{3}, e^{2}, e^{0}, e^{0}: about 0.681, 0.251, 0.034, 0.034
+  std::vector<float> logits = {3.0f, 2.0f, 0.0f, 0.0f};
+  SamplingParams p;
+  p.top_p = 0.6;  // the first token alone reaches 0.6
+  p.seed = 1;
+  for (int step = 0; step < 50; ++step) EXPECT_EQ(Sample(logits, p, step).token, 0);
+  SamplingParams m;
+  m.min_p = 0.2;  // keeps tokens with p ≥ 0.2·p_max: the first two
+  m.seed = 2;
+  std::map<int32_t, int> seen;
+  for (int step = 0; step < 400; ++step) ++seen[Sample(logits, m, step).token];
+  EXPECT_GT(seen[0], 0);
+  EXPECT_GT(seen[1], 0);
+  EXPECT_EQ(seen.count(2) + seen.count(3), 0u);
+}
+
+TEST(SamplingTest, TemperatureSamplingDrawsFromTheSoftmax) {
+  std::vector<float> logits = {1.0f, 0.5f, 0.0f, -0.5f, -1.0f, 2.0f};
+  SamplingParams p;
+  p.temperature = 0.8;
+  std::vector<double> expected(logits.size());
+  double sum = 0;
+  for (size_t i = 0; i < logits.size(); ++i) sum += expected[i] = std::exp(logits[i] / 0.8);
+  const int draws = 20000;
+  std::vector<int> counts(logits.size(), 0);
+  for (int i = 0; i < draws; ++i) {
+    p.seed = static_cast<uint64_t>(i) * 7919u + 1;
+    ++counts[Sample(logits, p, i % 13).token];
+  }
+  double chi2 = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double e = draws * expected[i] / sum;
+    chi2 += (counts[i] - e) * (counts[i] - e) / e;
+  }
+  // 5 degrees of freedom: P(χ² > 20.5) ≈ 0.001.
+  EXPECT_LT(chi2, 20.5);
+}
+
+TEST(SamplingTest, SameSeedAndStepSameToken) {
+  std::vector<float> logits(100);
+  for (int i = 0; i < 100; ++i) logits[i] = std::sin(i * 0.37f);
+  SamplingParams p;
+  p.seed = 42;
+  for (int step = 0; step < 10; ++step)
+    EXPECT_EQ(Sample(logits, p, step).token, Sample(logits, p, step).token);
+  int differ = 0;
+  for (int step = 0; step < 10; ++step) differ += Sample(logits, p, step).token != Sample(logits, p, step + 1).token;
+  EXPECT_GT(differ, 0);
+}
+
+TEST(SamplingTest, LogprobsAreOfTheModelsDistribution) {
+  std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = 0.25, 0.75
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = 2;
+  p.logit_bias[0] = 50;  // forces token 0; its logprob stays the model's
+  SampledToken t = Sample(logits, p);
+  EXPECT_EQ(t.token, 0);
+  EXPECT_NEAR(t.logprob, std::log(0.25), 1e-5);
+  ASSERT_EQ(t.top.size(), 2u);
+  EXPECT_EQ(t.top[0].first, 1);
+  EXPECT_NEAR(t.top[0].second, std::log(0.75), 1e-5);
+}
+
+TEST(SamplingTest, ValidationNamesTheField) {
+  SamplingParams p;
+  p.top_k = -3;
+  EXPECT_NE(p.Validate(100).message().find("top_k"), std::string::npos);
+  p = {};
+  p.logit_bias[100] = 1;
+  EXPECT_NE(p.Validate(100).message().find("logit_bias"), std::string::npos);
+  p = {};
+  p.min_tokens = 5;
+  p.max_tokens = 2;
+  EXPECT_NE(p.Validate(100).message().find("min_tokens"), std::string::npos);
+  EXPECT_TRUE(SamplingParams{}.Validate(100).ok());
+}
+
+}  // namespace
+}  // namespace sy
