@@ -1,10 +1,15 @@
 // switchyard serve: the engine behind the OpenAI-compatible HTTP server.
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
+#include <thread>
 
 #include "cli/common.h"
 #include "cli/parallel_setup.h"
 #include "cli/verbs.h"
 #include "engine/engine.h"
+#include "serve/cluster.h"
 #include "serve/http_server.h"
 
 namespace sy {
@@ -27,12 +32,62 @@ struct ServeArgs {
   ParallelArgs parallel;
 };
 
+serve::ServerOptions ServerOptionsFrom(const ServeArgs& args, int64_t cache_tokens,
+                                      const EngineConfig& engine_config) {
+  serve::ServerOptions options;
+  options.host = args.host;
+  options.port = args.port;
+  options.api_key = args.api_key;
+  options.io_threads = args.io_threads;
+  options.limits.model_name = args.served_model_name.empty()
+                                  ? (args.model.empty() ? std::string("default") : args.model)
+                                  : args.served_model_name;
+  options.limits.max_model_len = engine_config.max_model_len;
+  options.limits.cache_tokens = cache_tokens;
+  return options;
+}
+
+// Under mpirun: every rank runs the lockstep loop; rank 0 also serves HTTP on its I/O threads.
+// SIGTERM reaches every rank (mpirun forwards it); rank 0 turns it into a broadcast stop, the
+// others ignore it and stop with the loop.
+void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const TextCodec& codec,
+                int64_t cache_tokens, const EngineConfig& engine_config) {
+  Communicator& comm = *run.comm;
+  serve::ClusterServing cluster(engine, comm, run.tp);
+  serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
+  std::unique_ptr<serve::OpenAiServer> server;
+  Status listening = Status::Ok();
+  if (comm.rank() == 0) {
+    server = std::make_unique<serve::OpenAiServer>(cluster, codec, options);
+    listening = server->Listen();
+  }
+  // Every rank learns whether rank 0 could listen, so none is left waiting.
+  if (comm.AllReduceMax(listening.ok() ? 0 : 1) > 0)
+    FailEverywhere(comm, listening.ok() ? "rank 0 could not listen" : listening.message());
+  if (comm.rank() != 0) {
+    std::signal(SIGTERM, SIG_IGN);
+    std::signal(SIGINT, SIG_IGN);
+    cluster.Run();
+    return;
+  }
+  std::printf("switchyard: serving %s on http://%s:%d (pid %d; %d ranks, %d DP groups of TP %d; "
+              "cache %lld tokens per group in %s, chat template %s)\n",
+              options.limits.model_name.c_str(), args.host.c_str(), server->port(),
+              static_cast<int>(::getpid()), comm.size(),
+              run.dp(), run.tp, static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+              codec.chat ? std::string(codec.chat->name()).c_str() : "none");
+  std::fflush(stdout);
+  std::thread http([&] { server->Run(); });
+  cluster.Run();
+  http.join();
+  std::printf("switchyard: stopped\n");
+}
+
 void RunServe(const ServeArgs& args) {
   const std::string directory = ResolveModelDirectory(args.model);
   TextCodec codec = LoadTextCodecOrFail(directory);
   ParallelRun run = LoadParallel(directory, args.parallel);
-  if (run.comm->size() > 1)
-    FailEverywhere(*run.comm, "serve runs in one process so far (no mpirun)");
+  Communicator& comm = *run.comm;
   const Model& model = *run.model;
   const ModelConfig& config = model.config();
   if (codec.tokenizer->vocab_size() > config.vocab_size)
@@ -60,22 +115,16 @@ void RunServe(const ServeArgs& args) {
     FailVerb(fmt::format("--max-model-len {} exceeds the model's {} positions",
                          args.max_model_len, config.max_position_embeddings));
   Engine engine(model, cache, *codec.tokenizer, run.Options(), engine_config);
+  if (comm.size() > 1) return RunCluster(args, run, engine, codec, cache_tokens, engine_config);
 
-  serve::ServerOptions options;
-  options.host = args.host;
-  options.port = args.port;
-  options.api_key = args.api_key;
-  options.io_threads = args.io_threads;
-  options.limits.model_name = args.served_model_name.empty()
-                                  ? (args.model.empty() ? std::string("default") : args.model)
-                                  : args.served_model_name;
-  options.limits.max_model_len = engine_config.max_model_len;
-  options.limits.cache_tokens = cache_tokens;
+  serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
   serve::OpenAiServer server(engine, codec, options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
   engine.Start();
-  std::printf("switchyard: serving %s on http://%s:%d (cache %lld tokens in %s, chat template %s)\n",
+  std::printf("switchyard: serving %s on http://%s:%d (pid %d; cache %lld tokens in %s, chat "
+              "template %s)\n",
               options.limits.model_name.c_str(), args.host.c_str(), server.port(),
+              static_cast<int>(::getpid()),
               static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
               codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);

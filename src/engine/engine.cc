@@ -89,8 +89,7 @@ void Engine::Stop(bool drain) {
   if (watchdog_.joinable()) watchdog_.join();
 }
 
-Result<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request, SubmitError* error) {
-  *error = SubmitError::kInvalid;
+Status Engine::Validate(const EngineRequest& request) const {
   const int64_t vocab = model_.config().vocab_size;
   if (request.prompt.empty()) return Status::Error("the prompt has no tokens");
   for (size_t i = 0; i < request.prompt.size(); ++i)
@@ -109,7 +108,18 @@ Result<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request, Sub
     return Status::Errorf(
         "the request needs {} tokens of cache but the whole cache holds {} (raise --kv-cache-tokens)",
         length, pool_.total_pages() * pool_.page_size());
+  return Status::Ok();
+}
 
+bool Engine::HasWork() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !incoming_.empty() || !aborts_.empty() || !running_.empty() || !waiting_.empty();
+}
+
+Result<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request, SubmitError* error) {
+  *error = SubmitError::kInvalid;
+  const int64_t vocab = model_.config().vocab_size;
+  SY_RETURN_IF_ERROR(Validate(request));
   auto seq = std::make_unique<Sequence>();
   if (!request.params.seed) request.params.seed = std::random_device{}() * 0x100000001ull;
   seq->tokens = request.prompt;
@@ -314,7 +324,7 @@ void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, doub
   seq.stream->Push(std::move(event));
 }
 
-bool Engine::StepOnce() {
+bool Engine::StepOnce(bool must_step) {
   TakeIncoming();
   // Aborted requests leave first.
   auto drop_aborted = [&](auto& list) {
@@ -341,7 +351,7 @@ bool Engine::StepOnce() {
     running_.clear();
     waiting_.clear();
   }
-  if (running_.empty() && waiting_.empty()) {
+  if (running_.empty() && waiting_.empty() && !must_step) {
     PublishGauges();
     return false;
   }
@@ -416,7 +426,7 @@ bool Engine::StepOnce() {
     scheduled.push_back({running_.back().get(), count});
     budget -= count;
   }
-  if (scheduled.empty()) return !running_.empty() || !waiting_.empty();
+  if (scheduled.empty() && !must_step) return !running_.empty() || !waiting_.empty();
 
   ForwardBatch batch;
   for (auto& [seq, count] : scheduled) {

@@ -62,29 +62,47 @@ struct EngineMetrics {
 // Why Submit refused a request (the server maps it to a status code).
 enum class SubmitError { kNone, kInvalid, kQueueFull, kStopping };
 
-class Engine {
+// What a server talks to: one engine in this process, or (under mpirun) the engines of every
+// DP group reached through rank 0 (serve/cluster.h).
+class RequestFrontend {
+ public:
+  virtual ~RequestFrontend() = default;
+  // Queues a request; on refusal `*error` says why and the message names the field.
+  virtual Result<std::shared_ptr<RequestStream>> Submit(EngineRequest request,
+                                                        SubmitError* error) = 0;
+  // Aborts a request (a client hung up): its pages are freed at the next step.
+  virtual void Abort(const std::string& id) = 0;
+  virtual EngineMetrics Metrics() const = 0;
+  // Stops admitting; with drain, lets requests finish first, else aborts them. Returns when done.
+  virtual void Stop(bool drain) = 0;
+};
+
+class Engine : public RequestFrontend {
  public:
   Engine(const Model& model, LatentCache& cache, const Tokenizer& tokenizer,
          ForwardOptions forward_options, EngineConfig config);
   ~Engine();
 
+  // Runs the step loop on its own thread (one process); under mpirun a lockstep driver calls
+  // StepOnce instead.
   void Start();
-  // Stops admitting; with drain, lets running and waiting requests finish first, else aborts
-  // them. Returns when the loop has ended.
-  void Stop(bool drain);
+  void Stop(bool drain) override;
 
-  // Queues a request; on refusal `*error` says why and the message names the field.
-  Result<std::shared_ptr<RequestStream>> Submit(EngineRequest request, SubmitError* error);
-  // Aborts a request (a client hung up): its pages are freed at the next step.
-  void Abort(const std::string& id);
-
-  EngineMetrics Metrics() const;
+  Result<std::shared_ptr<RequestStream>> Submit(EngineRequest request, SubmitError* error) override;
+  void Abort(const std::string& id) override;
+  EngineMetrics Metrics() const override;
+  // The checks Submit makes, without queueing (the same on every rank).
+  Status Validate(const EngineRequest& request) const;
+  // Whether a step would have anything to do (requests queued, running or waiting).
+  bool HasWork() const;
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const ModelConfig& model_config() const { return model_.config(); }
   int64_t max_model_len() const { return max_model_len_; }
 
-  // Runs one step synchronously (tests drive the engine without its thread). False when idle.
-  bool StepOnce();
+  // Runs one step synchronously (tests and the lockstep driver). False when idle. With
+  // `must_step` the model steps even with nothing scheduled (an empty batch): every rank of an
+  // expert-parallel job must make the same number of steps.
+  bool StepOnce(bool must_step = false);
 
  private:
   struct Sequence;

@@ -40,7 +40,7 @@ std::string RandomId() {
 
 class OpenAiServer::Impl {
  public:
-  Impl(Engine& engine, const TextCodec& codec, ServerOptions options)
+  Impl(RequestFrontend& engine, const TextCodec& codec, ServerOptions options)
       : engine_(engine),
         codec_(codec),
         options_(std::move(options)),
@@ -52,7 +52,7 @@ class OpenAiServer::Impl {
   void Shutdown();
   int port() const { return port_; }
 
-  Engine& engine_;
+  RequestFrontend& engine_;
   const TextCodec& codec_;
   ServerOptions options_;
   net::io_context io_;
@@ -496,7 +496,7 @@ void OpenAiServer::Impl::Run() {
   if (drainer_.joinable()) drainer_.join();
 }
 
-OpenAiServer::OpenAiServer(Engine& engine, const TextCodec& codec, ServerOptions options)
+OpenAiServer::OpenAiServer(RequestFrontend& engine, const TextCodec& codec, ServerOptions options)
     : impl_(std::make_unique<Impl>(engine, codec, std::move(options))) {}
 OpenAiServer::~OpenAiServer() = default;
 Status OpenAiServer::Listen() { return impl_->Listen(); }

@@ -26,7 +26,7 @@ struct ServerOptions {
 
 class OpenAiServer {
  public:
-  OpenAiServer(Engine& engine, const TextCodec& codec, ServerOptions options);
+  OpenAiServer(RequestFrontend& engine, const TextCodec& codec, ServerOptions options);
   ~OpenAiServer();
 
   // Binds and listens; an address in use is an error naming it.

@@ -3,6 +3,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import time
 import urllib.error
@@ -14,13 +15,20 @@ BINARY = os.environ.get("SWITCHYARD_BINARY", "build/switchyard")
 TMP = os.environ.get("SWITCHYARD_TEST_TMP", "/tmp/switchyard-serve-tests")
 
 
+MPIRUN = ["mpirun", "--oversubscribe"]
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
 class Server:
-    def __init__(self, model_dir, *extra):
+    def __init__(self, model_dir, *extra, ranks=1, threads=2):
         self.model_dir = model_dir
+        launcher = MPIRUN + ["-np", str(ranks)] if ranks > 1 else []
         self.process = subprocess.Popen(
-            [BINARY, "--threads", "2", "serve", "--model", model_dir, "--port", "0",
-             "--served-model-name", "sy-test", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            launcher + [BINARY, "--threads", str(threads), "serve", "--model", model_dir,
+                        "--port", "0", "--served-model-name", "sy-test", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **MPI_ENV})
         deadline = time.time() + 120
         self.port = None
         self.log = []
@@ -31,6 +39,7 @@ class Server:
             self.log.append(line)
             if "serving" in line and "http://" in line:
                 self.port = int(line.split("http://")[1].split(" ")[0].rsplit(":", 1)[1])
+                self.pid = int(line.split("(pid ")[1].split(";")[0])
                 break
         assert self.port, "server did not start:\n" + "".join(self.log)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -72,9 +81,14 @@ class Server:
                     return int(line.split()[1]) * 1024
         return 0
 
+    def terminate(self):
+        """SIGTERM to the serving process (rank 0 under mpirun: it stops every rank; mpirun
+        itself, when signalled, reports exit code 1 however cleanly its ranks ended)."""
+        os.kill(self.pid, signal.SIGTERM)
+
     def stop(self):
         if self.process.poll() is None:
-            self.process.terminate()
+            self.terminate()
             try:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:

@@ -117,7 +117,7 @@ def test_sigterm_finishes_running_requests_and_exits_zero(model_dir):
     thread = threading.Thread(target=run)
     thread.start()
     time.sleep(0.5)
-    s.process.send_signal(signal.SIGTERM)
+    s.terminate()
     thread.join(timeout=120)
     assert s.process.wait(timeout=60) == 0
     assert result["out"].usage.completion_tokens == 200

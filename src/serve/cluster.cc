@@ -1,0 +1,340 @@
+#include "serve/cluster.h"
+
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+namespace sy::serve {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json ParamsToJson(const SamplingParams& p) {
+  json bias = json::array();
+  for (const auto& [t, b] : p.logit_bias) bias.push_back({t, b});
+  return {{"temperature", p.temperature}, {"top_p", p.top_p}, {"top_k", p.top_k},
+          {"min_p", p.min_p}, {"seed", p.seed ? json(*p.seed) : json(nullptr)},
+          {"presence_penalty", p.presence_penalty}, {"frequency_penalty", p.frequency_penalty},
+          {"repetition_penalty", p.repetition_penalty}, {"logit_bias", bias}, {"stop", p.stop},
+          {"stop_token_ids", p.stop_token_ids}, {"ignore_eos", p.ignore_eos},
+          {"max_tokens", p.max_tokens}, {"min_tokens", p.min_tokens},
+          {"logprobs", p.logprobs ? json(*p.logprobs) : json(nullptr)},
+          {"prompt_logprobs", p.prompt_logprobs ? json(*p.prompt_logprobs) : json(nullptr)},
+          {"skip_special_tokens", p.skip_special_tokens},
+          {"include_stop_str_in_output", p.include_stop_str_in_output}};
+}
+
+SamplingParams ParamsFromJson(const json& j) {
+  SamplingParams p;
+  p.temperature = j["temperature"];
+  p.top_p = j["top_p"];
+  p.top_k = j["top_k"];
+  p.min_p = j["min_p"];
+  if (!j["seed"].is_null()) p.seed = j["seed"].get<uint64_t>();
+  p.presence_penalty = j["presence_penalty"];
+  p.frequency_penalty = j["frequency_penalty"];
+  p.repetition_penalty = j["repetition_penalty"];
+  for (const auto& pair : j["logit_bias"]) p.logit_bias[pair[0].get<int32_t>()] = pair[1].get<double>();
+  p.stop = j["stop"].get<std::vector<std::string>>();
+  p.stop_token_ids = j["stop_token_ids"].get<std::vector<int32_t>>();
+  p.ignore_eos = j["ignore_eos"];
+  p.max_tokens = j["max_tokens"];
+  p.min_tokens = j["min_tokens"];
+  if (!j["logprobs"].is_null()) p.logprobs = j["logprobs"].get<int64_t>();
+  if (!j["prompt_logprobs"].is_null()) p.prompt_logprobs = j["prompt_logprobs"].get<int64_t>();
+  p.skip_special_tokens = j["skip_special_tokens"];
+  p.include_stop_str_in_output = j["include_stop_str_in_output"];
+  return p;
+}
+
+json LogprobToJson(const TokenLogprob& l) {
+  json top = json::array();
+  for (const auto& [t, v] : l.top) top.push_back({t, v});
+  return {l.token, l.logprob, top};
+}
+
+TokenLogprob LogprobFromJson(const json& j) {
+  TokenLogprob l;
+  l.token = j[0];
+  l.logprob = j[1];
+  for (const auto& pair : j[2]) l.top.push_back({pair[0].get<int32_t>(), pair[1].get<float>()});
+  return l;
+}
+
+json EventToJson(const std::string& id, const RequestEvent& e) {
+  json logprobs = json::array(), prompt_logprobs = json::array();
+  for (const auto& l : e.logprobs) logprobs.push_back(LogprobToJson(l));
+  for (const auto& l : e.prompt_logprobs) prompt_logprobs.push_back(l ? LogprobToJson(*l) : json(nullptr));
+  // Text goes as bytes (it is whole characters, but never trust a wire with UTF-8 repair).
+  return {{"id", id}, {"tokens", e.token_ids}, {"text", e.text}, {"logprobs", logprobs},
+          {"finish", e.finish_reason ? json(*e.finish_reason) : json(nullptr)},
+          {"error", e.error}, {"first", e.first}, {"prompt_tokens", e.prompt_tokens},
+          {"cached_tokens", e.cached_tokens}, {"prompt_logprobs", prompt_logprobs}};
+}
+
+RequestEvent EventFromJson(const json& j) {
+  RequestEvent e;
+  e.token_ids = j["tokens"].get<std::vector<int32_t>>();
+  e.text = j["text"];
+  for (const auto& l : j["logprobs"]) e.logprobs.push_back(LogprobFromJson(l));
+  if (!j["finish"].is_null()) e.finish_reason = j["finish"].get<std::string>();
+  e.error = j["error"];
+  e.first = j["first"];
+  e.prompt_tokens = j["prompt_tokens"];
+  e.cached_tokens = j["cached_tokens"];
+  for (const auto& l : j["prompt_logprobs"])
+    e.prompt_logprobs.push_back(l.is_null() ? std::nullopt : std::optional(LogprobFromJson(l)));
+  return e;
+}
+
+json HistogramToJson(const Histogram& h) { return {h.counts, h.sum, h.count}; }
+void AddHistogram(Histogram& into, const json& j) {
+  const auto counts = j[0].get<std::vector<int64_t>>();
+  for (size_t i = 0; i < counts.size() && i < into.counts.size(); ++i) into.counts[i] += counts[i];
+  into.sum += j[1].get<double>();
+  into.count += j[2].get<int64_t>();
+}
+
+json MetricsToJson(const EngineMetrics& m) {
+  return {{"running", m.running}, {"waiting", m.waiting}, {"total_pages", m.total_pages},
+          {"used_pages", m.used_pages}, {"cached_pages", m.cached_pages},
+          {"free_pages", m.free_pages}, {"queued_tokens", m.queued_tokens},
+          {"prompt", m.prompt_tokens_total}, {"generation", m.generation_tokens_total},
+          {"preemptions", m.preemptions_total}, {"queries", m.prefix_cache_queries_total},
+          {"hits", m.prefix_cache_hits_total}, {"steps", m.steps_total},
+          {"finished", m.finished_by_reason}, {"ttft", HistogramToJson(m.time_to_first_token)},
+          {"itl", HistogramToJson(m.inter_token_latency)},
+          {"e2e", HistogramToJson(m.e2e_request_latency)}, {"healthy", m.healthy},
+          {"age", m.last_step_age_seconds}};
+}
+
+EngineMetrics MetricsFromJson(const json& j, const EngineMetrics& shape) {
+  EngineMetrics m = shape;  // histogram bounds
+  for (Histogram* h : {&m.time_to_first_token, &m.inter_token_latency, &m.e2e_request_latency}) {
+    std::fill(h->counts.begin(), h->counts.end(), 0);
+    h->sum = 0;
+    h->count = 0;
+  }
+  m.running = j["running"]; m.waiting = j["waiting"]; m.total_pages = j["total_pages"];
+  m.used_pages = j["used_pages"]; m.cached_pages = j["cached_pages"]; m.free_pages = j["free_pages"];
+  m.queued_tokens = j["queued_tokens"]; m.prompt_tokens_total = j["prompt"];
+  m.generation_tokens_total = j["generation"]; m.preemptions_total = j["preemptions"];
+  m.prefix_cache_queries_total = j["queries"]; m.prefix_cache_hits_total = j["hits"];
+  m.steps_total = j["steps"];
+  m.finished_by_reason = j["finished"].get<std::map<std::string, int64_t>>();
+  AddHistogram(m.time_to_first_token, j["ttft"]);
+  AddHistogram(m.inter_token_latency, j["itl"]);
+  AddHistogram(m.e2e_request_latency, j["e2e"]);
+  m.healthy = j["healthy"];
+  m.last_step_age_seconds = j["age"];
+  return m;
+}
+
+}  // namespace
+
+ClusterServing::ClusterServing(Engine& engine, Communicator& world, int tp)
+    : engine_(engine), world_(world), tp_(tp) {
+  groups_ = world.size() / tp;
+  group_ = world.rank() / tp;
+  leader_ = world.rank() % tp == 0;
+  group_load_.assign(groups_, 0);
+  group_metrics_.assign(groups_, engine.Metrics());
+}
+
+Result<std::shared_ptr<RequestStream>> ClusterServing::Submit(EngineRequest request,
+                                                              SubmitError* error) {
+  *error = SubmitError::kInvalid;
+  SY_RETURN_IF_ERROR(engine_.Validate(request));  // every rank loads the same model
+  // Every rank of the group must draw the same random numbers.
+  if (!request.params.seed) request.params.seed = std::random_device{}() * 0x100000001ull;
+  auto stream = std::make_shared<RequestStream>();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) {
+      *error = SubmitError::kStopping;
+      return Status::Error("the server is shutting down");
+    }
+    int64_t waiting = static_cast<int64_t>(pending_.size());
+    for (const auto& m : group_metrics_) waiting += m.waiting;
+    if (waiting >= 4096) {
+      *error = SubmitError::kQueueFull;
+      return Status::Error("the waiting queue is full");
+    }
+    const int group = static_cast<int>(std::min_element(group_load_.begin(), group_load_.end()) -
+                                       group_load_.begin());
+    const int64_t cost = static_cast<int64_t>(request.prompt.size()) + request.params.max_tokens;
+    group_load_[group] += cost;
+    tracked_[request.id] = {stream, group, cost};
+    pending_.push_back({std::move(request), group});
+  }
+  *error = SubmitError::kNone;
+  wake_.notify_all();
+  return stream;
+}
+
+void ClusterServing::Abort(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aborts_.push_back(id);
+  }
+  wake_.notify_all();
+}
+
+EngineMetrics ClusterServing::Metrics() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  EngineMetrics total = group_metrics_[0];
+  for (size_t g = 1; g < group_metrics_.size(); ++g) {
+    const EngineMetrics& m = group_metrics_[g];
+    total.running += m.running;
+    total.waiting += m.waiting;
+    total.total_pages += m.total_pages;
+    total.used_pages += m.used_pages;
+    total.cached_pages += m.cached_pages;
+    total.free_pages += m.free_pages;
+    total.queued_tokens += m.queued_tokens;
+    total.prompt_tokens_total += m.prompt_tokens_total;
+    total.generation_tokens_total += m.generation_tokens_total;
+    total.preemptions_total += m.preemptions_total;
+    total.prefix_cache_queries_total += m.prefix_cache_queries_total;
+    total.prefix_cache_hits_total += m.prefix_cache_hits_total;
+    for (const auto& [reason, count] : m.finished_by_reason) total.finished_by_reason[reason] += count;
+    for (auto [into, from] : {std::pair{&total.time_to_first_token, &m.time_to_first_token},
+                              std::pair{&total.inter_token_latency, &m.inter_token_latency},
+                              std::pair{&total.e2e_request_latency, &m.e2e_request_latency}}) {
+      for (size_t i = 0; i < into->counts.size(); ++i) into->counts[i] += from->counts[i];
+      into->sum += from->sum;
+      into->count += from->count;
+    }
+    total.healthy = total.healthy && m.healthy;
+    total.last_step_age_seconds = std::max(total.last_step_age_seconds, m.last_step_age_seconds);
+  }
+  total.waiting += static_cast<int64_t>(pending_.size());
+  return total;
+}
+
+void ClusterServing::Stop(bool drain) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  stop_ = true;
+  drain_ = drain;
+  wake_.notify_all();
+  stopped_cv_.wait(lock, [&] { return stopped_; });
+}
+
+std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // Idle: wait for something to do (bounded, so a stop is seen; other ranks wait in the
+  // broadcast meanwhile).
+  if (!any_work)
+    wake_.wait_for(lock, std::chrono::milliseconds(20),
+                   [&] { return !pending_.empty() || !aborts_.empty() || stop_; });
+  json control = {{"submit", json::array()}, {"abort", aborts_}, {"stop", stop_},
+                  {"drain", drain_}};
+  for (const Pending& p : pending_)
+    control["submit"].push_back({{"id", p.request.id},
+                                 {"group", p.group},
+                                 {"prompt", p.request.prompt},
+                                 {"params", ParamsToJson(p.request.params)}});
+  pending_.clear();
+  aborts_.clear();
+  const std::string text = Dump(control);
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
+void ClusterServing::DeliverEvents(const std::vector<uint8_t>& gathered) {
+  // Each rank's part: an 8-byte length, then JSON {"events": [...], "metrics": {...}}.
+  size_t at = 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  while (at + 8 <= gathered.size()) {
+    uint64_t length = 0;
+    std::memcpy(&length, gathered.data() + at, 8);
+    at += 8;
+    if (length == 0) continue;
+    const json part = json::parse(gathered.begin() + at, gathered.begin() + at + length);
+    at += length;
+    const int group = part["group"];
+    group_metrics_[group] = MetricsFromJson(part["metrics"], group_metrics_[group]);
+    for (const auto& j : part["events"]) {
+      auto it = tracked_.find(j["id"].get<std::string>());
+      if (it == tracked_.end()) continue;
+      RequestEvent event = EventFromJson(j);
+      const bool finished = event.finish_reason.has_value();
+      it->second.stream->Push(std::move(event));
+      if (finished) {
+        group_load_[it->second.group] -= it->second.outstanding;
+        tracked_.erase(it);
+      }
+    }
+  }
+}
+
+void ClusterServing::Run() {
+  const bool root = world_.rank() == 0;
+  bool any_work = false;
+  while (true) {
+    // 1. What arrived, from rank 0.
+    const std::vector<uint8_t> bytes = world_.Broadcast(root ? TakeControl(any_work) : std::vector<uint8_t>{});
+    const json control = json::parse(bytes.begin(), bytes.end());
+    // 2. Requests for this rank's group.
+    for (const auto& s : control["submit"]) {
+      if (s["group"].get<int>() != group_) continue;
+      EngineRequest request;
+      request.id = s["id"];
+      request.prompt = s["prompt"].get<std::vector<int32_t>>();
+      request.params = ParamsFromJson(s["params"]);
+      SubmitError why;
+      auto stream = engine_.Submit(request, &why);
+      if (stream.ok()) {
+        local_[request.id] = stream.value();
+      } else {
+        // Checked on rank 0 already; report anything else as this request's error.
+        auto failed = std::make_shared<RequestStream>();
+        RequestEvent event;
+        event.finish_reason = "error";
+        event.error = stream.status().message();
+        failed->Push(std::move(event));
+        local_[request.id] = failed;
+      }
+    }
+    for (const auto& id : control["abort"]) engine_.Abort(id.get<std::string>());
+    // 3. One step everywhere if any rank has work.
+    any_work = world_.AllReduceMax(engine_.HasWork() ? 1 : 0) > 0;
+    if (any_work) engine_.StepOnce(/*must_step=*/true);
+    // 4. Events to rank 0: every rank drains its streams, the group's first rank reports them
+    // (the other TP ranks computed the same ones).
+    std::vector<uint8_t> payload(8, 0);
+    json events = json::array();
+    std::vector<RequestEvent> drained;
+    for (auto it = local_.begin(); it != local_.end();) {
+      drained.clear();
+      const bool finished = it->second->Drain(&drained);
+      if (leader_)
+        for (const auto& e : drained) events.push_back(EventToJson(it->first, e));
+      it = finished ? local_.erase(it) : std::next(it);
+    }
+    if (leader_) {
+      const std::string text =
+          Dump({{"group", group_}, {"events", events}, {"metrics", MetricsToJson(engine_.Metrics())}});
+      const uint64_t length = text.size();
+      std::memcpy(payload.data(), &length, 8);
+      payload.insert(payload.end(), text.begin(), text.end());
+    }
+    const std::vector<uint8_t> gathered = world_.GatherToRoot(payload);
+    if (root) DeliverEvents(gathered);
+    if (control["stop"].get<bool>()) {
+      if (!control["drain"].get<bool>())
+        for (const auto& [id, stream] : local_) engine_.Abort(id);
+      if (!any_work) break;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  stopped_ = true;
+  stopped_cv_.notify_all();
+}
+
+}  // namespace sy::serve
