@@ -422,6 +422,29 @@ void AppendCompletionLogprobs(const TextCodec& codec, const std::optional<TokenL
   out["top_logprobs"].push_back(top);
 }
 
+// The legacy completions logprobs object: the echoed prompt's tokens first (when `prompt` is
+// given; offsets from 0), then the generated ones, whose offsets continue from the prompt's or
+// start at `generated_offset` when given.
+json CompletionLogprobs(const TextCodec& codec, const std::vector<int32_t>* prompt,
+                        const std::vector<std::optional<TokenLogprob>>& prompt_logprobs,
+                        const std::vector<int32_t>& tokens, const std::vector<TokenLogprob>& logprobs,
+                        std::optional<int64_t> generated_offset) {
+  json out = {{"tokens", json::array()},
+              {"token_logprobs", json::array()},
+              {"top_logprobs", json::array()},
+              {"text_offset", json::array()}};
+  int64_t offset = 0;
+  if (prompt)
+    for (size_t p = 0; p < prompt->size(); ++p)
+      AppendCompletionLogprobs(codec, p < prompt_logprobs.size() ? prompt_logprobs[p] : std::nullopt,
+                               (*prompt)[p], out, &offset);
+  if (generated_offset) offset = *generated_offset;
+  for (size_t t = 0; t < tokens.size(); ++t)
+    AppendCompletionLogprobs(codec, t < logprobs.size() ? std::optional(logprobs[t]) : std::nullopt,
+                             tokens[t], out, &offset);
+  return out;
+}
+
 json Usage(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices) {
   int64_t prompt = 0, completion = 0, cached = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -456,23 +479,9 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
     if (plan.endpoint == Endpoint::kCompletions) {
       std::string text = plan.echo ? plan.prompt_texts[prompt_index] + c.text : c.text;
       json logprobs = nullptr;
-      if (plan.params.logprobs) {
-        logprobs = {{"tokens", json::array()},
-                    {"token_logprobs", json::array()},
-                    {"top_logprobs", json::array()},
-                    {"text_offset", json::array()}};
-        int64_t offset = 0;
-        if (plan.echo)
-          for (size_t p = 0; p < plan.prompts[prompt_index].size(); ++p)
-            AppendCompletionLogprobs(codec,
-                                     p < c.prompt_logprobs.size() ? c.prompt_logprobs[p]
-                                                                  : std::nullopt,
-                                     plan.prompts[prompt_index][p], logprobs, &offset);
-        for (size_t t = 0; t < c.tokens.size(); ++t)
-          AppendCompletionLogprobs(codec,
-                                   t < c.logprobs.size() ? std::optional(c.logprobs[t]) : std::nullopt,
-                                   c.tokens[t], logprobs, &offset);
-      }
+      if (plan.params.logprobs)
+        logprobs = CompletionLogprobs(codec, plan.echo ? &plan.prompts[prompt_index] : nullptr,
+                                      c.prompt_logprobs, c.tokens, c.logprobs, std::nullopt);
       out_choices.push_back({{"index", i},
                              {"text", text},
                              {"logprobs", logprobs},
@@ -516,24 +525,12 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
     std::string text = event.text;
     json logprobs = nullptr;
     if (plan.params.logprobs) {
-      logprobs = {{"tokens", json::array()},
-                  {"token_logprobs", json::array()},
-                  {"top_logprobs", json::array()},
-                  {"text_offset", json::array()}};
-      int64_t offset = static_cast<int64_t>(so_far.text.size() - event.text.size());
-      if (plan.echo && first) {
-        offset = 0;
-        for (size_t p = 0; p < plan.prompts[prompt_index].size(); ++p)
-          AppendCompletionLogprobs(codec,
-                                   p < event.prompt_logprobs.size() ? event.prompt_logprobs[p]
-                                                                    : std::nullopt,
-                                   plan.prompts[prompt_index][p], logprobs, &offset);
-      }
-      if (plan.echo) offset += static_cast<int64_t>(plan.prompt_texts[prompt_index].size());
-      for (size_t t = 0; t < event.token_ids.size(); ++t)
-        AppendCompletionLogprobs(
-            codec, t < event.logprobs.size() ? std::optional(event.logprobs[t]) : std::nullopt,
-            event.token_ids[t], logprobs, &offset);
+      // Generated offsets count the echoed prompt text and the text streamed before this event.
+      const int64_t before =
+          (plan.echo ? static_cast<int64_t>(plan.prompt_texts[prompt_index].size()) : 0) +
+          static_cast<int64_t>(so_far.text.size() - event.text.size());
+      logprobs = CompletionLogprobs(codec, plan.echo && first ? &plan.prompts[prompt_index] : nullptr,
+                                    event.prompt_logprobs, event.token_ids, event.logprobs, before);
     }
     if (plan.echo && first) text = plan.prompt_texts[prompt_index] + text;
     choice = {{"index", index},

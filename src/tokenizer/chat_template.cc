@@ -127,6 +127,37 @@ std::string V3Call(const ToolCall& call) {
                      call.arguments, kCallEnd);
 }
 
+// The tool-call list every variant writes for an assistant message with calls:
+//   [before-first] content? <calls_begin> call (separator call)* <calls_end> EOS
+// `before_first`: what precedes the first call (V3 repeats the assistant tag); `separator`:
+// between calls ("\n" for V3 and V3-0324, nothing for V3.1); `is_first`: the template's
+// namespace flag (V3 never resets it, so a later message continues the list).
+Status AppendToolCalls(const Message& m, std::string_view before_first, std::string_view separator,
+                       bool with_type, bool& is_first, std::string& out) {
+  SY_ASSIGN_OR_RETURN(const json* calls, m.ToolCalls());
+  for (size_t c = 0; c < calls->size(); ++c) {
+    SY_ASSIGN_OR_RETURN(ToolCall call, ReadToolCall((*calls)[c], m.index(), c, with_type));
+    const std::string spelled =
+        with_type ? V3Call(call)
+                  : fmt::format("{}{}{}{}{}", kCallBegin, call.name, kSep, call.arguments, kCallEnd);
+    if (!is_first) {
+      out += before_first;
+      if (!m.IsNone("content")) {
+        SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
+        out += content;
+      }
+      out += kCallsBegin;
+      is_first = true;
+    } else {
+      out += separator;
+    }
+    out += spelled;
+  }
+  out += kCallsEnd;
+  out += kEos;
+  return Status::Ok();
+}
+
 // System messages are hoisted to the front, joined by a blank line (every variant).
 Result<std::string> SystemPrompt(const json& messages) {
   std::string prompt;
@@ -159,27 +190,9 @@ Result<std::string> RenderV3(const json& messages, const ChatOptions& options,
     }
     if (role == "assistant" && m.Has("tool_calls")) {
       is_tool = false;
-      SY_ASSIGN_OR_RETURN(const json* calls, m.ToolCalls());
-      for (size_t c = 0; c < calls->size(); ++c) {
-        SY_ASSIGN_OR_RETURN(ToolCall call, ReadToolCall((*calls)[c], i, c, true));
-        // is_first is never reset between messages in this template: a second assistant
-        // message with calls continues the first one's list. Reproduced as the template is.
-        if (!is_first) {
-          out += kAssistant;
-          if (!m.IsNone("content")) {
-            SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
-            out += content;
-          }
-          out += kCallsBegin;
-          out += V3Call(call);
-          is_first = true;
-        } else {
-          out += "\n";
-          out += V3Call(call);
-        }
-      }
-      out += kCallsEnd;
-      out += kEos;
+      // is_first is never reset between messages in this template: a second assistant message
+      // with calls continues the first one's list. Reproduced as the template is.
+      SY_RETURN_IF_ERROR(AppendToolCalls(m, kAssistant, "\n", true, is_first, out));
     }
     if (role == "assistant" && !m.Has("tool_calls")) {
       SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
@@ -243,24 +256,7 @@ Result<std::string> RenderV3_0324(const json& messages, const ChatOptions& optio
       is_first = false;
       is_tool = false;
       is_output_first = true;
-      SY_ASSIGN_OR_RETURN(const json* calls, m.ToolCalls());
-      for (size_t c = 0; c < calls->size(); ++c) {
-        SY_ASSIGN_OR_RETURN(ToolCall call, ReadToolCall((*calls)[c], i, c, true));
-        if (!is_first) {
-          if (!m.IsNone("content")) {
-            SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
-            out += content;
-          }
-          out += kCallsBegin;
-          out += V3Call(call);
-          is_first = true;
-        } else {
-          out += "\n";
-          out += V3Call(call);
-        }
-      }
-      out += kCallsEnd;
-      out += kEos;
+      SY_RETURN_IF_ERROR(AppendToolCalls(m, "", "\n", true, is_first, out));
     }
     if (role == "assistant" && !has_calls) {
       is_last_user = false;
@@ -318,25 +314,7 @@ Result<std::string> RenderV3_1(const json& messages, const ChatOptions& options,
       is_last_user = false;
       is_first = false;
       is_tool = false;
-      SY_ASSIGN_OR_RETURN(const json* calls, m.ToolCalls());
-      for (size_t c = 0; c < calls->size(); ++c) {
-        SY_ASSIGN_OR_RETURN(ToolCall call, ReadToolCall((*calls)[c], i, c, false));
-        const std::string spelled =
-            fmt::format("{}{}{}{}{}", kCallBegin, call.name, kSep, call.arguments, kCallEnd);
-        if (!is_first) {
-          if (!m.IsNone("content")) {
-            SY_ASSIGN_OR_RETURN(std::string content, m.String("content"));
-            out += content;
-          }
-          out += kCallsBegin;
-          out += spelled;
-          is_first = true;
-        } else {
-          out += spelled;
-        }
-      }
-      out += kCallsEnd;
-      out += kEos;
+      SY_RETURN_IF_ERROR(AppendToolCalls(m, "", "", false, is_first, out));
     }
     if (role == "assistant" && !has_calls) {
       if (is_last_user) {

@@ -71,7 +71,7 @@ class Server:
         return values
 
     def metric(self, name, **labels):
-        label_text = ",".join([f'model_name="sy-test"'] + [f'{k}="{v}"' for k, v in labels.items()])
+        label_text = ",".join(['model_name="sy-test"'] + [f'{k}="{v}"' for k, v in labels.items()])
         return self.metrics()[f"switchyard:{name}{{{label_text}}}"]
 
     def rss_bytes(self):
@@ -116,3 +116,23 @@ def server(model_dir):
 def client(server):
     from openai import OpenAI
     return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def assert_sigterm_drains(server, max_tokens):
+    """Sends SIGTERM while a request runs: the request must finish and the server exit 0."""
+    import threading
+    from openai import OpenAI
+    client = OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    result = {}
+
+    def run():
+        result["out"] = client.completions.create(
+            model="sy-test", prompt="Long tale", max_tokens=max_tokens, temperature=0,
+            extra_body={"ignore_eos": True})
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.5)
+    server.terminate()
+    thread.join(timeout=120)
+    assert server.process.wait(timeout=60) == 0
+    assert result["out"].usage.completion_tokens == max_tokens

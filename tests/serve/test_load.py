@@ -7,16 +7,14 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
 
 from openai import OpenAI
 
-from conftest import TMP, Server
+from conftest import TMP, Server, assert_sigterm_drains
 
 
 def wait_idle(server, timeout=60):
@@ -107,20 +105,7 @@ def test_soak_of_2000_random_requests_holds_memory_flat(server):
 
 
 def test_sigterm_finishes_running_requests_and_exits_zero(model_dir):
-    s = Server(model_dir, "--kv-cache-tokens", "4096")
-    client = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
-    result = {}
-
-    def run():
-        result["out"] = client.completions.create(model="sy-test", prompt="Long tale", max_tokens=200,
-                                                  temperature=0, extra_body={"ignore_eos": True})
-    thread = threading.Thread(target=run)
-    thread.start()
-    time.sleep(0.5)
-    s.terminate()
-    thread.join(timeout=120)
-    assert s.process.wait(timeout=60) == 0
-    assert result["out"].usage.completion_tokens == 200
+    assert_sigterm_drains(Server(model_dir, "--kv-cache-tokens", "4096"), 200)
 
 
 def test_prometheus_scrapes_metrics(server):
@@ -134,7 +119,6 @@ def test_prometheus_scrapes_metrics(server):
         f.write("global:\n  scrape_interval: 1s\nscrape_configs:\n"
                 "  - job_name: switchyard\n    static_configs:\n"
                 f"      - targets: ['127.0.0.1:{server.port}']\n")
-    web = Server.__new__(Server)  # only for a free port
     import socket
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -3,14 +3,11 @@ stepping together. Greedy output must equal the single-process server's; every r
 concurrent load completes; metrics add up over the groups; SIGTERM stops every rank cleanly."""
 
 import concurrent.futures
-import signal
-import threading
-import time
 
 import pytest
 from openai import OpenAI
 
-from conftest import Server
+from conftest import Server, assert_sigterm_drains
 
 PROMPTS = ["ROMEO: But soft", "KING HENRY:", "To be, or not", "Good morrow, cousin",
            "HAMLET: Words, words", "Once more unto the breach"]
@@ -50,17 +47,4 @@ def test_mpi_server_matches_one_process(server, client, model_dir, ranks, extra)
 
 
 def test_sigterm_under_mpirun_drains_and_exits_zero(model_dir):
-    s = Server(model_dir, "--kv-cache-tokens", "4096", ranks=2, threads=1)
-    client = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
-    result = {}
-
-    def run():
-        result["out"] = client.completions.create(model="sy-test", prompt="Long tale", max_tokens=120,
-                                                  temperature=0, extra_body={"ignore_eos": True})
-    thread = threading.Thread(target=run)
-    thread.start()
-    time.sleep(0.5)
-    s.terminate()
-    thread.join(timeout=120)
-    assert s.process.wait(timeout=60) == 0
-    assert result["out"].usage.completion_tokens == 120
+    assert_sigterm_drains(Server(model_dir, "--kv-cache-tokens", "4096", ranks=2, threads=1), 120)
