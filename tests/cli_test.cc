@@ -114,13 +114,15 @@ int RunWithInput(const std::string& command, const std::string& input, std::stri
 std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
   return lines;
 }
 
 TEST(CliTest, TokenizeMatchesHuggingFaceAndDecodesBack) {
   const std::string fixtures = std::string(testing::kFixturesDir) + "/tokenizer";
-  std::ifstream corpus(fixtures + "/corpus.jsonl"), expected(fixtures + "/deepseek-v3/expected.jsonl");
+  std::ifstream corpus(fixtures + "/corpus.jsonl"),
+      expected(fixtures + "/deepseek-v3/expected.jsonl");
   std::string input, decode_input;
   std::vector<std::vector<int32_t>> want;
   std::vector<std::string> texts;
@@ -134,9 +136,9 @@ TEST(CliTest, TokenizeMatchesHuggingFaceAndDecodesBack) {
   }
   ASSERT_GT(want.size(), 100u);
   std::string output;
-  ASSERT_EQ(RunWithInput(Binary() + " tokenize --tokenizer " + fixtures + "/deepseek-v3", input,
-                         &output),
-            0)
+  ASSERT_EQ(
+      RunWithInput(Binary() + " tokenize --tokenizer " + fixtures + "/deepseek-v3", input, &output),
+      0)
       << output.substr(0, 500);
   auto lines = Lines(output);
   ASSERT_EQ(lines.size(), want.size());
@@ -156,9 +158,9 @@ TEST(CliTest, TokenizeNamesBadLinesAndKeepsGoing) {
   std::string output;
   const std::string tokenizer =
       " tokenize --tokenizer " + std::string(testing::kFixturesDir) + "/tokenizer/deepseek-v3";
-  int status = RunWithInput(Binary() + tokenizer + " 2>/dev/null",
-                            "{\"text\": \"a\"}\n{\"txt\": 1}\nnot json\n{\"text\": \"b\"}\n",
-                            &output);
+  int status =
+      RunWithInput(Binary() + tokenizer + " 2>/dev/null",
+                   "{\"text\": \"a\"}\n{\"txt\": 1}\nnot json\n{\"text\": \"b\"}\n", &output);
   EXPECT_EQ(status, 1);
   auto lines = Lines(output);
   ASSERT_EQ(lines.size(), 4u) << output;
@@ -185,7 +187,8 @@ TEST(CliTest, TextPromptsGenerateTheSameTokensAsTheirIds) {
       << output;
   auto ids = nlohmann::json::parse(output)["ids"].get<std::vector<int32_t>>();
   std::string id_list = "0";  // the default tokenizer's config asks for BOS
-  for (int32_t id : ids) id_list += "," + std::to_string(id);
+  for (int32_t id : ids)
+    id_list += "," + std::to_string(id);
   std::string from_text, from_ids;
   ASSERT_EQ(RunCommand(Binary() + " generate --model " + dir +
                            " --prompt 'ROMEO: But soft, what light' --prompt 'x' --max-tokens 5 "

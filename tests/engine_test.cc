@@ -66,7 +66,8 @@ std::vector<int32_t> GreedyAlone(const std::vector<int32_t>& prompt, int64_t cou
 
 std::vector<int32_t> Prompt(int64_t length, int32_t salt) {
   std::vector<int32_t> p(static_cast<size_t>(length));
-  for (int64_t i = 0; i < length; ++i) p[i] = static_cast<int32_t>((i * 37 + salt * 101 + 5) % 4000 + 20);
+  for (int64_t i = 0; i < length; ++i)
+    p[i] = static_cast<int32_t>((i * 37 + salt * 101 + 5) % 4000 + 20);
   return p;
 }
 
@@ -86,7 +87,8 @@ Collected Collect(RequestStream& stream) {
   for (auto& e : events) {
     c.tokens.insert(c.tokens.end(), e.token_ids.begin(), e.token_ids.end());
     c.text += e.text;
-    for (auto& l : e.logprobs) c.logprobs.push_back(l);
+    for (auto& l : e.logprobs)
+      c.logprobs.push_back(l);
     if (e.first) {
       c.prompt_tokens = e.prompt_tokens;
       c.cached_tokens = e.cached_tokens;
@@ -204,7 +206,8 @@ TEST(EngineTest, SeededSamplingDoesNotDependOnTheBatch) {
   }
   Harness h(4096, EngineConfig{});
   std::vector<std::shared_ptr<RequestStream>> others;
-  for (int i = 0; i < 5; ++i) others.push_back(h.Submit("o" + std::to_string(i), Prompt(15, i), Greedy(8)));
+  for (int i = 0; i < 5; ++i)
+    others.push_back(h.Submit("o" + std::to_string(i), Prompt(15, i), Greedy(8)));
   auto s = h.Submit("crowd", Prompt(20, 9), params);
   h.RunToIdle();
   EXPECT_EQ(Collect(*s).tokens, alone_tokens);
@@ -264,7 +267,8 @@ TEST(EngineTest, StopStringsAreNotReturnedAndAbortFreesPages) {
   EXPECT_EQ(c.text, full.text.substr(0, full.text.find(stop)));
 
   auto long_one = h.Submit("long", Prompt(10, 5), Greedy(500));
-  for (int i = 0; i < 5; ++i) h.engine.StepOnce();
+  for (int i = 0; i < 5; ++i)
+    h.engine.StepOnce();
   EXPECT_GT(h.engine.Metrics().used_pages, 0);
   h.engine.Abort("long");
   h.RunToIdle();

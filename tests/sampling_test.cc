@@ -10,8 +10,9 @@
 namespace sy {
 namespace {
 
-SampledToken Sample(const std::vector<float>& logits, const SamplingParams& params, int64_t step = 0,
-                    const PenaltyState& penalties = {}, const std::vector<int32_t>& blocked = {}) {
+SampledToken Sample(const std::vector<float>& logits, const SamplingParams& params,
+                    int64_t step = 0, const PenaltyState& penalties = {},
+                    const std::vector<int32_t>& blocked = {}) {
   std::vector<float> scratch;
   return SampleToken(logits.data(), static_cast<int64_t>(logits.size()), params, penalties, step,
                      blocked, scratch);
@@ -25,7 +26,8 @@ TEST(SamplingTest, GreedyTopKOneAndBias) {
   SamplingParams top1;
   top1.top_k = 1;
   top1.seed = 5;
-  for (int step = 0; step < 20; ++step) EXPECT_EQ(Sample(logits, top1, step).token, 1);
+  for (int step = 0; step < 20; ++step)
+    EXPECT_EQ(Sample(logits, top1, step).token, 1);
   greedy.logit_bias[3] = 100;
   EXPECT_EQ(Sample(logits, greedy).token, 3);
   // Blocked tokens (min_tokens not reached: EOS and stop tokens) are never chosen.
@@ -61,12 +63,14 @@ TEST(SamplingTest, TopPAndMinPKeepOnlyTheHead) {
   SamplingParams p;
   p.top_p = 0.6;  // the first token alone reaches 0.6
   p.seed = 1;
-  for (int step = 0; step < 50; ++step) EXPECT_EQ(Sample(logits, p, step).token, 0);
+  for (int step = 0; step < 50; ++step)
+    EXPECT_EQ(Sample(logits, p, step).token, 0);
   SamplingParams m;
   m.min_p = 0.2;  // keeps tokens with p ≥ 0.2·p_max: the first two
   m.seed = 2;
   std::map<int32_t, int> seen;
-  for (int step = 0; step < 400; ++step) ++seen[Sample(logits, m, step).token];
+  for (int step = 0; step < 400; ++step)
+    ++seen[Sample(logits, m, step).token];
   EXPECT_GT(seen[0], 0);
   EXPECT_GT(seen[1], 0);
   EXPECT_EQ(seen.count(2) + seen.count(3), 0u);
@@ -78,7 +82,8 @@ TEST(SamplingTest, TemperatureSamplingDrawsFromTheSoftmax) {
   p.temperature = 0.8;
   std::vector<double> expected(logits.size());
   double sum = 0;
-  for (size_t i = 0; i < logits.size(); ++i) sum += expected[i] = std::exp(logits[i] / 0.8);
+  for (size_t i = 0; i < logits.size(); ++i)
+    sum += expected[i] = std::exp(logits[i] / 0.8);
   const int draws = 20000;
   std::vector<int> counts(logits.size(), 0);
   for (int i = 0; i < draws; ++i) {
@@ -96,13 +101,15 @@ TEST(SamplingTest, TemperatureSamplingDrawsFromTheSoftmax) {
 
 TEST(SamplingTest, SameSeedAndStepSameToken) {
   std::vector<float> logits(100);
-  for (int i = 0; i < 100; ++i) logits[i] = std::sin(i * 0.37f);
+  for (int i = 0; i < 100; ++i)
+    logits[i] = std::sin(i * 0.37f);
   SamplingParams p;
   p.seed = 42;
   for (int step = 0; step < 10; ++step)
     EXPECT_EQ(Sample(logits, p, step).token, Sample(logits, p, step).token);
   int differ = 0;
-  for (int step = 0; step < 10; ++step) differ += Sample(logits, p, step).token != Sample(logits, p, step + 1).token;
+  for (int step = 0; step < 10; ++step)
+    differ += Sample(logits, p, step).token != Sample(logits, p, step + 1).token;
   EXPECT_GT(differ, 0);
 }
 

@@ -20,7 +20,9 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string TokenizerFixtures() { return std::string(testing::kFixturesDir) + "/tokenizer"; }
+std::string TokenizerFixtures() {
+  return std::string(testing::kFixturesDir) + "/tokenizer";
+}
 
 std::vector<json> ReadJsonLines(const std::string& path) {
   std::ifstream in(path);
@@ -66,7 +68,8 @@ TEST_P(CorpusTest, IdsAndDecodingMatchHuggingFace) {
     if (ids.value() != want) {
       ++mismatches;
       size_t at = 0;
-      while (at < want.size() && at < ids->size() && want[at] == (*ids)[at]) ++at;
+      while (at < want.size() && at < ids->size() && want[at] == (*ids)[at])
+        ++at;
       ADD_FAILURE() << name << " (" << Printable(text) << "): ids differ at position " << at
                     << " of " << want.size() << " expected / " << ids->size() << " got";
     }
@@ -135,16 +138,17 @@ std::string TinyTokenizerJson(const std::string& pre_tokenizer, const std::strin
   vocab["ab"] = 256;
   vocab["abc"] = 257;
   vocab["aa"] = 258;
-  json root = {{"version", "1.0"},
-               {"added_tokens", json::array({{{"id", 300}, {"content", "<x>"}, {"special", true}},
-                                             {{"id", 301}, {"content", "<xy>"}, {"special", false}}})},
-               {"normalizer", nullptr},
-               {"pre_tokenizer", json::parse(pre_tokenizer)},
-               {"decoder", {{"type", "ByteLevel"}}},
-               {"model",
-                {{"type", "BPE"},
-                 {"vocab", vocab},
-                 {"merges", json::array({"a b", json::array({"ab", "c"}), "a a"})}}}};
+  json root = {
+      {"version", "1.0"},
+      {"added_tokens", json::array({{{"id", 300}, {"content", "<x>"}, {"special", true}},
+                                    {{"id", 301}, {"content", "<xy>"}, {"special", false}}})},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", json::parse(pre_tokenizer)},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", json::array({"a b", json::array({"ab", "c"}), "a a"})}}}};
   std::string text = root.dump();
   if (!extra.empty()) text = extra;
   return text;
@@ -184,7 +188,8 @@ TEST(TokenizerTest, SplitBehaviorsFollowTokenizers) {
     std::vector<TextPiece> pieces;
     EXPECT_TRUE((*pre)->Split(&buffer, &pieces).ok());
     std::vector<std::string> out;
-    for (auto p : pieces) out.push_back(buffer.substr(p.begin, p.end - p.begin));
+    for (auto p : pieces)
+      out.push_back(buffer.substr(p.begin, p.end - p.begin));
     return out;
   };
   using V = std::vector<std::string>;
@@ -204,7 +209,10 @@ TEST(TokenizerTest, OnigurumaEscapesKeepTheirMeaning) {
   auto pre = PreTokenizer::FromJson(
       json{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Removed"}});
   ASSERT_TRUE(pre.ok());
-  std::string text = "a\xC2\x85" "b\xE3\x80\x80" "c";
+  std::string text =
+      "a\xC2\x85"
+      "b\xE3\x80\x80"
+      "c";
   std::vector<TextPiece> pieces;
   ASSERT_TRUE((*pre)->Split(&text, &pieces).ok());
   EXPECT_EQ(pieces.size(), 3u);
@@ -240,7 +248,10 @@ TEST(TokenizerTest, UnsupportedFilesAreClearErrors) {
 }
 
 TEST(Utf8Test, LossyDecodingReplacesMaximalSubparts) {
-  EXPECT_EQ(Utf8Lossy("a\xF0\x9F\x98" "b"), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(Utf8Lossy("a\xF0\x9F\x98"
+                      "b"),
+            "a\xEF\xBF\xBD"
+            "b");
   EXPECT_EQ(Utf8Lossy("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(Utf8Lossy("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(CompleteUtf8Prefix("ab\xE2\x82"), 2u);
@@ -262,7 +273,8 @@ TEST_P(ChatTemplateTest, RendersLikeTransformers) {
   auto chat = ChatTemplate::Recognize(TemplateText(stem), "<｜begin▁of▁sentence｜>");
   ASSERT_TRUE(chat.ok()) << chat.status().message();
   EXPECT_EQ(chat->name(), stem);
-  const json cases = json::parse(testing::ReadFile(TokenizerFixtures() + "/chat/conversations.json"));
+  const json cases =
+      json::parse(testing::ReadFile(TokenizerFixtures() + "/chat/conversations.json"));
   const json expected =
       json::parse(testing::ReadFile(TokenizerFixtures() + "/chat/" + stem + ".expected.json"));
   ASSERT_EQ(cases.size(), expected.size());

@@ -29,7 +29,8 @@ struct Endpoint {
 
 Result<Endpoint> ParseUrl(const std::string& url) {
   std::string rest = url;
-  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
+  if (rest.rfind("http://", 0) == 0)
+    rest = rest.substr(7);
   else if (rest.find("://") != std::string::npos)
     return Status::Errorf("--url {}: only http:// is supported", url);
   rest = rest.substr(0, rest.find('/'));
@@ -166,7 +167,8 @@ class Client {
     }
     record.latency = NowSeconds() - start;
     if (!ok) {
-      record.error = fmt::format("HTTP {}: {}", static_cast<int>(parser.get().result()), error_body);
+      record.error =
+          fmt::format("HTTP {}: {}", static_cast<int>(parser.get().result()), error_body);
       return;
     }
     if (!parser.get().keep_alive()) Reset();
@@ -216,7 +218,8 @@ Stats Summarize(std::vector<double> values) {
   s.median = values.size() % 2 ? values[values.size() / 2]
                                : (values[values.size() / 2 - 1] + values[values.size() / 2]) / 2;
   double var = 0;
-  for (double v : values) var += (v - s.mean) * (v - s.mean);
+  for (double v : values)
+    var += (v - s.mean) * (v - s.mean);
   s.std = std::sqrt(var / n);
   // numpy.percentile's linear interpolation, as vLLM computes it.
   const double rank = 0.99 * (n - 1);
@@ -252,28 +255,33 @@ Result<ServeBenchResult> BenchServe(const ServeBenchOptions& o) {
   if (o.dataset == "random") {
     for (int64_t i = 0; i < o.num_prompts; ++i) {
       std::vector<int32_t> p(static_cast<size_t>(length(o.input_len)));
-      for (auto& t : p) t = token(rng);
+      for (auto& t : p)
+        t = token(rng);
       prompts.push_back(std::move(p));
     }
   } else if (o.dataset == "shared-prefix") {
-    const int64_t groups = o.num_prefixes > 0 ? o.num_prefixes : std::max<int64_t>(1, o.num_prompts / 8);
+    const int64_t groups =
+        o.num_prefixes > 0 ? o.num_prefixes : std::max<int64_t>(1, o.num_prompts / 8);
     const int64_t prefix = o.prefix_len > 0 ? o.prefix_len : o.input_len * 3 / 4;
     std::vector<std::vector<int32_t>> prefixes(groups);
     for (auto& p : prefixes) {
       p.resize(static_cast<size_t>(prefix));
-      for (auto& t : p) t = token(rng);
+      for (auto& t : p)
+        t = token(rng);
     }
     for (int64_t i = 0; i < o.num_prompts; ++i) {
       std::vector<int32_t> p = prefixes[i % groups];
       const int64_t suffix = std::max<int64_t>(1, length(o.input_len) - prefix);
-      for (int64_t k = 0; k < suffix; ++k) p.push_back(token(rng));
+      for (int64_t k = 0; k < suffix; ++k)
+        p.push_back(token(rng));
       prompts.push_back(std::move(p));
     }
     std::shuffle(prompts.begin(), prompts.end(), rng);
   } else {
     return Status::Errorf("--dataset {}: random or shared-prefix", o.dataset);
   }
-  for (int64_t i = 0; i < o.num_prompts; ++i) output_lens.push_back(length(o.output_len));
+  for (int64_t i = 0; i < o.num_prompts; ++i)
+    output_lens.push_back(length(o.output_len));
 
   // Arrival times: all at once, or a Poisson process at --request-rate.
   std::vector<double> arrivals(static_cast<size_t>(o.num_prompts), 0.0);
@@ -286,7 +294,8 @@ Result<ServeBenchResult> BenchServe(const ServeBenchOptions& o) {
     }
   }
   std::vector<RequestRecord> records(static_cast<size_t>(o.num_prompts));
-  const int64_t workers = o.concurrency > 0 ? std::min(o.concurrency, o.num_prompts) : o.num_prompts;
+  const int64_t workers =
+      o.concurrency > 0 ? std::min(o.concurrency, o.num_prompts) : o.num_prompts;
   std::atomic<int64_t> next{0};
   const double start = NowSeconds();
   std::vector<std::thread> threads;
@@ -300,7 +309,8 @@ Result<ServeBenchResult> BenchServe(const ServeBenchOptions& o) {
       }
     });
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
   const double duration = NowSeconds() - start;
 
   // vLLM's metrics.
@@ -331,28 +341,29 @@ Result<ServeBenchResult> BenchServe(const ServeBenchOptions& o) {
                        (o.goodput_e2el_ms <= 0 || r.latency * 1e3 <= o.goodput_e2el_ms);
     if (meets) ++good;
   }
-  json out = {{"date", ""},
-              {"backend", "openai"},
-              {"model_id", model},
-              {"num_prompts", o.num_prompts},
-              {"request_rate", o.request_rate > 0 ? json(o.request_rate) : json("inf")},
-              {"burstiness", 1.0},
-              {"max_concurrency", o.concurrency > 0 ? json(o.concurrency) : json(nullptr)},
-              {"duration", duration},
-              {"completed", completed},
-              {"total_input_tokens", input_tokens},
-              {"total_output_tokens", output_tokens},
-              {"request_throughput", completed / duration},
-              {"request_goodput", (o.goodput_ttft_ms > 0 || o.goodput_tpot_ms > 0 || o.goodput_e2el_ms > 0)
-                                      ? json(good / duration)
-                                      : json(nullptr)},
-              {"output_throughput", output_tokens / duration},
-              {"total_token_throughput", (input_tokens + output_tokens) / duration},
-              {"input_lens", input_lens},
-              {"output_lens", out_lens},
-              {"ttfts", ttft_list},
-              {"itls", itl_list},
-              {"errors", errors}};
+  json out = {
+      {"date", ""},
+      {"backend", "openai"},
+      {"model_id", model},
+      {"num_prompts", o.num_prompts},
+      {"request_rate", o.request_rate > 0 ? json(o.request_rate) : json("inf")},
+      {"burstiness", 1.0},
+      {"max_concurrency", o.concurrency > 0 ? json(o.concurrency) : json(nullptr)},
+      {"duration", duration},
+      {"completed", completed},
+      {"total_input_tokens", input_tokens},
+      {"total_output_tokens", output_tokens},
+      {"request_throughput", completed / duration},
+      {"request_goodput", (o.goodput_ttft_ms > 0 || o.goodput_tpot_ms > 0 || o.goodput_e2el_ms > 0)
+                              ? json(good / duration)
+                              : json(nullptr)},
+      {"output_throughput", output_tokens / duration},
+      {"total_token_throughput", (input_tokens + output_tokens) / duration},
+      {"input_lens", input_lens},
+      {"output_lens", out_lens},
+      {"ttfts", ttft_list},
+      {"itls", itl_list},
+      {"errors", errors}};
   std::string table = fmt::format(
       "============ Serving Benchmark Result ============\n"
       "{:<40}{:>10}\n{:<40}{:>10.2f}\n{:<40}{:>10}\n{:<40}{:>10}\n"
@@ -373,14 +384,15 @@ Result<ServeBenchResult> BenchServe(const ServeBenchOptions& o) {
     out[fmt::format("std_{}_ms", name)] = s.std * 1e3;
     out[fmt::format("p99_{}_ms", name)] = s.p99 * 1e3;
     table += fmt::format("{:-^50}\n{:<40}{:>10.2f}\n{:<40}{:>10.2f}\n{:<40}{:>10.2f}\n",
-                         fmt::format("{}", label), fmt::format("Mean {} (ms):", name),
-                         s.mean * 1e3, fmt::format("Median {} (ms):", name), s.median * 1e3,
+                         fmt::format("{}", label), fmt::format("Mean {} (ms):", name), s.mean * 1e3,
+                         fmt::format("Median {} (ms):", name), s.median * 1e3,
                          fmt::format("P99 {} (ms):", name), s.p99 * 1e3);
   }
   if (completed < o.num_prompts) {
     for (const RequestRecord& r : records)
       if (!r.success) {
-        table += fmt::format("failed requests: {} (first error: {})\n", o.num_prompts - completed, r.error);
+        table += fmt::format("failed requests: {} (first error: {})\n", o.num_prompts - completed,
+                             r.error);
         break;
       }
   }

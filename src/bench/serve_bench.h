@@ -16,17 +16,17 @@ namespace sy::bench {
 
 struct ServeBenchOptions {
   std::string url = "http://127.0.0.1:8000";
-  std::string model;          // empty: the first of /v1/models
+  std::string model;               // empty: the first of /v1/models
   std::string dataset = "random";  // random | shared-prefix
   int64_t num_prompts = 100;
   int64_t input_len = 128;
   int64_t output_len = 128;
-  double range_ratio = 0.0;   // input/output lengths drawn from [L(1−r), L(1+r)]
-  int64_t concurrency = 0;    // 0: unbounded (with --request-rate)
-  double request_rate = 0;    // requests per second, Poisson arrivals; 0: all at once
-  int64_t prefix_len = 0;     // shared-prefix: tokens every prompt of a group shares
-  int64_t num_prefixes = 0;   // shared-prefix: groups
-  int64_t vocab_size = 0;     // 0: ask the server (/tokenize is not needed: ids below 256)
+  double range_ratio = 0.0;  // input/output lengths drawn from [L(1−r), L(1+r)]
+  int64_t concurrency = 0;   // 0: unbounded (with --request-rate)
+  double request_rate = 0;   // requests per second, Poisson arrivals; 0: all at once
+  int64_t prefix_len = 0;    // shared-prefix: tokens every prompt of a group shares
+  int64_t num_prefixes = 0;  // shared-prefix: groups
+  int64_t vocab_size = 0;    // 0: ask the server (/tokenize is not needed: ids below 256)
   uint64_t seed = 0;
   double goodput_ttft_ms = 0, goodput_tpot_ms = 0, goodput_e2el_ms = 0;  // 0: no SLO
   std::string api_key;

@@ -55,13 +55,15 @@ Result<std::string> ReadAll(FILE* pipe) {
   std::string out;
   char buffer[4096];
   size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0)
+    out.append(buffer, n);
   return out;
 }
 
 std::string ShellQuote(const std::string& s) {
   std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  for (char c : s)
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
 }
 
@@ -108,9 +110,11 @@ Result<TokenizerBenchReport> BenchTokenizer(const TokenizerBenchOptions& options
   if (texts.empty()) return Status::Errorf("{}: no texts", options.corpus);
   std::string long_prompt;
   while (static_cast<int64_t>(long_prompt.size()) < options.long_prompt_bytes)
-    for (const std::string& t : texts) long_prompt += t + "\n";
+    for (const std::string& t : texts)
+      long_prompt += t + "\n";
   double corpus_bytes = 0;
-  for (const auto& t : texts) corpus_bytes += static_cast<double>(t.size());
+  for (const auto& t : texts)
+    corpus_bytes += static_cast<double>(t.size());
 
   TokenizerBenchReport report;
   std::vector<uint64_t> checksums;  // of our ids, per load, compared with Hugging Face's
@@ -131,7 +135,8 @@ Result<TokenizerBenchReport> BenchTokenizer(const TokenizerBenchOptions& options
     }
     for (const std::string& t : *load) {  // untimed: the ids compared with Hugging Face's
       const std::vector<int32_t> ids = tokenizer.Encode(t).value();
-      for (int32_t id : ids) checksum = checksum * 1000003u + static_cast<uint64_t>(id);
+      for (int32_t id : ids)
+        checksum = checksum * 1000003u + static_cast<uint64_t>(id);
     }
     checksums.push_back(checksum);
     const Timing timing = Summarize(times);
@@ -144,8 +149,9 @@ Result<TokenizerBenchReport> BenchTokenizer(const TokenizerBenchOptions& options
   if (options.hf_python.empty() || !std::filesystem::exists(options.hf_python)) {
     report.hf_note = options.hf_python.empty()
                          ? "no --hf-python given"
-                         : options.hf_python + " not found (tools/tokenizer/make_tokenizer_fixtures.sh "
-                                               "makes .venv-tokenizer)";
+                         : options.hf_python +
+                               " not found (tools/tokenizer/make_tokenizer_fixtures.sh "
+                               "makes .venv-tokenizer)";
   } else {
     const std::string scratch =
         (std::filesystem::temp_directory_path() / ("sy-bench-tok-" + std::to_string(::getpid())))
@@ -189,18 +195,17 @@ Result<TokenizerBenchReport> BenchTokenizer(const TokenizerBenchOptions& options
 }
 
 std::string TokenizerReportTable(const TokenizerBenchReport& report) {
-  std::string out = fmt::format("{:<12} {:<22} {:>10} {:>9} {:>10} {:>9} {:>9}\n", "load",
-                                "engine", "MB", "tokens", "median ms", "MB/s", "vs HF");
+  std::string out = fmt::format("{:<12} {:<22} {:>10} {:>9} {:>10} {:>9} {:>9}\n", "load", "engine",
+                                "MB", "tokens", "median ms", "MB/s", "vs HF");
   for (const auto& row : report.rows) {
     double ratio = 0;
     for (const auto& other : report.rows)
       if (other.workload == row.workload && other.engine != "switchyard")
         ratio = other.median_seconds / row.median_seconds;
-    out += fmt::format("{:<12} {:<22} {:>10.3f} {:>9} {:>10.2f} {:>9.2f} {:>9}\n", row.workload,
-                       row.engine, row.bytes / 1e6, row.tokens, row.median_seconds * 1e3,
-                       row.MegabytesPerSecond(),
-                       row.engine == "switchyard" && ratio > 0 ? fmt::format("{:.2f}x", ratio)
-                                                               : std::string("-"));
+    out += fmt::format(
+        "{:<12} {:<22} {:>10.3f} {:>9} {:>10.2f} {:>9.2f} {:>9}\n", row.workload, row.engine,
+        row.bytes / 1e6, row.tokens, row.median_seconds * 1e3, row.MegabytesPerSecond(),
+        row.engine == "switchyard" && ratio > 0 ? fmt::format("{:.2f}x", ratio) : std::string("-"));
   }
   if (!report.hf_note.empty()) out += "no Hugging Face row: " + report.hf_note + "\n";
   if (report.rows.size() > 2)
@@ -235,7 +240,7 @@ std::string TokenizerReportJson(const TokenizerBenchReport& report) {
               {"hf_note", report.hf_note},
               {"prefill_tokens_per_second", report.prefill_tokens_per_second},
               {"model_prompt_tokens", report.model_prompt_tokens}}
-             .dump(2);
+      .dump(2);
 }
 
 }  // namespace sy::bench

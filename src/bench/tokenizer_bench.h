@@ -13,10 +13,10 @@
 namespace sy::bench {
 
 struct TokenizerBenchOptions {
-  std::string tokenizer;   // tokenizer.json or a directory with one
-  std::string corpus;      // JSON Lines with "text"
-  std::string hf_python;   // a Python with `tokenizers`; empty: no side-by-side row
-  std::string model;       // model whose prefill rate the long prompt is set against
+  std::string tokenizer;  // tokenizer.json or a directory with one
+  std::string corpus;     // JSON Lines with "text"
+  std::string hf_python;  // a Python with `tokenizers`; empty: no side-by-side row
+  std::string model;      // model whose prefill rate the long prompt is set against
   int repetitions = 5;
   int64_t long_prompt_bytes = 1 << 20;
 };
@@ -34,8 +34,8 @@ struct TokenizerBenchRow {
 
 struct TokenizerBenchReport {
   std::vector<TokenizerBenchRow> rows;
-  bool ids_match = true;  // HF's ids (count and checksum) equal ours on both loads
-  std::string hf_note;             // why there is no HF row, when there is none
+  bool ids_match = true;                 // HF's ids (count and checksum) equal ours on both loads
+  std::string hf_note;                   // why there is no HF row, when there is none
   double prefill_tokens_per_second = 0;  // measured on the model, 2,048-token prompt
   int64_t model_prompt_tokens = 0;       // the long prompt in the model's own tokenizer
 };

@@ -65,11 +65,14 @@ void AddBenchServeCommand(CLI::App& bench_app) {
   s->add_option("--output-len", o.output_len, "Generated tokens")->check(CLI::Range(1, 1 << 24));
   s->add_option("--range-ratio", o.range_ratio, "Lengths drawn from [L(1-r), L(1+r)]")
       ->check(CLI::Range(0.0, 1.0));
-  s->add_option("--concurrency", o.concurrency, "Requests in flight at most (vLLM's --max-concurrency)")
+  s->add_option("--concurrency", o.concurrency,
+                "Requests in flight at most (vLLM's --max-concurrency)")
       ->check(CLI::Range(1, 100000));
-  s->add_option("--request-rate", o.request_rate, "Poisson arrivals per second (default: all at once)")
+  s->add_option("--request-rate", o.request_rate,
+                "Poisson arrivals per second (default: all at once)")
       ->check(CLI::Range(0.0, 1e6));
-  s->add_option("--prefix-len", o.prefix_len, "shared-prefix: tokens a group shares (default 3/4 of input)");
+  s->add_option("--prefix-len", o.prefix_len,
+                "shared-prefix: tokens a group shares (default 3/4 of input)");
   s->add_option("--num-prefixes", o.num_prefixes, "shared-prefix: groups (default num-prompts/8)");
   s->add_option("--vocab-size", o.vocab_size, "Prompt ids are drawn from [16, V) (default 4096)");
   s->add_option("--seed", o.seed, "Random seed for prompts and arrivals");

@@ -37,8 +37,8 @@ std::string ResolveModelDirectory(const std::string& model) {
   fs::remove_all(directory, error);  // an older default without its tokenizer
   fs::rename(staging, directory, error);
   if (error && !fs::exists(directory + "/tokenizer.json")) {
-    FailVerb(fmt::format("creating the default model: cannot move {} to {}: {}", staging,
-                         directory, error.message()));
+    FailVerb(fmt::format("creating the default model: cannot move {} to {}: {}", staging, directory,
+                         error.message()));
   }
   fs::remove_all(staging, error);
   return directory;

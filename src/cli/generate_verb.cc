@@ -41,7 +41,8 @@ std::vector<std::vector<int32_t>> PromptIds(const GenerateArgs& args, const Text
   }
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < args.prompts.size(); ++i) {
-    auto ids = args.chat ? codec->EncodeChat(args.prompts[i]) : codec->EncodePrompt(args.prompts[i]);
+    auto ids =
+        args.chat ? codec->EncodeChat(args.prompts[i]) : codec->EncodePrompt(args.prompts[i]);
     if (!ids.ok()) FailVerb(fmt::format("--prompt {}: {}", i, ids.status().message()));
     if (ids->empty()) FailVerb(fmt::format("--prompt {}: the prompt has no tokens", i));
     prompts.push_back(std::move(ids).value());
@@ -81,10 +82,10 @@ void RunGenerate(const GenerateArgs& args) {
   for (size_t s = 0; s < count; ++s) {
     const int64_t length = static_cast<int64_t>(prompts[s].size()) + args.max_tokens;
     if (length > config.max_position_embeddings)
-      FailEverywhere(comm, fmt::format("sequence {}: {} prompt tokens + --max-tokens {} exceed the "
-                                       "model's context of {} tokens",
-                                       s, prompts[s].size(), args.max_tokens,
-                                       config.max_position_embeddings));
+      FailEverywhere(
+          comm, fmt::format("sequence {}: {} prompt tokens + --max-tokens {} exceed the "
+                            "model's context of {} tokens",
+                            s, prompts[s].size(), args.max_tokens, config.max_position_embeddings));
   }
   int64_t capacity = 0;
   for (size_t s = 0; s < count; ++s)
@@ -143,19 +144,23 @@ void RunGenerate(const GenerateArgs& args) {
   const int64_t total_decoded = comm.AllReduceSum(decoded_tokens);
   if (comm.rank() != 0) return;
   int64_t total_generated = 0;
-  for (size_t s = 0; s < count; ++s) total_generated += static_cast<int64_t>(ordered[s].size());
+  for (size_t s = 0; s < count; ++s)
+    total_generated += static_cast<int64_t>(ordered[s].size());
   const double decode_seconds = end - prefill_done;
   if (args.json) {
     nlohmann::json outputs = nlohmann::json::array();
     for (size_t s = 0; s < count; ++s)
-      outputs.push_back({{"prompt", args.prompts.empty() ? Text(*codec, prompts[s]) : args.prompts[s]},
-                         {"text", Text(*codec, ordered[s])},
-                         {"token_ids", ordered[s]}});
-    nlohmann::json report = {{"outputs", outputs},
-                             {"prefill_seconds", prefill_done - start},
-                             {"decode_tokens_per_second", total_decoded / std::max(decode_seconds, 1e-9)},
-                             {"mtp", nullptr}};
-    std::printf("%s\n", report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      outputs.push_back(
+          {{"prompt", args.prompts.empty() ? Text(*codec, prompts[s]) : args.prompts[s]},
+           {"text", Text(*codec, ordered[s])},
+           {"token_ids", ordered[s]}});
+    nlohmann::json report = {
+        {"outputs", outputs},
+        {"prefill_seconds", prefill_done - start},
+        {"decode_tokens_per_second", total_decoded / std::max(decode_seconds, 1e-9)},
+        {"mtp", nullptr}};
+    std::printf("%s\n",
+                report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
   }
   for (size_t s = 0; s < count; ++s) {

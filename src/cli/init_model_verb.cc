@@ -24,9 +24,9 @@ void RunInitModel(const InitModelArgs& args) {
   Status status = WriteSyntheticCheckpoint(config, args.out, options);
   if (status.ok()) status = WriteEmbeddedTokenizer(args.preset, args.out);
   if (!status.ok()) FailVerb(status.message());
-  std::printf("wrote the %s model (%s weights, seed %llu) and its tokenizer to %s\n", args.preset.c_str(),
-              config.fp8_weights ? "fp8" : "bf16", static_cast<unsigned long long>(args.seed),
-              args.out.c_str());
+  std::printf("wrote the %s model (%s weights, seed %llu) and its tokenizer to %s\n",
+              args.preset.c_str(), config.fp8_weights ? "fp8" : "bf16",
+              static_cast<unsigned long long>(args.seed), args.out.c_str());
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // switchyard: one binary, a few verbs (docs/architecture.md).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <thread>

@@ -33,7 +33,7 @@ struct ServeArgs {
 };
 
 serve::ServerOptions ServerOptionsFrom(const ServeArgs& args, int64_t cache_tokens,
-                                      const EngineConfig& engine_config) {
+                                       const EngineConfig& engine_config) {
   serve::ServerOptions options;
   options.host = args.host;
   options.port = args.port;
@@ -70,12 +70,13 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
     cluster.Run();
     return;
   }
-  std::printf("switchyard: serving %s on http://%s:%d (pid %d; %d ranks, %d DP groups of TP %d; "
-              "cache %lld tokens per group in %s, chat template %s)\n",
-              options.limits.model_name.c_str(), args.host.c_str(), server->port(),
-              static_cast<int>(::getpid()), comm.size(),
-              run.dp(), run.tp, static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
-              codec.chat ? std::string(codec.chat->name()).c_str() : "none");
+  std::printf(
+      "switchyard: serving %s on http://%s:%d (pid %d; %d ranks, %d DP groups of TP %d; "
+      "cache %lld tokens per group in %s, chat template %s)\n",
+      options.limits.model_name.c_str(), args.host.c_str(), server->port(),
+      static_cast<int>(::getpid()), comm.size(), run.dp(), run.tp,
+      static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+      codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
   std::thread http([&] { server->Run(); });
   cluster.Run();
@@ -97,9 +98,9 @@ void RunServe(const ServeArgs& args) {
   const DType kv_dtype = KvDTypeOrFail(args.kv_dtype);
   // The cache: as asked, or 64 Ki tokens kept under 4 GiB.
   int64_t cache_tokens = args.kv_cache_tokens;
-  const int64_t bytes_per_token =
-      config.num_hidden_layers * (config.kv_lora_rank + config.qk_rope_head_dim) *
-      static_cast<int64_t>(DTypeSize(kv_dtype));
+  const int64_t bytes_per_token = config.num_hidden_layers *
+                                  (config.kv_lora_rank + config.qk_rope_head_dim) *
+                                  static_cast<int64_t>(DTypeSize(kv_dtype));
   if (cache_tokens == 0) cache_tokens = std::min<int64_t>(65536, (4ll << 30) / bytes_per_token);
   LatentCache cache = model.NewCache(cache_tokens, 1, kv_dtype);
   cache_tokens = cache.total_pages() * cache.page_size();
@@ -112,8 +113,8 @@ void RunServe(const ServeArgs& args) {
   engine_config.max_model_len =
       args.max_model_len > 0 ? args.max_model_len : config.max_position_embeddings;
   if (engine_config.max_model_len > config.max_position_embeddings)
-    FailVerb(fmt::format("--max-model-len {} exceeds the model's {} positions",
-                         args.max_model_len, config.max_position_embeddings));
+    FailVerb(fmt::format("--max-model-len {} exceeds the model's {} positions", args.max_model_len,
+                         config.max_position_embeddings));
   Engine engine(model, cache, *codec.tokenizer, run.Options(), engine_config);
   if (comm.size() > 1) return RunCluster(args, run, engine, codec, cache_tokens, engine_config);
 
@@ -121,12 +122,12 @@ void RunServe(const ServeArgs& args) {
   serve::OpenAiServer server(engine, codec, options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
   engine.Start();
-  std::printf("switchyard: serving %s on http://%s:%d (pid %d; cache %lld tokens in %s, chat "
-              "template %s)\n",
-              options.limits.model_name.c_str(), args.host.c_str(), server.port(),
-              static_cast<int>(::getpid()),
-              static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
-              codec.chat ? std::string(codec.chat->name()).c_str() : "none");
+  std::printf(
+      "switchyard: serving %s on http://%s:%d (pid %d; cache %lld tokens in %s, chat "
+      "template %s)\n",
+      options.limits.model_name.c_str(), args.host.c_str(), server.port(),
+      static_cast<int>(::getpid()), static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+      codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
   server.Run();
   std::printf("switchyard: stopped\n");

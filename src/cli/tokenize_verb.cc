@@ -73,10 +73,11 @@ void RunTokenize(const TokenizeArgs& args) {
                 << '\n';
     } else {
       ++failures;
-      const std::string message = fmt::format("line {}: {}", line_number, result.status().message());
+      const std::string message =
+          fmt::format("line {}: {}", line_number, result.status().message());
       std::fprintf(stderr, "error: %s\n", message.c_str());
       std::cout << nlohmann::json{{"error", message}}.dump(-1, ' ', false,
-                                                          nlohmann::json::error_handler_t::replace)
+                                                           nlohmann::json::error_handler_t::replace)
                 << '\n';
     }
   }
@@ -92,7 +93,8 @@ void AddTokenizeVerb(CLI::App& app) {
       "tokenize", "Text to token ids (or ids to text with --decode), JSON Lines on stdin/stdout");
   verb->add_option("--model", args->model,
                    "Checkpoint directory whose tokenizer to use (default: the embedded model)");
-  verb->add_option("--tokenizer", args->tokenizer, "A tokenizer.json file, or a directory with one");
+  verb->add_option("--tokenizer", args->tokenizer,
+                   "A tokenizer.json file, or a directory with one");
   verb->add_flag("--decode", args->decode, "Read {\"ids\": [...]}, write {\"text\": ...}");
   verb->add_flag("--skip-special-tokens", args->skip_special_tokens,
                  "With --decode: leave special tokens out of the text");

@@ -29,7 +29,8 @@ std::string IncrementalDetokenizer::Add(int32_t token, bool* stopped) {
   }
   if (stop_at != std::string::npos) {
     *stopped = true;
-    std::string out = Utf8Lossy(pending_.substr(0, include_stop_ ? stop_at + stop_length : stop_at));
+    std::string out =
+        Utf8Lossy(pending_.substr(0, include_stop_ ? stop_at + stop_length : stop_at));
     pending_.clear();
     emitted_ += out;
     return out;

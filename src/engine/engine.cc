@@ -10,7 +10,8 @@ namespace sy {
 
 void Histogram::Observe(double value) {
   size_t i = 0;
-  while (i < bounds.size() && value > bounds[i]) ++i;
+  while (i < bounds.size() && value > bounds[i])
+    ++i;
   ++counts[i];
   sum += value;
   ++count;
@@ -19,8 +20,8 @@ void Histogram::Observe(double value) {
 namespace {
 
 std::vector<double> LatencyBounds() {
-  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-          2.5,   5.0,   7.5,  10,   20,   40,   80,   160, 640, 2560};
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+          1.0,   2.5,   5.0,  7.5,  10,   20,   40,   80,  160,  640, 2560};
 }
 
 }  // namespace
@@ -30,11 +31,11 @@ struct Engine::Sequence {
   std::shared_ptr<RequestStream> stream;
   std::vector<int32_t> tokens;  // prompt, then generated tokens
   int64_t prompt_length = 0;
-  int64_t computed = 0;         // tokens whose latent rows are in the cache
-  SequenceCache cache;          // pages (shared prefix pages first), length == computed
+  int64_t computed = 0;               // tokens whose latent rows are in the cache
+  SequenceCache cache;                // pages (shared prefix pages first), length == computed
   std::vector<uint64_t> page_hashes;  // chain hashes of the leading full pages
-  bool looked_up = false;       // prefix cache consulted since (re)admission
-  int64_t cached_tokens = 0;    // reported in usage: tokens the first admission found cached
+  bool looked_up = false;             // prefix cache consulted since (re)admission
+  int64_t cached_tokens = 0;          // reported in usage: tokens the first admission found cached
   bool first_admission = true;
   bool sent_first = false;
   PenaltyState penalties;
@@ -57,15 +58,17 @@ Engine::Engine(const Model& model, LatentCache& cache, const Tokenizer& tokenize
       tokenizer_(tokenizer),
       forward_options_(forward_options),
       config_(config) {
-  max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len
-                                             : model.config().max_position_embeddings;
+  max_model_len_ =
+      config_.max_model_len > 0 ? config_.max_model_len : model.config().max_position_embeddings;
   forward_options_.logit_rows = LogitRows::kLast;
   metrics_.time_to_first_token = Histogram(LatencyBounds());
   metrics_.inter_token_latency = Histogram(LatencyBounds());
   metrics_.e2e_request_latency = Histogram(LatencyBounds());
 }
 
-Engine::~Engine() { Stop(false); }
+Engine::~Engine() {
+  Stop(false);
+}
 
 void Engine::Start() {
   loop_ = std::thread([this] { Loop(); });
@@ -106,7 +109,8 @@ Status Engine::Validate(const EngineRequest& request) const {
   const int64_t pages = (length + pool_.page_size() - 1) / pool_.page_size();
   if (pages > pool_.total_pages())
     return Status::Errorf(
-        "the request needs {} tokens of cache but the whole cache holds {} (raise --kv-cache-tokens)",
+        "the request needs {} tokens of cache but the whole cache holds {} (raise "
+        "--kv-cache-tokens)",
         length, pool_.total_pages() * pool_.page_size());
   return Status::Ok();
 }
@@ -130,7 +134,8 @@ Result<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request, Sub
       request.params.include_stop_str_in_output);
   if (request.params.repetition_penalty != 1.0) {
     seq->penalties.in_prompt.assign(static_cast<size_t>(vocab), 0);
-    for (int32_t t : request.prompt) seq->penalties.in_prompt[t] = 1;
+    for (int32_t t : request.prompt)
+      seq->penalties.in_prompt[t] = 1;
   }
   seq->arrival = NowSeconds();
   seq->request = std::move(request);
@@ -165,7 +170,8 @@ void Engine::TakeIncoming() {
   std::vector<std::string> aborts;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& seq : incoming_) waiting_.push_back(std::move(seq));
+    for (auto& seq : incoming_)
+      waiting_.push_back(std::move(seq));
     incoming_.clear();
     aborts.swap(aborts_);
   }
@@ -183,7 +189,8 @@ bool Engine::EnsurePages(Sequence& seq, int64_t length) {
   while (static_cast<int64_t>(seq.cache.pages.size() + taken.size()) < needed) {
     const int32_t page = pool_.Allocate();
     if (page < 0) {
-      for (int32_t p : taken) pool_.Release(p);
+      for (int32_t p : taken)
+        pool_.Release(p);
       return false;
     }
     taken.push_back(page);
@@ -193,7 +200,8 @@ bool Engine::EnsurePages(Sequence& seq, int64_t length) {
 }
 
 void Engine::FreePages(Sequence& seq) {
-  for (int32_t page : seq.cache.pages) pool_.Release(page);
+  for (int32_t page : seq.cache.pages)
+    pool_.Release(page);
   seq.cache.pages.clear();
   seq.cache.length = 0;
   seq.computed = 0;
@@ -234,8 +242,7 @@ void Engine::RegisterFullPages(Sequence& seq) {
   while (static_cast<int64_t>(seq.page_hashes.size() + 1) * size <= seq.computed) {
     const size_t index = seq.page_hashes.size();
     const std::span<const int32_t> page_tokens(seq.tokens.data() + index * size, size);
-    const uint64_t hash =
-        PagePool::ChainHash(index == 0 ? 0 : seq.page_hashes.back(), page_tokens);
+    const uint64_t hash = PagePool::ChainHash(index == 0 ? 0 : seq.page_hashes.back(), page_tokens);
     pool_.Register(seq.cache.pages[index], hash, page_tokens);
     seq.page_hashes.push_back(hash);
   }
@@ -346,8 +353,10 @@ bool Engine::StepOnce(bool must_step) {
     drain = drain_;
   }
   if (stopping && !drain) {
-    for (auto& seq : running_) Finish(*seq, "abort", RequestEvent{});
-    for (auto& seq : waiting_) Finish(*seq, "abort", RequestEvent{});
+    for (auto& seq : running_)
+      Finish(*seq, "abort", RequestEvent{});
+    for (auto& seq : waiting_)
+      Finish(*seq, "abort", RequestEvent{});
     running_.clear();
     waiting_.clear();
   }
@@ -445,7 +454,8 @@ bool Engine::StepOnce(bool must_step) {
     // The batch was checked at submission; a failure here is a bug. Fail these requests loudly
     // and keep serving the others.
     std::fprintf(stderr, "switchyard: step failed: %s\n", status.message().c_str());
-    for (auto& [seq, count] : scheduled) seq->aborted = true;
+    for (auto& [seq, count] : scheduled)
+      seq->aborted = true;
     for (auto it = running_.begin(); it != running_.end();) {
       if ((*it)->aborted) {
         RequestEvent event;

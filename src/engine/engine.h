@@ -32,7 +32,7 @@ struct EngineConfig {
   int64_t max_num_seqs = 256;
   int64_t max_num_batched_tokens = 2048;
   int64_t max_waiting = 4096;
-  int64_t max_model_len = 0;         // 0: the model's max_position_embeddings
+  int64_t max_model_len = 0;          // 0: the model's max_position_embeddings
   double step_timeout_seconds = 120;  // the watchdog's limit for one step
 };
 

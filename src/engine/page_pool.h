@@ -23,7 +23,9 @@ class PagePool {
   int64_t page_size() const { return cache_.page_size(); }
   int64_t total_pages() const { return cache_.total_pages(); }
   // Pages a new allocation can get: free, or cached and unreferenced (evictable).
-  int64_t available_pages() const { return cache_.free_pages() + static_cast<int64_t>(lru_.size()); }
+  int64_t available_pages() const {
+    return cache_.free_pages() + static_cast<int64_t>(lru_.size());
+  }
   // Pages some request holds.
   int64_t used_pages() const { return total_pages() - available_pages(); }
   int64_t cached_pages() const { return static_cast<int64_t>(by_hash_.size()); }
@@ -45,8 +47,8 @@ class PagePool {
 
   // The events a router mirrors: pages stored and evicted, by hash.
   struct Stats {
-    int64_t queries = 0;       // prompt pages looked up
-    int64_t hits = 0;          // ... found
+    int64_t queries = 0;  // prompt pages looked up
+    int64_t hits = 0;     // ... found
     int64_t evictions = 0;
   };
   const Stats& stats() const { return stats_; }

@@ -61,7 +61,8 @@ class RequestStream {
   // Moves out what arrived; true once the finishing event has been taken.
   bool Drain(std::vector<RequestEvent>* out) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& e : events_) out->push_back(std::move(e));
+    for (auto& e : events_)
+      out->push_back(std::move(e));
     events_.clear();
     return finished_;
   }

@@ -44,21 +44,27 @@ Status SamplingParams::Validate(int64_t vocab_size) const {
 
 void LogSoftmaxInPlace(float* row, int64_t size) {
   float max = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < size; ++i) max = std::max(max, row[i]);
+  for (int64_t i = 0; i < size; ++i)
+    max = std::max(max, row[i]);
   double sum = 0;
-  for (int64_t i = 0; i < size; ++i) sum += std::exp(static_cast<double>(row[i] - max));
+  for (int64_t i = 0; i < size; ++i)
+    sum += std::exp(static_cast<double>(row[i] - max));
   const float log_sum = static_cast<float>(std::log(sum)) + max;
-  for (int64_t i = 0; i < size; ++i) row[i] -= log_sum;
+  for (int64_t i = 0; i < size; ++i)
+    row[i] -= log_sum;
 }
 
 std::vector<std::pair<int32_t, float>> TopEntries(const float* row, int64_t size, int64_t count) {
   count = std::min(count, size);
   std::vector<int32_t> ids(static_cast<size_t>(size));
   std::iota(ids.begin(), ids.end(), 0);
-  auto better = [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
+  auto better = [&](int32_t a, int32_t b) {
+    return row[a] > row[b] || (row[a] == row[b] && a < b);
+  };
   std::partial_sort(ids.begin(), ids.begin() + count, ids.end(), better);
   std::vector<std::pair<int32_t, float>> out;
-  for (int64_t i = 0; i < count; ++i) out.push_back({ids[i], row[ids[i]]});
+  for (int64_t i = 0; i < count; ++i)
+    out.push_back({ids[i], row[ids[i]]});
   return out;
 }
 
@@ -91,16 +97,19 @@ SampledToken SampleToken(const float* logits, int64_t vocab, const SamplingParam
     x[token] -= static_cast<float>(params.frequency_penalty * static_cast<double>(count));
     x[token] -= static_cast<float>(params.presence_penalty);
   }
-  for (const auto& [token, bias] : params.logit_bias) x[token] += static_cast<float>(bias);
+  for (const auto& [token, bias] : params.logit_bias)
+    x[token] += static_cast<float>(bias);
   const float minus_inf = -std::numeric_limits<float>::infinity();
-  for (int32_t token : blocked_tokens) x[token] = minus_inf;
+  for (int32_t token : blocked_tokens)
+    x[token] = minus_inf;
 
   SampledToken out;
   if (params.temperature == 0) {
     out.token = static_cast<int32_t>(std::max_element(x, x + vocab) - x);
   } else {
     const float inv_t = static_cast<float>(1.0 / params.temperature);
-    for (int64_t t = 0; t < vocab; ++t) x[t] *= inv_t;
+    for (int64_t t = 0; t < vocab; ++t)
+      x[t] *= inv_t;
     // Candidates sorted by processed logit, best first (ties: lower id), then truncated.
     std::vector<int32_t> order(static_cast<size_t>(vocab));
     std::iota(order.begin(), order.end(), 0);
@@ -116,7 +125,8 @@ SampledToken SampleToken(const float* logits, int64_t vocab, const SamplingParam
     const float top = x[order[0]];
     std::vector<double> probs(order.size());
     double sum = 0;
-    for (size_t i = 0; i < order.size(); ++i) sum += probs[i] = std::exp(double(x[order[i]] - top));
+    for (size_t i = 0; i < order.size(); ++i)
+      sum += probs[i] = std::exp(double(x[order[i]] - top));
     size_t cut = order.size();
     if (params.min_p > 0) {  // relative to the most likely token
       for (size_t i = 0; i < order.size(); ++i)
@@ -136,7 +146,8 @@ SampledToken SampleToken(const float* logits, int64_t vocab, const SamplingParam
       }
     }
     double kept = 0;
-    for (size_t i = 0; i < cut; ++i) kept += probs[i];
+    for (size_t i = 0; i < cut; ++i)
+      kept += probs[i];
     const uint64_t seed = params.seed.value_or(0x5EEDull);
     double target = UniformDraw(seed, step) * kept;
     out.token = order[cut - 1];

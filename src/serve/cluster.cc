@@ -17,13 +17,22 @@ std::string Dump(const json& value) {
 
 json ParamsToJson(const SamplingParams& p) {
   json bias = json::array();
-  for (const auto& [t, b] : p.logit_bias) bias.push_back({t, b});
-  return {{"temperature", p.temperature}, {"top_p", p.top_p}, {"top_k", p.top_k},
-          {"min_p", p.min_p}, {"seed", p.seed ? json(*p.seed) : json(nullptr)},
-          {"presence_penalty", p.presence_penalty}, {"frequency_penalty", p.frequency_penalty},
-          {"repetition_penalty", p.repetition_penalty}, {"logit_bias", bias}, {"stop", p.stop},
-          {"stop_token_ids", p.stop_token_ids}, {"ignore_eos", p.ignore_eos},
-          {"max_tokens", p.max_tokens}, {"min_tokens", p.min_tokens},
+  for (const auto& [t, b] : p.logit_bias)
+    bias.push_back({t, b});
+  return {{"temperature", p.temperature},
+          {"top_p", p.top_p},
+          {"top_k", p.top_k},
+          {"min_p", p.min_p},
+          {"seed", p.seed ? json(*p.seed) : json(nullptr)},
+          {"presence_penalty", p.presence_penalty},
+          {"frequency_penalty", p.frequency_penalty},
+          {"repetition_penalty", p.repetition_penalty},
+          {"logit_bias", bias},
+          {"stop", p.stop},
+          {"stop_token_ids", p.stop_token_ids},
+          {"ignore_eos", p.ignore_eos},
+          {"max_tokens", p.max_tokens},
+          {"min_tokens", p.min_tokens},
           {"logprobs", p.logprobs ? json(*p.logprobs) : json(nullptr)},
           {"prompt_logprobs", p.prompt_logprobs ? json(*p.prompt_logprobs) : json(nullptr)},
           {"skip_special_tokens", p.skip_special_tokens},
@@ -40,7 +49,8 @@ SamplingParams ParamsFromJson(const json& j) {
   p.presence_penalty = j["presence_penalty"];
   p.frequency_penalty = j["frequency_penalty"];
   p.repetition_penalty = j["repetition_penalty"];
-  for (const auto& pair : j["logit_bias"]) p.logit_bias[pair[0].get<int32_t>()] = pair[1].get<double>();
+  for (const auto& pair : j["logit_bias"])
+    p.logit_bias[pair[0].get<int32_t>()] = pair[1].get<double>();
   p.stop = j["stop"].get<std::vector<std::string>>();
   p.stop_token_ids = j["stop_token_ids"].get<std::vector<int32_t>>();
   p.ignore_eos = j["ignore_eos"];
@@ -55,7 +65,8 @@ SamplingParams ParamsFromJson(const json& j) {
 
 json LogprobToJson(const TokenLogprob& l) {
   json top = json::array();
-  for (const auto& [t, v] : l.top) top.push_back({t, v});
+  for (const auto& [t, v] : l.top)
+    top.push_back({t, v});
   return {l.token, l.logprob, top};
 }
 
@@ -63,26 +74,36 @@ TokenLogprob LogprobFromJson(const json& j) {
   TokenLogprob l;
   l.token = j[0];
   l.logprob = j[1];
-  for (const auto& pair : j[2]) l.top.push_back({pair[0].get<int32_t>(), pair[1].get<float>()});
+  for (const auto& pair : j[2])
+    l.top.push_back({pair[0].get<int32_t>(), pair[1].get<float>()});
   return l;
 }
 
 json EventToJson(const std::string& id, const RequestEvent& e) {
   json logprobs = json::array(), prompt_logprobs = json::array();
-  for (const auto& l : e.logprobs) logprobs.push_back(LogprobToJson(l));
-  for (const auto& l : e.prompt_logprobs) prompt_logprobs.push_back(l ? LogprobToJson(*l) : json(nullptr));
+  for (const auto& l : e.logprobs)
+    logprobs.push_back(LogprobToJson(l));
+  for (const auto& l : e.prompt_logprobs)
+    prompt_logprobs.push_back(l ? LogprobToJson(*l) : json(nullptr));
   // Text goes as bytes (it is whole characters, but never trust a wire with UTF-8 repair).
-  return {{"id", id}, {"tokens", e.token_ids}, {"text", e.text}, {"logprobs", logprobs},
+  return {{"id", id},
+          {"tokens", e.token_ids},
+          {"text", e.text},
+          {"logprobs", logprobs},
           {"finish", e.finish_reason ? json(*e.finish_reason) : json(nullptr)},
-          {"error", e.error}, {"first", e.first}, {"prompt_tokens", e.prompt_tokens},
-          {"cached_tokens", e.cached_tokens}, {"prompt_logprobs", prompt_logprobs}};
+          {"error", e.error},
+          {"first", e.first},
+          {"prompt_tokens", e.prompt_tokens},
+          {"cached_tokens", e.cached_tokens},
+          {"prompt_logprobs", prompt_logprobs}};
 }
 
 RequestEvent EventFromJson(const json& j) {
   RequestEvent e;
   e.token_ids = j["tokens"].get<std::vector<int32_t>>();
   e.text = j["text"];
-  for (const auto& l : j["logprobs"]) e.logprobs.push_back(LogprobFromJson(l));
+  for (const auto& l : j["logprobs"])
+    e.logprobs.push_back(LogprobFromJson(l));
   if (!j["finish"].is_null()) e.finish_reason = j["finish"].get<std::string>();
   e.error = j["error"];
   e.first = j["first"];
@@ -93,24 +114,36 @@ RequestEvent EventFromJson(const json& j) {
   return e;
 }
 
-json HistogramToJson(const Histogram& h) { return {h.counts, h.sum, h.count}; }
+json HistogramToJson(const Histogram& h) {
+  return {h.counts, h.sum, h.count};
+}
 void AddHistogram(Histogram& into, const json& j) {
   const auto counts = j[0].get<std::vector<int64_t>>();
-  for (size_t i = 0; i < counts.size() && i < into.counts.size(); ++i) into.counts[i] += counts[i];
+  for (size_t i = 0; i < counts.size() && i < into.counts.size(); ++i)
+    into.counts[i] += counts[i];
   into.sum += j[1].get<double>();
   into.count += j[2].get<int64_t>();
 }
 
 json MetricsToJson(const EngineMetrics& m) {
-  return {{"running", m.running}, {"waiting", m.waiting}, {"total_pages", m.total_pages},
-          {"used_pages", m.used_pages}, {"cached_pages", m.cached_pages},
-          {"free_pages", m.free_pages}, {"queued_tokens", m.queued_tokens},
-          {"prompt", m.prompt_tokens_total}, {"generation", m.generation_tokens_total},
-          {"preemptions", m.preemptions_total}, {"queries", m.prefix_cache_queries_total},
-          {"hits", m.prefix_cache_hits_total}, {"steps", m.steps_total},
-          {"finished", m.finished_by_reason}, {"ttft", HistogramToJson(m.time_to_first_token)},
+  return {{"running", m.running},
+          {"waiting", m.waiting},
+          {"total_pages", m.total_pages},
+          {"used_pages", m.used_pages},
+          {"cached_pages", m.cached_pages},
+          {"free_pages", m.free_pages},
+          {"queued_tokens", m.queued_tokens},
+          {"prompt", m.prompt_tokens_total},
+          {"generation", m.generation_tokens_total},
+          {"preemptions", m.preemptions_total},
+          {"queries", m.prefix_cache_queries_total},
+          {"hits", m.prefix_cache_hits_total},
+          {"steps", m.steps_total},
+          {"finished", m.finished_by_reason},
+          {"ttft", HistogramToJson(m.time_to_first_token)},
           {"itl", HistogramToJson(m.inter_token_latency)},
-          {"e2e", HistogramToJson(m.e2e_request_latency)}, {"healthy", m.healthy},
+          {"e2e", HistogramToJson(m.e2e_request_latency)},
+          {"healthy", m.healthy},
           {"age", m.last_step_age_seconds}};
 }
 
@@ -121,11 +154,18 @@ EngineMetrics MetricsFromJson(const json& j, const EngineMetrics& shape) {
     h->sum = 0;
     h->count = 0;
   }
-  m.running = j["running"]; m.waiting = j["waiting"]; m.total_pages = j["total_pages"];
-  m.used_pages = j["used_pages"]; m.cached_pages = j["cached_pages"]; m.free_pages = j["free_pages"];
-  m.queued_tokens = j["queued_tokens"]; m.prompt_tokens_total = j["prompt"];
-  m.generation_tokens_total = j["generation"]; m.preemptions_total = j["preemptions"];
-  m.prefix_cache_queries_total = j["queries"]; m.prefix_cache_hits_total = j["hits"];
+  m.running = j["running"];
+  m.waiting = j["waiting"];
+  m.total_pages = j["total_pages"];
+  m.used_pages = j["used_pages"];
+  m.cached_pages = j["cached_pages"];
+  m.free_pages = j["free_pages"];
+  m.queued_tokens = j["queued_tokens"];
+  m.prompt_tokens_total = j["prompt"];
+  m.generation_tokens_total = j["generation"];
+  m.preemptions_total = j["preemptions"];
+  m.prefix_cache_queries_total = j["queries"];
+  m.prefix_cache_hits_total = j["hits"];
   m.steps_total = j["steps"];
   m.finished_by_reason = j["finished"].get<std::map<std::string, int64_t>>();
   AddHistogram(m.time_to_first_token, j["ttft"]);
@@ -161,7 +201,8 @@ Result<std::shared_ptr<RequestStream>> ClusterServing::Submit(EngineRequest requ
       return Status::Error("the server is shutting down");
     }
     int64_t waiting = static_cast<int64_t>(pending_.size());
-    for (const auto& m : group_metrics_) waiting += m.waiting;
+    for (const auto& m : group_metrics_)
+      waiting += m.waiting;
     if (waiting >= 4096) {
       *error = SubmitError::kQueueFull;
       return Status::Error("the waiting queue is full");
@@ -203,11 +244,13 @@ EngineMetrics ClusterServing::Metrics() const {
     total.preemptions_total += m.preemptions_total;
     total.prefix_cache_queries_total += m.prefix_cache_queries_total;
     total.prefix_cache_hits_total += m.prefix_cache_hits_total;
-    for (const auto& [reason, count] : m.finished_by_reason) total.finished_by_reason[reason] += count;
+    for (const auto& [reason, count] : m.finished_by_reason)
+      total.finished_by_reason[reason] += count;
     for (auto [into, from] : {std::pair{&total.time_to_first_token, &m.time_to_first_token},
                               std::pair{&total.inter_token_latency, &m.inter_token_latency},
                               std::pair{&total.e2e_request_latency, &m.e2e_request_latency}}) {
-      for (size_t i = 0; i < into->counts.size(); ++i) into->counts[i] += from->counts[i];
+      for (size_t i = 0; i < into->counts.size(); ++i)
+        into->counts[i] += from->counts[i];
       into->sum += from->sum;
       into->count += from->count;
     }
@@ -233,8 +276,8 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
   if (!any_work)
     wake_.wait_for(lock, std::chrono::milliseconds(20),
                    [&] { return !pending_.empty() || !aborts_.empty() || stop_; });
-  json control = {{"submit", json::array()}, {"abort", aborts_}, {"stop", stop_},
-                  {"drain", drain_}};
+  json control = {
+      {"submit", json::array()}, {"abort", aborts_}, {"stop", stop_}, {"drain", drain_}};
   for (const Pending& p : pending_)
     control["submit"].push_back({{"id", p.request.id},
                                  {"group", p.group},
@@ -278,7 +321,8 @@ void ClusterServing::Run() {
   bool any_work = false;
   while (true) {
     // 1. What arrived, from rank 0.
-    const std::vector<uint8_t> bytes = world_.Broadcast(root ? TakeControl(any_work) : std::vector<uint8_t>{});
+    const std::vector<uint8_t> bytes =
+        world_.Broadcast(root ? TakeControl(any_work) : std::vector<uint8_t>{});
     const json control = json::parse(bytes.begin(), bytes.end());
     // 2. Requests for this rank's group.
     for (const auto& s : control["submit"]) {
@@ -301,7 +345,8 @@ void ClusterServing::Run() {
         local_[request.id] = failed;
       }
     }
-    for (const auto& id : control["abort"]) engine_.Abort(id.get<std::string>());
+    for (const auto& id : control["abort"])
+      engine_.Abort(id.get<std::string>());
     // 3. One step everywhere if any rank has work.
     any_work = world_.AllReduceMax(engine_.HasWork() ? 1 : 0) > 0;
     if (any_work) engine_.StepOnce(/*must_step=*/true);
@@ -314,12 +359,13 @@ void ClusterServing::Run() {
       drained.clear();
       const bool finished = it->second->Drain(&drained);
       if (leader_)
-        for (const auto& e : drained) events.push_back(EventToJson(it->first, e));
+        for (const auto& e : drained)
+          events.push_back(EventToJson(it->first, e));
       it = finished ? local_.erase(it) : std::next(it);
     }
     if (leader_) {
-      const std::string text =
-          Dump({{"group", group_}, {"events", events}, {"metrics", MetricsToJson(engine_.Metrics())}});
+      const std::string text = Dump(
+          {{"group", group_}, {"events", events}, {"metrics", MetricsToJson(engine_.Metrics())}});
       const uint64_t length = text.size();
       std::memcpy(payload.data(), &length, 8);
       payload.insert(payload.end(), text.begin(), text.end());
@@ -328,7 +374,8 @@ void ClusterServing::Run() {
     if (root) DeliverEvents(gathered);
     if (control["stop"].get<bool>()) {
       if (!control["drain"].get<bool>())
-        for (const auto& [id, stream] : local_) engine_.Abort(id);
+        for (const auto& [id, stream] : local_)
+          engine_.Abort(id);
       if (!any_work) break;
     }
   }

@@ -98,8 +98,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(server_.options_.max_body_bytes);
     parser_->header_limit(64 * 1024);
     stream_.expires_after(std::chrono::minutes(10));  // idle keep-alive connections
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
   void OnRead(beast::error_code ec) {
@@ -108,12 +109,14 @@ class Session : public std::enable_shared_from_this<Session> {
       return Close();
     }
     if (ec == http::error::body_limit) {
-      return SendError({413, fmt::format("the request body exceeds {} bytes",
-                                         server_.options_.max_body_bytes),
-                        "", "request_too_large"},
-                       11, false);
+      return SendError(
+          {413, fmt::format("the request body exceeds {} bytes", server_.options_.max_body_bytes),
+           "", "request_too_large"},
+          11, false);
     }
-    if (ec) return SendError({400, "malformed HTTP request: " + ec.message(), "", "bad_request"}, 11, false);
+    if (ec)
+      return SendError({400, "malformed HTTP request: " + ec.message(), "", "bad_request"}, 11,
+                       false);
     stream_.expires_never();
     Handle(parser_->release());
   }
@@ -131,17 +134,17 @@ class Session : public std::enable_shared_from_this<Session> {
                                "text/plain", version, keep_alive));
     }
     if (path == "/metrics" && get) {
-      return Send(MakeResponse(http::status::ok,
-                               PrometheusText(server_.engine_.Metrics(),
-                                              server_.options_.limits.model_name),
-                               "text/plain; version=0.0.4; charset=utf-8", version, keep_alive));
+      return Send(MakeResponse(
+          http::status::ok,
+          PrometheusText(server_.engine_.Metrics(), server_.options_.limits.model_name),
+          "text/plain; version=0.0.4; charset=utf-8", version, keep_alive));
     }
     if (!server_.options_.api_key.empty()) {
       const auto auth = request[http::field::authorization];
       if (auth != "Bearer " + server_.options_.api_key)
-        return SendError({401, "missing or wrong API key (Authorization: Bearer KEY)", "",
-                          "invalid_api_key"},
-                         version, keep_alive);
+        return SendError(
+            {401, "missing or wrong API key (Authorization: Bearer KEY)", "", "invalid_api_key"},
+            version, keep_alive);
     }
     ApiError error;
     if (path == "/v1/models" && get)
@@ -149,7 +152,8 @@ class Session : public std::enable_shared_from_this<Session> {
                                ModelsResponse(server_.options_.limits, UnixSeconds()),
                                "application/json", version, keep_alive));
     if (path == "/tokenize" && post) {
-      std::string body = TokenizeResponse(request.body(), server_.codec_, server_.options_.limits, &error);
+      std::string body =
+          TokenizeResponse(request.body(), server_.codec_, server_.options_.limits, &error);
       if (body.empty()) return SendError(error, version, keep_alive);
       return Send(MakeResponse(http::status::ok, body, "application/json", version, keep_alive));
     }
@@ -161,8 +165,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if ((path == "/v1/completions" || path == "/v1/chat/completions") && post) {
       const Endpoint endpoint =
           path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat;
-      ParsedRequest parsed = ParseGenerationRequest(endpoint, request.body(), server_.codec_,
-                                                    server_.options_.limits);
+      ParsedRequest parsed =
+          ParseGenerationRequest(endpoint, request.body(), server_.codec_, server_.options_.limits);
       if (!parsed.plan) return SendError(parsed.error, version, keep_alive);
       return StartGeneration(std::move(*parsed.plan), version, keep_alive);
     }
@@ -170,11 +174,12 @@ class Session : public std::enable_shared_from_this<Session> {
                        path == "/tokenize" || path == "/detokenize" || path == "/v1/completions" ||
                        path == "/v1/chat/completions";
     if (known)
-      return SendError({405, fmt::format("{} does not accept {}", path,
-                                         std::string(request.method_string())),
-                        "", "method_not_allowed"},
-                       version, keep_alive);
-    SendError({404, fmt::format("no such endpoint: {}", path), "", "not_found"}, version, keep_alive);
+      return SendError(
+          {405, fmt::format("{} does not accept {}", path, std::string(request.method_string())),
+           "", "method_not_allowed"},
+          version, keep_alive);
+    SendError({404, fmt::format("no such endpoint: {}", path), "", "not_found"}, version,
+              keep_alive);
   }
 
   static Response MakeResponse(http::status status, std::string body, const char* type,
@@ -248,10 +253,13 @@ class Session : public std::enable_shared_from_this<Session> {
       SubmitError why;
       auto stream = server_.engine_.Submit(std::move(request), &why);
       if (!stream.ok()) {
-        for (const std::string& id : g->request_ids) server_.engine_.Abort(id);
+        for (const std::string& id : g->request_ids)
+          server_.engine_.Abort(id);
         ApiError error{400, stream.status().message(), "", "invalid_value"};
-        if (why == SubmitError::kQueueFull) error = {503, stream.status().message(), "", "server_overloaded"};
-        if (why == SubmitError::kStopping) error = {503, stream.status().message(), "", "shutting_down"};
+        if (why == SubmitError::kQueueFull)
+          error = {503, stream.status().message(), "", "server_overloaded"};
+        if (why == SubmitError::kStopping)
+          error = {503, stream.status().message(), "", "shutting_down"};
         return SendError(error, version, keep_alive);
       }
       g->request_ids.push_back(fmt::format("{}-{}", g->id, i));
@@ -297,13 +305,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // a wait with nothing to read. The pending timer also keeps the session alive while the
   // engine works on its requests.
   void WatchForHangUp() {
-    if (!hang_up_timer_) hang_up_timer_ = std::make_unique<net::steady_timer>(stream_.get_executor());
+    if (!hang_up_timer_)
+      hang_up_timer_ = std::make_unique<net::steady_timer>(stream_.get_executor());
     hang_up_timer_->expires_after(std::chrono::milliseconds(100));
     hang_up_timer_->async_wait([self = shared_from_this()](beast::error_code ec) {
       if (ec || !self->generation_ || self->client_gone_) return;
       char byte;
-      const ssize_t n = ::recv(self->stream_.socket().native_handle(), &byte, 1,
-                               MSG_PEEK | MSG_DONTWAIT);
+      const ssize_t n =
+          ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return self->ClientGone();
       self->WatchForHangUp();
     });
@@ -329,7 +338,8 @@ class Session : public std::enable_shared_from_this<Session> {
       for (RequestEvent& e : events) {
         r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
         r.text += e.text;
-        for (auto& lp : e.logprobs) r.logprobs.push_back(lp);
+        for (auto& lp : e.logprobs)
+          r.logprobs.push_back(lp);
         if (e.first) {
           r.prompt_tokens = e.prompt_tokens;
           r.cached_tokens = e.cached_tokens;
@@ -378,7 +388,9 @@ class Session : public std::enable_shared_from_this<Session> {
                       "application/json", g->version, g->keep_alive));
   }
 
-  void Queue(std::string chunk) { pending_.push_back(std::make_shared<std::string>(std::move(chunk))); }
+  void Queue(std::string chunk) {
+    pending_.push_back(std::make_shared<std::string>(std::move(chunk)));
+  }
 
   void FlushWrites() {
     if (writing_ || client_gone_) return;
@@ -399,7 +411,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     // Everything queued goes out as one chunk.
     auto data = std::make_shared<std::string>();
-    for (auto& piece : pending_) *data += *piece;
+    for (auto& piece : pending_)
+      *data += *piece;
     pending_.clear();
     writing_ = true;
     net::async_write(stream_, http::make_chunk(net::buffer(*data)),
@@ -490,18 +503,28 @@ void OpenAiServer::Impl::Run() {
     io_.run();
   };
   std::vector<std::thread> threads;
-  for (int i = 1; i < std::max(1, options_.io_threads); ++i) threads.emplace_back(io_thread);
+  for (int i = 1; i < std::max(1, options_.io_threads); ++i)
+    threads.emplace_back(io_thread);
   io_thread();
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
   if (drainer_.joinable()) drainer_.join();
 }
 
 OpenAiServer::OpenAiServer(RequestFrontend& engine, const TextCodec& codec, ServerOptions options)
     : impl_(std::make_unique<Impl>(engine, codec, std::move(options))) {}
 OpenAiServer::~OpenAiServer() = default;
-Status OpenAiServer::Listen() { return impl_->Listen(); }
-int OpenAiServer::port() const { return impl_->port(); }
-void OpenAiServer::Run() { impl_->Run(); }
-void OpenAiServer::Shutdown() { impl_->Shutdown(); }
+Status OpenAiServer::Listen() {
+  return impl_->Listen();
+}
+int OpenAiServer::port() const {
+  return impl_->port();
+}
+void OpenAiServer::Run() {
+  impl_->Run();
+}
+void OpenAiServer::Shutdown() {
+  impl_->Shutdown();
+}
 
 }  // namespace sy::serve

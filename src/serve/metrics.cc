@@ -51,8 +51,9 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
          static_cast<double>(m.prompt_tokens_total));
   Metric(out, "generation_tokens_total", "counter", "Tokens generated.", labels,
          static_cast<double>(m.generation_tokens_total));
-  out += "# HELP switchyard:request_success_total Requests finished, by reason.\n"
-         "# TYPE switchyard:request_success_total counter\n";
+  out +=
+      "# HELP switchyard:request_success_total Requests finished, by reason.\n"
+      "# TYPE switchyard:request_success_total counter\n";
   for (const char* reason : {"stop", "length", "abort", "error"}) {
     auto it = m.finished_by_reason.find(reason);
     out += fmt::format("switchyard:request_success_total{{{},finished_reason=\"{}\"}} {}\n", labels,
@@ -60,8 +61,9 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
   }
   Metric(out, "num_preemptions_total", "counter", "Requests preempted for want of cache pages.",
          labels, static_cast<double>(m.preemptions_total));
-  Metric(out, "prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
-         labels, static_cast<double>(m.prefix_cache_queries_total));
+  Metric(out, "prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache.", labels,
+         static_cast<double>(m.prefix_cache_queries_total));
   Metric(out, "prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
          labels, static_cast<double>(m.prefix_cache_hits_total));
   HistogramText(out, "time_to_first_token_seconds", "Time to the first generated token.", labels,

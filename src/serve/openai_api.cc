@@ -11,12 +11,18 @@ using json = nlohmann::json;
 
 std::string ErrorType(int status) {
   switch (status) {
-    case 401: return "authentication_error";
-    case 404: return "not_found_error";
-    case 413: return "invalid_request_error";
-    case 429: return "rate_limit_error";
-    case 503: return "service_unavailable";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "invalid_request_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "service_unavailable";
+    default:
+      return status >= 500 ? "server_error" : "invalid_request_error";
   }
 }
 
@@ -46,7 +52,8 @@ struct Reader {
     if (!v) return;
     if (!v->is_number()) return Fail(key, "must be a number");
     const double x = v->get<double>();
-    if (!(x >= lo && x <= hi)) return Fail(key, fmt::format("must be in [{}, {}], got {}", lo, hi, x));
+    if (!(x >= lo && x <= hi))
+      return Fail(key, fmt::format("must be in [{}, {}], got {}", lo, hi, x));
     *out = x;
   }
   void Integer(const char* key, int64_t* out, int64_t lo, int64_t hi) {
@@ -91,7 +98,8 @@ void ReadSampling(Reader& r, GenerationPlan& plan, int64_t vocab) {
   r.Number("repetition_penalty", &p.repetition_penalty, 1e-6, 10);
   int64_t seed = 0;
   if (r.Get("seed")) {
-    r.Integer("seed", &seed, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+    r.Integer("seed", &seed, std::numeric_limits<int64_t>::min(),
+              std::numeric_limits<int64_t>::max());
     p.seed = static_cast<uint64_t>(seed);
   }
   r.Bool("ignore_eos", &p.ignore_eos);
@@ -126,7 +134,8 @@ void ReadSampling(Reader& r, GenerationPlan& plan, int64_t vocab) {
         id = -1;
       }
       if (id < 0 || id >= vocab)
-        return r.Fail("logit_bias", fmt::format("\"{}\" is not a token id in [0, {})", it.key(), vocab));
+        return r.Fail("logit_bias",
+                      fmt::format("\"{}\" is not a token id in [0, {})", it.key(), vocab));
       if (!it.value().is_number() || !(std::abs(it.value().get<double>()) <= 100))
         return r.Fail("logit_bias", fmt::format("bias for {} must be a number in [-100, 100]", id));
       p.logit_bias[static_cast<int32_t>(id)] = it.value().get<double>();
@@ -181,8 +190,9 @@ ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
       return out;
     }
     if (model->get<std::string>() != limits.model_name) {
-      out.error = {404, fmt::format("the model '{}' does not exist (this server serves '{}')",
-                                    model->get<std::string>(), limits.model_name),
+      out.error = {404,
+                   fmt::format("the model '{}' does not exist (this server serves '{}')",
+                               model->get<std::string>(), limits.model_name),
                    "model", "model_not_found"};
       return out;
     }
@@ -222,7 +232,8 @@ ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
       for (size_t i = 0; i < list.size(); ++i) {
         const json& t = list[i];
         if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
-          out.error = Invalid("prompt", fmt::format("{}[{}] is not a token id in [0, {})", where, i, vocab));
+          out.error = Invalid("prompt",
+                              fmt::format("{}[{}] is not a token id in [0, {})", where, i, vocab));
           return false;
         }
         ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
@@ -246,8 +257,9 @@ ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
           } else if (item.is_array()) {
             if (!add_ids(item, fmt::format("[{}]", i))) return out;
           } else {
-            out.error = Invalid("prompt", "must be a string, a list of strings, a list of token "
-                                          "ids, or a list of lists of token ids");
+            out.error = Invalid("prompt",
+                                "must be a string, a list of strings, a list of token "
+                                "ids, or a list of lists of token ids");
             return out;
           }
         }
@@ -344,8 +356,8 @@ ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
       out.error = Invalid("prompt", "the prompt has no tokens");
       return out;
     }
-    const int64_t room = std::min(limits.max_model_len, limits.cache_tokens) -
-                         static_cast<int64_t>(prompt.size());
+    const int64_t room =
+        std::min(limits.max_model_len, limits.cache_tokens) - static_cast<int64_t>(prompt.size());
     if (!max_given) {
       // Completions default to 16 tokens; chat to what the context leaves.
       if (endpoint == Endpoint::kChat) plan.params.max_tokens = std::max<int64_t>(room, 0);
@@ -355,9 +367,8 @@ ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
       out.error = Invalid(max_given ? "max_tokens" : "prompt",
                           fmt::format("this model's maximum context length is {} tokens; the "
                                       "request asks for {} ({} in the prompt, {} to generate)",
-                                      limits.max_model_len,
-                                      prompt.size() + plan.params.max_tokens, prompt.size(),
-                                      plan.params.max_tokens));
+                                      limits.max_model_len, prompt.size() + plan.params.max_tokens,
+                                      prompt.size(), plan.params.max_tokens));
       return out;
     }
     if (static_cast<int64_t>(prompt.size()) + plan.params.max_tokens > limits.cache_tokens) {
@@ -390,14 +401,16 @@ std::string TokenText(const TextCodec& codec, int32_t token) {
 
 json TokenBytes(const TextCodec& codec, int32_t token) {
   json bytes = json::array();
-  for (unsigned char b : codec.tokenizer->TokenBytes(token)) bytes.push_back(b);
+  for (unsigned char b : codec.tokenizer->TokenBytes(token))
+    bytes.push_back(b);
   return bytes;
 }
 
 json ChatLogprobEntry(const TextCodec& codec, const TokenLogprob& lp) {
   json top = json::array();
   for (const auto& [t, l] : lp.top)
-    top.push_back({{"token", TokenText(codec, t)}, {"logprob", l}, {"bytes", TokenBytes(codec, t)}});
+    top.push_back(
+        {{"token", TokenText(codec, t)}, {"logprob", l}, {"bytes", TokenBytes(codec, t)}});
   return {{"token", TokenText(codec, lp.token)},
           {"logprob", lp.logprob},
           {"bytes", TokenBytes(codec, lp.token)},
@@ -418,7 +431,8 @@ void AppendCompletionLogprobs(const TextCodec& codec, const std::optional<TokenL
   }
   out["token_logprobs"].push_back(lp->logprob);
   json top = json::object();
-  for (const auto& [t, l] : lp->top) top[TokenText(codec, t)] = l;
+  for (const auto& [t, l] : lp->top)
+    top[TokenText(codec, t)] = l;
   out["top_logprobs"].push_back(top);
 }
 
@@ -427,7 +441,8 @@ void AppendCompletionLogprobs(const TextCodec& codec, const std::optional<TokenL
 // start at `generated_offset` when given.
 json CompletionLogprobs(const TextCodec& codec, const std::vector<int32_t>* prompt,
                         const std::vector<std::optional<TokenLogprob>>& prompt_logprobs,
-                        const std::vector<int32_t>& tokens, const std::vector<TokenLogprob>& logprobs,
+                        const std::vector<int32_t>& tokens,
+                        const std::vector<TokenLogprob>& logprobs,
                         std::optional<int64_t> generated_offset) {
   json out = {{"tokens", json::array()},
               {"token_logprobs", json::array()},
@@ -436,7 +451,8 @@ json CompletionLogprobs(const TextCodec& codec, const std::vector<int32_t>* prom
   int64_t offset = 0;
   if (prompt)
     for (size_t p = 0; p < prompt->size(); ++p)
-      AppendCompletionLogprobs(codec, p < prompt_logprobs.size() ? prompt_logprobs[p] : std::nullopt,
+      AppendCompletionLogprobs(codec,
+                               p < prompt_logprobs.size() ? prompt_logprobs[p] : std::nullopt,
                                (*prompt)[p], out, &offset);
   if (generated_offset) offset = *generated_offset;
   for (size_t t = 0; t < tokens.size(); ++t)
@@ -491,7 +507,8 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
       json logprobs = nullptr;
       if (plan.chat_logprobs) {
         json content = json::array();
-        for (const auto& lp : c.logprobs) content.push_back(ChatLogprobEntry(codec, lp));
+        for (const auto& lp : c.logprobs)
+          content.push_back(ChatLogprobEntry(codec, lp));
         logprobs = {{"content", content}};
       }
       out_choices.push_back({{"index", i},
@@ -501,13 +518,13 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
                              {"stop_reason", nullptr}});
     }
   }
-  return Dump({{"id", id},
-               {"object", plan.endpoint == Endpoint::kCompletions ? "text_completion"
-                                                                  : "chat.completion"},
-               {"created", created},
-               {"model", limits.model_name},
-               {"choices", out_choices},
-               {"usage", Usage(plan, choices)}});
+  return Dump(
+      {{"id", id},
+       {"object", plan.endpoint == Endpoint::kCompletions ? "text_completion" : "chat.completion"},
+       {"created", created},
+       {"model", limits.model_name},
+       {"choices", out_choices},
+       {"usage", Usage(plan, choices)}});
 }
 
 std::string StreamChunk(const GenerationPlan& plan, int64_t index, const RequestEvent& event,
@@ -529,8 +546,9 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
       const int64_t before =
           (plan.echo ? static_cast<int64_t>(plan.prompt_texts[prompt_index].size()) : 0) +
           static_cast<int64_t>(so_far.text.size() - event.text.size());
-      logprobs = CompletionLogprobs(codec, plan.echo && first ? &plan.prompts[prompt_index] : nullptr,
-                                    event.prompt_logprobs, event.token_ids, event.logprobs, before);
+      logprobs =
+          CompletionLogprobs(codec, plan.echo && first ? &plan.prompts[prompt_index] : nullptr,
+                             event.prompt_logprobs, event.token_ids, event.logprobs, before);
     }
     if (plan.echo && first) text = plan.prompt_texts[prompt_index] + text;
     choice = {{"index", index},
@@ -546,10 +564,12 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
     json logprobs = nullptr;
     if (plan.chat_logprobs) {
       json content = json::array();
-      for (const auto& lp : event.logprobs) content.push_back(ChatLogprobEntry(codec, lp));
+      for (const auto& lp : event.logprobs)
+        content.push_back(ChatLogprobEntry(codec, lp));
       logprobs = {{"content", content}};
     }
-    choice = {{"index", index}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish}};
+    choice = {
+        {"index", index}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish}};
   }
   json chunk = {{"id", id},
                 {"object", plan.endpoint == Endpoint::kCompletions ? "text_completion"
@@ -573,7 +593,9 @@ std::string StreamUsageChunk(const GenerationPlan& plan, const std::vector<Choic
   return "data: " + Dump(chunk) + "\n\n";
 }
 
-std::string StreamError(const ApiError& error) { return "data: " + ErrorBody(error) + "\n\n"; }
+std::string StreamError(const ApiError& error) {
+  return "data: " + ErrorBody(error) + "\n\n";
+}
 
 std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
                              const ServingLimits& limits, ApiError* error) {
@@ -593,7 +615,8 @@ std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
   Result<std::vector<int32_t>> ids = Status::Error("");
   if (auto prompt = root.find("prompt"); prompt != root.end() && prompt->is_string()) {
     ids = codec.EncodePrompt(prompt->get<std::string>(), add_special);
-  } else if (auto messages = root.find("messages"); messages != root.end() && messages->is_array()) {
+  } else if (auto messages = root.find("messages");
+             messages != root.end() && messages->is_array()) {
     ChatOptions options;
     if (auto gen = root.find("add_generation_prompt"); gen != root.end() && gen->is_boolean())
       options.add_generation_prompt = gen->get<bool>();
@@ -606,7 +629,8 @@ std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
     *error = Invalid("prompt", ids.status().message());
     return "";
   }
-  return Dump({{"count", ids->size()}, {"max_model_len", limits.max_model_len}, {"tokens", ids.value()}});
+  return Dump(
+      {{"count", ids->size()}, {"max_model_len", limits.max_model_len}, {"tokens", ids.value()}});
 }
 
 std::string DetokenizeResponse(const std::string& body, const TextCodec& codec, ApiError* error) {

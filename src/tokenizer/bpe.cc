@@ -37,7 +37,8 @@ PieceCache& ThreadCache(uint64_t owner) {
 
 void BpeModel::MergeTable::Reserve(size_t count) {
   size_t capacity = 16;
-  while (capacity < count * 2) capacity <<= 1;
+  while (capacity < count * 2)
+    capacity <<= 1;
   keys.assign(capacity, kEmpty);
   values.assign(capacity, 0);
   mask = capacity - 1;
@@ -124,8 +125,7 @@ Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
     }
     auto l = bpe.token_to_id_.find(left), r = bpe.token_to_id_.find(right),
          m = bpe.token_to_id_.find(left + right);
-    if (l == bpe.token_to_id_.end() || r == bpe.token_to_id_.end() ||
-        m == bpe.token_to_id_.end())
+    if (l == bpe.token_to_id_.end() || r == bpe.token_to_id_.end() || m == bpe.token_to_id_.end())
       return Status::Errorf("model.merges[{}]: \"{}\" + \"{}\" uses a token not in the vocabulary",
                             rank, left, right);
     bpe.merges_.Insert(static_cast<uint64_t>(l->second) << 32 | static_cast<uint32_t>(r->second),
@@ -189,7 +189,8 @@ void BpeModel::Merge(const int32_t* symbols, size_t count, std::vector<int32_t>*
         heap.push({static_cast<uint32_t>(v >> 32), i, id[i], id[next[i]],
                    static_cast<uint32_t>(v & 0xFFFFFFFFu)});
     };
-    for (int32_t i = 0; i >= 0; i = next[i]) push(i);
+    for (int32_t i = 0; i >= 0; i = next[i])
+      push(i);
     while (!heap.empty()) {
       const Candidate c = heap.top();
       heap.pop();
@@ -199,7 +200,8 @@ void BpeModel::Merge(const int32_t* symbols, size_t count, std::vector<int32_t>*
       push(c.at);
     }
   }
-  for (int32_t i = 0; i >= 0; i = next[i]) ids->push_back(id[i]);
+  for (int32_t i = 0; i >= 0; i = next[i])
+    ids->push_back(id[i]);
 }
 
 void BpeModel::EncodePiece(std::string_view bytes, std::vector<int32_t>* ids) const {
@@ -231,7 +233,8 @@ void BpeModel::EncodePiece(std::string_view bytes, std::vector<int32_t>* ids) co
   if (count > 0) Merge(symbols, count, ids);
   if (cache != nullptr) {
     if (cache->entries.size() >= kCacheEntries) cache->entries.clear();
-    cache->entries.emplace(std::string(bytes), std::vector<int32_t>(ids->begin() + first, ids->end()));
+    cache->entries.emplace(std::string(bytes),
+                           std::vector<int32_t>(ids->begin() + first, ids->end()));
   }
 }
 

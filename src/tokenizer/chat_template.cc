@@ -45,8 +45,9 @@ class Message {
 
   std::string_view role() const {
     auto it = value_.find("role");
-    return it != value_.end() && it->is_string() ? std::string_view(it->get_ref<const std::string&>())
-                                                 : std::string_view();
+    return it != value_.end() && it->is_string()
+               ? std::string_view(it->get_ref<const std::string&>())
+               : std::string_view();
   }
   bool Has(const char* key) const { return value_.contains(key); }
   // `message[key] is none`: present and null.
@@ -101,8 +102,8 @@ Result<ToolCall> ReadToolCall(const json& tool, size_t message, size_t call, boo
     return fmt::format("messages[{}].tool_calls[{}]: \"{}\" must be a string", message, call,
                        field);
   };
-  if (!tool.is_object()) return Status::Errorf("messages[{}].tool_calls[{}]: not an object",
-                                               message, call);
+  if (!tool.is_object())
+    return Status::Errorf("messages[{}].tool_calls[{}]: not an object", message, call);
   ToolCall out;
   if (need_type) {
     if (!tool.contains("type") || !tool["type"].is_string()) return Status::Error(where("type"));
@@ -137,9 +138,9 @@ Status AppendToolCalls(const Message& m, std::string_view before_first, std::str
   SY_ASSIGN_OR_RETURN(const json* calls, m.ToolCalls());
   for (size_t c = 0; c < calls->size(); ++c) {
     SY_ASSIGN_OR_RETURN(ToolCall call, ReadToolCall((*calls)[c], m.index(), c, with_type));
-    const std::string spelled =
-        with_type ? V3Call(call)
-                  : fmt::format("{}{}{}{}{}", kCallBegin, call.name, kSep, call.arguments, kCallEnd);
+    const std::string spelled = with_type ? V3Call(call)
+                                          : fmt::format("{}{}{}{}{}", kCallBegin, call.name, kSep,
+                                                        call.arguments, kCallEnd);
     if (!is_first) {
       out += before_first;
       if (!m.IsNone("content")) {

@@ -17,10 +17,10 @@
 namespace sy {
 
 enum class ChatTemplateKind {
-  kDeepSeekV3,      // December 2024: history with </think> stripped, prompt "<｜Assistant｜>"
-  kDeepSeekR1,      // as V3, but the generation prompt opens the think block
-  kDeepSeekV3_0324, // V3-0324 / R1-0528 family: a user turn ends with "<｜Assistant｜>"
-  kDeepSeekV3_1,    // V3.1: a `thinking` switch; </think> or <think> after "<｜Assistant｜>"
+  kDeepSeekV3,       // December 2024: history with </think> stripped, prompt "<｜Assistant｜>"
+  kDeepSeekR1,       // as V3, but the generation prompt opens the think block
+  kDeepSeekV3_0324,  // V3-0324 / R1-0528 family: a user turn ends with "<｜Assistant｜>"
+  kDeepSeekV3_1,     // V3.1: a `thinking` switch; </think> or <think> after "<｜Assistant｜>"
 };
 
 struct ChatOptions {

@@ -13,7 +13,8 @@ extern const std::string_view kBenchTokenizerConfig;
 
 Status WriteEmbeddedTokenizer(const std::string& preset, const std::string& directory) {
   const bool bench = preset == "bench";
-  if (!bench && preset != "default") return Status::Errorf("no embedded tokenizer for '{}'", preset);
+  if (!bench && preset != "default")
+    return Status::Errorf("no embedded tokenizer for '{}'", preset);
   const std::pair<const char*, std::string_view> files[] = {
       {"tokenizer.json", bench ? embedded::kBenchTokenizerJson : embedded::kDefaultTokenizerJson},
       {"tokenizer_config.json",

@@ -35,8 +35,8 @@ Result<std::string> OnigurumaToPcre2(std::string_view pattern) {
         }
       } else if (e == 'S' || e == 'W') {
         if (in_class)
-          return Status::Errorf("\\{} inside a character class is not supported (at offset {})",
-                                e, i - 1);
+          return Status::Errorf("\\{} inside a character class is not supported (at offset {})", e,
+                                i - 1);
         out += "[^";
         out += e == 'S' ? kOnigSpaceItems : kOnigWordItems;
         out += ']';
@@ -96,10 +96,10 @@ class CompiledRegex {
     const size_t length = end - begin;
     size_t start = 0;
     while (start < length) {
-      const int rc = jit_ ? pcre2_jit_match(code_, subject, length, start, 0, state.data,
-                                            state.context)
-                          : pcre2_match(code_, subject, length, start, PCRE2_NO_UTF_CHECK,
-                                        state.data, state.context);
+      const int rc =
+          jit_ ? pcre2_jit_match(code_, subject, length, start, 0, state.data, state.context)
+               : pcre2_match(code_, subject, length, start, PCRE2_NO_UTF_CHECK, state.data,
+                             state.context);
       if (rc == PCRE2_ERROR_NOMATCH) break;
       if (rc < 0) {
         PCRE2_UCHAR message[256];
@@ -109,8 +109,8 @@ class CompiledRegex {
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
       const size_t match_begin = ovector[0], match_end = ovector[1];
       if (match_end > match_begin) {
-        matches->push_back({static_cast<uint32_t>(begin + match_begin),
-                            static_cast<uint32_t>(begin + match_end)});
+        matches->push_back(
+            {static_cast<uint32_t>(begin + match_begin), static_cast<uint32_t>(begin + match_end)});
         start = match_end;
       } else {
         // An empty match yields no piece; step over one character.
@@ -208,7 +208,8 @@ void SplitPiece(TextPiece piece, const std::vector<TextPiece>& matches, SplitBeh
         if (!r.is_match) emit(r.range);
       break;
     case SplitBehavior::kIsolated:
-      for (const Run& r : runs) emit(r.range);
+      for (const Run& r : runs)
+        emit(r.range);
       break;
     case SplitBehavior::kContiguous: {
       bool previous_match = false;

@@ -23,7 +23,8 @@ struct TextCodec {
   Status chat_status;                // why `chat` is absent
 
   // Loads `directory`'s tokenizer, or the file/directory `tokenizer_path` names instead.
-  static Result<TextCodec> Load(const std::string& directory, const std::string& tokenizer_path = "");
+  static Result<TextCodec> Load(const std::string& directory,
+                                const std::string& tokenizer_path = "");
 
   // Plain text → prompt ids (BOS first when add_special_tokens and the config asks for it).
   Result<std::vector<int32_t>> EncodePrompt(const std::string& text,

@@ -107,7 +107,8 @@ Result<Tokenizer> Tokenizer::FromJson(std::string_view json_text, const std::str
       return Status::Errorf("{}: needs an integer \"id\" and a string \"content\"", where);
     AddedToken token;
     const int64_t id = a["id"].get<int64_t>();
-    if (id < 0 || id >= (int64_t{1} << 31)) return Status::Errorf("{}: id {} out of range", where, id);
+    if (id < 0 || id >= (int64_t{1} << 31))
+      return Status::Errorf("{}: id {} out of range", where, id);
     token.id = static_cast<int32_t>(id);
     token.content = a["content"].get<std::string>();
     if (token.content.empty()) return Status::Errorf("{}: empty content", where);
@@ -176,7 +177,8 @@ Status Tokenizer::EncodeOrdinary(std::string_view text, std::vector<int32_t>* id
   std::vector<TextPiece> pieces;
   SY_RETURN_IF_ERROR(pre_tokenizer_->Split(&buffer, &pieces));
   const std::string_view view(buffer);
-  for (const TextPiece& p : pieces) model_->EncodePiece(view.substr(p.begin, p.end - p.begin), ids);
+  for (const TextPiece& p : pieces)
+    model_->EncodePiece(view.substr(p.begin, p.end - p.begin), ids);
   return Status::Ok();
 }
 
@@ -200,7 +202,8 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
     if (token.lstrip) {
       while (segment_end > cursor) {
         size_t start = segment_end - 1;
-        while (start > cursor && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) --start;
+        while (start > cursor && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80)
+          --start;
         size_t p = start;
         if (!IsUnicodeWhitespace(NextCodePoint(text, &p))) break;
         segment_end = start;

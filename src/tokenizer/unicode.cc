@@ -127,8 +127,8 @@ size_t CompleteUtf8Prefix(std::string_view bytes) {
 
 bool IsUnicodeWhitespace(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 const ByteLevelAlphabet& ByteLevelAlphabet::Get() {
@@ -150,7 +150,8 @@ ByteLevelAlphabet::ByteLevelAlphabet() {
 std::string ByteLevelAlphabet::Encode(std::string_view bytes) const {
   std::string out;
   out.reserve(bytes.size() * 2);
-  for (unsigned char b : bytes) AppendUtf8(byte_to_code_point_[b], &out);
+  for (unsigned char b : bytes)
+    AppendUtf8(byte_to_code_point_[b], &out);
   return out;
 }
 

@@ -47,8 +47,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     body = parser.get().body();
   }
   const sy::TextCodec& codec = Codec();
-  const auto endpoint = (data[0] & 2) ? sy::serve::Endpoint::kChat : sy::serve::Endpoint::kCompletions;
-  sy::serve::ParsedRequest parsed = sy::serve::ParseGenerationRequest(endpoint, body, codec, limits);
+  const auto endpoint =
+      (data[0] & 2) ? sy::serve::Endpoint::kChat : sy::serve::Endpoint::kCompletions;
+  sy::serve::ParsedRequest parsed =
+      sy::serve::ParseGenerationRequest(endpoint, body, codec, limits);
   if (parsed.plan) {
     const auto& plan = *parsed.plan;
     if (plan.prompts.empty() || plan.choices() <= 0 || plan.choices() > 16 * 4096) std::abort();

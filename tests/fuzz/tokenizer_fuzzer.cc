@@ -66,7 +66,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const sy::Tokenizer& t = DefaultTokenizer();
       auto text = t.Decode(ids, data[0] & 4);
       bool in_range = true;
-      for (int32_t id : ids) in_range = in_range && id >= 0 && id < t.vocab_size();
+      for (int32_t id : ids)
+        in_range = in_range && id >= 0 && id < t.vocab_size();
       if (text.ok() != in_range) std::abort();
       if (text.ok() && sy::FindInvalidUtf8(text.value()) != std::string_view::npos) std::abort();
       break;
