@@ -1,5 +1,5 @@
-// What a verb needs to run on every rank of an mpirun launch (or alone): the communicator, the
-// model with this rank's share of the routed experts, and the executor that spreads MoE layers.
+// What a verb needs to run on every rank of an mpirun launch (or alone): the parallel options on
+// the command line, and loading (parallel/parallel_run.h) that fails the verb with the reason.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -10,82 +10,15 @@
 #include <type_traits>
 #include <vector>
 
-#include "model/model.h"
-#include "parallel/communicator.h"
-#include "parallel/expert_parallel.h"
-#include "parallel/tensor_parallel.h"
+#include "parallel/parallel_run.h"
 
 namespace sy {
 
-struct ParallelArgs {
-  std::string wire_dtype = "bf16";        // rows on the wire between ranks
-  std::string overlap = "none";           // none | dispatch | microbatch
-  int tp = 1;                             // tensor-parallel ranks per DP group (consecutive ranks)
-  std::string attention_split = "heads";  // heads | sp-tp-sp
-  std::string progress_thread = "on";     // a thread advancing started exchanges
-};
+// The command-line face of parallel_run.h: options, and loading that fails the verb.
+using ParallelArgs = ParallelOptions;
 
-struct ParallelRun {
-  Communicator* comm = nullptr;
-  std::unique_ptr<Communicator> tp_group;  // this rank's TP group (TP > 1)
-  std::unique_ptr<Model> model;
-  std::unique_ptr<ExpertParallelMoe> moe;  // null with one rank
-  std::unique_ptr<MoeExecutor> tp_moe;     // tokens split over the TP group before EP
-  std::unique_ptr<AttentionGroup> tp_attention;
-  int tp = 1;
-  int dp_group = 0;
-  bool sequence_parallel = false;  // SP-TP-SP attention: each rank holds a token shard
-  bool micro_batches = false;
-  ForwardOptions Options() const {
-    ForwardOptions options;
-    options.moe = tp_moe && !sequence_parallel ? tp_moe.get() : moe.get();
-    options.attention_group = tp_attention.get();
-    options.attention_split =
-        sequence_parallel ? AttentionSplit::kSequence : AttentionSplit::kHeads;
-    options.micro_batches = micro_batches;
-    return options;
-  }
-  int dp() const { return comm->size() / tp; }
-  // Sequence s runs on DP group s % DP — on every rank of that group.
-  bool Owns(size_t sequence) const { return static_cast<int>(sequence % dp()) == dp_group; }
-  // The first rank of the group reports the group's results.
-  bool Reports(size_t sequence) const { return Owns(sequence) && comm->rank() % tp == 0; }
-};
-
-// Loads the model on every rank (aborting every rank, with the reason, if any rank fails) and
-// reports each rank's share and memory on stderr.
+// Loads the model on every rank (aborting every rank, with the reason, if any rank fails).
 ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args);
-
-// Rank 0 receives every sequence's values (each reported by the first rank of its DP group),
-// indexed by sequence; other ranks get an empty list. Collective over all ranks. T: 4-byte
-// values (token ids, f32 logits).
-template <typename T>
-std::vector<std::vector<T>> GatherSequencesToRoot(const ParallelRun& run,
-                                                  const std::vector<std::vector<T>>& per_sequence) {
-  static_assert(sizeof(T) == 4 && std::is_trivially_copyable_v<T>);
-  std::vector<uint8_t> mine;  // records: [sequence index, value count] (int64), then the values
-  for (size_t s = 0; s < per_sequence.size(); ++s) {
-    if (!run.Reports(s)) continue;
-    const int64_t header[2] = {static_cast<int64_t>(s),
-                               static_cast<int64_t>(per_sequence[s].size())};
-    const auto* h = reinterpret_cast<const uint8_t*>(header);
-    const auto* v = reinterpret_cast<const uint8_t*>(per_sequence[s].data());
-    mine.insert(mine.end(), h, h + sizeof(header));
-    mine.insert(mine.end(), v, v + per_sequence[s].size() * sizeof(T));
-  }
-  std::vector<uint8_t> all = run.comm->GatherToRoot(mine);
-  if (run.comm->rank() != 0) return {};
-  std::vector<std::vector<T>> ordered(per_sequence.size());
-  for (size_t at = 0; at < all.size();) {
-    int64_t header[2];
-    std::memcpy(header, all.data() + at, sizeof(header));
-    at += sizeof(header);
-    ordered[header[0]].resize(static_cast<size_t>(header[1]));
-    std::memcpy(ordered[header[0]].data(), all.data() + at, static_cast<size_t>(header[1]) * 4);
-    at += static_cast<size_t>(header[1]) * 4;
-  }
-  return ordered;
-}
 
 // Registers --wire-dtype and --overlap on a verb.
 void AddParallelOptions(CLI::App* verb, ParallelArgs& args);
