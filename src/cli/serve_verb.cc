@@ -53,7 +53,7 @@ serve::ServerOptions ServerOptionsFrom(const ServeArgs& args, int64_t cache_toke
 void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const TextCodec& codec,
                 int64_t cache_tokens, const EngineConfig& engine_config) {
   Communicator& comm = *run.comm;
-  serve::ClusterServing cluster(engine, comm, run.tp);
+  serve::ClusterServing cluster(engine, comm, run.tp, engine_config.max_waiting);
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
   std::unique_ptr<serve::OpenAiServer> server;
   Status listening = Status::Ok();

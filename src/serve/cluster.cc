@@ -178,8 +178,8 @@ EngineMetrics MetricsFromJson(const json& j, const EngineMetrics& shape) {
 
 }  // namespace
 
-ClusterServing::ClusterServing(Engine& engine, Communicator& world, int tp)
-    : engine_(engine), world_(world), tp_(tp) {
+ClusterServing::ClusterServing(Engine& engine, Communicator& world, int tp, int64_t max_waiting)
+    : engine_(engine), world_(world), tp_(tp), max_waiting_(max_waiting) {
   groups_ = world.size() / tp;
   group_ = world.rank() / tp;
   leader_ = world.rank() % tp == 0;
@@ -203,9 +203,9 @@ Result<std::shared_ptr<RequestStream>> ClusterServing::Submit(EngineRequest requ
     int64_t waiting = static_cast<int64_t>(pending_.size());
     for (const auto& m : group_metrics_)
       waiting += m.waiting;
-    if (waiting >= 4096) {
+    if (waiting >= max_waiting_) {
       *error = SubmitError::kQueueFull;
-      return Status::Error("the waiting queue is full");
+      return Status::Errorf("the waiting queue is full ({} requests)", max_waiting_);
     }
     const int group = static_cast<int>(std::min_element(group_load_.begin(), group_load_.end()) -
                                        group_load_.begin());

@@ -23,8 +23,9 @@ namespace sy::serve {
 
 class ClusterServing : public RequestFrontend {
  public:
-  // `engine`: this rank's; `group_count` DP groups of `tp` consecutive ranks.
-  ClusterServing(Engine& engine, Communicator& world, int tp);
+  // `engine`: this rank's; DP groups of `tp` consecutive ranks; `max_waiting`: requests queued
+  // over all groups before new ones are refused.
+  ClusterServing(Engine& engine, Communicator& world, int tp, int64_t max_waiting);
 
   // Rank 0's side, called by the HTTP server's threads.
   Result<std::shared_ptr<RequestStream>> Submit(EngineRequest request, SubmitError* error) override;
@@ -47,6 +48,7 @@ class ClusterServing : public RequestFrontend {
   Engine& engine_;
   Communicator& world_;
   int tp_ = 1, groups_ = 1, group_ = 0;
+  int64_t max_waiting_ = 4096;
   bool leader_ = false;  // first rank of its group: reports the group's events
 
   // Rank 0: requests accepted and not yet broadcast, streams awaiting events.
