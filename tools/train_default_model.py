@@ -72,7 +72,8 @@ FP8_SUFFIXES = ("q_a_proj.weight", "q_b_proj.weight", "q_proj.weight", "kv_a_pro
                 "kv_b_proj.weight", "o_proj.weight", "gate_proj.weight", "up_proj.weight",
                 "down_proj.weight")
 
-# The default model. About 16 M parameters; about 21 MB as an fp8 checkpoint.
+# The default model: 16.8 M parameters (embedding and head shared with the MTP module); the fp8
+# checkpoint, with the MTP module's copies of both, is 23.4 MB.
 CONFIG = {
     "architectures": ["DeepseekV3ForCausalLM"],
     "model_type": "deepseek_v3",
@@ -102,7 +103,7 @@ CONFIG = {
     "hidden_act": "silu",
     "rms_norm_eps": 1e-6,
     "rope_theta": 10000.0,
-    # As V3: trained for the original length, YaRN-extended by `factor`; max = factor x original.
+    # YaRN as in V3 (max = factor x original, mscale = mscale_all_dim), used throughout training.
     "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512,
                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
     "max_position_embeddings": 2048,
@@ -287,6 +288,7 @@ class MoE(nn.Module):
         self.experts_down_proj = nn.Parameter(torch.empty(E, D, Im))
         self.shared_experts = MLP(D, Im * c["n_shared_experts"])
         self.register_buffer("load", torch.zeros(E), persistent=False)  # tokens per expert, this step
+        self.count_load = False
 
     def forward(self, x):
         shape = x.shape
@@ -295,7 +297,7 @@ class MoE(nn.Module):
         flat = index.reshape(-1)
         order = torch.argsort(flat, stable=True)  # ascending expert, then token: HF's sum order
         counts = torch.bincount(flat, minlength=self.E)
-        if self.training:
+        if self.training or self.count_load:
             self.load += counts.to(self.load.dtype)
         token = order // self.K
         # split/unbind rather than slicing: their backward concatenates instead of filling a
@@ -606,18 +608,32 @@ def bytes_to_unicode():
 
 
 @torch.no_grad()
-def evaluate(model, data, window, subset_tokens=None):
-    """Bits per byte (and mean nats per token) of the held-out targets."""
+def evaluate(model, data, window, subset_tokens=None, mtp=False):
+    """Bits per byte (and mean nats per token) of the held-out targets. With mtp, also the MTP
+    module's mean nats for t_{i+2}, its top-1 accuracy, and how often its top-1 equals the main
+    model's greedy token at i+1 given the true t_{i+1} (greedy speculative acceptance)."""
     was_training = model.training
     model.eval()
     nats, n_bytes, n_tokens = 0.0, 0.0, 0
+    mtp_nats, mtp_hits, mtp_agree, mtp_n = 0.0, 0, 0, 0
     for w in data.eval_windows(window, subset_tokens):
-        logits = model(w[None, :-1])[0]
-        nats += F.cross_entropy(logits, w[1:], reduction="sum").item()
-        n_bytes += data.token_bytes[w[1:]].sum().item()
-        n_tokens += len(w) - 1
+        inputs, targets = w[None, :-1], w[1:]
+        h = model.hidden(inputs)
+        logits = model.lm_head(h)[0]
+        nats += F.cross_entropy(logits, targets, reduction="sum").item()
+        n_bytes += data.token_bytes[targets].sum().item()
+        n_tokens += len(targets)
+        if mtp and len(targets) > 1:
+            draft = model.mtp_logits(h[:, :-1], inputs[:, 1:])[0]
+            mtp_nats += F.cross_entropy(draft, targets[1:], reduction="sum").item()
+            mtp_hits += (draft.argmax(-1) == targets[1:]).sum().item()
+            mtp_agree += (draft.argmax(-1) == logits[1:].argmax(-1)).sum().item()
+            mtp_n += len(targets) - 1
     model.train(was_training)
-    return nats / math.log(2) / n_bytes, nats / n_tokens
+    result = {"bpb": nats / math.log(2) / n_bytes, "nats": nats / n_tokens}
+    if mtp:
+        result.update(mtp_nats=mtp_nats / mtp_n, mtp_acc=mtp_hits / mtp_n, mtp_accept=mtp_agree / mtp_n)
+    return result
 
 
 @torch.no_grad()
@@ -697,7 +713,7 @@ def train(args, data, log):
     start = time.time()
 
     t0 = time.time()
-    bpb, _ = evaluate(model, data, EVAL_WINDOW, EVAL_SUBSET_TOKENS)
+    bpb = evaluate(model, data, EVAL_WINDOW, EVAL_SUBSET_TOKENS)["bpb"]
     eval_seconds = time.time() - t0
     log(f"step 0: val_bpb {bpb:.4f} (held-out subset, {EVAL_WINDOW}-token windows; {eval_seconds:.1f}s)")
 
@@ -719,10 +735,10 @@ def train(args, data, log):
         step_seconds = sum(f * per_length[l] for f, l in PHASES) * 1.1  # + optimizer, bookkeeping
         left = args.minutes * 60 - (time.time() - start)
         total = max(10, int((left - 21 * eval_seconds) / step_seconds))
-        log(f"timing: " + ", ".join(f"{l} tokens {s:.2f}s" for l, s in per_length.items())
+        log("timing: " + ", ".join(f"length {l}: {s:.2f}s/step" for l, s in per_length.items())
             + f"; eval {eval_seconds:.1f}s -> {total} steps for {args.minutes} min "
             f"(reproduce with --steps {total} --seed {args.seed})")
-    warmup = max(1, min(100, total // 20))
+    warmup = max(2, min(100, total // 10))
     log_every = args.log_every or max(1, total // 20)
     log(f"schedule: {total} steps, {args.batch_tokens} tokens each; lengths "
         + ", ".join(f"{l} from step {round(sum(f for f, _ in PHASES[:i]) * total)}" for i, (_, l) in enumerate(PHASES))
@@ -744,10 +760,11 @@ def train(args, data, log):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        gamma = args.bias_update_speed * min(1.0, lr / args.lr) if step >= warmup else args.bias_update_speed
         with torch.no_grad():  # auxiliary-loss-free balancing
             for m, acc in zip(moes, interval["loads"]):
                 bias = m.gate.e_score_correction_bias
-                bias += args.bias_update_speed * torch.sign(m.load.mean() - m.load)
+                bias += gamma * torch.sign(m.load.mean() - m.load)
                 bias -= bias.min()
                 acc += m.load
                 m.load.zero_()
@@ -759,7 +776,7 @@ def train(args, data, log):
         interval["tokens"] += n_tok
         interval["time"] += time.time() - t0
         if (step + 1) % log_every == 0 or step + 1 == total:
-            bpb, _ = evaluate(model, data, EVAL_WINDOW, EVAL_SUBSET_TOKENS)
+            bpb = evaluate(model, data, EVAL_WINDOW, EVAL_SUBSET_TOKENS)["bpb"]
             vio, biases = balance_stats(model, interval["loads"])
             n = interval["n"]
             log(f"step {step + 1}/{total}: len {length} lr {lr:.2e} loss {interval['loss'] / n:.4f} "
@@ -866,12 +883,21 @@ def check(ckpt_dir, data, log):
         assert agree or sum(a == b for a, b in zip(ref, ids)) > 0.8 * len(ids), "greedy decoding differs from HF"
 
 
-def final_report(model_or_dir, data, log, label):
-    model = model_or_dir
+def final_report(model, data, log, label):
+    moes = model.moe_layers()
     for window in (EVAL_WINDOW, 2048):
-        bpb, nats = evaluate(model, data, window)
-        log(f"{label}: held-out val_bpb {bpb:.4f} ({nats:.4f} nats/token), all {len(data.held_out_files)} "
-            f"held-out files in {window}-token windows")
+        for m in moes:
+            m.load.zero_()
+            m.count_load = True
+        r = evaluate(model, data, window, mtp=True)
+        log(f"{label}: held-out val_bpb {r['bpb']:.4f} ({r['nats']:.4f} nats/token), all "
+            f"{len(data.held_out_files)} held-out files in {window}-token windows; MTP {r['mtp_nats']:.4f} "
+            f"nats/token, top-1 {r['mtp_acc']:.3f}, greedy acceptance {r['mtp_accept']:.3f}; "
+            f"expert load MaxVio per MoE layer (last: MTP) "
+            + " ".join(f"{(m.load.max() / m.load.mean() - 1).item():.2f}" for m in moes))
+        for m in moes:
+            m.count_load = False
+            m.load.zero_()
 
 
 def main():
@@ -889,7 +915,9 @@ def main():
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--mtp-weight", type=float, default=0.3, help="lambda of the MTP loss")
-    parser.add_argument("--bias-update-speed", type=float, default=1e-3, help="gamma of loss-free balancing")
+    parser.add_argument("--bias-update-speed", type=float, default=1e-2,
+                        help="gamma of loss-free balancing (V3 used 1e-3 over far more steps); "
+                             "it follows the learning rate down in the decay phase")
     parser.add_argument("--log-every", type=int, default=None, help="default: 20 logs per run")
     args = parser.parse_args()
 
