@@ -4,46 +4,57 @@
 # for llama.cpp), 2 threads each, one server running at a time.
 #
 # usage: tools/llama_cpp/serve_compare.sh [WORK_DIR]          (WORK_DIR: build/llama-compare)
-# env:   REPS (3)  THREADS (2)  PORT (18123)  QUIET_LOAD (1.0)  QUIET_WAIT_S (1200)
+# env:   REPS (3)  THREADS (2)  PORT (18123)  QUIET_LOAD (1.0)
+#        QUIET_WAIT_S (1200: most seconds to wait for 1-min load < QUIET_LOAD before each engine)
+#        QUIET_WAIT_REP_S (300: the same before each repetition)
 #
 # Build steps are those of compare.sh (idempotent; the llama.cpp build takes ~15-20 min on
 # 2 cores), except that build/switchyard is used as it is: scripts/setup.sh is not run.
 #
-# llama_cpp.server 0.3.36 cannot take bench serve's requests as they are (the script shows it on
-# the unmodified server first, in its "probe" step):
-#   - `prompt` is `str | list[str]`: a token-id list is answered 422;
+# llama_cpp.server 0.3.36 cannot take bench serve's requests as they are (the "probe" step shows
+# it on the unmodified server):
+#   - `prompt` is `str | list[str]`: a token-id list fails validation (HTTP 500 from its error
+#     handler), so every bench request fails;
 #   - `ignore_eos` and `stream_options` are not fields: silently dropped, so a stream ends
-#     without a usage chunk and bench serve counts 0 output tokens;
+#     without a usage chunk and bench serve would count 0 output tokens;
+#   - a text mode in bench serve would not help with this GGUF: convert_to_gguf.py writes a
+#     placeholder vocabulary (<t0>..<tN>), under which any text tokenizes to no tokens (the
+#     server then fails `assert self.n_tokens > 0`);
 #   - with the default --interrupt_requests true a request waiting for the model cancels the
-#     stream in progress; it is started with --interrupt_requests false.
-# The timed llama.cpp runs therefore go through $WORK/llama_server_shim.py, which runs the same
-# server and adds exactly those three request features (token-id prompts, ignore_eos as an EOS
-# mask, a final usage chunk when stream_options.include_usage); nothing else is changed.
-# llama_cpp.server runs one request at a time (a lock around the model, no batching), so at
-# concurrency 32 requests queue.
+#     stream in progress; the server is started with --interrupt_requests false.
+# The timed llama.cpp runs therefore go through $WORK/llama_server_shim.py: the same server, with
+# exactly those request features added (token-id prompts, ignore_eos as an EOS mask, a final
+# usage chunk for stream_options.include_usage), nothing else changed. llama_cpp.server runs one
+# request at a time (a lock around the model, no batching): at concurrency 32 requests queue.
+# The switchyard binary is copied into WORK_DIR first, so a rebuild during the run changes nothing.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mkdir -p "${1:-$root/build/llama-compare}" && cd "${1:-$root/build/llama-compare}" && pwd)"
 reps="${REPS:-3}" threads="${THREADS:-2}" port="${PORT:-18123}"
-quiet_load="${QUIET_LOAD:-1.0}" quiet_wait="${QUIET_WAIT_S:-1200}"
-sy="$root/build/switchyard"
+quiet_load="${QUIET_LOAD:-1.0}" quiet_wait="${QUIET_WAIT_S:-1200}" quiet_wait_rep="${QUIET_WAIT_REP_S:-300}"
 version=0.3.36
 vocab=16384 input_len=128 output_len=64
-if [ ! -x "$sy" ]; then
-  echo "serve_compare: $sy is missing; build switchyard first (scripts/setup.sh)" >&2
+if [ ! -x "$root/build/switchyard" ]; then
+  echo "serve_compare: $root/build/switchyard is missing; build switchyard first (scripts/setup.sh)" >&2
   exit 1
 fi
+sy="$work/switchyard"
+cp -p "$root/build/switchyard" "$sy"
+mkdir -p "$work/serve-results"
+{ echo "git $(git -C "$root" rev-parse HEAD 2>/dev/null || echo '?') (uncommitted changes: $(git -C "$root" status --short -- src | wc -l) files in src/)"
+  echo "switchyard $(stat -c %y "$root/build/switchyard") $(sha256sum "$sy" | cut -c1-16)"
+  echo "cpu $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"; } | tee "$work/serve-results/versions.txt"
 
 # --- llama.cpp (through llama-cpp-python, with its server extras), as compare.sh ------------
 [ -x "$work/llama-venv/bin/python" ] || python3 -m venv "$work/llama-venv"
 if ! "$work/llama-venv/bin/python" -c "import llama_cpp.server.app, llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$version')" 2>/dev/null; then
-  # The server extras and what they pull in, pinned (the versions resolved on 2025-12 for py3.11).
+  # The server extras and everything they pull in, pinned (as resolved from PyPI for Python 3.11).
   CMAKE_ARGS="-DGGML_NATIVE=ON" "$work/llama-venv/bin/pip" install -q "llama-cpp-python[server]==$version" \
-    numpy==2.3.5 diskcache==5.6.3 Jinja2==3.1.6 MarkupSafe==3.0.3 typing_extensions==4.15.0 \
-    uvicorn==0.38.0 fastapi==0.122.0 starlette==0.50.0 pydantic==2.12.5 pydantic_core==2.41.5 \
-    pydantic-settings==2.12.0 python-dotenv==1.2.1 sse-starlette==3.0.3 starlette-context==0.3.6 \
-    PyYAML==6.0.3 anyio==4.12.0 idna==3.11 sniffio==1.3.1 h11==0.16.0 click==8.3.1 \
-    annotated-types==0.7.0 annotated-doc==0.0.4 typing-inspection==0.4.2
+    numpy==2.4.6 diskcache==5.6.3 Jinja2==3.1.6 MarkupSafe==3.0.4 typing_extensions==4.16.0 \
+    uvicorn==0.54.0 fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic_core==2.50.5 \
+    pydantic-settings==2.16.3 python-dotenv==1.2.4 sse-starlette==3.7.0 starlette-context==0.3.6 \
+    PyYAML==6.0.4 anyio==4.16.0 idna==3.20 h11==0.16.0 click==8.5.1 annotated-types==0.8.0 \
+    annotated-doc==0.0.7 typing-inspection==0.4.5 opentelemetry-api==1.45.2
 fi
 [ -x "$work/convert-venv/bin/python" ] || python3 -m venv "$work/convert-venv"
 "$work/convert-venv/bin/python" -c "import torch, transformers, safetensors, numpy, gguf" 2>/dev/null ||
@@ -70,7 +81,8 @@ import pydantic
 
 
 class CompletionRequest(types.CreateCompletionRequest):
-    prompt: Union[str, List[str], List[List[int]]] = ""
+    # List[int] last: what the server's prompt[0] leaves, so model_dump serializes it quietly.
+    prompt: Union[str, List[str], List[List[int]], List[int]] = ""
     ignore_eos: bool = False
     stream_options: Optional[Dict[str, Any]] = None
 
@@ -129,7 +141,7 @@ EOF
 
 # --- servers -------------------------------------------------------------------------------
 logs="$work/serve-logs" results="$work/serve-results"
-mkdir -p "$logs" "$results"
+mkdir -p "$logs"
 url="http://127.0.0.1:$port"
 server_pid=""
 stop_server() {
@@ -173,40 +185,53 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"  bench serve: completed {r['completed']}/1, output tokens {r['total_output_tokens']}, error: {r['errors'][0][:300]!r}")
 EOF
-ids="$(python3 -c 'print(list(range(20, 52)))')"
-echo -n "  text prompt, stream, include_usage, ignore_eos, max_tokens 8: "
+echo -n "  token-id prompt: HTTP "
+curl -s -o "$results/probe-ids.txt" -w '%{http_code}' "$url/v1/completions" -H 'content-type: application/json' \
+  -d '{"model":"bench","prompt":[20,21,22],"max_tokens":4,"temperature":0}'
+echo ", $(head -c 150 "$results/probe-ids.txt")..."
+echo -n "  text prompt, stream, include_usage: "
 curl -s "$url/v1/completions" -H 'content-type: application/json' -d '{"model":"bench","prompt":"<t20><t21><t22>",
-  "max_tokens":8,"temperature":0,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}' |
+  "max_tokens":4,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' |
   python3 -c 'import sys, json
 events = [json.loads(l[6:]) for l in sys.stdin if l.startswith("data: {")]
-print(f"{len(events)} events, usage in any: {any(\"usage\" in e for e in events)}")'
+print(len(events), "events; usage in any:", any("usage" in e for e in events))'
+grep -m1 -o "AssertionError.*" "$logs/llama-unmodified.log" | sed 's/^/  server log: /' || true
 stop_server
 
-# --- wait for a quiet machine ------------------------------------------------------------------
-waited=0
-while :; do
-  load="$(cut -d' ' -f1 /proc/loadavg)"
-  if python3 -c "import sys; sys.exit(float('$load') >= float('$quiet_load'))"; then
-    echo "== machine quiet: 1-min load $load (waited ${waited}s) =="; break
-  fi
-  if [ "$waited" -ge "$quiet_wait" ]; then
-    echo "== machine NOT quiet after ${waited}s (1-min load $load): measuring anyway =="; break
-  fi
-  sleep 15; waited=$((waited + 15))
-done
-echo "quiet-wait ${waited}s load-at-start $(cat /proc/loadavg)" >"$results/quiet.txt"
+# --- wait for a quiet machine, before each engine and each repetition ------------------------------
+wait_quiet() {  # NAME MAX_SECONDS
+  local waited=0 load
+  while :; do
+    load="$(cut -d' ' -f1 /proc/loadavg)"
+    if python3 -c "import sys; sys.exit(float('$load') >= float('$quiet_load'))"; then
+      echo "== $1: machine quiet, 1-min load $load (waited ${waited}s) =="; break
+    fi
+    if [ "$waited" -ge "$2" ]; then
+      echo "== $1: machine NOT quiet after ${waited}s (1-min load $load): measuring anyway =="; break
+    fi
+    sleep 15; waited=$((waited + 15))
+  done
+  echo "$1: waited ${waited}s, loadavg at start $(cat /proc/loadavg)" >>"$results/quiet.txt"
+}
+: >"$results/quiet.txt"
 
 # --- timed runs: one engine at a time ------------------------------------------------------------
 for engine in switchyard llama.cpp; do
+  wait_quiet "$engine" "$quiet_wait"
   if [ "$engine" = switchyard ]; then start_server "$engine" "${switchyard_server[@]}"
   else start_server "$engine" "${llama_server[@]}"; fi
   bench "$results/$engine-warmup.json" 4 4  # first-request costs out of the timed runs
   for spec in "1 16" "32 96"; do
     read -r concurrency prompts <<<"$spec"
     for rep in $(seq "$reps"); do
-      echo "== $engine concurrency $concurrency rep $rep (load $(cut -d' ' -f1-3 /proc/loadavg)) =="
+      wait_quiet "$engine c$concurrency r$rep" "$quiet_wait_rep"
+      cut -d' ' -f1 /proc/loadavg >"$results/$engine-c$concurrency-r$rep.load"
       bench "$results/$engine-c$concurrency-r$rep.json" "$prompts" "$concurrency"
-      echo "load-after $(cat /proc/loadavg)" >>"$results/$engine-c$concurrency-r$rep.load"
+      python3 -c 'import json, sys
+r, load = json.load(open(sys.argv[1])), open("/proc/loadavg").read().split()[0]
+print("   done %d/%d in %.1f s: %.1f tok/s, median TTFT %.0f ms, TPOT %.1f ms; load now %s" % (r["completed"],
+      r["num_prompts"], r["duration"], r["output_throughput"], r["median_ttft_ms"], r["median_tpot_ms"], load))' \
+        "$results/$engine-c$concurrency-r$rep.json"
     done
   done
   stop_server
@@ -219,14 +244,15 @@ rows = {}
 for engine in ("switchyard", "llama.cpp"):
     for c, n in ((1, 16), (32, 96)):
         runs = [json.load(open(f"{results}/{engine}-c{c}-r{r}.json")) for r in range(1, reps + 1)]
-        bad = [f"r{i + 1}: {r['completed']}/{n} done, first error {next(e for e in r['errors'] if e)!r}"
+        bad = [f"r{i + 1}: {r['completed']}/{n} done, first error {next((e for e in r['errors'] if e), '')!r}"
                for i, r in enumerate(runs) if r["completed"] != n]
         if bad:
             print(f"WARNING {engine} c{c}: " + "; ".join(bad))
         med = lambda k: statistics.median(r[k] for r in runs)
+        loads = [open(f"{results}/{engine}-c{c}-r{r}.load").read().strip() for r in range(1, reps + 1)]
         rows[engine, c] = (med("output_throughput"), med("median_ttft_ms"), med("median_tpot_ms"),
-                           [round(r["output_throughput"], 1) for r in runs])
-print(f"\n{'engine':<11} {'conc':>4} {'out tok/s':>10} {'TTFT ms':>10} {'TPOT ms':>9}  runs (tok/s)")
+                           " ".join(f"{r['output_throughput']:.1f}@{l}" for r, l in zip(runs, loads)))
+print(f"\n{'engine':<11} {'conc':>4} {'out tok/s':>10} {'TTFT ms':>10} {'TPOT ms':>9}  runs: tok/s@1-min load at start")
 for (engine, c), (tput, ttft, tpot, runs) in rows.items():
     print(f"{engine:<11} {c:>4} {tput:>10.1f} {ttft:>10.1f} {tpot:>9.1f}  {runs}")
 print("\nswitchyard / llama.cpp (tok/s: higher is better for switchyard; TTFT, TPOT: lower is)")
