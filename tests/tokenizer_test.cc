@@ -242,6 +242,9 @@ TEST(TokenizerTest, UnsupportedFilesAreClearErrors) {
   bad_regex["pre_tokenizer"] = {
       {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   expect_error(bad_regex.dump(), "pre_tokenizer");
+  json wrong_type = base;  // found by the fuzzer: a flag of the wrong type threw
+  wrong_type["added_tokens"][0]["special"] = "yes";
+  expect_error(wrong_type.dump(), "malformed");
   auto missing = Tokenizer::Load("/nonexistent/tokenizer.json");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("/nonexistent"), std::string::npos);

@@ -118,7 +118,17 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendError({400, "malformed HTTP request: " + ec.message(), "", "bad_request"}, 11,
                        false);
     stream_.expires_never();
-    Handle(parser_->release());
+    auto request = parser_->release();
+    const unsigned version = request.version();
+    const bool keep_alive = request.keep_alive();
+    // An exception escaping here would end the I/O thread and the server: a bug in one request
+    // is answered with a 500 and the server goes on.
+    try {
+      Handle(std::move(request));
+    } catch (const std::exception& e) {
+      SendError({500, std::string("internal error: ") + e.what(), "", "internal_error"}, version,
+                keep_alive);
+    }
   }
 
   void Handle(http::request<http::string_body> request) {

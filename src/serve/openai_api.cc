@@ -168,8 +168,27 @@ std::string ErrorBody(const ApiError& error) {
                      {"code", error.code.empty() ? json(nullptr) : json(error.code)}}}});
 }
 
+namespace {
+ParsedRequest ParseGenerationRequestChecked(Endpoint endpoint, const std::string& body,
+                                            const TextCodec& codec, const ServingLimits& limits);
+}  // namespace
+
+// A value of an unexpected type deep in a request (a number where a part's "type" string
+// belongs) throws from the JSON library: it is a malformed request like any other.
 ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
                                      const TextCodec& codec, const ServingLimits& limits) {
+  try {
+    return ParseGenerationRequestChecked(endpoint, body, codec, limits);
+  } catch (const json::exception& e) {
+    ParsedRequest out;
+    out.error = Invalid("", fmt::format("malformed request: {}", e.what()));
+    return out;
+  }
+}
+
+namespace {
+ParsedRequest ParseGenerationRequestChecked(Endpoint endpoint, const std::string& body,
+                                            const TextCodec& codec, const ServingLimits& limits) {
   ParsedRequest out;
   json root = json::parse(body, nullptr, false);
   if (root.is_discarded()) {
@@ -321,8 +340,8 @@ ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
       if (content != m.end() && content->is_array()) {
         std::string text;
         for (const auto& part : *content) {
-          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-              !part["text"].is_string()) {
+          if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+              !part.contains("text") || !part["text"].is_string()) {
             out.error = Invalid(where + ".content", "only text parts are supported");
             return out;
           }
@@ -390,6 +409,7 @@ ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
   out.plan = std::move(plan);
   return out;
 }
+}  // namespace
 
 namespace {
 
@@ -598,7 +618,7 @@ std::string StreamError(const ApiError& error) {
 }
 
 std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
-                             const ServingLimits& limits, ApiError* error) {
+                             const ServingLimits& limits, ApiError* error) try {
   json root = json::parse(body, nullptr, false);
   if (!root.is_object()) {
     *error = Invalid("", "the body must be a JSON object");
@@ -631,9 +651,13 @@ std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
   }
   return Dump(
       {{"count", ids->size()}, {"max_model_len", limits.max_model_len}, {"tokens", ids.value()}});
+} catch (const json::exception& e) {
+  *error = Invalid("", fmt::format("malformed request: {}", e.what()));
+  return "";
 }
 
-std::string DetokenizeResponse(const std::string& body, const TextCodec& codec, ApiError* error) {
+std::string DetokenizeResponse(const std::string& body, const TextCodec& codec,
+                               ApiError* error) try {
   json root = json::parse(body, nullptr, false);
   if (!root.is_object() || !root.contains("tokens") || !root["tokens"].is_array()) {
     *error = Invalid("tokens", "must be a list of token ids");
@@ -652,6 +676,9 @@ std::string DetokenizeResponse(const std::string& body, const TextCodec& codec, 
   }
   auto text = codec.tokenizer->Decode(ids);
   return Dump({{"prompt", text.value()}});
+} catch (const json::exception& e) {
+  *error = Invalid("", fmt::format("malformed request: {}", e.what()));
+  return "";
 }
 
 std::string ModelsResponse(const ServingLimits& limits, int64_t created) {

@@ -72,6 +72,17 @@ Result<Tokenizer> Tokenizer::Load(const std::string& path) {
 }
 
 Result<Tokenizer> Tokenizer::FromJson(std::string_view json_text, const std::string& source) {
+  // A field of the wrong type deep inside (a string where a flag belongs) throws from the JSON
+  // library; it is one more malformed file, named like the others.
+  try {
+    return FromJsonChecked(json_text, source);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Errorf("{}: malformed: {}", source, e.what());
+  }
+}
+
+Result<Tokenizer> Tokenizer::FromJsonChecked(std::string_view json_text,
+                                             const std::string& source) {
   nlohmann::json root;
   try {
     root = nlohmann::json::parse(json_text);
@@ -270,7 +281,23 @@ Result<std::string> TokenText(const nlohmann::json& config, const char* key,
 
 }  // namespace
 
+namespace {
+
+Result<TokenizerConfig> LoadTokenizerConfigChecked(const std::string& directory);
+
+}  // namespace
+
 Result<TokenizerConfig> LoadTokenizerConfig(const std::string& directory) {
+  try {
+    return LoadTokenizerConfigChecked(directory);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Errorf("{}/tokenizer_config.json: malformed: {}", directory, e.what());
+  }
+}
+
+namespace {
+
+Result<TokenizerConfig> LoadTokenizerConfigChecked(const std::string& directory) {
   TokenizerConfig config;
   const std::string path = directory + "/tokenizer_config.json";
   config.source = path;
@@ -308,5 +335,7 @@ Result<TokenizerConfig> LoadTokenizerConfig(const std::string& directory) {
   }
   return config;
 }
+
+}  // namespace
 
 }  // namespace sy

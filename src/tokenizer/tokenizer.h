@@ -60,6 +60,7 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
+  static Result<Tokenizer> FromJsonChecked(std::string_view json_text, const std::string& source);
   Status EncodeOrdinary(std::string_view text, std::vector<int32_t>* ids) const;
   // The next added token at or after `from`, leftmost then longest; npos when none.
   size_t FindAddedToken(std::string_view text, size_t from, size_t* length, int32_t* id) const;
