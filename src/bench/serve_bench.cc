@@ -5,6 +5,7 @@
 #include <boost/beast.hpp>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <mutex>
 #include <numeric>
 #include <random>

@@ -12,7 +12,6 @@ int32_t PagePool::Allocate() {
     if (lru_.empty()) return -1;
     page = lru_.front();
     Evict(page);
-    ++stats_.evictions;
   }
   pages_[page].refs = 1;
   return page;
@@ -49,13 +48,11 @@ std::vector<int32_t> PagePool::Match(std::span<const int32_t> tokens, int64_t ma
   for (int64_t i = 0; i < max_pages && (i + 1) * size <= static_cast<int64_t>(tokens.size()); ++i) {
     const auto page_tokens = tokens.subspan(i * size, size);
     hash = ChainHash(hash, page_tokens);
-    ++stats_.queries;
     auto it = by_hash_.find(hash);
     if (it == by_hash_.end()) break;
     Page& p = pages_[it->second];
     if (!std::equal(p.tokens.begin(), p.tokens.end(), page_tokens.begin(), page_tokens.end()))
       break;
-    ++stats_.hits;
     if (p.refs++ == 0) lru_.erase(p.lru_entry);
     found.push_back(it->second);
     hashes->push_back(hash);

@@ -45,15 +45,6 @@ class PagePool {
   // Records a now-full page under `hash` (no-op if that content is cached already).
   void Register(int32_t page, uint64_t hash, std::span<const int32_t> tokens);
 
-  // The events a router mirrors: pages stored and evicted, by hash.
-  struct Stats {
-    int64_t queries = 0;  // prompt pages looked up
-    int64_t hits = 0;     // ... found
-    int64_t evictions = 0;
-  };
-  const Stats& stats() const { return stats_; }
-  int64_t reference_count(int32_t page) const { return pages_[page].refs; }
-
  private:
   struct Page {
     int32_t refs = 0;
@@ -68,7 +59,6 @@ class PagePool {
   std::vector<Page> pages_;
   std::unordered_map<uint64_t, int32_t> by_hash_;
   std::list<int32_t> lru_;  // unreferenced cached pages, least recently used first
-  Stats stats_;
 };
 
 }  // namespace sy

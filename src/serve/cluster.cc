@@ -85,7 +85,7 @@ json EventToJson(const std::string& id, const RequestEvent& e) {
     logprobs.push_back(LogprobToJson(l));
   for (const auto& l : e.prompt_logprobs)
     prompt_logprobs.push_back(l ? LogprobToJson(*l) : json(nullptr));
-  // Text goes as bytes (it is whole characters, but never trust a wire with UTF-8 repair).
+  // The text is whole characters (the detokenizer never splits one), so JSON carries it as is.
   return {{"id", id},
           {"tokens", e.token_ids},
           {"text", e.text},
