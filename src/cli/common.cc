@@ -34,7 +34,9 @@ std::string ResolveModelDirectory(const std::string& model) {
   Status status = WriteSyntheticCheckpoint(DefaultModelConfig(), staging);
   if (status.ok()) status = WriteEmbeddedTokenizer("default", staging);
   if (!status.ok()) FailVerb("creating the default model: " + status.message());
-  fs::remove_all(directory, error);  // an older default without its tokenizer
+  // An older default without its tokenizer goes; a complete one another process renamed in
+  // meanwhile stays (then our rename fails and its copy is used).
+  if (!fs::exists(directory + "/tokenizer.json", error)) fs::remove_all(directory, error);
   fs::rename(staging, directory, error);
   if (error && !fs::exists(directory + "/tokenizer.json")) {
     FailVerb(fmt::format("creating the default model: cannot move {} to {}: {}", staging, directory,
