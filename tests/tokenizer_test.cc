@@ -245,6 +245,12 @@ TEST(TokenizerTest, UnsupportedFilesAreClearErrors) {
   json wrong_type = base;  // found by the fuzzer: a flag of the wrong type threw
   wrong_type["added_tokens"][0]["special"] = "yes";
   expect_error(wrong_type.dump(), "malformed");
+  json huge_id = base;  // found by the fuzzer: a table sized by a corrupt id ran out of memory
+  huge_id["added_tokens"][0]["id"] = 2000000000;
+  expect_error(huge_id.dump(), "added_tokens[0]");
+  json sparse = base;
+  sparse["model"]["vocab"]["zz"] = 100000000;
+  expect_error(sparse.dump(), "ids must be");
   auto missing = Tokenizer::Load("/nonexistent/tokenizer.json");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("/nonexistent"), std::string::npos);

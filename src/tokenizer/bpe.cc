@@ -83,6 +83,13 @@ Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
       return Status::Errorf("model.vocab[\"{}\"]: id must be a non-negative integer", it.key());
     max_id = std::max(max_id, it.value().get<int64_t>());
   }
+  // Tables are sized by the largest id, so a corrupt id (billions) must not size them: ids may
+  // leave gaps (reserved ids), but at most kIdSlack of them.
+  if (max_id >= static_cast<int64_t>(vocab->size()) + kIdSlack)
+    return Status::Errorf(
+        "model.vocab: id {} but only {} tokens (ids must be 0..N-1, give or "
+        "take {} reserved)",
+        max_id, vocab->size(), kIdSlack);
   bpe.id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
   bpe.token_to_id_.reserve(vocab->size());
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {

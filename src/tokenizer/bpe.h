@@ -16,6 +16,9 @@
 
 namespace sy {
 
+// How many unused ids a vocabulary (or its added tokens) may leave between 0 and its largest id.
+constexpr int64_t kIdSlack = 65536;
+
 class BpeModel {
  public:
   // Parses the "model" object of tokenizer.json (type BPE, byte-level vocabulary).

@@ -118,8 +118,13 @@ Result<Tokenizer> Tokenizer::FromJsonChecked(std::string_view json_text,
       return Status::Errorf("{}: needs an integer \"id\" and a string \"content\"", where);
     AddedToken token;
     const int64_t id = a["id"].get<int64_t>();
-    if (id < 0 || id >= (int64_t{1} << 31))
-      return Status::Errorf("{}: id {} out of range", where, id);
+    // Tables are sized by the largest id: added tokens extend the vocabulary by their own number
+    // of ids and at most kIdSlack unused ones, so a corrupt id cannot ask for gigabytes.
+    const int64_t limit =
+        static_cast<int64_t>(tokenizer.model_->id_to_token().size() + added.size()) + kIdSlack;
+    if (id < 0 || id >= limit)
+      return Status::Errorf("{}: id {} outside [0, {}) (the vocabulary plus the added tokens)",
+                            where, id, limit);
     token.id = static_cast<int32_t>(id);
     token.content = a["content"].get<std::string>();
     if (token.content.empty()) return Status::Errorf("{}: empty content", where);
