@@ -96,7 +96,7 @@ TEST(ConfigTest, NotJsonIsAnError) {
 }
 
 TEST(ConfigTest, WrittenConfigParsesBack) {
-  ModelConfig c = DefaultModelConfig();
+  ModelConfig c = SmallModelConfig();
   auto back = ParseModelConfig(ModelConfigToJson(c), "generated");
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back.value().hidden_size, c.hidden_size);
@@ -120,7 +120,7 @@ TEST(RopeTest, YarnMatchesTheSpec) {
 
 // DeepSeek-V3's own numbers (§5.5, §6): scale 0.135233779, ω'_10 = 0.0562341325, ω'_23 = 2.5e-5/..
 TEST(RopeTest, DeepSeekV3Values) {
-  ModelConfig c = DefaultModelConfig();
+  ModelConfig c = SmallModelConfig();
   c.qk_nope_head_dim = 128;
   c.qk_rope_head_dim = 64;
   RopeParams rope = ComputeRopeParams(c);
@@ -131,7 +131,7 @@ TEST(RopeTest, DeepSeekV3Values) {
 }
 
 TEST(RopeTest, KvBytesPerTokenOfDeepSeekV3) {
-  ModelConfig c = DefaultModelConfig();
+  ModelConfig c = SmallModelConfig();
   c.kv_lora_rank = 512;
   c.qk_rope_head_dim = 64;
   c.num_hidden_layers = 61;

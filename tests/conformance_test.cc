@@ -2,6 +2,8 @@
 // decode path, each MLA form, both latent-cache dtypes, sequences batched raggedly.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/fast_linear.h"
 #include "model/model.h"
@@ -205,6 +207,74 @@ TEST(ConformanceTest, ReferenceKernelsAgreeWithFastOnes) {
   auto comparison = CompareLogits(RunModel(*slow.value(), fixture, c),
                                   RunModel(*fast.value(), fixture, c), fixture.vocab);
   EXPECT_LE(comparison.max_abs_diff, 1e-5 * comparison.max_abs_reference);
+}
+
+}  // namespace
+}  // namespace sy
+
+namespace sy {
+namespace {
+
+// The trained default model (models/default): its logits against transformers' DeepseekV3 on the
+// dequantized checkpoint, and its MTP module against the MTP block built from transformers'
+// DeepseekV3DecoderLayer (tools/train_default_model.py --fixture). MTP row p pairs the final
+// hidden state at p with token p + 1.
+TEST(ConformanceTest, DefaultModelAndItsMtpModuleMatchTheReferences) {
+  Fixture fixture = LoadFixture("default-model");
+  auto loaded = Model::Load(std::string(SY_SOURCE_DIR) + "/models/default");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  const Model& model = *loaded.value();
+  ASSERT_TRUE(model.has_mtp());
+  const std::string mtp_bytes = testing::ReadFile(fixture.directory + "/mtp_logits.bin");
+  std::vector<float> mtp_reference(mtp_bytes.size() / sizeof(float));
+  std::memcpy(mtp_reference.data(), mtp_bytes.data(), mtp_reference.size() * sizeof(float));
+  const int64_t D = model.config().hidden_size;
+  std::vector<float> logits_all, mtp_all;
+  for (const auto& ids : fixture.tokens) {
+    const int64_t T = static_cast<int64_t>(ids.size());
+    LatentCache cache = model.NewCache(T, 1, DType::kF32, 16, /*mtp=*/true);
+    SequenceCache seq;
+    ForwardBatch batch;
+    batch.Add(ids.data(), T, &seq);
+    std::vector<float> logits, hidden, mtp_logits;
+    ASSERT_TRUE(model.Forward(batch, cache, ForwardOptions{}, &logits, &hidden).ok());
+    logits_all.insert(logits_all.end(), logits.begin(), logits.end());
+    ASSERT_EQ(hidden.size(), static_cast<size_t>(T * D));
+    ForwardBatch mtp;
+    mtp.sequences.push_back({0, T - 1, 0, &seq});
+    mtp.tokens.assign(ids.begin() + 1, ids.end());
+    Status status = model.ForwardMtp(mtp, hidden.data(), cache, ForwardOptions{}, &mtp_logits);
+    ASSERT_TRUE(status.ok()) << status.message();
+    mtp_all.insert(mtp_all.end(), mtp_logits.begin(), mtp_logits.end());
+    EXPECT_EQ(seq.length, T);  // the MTP layer caught up; the main layers' length stands
+  }
+  auto main = CompareLogits(fixture.logits, logits_all, fixture.vocab);
+  EXPECT_EQ(main.argmax_mismatches, 0);
+  EXPECT_LE(main.max_abs_diff, 1e-4 * main.max_abs_reference);
+  auto mtp = CompareLogits(mtp_reference, mtp_all, fixture.vocab);
+  EXPECT_GT(mtp.argmax_checked, 0);
+  EXPECT_EQ(mtp.argmax_mismatches, 0);
+  EXPECT_LE(mtp.max_abs_diff, 1e-4 * mtp.max_abs_reference);
+}
+
+// Without the MTP layer in the cache, or without a module, drafting is a clear error.
+TEST(ConformanceTest, MtpNeedsItsCacheLayerAndModule) {
+  auto loaded = Model::Load(std::string(SY_SOURCE_DIR) + "/models/default");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  const Model& model = *loaded.value();
+  LatentCache cache = model.NewCache(16, 1, DType::kF32);
+  SequenceCache seq;
+  ForwardBatch batch;
+  const std::vector<int32_t> ids = {0, 5, 9};
+  batch.Add(ids.data(), 3, &seq);
+  std::vector<float> logits, hidden;
+  ASSERT_TRUE(model.Forward(batch, cache, ForwardOptions{}, &logits, &hidden).ok());
+  Status status = model.ForwardMtp(batch, hidden.data(), cache, ForwardOptions{}, &logits);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("MTP"), std::string::npos) << status.message();
+  auto plain = Model::Load(LoadFixture("tiny-v3-bf16").directory);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain.value()->has_mtp());
 }
 
 }  // namespace

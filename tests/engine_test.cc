@@ -28,7 +28,7 @@ const Setup& DefaultModel() {
     kernels::SplitKEnabled() = false;
     Setup s;
     const std::string dir = testing::TempDirectory("engine_model");
-    EXPECT_TRUE(WriteSyntheticCheckpoint(DefaultModelConfig(), dir).ok());
+    EXPECT_TRUE(WriteSyntheticCheckpoint(SmallModelConfig(), dir).ok());
     EXPECT_TRUE(WriteEmbeddedTokenizer("default", dir).ok());
     auto model = Model::Load(dir);
     EXPECT_TRUE(model.ok()) << model.status().message();
@@ -291,6 +291,170 @@ TEST(EngineTest, BadRequestsAreRefusedByField) {
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.status().message().find("cache"), std::string::npos);
 }
+
+// MTP speculative decoding, on the trained default model (models/default), whose drafts are
+// often right: both the accept and the reject paths run.
+const Setup& TrainedModel() {
+  static Setup setup = [] {
+    DefaultModel();  // the batch-invariant kernel settings
+    Setup s;
+    const std::string dir = std::string(SY_SOURCE_DIR) + "/models/default";
+    auto model = Model::Load(dir);
+    EXPECT_TRUE(model.ok()) << model.status().message();
+    s.model = std::move(model).value();
+    auto tokenizer = Tokenizer::Load(dir);
+    EXPECT_TRUE(tokenizer.ok());
+    s.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer).value());
+    return s;
+  }();
+  return setup;
+}
+
+std::vector<int32_t> TrainedGreedyAlone(const std::vector<int32_t>& prompt, int64_t count) {
+  const Model& model = *TrainedModel().model;
+  LatentCache cache = model.NewCache(static_cast<int64_t>(prompt.size()) + count, 1, DType::kF32);
+  SequenceCache seq;
+  ForwardOptions options;
+  options.logit_rows = LogitRows::kLast;
+  std::vector<float> logits;
+  std::vector<int32_t> out, next = prompt;
+  const int64_t vocab = model.config().vocab_size;
+  for (int64_t i = 0; i < count; ++i) {
+    ForwardBatch batch;
+    batch.Add(next.data(), static_cast<int64_t>(next.size()), &seq);
+    EXPECT_TRUE(model.Forward(batch, cache, options, &logits).ok());
+    out.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + vocab) -
+                                       logits.begin()));
+    next = {out.back()};
+  }
+  return out;
+}
+
+std::vector<int32_t> Text(const std::string& text) {
+  auto ids = TrainedModel().tokenizer->Encode(text);
+  EXPECT_TRUE(ids.ok());
+  std::vector<int32_t> out = {0};  // BOS, as the default tokenizer's config asks
+  if (ids.ok()) out.insert(out.end(), ids->begin(), ids->end());
+  return out;
+}
+
+struct MtpHarness {
+  LatentCache cache;
+  Engine engine;
+  MtpHarness(int64_t cache_tokens, EngineConfig config)
+      : cache(TrainedModel().model->NewCache(cache_tokens, 1, DType::kF32, 16, true)),
+        engine(*TrainedModel().model, cache, *TrainedModel().tokenizer, ForwardOptions{}, config) {}
+  std::shared_ptr<RequestStream> Submit(std::string id, std::vector<int32_t> prompt,
+                                        SamplingParams params) {
+    SubmitError error;
+    auto stream = engine.Submit({std::move(id), std::move(prompt), params}, &error);
+    EXPECT_TRUE(stream.ok()) << stream.status().message();
+    return stream.ok() ? stream.value() : nullptr;
+  }
+  void RunToIdle() {
+    for (int i = 0; i < 100000 && engine.StepOnce(); ++i) {
+    }
+  }
+};
+
+class MtpEngineTest : public ::testing::TestWithParam<int64_t> {};
+
+// Greedy output is the model's own, with drafts of any count, under continuous batching,
+// chunked prefill and prefix hits; the counters add up and some drafts are kept.
+TEST_P(MtpEngineTest, GreedyOutputIsUnchangedByDrafting) {
+  EngineConfig config;
+  config.max_num_batched_tokens = 40;
+  config.num_speculative_tokens = GetParam();
+  MtpHarness h(4096, config);
+  const std::vector<std::vector<int32_t>> prompts = {
+      Text("ROMEO: But soft, what light through yonder window breaks?"), Text("KING HENRY:"),
+      Text("To be, or not to be, that is the question: whether 'tis nobler in the mind"),
+      Text("ROMEO: But soft, what light through yonder window breaks? It is the east")};
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    streams.push_back(h.Submit("r" + std::to_string(i), prompts[i], Greedy(24)));
+    h.engine.StepOnce();  // staggered: prefill chunks beside verification steps
+  }
+  h.RunToIdle();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Collected c = Collect(*streams[i]);
+    EXPECT_EQ(c.finish, "length");
+    EXPECT_EQ(c.tokens, TrainedGreedyAlone(prompts[i], 24)) << "request " << i;
+  }
+  const EngineMetrics m = h.engine.Metrics();
+  EXPECT_GT(m.spec_drafts_total, 0);
+  EXPECT_GT(m.spec_accepted_tokens_total, 0);
+  EXPECT_LE(m.spec_accepted_tokens_total, m.spec_draft_tokens_total);
+  ASSERT_EQ(static_cast<int64_t>(m.spec_accepted_per_position.size()), GetParam());
+  int64_t per_position = 0;
+  for (size_t j = 0; j < m.spec_accepted_per_position.size(); ++j) {
+    per_position += m.spec_accepted_per_position[j];
+    if (j > 0) EXPECT_LE(m.spec_accepted_per_position[j], m.spec_accepted_per_position[j - 1]);
+  }
+  EXPECT_EQ(per_position, m.spec_accepted_tokens_total);
+  EXPECT_EQ(m.generation_tokens_total, 24 * static_cast<int64_t>(prompts.size()));
+  EXPECT_EQ(m.used_pages, 0);
+}
+
+// Under page pressure requests are preempted and recomputed; drafts are dropped, never lost
+// tokens, and greedy output still equals the model's own.
+TEST_P(MtpEngineTest, PreemptionWithDraftsLosesNothing) {
+  EngineConfig config;
+  config.max_num_batched_tokens = 256;
+  config.num_speculative_tokens = GetParam();
+  MtpHarness h(16 * 12, config);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 5; ++i) {
+    prompts.push_back(Text(std::string("KING HENRY: ") + std::string(static_cast<size_t>(i), 'O') +
+                           ", my lords, what news from France?"));
+    streams.push_back(h.Submit("p" + std::to_string(i), prompts.back(), Greedy(30)));
+  }
+  h.RunToIdle();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Collected c = Collect(*streams[i]);
+    EXPECT_EQ(c.finish, "length");
+    EXPECT_EQ(c.tokens, TrainedGreedyAlone(prompts[i], 30)) << "request " << i;
+  }
+  EXPECT_GT(h.engine.Metrics().preemptions_total, 0);
+  EXPECT_EQ(h.engine.Metrics().used_pages, 0);
+}
+
+// Seeded sampling with drafts is reproducible whatever else is in the batch, and stop strings,
+// max_tokens and logprobs behave as without drafts (one entry per token).
+TEST_P(MtpEngineTest, SeededSamplingWithDraftsIsReproducible) {
+  EngineConfig config;
+  config.num_speculative_tokens = GetParam();
+  SamplingParams params;
+  params.temperature = 0.7;
+  params.top_p = 0.95;
+  params.seed = 77;
+  params.max_tokens = 20;
+  params.ignore_eos = true;
+  params.logprobs = 2;
+  Collected alone;
+  {
+    MtpHarness h(4096, config);
+    auto s = h.Submit("alone", Text("ROMEO:"), params);
+    h.RunToIdle();
+    alone = Collect(*s);
+  }
+  MtpHarness h(4096, config);
+  std::vector<std::shared_ptr<RequestStream>> others;
+  for (int i = 0; i < 3; ++i)
+    others.push_back(h.Submit("o" + std::to_string(i), Text("KING HENRY: Now"), Greedy(12)));
+  auto s = h.Submit("crowd", Text("ROMEO:"), params);
+  h.RunToIdle();
+  Collected crowd = Collect(*s);
+  EXPECT_EQ(crowd.tokens, alone.tokens);
+  EXPECT_EQ(crowd.tokens.size(), 20u);
+  EXPECT_EQ(crowd.logprobs.size(), 20u);
+  for (const auto& l : crowd.logprobs)
+    EXPECT_LE(l.logprob, 0);
+  EXPECT_GT(h.engine.Metrics().spec_drafts_total, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(DraftTokens, MtpEngineTest, ::testing::Values(1, 3));
 
 }  // namespace
 }  // namespace sy

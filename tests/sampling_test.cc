@@ -2,6 +2,7 @@
 // sampling draws from the softmax it claims (a chi-square test over many seeds).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -97,6 +98,70 @@ TEST(SamplingTest, TemperatureSamplingDrawsFromTheSoftmax) {
   }
   // 5 degrees of freedom: P(χ² > 20.5) ≈ 0.001.
   EXPECT_LT(chi2, 20.5);
+}
+
+// Speculative decoding's rejection sampling keeps the target distribution whatever the drafter
+// proposes: draft from q, verify against p, and the tokens that come out follow p (χ²), while
+// the acceptance rate is Σ min(p, q), the overlap of the two distributions.
+TEST(SamplingTest, RejectionSamplingPreservesTheTargetDistribution) {
+  const int64_t vocab = 6;
+  std::vector<float> target = {1.0f, 0.5f, 0.0f, -0.5f, -1.0f, 2.0f};
+  std::vector<float> drafter = {-1.0f, 1.5f, 0.8f, 0.0f, 0.3f, 0.5f};  // deliberately unlike p
+  SamplingParams params;
+  params.temperature = 0.8;
+  params.top_k = 5;  // p and q truncate differently: q proposes a token p never samples
+  std::vector<float> scratch, dense;
+  const TokenDistribution p = ProcessedDistribution(target.data(), vocab, params, {}, {}, scratch);
+  const TokenDistribution q = ProcessedDistribution(drafter.data(), vocab, params, {}, {}, scratch);
+  ASSERT_EQ(p.tokens.size(), 5u);
+  double overlap = 0;
+  for (int32_t t = 0; t < vocab; ++t)
+    overlap += std::min(p.Prob(t), q.Prob(t));
+  const int draws = 40000;
+  std::vector<int> counts(static_cast<size_t>(vocab), 0);
+  int kept = 0;
+  for (int i = 0; i < draws; ++i) {
+    const uint64_t seed = static_cast<uint64_t>(i) * 7919u + 3;
+    const int64_t step = i % 17;
+    const int32_t draft = q.Draw(UniformDraw(seed, step, kDraftStream));
+    const DraftVerdict verdict = VerifyDraft(p, draft, q, seed, step, vocab, dense);
+    if (verdict.kept) {
+      EXPECT_EQ(verdict.token, draft);
+      ++kept;
+    }
+    ++counts[static_cast<size_t>(verdict.token)];
+  }
+  EXPECT_EQ(counts[4], 0);  // outside p's top 5: never comes out, though q proposes it
+  double chi2 = 0;
+  for (int32_t t = 0; t < vocab; ++t) {
+    const double e = draws * p.Prob(t);
+    if (e == 0) continue;
+    chi2 += (counts[t] - e) * (counts[t] - e) / e;
+  }
+  // 4 degrees of freedom: P(χ² > 18.5) ≈ 0.001.
+  EXPECT_LT(chi2, 18.5);
+  // Acceptance: binomial around the overlap, within 5 standard deviations.
+  const double sd = std::sqrt(draws * overlap * (1 - overlap));
+  EXPECT_NEAR(kept, draws * overlap, 5 * sd);
+  EXPECT_LT(overlap, 0.8);  // the test means something: q differs from p
+}
+
+TEST(SamplingTest, GreedyVerificationKeepsExactlyTheArgmax) {
+  std::vector<float> logits = {0.1f, 2.0f, 1.5f, -1.0f};
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<float> scratch, dense;
+  const TokenDistribution p = ProcessedDistribution(logits.data(), 4, greedy, {}, {}, scratch);
+  for (int32_t draft = 0; draft < 4; ++draft) {
+    TokenDistribution q;
+    q.tokens = {draft};
+    q.probs = {1.0};
+    for (uint64_t seed = 0; seed < 50; ++seed) {
+      const DraftVerdict v = VerifyDraft(p, draft, q, seed, 3, 4, dense);
+      EXPECT_EQ(v.kept, draft == 1);
+      EXPECT_EQ(v.token, 1);
+    }
+  }
 }
 
 TEST(SamplingTest, SameSeedAndStepSameToken) {

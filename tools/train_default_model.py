@@ -798,7 +798,7 @@ def train(args, data, log):
 # Checks
 
 
-def check(ckpt_dir, data, log):
+def check(ckpt_dir, data, log, fixture_dir=None):
     """Asserts that transformers' DeepseekV3ForCausalLM on the stored weights matches this model."""
     import transformers
     import transformers.models.deepseek_v3.modeling_deepseek_v3 as hf_v3
@@ -830,6 +830,10 @@ def check(ckpt_dir, data, log):
 
     doc = data.held_out[0]
     cases = [doc[:config["max_position_embeddings"]], doc[5000:5000 + 97], torch.tensor([BOS] + data.encode("ROMEO:"))]
+    if fixture_dir is not None:
+        # Short held-out windows (the fixture is committed): the reference logits C++ must match.
+        cases = [doc[9000:9000 + 33], doc[12000:12000 + 9], torch.tensor([BOS] + data.encode("ROMEO:"))]
+        fixture = {"tokens": [], "logits": [], "mtp": []}
     worst = 0.0
     with torch.no_grad():
         for ids in cases:
@@ -869,8 +873,31 @@ def check(ckpt_dir, data, log):
             rel = ((mine_mtp - ref_mtp).abs().max() / ref_mtp.abs().max()).item()
             worst = max(worst, rel)
             assert rel < 1e-4, f"MTP logits differ: relative {rel:.2e}"
+            if fixture_dir is not None:
+                fixture["tokens"].append(ids[0].tolist())
+                fixture["logits"].append(ref.float().numpy())
+                fixture["mtp"].append(ref_mtp.float().numpy())
     log(f"check: transformers {transformers.__version__} DeepseekV3ForCausalLM on the dequantized checkpoint "
         f"matches (logits and MTP, lengths {[len(x) for x in cases]}; worst relative diff {worst:.1e})")
+    if fixture_dir is not None:
+        import numpy as np
+        fixture_dir.mkdir(parents=True, exist_ok=True)
+        (fixture_dir / "tokens.txt").write_text(";".join(",".join(map(str, t)) for t in fixture["tokens"]) + "\n")
+        np.concatenate(fixture["logits"]).astype("<f4").tofile(fixture_dir / "logits.bin")
+        np.concatenate(fixture["mtp"]).astype("<f4").tofile(fixture_dir / "mtp_logits.bin")
+        meta = {"reference": f"transformers {transformers.__version__} DeepseekV3ForCausalLM on the dequantized "
+                             f"checkpoint (float32, eager); MTP: HF's DeepseekV3DecoderLayer as the MTP block",
+                "checkpoint": "models/default",
+                "checkpoint_sha256": __import__("hashlib").sha256(
+                    (Path(ckpt_dir) / "model.safetensors").read_bytes()).hexdigest(),
+                "sequence_lengths": [len(t) for t in fixture["tokens"]],
+                "logit_rows": sum(len(t) for t in fixture["tokens"]),
+                "mtp_rows": sum(len(t) - 1 for t in fixture["tokens"]),
+                "mtp_row": "row p pairs the final hidden state at p with token p + 1 and predicts token p + 2",
+                "vocab_size": config["vocab_size"]}
+        (fixture_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        log(f"wrote the conformance fixture {fixture_dir}")
+        return
 
     for prompt in PROMPTS:
         ids = greedy(ours, data, prompt, 60)
@@ -919,6 +946,9 @@ def main():
                         help="gamma of loss-free balancing (V3 used 1e-3 over far more steps); "
                              "it follows the learning rate down in the decay phase")
     parser.add_argument("--log-every", type=int, default=None, help="default: 20 logs per run")
+    parser.add_argument("--fixture", type=Path, default=None, metavar="DIR",
+                        help="with --eval-only: write transformers' logits and the MTP reference's "
+                             "for short held-out windows to DIR (tests/fixtures/default-model)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -929,6 +959,9 @@ def main():
         log = Log(None)
         config, tensors = load_checkpoint(args.eval_only)
         model = model_from_tensors(config, tensors)
+        if args.fixture is not None:
+            check(args.eval_only, data, log, fixture_dir=args.fixture)
+            return
         final_report(model, data, log, f"{args.eval_only}")
         if args.check:
             check(args.eval_only, data, log)

@@ -153,7 +153,10 @@ std::vector<LayerResult> BenchLayer(const LayerBenchOptions& options) {
         cache.Write(l, s, p, row.data());
       }
   }
-  const DecoderContext context{&c, &c, &rope, &layers, &cache};
+  std::vector<const DecoderLayerWeights*> layer_table;
+  for (const auto& layer : layers)
+    layer_table.push_back(&layer);
+  const DecoderContext context{&c, &c, &rope, &layer_table, &cache};
 
   std::vector<LayerResult> results;
   for (int64_t q : options.query_lengths) {

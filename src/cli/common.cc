@@ -20,29 +20,13 @@ void FailVerb(const std::string& message) {
 
 std::string ResolveModelDirectory(const std::string& model) {
   if (!model.empty()) return model;
-  namespace fs = std::filesystem;
+  // The default model is trained (tools/train_default_model.py) and committed with the checkout.
   const std::string directory = SY_DEFAULT_MODEL_DIR;
   std::error_code error;
-  if (fs::exists(directory + "/model.safetensors", error) &&
-      fs::exists(directory + "/tokenizer.json", error))
-    return directory;
-  // Build it beside the final place and rename it in, so concurrent first uses (every rank of
-  // an mpirun job) never see half a model.
-  const std::string staging = fmt::format("{}.staging-{}", directory, ::getpid());
-  fs::remove_all(staging, error);
-  std::fprintf(stderr, "switchyard: writing the embedded default model to %s\n", directory.c_str());
-  Status status = WriteSyntheticCheckpoint(DefaultModelConfig(), staging);
-  if (status.ok()) status = WriteEmbeddedTokenizer("default", staging);
-  if (!status.ok()) FailVerb("creating the default model: " + status.message());
-  // An older default without its tokenizer goes; a complete one another process renamed in
-  // meanwhile stays (then our rename fails and its copy is used).
-  if (!fs::exists(directory + "/tokenizer.json", error)) fs::remove_all(directory, error);
-  fs::rename(staging, directory, error);
-  if (error && !fs::exists(directory + "/tokenizer.json")) {
-    FailVerb(fmt::format("creating the default model: cannot move {} to {}: {}", staging, directory,
-                         error.message()));
-  }
-  fs::remove_all(staging, error);
+  if (!std::filesystem::exists(directory + "/model.safetensors", error) ||
+      !std::filesystem::exists(directory + "/tokenizer.json", error))
+    FailVerb(fmt::format("the default model ({}) is missing from the checkout; pass --model DIR",
+                         directory));
   return directory;
 }
 
@@ -62,6 +46,22 @@ TextCodec LoadTextCodecOrFail(const std::string& directory, const std::string& t
   auto codec = TextCodec::Load(directory, tokenizer_path);
   if (!codec.ok()) FailVerb(codec.status().message());
   return std::move(codec).value();
+}
+
+void AddSpeculativeOptions(CLI::App* verb, SpeculativeArgs& args) {
+  verb->add_option("--speculative", args.method,
+                   "Speculative decoding: 'mtp' drafts with the checkpoint's MTP module")
+      ->check(CLI::IsMember({"mtp"}));
+  verb->add_option("--num-speculative-tokens", args.tokens,
+                   "Draft tokens per step (K > 1 chains the one MTP module)")
+      ->check(CLI::Range(1, 8));
+}
+
+int64_t SpeculativeTokensOrFail(const SpeculativeArgs& args, const Model& model) {
+  if (args.method.empty()) return 0;
+  if (!model.has_mtp())
+    FailVerb("--speculative mtp: the checkpoint has no MTP module (num_nextn_predict_layers is 0)");
+  return args.tokens;
 }
 
 }  // namespace sy

@@ -8,6 +8,10 @@
 #include "model/model.h"
 #include "tokenizer/text_codec.h"
 
+namespace CLI {
+class App;
+}
+
 namespace sy {
 
 // `--model` as given, or — when empty — the embedded default model under the checkout
@@ -23,5 +27,14 @@ DType KvDTypeOrFail(const std::string& name);
 // Loads the tokenizer of `directory` (or the file/directory `tokenizer_path` overrides it with);
 // fails the verb with the loader's message.
 TextCodec LoadTextCodecOrFail(const std::string& directory, const std::string& tokenizer_path = "");
+
+// --speculative mtp [--num-speculative-tokens K], for generate and serve.
+struct SpeculativeArgs {
+  std::string method;  // "" (off) or "mtp"
+  int64_t tokens = 1;
+};
+void AddSpeculativeOptions(CLI::App* verb, SpeculativeArgs& args);
+// Draft tokens per step (0: off); fails the verb when the checkpoint has no MTP module.
+int64_t SpeculativeTokensOrFail(const SpeculativeArgs& args, const Model& model);
 
 }  // namespace sy

@@ -1,4 +1,4 @@
-// switchyard init-model: writes the embedded default model (or a variant) as a checkpoint.
+// switchyard init-model: writes a synthetic (random-weight) model and its tokenizer.
 #include <cstdio>
 #include <filesystem>
 
@@ -13,16 +13,17 @@ struct InitModelArgs {
   std::string out;
   uint64_t seed = 0;
   bool bf16 = false;
-  std::string preset = "default";
+  std::string preset = "small";
 };
 
 void RunInitModel(const InitModelArgs& args) {
-  ModelConfig config = args.preset == "bench" ? BenchModelConfig() : DefaultModelConfig();
+  ModelConfig config = args.preset == "bench" ? BenchModelConfig() : SmallModelConfig();
   if (args.bf16) config.fp8_weights = false;
   SyntheticOptions options;
   options.seed = args.seed;
   Status status = WriteSyntheticCheckpoint(config, args.out, options);
-  if (status.ok()) status = WriteEmbeddedTokenizer(args.preset, args.out);
+  if (status.ok())
+    status = WriteEmbeddedTokenizer(args.preset == "bench" ? "bench" : "default", args.out);
   if (!status.ok()) FailVerb(status.message());
   std::printf("wrote the %s model (%s weights, seed %llu) and its tokenizer to %s\n",
               args.preset.c_str(), config.fp8_weights ? "fp8" : "bf16",
@@ -33,14 +34,14 @@ void RunInitModel(const InitModelArgs& args) {
 
 void AddInitModelVerb(CLI::App& app) {
   auto args = std::make_shared<InitModelArgs>();
-  CLI::App* verb =
-      app.add_subcommand("init-model", "Write the embedded default model, deterministically");
+  CLI::App* verb = app.add_subcommand(
+      "init-model", "Write a synthetic model (random weights), deterministically");
   verb->add_option("--out", args->out, "Directory to write")->required();
   verb->add_option("--seed", args->seed, "Random seed");
   verb->add_flag("--bf16", args->bf16, "Store weights in bf16 instead of fp8 blocks");
   verb->add_option("--preset", args->preset,
-                   "default (small, the embedded model) or bench (about 1 GB, for benchmarks)")
-      ->check(CLI::IsMember({"default", "bench"}));
+                   "small (the tests' model shapes) or bench (about 1 GB, for benchmarks)")
+      ->check(CLI::IsMember({"small", "bench"}));
   verb->callback([args] { RunInitModel(*args); });
 }
 

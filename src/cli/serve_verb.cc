@@ -29,6 +29,7 @@ struct ServeArgs {
   std::string kv_dtype = "bf16";
   int io_threads = 2;
   double step_timeout = 120;
+  SpeculativeArgs speculative;
   ParallelArgs parallel;
 };
 
@@ -97,12 +98,13 @@ void RunServe(const ServeArgs& args) {
                          config.vocab_size));
   const DType kv_dtype = KvDTypeOrFail(args.kv_dtype);
   // The cache: as asked, or 64 Ki tokens kept under 4 GiB.
+  const int64_t speculative_tokens = SpeculativeTokensOrFail(args.speculative, model);
   int64_t cache_tokens = args.kv_cache_tokens;
-  const int64_t bytes_per_token = config.num_hidden_layers *
+  const int64_t bytes_per_token = model.CacheLayers(speculative_tokens > 0) *
                                   (config.kv_lora_rank + config.qk_rope_head_dim) *
                                   static_cast<int64_t>(DTypeSize(kv_dtype));
   if (cache_tokens == 0) cache_tokens = std::min<int64_t>(65536, (4ll << 30) / bytes_per_token);
-  LatentCache cache = model.NewCache(cache_tokens, 1, kv_dtype);
+  LatentCache cache = model.NewCache(cache_tokens, 1, kv_dtype, 16, speculative_tokens > 0);
   cache_tokens = cache.total_pages() * cache.page_size();
 
   EngineConfig engine_config;
@@ -110,6 +112,7 @@ void RunServe(const ServeArgs& args) {
   engine_config.max_num_batched_tokens = args.max_num_batched_tokens;
   engine_config.max_waiting = args.max_waiting;
   engine_config.step_timeout_seconds = args.step_timeout;
+  engine_config.num_speculative_tokens = speculative_tokens;
   engine_config.max_model_len =
       args.max_model_len > 0 ? args.max_model_len : config.max_position_embeddings;
   if (engine_config.max_model_len > config.max_position_embeddings)
@@ -164,6 +167,7 @@ void AddServeVerb(CLI::App& app) {
   verb->add_option("--step-timeout", args->step_timeout,
                    "Seconds one step may take before /health reports unhealthy")
       ->check(CLI::Range(1.0, 1e6));
+  AddSpeculativeOptions(verb, args->speculative);
   AddParallelOptions(verb, args->parallel);
   verb->callback([args] { RunServe(*args); });
 }

@@ -44,6 +44,9 @@ struct Engine::Sequence {
   double arrival = 0, last_token_time = 0;
   bool aborted = false;
   bool finished = false;
+  // MTP drafts for the next step's verification, each with the distribution it was drawn from.
+  std::vector<int32_t> drafts;
+  std::vector<TokenDistribution> draft_distributions;
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_length; }
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
@@ -205,6 +208,8 @@ void Engine::FreePages(Sequence& seq) {
   seq.cache.pages.clear();
   seq.cache.length = 0;
   seq.computed = 0;
+  seq.drafts.clear();
+  seq.draft_distributions.clear();
   seq.page_hashes.clear();
   seq.looked_up = false;
 }
@@ -267,54 +272,50 @@ void Engine::RecordPromptLogprobs(Sequence& seq, int64_t first, int64_t count, c
   }
 }
 
-void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, double now) {
-  const int64_t vocab = model_.config().vocab_size;
+std::vector<int32_t> Engine::BlockedTokens(const Sequence& seq) const {
   const SamplingParams& params = seq.request.params;
-  const int64_t first = seq.computed;
-  seq.computed += count;
-  seq.cache.length = seq.computed;
-  RegisterFullPages(seq);
-  const bool all_rows = seq.wants_prompt_logprobs() && first < seq.prompt_length;
-  if (all_rows) RecordPromptLogprobs(seq, first, count, rows);
-  if (seq.remaining() > 0) return;  // a prefill chunk with more to come
-
-  const float* last = rows + (all_rows ? count - 1 : 0) * vocab;
   std::vector<int32_t> blocked;
   if (seq.generated() < params.min_tokens) {
     blocked = params.stop_token_ids;
     if (!params.ignore_eos) blocked.push_back(static_cast<int32_t>(model_.config().eos_token_id));
   }
-  RequestEvent event;
-  if (params.max_tokens > 0) {
-    SampledToken sampled =
-        SampleToken(last, vocab, params, seq.penalties, seq.generated(), blocked, scratch_);
-    const int32_t token = sampled.token;
-    seq.tokens.push_back(token);
-    ++seq.penalties.generated_counts[token];
-    if (!seq.penalties.in_prompt.empty()) seq.penalties.in_prompt[token] = 1;
-    event.token_ids.push_back(token);
-    if (params.logprobs) event.logprobs.push_back({token, sampled.logprob, std::move(sampled.top)});
-    {
-      std::lock_guard<std::mutex> lock(metrics_mutex_);
-      ++metrics_.generation_tokens_total;
-      if (seq.generated() == 1)
-        metrics_.time_to_first_token.Observe(now - seq.arrival);
-      else if (seq.last_token_time > 0)
-        metrics_.inter_token_latency.Observe(now - seq.last_token_time);
-    }
-    seq.last_token_time = now;
+  return blocked;
+}
+
+std::string Engine::EmitToken(Sequence& seq, int32_t token, const float* row, double now,
+                              RequestEvent& event, bool& stopped_by_string) {
+  const int64_t vocab = model_.config().vocab_size;
+  const SamplingParams& params = seq.request.params;
+  seq.tokens.push_back(token);
+  ++seq.penalties.generated_counts[token];
+  if (!seq.penalties.in_prompt.empty()) seq.penalties.in_prompt[token] = 1;
+  event.token_ids.push_back(token);
+  if (params.logprobs) {
+    SampledToken sampled;
+    sampled.token = token;
+    FillLogprobs(row, vocab, params, scratch_, sampled);
+    event.logprobs.push_back({token, sampled.logprob, std::move(sampled.top)});
   }
-  bool stopped_by_string = false;
-  std::string reason;
-  if (!event.token_ids.empty()) {
-    const int32_t token = event.token_ids.back();
-    event.text = seq.detokenizer->Add(token, &stopped_by_string);
-    const bool eos = !params.ignore_eos && token == model_.config().eos_token_id;
-    const bool stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
-                                      token) != params.stop_token_ids.end();
-    if (eos || stop_token || stopped_by_string) reason = "stop";
+  {
+    std::lock_guard<std::mutex> lock(metrics_mutex_);
+    ++metrics_.generation_tokens_total;
+    if (seq.generated() == 1)
+      metrics_.time_to_first_token.Observe(now - seq.arrival);
+    else if (seq.last_token_time > 0)
+      metrics_.inter_token_latency.Observe(now - seq.last_token_time);
   }
-  if (reason.empty() && seq.generated() >= params.max_tokens) reason = "length";
+  seq.last_token_time = now;
+  event.text += seq.detokenizer->Add(token, &stopped_by_string);
+  const bool eos = !params.ignore_eos && token == model_.config().eos_token_id;
+  const bool stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
+                                    token) != params.stop_token_ids.end();
+  if (eos || stop_token || stopped_by_string) return "stop";
+  if (seq.generated() >= params.max_tokens) return "length";
+  return "";
+}
+
+void Engine::Deliver(Sequence& seq, RequestEvent event, const std::string& reason,
+                     bool stopped_by_string) {
   if (!reason.empty()) {
     if (!stopped_by_string) event.text += seq.detokenizer->Flush();
     Finish(seq, reason, std::move(event));
@@ -329,6 +330,157 @@ void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, doub
     seq.sent_first = true;
   }
   seq.stream->Push(std::move(event));
+}
+
+void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, double now) {
+  const int64_t vocab = model_.config().vocab_size;
+  const SamplingParams& params = seq.request.params;
+  const int64_t first = seq.computed;
+  seq.computed += count;
+  seq.cache.length = seq.computed;
+  RegisterFullPages(seq);
+  const bool all_rows = seq.wants_prompt_logprobs() && first < seq.prompt_length;
+  if (all_rows) RecordPromptLogprobs(seq, first, count, rows);
+  if (seq.remaining() > 0) return;  // a prefill chunk with more to come
+
+  const float* last = rows + (all_rows ? count - 1 : 0) * vocab;
+  RequestEvent event;
+  bool stopped_by_string = false;
+  std::string reason;
+  if (params.max_tokens > 0) {
+    const int32_t token = SampleToken(last, vocab, params, seq.penalties, seq.generated(),
+                                      BlockedTokens(seq), scratch_)
+                              .token;
+    reason = EmitToken(seq, token, last, now, event, stopped_by_string);
+  } else {
+    reason = "length";
+  }
+  Deliver(seq, std::move(event), reason, stopped_by_string);
+}
+
+void Engine::ProcessVerification(Sequence& seq, int64_t drafts, const float* rows, double now) {
+  // Rejection sampling (sampling.h VerifyDraft) position by position, p being the distribution
+  // the request would sample from there (penalties, bias and truncation included, given the
+  // tokens kept before it); when every draft is kept one more token comes from p.
+  const int64_t vocab = model_.config().vocab_size;
+  const SamplingParams& params = seq.request.params;
+  const uint64_t seed = SamplingSeed(params);
+  seq.computed += 1;  // the last sampled token's row
+  RequestEvent event;
+  bool stopped_by_string = false;
+  std::string reason;
+  int64_t accepted = 0;
+  for (int64_t j = 0; j <= drafts && reason.empty(); ++j) {
+    const float* row = rows + j * vocab;
+    const int64_t step = seq.generated();
+    const TokenDistribution p =
+        ProcessedDistribution(row, vocab, params, seq.penalties, BlockedTokens(seq), scratch_);
+    int32_t token;
+    bool kept = false;
+    if (j < drafts) {
+      const DraftVerdict verdict = VerifyDraft(p, seq.drafts[static_cast<size_t>(j)],
+                                               seq.draft_distributions[static_cast<size_t>(j)],
+                                               seed, step, vocab, dense_scratch_);
+      token = verdict.token;
+      kept = verdict.kept;
+    } else {
+      token = p.tokens.size() == 1 ? p.tokens[0] : p.Draw(UniformDraw(seed, step, kTokenStream));
+    }
+    reason = EmitToken(seq, token, row, now, event, stopped_by_string);
+    if (!kept) break;
+    ++accepted;
+    seq.computed += 1;  // the kept draft's row is valid
+  }
+  {
+    std::lock_guard<std::mutex> lock(metrics_mutex_);
+    ++metrics_.spec_drafts_total;
+    metrics_.spec_draft_tokens_total += drafts;
+    metrics_.spec_accepted_tokens_total += accepted;
+    if (static_cast<int64_t>(metrics_.spec_accepted_per_position.size()) < drafts)
+      metrics_.spec_accepted_per_position.resize(static_cast<size_t>(drafts), 0);
+    for (int64_t j = 0; j < accepted; ++j)
+      ++metrics_.spec_accepted_per_position[static_cast<size_t>(j)];
+  }
+  seq.drafts.clear();
+  seq.draft_distributions.clear();
+  seq.cache.length = seq.computed;
+  RegisterFullPages(seq);
+  Deliver(seq, std::move(event), reason, stopped_by_string);
+}
+
+void Engine::Draft(const std::vector<std::pair<Sequence*, int64_t>>& scheduled,
+                   const std::vector<int64_t>& first_positions, const ForwardBatch& batch) {
+  // The MTP layer catches up with the main layers: row p pairs the final hidden state at p with
+  // the token at p + 1, for the positions this step made valid ([first, computed)). The last row
+  // of a sequence that now decodes drafts its next token; chained drafts (K > 1) feed the MTP
+  // block its own output with the draft, as vLLM runs DeepSeek's single MTP module. Every rank
+  // runs the same number of MTP passes (expert-parallel exchanges), with empty batches if need be.
+  const int64_t vocab = model_.config().vocab_size, D = model_.config().hidden_size;
+  const int64_t K = config_.num_speculative_tokens;
+  ForwardBatch mtp;
+  std::vector<float> hidden_in;
+  std::vector<Sequence*> members;
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    Sequence* seq = scheduled[i].first;
+    const int64_t first = first_positions[i];
+    const int64_t rows = seq->computed - first;
+    if (seq->finished || rows <= 0) continue;
+    if (static_cast<int64_t>(seq->tokens.size()) <= seq->computed) continue;
+    mtp.sequences.push_back({mtp.size(), rows, first, &seq->cache});
+    mtp.tokens.insert(mtp.tokens.end(), seq->tokens.begin() + first + 1,
+                      seq->tokens.begin() + seq->computed + 1);
+    const float* h = final_hidden_.data() + batch.sequences[i].token_offset * D;
+    hidden_in.insert(hidden_in.end(), h, h + rows * D);
+    members.push_back(seq);
+  }
+  ForwardOptions options = forward_options_;
+  options.logit_rows = LogitRows::kLast;
+  std::vector<float> logits, mtp_hidden;
+  for (int64_t k = 0; k < K; ++k) {
+    Status status = model_.ForwardMtp(mtp, hidden_in.data(), cache_, options, &logits, &mtp_hidden);
+    if (!status.ok()) {
+      std::fprintf(stderr, "switchyard: MTP drafting failed: %s\n", status.message().c_str());
+      for (auto& [seq, count] : scheduled) {
+        seq->drafts.clear();
+        seq->draft_distributions.clear();
+      }
+      break;
+    }
+    ForwardBatch next;
+    std::vector<float> next_hidden;
+    std::vector<Sequence*> next_members;
+    for (size_t m = 0; m < members.size(); ++m) {
+      Sequence& seq = *members[m];
+      const SequenceSlice& slice = mtp.sequences[m];
+      const bool decoding = seq.remaining() == 1 && static_cast<int64_t>(seq.drafts.size()) == k;
+      if (!decoding) continue;
+      const SamplingParams& params = seq.request.params;
+      const float* row = logits.data() + static_cast<int64_t>(m) * vocab;
+      TokenDistribution q =
+          ProcessedDistribution(row, vocab, params, seq.penalties, BlockedTokens(seq), scratch_);
+      const int32_t draft =
+          q.tokens.size() == 1
+              ? q.tokens[0]
+              : q.Draw(UniformDraw(SamplingSeed(params), seq.generated() + k, kDraftStream));
+      seq.drafts.push_back(draft);
+      seq.draft_distributions.push_back(std::move(q));
+      // Drafts never run past the request's end: at most max_tokens − generated − 1 of them.
+      const int64_t left = seq.request.params.max_tokens - seq.generated();
+      if (k + 1 >= K || k + 2 > left - 1) continue;
+      const int64_t position = slice.start_position + slice.token_count;
+      if (!EnsurePages(seq, position + 1)) continue;
+      next.sequences.push_back({next.size(), 1, position, &seq.cache});
+      next.tokens.push_back(draft);
+      const float* h = mtp_hidden.data() + (slice.token_offset + slice.token_count - 1) * D;
+      next_hidden.insert(next_hidden.end(), h, h + D);
+      next_members.push_back(&seq);
+    }
+    mtp = std::move(next);
+    hidden_in = std::move(next_hidden);
+    members = std::move(next_members);
+  }
+  for (auto& [seq, count] : scheduled)  // rows past `computed` were chained drafts' scratch
+    if (!seq->finished) seq->cache.length = seq->computed;
 }
 
 bool Engine::StepOnce(bool must_step) {
@@ -370,7 +522,21 @@ bool Engine::StepOnce(bool must_step) {
   std::vector<std::pair<Sequence*, int64_t>> scheduled;
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence& seq = *running_[i];
-    const int64_t count = std::min(seq.remaining(), budget);
+    int64_t count = std::min(seq.remaining(), budget);
+    if (seq.remaining() == 1 && !seq.drafts.empty()) {
+      // Verify the drafts with the last token: query length 1 + drafts, within the budget and
+      // the request's length; without pages for them, decode plainly rather than preempt.
+      const int64_t left = seq.request.params.max_tokens - seq.generated();
+      const int64_t use = std::min({static_cast<int64_t>(seq.drafts.size()), left - 1, budget - 1});
+      seq.drafts.resize(static_cast<size_t>(std::max<int64_t>(use, 0)));
+      seq.draft_distributions.resize(seq.drafts.size());
+      count = 1 + static_cast<int64_t>(seq.drafts.size());
+      if (!seq.drafts.empty() && !EnsurePages(seq, seq.computed + count)) {
+        seq.drafts.clear();
+        seq.draft_distributions.clear();
+        count = 1;
+      }
+    }
     if (EnsurePages(seq, seq.computed + count)) {
       scheduled.push_back({&seq, count});
       budget -= count;
@@ -438,15 +604,28 @@ bool Engine::StepOnce(bool must_step) {
   if (scheduled.empty() && !must_step) return !running_.empty() || !waiting_.empty();
 
   ForwardBatch batch;
+  std::vector<int64_t> first_positions, draft_counts;
   for (auto& [seq, count] : scheduled) {
+    first_positions.push_back(seq->computed);
+    const int64_t drafts = static_cast<int64_t>(seq->drafts.size());
+    draft_counts.push_back(seq->remaining() == 1 ? drafts : 0);
+    if (draft_counts.back() > 0) {
+      std::vector<int32_t> query = {seq->tokens.back()};
+      query.insert(query.end(), seq->drafts.begin(), seq->drafts.end());
+      batch.Add(query.data(), count, &seq->cache);
+      batch.sequences.back().all_logit_rows = true;
+      continue;
+    }
     batch.Add(seq->tokens.data() + seq->computed, count, &seq->cache);
     batch.sequences.back().all_logit_rows =
         seq->wants_prompt_logprobs() && seq->computed < seq->prompt_length;
   }
+  const bool speculative = config_.num_speculative_tokens > 0;
   const double start = NowSeconds();
   step_started_ = start;
   busy_ = true;
-  Status status = model_.Forward(batch, cache_, forward_options_, &logits_);
+  Status status = model_.Forward(batch, cache_, forward_options_, &logits_,
+                                 speculative ? &final_hidden_ : nullptr);
   const double now = NowSeconds();
   busy_ = false;
   last_step_end_ = now;
@@ -472,9 +651,13 @@ bool Engine::StepOnce(bool must_step) {
   int64_t row = 0;
   for (size_t i = 0; i < scheduled.size(); ++i) {
     const auto [seq, count] = scheduled[i];
-    ProcessOutput(*seq, count, logits_.data() + row * vocab, now);
+    if (draft_counts[i] > 0)
+      ProcessVerification(*seq, draft_counts[i], logits_.data() + row * vocab, now);
+    else
+      ProcessOutput(*seq, count, logits_.data() + row * vocab, now);
     row += batch.sequences[i].all_logit_rows ? count : 1;
   }
+  if (speculative) Draft(scheduled, first_positions, batch);
   // Finished requests leave the running list.
   running_.erase(std::remove_if(running_.begin(), running_.end(),
                                 [](const std::unique_ptr<Sequence>& seq) { return seq->finished; }),

@@ -34,6 +34,9 @@ struct EngineConfig {
   int64_t max_waiting = 4096;
   int64_t max_model_len = 0;          // 0: the model's max_position_embeddings
   double step_timeout_seconds = 120;  // the watchdog's limit for one step
+  // MTP speculative decoding: draft tokens per decode step (0: off). The model must have an MTP
+  // module and the cache its layer (Model::NewCache with mtp).
+  int64_t num_speculative_tokens = 0;
 };
 
 struct Histogram {
@@ -53,6 +56,10 @@ struct EngineMetrics {
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0, preemptions_total = 0;
   int64_t prefix_cache_queries_total = 0, prefix_cache_hits_total = 0;  // in tokens
   int64_t steps_total = 0;
+  // Speculative decoding, as vLLM names them: verifications with drafts, draft tokens proposed,
+  // drafts accepted, and accepted drafts by position (0: the first draft of a step).
+  int64_t spec_drafts_total = 0, spec_draft_tokens_total = 0, spec_accepted_tokens_total = 0;
+  std::vector<int64_t> spec_accepted_per_position;
   std::map<std::string, int64_t> finished_by_reason;
   Histogram time_to_first_token, inter_token_latency, e2e_request_latency;
   double last_step_age_seconds = 0;  // since the last step completed (0 when idle)
@@ -115,6 +122,19 @@ class Engine : public RequestFrontend {
   void Finish(Sequence& seq, const std::string& reason, RequestEvent event);
   void RegisterFullPages(Sequence& seq);
   void ProcessOutput(Sequence& seq, int64_t tokens, const float* rows, double now);
+  // A decode step that verified `drafts` draft tokens: rows [1 + drafts, vocab].
+  void ProcessVerification(Sequence& seq, int64_t drafts, const float* rows, double now);
+  // Appends a generated token: penalties, detokenizer, logprobs, metrics; returns the finish
+  // reason ("" while the request goes on).
+  std::string EmitToken(Sequence& seq, int32_t token, const float* row, double now,
+                        RequestEvent& event, bool& stopped_by_string);
+  // Sends the event (the finishing one when `reason` is set).
+  void Deliver(Sequence& seq, RequestEvent event, const std::string& reason,
+               bool stopped_by_string);
+  std::vector<int32_t> BlockedTokens(const Sequence& seq) const;
+  // Runs the MTP module over the rows this step made valid and drafts the next tokens.
+  void Draft(const std::vector<std::pair<Sequence*, int64_t>>& scheduled,
+             const std::vector<int64_t>& first_positions, const ForwardBatch& batch);
   void PublishGauges();
   void RecordPromptLogprobs(Sequence& seq, int64_t first, int64_t count, const float* rows);
 
@@ -141,7 +161,8 @@ class Engine : public RequestFrontend {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<float> logits_;
-  std::vector<float> scratch_;
+  std::vector<float> final_hidden_;  // the step's final hidden rows, for MTP drafting
+  std::vector<float> scratch_, dense_scratch_;
 
   mutable std::mutex metrics_mutex_;
   EngineMetrics metrics_;

@@ -68,23 +68,34 @@ std::vector<std::pair<int32_t, float>> TopEntries(const float* row, int64_t size
   return out;
 }
 
-namespace {
-
-// A uniform double in [0, 1) from (seed, step): SplitMix64 of both, so a request's draws do not
-// depend on anything else in the batch.
-double UniformDraw(uint64_t seed, int64_t step) {
-  uint64_t z = seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step + 1));
+double UniformDraw(uint64_t seed, int64_t step, uint64_t stream) {
+  uint64_t z = (seed ^ (0xD1B54A32D192ED03ull * stream)) ^
+               (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step + 1));
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
-}  // namespace
+double TokenDistribution::Prob(int32_t token) const {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] == token) return probs[i];
+  return 0;
+}
 
-SampledToken SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
-                         const PenaltyState& penalties, int64_t step,
-                         const std::vector<int32_t>& blocked_tokens, std::vector<float>& scratch) {
+int32_t TokenDistribution::Draw(double u) const {
+  double target = u;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    target -= probs[i];
+    if (target < 0) return tokens[i];
+  }
+  return tokens.back();  // rounding left a sliver past the last candidate
+}
+
+TokenDistribution ProcessedDistribution(const float* logits, int64_t vocab,
+                                        const SamplingParams& params, const PenaltyState& penalties,
+                                        const std::vector<int32_t>& blocked_tokens,
+                                        std::vector<float>& scratch) {
   // Processed logits: penalties, bias, masks; then temperature and truncation.
   scratch.assign(logits, logits + vocab);
   float* x = scratch.data();
@@ -103,69 +114,108 @@ SampledToken SampleToken(const float* logits, int64_t vocab, const SamplingParam
   for (int32_t token : blocked_tokens)
     x[token] = minus_inf;
 
-  SampledToken out;
+  TokenDistribution out;
   if (params.temperature == 0) {
-    out.token = static_cast<int32_t>(std::max_element(x, x + vocab) - x);
+    out.tokens = {static_cast<int32_t>(std::max_element(x, x + vocab) - x)};
+    out.probs = {1.0};
+    return out;
+  }
+  const float inv_t = static_cast<float>(1.0 / params.temperature);
+  for (int64_t t = 0; t < vocab; ++t)
+    x[t] *= inv_t;
+  // Candidates sorted by processed logit, best first (ties: lower id), then truncated.
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  int64_t keep = vocab;
+  if (params.top_k > 0) keep = std::min(keep, params.top_k);
+  auto better = [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+  if (keep < vocab) {
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), better);
+    order.resize(static_cast<size_t>(keep));
   } else {
-    const float inv_t = static_cast<float>(1.0 / params.temperature);
-    for (int64_t t = 0; t < vocab; ++t)
-      x[t] *= inv_t;
-    // Candidates sorted by processed logit, best first (ties: lower id), then truncated.
-    std::vector<int32_t> order(static_cast<size_t>(vocab));
-    std::iota(order.begin(), order.end(), 0);
-    int64_t keep = vocab;
-    if (params.top_k > 0) keep = std::min(keep, params.top_k);
-    auto better = [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
-    if (keep < vocab) {
-      std::partial_sort(order.begin(), order.begin() + keep, order.end(), better);
-      order.resize(static_cast<size_t>(keep));
-    } else {
-      std::sort(order.begin(), order.end(), better);
-    }
-    const float top = x[order[0]];
-    std::vector<double> probs(order.size());
-    double sum = 0;
+    std::sort(order.begin(), order.end(), better);
+  }
+  const float top = x[order[0]];
+  std::vector<double> probs(order.size());
+  double sum = 0;
+  for (size_t i = 0; i < order.size(); ++i)
+    sum += probs[i] = std::exp(double(x[order[i]] - top));
+  size_t cut = order.size();
+  if (params.min_p > 0) {  // relative to the most likely token
     for (size_t i = 0; i < order.size(); ++i)
-      sum += probs[i] = std::exp(double(x[order[i]] - top));
-    size_t cut = order.size();
-    if (params.min_p > 0) {  // relative to the most likely token
-      for (size_t i = 0; i < order.size(); ++i)
-        if (probs[i] < params.min_p * probs[0]) {
-          cut = std::max<size_t>(i, 1);
-          break;
-        }
-    }
-    if (params.top_p < 1) {  // smallest prefix whose mass reaches top_p
-      double mass = 0;
-      for (size_t i = 0; i < cut; ++i) {
-        mass += probs[i] / sum;
-        if (mass >= params.top_p) {
-          cut = i + 1;
-          break;
-        }
+      if (probs[i] < params.min_p * probs[0]) {
+        cut = std::max<size_t>(i, 1);
+        break;
       }
-    }
-    double kept = 0;
-    for (size_t i = 0; i < cut; ++i)
-      kept += probs[i];
-    const uint64_t seed = params.seed.value_or(0x5EEDull);
-    double target = UniformDraw(seed, step) * kept;
-    out.token = order[cut - 1];
+  }
+  if (params.top_p < 1) {  // smallest prefix whose mass reaches top_p
+    double mass = 0;
     for (size_t i = 0; i < cut; ++i) {
-      target -= probs[i];
-      if (target < 0) {
-        out.token = order[i];
+      mass += probs[i] / sum;
+      if (mass >= params.top_p) {
+        cut = i + 1;
         break;
       }
     }
   }
-  // Log-probabilities of the model's own distribution.
-  if (params.logprobs) {
-    scratch.assign(logits, logits + vocab);
-    LogSoftmaxInPlace(scratch.data(), vocab);
-    out.logprob = scratch[out.token];
-    if (*params.logprobs > 0) out.top = TopEntries(scratch.data(), vocab, *params.logprobs);
+  double kept = 0;
+  for (size_t i = 0; i < cut; ++i)
+    kept += probs[i];
+  out.tokens.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(cut));
+  out.probs.resize(cut);
+  for (size_t i = 0; i < cut; ++i)
+    out.probs[i] = probs[i] / kept;
+  return out;
+}
+
+uint64_t SamplingSeed(const SamplingParams& params) {
+  return params.seed.value_or(0x5EEDull);
+}
+
+void FillLogprobs(const float* logits, int64_t vocab, const SamplingParams& params,
+                  std::vector<float>& scratch, SampledToken& out) {
+  if (!params.logprobs) return;
+  scratch.assign(logits, logits + vocab);
+  LogSoftmaxInPlace(scratch.data(), vocab);
+  out.logprob = scratch[out.token];
+  if (*params.logprobs > 0) out.top = TopEntries(scratch.data(), vocab, *params.logprobs);
+}
+
+DraftVerdict VerifyDraft(const TokenDistribution& p, int32_t draft, const TokenDistribution& q,
+                         uint64_t seed, int64_t step, int64_t vocab,
+                         std::vector<float>& dense_scratch) {
+  const double pd = p.Prob(draft), qd = q.Prob(draft);
+  if (UniformDraw(seed, step, kAcceptStream) * qd < pd) return {draft, true};
+  // The residual max(0, p − q), over p's candidates (where p is 0 it is 0).
+  dense_scratch.assign(static_cast<size_t>(vocab), 0.0f);
+  for (size_t i = 0; i < q.tokens.size(); ++i)
+    dense_scratch[static_cast<size_t>(q.tokens[i])] = static_cast<float>(q.probs[i]);
+  TokenDistribution residual;
+  double total = 0;
+  for (size_t i = 0; i < p.tokens.size(); ++i) {
+    const double r = p.probs[i] - dense_scratch[static_cast<size_t>(p.tokens[i])];
+    if (r > 0) {
+      residual.tokens.push_back(p.tokens[i]);
+      residual.probs.push_back(r);
+      total += r;
+    }
   }
+  const double u = UniformDraw(seed, step, kResidualStream);
+  if (total <= 0) return {p.Draw(u), false};  // p ≤ q everywhere: only rounding gets here
+  for (double& r : residual.probs)
+    r /= total;
+  return {residual.Draw(u), false};
+}
+
+SampledToken SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
+                         const PenaltyState& penalties, int64_t step,
+                         const std::vector<int32_t>& blocked_tokens, std::vector<float>& scratch) {
+  const TokenDistribution p =
+      ProcessedDistribution(logits, vocab, params, penalties, blocked_tokens, scratch);
+  SampledToken out;
+  out.token = p.tokens.size() == 1 ? p.tokens[0]
+                                   : p.Draw(UniformDraw(SamplingSeed(params), step, kTokenStream));
+  FillLogprobs(logits, vocab, params, scratch, out);
   return out;
 }
 

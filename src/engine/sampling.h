@@ -57,6 +57,47 @@ struct PenaltyState {
   std::vector<uint8_t> in_prompt;  // [vocab] 1 where the prompt (or output) holds the token
 };
 
+// The distribution a request samples its next token from: the logits after penalties, bias,
+// blocked tokens, temperature and top-k/top-p/min-p truncation, as probabilities of the kept
+// candidates, best first. Greedy (temperature 0) is the argmax with probability 1.
+struct TokenDistribution {
+  std::vector<int32_t> tokens;
+  std::vector<double> probs;  // sums to 1
+  double Prob(int32_t token) const;
+  // The token whose cumulative probability interval holds u in [0, 1).
+  int32_t Draw(double u) const;
+};
+TokenDistribution ProcessedDistribution(const float* logits, int64_t vocab,
+                                        const SamplingParams& params, const PenaltyState& penalties,
+                                        const std::vector<int32_t>& blocked_tokens,
+                                        std::vector<float>& scratch);
+
+// Independent uniform streams of one request: a draw depends only on (seed, step, stream), so a
+// request's tokens do not depend on what else is in the batch.
+inline constexpr uint64_t kTokenStream = 0;     // the sampled token itself
+inline constexpr uint64_t kDraftStream = 1;     // speculative decoding: the drafter's choice
+inline constexpr uint64_t kAcceptStream = 2;    // ... the accept/reject test
+inline constexpr uint64_t kResidualStream = 3;  // ... the replacement after a rejection
+double UniformDraw(uint64_t seed, int64_t step, uint64_t stream);
+uint64_t SamplingSeed(const SamplingParams& params);
+
+// Fills out.logprob (and out.top) from the model's own distribution when the request asks.
+void FillLogprobs(const float* logits, int64_t vocab, const SamplingParams& params,
+                  std::vector<float>& scratch, SampledToken& out);
+
+// Speculative decoding's rejection sampling (Leviathan et al. 2023; Chen et al. 2023): a draft d
+// drawn from q is kept with probability min(1, p(d)/q(d)); otherwise the token comes from
+// max(0, p − q) renormalized. The result is distributed exactly as p, whatever q is. Greedy is
+// the case of one-hot p and q: the draft is kept when it is p's argmax, else the argmax replaces
+// it. Draws come from (seed, step) on the accept and residual streams.
+struct DraftVerdict {
+  int32_t token = 0;
+  bool kept = false;
+};
+DraftVerdict VerifyDraft(const TokenDistribution& p, int32_t draft, const TokenDistribution& q,
+                         uint64_t seed, int64_t step, int64_t vocab,
+                         std::vector<float>& dense_scratch);
+
 // Picks the next token from `logits` (one row of `vocab` values, left unchanged).
 // `step` numbers the request's generated tokens from 0 (the random stream's position).
 // `eos_blocked`: min_tokens not reached yet, so end-of-sequence and stop tokens are masked.

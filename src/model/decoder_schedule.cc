@@ -93,7 +93,7 @@ class LayerRunner {
     AddDelta(p);
   }
 
-  const DecoderLayerWeights& Layer(int64_t l) const { return (*context_.layers)[l]; }
+  const DecoderLayerWeights& Layer(int64_t l) const { return *(*context_.layers)[l]; }
 
  private:
   void AddDelta(int p) {

@@ -67,7 +67,8 @@ struct DecoderContext {
   const ModelConfig* config = nullptr;            // the model
   const ModelConfig* attention_config = nullptr;  // the heads this rank computes (H / TP)
   const RopeParams* rope = nullptr;
-  const std::vector<DecoderLayerWeights>* layers = nullptr;
+  // Layer l of the stack: the main layers, then the MTP blocks (index num_hidden_layers + i).
+  const std::vector<const DecoderLayerWeights*>* layers = nullptr;
   LatentCache* cache = nullptr;  // layer l of the cache belongs to layers[l]
 };
 

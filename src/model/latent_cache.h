@@ -25,6 +25,7 @@ class LatentCache {
   // dtype: kBF16 (as deployed) or kF32 (exact, for conformance checks).
   LatentCache(int64_t layers, int64_t row_width, int64_t page_size, int64_t pages, DType dtype);
 
+  int64_t layers() const { return layers_; }
   int64_t page_size() const { return page_size_; }
   int64_t row_width() const { return row_width_; }
   int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }

@@ -19,8 +19,9 @@ enum class AttentionForm {
 };
 
 // Sequences with at most this many new tokens use the absorbed form under kAuto: a decode step,
-// or an MTP verification step of query length 2.
-inline constexpr int64_t kAbsorbedMaxQueries = 2;
+// or an MTP verification step of query length 1 + K (K ≤ 8 draft tokens). For so few queries
+// attending straight from the latent cache beats expanding every cached row with kv_b.
+inline constexpr int64_t kAbsorbedMaxQueries = 9;
 
 // The block in its phases, for schedules that exchange between them (SP-TP-SP attention):
 // Projections of `tokens` rows x [tokens, D]: q [tokens, H, qk_head_dim] with RoPE applied, and

@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "kernels/cpu/elementwise.h"
@@ -31,17 +32,21 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
     model->attention_config_.num_key_value_heads = model->attention_config_.num_attention_heads;
   }
   model->rope_ = ComputeRopeParams(model->config_);
+  for (const auto& layer : model->weights_.layers)
+    model->layer_table_.push_back(&layer);
+  for (const auto& mtp : model->weights_.mtp)
+    model->layer_table_.push_back(&mtp.block);
   return model;
 }
 
 LatentCache Model::NewCache(int64_t max_tokens, int64_t max_sequences, DType dtype,
-                            int64_t page_size) const {
+                            int64_t page_size, bool mtp) const {
   const int64_t pages = (max_tokens + page_size - 1) / page_size + max_sequences;
-  return LatentCache(config_.num_hidden_layers, config_.latent_cache_width(), page_size, pages,
+  return LatentCache(CacheLayers(mtp && has_mtp()), config_.latent_cache_width(), page_size, pages,
                      dtype);
 }
 
-Status Model::CheckBatch(const ForwardBatch& batch) const {
+Status Model::CheckBatch(const ForwardBatch& batch, bool mtp) const {
   int64_t expected_offset = 0;
   for (size_t s = 0; s < batch.sequences.size(); ++s) {
     const SequenceSlice& seq = batch.sequences[s];
@@ -50,7 +55,8 @@ Status Model::CheckBatch(const ForwardBatch& batch) const {
     if (seq.token_offset != expected_offset || seq.token_offset + seq.token_count > batch.size())
       return Status::Errorf("sequence {}: tokens [{}, {}) do not follow the previous sequence", s,
                             seq.token_offset, seq.token_offset + seq.token_count);
-    if (seq.start_position != seq.cache->length)
+    if (mtp ? (seq.start_position < 0 || seq.start_position > seq.cache->length)
+            : seq.start_position != seq.cache->length)
       return Status::Errorf("sequence {}: starts at position {} but its cache holds {} tokens", s,
                             seq.start_position, seq.cache->length);
     for (int64_t i = 0; i < seq.token_count; ++i) {
@@ -67,9 +73,7 @@ Status Model::CheckBatch(const ForwardBatch& batch) const {
   return Status::Ok();
 }
 
-Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const ForwardOptions& options,
-                      std::vector<float>* logits) const {
-  SY_RETURN_IF_ERROR(CheckBatch(batch));
+Status Model::ReserveRows(const ForwardBatch& batch, LatentCache& cache) const {
   // Reserve cache rows for every sequence, or none.
   std::vector<int64_t> old_lengths;
   for (const auto& seq : batch.sequences) {
@@ -81,9 +85,14 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
       return reserved;
     }
   }
+  return Status::Ok();
+}
 
-  const ModelConfig& c = config_;
-  const int64_t T = batch.size(), D = c.hidden_size;
+template <typename RowInput>
+Status Model::RunStack(const ForwardBatch& batch, LatentCache& cache, const ForwardOptions& options,
+                       int64_t first, int64_t last, RowInput row_input,
+                       std::vector<float>& hidden) const {
+  const int64_t T = batch.size(), D = config_.hidden_size;
   AttentionGroup* group = options.attention_group;
   const bool sequence_parallel =
       group != nullptr && group->size() > 1 && options.attention_split == AttentionSplit::kSequence;
@@ -100,7 +109,7 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
   std::vector<MicroBatch> whole = SplitBatch(batch, 1, sp_size, sp_rank);
   std::vector<MicroBatch> halves;
   if (options.micro_batches) halves = SplitBatch(batch, 2, sp_size, sp_rank);
-  std::vector<float> hidden;
+  hidden.clear();
   if (!sequence_parallel || halves.empty()) {
     hidden.resize(static_cast<size_t>(whole[0].rows * D));
     whole[0].hidden = hidden.data();
@@ -116,21 +125,19 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
   std::vector<MicroBatch>& embedded = sequence_parallel && !halves.empty() ? halves : whole;
   for (const MicroBatch& mb : embedded)
     for (int64_t r = 0; r < mb.rows; ++r)
-      weights_.embed_tokens.DecodeRow(batch.tokens[mb.first_token + mb.row_begin + r],
-                                      mb.hidden + r * D);
+      row_input(mb.first_token + mb.row_begin + r, mb.hidden + r * D);
 
-  const DecoderContext context{&config_, &attention_config_, &rope_, &weights_.layers, &cache};
-  const int64_t L = c.num_hidden_layers;
+  const DecoderContext context{&config_, &attention_config_, &rope_, &layer_table_, &cache};
   if (halves.empty()) {
-    RunDecoderLayers(context, options, whole, 0, L);
+    RunDecoderLayers(context, options, whole, first, last);
   } else if (sequence_parallel) {
-    RunDecoderLayers(context, options, halves, 0, L);
+    RunDecoderLayers(context, options, halves, first, last);
   } else {
-    int64_t first_moe = 0;
-    while (first_moe < L && !weights_.layers[first_moe].is_moe)
+    int64_t first_moe = first;
+    while (first_moe < last && !layer_table_[first_moe]->is_moe)
       ++first_moe;
-    RunDecoderLayers(context, options, whole, 0, first_moe);
-    RunDecoderLayers(context, options, halves, first_moe, L);
+    RunDecoderLayers(context, options, whole, first, first_moe);
+    RunDecoderLayers(context, options, halves, first_moe, last);
   }
   if (sequence_parallel) {  // every rank of the group gets all the rows back, in token order
     std::vector<float> all(static_cast<size_t>(T * D));
@@ -143,8 +150,15 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
     }
     hidden = std::move(all);
   }
+  return Status::Ok();
+}
 
-  // Final norm and lm_head over the rows asked for.
+void Model::Head(const ForwardBatch& batch, const ForwardOptions& options,
+                 const std::vector<float>& hidden, const std::vector<float>& norm,
+                 const Matrix& head, std::vector<float>* logits,
+                 std::vector<float>* final_hidden) const {
+  const ModelConfig& c = config_;
+  const int64_t T = batch.size(), D = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   std::vector<int64_t> rows;
   if (options.logit_rows == LogitRows::kAll) {
@@ -160,11 +174,63 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
   }
   const int64_t R = static_cast<int64_t>(rows.size());
   std::vector<float> final_rows(static_cast<size_t>(R * D));
-  for (int64_t r = 0; r < R; ++r)
-    kernels::RmsNorm(hidden.data() + rows[r] * D, 1, D, weights_.norm.data(), eps,
-                     final_rows.data() + r * D);
+  if (final_hidden != nullptr) {
+    final_hidden->resize(static_cast<size_t>(T * D));
+    kernels::RmsNorm(hidden.data(), T, D, norm.data(), eps, final_hidden->data());
+    for (int64_t r = 0; r < R; ++r)
+      std::copy_n(final_hidden->data() + rows[r] * D, D, final_rows.data() + r * D);
+  } else {
+    for (int64_t r = 0; r < R; ++r)
+      kernels::RmsNorm(hidden.data() + rows[r] * D, 1, D, norm.data(), eps,
+                       final_rows.data() + r * D);
+  }
   logits->resize(static_cast<size_t>(R * c.vocab_size));
-  kernels::LinearAuto(final_rows.data(), R, weights_.lm_head, logits->data());
+  kernels::LinearAuto(final_rows.data(), R, head, logits->data());
+}
+
+Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const ForwardOptions& options,
+                      std::vector<float>* logits, std::vector<float>* final_hidden) const {
+  SY_RETURN_IF_ERROR(CheckBatch(batch, /*mtp=*/false));
+  SY_RETURN_IF_ERROR(ReserveRows(batch, cache));
+  std::vector<float> hidden;
+  SY_RETURN_IF_ERROR(RunStack(
+      batch, cache, options, 0, config_.num_hidden_layers,
+      [&](int64_t t, float* row) {
+        weights_.embed_tokens.DecodeRow(batch.tokens[static_cast<size_t>(t)], row);
+      },
+      hidden));
+  Head(batch, options, hidden, weights_.norm, weights_.lm_head, logits, final_hidden);
+  return Status::Ok();
+}
+
+Status Model::ForwardMtp(const ForwardBatch& batch, const float* main_hidden, LatentCache& cache,
+                         const ForwardOptions& options, std::vector<float>* logits,
+                         std::vector<float>* mtp_hidden) const {
+  if (!has_mtp()) return Status::Error("the checkpoint has no MTP module");
+  const int64_t L = config_.num_hidden_layers;
+  if (cache.layers() <= L)
+    return Status::Errorf("the latent cache has {} layers: none for the MTP block (layer {})",
+                          cache.layers(), L);
+  SY_RETURN_IF_ERROR(CheckBatch(batch, /*mtp=*/true));
+  SY_RETURN_IF_ERROR(ReserveRows(batch, cache));
+  const MtpWeights& mtp = weights_.mtp[0];
+  const int64_t T = batch.size(), D = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  // [enorm(embed(token)); hnorm(h)] for every row, then eh_proj in one product.
+  std::vector<float> joined(static_cast<size_t>(T * 2 * D)), embedded(static_cast<size_t>(D));
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = joined.data() + t * 2 * D;
+    mtp.embed_tokens.DecodeRow(batch.tokens[static_cast<size_t>(t)], embedded.data());
+    kernels::RmsNorm(embedded.data(), 1, D, mtp.enorm.data(), eps, row);
+    kernels::RmsNorm(main_hidden + t * D, 1, D, mtp.hnorm.data(), eps, row + D);
+  }
+  std::vector<float> projected(static_cast<size_t>(T * D));
+  if (T > 0) kernels::LinearAuto(joined.data(), T, mtp.eh_proj, projected.data());
+  std::vector<float> hidden;
+  SY_RETURN_IF_ERROR(RunStack(
+      batch, cache, options, L, L + 1,
+      [&](int64_t t, float* row) { std::copy_n(projected.data() + t * D, D, row); }, hidden));
+  Head(batch, options, hidden, mtp.head_norm, mtp.head, logits, mtp_hidden);
   return Status::Ok();
 }
 

@@ -32,19 +32,51 @@ class Model {
   const ModelWeights& weights() const { return weights_; }
   const std::vector<std::string>& unused_tensors() const { return unused_tensors_; }
 
+  // Whether the checkpoint has an MTP module (num_nextn_predict_layers > 0).
+  bool has_mtp() const { return !weights_.mtp.empty(); }
+
   // A latent cache able to hold `max_tokens` tokens in all (rounded up to whole pages per
-  // sequence for `max_sequences` sequences).
+  // sequence for `max_sequences` sequences). With `mtp` it has one more layer, the MTP block's.
   LatentCache NewCache(int64_t max_tokens, int64_t max_sequences, DType dtype,
-                       int64_t page_size = 16) const;
+                       int64_t page_size = 16, bool mtp = false) const;
+  // Cache layers: the main layers, plus the MTP block's with `mtp`.
+  int64_t CacheLayers(bool mtp) const { return config_.num_hidden_layers + (mtp ? 1 : 0); }
 
   // Runs one step. Checks token ids, positions and cache space first and changes nothing on
   // error. logits: [rows, vocab_size] per `options.logit_rows`. An empty batch is allowed: under
   // expert parallelism a rank with nothing to do still steps so its peers' exchanges complete.
+  // final_hidden (optional): [batch.size(), D], every token's hidden state after the final norm —
+  // what the MTP module drafts from.
   Status Forward(const ForwardBatch& batch, LatentCache& cache, const ForwardOptions& options,
-                 std::vector<float>* logits) const;
+                 std::vector<float>* logits, std::vector<float>* final_hidden = nullptr) const;
+
+  // Runs the MTP module (spec 8; the DeepSeek-V3 report's MTP): for each token row t,
+  //   u = eh_proj([enorm(embed(batch.tokens[t])); hnorm(main_hidden[t])]),
+  // one decoder block over its own cache layer, shared_head.norm, then the head: the logits
+  // predict the token after batch.tokens[t]. Row t pairs the main model's final hidden state at
+  // position p with the token at p + 1, and sits at position p (as the module was trained), so
+  // batch.tokens are the main sequence shifted left by one. A sequence's start_position may lie
+  // below its cache length (the main layers run ahead of the MTP layer within a step); rows past
+  // the length are reserved. `main_hidden`: [batch.size(), D]; logits as in Forward;
+  // mtp_hidden (optional): [batch.size(), D] after shared_head.norm, the input of a chained draft.
+  // The cache must have the MTP layer (NewCache with mtp).
+  Status ForwardMtp(const ForwardBatch& batch, const float* main_hidden, LatentCache& cache,
+                    const ForwardOptions& options, std::vector<float>* logits,
+                    std::vector<float>* mtp_hidden = nullptr) const;
 
  private:
-  Status CheckBatch(const ForwardBatch& batch) const;
+  Status CheckBatch(const ForwardBatch& batch, bool mtp) const;
+  Status ReserveRows(const ForwardBatch& batch, LatentCache& cache) const;
+  // Runs stack layers [first, last) over the batch; row_input(t, row) writes token t's input
+  // row. Returns every token's output rows [T, D] (all of them on every rank of an SP group).
+  template <typename RowInput>
+  Status RunStack(const ForwardBatch& batch, LatentCache& cache, const ForwardOptions& options,
+                  int64_t first, int64_t last, RowInput row_input,
+                  std::vector<float>& hidden) const;
+  // norm + head over the rows `options.logit_rows` picks; final_hidden gets every row normed.
+  void Head(const ForwardBatch& batch, const ForwardOptions& options,
+            const std::vector<float>& hidden, const std::vector<float>& norm, const Matrix& head,
+            std::vector<float>* logits, std::vector<float>* final_hidden) const;
 
   std::string directory_;
   ModelConfig config_;
@@ -54,6 +86,7 @@ class Model {
   RopeParams rope_;
   bool sequence_parallel_attention_ = false;  // weights laid out for SP-TP-SP
   std::vector<std::string> unused_tensors_;
+  std::vector<const DecoderLayerWeights*> layer_table_;  // main layers, then MTP blocks
 };
 
 }  // namespace sy

@@ -152,7 +152,7 @@ void AddDecoderLayer(CheckpointBuilder& b, const ModelConfig& c, int64_t layer) 
 
 }  // namespace
 
-ModelConfig DefaultModelConfig() {
+ModelConfig SmallModelConfig() {
   ModelConfig c;
   c.model_type = "deepseek_v3";
   c.vocab_size = 4096;
@@ -192,7 +192,7 @@ ModelConfig DefaultModelConfig() {
 }
 
 ModelConfig BenchModelConfig() {
-  ModelConfig c = DefaultModelConfig();
+  ModelConfig c = SmallModelConfig();
   c.vocab_size = 16384;
   c.hidden_size = 2048;
   c.intermediate_size = 5632;
@@ -213,7 +213,7 @@ ModelConfig BenchModelConfig() {
 }
 
 ModelConfig DeepSeekV3Config() {
-  ModelConfig c = DefaultModelConfig();
+  ModelConfig c = SmallModelConfig();
   c.vocab_size = 129280;
   c.hidden_size = 7168;
   c.intermediate_size = 18432;

@@ -1,5 +1,6 @@
-// Deterministic synthetic checkpoints in the Hugging Face layout: the embedded default model
-// and benchmark models. Initialization follows the spec's test recipe (§9.2) so that routing
+// Deterministic synthetic checkpoints (random weights) in the Hugging Face layout: the small
+// model the tests run on and benchmark models. (The default model, models/default, is trained:
+// tools/train_default_model.py.) Initialization follows the spec's test recipe (§9.2) so that routing
 // and attention are far from uniform.
 #pragma once
 
@@ -11,9 +12,9 @@
 
 namespace sy {
 
-// The embedded default: a small DeepSeek-V3-shaped model (MLA with q_lora, YaRN, a dense first
+// A small DeepSeek-V3-shaped model (MLA with q_lora, YaRN, a dense first
 // layer, 32 routed experts in 4 groups, a shared expert, an MTP module, fp8 128×128 blocks).
-ModelConfig DefaultModelConfig();
+ModelConfig SmallModelConfig();
 
 // A larger DeepSeek-V3-shaped model (about 1 GB in fp8, ten times a 100 MB cache) for
 // benchmarks that must stream weights from memory, such as the comparison with llama.cpp.

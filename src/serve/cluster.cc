@@ -139,6 +139,8 @@ json MetricsToJson(const EngineMetrics& m) {
           {"queries", m.prefix_cache_queries_total},
           {"hits", m.prefix_cache_hits_total},
           {"steps", m.steps_total},
+          {"spec", {m.spec_drafts_total, m.spec_draft_tokens_total, m.spec_accepted_tokens_total}},
+          {"spec_positions", m.spec_accepted_per_position},
           {"finished", m.finished_by_reason},
           {"ttft", HistogramToJson(m.time_to_first_token)},
           {"itl", HistogramToJson(m.inter_token_latency)},
@@ -167,6 +169,10 @@ EngineMetrics MetricsFromJson(const json& j, const EngineMetrics& shape) {
   m.prefix_cache_queries_total = j["queries"];
   m.prefix_cache_hits_total = j["hits"];
   m.steps_total = j["steps"];
+  m.spec_drafts_total = j["spec"][0];
+  m.spec_draft_tokens_total = j["spec"][1];
+  m.spec_accepted_tokens_total = j["spec"][2];
+  m.spec_accepted_per_position = j["spec_positions"].get<std::vector<int64_t>>();
   m.finished_by_reason = j["finished"].get<std::map<std::string, int64_t>>();
   AddHistogram(m.time_to_first_token, j["ttft"]);
   AddHistogram(m.inter_token_latency, j["itl"]);
@@ -244,6 +250,13 @@ EngineMetrics ClusterServing::Metrics() const {
     total.preemptions_total += m.preemptions_total;
     total.prefix_cache_queries_total += m.prefix_cache_queries_total;
     total.prefix_cache_hits_total += m.prefix_cache_hits_total;
+    total.spec_drafts_total += m.spec_drafts_total;
+    total.spec_draft_tokens_total += m.spec_draft_tokens_total;
+    total.spec_accepted_tokens_total += m.spec_accepted_tokens_total;
+    if (total.spec_accepted_per_position.size() < m.spec_accepted_per_position.size())
+      total.spec_accepted_per_position.resize(m.spec_accepted_per_position.size(), 0);
+    for (size_t i = 0; i < m.spec_accepted_per_position.size(); ++i)
+      total.spec_accepted_per_position[i] += m.spec_accepted_per_position[i];
     for (const auto& [reason, count] : m.finished_by_reason)
       total.finished_by_reason[reason] += count;
     for (auto [into, from] : {std::pair{&total.time_to_first_token, &m.time_to_first_token},
