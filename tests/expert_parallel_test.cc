@@ -205,6 +205,44 @@ INSTANTIATE_TEST_SUITE_P(
                                : std::string("ep4_tp2_sptpsp_microbatch");
     });
 
+// MTP speculative decoding under mpirun, on the trained default model: four ranks (one DP group
+// idle, the others finishing apart), drafts verified and the MTP block's experts exchanged like
+// any MoE layer's — greedy tokens equal the single process's plain decoding.
+class ExpertParallelMtp : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExpertParallelMtp, GreedyTokensEqualPlainDecodingInOneProcess) {
+  const std::string model = std::string(SY_SOURCE_DIR) + "/models/default";
+  const std::string args = " --threads 1 generate --model " + model +
+                           " --prompt 'ROMEO: But soft' --prompt 'KING HENRY: Now, lords'"
+                           " --prompt 'To be, or not to be' --max-tokens 16 --kv-dtype f32"
+                           " --ignore-eos";
+  std::string one, many;
+  ASSERT_EQ(RunCommand(std::string(testing::kBinary) + args, &one), 0) << one;
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args +
+                           " --wire-dtype f32 --speculative mtp " + GetParam(),
+                       &many),
+            0)
+      << many;
+  for (int s = 0; s < 3; ++s) {
+    const std::string key = "sequence " + std::to_string(s) + ":";
+    auto line = [&](const std::string& text) {
+      return text.substr(text.find(key), text.find('\n', text.find(key)) - text.find(key));
+    };
+    ASSERT_NE(many.find(key), std::string::npos) << many;
+    EXPECT_EQ(line(one), line(many));
+  }
+  EXPECT_NE(many.find("draft tokens accepted"), std::string::npos) << many;
+}
+
+INSTANTIATE_TEST_SUITE_P(Launches, ExpertParallelMtp,
+                         ::testing::Values("", "--num-speculative-tokens 2 --overlap microbatch",
+                                           "--tp 2 --overlap microbatch"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.index == 0   ? std::string("ep4_k1")
+                                  : info.index == 1 ? std::string("ep4_k2_microbatch")
+                                                    : std::string("ep4_tp2_microbatch");
+                         });
+
 TEST(ExpertParallelErrors, ExpertsThatDoNotDivideFailOnEveryRank) {
   std::string output;
   const std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-fp8";  // 16 experts

@@ -89,3 +89,54 @@ void AddBenchServeCommand(CLI::App& bench_app) {
 }
 
 }  // namespace sy
+
+#include "bench/mtp_bench.h"
+#include "cli/parallel_setup.h"
+
+namespace sy {
+
+void AddBenchMtpCommand(CLI::App& bench_app) {
+  struct Args {
+    std::string model;
+    bench::MtpBenchOptions options;
+    std::string kv_dtype = "bf16";
+    bool json = false;
+    ParallelArgs parallel;
+  };
+  auto args = std::make_shared<Args>();
+  args->options.prompts = std::string(SY_SOURCE_DIR) + "/configs/bench/heldout-prompts.jsonl";
+  CLI::App* m = bench_app.add_subcommand(
+      "mtp", "Greedy decoding with MTP drafts side by side with plain decoding, by batch size");
+  m->add_option("--model", args->model, "Checkpoint directory (default: the default model)");
+  m->add_option("--prompts", args->options.prompts,
+                "JSON Lines of {\"text\": ...} (default: held-out Tempest and Sonnets passages)");
+  m->add_option("--batches", args->options.batches, "Batch sizes")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  m->add_option("--num-speculative-tokens", args->options.draft_counts, "Draft counts K to run")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{8}));
+  m->add_option("--max-tokens", args->options.max_tokens, "Tokens generated per prompt")
+      ->check(CLI::Range(int64_t{2}, int64_t{100000}));
+  m->add_option("--repeats", args->options.repeats, "Timed runs of each case (median reported)")
+      ->check(CLI::Range(1, 101));
+  m->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  m->add_flag("--json", args->json, "Print one JSON object");
+  AddParallelOptions(m, args->parallel);
+  m->callback([args] {
+    const std::string directory = ResolveModelDirectory(args->model);
+    TextCodec codec = LoadTextCodecOrFail(directory);
+    ParallelRun run = LoadParallel(directory, args->parallel);
+    args->options.kv_dtype = KvDTypeOrFail(args->kv_dtype);
+    auto report = bench::BenchMtp(run, codec, args->options);
+    if (!report.ok()) FailEverywhere(*run.comm, report.status().message());
+    if (run.comm->rank() != 0) return;
+    std::fputs((args->json ? bench::MtpReportJson(report.value()) + "\n"
+                           : bench::MtpReportTable(report.value()))
+                   .c_str(),
+               stdout);
+  });
+}
+
+}  // namespace sy

@@ -54,6 +54,7 @@ void AddBenchVerb(CLI::App& app) {
   AddBenchExchangeCommand(*verb);
   AddBenchTokenizerCommand(*verb);
   AddBenchServeCommand(*verb);
+  AddBenchMtpCommand(*verb);
 }
 
 }  // namespace sy

@@ -18,7 +18,8 @@ def greedy(client, prompt):
                                      extra_body={"ignore_eos": True}).choices[0].text
 
 
-@pytest.mark.parametrize("ranks,extra", [(2, []), (4, ["--tp", "2"])], ids=["dp2", "dp2_tp2"])
+@pytest.mark.parametrize("ranks,extra", [(2, []), (4, ["--tp", "2"]), (2, ["--speculative", "mtp"])],
+                         ids=["dp2", "dp2_tp2", "dp2_mtp"])
 def test_mpi_server_matches_one_process(server, client, model_dir, ranks, extra):
     reference = [greedy(client, p) for p in PROMPTS]
     s = Server(model_dir, "--kv-cache-tokens", "4096", *extra, ranks=ranks, threads=1)
