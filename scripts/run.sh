@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick start 1: install, build, and run the main job — greedy generation from text prompts,
-# batched — on the embedded default model (written deterministically on first use, with its
-# tokenizer and chat template).
+# batched — on the default model (trained here, committed in models/default, with its tokenizer
+# and chat template).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh"

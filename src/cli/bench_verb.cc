@@ -137,7 +137,8 @@ void AddBenchDecodeCommand(CLI::App& bench_app) {
   auto args = std::make_shared<Args>();
   CLI::App* d = bench_app.add_subcommand(
       "decode", "End-to-end decode tok/s next to the memory-bandwidth bound");
-  d->add_option("--model", args->model, "Checkpoint directory (default: the embedded model)");
+  d->add_option("--model", args->model,
+                "Checkpoint directory (default: the default model, models/default)");
   d->add_option("--batches", args->options.batches, "Batches")->delimiter(',');
   d->add_option("--steps", args->options.steps, "Timed decode steps per batch")
       ->check(CLI::PositiveNumber);

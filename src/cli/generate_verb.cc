@@ -164,7 +164,7 @@ void AddGenerateVerb(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* verb = app.add_subcommand("generate", "Greedy decoding of prompts, batched");
   verb->add_option("--model", args->model,
-                   "Checkpoint directory (default: the embedded default model)");
+                   "Checkpoint directory (default: the default model, models/default)");
   verb->add_option("--prompt", args->prompts, "A text prompt (repeat for a batch)");
   verb->add_flag("--chat", args->chat,
                  "Render each --prompt as a user message through the chat template");

@@ -14,11 +14,13 @@ struct InitModelArgs {
   uint64_t seed = 0;
   bool bf16 = false;
   std::string preset = "small";
+  int mtp_layers = -1;  // -1: the preset's
 };
 
 void RunInitModel(const InitModelArgs& args) {
   ModelConfig config = args.preset == "bench" ? BenchModelConfig() : SmallModelConfig();
   if (args.bf16) config.fp8_weights = false;
+  if (args.mtp_layers >= 0) config.num_nextn_predict_layers = args.mtp_layers;
   SyntheticOptions options;
   options.seed = args.seed;
   Status status = WriteSyntheticCheckpoint(config, args.out, options);
@@ -42,6 +44,10 @@ void AddInitModelVerb(CLI::App& app) {
   verb->add_option("--preset", args->preset,
                    "small (the tests' model shapes) or bench (about 1 GB, for benchmarks)")
       ->check(CLI::IsMember({"small", "bench"}));
+  verb->add_option(
+          "--mtp-layers", args->mtp_layers,
+          "MTP modules (num_nextn_predict_layers; default: the preset's, 1 small, 0 bench)")
+      ->check(CLI::Range(0, 1));
   verb->callback([args] { RunInitModel(*args); });
 }
 

@@ -149,7 +149,7 @@ void AddLogitsVerb(CLI::App& app) {
   CLI::App* verb =
       app.add_subcommand("logits", "Write float32 logits [rows x vocab] for token sequences");
   verb->add_option("--model", args->model,
-                   "Checkpoint directory (config.json + safetensors; default: the embedded model)");
+                   "Checkpoint directory (config.json + safetensors; default: models/default)");
   verb->add_option("--tokens", args->tokens, "Token ids: '1,2,3;4,5' is two sequences")->required();
   verb->add_option("--out", args->out, "Output file: little-endian f32, one row per position")
       ->required();

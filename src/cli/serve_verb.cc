@@ -141,7 +141,8 @@ void RunServe(const ServeArgs& args) {
 void AddServeVerb(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* verb = app.add_subcommand("serve", "OpenAI-compatible server with continuous batching");
-  verb->add_option("--model", args->model, "Checkpoint directory (default: the embedded model)");
+  verb->add_option("--model", args->model,
+                   "Checkpoint directory (default: the default model, models/default)");
   verb->add_option("--host", args->host, "Address to bind (default 127.0.0.1)");
   verb->add_option("--port", args->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   verb->add_option("--served-model-name", args->served_model_name,

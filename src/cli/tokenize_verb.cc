@@ -91,8 +91,9 @@ void AddTokenizeVerb(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* verb = app.add_subcommand(
       "tokenize", "Text to token ids (or ids to text with --decode), JSON Lines on stdin/stdout");
-  verb->add_option("--model", args->model,
-                   "Checkpoint directory whose tokenizer to use (default: the embedded model)");
+  verb->add_option(
+      "--model", args->model,
+      "Checkpoint directory whose tokenizer to use (default: the default model, models/default)");
   verb->add_option("--tokenizer", args->tokenizer,
                    "A tokenizer.json file, or a directory with one");
   verb->add_flag("--decode", args->decode, "Read {\"ids\": [...]}, write {\"text\": ...}");

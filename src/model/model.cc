@@ -73,6 +73,17 @@ Status Model::CheckBatch(const ForwardBatch& batch, bool mtp) const {
   return Status::Ok();
 }
 
+namespace {
+
+// A step whose sequences all have a decode step's few queries (absorbed MLA's range).
+bool IsDecodeStep(const ForwardBatch& batch) {
+  for (const auto& seq : batch.sequences)
+    if (seq.token_count > kAbsorbedMaxQueries) return false;
+  return true;
+}
+
+}  // namespace
+
 Status Model::ReserveRows(const ForwardBatch& batch, LatentCache& cache) const {
   // Reserve cache rows for every sequence, or none.
   std::vector<int64_t> old_lengths;
@@ -192,6 +203,7 @@ Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const Forwa
                       std::vector<float>* logits, std::vector<float>* final_hidden) const {
   SY_RETURN_IF_ERROR(CheckBatch(batch, /*mtp=*/false));
   SY_RETURN_IF_ERROR(ReserveRows(batch, cache));
+  kernels::DecodeStepScope decode(IsDecodeStep(batch));
   std::vector<float> hidden;
   SY_RETURN_IF_ERROR(RunStack(
       batch, cache, options, 0, config_.num_hidden_layers,
@@ -213,6 +225,7 @@ Status Model::ForwardMtp(const ForwardBatch& batch, const float* main_hidden, La
                           cache.layers(), L);
   SY_RETURN_IF_ERROR(CheckBatch(batch, /*mtp=*/true));
   SY_RETURN_IF_ERROR(ReserveRows(batch, cache));
+  kernels::DecodeStepScope decode(IsDecodeStep(batch));
   const MtpWeights& mtp = weights_.mtp[0];
   const int64_t T = batch.size(), D = config_.hidden_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);

@@ -14,10 +14,21 @@ KernelOptions& GlobalKernelOptions() {
   return options;
 }
 
+namespace {
+thread_local bool decode_step = false;
+}  // namespace
+
+DecodeStepScope::DecodeStepScope(bool active) : previous_(decode_step) {
+  decode_step = decode_step || active;
+}
+DecodeStepScope::~DecodeStepScope() {
+  decode_step = previous_;
+}
+
 bool UseBf16Gemm(int64_t m, const PackedMatrix& w) {
   const KernelOptions& options = GlobalKernelOptions();
-  return options.allow_bf16_gemm && m >= options.bf16_gemm_min_rows && HasAvx512Bf16() &&
-         (w.dtype != DType::kF8E4M3 || w.block_cols % 2 == 0);
+  return !decode_step && options.allow_bf16_gemm && m >= options.bf16_gemm_min_rows &&
+         HasAvx512Bf16() && (w.dtype != DType::kF8E4M3 || w.block_cols % 2 == 0);
 }
 
 void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,

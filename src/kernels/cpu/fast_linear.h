@@ -18,6 +18,21 @@ struct KernelOptions {
 };
 KernelOptions& GlobalKernelOptions();
 
+// While one lives on this thread, products keep to the f32 panel kernel whatever their row
+// count. The model opens one for decode steps (plain or MTP verification): a row's result then
+// does not depend on how many rows share its step, so greedy tokens are the same at any batch
+// size and with or without drafts. (The bf16 GEMM rounds activations; prefill keeps it.)
+class DecodeStepScope {
+ public:
+  explicit DecodeStepScope(bool active);
+  ~DecodeStepScope();
+  DecodeStepScope(const DecodeStepScope&) = delete;
+  DecodeStepScope& operator=(const DecodeStepScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // y[m, w.rows] = x[m, w.cols] · wᵀ on all threads.
 void LinearPacked(const float* x, int64_t m, const PackedMatrix& w, float* y);
 
