@@ -19,6 +19,17 @@ struct Setup {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 
+Setup LoadSetup(const std::string& dir) {
+  Setup s;
+  auto model = Model::Load(dir);
+  EXPECT_TRUE(model.ok()) << model.status().message();
+  s.model = std::move(model).value();
+  auto tokenizer = Tokenizer::Load(dir);
+  EXPECT_TRUE(tokenizer.ok());
+  s.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer).value());
+  return s;
+}
+
 const Setup& DefaultModel() {
   static Setup setup = [] {
     // The engine is compared with each request run alone, so the kernels must give a row the
@@ -26,24 +37,27 @@ const Setup& DefaultModel() {
     // would change rounding, and the random model's routing amplifies it).
     kernels::GlobalKernelOptions().allow_bf16_gemm = false;
     kernels::SplitKEnabled() = false;
-    Setup s;
     const std::string dir = testing::TempDirectory("engine_model");
     EXPECT_TRUE(WriteSyntheticCheckpoint(SmallModelConfig(), dir).ok());
     EXPECT_TRUE(WriteEmbeddedTokenizer("default", dir).ok());
-    auto model = Model::Load(dir);
-    EXPECT_TRUE(model.ok()) << model.status().message();
-    s.model = std::move(model).value();
-    auto tokenizer = Tokenizer::Load(dir);
-    EXPECT_TRUE(tokenizer.ok());
-    s.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer).value());
-    return s;
+    return LoadSetup(dir);
+  }();
+  return setup;
+}
+
+// The trained default model (models/default), whose MTP drafts are often right.
+const Setup& TrainedModel() {
+  static Setup setup = [] {
+    DefaultModel();  // the batch-invariant kernel settings
+    return LoadSetup(std::string(SY_SOURCE_DIR) + "/models/default");
   }();
   return setup;
 }
 
 // Greedy tokens of one prompt decoded alone, straight through Model::Forward.
-std::vector<int32_t> GreedyAlone(const std::vector<int32_t>& prompt, int64_t count) {
-  const Model& model = *DefaultModel().model;
+std::vector<int32_t> GreedyAlone(const std::vector<int32_t>& prompt, int64_t count,
+                                 const Setup& setup = DefaultModel()) {
+  const Model& model = *setup.model;
   LatentCache cache = model.NewCache(static_cast<int64_t>(prompt.size()) + count, 1, DType::kF32);
   SequenceCache seq;
   ForwardOptions options;
@@ -102,9 +116,11 @@ Collected Collect(RequestStream& stream) {
 struct Harness {
   LatentCache cache;
   Engine engine;
-  Harness(int64_t cache_tokens, EngineConfig config)
-      : cache(DefaultModel().model->NewCache(cache_tokens, 1, DType::kF32)),
-        engine(*DefaultModel().model, cache, *DefaultModel().tokenizer, ForwardOptions{}, config) {}
+  // With config.num_speculative_tokens > 0 the cache has the MTP layer.
+  Harness(int64_t cache_tokens, EngineConfig config, const Setup& setup = DefaultModel())
+      : cache(setup.model->NewCache(cache_tokens, 1, DType::kF32, 16,
+                                    config.num_speculative_tokens > 0)),
+        engine(*setup.model, cache, *setup.tokenizer, ForwardOptions{}, config) {}
   std::shared_ptr<RequestStream> Submit(std::string id, std::vector<int32_t> prompt,
                                         SamplingParams params) {
     SubmitError error;
@@ -292,44 +308,8 @@ TEST(EngineTest, BadRequestsAreRefusedByField) {
   EXPECT_NE(too_long.status().message().find("cache"), std::string::npos);
 }
 
-// MTP speculative decoding, on the trained default model (models/default), whose drafts are
-// often right: both the accept and the reject paths run.
-const Setup& TrainedModel() {
-  static Setup setup = [] {
-    DefaultModel();  // the batch-invariant kernel settings
-    Setup s;
-    const std::string dir = std::string(SY_SOURCE_DIR) + "/models/default";
-    auto model = Model::Load(dir);
-    EXPECT_TRUE(model.ok()) << model.status().message();
-    s.model = std::move(model).value();
-    auto tokenizer = Tokenizer::Load(dir);
-    EXPECT_TRUE(tokenizer.ok());
-    s.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer).value());
-    return s;
-  }();
-  return setup;
-}
-
-std::vector<int32_t> TrainedGreedyAlone(const std::vector<int32_t>& prompt, int64_t count) {
-  const Model& model = *TrainedModel().model;
-  LatentCache cache = model.NewCache(static_cast<int64_t>(prompt.size()) + count, 1, DType::kF32);
-  SequenceCache seq;
-  ForwardOptions options;
-  options.logit_rows = LogitRows::kLast;
-  std::vector<float> logits;
-  std::vector<int32_t> out, next = prompt;
-  const int64_t vocab = model.config().vocab_size;
-  for (int64_t i = 0; i < count; ++i) {
-    ForwardBatch batch;
-    batch.Add(next.data(), static_cast<int64_t>(next.size()), &seq);
-    EXPECT_TRUE(model.Forward(batch, cache, options, &logits).ok());
-    out.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + vocab) -
-                                       logits.begin()));
-    next = {out.back()};
-  }
-  return out;
-}
-
+// MTP speculative decoding, on the trained default model: both the accept and the reject paths
+// run.
 std::vector<int32_t> Text(const std::string& text) {
   auto ids = TrainedModel().tokenizer->Encode(text);
   EXPECT_TRUE(ids.ok());
@@ -337,25 +317,6 @@ std::vector<int32_t> Text(const std::string& text) {
   if (ids.ok()) out.insert(out.end(), ids->begin(), ids->end());
   return out;
 }
-
-struct MtpHarness {
-  LatentCache cache;
-  Engine engine;
-  MtpHarness(int64_t cache_tokens, EngineConfig config)
-      : cache(TrainedModel().model->NewCache(cache_tokens, 1, DType::kF32, 16, true)),
-        engine(*TrainedModel().model, cache, *TrainedModel().tokenizer, ForwardOptions{}, config) {}
-  std::shared_ptr<RequestStream> Submit(std::string id, std::vector<int32_t> prompt,
-                                        SamplingParams params) {
-    SubmitError error;
-    auto stream = engine.Submit({std::move(id), std::move(prompt), params}, &error);
-    EXPECT_TRUE(stream.ok()) << stream.status().message();
-    return stream.ok() ? stream.value() : nullptr;
-  }
-  void RunToIdle() {
-    for (int i = 0; i < 100000 && engine.StepOnce(); ++i) {
-    }
-  }
-};
 
 class MtpEngineTest : public ::testing::TestWithParam<int64_t> {};
 
@@ -365,7 +326,7 @@ TEST_P(MtpEngineTest, GreedyOutputIsUnchangedByDrafting) {
   EngineConfig config;
   config.max_num_batched_tokens = 40;
   config.num_speculative_tokens = GetParam();
-  MtpHarness h(4096, config);
+  Harness h(4096, config, TrainedModel());
   const std::vector<std::vector<int32_t>> prompts = {
       Text("ROMEO: But soft, what light through yonder window breaks?"), Text("KING HENRY:"),
       Text("To be, or not to be, that is the question: whether 'tis nobler in the mind"),
@@ -379,7 +340,7 @@ TEST_P(MtpEngineTest, GreedyOutputIsUnchangedByDrafting) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     Collected c = Collect(*streams[i]);
     EXPECT_EQ(c.finish, "length");
-    EXPECT_EQ(c.tokens, TrainedGreedyAlone(prompts[i], 24)) << "request " << i;
+    EXPECT_EQ(c.tokens, GreedyAlone(prompts[i], 24, TrainedModel())) << "request " << i;
   }
   const EngineMetrics m = h.engine.Metrics();
   EXPECT_GT(m.spec_drafts_total, 0);
@@ -402,7 +363,7 @@ TEST_P(MtpEngineTest, PreemptionWithDraftsLosesNothing) {
   EngineConfig config;
   config.max_num_batched_tokens = 256;
   config.num_speculative_tokens = GetParam();
-  MtpHarness h(16 * 12, config);
+  Harness h(16 * 12, config, TrainedModel());
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 5; ++i) {
@@ -414,7 +375,7 @@ TEST_P(MtpEngineTest, PreemptionWithDraftsLosesNothing) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     Collected c = Collect(*streams[i]);
     EXPECT_EQ(c.finish, "length");
-    EXPECT_EQ(c.tokens, TrainedGreedyAlone(prompts[i], 30)) << "request " << i;
+    EXPECT_EQ(c.tokens, GreedyAlone(prompts[i], 30, TrainedModel())) << "request " << i;
   }
   EXPECT_GT(h.engine.Metrics().preemptions_total, 0);
   EXPECT_EQ(h.engine.Metrics().used_pages, 0);
@@ -434,12 +395,12 @@ TEST_P(MtpEngineTest, SeededSamplingWithDraftsIsReproducible) {
   params.logprobs = 2;
   Collected alone;
   {
-    MtpHarness h(4096, config);
+    Harness h(4096, config, TrainedModel());
     auto s = h.Submit("alone", Text("ROMEO:"), params);
     h.RunToIdle();
     alone = Collect(*s);
   }
-  MtpHarness h(4096, config);
+  Harness h(4096, config, TrainedModel());
   std::vector<std::shared_ptr<RequestStream>> others;
   for (int i = 0; i < 3; ++i)
     others.push_back(h.Submit("o" + std::to_string(i), Text("KING HENRY: Now"), Greedy(12)));

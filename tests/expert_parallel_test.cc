@@ -45,6 +45,18 @@ void PrintTo(const EpCase& c, std::ostream* os) {
       << c.overlap << ", decode from " << c.decode_from << ", progress thread " << c.progress;
 }
 
+// generate's "sequence s: ids…" lines of two runs are equal for s < count.
+void ExpectSameSequenceLines(const std::string& one, const std::string& many, int count) {
+  for (int s = 0; s < count; ++s) {
+    const std::string key = "sequence " + std::to_string(s) + ":";
+    auto line = [&](const std::string& text) {
+      return text.substr(text.find(key), text.find('\n', text.find(key)) - text.find(key));
+    };
+    ASSERT_NE(many.find(key), std::string::npos) << many;
+    EXPECT_EQ(line(one), line(many));
+  }
+}
+
 class ExpertParallelTest : public ::testing::TestWithParam<EpCase> {};
 
 TEST_P(ExpertParallelTest, LogitsMatchTheSingleProcessRun) {
@@ -185,14 +197,7 @@ TEST_P(ExpertParallelGenerate, TokensMatchWithIdleAndEarlyFinishingRanks) {
                        &many),
             0)
       << many;
-  for (int s = 0; s < 3; ++s) {
-    const std::string key = "sequence " + std::to_string(s) + ":";
-    auto line = [&](const std::string& text) {
-      return text.substr(text.find(key), text.find('\n', text.find(key)) - text.find(key));
-    };
-    ASSERT_NE(many.find(key), std::string::npos) << many;
-    EXPECT_EQ(line(one), line(many));
-  }
+  ExpectSameSequenceLines(one, many, 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -223,14 +228,7 @@ TEST_P(ExpertParallelMtp, GreedyTokensEqualPlainDecodingInOneProcess) {
                        &many),
             0)
       << many;
-  for (int s = 0; s < 3; ++s) {
-    const std::string key = "sequence " + std::to_string(s) + ":";
-    auto line = [&](const std::string& text) {
-      return text.substr(text.find(key), text.find('\n', text.find(key)) - text.find(key));
-    };
-    ASSERT_NE(many.find(key), std::string::npos) << many;
-    EXPECT_EQ(line(one), line(many));
-  }
+  ExpectSameSequenceLines(one, many, 3);
   EXPECT_NE(many.find("draft tokens accepted"), std::string::npos) << many;
 }
 
