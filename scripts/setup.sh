@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libboost-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libhwy-dev libxxhash-dev
   openmpi-bin libopenmpi-dev iproute2
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler   # the instance API
   python3 python3-venv prometheus   # the server tests: a venv for the openai client; Prometheus
 )
 missing=()

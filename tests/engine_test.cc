@@ -415,6 +415,47 @@ TEST_P(MtpEngineTest, SeededSamplingWithDraftsIsReproducible) {
   EXPECT_GT(h.engine.Metrics().spec_drafts_total, 0);
 }
 
+// A request resumed elsewhere (failover) with its output so far as the prompt's tail continues
+// exactly: greedy, and seeded sampling with penalties (the draw and penalty state follow the
+// generated count), text included.
+TEST(EngineTest, ResumedRequestContinuesAsIfUninterrupted) {
+  SamplingParams sampled;
+  sampled.temperature = 0.8;
+  sampled.seed = 42;
+  sampled.presence_penalty = 0.5;
+  sampled.frequency_penalty = 0.3;
+  sampled.max_tokens = 20;
+  sampled.ignore_eos = true;
+  for (const SamplingParams& params : {Greedy(20), sampled}) {
+    Harness h(4096, EngineConfig{}, TrainedModel());
+    const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
+    auto whole = h.Submit("whole", prompt, params);
+    h.RunToIdle();
+    Collected full = Collect(*whole);
+    ASSERT_EQ(full.tokens.size(), 20u);
+    EngineRequest resumed{"resumed", prompt, params};
+    resumed.prompt.insert(resumed.prompt.end(), full.tokens.begin(), full.tokens.begin() + 8);
+    resumed.resumed_tokens = 8;
+    SubmitError error;
+    auto stream = h.engine.Submit(resumed, &error);
+    ASSERT_TRUE(stream.ok()) << stream.status().message();
+    h.RunToIdle();
+    Collected rest = Collect(*stream.value());
+    EXPECT_EQ(rest.prompt_tokens, static_cast<int64_t>(prompt.size()));
+    EXPECT_EQ(rest.finish, "length");
+    EXPECT_EQ(rest.tokens, std::vector<int32_t>(full.tokens.begin() + 8, full.tokens.end()));
+    ASSERT_LT(rest.text.size(), full.text.size());
+    EXPECT_EQ(full.text.substr(full.text.size() - rest.text.size()), rest.text);
+  }
+  Harness h(1024, EngineConfig{});
+  SubmitError error;
+  EngineRequest bad{"bad", {1, 2, 3}, Greedy(2)};
+  bad.resumed_tokens = 3;
+  auto refused = h.engine.Submit(bad, &error);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("resumed_tokens"), std::string::npos);
+}
+
 INSTANTIATE_TEST_SUITE_P(DraftTokens, MtpEngineTest, ::testing::Values(1, 3));
 
 }  // namespace

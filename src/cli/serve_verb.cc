@@ -10,6 +10,7 @@
 #include "cli/verbs.h"
 #include "engine/engine.h"
 #include "serve/cluster.h"
+#include "serve/grpc_service.h"
 #include "serve/http_server.h"
 
 namespace sy {
@@ -30,8 +31,34 @@ struct ServeArgs {
   int io_threads = 2;
   double step_timeout = 120;
   SpeculativeArgs speculative;
+  int grpc_port = -1;  // -1: no gRPC
+  std::string grpc_host;
   ParallelArgs parallel;
 };
+
+// The gRPC instance API beside HTTP, when --grpc-port is given; fails the verb if it cannot bind.
+std::unique_ptr<serve::GrpcEngineServer> StartGrpc(const ServeArgs& args, RequestFrontend& frontend,
+                                                   const serve::ServerOptions& options,
+                                                   const EngineConfig& engine_config,
+                                                   int64_t page_size, int64_t vocab_size,
+                                                   Status* status) {
+  if (args.grpc_port < 0) return nullptr;
+  serve::InstanceInfo info;
+  info.served_model_name = options.limits.model_name;
+  info.page_size = page_size;
+  info.vocab_size = vocab_size;
+  info.max_model_len = engine_config.max_model_len;
+  info.num_speculative_tokens = engine_config.num_speculative_tokens;
+  auto server = std::make_unique<serve::GrpcEngineServer>(frontend, info);
+  *status = server->Start(args.grpc_host.empty() ? args.host : args.grpc_host, args.grpc_port);
+  return server;
+}
+
+std::string GrpcNote(const serve::GrpcEngineServer* grpc, const ServeArgs& args) {
+  if (grpc == nullptr) return "";
+  return fmt::format(" and grpc://{}:{}", args.grpc_host.empty() ? args.host : args.grpc_host,
+                     grpc->port());
+}
 
 serve::ServerOptions ServerOptionsFrom(const ServeArgs& args, int64_t cache_tokens,
                                        const EngineConfig& engine_config) {
@@ -57,10 +84,14 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   serve::ClusterServing cluster(engine, comm, run.tp, engine_config.max_waiting);
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
   std::unique_ptr<serve::OpenAiServer> server;
+  std::unique_ptr<serve::GrpcEngineServer> grpc;
   Status listening = Status::Ok();
   if (comm.rank() == 0) {
     server = std::make_unique<serve::OpenAiServer>(cluster, codec, options);
     listening = server->Listen();
+    if (listening.ok())
+      grpc = StartGrpc(args, cluster, options, engine_config, engine.page_size(),
+                       engine.model_config().vocab_size, &listening);
   }
   // Every rank learns whether rank 0 could listen, so none is left waiting.
   if (comm.AllReduceMax(listening.ok() ? 0 : 1) > 0)
@@ -72,14 +103,17 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
     return;
   }
   std::printf(
-      "switchyard: serving %s on http://%s:%d (pid %d; %d ranks, %d DP groups of TP %d; "
+      "switchyard: serving %s on http://%s:%d%s (pid %d; %d ranks, %d DP groups of TP %d; "
       "cache %lld tokens per group in %s, chat template %s)\n",
       options.limits.model_name.c_str(), args.host.c_str(), server->port(),
-      static_cast<int>(::getpid()), comm.size(), run.dp(), run.tp,
-      static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+      GrpcNote(grpc.get(), args).c_str(), static_cast<int>(::getpid()), comm.size(), run.dp(),
+      run.tp, static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
-  std::thread http([&] { server->Run(); });
+  std::thread http([&] {
+    server->Run();
+    if (grpc) grpc->Shutdown();
+  });
   cluster.Run();
   http.join();
   std::printf("switchyard: stopped\n");
@@ -124,15 +158,21 @@ void RunServe(const ServeArgs& args) {
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
   serve::OpenAiServer server(engine, codec, options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
+  Status grpc_status = Status::Ok();
+  auto grpc = StartGrpc(args, engine, options, engine_config, engine.page_size(), config.vocab_size,
+                        &grpc_status);
+  if (!grpc_status.ok()) FailVerb(grpc_status.message());
   engine.Start();
   std::printf(
-      "switchyard: serving %s on http://%s:%d (pid %d; cache %lld tokens in %s, chat "
+      "switchyard: serving %s on http://%s:%d%s (pid %d; cache %lld tokens in %s, chat "
       "template %s)\n",
       options.limits.model_name.c_str(), args.host.c_str(), server.port(),
-      static_cast<int>(::getpid()), static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+      GrpcNote(grpc.get(), args).c_str(), static_cast<int>(::getpid()),
+      static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
   server.Run();
+  if (grpc) grpc->Shutdown();
   std::printf("switchyard: stopped\n");
 }
 
@@ -168,6 +208,11 @@ void AddServeVerb(CLI::App& app) {
   verb->add_option("--step-timeout", args->step_timeout,
                    "Seconds one step may take before /health reports unhealthy")
       ->check(CLI::Range(1.0, 1e6));
+  verb->add_option("--grpc-port", args->grpc_port,
+                   "Also serve the gRPC instance API (proto/switchyard/v1/engine.proto) on this "
+                   "port (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  verb->add_option("--grpc-host", args->grpc_host, "Address for gRPC (default: --host)");
   AddSpeculativeOptions(verb, args->speculative);
   AddParallelOptions(verb, args->parallel);
   verb->callback([args] { RunServe(*args); });

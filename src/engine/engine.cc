@@ -98,17 +98,26 @@ void Engine::Stop(bool drain) {
 Status Engine::Validate(const EngineRequest& request) const {
   const int64_t vocab = model_.config().vocab_size;
   if (request.prompt.empty()) return Status::Error("the prompt has no tokens");
+  if (request.resumed_tokens < 0 ||
+      request.resumed_tokens >= static_cast<int64_t>(request.prompt.size()))
+    return Status::Errorf("resumed_tokens must be in [0, {}) (the prompt's length), got {}",
+                          request.prompt.size(), request.resumed_tokens);
+  if (request.resumed_tokens > request.params.max_tokens)
+    return Status::Errorf("resumed_tokens {} exceeds max_tokens {}", request.resumed_tokens,
+                          request.params.max_tokens);
   for (size_t i = 0; i < request.prompt.size(); ++i)
     if (request.prompt[i] < 0 || request.prompt[i] >= vocab)
       return Status::Errorf("prompt token {} (position {}) is outside [0, {})", request.prompt[i],
                             i, vocab);
   SY_RETURN_IF_ERROR(request.params.Validate(vocab));
-  const int64_t length = static_cast<int64_t>(request.prompt.size()) + request.params.max_tokens;
+  const int64_t length = static_cast<int64_t>(request.prompt.size()) - request.resumed_tokens +
+                         request.params.max_tokens;
   if (length > max_model_len_)
     return Status::Errorf(
         "this model's maximum context length is {} tokens; the request asks for {} ({} in the "
         "prompt, {} to generate)",
-        max_model_len_, length, request.prompt.size(), request.params.max_tokens);
+        max_model_len_, length, request.prompt.size() - request.resumed_tokens,
+        request.params.max_tokens);
   const int64_t pages = (length + pool_.page_size() - 1) / pool_.page_size();
   if (pages > pool_.total_pages())
     return Status::Errorf(
@@ -130,7 +139,7 @@ Result<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request, Sub
   auto seq = std::make_unique<Sequence>();
   if (!request.params.seed) request.params.seed = std::random_device{}() * 0x100000001ull;
   seq->tokens = request.prompt;
-  seq->prompt_length = static_cast<int64_t>(request.prompt.size());
+  seq->prompt_length = static_cast<int64_t>(request.prompt.size()) - request.resumed_tokens;
   seq->stream = std::make_shared<RequestStream>();
   seq->detokenizer = std::make_unique<IncrementalDetokenizer>(
       tokenizer_, request.params.stop, request.params.skip_special_tokens,
@@ -139,6 +148,14 @@ Result<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request, Sub
     seq->penalties.in_prompt.assign(static_cast<size_t>(vocab), 0);
     for (int32_t t : request.prompt)
       seq->penalties.in_prompt[t] = 1;
+  }
+  // Resumed output: counted for penalties, and replayed through the detokenizer, whose text was
+  // already sent (what it holds back for a stop string stays held back, as it was).
+  for (int64_t i = seq->prompt_length; i < static_cast<int64_t>(request.prompt.size()); ++i) {
+    const int32_t t = request.prompt[static_cast<size_t>(i)];
+    ++seq->penalties.generated_counts[t];
+    bool stopped = false;
+    seq->detokenizer->Add(t, &stopped);
   }
   seq->arrival = NowSeconds();
   seq->request = std::move(request);

@@ -105,6 +105,7 @@ class Engine : public RequestFrontend {
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const ModelConfig& model_config() const { return model_.config(); }
   int64_t max_model_len() const { return max_model_len_; }
+  int64_t page_size() const { return pool_.page_size(); }
 
   // Runs one step synchronously (tests and the lockstep driver). False when idle. With
   // `must_step` the model steps even with nothing scheduled (an empty batch): every rank of an

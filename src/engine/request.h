@@ -21,6 +21,10 @@ struct EngineRequest {
   std::string id;
   std::vector<int32_t> prompt;
   SamplingParams params;
+  // A request resumed elsewhere (a router's failover): the last `resumed_tokens` ids of `prompt`
+  // are its own output so far. They count as generated — the sampler's step, penalties,
+  // min/max_tokens and the stop-string state continue from them — and are not sent again.
+  int64_t resumed_tokens = 0;
 };
 
 struct TokenLogprob {

@@ -215,7 +215,8 @@ Result<std::shared_ptr<RequestStream>> ClusterServing::Submit(EngineRequest requ
     }
     const int group = static_cast<int>(std::min_element(group_load_.begin(), group_load_.end()) -
                                        group_load_.begin());
-    const int64_t cost = static_cast<int64_t>(request.prompt.size()) + request.params.max_tokens;
+    const int64_t cost = static_cast<int64_t>(request.prompt.size()) - request.resumed_tokens +
+                         request.params.max_tokens;
     group_load_[group] += cost;
     tracked_[request.id] = {stream, group, cost};
     pending_.push_back({std::move(request), group});
@@ -295,6 +296,7 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
     control["submit"].push_back({{"id", p.request.id},
                                  {"group", p.group},
                                  {"prompt", p.request.prompt},
+                                 {"resumed", p.request.resumed_tokens},
                                  {"params", ParamsToJson(p.request.params)}});
   pending_.clear();
   aborts_.clear();
@@ -344,6 +346,7 @@ void ClusterServing::Run() {
       request.id = s["id"];
       request.prompt = s["prompt"].get<std::vector<int32_t>>();
       request.params = ParamsFromJson(s["params"]);
+      request.resumed_tokens = s["resumed"];
       SubmitError why;
       auto stream = engine_.Submit(request, &why);
       if (stream.ok()) {

@@ -1,0 +1,52 @@
+// The instance API (proto/switchyard/v1/engine.proto) over gRPC: Generate streams a request's
+// events from any RequestFrontend (one engine, or an mpirun job's DP groups), Abort, Health and
+// Load. `switchyard serve --grpc-port P` runs it; the router (issue 11) is its client.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "switchyard/v1/engine.pb.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace sy::serve {
+
+// What Health reports besides the frontend's own state.
+struct InstanceInfo {
+  std::string served_model_name;
+  int64_t page_size = 16;
+  int64_t vocab_size = 0;
+  int64_t max_model_len = 0;
+  int64_t num_speculative_tokens = 0;
+};
+
+// Conversions, both ways (the service and its clients).
+EngineRequest RequestFromProto(const switchyard::v1::GenerateRequest& request);
+switchyard::v1::GenerateRequest RequestToProto(const EngineRequest& request);
+switchyard::v1::GenerateResponse EventToProto(const RequestEvent& event);
+RequestEvent EventFromProto(const switchyard::v1::GenerateResponse& response);
+
+class GrpcEngineServer {
+ public:
+  GrpcEngineServer(RequestFrontend& frontend, InstanceInfo info);
+  ~GrpcEngineServer();
+  // Binds host:port (port 0: any free one) and starts serving on gRPC's own threads.
+  Status Start(const std::string& host, int port);
+  int port() const { return port_; }
+  // Stops accepting calls; open streams end with CANCELLED.
+  void Shutdown();
+
+ private:
+  class Service;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace sy::serve
