@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   sy::AddBenchVerb(app);
   sy::AddTokenizeVerb(app);
   sy::AddServeVerb(app);
+  sy::AddRouteVerb(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

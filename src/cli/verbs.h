@@ -13,6 +13,7 @@ void AddPlanVerb(CLI::App& app);
 void AddBenchVerb(CLI::App& app);
 void AddTokenizeVerb(CLI::App& app);
 void AddServeVerb(CLI::App& app);
+void AddRouteVerb(CLI::App& app);
 // `bench layer` and `bench decode`, registered under `bench`.
 void AddBenchLayerCommand(CLI::App& bench);
 void AddBenchDecodeCommand(CLI::App& bench);

@@ -64,6 +64,7 @@ Engine::Engine(const Model& model, LatentCache& cache, const Tokenizer& tokenize
   max_model_len_ =
       config_.max_model_len > 0 ? config_.max_model_len : model.config().max_position_embeddings;
   forward_options_.logit_rows = LogitRows::kLast;
+  pool_.SetEventLog(&cache_events_);
   metrics_.time_to_first_token = Histogram(LatencyBounds());
   metrics_.inter_token_latency = Histogram(LatencyBounds());
   metrics_.e2e_request_latency = Histogram(LatencyBounds());
@@ -95,8 +96,8 @@ void Engine::Stop(bool drain) {
   if (watchdog_.joinable()) watchdog_.join();
 }
 
-Status Engine::Validate(const EngineRequest& request) const {
-  const int64_t vocab = model_.config().vocab_size;
+Status ValidateRequest(const EngineRequest& request, const RequestLimits& limits) {
+  const int64_t vocab = limits.vocab_size;
   if (request.prompt.empty()) return Status::Error("the prompt has no tokens");
   if (request.resumed_tokens < 0 ||
       request.resumed_tokens >= static_cast<int64_t>(request.prompt.size()))
@@ -112,19 +113,24 @@ Status Engine::Validate(const EngineRequest& request) const {
   SY_RETURN_IF_ERROR(request.params.Validate(vocab));
   const int64_t length = static_cast<int64_t>(request.prompt.size()) - request.resumed_tokens +
                          request.params.max_tokens;
-  if (length > max_model_len_)
+  if (length > limits.max_model_len)
     return Status::Errorf(
         "this model's maximum context length is {} tokens; the request asks for {} ({} in the "
         "prompt, {} to generate)",
-        max_model_len_, length, request.prompt.size() - request.resumed_tokens,
+        limits.max_model_len, length, request.prompt.size() - request.resumed_tokens,
         request.params.max_tokens);
-  const int64_t pages = (length + pool_.page_size() - 1) / pool_.page_size();
-  if (pages > pool_.total_pages())
+  if (length > limits.cache_tokens)
     return Status::Errorf(
         "the request needs {} tokens of cache but the whole cache holds {} (raise "
         "--kv-cache-tokens)",
-        length, pool_.total_pages() * pool_.page_size());
+        length, limits.cache_tokens);
   return Status::Ok();
+}
+
+Status Engine::Validate(const EngineRequest& request) const {
+  // Whole pages: a request needs ceil(length / page) of them.
+  const int64_t cache_tokens = pool_.total_pages() * pool_.page_size();
+  return ValidateRequest(request, {model_.config().vocab_size, max_model_len_, cache_tokens});
 }
 
 bool Engine::HasWork() const {

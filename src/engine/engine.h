@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "engine/cache_events.h"
 #include "engine/detokenizer.h"
 #include "engine/page_pool.h"
 #include "engine/request.h"
@@ -66,6 +67,15 @@ struct EngineMetrics {
   bool healthy = true;
 };
 
+// What a request must fit; the checks Engine::Submit makes, also made by a router before it
+// sends a request anywhere. The message names the field.
+struct RequestLimits {
+  int64_t vocab_size = 0;
+  int64_t max_model_len = 0;
+  int64_t cache_tokens = 0;
+};
+Status ValidateRequest(const EngineRequest& request, const RequestLimits& limits);
+
 // Why Submit refused a request (the server maps it to a status code).
 enum class SubmitError { kNone, kInvalid, kQueueFull, kStopping };
 
@@ -82,6 +92,8 @@ class RequestFrontend {
   virtual EngineMetrics Metrics() const = 0;
   // Stops admitting; with drain, lets requests finish first, else aborts them. Returns when done.
   virtual void Stop(bool drain) = 0;
+  // The prefix cache's event stream, where the frontend has one place that holds it.
+  virtual const CacheEventLog* cache_events() const { return nullptr; }
 };
 
 class Engine : public RequestFrontend {
@@ -106,6 +118,7 @@ class Engine : public RequestFrontend {
   const ModelConfig& model_config() const { return model_.config(); }
   int64_t max_model_len() const { return max_model_len_; }
   int64_t page_size() const { return pool_.page_size(); }
+  const CacheEventLog* cache_events() const override { return &cache_events_; }
 
   // Runs one step synchronously (tests and the lockstep driver). False when idle. With
   // `must_step` the model steps even with nothing scheduled (an empty batch): every rank of an
@@ -141,6 +154,7 @@ class Engine : public RequestFrontend {
 
   const Model& model_;
   LatentCache& cache_;
+  CacheEventLog cache_events_;  // before pool_, which reports into it
   PagePool pool_;
   const Tokenizer& tokenizer_;
   ForwardOptions forward_options_;

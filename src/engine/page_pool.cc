@@ -21,6 +21,7 @@ void PagePool::Evict(int32_t page) {
   Page& p = pages_[page];
   lru_.erase(p.lru_entry);
   by_hash_.erase(p.hash);
+  if (events_ != nullptr) events_->Record(p.hash, false);
   p.cached = false;
   p.tokens.clear();
 }
@@ -67,6 +68,7 @@ void PagePool::Register(int32_t page, uint64_t hash, std::span<const int32_t> to
   p.hash = hash;
   p.tokens.assign(tokens.begin(), tokens.end());
   by_hash_[hash] = page;
+  if (events_ != nullptr) events_->Record(hash, true);
 }
 
 }  // namespace sy

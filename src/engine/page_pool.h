@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/cache_events.h"
 #include "model/latent_cache.h"
 
 namespace sy {
@@ -45,6 +46,9 @@ class PagePool {
   // Records a now-full page under `hash` (no-op if that content is cached already).
   void Register(int32_t page, uint64_t hash, std::span<const int32_t> tokens);
 
+  // Where pages entering and leaving the prefix cache are reported (none by default).
+  void SetEventLog(CacheEventLog* log) { events_ = log; }
+
  private:
   struct Page {
     int32_t refs = 0;
@@ -59,6 +63,7 @@ class PagePool {
   std::vector<Page> pages_;
   std::unordered_map<uint64_t, int32_t> by_hash_;
   std::list<int32_t> lru_;  // unreferenced cached pages, least recently used first
+  CacheEventLog* events_ = nullptr;
 };
 
 }  // namespace sy

@@ -260,13 +260,48 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
     return grpc::Status::OK;
   }
 
-  void SetDraining() { draining_ = true; }
+  grpc::Status CacheEvents(grpc::ServerContext* context, const pb::CacheEventsRequest*,
+                           grpc::ServerWriter<pb::CacheEventsResponse>* writer) override {
+    const CacheEventLog* log = frontend_.cache_events();
+    if (log == nullptr)
+      return {grpc::StatusCode::UNIMPLEMENTED, "this instance does not publish its cache"};
+    auto [seq, hashes] = log->Snapshot();
+    pb::CacheEventsResponse snapshot;
+    snapshot.set_instance_epoch(epoch_);
+    snapshot.mutable_snapshot()->set_seq(seq);
+    snapshot.mutable_snapshot()->set_page_size(info_.page_size);
+    snapshot.mutable_snapshot()->mutable_hashes()->Add(hashes.begin(), hashes.end());
+    if (!writer->Write(snapshot)) return grpc::Status::OK;
+    while (!context->IsCancelled() && !stopping_) {
+      bool lost = false;
+      const auto events = log->Since(seq, 200, &lost);
+      if (lost) return {grpc::StatusCode::DATA_LOSS, "fell behind the cache events; resubscribe"};
+      if (events.empty()) continue;
+      pb::CacheEventsResponse batch;
+      batch.set_instance_epoch(epoch_);
+      batch.mutable_batch()->set_first_seq(seq + 1);
+      for (const auto& e : events) {
+        pb::CacheEvent* event = batch.mutable_batch()->add_events();
+        event->set_hash(e.hash);
+        event->set_evicted(!e.stored);
+      }
+      seq += events.size();
+      if (!writer->Write(batch)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+  void SetDraining() {
+    draining_ = true;
+    stopping_ = true;
+  }
 
  private:
   RequestFrontend& frontend_;
   InstanceInfo info_;
   uint64_t epoch_;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> stopping_{false};  // ends the open CacheEvents streams
 };
 
 GrpcEngineServer::GrpcEngineServer(RequestFrontend& frontend, InstanceInfo info)

@@ -77,11 +77,14 @@ HWY_INLINE void LoadWeightPair(DF df, const uint8_t* panel, int64_t col, hn::Vec
 // kVectors vectors of N lanes cover one panel; kTokens rows of x share every weight load. With
 // few tokens, kUnroll independent accumulator sets over the columns keep enough multiply-adds
 // in flight to hide their latency (one chain per register would run at a quarter speed).
+// With one vector per panel row (AVX-512) every tile sums even and odd columns apart, as
+// PanelQuadTile does: a row's result is then the same whatever the number of rows beside it,
+// so decoding does not depend on the batch and a recomputed prompt gets decode's exact rows.
 template <DType kType, size_t kVectors, size_t kTokens>
 HWY_NOINLINE void PanelTile(const float* x, int64_t x_stride, const PackedMatrix& w, int64_t panel,
                             float* out /* [kTokens][kPanelRows] */) {
   constexpr size_t kUnroll =
-      kTokens * kVectors >= 4 ? (kVectors == 1 ? 2 : 1) : 4 / (kTokens * kVectors);
+      kVectors == 1 ? 2 : (kTokens * kVectors >= 4 ? 1 : 4 / (kTokens * kVectors));
   const DF df;
   const size_t N = hn::Lanes(df);
   const uint8_t* base = w.Panel(panel);

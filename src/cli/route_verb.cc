@@ -1,0 +1,97 @@
+// switchyard route: the OpenAI-compatible front over several engine instances (src/route).
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "cli/common.h"
+#include "cli/verbs.h"
+#include "route/router.h"
+#include "serve/http_server.h"
+
+namespace sy {
+namespace {
+
+struct RouteArgs {
+  std::vector<std::string> engines;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string policy = "cache_aware";
+  std::string api_key;
+  std::string model;  // the tokenizer and chat template
+  std::string served_model_name;
+  int io_threads = 2;
+  double wait = 60;
+  double probe_interval = 0.25;
+  double stall_timeout = 10;
+};
+
+void RunRoute(const RouteArgs& args) {
+  auto policy = route::ParsePolicy(args.policy);
+  if (!policy.ok()) FailVerb(policy.status().message());
+  const std::string directory = ResolveModelDirectory(args.model);
+  TextCodec codec = LoadTextCodecOrFail(directory);
+  route::RouterOptions options;
+  options.engines = args.engines;
+  options.policy = policy.value();
+  options.probe_interval_seconds = args.probe_interval;
+  options.stall_timeout_seconds = args.stall_timeout;
+  route::Router router(options);
+  if (Status s = router.Start(args.wait); !s.ok()) FailVerb(s.message());
+  const RequestLimits limits = router.limits();
+  if (codec.tokenizer->vocab_size() > limits.vocab_size)
+    FailVerb(fmt::format("{}: the tokenizer has {} ids but the instances' vocabulary is {}",
+                         codec.tokenizer->source(), codec.tokenizer->vocab_size(),
+                         limits.vocab_size));
+  serve::ServerOptions server_options;
+  server_options.host = args.host;
+  server_options.port = args.port;
+  server_options.api_key = args.api_key;
+  server_options.io_threads = args.io_threads;
+  server_options.limits.model_name =
+      args.served_model_name.empty() ? std::string("default") : args.served_model_name;
+  server_options.limits.max_model_len = limits.max_model_len;
+  server_options.limits.cache_tokens = limits.cache_tokens;
+  serve::OpenAiServer server(router, codec, server_options);
+  if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
+  std::printf(
+      "switchyard: serving %s on http://%s:%d (pid %d; router over %zu instances, policy "
+      "%s)\n",
+      server_options.limits.model_name.c_str(), args.host.c_str(), server.port(),
+      static_cast<int>(::getpid()), args.engines.size(), route::PolicyName(options.policy));
+  std::fflush(stdout);
+  server.Run();
+  std::printf("switchyard: stopped (%lld failovers)\n",
+              static_cast<long long>(router.failovers_total()));
+}
+
+}  // namespace
+
+void AddRouteVerb(CLI::App& app) {
+  auto args = std::make_shared<RouteArgs>();
+  CLI::App* verb = app.add_subcommand(
+      "route", "OpenAI-compatible front over several instances: prefix-aware routing, failover");
+  verb->add_option("--engines", args->engines, "Instances' gRPC addresses, host:port,host:port")
+      ->delimiter(',')
+      ->required();
+  verb->add_option("--host", args->host, "Address to bind (default 127.0.0.1)");
+  verb->add_option("--port", args->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
+  verb->add_option("--policy", args->policy,
+                   "cache_aware (default), least_load, round_robin or power_of_two");
+  verb->add_option("--api-key", args->api_key, "Require Authorization: Bearer KEY");
+  verb->add_option("--model", args->model,
+                   "Checkpoint directory whose tokenizer and chat template to use (default: "
+                   "models/default)");
+  verb->add_option("--served-model-name", args->served_model_name,
+                   "The model name clients use (default: default)");
+  verb->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
+  verb->add_option("--wait", args->wait, "Seconds to wait for a first healthy instance")
+      ->check(CLI::Range(0.0, 3600.0));
+  verb->add_option("--probe-interval", args->probe_interval, "Seconds between health probes")
+      ->check(CLI::Range(0.01, 60.0));
+  verb->add_option("--stall-timeout", args->stall_timeout,
+                   "Seconds a step may run before its instance counts as stalled")
+      ->check(CLI::Range(0.1, 3600.0));
+  verb->callback([args] { RunRoute(*args); });
+}
+
+}  // namespace sy

@@ -1,0 +1,560 @@
+#include "route/router.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <grpcpp/grpcpp.h>
+
+#include "base/clock.h"
+#include "engine/page_pool.h"
+#include "serve/grpc_service.h"
+#include "switchyard/v1/engine.grpc.pb.h"
+
+namespace sy::route {
+
+namespace pb = switchyard::v1;
+
+Result<Policy> ParsePolicy(const std::string& name) {
+  if (name == "cache_aware") return Policy::kCacheAware;
+  if (name == "least_load") return Policy::kLeastLoad;
+  if (name == "round_robin") return Policy::kRoundRobin;
+  if (name == "power_of_two") return Policy::kPowerOfTwo;
+  return Status::Errorf(
+      "--policy: '{}' is not one of cache_aware, least_load, round_robin, power_of_two", name);
+}
+
+const char* PolicyName(Policy policy) {
+  switch (policy) {
+    case Policy::kCacheAware:
+      return "cache_aware";
+    case Policy::kLeastLoad:
+      return "least_load";
+    case Policy::kRoundRobin:
+      return "round_robin";
+    case Policy::kPowerOfTwo:
+      return "power_of_two";
+  }
+  return "?";
+}
+
+struct Router::Target {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::Engine::Stub> stub;
+  std::thread prober, mirror;
+  // Guarded by the router's mutex:
+  bool healthy = false;
+  double ejected_until = 0;
+  pb::HealthResponse health;
+  pb::LoadResponse load;
+  int64_t sent_since_load = 0;          // tokens routed here since the last Load (not in it yet)
+  std::unordered_set<uint64_t> cached;  // the mirror of its prefix cache
+  // Pages of requests just routed here, until their stored events arrive (or 5 s pass): a burst
+  // of requests sharing a prefix follows the first instead of racing its prefill.
+  std::unordered_map<uint64_t, double> pending;
+  grpc::ClientContext* mirror_context = nullptr;
+  int64_t in_flight = 0, routed_total = 0, failovers_from = 0;
+};
+
+struct Router::Flight {
+  EngineRequest request;  // as the client asked
+  std::shared_ptr<RequestStream> client;
+  std::vector<int32_t> generated;  // streamed to the client so far
+  bool sent_first = false;
+  std::atomic<bool> aborted{false};
+  grpc::ClientContext* context = nullptr;  // the attempt in flight (guarded by the mutex)
+  int target = -1;
+  std::thread thread;
+};
+
+Router::Router(RouterOptions options) : options_(std::move(options)) {
+  for (const std::string& address : options_.engines) {
+    auto target = std::make_unique<Target>();
+    target->address = address;
+    grpc::ChannelArguments args;
+    // Reconnect quickly after an instance comes back (gRPC's default backoff grows to 2 min).
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    target->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    target->stub = pb::Engine::NewStub(target->channel);
+    targets_.push_back(std::move(target));
+  }
+}
+
+Router::~Router() {
+  Stop(false);
+}
+
+Status Router::Start(double seconds) {
+  if (targets_.empty()) return Status::Error("--engines: no instances given");
+  for (auto& target : targets_) {
+    Target* t = target.get();
+    t->prober = std::thread([this, t] { Probe(*t); });
+    t->mirror = std::thread([this, t] { Mirror(*t); });
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait_for(lock, std::chrono::duration<double>(seconds), [&] {
+    return std::any_of(targets_.begin(), targets_.end(), [](const auto& t) { return t->healthy; });
+  });
+  const Target* first = nullptr;
+  for (const auto& t : targets_) {
+    if (!t->healthy) continue;
+    if (first == nullptr) {
+      first = t.get();
+    } else if (t->health.vocab_size() != first->health.vocab_size() ||
+               t->health.page_size() != first->health.page_size()) {
+      return Status::Errorf(
+          "instances {} and {} serve different models (vocabulary {} and {}, "
+          "page size {} and {})",
+          first->address, t->address, first->health.vocab_size(), t->health.vocab_size(),
+          first->health.page_size(), t->health.page_size());
+    }
+  }
+  if (first == nullptr)
+    return Status::Errorf("none of the {} instances answered within {:.0f} s", targets_.size(),
+                          seconds);
+  return Status::Ok();
+}
+
+RequestLimits Router::limits() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  RequestLimits limits;
+  for (const auto& t : targets_) {
+    if (t->health.vocab_size() == 0) continue;  // never answered
+    limits.vocab_size = t->health.vocab_size();
+    limits.max_model_len = limits.max_model_len == 0
+                               ? t->health.max_model_len()
+                               : std::min(limits.max_model_len, t->health.max_model_len());
+    limits.cache_tokens =
+        std::max(limits.cache_tokens, t->health.total_pages() * t->health.page_size());
+  }
+  return limits;
+}
+
+void Router::MarkFailed(Target& target, const std::string& why) {
+  // Caller holds the mutex.
+  if (target.healthy)
+    std::fprintf(stderr, "switchyard route: %s ejected: %s\n", target.address.c_str(), why.c_str());
+  target.healthy = false;
+  target.ejected_until = NowSeconds() + std::max(1.0, 4 * options_.probe_interval_seconds);
+  target.cached.clear();
+  target.pending.clear();
+  // Requests in flight there fail over now rather than wait for their streams to time out.
+  for (auto& [id, flight] : flights_)
+    if (flight->target >= 0 && targets_[flight->target].get() == &target && flight->context)
+      flight->context->TryCancel();
+  changed_.notify_all();
+}
+
+void Router::Probe(Target& target) {
+  const auto interval = std::chrono::duration<double>(options_.probe_interval_seconds);
+  while (!stopping_) {
+    pb::HealthResponse health;
+    pb::LoadResponse load;
+    grpc::ClientContext health_context, load_context;
+    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+    health_context.set_deadline(deadline);
+    load_context.set_deadline(deadline);
+    grpc::Status h = target.stub->Health(&health_context, {}, &health);
+    grpc::Status l = h.ok() ? target.stub->Load(&load_context, {}, &load) : h;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!h.ok() || !l.ok()) {
+        if (target.healthy) MarkFailed(target, (h.ok() ? l : h).error_message());
+      } else if (health.state() == pb::HealthResponse::UNHEALTHY ||
+                 load.last_step_age_seconds() > options_.stall_timeout_seconds) {
+        if (target.healthy)
+          MarkFailed(target, fmt::format("a step has run {:.1f} s", load.last_step_age_seconds()));
+      } else if (health.state() == pb::HealthResponse::DRAINING) {
+        target.healthy = false;  // finishes what it has; gets nothing new
+      } else if (NowSeconds() >= target.ejected_until) {
+        if (!target.healthy) {
+          if (target.health.instance_epoch() != 0 &&
+              target.health.instance_epoch() != health.instance_epoch())
+            target.cached.clear();  // a restarted instance starts with an empty cache
+          std::fprintf(stderr, "switchyard route: %s serving\n", target.address.c_str());
+        }
+        target.healthy = true;
+        changed_.notify_all();
+      }
+      if (h.ok()) target.health = health;
+      if (l.ok()) {
+        target.load = load;
+        target.sent_since_load = 0;
+      }
+    }
+    std::this_thread::sleep_for(interval);
+  }
+}
+
+void Router::Mirror(Target& target) {
+  // Snapshot, then numbered events; anything out of order or a broken stream: start over.
+  while (!stopping_) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!target.healthy) {
+        changed_.wait_for(lock, std::chrono::milliseconds(100));
+        continue;
+      }
+    }
+    grpc::ClientContext context;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) break;
+      target.mirror_context = &context;
+    }
+    auto reader = target.stub->CacheEvents(&context, {});
+    pb::CacheEventsResponse response;
+    uint64_t seq = 0;
+    bool have_snapshot = false;
+    while (reader->Read(&response)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (response.has_snapshot()) {
+        target.cached.clear();
+        target.cached.insert(response.snapshot().hashes().begin(),
+                             response.snapshot().hashes().end());
+        seq = response.snapshot().seq();
+        have_snapshot = true;
+      } else if (have_snapshot && response.batch().first_seq() == seq + 1) {
+        for (const auto& e : response.batch().events()) {
+          if (e.evicted()) {
+            target.cached.erase(e.hash());
+          } else {
+            target.cached.insert(e.hash());
+          }
+        }
+        seq += response.batch().events_size();
+      } else {
+        target.cached.clear();  // a gap: subscribe again
+        context.TryCancel();
+      }
+    }
+    reader->Finish();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      target.mirror_context = nullptr;
+      target.cached.clear();  // until the next snapshot
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+namespace {
+
+// The leading pages of a request the target holds or is about to hold, in tokens.
+template <typename T>
+int64_t CachedPrefix(const T& t, const std::vector<uint64_t>& page_hashes) {
+  const double now = NowSeconds();
+  int64_t hits = 0;
+  while (hits < static_cast<int64_t>(page_hashes.size())) {
+    const uint64_t h = page_hashes[static_cast<size_t>(hits)];
+    if (!t.cached.count(h)) {
+      auto it = t.pending.find(h);
+      if (it == t.pending.end() || it->second < now) break;
+    }
+    ++hits;
+  }
+  return hits * std::max<int64_t>(1, t.health.page_size());
+}
+
+}  // namespace
+
+int64_t Router::CachedTokens(const Target& target, const std::vector<uint64_t>& page_hashes) {
+  return CachedPrefix(target, page_hashes);
+}
+
+int Router::Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int avoid) {
+  // Caller holds the mutex.
+  std::vector<int> healthy;
+  for (size_t i = 0; i < targets_.size(); ++i)
+    if (targets_[i]->healthy && static_cast<int>(i) != avoid)
+      healthy.push_back(static_cast<int>(i));
+  if (healthy.empty() && avoid >= 0 && targets_[avoid]->healthy) healthy.push_back(avoid);
+  if (healthy.empty()) return -1;
+  auto queued = [&](int i) {
+    const Target& t = *targets_[i];
+    return t.load.queued_tokens() + t.sent_since_load;
+  };
+  const uint64_t turn = rotation_++;
+  switch (options_.policy) {
+    case Policy::kRoundRobin:
+      return healthy[turn % healthy.size()];
+    case Policy::kPowerOfTwo: {
+      static thread_local std::mt19937_64 rng(std::random_device{}());
+      const int a = healthy[rng() % healthy.size()], b = healthy[rng() % healthy.size()];
+      return queued(a) <= queued(b) ? a : b;
+    }
+    case Policy::kLeastLoad:
+    case Policy::kCacheAware: {
+      // Work ahead of the request, in tokens: what the instance has queued (prompt tokens to
+      // compute, tokens to generate), plus — cache_aware — the request's prompt tokens it does
+      // not hold. A cached prefix draws requests until the queue on its holder outweighs it.
+      int best = -1;
+      int64_t best_cost = 0;
+      for (size_t k = 0; k < healthy.size(); ++k) {
+        const int i = healthy[(k + turn) % healthy.size()];  // ties rotate
+        int64_t cost = queued(i);
+        if (options_.policy == Policy::kCacheAware) {
+          const Target& t = *targets_[i];
+          cost += tokens - CachedTokens(t, page_hashes);
+        }
+        if (best < 0 || cost < best_cost) {
+          best = i;
+          best_cost = cost;
+        }
+      }
+      return best;
+    }
+  }
+  return healthy.front();
+}
+
+Result<std::shared_ptr<RequestStream>> Router::Submit(EngineRequest request, SubmitError* error) {
+  *error = SubmitError::kInvalid;
+  SY_RETURN_IF_ERROR(ValidateRequest(request, limits()));
+  // Failover replays the sampler from the same seed: every request has one.
+  if (!request.params.seed) request.params.seed = std::random_device{}() * 0x100000001ull;
+  auto flight = std::make_unique<Flight>();
+  flight->client = std::make_shared<RequestStream>();
+  auto stream = flight->client;
+  std::vector<std::unique_ptr<Flight>> to_join;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) {
+      *error = SubmitError::kStopping;
+      return Status::Error("the router is shutting down");
+    }
+    if (flights_.count(request.id)) return Status::Errorf("request id {} is in use", request.id);
+    to_join.swap(finished_);
+    flight->request = std::move(request);
+    Flight* raw = flight.get();
+    flights_[raw->request.id] = std::move(flight);
+    raw->thread = std::thread([this, raw] { Fly(*raw); });
+  }
+  for (auto& f : to_join)
+    if (f->thread.joinable()) f->thread.join();
+  *error = SubmitError::kNone;
+  return stream;
+}
+
+void Router::Fly(Flight& flight) {
+  const EngineRequest& request = flight.request;
+  int avoid = -1;
+  int failovers = 0;
+  std::string last_error;
+  auto finish = [&](RequestEvent event) {
+    if (!flight.sent_first) {
+      event.first = true;
+      event.prompt_tokens = static_cast<int64_t>(request.prompt.size());
+    }
+    flight.client->Push(std::move(event));
+  };
+  while (true) {
+    if (flight.aborted) {
+      RequestEvent event;
+      event.finish_reason = "abort";
+      finish(std::move(event));
+      break;
+    }
+    // Where to: the page hashes of the prompt as sent (the engine's cap: the last token is
+    // always computed), then the policy.
+    EngineRequest attempt = request;
+    attempt.prompt.insert(attempt.prompt.end(), flight.generated.begin(), flight.generated.end());
+    attempt.resumed_tokens = static_cast<int64_t>(flight.generated.size());
+    grpc::ClientContext context;
+    int chosen = -1;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      int64_t page_size = 16;
+      for (const auto& t : targets_)
+        if (t->health.page_size() > 0) page_size = t->health.page_size();
+      std::vector<uint64_t> hashes;
+      uint64_t hash = 0;
+      const int64_t n = static_cast<int64_t>(attempt.prompt.size());
+      for (int64_t p = 0; (p + 1) * page_size <= n - 1; ++p) {
+        hash = PagePool::ChainHash(
+            hash, std::span<const int32_t>(attempt.prompt.data() + p * page_size, page_size));
+        hashes.push_back(hash);
+      }
+      const double deadline = NowSeconds() + options_.failover_wait_seconds;
+      while ((chosen = Pick(hashes, n, avoid)) < 0 && !stopping_ && !flight.aborted &&
+             NowSeconds() < deadline)
+        changed_.wait_for(lock, std::chrono::milliseconds(100));
+      if (chosen >= 0) {
+        Target& t = *targets_[chosen];
+        ++t.in_flight;
+        ++t.routed_total;
+        // The work it adds before the next Load says so: its uncached prompt and its output.
+        t.sent_since_load +=
+            n - CachedTokens(t, hashes) + request.params.max_tokens - attempt.resumed_tokens;
+        const double now = NowSeconds();
+        if (t.pending.size() > 65536)  // drop the expired
+          for (auto it = t.pending.begin(); it != t.pending.end();)
+            it = it->second < now ? t.pending.erase(it) : std::next(it);
+        for (uint64_t h : hashes)
+          t.pending[h] = now + 5;
+        flight.context = &context;
+        flight.target = chosen;
+      }
+    }
+    if (chosen < 0) {
+      RequestEvent event;
+      event.finish_reason = flight.aborted ? "abort" : "error";
+      if (!flight.aborted)
+        event.error = last_error.empty()
+                          ? "no healthy instance to serve the request"
+                          : "no healthy instance to continue the request (" + last_error + ")";
+      finish(std::move(event));
+      break;
+    }
+    Target& target = *targets_[chosen];
+    auto reader = target.stub->Generate(&context, serve::RequestToProto(attempt));
+    pb::GenerateResponse response;
+    bool finished = false;
+    while (reader->Read(&response)) {
+      if (finished) continue;  // nothing follows a finish; read to the stream's end
+      RequestEvent event = serve::EventFromProto(response);
+      flight.generated.insert(flight.generated.end(), event.token_ids.begin(),
+                              event.token_ids.end());
+      if (event.first && flight.sent_first) {  // a resumed attempt: the client has these facts
+        event.first = false;
+        event.prompt_logprobs.clear();
+      }
+      if (event.first) flight.sent_first = true;
+      finished = event.finish_reason.has_value();
+      flight.client->Push(std::move(event));
+    }
+    grpc::Status status = reader->Finish();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --target.in_flight;
+      flight.context = nullptr;
+      flight.target = -1;
+      if (!finished && !flight.aborted && !stopping_ &&
+          status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
+          status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        ++target.failovers_from;
+        if (target.healthy) MarkFailed(target, status.error_message());
+      }
+    }
+    if (finished) break;
+    if (flight.aborted) continue;  // reported at the top
+    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      RequestEvent event;
+      event.finish_reason = "error";
+      event.error = status.error_message();
+      finish(std::move(event));
+      break;
+    }
+    // The instance failed (or was full): the request moves on with its output so far.
+    last_error = target.address + ": " + status.error_message();
+    avoid = chosen;
+    if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++failovers_total_;
+      if (++failovers > options_.max_failovers || stopping_) {
+        RequestEvent event;
+        event.finish_reason = "error";
+        event.error =
+            "gave up after " + std::to_string(failovers - 1) + " failovers (" + last_error + ")";
+        finish(std::move(event));
+        break;
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = flights_.find(request.id);
+  if (it != flights_.end()) {
+    finished_.push_back(std::move(it->second));
+    flights_.erase(it);
+  }
+  changed_.notify_all();
+}
+
+void Router::Abort(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = flights_.find(id);
+  if (it == flights_.end()) return;
+  it->second->aborted = true;
+  if (it->second->context) it->second->context->TryCancel();
+  changed_.notify_all();
+}
+
+EngineMetrics Router::Metrics() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  EngineMetrics m;
+  m.healthy = false;
+  for (const auto& t : targets_) {
+    if (!t->healthy) continue;
+    m.healthy = true;
+    const pb::LoadResponse& l = t->load;
+    m.running += l.running();
+    m.waiting += l.waiting();
+    m.queued_tokens += l.queued_tokens();
+    m.total_pages += l.total_pages();
+    m.used_pages += l.used_pages();
+    m.cached_pages += l.cached_pages();
+    m.free_pages += l.free_pages();
+    m.steps_total += l.steps_total();
+    m.prompt_tokens_total += l.prompt_tokens_total();
+    m.generation_tokens_total += l.generation_tokens_total();
+    m.prefix_cache_hits_total += l.prefix_cache_hits_total();
+    m.last_step_age_seconds = std::max(m.last_step_age_seconds, l.last_step_age_seconds());
+  }
+  return m;
+}
+
+std::vector<TargetState> Router::Targets() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<TargetState> out;
+  for (const auto& t : targets_)
+    out.push_back({t->address, t->healthy, t->in_flight, t->routed_total,
+                   static_cast<int64_t>(t->cached.size()), t->failovers_from});
+  return out;
+}
+
+void Router::Stop(bool drain) {
+  if (drain) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return flights_.empty(); });
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) return;
+    stopped_ = true;
+    stopping_ = true;
+    for (auto& [id, flight] : flights_) {
+      flight->aborted = true;
+      if (flight->context) flight->context->TryCancel();
+    }
+    for (auto& t : targets_)
+      if (t->mirror_context) t->mirror_context->TryCancel();
+    changed_.notify_all();
+  }
+  // Flights end on their own once cancelled; join them, then the probers and mirrors.
+  while (true) {
+    std::vector<std::unique_ptr<Flight>> to_join;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      to_join.swap(finished_);
+      if (to_join.empty() && flights_.empty()) break;
+    }
+    for (auto& f : to_join)
+      if (f->thread.joinable()) f->thread.join();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (auto& t : targets_) {
+    if (t->prober.joinable()) t->prober.join();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (t->mirror_context) t->mirror_context->TryCancel();
+    }
+    if (t->mirror.joinable()) t->mirror.join();
+  }
+}
+
+}  // namespace sy::route

@@ -1,0 +1,97 @@
+// switchyard route: one OpenAI-compatible front over several engine instances reached through
+// their gRPC instance API (proto/switchyard/v1/engine.proto). The router is a RequestFrontend,
+// so the HTTP server of `serve` runs unchanged in front of it; it tokenizes once and routes ids.
+//
+//   Placement: cache_aware (default) mirrors every instance's prefix cache exactly from its
+//   CacheEvents stream and sends a request where the work ahead of it — the instance's queued
+//   tokens plus the prompt tokens it would have to compute — is least; least_load (queued
+//   tokens), round_robin, power_of_two (the less loaded of two at random).
+//   Health: Health and Load probed every --probe-interval; an instance that fails a probe, whose
+//   stream breaks, or whose step has run past --stall-timeout is ejected, and readmitted when
+//   its probes pass again.
+//   Failover: the router keeps each request's prompt and the tokens already streamed; when its
+//   instance fails, the request goes to another with prompt + output as the new prompt
+//   (resumed_tokens), and the client's stream continues where it was.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/engine.h"
+
+namespace sy::route {
+
+enum class Policy { kCacheAware, kLeastLoad, kRoundRobin, kPowerOfTwo };
+Result<Policy> ParsePolicy(const std::string& name);
+const char* PolicyName(Policy policy);
+
+struct RouterOptions {
+  std::vector<std::string> engines;  // host:port of each instance's gRPC port
+  Policy policy = Policy::kCacheAware;
+  double probe_interval_seconds = 0.25;
+  double stall_timeout_seconds = 10;  // a step running longer marks its instance stalled
+  double failover_wait_seconds = 60;  // how long a request waits for a healthy instance
+  int max_failovers = 4;
+};
+
+// What the router knows of the instances, for logs and tests.
+struct TargetState {
+  std::string address;
+  bool healthy = false;
+  int64_t in_flight = 0;       // the router's requests there now
+  int64_t routed_total = 0;    // requests sent there
+  int64_t cached_pages = 0;    // in the mirror
+  int64_t failovers_from = 0;  // requests moved away after it failed
+};
+
+class Router : public RequestFrontend {
+ public:
+  explicit Router(RouterOptions options);
+  ~Router() override;
+
+  // Connects to every instance and waits up to `seconds` for one to be healthy; errors if none
+  // is, or if healthy instances disagree on the vocabulary or page size.
+  Status Start(double seconds);
+
+  Result<std::shared_ptr<RequestStream>> Submit(EngineRequest request, SubmitError* error) override;
+  void Abort(const std::string& id) override;
+  EngineMetrics Metrics() const override;
+  void Stop(bool drain) override;
+
+  RequestLimits limits() const;
+  std::vector<TargetState> Targets() const;
+  int64_t failovers_total() const { return failovers_total_; }
+
+ private:
+  struct Target;
+  struct Flight;
+  void Probe(Target& target);
+  void Mirror(Target& target);
+  void Fly(Flight& flight);
+  // The target for a request (-1: none healthy); `avoid` is skipped while others are healthy.
+  int Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int avoid);
+  void MarkFailed(Target& target, const std::string& why);
+  // Tokens of the request's leading pages the target holds or will soon hold (mirror + pending).
+  static int64_t CachedTokens(const Target& target, const std::vector<uint64_t>& page_hashes);
+  bool Stopping() const { return stopping_; }
+
+  RouterOptions options_;
+  std::vector<std::unique_ptr<Target>> targets_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::string, std::unique_ptr<Flight>> flights_;
+  std::vector<std::unique_ptr<Flight>> finished_;  // joined at the next Submit or at Stop
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> failovers_total_{0};
+  uint64_t rotation_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace sy::route

@@ -1,0 +1,231 @@
+"""switchyard route over three instances (serve --grpc-port), all started here: prefix-aware
+routing against round robin on a shared-prefix workload; kill -9 of an instance with streams in
+flight, which must all complete with the text they would have had; readmission of the restarted
+instance; bad input through the router."""
+
+import concurrent.futures
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+from openai import OpenAI
+
+from conftest import BINARY, MPI_ENV
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+TRAINED = os.path.join(REPO, "models", "default")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Process:
+    """A switchyard process that prints 'serving … on http://H:P … (pid N; …)'."""
+
+    def __init__(self, *args):
+        self.process = subprocess.Popen([BINARY, *args], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True,
+                                        env={**os.environ, **MPI_ENV})
+        self.log = []
+        deadline = time.time() + 120
+        self.port = None
+        while time.time() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                break
+            self.log.append(line)
+            if "serving" in line and "http://" in line:
+                self.port = int(line.split("http://")[1].split(" ")[0].rsplit(":", 1)[1])
+                break
+        assert self.port, "did not start:\n" + "".join(self.log)
+        self.url = f"http://127.0.0.1:{self.port}"
+        # Keep reading the log so the pipe never fills.
+        threading.Thread(target=lambda: self.log.extend(self.process.stdout), daemon=True).start()
+
+    def metric(self, name):
+        import urllib.request
+        text = urllib.request.urlopen(self.url + "/metrics", timeout=30).read().decode()
+        for line in text.splitlines():
+            if line.startswith(f"switchyard:{name}{{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_instance(grpc_port):
+    return Process("--threads", "1", "serve", "--model", TRAINED, "--port", "0", "--grpc-port",
+                   str(grpc_port), "--batch-invariant", "--kv-cache-tokens", "16384",
+                   "--served-model-name", "sy-test")
+
+
+def start_router(grpc_ports, policy):
+    engines = ",".join(f"127.0.0.1:{p}" for p in grpc_ports)
+    return Process("route", "--engines", engines, "--port", "0", "--policy", policy,
+                   "--served-model-name", "sy-test", "--probe-interval", "0.1")
+
+
+@pytest.fixture(scope="module")
+def instances():
+    ports = [free_port() for _ in range(3)]
+    procs = [start_instance(p) for p in ports]
+    yield ports, procs
+    for p in procs:
+        p.stop()
+
+
+def client_for(process):
+    return OpenAI(base_url=process.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+
+def passages():
+    with open(os.path.join(REPO, "configs", "bench", "heldout-prompts.jsonl")) as f:
+        return [json.loads(line)["text"] for line in f]
+
+
+def shared_prefix_run(router, texts, seed):
+    """Six documents with four questions each, shuffled, three at a time: (cached share of the
+    prompt tokens, prompt tokens computed)."""
+    docs = [texts[2 * i] + texts[2 * i + 1] for i in range(6)]
+    work = [(d, q) for d in range(6) for q in range(4)]
+    random.Random(seed).shuffle(work)
+    client = client_for(router)
+
+    def ask(item):
+        d, q = item
+        out = client.completions.create(
+            model="sy-test", prompt=docs[d] + f"\nQuestion {q}: who speaks here, and why?\n",
+            max_tokens=8, temperature=0)
+        return out.usage.prompt_tokens, out.usage.prompt_tokens_details.cached_tokens
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        usage = list(pool.map(ask, work))
+    prompt = sum(p for p, _ in usage)
+    cached = sum(c for _, c in usage)
+    return cached / prompt, prompt - cached
+
+
+def test_cache_aware_routing_reuses_prefixes_round_robin_does_not(instances):
+    ports, _ = instances
+    texts = passages()
+    results = {}
+    # Each policy gets its own documents: the instances' caches are shared between the runs.
+    for offset, policy in [(0, "round_robin"), (12, "cache_aware")]:
+        router = start_router(ports, policy)
+        try:
+            results[policy] = shared_prefix_run(router, texts[offset:offset + 12], seed=offset)
+        finally:
+            assert router.stop() == 0, "".join(router.log)
+    (rr_share, rr_computed), (ca_share, ca_computed) = results["round_robin"], results["cache_aware"]
+    print(f"cached share: round_robin {rr_share:.2f}, cache_aware {ca_share:.2f}; prompt tokens "
+          f"computed {rr_computed} vs {ca_computed}")
+    assert ca_share > 0.5 and ca_share > rr_share + 0.15
+    assert ca_computed < rr_computed
+
+
+def test_kill_9_under_load_loses_nothing_and_the_instance_is_readmitted(instances):
+    ports, procs = instances
+    router = start_router(ports, "round_robin")  # two streams on each instance, for certain
+    try:
+        client = client_for(router)
+        prompts = ["ROMEO: But soft", "KING HENRY: Now, lords", "To be, or not to be",
+                   "JULIET: O Romeo", "HAMLET: Words, words", "First Citizen: Before we"]
+        args = dict(model="sy-test", max_tokens=600, temperature=0,
+                    extra_body={"ignore_eos": True})
+        with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+            reference = list(pool.map(
+                lambda p: client.completions.create(prompt=p, **args).choices[0].text, prompts))
+
+        chunks = [0] * len(prompts)
+
+        def stream(i):
+            text, finish = "", None
+            for c in client.completions.create(prompt=prompts[i], stream=True, **args):
+                text += c.choices[0].text
+                finish = c.choices[0].finish_reason or finish
+                chunks[i] += 1
+            return text, finish
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+            futures = [pool.submit(stream, i) for i in range(len(prompts))]
+            deadline = time.time() + 120
+            while min(chunks) < 5 and time.time() < deadline:
+                time.sleep(0.01)
+            procs[0].process.kill()  # kill -9, streams in flight
+            procs[0].process.wait()
+            results = [f.result(timeout=300) for f in futures]
+        for i, (text, finish) in enumerate(results):
+            assert finish == "length", i
+            assert text == reference[i], f"stream {i} differs after the failover"
+        assert "ejected" in "".join(router.log)
+        status, _ = http_get(router.url + "/health")
+        assert status == 200
+
+        # The instance comes back on its port: the router readmits it and sends it work.
+        procs[0] = start_instance(ports[0])
+        deadline = time.time() + 60
+        while "".join(router.log).count(f"127.0.0.1:{ports[0]} serving") < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        for i in range(6):
+            client.completions.create(model="sy-test", prompt=f"Again {i}", max_tokens=4)
+        assert procs[0].metric("generation_tokens_total") > 0
+    finally:
+        code = router.stop()
+        assert code == 0, "".join(router.log)
+    assert "failovers" in "".join(router.log) and "(0 failovers)" not in "".join(router.log)
+
+
+def http_get(url):
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_bad_input_through_the_router_gets_the_servers_errors(instances):
+    ports, procs = instances
+    router = start_router(ports, "cache_aware")
+    try:
+        import urllib.error
+        import urllib.request
+
+        def post(url, body):
+            req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        for body in [{"model": "sy-test", "prompt": [1, 2, 99999], "max_tokens": 2},
+                     {"model": "sy-test", "prompt": "hi", "max_tokens": 100000},
+                     {"model": "sy-test", "prompt": "hi", "top_p": 0}]:
+            via_router = post(router.url, body)
+            direct = post(procs[1].url, body)
+            assert via_router[0] == direct[0] == 400, (via_router, direct)
+            assert via_router[1]["error"]["message"] == direct[1]["error"]["message"]
+        ok = post(router.url, {"model": "sy-test", "prompt": "ROMEO:", "max_tokens": 3})
+        assert ok[0] == 200
+    finally:
+        assert router.stop() == 0, "".join(router.log)
