@@ -23,6 +23,7 @@ struct RouteArgs {
   double wait = 60;
   double probe_interval = 0.25;
   double stall_timeout = 10;
+  int64_t max_requests = 4096;
 };
 
 void RunRoute(const RouteArgs& args) {
@@ -35,6 +36,7 @@ void RunRoute(const RouteArgs& args) {
   options.policy = policy.value();
   options.probe_interval_seconds = args.probe_interval;
   options.stall_timeout_seconds = args.stall_timeout;
+  options.max_requests = args.max_requests;
   route::Router router(options);
   if (Status s = router.Start(args.wait); !s.ok()) FailVerb(s.message());
   const RequestLimits limits = router.limits();
@@ -91,6 +93,9 @@ void AddRouteVerb(CLI::App& app) {
   verb->add_option("--stall-timeout", args->stall_timeout,
                    "Seconds a step may run before its instance counts as stalled")
       ->check(CLI::Range(0.1, 3600.0));
+  verb->add_option("--max-requests", args->max_requests,
+                   "Requests the router holds at once; more get 503 with Retry-After")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   verb->callback([args] { RunRoute(*args); });
 }
 

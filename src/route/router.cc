@@ -330,6 +330,14 @@ Result<std::shared_ptr<RequestStream>> Router::Submit(EngineRequest request, Sub
       return Status::Error("the router is shutting down");
     }
     if (flights_.count(request.id)) return Status::Errorf("request id {} is in use", request.id);
+    if (static_cast<int64_t>(flights_.size()) >= options_.max_requests) {
+      *error = SubmitError::kQueueFull;
+      return Status::Errorf("the router holds {} requests, its limit", flights_.size());
+    }
+    if (std::none_of(targets_.begin(), targets_.end(), [](const auto& t) { return t->healthy; })) {
+      *error = SubmitError::kQueueFull;  // 503 with Retry-After: instances may come back
+      return Status::Error("no instance is healthy now");
+    }
     to_join.swap(finished_);
     flight->request = std::move(request);
     Flight* raw = flight.get();
@@ -416,9 +424,23 @@ void Router::Fly(Flight& flight) {
     auto reader = target.stub->Generate(&context, serve::RequestToProto(attempt));
     pb::GenerateResponse response;
     bool finished = false;
+    std::string garbage;  // what made the instance's answer untrustworthy
+    const int64_t vocab = target.health.vocab_size();
     while (reader->Read(&response)) {
-      if (finished) continue;  // nothing follows a finish; read to the stream's end
+      if (finished || !garbage.empty()) continue;  // read to the stream's end
       RequestEvent event = serve::EventFromProto(response);
+      for (int32_t id : event.token_ids)
+        if (id < 0 || id >= vocab)
+          garbage = fmt::format("sent token id {} (vocabulary {})", id, vocab);
+      if (request.params.logprobs && event.logprobs.size() != event.token_ids.size())
+        garbage = "sent tokens without their log-probabilities";
+      if (flight.generated.size() + event.token_ids.size() >
+          static_cast<size_t>(request.params.max_tokens))
+        garbage = "sent more tokens than max_tokens";
+      if (!garbage.empty()) {
+        context.TryCancel();
+        continue;
+      }
       flight.generated.insert(flight.generated.end(), event.token_ids.begin(),
                               event.token_ids.end());
       if (event.first && flight.sent_first) {  // a resumed attempt: the client has these facts
@@ -430,6 +452,7 @@ void Router::Fly(Flight& flight) {
       flight.client->Push(std::move(event));
     }
     grpc::Status status = reader->Finish();
+    if (!garbage.empty()) status = grpc::Status(grpc::StatusCode::DATA_LOSS, garbage);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       --target.in_flight;

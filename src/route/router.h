@@ -39,6 +39,7 @@ struct RouterOptions {
   double stall_timeout_seconds = 10;  // a step running longer marks its instance stalled
   double failover_wait_seconds = 60;  // how long a request waits for a healthy instance
   int max_failovers = 4;
+  int64_t max_requests = 4096;  // in the router at once; more get 503 with Retry-After
 };
 
 // What the router knows of the instances, for logs and tests.

@@ -229,3 +229,104 @@ def test_bad_input_through_the_router_gets_the_servers_errors(instances):
         assert ok[0] == 200
     finally:
         assert router.stop() == 0, "".join(router.log)
+
+
+def test_a_hung_instance_is_ejected_its_streams_move_and_it_comes_back(instances):
+    ports, procs = instances
+    router = start_router(ports, "round_robin")
+    try:
+        client = client_for(router)
+        prompts = ["JULIET: O Romeo", "HAMLET: Words", "KING HENRY: Now"]
+        args = dict(model="sy-test", max_tokens=500, temperature=0, extra_body={"ignore_eos": True})
+        reference = [client.completions.create(prompt=p, **args).choices[0].text for p in prompts]
+        chunks = [0] * len(prompts)
+
+        def stream(i):
+            text = ""
+            for c in client.completions.create(prompt=prompts[i], stream=True, **args):
+                text += c.choices[0].text
+                chunks[i] += 1
+            return text
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+            futures = [pool.submit(stream, i) for i in range(3)]
+            deadline = time.time() + 120
+            while min(chunks) < 5 and time.time() < deadline:
+                time.sleep(0.01)
+            procs[2].process.send_signal(signal.SIGSTOP)  # hangs: no probe answers, no tokens
+            try:
+                texts = [f.result(timeout=300) for f in futures]
+            finally:
+                procs[2].process.send_signal(signal.SIGCONT)
+        assert texts == reference
+        assert f"127.0.0.1:{ports[2]} ejected" in "".join(router.log)
+        deadline = time.time() + 60
+        while "".join(router.log).count(f"127.0.0.1:{ports[2]} serving") < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        assert "".join(router.log).count(f"127.0.0.1:{ports[2]} serving") >= 2, "".join(router.log)
+    finally:
+        assert router.stop() == 0, "".join(router.log)
+
+
+def test_overload_gets_503_with_retry_after(instances):
+    ports, _ = instances
+    engines = ",".join(f"127.0.0.1:{p}" for p in ports)
+    router = Process("route", "--engines", engines, "--port", "0", "--max-requests", "2",
+                     "--served-model-name", "sy-test")
+    try:
+        client = client_for(router)
+        args = dict(model="sy-test", prompt="ROMEO:", max_tokens=1500, temperature=0,
+                    extra_body={"ignore_eos": True})
+        streams = [client.completions.create(stream=True, **args) for _ in range(2)]
+        next(iter(streams[0]))
+        next(iter(streams[1]))
+        import urllib.error
+        import urllib.request
+        req = urllib.request.Request(router.url + "/v1/completions",
+                                     data=json.dumps({"model": "sy-test", "prompt": "x",
+                                                      "max_tokens": 2}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=60)
+        assert refused.value.code == 503
+        assert refused.value.headers.get("Retry-After")
+        for s in streams:
+            s.close()
+    finally:
+        assert router.stop() == 0, "".join(router.log)
+
+
+def test_an_mpirun_job_of_two_dp_groups_behind_the_router(instances):
+    ports, procs = instances
+    port = free_port()
+    job = subprocess.Popen(
+        ["mpirun", "--oversubscribe", "-np", "2", BINARY, "--threads", "1", "serve", "--model",
+         TRAINED, "--port", "0", "--grpc-port", str(port), "--batch-invariant",
+         "--wire-dtype", "f32", "--kv-cache-tokens", "16384", "--served-model-name", "sy-test"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **MPI_ENV})
+    log = []
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = job.stdout.readline()
+            if not line:
+                break
+            log.append(line)
+            if "grpc://" in line:
+                break
+        assert any("grpc://" in line for line in log), "".join(log)
+        router = start_router([port], "cache_aware")
+        try:
+            via_job = client_for(router)
+            direct = client_for(procs[1])
+            for p in ["ROMEO: But soft", "To be, or not to be", "KING HENRY:", "JULIET:"]:
+                args = dict(model="sy-test", prompt=p, max_tokens=24, temperature=0)
+                assert (via_job.completions.create(**args).choices[0].text ==
+                        direct.completions.create(**args).choices[0].text)
+        finally:
+            assert router.stop() == 0, "".join(router.log)
+    finally:
+        pid = int(next(line for line in log if "(pid " in line).split("(pid ")[1].split(";")[0])
+        os.kill(pid, signal.SIGTERM)  # rank 0 drains and stops every rank
+        job.wait(timeout=60)
