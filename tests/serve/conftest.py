@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,13 +22,17 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 
 
 class Server:
-    def __init__(self, model_dir, *extra, ranks=1, threads=2):
+    """A switchyard process serving HTTP: `serve` on model_dir, or any `command` (the router)
+    that prints the same 'serving … on http://H:P (pid N; …)' line."""
+
+    def __init__(self, model_dir, *extra, ranks=1, threads=2, command=None):
         self.model_dir = model_dir
         launcher = MPIRUN + ["-np", str(ranks)] if ranks > 1 else []
+        if command is None:
+            command = [BINARY, "--threads", str(threads), "serve", "--model", model_dir,
+                       "--port", "0", "--served-model-name", "sy-test", *extra]
         self.process = subprocess.Popen(
-            launcher + [BINARY, "--threads", str(threads), "serve", "--model", model_dir,
-                        "--port", "0", "--served-model-name", "sy-test", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            launcher + command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **MPI_ENV})
         deadline = time.time() + 120
         self.port = None
@@ -43,6 +48,8 @@ class Server:
                 break
         assert self.port, "server did not start:\n" + "".join(self.log)
         self.url = f"http://127.0.0.1:{self.port}"
+        # Keep reading what it prints: the pipe never fills, and the log stays whole.
+        threading.Thread(target=lambda: self.log.extend(self.process.stdout), daemon=True).start()
 
     def request(self, method, path, body=None, headers=None, raw=None):
         """(status, parsed JSON or text, headers) of one plain HTTP request."""

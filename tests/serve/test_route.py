@@ -10,13 +10,12 @@ import random
 import signal
 import socket
 import subprocess
-import threading
 import time
 
 import pytest
 from openai import OpenAI
 
-from conftest import BINARY, MPI_ENV
+from conftest import BINARY, MPI_ENV, Server
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 TRAINED = os.path.join(REPO, "models", "default")
@@ -28,46 +27,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-class Process:
-    """A switchyard process that prints 'serving … on http://H:P … (pid N; …)'."""
-
-    def __init__(self, *args):
-        self.process = subprocess.Popen([BINARY, *args], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True,
-                                        env={**os.environ, **MPI_ENV})
-        self.log = []
-        deadline = time.time() + 120
-        self.port = None
-        while time.time() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                break
-            self.log.append(line)
-            if "serving" in line and "http://" in line:
-                self.port = int(line.split("http://")[1].split(" ")[0].rsplit(":", 1)[1])
-                break
-        assert self.port, "did not start:\n" + "".join(self.log)
-        self.url = f"http://127.0.0.1:{self.port}"
-        # Keep reading the log so the pipe never fills.
-        threading.Thread(target=lambda: self.log.extend(self.process.stdout), daemon=True).start()
-
-    def metric(self, name):
-        import urllib.request
-        text = urllib.request.urlopen(self.url + "/metrics", timeout=30).read().decode()
-        for line in text.splitlines():
-            if line.startswith(f"switchyard:{name}{{"):
-                return float(line.rsplit(" ", 1)[1])
-        raise KeyError(name)
-
-    def stop(self, sig=signal.SIGTERM):
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+def Process(*args):
+    """A switchyard command serving HTTP (an instance or the router)."""
+    return Server(None, command=[BINARY, *args])
 
 
 def start_instance(grpc_port):
