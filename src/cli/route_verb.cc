@@ -3,6 +3,8 @@
 
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/common.h"
 #include "cli/verbs.h"
 #include "route/router.h"
@@ -53,6 +55,38 @@ void RunRoute(const RouteArgs& args) {
       args.served_model_name.empty() ? std::string("default") : args.served_model_name;
   server_options.limits.max_model_len = limits.max_model_len;
   server_options.limits.cache_tokens = limits.cache_tokens;
+  // Admin: GET /admin/engines; POST /admin/drain and /admin/resume with {"engine": "host:port"}.
+  server_options.admin = [&router](const std::string& method, const std::string& path,
+                                   const std::string& body) -> std::pair<int, std::string> {
+    auto error = [](int status, const std::string& message) {
+      return std::pair<int, std::string>(
+          status, nlohmann::json({{"error", {{"message", message}, {"code", status}}}}).dump());
+    };
+    if (path == "/admin/engines" && method == "GET") {
+      nlohmann::json engines = nlohmann::json::array();
+      for (const auto& t : router.Targets())
+        engines.push_back({{"engine", t.address},
+                           {"healthy", t.healthy},
+                           {"draining", t.draining},
+                           {"in_flight", t.in_flight},
+                           {"routed_total", t.routed_total},
+                           {"cached_pages", t.cached_pages},
+                           {"failovers_from", t.failovers_from}});
+      return {200, nlohmann::json({{"engines", engines}}).dump()};
+    }
+    if ((path == "/admin/drain" || path == "/admin/resume") && method == "POST") {
+      auto parsed = nlohmann::json::parse(body, nullptr, false);
+      if (parsed.is_discarded() || !parsed.is_object() || !parsed.contains("engine") ||
+          !parsed["engine"].is_string())
+        return error(400, "expected {\"engine\": \"host:port\"}");
+      const std::string engine = parsed["engine"];
+      if (!router.SetDraining(engine, path == "/admin/drain"))
+        return error(404, "no instance " + engine + " behind this router");
+      return {200,
+              nlohmann::json({{"engine", engine}, {"draining", path == "/admin/drain"}}).dump()};
+    }
+    return error(404, "no such admin endpoint: " + method + " " + path);
+  };
   serve::OpenAiServer server(router, codec, server_options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
   std::printf(

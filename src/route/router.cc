@@ -58,6 +58,7 @@ struct Router::Target {
   std::unordered_map<uint64_t, double> pending;
   grpc::ClientContext* mirror_context = nullptr;
   int64_t in_flight = 0, routed_total = 0, failovers_from = 0;
+  bool draining = false;  // by the admin
 };
 
 struct Router::Flight {
@@ -271,10 +272,10 @@ int64_t Router::CachedTokens(const Target& target, const std::vector<uint64_t>& 
 int Router::Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int avoid) {
   // Caller holds the mutex.
   std::vector<int> healthy;
+  auto usable = [&](size_t i) { return targets_[i]->healthy && !targets_[i]->draining; };
   for (size_t i = 0; i < targets_.size(); ++i)
-    if (targets_[i]->healthy && static_cast<int>(i) != avoid)
-      healthy.push_back(static_cast<int>(i));
-  if (healthy.empty() && avoid >= 0 && targets_[avoid]->healthy) healthy.push_back(avoid);
+    if (usable(i) && static_cast<int>(i) != avoid) healthy.push_back(static_cast<int>(i));
+  if (healthy.empty() && avoid >= 0 && usable(static_cast<size_t>(avoid))) healthy.push_back(avoid);
   if (healthy.empty()) return -1;
   auto queued = [&](int i) {
     const Target& t = *targets_[i];
@@ -334,7 +335,8 @@ Result<std::shared_ptr<RequestStream>> Router::Submit(EngineRequest request, Sub
       *error = SubmitError::kQueueFull;
       return Status::Errorf("the router holds {} requests, its limit", flights_.size());
     }
-    if (std::none_of(targets_.begin(), targets_.end(), [](const auto& t) { return t->healthy; })) {
+    if (std::none_of(targets_.begin(), targets_.end(),
+                     [](const auto& t) { return t->healthy && !t->draining; })) {
       *error = SubmitError::kQueueFull;  // 503 with Retry-After: instances may come back
       return Status::Error("no instance is healthy now");
     }
@@ -536,8 +538,21 @@ std::vector<TargetState> Router::Targets() const {
   std::vector<TargetState> out;
   for (const auto& t : targets_)
     out.push_back({t->address, t->healthy, t->in_flight, t->routed_total,
-                   static_cast<int64_t>(t->cached.size()), t->failovers_from});
+                   static_cast<int64_t>(t->cached.size()), t->failovers_from, t->draining});
   return out;
+}
+
+bool Router::SetDraining(const std::string& address, bool draining) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& t : targets_) {
+    if (t->address != address) continue;
+    t->draining = draining;
+    std::fprintf(stderr, "switchyard route: %s %s\n", address.c_str(),
+                 draining ? "draining (no new requests)" : "resumed");
+    changed_.notify_all();
+    return true;
+  }
+  return false;
 }
 
 void Router::Stop(bool drain) {

@@ -50,6 +50,7 @@ struct TargetState {
   int64_t routed_total = 0;    // requests sent there
   int64_t cached_pages = 0;    // in the mirror
   int64_t failovers_from = 0;  // requests moved away after it failed
+  bool draining = false;       // by the admin: no new requests
 };
 
 class Router : public RequestFrontend {
@@ -68,6 +69,9 @@ class Router : public RequestFrontend {
 
   RequestLimits limits() const;
   std::vector<TargetState> Targets() const;
+  // Graceful drain of one instance (host:port): it gets no new requests; those it runs finish
+  // there. Resume undoes it. False: no such instance.
+  bool SetDraining(const std::string& address, bool draining);
   int64_t failovers_total() const { return failovers_total_; }
 
  private:

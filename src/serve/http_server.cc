@@ -157,6 +157,12 @@ class Session : public std::enable_shared_from_this<Session> {
             version, keep_alive);
     }
     ApiError error;
+    if (server_.options_.admin && path.rfind("/admin/", 0) == 0) {
+      auto [status, body] =
+          server_.options_.admin(std::string(request.method_string()), path, request.body());
+      return Send(MakeResponse(static_cast<http::status>(status), body, "application/json", version,
+                               keep_alive));
+    }
     if (path == "/v1/models" && get)
       return Send(MakeResponse(http::status::ok,
                                ModelsResponse(server_.options_.limits, UnixSeconds()),

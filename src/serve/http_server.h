@@ -5,6 +5,7 @@
 // loop hands events over without waiting for any reader.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,6 +23,11 @@ struct ServerOptions {
   int io_threads = 2;
   size_t max_body_bytes = 32u << 20;
   ServingLimits limits;
+  // Answers /admin/* (after the API key check) when set: (method, path, body) → (HTTP status,
+  // JSON body). The router's drain and resume live here.
+  std::function<std::pair<int, std::string>(const std::string&, const std::string&,
+                                            const std::string&)>
+      admin;
 };
 
 class OpenAiServer {

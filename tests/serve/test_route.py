@@ -292,3 +292,49 @@ def test_an_mpirun_job_of_two_dp_groups_behind_the_router(instances):
         pid = int(next(line for line in log if "(pid " in line).split("(pid ")[1].split(";")[0])
         os.kill(pid, signal.SIGTERM)  # rank 0 drains and stops every rank
         job.wait(timeout=60)
+
+
+def test_drain_lets_running_requests_finish_and_sends_nothing_new(instances):
+    ports, procs = instances
+    router = start_router(ports, "round_robin")
+    engine0 = f"127.0.0.1:{ports[0]}"
+
+    def admin(method, path, body=None):
+        import urllib.error
+        import urllib.request
+        req = urllib.request.Request(router.url + path, method=method,
+                                     data=json.dumps(body).encode() if body else None,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        client = client_for(router)
+        # Round robin's first request goes to the first instance: a long stream there.
+        stream = client.completions.create(model="sy-test", prompt="ROMEO:", max_tokens=400,
+                                           temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        chunks = iter(stream)
+        first = [next(chunks) for _ in range(5)]
+        assert admin("POST", "/admin/drain", {"engine": engine0}) == \
+            (200, {"engine": engine0, "draining": True})
+        for i in range(6):
+            client.completions.create(model="sy-test", prompt=f"Drained {i}", max_tokens=3)
+        rest = list(chunks)
+        assert rest[-1].choices[0].finish_reason == "length"  # finished where it ran
+        assert len(first) + len(rest) >= 400
+        status, engines = admin("GET", "/admin/engines")
+        assert status == 200
+        assert [e["draining"] for e in engines["engines"]] == [True, False, False]
+        assert engines["engines"][0]["routed_total"] == 1
+        assert admin("POST", "/admin/drain", {"engine": "nowhere:1"})[0] == 404
+        assert admin("POST", "/admin/drain", {"nope": 1})[0] == 400
+        assert admin("POST", "/admin/resume", {"engine": engine0})[0] == 200
+        for i in range(6):
+            client.completions.create(model="sy-test", prompt=f"Back {i}", max_tokens=3)
+        assert admin("GET", "/admin/engines")[1]["engines"][0]["routed_total"] > 1
+    finally:
+        assert router.stop() == 0, "".join(router.log)
