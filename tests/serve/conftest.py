@@ -43,11 +43,12 @@ class Server:
                 break
             self.log.append(line)
             if "serving" in line and "http://" in line:
-                self.port = int(line.split("http://")[1].split(" ")[0].rsplit(":", 1)[1])
+                self.host, port = line.split("http://")[1].split(" ")[0].rsplit(":", 1)
+                self.port = int(port)
                 self.pid = int(line.split("(pid ")[1].split(";")[0])
                 break
         assert self.port, "server did not start:\n" + "".join(self.log)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{self.host}:{self.port}"
         # Keep reading what it prints: the pipe never fills, and the log stays whole.
         threading.Thread(target=lambda: self.log.extend(self.process.stdout), daemon=True).start()
 

@@ -338,3 +338,52 @@ def test_drain_lets_running_requests_finish_and_sends_nothing_new(instances):
         assert admin("GET", "/admin/engines")[1]["engines"][0]["routed_total"] > 1
     finally:
         assert router.stop() == 0, "".join(router.log)
+
+
+def test_instances_on_two_emulated_hosts_and_the_router_on_a_third():
+    """scripts/netns-cluster.sh: three network namespaces on a bridge, real TCP between them."""
+    netns = os.path.join(REPO, "scripts", "netns-cluster.sh")
+    up = subprocess.run(["bash", netns, "up", "3"], capture_output=True, text=True)
+    if up.returncode != 0:
+        pytest.skip("cannot create network namespaces: " + up.stderr[-300:])
+    procs = []
+    try:
+        def on(host, *args):
+            return Server(None, command=["ip", "netns", "exec", f"sy-host{host}", BINARY, *args])
+
+        for h in (0, 1):
+            procs.append(on(h, "--threads", "1", "serve", "--model", TRAINED, "--host",
+                            f"10.77.0.{h + 1}", "--port", "0", "--grpc-port", "50051",
+                            "--batch-invariant", "--served-model-name", "sy-test"))
+        router = on(2, "route", "--engines", "10.77.0.1:50051,10.77.0.2:50051", "--host",
+                    "10.77.0.3", "--port", "0", "--served-model-name", "sy-test",
+                    "--probe-interval", "0.1", "--policy", "round_robin")
+        procs.append(router)
+        client = client_for(router)
+        direct = client_for(procs[1])
+        prompts = ["ROMEO: But soft", "KING HENRY: Now, lords", "To be, or not to be",
+                   "JULIET: O Romeo"]
+        args = dict(model="sy-test", max_tokens=300, temperature=0, extra_body={"ignore_eos": True})
+        reference = [direct.completions.create(prompt=p, **args).choices[0].text for p in prompts]
+        chunks = [0] * len(prompts)
+
+        def stream(i):
+            text = ""
+            for c in client.completions.create(prompt=prompts[i], stream=True, **args):
+                text += c.choices[0].text
+                chunks[i] += 1
+            return text
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            futures = [pool.submit(stream, i) for i in range(len(prompts))]
+            deadline = time.time() + 120
+            while min(chunks) < 5 and time.time() < deadline:
+                time.sleep(0.01)
+            procs[0].process.kill()  # host 0's instance dies; its streams cross to host 1
+            texts = [f.result(timeout=300) for f in futures]
+        assert texts == reference
+        assert "10.77.0.1:50051 ejected" in "".join(router.log)
+    finally:
+        for p in procs:
+            p.stop()
+        subprocess.run(["bash", netns, "down", "3"], capture_output=True)
