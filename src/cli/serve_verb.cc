@@ -86,14 +86,20 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   serve::ClusterServing cluster(engine, comm, run.tp, engine_config.max_waiting);
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
   std::unique_ptr<serve::OpenAiServer> server;
-  std::unique_ptr<serve::GrpcEngineServer> grpc;
+  // gRPC: DP group g on --grpc-port + g (each port 0 when it is 0), so a router chooses the group.
+  std::vector<std::unique_ptr<serve::GroupFrontend>> groups;
+  std::vector<std::unique_ptr<serve::GrpcEngineServer>> grpc;
   Status listening = Status::Ok();
   if (comm.rank() == 0) {
     server = std::make_unique<serve::OpenAiServer>(cluster, codec, options);
     listening = server->Listen();
-    if (listening.ok())
-      grpc = StartGrpc(args, cluster, options, engine_config, engine.page_size(),
-                       engine.model_config().vocab_size, &listening);
+    for (int g = 0; g < cluster.groups() && listening.ok() && args.grpc_port >= 0; ++g) {
+      groups.push_back(std::make_unique<serve::GroupFrontend>(cluster, g));
+      ServeArgs group_args = args;
+      if (args.grpc_port > 0) group_args.grpc_port = args.grpc_port + g;
+      grpc.push_back(StartGrpc(group_args, *groups.back(), options, engine_config,
+                               engine.page_size(), engine.model_config().vocab_size, &listening));
+    }
   }
   // Every rank learns whether rank 0 could listen, so none is left waiting.
   if (comm.AllReduceMax(listening.ok() ? 0 : 1) > 0)
@@ -108,13 +114,21 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
       "switchyard: serving %s on http://%s:%d%s (pid %d; %d ranks, %d DP groups of TP %d; "
       "cache %lld tokens per group in %s, chat template %s)\n",
       options.limits.model_name.c_str(), args.host.c_str(), server->port(),
-      GrpcNote(grpc.get(), args).c_str(), static_cast<int>(::getpid()), comm.size(), run.dp(),
-      run.tp, static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+      [&] {
+        std::string note;
+        for (const auto& g : grpc)
+          note += GrpcNote(g.get(), args);
+        return note;
+      }()
+          .c_str(),
+      static_cast<int>(::getpid()), comm.size(), run.dp(), run.tp,
+      static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
   std::thread http([&] {
     server->Run();
-    if (grpc) grpc->Shutdown();
+    for (auto& g : grpc)
+      g->Shutdown();
   });
   cluster.Run();
   http.join();

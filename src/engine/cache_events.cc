@@ -22,6 +22,20 @@ void CacheEventLog::Record(uint64_t hash, bool stored) {
   arrived_.notify_all();
 }
 
+void CacheEventLog::Replace(const std::vector<uint64_t>& hashes) {
+  const std::unordered_set<uint64_t> target(hashes.begin(), hashes.end());
+  std::vector<uint64_t> gone;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (uint64_t h : cached_)
+      if (!target.count(h)) gone.push_back(h);
+  }
+  for (uint64_t h : gone)
+    Record(h, false);
+  for (uint64_t h : hashes)
+    Record(h, true);
+}
+
 std::pair<uint64_t, std::vector<uint64_t>> CacheEventLog::Snapshot() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return {sequence_, std::vector<uint64_t>(cached_.begin(), cached_.end())};

@@ -22,6 +22,8 @@ class CacheEventLog {
   };
 
   void Record(uint64_t hash, bool stored);
+  // Makes the cached set `hashes`, recording the difference as events (a copy that lost track).
+  void Replace(const std::vector<uint64_t>& hashes);
 
   // The cached set and the sequence number it reflects.
   std::pair<uint64_t, std::vector<uint64_t>> Snapshot() const;

@@ -191,10 +191,17 @@ ClusterServing::ClusterServing(Engine& engine, Communicator& world, int tp, int6
   leader_ = world.rank() % tp == 0;
   group_load_.assign(groups_, 0);
   group_metrics_.assign(groups_, engine.Metrics());
+  for (int g = 0; g < groups_; ++g)
+    group_cache_.push_back(std::make_unique<CacheEventLog>());
 }
 
 Result<std::shared_ptr<RequestStream>> ClusterServing::Submit(EngineRequest request,
                                                               SubmitError* error) {
+  return SubmitTo(-1, std::move(request), error);
+}
+
+Result<std::shared_ptr<RequestStream>> ClusterServing::SubmitTo(int chosen, EngineRequest request,
+                                                                SubmitError* error) {
   *error = SubmitError::kInvalid;
   SY_RETURN_IF_ERROR(engine_.Validate(request));  // every rank loads the same model
   // Every rank of the group must draw the same random numbers.
@@ -213,7 +220,9 @@ Result<std::shared_ptr<RequestStream>> ClusterServing::Submit(EngineRequest requ
       *error = SubmitError::kQueueFull;
       return Status::Errorf("the waiting queue is full ({} requests)", max_waiting_);
     }
-    const int group = static_cast<int>(std::min_element(group_load_.begin(), group_load_.end()) -
+    const int group =
+        chosen >= 0 ? chosen
+                    : static_cast<int>(std::min_element(group_load_.begin(), group_load_.end()) -
                                        group_load_.begin());
     const int64_t cost = static_cast<int64_t>(request.prompt.size()) - request.resumed_tokens +
                          request.params.max_tokens;
@@ -275,6 +284,14 @@ EngineMetrics ClusterServing::Metrics() const {
   return total;
 }
 
+EngineMetrics ClusterServing::GroupMetrics(int group) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  EngineMetrics m = group_metrics_[static_cast<size_t>(group)];
+  for (const Pending& p : pending_)
+    m.waiting += p.group == group;
+  return m;
+}
+
 void ClusterServing::Stop(bool drain) {
   std::unique_lock<std::mutex> lock(mutex_);
   stop_ = true;
@@ -317,6 +334,12 @@ void ClusterServing::DeliverEvents(const std::vector<uint8_t>& gathered) {
     at += length;
     const int group = part["group"];
     group_metrics_[group] = MetricsFromJson(part["metrics"], group_metrics_[group]);
+    // The group's prefix-cache events, replayed into rank 0's copy of its log.
+    CacheEventLog& log = *group_cache_[static_cast<size_t>(group)];
+    if (part.contains("cache_snapshot"))
+      log.Replace(part["cache_snapshot"].get<std::vector<uint64_t>>());
+    for (const auto& e : part["cache"])
+      log.Record(e[0].get<uint64_t>(), e[1].get<bool>());
     for (const auto& j : part["events"]) {
       auto it = tracked_.find(j["id"].get<std::string>());
       if (it == tracked_.end()) continue;
@@ -380,8 +403,23 @@ void ClusterServing::Run() {
       it = finished ? local_.erase(it) : std::next(it);
     }
     if (leader_) {
-      const std::string text = Dump(
-          {{"group", group_}, {"events", events}, {"metrics", MetricsToJson(engine_.Metrics())}});
+      json report = {
+          {"group", group_}, {"events", events}, {"metrics", MetricsToJson(engine_.Metrics())}};
+      // The prefix cache's changes since the last report (a snapshot if the log moved on).
+      json cache = json::array();
+      bool lost = false;
+      const CacheEventLog& log = *engine_.cache_events();
+      for (const auto& e : log.Since(cache_reported_, 0, &lost))
+        cache.push_back({e.hash, e.stored});
+      if (lost) {
+        auto [seq, hashes] = log.Snapshot();
+        report["cache_snapshot"] = hashes;
+        cache_reported_ = seq;
+      } else {
+        cache_reported_ += cache.size();
+      }
+      report["cache"] = std::move(cache);
+      const std::string text = Dump(report);
       const uint64_t length = text.size();
       std::memcpy(payload.data(), &length, 8);
       payload.insert(payload.end(), text.begin(), text.end());

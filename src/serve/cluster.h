@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include "engine/engine.h"
@@ -32,6 +33,16 @@ class ClusterServing : public RequestFrontend {
   void Abort(const std::string& id) override;
   EngineMetrics Metrics() const override;
   void Stop(bool drain) override;
+
+  // One DP group as a frontend of its own (the gRPC instance API serves each on its port).
+  int groups() const { return groups_; }
+  Result<std::shared_ptr<RequestStream>> SubmitTo(int group, EngineRequest request,
+                                                  SubmitError* error);
+  EngineMetrics GroupMetrics(int group) const;
+  // Rank 0's copy of the group's prefix-cache events, fed by the lockstep gather.
+  const CacheEventLog* GroupCacheEvents(int group) const {
+    return group_cache_[static_cast<size_t>(group)].get();
+  }
 
   // The lockstep loop, on every rank; returns on every rank once a stop has been broadcast and
   // no rank has work left.
@@ -66,9 +77,34 @@ class ClusterServing : public RequestFrontend {
   std::map<std::string, Tracked> tracked_;
   std::vector<int64_t> group_load_;
   std::vector<EngineMetrics> group_metrics_;
+  std::vector<std::unique_ptr<CacheEventLog>> group_cache_;
+  uint64_t cache_reported_ = 0;  // leader: the last cache event sent to rank 0
 
   // Every rank: the streams of requests this rank's engine runs.
   std::map<std::string, std::shared_ptr<RequestStream>> local_;
+};
+
+}  // namespace sy::serve
+
+namespace sy::serve {
+
+// DP group g of a ClusterServing, as a RequestFrontend: what `serve --grpc-port P` serves on port
+// P + g under mpirun, so a router places requests on a group of its choosing.
+class GroupFrontend : public RequestFrontend {
+ public:
+  GroupFrontend(ClusterServing& cluster, int group) : cluster_(cluster), group_(group) {}
+  Result<std::shared_ptr<RequestStream>> Submit(EngineRequest request,
+                                                SubmitError* error) override {
+    return cluster_.SubmitTo(group_, std::move(request), error);
+  }
+  void Abort(const std::string& id) override { cluster_.Abort(id); }
+  EngineMetrics Metrics() const override { return cluster_.GroupMetrics(group_); }
+  void Stop(bool) override {}  // the job stops as a whole (SIGTERM to rank 0)
+  const CacheEventLog* cache_events() const override { return cluster_.GroupCacheEvents(group_); }
+
+ private:
+  ClusterServing& cluster_;
+  int group_;
 };
 
 }  // namespace sy::serve

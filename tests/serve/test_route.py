@@ -278,7 +278,8 @@ def test_an_mpirun_job_of_two_dp_groups_behind_the_router(instances):
             if "grpc://" in line:
                 break
         assert any("grpc://" in line for line in log), "".join(log)
-        router = start_router([port], "cache_aware")
+        assert "".join(log).count("grpc://") == 2  # group g on port + g
+        router = start_router([port, port + 1], "cache_aware")
         try:
             via_job = client_for(router)
             direct = client_for(procs[1])
@@ -286,6 +287,18 @@ def test_an_mpirun_job_of_two_dp_groups_behind_the_router(instances):
                 args = dict(model="sy-test", prompt=p, max_tokens=24, temperature=0)
                 assert (via_job.completions.create(**args).choices[0].text ==
                         direct.completions.create(**args).choices[0].text)
+            # Each group's cache reaches the router through the job's gather: a long prompt asked
+            # again lands on the group that holds it.
+            document = passages()[0] * 2
+            first = via_job.completions.create(model="sy-test", prompt=document, max_tokens=2)
+            time.sleep(0.5)
+            again = via_job.completions.create(model="sy-test", prompt=document + " Again?",
+                                               max_tokens=2)
+            assert first.usage.prompt_tokens_details.cached_tokens == 0
+            assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 16
+            status, engines = http_get(router.url + "/admin/engines")
+            routed = [e["routed_total"] for e in json.loads(engines)["engines"]]
+            assert len(routed) == 2 and min(routed) > 0, routed  # both groups used
         finally:
             assert router.stop() == 0, "".join(router.log)
     finally:
