@@ -17,14 +17,10 @@ void Histogram::Observe(double value) {
   ++count;
 }
 
-namespace {
-
-std::vector<double> LatencyBounds() {
+std::vector<double> LatencyBucketBounds() {
   return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
           1.0,   2.5,   5.0,  7.5,  10,   20,   40,   80,  160,  640, 2560};
 }
-
-}  // namespace
 
 struct Engine::Sequence {
   EngineRequest request;
@@ -65,9 +61,9 @@ Engine::Engine(const Model& model, LatentCache& cache, const Tokenizer& tokenize
       config_.max_model_len > 0 ? config_.max_model_len : model.config().max_position_embeddings;
   forward_options_.logit_rows = LogitRows::kLast;
   pool_.SetEventLog(&cache_events_);
-  metrics_.time_to_first_token = Histogram(LatencyBounds());
-  metrics_.inter_token_latency = Histogram(LatencyBounds());
-  metrics_.e2e_request_latency = Histogram(LatencyBounds());
+  metrics_.time_to_first_token = Histogram(LatencyBucketBounds());
+  metrics_.inter_token_latency = Histogram(LatencyBucketBounds());
+  metrics_.e2e_request_latency = Histogram(LatencyBucketBounds());
 }
 
 Engine::~Engine() {

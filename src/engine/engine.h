@@ -40,6 +40,9 @@ struct EngineConfig {
   int64_t num_speculative_tokens = 0;
 };
 
+// The latency histograms' bucket bounds in seconds (vLLM's, for TTFT, ITL and end-to-end).
+std::vector<double> LatencyBucketBounds();
+
 struct Histogram {
   std::vector<double> bounds;
   std::vector<int64_t> counts;  // per bound (≤ bound), then +Inf

@@ -58,7 +58,9 @@ struct Router::Target {
   std::unordered_map<uint64_t, double> pending;
   grpc::ClientContext* mirror_context = nullptr;
   int64_t in_flight = 0, routed_total = 0, failovers_from = 0;
-  bool draining = false;  // by the admin
+  bool draining = false;        // by the admin
+  int64_t last_steps = -1;      // Load.steps_total, for forward progress
+  double steps_changed_at = 0;  // when it last moved
 };
 
 struct Router::Flight {
@@ -73,6 +75,9 @@ struct Router::Flight {
 };
 
 Router::Router(RouterOptions options) : options_(std::move(options)) {
+  latency_.time_to_first_token = Histogram(LatencyBucketBounds());
+  latency_.inter_token_latency = Histogram(LatencyBucketBounds());
+  latency_.e2e_request_latency = Histogram(LatencyBucketBounds());
   for (const std::string& address : options_.engines) {
     auto target = std::make_unique<Target>();
     target->address = address;
@@ -171,6 +176,13 @@ void Router::Probe(Target& target) {
                  load.last_step_age_seconds() > options_.stall_timeout_seconds) {
         if (target.healthy)
           MarkFailed(target, fmt::format("a step has run {:.1f} s", load.last_step_age_seconds()));
+      } else if (load.steps_total() == target.last_steps && load.running() + load.waiting() > 0 &&
+                 NowSeconds() - target.steps_changed_at > options_.stall_timeout_seconds) {
+        // Work to do and no step completed for the stall timeout: stuck between steps.
+        if (target.healthy)
+          MarkFailed(target, fmt::format("no step for {:.1f} s with {} requests",
+                                         NowSeconds() - target.steps_changed_at,
+                                         load.running() + load.waiting()));
       } else if (health.state() == pb::HealthResponse::DRAINING) {
         target.healthy = false;  // finishes what it has; gets nothing new
       } else if (NowSeconds() >= target.ejected_until) {
@@ -187,6 +199,10 @@ void Router::Probe(Target& target) {
       if (l.ok()) {
         target.load = load;
         target.sent_since_load = 0;
+        if (load.steps_total() != target.last_steps || load.running() + load.waiting() == 0) {
+          target.last_steps = load.steps_total();
+          target.steps_changed_at = NowSeconds();
+        }
       }
     }
     std::this_thread::sleep_for(interval);
@@ -357,12 +373,32 @@ void Router::Fly(Flight& flight) {
   int avoid = -1;
   int failovers = 0;
   std::string last_error;
+  const double arrival = NowSeconds();
+  double last_token = 0;
+  // The client's view of latency, recorded as the router forwards: TTFT, between tokens, whole.
+  auto deliver = [&](RequestEvent event) {
+    const double now = NowSeconds();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!event.token_ids.empty()) {
+      if (last_token == 0) {
+        latency_.time_to_first_token.Observe(now - arrival);
+      } else {
+        latency_.inter_token_latency.Observe(now - last_token);
+      }
+      last_token = now;
+    }
+    if (event.finish_reason) {
+      latency_.e2e_request_latency.Observe(now - arrival);
+      ++latency_.finished_by_reason[*event.finish_reason];
+    }
+    flight.client->Push(std::move(event));
+  };
   auto finish = [&](RequestEvent event) {
     if (!flight.sent_first) {
       event.first = true;
       event.prompt_tokens = static_cast<int64_t>(request.prompt.size());
     }
-    flight.client->Push(std::move(event));
+    deliver(std::move(event));
   };
   while (true) {
     if (flight.aborted) {
@@ -451,7 +487,7 @@ void Router::Fly(Flight& flight) {
       }
       if (event.first) flight.sent_first = true;
       finished = event.finish_reason.has_value();
-      flight.client->Push(std::move(event));
+      deliver(std::move(event));
     }
     grpc::Status status = reader->Finish();
     if (!garbage.empty()) status = grpc::Status(grpc::StatusCode::DATA_LOSS, garbage);
@@ -512,6 +548,10 @@ void Router::Abort(const std::string& id) {
 EngineMetrics Router::Metrics() const {
   std::lock_guard<std::mutex> lock(mutex_);
   EngineMetrics m;
+  m.time_to_first_token = latency_.time_to_first_token;
+  m.inter_token_latency = latency_.inter_token_latency;
+  m.e2e_request_latency = latency_.e2e_request_latency;
+  m.finished_by_reason = latency_.finished_by_reason;
   m.healthy = false;
   for (const auto& t : targets_) {
     if (!t->healthy) continue;

@@ -96,6 +96,7 @@ class Router : public RequestFrontend {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> failovers_total_{0};
   uint64_t rotation_ = 0;
+  EngineMetrics latency_;  // the router's own histograms and finish counts (guarded by mutex_)
   bool stopped_ = false;
 };
 

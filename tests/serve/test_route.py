@@ -166,7 +166,9 @@ def http_get(url):
 
 def test_bad_input_through_the_router_gets_the_servers_errors(instances):
     ports, procs = instances
-    router = start_router(ports, "cache_aware")
+    # One "instance" is an HTTP port, not the gRPC API: it answers garbage to every probe and is
+    # never trusted; the three real ones serve.
+    router = start_router(ports + [procs[0].port], "cache_aware")
     try:
         import urllib.error
         import urllib.request
@@ -187,8 +189,17 @@ def test_bad_input_through_the_router_gets_the_servers_errors(instances):
             direct = post(procs[1].url, body)
             assert via_router[0] == direct[0] == 400, (via_router, direct)
             assert via_router[1]["error"]["message"] == direct[1]["error"]["message"]
-        ok = post(router.url, {"model": "sy-test", "prompt": "ROMEO:", "max_tokens": 3})
-        assert ok[0] == 200
+        for i in range(6):
+            ok = post(router.url, {"model": "sy-test", "prompt": f"ROMEO {i}:", "max_tokens": 3})
+            assert ok[0] == 200
+        status, engines = http_get(router.url + "/admin/engines")
+        states = json.loads(engines)["engines"]
+        assert [e["healthy"] for e in states] == [True, True, True, False]
+        assert states[3]["routed_total"] == 0
+        # The router's own latency histograms: what its clients saw.
+        m = router.metrics()
+        assert m['switchyard:time_to_first_token_seconds_count{model_name="sy-test"}'] >= 6
+        assert m['switchyard:request_success_total{model_name="sy-test",finished_reason="length"}'] >= 6
     finally:
         assert router.stop() == 0, "".join(router.log)
 
