@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/verbs.h"
+#include "kernels/cpu/fast_linear.h"
 #include "model/synthetic.h"
 #include "tokenizer/embedded_tokenizers.h"
 
@@ -46,6 +47,19 @@ TextCodec LoadTextCodecOrFail(const std::string& directory, const std::string& t
   auto codec = TextCodec::Load(directory, tokenizer_path);
   if (!codec.ok()) FailVerb(codec.status().message());
   return std::move(codec).value();
+}
+
+void AddBatchInvariantOption(CLI::App* verb, bool& flag) {
+  verb->add_flag("--batch-invariant", flag,
+                 "Outputs independent of batching and recomputation: f32 products and absorbed "
+                 "attention everywhere (slower prefill)");
+}
+
+void ApplyBatchInvariant(bool on, ForwardOptions& options) {
+  if (!on) return;
+  kernels::GlobalKernelOptions().allow_bf16_gemm = false;
+  kernels::SplitKEnabled() = false;
+  options.attention = AttentionForm::kAbsorbed;
 }
 
 void AddSpeculativeOptions(CLI::App* verb, SpeculativeArgs& args) {

@@ -28,6 +28,14 @@ DType KvDTypeOrFail(const std::string& name);
 // fails the verb with the loader's message.
 TextCodec LoadTextCodecOrFail(const std::string& directory, const std::string& tokenizer_path = "");
 
+// --batch-invariant (generate and serve): every step's arithmetic the same for a row whatever
+// else is in the batch — f32 products (no bf16 GEMM, no split-K; panel tiles sum in one order for
+// any row count) and absorbed attention for prompts too — so a request's tokens and
+// log-probabilities are bit-identical alone or among others, and after a recomputation.
+void AddBatchInvariantOption(CLI::App* verb, bool& flag);
+// Sets the kernels' global options and the step's attention form when `on`.
+void ApplyBatchInvariant(bool on, ForwardOptions& options);
+
 // --speculative mtp [--num-speculative-tokens K], for generate and serve.
 struct SpeculativeArgs {
   std::string method;  // "" (off) or "mtp"

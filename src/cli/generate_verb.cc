@@ -25,6 +25,7 @@ struct GenerateArgs {
   bool ignore_eos = false;
   std::string kv_dtype = "bf16";
   SpeculativeArgs speculative;
+  bool batch_invariant = false;
   ParallelArgs parallel;
 };
 
@@ -89,6 +90,9 @@ void RunGenerate(const GenerateArgs& args) {
   decode_options.ignore_eos = args.ignore_eos;
   decode_options.speculative_tokens = K;
   decode_options.kv_dtype = KvDTypeOrFail(args.kv_dtype);
+  ForwardOptions invariant;
+  ApplyBatchInvariant(args.batch_invariant, invariant);
+  decode_options.attention = invariant.attention;
   const BatchDecodeResult result = BatchDecode(run, prompts, decode_options);
   const std::vector<std::vector<int32_t>>& generated = result.generated;
   const int64_t decode_steps = result.decode_steps;
@@ -178,6 +182,7 @@ void AddGenerateVerb(CLI::App& app) {
   verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")
       ->check(CLI::IsMember({"bf16", "f32"}));
   AddSpeculativeOptions(verb, args->speculative);
+  AddBatchInvariantOption(verb, args->batch_invariant);
   AddParallelOptions(verb, args->parallel);
   verb->callback([args] { RunGenerate(*args); });
 }

@@ -9,7 +9,6 @@
 #include "cli/parallel_setup.h"
 #include "cli/verbs.h"
 #include "engine/engine.h"
-#include "kernels/cpu/fast_linear.h"
 #include "serve/cluster.h"
 #include "serve/grpc_service.h"
 #include "serve/http_server.h"
@@ -147,12 +146,6 @@ void RunServe(const ServeArgs& args) {
                          codec.tokenizer->source(), codec.tokenizer->vocab_size(),
                          config.vocab_size));
   const DType kv_dtype = KvDTypeOrFail(args.kv_dtype);
-  if (args.batch_invariant) {
-    // f32 products for every batch: a request's tokens do not depend on what shares its steps
-    // (nor on a recomputation), at the cost of the bf16 prefill GEMM's speed.
-    kernels::GlobalKernelOptions().allow_bf16_gemm = false;
-    kernels::SplitKEnabled() = false;
-  }
   // The cache: as asked, or 64 Ki tokens kept under 4 GiB.
   const int64_t speculative_tokens = SpeculativeTokensOrFail(args.speculative, model);
   int64_t cache_tokens = args.kv_cache_tokens;
@@ -175,9 +168,7 @@ void RunServe(const ServeArgs& args) {
     FailVerb(fmt::format("--max-model-len {} exceeds the model's {} positions", args.max_model_len,
                          config.max_position_embeddings));
   ForwardOptions forward_options = run.Options();
-  // Batch-invariant serving also computes prompts in the absorbed form decode uses: a request
-  // recomputed from prompt + output (preemption, failover) gets back the very rows decoding made.
-  if (args.batch_invariant) forward_options.attention = AttentionForm::kAbsorbed;
+  ApplyBatchInvariant(args.batch_invariant, forward_options);
   Engine engine(model, cache, *codec.tokenizer, forward_options, engine_config);
   if (comm.size() > 1) return RunCluster(args, run, engine, codec, cache_tokens, engine_config);
 
@@ -234,9 +225,7 @@ void AddServeVerb(CLI::App& app) {
   verb->add_option("--step-timeout", args->step_timeout,
                    "Seconds one step may take before /health reports unhealthy")
       ->check(CLI::Range(1.0, 1e6));
-  verb->add_flag("--batch-invariant", args->batch_invariant,
-                 "f32 products and absorbed attention for every step: outputs independent of "
-                 "batching and recomputation (slower prefill)");
+  AddBatchInvariantOption(verb, args->batch_invariant);
   verb->add_option("--grpc-port", args->grpc_port,
                    "Also serve the gRPC instance API (proto/switchyard/v1/engine.proto) on this "
                    "port (0: any free port)")

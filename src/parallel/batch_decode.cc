@@ -31,6 +31,7 @@ BatchDecodeResult BatchDecode(const ParallelRun& run,
   std::vector<std::vector<int32_t>> drafts(count);
   ForwardOptions forward_options = run.Options();
   forward_options.logit_rows = LogitRows::kLast;
+  forward_options.attention = options.attention;
   std::vector<float> logits, hidden, mtp_logits, mtp_hidden;
   auto forward = [&](const ForwardBatch& batch) {
     Status status =

@@ -16,6 +16,7 @@ struct BatchDecodeOptions {
   bool ignore_eos = false;
   int64_t speculative_tokens = 0;  // MTP drafts per step (0: off; the model must have MTP)
   DType kv_dtype = DType::kBF16;
+  AttentionForm attention = AttentionForm::kAuto;  // kAbsorbed under --batch-invariant
 };
 
 // This rank's results; sums over ranks are the caller's (the counts are collective-free).
