@@ -96,8 +96,8 @@ void RunGenerate(const GenerateArgs& args) {
   const BatchDecodeResult result = BatchDecode(run, prompts, decode_options);
   const std::vector<std::vector<int32_t>>& generated = result.generated;
   const int64_t decode_steps = result.decode_steps;
-  const double start = 0, prefill_done = result.prefill_seconds,
-               end = result.prefill_seconds + result.decode_seconds;
+  const double prefill_seconds = result.prefill_seconds, decode_seconds = result.decode_seconds;
+  const double total_seconds = prefill_seconds + decode_seconds;
 
   // Rank 0 prints every sequence in input order.
   std::vector<std::vector<int32_t>> ordered = GatherSequencesToRoot(run, generated);
@@ -111,7 +111,6 @@ void RunGenerate(const GenerateArgs& args) {
   int64_t total_generated = 0;
   for (size_t s = 0; s < count; ++s)
     total_generated += static_cast<int64_t>(ordered[s].size());
-  const double decode_seconds = end - prefill_done;
   if (args.json) {
     nlohmann::json outputs = nlohmann::json::array();
     for (size_t s = 0; s < count; ++s)
@@ -121,7 +120,7 @@ void RunGenerate(const GenerateArgs& args) {
            {"token_ids", ordered[s]}});
     nlohmann::json report = {
         {"outputs", outputs},
-        {"prefill_seconds", prefill_done - start},
+        {"prefill_seconds", prefill_seconds},
         {"decode_tokens_per_second", total_decoded / std::max(decode_seconds, 1e-9)},
         {"mtp", nullptr}};
     if (K > 0) {
@@ -151,8 +150,8 @@ void RunGenerate(const GenerateArgs& args) {
       "generated %lld tokens for %zu sequences in %.3f s: %.1f tok/s overall; prefill %.3f s; "
       "decode %.1f "
       "tok/s over %lld steps on %d rank(s)\n",
-      static_cast<long long>(total_generated), count, end - start,
-      total_generated / std::max(end - start, 1e-9), prefill_done - start,
+      static_cast<long long>(total_generated), count, total_seconds,
+      total_generated / std::max(total_seconds, 1e-9), prefill_seconds,
       total_decoded / std::max(decode_seconds, 1e-9), static_cast<long long>(decode_steps),
       comm.size());
   if (K > 0)

@@ -1,7 +1,7 @@
 // Deterministic synthetic checkpoints (random weights) in the Hugging Face layout: the small
 // model the tests run on and benchmark models. (The default model, models/default, is trained:
-// tools/train_default_model.py.) Initialization follows the spec's test recipe (§9.2) so that routing
-// and attention are far from uniform.
+// tools/train_default_model.py.) Initialization follows the spec's test recipe (§9.2) so that
+// routing and attention are far from uniform.
 #pragma once
 
 #include <cstdint>

@@ -124,6 +124,7 @@ Status Router::Start(double seconds) {
   if (first == nullptr)
     return Status::Errorf("none of the {} instances answered within {:.0f} s", targets_.size(),
                           seconds);
+  page_size_ = first->health.page_size();
   return Status::Ok();
 }
 
@@ -414,19 +415,17 @@ void Router::Fly(Flight& flight) {
     attempt.resumed_tokens = static_cast<int64_t>(flight.generated.size());
     grpc::ClientContext context;
     int chosen = -1;
+    // The prompt's page hashes, outside the lock.
+    std::vector<uint64_t> hashes;
+    uint64_t hash = 0;
+    const int64_t n = static_cast<int64_t>(attempt.prompt.size());
+    for (int64_t p = 0; (p + 1) * page_size_ <= n - 1; ++p) {
+      hash = PagePool::ChainHash(
+          hash, std::span<const int32_t>(attempt.prompt.data() + p * page_size_, page_size_));
+      hashes.push_back(hash);
+    }
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      int64_t page_size = 16;
-      for (const auto& t : targets_)
-        if (t->health.page_size() > 0) page_size = t->health.page_size();
-      std::vector<uint64_t> hashes;
-      uint64_t hash = 0;
-      const int64_t n = static_cast<int64_t>(attempt.prompt.size());
-      for (int64_t p = 0; (p + 1) * page_size <= n - 1; ++p) {
-        hash = PagePool::ChainHash(
-            hash, std::span<const int32_t>(attempt.prompt.data() + p * page_size, page_size));
-        hashes.push_back(hash);
-      }
       const double deadline = NowSeconds() + options_.failover_wait_seconds;
       while ((chosen = Pick(hashes, n, avoid)) < 0 && !stopping_ && !flight.aborted &&
              NowSeconds() < deadline)

@@ -96,7 +96,8 @@ class Router : public RequestFrontend {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> failovers_total_{0};
   uint64_t rotation_ = 0;
-  EngineMetrics latency_;  // the router's own histograms and finish counts (guarded by mutex_)
+  int64_t page_size_ = 16;  // the instances' (checked alike at Start), for prompt page hashes
+  EngineMetrics latency_;   // the router's own histograms and finish counts (guarded by mutex_)
   bool stopped_ = false;
 };
 

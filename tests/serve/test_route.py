@@ -102,6 +102,36 @@ def test_cache_aware_routing_reuses_prefixes_round_robin_does_not(instances):
     assert ca_computed < rr_computed
 
 
+def streams_interrupted(client, prompts, args, interrupt):
+    """Streams every prompt at once; once each has sent 5 chunks, calls interrupt(); returns each
+    stream's (text, finish reason)."""
+    chunks = [0] * len(prompts)
+
+    def stream(i):
+        text, finish = "", None
+        for c in client.completions.create(prompt=prompts[i], stream=True, **args):
+            text += c.choices[0].text
+            finish = c.choices[0].finish_reason or finish
+            chunks[i] += 1
+        return text, finish
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        futures = [pool.submit(stream, i) for i in range(len(prompts))]
+        deadline = time.time() + 120
+        while min(chunks) < 5 and time.time() < deadline:
+            time.sleep(0.01)
+        interrupt()
+        return [f.result(timeout=300) for f in futures]
+
+
+def readmitted(router, address, timeout=60):
+    """Waits for the router's second 'ADDRESS serving' line: the instance is back in use."""
+    deadline = time.time() + timeout
+    while "".join(router.log).count(f"{address} serving") < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    return "".join(router.log).count(f"{address} serving") >= 2
+
+
 def test_kill_9_under_load_loses_nothing_and_the_instance_is_readmitted(instances):
     ports, procs = instances
     router = start_router(ports, "round_robin")  # two streams on each instance, for certain
@@ -115,24 +145,11 @@ def test_kill_9_under_load_loses_nothing_and_the_instance_is_readmitted(instance
             reference = list(pool.map(
                 lambda p: client.completions.create(prompt=p, **args).choices[0].text, prompts))
 
-        chunks = [0] * len(prompts)
-
-        def stream(i):
-            text, finish = "", None
-            for c in client.completions.create(prompt=prompts[i], stream=True, **args):
-                text += c.choices[0].text
-                finish = c.choices[0].finish_reason or finish
-                chunks[i] += 1
-            return text, finish
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
-            futures = [pool.submit(stream, i) for i in range(len(prompts))]
-            deadline = time.time() + 120
-            while min(chunks) < 5 and time.time() < deadline:
-                time.sleep(0.01)
-            procs[0].process.kill()  # kill -9, streams in flight
+        def kill():  # kill -9, streams in flight
+            procs[0].process.kill()
             procs[0].process.wait()
-            results = [f.result(timeout=300) for f in futures]
+
+        results = streams_interrupted(client, prompts, args, kill)
         for i, (text, finish) in enumerate(results):
             assert finish == "length", i
             assert text == reference[i], f"stream {i} differs after the failover"
@@ -142,9 +159,7 @@ def test_kill_9_under_load_loses_nothing_and_the_instance_is_readmitted(instance
 
         # The instance comes back on its port: the router readmits it and sends it work.
         procs[0] = start_instance(ports[0])
-        deadline = time.time() + 60
-        while "".join(router.log).count(f"127.0.0.1:{ports[0]} serving") < 2 and time.time() < deadline:
-            time.sleep(0.1)
+        readmitted(router, f"127.0.0.1:{ports[0]}")
         for i in range(6):
             client.completions.create(model="sy-test", prompt=f"Again {i}", max_tokens=4)
         assert procs[0].metric("generation_tokens_total") > 0
@@ -212,31 +227,14 @@ def test_a_hung_instance_is_ejected_its_streams_move_and_it_comes_back(instances
         prompts = ["JULIET: O Romeo", "HAMLET: Words", "KING HENRY: Now"]
         args = dict(model="sy-test", max_tokens=500, temperature=0, extra_body={"ignore_eos": True})
         reference = [client.completions.create(prompt=p, **args).choices[0].text for p in prompts]
-        chunks = [0] * len(prompts)
-
-        def stream(i):
-            text = ""
-            for c in client.completions.create(prompt=prompts[i], stream=True, **args):
-                text += c.choices[0].text
-                chunks[i] += 1
-            return text
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
-            futures = [pool.submit(stream, i) for i in range(3)]
-            deadline = time.time() + 120
-            while min(chunks) < 5 and time.time() < deadline:
-                time.sleep(0.01)
-            procs[2].process.send_signal(signal.SIGSTOP)  # hangs: no probe answers, no tokens
-            try:
-                texts = [f.result(timeout=300) for f in futures]
-            finally:
-                procs[2].process.send_signal(signal.SIGCONT)
-        assert texts == reference
+        try:  # hangs: no probe answers, no tokens
+            results = streams_interrupted(
+                client, prompts, args, lambda: procs[2].process.send_signal(signal.SIGSTOP))
+        finally:
+            procs[2].process.send_signal(signal.SIGCONT)
+        assert [text for text, _ in results] == reference
         assert f"127.0.0.1:{ports[2]} ejected" in "".join(router.log)
-        deadline = time.time() + 60
-        while "".join(router.log).count(f"127.0.0.1:{ports[2]} serving") < 2 and time.time() < deadline:
-            time.sleep(0.1)
-        assert "".join(router.log).count(f"127.0.0.1:{ports[2]} serving") >= 2, "".join(router.log)
+        assert readmitted(router, f"127.0.0.1:{ports[2]}"), "".join(router.log)
     finally:
         assert router.stop() == 0, "".join(router.log)
 
@@ -389,23 +387,9 @@ def test_instances_on_two_emulated_hosts_and_the_router_on_a_third():
                    "JULIET: O Romeo"]
         args = dict(model="sy-test", max_tokens=300, temperature=0, extra_body={"ignore_eos": True})
         reference = [direct.completions.create(prompt=p, **args).choices[0].text for p in prompts]
-        chunks = [0] * len(prompts)
-
-        def stream(i):
-            text = ""
-            for c in client.completions.create(prompt=prompts[i], stream=True, **args):
-                text += c.choices[0].text
-                chunks[i] += 1
-            return text
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-            futures = [pool.submit(stream, i) for i in range(len(prompts))]
-            deadline = time.time() + 120
-            while min(chunks) < 5 and time.time() < deadline:
-                time.sleep(0.01)
-            procs[0].process.kill()  # host 0's instance dies; its streams cross to host 1
-            texts = [f.result(timeout=300) for f in futures]
-        assert texts == reference
+        # Host 0's instance dies; its streams cross to host 1.
+        results = streams_interrupted(client, prompts, args, procs[0].process.kill)
+        assert [text for text, _ in results] == reference
         assert "10.77.0.1:50051 ejected" in "".join(router.log)
     finally:
         for p in procs:
