@@ -15,12 +15,18 @@ struct InitModelArgs {
   bool bf16 = false;
   std::string preset = "small";
   int mtp_layers = -1;  // -1: the preset's
+  int64_t kv_lora_rank = 0;  // 0: the preset's
+  int64_t qk_rope_head_dim = 0;
 };
 
 void RunInitModel(const InitModelArgs& args) {
   ModelConfig config = args.preset == "bench" ? BenchModelConfig() : SmallModelConfig();
   if (args.bf16) config.fp8_weights = false;
   if (args.mtp_layers >= 0) config.num_nextn_predict_layers = args.mtp_layers;
+  // Other engines' MLA kernels are built for DeepSeek-V3's latent width (vLLM's CPU build: 512 +
+  // 64 only), so a side-by-side needs the bench shapes with that latent.
+  if (args.kv_lora_rank > 0) config.kv_lora_rank = args.kv_lora_rank;
+  if (args.qk_rope_head_dim > 0) config.qk_rope_head_dim = args.qk_rope_head_dim;
   SyntheticOptions options;
   options.seed = args.seed;
   Status status = WriteSyntheticCheckpoint(config, args.out, options);
@@ -48,6 +54,12 @@ void AddInitModelVerb(CLI::App& app) {
           "--mtp-layers", args->mtp_layers,
           "MTP modules (num_nextn_predict_layers; default: the preset's, 1 small, 0 bench)")
       ->check(CLI::Range(0, 1));
+  verb->add_option("--kv-lora-rank", args->kv_lora_rank,
+                   "Latent cache width (kv_lora_rank; default: the preset's)")
+      ->check(CLI::Range(int64_t{16}, int64_t{4096}));
+  verb->add_option("--qk-rope-head-dim", args->qk_rope_head_dim,
+                   "Decoupled RoPE width per head (even; default: the preset's)")
+      ->check(CLI::Range(int64_t{2}, int64_t{512}));
   verb->callback([args] { RunInitModel(*args); });
 }
 
