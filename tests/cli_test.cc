@@ -24,8 +24,8 @@ TEST(CliTest, LogitsDecodeFromMatchesTheReference) {
   std::string out = testing::TempDirectory("cli_logits") + "/logits.bin";
   std::string output;
   int status =
-      RunCommand(Binary() + " --threads 2 logits --model " + fixture.directory + " --tokens '" +
-                     fixture.tokens_text + "' --out " + out + " --decode-from 4",
+      RunCommand(Binary() + " --threads 2 --f32-products logits --model " + fixture.directory +
+                     " --tokens '" + fixture.tokens_text + "' --out " + out + " --decode-from 4",
                  &output);
   ASSERT_EQ(status, 0) << output;
   std::string bytes = testing::ReadFile(out);

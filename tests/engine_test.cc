@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "engine/engine.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/fast_linear.h"
 #include "model/synthetic.h"
 #include "test_support.h"
@@ -37,6 +38,12 @@ const Setup& DefaultModel() {
     // would change rounding, and the random model's routing amplifies it).
     kernels::GlobalKernelOptions().allow_bf16_gemm = false;
     kernels::SplitKEnabled() = false;
+    // f32 products too: a request recomputed after preemption runs its prompt through the
+    // expanded attention form, decode through the absorbed one; in f32 the two agree to ~1e-6,
+    // while rounding activations to bf16 (the dot kernel) can turn that into a flipped near-tie
+    // on this random model. The dot kernel with one attention form is tested below
+    // (PreemptionOnTheBf16DotPathLosesNothing) and in bf16_dot_test.
+    kernels::GlobalKernelOptions().bf16_dot = false;
     const std::string dir = testing::TempDirectory("engine_model");
     EXPECT_TRUE(WriteSyntheticCheckpoint(SmallModelConfig(), dir).ok());
     EXPECT_TRUE(WriteEmbeddedTokenizer("default", dir).ok());
@@ -56,11 +63,13 @@ const Setup& TrainedModel() {
 
 // Greedy tokens of one prompt decoded alone, straight through Model::Forward.
 std::vector<int32_t> GreedyAlone(const std::vector<int32_t>& prompt, int64_t count,
-                                 const Setup& setup = DefaultModel()) {
+                                 const Setup& setup = DefaultModel(),
+                                 AttentionForm form = AttentionForm::kAuto) {
   const Model& model = *setup.model;
   LatentCache cache = model.NewCache(static_cast<int64_t>(prompt.size()) + count, 1, DType::kF32);
   SequenceCache seq;
   ForwardOptions options;
+  options.attention = form;
   options.logit_rows = LogitRows::kLast;
   std::vector<float> logits;
   std::vector<int32_t> out;
@@ -117,10 +126,11 @@ struct Harness {
   LatentCache cache;
   Engine engine;
   // With config.num_speculative_tokens > 0 the cache has the MTP layer.
-  Harness(int64_t cache_tokens, EngineConfig config, const Setup& setup = DefaultModel())
+  Harness(int64_t cache_tokens, EngineConfig config, const Setup& setup = DefaultModel(),
+          ForwardOptions forward = {})
       : cache(setup.model->NewCache(cache_tokens, 1, DType::kF32, 16,
                                     config.num_speculative_tokens > 0)),
-        engine(*setup.model, cache, *setup.tokenizer, ForwardOptions{}, config) {}
+        engine(*setup.model, cache, *setup.tokenizer, forward, config) {}
   std::shared_ptr<RequestStream> Submit(std::string id, std::vector<int32_t> prompt,
                                         SamplingParams params) {
     SubmitError error;
@@ -203,6 +213,34 @@ TEST(EngineTest, PreemptionUnderPagePressureLosesNothing) {
   auto metrics = h.engine.Metrics();
   EXPECT_GT(metrics.preemptions_total, 0);
   EXPECT_EQ(metrics.used_pages, 0);
+}
+
+// The serving default on CPUs with AVX-512 BF16: the bf16 dot kernel, whose rows do not depend on
+// the batch. With one attention form for prompts and decode (absorbed, as --batch-invariant
+// asks), a preempted and recomputed request gives the tokens of the request decoded alone.
+TEST(EngineTest, PreemptionOnTheBf16DotPathLosesNothing) {
+  if (!kernels::HasBf16Dot()) GTEST_SKIP() << "no AVX-512 BF16 and VBMI on this CPU";
+  DefaultModel();
+  kernels::GlobalKernelOptions().bf16_dot = true;
+  EngineConfig config;
+  config.max_num_batched_tokens = 256;
+  ForwardOptions forward;
+  forward.attention = AttentionForm::kAbsorbed;
+  Harness h(16 * 14, config, DefaultModel(), forward);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(Prompt(30 + i * 5, 40 + i));
+    streams.push_back(h.Submit("d" + std::to_string(i), prompts.back(), Greedy(30)));
+  }
+  h.RunToIdle();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Collected c = Collect(*streams[i]);
+    EXPECT_EQ(c.tokens, GreedyAlone(prompts[i], 30, DefaultModel(), AttentionForm::kAbsorbed))
+        << "request " << i;
+  }
+  EXPECT_GT(h.engine.Metrics().preemptions_total, 0);
+  kernels::GlobalKernelOptions().bf16_dot = false;
 }
 
 TEST(EngineTest, SeededSamplingDoesNotDependOnTheBatch) {

@@ -67,8 +67,12 @@ TEST_P(ExpertParallelTest, LogitsMatchTheSingleProcessRun) {
       std::to_string(c.decode_from) + c.split + c.progress);
   const std::string decode =
       c.decode_from < 0 ? "" : " --decode-from " + std::to_string(c.decode_from);
-  const std::string args =
-      " logits --model " + fixture.directory + " --tokens '" + fixture.tokens_text + "'" + decode;
+  // With f32 rows on the wire the bar is exact arithmetic, so products keep f32 activations too:
+  // rounding them to bf16 (the default kernel) turns the TP split's 1e-7 differences in o_proj's
+  // sums into bf16 rounding flips. bf16 and fp8 wires run the default kernel.
+  const std::string products = c.wire == "f32" ? " --f32-products" : "";
+  const std::string args = products + " logits --model " + fixture.directory + " --tokens '" +
+                           fixture.tokens_text + "'" + decode;
   std::string output;
   ASSERT_EQ(RunCommand(std::string(testing::kBinary) + " --threads 1" + args + " --out " + dir +
                            "/one.bin",
@@ -144,8 +148,9 @@ class ExpertParallelFixtures : public ::testing::TestWithParam<std::string> {};
 TEST_P(ExpertParallelFixtures, EveryFixtureMatchesTheSingleProcessRun) {
   auto fixture = testing::LoadFixture(GetParam());
   const std::string dir = testing::TempDirectory("ep_fixture_" + GetParam());
-  const std::string args = " --threads 1 logits --model " + fixture.directory + " --tokens '" +
-                           fixture.tokens_text + "' --decode-from 3 --kv-dtype f32";
+  // f32 everywhere (cache, wire, products): the single-process and HF bars are exact arithmetic.
+  const std::string args = " --threads 1 --f32-products logits --model " + fixture.directory +
+                           " --tokens '" + fixture.tokens_text + "' --decode-from 3 --kv-dtype f32";
   std::string output;
   ASSERT_EQ(
       RunCommand(std::string(testing::kBinary) + args + " --out " + dir + "/one.bin", &output), 0)

@@ -18,6 +18,14 @@
 namespace sy {
 namespace {
 
+// These tests hold the f32 panel kernel and the bf16 GEMM to their references; the bf16 dot
+// kernel, which would otherwise take fp8 and bf16 weights on CPUs that have it, has its own
+// (bf16_dot_test.cc).
+const bool kDotKernelOff = [] {
+  kernels::GlobalKernelOptions().bf16_dot = false;
+  return true;
+}();
+
 struct OwnedMatrix {
   std::vector<uint8_t> bytes;
   std::vector<float> scales;

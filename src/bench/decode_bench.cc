@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "base/clock.h"
 #include "model/model.h"
@@ -50,12 +53,32 @@ double StepBytes(const Model& model, int64_t batch, int64_t context) {
   return bytes;
 }
 
+// VmRSS of this process, in bytes (0 where /proc is not there).
+double ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024;
+  return 0;
+}
+
+double CheckpointBytes(const std::string& directory) {
+  double bytes = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(directory, error))
+    if (entry.path().extension() == ".safetensors")
+      bytes += static_cast<double>(entry.file_size(error));
+  return bytes;
+}
+
 }  // namespace
 
 Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir,
                                               const MachinePeaks& peaks,
                                               const DecodeBenchOptions& options) {
   SY_ASSIGN_OR_RETURN(auto model, Model::Load(model_dir));
+  const double rss_after_load = ResidentBytes();
+  const double checkpoint = CheckpointBytes(model_dir);
   const ModelConfig& c = model->config();
   std::vector<DecodeResult> results;
   for (int64_t batch : options.batches) {
@@ -93,6 +116,11 @@ Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir,
     r.tokens_per_second = batch / step_seconds[step_seconds.size() / 2];
     r.bytes_per_step = StepBytes(*model, batch, options.prompt_len + options.steps / 2);
     r.bound_tokens_per_second = batch / (r.bytes_per_step / (peaks.read_gbps * 1e9));
+    r.checkpoint_bytes = checkpoint;
+    r.rss_after_load_bytes = rss_after_load;
+    r.rss_after_batch_bytes = ResidentBytes();
+    r.cache_bytes = static_cast<double>(batch) * (options.prompt_len + options.steps + 1) *
+                    c.latent_cache_width() * 2 * c.num_hidden_layers;
     results.push_back(r);
   }
   return results;
@@ -108,6 +136,16 @@ std::string DecodeResultsTable(const MachinePeaks& peaks,
     out += fmt::format("{:>6} {:>12.1f} {:>14.1f} {:>16.1f} {:>9.0f}%\n", r.batch,
                        r.tokens_per_second, r.bytes_per_step / 1e6, r.bound_tokens_per_second,
                        100 * r.tokens_per_second / r.bound_tokens_per_second);
+  if (!results.empty()) {
+    const DecodeResult& first = results.front();
+    out += fmt::format(
+        "memory: checkpoint {:.2f} GB; resident after load {:.2f} GB ({:.2f}x the checkpoint)\n",
+        first.checkpoint_bytes / 1e9, first.rss_after_load_bytes / 1e9,
+        first.rss_after_load_bytes / std::max(1.0, first.checkpoint_bytes));
+    for (const auto& r : results)
+      out += fmt::format("  batch {:>3}: resident {:.2f} GB with its {:.3f} GB latent cache\n",
+                         r.batch, r.rss_after_batch_bytes / 1e9, r.cache_bytes / 1e9);
+  }
   return out;
 }
 

@@ -16,6 +16,12 @@ struct DecodeResult {
   double tokens_per_second = 0;
   double bytes_per_step = 0;
   double bound_tokens_per_second = 0;  // batch / (bytes_per_step / read bandwidth)
+  // Memory: the checkpoint's files, resident memory right after loading, and after this batch
+  // ran (the latent cache for its tokens allocated and in use).
+  double checkpoint_bytes = 0;
+  double rss_after_load_bytes = 0;
+  double rss_after_batch_bytes = 0;
+  double cache_bytes = 0;
 };
 
 struct DecodeBenchOptions {

@@ -9,6 +9,7 @@
 
 #include "base/clock.h"
 #include "base/thread_pool.h"
+#include "bench/onednn_matmul.h"
 #include "bench/random_weights.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
@@ -72,10 +73,11 @@ void BenchLinear(const MachinePeaks& peaks, const KernelBenchOptions& options, c
                                       }) /
                            copies;
     KernelResult r;
-    const bool bf16 = kernels::UseBf16Gemm(m, *weights[0].packed);
+    const std::string path = kernels::KernelPathName(m, *weights[0].packed);
+    const bool bf16 = path != "panel-f32";
     r.kernel = m >= 256 ? "gemm" : "gemv";
     r.weight_dtype = shape.dtype == DType::kF8E4M3 ? "fp8" : "bf16";
-    r.path = fmt::format("{} {}", shape.name, bf16 ? "avx512-bf16" : "panel-f32");
+    r.path = fmt::format("{} {}", shape.name, path);
     r.m = m;
     r.n = shape.n;
     r.k = shape.k;
@@ -112,10 +114,11 @@ void BenchGrouped(const MachinePeaks& peaks, const KernelBenchOptions& options, 
       kernels::GroupedExpertFfn(x.data(), offsets, experts, kHidden, y.data());
     });
     KernelResult r;
-    const bool bf16 = kernels::UseBf16Gemm(rows / groups, *experts[0].gate);
+    const std::string path = kernels::KernelPathName(rows / groups, *experts[0].gate);
+    const bool bf16 = path != "panel-f32";
     r.kernel = "grouped_gemm";
     r.weight_dtype = "fp8";
-    r.path = bf16 ? "avx512-bf16" : "panel-f32";
+    r.path = path;
     r.m = rows;
     r.n = kExpertWidth;
     r.k = kHidden;
@@ -182,6 +185,34 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
   out.push_back(r);
 }
 
+// oneDNN's bf16 matmul on the same shape and row counts, scored against the bf16 peak; each of
+// our rows with that shape and m gets the ratio of its GFLOP/s to oneDNN's.
+void BenchOnednn(const MachinePeaks& peaks, const KernelBenchOptions& options, const Shape& shape,
+                 const std::vector<int64_t>& ms, std::vector<KernelResult>& out) {
+  const double one = static_cast<double>(shape.n) * shape.k * 2;
+  const int copies = static_cast<int>(std::max(1.0, std::ceil(options.stream_bytes / one)));
+  OnednnMatmul onednn(shape.n, shape.k, copies, peaks.threads);
+  for (int64_t m : ms) {
+    KernelResult r;
+    r.seconds = onednn.MedianSeconds(m, options.repetitions);
+    r.kernel = m >= 256 ? "gemm" : "gemv";
+    r.weight_dtype = "bf16";
+    r.path = fmt::format("onednn {}", shape.name);
+    r.implementation = onednn.implementation();
+    r.m = m;
+    r.n = shape.n;
+    r.k = shape.k;
+    r.bytes = one + (static_cast<double>(m) * shape.k * 2 + static_cast<double>(m) * shape.n * 4);
+    r.flops = 2.0 * m * shape.n * shape.k;
+    Score(r, peaks, peaks.bf16_gflops);
+    const std::string ours = fmt::format("{} ", shape.name);
+    for (auto& mine : out)
+      if (mine.m == m && mine.n == shape.n && mine.k == shape.k && mine.path.rfind(ours, 0) == 0)
+        mine.vs_onednn = mine.gflops / r.gflops;
+    out.push_back(r);
+  }
+}
+
 }  // namespace
 
 void Score(KernelResult& r, const MachinePeaks& peaks, double peak_gflops) {
@@ -227,6 +258,17 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
   BenchGrouped(peaks, options, groups, rows, out);
   BenchGrouped(peaks, options, groups, {groups * 256}, out);  // prefill: 256 rows per expert
 
+  if (options.onednn) {
+    // The batched-decode and prefill row counts, where a GEMM library competes.
+    std::vector<int64_t> onednn_m;
+    for (int64_t m : decode_m)
+      if (m >= 8) onednn_m.push_back(m);
+    for (int64_t m : prefill_m)
+      onednn_m.push_back(m);
+    BenchOnednn(peaks, options, shapes[0], onednn_m, out);
+    BenchOnednn(peaks, options, shapes[1], {decode_m.back()}, out);
+  }
+
   for (int64_t q : {1, 2}) {
     for (int64_t batch : options.quick ? std::vector<int64_t>{4} : std::vector<int64_t>{1, 4, 16}) {
       BenchMlaDecode(peaks, options, batch, 5000, q, out);
@@ -254,7 +296,9 @@ std::string KernelResultsJson(const MachinePeaks& peaks, const std::vector<Kerne
                             {"seconds", r.seconds},
                             {"gbps", r.gbps},
                             {"gflops", r.gflops},
-                            {"roofline_fraction", r.roofline_fraction}});
+                            {"roofline_fraction", r.roofline_fraction},
+                            {"vs_onednn", r.vs_onednn},
+                            {"implementation", r.implementation}});
   }
   return j.dump(1) + "\n";
 }
@@ -265,15 +309,22 @@ std::string KernelResultsTable(const MachinePeaks& peaks,
       "machine: read {:.1f} GB/s, triad {:.1f} GB/s, bf16 {:.1f} GFLOP/s, f32 {:.1f} GFLOP/s, {} "
       "threads\n\n",
       peaks.read_gbps, peaks.triad_gbps, peaks.bf16_gflops, peaks.f32_gflops, peaks.threads);
-  out += fmt::format("{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10} {:>8} {:>9} {:>9}\n",
-                     "kernel", "dtype", "path", "m", "n", "k", "groups", "µs", "GB/s", "GFLOP/s",
-                     "roofline");
+  out += fmt::format(
+      "{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10} {:>8} {:>9} {:>9} {:>10}\n", "kernel",
+      "dtype", "path", "m", "n", "k", "groups", "µs", "GB/s", "GFLOP/s", "roofline", "vs onednn");
   for (const auto& r : results) {
     out += fmt::format(
-        "{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10.1f} {:>8.2f} {:>9.2f} {:>8.0f}%\n",
+        "{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10.1f} {:>8.2f} {:>9.2f} {:>8.0f}% "
+        "{:>10}\n",
         r.kernel, r.weight_dtype, r.path, r.m, r.n, r.k, r.groups, r.seconds * 1e6, r.gbps,
-        r.gflops, r.roofline_fraction * 100);
+        r.gflops, r.roofline_fraction * 100,
+        r.vs_onednn > 0 ? fmt::format("{:.2f}x", r.vs_onednn) : std::string());
   }
+  for (const auto& r : results)
+    if (!r.implementation.empty()) {
+      out += fmt::format("oneDNN's implementation: {}\n", r.implementation);
+      break;
+    }
   return out;
 }
 

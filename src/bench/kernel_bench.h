@@ -19,12 +19,16 @@ struct KernelResult {
   double bytes = 0, flops = 0;
   double gbps = 0, gflops = 0;
   double roofline_fraction = 0;
+  // Our rows beside a oneDNN row of the same shape and m: our GFLOP/s over oneDNN's (0: none).
+  double vs_onednn = 0;
+  std::string implementation;  // oneDNN rows: the implementation it chose
 };
 
 struct KernelBenchOptions {
   bool quick = false;
   int repetitions = 5;
   int64_t stream_bytes = 1ll << 30;  // weights cycled per shape: 4× even a 260 MB last-level cache
+  bool onednn = true;                 // oneDNN's bf16 matmul beside ours
 };
 
 std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,

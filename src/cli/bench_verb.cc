@@ -13,6 +13,7 @@ namespace {
 struct BenchKernelsArgs {
   bool quick = false;
   bool json = false;
+  bool onednn = true;
   int repetitions = 5;
 };
 
@@ -28,6 +29,7 @@ void RunBenchKernels(const BenchKernelsArgs& args) {
   // Quick runs cycle 512 MiB of weights per shape: still twice even a 260 MB last-level cache.
   if (args.quick) options.stream_bytes = 512ll << 20;
   options.repetitions = args.repetitions;
+  options.onednn = args.onednn;
   auto results = bench::BenchKernels(peaks, options);
   std::fputs((args.json ? bench::KernelResultsJson(peaks, results)
                         : bench::KernelResultsTable(peaks, results))
@@ -45,6 +47,8 @@ void AddBenchVerb(CLI::App& app) {
       "kernels", "Kernels at DeepSeek-V3 shapes: bandwidth, FLOP/s, roofline fraction");
   k->add_flag("--quick", kernels->quick, "Fewer shapes and repetitions (under two minutes)");
   k->add_flag("--json", kernels->json, "Print one JSON object");
+  k->add_flag("--onednn,!--no-onednn", kernels->onednn,
+              "oneDNN's bf16 matmul beside ours on the batched-decode and prefill shapes (default)");
   k->add_option("--repetitions", kernels->repetitions,
                 "Timed repetitions per result (median reported)")
       ->check(CLI::Range(1, 101));

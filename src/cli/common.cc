@@ -51,7 +51,8 @@ TextCodec LoadTextCodecOrFail(const std::string& directory, const std::string& t
 
 void AddBatchInvariantOption(CLI::App* verb, bool& flag) {
   verb->add_flag("--batch-invariant", flag,
-                 "Outputs independent of batching and recomputation: f32 products and absorbed "
+                 "Outputs independent of batching and recomputation: products whose rows do not "
+                 "depend on the batch (the bf16 dot kernel, or f32 without it) and absorbed "
                  "attention everywhere (slower prefill)");
 }
 

@@ -14,7 +14,7 @@ struct InitModelArgs {
   uint64_t seed = 0;
   bool bf16 = false;
   std::string preset = "small";
-  int mtp_layers = -1;  // -1: the preset's
+  int mtp_layers = -1;       // -1: the preset's
   int64_t kv_lora_rank = 0;  // 0: the preset's
   int64_t qk_rope_head_dim = 0;
 };

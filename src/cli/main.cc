@@ -8,12 +8,14 @@
 #include "base/allocator.h"
 #include "base/thread_pool.h"
 #include "cli/verbs.h"
+#include "kernels/cpu/fast_linear.h"
 
 int main(int argc, char** argv) {
   sy::KeepFreedMemoryInHeap();
   CLI::App app{
       "switchyard: a wide-expert-parallel inference engine for DeepSeek-V3-class MoE models"};
   app.require_subcommand(1);
+  app.fallthrough();  // the global options (--threads, --f32-products) also after the verb
   int threads = 0;
   // The pool's workers spin briefly between tasks: more workers than cores only makes them
   // wait on each other, so more than the machine has is refused rather than left to crawl.
@@ -21,7 +23,15 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads,
                  fmt::format("Worker threads (0: one per core; at most {}, the cores here)", cores))
       ->check(CLI::Range(0, cores));
-  app.parse_complete_callback([&] { sy::ThreadPool::ConfigureGlobal(threads); });
+  bool f32_products = false;
+  app.add_flag("--f32-products", f32_products,
+               "Keep activations in f32 in every product, as the reference does (slower); by "
+               "default fp8 and bf16 weights take the bf16 dot-product kernel where the CPU has "
+               "AVX-512 BF16");
+  app.parse_complete_callback([&] {
+    sy::ThreadPool::ConfigureGlobal(threads);
+    if (f32_products) sy::kernels::GlobalKernelOptions().bf16_dot = false;
+  });
   sy::AddLogitsVerb(app);
   sy::AddGenerateVerb(app);
   sy::AddInitModelVerb(app);

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include "base/mapped_file.h"
 #include "tensor/packed_matrix.h"
 
 #include <set>
@@ -186,8 +187,12 @@ Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelCo
   return w;
 }
 
+// Packs `m` and gives back its mapped checkpoint pages: the kernels read only the packed copy,
+// so resident memory holds the weights once.
 void PackMatrix(Matrix& m) {
-  if (CanPack(m)) m.packed = Pack(m);
+  if (!CanPack(m)) return;
+  m.packed = Pack(m);
+  MappedFile::ReleaseRange(m.data, static_cast<size_t>(m.rows) * m.RowBytes());
 }
 
 void PackFeedForward(FeedForwardWeights& ff) {
@@ -228,7 +233,9 @@ void SplitKvB(const ModelConfig& c, AttentionWeights& a) {
 void PackLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
   AttentionWeights& a = layer.self_attn;
   SplitKvB(config, a);
-  for (Matrix* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj_with_mqa, &a.o_proj})
+  // kv_b_proj too: the expanded (prefill) form multiplies every cached latent by it.
+  for (Matrix* m :
+       {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj_with_mqa, &a.kv_b_proj, &a.o_proj})
     PackMatrix(*m);
   PackFeedForward(layer.mlp);
   PackMatrix(layer.moe.gate);

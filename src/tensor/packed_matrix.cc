@@ -1,13 +1,46 @@
 #include "tensor/packed_matrix.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include <sys/mman.h>
 
 #include "base/thread_pool.h"
 
 namespace sy {
+namespace {
+
+// Zeroed memory for a packed matrix. From 2 MiB up it is mapped on its own, on a 2 MiB boundary
+// with huge pages where the kernel allows (a panel stream then crosses a TLB entry every 2 MiB
+// instead of every 4 KiB), its length rounded to 4 KiB pages only: the tail past the last whole
+// huge page stays in small pages. Smaller matrices (the absorbed form's per-head matrices) come
+// from the heap: rounding each to a huge page held a model at twice its size.
+std::shared_ptr<uint8_t> AllocatePanels(size_t bytes) {
+  constexpr size_t kHuge = 2u << 20, kPage = 4096;
+  if (bytes < kHuge) {
+    void* memory = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+    if (memory == nullptr) throw std::bad_alloc();
+    std::memset(memory, 0, bytes);
+    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(memory),
+                                    [](uint8_t* ptr) { std::free(ptr); });
+  }
+  const size_t size = (bytes + kPage - 1) / kPage * kPage;
+  void* mapping =
+      ::mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapping == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t start = reinterpret_cast<uintptr_t>(mapping);
+  const uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;
+  if (aligned > start) ::munmap(mapping, aligned - start);
+  const uintptr_t tail = aligned + size, end = start + size + kHuge;
+  if (end > tail) ::munmap(reinterpret_cast<void*>(tail), end - tail);
+  ::madvise(reinterpret_cast<void*>(aligned), size, MADV_HUGEPAGE);  // anonymous: already zero
+  return std::shared_ptr<uint8_t>(reinterpret_cast<uint8_t*>(aligned),
+                                  [size](uint8_t* ptr) { ::munmap(ptr, size); });
+}
+
+}  // namespace
 
 PackedMatrix ColumnRange(const PackedMatrix& m, int64_t begin, int64_t end) {
   PackedMatrix view = m;
@@ -40,14 +73,7 @@ std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
   p.cols = m.cols;
   p.panels = (m.rows + kPanelRows - 1) / kPanelRows;
   const size_t bytes = p.Bytes();
-  // 2 MiB alignment and huge pages where the kernel allows: a panel stream then crosses a TLB
-  // entry every 2 MiB instead of every 4 KiB.
-  constexpr size_t kHuge = 2u << 20;
-  void* memory = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
-  ::madvise(memory, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
-  std::memset(memory, 0, bytes);
-  p.data =
-      std::shared_ptr<uint8_t>(static_cast<uint8_t*>(memory), [](uint8_t* ptr) { std::free(ptr); });
+  p.data = AllocatePanels(bytes);
   if (m.dtype == DType::kF8E4M3) {
     p.block_rows = m.block_rows;
     p.block_cols = m.block_cols;

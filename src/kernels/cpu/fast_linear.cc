@@ -3,6 +3,7 @@
 #include <algorithm>
 #include "base/thread_pool.h"
 
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/panel_gemm.h"
@@ -25,10 +26,22 @@ DecodeStepScope::~DecodeStepScope() {
   decode_step = previous_;
 }
 
+bool UseBf16Dot(const PackedMatrix& w) {
+  return GlobalKernelOptions().bf16_dot && HasBf16Dot() && Bf16DotApplies(w);
+}
+
 bool UseBf16Gemm(int64_t m, const PackedMatrix& w) {
   const KernelOptions& options = GlobalKernelOptions();
+  // Where the dot kernel runs, f32 weights (the router) keep f32 products at every row count,
+  // so rows stay independent of the batch.
+  if (options.bf16_dot && HasBf16Dot()) return false;
   return !decode_step && options.allow_bf16_gemm && m >= options.bf16_gemm_min_rows &&
          HasAvx512Bf16() && (w.dtype != DType::kF8E4M3 || w.block_cols % 2 == 0);
+}
+
+const char* KernelPathName(int64_t m, const PackedMatrix& w) {
+  if (UseBf16Dot(w)) return "bf16-dot";
+  return UseBf16Gemm(m, w) ? "avx512-bf16" : "panel-f32";
 }
 
 void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
@@ -40,22 +53,23 @@ void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const Packe
   }
 }
 
-// Split-K: when a decode-sized product has fewer panels than threads to keep busy, the columns
-// are split instead, each thread sums its share into its own buffer, and the shares are added.
-// (With DeepSeek-V3's shapes this matters on many-core machines: its router has 16 panels.)
+// Split-K: a matrix with too few panels to keep the threads busy (a router: DeepSeek-V3's has 16
+// panels, the bench model's one) has its columns split into fixed chunks, each summed into its own
+// buffer by whichever thread takes it, and the chunks added in order. Whether and where to split
+// depends on the matrix alone, never on m or the thread count: a row's sums are then the same
+// whatever the batch and however many threads run it.
 static bool SplitK(const float* x, int64_t m, const PackedMatrix& w, float* y) {
-  ThreadPool& pool = ThreadPool::Global();
-  const int64_t parts = pool.size();
+  constexpr int64_t kMostPanels = 4, kChunkColumns = 512;
   const int64_t align = w.dtype == DType::kF8E4M3 ? w.block_cols : 64;
-  if (parts < 2 || m > 4 || w.panels >= 2 * parts || w.cols < 2 * align * parts) return false;
-  const int64_t chunk = (w.cols / parts + align - 1) / align * align;
+  const int64_t chunk = (kChunkColumns + align - 1) / align * align;
+  if (w.panels > kMostPanels || w.cols < 2 * chunk) return false;
+  const int64_t parts = (w.cols + chunk - 1) / chunk;
   std::vector<std::vector<float>> partial(static_cast<size_t>(parts));
-  pool.ParallelFor(static_cast<size_t>(parts), [&](size_t begin, size_t end) {
+  ThreadPool::Global().ParallelFor(static_cast<size_t>(parts), [&](size_t begin, size_t end) {
     for (size_t part = begin; part < end; ++part) {
-      const int64_t c0 = std::min(w.cols, static_cast<int64_t>(part) * chunk);
+      const int64_t c0 = static_cast<int64_t>(part) * chunk;
       const int64_t c1 = std::min(w.cols, c0 + chunk);
       partial[part].assign(static_cast<size_t>(m * w.rows), 0.0f);
-      if (c0 >= c1) continue;
       std::vector<float> slice(static_cast<size_t>(m * (c1 - c0)));  // x's columns, contiguous
       for (int64_t t = 0; t < m; ++t)
         std::copy_n(x + t * w.cols + c0, c1 - c0, slice.begin() + t * (c1 - c0));
@@ -79,6 +93,17 @@ bool& SplitKEnabled() {
 
 void LinearPacked(const float* x, int64_t m, const PackedMatrix& w, float* y) {
   if (m == 0) return;
+  if (UseBf16Dot(w)) {
+    std::vector<uint16_t> x_bf16(static_cast<size_t>(m * w.cols));
+    ToBf16RowsForDot(x, m, w.cols, x_bf16.data());
+    const int64_t unit = Bf16DotPanelUnit(m);
+    const int64_t units = (w.panels + unit - 1) / unit;
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(units), [&](size_t begin, size_t end) {
+      Bf16DotPanels(x_bf16.data(), m, w, static_cast<int64_t>(begin) * unit,
+                    std::min<int64_t>(w.panels, static_cast<int64_t>(end) * unit), y);
+    });
+    return;
+  }
   if (SplitKEnabled() && SplitK(x, m, w, y)) return;
   std::vector<uint16_t> x_bf16;
   const bool bf16 = UseBf16Gemm(m, w);

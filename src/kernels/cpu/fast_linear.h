@@ -15,6 +15,9 @@ struct KernelOptions {
   // (activations rounded to bf16); smaller ones the f32 panel kernel.
   int64_t bf16_gemm_min_rows = 128;
   bool allow_bf16_gemm = true;
+  // fp8 and bf16 weights take the bf16 dot-product kernel (bf16_dot.h) at every row count
+  // where the CPU has it: twice the f32 FMA's work per instruction, and batch-invariant.
+  bool bf16_dot = true;
 };
 KernelOptions& GlobalKernelOptions();
 
@@ -46,5 +49,9 @@ void LinearAuto(const float* x, int64_t m, const Matrix& w, float* y);
 void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                   int64_t panel_begin, int64_t panel_end, float* y);
 bool UseBf16Gemm(int64_t m, const PackedMatrix& w);
+// Whether products against `w` take Bf16DotPanels (with activations from ToBf16RowsForDot).
+bool UseBf16Dot(const PackedMatrix& w);
+// Which kernel a product of m rows against `w` runs: "bf16-dot", "avx512-bf16" or "panel-f32".
+const char* KernelPathName(int64_t m, const PackedMatrix& w);
 
 }  // namespace sy::kernels

@@ -1,0 +1,356 @@
+#include "kernels/cpu/bf16_dot.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "tensor/dtype.h"
+
+namespace sy::kernels {
+
+bool HasBf16Dot() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512bf16") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vbmi");
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool Bf16DotApplies(const PackedMatrix& w) {
+  if (w.cols <= 0 || w.cols % 4 != 0) return false;
+  if (w.dtype == DType::kF8E4M3) return w.block_cols > 0 && w.block_cols % 4 == 0;
+  return w.dtype == DType::kBF16;
+}
+
+int64_t Bf16DotPanelUnit(int64_t m) {
+  return m <= 2 ? 4 : 2;
+}
+
+#if defined(__x86_64__)
+#define SY_DOT_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma,f16c")))
+
+namespace {
+
+constexpr int64_t kBf16Block = 128;  // columns per block for bf16 weights (fp8: the scale block)
+constexpr int kMaxTileRows = 12;     // rows per GEMM-sized tile: 24 chains for a panel pair
+
+// e4m3 magnitude (7 bits) → the low and high byte of the same number in bf16. Exact: e4m3's 4
+// significant bits and exponents 2^-9..2^8 (subnormals included) fit bf16's 8 and its range.
+struct ConversionTables {
+  alignas(64) uint8_t lo[128];
+  alignas(64) uint8_t hi[128];
+};
+
+const ConversionTables& Tables() {
+  static const ConversionTables tables = [] {
+    ConversionTables t{};
+    for (int v = 0; v < 128; ++v) {
+      const uint16_t bits = F32ToBF16(F8E4M3ToF32(static_cast<uint8_t>(v)));
+      t.lo[v] = static_cast<uint8_t>(bits & 0xff);
+      t.hi[v] = static_cast<uint8_t>(bits >> 8);
+    }
+    return t;
+  }();
+  return tables;
+}
+
+// Registers that turn a panel's weights into VDPBF16PS operands: for columns c and c + 1, one
+// vector whose 32-bit lane r holds (w[r][c], w[r][c + 1]) in bf16.
+struct Converter {
+  __m512i lo0, lo1, hi0, hi1;  // the tables, 64 bytes each
+  __m512i sign;                // 0x80 in every byte
+  __m512i pair0, pair1;        // byte shuffles interleaving columns (c, c + 1) and (c + 2, c + 3)
+  __m512i word_pairs;          // bf16 weights: word shuffle interleaving two columns
+};
+
+SY_DOT_TARGET inline Converter MakeConverter() {
+  const ConversionTables& t = Tables();
+  Converter k;
+  k.lo0 = _mm512_load_si512(t.lo);
+  k.lo1 = _mm512_load_si512(t.lo + 64);
+  k.hi0 = _mm512_load_si512(t.hi);
+  k.hi1 = _mm512_load_si512(t.hi + 64);
+  k.sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  alignas(64) uint8_t p0[64], p1[64];
+  alignas(64) uint16_t words[32];
+  for (int r = 0; r < 16; ++r) {
+    // Bytes 0-63 of the shuffle's input are the low bytes, 64-127 the high bytes; a quad's
+    // fp8 bytes are [column][16 rows], so column c + j of row r sits at 16·j + r.
+    for (int half = 0; half < 2; ++half) {
+      uint8_t* p = half == 0 ? p0 : p1;
+      const int first = 32 * half + r, second = 32 * half + 16 + r;
+      p[4 * r + 0] = static_cast<uint8_t>(first);
+      p[4 * r + 1] = static_cast<uint8_t>(64 + first);
+      p[4 * r + 2] = static_cast<uint8_t>(second);
+      p[4 * r + 3] = static_cast<uint8_t>(64 + second);
+    }
+    words[2 * r] = static_cast<uint16_t>(r);
+    words[2 * r + 1] = static_cast<uint16_t>(16 + r);
+  }
+  k.pair0 = _mm512_load_si512(p0);
+  k.pair1 = _mm512_load_si512(p1);
+  k.word_pairs = _mm512_load_si512(words);
+  return k;
+}
+
+// Columns c..c+3 of a panel as two operand vectors (c, c+1) and (c+2, c+3).
+template <bool kFp8>
+SY_DOT_TARGET inline void ConvertQuad(const Converter& k, const uint8_t* panel, int64_t c,
+                                      __m512i& first, __m512i& second) {
+  if constexpr (kFp8) {
+    const __m512i bytes = _mm512_loadu_si512(panel + c * kPanelRows);
+    const __m512i lo = _mm512_permutex2var_epi8(k.lo0, bytes, k.lo1);
+    __m512i hi = _mm512_permutex2var_epi8(k.hi0, bytes, k.hi1);
+    hi = _mm512_ternarylogic_epi32(hi, bytes, k.sign, 0xF8);  // hi | (bytes & 0x80)
+    first = _mm512_permutex2var_epi8(lo, k.pair0, hi);
+    second = _mm512_permutex2var_epi8(lo, k.pair1, hi);
+  } else {
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(panel) + c * kPanelRows;
+    first = _mm512_permutexvar_epi16(k.word_pairs, _mm512_loadu_si512(w));
+    second = _mm512_permutexvar_epi16(k.word_pairs, _mm512_loadu_si512(w + 2 * kPanelRows));
+  }
+}
+
+SY_DOT_TARGET inline __m512bh BroadcastPair(const uint16_t* x) {
+  int32_t bits;
+  std::memcpy(&bits, x, 4);
+  return reinterpret_cast<__m512bh>(_mm512_set1_epi32(bits));
+}
+
+SY_DOT_TARGET inline __m512 Dot(__m512 chain, __m512bh x, __m512i w) {
+  return _mm512_dpbf16_ps(chain, x, reinterpret_cast<__m512bh>(w));
+}
+
+inline float BlockScale(const PackedMatrix& w, const float* scales, int64_t column, bool fp8) {
+  return fp8 ? scales[column / w.block_cols] : 1.0f;
+}
+
+inline __mmask16 ValidRows(const PackedMatrix& w, int64_t panel) {
+  const int64_t valid = std::clamp<int64_t>(w.rows - panel * kPanelRows, 0, kPanelRows);
+  return static_cast<__mmask16>((1u << valid) - 1);
+}
+
+// One or two rows, memory-bound: kPanels panels streamed side by side (more misses in flight
+// than one stream gets), weights converted in registers.
+template <bool kFp8, int kPanels, int kRows>
+SY_DOT_TARGET void StreamTile(const uint16_t* x, const PackedMatrix& w, int64_t panel, float* y) {
+  const Converter k = MakeConverter();
+  const uint8_t* base[kPanels];
+  const float* scales[kPanels];
+  for (int q = 0; q < kPanels; ++q) {
+    base[q] = w.Panel(panel + q);
+    scales[q] = kFp8 ? w.PanelScales(panel + q) : nullptr;
+  }
+  __m512 acc[kPanels][kRows];
+  for (int q = 0; q < kPanels; ++q)
+    for (int r = 0; r < kRows; ++r)
+      acc[q][r] = _mm512_setzero_ps();
+  const int64_t block = kFp8 ? w.block_cols : kBf16Block;
+  for (int64_t b0 = 0; b0 < w.cols; b0 += block) {
+    const int64_t b1 = std::min(w.cols, b0 + block);
+    __m512 chain[kPanels][kRows];
+    for (int q = 0; q < kPanels; ++q)
+      for (int r = 0; r < kRows; ++r)
+        chain[q][r] = _mm512_setzero_ps();
+    for (int64_t c = b0; c < b1; c += 4) {
+      __m512bh x01[kRows], x23[kRows];
+      for (int r = 0; r < kRows; ++r) {
+        x01[r] = BroadcastPair(x + r * w.cols + c);
+        x23[r] = BroadcastPair(x + r * w.cols + c + 2);
+      }
+      for (int q = 0; q < kPanels; ++q) {
+        __m512i w01, w23;
+        ConvertQuad<kFp8>(k, base[q], c, w01, w23);
+        for (int r = 0; r < kRows; ++r) {
+          chain[q][r] = Dot(chain[q][r], x01[r], w01);
+          chain[q][r] = Dot(chain[q][r], x23[r], w23);
+        }
+      }
+    }
+    for (int q = 0; q < kPanels; ++q) {
+      const __m512 scale = _mm512_set1_ps(BlockScale(w, scales[q], b0, kFp8));
+      for (int r = 0; r < kRows; ++r)
+        acc[q][r] = _mm512_fmadd_ps(chain[q][r], scale, acc[q][r]);
+    }
+  }
+  for (int q = 0; q < kPanels; ++q)
+    for (int r = 0; r < kRows; ++r)
+      _mm512_mask_storeu_ps(y + r * w.rows + (panel + q) * kPanelRows, ValidRows(w, panel + q),
+                            acc[q][r]);
+}
+
+// Converts kPanels panels once: scratch[(c / 2) · kPanels + q] is panel q's operand for
+// columns (c, c + 1).
+template <bool kFp8, int kPanels>
+SY_DOT_TARGET void ConvertPanels(const PackedMatrix& w, int64_t panel, __m512i* scratch) {
+  const Converter k = MakeConverter();
+  for (int q = 0; q < kPanels; ++q) {
+    const uint8_t* base = w.Panel(panel + q);
+    for (int64_t c = 0; c < w.cols; c += 4) {
+      __m512i w01, w23;
+      ConvertQuad<kFp8>(k, base, c, w01, w23);
+      _mm512_store_si512(scratch + (c / 2) * kPanels + q, w01);
+      _mm512_store_si512(scratch + (c / 2 + 1) * kPanels + q, w23);
+    }
+  }
+}
+
+// kRows rows against kPanels converted panels; out[r][q·16 + lane], f32.
+template <int kRows, int kPanels>
+SY_DOT_TARGET void ScratchTile(const uint16_t* x, const PackedMatrix& w, const __m512i* scratch,
+                               const float* const* scales, float* out) {
+  const bool fp8 = w.dtype == DType::kF8E4M3;
+  const int64_t block = fp8 ? w.block_cols : kBf16Block;
+  __m512 acc[kRows][kPanels];
+  for (int r = 0; r < kRows; ++r)
+    for (int q = 0; q < kPanels; ++q)
+      acc[r][q] = _mm512_setzero_ps();
+  for (int64_t b0 = 0; b0 < w.cols; b0 += block) {
+    const int64_t b1 = std::min(w.cols, b0 + block);
+    __m512 chain[kRows][kPanels];
+    for (int r = 0; r < kRows; ++r)
+      for (int q = 0; q < kPanels; ++q)
+        chain[r][q] = _mm512_setzero_ps();
+    for (int64_t c = b0; c < b1; c += 2) {
+      __m512i weights[kPanels];
+      for (int q = 0; q < kPanels; ++q)
+        weights[q] = _mm512_load_si512(scratch + (c / 2) * kPanels + q);
+      for (int r = 0; r < kRows; ++r) {
+        const __m512bh pair = BroadcastPair(x + r * w.cols + c);
+        for (int q = 0; q < kPanels; ++q)
+          chain[r][q] = Dot(chain[r][q], pair, weights[q]);
+      }
+    }
+    // Spilled between blocks: the arithmetic (one fma per block) is that of StreamTile.
+    for (int q = 0; q < kPanels; ++q) {
+      const __m512 scale = _mm512_set1_ps(BlockScale(w, scales[q], b0, fp8));
+      for (int r = 0; r < kRows; ++r)
+        acc[r][q] = _mm512_fmadd_ps(chain[r][q], scale, acc[r][q]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int q = 0; q < kPanels; ++q)
+      _mm512_storeu_ps(out + r * 2 * kPanelRows + q * kPanelRows, acc[r][q]);
+}
+
+using ScratchTileFn = void (*)(const uint16_t*, const PackedMatrix&, const __m512i*,
+                               const float* const*, float*);
+template <int kPanels>
+constexpr ScratchTileFn kScratchTiles[kMaxTileRows + 1] = {nullptr,
+                                                           ScratchTile<1, kPanels>,
+                                                           ScratchTile<2, kPanels>,
+                                                           ScratchTile<3, kPanels>,
+                                                           ScratchTile<4, kPanels>,
+                                                           ScratchTile<5, kPanels>,
+                                                           ScratchTile<6, kPanels>,
+                                                           ScratchTile<7, kPanels>,
+                                                           ScratchTile<8, kPanels>,
+                                                           ScratchTile<9, kPanels>,
+                                                           ScratchTile<10, kPanels>,
+                                                           ScratchTile<11, kPanels>,
+                                                           ScratchTile<12, kPanels>};
+
+template <bool kFp8, int kRows>
+SY_DOT_TARGET void StreamPanels(const uint16_t* x, const PackedMatrix& w, int64_t panel_begin,
+                                int64_t panel_end, float* y) {
+  int64_t p = panel_begin;
+  for (; p + 4 <= panel_end; p += 4)
+    StreamTile<kFp8, 4, kRows>(x, w, p, y);
+  switch (panel_end - p) {
+    case 3:
+      StreamTile<kFp8, 3, kRows>(x, w, p, y);
+      break;
+    case 2:
+      StreamTile<kFp8, 2, kRows>(x, w, p, y);
+      break;
+    case 1:
+      StreamTile<kFp8, 1, kRows>(x, w, p, y);
+      break;
+    default:
+      break;
+  }
+}
+
+template <bool kFp8>
+SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix& w,
+                               int64_t panel_begin, int64_t panel_end, float* y) {
+  // A panel pair converted once (w.cols · 64 bytes: 1 MB at 16,384 columns, in L2), then read by
+  // every tile of rows.
+  thread_local std::vector<uint8_t> storage;
+  storage.resize(static_cast<size_t>(w.cols) * 64 + 64);
+  __m512i* const scratch = reinterpret_cast<__m512i*>(
+      (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~static_cast<uintptr_t>(63));
+  alignas(64) float tile[kMaxTileRows * 2 * kPanelRows];
+  for (int64_t p = panel_begin; p < panel_end; p += 2) {
+    const int panels = panel_end - p >= 2 ? 2 : 1;
+    const float* scales[2] = {kFp8 ? w.PanelScales(p) : nullptr,
+                              kFp8 && panels == 2 ? w.PanelScales(p + 1) : nullptr};
+    if (panels == 2) {
+      ConvertPanels<kFp8, 2>(w, p, scratch);
+    } else {
+      ConvertPanels<kFp8, 1>(w, p, scratch);
+    }
+    const int64_t col0 = p * kPanelRows;
+    const int64_t valid = std::min<int64_t>(panels * kPanelRows, w.rows - col0);
+    for (int64_t r0 = 0; r0 < m; r0 += kMaxTileRows) {
+      const int64_t rows = std::min<int64_t>(kMaxTileRows, m - r0);
+      const uint16_t* xr = x + r0 * w.cols;
+      if (panels == 2) {
+        kScratchTiles<2>[rows](xr, w, scratch, scales, tile);
+      } else {
+        kScratchTiles<1>[rows](xr, w, scratch, scales, tile);
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(y + (r0 + r) * w.rows + col0, tile + r * 2 * kPanelRows,
+                    static_cast<size_t>(valid) * sizeof(float));
+    }
+  }
+}
+
+}  // namespace
+
+SY_DOT_TARGET void ToBf16RowsForDot(const float* x, int64_t m, int64_t cols, uint16_t* out) {
+  const int64_t total = m * cols;  // rows are contiguous on both sides
+  int64_t i = 0;
+  for (; i + 16 <= total; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i))));
+  if (i < total) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (total - i)) - 1);
+    const __m256bh half = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x + i));
+    _mm256_mask_storeu_epi16(out + i, mask, reinterpret_cast<__m256i>(half));
+  }
+}
+
+void Bf16DotPanels(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w, int64_t panel_begin,
+                   int64_t panel_end, float* y) {
+  if (m <= 0 || panel_begin >= panel_end) return;
+  const bool fp8 = w.dtype == DType::kF8E4M3;
+  if (m <= 2) {
+    if (fp8) {
+      m == 1 ? StreamPanels<true, 1>(x_bf16, w, panel_begin, panel_end, y)
+             : StreamPanels<true, 2>(x_bf16, w, panel_begin, panel_end, y);
+    } else {
+      m == 1 ? StreamPanels<false, 1>(x_bf16, w, panel_begin, panel_end, y)
+             : StreamPanels<false, 2>(x_bf16, w, panel_begin, panel_end, y);
+    }
+    return;
+  }
+  if (fp8) {
+    TiledPanels<true>(x_bf16, m, w, panel_begin, panel_end, y);
+  } else {
+    TiledPanels<false>(x_bf16, m, w, panel_begin, panel_end, y);
+  }
+}
+
+#else
+void ToBf16RowsForDot(const float*, int64_t, int64_t, uint16_t*) {}
+void Bf16DotPanels(const uint16_t*, int64_t, const PackedMatrix&, int64_t, int64_t, float*) {}
+#endif
+
+}  // namespace sy::kernels

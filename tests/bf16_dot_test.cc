@@ -1,0 +1,218 @@
+// The bf16 dot-product kernel (kernels/cpu/bf16_dot.h): exact fp8 conversion, products equal to a
+// double-precision sum over the same bf16 operands, and rows that do not depend on the batch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/fast_linear.h"
+#include "kernels/cpu/grouped_ffn.h"
+#include "tensor/packed_matrix.h"
+
+namespace sy {
+namespace {
+
+struct OwnedMatrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+  Matrix view;
+};
+
+OwnedMatrix MakeMatrix(DType dtype, int64_t rows, int64_t cols, int64_t block,
+                       const std::function<float(int64_t, int64_t)>& value) {
+  OwnedMatrix m;
+  m.bytes.resize(static_cast<size_t>(rows * cols) * DTypeSize(dtype));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = static_cast<size_t>(r * cols + c);
+      if (dtype == DType::kF8E4M3) {
+        m.bytes[i] = F32ToF8E4M3(value(r, c));
+      } else {
+        const uint16_t b = F32ToBF16(value(r, c));
+        std::memcpy(&m.bytes[2 * i], &b, 2);
+      }
+    }
+  m.view.dtype = dtype;
+  m.view.rows = rows;
+  m.view.cols = cols;
+  m.view.data = m.bytes.data();
+  if (dtype == DType::kF8E4M3) {
+    m.view.block_rows = m.view.block_cols = block;
+    m.view.scale_cols = (cols + block - 1) / block;
+    m.scales.resize(static_cast<size_t>((rows + block - 1) / block * m.view.scale_cols));
+    for (size_t i = 0; i < m.scales.size(); ++i)
+      m.scales[i] = 0.002f * static_cast<float>(1 + i % 7);
+    m.view.block_scales = m.scales.data();
+  }
+  return m;
+}
+
+OwnedMatrix RandomMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed, int64_t block) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  return MakeMatrix(dtype, rows, cols, block, [&](int64_t, int64_t) {
+    return normal(rng) * (dtype == DType::kBF16 ? 1 : 60);
+  });
+}
+
+std::vector<float> RandomRows(int64_t m, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m * cols));
+  for (float& v : x)
+    v = normal(rng);
+  return x;
+}
+
+// Σ over blocks of scale · Σ_c bf16(x) · w, in double: what the kernel computes up to f32
+// rounding of its sums.
+std::vector<double> Expected(const OwnedMatrix& w, const std::vector<float>& x, int64_t m) {
+  const Matrix& v = w.view;
+  std::vector<double> y(static_cast<size_t>(m * v.rows), 0.0);
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t r = 0; r < v.rows; ++r) {
+      double sum = 0;
+      for (int64_t c = 0; c < v.cols; ++c) {
+        const double xv = BF16ToF32(F32ToBF16(x[t * v.cols + c]));
+        double wv;
+        if (v.dtype == DType::kF8E4M3) {
+          wv = F8E4M3ToF32(w.bytes[r * v.cols + c]) *
+               w.scales[(r / v.block_rows) * v.scale_cols + c / v.block_cols];
+        } else {
+          uint16_t b;
+          std::memcpy(&b, &w.bytes[2 * (r * v.cols + c)], 2);
+          wv = BF16ToF32(b);
+        }
+        sum += xv * wv;
+      }
+      y[t * v.rows + r] = sum;
+    }
+  return y;
+}
+
+class Bf16DotTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kernels::HasBf16Dot()) GTEST_SKIP() << "no AVX-512 BF16 and VBMI on this CPU";
+  }
+};
+
+TEST_F(Bf16DotTest, EveryFp8ValueConvertsExactly) {
+  // Row r, column c holds fp8 byte (16·c + r) mod 256: all 256 bytes, NaNs replaced by zero.
+  const int64_t rows = 16, cols = 16, block = 16;
+  OwnedMatrix w = MakeMatrix(DType::kF8E4M3, rows, cols, block, [](int64_t, int64_t) { return 0; });
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      uint8_t byte = static_cast<uint8_t>(16 * c + r);
+      if ((byte & 0x7f) == 0x7f) byte = 0;
+      w.bytes[r * cols + c] = byte;
+    }
+  w.scales = {1.0f};
+  w.view.block_scales = w.scales.data();
+  auto packed = Pack(w.view);
+  ASSERT_TRUE(kernels::Bf16DotApplies(*packed));
+  // One-hot rows of x pick each column in turn: y is the weight itself.
+  for (int64_t c = 0; c < cols; ++c) {
+    std::vector<float> x(static_cast<size_t>(cols), 0.0f);
+    x[c] = 1.0f;
+    std::vector<uint16_t> xb(x.size());
+    kernels::ToBf16RowsForDot(x.data(), 1, cols, xb.data());
+    std::vector<float> y(rows, -7.0f);
+    kernels::Bf16DotPanels(xb.data(), 1, *packed, 0, packed->panels, y.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float want = F8E4M3ToF32(w.bytes[r * cols + c]);
+      EXPECT_EQ(y[r], want) << "byte 0x" << std::hex << int{w.bytes[r * cols + c]};
+    }
+  }
+}
+
+TEST_F(Bf16DotTest, MatchesDoublePrecisionSumOverTheSameOperands) {
+  for (DType dtype : {DType::kF8E4M3, DType::kBF16}) {
+    for (auto [rows, cols, m, block] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
+             {16, 4, 1, 16},  // one quad, a partial scale block
+             {17, 36, 1, 16},
+             {70, 260, 2, 128},    // partial last block and panel, three panels after a quad
+             {100, 132, 3, 16},    // the tiled kernel from three rows
+             {33, 128, 12, 128},   // one full tile
+             {47, 300, 13, 16},    // a tile and one row
+             {130, 512, 37, 128},  // several tiles, odd panel count
+         }) {
+      OwnedMatrix w =
+          RandomMatrix(dtype, rows, cols, static_cast<uint32_t>(rows * 3 + cols), block);
+      ASSERT_TRUE(CanPack(w.view));
+      auto packed = Pack(w.view);
+      ASSERT_TRUE(kernels::Bf16DotApplies(*packed));
+      auto x = RandomRows(m, cols, 5);
+      std::vector<float> y(static_cast<size_t>(m * rows), -1);
+      kernels::LinearPacked(x.data(), m, *packed, y.data());
+      const auto want = Expected(w, x, m);
+      double scale = 1e-30, diff = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        scale = std::max(scale, std::fabs(want[i]));
+        diff = std::max(diff, std::fabs(y[i] - want[i]));
+      }
+      EXPECT_LT(diff / scale, 2e-5)
+          << DTypeName(dtype) << " " << rows << "x" << cols << " m " << m << " block " << block;
+    }
+  }
+}
+
+// Each row alone, then among m − 1 others (the streamed kernel for one or two rows, the tiled one
+// from three): the same bits.
+TEST_F(Bf16DotTest, RowsAreTheSameBitsAtEveryBatchSize) {
+  for (DType dtype : {DType::kF8E4M3, DType::kBF16}) {
+    const int64_t rows = 90, cols = 384;
+    OwnedMatrix w = RandomMatrix(dtype, rows, cols, 17, 128);
+    auto packed = Pack(w.view);
+    const int64_t most = 41;
+    auto x = RandomRows(most, cols, 23);
+    std::vector<float> alone(static_cast<size_t>(most * rows));
+    for (int64_t t = 0; t < most; ++t)
+      kernels::LinearPacked(x.data() + t * cols, 1, *packed, alone.data() + t * rows);
+    for (int64_t m : {2, 3, 4, 8, 12, 13, 32, 41}) {
+      std::vector<float> batch(static_cast<size_t>(m * rows));
+      kernels::LinearPacked(x.data(), m, *packed, batch.data());
+      EXPECT_EQ(0, std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float)))
+          << DTypeName(dtype) << " m " << m;
+    }
+  }
+}
+
+// The grouped expert kernel runs the same arithmetic: an expert's row alone equals that row
+// inside a batch of experts with many rows, and equals the plain products.
+TEST_F(Bf16DotTest, GroupedExpertsGiveTheRowsOfPlainProducts) {
+  const int64_t hidden = 256, width = 128, experts = 3;
+  std::vector<OwnedMatrix> storage;
+  std::vector<std::shared_ptr<const PackedMatrix>> packed;
+  for (int64_t i = 0; i < 3 * experts; ++i) {
+    const bool down = i % 3 == 2;
+    storage.push_back(RandomMatrix(DType::kF8E4M3, down ? hidden : width, down ? width : hidden,
+                                   static_cast<uint32_t>(40 + i), 128));
+    packed.push_back(Pack(storage.back().view));
+  }
+  std::vector<kernels::ExpertPanels> panels;
+  for (int64_t e = 0; e < experts; ++e)
+    panels.push_back({packed[3 * e].get(), packed[3 * e + 1].get(), packed[3 * e + 2].get()});
+  const std::vector<int64_t> offsets = {0, 1, 3, 20};  // 1, 2 and 17 rows
+  auto x = RandomRows(offsets.back(), hidden, 31);
+  for (float& v : x)
+    v *= 0.05f;
+  std::vector<float> grouped(x.size());
+  kernels::GroupedExpertFfn(x.data(), offsets, panels, hidden, grouped.data());
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t row = offsets[e]; row < offsets[e + 1]; ++row) {
+      std::vector<float> gate(width), up(width), out(hidden);
+      kernels::LinearPacked(x.data() + row * hidden, 1, *panels[e].gate, gate.data());
+      kernels::LinearPacked(x.data() + row * hidden, 1, *panels[e].up, up.data());
+      for (int64_t c = 0; c < width; ++c)
+        gate[c] = gate[c] / (1.0f + std::exp(-gate[c])) * up[c];
+      kernels::LinearPacked(gate.data(), 1, *panels[e].down, out.data());
+      EXPECT_EQ(0, std::memcmp(out.data(), grouped.data() + row * hidden, hidden * sizeof(float)))
+          << "expert " << e << " row " << row;
+    }
+}
+
+}  // namespace
+}  // namespace sy
