@@ -9,6 +9,7 @@
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
+#include "kernels/cpu/mla_decode.h"
 #include "tensor/packed_matrix.h"
 
 namespace sy {
@@ -212,6 +213,80 @@ TEST_F(Bf16DotTest, GroupedExpertsGiveTheRowsOfPlainProducts) {
       EXPECT_EQ(0, std::memcmp(out.data(), grouped.data() + row * hidden, hidden * sizeof(float)))
           << "expert " << e << " row " << row;
     }
+}
+
+// MLA decode with bf16 dot products on a bf16 cache: against a double-precision softmax over the
+// same cache rows (queries and probabilities are rounded to bf16: within 1% of the output's
+// range), and every (token, head) row the same bits however heads and tokens are grouped.
+TEST_F(Bf16DotTest, MlaDecodeMatchesTheSoftmaxAndDoesNotDependOnItsNeighbours) {
+  const int64_t heads = 21, latent = 48, rope = 8, page = 7, width = latent + rope;
+  for (int64_t keys : {int64_t{1}, int64_t{37}, int64_t{70}}) {
+    for (int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{3}}) {
+      if (tokens > keys) continue;
+      const int64_t pages = (keys + page - 1) / page;
+      std::vector<int32_t> table(static_cast<size_t>(pages));
+      for (int64_t p = 0; p < pages; ++p)
+        table[p] = static_cast<int32_t>(pages - 1 - p);  // out of order in the pool
+      std::vector<float> rows = RandomRows(keys, width, 11);
+      std::vector<uint16_t> pool(static_cast<size_t>(pages * page * width));
+      for (int64_t j = 0; j < keys; ++j)
+        for (int64_t d = 0; d < width; ++d) {
+          const uint16_t bits = F32ToBF16(rows[j * width + d]);
+          rows[j * width + d] = BF16ToF32(bits);
+          pool[(table[j / page] * page + j % page) * width + d] = bits;
+        }
+      const kernels::LatentPages view{reinterpret_cast<const uint8_t*>(pool.data()), DType::kBF16,
+                                      page, width, table.data()};
+      ASSERT_TRUE(kernels::MlaDecodeBf16Applies(view, latent, rope));
+      auto q_latent = RandomRows(tokens * heads, latent, 12);
+      auto q_pe = RandomRows(tokens * heads, rope, 13);
+      std::vector<int64_t> positions;
+      for (int64_t t = 0; t < tokens; ++t)
+        positions.push_back(keys - tokens + t);
+      const float scale = 0.3f;
+      std::vector<float> whole(static_cast<size_t>(tokens * heads * latent));
+      kernels::MlaDecodeAttentionBf16(q_latent.data(), q_pe.data(), tokens, positions.data(), view,
+                                      keys, heads, 0, heads, latent, rope, scale, whole.data());
+      // Head blocks of 5 and 16, and each token alone: the same bits.
+      std::vector<float> blocks(whole.size(), -1.0f), alone(whole.size(), -1.0f);
+      for (int64_t h0 = 0; h0 < heads; h0 += 5)
+        kernels::MlaDecodeAttentionBf16(q_latent.data(), q_pe.data(), tokens, positions.data(),
+                                        view, keys, heads, h0, std::min(heads, h0 + 5), latent,
+                                        rope, scale, blocks.data());
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t h0 = 0; h0 < heads; h0 += 16)
+          kernels::MlaDecodeAttentionBf16(q_latent.data() + t * heads * latent,
+                                          q_pe.data() + t * heads * rope, 1, positions.data() + t,
+                                          view, keys, heads, h0, std::min(heads, h0 + 16), latent,
+                                          rope, scale, alone.data() + t * heads * latent);
+      EXPECT_EQ(0, std::memcmp(blocks.data(), whole.data(), whole.size() * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(alone.data(), whole.data(), whole.size() * sizeof(float)));
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t h = 0; h < heads; ++h) {
+          std::vector<double> scores;
+          double top = -1e30;
+          for (int64_t j = 0; j <= positions[t]; ++j) {
+            double sum = 0;
+            for (int64_t d = 0; d < latent; ++d)
+              sum += q_latent[(t * heads + h) * latent + d] * rows[j * width + d];
+            for (int64_t r = 0; r < rope; ++r)
+              sum += q_pe[(t * heads + h) * rope + r] * rows[j * width + latent + r];
+            scores.push_back(sum * scale);
+            top = std::max(top, scores.back());
+          }
+          double total = 0;
+          for (double& v : scores)
+            total += (v = std::exp(v - top));
+          for (int64_t d = 0; d < latent; ++d) {
+            double o = 0;
+            for (size_t j = 0; j < scores.size(); ++j)
+              o += scores[j] / total * rows[j * width + d];
+            EXPECT_NEAR(whole[(t * heads + h) * latent + d], o, 2e-2)
+                << "keys " << keys << " tokens " << tokens << " head " << h << " dim " << d;
+          }
+        }
+    }
+  }
 }
 
 }  // namespace

@@ -172,7 +172,10 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
   KernelResult r;
   r.kernel = "mla_decode";
   r.weight_dtype = "bf16";
-  r.path = fmt::format("flash-decode q{} kv{}", query_len, kv_len);
+  const kernels::LatentPages probe{nullptr, DType::kBF16, page, width, nullptr};
+  const bool bf16 = kernels::GlobalKernelOptions().bf16_dot &&
+                    kernels::MlaDecodeBf16Applies(probe, kLatent, kRope);
+  r.path = fmt::format("{}flash-decode q{} kv{}", bf16 ? "bf16-dot " : "", query_len, kv_len);
   r.m = tokens;
   r.n = kHeads;
   r.k = kv_len;
@@ -181,7 +184,7 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
   r.bytes =
       static_cast<double>(batch) * kv_len * width * 2 + tokens * kHeads * (width + kLatent) * 4.0;
   r.flops = 2.0 * tokens * kHeads * kv_len * (width + kLatent);
-  Score(r, peaks, peaks.f32_gflops);
+  Score(r, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
   out.push_back(r);
 }
 

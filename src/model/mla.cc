@@ -106,15 +106,19 @@ void MlaProject(const ModelConfig& c, const RopeParams& rope, const AttentionWei
     }
     kernels::LinearAuto(x, T, w.kv_a_proj_with_mqa, latent_rows);
   }
-  for (int64_t t = 0; t < T; ++t) {
-    float* r = latent_rows + t * row;
-    kernels::RmsNorm(r, 1, latent, w.kv_a_layernorm.data(), kLatentNormEps, r);
-    kernels::RopePairwise(r + latent, dr, positions[t], rope.inv_freq.data(),
-                          rope.attention_factor);
-    for (int64_t h = 0; h < H; ++h)
-      kernels::RopePairwise(q + (t * H + h) * dqk + c.qk_nope_head_dim, dr, positions[t],
-                            rope.inv_freq.data(), rope.attention_factor);
-  }
+  // Per token: the latent's norm, and one cos/sin table for its rope part and every head's.
+  ThreadPool::Global().ParallelFor(static_cast<size_t>(T), [&](size_t begin, size_t end) {
+    std::vector<float> cos_sin(static_cast<size_t>(dr));
+    for (size_t t = begin; t < end; ++t) {
+      float* r = latent_rows + t * row;
+      kernels::RmsNormRows(r, 0, 1, latent, w.kv_a_layernorm.data(), kLatentNormEps, r);
+      kernels::RopeTable(dr, positions[t], rope.inv_freq.data(), rope.attention_factor,
+                         cos_sin.data());
+      kernels::ApplyRope(r + latent, dr, cos_sin.data());
+      for (int64_t h = 0; h < H; ++h)
+        kernels::ApplyRope(q + (t * H + h) * dqk + c.qk_nope_head_dim, dr, cos_sin.data());
+    }
+  });
 }
 
 void MlaWriteCache(const ModelConfig& c, int64_t layer, const ForwardBatch& batch,

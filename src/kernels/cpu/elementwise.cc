@@ -3,11 +3,27 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/thread_pool.h"
+
 namespace sy::kernels {
 
 void RmsNorm(const float* x, int64_t rows, int64_t width, const float* weight, float eps,
              float* out) {
-  for (int64_t r = 0; r < rows; ++r) {
+  // A batch's rows over the threads: each row's arithmetic is its own, so the split changes
+  // nothing but the time (one decode step normalizes every row three times per layer).
+  if (rows >= 2 && ThreadPool::Global().size() > 1) {
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(rows), [&](size_t begin, size_t end) {
+      RmsNormRows(x, static_cast<int64_t>(begin), static_cast<int64_t>(end), width, weight, eps,
+                  out);
+    });
+  } else {
+    RmsNormRows(x, 0, rows, width, weight, eps, out);
+  }
+}
+
+void RmsNormRows(const float* x, int64_t begin, int64_t end, int64_t width, const float* weight,
+                 float eps, float* out) {
+  for (int64_t r = begin; r < end; ++r) {
     const float* in = x + r * width;
     float* target = out + r * width;
     // Accumulate the mean square in double: a row of 7168 values should not lose bits here.
@@ -34,6 +50,24 @@ void RopePairwise(float* vector, int64_t dim, int64_t position, const float* inv
     float angle = static_cast<float>(position) * inv_freq[i];
     float c = std::cos(angle) * attention_factor, s = std::sin(angle) * attention_factor;
     float a = vector[2 * i], b = vector[2 * i + 1];
+    vector[2 * i] = a * c - b * s;
+    vector[2 * i + 1] = a * s + b * c;
+  }
+}
+
+void RopeTable(int64_t dim, int64_t position, const float* inv_freq, float attention_factor,
+               float* cos_sin) {
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const float angle = static_cast<float>(position) * inv_freq[i];
+    cos_sin[2 * i] = std::cos(angle) * attention_factor;
+    cos_sin[2 * i + 1] = std::sin(angle) * attention_factor;
+  }
+}
+
+void ApplyRope(float* vector, int64_t dim, const float* cos_sin) {
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+    const float a = vector[2 * i], b = vector[2 * i + 1];
     vector[2 * i] = a * c - b * s;
     vector[2 * i + 1] = a * s + b * c;
   }
