@@ -27,7 +27,9 @@ bool Bf16DotApplies(const PackedMatrix& w) {
 }
 
 int64_t Bf16DotPanelUnit(int64_t m) {
-  return m <= 2 ? 4 : 2;
+  // Decode rows: four panels streamed side by side; more: the tiled kernel's groups of four
+  // pairs.
+  return m <= 2 ? 4 : 8;
 }
 
 #if defined(__x86_64__)
@@ -38,6 +40,8 @@ namespace {
 
 constexpr int64_t kBf16Block = 128;  // columns per block for bf16 weights (fp8: the scale block)
 constexpr int kMaxTileRows = 12;     // rows per GEMM-sized tile: 24 chains for a panel pair
+// Software prefetch distance in each panel stream, in columns (32 columns = 512 bytes of fp8).
+constexpr int64_t kPrefetchColumns = 64;
 
 // e4m3 magnitude (7 bits) → the low and high byte of the same number in bf16. Exact: e4m3's 4
 // significant bits and exponents 2^-9..2^8 (subnormals included) fit bf16's 8 and its range.
@@ -164,6 +168,9 @@ SY_DOT_TARGET void StreamTile(const uint16_t* x, const PackedMatrix& w, int64_t 
         x23[r] = BroadcastPair(x + r * w.cols + c + 2);
       }
       for (int q = 0; q < kPanels; ++q) {
+        _mm_prefetch(reinterpret_cast<const char*>(base[q] + (c + kPrefetchColumns) * kPanelRows *
+                                                                 (kFp8 ? 1 : 2)),
+                     _MM_HINT_T0);
         __m512i w01, w23;
         ConvertQuad<kFp8>(k, base[q], c, w01, w23);
         for (int r = 0; r < kRows; ++r) {
@@ -184,34 +191,47 @@ SY_DOT_TARGET void StreamTile(const uint16_t* x, const PackedMatrix& w, int64_t 
                             acc[q][r]);
 }
 
-// Converts kPanels panels once: scratch[(c / 2) · kPanels + q] is panel q's operand for
-// columns (c, c + 1).
-template <bool kFp8, int kPanels>
-SY_DOT_TARGET void ConvertPanels(const PackedMatrix& w, int64_t panel, __m512i* scratch) {
+// Converts columns [k0, k1) of panels [first, end) (a group of pairs): pair g's operands start at
+// scratch + g · stride, [(c - k0) / 2][panel of the pair]. The group's panels are walked side by
+// side, column by column: one stream per panel keeps enough misses in flight (one stream alone
+// reaches a fraction of a core's read rate).
+template <bool kFp8>
+SY_DOT_TARGET void ConvertGroup(const PackedMatrix& w, int64_t first, int64_t end, int64_t k0,
+                                int64_t k1, __m512i* scratch, int64_t stride) {
   const Converter k = MakeConverter();
-  for (int q = 0; q < kPanels; ++q) {
-    const uint8_t* base = w.Panel(panel + q);
-    for (int64_t c = 0; c < w.cols; c += 4) {
+  constexpr int64_t kMostPanels = 2 * 4;
+  const uint8_t* base[kMostPanels];
+  const int64_t panels = end - first;
+  for (int64_t q = 0; q < panels; ++q)
+    base[q] = w.Panel(first + q);
+  const int64_t element = kFp8 ? 1 : 2;
+  for (int64_t c = k0; c < k1; c += 4) {
+    for (int64_t q = 0; q < panels; ++q) {
+      _mm_prefetch(
+          reinterpret_cast<const char*>(base[q] + (c + kPrefetchColumns) * kPanelRows * element),
+          _MM_HINT_T0);
+      const int64_t g = q / 2, lane = q % 2;
+      const int64_t width = std::min<int64_t>(2, panels - 2 * g);
       __m512i w01, w23;
-      ConvertQuad<kFp8>(k, base, c, w01, w23);
-      _mm512_store_si512(scratch + (c / 2) * kPanels + q, w01);
-      _mm512_store_si512(scratch + (c / 2 + 1) * kPanels + q, w23);
+      ConvertQuad<kFp8>(k, base[q], c, w01, w23);
+      __m512i* pair = scratch + g * stride;
+      _mm512_store_si512(pair + ((c - k0) / 2) * width + lane, w01);
+      _mm512_store_si512(pair + ((c - k0) / 2 + 1) * width + lane, w23);
     }
   }
 }
 
-// kRows rows against kPanels converted panels; out[r][q·16 + lane], f32.
+// kRows rows against kPanels converted panels over columns [k0, k1) (whole scale blocks):
+// acc[r · acc_stride + q · 16 + lane] carries each row's result from one column range to the
+// next (zero before the first). Spilled between blocks, the arithmetic is StreamTile's.
 template <int kRows, int kPanels>
 SY_DOT_TARGET void ScratchTile(const uint16_t* x, const PackedMatrix& w, const __m512i* scratch,
-                               const float* const* scales, float* out) {
+                               int64_t k0, int64_t k1, const float* const* scales, float* acc,
+                               int64_t acc_stride) {
   const bool fp8 = w.dtype == DType::kF8E4M3;
   const int64_t block = fp8 ? w.block_cols : kBf16Block;
-  __m512 acc[kRows][kPanels];
-  for (int r = 0; r < kRows; ++r)
-    for (int q = 0; q < kPanels; ++q)
-      acc[r][q] = _mm512_setzero_ps();
-  for (int64_t b0 = 0; b0 < w.cols; b0 += block) {
-    const int64_t b1 = std::min(w.cols, b0 + block);
+  for (int64_t b0 = k0; b0 < k1; b0 += block) {
+    const int64_t b1 = std::min(k1, b0 + block);
     __m512 chain[kRows][kPanels];
     for (int r = 0; r < kRows; ++r)
       for (int q = 0; q < kPanels; ++q)
@@ -219,27 +239,25 @@ SY_DOT_TARGET void ScratchTile(const uint16_t* x, const PackedMatrix& w, const _
     for (int64_t c = b0; c < b1; c += 2) {
       __m512i weights[kPanels];
       for (int q = 0; q < kPanels; ++q)
-        weights[q] = _mm512_load_si512(scratch + (c / 2) * kPanels + q);
+        weights[q] = _mm512_load_si512(scratch + ((c - k0) / 2) * kPanels + q);
       for (int r = 0; r < kRows; ++r) {
         const __m512bh pair = BroadcastPair(x + r * w.cols + c);
         for (int q = 0; q < kPanels; ++q)
           chain[r][q] = Dot(chain[r][q], pair, weights[q]);
       }
     }
-    // Spilled between blocks: the arithmetic (one fma per block) is that of StreamTile.
     for (int q = 0; q < kPanels; ++q) {
       const __m512 scale = _mm512_set1_ps(BlockScale(w, scales[q], b0, fp8));
-      for (int r = 0; r < kRows; ++r)
-        acc[r][q] = _mm512_fmadd_ps(chain[r][q], scale, acc[r][q]);
+      for (int r = 0; r < kRows; ++r) {
+        float* out = acc + r * acc_stride + q * kPanelRows;
+        _mm512_store_ps(out, _mm512_fmadd_ps(chain[r][q], scale, _mm512_load_ps(out)));
+      }
     }
   }
-  for (int r = 0; r < kRows; ++r)
-    for (int q = 0; q < kPanels; ++q)
-      _mm512_storeu_ps(out + r * 2 * kPanelRows + q * kPanelRows, acc[r][q]);
 }
 
-using ScratchTileFn = void (*)(const uint16_t*, const PackedMatrix&, const __m512i*,
-                               const float* const*, float*);
+using ScratchTileFn = void (*)(const uint16_t*, const PackedMatrix&, const __m512i*, int64_t,
+                               int64_t, const float* const*, float*, int64_t);
 template <int kPanels>
 constexpr ScratchTileFn kScratchTiles[kMaxTileRows + 1] = {nullptr,
                                                            ScratchTile<1, kPanels>,
@@ -276,39 +294,58 @@ SY_DOT_TARGET void StreamPanels(const uint16_t* x, const PackedMatrix& w, int64_
   }
 }
 
+// Three rows and more. Columns go in ranges that fit L1 once converted (kColumnRange: 32 KiB per
+// panel pair), up to kMostPairs panel pairs at a time: each range of up to kMostPairs pairs is
+// converted once, then every tile of 12 rows runs over it, its x columns reused by every pair.
+constexpr int64_t kColumnRange = 512, kMostPairs = 4;
+
 template <bool kFp8>
 SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix& w,
                                int64_t panel_begin, int64_t panel_end, float* y) {
-  // A panel pair converted once (w.cols · 64 bytes: 1 MB at 16,384 columns, in L2), then read by
-  // every tile of rows.
+  const int64_t block = kFp8 ? w.block_cols : kBf16Block;
+  const int64_t range = std::max<int64_t>(block, kColumnRange / block * block);
+  const int64_t most_pairs = kMostPairs;
   thread_local std::vector<uint8_t> storage;
-  storage.resize(static_cast<size_t>(w.cols) * 64 + 64);
+  storage.resize(static_cast<size_t>(most_pairs * range * 64 + 64));
   __m512i* const scratch = reinterpret_cast<__m512i*>(
       (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~static_cast<uintptr_t>(63));
-  alignas(64) float tile[kMaxTileRows * 2 * kPanelRows];
-  for (int64_t p = panel_begin; p < panel_end; p += 2) {
-    const int panels = panel_end - p >= 2 ? 2 : 1;
-    const float* scales[2] = {kFp8 ? w.PanelScales(p) : nullptr,
-                              kFp8 && panels == 2 ? w.PanelScales(p + 1) : nullptr};
-    if (panels == 2) {
-      ConvertPanels<kFp8, 2>(w, p, scratch);
-    } else {
-      ConvertPanels<kFp8, 1>(w, p, scratch);
-    }
-    const int64_t col0 = p * kPanelRows;
-    const int64_t valid = std::min<int64_t>(panels * kPanelRows, w.rows - col0);
-    for (int64_t r0 = 0; r0 < m; r0 += kMaxTileRows) {
-      const int64_t rows = std::min<int64_t>(kMaxTileRows, m - r0);
-      const uint16_t* xr = x + r0 * w.cols;
-      if (panels == 2) {
-        kScratchTiles<2>[rows](xr, w, scratch, scales, tile);
-      } else {
-        kScratchTiles<1>[rows](xr, w, scratch, scales, tile);
+  // Each row's results for the group's panels, carried across column ranges.
+  thread_local std::vector<float> acc_storage;
+  const int64_t acc_stride = kMostPairs * 2 * kPanelRows;
+  acc_storage.resize(static_cast<size_t>(m * acc_stride + 16));
+  float* const acc = reinterpret_cast<float*>(
+      (reinterpret_cast<uintptr_t>(acc_storage.data()) + 63) & ~static_cast<uintptr_t>(63));
+  for (int64_t group = panel_begin; group < panel_end; group += 2 * most_pairs) {
+    const int64_t group_end = std::min(panel_end, group + 2 * most_pairs);
+    const int64_t pairs = (group_end - group + 1) / 2;
+    std::fill_n(acc, m * acc_stride, 0.0f);
+    const float* scales[kMostPairs][2];
+    for (int64_t g = 0; g < pairs; ++g)
+      for (int q = 0; q < 2; ++q) {
+        const int64_t p = group + 2 * g + q;
+        scales[g][q] = kFp8 && p < group_end ? w.PanelScales(p) : nullptr;
       }
-      for (int64_t r = 0; r < rows; ++r)
-        std::memcpy(y + (r0 + r) * w.rows + col0, tile + r * 2 * kPanelRows,
-                    static_cast<size_t>(valid) * sizeof(float));
+    for (int64_t k0 = 0; k0 < w.cols; k0 += range) {
+      const int64_t k1 = std::min(w.cols, k0 + range);
+      ConvertGroup<kFp8>(w, group, group_end, k0, k1, scratch, range);
+      for (int64_t r0 = 0; r0 < m; r0 += kMaxTileRows) {
+        const int64_t rows = std::min<int64_t>(kMaxTileRows, m - r0);
+        const uint16_t* xr = x + r0 * w.cols;
+        for (int64_t g = 0; g < pairs; ++g) {
+          float* tile = acc + r0 * acc_stride + g * 2 * kPanelRows;
+          if (group + 2 * g + 1 < group_end) {
+            kScratchTiles<2>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile, acc_stride);
+          } else {
+            kScratchTiles<1>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile, acc_stride);
+          }
+        }
+      }
     }
+    const int64_t col0 = group * kPanelRows;
+    const int64_t valid = std::min<int64_t>((group_end - group) * kPanelRows, w.rows - col0);
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(y + r * w.rows + col0, acc + r * acc_stride,
+                  static_cast<size_t>(valid) * sizeof(float));
   }
 }
 
