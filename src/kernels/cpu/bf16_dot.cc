@@ -221,13 +221,20 @@ SY_DOT_TARGET void ConvertGroup(const PackedMatrix& w, int64_t first, int64_t en
   }
 }
 
+// The weights of the next column range, fetched into L2 while a tile computes on this one (one
+// cache line per panel per column pair), so the next conversion does not wait on memory.
+struct Prefetch {
+  const uint8_t* panel[2] = {nullptr, nullptr};
+  int64_t lines = 0;  // per panel
+};
+
 // kRows rows against kPanels converted panels over columns [k0, k1) (whole scale blocks):
 // acc[r · acc_stride + q · 16 + lane] carries each row's result from one column range to the
 // next (zero before the first). Spilled between blocks, the arithmetic is StreamTile's.
 template <int kRows, int kPanels>
 SY_DOT_TARGET void ScratchTile(const uint16_t* x, const PackedMatrix& w, const __m512i* scratch,
                                int64_t k0, int64_t k1, const float* const* scales, float* acc,
-                               int64_t acc_stride) {
+                               int64_t acc_stride, const Prefetch& prefetch) {
   const bool fp8 = w.dtype == DType::kF8E4M3;
   const int64_t block = fp8 ? w.block_cols : kBf16Block;
   for (int64_t b0 = k0; b0 < k1; b0 += block) {
@@ -237,6 +244,10 @@ SY_DOT_TARGET void ScratchTile(const uint16_t* x, const PackedMatrix& w, const _
       for (int q = 0; q < kPanels; ++q)
         chain[r][q] = _mm512_setzero_ps();
     for (int64_t c = b0; c < b1; c += 2) {
+      const int64_t step = (c - k0) / 2;
+      if (step < prefetch.lines)
+        for (int q = 0; q < kPanels; ++q)
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch.panel[q] + step * 64), _MM_HINT_T1);
       __m512i weights[kPanels];
       for (int q = 0; q < kPanels; ++q)
         weights[q] = _mm512_load_si512(scratch + ((c - k0) / 2) * kPanels + q);
@@ -257,7 +268,7 @@ SY_DOT_TARGET void ScratchTile(const uint16_t* x, const PackedMatrix& w, const _
 }
 
 using ScratchTileFn = void (*)(const uint16_t*, const PackedMatrix&, const __m512i*, int64_t,
-                               int64_t, const float* const*, float*, int64_t);
+                               int64_t, const float* const*, float*, int64_t, const Prefetch&);
 template <int kPanels>
 constexpr ScratchTileFn kScratchTiles[kMaxTileRows + 1] = {nullptr,
                                                            ScratchTile<1, kPanels>,
@@ -333,10 +344,21 @@ SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix&
         const uint16_t* xr = x + r0 * w.cols;
         for (int64_t g = 0; g < pairs; ++g) {
           float* tile = acc + r0 * acc_stride + g * 2 * kPanelRows;
-          if (group + 2 * g + 1 < group_end) {
-            kScratchTiles<2>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile, acc_stride);
+          const bool two = group + 2 * g + 1 < group_end;
+          // The first tile of rows fetches the pair's next column range.
+          Prefetch next;
+          if (r0 == 0 && k1 < w.cols) {
+            const int64_t element = kFp8 ? 1 : 2;
+            for (int q = 0; q < (two ? 2 : 1); ++q)
+              next.panel[q] = w.Panel(group + 2 * g + q) + k1 * kPanelRows * element;
+            next.lines = (std::min(w.cols, k1 + range) - k1) * kPanelRows * element / 64;
+          }
+          if (two) {
+            kScratchTiles<2>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile, acc_stride,
+                                   next);
           } else {
-            kScratchTiles<1>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile, acc_stride);
+            kScratchTiles<1>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile, acc_stride,
+                                   next);
           }
         }
       }
