@@ -67,6 +67,41 @@ def agreement(a, b):
     return first, statistics.mean(common)
 
 
+def first_token_margins(args, ids, vllm_top5, vocab):
+    """How far apart the two engines' first greedy tokens are, as switchyard scores them: its
+    log-probability of its own argmax minus that of vLLM's argmax (0 where they agree), from
+    `switchyard logits` on the same prompts; and whether each argmax is in the other's top 5."""
+    import array
+    out = f"{args.results}/first-token-logits.f32"
+    subprocess.run([args.switchyard, "--threads", str(args.threads), "logits", "--model", args.model,
+                    "--kv-dtype", "bf16", "--tokens", ";".join(",".join(map(str, p)) for p in ids), "--out", out],
+                   check=True, capture_output=True)
+    logits = array.array("f")
+    with open(out, "rb") as f:
+        logits.frombytes(f.read())
+    os.remove(out)
+    margins, in_vllm_top5, in_sy_top5 = [], 0, 0
+    for s, top5 in enumerate(vllm_top5):
+        row = last_row(logits, s, vocab)
+        ours = max(range(vocab), key=row.__getitem__)
+        ours_top5 = sorted(range(vocab), key=row.__getitem__, reverse=True)[:5]
+        theirs = top5[0][0]
+        margins.append(row[ours] - row[theirs])  # logits and log-probabilities differ by a constant
+        in_vllm_top5 += ours in [t for t, _ in top5]
+        in_sy_top5 += theirs in ours_top5
+    n = len(vllm_top5)
+    gaps = [a - b for a, b in (sorted(last_row(logits, s, vocab), reverse=True)[:2] for s in range(n))]
+    print(f"  first token, {n} sequence{'s' if n > 1 else ''}: switchyard's argmax in vLLM's top 5 in "
+          f"{in_vllm_top5}/{n}, vLLM's in switchyard's top 5 in {in_sy_top5}/{n}; switchyard's log-prob margin "
+          f"of its argmax over vLLM's: median {statistics.median(margins):.3f}, max {max(margins):.3f} nats "
+          f"(its own top-1/top-2 gap: median {statistics.median(gaps):.3f})")
+
+
+def last_row(logits, s, vocab):
+    """Sequence s's logits at its last prompt position (`switchyard logits` writes every position)."""
+    return logits[((s + 1) * PROMPT_LEN - 1) * vocab:(s + 1) * PROMPT_LEN * vocab]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--switchyard", required=True)
@@ -100,8 +135,8 @@ def main():
             r = run_switchyard(args.switchyard, args.model, prompts[n], args.threads)
             r["load"] = load
             runs.setdefault(("switchyard", n), []).append(r)
-            print(f"   switchyard {n} seq r{rep}: decode {r['decode_tok_s']:.1f} tok/s, prefill {r['prefill_s']:.3f} s,"
-                  f" peak RSS {r['peak_rss_kb'] / 2**20:.2f} GiB", flush=True)
+            print(f"   switchyard {n} seq r{rep}: decode {r['decode_tok_s']:.1f} tok/s, prefill "
+                  f"{r['prefill_s']:.3f} s, peak RSS {r['peak_rss_kb'] / 2**20:.2f} GiB", flush=True)
     json.dump({f"{e}-{n}": v for (e, n), v in runs.items()}, open(f"{args.results}/switchyard.json", "w"))
 
     wait_quiet("vLLM", args.quiet_load, args.quiet_wait, quiet_log)
@@ -112,6 +147,7 @@ def main():
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
     env.setdefault("HF_HUB_OFFLINE", "1")
+    vllm_top5 = None
     with open(f"{args.results}/vllm.log", "w") as log:
         proc = subprocess.Popen([args.vllm_python, f"{here}/run_vllm.py", args.model, prompts_file, str(GENERATE),
                                  str(args.repetitions), str(args.quiet_load), str(args.quiet_wait_rep)],
@@ -121,6 +157,9 @@ def main():
                 log.write(line)
                 continue
             r = json.loads(line[len("RESULT "):])
+            if "top5" in r:
+                vllm_top5 = r["top5"]
+                continue
             runs.setdefault(("vLLM", r["sequences"]), []).append(r)
             with open(quiet_log, "a") as f:
                 f.write(f"vLLM {r['sequences']} seq r{r['rep']}: 1-min load at start {r['load']:.2f}\n")
@@ -128,11 +167,12 @@ def main():
                   f"{r['prefill_s']:.3f} s, full {r['full_s']:.3f} s; load at start {r['load']:.2f}", flush=True)
     if proc.wait() != 0:
         sys.exit(f"compare: run_vllm.py exited {proc.returncode}; log {args.results}/vllm.log")
-    json.dump({f"{e}-{n}": v for (e, n), v in runs.items() if e == "vLLM"}, open(f"{args.results}/vllm.json", "w"))
+    json.dump({f"{e}-{n}": v for (e, n), v in runs.items() if e == "vLLM"},
+              open(f"{args.results}/vllm.json", "w"))
 
     med = {}
-    print(f"\n{'engine':<11} {'seqs':>4} {'decode tok/s':>13} {'prefill s':>10} {'prefill tok/s':>14} {'peak RSS GiB':>13}"
-          f"  runs: decode tok/s@1-min load at start")
+    print(f"\n{'engine':<11} {'seqs':>4} {'decode tok/s':>13} {'prefill s':>10} {'prefill tok/s':>14} "
+          f"{'peak RSS GiB':>13}  runs: decode tok/s@1-min load at start")
     for (engine, n), rs in runs.items():
         d = statistics.median(r["decode_tok_s"] for r in rs)
         p = statistics.median(r["prefill_s"] for r in rs)
@@ -143,12 +183,15 @@ def main():
     print("\nswitchyard / vLLM (decode tok/s: higher is better for switchyard; prefill seconds: lower is)")
     for n in sizes:
         a, b = med["switchyard", n], med["vLLM", n]
-        print(f"  {n:>2} sequence{'s' if n > 1 else ' '}: decode x{a[0] / b[0]:.2f}   prefill time x{a[1] / b[1]:.2f}")
+        print(f"  {n:>2} sequence{'s' if n > 1 else ' '}: decode x{a[0] / b[0]:.2f}   "
+              f"prefill time x{a[1] / b[1]:.2f}")
     print("\ngreedy agreement (informative only: random weights, near-ties; last repetition of each):")
     for n in sizes:
         first, common = agreement(runs["switchyard", n][-1]["token_ids"], runs["vLLM", n][-1]["token_ids"])
         print(f"  {n:>2} sequence{'s' if n > 1 else ' '}: first token agrees in {first}/{n}; "
               f"mean common prefix {common:.1f}/{GENERATE} tokens")
+    if vllm_top5:
+        first_token_margins(args, prompts[max(sizes)], vllm_top5, vocab)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,14 @@
 #     and -- MLA on CPU -- chunked prefill and prefix caching off, max_num_batched_tokens
 #     max(max_model_len, 2048), so 32 x 64 prompt tokens prefill in one step and the 32 sequences
 #     decode as one batch (max_num_seqs 256).
+#
+# Greedy agreement (informative only): the random-weight model's next-token distributions are
+# nearly flat (top log-probabilities ~ -6.3, vs -9.7 uniform; top-1/top-2 gaps of a few hundredths
+# of a nat), so bf16 rounding differences flip the argmax often and the greedy paths diverge
+# within a token or two. The last lines check the first token more finely: vLLM's top 5
+# (logprobs=5, untimed) against `switchyard logits` on the same prompts, and the margin by which
+# switchyard prefers its own argmax over vLLM's. Margins of ~0.1 nat or less with both argmaxes
+# in the other's top 5 mean near-ties, not a different model.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mkdir -p "${1:-$root/build/vllm-compare}" && cd "${1:-$root/build/vllm-compare}" && pwd)"

@@ -7,6 +7,8 @@ decode_tok_s = sequences * (GENERATE - 1) / (full_s - prefill_s): the tokens aft
 over the time the full run took beyond the prefill run. peak_rss_kb: the largest sum of RSS over
 this process and its descendants (vLLM's EngineCore and Worker processes), sampled every 0.1 s
 during that size's runs (shared pages count once per process, so this overstates a little).
+Last, untimed: {"top5": [[[token, logprob] x5] per sequence], "sequences": n} for the first token of
+the largest batch.
 
 usage: run_vllm.py MODEL_DIR PROMPTS_JSON GENERATE REPS QUIET_LOAD QUIET_WAIT_REP_S
   PROMPTS_JSON: {"1": [[ids...]], "32": [[ids...], ...]}. vLLM's threads come from the environment
@@ -92,9 +94,18 @@ def main():
             prefill_s, _ = run(prompts[n], 1)
             full_s, token_ids = run(prompts[n], generate)
             decode_s = full_s - prefill_s
-            print("RESULT " + json.dumps({"sequences": n, "rep": rep, "load": load, "prefill_s": prefill_s, "full_s": full_s,
-                              "decode_tok_s": n * (generate - 1) / decode_s if decode_s > 0 else float("nan"),
-                              "peak_rss_kb": rss.peak // 1024, "token_ids": token_ids}), flush=True)
+            print("RESULT " + json.dumps({
+                "sequences": n, "rep": rep, "load": load, "prefill_s": prefill_s, "full_s": full_s,
+                "decode_tok_s": n * (generate - 1) / decode_s if decode_s > 0 else float("nan"),
+                "peak_rss_kb": rss.peak // 1024, "token_ids": token_ids}), flush=True)
+    # Untimed: the first token's top-5 log-probabilities (vLLM's default: log-softmax of the raw
+    # logits) for the largest batch, for the agreement check.
+    n = max(prompts)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=5)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts[n]], params, use_tqdm=False)
+    top5 = [sorted(((t, lp.logprob) for t, lp in o.outputs[0].logprobs[0].items()), key=lambda x: -x[1])[:5]
+            for o in outputs]
+    print("RESULT " + json.dumps({"top5": top5, "sequences": n}), flush=True)
 
 
 if __name__ == "__main__":  # vLLM starts its engine processes with spawn: the guard is required

@@ -308,7 +308,7 @@ SY_DOT_TARGET void StreamPanels(const uint16_t* x, const PackedMatrix& w, int64_
 // Three rows and more. Columns go in ranges that fit L1 once converted (kColumnRange: 32 KiB per
 // panel pair), up to kMostPairs panel pairs at a time: each range of up to kMostPairs pairs is
 // converted once, then every tile of 12 rows runs over it, its x columns reused by every pair.
-constexpr int64_t kColumnRange = 512, kMostPairs = 4;
+constexpr int64_t kColumnRange = 512, kMostPairs = 4, kRowBlock = 192;
 
 template <bool kFp8>
 SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix& w,
@@ -323,51 +323,56 @@ SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix&
   // Each row's results for the group's panels, carried across column ranges.
   thread_local std::vector<float> acc_storage;
   const int64_t acc_stride = kMostPairs * 2 * kPanelRows;
-  acc_storage.resize(static_cast<size_t>(m * acc_stride + 16));
+  acc_storage.resize(static_cast<size_t>(std::min(m, kRowBlock) * acc_stride + 16));
   float* const acc = reinterpret_cast<float*>(
       (reinterpret_cast<uintptr_t>(acc_storage.data()) + 63) & ~static_cast<uintptr_t>(63));
   for (int64_t group = panel_begin; group < panel_end; group += 2 * most_pairs) {
     const int64_t group_end = std::min(panel_end, group + 2 * most_pairs);
     const int64_t pairs = (group_end - group + 1) / 2;
-    std::fill_n(acc, m * acc_stride, 0.0f);
     const float* scales[kMostPairs][2];
     for (int64_t g = 0; g < pairs; ++g)
       for (int q = 0; q < 2; ++q) {
         const int64_t p = group + 2 * g + q;
         scales[g][q] = kFp8 && p < group_end ? w.PanelScales(p) : nullptr;
       }
-    for (int64_t k0 = 0; k0 < w.cols; k0 += range) {
-      const int64_t k1 = std::min(w.cols, k0 + range);
-      ConvertGroup<kFp8>(w, group, group_end, k0, k1, scratch, range);
-      for (int64_t r0 = 0; r0 < m; r0 += kMaxTileRows) {
-        const int64_t rows = std::min<int64_t>(kMaxTileRows, m - r0);
-        const uint16_t* xr = x + r0 * w.cols;
-        for (int64_t g = 0; g < pairs; ++g) {
-          float* tile = acc + r0 * acc_stride + g * 2 * kPanelRows;
-          const bool two = group + 2 * g + 1 < group_end;
-          // The first tile of rows fetches the pair's next column range.
-          Prefetch next;
-          if (r0 == 0 && k1 < w.cols) {
-            const int64_t element = kFp8 ? 1 : 2;
-            for (int q = 0; q < (two ? 2 : 1); ++q)
-              next.panel[q] = w.Panel(group + 2 * g + q) + k1 * kPanelRows * element;
-            next.lines = (std::min(w.cols, k1 + range) - k1) * kPanelRows * element / 64;
-          }
-          if (two) {
-            kScratchTiles<2>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile, acc_stride,
-                                   next);
-          } else {
-            kScratchTiles<1>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile, acc_stride,
-                                   next);
+    // Rows in blocks whose results stay in L2 across the column ranges (a prompt's 2,048 rows
+    // would carry 1 MiB); each block converts the group again, a small cost against its rows.
+    for (int64_t block0 = 0; block0 < m; block0 += kRowBlock) {
+      const int64_t block_rows = std::min(kRowBlock, m - block0);
+      std::fill_n(acc, block_rows * acc_stride, 0.0f);
+      for (int64_t k0 = 0; k0 < w.cols; k0 += range) {
+        const int64_t k1 = std::min(w.cols, k0 + range);
+        ConvertGroup<kFp8>(w, group, group_end, k0, k1, scratch, range);
+        for (int64_t r0 = 0; r0 < block_rows; r0 += kMaxTileRows) {
+          const int64_t rows = std::min<int64_t>(kMaxTileRows, block_rows - r0);
+          const uint16_t* xr = x + (block0 + r0) * w.cols;
+          for (int64_t g = 0; g < pairs; ++g) {
+            float* tile = acc + r0 * acc_stride + g * 2 * kPanelRows;
+            const bool two = group + 2 * g + 1 < group_end;
+            // The first tile of rows fetches the pair's next column range.
+            Prefetch next;
+            if (r0 == 0 && k1 < w.cols) {
+              const int64_t element = kFp8 ? 1 : 2;
+              for (int q = 0; q < (two ? 2 : 1); ++q)
+                next.panel[q] = w.Panel(group + 2 * g + q) + k1 * kPanelRows * element;
+              next.lines = (std::min(w.cols, k1 + range) - k1) * kPanelRows * element / 64;
+            }
+            if (two) {
+              kScratchTiles<2>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile,
+                                     acc_stride, next);
+            } else {
+              kScratchTiles<1>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile,
+                                     acc_stride, next);
+            }
           }
         }
       }
+      const int64_t col0 = group * kPanelRows;
+      const int64_t valid = std::min<int64_t>((group_end - group) * kPanelRows, w.rows - col0);
+      for (int64_t r = 0; r < block_rows; ++r)
+        std::memcpy(y + (block0 + r) * w.rows + col0, acc + r * acc_stride,
+                    static_cast<size_t>(valid) * sizeof(float));
     }
-    const int64_t col0 = group * kPanelRows;
-    const int64_t valid = std::min<int64_t>((group_end - group) * kPanelRows, w.rows - col0);
-    for (int64_t r = 0; r < m; ++r)
-      std::memcpy(y + r * w.rows + col0, acc + r * acc_stride,
-                  static_cast<size_t>(valid) * sizeof(float));
   }
 }
 
