@@ -237,7 +237,7 @@ TEST_F(Bf16DotTest, MlaDecodeMatchesTheSoftmaxAndDoesNotDependOnItsNeighbours) {
         }
       const kernels::LatentPages view{reinterpret_cast<const uint8_t*>(pool.data()), DType::kBF16,
                                       page, width, table.data()};
-      ASSERT_TRUE(kernels::MlaDecodeBf16Applies(view, latent, rope));
+      ASSERT_TRUE(kernels::MlaDecodeBf16Applies(view.dtype, latent, rope));
       auto q_latent = RandomRows(tokens * heads, latent, 12);
       auto q_pe = RandomRows(tokens * heads, rope, 13);
       std::vector<int64_t> positions;

@@ -213,9 +213,12 @@ TEST(ConformanceTest, Bf16DotPathMeetsTheBar) {
     Fixture fixture = LoadFixture(name);
     auto model = Model::Load(fixture.directory);
     ASSERT_TRUE(model.ok()) << model.status().message();
-    for (int64_t decode_from : {int64_t{-1}, int64_t{3}}) {
+    // f32 cache; and a bf16 cache, whose decode steps run the bf16 MLA kernel.
+    for (auto [kv, decode_from] :
+         {std::pair{DType::kF32, int64_t{-1}}, std::pair{DType::kF32, int64_t{3}},
+          std::pair{DType::kBF16, int64_t{3}}}) {
       auto logits =
-          RunModel(*model.value(), fixture, {name, AttentionForm::kAuto, DType::kF32, decode_from});
+          RunModel(*model.value(), fixture, {name, AttentionForm::kAuto, kv, decode_from});
       auto comparison = CompareLogits(fixture.logits, logits, fixture.vocab);
       EXPECT_EQ(comparison.argmax_mismatches, 0) << name;
       // Rounded activations flip a near-tie expert choice now and then on these random models
@@ -223,7 +226,7 @@ TEST(ConformanceTest, Bf16DotPathMeetsTheBar) {
       // under 0.008): at most two such rows, or one in twenty.
       const int64_t rows = static_cast<int64_t>(comparison.row_max_diff.size());
       EXPECT_LE(comparison.RowsOver(1e-2), std::max<int64_t>(2, rows / 20))
-          << name << " decode from " << decode_from;
+          << name << " decode from " << decode_from << " cache " << DTypeName(kv);
     }
   }
   Fixture fixture = LoadFixture("default-model");

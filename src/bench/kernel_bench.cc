@@ -172,9 +172,8 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
   KernelResult r;
   r.kernel = "mla_decode";
   r.weight_dtype = "bf16";
-  const kernels::LatentPages probe{nullptr, DType::kBF16, page, width, nullptr};
   const bool bf16 = kernels::GlobalKernelOptions().bf16_dot &&
-                    kernels::MlaDecodeBf16Applies(probe, kLatent, kRope);
+                    kernels::MlaDecodeBf16Applies(DType::kBF16, kLatent, kRope);
   r.path = fmt::format("{}flash-decode q{} kv{}", bf16 ? "bf16-dot " : "", query_len, kv_len);
   r.m = tokens;
   r.n = kHeads;

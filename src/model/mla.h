@@ -13,7 +13,8 @@
 namespace sy {
 
 enum class AttentionForm {
-  kAuto,      // expanded for sequences with more than kAbsorbedMaxQueries new tokens, else absorbed
+  kAuto,      // absorbed for sequences of at most kAbsorbedMaxQueries new tokens, and where the
+              // bf16 MLA kernel runs for those reaching kAbsorbedPromptKeys keys; else expanded
   kExpanded,  // HF's form: expand cached latents with kv_b (prefill)
   kAbsorbed,  // DeepSeek's absorbed form over the latent cache (decode)
 };
@@ -22,6 +23,9 @@ enum class AttentionForm {
 // or an MTP verification step of query length 1 + K (K ≤ 8 draft tokens). For so few queries
 // attending straight from the latent cache beats expanding every cached row with kv_b.
 inline constexpr int64_t kAbsorbedMaxQueries = 9;
+// Under kAuto, where the bf16 MLA decode kernel runs (a bf16 cache on a CPU with AVX-512 BF16),
+// prompts whose sequence reaches this many keys take the absorbed form as well.
+inline constexpr int64_t kAbsorbedPromptKeys = 384;
 
 // The block in its phases, for schedules that exchange between them (SP-TP-SP attention):
 // Projections of `tokens` rows x [tokens, D]: q [tokens, H, qk_head_dim] with RoPE applied, and

@@ -183,7 +183,7 @@ void MlaDecodeAttention(const float* q_latent, const float* q_pe, int64_t tokens
                         const int64_t* positions, const LatentPages& cache, int64_t keys,
                         int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
                         int64_t rope, float softmax_scale, float* o_latent) {
-  if (GlobalKernelOptions().bf16_dot && MlaDecodeBf16Applies(cache, latent, rope)) {
+  if (GlobalKernelOptions().bf16_dot && MlaDecodeBf16Applies(cache.dtype, latent, rope)) {
     MlaDecodeAttentionBf16(q_latent, q_pe, tokens, positions, cache, keys, heads, head_begin,
                            head_end, latent, rope, softmax_scale, o_latent);
     return;

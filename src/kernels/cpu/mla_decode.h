@@ -36,7 +36,7 @@ void MlaDecodeAttention(const float* q_latent, const float* q_pe, int64_t tokens
 
 // The bf16 dot-product version (mla_decode_bf16.cc), which MlaDecodeAttention runs when this
 // holds (a bf16 cache, AVX-512 BF16, latent a multiple of 16) and the dot kernel is enabled.
-bool MlaDecodeBf16Applies(const LatentPages& cache, int64_t latent, int64_t rope);
+bool MlaDecodeBf16Applies(DType cache_dtype, int64_t latent, int64_t rope);
 void MlaDecodeAttentionBf16(const float* q_latent, const float* q_pe, int64_t tokens,
                             const int64_t* positions, const LatentPages& cache, int64_t keys,
                             int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,

@@ -20,8 +20,8 @@
 
 namespace sy::kernels {
 
-bool MlaDecodeBf16Applies(const LatentPages& cache, int64_t latent, int64_t rope) {
-  return HasBf16Dot() && cache.dtype == DType::kBF16 && latent % 16 == 0 && rope % 2 == 0;
+bool MlaDecodeBf16Applies(DType cache_dtype, int64_t latent, int64_t rope) {
+  return HasBf16Dot() && cache_dtype == DType::kBF16 && latent % 16 == 0 && rope % 2 == 0;
 }
 
 #if defined(__x86_64__)
