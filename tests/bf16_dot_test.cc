@@ -11,6 +11,7 @@
 #include "kernels/cpu/grouped_ffn.h"
 #include "kernels/cpu/mla_decode.h"
 #include "tensor/packed_matrix.h"
+#include "test_support.h"
 
 namespace sy {
 namespace {
@@ -261,30 +262,11 @@ TEST_F(Bf16DotTest, MlaDecodeMatchesTheSoftmaxAndDoesNotDependOnItsNeighbours) {
                                           rope, scale, alone.data() + t * heads * latent);
       EXPECT_EQ(0, std::memcmp(blocks.data(), whole.data(), whole.size() * sizeof(float)));
       EXPECT_EQ(0, std::memcmp(alone.data(), whole.data(), whole.size() * sizeof(float)));
-      for (int64_t t = 0; t < tokens; ++t)
-        for (int64_t h = 0; h < heads; ++h) {
-          std::vector<double> scores;
-          double top = -1e30;
-          for (int64_t j = 0; j <= positions[t]; ++j) {
-            double sum = 0;
-            for (int64_t d = 0; d < latent; ++d)
-              sum += q_latent[(t * heads + h) * latent + d] * rows[j * width + d];
-            for (int64_t r = 0; r < rope; ++r)
-              sum += q_pe[(t * heads + h) * rope + r] * rows[j * width + latent + r];
-            scores.push_back(sum * scale);
-            top = std::max(top, scores.back());
-          }
-          double total = 0;
-          for (double& v : scores)
-            total += (v = std::exp(v - top));
-          for (int64_t d = 0; d < latent; ++d) {
-            double o = 0;
-            for (size_t j = 0; j < scores.size(); ++j)
-              o += scores[j] / total * rows[j * width + d];
-            EXPECT_NEAR(whole[(t * heads + h) * latent + d], o, 2e-2)
-                << "keys " << keys << " tokens " << tokens << " head " << h << " dim " << d;
-          }
-        }
+      const auto want = testing::AbsorbedAttentionReference(q_latent, q_pe, rows, positions, heads,
+                                                            latent, rope, scale);
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_NEAR(whole[i], want[i], 2e-2)
+            << "keys " << keys << " tokens " << tokens << " at " << i;
     }
   }
 }

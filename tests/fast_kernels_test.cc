@@ -14,6 +14,7 @@
 #include "kernels/cpu/mla_decode.h"
 #include "kernels/cpu/panel_gemm.h"
 #include "model/feed_forward.h"
+#include "test_support.h"
 
 namespace sy {
 namespace {
@@ -268,29 +269,10 @@ void CheckMlaDecodeAgainstDirectSums() {
         kernels::MlaDecodeAttention(q_latent.data(), q_pe.data(), tokens, positions.data(), view,
                                     keys, heads, 2, heads, latent, rope, 0.3f, got.data());
         // Reference: the absorbed form with an identity W_UK/W_UV (kv_b = [I; I] per head).
-        for (int64_t t = 0; t < tokens; ++t)
-          for (int64_t h = 0; h < heads; ++h) {
-            std::vector<double> scores;
-            double top = -1e30;
-            for (int64_t j = 0; j <= positions[t]; ++j) {
-              double s = 0;
-              for (int64_t d = 0; d < latent; ++d)
-                s += q_latent[(t * heads + h) * latent + d] * rows[j * width + d];
-              for (int64_t r = 0; r < rope; ++r)
-                s += q_pe[(t * heads + h) * rope + r] * rows[j * width + latent + r];
-              scores.push_back(s * 0.3);
-              top = std::max(top, scores.back());
-            }
-            double sum = 0;
-            for (double& s : scores)
-              sum += (s = std::exp(s - top));
-            for (int64_t d = 0; d < latent; ++d) {
-              double o = 0;
-              for (size_t j = 0; j < scores.size(); ++j)
-                o += scores[j] / sum * rows[j * width + d];
-              EXPECT_NEAR(got[(t * heads + h) * latent + d], o, 1e-4) << keys << " " << tokens;
-            }
-          }
+        const auto want = testing::AbsorbedAttentionReference(q_latent, q_pe, rows, positions,
+                                                              heads, latent, rope, 0.3);
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_NEAR(got[i], want[i], 1e-4) << keys << " " << tokens << " at " << i;
       }
     }
   }

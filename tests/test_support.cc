@@ -124,4 +124,37 @@ int RunCommand(const std::string& command, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+std::vector<double> AbsorbedAttentionReference(const std::vector<float>& q_latent,
+                                               const std::vector<float>& q_pe,
+                                               const std::vector<float>& rows,
+                                               const std::vector<int64_t>& positions, int64_t heads,
+                                               int64_t latent, int64_t rope, double scale) {
+  const int64_t tokens = static_cast<int64_t>(positions.size()), width = latent + rope;
+  std::vector<double> out(static_cast<size_t>(tokens * heads * latent));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<double> scores;
+      double top = -1e30;
+      for (int64_t j = 0; j <= positions[t]; ++j) {
+        double s = 0;
+        for (int64_t d = 0; d < latent; ++d)
+          s += q_latent[(t * heads + h) * latent + d] * rows[j * width + d];
+        for (int64_t r = 0; r < rope; ++r)
+          s += q_pe[(t * heads + h) * rope + r] * rows[j * width + latent + r];
+        scores.push_back(s * scale);
+        top = std::max(top, scores.back());
+      }
+      double sum = 0;
+      for (double& s : scores)
+        sum += (s = std::exp(s - top));
+      for (int64_t d = 0; d < latent; ++d) {
+        double o = 0;
+        for (size_t j = 0; j < scores.size(); ++j)
+          o += scores[j] / sum * rows[j * width + d];
+        out[(t * heads + h) * latent + d] = o;
+      }
+    }
+  return out;
+}
+
 }  // namespace sy::testing

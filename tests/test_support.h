@@ -43,4 +43,13 @@ void WriteFile(const std::string& path, const std::string& contents);
 // Runs a shell command; returns its exit status and captures stdout+stderr.
 int RunCommand(const std::string& command, std::string* output);
 
+// Absorbed MLA attention computed directly in double, the reference of the flash-decoding
+// kernels: o[t][h][d] = Σ_{j ≤ positions[t]} softmax_j(scale · (q_latent·row_j[:latent] +
+// q_pe·row_j[latent:])) · row_j[d], rows [keys][latent + rope].
+std::vector<double> AbsorbedAttentionReference(const std::vector<float>& q_latent,
+                                               const std::vector<float>& q_pe,
+                                               const std::vector<float>& rows,
+                                               const std::vector<int64_t>& positions, int64_t heads,
+                                               int64_t latent, int64_t rope, double scale);
+
 }  // namespace sy::testing
