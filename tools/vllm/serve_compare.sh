@@ -124,20 +124,7 @@ bench() {  # OUT NUM_PROMPTS CONCURRENCY
 }
 
 # --- wait for a quiet machine, before each engine and each repetition ------------------------------
-wait_quiet() {  # NAME MAX_SECONDS
-  local waited=0 load
-  while :; do
-    load="$(cut -d' ' -f1 /proc/loadavg)"
-    if python3 -c "import sys; sys.exit(float('$load') >= float('$quiet_load'))"; then
-      echo "== $1: machine quiet, 1-min load $load (waited ${waited}s) =="; break
-    fi
-    if [ "$waited" -ge "$2" ]; then
-      echo "== $1: machine NOT quiet after ${waited}s (1-min load $load): measuring anyway =="; break
-    fi
-    sleep 15; waited=$((waited + 15))
-  done
-  echo "$1: waited ${waited}s, loadavg at start $(cat /proc/loadavg)" >>"$results/quiet.txt"
-}
+source "$root/tools/bench_common.sh"  # wait_quiet
 : >"$results/quiet.txt"
 
 # --- probe: bench serve's request features on the (unmodified) vLLM server --------------------------
