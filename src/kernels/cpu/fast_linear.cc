@@ -96,11 +96,10 @@ void LinearPacked(const float* x, int64_t m, const PackedMatrix& w, float* y) {
   if (UseBf16Dot(w)) {
     std::vector<uint16_t> x_bf16(static_cast<size_t>(m * w.cols));
     ToBf16RowsForDot(x, m, w.cols, x_bf16.data());
-    const int64_t unit = Bf16DotPanelUnit(m);
-    const int64_t units = (w.panels + unit - 1) / unit;
-    ThreadPool::Global().ParallelFor(static_cast<size_t>(units), [&](size_t begin, size_t end) {
-      Bf16DotPanels(x_bf16.data(), m, w, static_cast<int64_t>(begin) * unit,
-                    std::min<int64_t>(w.panels, static_cast<int64_t>(end) * unit), y);
+    // Panels in equal contiguous shares (the kernel tiles each share itself): whole 4- or 8-panel
+    // units would leave one thread a unit more on small matrices (kv_a_proj's 18 panels: 3:2).
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(w.panels), [&](size_t begin, size_t end) {
+      Bf16DotPanels(x_bf16.data(), m, w, static_cast<int64_t>(begin), static_cast<int64_t>(end), y);
     });
     return;
   }
