@@ -33,8 +33,10 @@
 #     prompts prefill in one step. Three processes: the API server, EngineCore (scheduler), and
 #     the Worker with 2 OpenMP threads bound to cores 0,1 (VLLM_CPU_OMP_THREADS_BIND=0-1,
 #     VLLM_CPU_NUM_OF_RESERVED_CPU=0: "auto" would keep one of the two cores for the scheduler).
-#     KV cache VLLM_CPU_KVCACHE_SPACE=2 GiB (~186k tokens). Startup takes ~1-2 minutes on 2 cores
-#     (torch.compile warm-up, cached under WORK_DIR/vllm-cache after the first time).
+#     KV cache VLLM_CPU_KVCACHE_SPACE=2 GiB (~186k tokens). Startup takes ~50-80 s on 2 cores,
+#     mostly torch.compile (its saved artefact fails to reload with this torch, see compare.sh).
+#     While it serves, the API server and EngineCore processes (~10-15% of a core each in top/ps)
+#     share the two cores with the Worker's two threads.
 # switchyard's server: `switchyard --threads 2 serve --served-model-name bench --kv-cache-tokens
 # 8192` (as tools/llama_cpp/serve_compare.sh).
 set -euo pipefail
