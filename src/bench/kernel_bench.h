@@ -28,7 +28,7 @@ struct KernelBenchOptions {
   bool quick = false;
   int repetitions = 5;
   int64_t stream_bytes = 1ll << 30;  // weights cycled per shape: 4× even a 260 MB last-level cache
-  bool onednn = true;                 // oneDNN's bf16 matmul beside ours
+  bool onednn = true;                // oneDNN's bf16 matmul beside ours
 };
 
 std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,

@@ -47,8 +47,9 @@ void AddBenchVerb(CLI::App& app) {
       "kernels", "Kernels at DeepSeek-V3 shapes: bandwidth, FLOP/s, roofline fraction");
   k->add_flag("--quick", kernels->quick, "Fewer shapes and repetitions (under two minutes)");
   k->add_flag("--json", kernels->json, "Print one JSON object");
-  k->add_flag("--onednn,!--no-onednn", kernels->onednn,
-              "oneDNN's bf16 matmul beside ours on the batched-decode and prefill shapes (default)");
+  k->add_flag(
+      "--onednn,!--no-onednn", kernels->onednn,
+      "oneDNN's bf16 matmul beside ours on the batched-decode and prefill shapes (default)");
   k->add_option("--repetitions", kernels->repetitions,
                 "Timed repetitions per result (median reported)")
       ->check(CLI::Range(1, 101));
