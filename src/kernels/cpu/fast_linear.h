@@ -11,8 +11,9 @@
 namespace sy::kernels {
 
 struct KernelOptions {
-  // Batches of at least this many rows use the bf16 GEMM where the CPU has AVX-512 BF16
-  // (activations rounded to bf16); smaller ones the f32 panel kernel.
+  // Where the dot kernel does not run (no VBMI, or bf16_dot off): batches of at least this many
+  // rows use the bf16 GEMM where the CPU has AVX-512 BF16 (activations rounded to bf16), smaller
+  // ones the f32 panel kernel.
   int64_t bf16_gemm_min_rows = 128;
   bool allow_bf16_gemm = true;
   // fp8 and bf16 weights take the bf16 dot-product kernel (bf16_dot.h) at every row count
