@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "base/thread_pool.h"
@@ -132,6 +133,34 @@ TEST_P(PerTarget, PanelGemmMatchesReference) {
       kernels::LinearPacked(x.data(), m, *packed, got.data());
       EXPECT_LT(RelativeError(got, expected), 1e-5)
           << DTypeName(dtype) << " rows " << rows << " cols " << cols << " m " << m;
+    }
+  }
+  kernels::GlobalKernelOptions().allow_bf16_gemm = true;
+}
+
+// Every target's panel products give a row the same bits whatever the rows beside it: decode does
+// not depend on the batch, and --batch-invariant holds on every CPU (AVX2 included).
+TEST_P(PerTarget, RowsAreTheSameBitsAtEveryBatchSize) {
+  kernels::GlobalKernelOptions().allow_bf16_gemm = false;
+  for (DType dtype : {DType::kF8E4M3, DType::kBF16, DType::kF32}) {
+    // 6 panels (no split-K), 300 columns: two whole fp8 blocks and a partial one; 600 columns
+    // cross the many-row path's 256-column ranges inside a block.
+    for (int64_t cols : {300, 600}) {
+      OwnedMatrix w = RandomMatrix(dtype, 90, cols, static_cast<uint32_t>(cols) + 5);
+      auto packed = Pack(w.view);
+      constexpr int64_t kRows = 41;
+      auto x = RandomVector(static_cast<size_t>(kRows * cols), 9);
+      std::vector<float> all(static_cast<size_t>(kRows * 90));
+      kernels::LinearPacked(x.data(), kRows, *packed, all.data());
+      for (int64_t m : {1, 2, 3, 4, 5, 7, 12, 13}) {
+        for (int64_t first : {int64_t{0}, kRows - m}) {
+          std::vector<float> some(static_cast<size_t>(m * 90));
+          kernels::LinearPacked(x.data() + first * cols, m, *packed, some.data());
+          EXPECT_EQ(std::memcmp(some.data(), all.data() + first * 90, some.size() * sizeof(float)),
+                    0)
+              << DTypeName(dtype) << " cols " << cols << " m " << m << " first row " << first;
+        }
+      }
     }
   }
   kernels::GlobalKernelOptions().allow_bf16_gemm = true;

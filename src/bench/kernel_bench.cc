@@ -187,8 +187,9 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
   out.push_back(r);
 }
 
-// oneDNN's bf16 matmul on the same shape and row counts, scored against the bf16 peak; each of
-// our rows with that shape and m gets the ratio of its GFLOP/s to oneDNN's.
+// oneDNN's bf16 matmul (f32 where the CPU has no bf16 one) on the same shape and row counts,
+// scored against the matching peak; each of our rows with that shape and m gets the ratio of its
+// GFLOP/s to oneDNN's.
 void BenchOnednn(const MachinePeaks& peaks, const KernelBenchOptions& options, const Shape& shape,
                  const std::vector<int64_t>& ms, std::vector<KernelResult>& out) {
   const double one = static_cast<double>(shape.n) * shape.k * 2;
@@ -198,15 +199,17 @@ void BenchOnednn(const MachinePeaks& peaks, const KernelBenchOptions& options, c
     KernelResult r;
     r.seconds = onednn.MedianSeconds(m, options.repetitions);
     r.kernel = m >= 256 ? "gemm" : "gemv";
-    r.weight_dtype = "bf16";
+    const double element = onednn.bf16() ? 2 : 4;
+    r.weight_dtype = onednn.bf16() ? "bf16" : "f32";
     r.path = fmt::format("onednn {}", shape.name);
     r.implementation = onednn.implementation();
     r.m = m;
     r.n = shape.n;
     r.k = shape.k;
-    r.bytes = one + (static_cast<double>(m) * shape.k * 2 + static_cast<double>(m) * shape.n * 4);
+    r.bytes = one / 2 * element +
+              (static_cast<double>(m) * shape.k * element + static_cast<double>(m) * shape.n * 4);
     r.flops = 2.0 * m * shape.n * shape.k;
-    Score(r, peaks, peaks.bf16_gflops);
+    Score(r, peaks, onednn.bf16() ? peaks.bf16_gflops : peaks.f32_gflops);
     const std::string ours = fmt::format("{} ", shape.name);
     for (auto& mine : out)
       if (mine.m == m && mine.n == shape.n && mine.k == shape.k && mine.path.rfind(ours, 0) == 0)

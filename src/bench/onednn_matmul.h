@@ -1,7 +1,8 @@
-// oneDNN's bf16 matmul (Debian's libdnnl) at the shapes `bench kernels` runs, for rows side by
-// side with our kernels in the same run. oneDNN has no fp8 with block scales, so it gets the same
-// weights in bf16 (twice the bytes) in its own preferred layout, reordered before timing, and
-// activations already in bf16; ours convert fp8 and round activations inside the timed call.
+// oneDNN's bf16 matmul (Debian's libdnnl; its f32 matmul on CPUs without a bf16 one) at the shapes
+// `bench kernels` runs, for rows side by side with our kernels in the same run. oneDNN has no fp8
+// with block scales, so it gets the same weights in bf16 (twice the bytes) in its own preferred
+// layout, reordered before timing, and activations already in bf16; ours convert fp8 and round
+// activations inside the timed call.
 #pragma once
 
 #include <cstdint>
@@ -23,11 +24,14 @@ class OnednnMatmul {
   double MedianSeconds(int64_t m, int repetitions);
   // The implementation oneDNN chose for the last m (e.g. "brg:avx512_core_bf16").
   const std::string& implementation() const { return implementation_; }
+  // Whether the last m ran in bf16 (else f32: the CPU has no bf16 matmul).
+  bool bf16() const { return bf16_; }
 
  private:
   struct State;
   std::unique_ptr<State> state_;
   std::string implementation_;
+  bool bf16_ = true;
 };
 
 }  // namespace sy::bench

@@ -6,6 +6,7 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/panel_gemm.cc"
+#include "hwy/cache_control.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
@@ -232,6 +233,279 @@ HWY_NOINLINE void PanelQuadTile(const float* x, int64_t x_stride, const PackedMa
 }
 #endif
 
+// ---- Panels wider than one vector (AVX2, SSE4, NEON: kVectors = kPanelRows / N ≥ 2) ----
+//
+// Every row follows one order of arithmetic whatever the number of rows beside it: per output
+// lane and scale block, one multiply-add chain over the block's columns in order from zero, then
+// the chain times the block's scale added to the row's sum. A row's result is then the same bits
+// at every batch size (decode does not depend on the batch; a recomputed prompt gets decode's
+// exact rows). The independent chains that hide the multiply-add latency come from output
+// vectors, rows and panels side by side, never from splitting a row's columns.
+
+// One column's kVectors weight vectors. fp8 decodes 2N weights per conversion (one widening load
+// of 2N bytes), halving the decode work per weight on targets with 16-bit lanes.
+template <DType kType, size_t kVectors>
+HWY_INLINE void LoadColumn(DF df, const uint8_t* panel, int64_t col, hn::Vec<DF>* out) {
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (kType == DType::kF8E4M3) {
+    const hn::Repartition<int16_t, DF> di16;  // 2N lanes
+    const hn::Rebind<int8_t, decltype(di16)> di8;
+    const hn::Repartition<hwy::float16_t, DF> df16;
+    const hn::Half<decltype(df16)> dh;
+    const size_t N = hn::Lanes(df);
+    const int8_t* column = reinterpret_cast<const int8_t*>(panel) + col * kPanelRows;
+#pragma GCC unroll 16
+    for (size_t v = 0; v < kVectors; v += 2) {
+      const auto bits = hn::BitCast(
+          df16, Fp8ToF16Bits(di16, hn::PromoteTo(di16, hn::LoadU(di8, column + v * N))));
+      out[v] = hn::PromoteTo(df, hn::LowerHalf(dh, bits));
+      out[v + 1] = hn::PromoteTo(df, hn::UpperHalf(dh, bits));
+    }
+    return;
+  }
+#endif
+  const size_t N = hn::Lanes(df);
+#pragma GCC unroll 16
+  for (size_t v = 0; v < kVectors; ++v)
+    out[v] = LoadWeights<kType>(df, panel, col, v * N);
+}
+
+// Adds a finished block's chains into the row sums in `sums` (memory: the sums change once per
+// block, and keeping them out of registers leaves the registers to the chains).
+template <DType kType, size_t kCount>
+HWY_INLINE void FoldBlock(DF df, float scale, hn::Vec<DF>* chains, float* sums) {
+  const size_t N = hn::Lanes(df);
+  const auto factor = hn::Set(df, scale * 256.0f);
+#pragma GCC unroll 16
+  for (size_t i = 0; i < kCount; ++i) {
+    const auto sum = hn::LoadU(df, sums + i * N);
+    hn::StoreU(
+        kType == DType::kF8E4M3 ? hn::MulAdd(chains[i], factor, sum) : hn::Add(chains[i], sum), df,
+        sums + i * N);
+    chains[i] = hn::Zero(df);
+  }
+}
+
+// Few rows (decode): kPanels panels of kTokens rows walked side by side from packed memory,
+// weights decoded in registers. Several panels keep several streams of cache misses in flight
+// (one stream per core does not reach the core's read rate) and give the chains to hide latency.
+// sums: [kPanels][kTokens][kPanelRows], zeroed by the caller.
+template <DType kType, size_t kVectors, size_t kTokens, size_t kPanels>
+HWY_NOINLINE void StreamPanels(const float* x, int64_t x_stride, const PackedMatrix& w,
+                               int64_t panel, float* sums) {
+  constexpr size_t kChains = kPanels * kTokens * kVectors;
+  const DF df;
+  const uint8_t* base[kPanels];
+  const float* scales[kPanels];
+  for (size_t q = 0; q < kPanels; ++q) {
+    base[q] = w.Panel(panel + static_cast<int64_t>(q));
+    scales[q] = kType == DType::kF8E4M3 ? w.PanelScales(panel + static_cast<int64_t>(q)) : nullptr;
+  }
+  constexpr int64_t kColumnBytes =
+      kPanelRows * (kType == DType::kF8E4M3 ? 1 : (kType == DType::kBF16 ? 2 : 4));
+  constexpr int64_t kAhead = 2048 / kColumnBytes;  // prefetch 2 KiB ahead in every stream
+  hn::Vec<DF> chains[kChains];
+#pragma GCC unroll 64
+  for (size_t i = 0; i < kChains; ++i)
+    chains[i] = hn::Zero(df);
+  const int64_t block = kType == DType::kF8E4M3 ? w.block_cols : w.cols;
+  for (int64_t begin = 0; begin < w.cols; begin += block) {
+    const int64_t end = std::min(w.cols, begin + block);
+    for (int64_t c = begin; c < end; ++c) {
+      if ((c * kColumnBytes) % 64 == 0 && c + kAhead < w.cols) {
+#pragma GCC unroll 16
+        for (size_t q = 0; q < kPanels; ++q)
+          hwy::Prefetch(base[q] + (c + kAhead) * kColumnBytes);
+      }
+#pragma GCC unroll 16
+      for (size_t q = 0; q < kPanels; ++q) {
+        hn::Vec<DF> weights[kVectors];
+        LoadColumn<kType, kVectors>(df, base[q], c, weights);
+#pragma GCC unroll 16
+        for (size_t t = 0; t < kTokens; ++t) {
+          const auto xv = hn::Set(df, x[static_cast<int64_t>(t) * x_stride + c]);
+#pragma GCC unroll 16
+          for (size_t v = 0; v < kVectors; ++v) {
+            auto& chain = chains[(q * kTokens + t) * kVectors + v];
+            chain = hn::MulAdd(xv, weights[v], chain);
+          }
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (size_t q = 0; q < kPanels; ++q)
+      FoldBlock<kType, kTokens * kVectors>(
+          df, kType == DType::kF8E4M3 ? scales[q][begin / block] : 1.0f,
+          chains + q * kTokens * kVectors, sums + q * kTokens * kPanelRows);
+  }
+}
+
+// Many rows: a range of a panel's columns is decoded once into f32 in L1 and shared by every row,
+// so the decode cost per weight falls as 1/m and the inner loop is loads and multiply-adds.
+constexpr int64_t kScratchColumns = 256;  // 16 KiB of f32: half of a 32 KiB L1
+
+// kTokens rows over columns [begin, end) of one panel decoded in `scratch` (column c at
+// (c - begin) * kPanelRows), continuing the chains and sums kept in `state` between ranges:
+// state[t] = {chains [kPanelRows], sums [kPanelRows]}.
+template <DType kType, size_t kVectors, size_t kTokens>
+HWY_NOINLINE void ScratchTile(const float* x, int64_t x_stride, const PackedMatrix& w,
+                              const float* panel_scales, const float* scratch, int64_t begin,
+                              int64_t end, float* state) {
+  constexpr size_t kChains = kTokens * kVectors;
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  hn::Vec<DF> chains[kChains];
+#pragma GCC unroll 64
+  for (size_t t = 0; t < kTokens; ++t)
+#pragma GCC unroll 16
+    for (size_t v = 0; v < kVectors; ++v)
+      chains[t * kVectors + v] = hn::LoadU(df, state + t * 2 * kPanelRows + v * N);
+  const int64_t block = kType == DType::kF8E4M3 ? w.block_cols : w.cols;
+  for (int64_t c0 = begin; c0 < end;) {
+    const int64_t block_end = (c0 / block + 1) * block;
+    const int64_t c1 = std::min({end, block_end, w.cols});
+    for (int64_t c = c0; c < c1; ++c) {
+      const float* column = scratch + (c - begin) * kPanelRows;
+      hn::Vec<DF> weights[kVectors];
+#pragma GCC unroll 16
+      for (size_t v = 0; v < kVectors; ++v)
+        weights[v] = hn::Load(df, column + v * N);
+#pragma GCC unroll 16
+      for (size_t t = 0; t < kTokens; ++t) {
+        const auto xv = hn::Set(df, x[static_cast<int64_t>(t) * x_stride + c]);
+#pragma GCC unroll 16
+        for (size_t v = 0; v < kVectors; ++v)
+          chains[t * kVectors + v] = hn::MulAdd(xv, weights[v], chains[t * kVectors + v]);
+      }
+    }
+    if (c1 == std::min(block_end, w.cols)) {  // the block is complete
+      const float scale = kType == DType::kF8E4M3 ? panel_scales[c0 / block] : 1.0f;
+#pragma GCC unroll 16
+      for (size_t t = 0; t < kTokens; ++t)
+        FoldBlock<kType, kVectors>(df, scale, chains + t * kVectors,
+                                   state + t * 2 * kPanelRows + kPanelRows);
+    }
+    c0 = c1;
+  }
+#pragma GCC unroll 64
+  for (size_t t = 0; t < kTokens; ++t)
+#pragma GCC unroll 16
+    for (size_t v = 0; v < kVectors; ++v)
+      hn::StoreU(chains[t * kVectors + v], df, state + t * 2 * kPanelRows + v * N);
+}
+
+// Rows per scratch tile: as many as the registers hold as chains (12 of AVX2's 16), at least 1.
+template <size_t kVectors>
+constexpr size_t kScratchTokens = kVectors >= 12 ? 1 : 12 / kVectors;
+
+template <DType kType, size_t kVectors, size_t kTokens = kScratchTokens<kVectors>>
+void ScratchTile(int64_t count, const float* x, int64_t x_stride, const PackedMatrix& w,
+                 const float* panel_scales, const float* scratch, int64_t begin, int64_t end,
+                 float* state) {
+  if constexpr (kTokens > 0) {
+    if (count == static_cast<int64_t>(kTokens))
+      return ScratchTile<kType, kVectors, kTokens>(x, x_stride, w, panel_scales, scratch, begin,
+                                                   end, state);
+    if constexpr (kTokens > 1)
+      ScratchTile<kType, kVectors, kTokens - 1>(count, x, x_stride, w, panel_scales, scratch, begin,
+                                                end, state);
+  }
+}
+
+// All m rows over one decoded range, in tiles of near-equal size (8 rows: 4 + 4, not 6 + 2,
+// whose second tile would have too few chains to hide the latency).
+template <DType kType, size_t kVectors>
+void ScratchTiles(const float* x, int64_t m, const PackedMatrix& w, const float* panel_scales,
+                  const float* scratch, int64_t begin, int64_t end, float* state) {
+  constexpr int64_t kMost = kScratchTokens<kVectors>;
+  const int64_t tiles = (m + kMost - 1) / kMost;
+  for (int64_t tile = 0, t0 = 0; tile < tiles; ++tile) {
+    const int64_t count = (m - t0) / (tiles - tile);
+    ScratchTile<kType, kVectors>(count, x + t0 * w.cols, w.cols, w, panel_scales, scratch, begin,
+                                 end, state + t0 * 2 * kPanelRows);
+    t0 += count;
+  }
+}
+
+template <DType kType, size_t kVectors>
+void ScratchPanels(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
+                   int64_t panel_end, float* y) {
+  const DF df;
+  HWY_ALIGN float scratch[kScratchColumns * kPanelRows];
+  thread_local std::vector<float> state;
+  state.resize(static_cast<size_t>(m * 2 * kPanelRows));
+  for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
+    std::fill(state.begin(), state.end(), 0.0f);
+    const uint8_t* base = w.Panel(panel);
+    const float* panel_scales = kType == DType::kF8E4M3 ? w.PanelScales(panel) : nullptr;
+    for (int64_t begin = 0; begin < w.cols; begin += kScratchColumns) {
+      const int64_t end = std::min(w.cols, begin + kScratchColumns);
+      for (int64_t c = begin; c < end; ++c) {
+        hn::Vec<DF> weights[kVectors];
+        LoadColumn<kType, kVectors>(df, base, c, weights);
+#pragma GCC unroll 16
+        for (size_t v = 0; v < kVectors; ++v)
+          hn::Store(weights[v], df, scratch + (c - begin) * kPanelRows + v * hn::Lanes(df));
+      }
+      ScratchTiles<kType, kVectors>(x, m, w, panel_scales, scratch, begin, end, state.data());
+    }
+    const int64_t row0 = panel * kPanelRows;
+    const int64_t valid = std::min<int64_t>(kPanelRows, w.rows - row0);
+    for (int64_t t = 0; t < m; ++t)
+      std::memcpy(y + t * w.rows + row0, state.data() + (t * 2 + 1) * kPanelRows,
+                  static_cast<size_t>(valid) * sizeof(float));
+  }
+}
+
+template <DType kType, size_t kVectors, size_t kTokens, size_t kPanels>
+void StreamPanelRange(const float* x, int64_t m, const PackedMatrix& w, int64_t& panel,
+                      int64_t panel_end, float* y) {
+  HWY_ALIGN float sums[kPanels * kTokens * kPanelRows];
+  for (; panel + static_cast<int64_t>(kPanels) <= panel_end; panel += kPanels) {
+    std::fill(std::begin(sums), std::end(sums), 0.0f);
+    StreamPanels<kType, kVectors, kTokens, kPanels>(x, w.cols, w, panel, sums);
+    for (size_t q = 0; q < kPanels; ++q) {
+      const int64_t row0 = (panel + static_cast<int64_t>(q)) * kPanelRows;
+      const int64_t valid = std::min<int64_t>(kPanelRows, w.rows - row0);
+      for (int64_t t = 0; t < m; ++t)
+        std::memcpy(y + t * w.rows + row0, sums + (q * kTokens + t) * kPanelRows,
+                    static_cast<size_t>(std::max<int64_t>(valid, 0)) * sizeof(float));
+    }
+  }
+}
+
+// Decode's rows (m ≤ kStreamRows) stream; more rows share decoded scratch. The panels per stream
+// tile keep kPanels · m · kVectors chains within 12 registers, 4 panels at most.
+constexpr int64_t kStreamRows = 4;
+
+template <DType kType, size_t kVectors, size_t kTokens>
+void StreamRows(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
+                int64_t panel_end, float* y) {
+  constexpr size_t kChainsPerPanel = kTokens * kVectors;
+  constexpr size_t kPanels = kChainsPerPanel * 4 <= 12 ? 4 : (kChainsPerPanel * 2 <= 12 ? 2 : 1);
+  int64_t panel = panel_begin;
+  StreamPanelRange<kType, kVectors, kTokens, kPanels>(x, m, w, panel, panel_end, y);
+  if constexpr (kPanels > 1)
+    StreamPanelRange<kType, kVectors, kTokens, 1>(x, m, w, panel, panel_end, y);
+}
+
+template <DType kType, size_t kVectors>
+void WidePanelGemm(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
+                   int64_t panel_end, float* y) {
+  switch (m) {
+    case 1:
+      return StreamRows<kType, kVectors, 1>(x, m, w, panel_begin, panel_end, y);
+    case 2:
+      return StreamRows<kType, kVectors, 2>(x, m, w, panel_begin, panel_end, y);
+    case 3:
+      return StreamRows<kType, kVectors, 3>(x, m, w, panel_begin, panel_end, y);
+    case 4:
+      return StreamRows<kType, kVectors, 4>(x, m, w, panel_begin, panel_end, y);
+    default:
+      return ScratchPanels<kType, kVectors>(x, m, w, panel_begin, panel_end, y);
+  }
+}
+
 template <DType kType, size_t kVectors>
 void PanelGemmTyped(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
                     int64_t panel_end, float* y) {
@@ -312,11 +586,11 @@ void PanelGemmForType(const float* x, int64_t m, const PackedMatrix& w, int64_t 
   if (vectors == 1)
     PanelGemmTyped<kType, 1>(x, m, w, begin, end, y);
   else if (vectors == 2)
-    PanelGemmTyped<kType, 2>(x, m, w, begin, end, y);
+    WidePanelGemm<kType, 2>(x, m, w, begin, end, y);
   else if (vectors == 4)
-    PanelGemmTyped<kType, 4>(x, m, w, begin, end, y);
+    WidePanelGemm<kType, 4>(x, m, w, begin, end, y);
   else
-    PanelGemmTyped<kType, 16>(x, m, w, begin, end, y);
+    WidePanelGemm<kType, 16>(x, m, w, begin, end, y);
 }
 
 void PanelGemmImpl(const float* x, int64_t m, const PackedMatrix& w, int64_t begin, int64_t end,
