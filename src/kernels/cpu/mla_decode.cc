@@ -26,6 +26,43 @@ constexpr int64_t kGroup = 4;   // heads sharing each loaded key/value vector
 
 using DF = hn::CappedTag<float, kChunk>;
 
+// o_g[d, d + kVectors·N) = o_g · correction_g + Σ_j p_gj · value_j for the kGroup heads of a group
+// (null outputs: padding heads, whose probabilities are zero). Every loop over heads and vectors
+// has a constant count, so the kGroup × kVectors accumulators stay in registers.
+template <size_t kVectors>
+HWY_INLINE void AccumulateValues(DF df, const float* values, int64_t width, int64_t used,
+                                 const float* scores, const float* correction,
+                                 float* const* o_group, int64_t d) {
+  const size_t N = hn::Lanes(df);
+  hn::Vec<DF> o[kGroup][kVectors];
+#pragma GCC unroll 8
+  for (int64_t g = 0; g < kGroup; ++g)
+#pragma GCC unroll 4
+    for (size_t v = 0; v < kVectors; ++v)
+      o[g][v] = o_group[g] == nullptr
+                    ? hn::Zero(df)
+                    : hn::Mul(hn::LoadU(df, o_group[g] + d + v * N), hn::Set(df, correction[g]));
+  for (int64_t j = 0; j < used; ++j) {
+    hn::Vec<DF> value[kVectors];
+#pragma GCC unroll 4
+    for (size_t v = 0; v < kVectors; ++v)
+      value[v] = hn::LoadU(df, values + j * width + v * N);
+#pragma GCC unroll 8
+    for (int64_t g = 0; g < kGroup; ++g) {
+      const auto p = hn::Set(df, scores[g * kChunk + j]);
+#pragma GCC unroll 4
+      for (size_t v = 0; v < kVectors; ++v)
+        o[g][v] = hn::MulAdd(p, value[v], o[g][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int64_t g = 0; g < kGroup; ++g)
+    if (o_group[g] != nullptr)
+#pragma GCC unroll 4
+      for (size_t v = 0; v < kVectors; ++v)
+        hn::StoreU(o[g][v], df, o_group[g] + d + v * N);
+}
+
 void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t tokens,
                             const int64_t* positions, const LatentPages& cache, int64_t keys,
                             int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
@@ -56,8 +93,16 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
       float* target = rows.data() + j * width;
       if (cache.dtype == DType::kF32) {
         std::memcpy(target, source, static_cast<size_t>(width) * 4);
-      } else {
-        for (int64_t d = 0; d < width; ++d) {
+      } else {  // bf16: the f32 with the same top half
+        const hn::Rebind<uint16_t, DF> du16;
+        const hn::Rebind<uint32_t, DF> du32;
+        const uint16_t* halves = reinterpret_cast<const uint16_t*>(source);
+        int64_t d = 0;
+        for (; d + static_cast<int64_t>(N) <= width; d += static_cast<int64_t>(N))
+          hn::StoreU(
+              hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, halves + d)))),
+              df, target + d);
+        for (; d < width; ++d) {
           uint16_t bits;
           std::memcpy(&bits, source + 2 * d, 2);
           target[d] = BF16ToF32(bits);
@@ -83,24 +128,36 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
           ql[g] = q_latent + (t * heads + h) * latent;
           qp[g] = q_pe + (t * heads + h) * rope;
         }
-        // scores[g][j] = q_g · row_j, keys in lanes.
-        for (int64_t j0 = 0; j0 < kChunk; j0 += static_cast<int64_t>(N)) {
-          hn::Vec<DF> acc[kGroup];
+        // scores[g][j] = q_g · row_j, keys in lanes. Two key vectors per pass: kGroup × 2 chains
+        // hide the multiply-add latency (one vector's kGroup chains would wait on it), and every
+        // broadcast query element feeds two multiply-adds.
+        static_assert(kChunk % 2 == 0);
+        const int64_t n = static_cast<int64_t>(N);
+        for (int64_t j0 = 0; j0 < kChunk; j0 += 2 * n) {
+          const bool pair = j0 + 2 * n <= kChunk;  // N == kChunk leaves a single vector
+          hn::Vec<DF> acc0[kGroup], acc1[kGroup];
           for (int64_t g = 0; g < kGroup; ++g)
-            acc[g] = hn::Zero(df);
+            acc0[g] = acc1[g] = hn::Zero(df);
           const float* column = transposed.data() + j0;
-          for (int64_t d = 0; d < latent; ++d) {
-            const auto k = hn::LoadU(df, column + d * kChunk);
-            for (int64_t g = 0; g < kGroup; ++g)
-              acc[g] = hn::MulAdd(hn::Set(df, ql[g][d]), k, acc[g]);
+          const auto pass = [&](const float* const* q, int64_t first, int64_t dims) {
+            for (int64_t d = 0; d < dims; ++d) {
+              const auto k0 = hn::LoadU(df, column + (first + d) * kChunk);
+              const auto k1 = pair ? hn::LoadU(df, column + (first + d) * kChunk + n) : k0;
+              for (int64_t g = 0; g < kGroup; ++g) {
+                const auto qv = hn::Set(df, q[g][d]);
+                acc0[g] = hn::MulAdd(qv, k0, acc0[g]);
+                acc1[g] = hn::MulAdd(qv, k1, acc1[g]);
+              }
+            }
+          };
+          pass(ql, 0, latent);
+          pass(qp, latent, rope);
+          for (int64_t g = 0; g < kGroup; ++g) {
+            hn::StoreU(hn::Mul(acc0[g], hn::Set(df, scale)), df, scores.data() + g * kChunk + j0);
+            if (pair)
+              hn::StoreU(hn::Mul(acc1[g], hn::Set(df, scale)), df,
+                         scores.data() + g * kChunk + j0 + n);
           }
-          for (int64_t r = 0; r < rope; ++r) {
-            const auto k = hn::LoadU(df, column + (latent + r) * kChunk);
-            for (int64_t g = 0; g < kGroup; ++g)
-              acc[g] = hn::MulAdd(hn::Set(df, qp[g][r]), k, acc[g]);
-          }
-          for (int64_t g = 0; g < kGroup; ++g)
-            hn::StoreU(hn::Mul(acc[g], hn::Set(df, scale)), df, scores.data() + g * kChunk + j0);
         }
         // Online softmax per head: p = exp(s − max); rescale what was accumulated so far.
         float correction[kGroup];
@@ -123,34 +180,19 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
           running_sum[item] = running_sum[item] * correction[g] + sum;
           running_max[item] = new_max;
         }
+        for (int64_t g = group; g < kGroup; ++g)
+          std::fill_n(scores.data() + g * kChunk, kChunk, 0.0f);
         // o_g = o_g · correction_g + Σ_j p_gj · c_j, latent dims in lanes, two vectors at a time.
-        const int64_t n = static_cast<int64_t>(N);
+        float* o_group[kGroup];
+        for (int64_t g = 0; g < kGroup; ++g)
+          o_group[g] = g < group ? o_latent + (t * heads + h0 + g) * latent : nullptr;
         int64_t d = 0;
-        for (; d + n <= latent; d += 2 * n) {
-          const bool pair = d + 2 * n <= latent;
-          hn::Vec<DF> o0[kGroup], o1[kGroup];
-          for (int64_t g = 0; g < group; ++g) {
-            float* o = o_latent + (t * heads + h0 + g) * latent + d;
-            o0[g] = hn::Mul(hn::LoadU(df, o), hn::Set(df, correction[g]));
-            o1[g] = pair ? hn::Mul(hn::LoadU(df, o + n), hn::Set(df, correction[g])) : hn::Zero(df);
-          }
-          for (int64_t j = 0; j < used; ++j) {
-            const float* value = rows.data() + j * width + d;
-            const auto v0 = hn::LoadU(df, value);
-            const auto v1 = pair ? hn::LoadU(df, value + n) : hn::Zero(df);
-            for (int64_t g = 0; g < group; ++g) {
-              const auto p = hn::Set(df, scores[g * kChunk + j]);
-              o0[g] = hn::MulAdd(p, v0, o0[g]);
-              o1[g] = hn::MulAdd(p, v1, o1[g]);
-            }
-          }
-          for (int64_t g = 0; g < group; ++g) {
-            float* o = o_latent + (t * heads + h0 + g) * latent + d;
-            hn::StoreU(o0[g], df, o);
-            if (pair) hn::StoreU(o1[g], df, o + n);
-          }
-          if (!pair) d -= n;  // only one vector was left
-        }
+        for (; d + 2 * n <= latent; d += 2 * n)
+          AccumulateValues<2>(df, rows.data() + d, width, used, scores.data(), correction, o_group,
+                              d);
+        for (; d + n <= latent; d += n)
+          AccumulateValues<1>(df, rows.data() + d, width, used, scores.data(), correction, o_group,
+                              d);
         for (; d < latent; ++d)  // fewer dims than a vector
           for (int64_t g = 0; g < group; ++g) {
             float* o = o_latent + (t * heads + h0 + g) * latent + d;
