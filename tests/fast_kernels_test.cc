@@ -11,6 +11,7 @@
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
+#include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_decode.h"
 #include "kernels/cpu/panel_gemm.h"
@@ -250,6 +251,174 @@ TEST(FastKernelsTest, GroupedExpertFfnMatchesReference) {
     EXPECT_LT(RelativeError(got, expected), tolerance) << "min rows " << min_rows;
   }
   kernels::GlobalKernelOptions().bf16_gemm_min_rows = 128;
+}
+
+
+// --- int8 products (--int8-products) ---
+
+// The weight code of output row `o`, column `c` in PackInt8's layout.
+int Int8Code(const PackedMatrix& w, int64_t o, int64_t c) {
+  const auto* panel = reinterpret_cast<const int8_t*>(w.Panel(o / kPanelRows));
+  return panel[((c / kInt8QuadCols) * kPanelRows + o % kPanelRows) * kInt8QuadCols +
+               c % kInt8QuadCols];
+}
+float Int8Scale(const PackedMatrix& w, int64_t o, int64_t g) {
+  return w.row_scales[(o / kPanelRows) * w.groups * kPanelRows + g * kPanelRows + o % kPanelRows];
+}
+
+// The product of the quantized values in double: what the kernel must give, up to the f32
+// rounding of each group's term.
+std::vector<float> Int8Reference(const PackedMatrix& w, const kernels::Int8Rows& x, int64_t m) {
+  std::vector<float> y(static_cast<size_t>(m * w.rows));
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t o = 0; o < w.rows; ++o) {
+      double sum = 0;
+      for (int64_t g = 0; g < w.groups; ++g) {
+        int64_t dot = 0;
+        for (int64_t c = g * kInt8GroupCols; c < std::min(w.cols, (g + 1) * kInt8GroupCols); ++c)
+          dot += static_cast<int64_t>(Int8Code(w, o, c)) * (x.Codes(r)[c] - 128);
+        sum += static_cast<double>(dot) * Int8Scale(w, o, g) * x.Scales(r)[g];
+      }
+      y[r * w.rows + o] = static_cast<float>(sum);
+    }
+  return y;
+}
+
+TEST(Int8ProductsTest, CodesHoldEachWeightToHalfAStep) {
+  for (DType dtype : {DType::kF8E4M3, DType::kBF16}) {
+    OwnedMatrix w = RandomMatrix(dtype, 37, 260, 3);
+    ASSERT_TRUE(CanPackInt8(w.view));
+    auto packed = PackInt8(w.view);
+    ASSERT_EQ(packed->dtype, DType::kI8);
+    ASSERT_EQ(packed->groups, 3);
+    std::vector<float> row(260);
+    for (int64_t o = 0; o < 37; ++o) {
+      w.view.DecodeRow(o, row.data());
+      for (int64_t c = 0; c < 260; ++c) {
+        const float scale = Int8Scale(*packed, o, c / kInt8GroupCols);
+        ASSERT_LE(std::abs(Int8Code(*packed, o, c)), kInt8WeightMax);
+        ASSERT_LE(std::fabs(Int8Code(*packed, o, c) * scale - row[c]), 0.5f * scale * 1.0001f)
+            << DTypeName(dtype) << " row " << o << " col " << c;
+      }
+    }
+  }
+  OwnedMatrix odd = RandomMatrix(DType::kBF16, 8, 6, 1);  // 6 columns: not whole quads
+  EXPECT_FALSE(CanPackInt8(odd.view));
+  OwnedMatrix f32 = RandomMatrix(DType::kF32, 8, 8, 1);  // f32 stays exact
+  EXPECT_FALSE(CanPackInt8(f32.view));
+}
+
+// The kernel computes the quantized product exactly (integer sums, f32 group terms), and the
+// quantized product stays close to the exact one.
+TEST(Int8ProductsTest, MatchesTheQuantizedProductAndStaysCloseToExact) {
+  for (bool portable : {false, true}) {
+    kernels::ForceInt8Portable(portable);
+    for (DType dtype : {DType::kF8E4M3, DType::kBF16}) {
+      for (auto [rows, cols, m] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {1, 4, 1}, {17, 132, 1}, {37, 260, 3}, {70, 388, 7}, {130, 512, 13}, {48, 128, 2}}) {
+        OwnedMatrix w = RandomMatrix(dtype, rows, cols, static_cast<uint32_t>(rows * 7 + cols));
+        auto packed = PackInt8(w.view);
+        auto x = RandomVector(static_cast<size_t>(m * cols), 11);
+        std::vector<float> exact(static_cast<size_t>(m * rows)), got(exact.size(), -1);
+        kernels::Linear(x.data(), m, w.view, exact.data());
+        kernels::LinearPacked(x.data(), m, *packed, got.data());
+        kernels::Int8Rows quantized;
+        kernels::QuantizeRowsInt8(x.data(), m, cols, quantized);
+        const std::string where = std::string(DTypeName(dtype)) + " rows " +
+                                  std::to_string(rows) + " cols " + std::to_string(cols) +
+                                  " m " + std::to_string(m) + (portable ? " portable" : "");
+        EXPECT_LT(RelativeError(got, Int8Reference(*packed, quantized, m)), 1e-5) << where;
+        // 7-bit weights and 8-bit activations: about 1% of the largest output here.
+        EXPECT_LT(RelativeError(got, exact), 3e-2) << where;
+        EXPECT_GT(RelativeError(got, exact), 0) << where;  // it is lossy: a real int8 path ran
+      }
+    }
+  }
+  kernels::ForceInt8Portable(false);
+}
+
+// A row's bits do not depend on the rows beside it, nor on which kernel (AVX2 or portable) ran.
+TEST(Int8ProductsTest, RowsAreTheSameBitsAtEveryBatchSizeAndOnEveryKernel) {
+  OwnedMatrix w = RandomMatrix(DType::kF8E4M3, 90, 600, 21);
+  auto packed = PackInt8(w.view);
+  constexpr int64_t kRows = 41;
+  auto x = RandomVector(static_cast<size_t>(kRows * 600), 9);
+  std::vector<float> all(static_cast<size_t>(kRows * 90)), portable(all.size());
+  kernels::LinearPacked(x.data(), kRows, *packed, all.data());
+  kernels::ForceInt8Portable(true);
+  kernels::LinearPacked(x.data(), kRows, *packed, portable.data());
+  kernels::ForceInt8Portable(false);
+  EXPECT_EQ(std::memcmp(all.data(), portable.data(), all.size() * sizeof(float)), 0);
+  for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 12, 13}) {
+    for (int64_t first : {int64_t{0}, kRows - m}) {
+      std::vector<float> some(static_cast<size_t>(m * 90));
+      kernels::LinearPacked(x.data() + first * 600, m, *packed, some.data());
+      EXPECT_EQ(std::memcmp(some.data(), all.data() + first * 90, some.size() * sizeof(float)), 0)
+          << "m " << m << " first row " << first;
+    }
+  }
+}
+
+// A NaN in an activation or a weight reaches the outputs it feeds; other rows stay finite.
+TEST(Int8ProductsTest, NonFiniteValuesShowInTheOutputs) {
+  OwnedMatrix w = RandomMatrix(DType::kBF16, 20, 256, 4);
+  const uint16_t nan = F32ToBF16(NAN);
+  std::memcpy(&w.bytes[2 * (5 * 256 + 200)], &nan, 2);  // row 5, second group
+  auto packed = PackInt8(w.view);
+  auto x = RandomVector(2 * 256, 5);
+  x[256 + 10] = INFINITY;  // activation row 1, first group
+  std::vector<float> y(2 * 20);
+  kernels::LinearPacked(x.data(), 2, *packed, y.data());
+  for (int64_t o = 0; o < 20; ++o) {
+    EXPECT_EQ(std::isnan(y[o]), o == 5) << "row 0, output " << o;
+    EXPECT_TRUE(std::isnan(y[20 + o])) << "row 1, output " << o;
+  }
+}
+
+TEST(Int8ProductsTest, GroupedExpertsStayCloseToTheExactReference) {
+  const int64_t hidden = 132, width = 68, experts = 4;
+  const std::vector<int64_t> counts = {3, 0, 9, 1};
+  MoeWeights moe;
+  std::vector<OwnedMatrix> storage;
+  moe.experts.resize(experts);
+  for (int64_t e = 0; e < experts; ++e)
+    for (int part = 0; part < 3; ++part)
+      storage.push_back(RandomMatrix(DType::kF8E4M3, part == 2 ? hidden : width,
+                                     part == 2 ? width : hidden,
+                                     static_cast<uint32_t>(40 + 3 * e + part), 16));
+  for (int64_t e = 0; e < experts; ++e)
+    moe.experts[e] = {storage[3 * e].view, storage[3 * e + 1].view, storage[3 * e + 2].view};
+  ExpertRouting routing;
+  routing.top_k = 1;
+  routing.expert_offsets = {0};
+  for (int64_t c : counts)
+    routing.expert_offsets.push_back(routing.expert_offsets.back() + c);
+  const int64_t rows = routing.expert_offsets.back();
+  routing.tokens = rows;
+  for (int64_t i = 0; i < rows; ++i)
+    routing.sorted_slots.push_back(static_cast<int32_t>(i));
+  auto x = RandomVector(static_cast<size_t>(rows * hidden), 6);
+  for (float& v : x)
+    v *= 0.1f;
+  std::vector<float> expected(x.size(), 0), got(x.size(), 0), alone(x.size(), 0);
+  RunExpertsReference(moe, routing, x.data(), hidden, expected.data());
+  std::vector<kernels::ExpertPanels> panels(experts);
+  std::vector<std::shared_ptr<const PackedMatrix>> keep;
+  for (int64_t e = 0; e < experts; ++e) {
+    for (Matrix* m :
+         {&moe.experts[e].gate_proj, &moe.experts[e].up_proj, &moe.experts[e].down_proj})
+      keep.push_back(PackInt8(*m));
+    panels[e] = {keep[3 * e].get(), keep[3 * e + 1].get(), keep[3 * e + 2].get()};
+  }
+  kernels::GroupedExpertFfn(x.data(), routing.expert_offsets, panels, hidden, got.data());
+  EXPECT_LT(RelativeError(got, expected), 5e-2);
+  // Each row as it would come out alone: expert 2's last row on its own.
+  const int64_t last = routing.expert_offsets[3] - 1;
+  std::vector<int64_t> one = {0, 0, 0, 1, 1};
+  std::vector<kernels::ExpertPanels> only(experts);
+  only[2] = panels[2];
+  kernels::GroupedExpertFfn(x.data() + last * hidden, one, only, hidden, alone.data());
+  EXPECT_EQ(std::memcmp(alone.data(), got.data() + last * hidden, hidden * sizeof(float)), 0);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "base/thread_pool.h"
 #include "cli/verbs.h"
 #include "kernels/cpu/fast_linear.h"
+#include "tensor/packed_matrix.h"
 
 int main(int argc, char** argv) {
   sy::KeepFreedMemoryInHeap();
@@ -28,9 +29,16 @@ int main(int argc, char** argv) {
                "Keep activations in f32 in every product, as the reference does (slower); by "
                "default fp8 and bf16 weights take the bf16 dot-product kernel where the CPU has "
                "AVX-512 BF16");
+  bool int8_products = false;
+  app.add_flag("--int8-products", int8_products,
+               "Re-quantize fp8 and bf16 weights to int8 at load (7-bit codes, one scale per row "
+               "and 128 columns; the router stays exact) and multiply them by activations "
+               "quantized per row to 8 bits: about twice the f32 rate on CPUs without AVX-512 "
+               "BF16, lossy (docs/benchmarks.md gives its accuracy); batch-invariant");
   app.parse_complete_callback([&] {
     sy::ThreadPool::ConfigureGlobal(threads);
     if (f32_products) sy::kernels::GlobalKernelOptions().bf16_dot = false;
+    if (int8_products) sy::GlobalWeightPacking() = sy::WeightPacking::kInt8;
   });
   sy::AddLogitsVerb(app);
   sy::AddGenerateVerb(app);

@@ -189,9 +189,11 @@ Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelCo
 
 // Packs `m` and gives back its mapped checkpoint pages: the kernels read only the packed copy,
 // so resident memory holds the weights once.
-void PackMatrix(Matrix& m) {
+// `exact` keeps the layout of the checkpoint's type even under --int8-products (the router: its
+// choices are discrete, and its matrix is small).
+void PackMatrix(Matrix& m, bool exact = false) {
   if (!CanPack(m)) return;
-  m.packed = Pack(m);
+  m.packed = exact ? Pack(m) : PackForLoad(m);
   MappedFile::ReleaseRange(m.data, static_cast<size_t>(m.rows) * m.RowBytes());
 }
 
@@ -238,7 +240,7 @@ void PackLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
        {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj_with_mqa, &a.kv_b_proj, &a.o_proj})
     PackMatrix(*m);
   PackFeedForward(layer.mlp);
-  PackMatrix(layer.moe.gate);
+  PackMatrix(layer.moe.gate, /*exact=*/true);
   for (auto& expert : layer.moe.experts)
     if (!expert.empty()) PackFeedForward(expert);
   if (!layer.moe.shared_experts.empty()) PackFeedForward(layer.moe.shared_experts);

@@ -1,6 +1,7 @@
 #include "tensor/packed_matrix.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -103,6 +104,72 @@ std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
     }
   });
   return packed;
+}
+
+WeightPacking& GlobalWeightPacking() {
+  static WeightPacking packing = WeightPacking::kExact;
+  return packing;
+}
+
+bool CanPackInt8(const Matrix& m) {
+  return CanPack(m) && (m.dtype == DType::kF8E4M3 || m.dtype == DType::kBF16) &&
+         m.cols % kInt8QuadCols == 0;
+}
+
+std::shared_ptr<const PackedMatrix> PackInt8(const Matrix& m) {
+  auto packed = std::make_shared<PackedMatrix>();
+  PackedMatrix& p = *packed;
+  p.dtype = DType::kI8;
+  p.rows = m.rows;
+  p.cols = m.cols;
+  p.panels = (m.rows + kPanelRows - 1) / kPanelRows;
+  p.groups = (m.cols + kInt8GroupCols - 1) / kInt8GroupCols;
+  p.block_cols = kInt8GroupCols;
+  p.data = AllocatePanels(p.Bytes());
+  const size_t per_panel = static_cast<size_t>(p.groups * kPanelRows);
+  p.row_scales.assign(static_cast<size_t>(p.panels) * per_panel, 0.0f);
+  p.row_offsets.assign(static_cast<size_t>(p.panels) * per_panel, 0);
+  ThreadPool::Global().ParallelFor(static_cast<size_t>(p.panels), [&](size_t begin, size_t end) {
+    std::vector<float> row(static_cast<size_t>(m.cols));
+    for (size_t panel = begin; panel < end; ++panel) {
+      auto* target = reinterpret_cast<int8_t*>(p.data.get()) +
+                     panel * static_cast<size_t>(m.cols * kPanelRows);
+      for (int64_t r = 0; r < kPanelRows; ++r) {
+        const int64_t source_row = static_cast<int64_t>(panel) * kPanelRows + r;
+        if (source_row >= m.rows) break;
+        m.DecodeRow(source_row, row.data());
+        for (int64_t g = 0; g < p.groups; ++g) {
+          const int64_t c0 = g * kInt8GroupCols, c1 = std::min(m.cols, c0 + kInt8GroupCols);
+          float largest = 0;
+          bool finite = true;
+          for (int64_t c = c0; c < c1; ++c) {
+            largest = std::max(largest, std::fabs(row[c]));
+            finite = finite && std::isfinite(row[c]);
+          }
+          const float scale = finite ? largest / kInt8WeightMax : NAN;
+          const float inverse = finite && largest > 0 ? kInt8WeightMax / largest : 0.0f;
+          int32_t sum = 0;
+          for (int64_t c = c0; c < c1; ++c) {
+            const float code = std::nearbyint(row[c] * inverse);
+            const int q = static_cast<int>(
+                std::clamp(code == code ? code : 0.0f, -1.0f * kInt8WeightMax, 1.0f * kInt8WeightMax));
+            target[((c / kInt8QuadCols) * kPanelRows + r) * kInt8QuadCols + c % kInt8QuadCols] =
+                static_cast<int8_t>(q);
+            sum += q;
+          }
+          const size_t at = panel * per_panel + static_cast<size_t>(g * kPanelRows + r);
+          p.row_scales[at] = scale;  // NaN where the row held NaN or ±inf: the outputs show it
+          p.row_offsets[at] = 128 * sum;
+        }
+      }
+    }
+  });
+  return packed;
+}
+
+std::shared_ptr<const PackedMatrix> PackForLoad(const Matrix& m) {
+  if (GlobalWeightPacking() == WeightPacking::kInt8 && CanPackInt8(m)) return PackInt8(m);
+  return Pack(m);
 }
 
 }  // namespace sy

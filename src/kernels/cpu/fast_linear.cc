@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/panel_gemm.h"
 
@@ -35,11 +36,12 @@ bool UseBf16Gemm(int64_t m, const PackedMatrix& w) {
   // Where the dot kernel runs, f32 weights (the router) keep f32 products at every row count,
   // so rows stay independent of the batch.
   if (options.bf16_dot && HasBf16Dot()) return false;
-  return !decode_step && options.allow_bf16_gemm && m >= options.bf16_gemm_min_rows &&
+  return w.dtype != DType::kI8 && !decode_step && options.allow_bf16_gemm && m >= options.bf16_gemm_min_rows &&
          HasAvx512Bf16() && (w.dtype != DType::kF8E4M3 || w.block_cols % 2 == 0);
 }
 
 const char* KernelPathName(int64_t m, const PackedMatrix& w) {
+  if (w.dtype == DType::kI8) return HasInt8Avx2() ? "int8-avx2" : "int8";
   if (UseBf16Dot(w)) return "bf16-dot";
   return UseBf16Gemm(m, w) ? "avx512-bf16" : "panel-f32";
 }
@@ -93,6 +95,18 @@ bool& SplitKEnabled() {
 
 void LinearPacked(const float* x, int64_t m, const PackedMatrix& w, float* y) {
   if (m == 0) return;
+  if (w.dtype == DType::kI8) {
+    // Reused: decode calls this hundreds of times a step. (By pointer: the workers must see the
+    // caller's buffers, not their own thread_local ones.)
+    thread_local Int8Rows buffers;
+    const Int8Rows* rows = &buffers;
+    QuantizeRowsInt8(x, m, w.cols, buffers);
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(w.panels), [&](size_t begin, size_t end) {
+      Int8Panels(rows->codes.data(), rows->scales.data(), m, w, static_cast<int64_t>(begin),
+                 static_cast<int64_t>(end), y);
+    });
+    return;
+  }
   if (UseBf16Dot(w)) {
     std::vector<uint16_t> x_bf16(static_cast<size_t>(m * w.cols));
     ToBf16RowsForDot(x, m, w.cols, x_bf16.data());

@@ -1,0 +1,45 @@
+// Products against int8 weights (PackInt8) with activations quantized per row to bytes, for
+// `--int8-products`: VPMADDUBSW and VPMADDWD sum four byte products per int32 lane, about twice
+// the f32 FMA's work per cycle on CPUs without AVX-512 BF16 (measured on Zen 3: 54–59 against
+// 27 GMAC/s per core in L1). Lossy by design; docs/benchmarks.md gives its accuracy.
+//
+// One arithmetic for every row, whatever the batch: a row's activations are quantized per group
+// of kInt8GroupCols columns to code + 128 in [1, 255] with scale max |x| / 127; each group's
+// integer sum is exact, so every tile shape gets the same int32, and the row's result is,
+// group by group in column order, y = fma(float(sum − offset) · w_scale, x_scale, y). Rows are
+// therefore bit-identical alone or in any batch, and the AVX2 kernel equals the portable one.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/packed_matrix.h"
+
+namespace sy::kernels {
+
+// Activations as the kernel takes them: codes [m][cols], scales [m][groups].
+struct Int8Rows {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  int64_t cols = 0;
+  int64_t groups = 0;
+
+  const uint8_t* Codes(int64_t row) const { return codes.data() + row * cols; }
+  const float* Scales(int64_t row) const { return scales.data() + row * groups; }
+};
+
+// Quantizes rows [0, m) of x [m][cols]. A group holding NaN or ±inf gets a NaN scale, so the
+// outputs it feeds are NaN rather than silently finite.
+void QuantizeRowsInt8(const float* x, int64_t m, int64_t cols, Int8Rows& out);
+
+// y[m, w.rows] = x · wᵀ for panels [panel_begin, panel_end); one thread. `codes` and `scales`
+// point at the first of m rows of an Int8Rows (row strides w.cols and w.groups). w.dtype is kI8.
+void Int8Panels(const uint8_t* codes, const float* scales, int64_t m, const PackedMatrix& w,
+                int64_t panel_begin, int64_t panel_end, float* y);
+
+// Whether the AVX2 kernel runs here (else the portable one, same bits).
+bool HasInt8Avx2();
+// Tests: keep to the portable kernel.
+void ForceInt8Portable(bool on);
+
+}  // namespace sy::kernels
