@@ -11,6 +11,13 @@
 namespace sy::bench {
 namespace {
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
 Result<std::vector<std::vector<int32_t>>> LoadPrompts(const std::string& path,
                                                       const TextCodec& codec) {
   std::ifstream in(path);
@@ -30,13 +37,6 @@ Result<std::vector<std::vector<int32_t>>> LoadPrompts(const std::string& path,
   if (prompts.empty()) return Status::Errorf("{}: no prompts", path);
   return prompts;
 }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 Result<MtpBenchReport> BenchMtp(const ParallelRun& run, const TextCodec& codec,
                                 const MtpBenchOptions& options) {

@@ -39,6 +39,10 @@ struct MtpBenchReport {
   int repeats = 0;
 };
 
+// Prompts from JSON Lines of {"text": ...}, encoded; an error names the file and line.
+Result<std::vector<std::vector<int32_t>>> LoadPrompts(const std::string& path,
+                                                      const TextCodec& codec);
+
 // One process (or every rank of an mpirun job, alike).
 Result<MtpBenchReport> BenchMtp(const ParallelRun& run, const TextCodec& codec,
                                 const MtpBenchOptions& options);

@@ -90,6 +90,7 @@ void AddBenchServeCommand(CLI::App& bench_app) {
 
 }  // namespace sy
 
+#include "bench/accuracy_bench.h"
 #include "bench/mtp_bench.h"
 #include "cli/parallel_setup.h"
 
@@ -134,6 +135,33 @@ void AddBenchMtpCommand(CLI::App& bench_app) {
     if (run.comm->rank() != 0) return;
     std::fputs((args->json ? bench::MtpReportJson(report.value()) + "\n"
                            : bench::MtpReportTable(report.value()))
+                   .c_str(),
+               stdout);
+  });
+}
+
+void AddBenchAccuracyCommand(CLI::App& bench_app) {
+  struct Args {
+    std::string model;
+    std::string prompts = std::string(SY_SOURCE_DIR) + "/configs/bench/heldout-prompts.jsonl";
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* a = bench_app.add_subcommand(
+      "accuracy",
+      "What --int8-products costs: perplexity, KL from the exact products and top-1 agreement "
+      "on held-out text (the model loaded both ways)");
+  a->add_option("--model", args->model, "Checkpoint directory (default: the default model)");
+  a->add_option("--prompts", args->prompts,
+                "JSON Lines of {\"text\": ...} (default: held-out Tempest and Sonnets passages)");
+  a->add_flag("--json", args->json, "Print one JSON object");
+  a->callback([args] {
+    const std::string directory = ResolveModelDirectory(args->model);
+    TextCodec codec = LoadTextCodecOrFail(directory);
+    auto report = bench::BenchInt8Accuracy(directory, codec, args->prompts);
+    if (!report.ok()) FailVerb(report.status().message());
+    std::fputs((args->json ? bench::AccuracyReportJson(report.value()) + "\n"
+                           : bench::AccuracyReportTable(report.value()))
                    .c_str(),
                stdout);
   });

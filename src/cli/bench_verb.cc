@@ -60,6 +60,7 @@ void AddBenchVerb(CLI::App& app) {
   AddBenchTokenizerCommand(*verb);
   AddBenchServeCommand(*verb);
   AddBenchMtpCommand(*verb);
+  AddBenchAccuracyCommand(*verb);
 }
 
 }  // namespace sy

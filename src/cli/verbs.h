@@ -21,6 +21,7 @@ void AddBenchExchangeCommand(CLI::App& bench);
 void AddBenchTokenizerCommand(CLI::App& bench);
 void AddBenchServeCommand(CLI::App& bench);
 void AddBenchMtpCommand(CLI::App& bench);
+void AddBenchAccuracyCommand(CLI::App& bench);
 
 // Prints "error: message" and aborts the verb with exit code 1.
 [[noreturn]] void FailVerb(const std::string& message);
