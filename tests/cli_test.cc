@@ -62,6 +62,44 @@ TEST(CliTest, GenerateIsDeterministicAndBatchInvariant) {
   EXPECT_NE(batched.find("tok/s"), std::string::npos);
 }
 
+// --int8-products: lossy, so held to the reference loosely, but still batch-invariant.
+TEST(CliTest, Int8ProductsStayNearTheReferenceAndBatchInvariant) {
+  auto fixture = testing::LoadFixture("tiny-v3-fp8");
+  std::string out = testing::TempDirectory("cli_int8") + "/logits.bin";
+  std::string output;
+  ASSERT_EQ(RunCommand(Binary() + " --int8-products logits --model " + fixture.directory +
+                           " --tokens '" + fixture.tokens_text + "' --out " + out,
+                       &output),
+            0)
+      << output;
+  std::string bytes = testing::ReadFile(out);
+  std::vector<float> logits(bytes.size() / 4);
+  std::memcpy(logits.data(), bytes.data(), bytes.size());
+  auto comparison = testing::CompareLogits(fixture.logits, logits, fixture.vocab);
+  // Most rows stay within a few percent (7-bit weights, 8-bit activations over three random
+  // layers); a few move more where the perturbation flips one of the router's near-tied experts.
+  std::vector<double> rows = comparison.row_max_diff;
+  std::sort(rows.begin(), rows.end());
+  EXPECT_LE(rows[rows.size() / 2], 0.08 * comparison.max_abs_reference);
+  EXPECT_LE(comparison.RowsOver(0.1), static_cast<int64_t>(rows.size()) / 5);
+  EXPECT_GT(comparison.max_abs_diff, 1e-4 * comparison.max_abs_reference);  // int8 really ran
+  EXPECT_LE(comparison.argmax_mismatches, comparison.argmax_checked / 8);
+
+  std::string batched, single;
+  const std::string generate = Binary() + " --int8-products generate --model " + fixture.directory +
+                               " --max-tokens 8 --ignore-eos --prompt-tokens ";
+  ASSERT_EQ(RunCommand(generate + "'5,6,7;8,9;10,11,12,13'", &batched), 0) << batched;
+  ASSERT_EQ(RunCommand(generate + "'8,9'", &single), 0) << single;
+  auto line = [](const std::string& text, const std::string& prefix) {
+    size_t at = text.find(prefix);
+    return at == std::string::npos
+               ? std::string()
+               : text.substr(at + prefix.size(), text.find('\n', at) - at - prefix.size());
+  };
+  EXPECT_FALSE(line(single, "sequence 0:").empty()) << single;
+  EXPECT_EQ(line(batched, "sequence 1:"), line(single, "sequence 0:"));
+}
+
 struct BadCall {
   std::string arguments;
   std::string expected;

@@ -253,7 +253,6 @@ TEST(FastKernelsTest, GroupedExpertFfnMatchesReference) {
   kernels::GlobalKernelOptions().bf16_gemm_min_rows = 128;
 }
 
-
 // --- int8 products (--int8-products) ---
 
 // The weight code of output row `o`, column `c` in PackInt8's layout.
@@ -324,9 +323,9 @@ TEST(Int8ProductsTest, MatchesTheQuantizedProductAndStaysCloseToExact) {
         kernels::LinearPacked(x.data(), m, *packed, got.data());
         kernels::Int8Rows quantized;
         kernels::QuantizeRowsInt8(x.data(), m, cols, quantized);
-        const std::string where = std::string(DTypeName(dtype)) + " rows " +
-                                  std::to_string(rows) + " cols " + std::to_string(cols) +
-                                  " m " + std::to_string(m) + (portable ? " portable" : "");
+        const std::string where = std::string(DTypeName(dtype)) + " rows " + std::to_string(rows) +
+                                  " cols " + std::to_string(cols) + " m " + std::to_string(m) +
+                                  (portable ? " portable" : "");
         EXPECT_LT(RelativeError(got, Int8Reference(*packed, quantized, m)), 1e-5) << where;
         // 7-bit weights and 8-bit activations: about 1% of the largest output here.
         EXPECT_LT(RelativeError(got, exact), 3e-2) << where;

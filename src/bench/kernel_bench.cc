@@ -44,9 +44,22 @@ std::vector<float> RandomActivations(size_t count) {
 }
 
 double WeightBytes(DType dtype, int64_t n, int64_t k) {
+  if (GlobalWeightPacking() == WeightPacking::kInt8 && k % kInt8QuadCols == 0 &&
+      (dtype == DType::kF8E4M3 || dtype == DType::kBF16))  // codes, scale and offset per group
+    return static_cast<double>(n) * k + std::ceil(k / double(kInt8GroupCols)) * n * 8;
   double bytes = static_cast<double>(n) * k * DTypeSize(dtype);
   if (dtype == DType::kF8E4M3) bytes += std::ceil(n / 128.0) * std::ceil(k / 128.0) * 4;
   return bytes;
+}
+
+// The compute peak a kernel path is judged by.
+double PathPeak(const MachinePeaks& peaks, const std::string& path) {
+  if (path.rfind("int8", 0) == 0) return peaks.int8_gops > 0 ? peaks.int8_gops : peaks.f32_gflops;
+  return path != "panel-f32" ? peaks.bf16_gflops : peaks.f32_gflops;
+}
+
+const char* WeightName(const PackedMatrix& w) {
+  return w.dtype == DType::kI8 ? "int8" : w.dtype == DType::kF8E4M3 ? "fp8" : "bf16";
 }
 
 struct Shape {
@@ -74,9 +87,8 @@ void BenchLinear(const MachinePeaks& peaks, const KernelBenchOptions& options, c
                            copies;
     KernelResult r;
     const std::string path = kernels::KernelPathName(m, *weights[0].packed);
-    const bool bf16 = path != "panel-f32";
     r.kernel = m >= 256 ? "gemm" : "gemv";
-    r.weight_dtype = shape.dtype == DType::kF8E4M3 ? "fp8" : "bf16";
+    r.weight_dtype = WeightName(*weights[0].packed);
     r.path = fmt::format("{} {}", shape.name, path);
     r.m = m;
     r.n = shape.n;
@@ -84,7 +96,7 @@ void BenchLinear(const MachinePeaks& peaks, const KernelBenchOptions& options, c
     r.seconds = seconds;
     r.bytes = one + (static_cast<double>(m) * shape.k + static_cast<double>(m) * shape.n) * 4;
     r.flops = 2.0 * m * shape.n * shape.k;
-    Score(r, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
+    Score(r, peaks, PathPeak(peaks, path));
     out.push_back(r);
   }
 }
@@ -115,9 +127,8 @@ void BenchGrouped(const MachinePeaks& peaks, const KernelBenchOptions& options, 
     });
     KernelResult r;
     const std::string path = kernels::KernelPathName(rows / groups, *experts[0].gate);
-    const bool bf16 = path != "panel-f32";
     r.kernel = "grouped_gemm";
-    r.weight_dtype = "fp8";
+    r.weight_dtype = WeightName(*experts[0].gate);
     r.path = path;
     r.m = rows;
     r.n = kExpertWidth;
@@ -127,7 +138,7 @@ void BenchGrouped(const MachinePeaks& peaks, const KernelBenchOptions& options, 
     r.bytes =
         active * expert_bytes + static_cast<double>(rows) * (2 * kHidden + 3 * kExpertWidth) * 4;
     r.flops = 2.0 * rows * 3 * kHidden * kExpertWidth;
-    Score(r, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
+    Score(r, peaks, PathPeak(peaks, path));
     out.push_back(r);
   }
 }
@@ -284,11 +295,9 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
 
 std::string KernelResultsJson(const MachinePeaks& peaks, const std::vector<KernelResult>& results) {
   nlohmann::json j;
-  j["machine"] = {{"read_gbps", peaks.read_gbps},
-                  {"triad_gbps", peaks.triad_gbps},
-                  {"bf16_gflops", peaks.bf16_gflops},
-                  {"f32_gflops", peaks.f32_gflops},
-                  {"threads", peaks.threads}};
+  j["machine"] = {{"read_gbps", peaks.read_gbps},     {"triad_gbps", peaks.triad_gbps},
+                  {"bf16_gflops", peaks.bf16_gflops}, {"f32_gflops", peaks.f32_gflops},
+                  {"int8_gops", peaks.int8_gops},     {"threads", peaks.threads}};
   j["results"] = nlohmann::json::array();
   for (const auto& r : results) {
     j["results"].push_back({{"kernel", r.kernel},
@@ -311,9 +320,10 @@ std::string KernelResultsJson(const MachinePeaks& peaks, const std::vector<Kerne
 std::string KernelResultsTable(const MachinePeaks& peaks,
                                const std::vector<KernelResult>& results) {
   std::string out = fmt::format(
-      "machine: read {:.1f} GB/s, triad {:.1f} GB/s, bf16 {:.1f} GFLOP/s, f32 {:.1f} GFLOP/s, {} "
-      "threads\n\n",
-      peaks.read_gbps, peaks.triad_gbps, peaks.bf16_gflops, peaks.f32_gflops, peaks.threads);
+      "machine: read {:.1f} GB/s, triad {:.1f} GB/s, bf16 {:.1f} GFLOP/s, f32 {:.1f} GFLOP/s, "
+      "int8 {:.1f} GOP/s, {} threads\n\n",
+      peaks.read_gbps, peaks.triad_gbps, peaks.bf16_gflops, peaks.f32_gflops, peaks.int8_gops,
+      peaks.threads);
   out += fmt::format(
       "{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10} {:>8} {:>9} {:>9} {:>10}\n", "kernel",
       "dtype", "path", "m", "n", "k", "groups", "µs", "GB/s", "GFLOP/s", "roofline", "vs onednn");

@@ -9,6 +9,7 @@
 #include "base/clock.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/int8_gemm.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "bench/machine_peaks.cc"
@@ -110,7 +111,41 @@ __attribute__((target("avx512f,avx512bf16"))) float Bf16LoopAvx512(int64_t itera
     total = _mm512_add_ps(total, acc[i]);
   return _mm512_reduce_add_ps(total);
 }
+
+// 12 independent chains of the int8 kernel's step (32 byte products each), written as the
+// kernel writes it (one asm block per chain step, the ones vector from memory).
+alignas(32) const int16_t kOnes[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+__attribute__((target("avx2"))) int Int8LoopAvx2(int64_t iterations) {
+  // Named accumulators: GCC keeps an array of vectors on the stack, and the loop then measures
+  // stores and loads.
+#define SY_CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define SY_DECLARE(i) __m256i acc##i = _mm256_set1_epi32(i);
+  SY_CHAINS(SY_DECLARE)
+  const __m256i x = _mm256_set1_epi8(3), w = _mm256_set1_epi8(-2);
+  for (int64_t it = 0; it < iterations; ++it) {
+#define SY_STEP(i)                                    \
+  {                                                   \
+    __m256i t;                                        \
+    asm("vpmaddubsw %[w], %[x], %[t]\n\t"             \
+        "vpmaddwd %[ones], %[t], %[t]\n\t"            \
+        "vpaddd %[t], %[a], %[a]"                     \
+        : [a] "+x"(acc##i), [t] "=&x"(t)              \
+        : [x] "x"(x), [w] "x"(w), [ones] "m"(kOnes)); \
+  }
+    SY_CHAINS(SY_STEP)
+  }
+  __m256i total = _mm256_setzero_si256();
+#define SY_SUM(i) total = _mm256_add_epi32(total, acc##i);
+  SY_CHAINS(SY_SUM)
+#undef SY_SUM
+#undef SY_STEP
+#undef SY_DECLARE
+#undef SY_CHAINS
+  return _mm256_extract_epi32(total, 0);
+}
 #endif
+
+volatile int g_int_sink;
 
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -153,7 +188,7 @@ MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions) {
     return std::pair<size_t, size_t>(t * per, per);
   };
 
-  std::vector<double> read, triad, f32, bf16;
+  std::vector<double> read, triad, f32, bf16, int8;
   for (int r = 0; r < repetitions; ++r) {
     double seconds = TimeOnAllThreads([&](int t) {
       auto [offset, count] = slice(t);
@@ -178,6 +213,10 @@ MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions) {
       seconds = TimeOnAllThreads([&](int) { g_sink = Bf16LoopAvx512(iterations); });
       bf16.push_back(iterations * 16.0 * 64 * threads / seconds / 1e9);
     }
+    if (kernels::HasInt8Avx2()) {
+      seconds = TimeOnAllThreads([&](int) { g_int_sink = Int8LoopAvx2(iterations); });
+      int8.push_back(iterations * 12.0 * 64 * threads / seconds / 1e9);
+    }
 #endif
   }
   std::free(a);
@@ -187,6 +226,7 @@ MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions) {
   peaks.triad_gbps = Median(triad);
   peaks.f32_gflops = Median(f32);
   peaks.bf16_gflops = bf16.empty() ? peaks.f32_gflops : Median(bf16);
+  peaks.int8_gops = int8.empty() ? 0 : Median(int8);
   return peaks;
 }
 

@@ -45,12 +45,13 @@ Matrix RandomPackedMatrix(DType dtype, int64_t rows, int64_t cols, uint64_t seed
     scales.assign(static_cast<size_t>((rows + 127) / 128 * m.scale_cols), 1e-3f);
     m.block_scales = scales.data();
   }
-  // Only the packed copy is kept: it is what the fast kernels read.
+  // Only the packed copy is kept: it is what the fast kernels read. (Re-quantized to int8 under
+  // --int8-products, as the loader would.)
   Matrix packed_only;
   packed_only.dtype = dtype;
   packed_only.rows = rows;
   packed_only.cols = cols;
-  packed_only.packed = Pack(m);
+  packed_only.packed = PackForLoad(m);
   return packed_only;
 }
 
