@@ -129,6 +129,43 @@ void GroupFast(const uint8_t* x, int64_t x_stride, const float* xs, int64_t xs_s
       break;
   }
 }
+
+// Codes for columns [0, count) of one row's group, count a multiple of 32: the portable loop's
+// arithmetic exactly (same product, same half-away rounding, truncation), 32 at a time.
+SY_INT8_TARGET void QuantizeGroupAvx2(const float* row, int64_t count, float inverse,
+                                      uint8_t* codes) {
+  const __m256 scale = _mm256_set1_ps(inverse), half = _mm256_set1_ps(0.5f),
+               minus_half = _mm256_set1_ps(-0.5f), zero = _mm256_setzero_ps();
+  const __m256i offset = _mm256_set1_epi32(128), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t c = 0; c < count; c += 32) {
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(row + c + 8 * k), scale);
+      const __m256 bias = _mm256_blendv_ps(minus_half, half, _mm256_cmp_ps(v, zero, _CMP_GE_OQ));
+      q[k] = _mm256_add_epi32(_mm256_cvttps_epi32(_mm256_add_ps(v, bias)), offset);
+    }
+    const __m256i bytes =
+        _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + c),
+                        _mm256_permutevar8x32_epi32(bytes, order));
+  }
+}
+
+// max |x| over [0, count), count a multiple of 8; whether every value is finite.
+SY_INT8_TARGET float LargestAvx2(const float* row, int64_t count, bool* finite) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 limit = _mm256_set1_ps(3.402823466e38f);
+  __m256 largest = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  for (int64_t c = 0; c < count; c += 8) {
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(row + c), magnitude);
+    largest = _mm256_max_ps(largest, a);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, limit, _CMP_NLE_UQ));  // inf, or NaN (unordered)
+  }
+  *finite = _mm256_movemask_ps(bad) == 0;
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, largest);
+  return *std::max_element(lanes, lanes + 8);
+}
 #endif
 
 }  // namespace
@@ -151,24 +188,44 @@ void QuantizeRowsInt8(const float* x, int64_t m, int64_t cols, Int8Rows& out) {
   out.groups = (cols + kInt8GroupCols - 1) / kInt8GroupCols;
   out.codes.resize(static_cast<size_t>(m * cols));
   out.scales.resize(static_cast<size_t>(m * out.groups));
+  const bool fast = HasInt8Avx2();
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t g = 0; g < out.groups; ++g) {
       const int64_t c0 = g * kInt8GroupCols, c1 = std::min(cols, c0 + kInt8GroupCols);
       const float* row = x + r * cols;
+      uint8_t* codes = out.codes.data() + r * cols;
       float largest = 0;
       bool finite = true;
-      for (int64_t c = c0; c < c1; ++c) {
+      int64_t c = c0;
+#if defined(__x86_64__)
+      if (fast) {
+        c = c0 + (c1 - c0) / 8 * 8;
+        largest = LargestAvx2(row + c0, c - c0, &finite);
+      }
+#endif
+      for (; c < c1; ++c) {
         largest = std::max(largest, std::fabs(row[c]));
         finite = finite && std::isfinite(row[c]);
       }
-      const float inverse = finite && largest > 0 ? 127.0f / largest : 0.0f;
-      uint8_t* codes = out.codes.data() + r * cols;
-      for (int64_t c = c0; c < c1; ++c) {
-        // Round half away from zero (vectorizes; |v| ≤ 127 by construction).
+      if (!finite) {  // the scale carries it: every output this group feeds is NaN
+        std::fill(codes + c0, codes + c1, uint8_t{128});
+        out.scales[r * out.groups + g] = NAN;
+        continue;
+      }
+      const float inverse = largest > 0 ? 127.0f / largest : 0.0f;
+      c = c0;
+#if defined(__x86_64__)
+      if (fast) {
+        c = c0 + (c1 - c0) / 32 * 32;
+        QuantizeGroupAvx2(row + c0, c - c0, inverse, codes + c0);
+      }
+#endif
+      for (; c < c1; ++c) {
+        // Round half away from zero (|v| ≤ 127 by construction).
         const float v = row[c] * inverse;
         codes[c] = static_cast<uint8_t>(static_cast<int>(v + (v >= 0 ? 0.5f : -0.5f)) + 128);
       }
-      out.scales[r * out.groups + g] = finite ? largest / 127.0f : NAN;
+      out.scales[r * out.groups + g] = largest / 127.0f;
     }
   }
 }
