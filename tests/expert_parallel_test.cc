@@ -215,6 +215,20 @@ INSTANTIATE_TEST_SUITE_P(
                                : std::string("ep4_tp2_sptpsp_microbatch");
     });
 
+// --int8-products under EP4: a row's int8 products do not depend on the rows beside it, so the
+// experts' rows computed on other ranks (exchanged in f32) give the single process's tokens.
+TEST(ExpertParallelInt8, TokensMatchTheSingleProcessRun) {
+  const std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-fp8";
+  const std::string args = " --threads 1 --int8-products generate --model " + model +
+                           " --prompt-tokens '5,6,7;8,9;10,11,12,13' --max-tokens 6 --kv-dtype f32"
+                           " --ignore-eos";
+  std::string one, many;
+  ASSERT_EQ(RunCommand(std::string(testing::kBinary) + args, &one), 0) << one;
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " --wire-dtype f32", &many), 0)
+      << many;
+  ExpectSameSequenceLines(one, many, 3);
+}
+
 // MTP speculative decoding under mpirun, on the trained default model: four ranks (one DP group
 // idle, the others finishing apart), drafts verified and the MTP block's experts exchanged like
 // any MoE layer's — greedy tokens equal the single process's plain decoding.
