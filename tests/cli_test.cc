@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -98,6 +99,23 @@ TEST(CliTest, Int8ProductsStayNearTheReferenceAndBatchInvariant) {
   };
   EXPECT_FALSE(line(single, "sequence 0:").empty()) << single;
   EXPECT_EQ(line(batched, "sequence 1:"), line(single, "sequence 0:"));
+}
+
+// The accuracy bar of --int8-products, on the trained default model and held-out text: what
+// `bench accuracy` reports must stay close to the exact products.
+TEST(CliTest, Int8ProductsKeepTheDefaultModelsQuality) {
+  std::string output;
+  ASSERT_EQ(RunCommand(Binary() + " bench accuracy --json 2>&1", &output), 0) << output;
+  auto report = nlohmann::json::parse(output.substr(output.find('{')), nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << output;
+  EXPECT_GT(report["predictions"].get<int64_t>(), 5000);
+  const double exact = report["exact_perplexity"].get<double>();
+  const double int8 = report["int8_perplexity"].get<double>();
+  EXPECT_GT(exact, 1.0);
+  EXPECT_LT(std::fabs(int8 / exact - 1), 0.01) << output;             // measured: -0.10%
+  EXPECT_LT(report["mean_kl"].get<double>(), 0.01) << output;         // measured: 0.0019 nats
+  EXPECT_GT(report["top1_agreement"].get<double>(), 0.95) << output;  // measured: 97.1%
+  EXPECT_GT(report["mean_kl"].get<double>(), 0.0) << output;          // the int8 model really ran
 }
 
 struct BadCall {
