@@ -98,6 +98,19 @@ double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
   return diff / scale;
 }
 
+// Rows already sorted by expert, `counts[e]` of them for expert e, one slot per token.
+ExpertRouting OneSlotRouting(const std::vector<int64_t>& counts) {
+  ExpertRouting routing;
+  routing.top_k = 1;
+  routing.expert_offsets = {0};
+  for (int64_t c : counts)
+    routing.expert_offsets.push_back(routing.expert_offsets.back() + c);
+  routing.tokens = routing.expert_offsets.back();
+  for (int64_t i = 0; i < routing.tokens; ++i)
+    routing.sorted_slots.push_back(static_cast<int32_t>(i));
+  return routing;
+}
+
 class PerTarget : public ::testing::TestWithParam<int64_t> {
  protected:
   void SetUp() override { kernels::ForcePanelGemmTarget(GetParam()); }
@@ -219,15 +232,8 @@ TEST(FastKernelsTest, GroupedExpertFfnMatchesReference) {
   for (int64_t e = 0; e < experts - 1; ++e) {
     moe.experts[e] = {storage[3 * e].view, storage[3 * e + 1].view, storage[3 * e + 2].view};
   }
-  ExpertRouting routing;
-  routing.top_k = 1;
-  routing.expert_offsets = {0};
-  for (int64_t c : counts)
-    routing.expert_offsets.push_back(routing.expert_offsets.back() + c);
-  const int64_t rows = routing.expert_offsets.back();
-  routing.tokens = rows;
-  for (int64_t i = 0; i < rows; ++i)
-    routing.sorted_slots.push_back(static_cast<int32_t>(i));
+  const ExpertRouting routing = OneSlotRouting(counts);
+  const int64_t rows = routing.tokens;
   auto x = RandomVector(static_cast<size_t>(rows * hidden), 5);
   for (float& v : x)
     v *= 0.1f;
@@ -387,15 +393,8 @@ TEST(Int8ProductsTest, GroupedExpertsStayCloseToTheExactReference) {
                                      static_cast<uint32_t>(40 + 3 * e + part), 16));
   for (int64_t e = 0; e < experts; ++e)
     moe.experts[e] = {storage[3 * e].view, storage[3 * e + 1].view, storage[3 * e + 2].view};
-  ExpertRouting routing;
-  routing.top_k = 1;
-  routing.expert_offsets = {0};
-  for (int64_t c : counts)
-    routing.expert_offsets.push_back(routing.expert_offsets.back() + c);
-  const int64_t rows = routing.expert_offsets.back();
-  routing.tokens = rows;
-  for (int64_t i = 0; i < rows; ++i)
-    routing.sorted_slots.push_back(static_cast<int32_t>(i));
+  const ExpertRouting routing = OneSlotRouting(counts);
+  const int64_t rows = routing.tokens;
   auto x = RandomVector(static_cast<size_t>(rows * hidden), 6);
   for (float& v : x)
     v *= 0.1f;
