@@ -33,6 +33,9 @@ void PinToCore(std::thread::native_handle_type handle, int core) {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  claimed_ = std::make_unique<std::atomic<size_t>[]>(static_cast<size_t>(threads));
+  for (int i = 0; i < threads; ++i)
+    claimed_[i].store(0, std::memory_order_relaxed);
   for (int i = 1; i < threads; ++i) {
     workers_.emplace_back([this, i] { WorkerLoop(i); });
     PinToCore(workers_.back().native_handle(), i);
@@ -70,17 +73,35 @@ void ThreadPool::ParallelFor(size_t count, const std::function<void(size_t, size
   body_ = &body;
   count_ = count;
   pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+  size_t generation;
   {
     // Publish under the lock so a worker about to sleep cannot miss the new generation.
     std::lock_guard<std::mutex> lock(mutex_);
-    generation_.fetch_add(1, std::memory_order_release);
+    generation = generation_.fetch_add(1, std::memory_order_release) + 1;
   }
   if (sleeping_.load(std::memory_order_acquire) > 0) start_.notify_all();
   auto [begin, end] = ChunkOf(count, size(), 0);
   if (begin < end) body(begin, end);
+  // Chunks no worker has taken yet: run them here instead of waiting for a worker to wake.
+  for (int index = 1; index < size(); ++index)
+    if (Claim(index, generation)) RunChunk(index);
   while (pending_.load(std::memory_order_acquire) != 0)
     CpuRelax();
   body_ = nullptr;
+}
+
+bool ThreadPool::Claim(int index, size_t generation) {
+  size_t last = claimed_[index].load(std::memory_order_acquire);
+  // Generations only grow, and the caller does not start generation g + 1 before every chunk of
+  // g is done: a successful claim for g means g is the loop in progress.
+  return last < generation &&
+         claimed_[index].compare_exchange_strong(last, generation, std::memory_order_acq_rel);
+}
+
+void ThreadPool::RunChunk(int index) {
+  auto [begin, end] = ChunkOf(count_, size(), index);
+  if (begin < end) (*body_)(begin, end);
+  pending_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 void ThreadPool::WorkerLoop(int index) {
@@ -103,9 +124,7 @@ void ThreadPool::WorkerLoop(int index) {
     }
     if (stop_.load()) return;
     seen = current;
-    auto [begin, end] = ChunkOf(count_, size(), index);
-    if (begin < end) (*body_)(begin, end);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if (Claim(index, current)) RunChunk(index);  // else the caller took it (or is past it)
   }
 }
 

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -24,7 +25,9 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Runs body(begin, end) over [0, count) split into at most size() contiguous chunks of
-  // near-equal length, and returns when all are done. Not reentrant.
+  // near-equal length, and returns when all are done. Not reentrant. The split never changes;
+  // which thread runs a chunk may: the caller, done with its own, runs any chunk whose worker has
+  // not started it yet (asleep, or its core taken by another guest), rather than wait for it.
   void ParallelFor(size_t count, const std::function<void(size_t, size_t)>& body);
 
   // The process-wide pool used by the kernels.
@@ -34,6 +37,9 @@ class ThreadPool {
 
  private:
   void WorkerLoop(int index);
+  // Takes chunk `index` of loop `generation` if nobody has; RunChunk runs it and counts it done.
+  bool Claim(int index, size_t generation);
+  void RunChunk(int index);
 
   // A forward step issues a hundred short loops; waking sleeping workers through the kernel for
   // each costs tens of microseconds on a VM. Workers therefore spin on `generation_` for a while
@@ -44,7 +50,9 @@ class ThreadPool {
   const std::function<void(size_t, size_t)>* body_ = nullptr;
   size_t count_ = 0;
   std::atomic<size_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<int> pending_{0};  // chunks of the current loop not finished yet
+  // claimed_[i]: the last generation whose chunk i someone took (worker i, or the caller).
+  std::unique_ptr<std::atomic<size_t>[]> claimed_;
   std::atomic<int> sleeping_{0};
   std::atomic<bool> stop_{false};
 };
