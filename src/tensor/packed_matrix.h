@@ -44,8 +44,8 @@ struct PackedMatrix {
   // adjacent columns side by side, what one VPMADDUBSW lane pair and VPMADDWD sum. Per panel,
   // group (kInt8GroupCols columns) and row: the f32 scale and 128 × the sum of the row's codes
   // in the group (the correction for activations stored as code + 128).
-  std::vector<float> row_scales;      // [panels][groups][kPanelRows]
-  std::vector<int32_t> row_offsets;   // [panels][groups][kPanelRows]
+  std::vector<float> row_scales;     // [panels][groups][kPanelRows]
+  std::vector<int32_t> row_offsets;  // [panels][groups][kPanelRows]
   int64_t groups = 0;
 
   size_t ElementBytes() const { return DTypeSize(dtype); }
