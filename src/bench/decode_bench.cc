@@ -16,9 +16,7 @@ namespace sy::bench {
 namespace {
 
 double MatrixBytes(const Matrix& m) {
-  if (m.packed)
-    return static_cast<double>(m.packed->Bytes()) + m.packed->scales.size() * 4.0 +
-           (m.packed->row_scales.size() + m.packed->row_offsets.size()) * 4.0;
+  if (m.packed) return m.packed->StoredBytes();
   return static_cast<double>(m.rows) * m.cols * DTypeSize(m.dtype);
 }
 

@@ -43,15 +43,6 @@ std::vector<float> RandomActivations(size_t count) {
   return v;
 }
 
-double WeightBytes(DType dtype, int64_t n, int64_t k) {
-  if (GlobalWeightPacking() == WeightPacking::kInt8 && k % kInt8QuadCols == 0 &&
-      (dtype == DType::kF8E4M3 || dtype == DType::kBF16))  // codes, scale and offset per group
-    return static_cast<double>(n) * k + std::ceil(k / double(kInt8GroupCols)) * n * 8;
-  double bytes = static_cast<double>(n) * k * DTypeSize(dtype);
-  if (dtype == DType::kF8E4M3) bytes += std::ceil(n / 128.0) * std::ceil(k / 128.0) * 4;
-  return bytes;
-}
-
 // The compute peak a kernel path is judged by.
 double PathPeak(const MachinePeaks& peaks, const std::string& path) {
   if (path.rfind("int8", 0) == 0) return peaks.int8_gops > 0 ? peaks.int8_gops : peaks.f32_gflops;
@@ -70,11 +61,12 @@ struct Shape {
 
 void BenchLinear(const MachinePeaks& peaks, const KernelBenchOptions& options, const Shape& shape,
                  const std::vector<int64_t>& ms, std::vector<KernelResult>& out) {
-  // Enough distinct copies that one pass streams more than the last-level cache holds.
-  const double one = WeightBytes(shape.dtype, shape.n, shape.k);
+  // Enough distinct copies that one pass streams more than the last-level cache holds (the bytes
+  // as packed: int8 under --int8-products).
+  std::vector<Matrix> weights = {RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100)};
+  const double one = weights[0].packed->StoredBytes();
   const int copies = static_cast<int>(std::max(1.0, std::ceil(options.stream_bytes / one)));
-  std::vector<Matrix> weights;
-  for (int c = 0; c < copies; ++c)
+  for (int c = 1; c < copies; ++c)
     weights.push_back(RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100 + c));
   for (int64_t m : ms) {
     auto x = RandomActivations(static_cast<size_t>(m * shape.k));
@@ -112,8 +104,7 @@ void BenchGrouped(const MachinePeaks& peaks, const KernelBenchOptions& options, 
   }
   for (int64_t e = 0; e < groups; ++e)
     experts.push_back({gate[e].packed.get(), up[e].packed.get(), down[e].packed.get()});
-  const double expert_bytes = 2 * WeightBytes(DType::kF8E4M3, kExpertWidth, kHidden) +
-                              WeightBytes(DType::kF8E4M3, kHidden, kExpertWidth);
+  const double expert_bytes = 2 * gate[0].packed->StoredBytes() + down[0].packed->StoredBytes();
   for (int64_t rows : row_counts) {
     // Rows spread evenly over the experts, as balanced routing delivers them.
     std::vector<int64_t> offsets(static_cast<size_t>(groups + 1), 0);

@@ -146,19 +146,21 @@ std::shared_ptr<const PackedMatrix> PackInt8(const Matrix& m) {
             largest = std::max(largest, std::fabs(row[c]));
             finite = finite && std::isfinite(row[c]);
           }
-          const float scale = finite ? largest / kInt8WeightMax : NAN;
-          const float inverse = finite && largest > 0 ? kInt8WeightMax / largest : 0.0f;
+          const size_t at = panel * per_panel + static_cast<size_t>(g * kPanelRows + r);
+          if (!finite) {  // codes stay 0; the NaN scale shows in every output the row feeds
+            p.row_scales[at] = NAN;
+            continue;
+          }
+          const float inverse = largest > 0 ? kInt8WeightMax / largest : 0.0f;
           int32_t sum = 0;
           for (int64_t c = c0; c < c1; ++c) {
-            const float code = std::nearbyint(row[c] * inverse);
             const int q = static_cast<int>(std::clamp(
-                code == code ? code : 0.0f, -1.0f * kInt8WeightMax, 1.0f * kInt8WeightMax));
+                std::nearbyint(row[c] * inverse), -1.0f * kInt8WeightMax, 1.0f * kInt8WeightMax));
             target[((c / kInt8QuadCols) * kPanelRows + r) * kInt8QuadCols + c % kInt8QuadCols] =
                 static_cast<int8_t>(q);
             sum += q;
           }
-          const size_t at = panel * per_panel + static_cast<size_t>(g * kPanelRows + r);
-          p.row_scales[at] = scale;  // NaN where the row held NaN or ±inf: the outputs show it
+          p.row_scales[at] = largest / kInt8WeightMax;
           p.row_offsets[at] = 128 * sum;
         }
       }

@@ -58,6 +58,11 @@ struct PackedMatrix {
     return scales.data() + (panel * kPanelRows / block_rows) * scale_cols + scale_col_offset;
   }
   size_t Bytes() const { return static_cast<size_t>(panels * cols * kPanelRows) * ElementBytes(); }
+  // Everything a product reads: the panels and every scale and offset beside them.
+  double StoredBytes() const {
+    return static_cast<double>(Bytes()) +
+           4.0 * static_cast<double>(scales.size() + row_scales.size() + row_offsets.size());
+  }
 };
 
 // Columns [begin, end) of a packed matrix, sharing its storage (split-K). For fp8, begin must

@@ -136,23 +136,21 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
            (static_cast<double>(offsets[e + 1] - offsets[e]) + kStreamRows);
   };
   BalancedFor(items.size(), item_cost, [&](size_t i) {
-    {
-      const int64_t e = items[i].expert, p = items[i].panel;
-      const int64_t first = offsets[e], count = offsets[e + 1] - first;
-      const ExpertPanels& w = experts[e];
-      const int64_t p_end = std::min<int64_t>(w.gate->panels, p + PanelsPerItem(path[e], count));
-      const uint16_t* xb = x_bf16[e].data();
-      float* gate = hidden_rows.data() + first * width;
-      float* up = up_rows.data() + first * width;
-      Product(path[e], x + first * hidden, xb, x_int8, first, count, *w.gate, p, p_end, gate);
-      Product(path[e], x + first * hidden, xb, x_int8, first, count, *w.up, p, p_end, up);
-      const int64_t c0 = p * kPanelRows, c1 = std::min(width, p_end * kPanelRows);
-      for (int64_t r = 0; r < count; ++r)
-        for (int64_t c = c0; c < c1; ++c) {
-          const float g = gate[r * width + c];
-          gate[r * width + c] = g / (1.0f + std::exp(-g)) * up[r * width + c];
-        }
-    }
+    const int64_t e = items[i].expert, p = items[i].panel;
+    const int64_t first = offsets[e], count = offsets[e + 1] - first;
+    const ExpertPanels& w = experts[e];
+    const int64_t p_end = std::min<int64_t>(w.gate->panels, p + PanelsPerItem(path[e], count));
+    const uint16_t* xb = x_bf16[e].data();
+    float* gate = hidden_rows.data() + first * width;
+    float* up = up_rows.data() + first * width;
+    Product(path[e], x + first * hidden, xb, x_int8, first, count, *w.gate, p, p_end, gate);
+    Product(path[e], x + first * hidden, xb, x_int8, first, count, *w.up, p, p_end, up);
+    const int64_t c0 = p * kPanelRows, c1 = std::min(width, p_end * kPanelRows);
+    for (int64_t r = 0; r < count; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const float g = gate[r * width + c];
+        gate[r * width + c] = g / (1.0f + std::exp(-g)) * up[r * width + c];
+      }
   });
 
   // Phase 2: down.
@@ -163,14 +161,12 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
   quantize_all(hidden_rows.data(), width);
   items = build_items(true);
   BalancedFor(items.size(), item_cost, [&](size_t i) {
-    {
-      const int64_t e = items[i].expert, p = items[i].panel;
-      const int64_t first = offsets[e], count = offsets[e + 1] - first;
-      const PackedMatrix& down = *experts[e].down;
-      const int64_t p_end = std::min<int64_t>(down.panels, p + PanelsPerItem(path[e], count));
-      Product(path[e], hidden_rows.data() + first * width, x_bf16[e].data(), x_int8, first, count,
-              down, p, p_end, out + first * hidden);
-    }
+    const int64_t e = items[i].expert, p = items[i].panel;
+    const int64_t first = offsets[e], count = offsets[e + 1] - first;
+    const PackedMatrix& down = *experts[e].down;
+    const int64_t p_end = std::min<int64_t>(down.panels, p + PanelsPerItem(path[e], count));
+    Product(path[e], hidden_rows.data() + first * width, x_bf16[e].data(), x_int8, first, count,
+            down, p, p_end, out + first * hidden);
   });
 }
 
