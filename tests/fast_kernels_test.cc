@@ -315,9 +315,18 @@ TEST(Int8ProductsTest, CodesHoldEachWeightToHalfAStep) {
 
 // The kernel computes the quantized product exactly (integer sums, f32 group terms), and the
 // quantized product stays close to the exact one.
+// Every int8 kernel this CPU runs, slowest first.
+std::vector<kernels::Int8Kernel> Int8KernelsHere() {
+  std::vector<kernels::Int8Kernel> kernels;
+  for (auto k : {kernels::Int8Kernel::kPortable, kernels::Int8Kernel::kAvx2,
+                 kernels::Int8Kernel::kAvx512Vnni})
+    if (k <= kernels::BestInt8Kernel()) kernels.push_back(k);
+  return kernels;
+}
+
 TEST(Int8ProductsTest, MatchesTheQuantizedProductAndStaysCloseToExact) {
-  for (bool portable : {false, true}) {
-    kernels::ForceInt8Portable(portable);
+  for (kernels::Int8Kernel kernel : Int8KernelsHere()) {
+    kernels::LimitInt8Kernel(kernel);
     for (DType dtype : {DType::kF8E4M3, DType::kBF16}) {
       for (auto [rows, cols, m] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
                {1, 4, 1}, {17, 132, 1}, {37, 260, 3}, {70, 388, 7}, {130, 512, 13}, {48, 128, 2}}) {
@@ -331,7 +340,7 @@ TEST(Int8ProductsTest, MatchesTheQuantizedProductAndStaysCloseToExact) {
         kernels::QuantizeRowsInt8(x.data(), m, cols, quantized);
         const std::string where = std::string(DTypeName(dtype)) + " rows " + std::to_string(rows) +
                                   " cols " + std::to_string(cols) + " m " + std::to_string(m) +
-                                  (portable ? " portable" : "");
+                                  " " + kernels::Int8KernelName(kernel);
         EXPECT_LT(RelativeError(got, Int8Reference(*packed, quantized, m)), 1e-5) << where;
         // 7-bit weights and 8-bit activations: about 1% of the largest output here.
         EXPECT_LT(RelativeError(got, exact), 3e-2) << where;
@@ -339,29 +348,39 @@ TEST(Int8ProductsTest, MatchesTheQuantizedProductAndStaysCloseToExact) {
       }
     }
   }
-  kernels::ForceInt8Portable(false);
+  kernels::LimitInt8Kernel(kernels::Int8Kernel::kAvx512Vnni);
 }
 
-// A row's bits do not depend on the rows beside it, nor on which kernel (AVX2 or portable) ran.
+// A row's bits do not depend on the rows beside it, nor on which kernel (AVX-512 VNNI, AVX2 or
+// portable) ran. Tiles are up to 6 rows on AVX2 and 12 on AVX-512: m crosses both.
 TEST(Int8ProductsTest, RowsAreTheSameBitsAtEveryBatchSizeAndOnEveryKernel) {
   OwnedMatrix w = RandomMatrix(DType::kF8E4M3, 90, 600, 21);
   auto packed = PackInt8(w.view);
   constexpr int64_t kRows = 41;
   auto x = RandomVector(static_cast<size_t>(kRows * 600), 9);
-  std::vector<float> all(static_cast<size_t>(kRows * 90)), portable(all.size());
-  kernels::LinearPacked(x.data(), kRows, *packed, all.data());
-  kernels::ForceInt8Portable(true);
+  std::vector<float> portable(static_cast<size_t>(kRows * 90));
+  kernels::LimitInt8Kernel(kernels::Int8Kernel::kPortable);
   kernels::LinearPacked(x.data(), kRows, *packed, portable.data());
-  kernels::ForceInt8Portable(false);
-  EXPECT_EQ(std::memcmp(all.data(), portable.data(), all.size() * sizeof(float)), 0);
-  for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 12, 13}) {
-    for (int64_t first : {int64_t{0}, kRows - m}) {
-      std::vector<float> some(static_cast<size_t>(m * 90));
-      kernels::LinearPacked(x.data() + first * 600, m, *packed, some.data());
-      EXPECT_EQ(std::memcmp(some.data(), all.data() + first * 90, some.size() * sizeof(float)), 0)
-          << "m " << m << " first row " << first;
+  for (kernels::Int8Kernel kernel : Int8KernelsHere()) {
+    kernels::LimitInt8Kernel(kernel);
+    std::vector<float> all(portable.size());
+    kernels::LinearPacked(x.data(), kRows, *packed, all.data());
+    EXPECT_EQ(std::memcmp(all.data(), portable.data(), all.size() * sizeof(float)), 0)
+        << kernels::Int8KernelName(kernel);
+    for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 25}) {
+      for (int64_t first : {int64_t{0}, kRows - m}) {
+        std::vector<float> some(static_cast<size_t>(m * 90));
+        kernels::LinearPacked(x.data() + first * 600, m, *packed, some.data());
+        EXPECT_EQ(std::memcmp(some.data(), all.data() + first * 90, some.size() * sizeof(float)), 0)
+            << kernels::Int8KernelName(kernel) << " m " << m << " first row " << first;
+      }
     }
   }
+  kernels::LimitInt8Kernel(kernels::Int8Kernel::kAvx512Vnni);
+  // Where the CPU has AVX-512 VNNI, its kernel passed its own check and is the one in use.
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    EXPECT_EQ(kernels::BestInt8Kernel(), kernels::Int8Kernel::kAvx512Vnni);
 }
 
 // A NaN in an activation or a weight reaches the outputs it feeds; other rows stay finite.

@@ -13,8 +13,8 @@ struct MachinePeaks {
   double triad_gbps = 0;
   double bf16_gflops = 0;  // AVX-512 BF16 dot products; equals f32_gflops where there are none
   double f32_gflops = 0;
-  // Byte products the int8 kernel's way (VPMADDUBSW + VPMADDWD + VPADDD, 2 ops per product);
-  // 0 where the CPU has no AVX2.
+  // Byte products the int8 kernel's way (AVX-512 VNNI's VPDPBUSD where the kernel uses it, else
+  // VPMADDUBSW + VPMADDWD + VPADDD; 2 ops per product); 0 where the CPU has no AVX2.
   double int8_gops = 0;
   int threads = 0;
 };

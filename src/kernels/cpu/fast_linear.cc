@@ -42,7 +42,7 @@ bool UseBf16Gemm(int64_t m, const PackedMatrix& w) {
 }
 
 const char* KernelPathName(int64_t m, const PackedMatrix& w) {
-  if (w.dtype == DType::kI8) return HasInt8Avx2() ? "int8-avx2" : "int8";
+  if (w.dtype == DType::kI8) return Int8KernelName(ActiveInt8Kernel());
   if (UseBf16Dot(w)) return "bf16-dot";
   return UseBf16Gemm(m, w) ? "avx512-bf16" : "panel-f32";
 }
@@ -103,8 +103,8 @@ void LinearPacked(const float* x, int64_t m, const PackedMatrix& w, float* y) {
     const Int8Rows* rows = &buffers;
     QuantizeRowsInt8(x, m, w.cols, buffers);
     ThreadPool::Global().ParallelFor(static_cast<size_t>(w.panels), [&](size_t begin, size_t end) {
-      Int8Panels(rows->codes.data(), rows->scales.data(), m, w, static_cast<int64_t>(begin),
-                 static_cast<int64_t>(end), y);
+      Int8Panels(rows->codes.data(), rows->stride, rows->scales.data(), m, w,
+                 static_cast<int64_t>(begin), static_cast<int64_t>(end), y);
     });
     return;
   }

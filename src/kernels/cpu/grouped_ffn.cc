@@ -33,7 +33,7 @@ void Product(Path path, const float* x, const uint16_t* x_bf16, const Int8Rows& 
              int64_t first, int64_t rows, const PackedMatrix& w, int64_t p, int64_t p_end,
              float* y) {
   if (path == Path::kInt8) {
-    Int8Panels(x_int8.Codes(first), x_int8.Scales(first), rows, w, p, p_end, y);
+    Int8Panels(x_int8.Codes(first), x_int8.stride, x_int8.Scales(first), rows, w, p, p_end, y);
   } else if (path == Path::kDot) {
     Bf16DotPanels(x_bf16, rows, w, p, p_end, y);
   } else {

@@ -17,14 +17,18 @@
 
 namespace sy::kernels {
 
-// Activations as the kernel takes them: codes [m][cols], scales [m][groups].
+// Activations as the kernel takes them: codes [m][stride] (the first cols of each row used),
+// scales [m][groups]. The stride is an odd number of cache lines: the kernel reads the same
+// columns of every row at once, and with a stride of a multiple of 4 KiB (or 2 KiB: cols 2048)
+// those lines would all fall in one or two L1 sets and evict each other.
 struct Int8Rows {
   std::vector<uint8_t> codes;
   std::vector<float> scales;
   int64_t cols = 0;
+  int64_t stride = 0;
   int64_t groups = 0;
 
-  const uint8_t* Codes(int64_t row) const { return codes.data() + row * cols; }
+  const uint8_t* Codes(int64_t row) const { return codes.data() + row * stride; }
   const float* Scales(int64_t row) const { return scales.data() + row * groups; }
 };
 
@@ -33,13 +37,24 @@ struct Int8Rows {
 void QuantizeRowsInt8(const float* x, int64_t m, int64_t cols, Int8Rows& out);
 
 // y[m, w.rows] = x · wᵀ for panels [panel_begin, panel_end); one thread. `codes` and `scales`
-// point at the first of m rows of an Int8Rows (row strides w.cols and w.groups). w.dtype is kI8.
-void Int8Panels(const uint8_t* codes, const float* scales, int64_t m, const PackedMatrix& w,
-                int64_t panel_begin, int64_t panel_end, float* y);
+// point at the first of m rows of an Int8Rows (row strides `stride` and w.groups; its cols equal
+// w.cols). w.dtype is kI8.
+void Int8Panels(const uint8_t* codes, int64_t stride, const float* scales, int64_t m,
+                const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y);
 
-// Whether the AVX2 kernel runs here (else the portable one, same bits).
-bool HasInt8Avx2();
-// Tests: keep to the portable kernel.
-void ForceInt8Portable(bool on);
+// The kernels, slowest first; every one gives the same bits.
+//  - kAvx2: VPMADDUBSW + VPMADDWD + VPADDD, 32 byte products per three instructions.
+//  - kAvx512Vnni: VPDPBUSD on 512-bit vectors, 64 byte products per instruction (Intel since
+//    Cascade Lake, AMD since Zen 4).
+enum class Int8Kernel : uint8_t { kPortable, kAvx2, kAvx512Vnni };
+// The fastest kernel this CPU runs. The AVX-512 VNNI kernel is used only after it gave the
+// portable kernel's bits on a fixed problem the first time this is asked (else a warning on
+// stderr and kAvx2).
+Int8Kernel BestInt8Kernel();
+// The kernel products use now: the best, or a lower one a test asked for.
+Int8Kernel ActiveInt8Kernel();
+// Tests: use at most `kernel` (kAvx512Vnni lifts the limit).
+void LimitInt8Kernel(Int8Kernel kernel);
+const char* Int8KernelName(Int8Kernel kernel);  // "int8", "int8-avx2", "int8-avx512vnni"
 
 }  // namespace sy::kernels
