@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <numeric>
 
+#include "base/allocator.h"
 #include "base/stage_timer.h"
+#include "base/thread_pool.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
@@ -11,14 +13,29 @@
 
 namespace sy {
 
+namespace {
+
+// Work below this many elements runs on the calling thread: waking the pool costs more.
+constexpr int64_t kParallelElements = 4096;
+
+}  // namespace
+
 void FeedForward(const FeedForwardWeights& w, const float* x, int64_t tokens, float* out) {
   ScopedStage stage(Stage::kGemm);
   const int64_t width = w.gate_proj.rows;
-  std::vector<float> gate(static_cast<size_t>(tokens * width)), up(gate.size());
-  kernels::LinearAuto(x, tokens, w.gate_proj, gate.data());
-  kernels::LinearAuto(x, tokens, w.up_proj, up.data());
-  kernels::SiluMul(gate.data(), up.data(), tokens * width);
-  kernels::LinearAuto(gate.data(), tokens, w.down_proj, out);
+  auto gate = UninitializedArray<float>(tokens * width),
+       up = UninitializedArray<float>(tokens * width);
+  kernels::LinearAuto(x, tokens, w.gate_proj, gate.get());
+  kernels::LinearAuto(x, tokens, w.up_proj, up.get());
+  const int64_t count = tokens * width;
+  if (count < kParallelElements) {
+    kernels::SiluMul(gate.get(), up.get(), count);
+  } else {
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(count), [&](size_t begin, size_t end) {
+      kernels::SiluMul(gate.get() + begin, up.get() + begin, static_cast<int64_t>(end - begin));
+    });
+  }
+  kernels::LinearAuto(gate.get(), tokens, w.down_proj, out);
 }
 
 void SortByExpert(ExpertRouting& routing, int64_t experts) {
@@ -72,10 +89,16 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
   ScopedStage stage(Stage::kGroupedGemm);
   // Gather the rows in expert order (the sort of init routing), then one grouped pass.
   const int64_t slots = static_cast<int64_t>(routing.sorted_slots.size());
-  std::vector<float> inputs(static_cast<size_t>(slots * hidden));
-  for (int64_t i = 0; i < slots; ++i)
-    std::copy_n(x + (routing.sorted_slots[i] / routing.top_k) * hidden, hidden,
-                inputs.begin() + i * hidden);
+  auto inputs = UninitializedArray<float>(slots * hidden);
+  auto gather = [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i)
+      std::copy_n(x + (routing.sorted_slots[i] / routing.top_k) * hidden, hidden,
+                  inputs.get() + i * hidden);
+  };
+  if (slots * hidden < kParallelElements)
+    gather(0, static_cast<size_t>(slots));
+  else
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(slots), gather);
   std::vector<kernels::ExpertPanels> panels(w.experts.size());
   bool packed = true;
   for (size_t e = 0; e < w.experts.size(); ++e) {
@@ -85,10 +108,10 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
     panels[e] = {ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()};
   }
   if (packed) {
-    kernels::GroupedExpertFfn(inputs.data(), routing.expert_offsets, panels, hidden, expert_rows);
+    kernels::GroupedExpertFfn(inputs.get(), routing.expert_offsets, panels, hidden, expert_rows);
     return;
   }
-  RunExpertsReference(w, routing, inputs.data(), hidden, expert_rows);
+  RunExpertsReference(w, routing, inputs.get(), hidden, expert_rows);
 }
 
 void RunExpertsReference(const MoeWeights& w, const ExpertRouting& routing, const float* sorted_x,
@@ -107,23 +130,31 @@ void FinalizeRouting(const ExpertRouting& routing, const float* expert_rows, con
   std::vector<int64_t> position(routing.sorted_slots.size());
   for (size_t i = 0; i < routing.sorted_slots.size(); ++i)
     position[routing.sorted_slots[i]] = static_cast<int64_t>(i);
-  std::vector<int64_t> order(static_cast<size_t>(K));
-  for (int64_t t = 0; t < routing.tokens; ++t) {
-    float* target = out + t * hidden;
-    std::fill_n(target, hidden, 0.0f);
-    std::iota(order.begin(), order.end(), t * K);
-    std::sort(order.begin(), order.end(),
-              [&](int64_t a, int64_t b) { return routing.expert_ids[a] < routing.expert_ids[b]; });
-    for (int64_t slot : order) {
-      const float weight = routing.weights[slot];
-      const float* row = expert_rows + position[slot] * hidden;
-      for (int64_t i = 0; i < hidden; ++i)
-        target[i] += weight * row[i];
+  // Tokens are independent, each summed in expert order: the split over threads changes nothing.
+  auto tokens = [&](size_t begin, size_t end) {
+    std::vector<int64_t> order(static_cast<size_t>(K));
+    for (int64_t t = static_cast<int64_t>(begin); t < static_cast<int64_t>(end); ++t) {
+      float* target = out + t * hidden;
+      std::fill_n(target, hidden, 0.0f);
+      std::iota(order.begin(), order.end(), t * K);
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return routing.expert_ids[a] < routing.expert_ids[b];
+      });
+      for (int64_t slot : order) {
+        const float weight = routing.weights[slot];
+        const float* row = expert_rows + position[slot] * hidden;
+        for (int64_t i = 0; i < hidden; ++i)
+          target[i] += weight * row[i];
+      }
+      if (shared != nullptr)
+        for (int64_t i = 0; i < hidden; ++i)
+          target[i] += shared[t * hidden + i];
     }
-    if (shared != nullptr)
-      for (int64_t i = 0; i < hidden; ++i)
-        target[i] += shared[t * hidden + i];
-  }
+  };
+  if (routing.tokens * K * hidden < kParallelElements)
+    tokens(0, static_cast<size_t>(routing.tokens));
+  else
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(routing.tokens), tokens);
 }
 
 void MoeForward(const ModelConfig& c, const MoeWeights& w, const float* x, int64_t tokens,

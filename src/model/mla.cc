@@ -1,5 +1,6 @@
 #include "model/mla.h"
 
+#include "base/allocator.h"
 #include "base/stage_timer.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/elementwise.h"
@@ -27,21 +28,22 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
     for (int64_t i = 0; i < batch.sequences[s].token_count; ++i)
       token_index.push_back(batch.sequences[s].token_offset + i);
   const int64_t T = static_cast<int64_t>(token_index.size());
-  std::vector<float> q_latent(static_cast<size_t>(T * H * latent)),
-      q_pe(static_cast<size_t>(T * H * dr));
-  std::vector<float> o_latent(q_latent.size());
+  // Every (token, head) row of these is written below before it is read.
+  auto q_latent = UninitializedArray<float>(T * H * latent);
+  auto q_pe = UninitializedArray<float>(T * H * dr);
+  auto o_latent = UninitializedArray<float>(T * H * latent);
   ThreadPool::Global().ParallelFor(static_cast<size_t>(H), [&](size_t begin, size_t end) {
     std::vector<float> nope(static_cast<size_t>(T * dn)), absorbed(static_cast<size_t>(T * latent));
     for (size_t h = begin; h < end; ++h) {
       for (int64_t t = 0; t < T; ++t) {
         const float* row = q + (token_index[t] * H + h) * dqk;
         std::copy_n(row, dn, nope.begin() + t * dn);
-        std::copy_n(row + dn, dr, q_pe.begin() + (t * H + h) * dr);
+        std::copy_n(row + dn, dr, q_pe.get() + (t * H + h) * dr);
       }
       const PackedMatrix& uk = *w.w_uk_t[h].packed;
       kernels::LinearPanels(nope.data(), nullptr, T, uk, 0, uk.panels, absorbed.data());
       for (int64_t t = 0; t < T; ++t)
-        std::copy_n(absorbed.begin() + t * latent, latent, q_latent.begin() + (t * H + h) * latent);
+        std::copy_n(absorbed.begin() + t * latent, latent, q_latent.get() + (t * H + h) * latent);
     }
   });
   // Work items: (sequence, block of heads) for decode-sized sequences, so a lone sequence still
@@ -49,7 +51,11 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
   // ordered first, last, second, second to last… so equal shares of the list carry equal causal
   // work. A row's result does not depend on the item it falls in.
   constexpr int64_t kPromptTokens = 32;
-  const int64_t head_block = std::max<int64_t>(1, H / ThreadPool::Global().size());
+  // Each item decodes and transposes its keys once for all its heads: split heads only where
+  // there are too few sequences to share out.
+  const int64_t threads = ThreadPool::Global().size();
+  const int64_t head_block =
+      static_cast<int64_t>(members.size()) >= 2 * threads ? H : std::max<int64_t>(1, H / threads);
   struct Item {
     size_t member;
     int64_t first_token;  // in the compacted arrays
@@ -80,10 +86,10 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
       const SequenceSlice& seq = batch.sequences[members[item.member]];
       const int64_t t0 = item.first_token + item.token_begin;
       kernels::MlaDecodeAttention(
-          q_latent.data() + t0 * H * latent, q_pe.data() + t0 * H * dr, item.token_count,
+          q_latent.get() + t0 * H * latent, q_pe.get() + t0 * H * dr, item.token_count,
           positions.data() + seq.token_offset + item.token_begin, cache.Pages(layer, *seq.cache),
           seq.start_position + seq.token_count, H, item.head_begin, item.head_end, latent, dr,
-          rope.softmax_scale, o_latent.data() + t0 * H * latent);
+          rope.softmax_scale, o_latent.get() + t0 * H * latent);
     }
   });
   ThreadPool::Global().ParallelFor(static_cast<size_t>(H), [&](size_t begin, size_t end) {
@@ -91,7 +97,7 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
         head_out(static_cast<size_t>(T * dv));
     for (size_t h = begin; h < end; ++h) {
       for (int64_t t = 0; t < T; ++t)
-        std::copy_n(o_latent.begin() + (t * H + h) * latent, latent,
+        std::copy_n(o_latent.get() + (t * H + h) * latent, latent,
                     head_latent.begin() + t * latent);
       const PackedMatrix& uv = *w.w_uv[h].packed;
       kernels::LinearPanels(head_latent.data(), nullptr, T, uv, 0, uv.panels, head_out.data());
@@ -188,14 +194,15 @@ void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWei
                 int64_t layer, const ForwardBatch& batch, const std::vector<int64_t>& positions,
                 LatentCache& cache, AttentionForm form, const float* x, float* out) {
   const int64_t T = batch.size(), H = c.num_attention_heads;
-  std::vector<float> q(static_cast<size_t>(T * H * c.qk_head_dim()));
-  std::vector<float> latent_rows(static_cast<size_t>(T * c.latent_cache_width()));
-  MlaProject(c, rope, w, T, positions.data(), x, q.data(), latent_rows.data());
-  MlaWriteCache(c, layer, batch, latent_rows.data(), cache);
-  std::vector<float> heads_out(static_cast<size_t>(T * H * c.v_head_dim));
-  MlaAttend(c, rope, w, layer, batch, positions, cache, form, q.data(), heads_out.data());
+  // Written whole by MlaProject and MlaAttend before they are read.
+  auto q = UninitializedArray<float>(T * H * c.qk_head_dim());
+  auto latent_rows = UninitializedArray<float>(T * c.latent_cache_width());
+  MlaProject(c, rope, w, T, positions.data(), x, q.get(), latent_rows.get());
+  MlaWriteCache(c, layer, batch, latent_rows.get(), cache);
+  auto heads_out = UninitializedArray<float>(T * H * c.v_head_dim);
+  MlaAttend(c, rope, w, layer, batch, positions, cache, form, q.get(), heads_out.get());
   ScopedStage gemm(Stage::kGemm);
-  if (T > 0) kernels::LinearAuto(heads_out.data(), T, w.o_proj, out);
+  if (T > 0) kernels::LinearAuto(heads_out.get(), T, w.o_proj, out);
 }
 
 }  // namespace sy

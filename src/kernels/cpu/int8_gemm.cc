@@ -10,6 +10,8 @@
 #include <cstring>
 #include <vector>
 
+#include "base/thread_pool.h"
+
 namespace sy::kernels {
 namespace {
 
@@ -331,16 +333,12 @@ const char* Int8KernelName(Int8Kernel kernel) {
   return "int8";
 }
 
-void QuantizeRowsInt8(const float* x, int64_t m, int64_t cols, Int8Rows& out) {
-  constexpr int64_t kLine = 64;
-  out.cols = cols;
-  out.stride = (cols + kLine - 1) / kLine * kLine;
-  if (out.stride / kLine % 2 == 0) out.stride += kLine;
-  out.groups = (cols + kInt8GroupCols - 1) / kInt8GroupCols;
-  out.codes.resize(static_cast<size_t>(m * out.stride));
-  out.scales.resize(static_cast<size_t>(m * out.groups));
+namespace {
+
+void QuantizeRowRange(const float* x, int64_t first, int64_t last, Int8Rows& out) {
+  const int64_t cols = out.cols;
   const bool fast = ActiveInt8Kernel() >= Int8Kernel::kAvx2;
-  for (int64_t r = 0; r < m; ++r) {
+  for (int64_t r = first; r < last; ++r) {
     for (int64_t g = 0; g < out.groups; ++g) {
       const int64_t c0 = g * kInt8GroupCols, c1 = std::min(cols, c0 + kInt8GroupCols);
       const float* row = x + r * cols;
@@ -378,6 +376,27 @@ void QuantizeRowsInt8(const float* x, int64_t m, int64_t cols, Int8Rows& out) {
       }
       out.scales[r * out.groups + g] = largest / 127.0f;
     }
+  }
+}
+
+}  // namespace
+
+void QuantizeRowsInt8(const float* x, int64_t m, int64_t cols, Int8Rows& out) {
+  constexpr int64_t kLine = 64;
+  out.cols = cols;
+  out.stride = (cols + kLine - 1) / kLine * kLine;
+  if (out.stride / kLine % 2 == 0) out.stride += kLine;
+  out.groups = (cols + kInt8GroupCols - 1) / kInt8GroupCols;
+  out.codes.resize(static_cast<size_t>(m * out.stride));
+  out.scales.resize(static_cast<size_t>(m * out.groups));
+  // Rows are independent: batches spread them over the pool (on one thread they kept the other
+  // waiting before every product), single rows stay on the caller.
+  if (m > 1 && m * cols >= 8192) {
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(m), [&](size_t begin, size_t end) {
+      QuantizeRowRange(x, static_cast<int64_t>(begin), static_cast<int64_t>(end), out);
+    });
+  } else {
+    QuantizeRowRange(x, 0, m, out);
   }
 }
 
