@@ -16,7 +16,7 @@ namespace sy {
 namespace {
 
 // Work below this many elements runs on the calling thread: waking the pool costs more.
-constexpr int64_t kParallelElements = 4096;
+constexpr int64_t kParallelElements = 16384;
 
 }  // namespace
 
@@ -151,7 +151,7 @@ void FinalizeRouting(const ExpertRouting& routing, const float* expert_rows, con
           target[i] += shared[t * hidden + i];
     }
   };
-  if (routing.tokens * K * hidden < kParallelElements)
+  if (routing.tokens < 2 || routing.tokens * K * hidden < kParallelElements)
     tokens(0, static_cast<size_t>(routing.tokens));
   else
     ThreadPool::Global().ParallelFor(static_cast<size_t>(routing.tokens), tokens);
