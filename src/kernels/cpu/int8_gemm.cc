@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "base/thread_pool.h"
@@ -117,24 +118,21 @@ SY_INT8_TARGET void GroupAvx2(const uint8_t* x, int64_t x_stride, const float* x
 }
 #undef SY_INT8_ROWS
 
+// The tile kernel of `count` rows, 1 ≤ count ≤ kMax: kernel(std::integral_constant<int, R>{}).
+template <int kMax, typename Kernel>
+void WithRowCount(int64_t count, Kernel kernel) {
+  [&]<int... R>(std::integer_sequence<int, R...>) {
+    (void)((count == R + 1 ? (kernel(std::integral_constant<int, R + 1>{}), true) : false) || ...);
+  }
+  (std::make_integer_sequence<int, kMax>{});
+}
+
 void GroupFast(const uint8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
                const int8_t* w, int64_t quads, const float* w_scale, const int32_t* w_offset,
                int64_t count, float* state) {
-  switch (count) {
-#define SY_INT8_CASE(R)                                                           \
-  case R:                                                                         \
-    GroupAvx2<R>(x, x_stride, xs, xs_stride, w, quads, w_scale, w_offset, state); \
-    break;
-    SY_INT8_CASE(1)
-    SY_INT8_CASE(2)
-    SY_INT8_CASE(3)
-    SY_INT8_CASE(4)
-    SY_INT8_CASE(5)
-    SY_INT8_CASE(6)
-#undef SY_INT8_CASE
-    default:
-      break;
-  }
+  WithRowCount<kMaxTileRows>(count, [&](auto rows) {
+    GroupAvx2<rows()>(x, x_stride, xs, xs_stride, w, quads, w_scale, w_offset, state);
+  });
 }
 
 // AVX-512 VNNI: a quad's 16 rows × 4 columns of weights are one 64-byte vector, and VPDPBUSD
@@ -194,27 +192,9 @@ SY_VNNI_TARGET void GroupVnni(const uint8_t* x, int64_t x_stride, const float* x
 void GroupVnniFast(const uint8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
                    const int8_t* w, int64_t quads, const float* w_scale, const int32_t* w_offset,
                    int64_t count, float* state) {
-  switch (count) {
-#define SY_VNNI_CASE(R)                                                           \
-  case R:                                                                         \
-    GroupVnni<R>(x, x_stride, xs, xs_stride, w, quads, w_scale, w_offset, state); \
-    break;
-    SY_VNNI_CASE(1)
-    SY_VNNI_CASE(2)
-    SY_VNNI_CASE(3)
-    SY_VNNI_CASE(4)
-    SY_VNNI_CASE(5)
-    SY_VNNI_CASE(6)
-    SY_VNNI_CASE(7)
-    SY_VNNI_CASE(8)
-    SY_VNNI_CASE(9)
-    SY_VNNI_CASE(10)
-    SY_VNNI_CASE(11)
-    SY_VNNI_CASE(12)
-#undef SY_VNNI_CASE
-    default:
-      break;
-  }
+  WithRowCount<kMaxTileRowsVnni>(count, [&](auto rows) {
+    GroupVnni<rows()>(x, x_stride, xs, xs_stride, w, quads, w_scale, w_offset, state);
+  });
 }
 
 bool CpuHasAvx512Vnni() {
