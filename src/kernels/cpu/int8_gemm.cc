@@ -23,6 +23,15 @@ constexpr int kMaxTileRowsVnni = 12;
 constexpr int64_t kRangeGroups = 2;  // groups per column range: 4 KiB of a panel, kept in L1
 Int8Kernel kernel_limit = Int8Kernel::kAvx512Vnni;
 
+// Software prefetch in the panel stream. The first tile of a column range streams it from memory
+// and prefetches 1 KiB (16 column quads) ahead; the later tiles read the range from L1, and
+// prefetch the same place in the next range instead, so memory stays busy while they compute.
+constexpr int64_t kPrefetchBytes = 1024;
+constexpr int64_t kRangeBytes = kRangeGroups * kInt8GroupCols * kPanelRows;
+int64_t PrefetchBytes(int64_t tile) {
+  return tile == 0 ? kPrefetchBytes : kRangeBytes;
+}
+
 // Rows split into near-equal tiles of at most max_rows (13 rows by 6: 5 + 4 + 4, not 6 + 6 + 1).
 template <typename Body>
 void ForEachTile(int64_t m, int64_t max_rows, Body body) {
@@ -30,7 +39,7 @@ void ForEachTile(int64_t m, int64_t max_rows, Body body) {
   int64_t row = 0;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t count = (m - row) / (tiles - t);
-    body(row, count);
+    body(t, row, count);
     row += count;
   }
 }
@@ -59,9 +68,6 @@ void GroupPortable(const uint8_t* x, int64_t x_stride, const float* xs, int64_t 
 
 alignas(32) const int16_t kOnes[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
-// Software prefetch distance in each panel stream: 1 KiB (16 column quads) ahead.
-constexpr int64_t kPrefetchBytes = 1024;
-
 // The accumulators are named variables, not an array: GCC keeps an array of vectors on the
 // stack here and spilled them in the loop.
 #define SY_INT8_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
@@ -69,14 +75,15 @@ constexpr int64_t kPrefetchBytes = 1024;
 template <int R>
 SY_INT8_TARGET void GroupAvx2(const uint8_t* x, int64_t x_stride, const float* xs,
                               int64_t xs_stride, const int8_t* w, int64_t quads,
-                              const float* w_scale, const int32_t* w_offset, float* state) {
+                              const float* w_scale, const int32_t* w_offset, int64_t prefetch,
+                              float* state) {
   static_assert(R >= 1 && R <= kMaxTileRows);
 #define SY_DECLARE(k) __m256i acc##k##0 = _mm256_setzero_si256(), acc##k##1 = acc##k##0;
   SY_INT8_ROWS(SY_DECLARE)
 #undef SY_DECLARE
   for (int64_t q = 0; q < quads; ++q) {
     const int8_t* wq = w + q * kPanelRows * kInt8QuadCols;
-    _mm_prefetch(reinterpret_cast<const char*>(wq) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wq) + prefetch, _MM_HINT_T0);
     const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq));
     const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq + 32));
     const uint8_t* xq = x + q * kInt8QuadCols;
@@ -129,9 +136,9 @@ void WithRowCount(int64_t count, Kernel kernel) {
 
 void GroupFast(const uint8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
                const int8_t* w, int64_t quads, const float* w_scale, const int32_t* w_offset,
-               int64_t count, float* state) {
+               int64_t count, int64_t prefetch, float* state) {
   WithRowCount<kMaxTileRows>(count, [&](auto rows) {
-    GroupAvx2<rows()>(x, x_stride, xs, xs_stride, w, quads, w_scale, w_offset, state);
+    GroupAvx2<rows()>(x, x_stride, xs, xs_stride, w, quads, w_scale, w_offset, prefetch, state);
   });
 }
 
@@ -152,14 +159,15 @@ SY_VNNI_TARGET inline __m512 ToFloat(__m512i v) {
 template <int R>
 SY_VNNI_TARGET void GroupVnni(const uint8_t* x, int64_t x_stride, const float* xs,
                               int64_t xs_stride, const int8_t* w, int64_t quads,
-                              const float* w_scale, const int32_t* w_offset, float* state) {
+                              const float* w_scale, const int32_t* w_offset, int64_t prefetch,
+                              float* state) {
   static_assert(R >= 1 && R <= kMaxTileRowsVnni);
 #define SY_DECLARE(k) __m512i acc##k = _mm512_setzero_si512();
   SY_VNNI_ROWS(SY_DECLARE)
 #undef SY_DECLARE
   for (int64_t q = 0; q < quads; ++q) {
     const int8_t* wq = w + q * kPanelRows * kInt8QuadCols;
-    _mm_prefetch(reinterpret_cast<const char*>(wq) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wq) + prefetch, _MM_HINT_T0);
     const __m512i wv = _mm512_loadu_si512(wq);
     const uint8_t* xq = x + q * kInt8QuadCols;
 // The step as asm, as on AVX2: through the intrinsic GCC copied each accumulator to a scratch
@@ -191,9 +199,9 @@ SY_VNNI_TARGET void GroupVnni(const uint8_t* x, int64_t x_stride, const float* x
 
 void GroupVnniFast(const uint8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
                    const int8_t* w, int64_t quads, const float* w_scale, const int32_t* w_offset,
-                   int64_t count, float* state) {
+                   int64_t count, int64_t prefetch, float* state) {
   WithRowCount<kMaxTileRowsVnni>(count, [&](auto rows) {
-    GroupVnni<rows()>(x, x_stride, xs, xs_stride, w, quads, w_scale, w_offset, state);
+    GroupVnni<rows()>(x, x_stride, xs, xs_stride, w, quads, w_scale, w_offset, prefetch, state);
   });
 }
 
@@ -229,7 +237,7 @@ bool VnniGivesThePortableBits() {
     GroupPortable(x.data(), kStride, xs.data(), 1, w.data(), kQuads, w_scale.data(),
                   w_offset.data(), rows, want.data());
     GroupVnniFast(x.data(), kStride, xs.data(), 1, w.data(), kQuads, w_scale.data(),
-                  w_offset.data(), rows, got.data());
+                  w_offset.data(), rows, kPrefetchBytes, got.data());
     if (std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) != 0) return false;
   }
   return true;
@@ -395,7 +403,7 @@ void Int8Panels(const uint8_t* codes, int64_t stride, const float* scales, int64
     const int32_t* w_offset = w.row_offsets.data() + p * per_panel;
     for (int64_t g0 = 0; g0 < w.groups; g0 += kRangeGroups) {
       const int64_t g1 = std::min(w.groups, g0 + kRangeGroups);
-      ForEachTile(m, max_rows, [&](int64_t row, int64_t count) {
+      ForEachTile(m, max_rows, [&](int64_t tile, int64_t row, int64_t count) {
         for (int64_t g = g0; g < g1; ++g) {
           const int64_t c0 = g * kInt8GroupCols;
           const int64_t quads = (std::min(w.cols, c0 + kInt8GroupCols) - c0) / kInt8QuadCols;
@@ -406,12 +414,12 @@ void Int8Panels(const uint8_t* codes, int64_t stride, const float* scales, int64
 #if defined(__x86_64__)
           if (kernel == Int8Kernel::kAvx512Vnni) {
             GroupVnniFast(x, stride, xs, w.groups, wg, quads, w_scale + g * kPanelRows,
-                          w_offset + g * kPanelRows, count, s);
+                          w_offset + g * kPanelRows, count, PrefetchBytes(tile), s);
             continue;
           }
           if (kernel == Int8Kernel::kAvx2) {
             GroupFast(x, stride, xs, w.groups, wg, quads, w_scale + g * kPanelRows,
-                      w_offset + g * kPanelRows, count, s);
+                      w_offset + g * kPanelRows, count, PrefetchBytes(tile), s);
             continue;
           }
 #endif
