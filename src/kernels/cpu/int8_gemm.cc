@@ -429,8 +429,14 @@ void Int8Panels(const uint8_t* codes, int64_t stride, const float* scales, int64
       });
     }
     const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
-    for (int64_t r = 0; r < m; ++r)
-      std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
+    if (valid == kPanelRows) {  // a fixed size: two vector moves, not a memcpy call per row
+      for (int64_t r = 0; r < m; ++r)
+        std::memcpy(y + r * w.rows + p * kPanelRows, state.data() + r * kPanelRows,
+                    kPanelRows * sizeof(float));
+    } else {
+      for (int64_t r = 0; r < m; ++r)
+        std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
+    }
   }
 }
 
