@@ -379,8 +379,9 @@ TEST(Int8ProductsTest, RowsAreTheSameBitsAtEveryBatchSizeAndOnEveryKernel) {
   kernels::LimitInt8Kernel(kernels::Int8Kernel::kAvx512Vnni);
   // Where the CPU has AVX-512 VNNI, its kernel passed its own check and is the one in use.
   if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl"))
+      __builtin_cpu_supports("avx512vl")) {
     EXPECT_EQ(kernels::BestInt8Kernel(), kernels::Int8Kernel::kAvx512Vnni);
+  }
 }
 
 // A NaN in an activation or a weight reaches the outputs it feeds; other rows stay finite.

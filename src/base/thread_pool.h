@@ -29,6 +29,13 @@ class ThreadPool {
   // which thread runs a chunk may: the caller, done with its own, runs any chunk whose worker has
   // not started it yet (asleep, or its core taken by another guest), rather than wait for it.
   void ParallelFor(size_t count, const std::function<void(size_t, size_t)>& body);
+  // ParallelFor where the loop is worth waking the pool for; else body(0, count) on the caller.
+  void ParallelForIf(bool worth_it, size_t count, const std::function<void(size_t, size_t)>& body) {
+    if (worth_it)
+      ParallelFor(count, body);
+    else
+      body(0, count);
+  }
 
   // The process-wide pool used by the kernels.
   static ThreadPool& Global();

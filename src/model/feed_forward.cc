@@ -28,13 +28,10 @@ void FeedForward(const FeedForwardWeights& w, const float* x, int64_t tokens, fl
   kernels::LinearAuto(x, tokens, w.gate_proj, gate.get());
   kernels::LinearAuto(x, tokens, w.up_proj, up.get());
   const int64_t count = tokens * width;
-  if (count < kParallelElements) {
-    kernels::SiluMul(gate.get(), up.get(), count);
-  } else {
-    ThreadPool::Global().ParallelFor(static_cast<size_t>(count), [&](size_t begin, size_t end) {
-      kernels::SiluMul(gate.get() + begin, up.get() + begin, static_cast<int64_t>(end - begin));
-    });
-  }
+  ThreadPool::Global().ParallelForIf(
+      count >= kParallelElements, static_cast<size_t>(count), [&](size_t begin, size_t end) {
+        kernels::SiluMul(gate.get() + begin, up.get() + begin, static_cast<int64_t>(end - begin));
+      });
   kernels::LinearAuto(gate.get(), tokens, w.down_proj, out);
 }
 
@@ -90,15 +87,13 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
   // Gather the rows in expert order (the sort of init routing), then one grouped pass.
   const int64_t slots = static_cast<int64_t>(routing.sorted_slots.size());
   auto inputs = UninitializedArray<float>(slots * hidden);
-  auto gather = [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i)
-      std::copy_n(x + (routing.sorted_slots[i] / routing.top_k) * hidden, hidden,
-                  inputs.get() + i * hidden);
-  };
-  if (slots * hidden < kParallelElements)
-    gather(0, static_cast<size_t>(slots));
-  else
-    ThreadPool::Global().ParallelFor(static_cast<size_t>(slots), gather);
+  ThreadPool::Global().ParallelForIf(slots * hidden >= kParallelElements,
+                                     static_cast<size_t>(slots), [&](size_t begin, size_t end) {
+                                       for (size_t i = begin; i < end; ++i)
+                                         std::copy_n(
+                                             x + (routing.sorted_slots[i] / routing.top_k) * hidden,
+                                             hidden, inputs.get() + i * hidden);
+                                     });
   std::vector<kernels::ExpertPanels> panels(w.experts.size());
   bool packed = true;
   for (size_t e = 0; e < w.experts.size(); ++e) {
@@ -131,6 +126,7 @@ void FinalizeRouting(const ExpertRouting& routing, const float* expert_rows, con
   for (size_t i = 0; i < routing.sorted_slots.size(); ++i)
     position[routing.sorted_slots[i]] = static_cast<int64_t>(i);
   // Tokens are independent, each summed in expert order: the split over threads changes nothing.
+  const bool worth_it = routing.tokens >= 2 && routing.tokens * K * hidden >= kParallelElements;
   auto tokens = [&](size_t begin, size_t end) {
     std::vector<int64_t> order(static_cast<size_t>(K));
     for (int64_t t = static_cast<int64_t>(begin); t < static_cast<int64_t>(end); ++t) {
@@ -151,10 +147,7 @@ void FinalizeRouting(const ExpertRouting& routing, const float* expert_rows, con
           target[i] += shared[t * hidden + i];
     }
   };
-  if (routing.tokens < 2 || routing.tokens * K * hidden < kParallelElements)
-    tokens(0, static_cast<size_t>(routing.tokens));
-  else
-    ThreadPool::Global().ParallelFor(static_cast<size_t>(routing.tokens), tokens);
+  ThreadPool::Global().ParallelForIf(worth_it, static_cast<size_t>(routing.tokens), tokens);
 }
 
 void MoeForward(const ModelConfig& c, const MoeWeights& w, const float* x, int64_t tokens,

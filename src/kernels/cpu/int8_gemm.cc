@@ -379,13 +379,10 @@ void QuantizeRowsInt8(const float* x, int64_t m, int64_t cols, Int8Rows& out) {
   out.scales.resize(static_cast<size_t>(m * out.groups));
   // Rows are independent: batches spread them over the pool (on one thread they kept the other
   // waiting before every product), single rows stay on the caller.
-  if (m > 1 && m * cols >= 8192) {
-    ThreadPool::Global().ParallelFor(static_cast<size_t>(m), [&](size_t begin, size_t end) {
-      QuantizeRowRange(x, static_cast<int64_t>(begin), static_cast<int64_t>(end), out);
-    });
-  } else {
-    QuantizeRowRange(x, 0, m, out);
-  }
+  ThreadPool::Global().ParallelForIf(
+      m > 1 && m * cols >= 8192, static_cast<size_t>(m), [&](size_t begin, size_t end) {
+        QuantizeRowRange(x, static_cast<int64_t>(begin), static_cast<int64_t>(end), out);
+      });
 }
 
 void Int8Panels(const uint8_t* codes, int64_t stride, const float* scales, int64_t m,
@@ -429,14 +426,8 @@ void Int8Panels(const uint8_t* codes, int64_t stride, const float* scales, int64
       });
     }
     const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
-    if (valid == kPanelRows) {  // a fixed size: two vector moves, not a memcpy call per row
-      for (int64_t r = 0; r < m; ++r)
-        std::memcpy(y + r * w.rows + p * kPanelRows, state.data() + r * kPanelRows,
-                    kPanelRows * sizeof(float));
-    } else {
-      for (int64_t r = 0; r < m; ++r)
-        std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
-    }
+    for (int64_t r = 0; r < m; ++r)
+      std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
   }
 }
 
