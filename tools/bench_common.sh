@@ -17,3 +17,16 @@ wait_quiet() {  # NAME MAX_SECONDS
   done
   echo "$1: waited ${waited}s, loadavg at start $(cat /proc/loadavg)" >>"$results/quiet.txt"
 }
+
+# Prompts: `switchyard bench serve` draws its prompts from --seed (0 unless told), so two runs with
+# the same seed send the same prompts, and a server with a prefix cache (switchyard; not vLLM's CPU
+# MLA path, which turns it off) would answer the repeats from its cache. Each measured run therefore
+# gets its own seed, the same one for every engine: same prompts side by side, none repeated.
+run_seed() {  # CONCURRENCY REP
+  echo $((1000 * $1 + $2))
+}
+
+# switchyard's prefix-cache hits so far (tokens), from its /metrics; "-" where the server has none.
+prefix_hits() {  # URL
+  curl -s "$1/metrics" | awk '/^switchyard:prefix_cache_hits_total/ {print $2; found = 1} END {if (!found) print "-"}'
+}

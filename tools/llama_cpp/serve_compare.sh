@@ -171,15 +171,15 @@ llama_args=(--model "$work/bench-q8_0.gguf" --model_alias bench --host 127.0.0.1
   --n_threads "$threads" --n_threads_batch "$threads" --n_ctx 1024 --n_batch 512
   --logits_all false --interrupt_requests false --verbose false)
 llama_server=("$work/llama-venv/bin/python" "$work/llama_server_shim.py" "${llama_args[@]}")
-bench() {  # OUT NUM_PROMPTS CONCURRENCY
-  "$sy" bench serve --url "$url" --model bench --num-prompts "$2" --concurrency "$3" \
+bench() {  # OUT NUM_PROMPTS CONCURRENCY SEED (tools/bench_common.sh: run_seed)
+  "$sy" bench serve --url "$url" --model bench --num-prompts "$2" --concurrency "$3" --seed "$4" \
     --input-len "$input_len" --output-len "$output_len" --vocab-size "$vocab" --json >"$1"
 }
 
 # --- probe: the unmodified llama_cpp.server against bench serve's request ---------------------
 echo "== probe: python -m llama_cpp.server (unmodified) =="
 start_server llama-unmodified "$work/llama-venv/bin/python" -m llama_cpp.server "${llama_args[@]}"
-bench "$results/probe-unmodified.json" 1 1 || true
+bench "$results/probe-unmodified.json" 1 1 1 || true
 python3 - "$results/probe-unmodified.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -199,7 +199,7 @@ grep -m1 -o "AssertionError.*" "$logs/llama-unmodified.log" | sed 's/^/  server 
 stop_server
 
 # --- wait for a quiet machine, before each engine and each repetition ------------------------------
-source "$root/tools/bench_common.sh"  # wait_quiet
+source "$root/tools/bench_common.sh"  # wait_quiet, run_seed, prefix_hits
 : >"$results/quiet.txt"
 
 # --- timed runs: one engine at a time ------------------------------------------------------------
@@ -207,18 +207,21 @@ for engine in switchyard llama.cpp; do
   wait_quiet "$engine" "$quiet_wait"
   if [ "$engine" = switchyard ]; then start_server "$engine" "${switchyard_server[@]}"
   else start_server "$engine" "${llama_server[@]}"; fi
-  bench "$results/$engine-warmup.json" 4 4  # first-request costs out of the timed runs
+  bench "$results/$engine-warmup.json" 4 4 2  # first-request costs out of the timed runs
   for spec in "1 16" "32 96"; do
     read -r concurrency prompts <<<"$spec"
     for rep in $(seq "$reps"); do
       wait_quiet "$engine c$concurrency r$rep" "$quiet_wait_rep"
       cut -d' ' -f1 /proc/loadavg >"$results/$engine-c$concurrency-r$rep.load"
-      bench "$results/$engine-c$concurrency-r$rep.json" "$prompts" "$concurrency"
+      hits_before="$(prefix_hits "$url")"
+      bench "$results/$engine-c$concurrency-r$rep.json" "$prompts" "$concurrency" "$(run_seed "$concurrency" "$rep")"
       python3 -c 'import json, sys
 r, load = json.load(open(sys.argv[1])), open("/proc/loadavg").read().split()[0]
-print("   done %d/%d in %.1f s: %.1f tok/s, median TTFT %.0f ms, TPOT %.1f ms; load now %s" % (r["completed"],
-      r["num_prompts"], r["duration"], r["output_throughput"], r["median_ttft_ms"], r["median_tpot_ms"], load))' \
-        "$results/$engine-c$concurrency-r$rep.json"
+hits = "-" if "-" in sys.argv[2:] else "%d" % (float(sys.argv[3]) - float(sys.argv[2]))
+print("   done %d/%d in %.1f s: %.1f tok/s, median TTFT %.0f ms, TPOT %.1f ms; prefix-cache hits %s tokens; "
+      "load now %s" % (r["completed"], r["num_prompts"], r["duration"], r["output_throughput"], r["median_ttft_ms"],
+                       r["median_tpot_ms"], hits, load))' \
+        "$results/$engine-c$concurrency-r$rep.json" "$hits_before" "$(prefix_hits "$url")"
     done
   done
   stop_server

@@ -8,7 +8,7 @@ and whether the greedy tokens agree (informative: a random-weight model has near
 
 usage: compare.py --switchyard BIN --model DIR --vllm-python PYTHON --results DIR
        [--threads 2] [--repetitions 3] [--sizes 1,32] [--quiet-load 1.0] [--quiet-wait 1200]
-       [--quiet-wait-rep 300]
+       [--quiet-wait-rep 300] [--switchyard-flags="--int8-products"]
 """
 import argparse
 import json
@@ -40,9 +40,9 @@ def wait_quiet(label, quiet_load, max_wait, log):
     return load
 
 
-def run_switchyard(binary, model, ids, threads):
+def run_switchyard(binary, flags, model, ids, threads):
     prompt_tokens = ";".join(",".join(map(str, p)) for p in ids)
-    proc = subprocess.Popen([binary, "--threads", str(threads), "generate", "--model", model, "--prompt-tokens",
+    proc = subprocess.Popen([binary, "--threads", str(threads), *flags, "generate", "--model", model, "--prompt-tokens",
                              prompt_tokens, "--max-tokens", str(GENERATE), "--ignore-eos", "--json"],
                             stdout=subprocess.PIPE, text=True)
     out = proc.stdout.read()
@@ -73,7 +73,8 @@ def first_token_margins(args, ids, vllm_top5, vocab):
     `switchyard logits` on the same prompts; and whether each argmax is in the other's top 5."""
     import array
     out = f"{args.results}/first-token-logits.f32"
-    subprocess.run([args.switchyard, "--threads", str(args.threads), "logits", "--model", args.model,
+    subprocess.run([args.switchyard, "--threads", str(args.threads), *args.switchyard_flags.split(), "logits",
+                    "--model", args.model,
                     "--kv-dtype", "bf16", "--tokens", ";".join(",".join(map(str, p)) for p in ids), "--out", out],
                    check=True, capture_output=True)
     logits = array.array("f")
@@ -105,6 +106,8 @@ def last_row(logits, s, vocab):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--switchyard", required=True)
+    parser.add_argument("--switchyard-flags", default="",
+                        help="switchyard's global flags for every run, e.g. --int8-products")
     parser.add_argument("--model", required=True)
     parser.add_argument("--vllm-python", required=True)
     parser.add_argument("--results", required=True)
@@ -128,11 +131,11 @@ def main():
 
     runs = {}  # (engine, n) -> list of dicts
     wait_quiet("switchyard", args.quiet_load, args.quiet_wait, quiet_log)
-    run_switchyard(args.switchyard, args.model, prompts[sizes[0]], args.threads)  # page the weights in
+    run_switchyard(args.switchyard, args.switchyard_flags.split(), args.model, prompts[sizes[0]], args.threads)  # page the weights in
     for n in sizes:
         for rep in range(1, args.repetitions + 1):
             load = wait_quiet(f"switchyard {n} seq r{rep}", args.quiet_load, args.quiet_wait_rep, quiet_log)
-            r = run_switchyard(args.switchyard, args.model, prompts[n], args.threads)
+            r = run_switchyard(args.switchyard, args.switchyard_flags.split(), args.model, prompts[n], args.threads)
             r["load"] = load
             runs.setdefault(("switchyard", n), []).append(r)
             print(f"   switchyard {n} seq r{rep}: decode {r['decode_tok_s']:.1f} tok/s, prefill "

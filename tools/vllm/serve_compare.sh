@@ -10,6 +10,8 @@
 #        QUIET_WAIT_S (1200: most seconds to wait for 1-min load < QUIET_LOAD before each engine)
 #        QUIET_WAIT_REP_S (300: the same before each repetition)
 #        SPECS ("1 16,32 96": concurrency and prompts of each measured point)
+#        SY_FLAGS (switchyard's global flags for its server, e.g. "--int8-products": its opt-in
+#        8-bit products, lossy, set against vLLM's bf16; empty: the exact products)
 # Output: the table on stdout; WORK_DIR/serve-results/ holds versions.txt, quiet.txt, the probe
 # files and one bench serve JSON per run (+ .load: 1-min load at its start); server logs in
 # WORK_DIR/serve-logs/.
@@ -69,7 +71,7 @@ export HF_HUB_OFFLINE=1 VLLM_CACHE_ROOT="$work/vllm-cache"
 export VLLM_CPU_OMP_THREADS_BIND="0-$((threads - 1))" VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2
 
 { echo "git $(git -C "$root" rev-parse HEAD 2>/dev/null || echo '?') (uncommitted changes: $(git -C "$root" status --short -- src | wc -l) files in src/)"
-  echo "switchyard $(stat -c %y "$root/build/switchyard") $(sha256sum "$sy" | cut -c1-16)"
+  echo "switchyard $(stat -c %y "$root/build/switchyard") $(sha256sum "$sy" | cut -c1-16) flags '${SY_FLAGS:-}'"
   echo "vllm-cpu $("$work/venv/bin/python" -c "import importlib.metadata as m; print(m.version('vllm-cpu'), 'torch', m.version('torch'))")"
   echo "cpu $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
   echo "start 1-min load $(cut -d' ' -f1 /proc/loadavg)"; } | tee "$results/versions.txt"
@@ -116,23 +118,24 @@ start_server() {  # NAME COMMAND...
   done
   echo "serve_compare: $name not ready after 900 s" >&2; exit 1
 }
-switchyard_server=("$sy" --threads "$threads" serve --model "$model" --port "$port"
+read -r -a sy_flags <<<"${SY_FLAGS:-}"
+switchyard_server=("$sy" --threads "$threads" "${sy_flags[@]}" serve --model "$model" --port "$port"
   --served-model-name bench --kv-cache-tokens 8192)
 vllm_server=("$work/venv/bin/python" "$root/tools/vllm/vllm_cli.py" serve "$model" --tokenizer "$model"
   --served-model-name bench --dtype bfloat16 --max-model-len 1024 --seed 0 --host 127.0.0.1 --port "$port")
-bench() {  # OUT NUM_PROMPTS CONCURRENCY
-  "$sy" bench serve --url "$url" --model bench --num-prompts "$2" --concurrency "$3" \
+bench() {  # OUT NUM_PROMPTS CONCURRENCY SEED (tools/bench_common.sh: run_seed)
+  "$sy" bench serve --url "$url" --model bench --num-prompts "$2" --concurrency "$3" --seed "$4" \
     --input-len "$input_len" --output-len "$output_len" --vocab-size "$vocab" --json >"$1"
 }
 
 # --- wait for a quiet machine, before each engine and each repetition ------------------------------
-source "$root/tools/bench_common.sh"  # wait_quiet
+source "$root/tools/bench_common.sh"  # wait_quiet, run_seed, prefix_hits
 : >"$results/quiet.txt"
 
 # --- probe: bench serve's request features on the (unmodified) vLLM server --------------------------
 probe() {
   echo "== probe: vllm serve (unmodified, the server timed below) =="
-  bench "$results/probe-bench.json" 1 1 || true
+  bench "$results/probe-bench.json" 1 1 1 || true
   python3 - "$results/probe-bench.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -158,19 +161,22 @@ for engine in switchyard vLLM; do
   wait_quiet "$engine" "$quiet_wait"
   if [ "$engine" = switchyard ]; then start_server "$engine" "${switchyard_server[@]}"
   else start_server "$engine" "${vllm_server[@]}"; probe; fi
-  bench "$results/$engine-warmup.json" 4 4  # first-request costs out of the timed runs
+  bench "$results/$engine-warmup.json" 4 4 2  # first-request costs out of the timed runs
   IFS=, read -ra spec_list <<<"$specs"
   for spec in "${spec_list[@]}"; do
     read -r concurrency prompts <<<"$spec"
     for rep in $(seq "$reps"); do
       wait_quiet "$engine c$concurrency r$rep" "$quiet_wait_rep"
       cut -d' ' -f1 /proc/loadavg >"$results/$engine-c$concurrency-r$rep.load"
-      bench "$results/$engine-c$concurrency-r$rep.json" "$prompts" "$concurrency"
+      hits_before="$(prefix_hits "$url")"
+      bench "$results/$engine-c$concurrency-r$rep.json" "$prompts" "$concurrency" "$(run_seed "$concurrency" "$rep")"
       python3 -c 'import json, sys
 r, load = json.load(open(sys.argv[1])), open("/proc/loadavg").read().split()[0]
-print("   done %d/%d in %.1f s: %.1f tok/s, median TTFT %.0f ms, TPOT %.1f ms; load now %s" % (r["completed"],
-      r["num_prompts"], r["duration"], r["output_throughput"], r["median_ttft_ms"], r["median_tpot_ms"], load))' \
-        "$results/$engine-c$concurrency-r$rep.json"
+hits = "-" if "-" in sys.argv[2:] else "%d" % (float(sys.argv[3]) - float(sys.argv[2]))
+print("   done %d/%d in %.1f s: %.1f tok/s, median TTFT %.0f ms, TPOT %.1f ms; prefix-cache hits %s tokens; "
+      "load now %s" % (r["completed"], r["num_prompts"], r["duration"], r["output_throughput"], r["median_ttft_ms"],
+                       r["median_tpot_ms"], hits, load))' \
+        "$results/$engine-c$concurrency-r$rep.json" "$hits_before" "$(prefix_hits "$url")"
     done
   done
   echo "$engine $(peak_rss)" | tee -a "$results/peak-rss.txt" | sed 's/^/   peak RSS (GiB, sum over the server processes): /'
