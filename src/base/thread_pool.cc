@@ -64,6 +64,17 @@ static inline void CpuRelax() {
 #endif
 }
 
+// Polls between yields: tens of microseconds, long past the wait of a loop whose threads all run
+// (so a pool with its cores to itself almost never yields), short against a time slice.
+constexpr int kSpinsPerYield = 1024;
+
+// One poll of a spin-wait: a pause, and now and then the rest of the time slice to whatever else
+// waits for this core (with nothing else runnable sched_yield returns at once).
+static inline void SpinOnce(int spin) {
+  CpuRelax();
+  if (spin % kSpinsPerYield == kSpinsPerYield - 1) sched_yield();
+}
+
 void ThreadPool::ParallelFor(size_t count, const std::function<void(size_t, size_t)>& body) {
   if (count == 0) return;
   if (workers_.empty() || count == 1) {
@@ -85,8 +96,8 @@ void ThreadPool::ParallelFor(size_t count, const std::function<void(size_t, size
   // Chunks no worker has taken yet: run them here instead of waiting for a worker to wake.
   for (int index = 1; index < size(); ++index)
     if (Claim(index, generation)) RunChunk(index);
-  while (pending_.load(std::memory_order_acquire) != 0)
-    CpuRelax();
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin)
+    SpinOnce(spin);
   body_ = nullptr;
 }
 
@@ -111,7 +122,7 @@ void ThreadPool::WorkerLoop(int index) {
     size_t current = generation_.load(std::memory_order_acquire);
     for (int spin = 0; current == seen && spin < kSpins && !stop_.load(std::memory_order_relaxed);
          ++spin) {
-      CpuRelax();
+      SpinOnce(spin);
       current = generation_.load(std::memory_order_acquire);
     }
     if (current == seen) {

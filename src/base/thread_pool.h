@@ -50,7 +50,10 @@ class ThreadPool {
 
   // A forward step issues a hundred short loops; waking sleeping workers through the kernel for
   // each costs tens of microseconds on a VM. Workers therefore spin on `generation_` for a while
-  // after each loop before sleeping on `start_`, and the caller spins on `pending_`.
+  // after each loop before sleeping on `start_`, and the caller spins on `pending_`. Both yield
+  // the core every kSpinsPerYield polls: where threads outnumber the cores they get (a cgroup
+  // quota, taskset, another busy process), a spinner would otherwise keep the thread it waits
+  // for off its core until the scheduler's time slice ends, milliseconds per loop.
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable start_;
