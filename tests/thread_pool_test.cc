@@ -1,6 +1,9 @@
 // The kernel thread pool: every index runs exactly once per loop, in the same chunks, whether a
 // worker takes its chunk or the caller takes it because the worker is asleep or late.
 #include <gtest/gtest.h>
+#include <sched.h>
+
+#include <algorithm>
 
 #include <chrono>
 #include <mutex>
@@ -59,6 +62,55 @@ TEST(ThreadPoolTest, LoopsAfterTheWorkersSleepStillRunEveryIndexOnce) {
         ASSERT_EQ(h, 1) << "round " << round << " loop " << loop;
     }
   }
+}
+
+// A pool larger than its cores makes its spinning threads wait on each other: with every thread
+// on one core, loops still finish and cover every index once (the spinners yield the core).
+TEST(ThreadPoolTest, ThreeThreadsOnOneCoreFinishEveryLoop) {
+  std::thread confined([] {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+    int first = 0;
+    while (!CPU_ISSET(first, &allowed))
+      ++first;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+    // The default size follows the affinity mask: one core here.
+    EXPECT_EQ(UsableCores(), 1);
+    ThreadPool pool(3);  // its workers inherit the one-core mask
+    for (int loop = 0; loop < 2000; ++loop) {
+      std::vector<int> hits(9, 0);
+      pool.ParallelFor(hits.size(), [&](size_t begin, size_t end) {
+        for (size_t i = begin; i < end; ++i)
+          ++hits[i];
+      });
+      for (int h : hits)
+        ASSERT_EQ(h, 1) << "loop " << loop;
+    }
+  });
+  confined.join();
+}
+
+TEST(ThreadPoolTest, UsableCoresStaysWithinTheMachine) {
+  const int cores = UsableCores();
+  EXPECT_GE(cores, 1);
+  EXPECT_LE(cores, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+}
+
+TEST(ThreadPoolTest, CgroupCpuMaxGivesWholeCoresRoundedUp) {
+  EXPECT_EQ(CoresFromCpuMax("max 100000\n"), 0);
+  EXPECT_EQ(CoresFromCpuMax("200000 100000\n"), 2);
+  EXPECT_EQ(CoresFromCpuMax("150000 100000"), 2);
+  EXPECT_EQ(CoresFromCpuMax("50000 100000"), 1);
+  EXPECT_EQ(CoresFromCpuMax("100000 50000 5"), 2);  // anything after the pair is ignored
+  EXPECT_EQ(CoresFromCpuMax(""), 0);
+  EXPECT_EQ(CoresFromCpuMax("garbage"), 0);
+  EXPECT_EQ(CoresFromCpuMax("12x 100000"), 0);
+  EXPECT_EQ(CoresFromCpuMax("100000 0"), 0);
+  EXPECT_EQ(CoresFromCpuMax("-5 100000"), 0);
 }
 
 }  // namespace

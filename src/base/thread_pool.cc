@@ -4,6 +4,9 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 namespace sy {
 namespace {
@@ -29,10 +32,46 @@ void PinToCore(std::thread::native_handle_type handle, int core) {
   }
 }
 
+// The text of a small file, or "" when it cannot be read.
+std::string ReadSmallFile(const char* path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return in ? text.str() : std::string();
+}
+
 }  // namespace
 
+int CoresFromCpuMax(const std::string& cpu_max) {
+  std::istringstream in(cpu_max);
+  std::string quota;
+  long long period = 0;
+  if (!(in >> quota >> period) || period <= 0 || quota == "max") return 0;
+  char* end = nullptr;
+  const long long limit = std::strtoll(quota.c_str(), &end, 10);
+  if (end == quota.c_str() || *end != '\0' || limit <= 0) return 0;
+  return static_cast<int>(std::min<long long>((limit + period - 1) / period, 1 << 20));
+}
+
+int UsableCores() {
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && CPU_COUNT(&allowed) > 0)
+    cores = std::min(cores, CPU_COUNT(&allowed));
+  // cgroup v2 (the unified hierarchy at /sys/fs/cgroup inside a container), then v1.
+  int quota = CoresFromCpuMax(ReadSmallFile("/sys/fs/cgroup/cpu.max"));
+  if (quota == 0) {
+    const std::string v1 = ReadSmallFile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") + " " +
+                           ReadSmallFile("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    quota = CoresFromCpuMax(v1.rfind("-1", 0) == 0 ? std::string() : v1);
+  }
+  if (quota > 0) cores = std::min(cores, quota);
+  return std::max(1, cores);
+}
+
 ThreadPool::ThreadPool(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = UsableCores();
   claimed_ = std::make_unique<std::atomic<size_t>[]>(static_cast<size_t>(threads));
   for (int i = 0; i < threads; ++i)
     claimed_[i].store(0, std::memory_order_relaxed);

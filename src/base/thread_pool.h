@@ -9,14 +9,23 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 namespace sy {
 
+// The cores this process may run on: the CPUs of its affinity mask (taskset, an MPI launcher's
+// binding), capped by its cgroup's CPU quota (a container's --cpus), at least 1. The default
+// size of a pool: a pool larger than this only makes its threads wait for each other's cores.
+int UsableCores();
+// Cores a cgroup v2 `cpu.max` line allows ("QUOTA PERIOD", rounded up), or 0 for no limit
+// ("max PERIOD") or text that is not such a line.
+int CoresFromCpuMax(const std::string& cpu_max);
+
 class ThreadPool {
  public:
-  // threads = 0 means one per available core.
+  // threads = 0 means one per usable core (UsableCores).
   explicit ThreadPool(int threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

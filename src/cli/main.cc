@@ -22,7 +22,9 @@ int main(int argc, char** argv) {
   // wait on each other, so more than the machine has is refused rather than left to crawl.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   app.add_option("--threads", threads,
-                 fmt::format("Worker threads (0: one per core; at most {}, the cores here)", cores))
+                 fmt::format("Worker threads (0: one per core this process may use, {} here; at "
+                             "most {}, the machine's cores)",
+                             sy::UsableCores(), cores))
       ->check(CLI::Range(0, cores));
   bool f32_products = false;
   app.add_flag("--f32-products", f32_products,
