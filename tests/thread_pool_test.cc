@@ -45,6 +45,16 @@ TEST(ThreadPoolTest, EveryIndexOnceInFixedChunks) {
   }
 }
 
+// How many times each of `count` indices ran in one loop of the pool.
+std::vector<int> HitsOfOneLoop(ThreadPool& pool, size_t count) {
+  std::vector<int> hits(count, 0);
+  pool.ParallelFor(count, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i)
+      ++hits[i];
+  });
+  return hits;
+}
+
 // After a pause long enough for the workers to stop spinning and sleep, loops still complete and
 // cover every index once: the caller runs a sleeping worker's chunk itself, or the worker wakes
 // and runs it, never both.
@@ -52,15 +62,9 @@ TEST(ThreadPoolTest, LoopsAfterTheWorkersSleepStillRunEveryIndexOnce) {
   ThreadPool pool(2);
   for (int round = 0; round < 20; ++round) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    for (int loop = 0; loop < 50; ++loop) {
-      std::vector<int> hits(8, 0);
-      pool.ParallelFor(hits.size(), [&](size_t begin, size_t end) {
-        for (size_t i = begin; i < end; ++i)
-          ++hits[i];
-      });
-      for (int h : hits)
+    for (int loop = 0; loop < 50; ++loop)
+      for (int h : HitsOfOneLoop(pool, 8))
         ASSERT_EQ(h, 1) << "round " << round << " loop " << loop;
-    }
   }
 }
 
@@ -81,15 +85,9 @@ TEST(ThreadPoolTest, ThreeThreadsOnOneCoreFinishEveryLoop) {
     // The default size follows the affinity mask: one core here.
     EXPECT_EQ(UsableCores(), 1);
     ThreadPool pool(3);  // its workers inherit the one-core mask
-    for (int loop = 0; loop < 2000; ++loop) {
-      std::vector<int> hits(9, 0);
-      pool.ParallelFor(hits.size(), [&](size_t begin, size_t end) {
-        for (size_t i = begin; i < end; ++i)
-          ++hits[i];
-      });
-      for (int h : hits)
+    for (int loop = 0; loop < 2000; ++loop)
+      for (int h : HitsOfOneLoop(pool, 9))
         ASSERT_EQ(h, 1) << "loop " << loop;
-    }
   });
   confined.join();
 }

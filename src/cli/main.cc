@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "base/allocator.h"
@@ -38,6 +39,11 @@ int main(int argc, char** argv) {
                "quantized per row to 8 bits: about twice the f32 rate on CPUs without AVX-512 "
                "BF16, lossy (docs/benchmarks.md gives its accuracy); batch-invariant");
   app.parse_complete_callback([&] {
+    if (threads > sy::UsableCores())
+      std::fprintf(stderr,
+                   "switchyard: note: --threads %d is more than the %d core(s) this process may "
+                   "use (its CPU affinity or quota); the threads will share cores\n",
+                   threads, sy::UsableCores());
     sy::ThreadPool::ConfigureGlobal(threads);
     if (f32_products) sy::kernels::GlobalKernelOptions().bf16_dot = false;
     if (int8_products) sy::GlobalWeightPacking() = sy::WeightPacking::kInt8;
