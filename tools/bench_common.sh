@@ -30,3 +30,14 @@ run_seed() {  # CONCURRENCY REP
 prefix_hits() {  # URL
   curl -s "$1/metrics" | awk '/^switchyard:prefix_cache_hits_total/ {print $2; found = 1} END {if (!found) print "-"}'
 }
+
+# One line for a measured `bench serve` run: its throughput, latencies, prefix-cache hits (the
+# difference of two prefix_hits readings, "-" where the server has none) and the load after it.
+report_run() {  # BENCH_JSON HITS_BEFORE HITS_AFTER
+  python3 -c 'import json, sys
+r, load = json.load(open(sys.argv[1])), open("/proc/loadavg").read().split()[0]
+hits = "-" if "-" in sys.argv[2:] else "%d" % (float(sys.argv[3]) - float(sys.argv[2]))
+print("   done %d/%d in %.1f s: %.1f tok/s, median TTFT %.0f ms, TPOT %.1f ms; prefix-cache hits %s tokens; "
+      "load now %s" % (r["completed"], r["num_prompts"], r["duration"], r["output_throughput"], r["median_ttft_ms"],
+                       r["median_tpot_ms"], hits, load))' "$1" "$2" "$3"
+}

@@ -22,10 +22,11 @@ int main(int argc, char** argv) {
   // The pool's workers spin briefly between tasks: more workers than cores only makes them
   // wait on each other, so more than the machine has is refused rather than left to crawl.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int usable = sy::UsableCores();  // reads the affinity mask and cgroup files: once
   app.add_option("--threads", threads,
                  fmt::format("Worker threads (0: one per core this process may use, {} here; at "
                              "most {}, the machine's cores)",
-                             sy::UsableCores(), cores))
+                             usable, cores))
       ->check(CLI::Range(0, cores));
   bool f32_products = false;
   app.add_flag("--f32-products", f32_products,
@@ -39,11 +40,11 @@ int main(int argc, char** argv) {
                "quantized per row to 8 bits: about twice the f32 rate on CPUs without AVX-512 "
                "BF16, lossy (docs/benchmarks.md gives its accuracy); batch-invariant");
   app.parse_complete_callback([&] {
-    if (threads > sy::UsableCores())
+    if (threads > usable)
       std::fprintf(stderr,
                    "switchyard: note: --threads %d is more than the %d core(s) this process may "
                    "use (its CPU affinity or quota); the threads will share cores\n",
-                   threads, sy::UsableCores());
+                   threads, usable);
     sy::ThreadPool::ConfigureGlobal(threads);
     if (f32_products) sy::kernels::GlobalKernelOptions().bf16_dot = false;
     if (int8_products) sy::GlobalWeightPacking() = sy::WeightPacking::kInt8;

@@ -87,13 +87,13 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
   // Gather the rows in expert order (the sort of init routing), then one grouped pass.
   const int64_t slots = static_cast<int64_t>(routing.sorted_slots.size());
   auto inputs = UninitializedArray<float>(slots * hidden);
+  auto gather = [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i)
+      std::copy_n(x + (routing.sorted_slots[i] / routing.top_k) * hidden, hidden,
+                  inputs.get() + i * hidden);
+  };
   ThreadPool::Global().ParallelForIf(slots * hidden >= kParallelElements,
-                                     static_cast<size_t>(slots), [&](size_t begin, size_t end) {
-                                       for (size_t i = begin; i < end; ++i)
-                                         std::copy_n(
-                                             x + (routing.sorted_slots[i] / routing.top_k) * hidden,
-                                             hidden, inputs.get() + i * hidden);
-                                     });
+                                     static_cast<size_t>(slots), gather);
   std::vector<kernels::ExpertPanels> panels(w.experts.size());
   bool packed = true;
   for (size_t e = 0; e < w.experts.size(); ++e) {

@@ -199,7 +199,7 @@ grep -m1 -o "AssertionError.*" "$logs/llama-unmodified.log" | sed 's/^/  server 
 stop_server
 
 # --- wait for a quiet machine, before each engine and each repetition ------------------------------
-source "$root/tools/bench_common.sh"  # wait_quiet, run_seed, prefix_hits
+source "$root/tools/bench_common.sh"  # wait_quiet, run_seed, prefix_hits, report_run
 : >"$results/quiet.txt"
 
 # --- timed runs: one engine at a time ------------------------------------------------------------
@@ -215,13 +215,7 @@ for engine in switchyard llama.cpp; do
       cut -d' ' -f1 /proc/loadavg >"$results/$engine-c$concurrency-r$rep.load"
       hits_before="$(prefix_hits "$url")"
       bench "$results/$engine-c$concurrency-r$rep.json" "$prompts" "$concurrency" "$(run_seed "$concurrency" "$rep")"
-      python3 -c 'import json, sys
-r, load = json.load(open(sys.argv[1])), open("/proc/loadavg").read().split()[0]
-hits = "-" if "-" in sys.argv[2:] else "%d" % (float(sys.argv[3]) - float(sys.argv[2]))
-print("   done %d/%d in %.1f s: %.1f tok/s, median TTFT %.0f ms, TPOT %.1f ms; prefix-cache hits %s tokens; "
-      "load now %s" % (r["completed"], r["num_prompts"], r["duration"], r["output_throughput"], r["median_ttft_ms"],
-                       r["median_tpot_ms"], hits, load))' \
-        "$results/$engine-c$concurrency-r$rep.json" "$hits_before" "$(prefix_hits "$url")"
+      report_run "$results/$engine-c$concurrency-r$rep.json" "$hits_before" "$(prefix_hits "$url")"
     done
   done
   stop_server

@@ -73,7 +73,7 @@ def first_token_margins(args, ids, vllm_top5, vocab):
     `switchyard logits` on the same prompts; and whether each argmax is in the other's top 5."""
     import array
     out = f"{args.results}/first-token-logits.f32"
-    subprocess.run([args.switchyard, "--threads", str(args.threads), *args.switchyard_flags.split(), "logits",
+    subprocess.run([args.switchyard, "--threads", str(args.threads), *args.switchyard_flags, "logits",
                     "--model", args.model,
                     "--kv-dtype", "bf16", "--tokens", ";".join(",".join(map(str, p)) for p in ids), "--out", out],
                    check=True, capture_output=True)
@@ -106,7 +106,7 @@ def last_row(logits, s, vocab):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--switchyard", required=True)
-    parser.add_argument("--switchyard-flags", default="",
+    parser.add_argument("--switchyard-flags", default=[], type=str.split,
                         help="switchyard's global flags for every run, e.g. --int8-products")
     parser.add_argument("--model", required=True)
     parser.add_argument("--vllm-python", required=True)
@@ -131,11 +131,11 @@ def main():
 
     runs = {}  # (engine, n) -> list of dicts
     wait_quiet("switchyard", args.quiet_load, args.quiet_wait, quiet_log)
-    run_switchyard(args.switchyard, args.switchyard_flags.split(), args.model, prompts[sizes[0]], args.threads)  # page the weights in
+    run_switchyard(args.switchyard, args.switchyard_flags, args.model, prompts[sizes[0]], args.threads)  # page the weights in
     for n in sizes:
         for rep in range(1, args.repetitions + 1):
             load = wait_quiet(f"switchyard {n} seq r{rep}", args.quiet_load, args.quiet_wait_rep, quiet_log)
-            r = run_switchyard(args.switchyard, args.switchyard_flags.split(), args.model, prompts[n], args.threads)
+            r = run_switchyard(args.switchyard, args.switchyard_flags, args.model, prompts[n], args.threads)
             r["load"] = load
             runs.setdefault(("switchyard", n), []).append(r)
             print(f"   switchyard {n} seq r{rep}: decode {r['decode_tok_s']:.1f} tok/s, prefill "
