@@ -1,7 +1,9 @@
 #include "kernels/cpu/grouped_ffn.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
 
 #include "base/thread_pool.h"
 #include "kernels/cpu/bf16_dot.h"
@@ -41,9 +43,13 @@ void Product(Path path, const float* x, const uint16_t* x_bf16, const Int8Rows& 
   }
 }
 
-// Runs body(i) for items [0, count) on all threads, split into contiguous shares of near-equal
-// cost (ThreadPool::ParallelFor splits by count, and experts' items differ in rows: with an even
-// split by count one thread waited for the other ~10% of a batch-32 decode step).
+// Runs body(i) for items [0, count) on all threads. Each thread starts on a contiguous share of
+// near-equal estimated cost (ThreadPool::ParallelFor splits by count, and experts' items differ
+// in rows) and walks it from the front; a thread done with its share takes items from the back
+// of the share with the most left. The estimate alone left one thread waiting for the other 5%
+// of an int8 batch-32 decode step; handing out items one by one from a shared counter instead
+// was 15% slower: the cores no longer streamed contiguous memory. Each item writes its own
+// outputs, so which thread runs it does not change a bit.
 template <typename Cost, typename Body>
 void BalancedFor(size_t count, Cost cost, Body body) {
   ThreadPool& pool = ThreadPool::Global();
@@ -51,16 +57,48 @@ void BalancedFor(size_t count, Cost cost, Body body) {
   std::vector<double> prefix(count + 1, 0.0);
   for (size_t i = 0; i < count; ++i)
     prefix[i + 1] = prefix[i] + cost(i);
-  std::vector<size_t> bounds(threads + 1, count);
-  bounds[0] = 0;
-  for (size_t t = 1; t < threads; ++t)
-    bounds[t] = static_cast<size_t>(
-        std::lower_bound(prefix.begin(), prefix.end(), prefix[count] * t / threads) -
-        prefix.begin());
-  pool.ParallelFor(threads, [&](size_t begin, size_t end) {
-    for (size_t t = begin; t < end; ++t)
-      for (size_t i = bounds[t]; i < std::max(bounds[t], bounds[t + 1]); ++i)
-        body(i);
+  // Share t's items not taken yet: [front, back), packed in one word so that both ends move
+  // under one compare-exchange.
+  auto pack = [](uint64_t front, uint64_t back) { return front | back << 32; };
+  std::vector<std::atomic<uint64_t>> shares(threads);
+  size_t begin = 0;
+  for (size_t t = 0; t < threads; ++t) {
+    const size_t end =
+        t + 1 == threads ? count
+                         : static_cast<size_t>(std::lower_bound(prefix.begin(), prefix.end(),
+                                                                prefix[count] * (t + 1) / threads) -
+                                               prefix.begin());
+    shares[t].store(pack(begin, std::max(begin, end)), std::memory_order_relaxed);
+    begin = std::max(begin, end);
+  }
+  // Takes one item of share t from the front or the back; false when the share is empty.
+  auto take = [&](size_t t, bool from_back, size_t* item) {
+    uint64_t word = shares[t].load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t front = word & 0xffffffffu, back = word >> 32;
+      if (front >= back) return false;
+      const uint64_t next = from_back ? pack(front, back - 1) : pack(front + 1, back);
+      if (shares[t].compare_exchange_weak(word, next, std::memory_order_relaxed)) {
+        *item = from_back ? back - 1 : front;
+        return true;
+      }
+    }
+  };
+  pool.ParallelFor(threads, [&](size_t first, size_t last) {
+    size_t item = 0;
+    for (size_t t = first; t < last; ++t)
+      while (take(t, false, &item))
+        body(item);
+    for (;;) {
+      size_t victim = threads, most = 0;
+      for (size_t t = 0; t < threads; ++t) {
+        const uint64_t word = shares[t].load(std::memory_order_relaxed);
+        const uint64_t front = word & 0xffffffffu, back = word >> 32;
+        if (back > front && back - front > most) most = back - front, victim = t;
+      }
+      if (victim == threads) return;
+      if (take(victim, true, &item)) body(item);
+    }
   });
 }
 
