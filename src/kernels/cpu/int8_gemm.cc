@@ -21,6 +21,15 @@ namespace {
 constexpr int kMaxTileRows = 6;
 constexpr int kMaxTileRowsVnni = 12;
 constexpr int64_t kRangeGroups = 2;  // groups per column range: 4 KiB of a panel, kept in L1
+constexpr int64_t kGroupQuads = kInt8GroupCols / kInt8QuadCols;
+
+// The groups of a column range one tile kernel call walks (one call per range and tile, not per
+// group: at decode's 4-8 rows per tile the call and its set-up cost ~10% of a group's work). The
+// last group of a matrix may be short.
+struct GroupRange {
+  int64_t groups;
+  int64_t last_quads;
+};
 Int8Kernel kernel_limit = Int8Kernel::kAvx512Vnni;
 
 // Software prefetch in the panel stream. The first tile of a column range streams it from memory
@@ -73,20 +82,23 @@ alignas(32) const int16_t kOnes[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
 #define SY_INT8_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 
 template <int R>
-SY_INT8_TARGET void GroupAvx2(const uint8_t* x, int64_t x_stride, const float* xs,
-                              int64_t xs_stride, const int8_t* w, int64_t quads,
+SY_INT8_TARGET void RangeAvx2(const uint8_t* x, int64_t x_stride, const float* xs,
+                              int64_t xs_stride, const int8_t* w, const GroupRange& range,
                               const float* w_scale, const int32_t* w_offset, int64_t prefetch,
                               float* state) {
   static_assert(R >= 1 && R <= kMaxTileRows);
+  for (int64_t g = 0; g < range.groups; ++g, x += kInt8GroupCols, ++xs,
+               w += kInt8GroupCols * kPanelRows, w_scale += kPanelRows, w_offset += kPanelRows) {
+    const int64_t quads = g + 1 == range.groups ? range.last_quads : kGroupQuads;
 #define SY_DECLARE(k) __m256i acc##k##0 = _mm256_setzero_si256(), acc##k##1 = acc##k##0;
-  SY_INT8_ROWS(SY_DECLARE)
+    SY_INT8_ROWS(SY_DECLARE)
 #undef SY_DECLARE
-  for (int64_t q = 0; q < quads; ++q) {
-    const int8_t* wq = w + q * kPanelRows * kInt8QuadCols;
-    _mm_prefetch(reinterpret_cast<const char*>(wq) + prefetch, _MM_HINT_T0);
-    const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq));
-    const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq + 32));
-    const uint8_t* xq = x + q * kInt8QuadCols;
+    for (int64_t q = 0; q < quads; ++q) {
+      const int8_t* wq = w + q * kPanelRows * kInt8QuadCols;
+      _mm_prefetch(reinterpret_cast<const char*>(wq) + prefetch, _MM_HINT_T0);
+      const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq));
+      const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wq + 32));
+      const uint8_t* xq = x + q * kInt8QuadCols;
 // One row's step as one asm block: GCC otherwise issues every row's VPMADDUBSW first and needs
 // a temporary per product, which spills accumulators to the stack in the loop. Here each row
 // needs two accumulators, its broadcast and one temporary: 16 registers at six rows, the
@@ -105,12 +117,12 @@ SY_INT8_TARGET void GroupAvx2(const uint8_t* x, int64_t x_stride, const float* x
         : [x] "m"(*reinterpret_cast<const int32_t*>(xq + k * x_stride)), [w0] "x"(w0), \
           [w1] "x"(w1), [ones] "m"(kOnes));                                            \
   }
-    SY_INT8_ROWS(SY_ROW)
+      SY_INT8_ROWS(SY_ROW)
 #undef SY_ROW
-  }
-  const __m256 s0 = _mm256_loadu_ps(w_scale), s1 = _mm256_loadu_ps(w_scale + 8);
-  const __m256i o0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w_offset));
-  const __m256i o1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w_offset + 8));
+    }
+    const __m256 s0 = _mm256_loadu_ps(w_scale), s1 = _mm256_loadu_ps(w_scale + 8);
+    const __m256i o0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w_offset));
+    const __m256i o1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w_offset + 8));
 #define SY_FLUSH(k)                                                                           \
   if constexpr (R > k) {                                                                      \
     const __m256 scale = _mm256_set1_ps(xs[k * xs_stride]);                                   \
@@ -120,8 +132,9 @@ SY_INT8_TARGET void GroupAvx2(const uint8_t* x, int64_t x_stride, const float* x
     _mm256_storeu_ps(out, _mm256_fmadd_ps(t0, scale, _mm256_loadu_ps(out)));                  \
     _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(t1, scale, _mm256_loadu_ps(out + 8)));          \
   }
-  SY_INT8_ROWS(SY_FLUSH)
+    SY_INT8_ROWS(SY_FLUSH)
 #undef SY_FLUSH
+  }
 }
 #undef SY_INT8_ROWS
 
@@ -134,11 +147,11 @@ void WithRowCount(int64_t count, Kernel kernel) {
   (std::make_integer_sequence<int, kMax>{});
 }
 
-void GroupFast(const uint8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
-               const int8_t* w, int64_t quads, const float* w_scale, const int32_t* w_offset,
-               int64_t count, int64_t prefetch, float* state) {
+void RangeFast(const uint8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
+               const int8_t* w, const GroupRange& range, const float* w_scale,
+               const int32_t* w_offset, int64_t count, int64_t prefetch, float* state) {
   WithRowCount<kMaxTileRows>(count, [&](auto rows) {
-    GroupAvx2<rows()>(x, x_stride, xs, xs_stride, w, quads, w_scale, w_offset, prefetch, state);
+    RangeAvx2<rows()>(x, x_stride, xs, xs_stride, w, range, w_scale, w_offset, prefetch, state);
   });
 }
 
@@ -157,19 +170,22 @@ SY_VNNI_TARGET inline __m512 ToFloat(__m512i v) {
 }
 
 template <int R>
-SY_VNNI_TARGET void GroupVnni(const uint8_t* x, int64_t x_stride, const float* xs,
-                              int64_t xs_stride, const int8_t* w, int64_t quads,
+SY_VNNI_TARGET void RangeVnni(const uint8_t* x, int64_t x_stride, const float* xs,
+                              int64_t xs_stride, const int8_t* w, const GroupRange& range,
                               const float* w_scale, const int32_t* w_offset, int64_t prefetch,
                               float* state) {
   static_assert(R >= 1 && R <= kMaxTileRowsVnni);
+  for (int64_t g = 0; g < range.groups; ++g, x += kInt8GroupCols, ++xs,
+               w += kInt8GroupCols * kPanelRows, w_scale += kPanelRows, w_offset += kPanelRows) {
+    const int64_t quads = g + 1 == range.groups ? range.last_quads : kGroupQuads;
 #define SY_DECLARE(k) __m512i acc##k = _mm512_setzero_si512();
-  SY_VNNI_ROWS(SY_DECLARE)
+    SY_VNNI_ROWS(SY_DECLARE)
 #undef SY_DECLARE
-  for (int64_t q = 0; q < quads; ++q) {
-    const int8_t* wq = w + q * kPanelRows * kInt8QuadCols;
-    _mm_prefetch(reinterpret_cast<const char*>(wq) + prefetch, _MM_HINT_T0);
-    const __m512i wv = _mm512_loadu_si512(wq);
-    const uint8_t* xq = x + q * kInt8QuadCols;
+    for (int64_t q = 0; q < quads; ++q) {
+      const int8_t* wq = w + q * kPanelRows * kInt8QuadCols;
+      _mm_prefetch(reinterpret_cast<const char*>(wq) + prefetch, _MM_HINT_T0);
+      const __m512i wv = _mm512_loadu_si512(wq);
+      const uint8_t* xq = x + q * kInt8QuadCols;
 // The step as asm, as on AVX2: through the intrinsic GCC copied each accumulator to a scratch
 // register and back around every VPDPBUSD.
 #define SY_ROW(k)                                                                      \
@@ -180,11 +196,11 @@ SY_VNNI_TARGET void GroupVnni(const uint8_t* x, int64_t x_stride, const float* x
         : [a] "+v"(acc##k), [xb] "=&v"(xb)                                             \
         : [x] "m"(*reinterpret_cast<const int32_t*>(xq + k * x_stride)), [w] "v"(wv)); \
   }
-    SY_VNNI_ROWS(SY_ROW)
+      SY_VNNI_ROWS(SY_ROW)
 #undef SY_ROW
-  }
-  const __m512 s = _mm512_loadu_ps(w_scale);
-  const __m512i o = _mm512_loadu_si512(w_offset);
+    }
+    const __m512 s = _mm512_loadu_ps(w_scale);
+    const __m512i o = _mm512_loadu_si512(w_offset);
 #define SY_FLUSH(k)                                                                                \
   if constexpr (R > k) {                                                                           \
     float* out = state + k * kPanelRows;                                                           \
@@ -192,16 +208,17 @@ SY_VNNI_TARGET void GroupVnni(const uint8_t* x, int64_t x_stride, const float* x
     _mm512_storeu_ps(out,                                                                          \
                      _mm512_fmadd_ps(t, _mm512_set1_ps(xs[k * xs_stride]), _mm512_loadu_ps(out))); \
   }
-  SY_VNNI_ROWS(SY_FLUSH)
+    SY_VNNI_ROWS(SY_FLUSH)
 #undef SY_FLUSH
+  }
 }
 #undef SY_VNNI_ROWS
 
-void GroupVnniFast(const uint8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
-                   const int8_t* w, int64_t quads, const float* w_scale, const int32_t* w_offset,
-                   int64_t count, int64_t prefetch, float* state) {
+void RangeVnniFast(const uint8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
+                   const int8_t* w, const GroupRange& range, const float* w_scale,
+                   const int32_t* w_offset, int64_t count, int64_t prefetch, float* state) {
   WithRowCount<kMaxTileRowsVnni>(count, [&](auto rows) {
-    GroupVnni<rows()>(x, x_stride, xs, xs_stride, w, quads, w_scale, w_offset, prefetch, state);
+    RangeVnni<rows()>(x, x_stride, xs, xs_stride, w, range, w_scale, w_offset, prefetch, state);
   });
 }
 
@@ -236,7 +253,7 @@ bool VnniGivesThePortableBits() {
     std::vector<float> want(static_cast<size_t>(rows * kPanelRows), 0.25f), got(want);
     GroupPortable(x.data(), kStride, xs.data(), 1, w.data(), kQuads, w_scale.data(),
                   w_offset.data(), rows, want.data());
-    GroupVnniFast(x.data(), kStride, xs.data(), 1, w.data(), kQuads, w_scale.data(),
+    RangeVnniFast(x.data(), kStride, xs.data(), 1, w.data(), GroupRange{1, kQuads}, w_scale.data(),
                   w_offset.data(), rows, kPrefetchBytes, got.data());
     if (std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) != 0) return false;
   }
@@ -393,6 +410,15 @@ void Int8Panels(const uint8_t* codes, int64_t stride, const float* scales, int64
   const Int8Kernel kernel = ActiveInt8Kernel();
   const int64_t max_rows = kernel == Int8Kernel::kAvx512Vnni ? kMaxTileRowsVnni : kMaxTileRows;
   const int64_t per_panel = w.groups * kPanelRows;
+  // The tiles are the same for every panel and range: split the rows once.
+  struct Tile {
+    int64_t row, count;
+  };
+  thread_local std::vector<Tile> tiles;
+  tiles.clear();
+  ForEachTile(m, max_rows, [&](int64_t, int64_t row, int64_t count) {
+    tiles.push_back({row, count});
+  });
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     std::fill(state.begin(), state.end(), 0.0f);
     const auto* panel = reinterpret_cast<const int8_t*>(w.Panel(p));
@@ -400,30 +426,36 @@ void Int8Panels(const uint8_t* codes, int64_t stride, const float* scales, int64
     const int32_t* w_offset = w.row_offsets.data() + p * per_panel;
     for (int64_t g0 = 0; g0 < w.groups; g0 += kRangeGroups) {
       const int64_t g1 = std::min(w.groups, g0 + kRangeGroups);
-      ForEachTile(m, max_rows, [&](int64_t tile, int64_t row, int64_t count) {
-        for (int64_t g = g0; g < g1; ++g) {
-          const int64_t c0 = g * kInt8GroupCols;
-          const int64_t quads = (std::min(w.cols, c0 + kInt8GroupCols) - c0) / kInt8QuadCols;
-          const uint8_t* x = codes + row * stride + c0;
-          const float* xs = scales + row * w.groups + g;
-          const int8_t* wg = panel + c0 * kPanelRows;
-          float* s = state.data() + row * kPanelRows;
+      const int64_t c0 = g0 * kInt8GroupCols;
+      const GroupRange range{
+          g1 - g0,
+          (std::min(w.cols, g1 * kInt8GroupCols) - (g1 - 1) * kInt8GroupCols) / kInt8QuadCols};
+      const int8_t* wg = panel + c0 * kPanelRows;
+      const float* range_scale = w_scale + g0 * kPanelRows;
+      const int32_t* range_offset = w_offset + g0 * kPanelRows;
+      for (size_t tile = 0; tile < tiles.size(); ++tile) {
+        const int64_t row = tiles[tile].row, count = tiles[tile].count;
+        const uint8_t* x = codes + row * stride + c0;
+        const float* xs = scales + row * w.groups + g0;
+        float* s = state.data() + row * kPanelRows;
 #if defined(__x86_64__)
-          if (kernel == Int8Kernel::kAvx512Vnni) {
-            GroupVnniFast(x, stride, xs, w.groups, wg, quads, w_scale + g * kPanelRows,
-                          w_offset + g * kPanelRows, count, PrefetchBytes(tile), s);
-            continue;
-          }
-          if (kernel == Int8Kernel::kAvx2) {
-            GroupFast(x, stride, xs, w.groups, wg, quads, w_scale + g * kPanelRows,
-                      w_offset + g * kPanelRows, count, PrefetchBytes(tile), s);
-            continue;
-          }
-#endif
-          GroupPortable(x, stride, xs, w.groups, wg, quads, w_scale + g * kPanelRows,
-                        w_offset + g * kPanelRows, count, s);
+        if (kernel == Int8Kernel::kAvx512Vnni) {
+          RangeVnniFast(x, stride, xs, w.groups, wg, range, range_scale, range_offset, count,
+                        PrefetchBytes(static_cast<int64_t>(tile)), s);
+          continue;
         }
-      });
+        if (kernel == Int8Kernel::kAvx2) {
+          RangeFast(x, stride, xs, w.groups, wg, range, range_scale, range_offset, count,
+                    PrefetchBytes(static_cast<int64_t>(tile)), s);
+          continue;
+        }
+#endif
+        for (int64_t g = 0; g < range.groups; ++g)
+          GroupPortable(x + g * kInt8GroupCols, stride, xs + g, w.groups,
+                        wg + g * kInt8GroupCols * kPanelRows,
+                        g + 1 == range.groups ? range.last_quads : kGroupQuads,
+                        range_scale + g * kPanelRows, range_offset + g * kPanelRows, count, s);
+      }
     }
     const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
     for (int64_t r = 0; r < m; ++r)
