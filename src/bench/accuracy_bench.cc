@@ -25,6 +25,9 @@ Result<std::vector<std::vector<float>>> PassageLogits(
     batch.Add(ids.data(), static_cast<int64_t>(ids.size()), &sequence);
     ForwardOptions options;
     options.logit_rows = LogitRows::kAll;
+    // The form every generated token takes (prompts may take the expanded one): under
+    // --int8-products it multiplies by the per-head absorbed matrices in int8 too.
+    options.attention = AttentionForm::kAbsorbed;
     std::vector<float> logits;
     SY_RETURN_IF_ERROR(model->Forward(batch, cache, options, &logits));
     out.push_back(std::move(logits));

@@ -5,6 +5,7 @@
 #include "base/thread_pool.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
+#include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/mla_decode.h"
 
@@ -13,6 +14,47 @@ namespace {
 
 // q_a_layernorm and kv_a_layernorm use eps 1e-6 whatever rms_norm_eps says (HF and reference).
 constexpr float kLatentNormEps = 1e-6f;
+
+// The absorbed form's per-head products: for each head h, gather(h, rows) writes its T input
+// rows [T][w[h].cols], they are multiplied by w[h], and scatter(h, out) takes the [T][w[h].rows]
+// result; heads over the threads. Int8 matrices (`--int8-products`) take every head's rows
+// quantized in one call outside the heads' loop: QuantizeRowsInt8 spreads rows over the pool
+// itself, and the pool is not reentrant.
+template <typename Gather, typename Scatter>
+void PerHeadProducts(const std::vector<Matrix>& w, int64_t T, Gather gather, Scatter scatter) {
+  const int64_t H = static_cast<int64_t>(w.size());
+  const int64_t cols = w[0].packed->cols, n = w[0].packed->rows;
+  if (w[0].packed->dtype != DType::kI8) {
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(H), [&](size_t begin, size_t end) {
+      std::vector<float> in(static_cast<size_t>(T * cols)), out(static_cast<size_t>(T * n));
+      for (size_t h = begin; h < end; ++h) {
+        gather(static_cast<int64_t>(h), in.data());
+        const PackedMatrix& m = *w[h].packed;
+        kernels::LinearPanels(in.data(), nullptr, T, m, 0, m.panels, out.data());
+        scatter(static_cast<int64_t>(h), out.data());
+      }
+    });
+    return;
+  }
+  auto in = UninitializedArray<float>(H * T * cols);
+  ThreadPool::Global().ParallelForIf(
+      H * T * cols >= 16384, static_cast<size_t>(H), [&](size_t begin, size_t end) {
+        for (size_t h = begin; h < end; ++h)
+          gather(static_cast<int64_t>(h), in.get() + static_cast<int64_t>(h) * T * cols);
+      });
+  kernels::Int8Rows codes;
+  kernels::QuantizeRowsInt8(in.get(), H * T, cols, codes);
+  ThreadPool::Global().ParallelFor(static_cast<size_t>(H), [&](size_t begin, size_t end) {
+    std::vector<float> out(static_cast<size_t>(T * n));
+    for (size_t h = begin; h < end; ++h) {
+      const int64_t first = static_cast<int64_t>(h) * T;
+      const PackedMatrix& m = *w[h].packed;
+      kernels::Int8Panels(codes.Codes(first), codes.stride, codes.Scales(first), T, m, 0, m.panels,
+                          out.data());
+      scatter(static_cast<int64_t>(h), out.data());
+    }
+  });
+}
 
 // Absorbed attention for the listed sequences on the fast kernels: per-head q·W_UK, attention
 // straight from the cache pages, per-head W_UV; heads spread over the threads.
@@ -32,20 +74,19 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
   auto q_latent = UninitializedArray<float>(T * H * latent);
   auto q_pe = UninitializedArray<float>(T * H * dr);
   auto o_latent = UninitializedArray<float>(T * H * latent);
-  ThreadPool::Global().ParallelFor(static_cast<size_t>(H), [&](size_t begin, size_t end) {
-    std::vector<float> nope(static_cast<size_t>(T * dn)), absorbed(static_cast<size_t>(T * latent));
-    for (size_t h = begin; h < end; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        const float* row = q + (token_index[t] * H + h) * dqk;
-        std::copy_n(row, dn, nope.begin() + t * dn);
-        std::copy_n(row + dn, dr, q_pe.get() + (t * H + h) * dr);
-      }
-      const PackedMatrix& uk = *w.w_uk_t[h].packed;
-      kernels::LinearPanels(nope.data(), nullptr, T, uk, 0, uk.panels, absorbed.data());
-      for (int64_t t = 0; t < T; ++t)
-        std::copy_n(absorbed.begin() + t * latent, latent, q_latent.get() + (t * H + h) * latent);
-    }
-  });
+  PerHeadProducts(
+      w.w_uk_t, T,
+      [&](int64_t h, float* nope) {
+        for (int64_t t = 0; t < T; ++t) {
+          const float* row = q + (token_index[t] * H + h) * dqk;
+          std::copy_n(row, dn, nope + t * dn);
+          std::copy_n(row + dn, dr, q_pe.get() + (t * H + h) * dr);
+        }
+      },
+      [&](int64_t h, const float* absorbed) {
+        for (int64_t t = 0; t < T; ++t)
+          std::copy_n(absorbed + t * latent, latent, q_latent.get() + (t * H + h) * latent);
+      });
   // Work items: (sequence, block of heads) for decode-sized sequences, so a lone sequence still
   // splits over the threads; (sequence, block of kPromptTokens tokens, every head) for prompts,
   // ordered first, last, second, second to last… so equal shares of the list carry equal causal
@@ -92,19 +133,16 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
           rope.softmax_scale, o_latent.get() + t0 * H * latent);
     }
   });
-  ThreadPool::Global().ParallelFor(static_cast<size_t>(H), [&](size_t begin, size_t end) {
-    std::vector<float> head_latent(static_cast<size_t>(T * latent)),
-        head_out(static_cast<size_t>(T * dv));
-    for (size_t h = begin; h < end; ++h) {
-      for (int64_t t = 0; t < T; ++t)
-        std::copy_n(o_latent.get() + (t * H + h) * latent, latent,
-                    head_latent.begin() + t * latent);
-      const PackedMatrix& uv = *w.w_uv[h].packed;
-      kernels::LinearPanels(head_latent.data(), nullptr, T, uv, 0, uv.panels, head_out.data());
-      for (int64_t t = 0; t < T; ++t)
-        std::copy_n(head_out.begin() + t * dv, dv, heads_out + (token_index[t] * H + h) * dv);
-    }
-  });
+  PerHeadProducts(
+      w.w_uv, T,
+      [&](int64_t h, float* head_latent) {
+        for (int64_t t = 0; t < T; ++t)
+          std::copy_n(o_latent.get() + (t * H + h) * latent, latent, head_latent + t * latent);
+      },
+      [&](int64_t h, const float* head_out) {
+        for (int64_t t = 0; t < T; ++t)
+          std::copy_n(head_out + t * dv, dv, heads_out + (token_index[t] * H + h) * dv);
+      });
 }
 
 }  // namespace
