@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "base/clock.h"
@@ -192,37 +193,65 @@ double TimeOnAllThreads(const std::function<void(int)>& body) {
 
 volatile float g_sink;
 
+size_t FloatsIn(int64_t buffer_bytes) {
+  return static_cast<size_t>(buffer_bytes) / sizeof(float) / 64 * 64;
+}
+
+// `floats` floats, first touched on every thread's own slice (NUMA-friendly), non-zero.
+float* AllocateTouched(size_t floats) {
+  float* p = static_cast<float*>(std::aligned_alloc(64, floats * sizeof(float)));
+  ThreadPool::Global().ParallelFor(floats, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i)
+      p[i] = 1.0f;
+  });
+  return p;
+}
+
+// Thread t's slice of a buffer of `floats`: (offset, count).
+std::pair<size_t, size_t> Slice(size_t floats, int t) {
+  const size_t per = floats / ThreadPool::Global().size() / 64 * 64;
+  return {t * per, per};
+}
+
+// One streaming read of the buffer on all threads, GB/s.
+double ReadOnce(const float* a, size_t floats) {
+  const double seconds = TimeOnAllThreads([&](int t) {
+    auto [offset, count] = Slice(floats, t);
+    g_sink = HWY_DYNAMIC_DISPATCH(ReadSumImpl)(a + offset, count);
+  });
+  return static_cast<double>(Slice(floats, 0).second) * ThreadPool::Global().size() * 4 / seconds /
+         1e9;
+}
+
 }  // namespace
+
+ReadBandwidthProbe::ReadBandwidthProbe(int64_t buffer_bytes)
+    : data_(AllocateTouched(FloatsIn(buffer_bytes))), floats_(FloatsIn(buffer_bytes)) {}
+
+ReadBandwidthProbe::~ReadBandwidthProbe() {
+  std::free(data_);
+}
+
+double ReadBandwidthProbe::MeasureGbps(int repetitions) {
+  std::vector<double> read;
+  for (int r = 0; r < repetitions; ++r)
+    read.push_back(ReadOnce(data_, floats_));
+  return Median(read);
+}
 
 MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions) {
   MachinePeaks peaks;
   ThreadPool& pool = ThreadPool::Global();
   peaks.threads = pool.size();
-  const size_t floats = static_cast<size_t>(buffer_bytes) / sizeof(float) / 64 * 64;
-  auto allocate = [&] {
-    float* p = static_cast<float*>(std::aligned_alloc(64, floats * sizeof(float)));
-    // First touch on every thread's own slice (NUMA-friendly), with non-zero data.
-    pool.ParallelFor(floats, [&](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i)
-        p[i] = 1.0f;
-    });
-    return p;
-  };
-  float *a = allocate(), *b = allocate(), *c = allocate();
+  const size_t floats = FloatsIn(buffer_bytes);
+  float *a = AllocateTouched(floats), *b = AllocateTouched(floats), *c = AllocateTouched(floats);
   const int threads = pool.size();
-  auto slice = [&](int t) {
-    const size_t per = floats / threads / 64 * 64;
-    return std::pair<size_t, size_t>(t * per, per);
-  };
+  auto slice = [&](int t) { return Slice(floats, t); };
 
   std::vector<double> read, triad, f32, bf16, int8;
   for (int r = 0; r < repetitions; ++r) {
+    read.push_back(ReadOnce(a, floats));
     double seconds = TimeOnAllThreads([&](int t) {
-      auto [offset, count] = slice(t);
-      g_sink = HWY_DYNAMIC_DISPATCH(ReadSumImpl)(a + offset, count);
-    });
-    read.push_back(static_cast<double>(slice(0).second) * threads * 4 / seconds / 1e9);
-    seconds = TimeOnAllThreads([&](int t) {
       auto [offset, count] = slice(t);
       HWY_DYNAMIC_DISPATCH(TriadImpl)(a + offset, b + offset, c + offset, 0.5f, count);
     });

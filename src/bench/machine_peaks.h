@@ -4,6 +4,7 @@
 // Each figure is the median of several repetitions on all threads.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace sy::bench {
@@ -21,5 +22,22 @@ struct MachinePeaks {
 
 // buffer_bytes: per array; at least 8× the LLC. repetitions: odd, for a clean median.
 MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions);
+
+// Streaming read bandwidth over one buffer, measured as often as asked: the decode bench reads
+// it beside every batch, since a shared machine's bandwidth moves between minutes (one reading
+// at the start of a run gave "of bound" figures over 100% when it fell in a slow minute).
+class ReadBandwidthProbe {
+ public:
+  explicit ReadBandwidthProbe(int64_t buffer_bytes);
+  ~ReadBandwidthProbe();
+  ReadBandwidthProbe(const ReadBandwidthProbe&) = delete;
+  ReadBandwidthProbe& operator=(const ReadBandwidthProbe&) = delete;
+  // GB/s on all threads of the pool, the median of `repetitions` passes.
+  double MeasureGbps(int repetitions);
+
+ private:
+  float* data_;
+  size_t floats_;
+};
 
 }  // namespace sy::bench
