@@ -8,6 +8,7 @@
 #include "base/thread_pool.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/int8_gemm.h"
 
@@ -185,10 +186,7 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     Product(path[e], x + first * hidden, xb, x_int8, first, count, *w.up, p, p_end, up);
     const int64_t c0 = p * kPanelRows, c1 = std::min(width, p_end * kPanelRows);
     for (int64_t r = 0; r < count; ++r)
-      for (int64_t c = c0; c < c1; ++c) {
-        const float g = gate[r * width + c];
-        gate[r * width + c] = g / (1.0f + std::exp(-g)) * up[r * width + c];
-      }
+      SiluMul(gate + r * width + c0, up + r * width + c0, c1 - c0);
   });
 
   // Phase 2: down.
