@@ -111,6 +111,51 @@ TEST(ElementwiseTest, RmsNormAndSoftmax) {
   EXPECT_NEAR(s[2], std::exp(3.0) / (std::exp(1.0) + std::exp(2.0) + std::exp(3.0)), 1e-6);
 }
 
+// The vector paths at widths with tails, against double formulas.
+TEST(ElementwiseTest, RmsNormRowsMatchDoubleAtAwkwardWidths) {
+  for (int64_t width : {1, 7, 33, 2048, 7171}) {
+    const int64_t rows = 3;
+    std::vector<float> x = Random(static_cast<size_t>(rows * width), 5, 3.0f);
+    std::vector<float> w = Random(static_cast<size_t>(width), 6);
+    std::vector<float> out(x.size());
+    kernels::RmsNorm(x.data(), rows, width, w.data(), 1e-6f, out.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0;
+      for (int64_t c = 0; c < width; ++c)
+        sum += static_cast<double>(x[r * width + c]) * x[r * width + c];
+      const double inverse = 1.0 / std::sqrt(sum / width + 1e-6);
+      for (int64_t c = 0; c < width; ++c) {
+        const double want = x[r * width + c] * inverse * w[c];
+        ASSERT_NEAR(out[r * width + c], want, 1e-5 * std::max(1.0, std::fabs(want)))
+            << "width " << width << " row " << r << " col " << c;
+      }
+    }
+  }
+}
+
+TEST(ElementwiseTest, SiluMulMatchesDoubleAndKeepsNaN) {
+  for (int64_t count : {1, 9, 64, 1003}) {
+    std::vector<float> gate = Random(static_cast<size_t>(count), 7, 6.0f);
+    std::vector<float> up = Random(static_cast<size_t>(count), 8);
+    gate[0] = -200.0f;  // exp(200) overflows f32: the product is ~0, not NaN
+    if (count > 1) gate[1] = 95.0f;
+    std::vector<float> out = gate;
+    kernels::SiluMul(out.data(), up.data(), count);
+    for (int64_t i = 0; i < count; ++i) {
+      const double g = gate[i], want = g / (1.0 + std::exp(-g)) * up[i];
+      ASSERT_NEAR(out[i], want, 2e-6 * std::max(1.0, std::fabs(want)))
+          << "count " << count << " element " << i;
+    }
+  }
+  std::vector<float> gate(17, 1.0f), up(17, 1.0f);
+  gate[3] = NAN;
+  gate[16] = NAN;  // in the scalar tail
+  kernels::SiluMul(gate.data(), up.data(), 17);
+  EXPECT_TRUE(std::isnan(gate[3]));
+  EXPECT_TRUE(std::isnan(gate[16]));
+  EXPECT_FALSE(std::isnan(gate[4]));
+}
+
 TEST(ElementwiseTest, RopeRotatesConsecutivePairs) {
   std::vector<float> v = {1, 0, 0, 1}, inv_freq = {1.0f, 0.5f};
   kernels::RopePairwise(v.data(), 4, 2, inv_freq.data(), 1.0f);
