@@ -311,6 +311,26 @@ TEST(ConformanceTest, DefaultModelAndItsMtpModuleMatchTheReferences) {
   EXPECT_LE(mtp.max_abs_diff, 1e-4 * mtp.max_abs_reference);
 }
 
+// The absorbed form on the default model, whose kv_b_proj heads fall in whole fp8 scale blocks:
+// its per-head matrices are then fp8 with their own scales (the fixtures above keep f32 ones:
+// tiny-v3-fp8's heads straddle its blocks). Prompts whole and stepped token by token, against
+// transformers' logits.
+TEST(ConformanceTest, DefaultModelAbsorbedOnFp8HeadsMatchesTheReference) {
+  Fixture fixture = LoadFixture("default-model");
+  auto loaded = Model::Load(std::string(SY_SOURCE_DIR) + "/models/default");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  ASSERT_EQ(loaded.value()->weights().layers[0].self_attn.w_uk_t[0].packed->dtype,
+            DType::kF8E4M3);
+  for (int64_t decode_from : {-1, 1}) {
+    auto logits = RunModel(*loaded.value(), fixture,
+                           {"default-model", AttentionForm::kAbsorbed, DType::kF32, decode_from});
+    auto comparison = CompareLogits(fixture.logits, logits, fixture.vocab);
+    EXPECT_EQ(comparison.argmax_mismatches, 0) << "decode from " << decode_from;
+    EXPECT_LE(comparison.max_abs_diff, 1e-4 * comparison.max_abs_reference)
+        << "decode from " << decode_from;
+  }
+}
+
 // Without the MTP layer in the cache, or without a module, drafting is a clear error.
 TEST(ConformanceTest, MtpNeedsItsCacheLayerAndModule) {
   auto loaded = Model::Load(std::string(SY_SOURCE_DIR) + "/models/default");

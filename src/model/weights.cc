@@ -1,9 +1,12 @@
 #include "model/weights.h"
 
+#include <cstring>
+#include <memory>
+#include <set>
+#include <utility>
+
 #include "base/mapped_file.h"
 #include "tensor/packed_matrix.h"
-
-#include <set>
 
 namespace sy {
 namespace {
@@ -203,37 +206,111 @@ void PackFeedForward(FeedForwardWeights& ff) {
   PackMatrix(ff.down_proj);
 }
 
-// An f32 copy of `rows` × `cols` values produced by value(r, c), packed. f32 keeps the absorbed
-// form exact (the dequantized fp8 products need more than bf16's 8 bits); for DeepSeek-V3 this
-// costs 67 MB per layer, 0.6% of the model. Under `--int8-products` they are packed as int8 like
-// the checkpoint's matrices: every decode step reads them (in f32, 21 MB of the bench model's
-// 378 MB int8 step at one sequence).
+// A per-head matrix of the absorbed form, packed. Only the panels are read from then on, so the
+// row-major copy it was packed from is dropped. Under `--int8-products` it is packed as int8
+// like the checkpoint's matrices.
+void PackAbsorbed(Matrix& m) {
+  const bool int8 = GlobalWeightPacking() == WeightPacking::kInt8 && m.cols % kInt8QuadCols == 0;
+  m.packed = int8 ? PackInt8(m) : Pack(m);
+  m.data = nullptr;
+  m.block_scales = nullptr;
+  m.owner.reset();
+}
+
+// An f32 matrix of `rows` × `cols` values produced by value(r, c): the absorbed form where
+// kv_b_proj's own dtype cannot hold it (fp8 whose scale blocks do not cover a head's rows whole).
 template <typename Value>
-Matrix PackedF32(int64_t rows, int64_t cols, Value value) {
+Matrix F32Absorbed(int64_t rows, int64_t cols, Value value) {
   std::vector<float> values(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
       values[r * cols + c] = value(r, c);
   Matrix m = OwnedF32Matrix(std::move(values), rows, cols);
-  const bool int8 = GlobalWeightPacking() == WeightPacking::kInt8 && cols % kInt8QuadCols == 0;
-  m.packed = int8 ? PackInt8(m) : Pack(m);
-  // Only the panels are read from here on: drop the row-major copy.
-  m.data = nullptr;
-  m.owner.reset();
+  PackAbsorbed(m);
+  return m;
+}
+
+// A matrix in kv_b_proj's own element type (fp8 or bf16) of `rows` × `cols` elements, element
+// (r, c) being kv_b_proj's element source(r, c) = (row, col); fp8 with a scale per 16 rows and
+// `block_cols` columns, scale(r, c) giving it. Same values as kv_b_proj's, 1 or 2 bytes each.
+template <typename Source, typename Scale>
+Matrix SameTypeAbsorbed(const Matrix& kv_b, int64_t rows, int64_t cols, int64_t block_cols,
+                        Source source, Scale scale) {
+  struct Storage {
+    std::vector<uint8_t> bytes;
+    std::vector<float> scales;
+  };
+  auto storage = std::make_shared<Storage>();
+  const size_t element = DTypeSize(kv_b.dtype);
+  storage->bytes.resize(static_cast<size_t>(rows * cols) * element);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const auto [row, col] = source(r, c);
+      std::memcpy(storage->bytes.data() + static_cast<size_t>(r * cols + c) * element,
+                  kv_b.data + static_cast<size_t>(row) * kv_b.RowBytes() + col * element, element);
+    }
+  Matrix m;
+  m.dtype = kv_b.dtype;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = storage->bytes.data();
+  if (kv_b.dtype == DType::kF8E4M3) {
+    m.block_rows = kPanelRows;
+    m.block_cols = block_cols;
+    m.scale_cols = (cols + block_cols - 1) / block_cols;
+    for (int64_t r = 0; r < rows; r += kPanelRows)
+      for (int64_t c = 0; c < cols; c += block_cols)
+        storage->scales.push_back(scale(r, c));
+    m.block_scales = storage->scales.data();
+  }
+  m.owner = storage;
+  PackAbsorbed(m);
   return m;
 }
 
 // The absorbed form's per-head matrices out of kv_b_proj ([H·(dn+dv), latent], head-major):
-// W_UK[h] = rows [h·(dn+dv), +dn), used transposed; W_UV[h] = the next dv rows.
+// W_UK[h] = rows [h·(dn+dv), +dn), used transposed; W_UV[h] = the next dv rows. Every decode
+// step reads them, so they keep kv_b_proj's element type, exact: fp8 with its block scales
+// (DeepSeek-V3: 17 MB a layer where f32 took 67, 8% of a one-sequence step's bytes) or bf16.
+// fp8 needs each head's dn rows inside one scale block and its dv rows in whole 16-row panels
+// of one block each; where they are not, and for f32 checkpoints, the matrices are f32.
 void SplitKvB(const ModelConfig& c, AttentionWeights& a) {
+  const Matrix& kv_b = a.kv_b_proj;
   const int64_t dn = c.qk_nope_head_dim, dv = c.v_head_dim, latent = c.kv_lora_rank;
+  auto block_row = [&](int64_t row) { return (kv_b.first_row + row) / kv_b.block_rows; };
+  auto scale = [&](int64_t row, int64_t col) {
+    return kv_b.block_scales[block_row(row) * kv_b.scale_cols + col / kv_b.block_cols];
+  };
+  bool same_type = kv_b.dtype == DType::kBF16 || kv_b.dtype == DType::kF8E4M3;
+  if (kv_b.dtype == DType::kF8E4M3) {
+    same_type = kv_b.block_cols % kPanelRows == 0 && kv_b.block_rows % kPanelRows == 0;
+    for (int64_t h = 0; h < c.num_attention_heads && same_type; ++h) {
+      const int64_t first = h * (dn + dv);
+      same_type = block_row(first) == block_row(first + dn - 1) &&
+                  (kv_b.first_row + first + dn) % kPanelRows == 0;
+    }
+  }
   std::vector<float> rows(static_cast<size_t>((dn + dv) * latent));
   for (int64_t h = 0; h < c.num_attention_heads; ++h) {
+    const int64_t first = h * (dn + dv);
+    if (same_type) {
+      // W_UKᵀ [latent][dn]: element (r, col) is kv_b_proj's (first + col, r); its scale
+      // block is kv_b_proj's (block of row first, block of column r).
+      a.w_uk_t.push_back(SameTypeAbsorbed(
+          kv_b, latent, dn, dn,
+          [&](int64_t r, int64_t col) { return std::pair<int64_t, int64_t>(first + col, r); },
+          [&](int64_t r, int64_t) { return scale(first, r); }));
+      a.w_uv.push_back(SameTypeAbsorbed(
+          kv_b, dv, latent, kv_b.block_cols,
+          [&](int64_t r, int64_t col) { return std::pair<int64_t, int64_t>(first + dn + r, col); },
+          [&](int64_t r, int64_t col) { return scale(first + dn + r, col); }));
+      continue;
+    }
     for (int64_t r = 0; r < dn + dv; ++r)
-      a.kv_b_proj.DecodeRow(h * (dn + dv) + r, rows.data() + r * latent);
+      kv_b.DecodeRow(first + r, rows.data() + r * latent);
     a.w_uk_t.push_back(
-        PackedF32(latent, dn, [&](int64_t r, int64_t col) { return rows[col * latent + r]; }));
-    a.w_uv.push_back(PackedF32(
+        F32Absorbed(latent, dn, [&](int64_t r, int64_t col) { return rows[col * latent + r]; }));
+    a.w_uv.push_back(F32Absorbed(
         dv, latent, [&](int64_t r, int64_t col) { return rows[(dn + r) * latent + col]; }));
   }
 }
