@@ -23,7 +23,9 @@ struct AttentionWeights {
   std::vector<float> kv_a_layernorm;   // [kv_lora_rank]
   Matrix kv_b_proj;                    // [H·(dn + dv), kv_lora_rank]
   Matrix o_proj;                       // [D, H·dv]
-  // kv_b_proj split per head for the absorbed form, made at load time (PackWeights), f32, packed:
+  // kv_b_proj split per head for the absorbed form, made at load time (PackWeights), packed only
+  // (no row-major data): kv_b_proj's element type where its scale blocks allow, else f32; int8
+  // under --int8-products.
   std::vector<Matrix> w_uk_t;  // [H] of [kv_lora_rank, dn]: q_abs = q_nope · W_UK = W_UKᵀ-as-Linear
   std::vector<Matrix> w_uv;  // [H] of [dv, kv_lora_rank]: O = W_UV · o_latent
 };
