@@ -388,7 +388,9 @@ TEST_P(MtpEngineTest, GreedyOutputIsUnchangedByDrafting) {
   int64_t per_position = 0;
   for (size_t j = 0; j < m.spec_accepted_per_position.size(); ++j) {
     per_position += m.spec_accepted_per_position[j];
-    if (j > 0) EXPECT_LE(m.spec_accepted_per_position[j], m.spec_accepted_per_position[j - 1]);
+    if (j > 0) {
+      EXPECT_LE(m.spec_accepted_per_position[j], m.spec_accepted_per_position[j - 1]);
+    }
   }
   EXPECT_EQ(per_position, m.spec_accepted_tokens_total);
   EXPECT_EQ(m.generation_tokens_total, 24 * static_cast<int64_t>(prompts.size()));
