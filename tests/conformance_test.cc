@@ -319,8 +319,7 @@ TEST(ConformanceTest, DefaultModelAbsorbedOnFp8HeadsMatchesTheReference) {
   Fixture fixture = LoadFixture("default-model");
   auto loaded = Model::Load(std::string(SY_SOURCE_DIR) + "/models/default");
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-  ASSERT_EQ(loaded.value()->weights().layers[0].self_attn.w_uk_t[0].packed->dtype,
-            DType::kF8E4M3);
+  ASSERT_EQ(loaded.value()->weights().layers[0].self_attn.w_uk_t[0].packed->dtype, DType::kF8E4M3);
   for (int64_t decode_from : {-1, 1}) {
     auto logits = RunModel(*loaded.value(), fixture,
                            {"default-model", AttentionForm::kAbsorbed, DType::kF32, decode_from});
