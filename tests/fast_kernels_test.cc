@@ -3,6 +3,7 @@
 // SIMD target this binary was built for and this CPU runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -14,6 +15,7 @@
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_decode.h"
+#include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/panel_gemm.h"
 #include "model/feed_forward.h"
 #include "test_support.h"
@@ -535,6 +537,105 @@ TEST(FastKernelsTest, SplitKMatchesReference) {
           << DTypeName(dtype) << " " << rows << "x" << cols;
     }
   }
+}
+
+// The block a library matmul reads (DequantizePanels): every weight exactly as the reference
+// product uses it (fp8 times its block scale, partial panels and scale blocks included), and the
+// bf16 form that value rounded to nearest even.
+TEST(OnednnLinearTest, DequantizedBlocksHoldEachWeight) {
+  for (DType dtype : {DType::kF8E4M3, DType::kBF16, DType::kF32}) {
+    const int64_t rows = 37, cols = 150;
+    OwnedMatrix w = RandomMatrix(dtype, rows, cols, 21, 32);
+    auto packed = Pack(w.view);
+    // The reference's weights: x = identity gives y[c][r] = w[r][c], one term per sum.
+    std::vector<float> identity(static_cast<size_t>(cols * cols), 0.0f);
+    for (int64_t c = 0; c < cols; ++c)
+      identity[static_cast<size_t>(c * cols + c)] = 1.0f;
+    std::vector<float> want(static_cast<size_t>(cols * rows));
+    kernels::Linear(identity.data(), cols, w.view, want.data());
+    // Panels 1..2 (rows 16..36, the last partial) as a block of 21 columns.
+    std::vector<float> got(static_cast<size_t>(cols * 21), -1.0f);
+    std::vector<uint16_t> got_bf16(got.size());
+    kernels::DequantizePanels(*packed, 1, 3, 16, got.data(), 21);
+    kernels::DequantizePanels(*packed, 1, 3, 16, got_bf16.data(), 21);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t j = 0; j < 21; ++j) {
+        const float expected = want[static_cast<size_t>(c * rows + 16 + j)];
+        ASSERT_EQ(got[static_cast<size_t>(c * 21 + j)], expected)
+            << DTypeName(dtype) << " row " << 16 + j << " col " << c;
+        ASSERT_EQ(got_bf16[static_cast<size_t>(c * 21 + j)], F32ToBF16(expected))
+            << DTypeName(dtype) << " row " << 16 + j << " col " << c;
+      }
+  }
+}
+
+// oneDNN's matmul on those blocks against the reference: a full 256-row block and a narrower last
+// one, one row and many. bf16 rounding where oneDNN has a bf16 matmul; else its f32 matmul.
+TEST(OnednnLinearTest, MatchesReferenceOnEveryWeightType) {
+  const double tolerance = kernels::OnednnHasBf16Matmul() ? 2e-2 : 1e-5;
+  for (DType dtype : {DType::kF8E4M3, DType::kBF16, DType::kF32}) {
+    for (auto [rows, cols, m] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {300, 200, 3}, {16, 129, 1}, {513, 64, 260}}) {
+      OwnedMatrix w = RandomMatrix(dtype, rows, cols, static_cast<uint32_t>(rows + 3 * cols));
+      auto packed = Pack(w.view);
+      auto x = RandomVector(static_cast<size_t>(m * cols), 5);
+      std::vector<float> expected(static_cast<size_t>(m * rows)), got(expected.size(), -1);
+      kernels::Linear(x.data(), m, w.view, expected.data());
+      kernels::OnednnLinear(x.data(), m, *packed, got.data());
+      EXPECT_LT(RelativeError(got, expected), tolerance)
+          << DTypeName(dtype) << " " << rows << "x" << cols << " m " << m;
+    }
+  }
+}
+
+// LinearPacked follows --prefill-gemm from 256 rows on, never in a decode step, and measures a
+// shape once.
+TEST(OnednnLinearTest, PrefillChoiceIsFollowedAndMeasuredOncePerShape) {
+  using kernels::PrefillGemm;
+  const int64_t rows = 70, cols = 160, m = kernels::kOnednnMinRows;
+  OwnedMatrix w = RandomMatrix(DType::kF8E4M3, rows, cols, 8);
+  auto packed = Pack(w.view);
+  auto x = RandomVector(static_cast<size_t>(m * cols), 6);
+  std::vector<float> expected(static_cast<size_t>(m * rows)), own(expected.size()),
+      onednn(expected.size()), step(expected.size());
+  kernels::Linear(x.data(), m, w.view, expected.data());
+  kernels::GlobalPrefillGemm() = PrefillGemm::kOwn;
+  kernels::LinearPacked(x.data(), m, *packed, own.data());
+  kernels::GlobalPrefillGemm() = PrefillGemm::kOnednn;
+  kernels::LinearPacked(x.data(), m, *packed, onednn.data());
+  {
+    kernels::DecodeStepScope scope(true);
+    kernels::LinearPacked(x.data(), m, *packed, step.data());
+  }
+  EXPECT_LT(RelativeError(own, expected), 1e-5);
+  EXPECT_LT(RelativeError(onednn, expected), kernels::OnednnHasBf16Matmul() ? 2e-2 : 1e-5);
+  EXPECT_EQ(std::memcmp(step.data(), own.data(), own.size() * sizeof(float)), 0)
+      << "a decode step took oneDNN";
+  // One row fewer than the threshold: ours, the same bits as kOwn.
+  std::vector<float> below(static_cast<size_t>((m - 1) * rows)), below_own(below.size());
+  kernels::LinearPacked(x.data(), m - 1, *packed, below.data());
+  kernels::GlobalPrefillGemm() = PrefillGemm::kOwn;
+  kernels::LinearPacked(x.data(), m - 1, *packed, below_own.data());
+  EXPECT_EQ(std::memcmp(below.data(), below_own.data(), below.size() * sizeof(float)), 0);
+
+  kernels::GlobalPrefillGemm() = PrefillGemm::kMeasure;
+  const size_t before = kernels::PrefillGemmDecisions().size();
+  std::vector<float> measured(expected.size(), -1);
+  kernels::LinearPacked(x.data(), m, *packed, measured.data());
+  const auto decisions = kernels::PrefillGemmDecisions();
+  ASSERT_EQ(decisions.size(), before + 1);
+  const auto found = std::find_if(decisions.begin(), decisions.end(), [&](const auto& d) {
+    return d.rows == rows && d.cols == cols && d.dtype == "fp8";
+  });
+  ASSERT_NE(found, decisions.end());
+  EXPECT_GT(found->own_seconds, 0);
+  EXPECT_GT(found->onednn_seconds, 0);
+  EXPECT_EQ(found->onednn, found->onednn_seconds < found->own_seconds);
+  EXPECT_LT(RelativeError(measured, expected), 1e-5);  // the measuring call ends with ours
+  kernels::LinearPacked(x.data(), m, *packed, measured.data());
+  EXPECT_EQ(kernels::PrefillGemmDecisions().size(), before + 1);
+  EXPECT_LT(RelativeError(measured, expected), kernels::OnednnHasBf16Matmul() ? 2e-2 : 1e-5);
+  kernels::GlobalPrefillGemm() = PrefillGemm::kAuto;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
 #include "kernels/cpu/mla_decode.h"
+#include "kernels/cpu/onednn_linear.h"
 
 namespace sy::bench {
 namespace {
@@ -89,6 +90,41 @@ void BenchLinear(const MachinePeaks& peaks, const KernelBenchOptions& options, c
     r.bytes = one + (static_cast<double>(m) * shape.k + static_cast<double>(m) * shape.n) * 4;
     r.flops = 2.0 * m * shape.n * shape.k;
     Score(r, peaks, PathPeak(peaks, path));
+    out.push_back(r);
+  }
+}
+
+// Prefill products through oneDNN on our packed weights, dequantized a block at a time in every
+// call (kernels/cpu/onednn_linear.h: what --prefill-gemm onednn runs), timed like our rows.
+void BenchOnednnBlocks(const MachinePeaks& peaks, const KernelBenchOptions& options,
+                       const Shape& shape, const std::vector<int64_t>& ms,
+                       std::vector<KernelResult>& out) {
+  std::vector<Matrix> weights = {RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100)};
+  const double one = weights[0].packed->StoredBytes();
+  const int copies = static_cast<int>(std::max(1.0, std::ceil(options.stream_bytes / one)));
+  for (int c = 1; c < copies; ++c)
+    weights.push_back(RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100 + c));
+  const bool bf16 = kernels::OnednnHasBf16Matmul();
+  for (int64_t m : ms) {
+    auto x = RandomActivations(static_cast<size_t>(m * shape.k));
+    std::vector<float> y(static_cast<size_t>(m * shape.n));
+    const double seconds = MedianTime(options.repetitions,
+                                      [&] {
+                                        for (const auto& w : weights)
+                                          kernels::OnednnLinear(x.data(), m, *w.packed, y.data());
+                                      }) /
+                           copies;
+    KernelResult r;
+    r.kernel = "gemm";
+    r.weight_dtype = WeightName(*weights[0].packed);
+    r.path = fmt::format("{} onednn-blocks {}", shape.name, bf16 ? "bf16" : "f32");
+    r.m = m;
+    r.n = shape.n;
+    r.k = shape.k;
+    r.seconds = seconds;
+    r.bytes = one + (static_cast<double>(m) * shape.k + static_cast<double>(m) * shape.n) * 4;
+    r.flops = 2.0 * m * shape.n * shape.k;
+    Score(r, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
     out.push_back(r);
   }
 }
@@ -249,12 +285,16 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
     shapes.push_back({"dense_down", kHidden, kDenseWidth, DType::kF8E4M3});
     shapes.push_back({"o_proj_bf16", kHidden, kHeads * 128, DType::kBF16});
   }
+  // Our kernels' rows are ours at every m (no --prefill-gemm choice); oneDNN has its own rows.
+  const kernels::PrefillGemm prefill_gemm = kernels::GlobalPrefillGemm();
+  kernels::GlobalPrefillGemm() = kernels::PrefillGemm::kOwn;
   for (const auto& shape : shapes)
     BenchLinear(peaks, options, shape, decode_m, out);
   BenchLinear(peaks, options, shapes[0], prefill_m, out);
   if (!options.quick)
     BenchLinear(peaks, options, {"o_proj_bf16", kHidden, kHeads * 128, DType::kBF16}, prefill_m,
                 out);
+  kernels::GlobalPrefillGemm() = prefill_gemm;
 
   // The routed experts of one EP rank: 8 local experts (EP32) quick, 32 (EP8) in full.
   const int64_t groups = options.quick ? 8 : 32;
@@ -272,6 +312,8 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
       if (m >= 8) onednn_m.push_back(m);
     for (int64_t m : prefill_m)
       onednn_m.push_back(m);
+    if (GlobalWeightPacking() == WeightPacking::kExact)  // int8 packing has no oneDNN form
+      BenchOnednnBlocks(peaks, options, shapes[0], prefill_m, out);
     BenchOnednn(peaks, options, shapes[0], onednn_m, out);
     BenchOnednn(peaks, options, shapes[1], {decode_m.back()}, out);
   }

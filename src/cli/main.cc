@@ -10,6 +10,7 @@
 #include "base/thread_pool.h"
 #include "cli/verbs.h"
 #include "kernels/cpu/fast_linear.h"
+#include "kernels/cpu/onednn_linear.h"
 #include "tensor/packed_matrix.h"
 
 int main(int argc, char** argv) {
@@ -39,6 +40,14 @@ int main(int argc, char** argv) {
                "and 128 columns; the router stays exact) and multiply them by activations "
                "quantized per row to 8 bits: about twice the f32 rate on CPUs without AVX-512 "
                "BF16, lossy (docs/benchmarks.md gives its accuracy); batch-invariant");
+  std::string prefill_gemm = "auto";
+  app.add_option("--prefill-gemm", prefill_gemm,
+                 "GEMM for prefill-sized products (256 rows and more): 'auto' times ours against "
+                 "oneDNN's bf16 matmul once per weight shape where the CPU has one (AMX, AVX-512 "
+                 "BF16) and keeps the faster, else ours; 'measure' times them on every CPU; 'own' "
+                 "or 'onednn' always that one (weights dequantized to bf16, or f32, a block at a "
+                 "time)")
+      ->check(CLI::IsMember({"auto", "measure", "own", "onednn"}));
   app.parse_complete_callback([&] {
     if (threads > usable)
       std::fprintf(stderr,
@@ -48,6 +57,11 @@ int main(int argc, char** argv) {
     sy::ThreadPool::ConfigureGlobal(threads);
     if (f32_products) sy::kernels::GlobalKernelOptions().bf16_dot = false;
     if (int8_products) sy::GlobalWeightPacking() = sy::WeightPacking::kInt8;
+    using sy::kernels::PrefillGemm;
+    sy::kernels::GlobalPrefillGemm() = prefill_gemm == "measure"  ? PrefillGemm::kMeasure
+                                       : prefill_gemm == "own"    ? PrefillGemm::kOwn
+                                       : prefill_gemm == "onednn" ? PrefillGemm::kOnednn
+                                                                  : PrefillGemm::kAuto;
   });
   sy::AddLogitsVerb(app);
   sy::AddGenerateVerb(app);

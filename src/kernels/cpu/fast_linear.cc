@@ -7,6 +7,7 @@
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/panel_gemm.h"
 
 namespace sy::kernels {
@@ -94,8 +95,20 @@ bool& SplitKEnabled() {
   return enabled;
 }
 
+static void LinearPackedOwn(const float* x, int64_t m, const PackedMatrix& w, float* y);
+
 void LinearPacked(const float* x, int64_t m, const PackedMatrix& w, float* y) {
   if (m == 0) return;
+  // Prefill-sized products may go to oneDNN where it is faster (onednn_linear.h). Not in decode
+  // steps or batch-invariant runs: oneDNN's blocking, and so a row's bits, depend on m.
+  if (m >= kOnednnMinRows && w.dtype != DType::kI8 && !decode_step &&
+      GlobalKernelOptions().allow_bf16_gemm &&
+      RunPrefillLinear(x, m, w, y, [&] { LinearPackedOwn(x, m, w, y); }))
+    return;
+  LinearPackedOwn(x, m, w, y);
+}
+
+static void LinearPackedOwn(const float* x, int64_t m, const PackedMatrix& w, float* y) {
   if (w.dtype == DType::kI8) {
     // Reused: decode calls this hundreds of times a step. (By pointer: the workers must see the
     // caller's buffers, not their own thread_local ones.)

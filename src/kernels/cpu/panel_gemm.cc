@@ -608,6 +608,81 @@ void PanelGemmImpl(const float* x, int64_t m, const PackedMatrix& w, int64_t beg
   }
 }
 
+// ---- Dequantization for a library's matmul (onednn_linear.cc) ----
+
+// out = v rounded to the nearest bf16, ties to even (weights are finite).
+HWY_INLINE void StoreBf16(DF df, hn::Vec<DF> v, uint16_t* out) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> du16;
+  const auto u = hn::BitCast(du, v);
+  const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  const auto top = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), odd)));
+  hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, top)), du16, out);
+}
+
+HWY_INLINE void StoreOut(DF df, hn::Vec<DF> v, float* out) {
+  hn::StoreU(v, df, out);
+}
+HWY_INLINE void StoreOut(DF df, hn::Vec<DF> v, uint16_t* out) {
+  StoreBf16(df, v, out);
+}
+
+// Panels [panel_begin, panel_end) as a row-major [cols][out_stride] block whose column j holds
+// weight row row0 + j: fp8 times its block scale (exact in f32), then f32 or bf16.
+template <DType kType, typename Out>
+void DequantizeTyped(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, int64_t row0,
+                     Out* out, int64_t out_stride) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  constexpr size_t kVectors = kPanelRows / hn::MaxLanes(DF());
+  const int64_t block = kType == DType::kF8E4M3 ? w.block_cols : w.cols;
+  HWY_ALIGN Out partial[kPanelRows];
+  for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
+    const uint8_t* base = w.Panel(panel);
+    const float* scales = kType == DType::kF8E4M3 ? w.PanelScales(panel) : nullptr;
+    const int64_t first = panel * kPanelRows;
+    const int64_t valid = std::min<int64_t>(kPanelRows, w.rows - first);
+    Out* column_out = out + (first - row0);
+    for (int64_t c = 0; c < w.cols; ++c, column_out += out_stride) {
+      hn::Vec<DF> v[kVectors];
+      if constexpr (kVectors == 1) {
+        v[0] = LoadWeights<kType>(df, base, c, 0);
+      } else {
+        LoadColumn<kType, kVectors>(df, base, c, v);
+      }
+      const auto factor = hn::Set(df, kType == DType::kF8E4M3 ? scales[c / block] * 256.0f : 1.0f);
+      Out* target = valid == kPanelRows ? column_out : partial;
+#pragma GCC unroll 16
+      for (size_t i = 0; i < kVectors; ++i)
+        StoreOut(df, hn::Mul(v[i], factor), target + i * N);
+      if (valid < kPanelRows) std::copy_n(partial, valid, column_out);
+    }
+  }
+}
+
+template <typename Out>
+void DequantizePanelsImpl(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end,
+                          int64_t row0, Out* out, int64_t out_stride) {
+  switch (w.dtype) {
+    case DType::kF8E4M3:
+      return DequantizeTyped<DType::kF8E4M3>(w, panel_begin, panel_end, row0, out, out_stride);
+    case DType::kBF16:
+      return DequantizeTyped<DType::kBF16>(w, panel_begin, panel_end, row0, out, out_stride);
+    default:
+      return DequantizeTyped<DType::kF32>(w, panel_begin, panel_end, row0, out, out_stride);
+  }
+}
+
+void DequantizePanelsF32(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end,
+                         int64_t row0, float* out, int64_t out_stride) {
+  DequantizePanelsImpl(w, panel_begin, panel_end, row0, out, out_stride);
+}
+void DequantizePanelsBf16(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end,
+                          int64_t row0, uint16_t* out, int64_t out_stride) {
+  DequantizePanelsImpl(w, panel_begin, panel_end, row0, out, out_stride);
+}
+
 }  // namespace sy::kernels::HWY_NAMESPACE
 #undef SY_HAVE_PAIR_LOADS
 HWY_AFTER_NAMESPACE();
@@ -620,6 +695,18 @@ HWY_EXPORT(PanelGemmImpl);
 void PanelGemm(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
                int64_t panel_end, float* y) {
   HWY_DYNAMIC_DISPATCH(PanelGemmImpl)(x, m, w, panel_begin, panel_end, y);
+}
+
+HWY_EXPORT(DequantizePanelsF32);
+HWY_EXPORT(DequantizePanelsBf16);
+
+void DequantizePanels(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, int64_t row0,
+                      float* out, int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(DequantizePanelsF32)(w, panel_begin, panel_end, row0, out, out_stride);
+}
+void DequantizePanels(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, int64_t row0,
+                      uint16_t* out, int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(DequantizePanelsBf16)(w, panel_begin, panel_end, row0, out, out_stride);
 }
 
 void ForcePanelGemmTarget(int64_t target) {

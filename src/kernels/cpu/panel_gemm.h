@@ -15,6 +15,14 @@ namespace sy::kernels {
 void PanelGemm(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
                int64_t panel_end, float* y);
 
+// Panels [panel_begin, panel_end) of w (fp8, bf16 or f32) as a row-major [w.cols][out_stride]
+// block whose column j is weight row row0 + j, for a library's matmul (onednn_linear.h): fp8
+// times its block scale, exact in f32; the bf16 form rounds that to nearest even.
+void DequantizePanels(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, int64_t row0,
+                      float* out, int64_t out_stride);
+void DequantizePanels(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, int64_t row0,
+                      uint16_t* out, int64_t out_stride);
+
 // Restricts run-time dispatch to one target (a HWY_* bit), for tests; 0 restores the best.
 void ForcePanelGemmTarget(int64_t target);
 // The Highway targets compiled into this binary and supported by this CPU.
