@@ -572,20 +572,27 @@ TEST(OnednnLinearTest, DequantizedBlocksHoldEachWeight) {
 // oneDNN's matmul on those blocks against the reference: a full 256-row block and a narrower last
 // one, one row and many. bf16 rounding where oneDNN has a bf16 matmul; else its f32 matmul.
 TEST(OnednnLinearTest, MatchesReferenceOnEveryWeightType) {
-  const double tolerance = kernels::OnednnHasBf16Matmul() ? 2e-2 : 1e-5;
-  for (DType dtype : {DType::kF8E4M3, DType::kBF16, DType::kF32}) {
-    for (auto [rows, cols, m] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-             {300, 200, 3}, {16, 129, 1}, {513, 64, 260}}) {
-      OwnedMatrix w = RandomMatrix(dtype, rows, cols, static_cast<uint32_t>(rows + 3 * cols));
-      auto packed = Pack(w.view);
-      auto x = RandomVector(static_cast<size_t>(m * cols), 5);
-      std::vector<float> expected(static_cast<size_t>(m * rows)), got(expected.size(), -1);
-      kernels::Linear(x.data(), m, w.view, expected.data());
-      kernels::OnednnLinear(x.data(), m, *packed, got.data());
-      EXPECT_LT(RelativeError(got, expected), tolerance)
-          << DTypeName(dtype) << " " << rows << "x" << cols << " m " << m;
+  // This binary keeps bf16_dot off (f32 products); where oneDNN has a bf16 matmul, both forms.
+  for (bool bf16 : {false, true}) {
+    if (bf16 && !kernels::OnednnHasBf16Matmul()) continue;
+    kernels::GlobalKernelOptions().bf16_dot = bf16;
+    ASSERT_EQ(kernels::OnednnRunsBf16(), bf16);
+    const double tolerance = bf16 ? 2e-2 : 1e-5;
+    for (DType dtype : {DType::kF8E4M3, DType::kBF16, DType::kF32}) {
+      for (auto [rows, cols, m] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {300, 200, 3}, {16, 129, 1}, {513, 64, 260}}) {
+        OwnedMatrix w = RandomMatrix(dtype, rows, cols, static_cast<uint32_t>(rows + 3 * cols));
+        auto packed = Pack(w.view);
+        auto x = RandomVector(static_cast<size_t>(m * cols), 5);
+        std::vector<float> expected(static_cast<size_t>(m * rows)), got(expected.size(), -1);
+        kernels::Linear(x.data(), m, w.view, expected.data());
+        kernels::OnednnLinear(x.data(), m, *packed, got.data());
+        EXPECT_LT(RelativeError(got, expected), tolerance)
+            << DTypeName(dtype) << " " << rows << "x" << cols << " m " << m << " bf16 " << bf16;
+      }
     }
   }
+  kernels::GlobalKernelOptions().bf16_dot = false;
 }
 
 // LinearPacked follows --prefill-gemm from 256 rows on, never in a decode step, and measures a
@@ -608,7 +615,7 @@ TEST(OnednnLinearTest, PrefillChoiceIsFollowedAndMeasuredOncePerShape) {
     kernels::LinearPacked(x.data(), m, *packed, step.data());
   }
   EXPECT_LT(RelativeError(own, expected), 1e-5);
-  EXPECT_LT(RelativeError(onednn, expected), kernels::OnednnHasBf16Matmul() ? 2e-2 : 1e-5);
+  EXPECT_LT(RelativeError(onednn, expected), 1e-5);  // f32: this binary keeps bf16_dot off
   EXPECT_EQ(std::memcmp(step.data(), own.data(), own.size() * sizeof(float)), 0)
       << "a decode step took oneDNN";
   // One row fewer than the threshold: ours, the same bits as kOwn.
@@ -634,7 +641,7 @@ TEST(OnednnLinearTest, PrefillChoiceIsFollowedAndMeasuredOncePerShape) {
   EXPECT_LT(RelativeError(measured, expected), 1e-5);  // the measuring call ends with ours
   kernels::LinearPacked(x.data(), m, *packed, measured.data());
   EXPECT_EQ(kernels::PrefillGemmDecisions().size(), before + 1);
-  EXPECT_LT(RelativeError(measured, expected), kernels::OnednnHasBf16Matmul() ? 2e-2 : 1e-5);
+  EXPECT_LT(RelativeError(measured, expected), 1e-5);
   kernels::GlobalPrefillGemm() = PrefillGemm::kAuto;
 }
 

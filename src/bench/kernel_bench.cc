@@ -104,7 +104,7 @@ void BenchOnednnBlocks(const MachinePeaks& peaks, const KernelBenchOptions& opti
   const int copies = static_cast<int>(std::max(1.0, std::ceil(options.stream_bytes / one)));
   for (int c = 1; c < copies; ++c)
     weights.push_back(RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100 + c));
-  const bool bf16 = kernels::OnednnHasBf16Matmul();
+  const bool bf16 = kernels::OnednnRunsBf16();
   for (int64_t m : ms) {
     auto x = RandomActivations(static_cast<size_t>(m * shape.k));
     std::vector<float> y(static_cast<size_t>(m * shape.n));

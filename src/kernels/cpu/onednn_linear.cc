@@ -13,6 +13,7 @@
 #include "base/clock.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/panel_gemm.h"
 
 namespace sy::kernels {
@@ -75,12 +76,16 @@ bool OnednnHasBf16Matmul() {
   return has;
 }
 
+bool OnednnRunsBf16() {
+  return OnednnHasBf16Matmul() && GlobalKernelOptions().bf16_dot;
+}
+
 void OnednnLinear(const float* x, int64_t m, const PackedMatrix& w, float* y) {
   if (m <= 0) return;
   if (w.dtype == DType::kI8) throw std::invalid_argument("OnednnLinear: int8 weights");
   Onednn& library = Library();
   std::lock_guard lock(library.mutex);
-  const bool bf16 = OnednnHasBf16Matmul();
+  const bool bf16 = OnednnRunsBf16();
   const dt type = bf16 ? dt::bf16 : dt::f32;
   const int64_t k = w.cols, n = w.rows;
   std::vector<uint16_t> x_bf16;
@@ -161,7 +166,7 @@ bool RunPrefillLinear(const float* x, int64_t m, const PackedMatrix& w, float* y
       OnednnLinear(x, m, w, y);
       return true;
     case PrefillGemm::kAuto:
-      if (!OnednnHasBf16Matmul()) return false;
+      if (!OnednnRunsBf16()) return false;
       break;
     case PrefillGemm::kMeasure:
       break;

@@ -21,13 +21,16 @@ namespace sy::kernels {
 
 // Whether oneDNN has a bf16 matmul on this CPU (AVX-512 BF16 or AMX); asked once.
 bool OnednnHasBf16Matmul();
+// Whether OnednnLinear runs in bf16: oneDNN has a bf16 matmul and --f32-products is off
+// (GlobalKernelOptions().bf16_dot); else in f32 on the exact values.
+bool OnednnRunsBf16();
 
 // y[m, w.rows] = x[m, w.cols] · wᵀ through oneDNN, on as many OpenMP threads as the pool has.
 // w is fp8, bf16 or f32 (not int8). Call from one thread (the pool dequantizes each block).
 void OnednnLinear(const float* x, int64_t m, const PackedMatrix& w, float* y);
 
 // Which GEMM prefill-sized products (m ≥ kOnednnMinRows, outside decode steps) run:
-//  - kAuto: kMeasure where oneDNN has a bf16 matmul, else ours (its f32 matmul lost to ours by
+//  - kAuto: kMeasure where OnednnRunsBf16(), else ours (oneDNN's f32 matmul lost to ours by
 //    1.35–1.7× on Zen 3, so measuring it there would only cost time).
 //  - kMeasure: the first such product of each weight shape (dtype, rows, cols) times ours and
 //    oneDNN's on its own rows and keeps the faster for that shape.
