@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/fast_linear.h"
+#include "kernels/cpu/onednn_linear.h"
 #include "model/synthetic.h"
 #include "test_support.h"
 #include "tokenizer/embedded_tokenizers.h"
@@ -218,10 +219,13 @@ TEST(EngineTest, PreemptionUnderPagePressureLosesNothing) {
 // The serving default on CPUs with AVX-512 BF16: the bf16 dot kernel, whose rows do not depend on
 // the batch. With one attention form for prompts and decode (absorbed, as --batch-invariant
 // asks), a preempted and recomputed request gives the tokens of the request decoded alone.
+// (Steps of 256 tokens and more may take oneDNN by default, whose rows depend on the step: the
+// property is the dot kernel's, so this keeps every product on it, as --prefill-gemm own does.)
 TEST(EngineTest, PreemptionOnTheBf16DotPathLosesNothing) {
   if (!kernels::HasBf16Dot()) GTEST_SKIP() << "no AVX-512 BF16 and VBMI on this CPU";
   DefaultModel();
   kernels::GlobalKernelOptions().bf16_dot = true;
+  kernels::GlobalPrefillGemm() = kernels::PrefillGemm::kOwn;
   EngineConfig config;
   config.max_num_batched_tokens = 256;
   ForwardOptions forward;
@@ -241,6 +245,7 @@ TEST(EngineTest, PreemptionOnTheBf16DotPathLosesNothing) {
   }
   EXPECT_GT(h.engine.Metrics().preemptions_total, 0);
   kernels::GlobalKernelOptions().bf16_dot = false;
+  kernels::GlobalPrefillGemm() = kernels::PrefillGemm::kAuto;
 }
 
 TEST(EngineTest, SeededSamplingDoesNotDependOnTheBatch) {
