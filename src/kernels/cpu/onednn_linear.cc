@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <dnnl.hpp>
 #include <map>
 #include <mutex>
@@ -193,6 +194,12 @@ bool RunPrefillLinear(const float* x, int64_t m, const PackedMatrix& w, float* y
     d.onednn_seconds = timed(onednn);
     d.own_seconds = std::min(d.own_seconds, timed(own));
     d.onednn = d.onednn_seconds < d.own_seconds;
+    if (d.onednn)  // once per shape: which products left our kernels, and by how much
+      std::fprintf(stderr,
+                   "switchyard: note: prefill products with %lldx%lld %s weights run on oneDNN's "
+                   "%s matmul (%.2fx ours, measured)\n",
+                   static_cast<long long>(d.rows), static_cast<long long>(d.cols), d.dtype.c_str(),
+                   OnednnRunsBf16() ? "bf16" : "f32", d.own_seconds / d.onednn_seconds);
     c.decisions.emplace(key, d);
     return true;
   }
