@@ -101,6 +101,39 @@ TEST(CliTest, Int8ProductsStayNearTheReferenceAndBatchInvariant) {
   EXPECT_EQ(line(batched, "sequence 1:"), line(single, "sequence 0:"));
 }
 
+// --prefill-gemm through the binary: a 300-token prompt (every product 300 rows) through oneDNN's
+// matmul gives the logits of our kernels, within bf16 rounding (f32 where the CPU has no bf16
+// matmul), and really ran elsewhere than our kernels.
+TEST(CliTest, PrefillProductsThroughOnednnKeepTheLogits) {
+  std::string tokens;
+  for (int i = 0; i < 300; ++i)
+    tokens += (i ? "," : "") + std::to_string(3 + i * 37 % 2000);
+  const std::string dir = testing::TempDirectory("cli_prefill_gemm");
+  std::vector<float> logits[2];
+  const char* modes[2] = {"own", "onednn"};
+  for (int i = 0; i < 2; ++i) {
+    const std::string out = dir + "/" + modes[i] + ".bin";
+    std::string output;
+    ASSERT_EQ(RunCommand(Binary() + " --prefill-gemm " + modes[i] + " logits --tokens '" + tokens +
+                             "' --out " + out + " 2>&1",
+                         &output),
+              0)
+        << output;
+    const std::string bytes = testing::ReadFile(out);
+    logits[i].resize(bytes.size() / 4);
+    std::memcpy(logits[i].data(), bytes.data(), bytes.size());
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  ASSERT_FALSE(logits[0].empty());
+  double largest = 0, diff = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    largest = std::max(largest, static_cast<double>(std::fabs(logits[0][i])));
+    diff = std::max(diff, static_cast<double>(std::fabs(logits[0][i] - logits[1][i])));
+  }
+  EXPECT_LT(diff, 5e-2 * largest);
+  EXPECT_GT(diff, 0.0) << "the oneDNN run gave our kernels' bits: it did not run";
+}
+
 // The accuracy bar of --int8-products, on the trained default model and held-out text: what
 // `bench accuracy` reports must stay close to the exact products.
 TEST(CliTest, Int8ProductsKeepTheDefaultModelsQuality) {
