@@ -158,14 +158,33 @@ std::vector<PrefillGemmDecision> PrefillGemmDecisions() {
   return out;
 }
 
+namespace {
+
+// OnednnLinear, or false (and one warning for the process) if oneDNN refused the product: the
+// caller then runs ours, rather than a failed library call ending a server.
+bool TryOnednn(const float* x, int64_t m, const PackedMatrix& w, float* y) {
+  try {
+    OnednnLinear(x, m, w, y);
+    return true;
+  } catch (const std::exception& e) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      std::fprintf(stderr, "switchyard: warning: oneDNN failed (%s); prefill products use ours\n",
+                   e.what());
+    });
+    return false;
+  }
+}
+
+}  // namespace
+
 bool RunPrefillLinear(const float* x, int64_t m, const PackedMatrix& w, float* y,
                       const std::function<void()>& own) {
   switch (GlobalPrefillGemm()) {
     case PrefillGemm::kOwn:
       return false;
     case PrefillGemm::kOnednn:
-      OnednnLinear(x, m, w, y);
-      return true;
+      return TryOnednn(x, m, w, y);
     case PrefillGemm::kAuto:
       if (!OnednnRunsBf16()) return false;
       break;
@@ -184,7 +203,8 @@ bool RunPrefillLinear(const float* x, int64_t m, const PackedMatrix& w, float* y
       run();
       return NowSeconds() - start;
     };
-    const auto onednn = [&] { OnednnLinear(x, m, w, y); };
+    bool ran = true;
+    const auto onednn = [&] { ran = ran && TryOnednn(x, m, w, y); };
     PrefillGemmDecision d;
     d.rows = w.rows;
     d.cols = w.cols;
@@ -193,7 +213,7 @@ bool RunPrefillLinear(const float* x, int64_t m, const PackedMatrix& w, float* y
     onednn();
     d.onednn_seconds = timed(onednn);
     d.own_seconds = std::min(d.own_seconds, timed(own));
-    d.onednn = d.onednn_seconds < d.own_seconds;
+    d.onednn = ran && d.onednn_seconds < d.own_seconds;
     if (d.onednn)  // once per shape: which products left our kernels, and by how much
       std::fprintf(stderr,
                    "switchyard: note: prefill products with %lldx%lld %s weights run on oneDNN's "
@@ -203,9 +223,7 @@ bool RunPrefillLinear(const float* x, int64_t m, const PackedMatrix& w, float* y
     c.decisions.emplace(key, d);
     return true;
   }
-  if (!found->second.onednn) return false;
-  OnednnLinear(x, m, w, y);
-  return true;
+  return found->second.onednn && TryOnednn(x, m, w, y);
 }
 
 }  // namespace sy::kernels

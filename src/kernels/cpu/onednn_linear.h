@@ -26,7 +26,8 @@ bool OnednnHasBf16Matmul();
 bool OnednnRunsBf16();
 
 // y[m, w.rows] = x[m, w.cols] · wᵀ through oneDNN, on as many OpenMP threads as the pool has.
-// w is fp8, bf16 or f32 (not int8). Call from one thread (the pool dequantizes each block).
+// w is fp8, bf16 or f32 (not int8); calls are serialized (one block buffer). Throws if oneDNN
+// refuses the product.
 void OnednnLinear(const float* x, int64_t m, const PackedMatrix& w, float* y);
 
 // Which GEMM prefill-sized products (m ≥ kOnednnMinRows, outside decode steps) run:
@@ -40,8 +41,9 @@ PrefillGemm& GlobalPrefillGemm();
 inline constexpr int64_t kOnednnMinRows = 256;
 
 // A prefill-sized product (the caller checked m ≥ kOnednnMinRows, no decode step, no batch
-// invariance) by the GEMM GlobalPrefillGemm() picks. Returns false when it is ours: the caller
-// runs it. `own` writes y with our kernel (the calibration times it).
+// invariance) by the GEMM GlobalPrefillGemm() picks. Returns false when it is ours (or oneDNN
+// failed: one warning on stderr): the caller runs it. `own` writes y with our kernel (the
+// calibration times it).
 bool RunPrefillLinear(const float* x, int64_t m, const PackedMatrix& w, float* y,
                       const std::function<void()>& own);
 
