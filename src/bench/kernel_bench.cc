@@ -60,8 +60,11 @@ struct Shape {
   DType dtype;
 };
 
+// Our products, or with onednn_blocks oneDNN's on the same packed weights dequantized a block at a
+// time in every call (kernels/cpu/onednn_linear.h: what --prefill-gemm onednn runs).
 void BenchLinear(const MachinePeaks& peaks, const KernelBenchOptions& options, const Shape& shape,
-                 const std::vector<int64_t>& ms, std::vector<KernelResult>& out) {
+                 const std::vector<int64_t>& ms, std::vector<KernelResult>& out,
+                 bool onednn_blocks = false) {
   // Enough distinct copies that one pass streams more than the last-level cache holds (the bytes
   // as packed: int8 under --int8-products).
   std::vector<Matrix> weights = {RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100)};
@@ -74,12 +77,19 @@ void BenchLinear(const MachinePeaks& peaks, const KernelBenchOptions& options, c
     std::vector<float> y(static_cast<size_t>(m * shape.n));
     const double seconds = MedianTime(options.repetitions,
                                       [&] {
-                                        for (const auto& w : weights)
-                                          kernels::LinearPacked(x.data(), m, *w.packed, y.data());
+                                        for (const auto& w : weights) {
+                                          if (onednn_blocks) {
+                                            kernels::OnednnLinear(x.data(), m, *w.packed, y.data());
+                                          } else {
+                                            kernels::LinearPacked(x.data(), m, *w.packed, y.data());
+                                          }
+                                        }
                                       }) /
                            copies;
     KernelResult r;
-    const std::string path = kernels::KernelPathName(m, *weights[0].packed);
+    const bool bf16 = kernels::OnednnRunsBf16();
+    const std::string path = onednn_blocks ? fmt::format("onednn-blocks {}", bf16 ? "bf16" : "f32")
+                                           : kernels::KernelPathName(m, *weights[0].packed);
     r.kernel = m >= 256 ? "gemm" : "gemv";
     r.weight_dtype = WeightName(*weights[0].packed);
     r.path = fmt::format("{} {}", shape.name, path);
@@ -89,42 +99,8 @@ void BenchLinear(const MachinePeaks& peaks, const KernelBenchOptions& options, c
     r.seconds = seconds;
     r.bytes = one + (static_cast<double>(m) * shape.k + static_cast<double>(m) * shape.n) * 4;
     r.flops = 2.0 * m * shape.n * shape.k;
-    Score(r, peaks, PathPeak(peaks, path));
-    out.push_back(r);
-  }
-}
-
-// Prefill products through oneDNN on our packed weights, dequantized a block at a time in every
-// call (kernels/cpu/onednn_linear.h: what --prefill-gemm onednn runs), timed like our rows.
-void BenchOnednnBlocks(const MachinePeaks& peaks, const KernelBenchOptions& options,
-                       const Shape& shape, const std::vector<int64_t>& ms,
-                       std::vector<KernelResult>& out) {
-  std::vector<Matrix> weights = {RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100)};
-  const double one = weights[0].packed->StoredBytes();
-  const int copies = static_cast<int>(std::max(1.0, std::ceil(options.stream_bytes / one)));
-  for (int c = 1; c < copies; ++c)
-    weights.push_back(RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100 + c));
-  const bool bf16 = kernels::OnednnRunsBf16();
-  for (int64_t m : ms) {
-    auto x = RandomActivations(static_cast<size_t>(m * shape.k));
-    std::vector<float> y(static_cast<size_t>(m * shape.n));
-    const double seconds = MedianTime(options.repetitions,
-                                      [&] {
-                                        for (const auto& w : weights)
-                                          kernels::OnednnLinear(x.data(), m, *w.packed, y.data());
-                                      }) /
-                           copies;
-    KernelResult r;
-    r.kernel = "gemm";
-    r.weight_dtype = WeightName(*weights[0].packed);
-    r.path = fmt::format("{} onednn-blocks {}", shape.name, bf16 ? "bf16" : "f32");
-    r.m = m;
-    r.n = shape.n;
-    r.k = shape.k;
-    r.seconds = seconds;
-    r.bytes = one + (static_cast<double>(m) * shape.k + static_cast<double>(m) * shape.n) * 4;
-    r.flops = 2.0 * m * shape.n * shape.k;
-    Score(r, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
+    Score(r, peaks,
+          onednn_blocks ? (bf16 ? peaks.bf16_gflops : peaks.f32_gflops) : PathPeak(peaks, path));
     out.push_back(r);
   }
 }
@@ -313,7 +289,7 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
     for (int64_t m : prefill_m)
       onednn_m.push_back(m);
     if (GlobalWeightPacking() == WeightPacking::kExact)  // int8 packing has no oneDNN form
-      BenchOnednnBlocks(peaks, options, shapes[0], prefill_m, out);
+      BenchLinear(peaks, options, shapes[0], prefill_m, out, /*onednn_blocks=*/true);
     BenchOnednn(peaks, options, shapes[0], onednn_m, out);
     BenchOnednn(peaks, options, shapes[1], {decode_m.back()}, out);
   }
