@@ -24,8 +24,9 @@ namespace sy::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Keys per step: two vectors, and at least 16, so that a chunk's f32 rows and their transpose
-// (2 × 36 KiB at 16 keys of 576 dims) stay near L1 for every head group that reads them. At 32
-// keys on Zen 3 the scores and values loops streamed them from L2, 10% slower.
+// (2 × 36 KiB at 16 keys of 576 dims) stay near L1 for every head group that reads them; at 32
+// keys both loops read them from L2 (docs/benchmarks.md: this chunking and the changes beside it
+// took q1 decode over 5,000 keys from 84 to 95 GFLOP/s on Zen 3).
 constexpr int64_t kChunk = HWY_MIN(32, HWY_MAX(16, 2 * static_cast<int64_t>(HWY_LANES(float))));
 constexpr size_t kScoreVectors = 2;
 constexpr size_t kValueVectors = 3;
