@@ -6,8 +6,8 @@
 // The packed weights (fp8, bf16 or f32) are dequantized a block of panels at a time into a buffer
 // reused across calls, never into a second copy of the model. Where oneDNN has a bf16 matmul,
 // activations and weights are rounded to bf16 (fp8 × its block scale, relative error ≤ 2⁻⁹ a
-// weight, as the AVX-512 BF16 GEMM already rounds activations); elsewhere it runs in f32 on the
-// exact values.
+// weight, as the AVX-512 BF16 GEMM already rounds activations); elsewhere it runs in f32 on each
+// weight as the reference kernel has it (fp8 × block scale rounded once to f32).
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,7 @@ namespace sy::kernels {
 // Whether oneDNN has a bf16 matmul on this CPU (AVX-512 BF16 or AMX); asked once.
 bool OnednnHasBf16Matmul();
 // Whether OnednnLinear runs in bf16: oneDNN has a bf16 matmul and --f32-products is off
-// (GlobalKernelOptions().bf16_dot); else in f32 on the exact values.
+// (GlobalKernelOptions().bf16_dot); else in f32.
 bool OnednnRunsBf16();
 
 // y[m, w.rows] = x[m, w.cols] · wᵀ through oneDNN, on as many OpenMP threads as the pool has.

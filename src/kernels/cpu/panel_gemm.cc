@@ -629,7 +629,8 @@ HWY_INLINE void StoreOut(DF df, hn::Vec<DF> v, uint16_t* out) {
 }
 
 // Panels [panel_begin, panel_end) as a row-major [cols][out_stride] block whose column j holds
-// weight row row0 + j: fp8 times its block scale (exact in f32), then f32 or bf16.
+// weight row row0 + j: fp8 times its block scale rounded once to f32 (as the reference kernel),
+// then f32 or bf16.
 template <DType kType, typename Out>
 void DequantizeTyped(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, int64_t row0,
                      Out* out, int64_t out_stride) {

@@ -17,7 +17,8 @@ void PanelGemm(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_b
 
 // Panels [panel_begin, panel_end) of w (fp8, bf16 or f32) as a row-major [w.cols][out_stride]
 // block whose column j is weight row row0 + j, for a library's matmul (onednn_linear.h): fp8
-// times its block scale, exact in f32; the bf16 form rounds that to nearest even.
+// times its block scale rounded once to f32 (each weight as the reference kernel has it); the
+// bf16 form rounds that to nearest even.
 void DequantizePanels(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, int64_t row0,
                       float* out, int64_t out_stride);
 void DequantizePanels(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, int64_t row0,
