@@ -5,7 +5,7 @@
 //
 // The packed weights (fp8, bf16 or f32) are dequantized a block of panels at a time into a buffer
 // reused across calls, never into a second copy of the model. Where oneDNN has a bf16 matmul,
-// activations and weights are rounded to bf16 (fp8 × its block scale, relative error ≤ 2⁻⁹ a
+// activations and weights are rounded to bf16 (fp8 × its block scale, relative error ≤ 2⁻⁸ a
 // weight, as the AVX-512 BF16 GEMM already rounds activations); elsewhere it runs in f32 on each
 // weight as the reference kernel has it (fp8 × block scale rounded once to f32).
 #pragma once
