@@ -228,14 +228,13 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
           ql[g] = q_latent + (t * heads + h) * latent;
           qp[g] = q_pe + (t * heads + h) * rope;
         }
-        // scores[g][j] = q_g · row_j, keys in lanes, kScoreVectors key vectors per pass.
+        // scores[g][j] = q_g · row_j, keys in lanes, kScoreVectors key vectors per pass (kChunk
+        // is a whole number of passes on every target).
+        static_assert(kChunk % (kScoreVectors * hn::MaxLanes(DF())) == 0);
         const int64_t n = static_cast<int64_t>(N);
-        int64_t j0 = 0;
-        for (; j0 + kScoreVectors * n <= kChunk; j0 += kScoreVectors * n)
+        for (int64_t j0 = 0; j0 < kChunk; j0 += kScoreVectors * n)
           ScoreKeys<kScoreVectors>(df, transposed.data() + j0, latent, rope, ql, qp, scale,
                                    scores.data() + j0);
-        for (; j0 < kChunk; j0 += n)
-          ScoreKeys<1>(df, transposed.data() + j0, latent, rope, ql, qp, scale, scores.data() + j0);
         // Online softmax per head: p = exp(s − max); rescale what was accumulated so far.
         float correction[kGroup];
         for (int64_t g = 0; g < group; ++g) {
