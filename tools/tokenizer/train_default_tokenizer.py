@@ -124,7 +124,10 @@ def tokenizer_config(ds_config, template):
     # copy we start from says false. Plain-text prompts to the default model start with BOS.
     cfg["add_bos_token"] = True
     cfg["model_max_length"] = 163840
-    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    # DeepSeek's class: transformers' LlamaTokenizerFast honours add_bos_token (the generic
+    # PreTrainedTokenizerFast ignores it, so tools loading the model with AutoTokenizer, as
+    # lm-evaluation-harness does, would send prompts without BOS).
+    cfg["tokenizer_class"] = "LlamaTokenizerFast"
     cfg["chat_template"] = template
     return cfg
 
@@ -174,13 +177,14 @@ def check(path: Path, vocab_size: int, holdout_text: str):
 
 
 def check_transformers(d: Path):
-    from transformers import PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
-    hf = PreTrainedTokenizerFast.from_pretrained(str(d))
+    hf = AutoTokenizer.from_pretrained(str(d))
     s = hf.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
                                add_generation_prompt=True)
     assert s == "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜>", s
     assert hf.encode(s, add_special_tokens=False)[0] == 0
+    assert hf.encode("Hi")[0] == 0  # plain prompts start with BOS, as switchyard's tokenizer does
 
 
 def main():
