@@ -1,4 +1,4 @@
-"""The server under load and abuse: 256 concurrent streams, clients that hang up, a soak of
+"""The server under load and abuse: 512 concurrent streams, clients that hang up, a soak of
 2,000 requests with random parameters, SIGTERM while serving, and real Prometheus scraping."""
 
 import concurrent.futures
@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -29,17 +30,42 @@ def wait_idle(server, timeout=60):
     return False
 
 
-def test_256_concurrent_streams_complete_and_free_their_pages(server):
+def thread_count(pid):
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_512_concurrent_streams_with_a_fixed_set_of_threads(server):
+    """512 streams open at once (256 running, the rest waiting with their connections held): all
+    complete, the server's threads are the same set as when idle (no thread per connection), and
+    every page comes back."""
+    streams = 512
+    idle_threads = thread_count(server.pid)
+    start = threading.Barrier(streams + 1)
+    clients = [OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+               for _ in range(streams)]
+
     def one(i):
-        client = OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
-        chunks = list(client.completions.create(
-            model="sy-test", prompt=f"Stream {i}: ", max_tokens=12, stream=True, temperature=0.7,
+        start.wait()
+        chunks = list(clients[i].completions.create(
+            model="sy-test", prompt=f"Stream {i}: ", max_tokens=48, stream=True, temperature=0.7,
             seed=i, extra_body={"ignore_eos": True}))
         return sum(1 for c in chunks if c.choices and c.choices[0].text is not None), \
             chunks[-1].choices[0].finish_reason
-    with concurrent.futures.ThreadPoolExecutor(max_workers=256) as pool:
-        results = list(pool.map(one, range(256)))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=streams) as pool:
+        futures = [pool.submit(one, i) for i in range(streams)]
+        start.wait()
+        peak_in_flight, peak_threads = 0, 0
+        while not all(f.done() for f in futures):
+            in_flight = server.metric("num_requests_running") + \
+                server.metric("num_requests_waiting")
+            peak_in_flight = max(peak_in_flight, in_flight)
+            peak_threads = max(peak_threads, thread_count(server.pid))
+            time.sleep(0.02)
+        results = [f.result() for f in futures]
     assert all(reason == "length" for _, reason in results)
+    assert peak_in_flight == streams
+    assert peak_threads == idle_threads
     assert wait_idle(server)
 
 
