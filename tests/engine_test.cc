@@ -99,6 +99,8 @@ struct Collected {
   std::vector<int32_t> tokens;
   std::string text;
   std::string finish;
+  std::optional<std::string> stop_string;
+  std::optional<int32_t> stop_token;
   int64_t prompt_tokens = -1, cached_tokens = -1;
   std::vector<std::optional<TokenLogprob>> prompt_logprobs;
   std::vector<TokenLogprob> logprobs;
@@ -118,7 +120,11 @@ Collected Collect(RequestStream& stream) {
       c.cached_tokens = e.cached_tokens;
       c.prompt_logprobs = e.prompt_logprobs;
     }
-    if (e.finish_reason) c.finish = *e.finish_reason;
+    if (e.finish_reason) {
+      c.finish = *e.finish_reason;
+      c.stop_string = e.stop_string;
+      c.stop_token = e.stop_token;
+    }
   }
   return c;
 }
@@ -324,6 +330,28 @@ TEST(EngineTest, StopStringsAreNotReturnedAndAbortFreesPages) {
   Collected c = Collect(*stopped);
   EXPECT_EQ(c.finish, "stop");
   EXPECT_EQ(c.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_EQ(c.stop_string, stop);  // vLLM's stop_reason: the string that matched
+  EXPECT_FALSE(c.stop_token.has_value());
+  EXPECT_FALSE(full.stop_string.has_value());  // "length" has no stop reason
+
+  // A stop token reports its id; the end-of-sequence token reports none (as vLLM).
+  params = Greedy(20);
+  params.stop_token_ids = {full.tokens[3]};
+  auto by_token = h.Submit("by-token", Prompt(10, 4), params);
+  params = Greedy(20);
+  params.ignore_eos = false;
+  params.logit_bias = {{static_cast<int32_t>(DefaultModel().model->config().eos_token_id), 100.0}};
+  auto by_eos = h.Submit("by-eos", Prompt(10, 4), params);
+  h.RunToIdle();
+  c = Collect(*by_token);
+  EXPECT_EQ(c.finish, "stop");
+  EXPECT_EQ(c.stop_token, full.tokens[3]);
+  EXPECT_FALSE(c.stop_string.has_value());
+  c = Collect(*by_eos);
+  EXPECT_EQ(c.finish, "stop");
+  EXPECT_EQ(c.tokens.size(), 1u);
+  EXPECT_FALSE(c.stop_token.has_value());
+  EXPECT_FALSE(c.stop_string.has_value());
 
   auto long_one = h.Submit("long", Prompt(10, 5), Greedy(500));
   for (int i = 0; i < 5; ++i)

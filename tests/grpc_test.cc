@@ -76,6 +76,8 @@ struct Streamed {
   std::vector<int32_t> tokens;
   std::string text;
   std::string finish;
+  std::optional<std::string> stop_string;
+  std::optional<int32_t> stop_token;
   int64_t prompt_tokens = -1;
   int messages = 0;
   grpc::Status status;
@@ -92,6 +94,8 @@ Streamed Generate(const EngineRequest& request) {
     out.text += event.text;
     if (event.first) out.prompt_tokens = event.prompt_tokens;
     if (event.finish_reason) out.finish = *event.finish_reason;
+    if (event.stop_string) out.stop_string = event.stop_string;
+    if (event.stop_token) out.stop_token = event.stop_token;
     ++out.messages;
   }
   out.status = reader->Finish();
@@ -115,6 +119,32 @@ Streamed Direct(const EngineRequest& request) {
     if (e.finish_reason) out.finish = *e.finish_reason;
   }
   return out;
+}
+
+TEST(GrpcTest, WhatStoppedARequestCrossesTheWire) {
+  EngineRequest request{"reason", TheInstance().Prompt("ROMEO: But soft, what light"), {}};
+  request.params.temperature = 0;
+  request.params.max_tokens = 16;
+  request.params.ignore_eos = true;
+  const Streamed full = Generate(request);
+  ASSERT_TRUE(full.status.ok()) << full.status.error_message();
+  ASSERT_GE(full.text.size(), 6u);
+  EXPECT_FALSE(full.stop_string || full.stop_token);
+
+  request.id = "reason-string";
+  request.params.stop = {full.text.substr(3, 3)};
+  const Streamed by_string = Generate(request);
+  EXPECT_EQ(by_string.finish, "stop");
+  EXPECT_EQ(by_string.stop_string, full.text.substr(3, 3));
+  EXPECT_FALSE(by_string.stop_token.has_value());
+
+  request.id = "reason-token";
+  request.params.stop.clear();
+  request.params.stop_token_ids = {full.tokens[2]};
+  const Streamed by_token = Generate(request);
+  EXPECT_EQ(by_token.finish, "stop");
+  EXPECT_EQ(by_token.stop_token, full.tokens[2]);
+  EXPECT_FALSE(by_token.stop_string.has_value());
 }
 
 TEST(GrpcTest, GenerateStreamsWhatTheEngineGives) {

@@ -20,15 +20,18 @@ std::string IncrementalDetokenizer::Add(int32_t token, bool* stopped) {
   // Text is searched for stop strings across token boundaries: pending_ holds everything not
   // yet emitted, which always includes any partial stop string.
   size_t stop_at = std::string::npos, stop_length = 0;
+  const std::string* matched = nullptr;
   for (const std::string& s : stop_) {
     const size_t at = pending_.find(s);
     if (at != std::string::npos && at < stop_at) {
       stop_at = at;
       stop_length = s.size();
+      matched = &s;
     }
   }
   if (stop_at != std::string::npos) {
     *stopped = true;
+    matched_stop_ = *matched;
     std::string out =
         Utf8Lossy(pending_.substr(0, include_stop_ ? stop_at + stop_length : stop_at));
     pending_.clear();

@@ -19,6 +19,8 @@ class IncrementalDetokenizer {
   // Adds a token; returns the text now safe to emit. Sets *stopped when a stop string completed
   // (the returned text then ends before it, or after it with include_stop).
   std::string Add(int32_t token, bool* stopped);
+  // The stop string that ended the text (the earliest in it), once Add has set *stopped.
+  const std::string& matched_stop() const { return matched_stop_; }
   // The rest of the text when the request ends for another reason (length, EOS): held-back text
   // is released, an incomplete character becomes U+FFFD.
   std::string Flush();
@@ -31,6 +33,7 @@ class IncrementalDetokenizer {
   bool include_stop_;
   std::string pending_;  // bytes decoded but not yet emitted
   std::string emitted_;  // everything emitted so far
+  std::string matched_stop_;
 };
 
 }  // namespace sy

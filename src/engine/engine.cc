@@ -328,7 +328,16 @@ std::string Engine::EmitToken(Sequence& seq, int32_t token, const float* row, do
   const bool eos = !params.ignore_eos && token == model_.config().eos_token_id;
   const bool stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
                                     token) != params.stop_token_ids.end();
-  if (eos || stop_token || stopped_by_string) return "stop";
+  // vLLM's order: the end-of-sequence token reports no stop reason, then stop tokens, then text.
+  if (eos) return "stop";
+  if (stop_token) {
+    event.stop_token = token;
+    return "stop";
+  }
+  if (stopped_by_string) {
+    event.stop_string = seq.detokenizer->matched_stop();
+    return "stop";
+  }
   if (seq.generated() >= params.max_tokens) return "length";
   return "";
 }

@@ -39,7 +39,11 @@ struct RequestEvent {
   std::vector<TokenLogprob> logprobs;
   std::optional<std::string> finish_reason;  // "stop", "length", "abort", "error"
   std::string error;                         // with "error"
-  bool first = false;                        // carries the request's prompt facts below
+  // With "stop", what stopped the request (vLLM's stop_reason): the stop string matched, or the
+  // stop_token_ids entry sampled; neither for the end-of-sequence token.
+  std::optional<std::string> stop_string;
+  std::optional<int32_t> stop_token;
+  bool first = false;  // carries the request's prompt facts below
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   std::vector<std::optional<TokenLogprob>> prompt_logprobs;  // when asked; first is none

@@ -92,6 +92,8 @@ json EventToJson(const std::string& id, const RequestEvent& e) {
           {"logprobs", logprobs},
           {"finish", e.finish_reason ? json(*e.finish_reason) : json(nullptr)},
           {"error", e.error},
+          {"stop_string", e.stop_string ? json(*e.stop_string) : json(nullptr)},
+          {"stop_token", e.stop_token ? json(*e.stop_token) : json(nullptr)},
           {"first", e.first},
           {"prompt_tokens", e.prompt_tokens},
           {"cached_tokens", e.cached_tokens},
@@ -106,6 +108,8 @@ RequestEvent EventFromJson(const json& j) {
     e.logprobs.push_back(LogprobFromJson(l));
   if (!j["finish"].is_null()) e.finish_reason = j["finish"].get<std::string>();
   e.error = j["error"];
+  if (!j["stop_string"].is_null()) e.stop_string = j["stop_string"].get<std::string>();
+  if (!j["stop_token"].is_null()) e.stop_token = j["stop_token"].get<int32_t>();
   e.first = j["first"];
   e.prompt_tokens = j["prompt_tokens"];
   e.cached_tokens = j["cached_tokens"];

@@ -138,6 +138,8 @@ pb::GenerateResponse EventToProto(const RequestEvent& event) {
   }
   out.set_finish_reason(ReasonToProto(event.finish_reason));
   out.set_error(event.error);
+  if (event.stop_string) out.set_stop_string(*event.stop_string);
+  if (event.stop_token) out.set_stop_token(*event.stop_token);
   return out;
 }
 
@@ -157,6 +159,8 @@ RequestEvent EventFromProto(const pb::GenerateResponse& response) {
   }
   out.finish_reason = ReasonFromProto(response.finish_reason());
   out.error = response.error();
+  if (response.has_stop_string()) out.stop_string = response.stop_string();
+  if (response.has_stop_token()) out.stop_token = response.stop_token();
   return out;
 }
 

@@ -364,6 +364,8 @@ class Session : public std::enable_shared_from_this<Session> {
         if (e.finish_reason) {
           r.finish_reason = *e.finish_reason;
           r.error = e.error;
+          r.stop_string = e.stop_string;
+          r.stop_token = e.stop_token;
           g->done[i] = true;
         }
         if (g->plan.stream && !client_gone_) {

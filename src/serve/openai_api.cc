@@ -503,6 +503,14 @@ json FinishReason(const ChoiceResult& c) {
   return c.finish_reason;
 }
 
+// vLLM's stop_reason: the stop string matched or the stop token id sampled, else null.
+json StopReason(const std::optional<std::string>& stop_string,
+                const std::optional<int32_t>& stop_token) {
+  if (stop_string) return *stop_string;
+  if (stop_token) return *stop_token;
+  return nullptr;
+}
+
 }  // namespace
 
 std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
@@ -522,7 +530,7 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
                              {"text", text},
                              {"logprobs", logprobs},
                              {"finish_reason", FinishReason(c)},
-                             {"stop_reason", nullptr}});
+                             {"stop_reason", StopReason(c.stop_string, c.stop_token)}});
     } else {
       json logprobs = nullptr;
       if (plan.chat_logprobs) {
@@ -535,7 +543,7 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
                              {"message", {{"role", "assistant"}, {"content", c.text}}},
                              {"logprobs", logprobs},
                              {"finish_reason", FinishReason(c)},
-                             {"stop_reason", nullptr}});
+                             {"stop_reason", StopReason(c.stop_string, c.stop_token)}});
     }
   }
   return Dump(
@@ -575,7 +583,7 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
               {"text", text},
               {"logprobs", logprobs},
               {"finish_reason", finish},
-              {"stop_reason", nullptr}};
+              {"stop_reason", StopReason(event.stop_string, event.stop_token)}};
   } else {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -588,8 +596,11 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
         content.push_back(ChatLogprobEntry(codec, lp));
       logprobs = {{"content", content}};
     }
-    choice = {
-        {"index", index}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish}};
+    choice = {{"index", index},
+              {"delta", delta},
+              {"logprobs", logprobs},
+              {"finish_reason", finish},
+              {"stop_reason", StopReason(event.stop_string, event.stop_token)}};
   }
   json chunk = {{"id", id},
                 {"object", plan.endpoint == Endpoint::kCompletions ? "text_completion"

@@ -66,6 +66,8 @@ struct ChoiceResult {
   std::vector<TokenLogprob> logprobs;
   std::string finish_reason;
   std::string error;
+  std::optional<std::string> stop_string;  // as RequestEvent's: vLLM's stop_reason
+  std::optional<int32_t> stop_token;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   std::vector<std::optional<TokenLogprob>> prompt_logprobs;

@@ -54,6 +54,13 @@ def test_mpi_server_matches_one_process(model_dir, ranks, extra):
         assert metrics['switchyard:generation_tokens_total{model_name="sy-test"}'] == \
             len(PROMPTS) * 10 + 16 * 6
         assert metrics['switchyard:kv_cache_usage_perc{model_name="sy-test"}'] == 0
+        # What stopped a request crosses from its group to rank 0.
+        stop = reference[0][2:5]
+        out = mpi_client.completions.create(model="sy-test", prompt=PROMPTS[0], max_tokens=10,
+                                            temperature=0, stop=[stop],
+                                            extra_body={"ignore_eos": True})
+        assert out.choices[0].text == reference[0][:reference[0].index(stop)]
+        assert out.choices[0].model_extra["stop_reason"] == stop
     finally:
         assert s.stop() == 0, "".join(s.log)
 

@@ -62,9 +62,31 @@ def test_stop_strings_end_the_text_and_are_not_returned(client):
                                     **GREEDY)
     assert out.choices[0].text == full[:full.index(stop)]
     assert out.choices[0].finish_reason == "stop"
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
+    chunks = list(client.completions.create(
         model="sy-test", prompt="HAMLET:", max_tokens=24, stop=stop, stream=True, **GREEDY))
-    assert streamed == full[:full.index(stop)]
+    assert "".join(c.choices[0].text for c in chunks) == full[:full.index(stop)]
+    # vLLM's stop_reason: the string that matched (null when the length ran out).
+    assert out.choices[0].model_extra["stop_reason"] == stop
+    assert chunks[-1].choices[0].model_extra["stop_reason"] == stop
+
+
+def test_stop_reason_names_the_stop_token_and_not_the_end_of_sequence(server):
+    body = {"model": "sy-test", "prompt": "HAMLET:", "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True}
+    status, full, _ = server.request("POST", "/v1/completions", body)
+    assert status == 200 and full["choices"][0]["stop_reason"] is None
+    ids = server.request("POST", "/tokenize", {"prompt": full["choices"][0]["text"],
+                                               "add_special_tokens": False})[1]["tokens"]
+    status, out, _ = server.request("POST", "/v1/completions",
+                                    {**body, "stop_token_ids": [ids[1]]})
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["choices"][0]["stop_reason"] == ids[1]
+    # The end-of-sequence token (1 in the default model) stops with no reason given, in chat too.
+    status, out, _ = server.request("POST", "/v1/chat/completions", {
+        "model": "sy-test", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+        "logit_bias": {"1": 100}})
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["choices"][0]["stop_reason"] is None
 
 
 def test_completion_logprobs_and_n(client):

@@ -207,6 +207,14 @@ def test_bad_input_through_the_router_gets_the_servers_errors(instances):
         for i in range(6):
             ok = post(router.url, {"model": "sy-test", "prompt": f"ROMEO {i}:", "max_tokens": 3})
             assert ok[0] == 200
+        # What stopped a request (vLLM's stop_reason) comes through the router as directly.
+        greedy = {"model": "sy-test", "prompt": "ROMEO:", "max_tokens": 8, "temperature": 0,
+                  "ignore_eos": True}
+        text = post(procs[1].url, greedy)[1]["choices"][0]["text"]
+        stopped = {**greedy, "stop": [text[2:5]]}
+        via_router, direct = post(router.url, stopped), post(procs[1].url, stopped)
+        assert via_router[1]["choices"][0]["stop_reason"] == text[2:5]
+        assert via_router[1]["choices"][0]["text"] == direct[1]["choices"][0]["text"]
         status, engines = http_get(router.url + "/admin/engines")
         states = json.loads(engines)["engines"]
         assert [e["healthy"] for e in states] == [True, True, True, False]
