@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 namespace sy::serve {
 namespace {
@@ -84,6 +85,37 @@ struct Reader {
     }
   }
 };
+
+// Parameters vLLM knows that would change the output and that this server does not implement:
+// refused by name rather than ignored (names nobody knows are ignored, as vLLM does).
+void RefuseUnimplemented(Reader& r, Endpoint endpoint) {
+  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                           "structured_outputs", "allowed_token_ids", "bad_words",
+                           "logits_processors", "prompt_logprobs"})
+    if (r.Get(name))
+      r.Fail(name, std::string("is not supported") +
+                       (std::string_view(name) == "prompt_logprobs"
+                            ? " (echo with logprobs gives the prompt's log-probabilities)"
+                            : ""));
+  if (const json* beam = r.Get("use_beam_search"); beam && *beam != false)
+    r.Fail("use_beam_search", "is not supported");
+  if (const json* format = r.Get("response_format");
+      format && !(format->is_object() && format->value("type", json()) == "text"))
+    r.Fail("response_format", "only {\"type\": \"text\"} is supported (no structured output)");
+  if (endpoint != Endpoint::kChat) return;
+  const json* tools = r.Get("tools");
+  const json* choice = r.Get("tool_choice");
+  if (tools && !(tools->is_array() && tools->empty()) && !(choice && *choice == "none"))
+    r.Fail("tools", "tool calling is not supported (tool_choice \"none\" ignores the tools)");
+  if (choice && *choice != "none" && *choice != "auto")
+    r.Fail("tool_choice", "tool calling is not supported");
+  if (const json* echo = r.Get("echo"); echo && *echo != false)
+    r.Fail("echo", "is not supported for chat");
+  if (const json* open = r.Get("continue_final_message"); open && *open != false)
+    r.Fail("continue_final_message", "is not supported");
+  if (r.Get("chat_template"))
+    r.Fail("chat_template", "is not supported (the model's template is used)");
+}
 
 // Fields both endpoints share: sampling and streaming.
 void ReadSampling(Reader& r, GenerationPlan& plan, int64_t vocab) {
@@ -216,7 +248,14 @@ ParsedRequest ParseGenerationRequestChecked(Endpoint endpoint, const std::string
       return out;
     }
   }
+  RefuseUnimplemented(r, endpoint);
   ReadSampling(r, plan, vocab);
+  // vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context length).
+  int64_t truncate = 0;
+  r.Integer("truncate_prompt_tokens", &truncate, -1, limits.max_model_len);
+  if (r.Get("truncate_prompt_tokens") && truncate == 0)
+    r.Fail("truncate_prompt_tokens", "must be -1 or at least 1");
+  if (truncate == -1) truncate = limits.max_model_len;
   bool max_given = false;
   if (endpoint == Endpoint::kCompletions) {
     plan.params.max_tokens = 16;
@@ -369,6 +408,15 @@ ParsedRequest ParseGenerationRequestChecked(Endpoint endpoint, const std::string
   if (r.error) {
     out.error = *r.error;
     return out;
+  }
+  for (size_t i = 0; i < plan.prompts.size(); ++i) {
+    std::vector<int32_t>& prompt = plan.prompts[i];
+    if (truncate <= 0 || static_cast<int64_t>(prompt.size()) <= truncate) continue;
+    prompt.erase(prompt.begin(), prompt.end() - truncate);
+    if (endpoint == Endpoint::kCompletions) {  // what echo returns
+      auto text = codec.tokenizer->Decode(prompt);
+      plan.prompt_texts[i] = text.ok() ? text.value() : "";
+    }
   }
   for (const auto& prompt : plan.prompts) {
     if (prompt.empty()) {

@@ -89,6 +89,25 @@ def test_stop_reason_names_the_stop_token_and_not_the_end_of_sequence(server):
     assert out["choices"][0]["stop_reason"] is None
 
 
+def test_what_is_accepted_and_ignored_and_truncate_prompt_tokens(server, client):
+    # Defaults of refused features, and names nobody knows, are accepted (vLLM ignores unknown
+    # names too); tools with tool_choice "none" are left out of the prompt.
+    out = client.chat.completions.create(
+        model="sy-test", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+        response_format={"type": "text"}, tool_choice="none",
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        extra_body={"use_beam_search": False, "no_such_parameter": 1})
+    assert out.choices[0].finish_reason == "length"
+    # vLLM's truncate_prompt_tokens keeps the prompt's last k tokens (echo returns those).
+    ids = server.request("POST", "/tokenize", {"prompt": "Once more unto the breach, dear friends",
+                                               "add_special_tokens": False})[1]["tokens"]
+    out = client.completions.create(model="sy-test", prompt=ids, max_tokens=1, echo=True,
+                                    extra_body={"truncate_prompt_tokens": 3})
+    assert out.usage.prompt_tokens == 3
+    kept = server.request("POST", "/detokenize", {"tokens": ids[-3:]})[1]["prompt"]
+    assert out.choices[0].text.startswith(kept)
+
+
 def test_completion_logprobs_and_n(client):
     out = client.completions.create(model="sy-test", prompt="Good morrow", max_tokens=5, n=3,
                                     logprobs=2, temperature=1.0, seed=3)
@@ -201,6 +220,25 @@ BAD_REQUESTS = [
      "messages[0].content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
      400, "messages[0].content"),
+    # Known to vLLM, changing the output, not implemented here: refused by name, never ignored.
+    ("/v1/completions", {"prompt": "x", "guided_choice": ["a", "b"]}, 400, "guided_choice"),
+    ("/v1/completions", {"prompt": "x", "guided_json": {"type": "object"}}, 400, "guided_json"),
+    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1}, 400, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": [5]}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "use_beam_search": True}, 400, "use_beam_search"),
+    ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 0}, 400,
+     "truncate_prompt_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "tool_choice": "required"}, 400, "tool_choice"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "continue_final_message": True}, 400, "continue_final_message"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "chat_template": "{{ messages }}"}, 400, "chat_template"),
     ("/detokenize", {"tokens": [1, 99999]}, 400, "tokens"),
     ("/tokenize", {"nothing": 1}, 400, "prompt"),
     ("/v1/nothing", {}, 404, None),
