@@ -220,6 +220,37 @@ TEST(EngineTest, PreemptionUnderPagePressureLosesNothing) {
   auto metrics = h.engine.Metrics();
   EXPECT_GT(metrics.preemptions_total, 0);
   EXPECT_EQ(metrics.used_pages, 0);
+  EXPECT_EQ(metrics.waiting, 0);  // preempted requests went back to the queue and left it again
+  EXPECT_EQ(metrics.running, 0);
+}
+
+// The waiting count (the /metrics gauge and the --max-waiting limit) follows the queue through
+// admissions, aborts of queued requests and preemptions.
+TEST(EngineTest, TheWaitingCountFollowsTheQueue) {
+  EngineConfig config;
+  config.max_num_seqs = 1;
+  config.max_waiting = 3;
+  Harness h(4096, config);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 3; ++i)
+    streams.push_back(h.Submit("w" + std::to_string(i), Prompt(8, i), Greedy(4)));
+  SubmitError error;
+  EXPECT_FALSE(h.engine.Submit({"over", Prompt(8, 9), Greedy(4)}, &error).ok());
+  EXPECT_EQ(error, SubmitError::kQueueFull);
+  h.engine.StepOnce();  // one admitted, two wait
+  EXPECT_EQ(h.engine.Metrics().waiting, 2);
+  h.engine.Abort("w1");
+  h.engine.Abort("w2");
+  h.engine.StepOnce();
+  EXPECT_EQ(h.engine.Metrics().waiting, 0);
+  // Aborted queued requests free their places: the queue takes three again.
+  for (int i = 3; i < 6; ++i)
+    streams.push_back(h.Submit("w" + std::to_string(i), Prompt(8, i), Greedy(4)));
+  h.RunToIdle();
+  EXPECT_EQ(h.engine.Metrics().waiting, 0);
+  for (int i : {0, 3, 4, 5})
+    EXPECT_EQ(Collect(*streams[static_cast<size_t>(i)]).finish, "length") << i;
+  EXPECT_EQ(Collect(*streams[1]).finish, "abort");
 }
 
 // The serving default on CPUs with AVX-512 BF16: the bf16 dot kernel, whose rows do not depend on

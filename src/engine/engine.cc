@@ -188,6 +188,15 @@ void Engine::Abort(const std::string& id) {
   wake_.notify_all();
 }
 
+void Engine::CountWaiting() {
+  // Recounted from the queues rather than adjusted at each move: requests leave the waiting
+  // queue by admission, abort or error and come back to it by preemption, and a count kept by
+  // hand had drifted (negative after preemptions; up with every queued request aborted, which
+  // would end in 503s for everyone).
+  std::lock_guard<std::mutex> lock(mutex_);
+  waiting_count_ = static_cast<int64_t>(incoming_.size() + waiting_.size());
+}
+
 void Engine::TakeIncoming() {
   std::vector<std::string> aborts;
   {
@@ -526,6 +535,7 @@ bool Engine::StepOnce(bool must_step) {
   };
   drop_aborted(running_);
   drop_aborted(waiting_);
+  CountWaiting();
   bool stopping, drain;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -539,6 +549,7 @@ bool Engine::StepOnce(bool must_step) {
       Finish(*seq, "abort", RequestEvent{});
     running_.clear();
     waiting_.clear();
+    CountWaiting();
   }
   if (running_.empty() && waiting_.empty() && !must_step) {
     PublishGauges();
@@ -622,13 +633,10 @@ bool Engine::StepOnce(bool must_step) {
     seq.first_admission = false;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      --waiting_count_;
-    }
     scheduled.push_back({running_.back().get(), count});
     budget -= count;
   }
+  CountWaiting();
   if (scheduled.empty() && !must_step) return !running_.empty() || !waiting_.empty();
 
   ForwardBatch batch;

@@ -133,6 +133,7 @@ class Engine : public RequestFrontend {
   void Loop();
   void Watchdog();
   void TakeIncoming();
+  void CountWaiting();  // waiting_count_ = incoming + waiting, under the lock
   bool EnsurePages(Sequence& seq, int64_t length);
   void FreePages(Sequence& seq);
   void Preempt(Sequence& seq);

@@ -35,37 +35,56 @@ def thread_count(pid):
 
 
 def test_512_concurrent_streams_with_a_fixed_set_of_threads(server):
-    """512 streams open at once (256 running, the rest waiting with their connections held): all
-    complete, the server's threads are the same set as when idle (no thread per connection), and
-    every page comes back."""
-    streams = 512
+    """512 streams open at once: 256 long ones running (the server's --max-num-seqs), then 256
+    short ones waiting with their connections held. The short ones complete once the long ones
+    hang up (their requests aborted); the server keeps the threads it had when idle (no thread
+    per connection) and every page comes back."""
+    half = 256
+    # Threads started on first use (the kernel pool's) are there after one request.
+    server.request("POST", "/v1/completions", {"model": "sy-test", "prompt": "x", "max_tokens": 1})
     idle_threads = thread_count(server.pid)
-    start = threading.Barrier(streams + 1)
+    aborted_before = server.metric("request_success_total", finished_reason="abort")
     clients = [OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
-               for _ in range(streams)]
+               for _ in range(2 * half)]
+    hang_up = threading.Event()
 
-    def one(i):
-        start.wait()
+    def long_one(i):
+        # Far longer than the test: it ends only when this client hangs up.
+        stream = clients[i].completions.create(
+            model="sy-test", prompt=f"Long {i}: ", max_tokens=1500, stream=True, seed=i,
+            extra_body={"ignore_eos": True})
+        for _ in stream:
+            if hang_up.is_set():
+                break
+        stream.close()
+
+    def short_one(i):
         chunks = list(clients[i].completions.create(
-            model="sy-test", prompt=f"Stream {i}: ", max_tokens=48, stream=True, temperature=0.7,
-            seed=i, extra_body={"ignore_eos": True}))
-        return sum(1 for c in chunks if c.choices and c.choices[0].text is not None), \
-            chunks[-1].choices[0].finish_reason
+            model="sy-test", prompt=f"Short {i}: ", max_tokens=8, stream=True, seed=i,
+            extra_body={"ignore_eos": True}))
+        return chunks[-1].choices[0].finish_reason
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=streams) as pool:
-        futures = [pool.submit(one, i) for i in range(streams)]
-        start.wait()
-        peak_in_flight, peak_threads = 0, 0
-        while not all(f.done() for f in futures):
-            in_flight = server.metric("num_requests_running") + \
-                server.metric("num_requests_waiting")
-            peak_in_flight = max(peak_in_flight, in_flight)
-            peak_threads = max(peak_threads, thread_count(server.pid))
+    def wait_for(condition, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline and not condition():
             time.sleep(0.02)
-        results = [f.result() for f in futures]
-    assert all(reason == "length" for _, reason in results)
-    assert peak_in_flight == streams
-    assert peak_threads == idle_threads
+        return condition()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2 * half) as pool:
+        longs = [pool.submit(long_one, i) for i in range(half)]
+        assert wait_for(lambda: server.metric("num_requests_running") == half)
+        shorts = [pool.submit(short_one, half + i) for i in range(half)]
+        # Nothing can finish while the long ones run: all 512 are in flight together.
+        assert wait_for(lambda: server.metric("num_requests_running") +
+                        server.metric("num_requests_waiting") == 2 * half)
+        assert thread_count(server.pid) == idle_threads
+        hang_up.set()
+        for f in longs:
+            f.result()
+        assert [f.result() for f in shorts] == ["length"] * half
+    assert thread_count(server.pid) == idle_threads
+    assert wait_for(lambda: server.metric("request_success_total", finished_reason="abort") ==
+                    aborted_before + half)
     assert wait_idle(server)
 
 
