@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <string_view>
 
 namespace sy::serve {
 namespace {
@@ -89,14 +88,13 @@ struct Reader {
 // Parameters vLLM knows that would change the output and that this server does not implement:
 // refused by name rather than ignored (names nobody knows are ignored, as vLLM does).
 void RefuseUnimplemented(Reader& r, Endpoint endpoint) {
-  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                           "structured_outputs", "allowed_token_ids", "bad_words",
-                           "logits_processors", "prompt_logprobs"})
-    if (r.Get(name))
-      r.Fail(name, std::string("is not supported") +
-                       (std::string_view(name) == "prompt_logprobs"
-                            ? " (echo with logprobs gives the prompt's log-probabilities)"
-                            : ""));
+  for (const char* name :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+        "allowed_token_ids", "bad_words", "logits_processors"})
+    if (r.Get(name)) r.Fail(name, "is not supported");
+  if (r.Get("prompt_logprobs"))
+    r.Fail("prompt_logprobs",
+           "is not supported (echo with logprobs gives the prompt's log-probabilities)");
   if (const json* beam = r.Get("use_beam_search"); beam && *beam != false)
     r.Fail("use_beam_search", "is not supported");
   if (const json* format = r.Get("response_format");
