@@ -191,6 +191,7 @@ namespace {
 TEST(ConformanceTest, Bf16GemmPathMeetsTheBar) {
   if (!kernels::HasAvx512Bf16()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
   kernels::GlobalKernelOptions().bf16_gemm_min_rows = 1;
+  kernels::GlobalKernelOptions().allow_bf16_gemm = true;  // as --prefill-gemm other than own
   for (const auto& name : testing::FixtureNames()) {
     Fixture fixture = LoadFixture(name);
     auto model = Model::Load(fixture.directory);
@@ -202,6 +203,7 @@ TEST(ConformanceTest, Bf16GemmPathMeetsTheBar) {
         << name;
   }
   kernels::GlobalKernelOptions().bf16_gemm_min_rows = 128;
+  kernels::GlobalKernelOptions().allow_bf16_gemm = false;
 }
 
 // The bf16 dot kernel (every product with fp8 or bf16 weights, activations rounded to bf16): the

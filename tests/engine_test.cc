@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "engine/engine.h"
 #include "kernels/cpu/bf16_dot.h"
@@ -69,6 +70,7 @@ std::vector<int32_t> GreedyAlone(const std::vector<int32_t>& prompt, int64_t cou
   const Model& model = *setup.model;
   LatentCache cache = model.NewCache(static_cast<int64_t>(prompt.size()) + count, 1, DType::kF32);
   SequenceCache seq;
+  seq.prompt_end = static_cast<int64_t>(prompt.size());  // as the engine has it
   ForwardOptions options;
   options.attention = form;
   options.logit_rows = LogitRows::kLast;
@@ -283,6 +285,214 @@ TEST(EngineTest, PreemptionOnTheBf16DotPathLosesNothing) {
   EXPECT_GT(h.engine.Metrics().preemptions_total, 0);
   kernels::GlobalKernelOptions().bf16_dot = false;
   kernels::GlobalPrefillGemm() = kernels::PrefillGemm::kAuto;
+}
+
+// One answer per request in the serving default (attention by role and position, products
+// whose rows do not depend on the batch, a bf16 cache, the bf16 dot kernel where the CPU has it):
+// a greedy request's tokens and log-probabilities are the same bits alone, after a prefix-cache
+// hit, with its prompt in small chunks beside other requests, preempted and recomputed, and
+// resumed from its own output (failover). A later request that has this one's output in its
+// prompt does not reuse the pages holding that output (they were computed as decode steps).
+struct DefaultServing {
+  DefaultServing() {
+    DefaultModel();
+    kernels::GlobalKernelOptions().bf16_dot = true;  // where the CPU has it, as serve runs
+    kernels::SplitKEnabled() = true;
+  }
+  ~DefaultServing() {
+    kernels::GlobalKernelOptions().bf16_dot = false;
+    kernels::SplitKEnabled() = false;
+  }
+};
+
+struct ServingRun {
+  LatentCache cache;
+  Engine engine;
+  ServingRun(int64_t cache_tokens, EngineConfig config)
+      : cache(DefaultModel().model->NewCache(cache_tokens, 1, DType::kBF16, 16)),
+        engine(*DefaultModel().model, cache, *DefaultModel().tokenizer, ForwardOptions{}, config) {}
+  std::shared_ptr<RequestStream> Submit(std::string id, std::vector<int32_t> prompt,
+                                        SamplingParams params, int64_t resumed = 0) {
+    SubmitError error;
+    EngineRequest request{std::move(id), std::move(prompt), params};
+    request.resumed_tokens = resumed;
+    auto stream = engine.Submit(std::move(request), &error);
+    EXPECT_TRUE(stream.ok()) << stream.status().message();
+    return stream.ok() ? stream.value() : nullptr;
+  }
+  void RunToIdle() {
+    for (int i = 0; i < 100000 && engine.StepOnce(); ++i) {
+    }
+  }
+};
+
+SamplingParams GreedyWithLogprobs(int64_t max_tokens) {
+  SamplingParams p = Greedy(max_tokens);
+  p.logprobs = 2;
+  return p;
+}
+
+std::vector<float> Logprobs(const Collected& c) {
+  std::vector<float> out;
+  for (const auto& l : c.logprobs) {
+    out.push_back(l.logprob);
+    for (const auto& [token, logprob] : l.top)
+      out.push_back(logprob);
+  }
+  return out;
+}
+
+// The bits of a request run alone on a fresh engine.
+Collected ServedAlone(const std::vector<int32_t>& prompt, int64_t max_tokens) {
+  ServingRun run(4096, EngineConfig{});
+  auto stream = run.Submit("alone", prompt, GreedyWithLogprobs(max_tokens));
+  run.RunToIdle();
+  return Collect(*stream);
+}
+
+TEST(EngineTest, OneAnswerPerRequestInTheDefaultMode) {
+  DefaultServing serving;
+  // 400 tokens: past kAbsorbedPromptKeys, so where the bf16 MLA kernel runs the prompt's last
+  // rows take the absorbed form and its first rows the expanded one.
+  const std::vector<int32_t> prompt = Prompt(400, 31);
+  const int64_t kTokens = 16;
+  const Collected alone = ServedAlone(prompt, kTokens);
+  ASSERT_EQ(static_cast<int64_t>(alone.tokens.size()), kTokens);
+  const std::vector<float> alone_logprobs = Logprobs(alone);
+  auto expect_same = [&](const Collected& c, const std::string& how) {
+    EXPECT_EQ(c.tokens, alone.tokens) << how;
+    const std::vector<float> logprobs = Logprobs(c);
+    EXPECT_EQ(logprobs.size(), alone_logprobs.size()) << how;
+    EXPECT_TRUE(logprobs.size() == alone_logprobs.size() &&
+                std::memcmp(logprobs.data(), alone_logprobs.data(),
+                            logprobs.size() * sizeof(float)) == 0)
+        << how << ": log-probabilities are not the same bits";
+  };
+  {  // after a request sharing its first 300 tokens (a cache hit of 18 pages)
+    ServingRun run(4096, EngineConfig{});
+    std::vector<int32_t> other(prompt.begin(), prompt.begin() + 300);
+    other.push_back(7);
+    run.Submit("first", other, Greedy(3));
+    run.RunToIdle();
+    auto stream = run.Submit("x", prompt, GreedyWithLogprobs(kTokens));
+    run.RunToIdle();
+    Collected c = Collect(*stream);
+    EXPECT_EQ(c.cached_tokens, 288);
+    expect_same(c, "after a prefix-cache hit");
+    // The whole prompt again: every full page but the last token's comes from the cache.
+    stream = run.Submit("again", prompt, GreedyWithLogprobs(kTokens));
+    run.RunToIdle();
+    c = Collect(*stream);
+    EXPECT_EQ(c.cached_tokens, 384);
+    expect_same(c, "sent twice");
+  }
+  {  // in chunks of 24 tokens, beside three other requests decoding and prefilling
+    EngineConfig config;
+    config.max_num_batched_tokens = 24;
+    ServingRun run(8192, config);
+    for (int i = 0; i < 3; ++i)
+      run.Submit("other" + std::to_string(i), Prompt(20 + 7 * i, 50 + i), Greedy(40));
+    run.engine.StepOnce();
+    auto stream = run.Submit("x", prompt, GreedyWithLogprobs(kTokens));
+    run.RunToIdle();
+    expect_same(Collect(*stream), "chunked beside others");
+  }
+  {  // resumed after its first 5 tokens (a router's failover): the rest is the same
+    ServingRun run(4096, EngineConfig{});
+    std::vector<int32_t> resumed = prompt;
+    resumed.insert(resumed.end(), alone.tokens.begin(), alone.tokens.begin() + 5);
+    auto stream = run.Submit("x", resumed, GreedyWithLogprobs(kTokens), 5);
+    run.RunToIdle();
+    Collected c = Collect(*stream);
+    ASSERT_EQ(c.tokens.size(), alone.tokens.size() - 5);
+    EXPECT_TRUE(std::equal(c.tokens.begin(), c.tokens.end(), alone.tokens.begin() + 5));
+    std::vector<float> tail = Logprobs(c), want(alone_logprobs.begin() + 5 * 3, alone_logprobs.end());
+    EXPECT_TRUE(tail.size() == want.size() &&
+                std::memcmp(tail.data(), want.data(), tail.size() * sizeof(float)) == 0)
+        << "resumed: log-probabilities are not the same bits";
+  }
+  {  // a later prompt that holds this request's output: pages with output rows are not reused
+    ServingRun run(4096, EngineConfig{});
+    auto stream = run.Submit("x", prompt, GreedyWithLogprobs(kTokens));
+    run.RunToIdle();
+    Collect(*stream);
+    std::vector<int32_t> next_turn = prompt;
+    next_turn.insert(next_turn.end(), alone.tokens.begin(), alone.tokens.end());
+    next_turn.push_back(9);
+    stream = run.Submit("next", next_turn, GreedyWithLogprobs(6));
+    run.RunToIdle();
+    Collected c = Collect(*stream);
+    EXPECT_EQ(c.cached_tokens, 400 / 16 * 16);  // the prompt's full pages only
+    const Collected fresh = ServedAlone(next_turn, 6);
+    EXPECT_EQ(c.tokens, fresh.tokens);
+    const std::vector<float> a = Logprobs(c), b = Logprobs(fresh);
+    EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0)
+        << "the next turn's log-probabilities depend on the cache";
+  }
+}
+
+// Preemption in the serving default: every request recomputed after losing its pages gives the
+// bits it gives alone (its prompt rows as prompt, its output rows as decode steps).
+TEST(EngineTest, PreemptionInTheDefaultModeGivesTheSameBits) {
+  DefaultServing serving;
+  EngineConfig config;
+  config.max_num_batched_tokens = 256;
+  ServingRun run(16 * 14, config);  // 14 pages for 6 requests that need 4 or 5 each
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(Prompt(30 + i * 5, 60 + i));
+    streams.push_back(run.Submit("p" + std::to_string(i), prompts.back(), GreedyWithLogprobs(30)));
+  }
+  run.RunToIdle();
+  EXPECT_GT(run.engine.Metrics().preemptions_total, 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Collected c = Collect(*streams[i]), alone = ServedAlone(prompts[i], 30);
+    EXPECT_EQ(c.tokens, alone.tokens) << "request " << i;
+    const std::vector<float> a = Logprobs(c), b = Logprobs(alone);
+    EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0)
+        << "request " << i << ": log-probabilities are not the same bits";
+  }
+}
+
+// A client request's sequences (prompts × n) are queued all together or not at all.
+TEST(EngineTest, SubmitAllQueuesEverySequenceOrNone) {
+  EngineConfig config;
+  config.max_waiting = 5;
+  Harness h(4096, config);
+  auto batch = [](int count, int salt) {
+    std::vector<EngineRequest> requests;
+    for (int i = 0; i < count; ++i)
+      requests.push_back({"b" + std::to_string(salt) + "-" + std::to_string(i), Prompt(8, salt + i),
+                          Greedy(3)});
+    return requests;
+  };
+  SubmitError error;
+  auto three = h.engine.SubmitAll(batch(3, 0), &error);
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ(error, SubmitError::kNone);
+  // Three more do not fit beside the three queued: none of them is taken.
+  auto refused = h.engine.SubmitAll(batch(3, 10), &error);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(error, SubmitError::kQueueFull);
+  EXPECT_EQ(h.engine.Metrics().waiting, 3);
+  // More than the queue ever holds: an invalid request, not "try again later".
+  auto too_many = h.engine.SubmitAll(batch(6, 20), &error);
+  EXPECT_FALSE(too_many.ok());
+  EXPECT_EQ(error, SubmitError::kInvalid);
+  EXPECT_NE(too_many.status().message().find("--max-waiting 5"), std::string::npos);
+  // One invalid sequence among valid ones: none is queued.
+  auto mixed = batch(2, 30);
+  mixed[1].prompt = {-1};
+  EXPECT_FALSE(h.engine.SubmitAll(std::move(mixed), &error).ok());
+  EXPECT_EQ(error, SubmitError::kInvalid);
+  EXPECT_EQ(h.engine.Metrics().waiting, 3);
+  h.RunToIdle();
+  for (auto& stream : three.value())
+    EXPECT_EQ(Collect(*stream).finish, "length");
+  auto metrics = h.engine.Metrics();
+  EXPECT_EQ(metrics.waiting, 0);
+  EXPECT_EQ(metrics.running, 0);
 }
 
 TEST(EngineTest, SeededSamplingDoesNotDependOnTheBatch) {

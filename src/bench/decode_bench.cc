@@ -78,7 +78,7 @@ Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir, Mach
   SY_ASSIGN_OR_RETURN(auto model, Model::Load(model_dir));
   const double rss_after_load = ResidentBytes();
   // 1 GiB: past any last-level cache here. Resident after a batch leaves the probe's pages out.
-  constexpr int64_t kProbeBytes = 1ll << 30;
+  const int64_t kProbeBytes = StreamingBytes(1ll << 30);
   ReadBandwidthProbe probe(kProbeBytes);
   const double checkpoint = CheckpointBytes(model_dir);
   const ModelConfig& c = model->config();

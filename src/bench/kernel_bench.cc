@@ -13,6 +13,7 @@
 #include "bench/random_weights.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
+#include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/mla_decode.h"
 #include "kernels/cpu/onednn_linear.h"
 
@@ -306,7 +307,9 @@ std::string KernelResultsJson(const MachinePeaks& peaks, const std::vector<Kerne
   nlohmann::json j;
   j["machine"] = {{"read_gbps", peaks.read_gbps},     {"triad_gbps", peaks.triad_gbps},
                   {"bf16_gflops", peaks.bf16_gflops}, {"f32_gflops", peaks.f32_gflops},
-                  {"int8_gops", peaks.int8_gops},     {"threads", peaks.threads}};
+                  {"int8_gops", peaks.int8_gops},     {"threads", peaks.threads},
+                  {"llc_bytes", peaks.llc_bytes},     {"stream_bytes", peaks.stream_bytes},
+                  {"max_isa", kernels::IsaLevelName(kernels::MaxIsaLevel())}};
   j["results"] = nlohmann::json::array();
   for (const auto& r : results) {
     j["results"].push_back({{"kernel", r.kernel},
@@ -330,9 +333,11 @@ std::string KernelResultsTable(const MachinePeaks& peaks,
                                const std::vector<KernelResult>& results) {
   std::string out = fmt::format(
       "machine: read {:.1f} GB/s, triad {:.1f} GB/s, bf16 {:.1f} GFLOP/s, f32 {:.1f} GFLOP/s, "
-      "int8 {:.1f} GOP/s, {} threads\n\n",
+      "int8 {:.1f} GOP/s, {} threads; last-level cache {} MiB, {} MiB streamed per array; "
+      "--max-isa {}\n\n",
       peaks.read_gbps, peaks.triad_gbps, peaks.bf16_gflops, peaks.f32_gflops, peaks.int8_gops,
-      peaks.threads);
+      peaks.threads, peaks.llc_bytes >> 20, peaks.stream_bytes >> 20,
+      kernels::IsaLevelName(kernels::MaxIsaLevel()));
   out += fmt::format(
       "{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10} {:>8} {:>9} {:>9} {:>10}\n", "kernel",
       "dtype", "path", "m", "n", "k", "groups", "µs", "GB/s", "GFLOP/s", "roofline", "vs onednn");

@@ -1,7 +1,14 @@
 #include "bench/machine_peaks.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -193,6 +200,51 @@ double TimeOnAllThreads(const std::function<void(int)>& body) {
 
 volatile float g_sink;
 
+}  // namespace
+
+int64_t LastLevelCacheBytes() {
+  namespace fs = std::filesystem;
+  int best_level = 0;
+  int64_t total = 0;
+  std::set<std::string> seen;  // one entry per cache instance: its shared_cpu_list
+  std::error_code ec;
+  for (const auto& cpu : fs::directory_iterator("/sys/devices/system/cpu", ec)) {
+    const std::string name = cpu.path().filename().string();
+    if (name.rfind("cpu", 0) != 0 || name.size() < 4 || !std::isdigit(name[3])) continue;
+    for (const auto& index : fs::directory_iterator(cpu.path() / "cache", ec)) {
+      auto read = [&](const char* file) {
+        std::ifstream in(index.path() / file);
+        std::string value;
+        std::getline(in, value);
+        return value;
+      };
+      const int level = std::atoi(read("level").c_str());
+      const std::string type = read("type"), size = read("size"), shared = read("shared_cpu_list");
+      if (type == "Instruction" || size.empty()) continue;
+      int64_t bytes = std::atoll(size.c_str());
+      if (size.back() == 'K') bytes <<= 10;
+      if (size.back() == 'M') bytes <<= 20;
+      if (level > best_level) {
+        best_level = level;
+        total = 0;
+        seen.clear();
+      }
+      if (level == best_level && seen.insert(shared).second) total += bytes;
+    }
+  }
+  if (total > 0) return total;
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return l3 > 0 ? l3 : 0;
+}
+
+int64_t StreamingBytes(int64_t at_least) {
+  const int64_t twice_and_more = LastLevelCacheBytes() * 5 / 2;
+  const int64_t mib = 1ll << 20;
+  return (std::max(at_least, twice_and_more) + mib - 1) / mib * mib;
+}
+
+namespace {
+
 size_t FloatsIn(int64_t buffer_bytes) {
   return static_cast<size_t>(buffer_bytes) / sizeof(float) / 64 * 64;
 }
@@ -243,6 +295,8 @@ MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions) {
   MachinePeaks peaks;
   ThreadPool& pool = ThreadPool::Global();
   peaks.threads = pool.size();
+  peaks.llc_bytes = LastLevelCacheBytes();
+  peaks.stream_bytes = buffer_bytes;
   const size_t floats = FloatsIn(buffer_bytes);
   float *a = AllocateTouched(floats), *b = AllocateTouched(floats), *c = AllocateTouched(floats);
   const int threads = pool.size();

@@ -18,9 +18,20 @@ struct MachinePeaks {
   // VPMADDUBSW + VPMADDWD + VPADDD; 2 ops per product); 0 where the CPU has no AVX2.
   double int8_gops = 0;
   int threads = 0;
+  int64_t llc_bytes = 0;     // the last-level cache the OS reports (LastLevelCacheBytes)
+  int64_t stream_bytes = 0;  // each array the bandwidth figures streamed
 };
 
-// buffer_bytes: per array; at least 8× the LLC. repetitions: odd, for a clean median.
+// The last-level cache as the OS reports it (lscpu's figure): the sizes of every distinct
+// instance of the highest cache level in /sys/devices/system/cpu, summed; sysconf's L3 where
+// sysfs says nothing; 0 if neither does.
+int64_t LastLevelCacheBytes();
+// Bytes a memory-bound measurement must stream to measure memory rather than cache: at least
+// `at_least`, and more than twice the last-level cache (2.5x, in whole MiB).
+int64_t StreamingBytes(int64_t at_least);
+
+// buffer_bytes: per array; more than twice the LLC (StreamingBytes). repetitions: odd, for a
+// clean median.
 MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions);
 
 // Streaming read bandwidth over one buffer, measured as often as asked: the decode bench reads

@@ -85,6 +85,7 @@ void RunLogits(const LogitsArgs& args) {
     const int64_t count =
         std::min<int64_t>(prefill_until, static_cast<int64_t>(sequences[s].size()));
     if (count == 0) continue;
+    caches[s].prompt_end = count;  // later positions are decode steps
     prefill.Add(sequences[s].data(), count, &caches[s]);
     members.push_back(s);
   }

@@ -10,6 +10,7 @@
 #include "base/thread_pool.h"
 #include "cli/verbs.h"
 #include "kernels/cpu/fast_linear.h"
+#include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/onednn_linear.h"
 #include "tensor/packed_matrix.h"
 
@@ -40,13 +41,22 @@ int main(int argc, char** argv) {
                "and 128 columns; the router stays exact) and multiply them by activations "
                "quantized per row to 8 bits: about twice the f32 rate on CPUs without AVX-512 "
                "BF16, lossy (docs/benchmarks.md gives its accuracy); batch-invariant");
-  std::string prefill_gemm = "auto";
+  std::string max_isa = "native";
+  app.add_option("--max-isa", max_isa,
+                 "Use at most this much of the CPU's instruction set, as a lesser CPU would: "
+                 "'native' (all it has), 'avx512' (no AMX), 'avx2' (no AVX-512 kernels), "
+                 "'portable' (no hand-written SIMD kernels, Highway's SSE4 target)")
+      ->envname("SWITCHYARD_MAX_ISA")
+      ->check(CLI::IsMember({"native", "avx512", "avx2", "portable"}));
+  std::string prefill_gemm = "own";
   app.add_option("--prefill-gemm", prefill_gemm,
-                 "GEMM for prefill-sized products (256 rows and more): 'auto' times ours against "
-                 "oneDNN's bf16 matmul once per weight shape where the CPU has one (AMX, AVX-512 "
-                 "BF16) and keeps the faster, else ours; 'measure' times them on every CPU; 'own' "
-                 "or 'onednn' always that one (weights dequantized to bf16, or f32, a block at a "
-                 "time)")
+                 "GEMM for prefill-sized products (256 rows and more): 'own' (the default) keeps "
+                 "our kernels, whose rows do not depend on the batch, so a greedy request gets one "
+                 "answer whether or not its prefix was cached; 'auto' times ours against oneDNN's "
+                 "bf16 matmul once per weight shape where the CPU has one (AMX, AVX-512 BF16) and "
+                 "keeps the faster, else ours; 'measure' times them on every CPU; 'onednn' always "
+                 "oneDNN (weights dequantized to bf16, or f32, a block at a time). With oneDNN, "
+                 "prefill is faster but answers may depend on batching and the prefix cache")
       ->check(CLI::IsMember({"auto", "measure", "own", "onednn"}));
   app.parse_complete_callback([&] {
     if (threads > usable)
@@ -54,9 +64,11 @@ int main(int argc, char** argv) {
                    "switchyard: note: --threads %d is more than the %d core(s) this process may "
                    "use (its CPU affinity or quota); the threads will share cores\n",
                    threads, usable);
+    sy::kernels::SetMaxIsaLevel(*sy::kernels::ParseIsaLevel(max_isa));
     sy::ThreadPool::ConfigureGlobal(threads);
     if (f32_products) sy::kernels::GlobalKernelOptions().bf16_dot = false;
     if (int8_products) sy::GlobalWeightPacking() = sy::WeightPacking::kInt8;
+    if (prefill_gemm != "own") sy::kernels::GlobalKernelOptions().allow_bf16_gemm = true;
     using sy::kernels::PrefillGemm;
     sy::kernels::GlobalPrefillGemm() = prefill_gemm == "measure"  ? PrefillGemm::kMeasure
                                        : prefill_gemm == "own"    ? PrefillGemm::kOwn

@@ -134,14 +134,34 @@ bool Engine::HasWork() const {
   return !incoming_.empty() || !aborts_.empty() || !running_.empty() || !waiting_.empty();
 }
 
-Result<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request, SubmitError* error) {
-  *error = SubmitError::kInvalid;
+Result<std::vector<std::shared_ptr<RequestStream>>> RequestFrontend::SubmitAll(
+    std::vector<EngineRequest> requests, SubmitError* error) {
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<std::string> ids;
+  for (EngineRequest& request : requests) {
+    ids.push_back(request.id);
+    auto stream = Submit(std::move(request), error);
+    if (!stream.ok()) {
+      ids.pop_back();
+      for (const std::string& id : ids)
+        Abort(id);
+      return stream.status();
+    }
+    streams.push_back(stream.value());
+  }
+  *error = SubmitError::kNone;
+  return streams;
+}
+
+Result<std::unique_ptr<Engine::Sequence>> Engine::Prepare(EngineRequest request) {
   const int64_t vocab = model_.config().vocab_size;
   SY_RETURN_IF_ERROR(Validate(request));
   auto seq = std::make_unique<Sequence>();
   if (!request.params.seed) request.params.seed = std::random_device{}() * 0x100000001ull;
   seq->tokens = request.prompt;
   seq->prompt_length = static_cast<int64_t>(request.prompt.size()) - request.resumed_tokens;
+  // Resumed output keeps the role it was computed in (decode steps), so it gets the same rows.
+  seq->cache.prompt_end = seq->prompt_length;
   seq->stream = std::make_shared<RequestStream>();
   seq->detokenizer = std::make_unique<IncrementalDetokenizer>(
       tokenizer_, request.params.stop, request.params.skip_special_tokens,
@@ -161,23 +181,51 @@ Result<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request, Sub
   }
   seq->arrival = NowSeconds();
   seq->request = std::move(request);
-  auto stream = seq->stream;
+  return seq;
+}
+
+Result<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request, SubmitError* error) {
+  std::vector<EngineRequest> one;
+  one.push_back(std::move(request));
+  auto streams = SubmitAll(std::move(one), error);
+  if (!streams.ok()) return streams.status();
+  return streams.value()[0];
+}
+
+Result<std::vector<std::shared_ptr<RequestStream>>> Engine::SubmitAll(
+    std::vector<EngineRequest> requests, SubmitError* error) {
+  *error = SubmitError::kInvalid;
+  const int64_t count = static_cast<int64_t>(requests.size());
+  if (count > config_.max_waiting)
+    return Status::Errorf(
+        "the request asks for {} sequences (prompts × n), more than the server queues at once "
+        "(--max-waiting {})",
+        count, config_.max_waiting);
+  std::vector<std::unique_ptr<Sequence>> prepared;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (EngineRequest& request : requests) {
+    auto seq = Prepare(std::move(request));
+    if (!seq.ok()) return seq.status();
+    streams.push_back(seq.value()->stream);
+    prepared.push_back(std::move(seq.value()));
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) {
       *error = SubmitError::kStopping;
       return Status::Error("the server is shutting down");
     }
-    if (waiting_count_ >= config_.max_waiting) {
+    if (waiting_count_ + count > config_.max_waiting) {
       *error = SubmitError::kQueueFull;
       return Status::Errorf("the waiting queue is full ({} requests)", config_.max_waiting);
     }
-    ++waiting_count_;
-    incoming_.push_back(std::move(seq));
+    waiting_count_ += count;
+    for (auto& seq : prepared)
+      incoming_.push_back(std::move(seq));
   }
   *error = SubmitError::kNone;
   wake_.notify_all();
-  return stream;
+  return streams;
 }
 
 void Engine::Abort(const std::string& id) {
@@ -270,12 +318,18 @@ void Engine::Finish(Sequence& seq, const std::string& reason, RequestEvent event
   seq.stream->Push(std::move(event));
 }
 
+int64_t Engine::GeneratedFrom(const Sequence& seq) const {
+  if (forward_options_.attention != AttentionForm::kAuto) return INT64_MAX;
+  return seq.prompt_length;
+}
+
 void Engine::RegisterFullPages(Sequence& seq) {
   const int64_t size = pool_.page_size();
   while (static_cast<int64_t>(seq.page_hashes.size() + 1) * size <= seq.computed) {
     const size_t index = seq.page_hashes.size();
     const std::span<const int32_t> page_tokens(seq.tokens.data() + index * size, size);
-    const uint64_t hash = PagePool::ChainHash(index == 0 ? 0 : seq.page_hashes.back(), page_tokens);
+    const uint64_t hash = PagePool::PageHash(index == 0 ? 0 : seq.page_hashes.back(), page_tokens,
+                                             static_cast<int64_t>(index), GeneratedFrom(seq));
     pool_.Register(seq.cache.pages[index], hash, page_tokens);
     seq.page_hashes.push_back(hash);
   }
@@ -597,7 +651,7 @@ bool Engine::StepOnce(bool must_step) {
       // before it come from the cache.
       const int64_t total = static_cast<int64_t>(seq.tokens.size());
       const int64_t max_pages = (total - 1) / pool_.page_size();
-      seq.cache.pages = pool_.Match(seq.tokens, max_pages, &seq.page_hashes);
+      seq.cache.pages = pool_.Match(seq.tokens, max_pages, GeneratedFrom(seq), &seq.page_hashes);
       seq.computed = static_cast<int64_t>(seq.cache.pages.size()) * pool_.page_size();
       seq.cache.length = seq.computed;
       seq.looked_up = true;

@@ -90,6 +90,11 @@ class RequestFrontend {
   // Queues a request; on refusal `*error` says why and the message names the field.
   virtual Result<std::shared_ptr<RequestStream>> Submit(EngineRequest request,
                                                         SubmitError* error) = 0;
+  // Queues all of a client request's sequences (its prompts × n) or none: a refusal leaves
+  // nothing queued or running. This default submits one by one and aborts what it queued when
+  // one is refused (a frontend that forwards elsewhere); engines check room for all first.
+  virtual Result<std::vector<std::shared_ptr<RequestStream>>> SubmitAll(
+      std::vector<EngineRequest> requests, SubmitError* error);
   // Aborts a request (a client hung up): its pages are freed at the next step.
   virtual void Abort(const std::string& id) = 0;
   virtual EngineMetrics Metrics() const = 0;
@@ -111,6 +116,8 @@ class Engine : public RequestFrontend {
   void Stop(bool drain) override;
 
   Result<std::shared_ptr<RequestStream>> Submit(EngineRequest request, SubmitError* error) override;
+  Result<std::vector<std::shared_ptr<RequestStream>>> SubmitAll(std::vector<EngineRequest> requests,
+                                                                SubmitError* error) override;
   void Abort(const std::string& id) override;
   EngineMetrics Metrics() const override;
   // The checks Submit makes, without queueing (the same on every rank).
@@ -130,6 +137,8 @@ class Engine : public RequestFrontend {
 
  private:
   struct Sequence;
+  // A validated request made ready to queue (Submit's checks, its detokenizer primed).
+  Result<std::unique_ptr<Sequence>> Prepare(EngineRequest request);
   void Loop();
   void Watchdog();
   void TakeIncoming();
@@ -139,6 +148,9 @@ class Engine : public RequestFrontend {
   void Preempt(Sequence& seq);
   void Finish(Sequence& seq, const std::string& reason, RequestEvent event);
   void RegisterFullPages(Sequence& seq);
+  // Where seq's own output starts, for its page hashes (PagePool::PageHash); INT64_MAX where
+  // every position is computed in one attention form whatever its role (--batch-invariant).
+  int64_t GeneratedFrom(const Sequence& seq) const;
   void ProcessOutput(Sequence& seq, int64_t tokens, const float* rows, double now);
   // A decode step that verified `drafts` draft tokens: rows [1 + drafts, vocab].
   void ProcessVerification(Sequence& seq, int64_t drafts, const float* rows, double now);

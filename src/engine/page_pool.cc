@@ -41,14 +41,22 @@ uint64_t PagePool::ChainHash(uint64_t previous, std::span<const int32_t> tokens)
   return XXH3_64bits_withSeed(tokens.data(), tokens.size_bytes(), previous);
 }
 
+uint64_t PagePool::PageHash(uint64_t previous, std::span<const int32_t> tokens, int64_t index,
+                           int64_t generated_from) {
+  const uint64_t hash = ChainHash(previous, tokens);
+  const int64_t end = (index + 1) * static_cast<int64_t>(tokens.size());
+  if (end <= generated_from) return hash;
+  return XXH3_64bits_withSeed(&generated_from, sizeof(generated_from), hash);
+}
+
 std::vector<int32_t> PagePool::Match(std::span<const int32_t> tokens, int64_t max_pages,
-                                     std::vector<uint64_t>* hashes) {
+                                     int64_t generated_from, std::vector<uint64_t>* hashes) {
   std::vector<int32_t> found;
   const int64_t size = page_size();
   uint64_t hash = 0;
   for (int64_t i = 0; i < max_pages && (i + 1) * size <= static_cast<int64_t>(tokens.size()); ++i) {
     const auto page_tokens = tokens.subspan(i * size, size);
-    hash = ChainHash(hash, page_tokens);
+    hash = PageHash(hash, page_tokens, i, generated_from);
     auto it = by_hash_.find(hash);
     if (it == by_hash_.end()) break;
     Page& p = pages_[it->second];

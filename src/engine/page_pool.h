@@ -38,11 +38,20 @@ class PagePool {
 
   // The hash of a page given the previous page's hash (0 for the first) and its token ids.
   static uint64_t ChainHash(uint64_t previous, std::span<const int32_t> tokens);
+  // The hash of page `index` of a sequence whose positions from `generated_from` on are its own
+  // output: ChainHash for pages wholly inside the prompt, and one that also names
+  // generated_from for the pages after. Where prompt and output rows are computed in different
+  // attention forms (the default), a page holding output rows then serves only a sequence with
+  // the same output there (its own recomputation, a resumed request), never one that has those
+  // tokens as prompt and would compute them differently.
+  static uint64_t PageHash(uint64_t previous, std::span<const int32_t> tokens, int64_t index,
+                           int64_t generated_from);
 
   // Leading full pages of `tokens` found in the cache, each with a reference taken; at most
-  // `max_pages`. hashes: the chain hashes of those pages (for registering later pages).
+  // `max_pages`. hashes: the page hashes of those pages (for registering later pages).
+  // generated_from: as for PageHash (INT64_MAX: the roles do not matter).
   std::vector<int32_t> Match(std::span<const int32_t> tokens, int64_t max_pages,
-                             std::vector<uint64_t>* hashes);
+                             int64_t generated_from, std::vector<uint64_t>* hashes);
   // Records a now-full page under `hash` (no-op if that content is cached already).
   void Register(int32_t page, uint64_t hash, std::span<const int32_t> tokens);
 

@@ -18,6 +18,12 @@ namespace sy {
 struct SequenceCache {
   std::vector<int32_t> pages;
   int64_t length = 0;
+  // Where the sequence's own output starts: positions from here on were generated (decode
+  // steps), those before it are its prompt. Attention picks its form by this role and the
+  // position (model/mla.h), never by how the tokens were batched or chunked, so a recomputed or
+  // partly cached sequence gets the rows it had. -1: unknown, a slice of at most
+  // kAbsorbedMaxQueries new tokens is taken for decode steps and a longer one for prompt.
+  int64_t prompt_end = -1;
 };
 
 class LatentCache {

@@ -1,5 +1,8 @@
 #include "model/mla.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "base/allocator.h"
 #include "base/stage_timer.h"
 #include "base/thread_pool.h"
@@ -54,6 +57,23 @@ void PerHeadProducts(const std::vector<Matrix>& w, int64_t T, Gather gather, Sca
       scatter(static_cast<int64_t>(h), out.data());
     }
   });
+}
+
+// The first position of a slice that takes the absorbed form under AttentionForm::kAuto: the
+// sequence's generated tokens (decode steps, MTP verification), and, where the bf16 MLA kernel
+// runs, prompt positions whose query sees kAbsorbedPromptKeys keys or more. A function of the
+// position and its role alone: how a sequence was chunked or batched, or whether its prefix came
+// from the cache, never changes the form a row was computed in. (The absorbed bf16 kernel runs
+// near the bf16 peak where the expanded form's per-key scores do not; measured on the bf16 bench
+// checkpoint, 4,096 prompt tokens: 256-token prompts 0.93x, 512 1.04x, 1,024 1.25x, one
+// 2,000-token prompt 1.65x faster absorbed.)
+int64_t FirstAbsorbedPosition(const SequenceSlice& seq, bool absorbed_prompts) {
+  int64_t first = seq.cache->prompt_end;
+  if (first < 0)  // role unknown: a slice of a decode step's size is one
+    first = seq.token_count <= kAbsorbedMaxQueries ? seq.start_position
+                                                   : std::numeric_limits<int64_t>::max();
+  if (absorbed_prompts) first = std::min(first, kAbsorbedPromptKeys - 1);
+  return first;
 }
 
 // Absorbed attention for the listed sequences on the fast kernels: per-head q·W_UK, attention
@@ -202,30 +222,46 @@ void MlaAttend(const ModelConfig& c, const RopeParams& rope, const AttentionWeig
   const bool have_fast_absorbed = !w.w_uk_t.empty();
   const bool absorbed_prompts = have_fast_absorbed && kernels::GlobalKernelOptions().bf16_dot &&
                                 kernels::MlaDecodeBf16Applies(cache.dtype(), latent, dr);
-  for (size_t s = 0; s < batch.sequences.size(); ++s) {
-    const SequenceSlice& seq = batch.sequences[s];
+  // Each slice in at most two parts, expanded then absorbed (its rows are all in the cache
+  // already, so each part attends over the keys up to its own last position).
+  ForwardBatch parts;
+  std::vector<bool> part_absorbed;
+  for (const SequenceSlice& seq : batch.sequences) {
+    const int64_t end = seq.start_position + seq.token_count;
+    int64_t cut = form == AttentionForm::kAbsorbed   ? seq.start_position
+                  : form == AttentionForm::kExpanded ? end
+                                                     : FirstAbsorbedPosition(seq, absorbed_prompts);
+    cut = std::clamp(cut, seq.start_position, end);
+    if (cut > seq.start_position) {
+      parts.sequences.push_back(seq);
+      parts.sequences.back().token_count = cut - seq.start_position;
+      part_absorbed.push_back(false);
+    }
+    if (cut < end) {
+      parts.sequences.push_back(seq);
+      SequenceSlice& tail = parts.sequences.back();
+      tail.token_offset += cut - seq.start_position;
+      tail.token_count = end - cut;
+      tail.start_position = cut;
+      part_absorbed.push_back(true);
+    }
+  }
+  for (size_t s = 0; s < parts.sequences.size(); ++s) {
+    const SequenceSlice& seq = parts.sequences[s];
     const int64_t keys = seq.start_position + seq.token_count;
-    // Where the bf16 MLA kernel runs, prompts over kAbsorbedPromptKeys keys take the absorbed form
-    // too: it runs near the bf16 peak while the expanded form's per-key scores do not. Measured on
-    // the bf16 bench checkpoint (4,096 prompt tokens): 256-token prompts 0.93x, 512 1.04x, 1,024
-    // 1.25x, one 2,000-token prompt 1.65x faster absorbed.
-    bool absorbed =
-        form == AttentionForm::kAbsorbed ||
-        (form == AttentionForm::kAuto && (seq.token_count <= kAbsorbedMaxQueries ||
-                                          (absorbed_prompts && keys >= kAbsorbedPromptKeys)));
-    if (absorbed && have_fast_absorbed) {
+    if (part_absorbed[s] && have_fast_absorbed) {
       fast_absorbed.push_back(s);
       continue;
     }
     latents.resize(static_cast<size_t>(keys * row));
     cache.Gather(layer, *seq.cache, keys, latents.data());
-    auto attend = absorbed ? kernels::MlaAttendAbsorbed : kernels::MlaAttendExpandedTiled;
+    auto attend = part_absorbed[s] ? kernels::MlaAttendAbsorbed : kernels::MlaAttendExpandedTiled;
     attend(q + seq.token_offset * H * dqk, seq.token_count, positions.data() + seq.token_offset,
            latents.data(), keys, w.kv_b_proj, dims,
            heads_out + seq.token_offset * H * c.v_head_dim);
   }
   if (!fast_absorbed.empty())
-    AbsorbedFast(c, rope, w, layer, batch, fast_absorbed, positions, cache, q, heads_out);
+    AbsorbedFast(c, rope, w, layer, parts, fast_absorbed, positions, cache, q, heads_out);
 }
 
 void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWeights& w,

@@ -13,18 +13,20 @@
 namespace sy {
 
 enum class AttentionForm {
-  kAuto,      // absorbed for sequences of at most kAbsorbedMaxQueries new tokens, and where the
-              // bf16 MLA kernel runs for those reaching kAbsorbedPromptKeys keys; else expanded
+  kAuto,      // by each row's role and position: absorbed for generated tokens
+              // (SequenceCache::prompt_end), and where the bf16 MLA kernel runs for prompt
+              // positions whose query sees kAbsorbedPromptKeys keys or more; else expanded
   kExpanded,  // HF's form: expand cached latents with kv_b (prefill)
   kAbsorbed,  // DeepSeek's absorbed form over the latent cache (decode)
 };
 
-// Sequences with at most this many new tokens use the absorbed form under kAuto: a decode step,
-// or an MTP verification step of query length 1 + K (K ≤ 8 draft tokens). For so few queries
-// attending straight from the latent cache beats expanding every cached row with kv_b.
+// A slice with at most this many new tokens is a decode step (absorbed under kAuto) where its
+// sequence's role is unknown (SequenceCache::prompt_end < 0): one token, or an MTP verification
+// step of query length 1 + K (K ≤ 8 draft tokens). For so few queries attending straight from
+// the latent cache beats expanding every cached row with kv_b.
 inline constexpr int64_t kAbsorbedMaxQueries = 9;
 // Under kAuto, where the bf16 MLA decode kernel runs (a bf16 cache on a CPU with AVX-512 BF16),
-// prompts whose sequence reaches this many keys take the absorbed form as well.
+// prompt rows whose query sees this many keys take the absorbed form as well.
 inline constexpr int64_t kAbsorbedPromptKeys = 384;
 
 // The block in its phases, for schedules that exchange between them (SP-TP-SP attention):

@@ -110,6 +110,7 @@ BatchDecodeResult BatchDecode(const ParallelRun& run,
   std::vector<size_t> members;
   for (size_t s = 0; s < count; ++s) {
     if (!run.Owns(s)) continue;
+    caches[s].prompt_end = static_cast<int64_t>(prompts[s].size());
     prefill.Add(prompts[s].data(), static_cast<int64_t>(prompts[s].size()), &caches[s]);
     members.push_back(s);
   }

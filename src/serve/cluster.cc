@@ -204,13 +204,35 @@ Result<std::shared_ptr<RequestStream>> ClusterServing::Submit(EngineRequest requ
   return SubmitTo(-1, std::move(request), error);
 }
 
+Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAll(
+    std::vector<EngineRequest> requests, SubmitError* error) {
+  return SubmitAllTo(-1, std::move(requests), error);
+}
+
 Result<std::shared_ptr<RequestStream>> ClusterServing::SubmitTo(int chosen, EngineRequest request,
                                                                 SubmitError* error) {
+  std::vector<EngineRequest> one;
+  one.push_back(std::move(request));
+  auto streams = SubmitAllTo(chosen, std::move(one), error);
+  if (!streams.ok()) return streams.status();
+  return streams.value()[0];
+}
+
+Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAllTo(
+    int chosen, std::vector<EngineRequest> requests, SubmitError* error) {
   *error = SubmitError::kInvalid;
-  SY_RETURN_IF_ERROR(engine_.Validate(request));  // every rank loads the same model
-  // Every rank of the group must draw the same random numbers.
-  if (!request.params.seed) request.params.seed = std::random_device{}() * 0x100000001ull;
-  auto stream = std::make_shared<RequestStream>();
+  const int64_t count = static_cast<int64_t>(requests.size());
+  if (count > max_waiting_)
+    return Status::Errorf(
+        "the request asks for {} sequences (prompts × n), more than the server queues at once "
+        "(--max-waiting {})",
+        count, max_waiting_);
+  for (EngineRequest& request : requests) {
+    SY_RETURN_IF_ERROR(engine_.Validate(request));  // every rank loads the same model
+    // Every rank of the group must draw the same random numbers.
+    if (!request.params.seed) request.params.seed = std::random_device{}() * 0x100000001ull;
+  }
+  std::vector<std::shared_ptr<RequestStream>> streams;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stop_) {
@@ -220,23 +242,27 @@ Result<std::shared_ptr<RequestStream>> ClusterServing::SubmitTo(int chosen, Engi
     int64_t waiting = static_cast<int64_t>(pending_.size());
     for (const auto& m : group_metrics_)
       waiting += m.waiting;
-    if (waiting >= max_waiting_) {
+    if (waiting + count > max_waiting_) {
       *error = SubmitError::kQueueFull;
       return Status::Errorf("the waiting queue is full ({} requests)", max_waiting_);
     }
-    const int group =
-        chosen >= 0 ? chosen
-                    : static_cast<int>(std::min_element(group_load_.begin(), group_load_.end()) -
-                                       group_load_.begin());
-    const int64_t cost = static_cast<int64_t>(request.prompt.size()) - request.resumed_tokens +
-                         request.params.max_tokens;
-    group_load_[group] += cost;
-    tracked_[request.id] = {stream, group, cost};
-    pending_.push_back({std::move(request), group});
+    for (EngineRequest& request : requests) {
+      auto stream = std::make_shared<RequestStream>();
+      const int group =
+          chosen >= 0 ? chosen
+                      : static_cast<int>(std::min_element(group_load_.begin(), group_load_.end()) -
+                                         group_load_.begin());
+      const int64_t cost = static_cast<int64_t>(request.prompt.size()) - request.resumed_tokens +
+                           request.params.max_tokens;
+      group_load_[group] += cost;
+      tracked_[request.id] = {stream, group, cost};
+      pending_.push_back({std::move(request), group});
+      streams.push_back(std::move(stream));
+    }
   }
   *error = SubmitError::kNone;
   wake_.notify_all();
-  return stream;
+  return streams;
 }
 
 void ClusterServing::Abort(const std::string& id) {

@@ -30,6 +30,8 @@ class ClusterServing : public RequestFrontend {
 
   // Rank 0's side, called by the HTTP server's threads.
   Result<std::shared_ptr<RequestStream>> Submit(EngineRequest request, SubmitError* error) override;
+  Result<std::vector<std::shared_ptr<RequestStream>>> SubmitAll(std::vector<EngineRequest> requests,
+                                                                SubmitError* error) override;
   void Abort(const std::string& id) override;
   EngineMetrics Metrics() const override;
   void Stop(bool drain) override;
@@ -38,6 +40,9 @@ class ClusterServing : public RequestFrontend {
   int groups() const { return groups_; }
   Result<std::shared_ptr<RequestStream>> SubmitTo(int group, EngineRequest request,
                                                   SubmitError* error);
+  // All or none (RequestFrontend::SubmitAll); group -1: each where the load is least.
+  Result<std::vector<std::shared_ptr<RequestStream>>> SubmitAllTo(
+      int group, std::vector<EngineRequest> requests, SubmitError* error);
   EngineMetrics GroupMetrics(int group) const;
   // Rank 0's copy of the group's prefix-cache events, fed by the lockstep gather.
   const CacheEventLog* GroupCacheEvents(int group) const {
@@ -96,6 +101,10 @@ class GroupFrontend : public RequestFrontend {
   Result<std::shared_ptr<RequestStream>> Submit(EngineRequest request,
                                                 SubmitError* error) override {
     return cluster_.SubmitTo(group_, std::move(request), error);
+  }
+  Result<std::vector<std::shared_ptr<RequestStream>>> SubmitAll(std::vector<EngineRequest> requests,
+                                                                SubmitError* error) override {
+    return cluster_.SubmitAllTo(group_, std::move(requests), error);
   }
   void Abort(const std::string& id) override { cluster_.Abort(id); }
   EngineMetrics Metrics() const override { return cluster_.GroupMetrics(group_); }

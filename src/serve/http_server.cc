@@ -259,6 +259,7 @@ class Session : public std::enable_shared_from_this<Session> {
     g->results.resize(choices);
     g->done.assign(choices, false);
     g->started.assign(choices, false);
+    std::vector<EngineRequest> requests;
     for (int64_t i = 0; i < choices; ++i) {
       EngineRequest request;
       request.id = fmt::format("{}-{}", g->id, i);
@@ -266,21 +267,21 @@ class Session : public std::enable_shared_from_this<Session> {
       request.params = g->plan.params;
       // Several samples of one seeded prompt draw from consecutive seeds.
       if (request.params.seed && i % g->plan.n > 0) *request.params.seed += i % g->plan.n;
-      SubmitError why;
-      auto stream = server_.engine_.Submit(std::move(request), &why);
-      if (!stream.ok()) {
-        for (const std::string& id : g->request_ids)
-          server_.engine_.Abort(id);
-        ApiError error{400, stream.status().message(), "", "invalid_value"};
-        if (why == SubmitError::kQueueFull)
-          error = {503, stream.status().message(), "", "server_overloaded"};
-        if (why == SubmitError::kStopping)
-          error = {503, stream.status().message(), "", "shutting_down"};
-        return SendError(error, version, keep_alive);
-      }
-      g->request_ids.push_back(fmt::format("{}-{}", g->id, i));
-      g->streams.push_back(stream.value());
+      g->request_ids.push_back(request.id);
+      requests.push_back(std::move(request));
     }
+    // All of the request's sequences or none: a refusal leaves nothing running.
+    SubmitError why;
+    auto streams = server_.engine_.SubmitAll(std::move(requests), &why);
+    if (!streams.ok()) {
+      ApiError error{400, streams.status().message(), "", "invalid_value"};
+      if (why == SubmitError::kQueueFull)
+        error = {503, streams.status().message(), "", "server_overloaded"};
+      if (why == SubmitError::kStopping)
+        error = {503, streams.status().message(), "", "shutting_down"};
+      return SendError(error, version, keep_alive);
+    }
+    g->streams = std::move(streams.value());
     generation_ = g;
     ++server_.active_generations_;
     std::weak_ptr<Session> weak = shared_from_this();

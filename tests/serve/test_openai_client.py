@@ -174,6 +174,34 @@ def test_prefix_cache_hits_are_reported_and_change_nothing(client):
     assert second.choices[0].text == first.choices[0].text
 
 
+def test_one_answer_per_request_cached_or_not_streamed_or_not(client):
+    """The issue's report: the same greedy chat sent twice (the second streamed, its prefix from
+    the cache) gave two answers. Now the text and every log-probability are the same, and so are
+    n greedy choices computed side by side in one batch."""
+    messages = [{"role": "user", "content": "Speak of the tempest, the island and its spirits "
+                 "in 4 lines, as Prospero would. (one-answer test)"}]
+    args = dict(model="sy-test", messages=messages, max_tokens=24, logprobs=True, top_logprobs=2,
+                **GREEDY)
+    first = client.chat.completions.create(**args)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True},
+                                                 **args))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == first.choices[0].message.content
+    streamed = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+                for c in chunks if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content]
+    whole = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+             for t in first.choices[0].logprobs.content]
+    assert streamed == whole  # exact: the same bits, printed the same way
+    several = client.chat.completions.create(n=3, **args)
+    for choice in several.choices:
+        assert choice.message.content == first.choices[0].message.content
+        assert [(t.token, t.logprob) for t in choice.logprobs.content] == \
+            [(t, lp) for t, lp, _ in whole]
+
+
 def test_tokenize_and_detokenize(server):
     status, body, _ = server.request("POST", "/tokenize", {"prompt": "Hello, world"})
     assert status == 200 and body["count"] == len(body["tokens"]) and body["tokens"][0] == 0

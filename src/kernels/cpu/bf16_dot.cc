@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/isa_level.h"
 #include "tensor/dtype.h"
 
 namespace sy::kernels {
@@ -14,7 +15,7 @@ bool HasBf16Dot() {
   static const bool has = __builtin_cpu_supports("avx512bf16") &&
                           __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vbmi");
-  return has;
+  return has && IsaAllows(IsaLevel::kAvx512);
 #else
   return false;
 #endif

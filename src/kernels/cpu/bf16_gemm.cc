@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/isa_level.h"
 #include "tensor/dtype.h"
 
 namespace sy::kernels {
@@ -13,7 +14,7 @@ bool HasAvx512Bf16() {
 #if defined(__x86_64__)
   static const bool has =
       __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
-  return has;
+  return has && IsaAllows(IsaLevel::kAvx512);
 #else
   return false;
 #endif

@@ -13,9 +13,13 @@ namespace sy::kernels {
 struct KernelOptions {
   // Where the dot kernel does not run (no VBMI, or bf16_dot off): batches of at least this many
   // rows use the bf16 GEMM where the CPU has AVX-512 BF16 (activations rounded to bf16), smaller
-  // ones the f32 panel kernel.
+  // ones the f32 panel kernel — when allow_bf16_gemm is on.
   int64_t bf16_gemm_min_rows = 128;
-  bool allow_bf16_gemm = true;
+  // Prefill paths whose rows depend on the batch: the bf16 GEMM from bf16_gemm_min_rows rows and
+  // oneDNN (--prefill-gemm). Off by default, so a row's result never depends on the rows beside
+  // it and a request gets one answer however it was batched, chunked or cached; --prefill-gemm
+  // other than 'own' turns it on.
+  bool allow_bf16_gemm = false;
   // fp8 and bf16 weights take the bf16 dot-product kernel (bf16_dot.h) at every row count
   // where the CPU has it: twice the f32 FMA's work per instruction, and batch-invariant.
   bool bf16_dot = true;

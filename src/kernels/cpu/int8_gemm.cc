@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "kernels/cpu/isa_level.h"
 
 namespace sy::kernels {
 namespace {
@@ -324,7 +325,10 @@ Int8Kernel BestInt8Kernel() {
 }
 
 Int8Kernel ActiveInt8Kernel() {
-  return std::min(BestInt8Kernel(), kernel_limit);
+  const Int8Kernel level = IsaAllows(IsaLevel::kAvx512) ? Int8Kernel::kAvx512Vnni
+                           : IsaAllows(IsaLevel::kAvx2) ? Int8Kernel::kAvx2
+                                                        : Int8Kernel::kPortable;
+  return std::min({BestInt8Kernel(), kernel_limit, level});
 }
 
 void LimitInt8Kernel(Int8Kernel kernel) {

@@ -30,7 +30,11 @@ bool OnednnRunsBf16();
 // refuses the product.
 void OnednnLinear(const float* x, int64_t m, const PackedMatrix& w, float* y);
 
-// Which GEMM prefill-sized products (m ≥ kOnednnMinRows, outside decode steps) run:
+// Which GEMM prefill-sized products (m ≥ kOnednnMinRows, outside decode steps) run. kOwn by
+// default: our kernels give a row the same bits whatever rows share its product, so a request's
+// answer does not depend on its batch, its prompt's chunks or the prefix cache; oneDNN's
+// blocking, and so a row's bits, depend on m, and a prompt computed whole (oneDNN) or after a
+// cached prefix (ours, fewer rows) would differ. The others trade that for prefill speed:
 //  - kAuto: kMeasure where OnednnRunsBf16(), else ours (oneDNN's f32 matmul lost to ours by
 //    1.35–1.7× on Zen 3, so measuring it there would only cost time).
 //  - kMeasure: the first such product of each weight shape (dtype, rows, cols) times ours and
