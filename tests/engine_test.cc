@@ -350,12 +350,10 @@ Collected ServedAlone(const std::vector<int32_t>& prompt, int64_t max_tokens) {
   return Collect(*stream);
 }
 
-TEST(EngineTest, OneAnswerPerRequestInTheDefaultMode) {
-  DefaultServing serving;
-  // 400 tokens: past kAbsorbedPromptKeys, so where the bf16 MLA kernel runs the prompt's last
-  // rows take the absorbed form and its first rows the expanded one.
-  const std::vector<int32_t> prompt = Prompt(400, 31);
+void ExpectOneAnswer(int64_t length) {
+  const std::vector<int32_t> prompt = Prompt(length, 31);
   const int64_t kTokens = 16;
+  SCOPED_TRACE("a prompt of " + std::to_string(length) + " tokens");
   const Collected alone = ServedAlone(prompt, kTokens);
   ASSERT_EQ(static_cast<int64_t>(alone.tokens.size()), kTokens);
   const std::vector<float> alone_logprobs = Logprobs(alone);
@@ -368,22 +366,24 @@ TEST(EngineTest, OneAnswerPerRequestInTheDefaultMode) {
                             logprobs.size() * sizeof(float)) == 0)
         << how << ": log-probabilities are not the same bits";
   };
-  {  // after a request sharing its first 300 tokens (a cache hit of 18 pages)
+  const int64_t shared = length * 3 / 4, page = 16;
+  {  // after a request sharing its first three quarters (a cache hit of whole pages)
     ServingRun run(4096, EngineConfig{});
-    std::vector<int32_t> other(prompt.begin(), prompt.begin() + 300);
+    std::vector<int32_t> other(prompt.begin(), prompt.begin() + shared);
     other.push_back(7);
     run.Submit("first", other, Greedy(3));
     run.RunToIdle();
     auto stream = run.Submit("x", prompt, GreedyWithLogprobs(kTokens));
     run.RunToIdle();
     Collected c = Collect(*stream);
-    EXPECT_EQ(c.cached_tokens, 288);
+    EXPECT_EQ(c.cached_tokens, shared / page * page);
     expect_same(c, "after a prefix-cache hit");
-    // The whole prompt again: every full page but the last token's comes from the cache.
+    // The whole prompt again: every full page before the last token comes from the cache, and
+    // the few tokens left are computed as prompt rows, not as a decode step's.
     stream = run.Submit("again", prompt, GreedyWithLogprobs(kTokens));
     run.RunToIdle();
     c = Collect(*stream);
-    EXPECT_EQ(c.cached_tokens, 384);
+    EXPECT_EQ(c.cached_tokens, (length - 1) / page * page);
     expect_same(c, "sent twice");
   }
   {  // in chunks of 24 tokens, beside three other requests decoding and prefilling
@@ -406,7 +406,8 @@ TEST(EngineTest, OneAnswerPerRequestInTheDefaultMode) {
     Collected c = Collect(*stream);
     ASSERT_EQ(c.tokens.size(), alone.tokens.size() - 5);
     EXPECT_TRUE(std::equal(c.tokens.begin(), c.tokens.end(), alone.tokens.begin() + 5));
-    std::vector<float> tail = Logprobs(c), want(alone_logprobs.begin() + 5 * 3, alone_logprobs.end());
+    std::vector<float> tail = Logprobs(c),
+                       want(alone_logprobs.begin() + 5 * 3, alone_logprobs.end());
     EXPECT_TRUE(tail.size() == want.size() &&
                 std::memcmp(tail.data(), want.data(), tail.size() * sizeof(float)) == 0)
         << "resumed: log-probabilities are not the same bits";
@@ -422,13 +423,21 @@ TEST(EngineTest, OneAnswerPerRequestInTheDefaultMode) {
     stream = run.Submit("next", next_turn, GreedyWithLogprobs(6));
     run.RunToIdle();
     Collected c = Collect(*stream);
-    EXPECT_EQ(c.cached_tokens, 400 / 16 * 16);  // the prompt's full pages only
+    EXPECT_EQ(c.cached_tokens, length / page * page);  // the prompt's full pages only
     const Collected fresh = ServedAlone(next_turn, 6);
     EXPECT_EQ(c.tokens, fresh.tokens);
     const std::vector<float> a = Logprobs(c), b = Logprobs(fresh);
     EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0)
         << "the next turn's log-probabilities depend on the cache";
   }
+}
+
+TEST(EngineTest, OneAnswerPerRequestInTheDefaultMode) {
+  DefaultServing serving;
+  // 100 tokens: every position before kAbsorbedPromptKeys (prompt rows expanded, output rows
+  // absorbed); 400: past it, where the bf16 MLA kernel runs the prompt's last rows are absorbed.
+  ExpectOneAnswer(100);
+  ExpectOneAnswer(400);
 }
 
 // Preemption in the serving default: every request recomputed after losing its pages gives the
