@@ -332,6 +332,40 @@ void PackLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
 // Rows [begin, begin + count) as an owned, packed f32 matrix (head boundaries need not fall on
 // fp8 block or panel boundaries).
 Matrix CopyRows(const Matrix& m, int64_t begin, int64_t count) {
+  // In m's own element type where the packed form allows it (bf16 and f16; fp8 where each 16-row
+  // panel of the copy lies in one of m's scale blocks, given a scale per 16 rows): a rank's head
+  // shard then multiplies on the kernel the whole matrix takes, a row's result the same bits as
+  // in one process (an f32 copy took the f32 kernel where the whole took the bf16 dot kernel).
+  const int64_t first = m.first_row + begin;
+  const bool fp8_whole_panels = m.dtype == DType::kF8E4M3 && first % kPanelRows == 0 &&
+                                m.block_rows % kPanelRows == 0;
+  if (m.dtype == DType::kBF16 || m.dtype == DType::kF16 || fp8_whole_panels) {
+    struct Storage {
+      std::vector<uint8_t> bytes;
+      std::vector<float> scales;
+    };
+    auto storage = std::make_shared<Storage>();
+    const uint8_t* source = m.data + static_cast<size_t>(begin) * m.RowBytes();
+    storage->bytes.assign(source, source + static_cast<size_t>(count) * m.RowBytes());
+    Matrix out;
+    out.dtype = m.dtype;
+    out.rows = count;
+    out.cols = m.cols;
+    out.data = storage->bytes.data();
+    if (fp8_whole_panels) {
+      out.block_rows = kPanelRows;
+      out.block_cols = m.block_cols;
+      out.scale_cols = m.scale_cols;
+      for (int64_t r = 0; r < count; r += kPanelRows) {
+        const float* row = m.block_scales + ((first + r) / m.block_rows) * m.scale_cols;
+        storage->scales.insert(storage->scales.end(), row, row + m.scale_cols);
+      }
+      out.block_scales = storage->scales.data();
+    }
+    out.owner = storage;
+    out.packed = PackForLoad(out);
+    return out;
+  }
   std::vector<float> values(static_cast<size_t>(count * m.cols));
   for (int64_t r = 0; r < count; ++r)
     m.DecodeRow(begin + r, values.data() + r * m.cols);

@@ -3,12 +3,14 @@ stepping together. Greedy output must equal the single-process server's; every r
 concurrent load completes; metrics add up over the groups; SIGTERM stops every rank cleanly."""
 
 import concurrent.futures
+import os
 
 import pytest
 from openai import OpenAI
 
 from conftest import Server, assert_sigterm_drains
 
+TRAINED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "default")
 PROMPTS = ["ROMEO: But soft", "KING HENRY:", "To be, or not", "Good morrow, cousin",
            "HAMLET: Words, words", "Once more unto the breach"]
 
@@ -26,6 +28,9 @@ def test_mpi_server_matches_one_process(model_dir, ranks, extra):
     # equal in f32 to ~1e-7, which bf16 activations (the default dot kernel) can turn into a
     # flipped near-tie of this random model. What is compared here is the serving under mpirun.
     extra = extra + ["--f32-products"]
+    # The trained default model: the random one's near-ties flip under TP's reassociated o_proj
+    # sums even in f32 (which ones depends on the attention forms), the trained one's margins hold.
+    model_dir = TRAINED
     reference_server = Server(model_dir, "--kv-cache-tokens", "4096", "--f32-products")
     try:
         client = OpenAI(base_url=reference_server.url + "/v1", api_key="x", max_retries=0,
