@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <limits>
 
 namespace sy {
@@ -374,6 +375,12 @@ Result<GgufFile> GgufFile::Open(const std::string& path) {
   SY_ASSIGN_OR_RETURN(GgufFile file, Parse(mapping->data(), mapping->size(), path));
   file.file_ = std::move(mapping);
   return file;
+}
+
+bool IsGgufFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
 }
 
 const GgufValue* GgufFile::Find(std::string_view key) const {

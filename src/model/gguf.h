@@ -72,6 +72,9 @@ struct GgufTensorInfo {
   uint64_t info_offset = 0;  // where its info record starts in the file, for messages
 };
 
+// Whether `path` is a GGUF file (by its magic), so a model path can be routed either way.
+bool IsGgufFile(const std::string& path);
+
 class GgufFile {
  public:
   static constexpr uint64_t kDefaultAlignment = 32;

@@ -6,6 +6,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
 #include "model/feed_forward.h"
+#include "model/gguf_model.h"
 
 namespace sy {
 
@@ -13,10 +14,19 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
                                            const WeightLoadOptions& options) {
   auto model = std::unique_ptr<Model>(new Model());
   model->directory_ = directory;
-  SY_ASSIGN_OR_RETURN(model->config_,
-                      LoadModelConfig((std::filesystem::path(directory) / "config.json").string()));
-  SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(directory));
-  model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
+  if (IsGgufFile(directory)) {
+    // A llama.cpp GGUF: config from its metadata, weights dequantized into memory.
+    SY_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::Open(directory));
+    SY_ASSIGN_OR_RETURN(model->config_, GgufModelConfig(gguf));
+    SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, GgufCheckpoint(gguf, model->config_));
+    model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
+  } else {
+    SY_ASSIGN_OR_RETURN(
+        model->config_,
+        LoadModelConfig((std::filesystem::path(directory) / "config.json").string()));
+    SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(directory));
+    model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
+  }
   SY_ASSIGN_OR_RETURN(model->weights_, LoadWeights(*model->checkpoint_, model->config_, options,
                                                    &model->unused_tensors_));
   if (options.pack) PackWeights(model->config_, model->weights_);

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "model/gguf_model.h"
+
 namespace sy {
 
 static double ResidentMegabytes() {
@@ -21,7 +23,8 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
   const int ranks = comm.size(), rank = comm.rank();
   // Every rank reads the config; a mismatch (a different checkpoint on one rank) shows up in the
   // fingerprint comparison below.
-  auto config = LoadModelConfig(directory + "/config.json");
+  auto config = IsGgufFile(directory) ? LoadGgufModelConfig(directory)
+                                      : LoadModelConfig(directory + "/config.json");
   int64_t local_ok = config.ok() ? 1 : 0;
   std::string reason = config.ok() ? "" : config.status().message();
   if (config.ok() && ranks > 1 && config.value().n_routed_experts % ranks != 0) {

@@ -1,7 +1,5 @@
 #include "tokenizer/gguf_tokenizer.h"
 
-#include <fstream>
-
 #include <nlohmann/json.hpp>
 
 namespace sy {
@@ -222,12 +220,6 @@ Result<TokenizerConfig> GgufTokenizerConfig(const GgufFile& file) {
     config.chat_template = std::string(chat);
   }
   return config;
-}
-
-bool IsGgufFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  return in.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
 }
 
 }  // namespace sy

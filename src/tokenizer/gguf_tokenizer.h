@@ -32,7 +32,4 @@ Result<std::string> GgufTokenizerJson(const GgufFile& file);
 // The tokenizer_config.json fields: chat template, BOS/EOS token texts, add_bos/add_eos.
 Result<TokenizerConfig> GgufTokenizerConfig(const GgufFile& file);
 
-// Whether `path` is a GGUF file (by its magic), so callers can route a model path either way.
-bool IsGgufFile(const std::string& path);
-
 }  // namespace sy

@@ -138,6 +138,10 @@ def add_parameters(writer, c):
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(rope["factor"])
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        if "beta_fast" in rope:
+            writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        if "beta_slow" in rope:
+            writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
         writer.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
 
 
@@ -164,6 +168,8 @@ def gguf_tensors(tensors, c, fused_kv_b):
             out.append((names.get_name(name.replace("kv_b_proj", "k_b_proj"), try_suffixes=(".weight",)), k_b))
             out.append((names.get_name(name.replace("kv_b_proj", "v_b_proj"), try_suffixes=(".weight",)), v_b))
             continue
+        if name.endswith("e_score_correction_bias"):  # as the converter's base.py renames it
+            name = name.replace("e_score_correction_bias", "e_score_correction.bias")
         mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if mapped is None:
             raise ValueError(f"no GGUF name for {name}")
@@ -197,7 +203,10 @@ def main():
         for name, data in gguf_tensors(tensors, c, args.fused_kv_b):
             data = np.ascontiguousarray(data, dtype=np.float32)
             block = gguf.GGML_QUANT_SIZES[qtype][0]
-            keep_f32 = data.ndim == 1 or ".ffn_gate_inp." in name or data.shape[-1] % block != 0
+            # The converter's rule: 1-D tensors, norms, biases and the router stay F32 (it falls
+            # back to F16 where rows are not whole blocks; F32 here).
+            keep_f32 = (data.ndim == 1 or name.endswith("_norm.weight") or ".ffn_gate_inp." in name
+                        or not name.endswith(".weight") or data.shape[-1] % block != 0)
             target = T.F32 if keep_f32 else qtype
             if target == T.F32:
                 writer.add_tensor(name, data)
