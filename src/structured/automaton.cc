@@ -136,52 +136,40 @@ class NfaBuilder {
   std::unordered_map<ByteSet, int32_t> set_ids_;
 };
 
-// Rules on a cycle of references (Tarjan's algorithm, iterative).
-std::vector<bool> RecursiveRules(const std::vector<std::vector<int>>& calls) {
+// The rules that must stay rules: the root, and a set that cuts every cycle of references (the
+// targets of a depth-first search's back edges). Every other rule is inlined into its callers,
+// so a recursive group like expr -> term -> factor -> expr costs one stack frame per nesting
+// level, not three, and most tokens are decided inside one frame.
+std::vector<bool> KeptRules(const std::vector<std::vector<int>>& calls, int root) {
   const int n = static_cast<int>(calls.size());
-  std::vector<int> index(n, -1), low(n, 0), stack;
-  std::vector<bool> on_stack(n, false), recursive(n, false);
-  int counter = 0;
-  for (int root = 0; root < n; ++root) {
-    if (index[root] >= 0) continue;
-    std::vector<std::pair<int, size_t>> work = {{root, 0}};
-    while (!work.empty()) {
-      auto& [v, next_child] = work.back();
-      if (next_child == 0) {
-        index[v] = low[v] = counter++;
-        stack.push_back(v);
-        on_stack[v] = true;
-      }
-      if (next_child < calls[v].size()) {
-        const int w = calls[v][next_child++];
-        if (index[w] < 0) {
-          work.push_back({w, 0});
-        } else if (on_stack[w]) {
-          low[v] = std::min(low[v], index[w]);
+  std::vector<bool> kept(n, false);
+  kept[root] = true;
+  std::vector<uint8_t> color(n, 0);  // 0 unvisited, 1 on the path, 2 done
+  std::vector<int> order = {root};
+  for (int r = 0; r < n; ++r) {
+    if (r != root) order.push_back(r);
+  }
+  for (int start : order) {
+    if (color[start]) continue;
+    std::vector<std::pair<int, size_t>> stack = {{start, 0}};
+    color[start] = 1;
+    while (!stack.empty()) {
+      auto& [v, next] = stack.back();
+      if (next < calls[v].size()) {
+        const int w = calls[v][next++];
+        if (color[w] == 1) {
+          kept[w] = true;  // a back edge: w is on a cycle through the current path
+        } else if (color[w] == 0) {
+          color[w] = 1;
+          stack.push_back({w, 0});
         }
         continue;
       }
-      if (low[v] == index[v]) {
-        std::vector<int> component;
-        int w;
-        do {
-          w = stack.back();
-          stack.pop_back();
-          on_stack[w] = false;
-          component.push_back(w);
-        } while (w != v);
-        const bool self_loop = std::find(calls[v].begin(), calls[v].end(), v) != calls[v].end();
-        if (component.size() > 1 || self_loop) {
-          for (int c : component)
-            recursive[c] = true;
-        }
-      }
-      const int done = v;
-      work.pop_back();
-      if (!work.empty()) low[work.back().first] = std::min(low[work.back().first], low[done]);
+      color[v] = 2;
+      stack.pop_back();
     }
   }
-  return recursive;
+  return kept;
 }
 
 void CollectRefs(const Expr& e, std::vector<int>* out,
@@ -208,8 +196,7 @@ Result<PushdownAutomaton> BuildAutomaton(const Grammar& grammar, const GrammarLi
       }
     }
   }
-  std::vector<bool> kept = RecursiveRules(calls);
-  kept[grammar.root] = true;
+  const std::vector<bool> kept = KeptRules(calls, grammar.root);
 
   // One automaton per kept rule; pa_rule maps grammar rule -> kept rule index.
   PushdownAutomaton pa;
@@ -462,6 +449,25 @@ Result<PushdownAutomaton> BuildAutomaton(const Grammar& grammar, const GrammarLi
   }
 
   pa.states.resize(num_states);
+  for (size_t k = 0; k < num_kept; ++k) {  // label each state with its rule
+    std::vector<int32_t> queue = {pa.rule_start[k]};
+    pa.states[pa.rule_start[k]].rule = static_cast<int32_t>(k);
+    while (!queue.empty()) {
+      const int32_t s = queue.back();
+      queue.pop_back();
+      auto visit = [&](int32_t t) {
+        if (pa.states[t].rule < 0) pa.states[t].rule = static_cast<int32_t>(k), queue.push_back(t);
+      };
+      for (const auto& e : pending[s].bytes)
+        visit(e.target);
+      for (const auto& e : pending[s].refs)
+        visit(e.target);
+    }
+  }
+  for (int32_t s = 0; s < num_states; ++s) {
+    for (const auto& e : pending[s].refs)
+      pa.root_referenced |= e.rule == pa.root_rule;
+  }
   for (int32_t s = 0; s < num_states; ++s) {
     auto& out = pa.states[s];
     out.accepting = pending[s].accepting;

@@ -34,6 +34,7 @@ struct PushdownAutomaton {
     uint32_t byte_begin = 0, byte_end = 0;  // into byte_edges, sorted by lo, disjoint
     uint32_t ref_begin = 0, ref_end = 0;    // into ref_edges
     bool accepting = false;
+    int32_t rule = -1;  // the kept rule whose automaton holds this state
   };
 
   std::vector<State> states;
@@ -42,6 +43,7 @@ struct PushdownAutomaton {
   std::vector<int32_t> rule_start;  // start state of each kept rule
   std::vector<std::string> rule_names;
   int32_t root_rule = 0;
+  bool root_referenced = false;  // whether any rule calls the root (else its frames are bottom)
 
   // The state reached from `state` on byte `b`, or -1.
   int32_t Next(int32_t state, uint8_t b) const {

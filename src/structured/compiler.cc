@@ -102,7 +102,11 @@ std::shared_ptr<const CompiledGrammar::MaskEntry> CompiledGrammar::Compute(
   // states[d]: the parse state after the first d bytes of the current trie path.
   std::vector<ParseState> states(1);
   std::vector<uint8_t> escaped(1, 0);
-  states[0] = rec.FromFrame(dfa_state);
+  // A frame of a root that nothing calls is the bottom of every stack: completing it ends the
+  // output, so no token needs the (empty) context below.
+  const bool bottom =
+      !automaton_.root_referenced && automaton_.states[dfa_state].rule == automaton_.root_rule;
+  states[0] = rec.FromFrame(dfa_state, bottom ? Recognizer::kRoot : Recognizer::kSentinel);
   states[0].escaped = false;  // returning before any byte is covered by the frame below's entry
   std::vector<int32_t> accepted;
   for (int32_t i = 0; i < static_cast<int32_t>(nodes.size());) {
@@ -112,7 +116,10 @@ std::shared_ptr<const CompiledGrammar::MaskEntry> CompiledGrammar::Compute(
     rec.Step(states[d - 1], node.byte, &states[d]);
     escaped[d] = escaped[d - 1] || states[d].escaped;
     if (states[d].stacks.empty()) {
-      if (escaped[d]) {  // the whole subtree depends on the context below
+      if (states[d].complete) {  // the output ends exactly here: these tokens, nothing longer
+        for (int32_t t = node.tokens_begin; t < node.tokens_end; ++t)
+          accepted.push_back(ids[t]);
+      } else if (escaped[d]) {  // the whole subtree depends on the context below
         for (int32_t j = i; j < node.subtree_end; ++j) {
           for (int32_t t = nodes[j].tokens_begin; t < nodes[j].tokens_end; ++t) {
             entry->uncertain.push_back(ids[t]);

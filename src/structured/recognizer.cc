@@ -67,9 +67,9 @@ ParseState Recognizer::Initial() {
   return s;
 }
 
-ParseState Recognizer::FromFrame(int32_t dfa_state) {
+ParseState Recognizer::FromFrame(int32_t dfa_state, int32_t parent) {
   ParseState s;
-  s.stacks.push_back(Intern(dfa_state, kSentinel));
+  s.stacks.push_back(Intern(dfa_state, parent));
   Close(&s);
   return s;
 }

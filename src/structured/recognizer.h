@@ -34,8 +34,9 @@ class Recognizer {
 
   // The state before any input: the root rule's start.
   ParseState Initial();
-  // The state of a lone frame in `dfa_state` whose context is unknown (see kSentinel).
-  ParseState FromFrame(int32_t dfa_state);
+  // The state of a lone frame in `dfa_state` over `parent`: kSentinel for an unknown context,
+  // kRoot for the bottom frame.
+  ParseState FromFrame(int32_t dfa_state, int32_t parent);
   // The state after one more byte (stacks empty when the byte is not allowed).
   void Step(const ParseState& in, uint8_t byte, ParseState* out);
   // Runs `bytes` from `in`; the result's alive() says whether they continue a string.
