@@ -23,9 +23,6 @@ struct PlanArgs {
   bool json = false;
   std::string plot;
 };
-  double expert_imbalance = 1.0;
-  double expert_skew = 0;
-  double imbalance_target = 1.10;
 
 void RunPlan(const PlanArgs& args) {
   auto config = LoadModelConfig(args.model);
@@ -49,9 +46,6 @@ void RunPlan(const PlanArgs& args) {
   space.ep = args.ep;
   plan::Plan result = plan::MakePlan(model, config.value(), space);
   if (!args.plot.empty()) {
-  space.expert_imbalance = args.expert_imbalance;
-  space.expert_skew = args.expert_skew;
-  space.imbalance_target = args.imbalance_target;
     std::ofstream out(args.plot);
     out << plan::PlotParetoSvg(result, spec,
                                fmt::format("{} on {}: KV {} tokens, MTP {}", args.model, spec.name,
@@ -83,18 +77,6 @@ void AddPlanVerb(CLI::App& app) {
   verb->add_flag("--json", args->json, "Print JSON instead of a table");
   verb->add_option("--plot", args->plot, "Write the Pareto figure as SVG");
   verb->callback([args] { RunPlan(*args); });
-  verb->add_option("--expert-imbalance", args->expert_imbalance,
-                   "Measured expert imbalance (busiest EP rank's routed rows over the mean "
-                   "rank's; `generate --json` under mpirun reports it): MoE layers wait for the "
-                   "busiest rank")
-      ->check(CLI::Range(1.0, 1e6));
-  verb->add_option("--expert-skew", args->expert_skew,
-                   "Zipf exponent of the experts' loads (0: balanced): each EP size gets the "
-                   "fewest redundant experts whose balanced imbalance meets --imbalance-target")
-      ->check(CLI::Range(0.0, 10.0));
-  verb->add_option("--imbalance-target", args->imbalance_target,
-                   "Expert imbalance the redundant experts should reach (default 1.10)")
-      ->check(CLI::Range(1.0, 100.0));
 }
 
 }  // namespace sy
