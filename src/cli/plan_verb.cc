@@ -22,6 +22,9 @@ struct PlanArgs {
   std::vector<int> ep;
   bool json = false;
   std::string plot;
+  double expert_imbalance = 1.0;
+  double expert_skew = 0;
+  double imbalance_target = 1.10;
 };
 
 void RunPlan(const PlanArgs& args) {
@@ -44,6 +47,9 @@ void RunPlan(const PlanArgs& args) {
   plan::CostModel model(config.value(), spec, workload);
   plan::SearchSpace space;
   space.ep = args.ep;
+  space.expert_imbalance = args.expert_imbalance;
+  space.expert_skew = args.expert_skew;
+  space.imbalance_target = args.imbalance_target;
   plan::Plan result = plan::MakePlan(model, config.value(), space);
   if (!args.plot.empty()) {
     std::ofstream out(args.plot);
@@ -74,6 +80,18 @@ void AddPlanVerb(CLI::App& app) {
   verb->add_option("--acceptance", args->acceptance, "Draft acceptance rate")
       ->check(CLI::Range(0.0, 1.0));
   verb->add_option("--ep", args->ep, "Restrict EP sizes (repeatable)")->check(CLI::PositiveNumber);
+  verb->add_option("--expert-imbalance", args->expert_imbalance,
+                   "Measured expert imbalance (busiest EP rank's routed rows over the mean "
+                   "rank's; `generate --json` under mpirun reports it): MoE layers wait for the "
+                   "busiest rank")
+      ->check(CLI::Range(1.0, 1e6));
+  verb->add_option("--expert-skew", args->expert_skew,
+                   "Zipf exponent of the experts' loads (0: balanced): each EP size gets the "
+                   "fewest redundant experts whose balanced imbalance meets --imbalance-target")
+      ->check(CLI::Range(0.0, 10.0));
+  verb->add_option("--imbalance-target", args->imbalance_target,
+                   "Expert imbalance the redundant experts should reach (default 1.10)")
+      ->check(CLI::Range(1.0, 100.0));
   verb->add_flag("--json", args->json, "Print JSON instead of a table");
   verb->add_option("--plot", args->plot, "Write the Pareto figure as SVG");
   verb->callback([args] { RunPlan(*args); });
