@@ -5,6 +5,7 @@
 
 #include "cli/verbs.h"
 #include "model/config.h"
+#include "model/gguf_model.h"
 #include "plan/calibration.h"
 #include "plan/planner.h"
 #include "plan/svg_plot.h"
@@ -28,7 +29,8 @@ struct PlanArgs {
 };
 
 void RunPlan(const PlanArgs& args) {
-  auto config = LoadModelConfig(args.model);
+  auto config =
+      IsGgufFile(args.model) ? LoadGgufModelConfig(args.model) : LoadModelConfig(args.model);
   if (!config.ok()) FailVerb(config.status().message());
   if (config.value().n_routed_experts == 0)
     FailVerb(args.model + ": the planner needs an MoE model");
@@ -68,7 +70,8 @@ void AddPlanVerb(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* verb = app.add_subcommand(
       "plan", "Deployment planner: memory fit, roofline time model, Pareto frontier");
-  verb->add_option("--model", args->model, "config.json of the model (configs/deepseek-v3.json)")
+  verb->add_option("--model", args->model,
+                   "config.json of the model (configs/deepseek-v3.json), or a GGUF")
       ->required();
   verb->add_option("--hardware", args->hardware,
                    "H100, H200, B200, GB200, or a JSON spec file (docs/planner.md)");

@@ -1,12 +1,15 @@
 // libFuzzer target: the GGUF reader must reject any byte string cleanly — no crash, no
 // out-of-bounds read, no tensor outside the buffer — and whatever it accepts must dequantize
-// without reading past its tensor's bytes (ASan watches the reads).
+// without reading past its tensor's bytes (ASan watches the reads), and go through the tokenizer
+// and model conversions with an error or a result, never a crash.
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
 
 #include "model/gguf.h"
+#include "model/gguf_model.h"
 #include "tensor/ggml_quants.h"
+#include "tokenizer/gguf_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A copy of exactly `size` bytes on the heap, so ASan catches a read one past the end.
