@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -55,7 +56,8 @@ std::vector<std::vector<int32_t>> GoldenTokens() {
   for (std::string sequence; std::getline(text, sequence, ';');) {
     std::stringstream ids(sequence);
     sequences.emplace_back();
-    for (std::string id; std::getline(ids, id, ',');) sequences.back().push_back(std::stoi(id));
+    for (std::string id; std::getline(ids, id, ',');)
+      sequences.back().push_back(std::stoi(id));
   }
   return sequences;
 }
@@ -204,6 +206,34 @@ TEST(GgufModelTest, F32MatchesTransformersAndTheSafetensorsModel) {
   auto fused = LoadOrFail(kModels + "/default-f32-fused-kv-b.gguf");
   ASSERT_TRUE(fused);
   EXPECT_EQ(RunLogits(*fused, tokens), logits);
+}
+
+// Three shards (split.no / split.count), opened from the first, are the single file.
+TEST(GgufModelTest, ShardedFileLoadsLikeTheSingleOne) {
+  auto single = LoadOrFail(kModels + "/default-f32.gguf");
+  auto sharded = LoadOrFail(kModels + "/split/default-f32-00001-of-00003.gguf");
+  ASSERT_TRUE(single && sharded);
+  const auto tokens = GoldenTokens();
+  EXPECT_EQ(RunLogits(*sharded, tokens), RunLogits(*single, tokens));
+
+  // A missing shard, and a first shard under another name, are errors naming them.
+  const std::string dir = ::testing::TempDir() + "/gguf-shards";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (int i = 1; i <= 2; ++i) {
+    const std::string name = "default-f32-0000" + std::to_string(i) + "-of-00003.gguf";
+    std::filesystem::create_symlink(kModels + "/split/" + name, dir + "/" + name);
+  }
+  auto missing = GgufShards::Open(dir + "/default-f32-00001-of-00003.gguf");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("default-f32-00003-of-00003.gguf"), std::string::npos)
+      << missing.status().message();
+  std::filesystem::create_symlink(kModels + "/split/default-f32-00001-of-00003.gguf",
+                                  dir + "/renamed.gguf");
+  auto renamed = GgufShards::Open(dir + "/renamed.gguf");
+  ASSERT_FALSE(renamed.ok());
+  EXPECT_NE(renamed.status().message().find("-00001-of-00003.gguf"), std::string::npos)
+      << renamed.status().message();
 }
 
 TEST(GgufModelTest, Bf16AndQ8_0MeetTheirBars) {

@@ -73,9 +73,10 @@ Status CheckArchitecture(const GgufFile& file) {
   return Status::Ok();
 }
 
-bool AnyTensorEndsWith(const GgufFile& file, std::string_view suffix) {
-  for (const auto& tensor : file.tensors())
-    if (tensor.name.ends_with(suffix)) return true;
+bool AnyTensorEndsWith(const GgufShards& shards, std::string_view suffix) {
+  for (const GgufFile& file : shards.files())
+    for (const auto& tensor : file.tensors())
+      if (tensor.name.ends_with(suffix)) return true;
   return false;
 }
 
@@ -111,7 +112,8 @@ Result<std::optional<YarnScaling>> ReadYarn(const GgufFile& file, const Metadata
 
 }  // namespace
 
-Result<ModelConfig> GgufModelConfig(const GgufFile& file) {
+Result<ModelConfig> GgufModelConfig(const GgufShards& shards) {
+  const GgufFile& file = shards.first();
   SY_RETURN_IF_ERROR(CheckArchitecture(file));
   const Metadata meta(file);
   ModelConfig c;
@@ -155,18 +157,18 @@ Result<ModelConfig> GgufModelConfig(const GgufFile& file) {
                           file.source(), kArchitecture, gating);
   c.scoring_func = gating == kGatingSigmoid ? ScoringFunc::kSigmoid : ScoringFunc::kSoftmax;
   // DeepSeek-V3's bias-corrected routing is there exactly when the layers carry its bias.
-  const bool v3 = AnyTensorEndsWith(file, ".exp_probs_b.bias");
+  const bool v3 = AnyTensorEndsWith(shards, ".exp_probs_b.bias");
   c.model_type = v3 ? "deepseek_v3" : "deepseek_v2";
   c.topk_method = v3              ? TopkMethod::kNoauxTc
                   : c.n_group > 1 ? TopkMethod::kGroupLimitedGreedy
                                   : TopkMethod::kGreedy;
   SY_ASSIGN_OR_RETURN(c.yarn, ReadYarn(file, meta));
 
-  const GgufTensorInfo* embedding = file.FindTensor("token_embd.weight");
+  const GgufTensorInfo* embedding = shards.FindTensor("token_embd.weight").tensor;
   int64_t vocab_fallback =
       embedding != nullptr && embedding->dims.size() == 2 ? embedding->dims[1] : 0;
   SY_ASSIGN_OR_RETURN(c.vocab_size, meta.Int("vocab_size", vocab_fallback));
-  c.tie_word_embeddings = file.FindTensor("output.weight") == nullptr;
+  c.tie_word_embeddings = shards.FindTensor("output.weight").tensor == nullptr;
   for (auto [key, field] : {std::pair{"tokenizer.ggml.bos_token_id", &c.bos_token_id},
                             std::pair{"tokenizer.ggml.eos_token_id", &c.eos_token_id}}) {
     if (const GgufValue* value = file.Find(key); value != nullptr && value->AsInt())
@@ -177,9 +179,68 @@ Result<ModelConfig> GgufModelConfig(const GgufFile& file) {
   return ParseModelConfig(ModelConfigToJson(c), file.source());
 }
 
+Result<ModelConfig> GgufModelConfig(const GgufFile& file) {
+  SY_ASSIGN_OR_RETURN(GgufShards shards, GgufShards::Single(file));
+  return GgufModelConfig(shards);
+}
+
 Result<ModelConfig> LoadGgufModelConfig(const std::string& path) {
-  SY_ASSIGN_OR_RETURN(GgufFile file, GgufFile::Open(path));
-  return GgufModelConfig(file);
+  SY_ASSIGN_OR_RETURN(GgufShards shards, GgufShards::Open(path));
+  return GgufModelConfig(shards);
+}
+
+Result<GgufShards> GgufShards::Single(GgufFile file) {
+  GgufShards shards;
+  shards.files_.push_back(std::move(file));
+  SY_RETURN_IF_ERROR(shards.Index());
+  return shards;
+}
+
+Result<GgufShards> GgufShards::Open(const std::string& path) {
+  GgufShards shards;
+  SY_ASSIGN_OR_RETURN(GgufFile first, GgufFile::Open(path));
+  const GgufValue* count_value = first.Find("split.count");
+  const int64_t count = count_value && count_value->AsInt() ? *count_value->AsInt() : 1;
+  shards.files_.push_back(std::move(first));
+  if (count > 1) {
+    // llama.cpp's shard names: PREFIX-%05d-of-%05d.gguf, numbered from 1.
+    const std::string suffix = fmt::format("-00001-of-{:05d}.gguf", count);
+    if (count > 99999 || !path.ends_with(suffix))
+      return Status::Errorf("{}: shard 1 of {} must be named PREFIX{}", path, count, suffix);
+    const std::string prefix = path.substr(0, path.size() - suffix.size());
+    for (int64_t i = 0; i < count; ++i) {
+      if (i > 0) {
+        const std::string name = fmt::format("{}-{:05d}-of-{:05d}.gguf", prefix, i + 1, count);
+        auto shard = GgufFile::Open(name);
+        if (!shard.ok())
+          return shard.status().WithContext(fmt::format("shard {} of {}", i + 1, count));
+        shards.files_.push_back(std::move(shard).value());
+      }
+      const GgufFile& file = shards.files_.back();
+      const GgufValue* number = file.Find("split.no");
+      const GgufValue* total = file.Find("split.count");
+      if (!number || number->AsInt() != i || !total || total->AsInt() != count)
+        return Status::Errorf("{}: split.no / split.count do not say shard {} of {}", file.source(),
+                              i + 1, count);
+    }
+  }
+  SY_RETURN_IF_ERROR(shards.Index());
+  return shards;
+}
+
+Status GgufShards::Index() {
+  index_.clear();
+  for (const GgufFile& file : files_)
+    for (const auto& tensor : file.tensors())
+      if (!index_.emplace(tensor.name, Located{&file, &tensor}).second)
+        return Status::Errorf("{}: tensor '{}' is also in {}", file.source(), tensor.name,
+                              index_[tensor.name].file->source());
+  return Status::Ok();
+}
+
+GgufShards::Located GgufShards::FindTensor(std::string_view name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? Located{} : it->second;
 }
 
 namespace {
@@ -223,14 +284,29 @@ constexpr NameRule kExpertNames[] = {
 
 class GgufConverter {
  public:
-  GgufConverter(const GgufFile& file, const ModelConfig& config) : file_(file), config_(config) {}
+  GgufConverter(const GgufShards& shards, const ModelConfig& config)
+      : shards_(shards), config_(config) {}
 
   Status Run() {
+    for (const GgufFile& file : shards_.files()) {
+      file_ = &file;
+      SY_RETURN_IF_ERROR(RunFile());
+    }
+    return Status::Ok();
+  }
+
+  Checkpoint Take() {
+    return Checkpoint::FromMemory(shards_.first().source(), std::move(tensors_),
+                                  std::move(sources_));
+  }
+
+ private:
+  Status RunFile() {
     int64_t mtp_layers = 0;
-    if (const GgufValue* value = file_.Find("deepseek2.nextn_predict_layers");
+    if (const GgufValue* value = shards_.first().Find("deepseek2.nextn_predict_layers");
         value && value->AsInt())
       mtp_layers = *value->AsInt();
-    for (const auto& tensor : file_.tensors()) {
+    for (const auto& tensor : file_->tensors()) {
       const std::string name(tensor.name);
       SY_RETURN_IF_ERROR(CheckDecodable(tensor));
       if (!name.starts_with("blk.")) {
@@ -251,11 +327,6 @@ class GgufConverter {
     return Status::Ok();
   }
 
-  Checkpoint Take() {
-    return Checkpoint::FromMemory(file_.source(), std::move(tensors_), std::move(sources_));
-  }
-
- private:
   static int64_t ParseLayer(const std::string& digits) {
     if (digits.empty() || digits.size() > 6) return -1;
     int64_t value = 0;
@@ -267,7 +338,7 @@ class GgufConverter {
   }
 
   Status Error(const GgufTensorInfo& tensor, const std::string& what) const {
-    return Status::Errorf("{}: tensor '{}' {}", file_.source(), tensor.name, what);
+    return Status::Errorf("{}: tensor '{}' {}", FileOf(tensor).source(), tensor.name, what);
   }
 
   Status CheckDecodable(const GgufTensorInfo& tensor) const {
@@ -285,7 +356,7 @@ class GgufConverter {
     const auto traits = GgmlTypeInfo(tensor.type);
     const int64_t row = tensor.dims[0];
     const int64_t row_bytes = row / traits->block_size * traits->block_bytes;
-    const uint8_t* source = file_.TensorData(tensor) + first * row_bytes;
+    const uint8_t* source = FileOf(tensor).TensorData(tensor) + first * row_bytes;
     TensorToWrite out;
     if (tensor.type == GgmlType::kBF16) {
       out.dtype = DType::kBF16;
@@ -320,7 +391,7 @@ class GgufConverter {
     data.name = std::move(name);
     data.shape = std::move(shape);
     tensors_.push_back(std::move(data));
-    sources_.push_back(fmt::format("{}: {}", file_.source(), from.name));
+    sources_.push_back(fmt::format("{}: {}", FileOf(from).source(), from.name));
   }
 
   // The Hugging Face shape of a tensor: GGUF dims reversed.
@@ -349,7 +420,7 @@ class GgufConverter {
       if (suffix == rule.gguf) return Experts(tensor, prefix, rule.hf);
     if (suffix == "attn_k_b.weight") return JoinKvB(tensor, layer, prefix);
     if (suffix == "attn_v_b.weight") {
-      if (file_.FindTensor(fmt::format("blk.{}.attn_k_b.weight", layer)) == nullptr)
+      if (shards_.FindTensor(fmt::format("blk.{}.attn_k_b.weight", layer)).tensor == nullptr)
         return Error(tensor, "has no attn_k_b beside it");
       return Status::Ok();  // joined with attn_k_b
     }
@@ -373,7 +444,8 @@ class GgufConverter {
   // kv_b_proj [H·(dn + dv), r] from attn_k_b [H, r, dn] (dims {dn, r, H}: each head's W_UK
   // transposed) and attn_v_b [H, dv, r] (dims {r, dv, H}), as float32.
   Status JoinKvB(const GgufTensorInfo& k_b, int64_t layer, const std::string& prefix) {
-    const GgufTensorInfo* v_b = file_.FindTensor(fmt::format("blk.{}.attn_v_b.weight", layer));
+    const GgufTensorInfo* v_b =
+        shards_.FindTensor(fmt::format("blk.{}.attn_v_b.weight", layer)).tensor;
     if (v_b == nullptr) return Error(k_b, "has no attn_v_b beside it");
     const int64_t H = config_.num_attention_heads, r = config_.kv_lora_rank;
     const int64_t dn = config_.qk_nope_head_dim, dv = config_.v_head_dim;
@@ -401,7 +473,13 @@ class GgufConverter {
     return Status::Ok();
   }
 
-  const GgufFile& file_;
+  // The shard holding a tensor (each tensor is in exactly one).
+  const GgufFile& FileOf(const GgufTensorInfo& tensor) const {
+    return *shards_.FindTensor(tensor.name).file;
+  }
+
+  const GgufShards& shards_;
+  const GgufFile* file_ = nullptr;  // the shard being converted
   const ModelConfig& config_;
   std::vector<TensorToWrite> tensors_;
   std::vector<std::string> sources_;
@@ -409,11 +487,16 @@ class GgufConverter {
 
 }  // namespace
 
-Result<Checkpoint> GgufCheckpoint(const GgufFile& file, const ModelConfig& config) {
-  SY_RETURN_IF_ERROR(CheckArchitecture(file));
-  GgufConverter converter(file, config);
+Result<Checkpoint> GgufCheckpoint(const GgufShards& shards, const ModelConfig& config) {
+  SY_RETURN_IF_ERROR(CheckArchitecture(shards.first()));
+  GgufConverter converter(shards, config);
   SY_RETURN_IF_ERROR(converter.Run());
   return converter.Take();
+}
+
+Result<Checkpoint> GgufCheckpoint(const GgufFile& file, const ModelConfig& config) {
+  SY_ASSIGN_OR_RETURN(GgufShards shards, GgufShards::Single(file));
+  return GgufCheckpoint(shards, config);
 }
 
 }  // namespace sy

@@ -14,7 +14,10 @@
 // An architecture, tensor or type this code does not know is an error naming it.
 #pragma once
 
+#include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "base/status.h"
 #include "model/config.h"
@@ -23,13 +26,45 @@
 
 namespace sy {
 
-// The ModelConfig the file's metadata describes, validated as config.json would be.
+// A GGUF model on disk: one file, or the shards llama.cpp's converter and gguf-split write
+// (NAME-00001-of-00009.gguf, ...: split.no, split.count), opened from the first — as the large
+// DeepSeek files are published. Metadata is the first shard's; tensors are found in any.
+class GgufShards {
+ public:
+  // Opens `path` and, when it is the first of several shards, the others beside it; a missing or
+  // mismatched shard, or a tensor in two shards, is an error naming it.
+  static Result<GgufShards> Open(const std::string& path);
+  // One already-parsed file.
+  static Result<GgufShards> Single(GgufFile file);
+  GgufShards(GgufShards&&) = default;
+  GgufShards& operator=(GgufShards&&) = default;
+  GgufShards(const GgufShards&) = delete;  // the index points into files_
+
+  const GgufFile& first() const { return files_.front(); }
+  const std::vector<GgufFile>& files() const { return files_; }
+  struct Located {
+    const GgufFile* file = nullptr;
+    const GgufTensorInfo* tensor = nullptr;
+  };
+  // {nullptr, nullptr} when no shard has it.
+  Located FindTensor(std::string_view name) const;
+
+ private:
+  GgufShards() = default;
+  Status Index();
+  std::vector<GgufFile> files_;
+  std::map<std::string_view, Located> index_;
+};
+
+// The ModelConfig the metadata describes, validated as config.json would be.
+Result<ModelConfig> GgufModelConfig(const GgufShards& shards);
 Result<ModelConfig> GgufModelConfig(const GgufFile& file);
-// Opens `path` and reads its config.
+// Opens `path` (and its other shards) and reads its config.
 Result<ModelConfig> LoadGgufModelConfig(const std::string& path);
 
-// The file's tensors, dequantized, under Hugging Face names (model.layers.N.self_attn.q_a_proj
-// .weight, ...); each tensor's messages name the GGUF tensor it came from.
+// The tensors, dequantized, under Hugging Face names (model.layers.N.self_attn.q_a_proj.weight,
+// ...); each tensor's messages name the GGUF file and tensor it came from.
+Result<Checkpoint> GgufCheckpoint(const GgufShards& shards, const ModelConfig& config);
 Result<Checkpoint> GgufCheckpoint(const GgufFile& file, const ModelConfig& config);
 
 }  // namespace sy

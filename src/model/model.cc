@@ -29,10 +29,14 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
   LoadProgress progress(directory);
   if (IsGgufFile(directory)) {
     // A llama.cpp GGUF: config from its metadata, weights dequantized into memory.
-    SY_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::Open(directory));
+    SY_ASSIGN_OR_RETURN(GgufShards gguf, GgufShards::Open(directory));
     SY_ASSIGN_OR_RETURN(model->config_, GgufModelConfig(gguf));
-    progress.Stage(fmt::format("GGUF v{} mapped, {} tensors, config read", gguf.version(),
-                               gguf.tensors().size()));
+    size_t tensors = 0;
+    for (const GgufFile& file : gguf.files())
+      tensors += file.tensors().size();
+    progress.Stage(fmt::format("GGUF v{} mapped ({} file{}), {} tensors, config read",
+                               gguf.first().version(), gguf.files().size(),
+                               gguf.files().size() == 1 ? "" : "s", tensors));
     SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, GgufCheckpoint(gguf, model->config_));
     model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
     progress.Stage(fmt::format("dequantized into memory, {}", CheckpointSize(*model->checkpoint_)));

@@ -17,7 +17,7 @@ llama.cpp's convert_hf_to_gguf.py does, with gguf-py alone (no torch, no transfo
 fp8 weights are dequantized first (weight * its block's scale_inv, in float32).
 
 usage: make_default_gguf.py MODEL_DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q5_0|...]
-                           [--fused-kv-b] [--tokenizer-only]
+                           [--fused-kv-b] [--tokenizer-only] [--split-max-tensors N]
 """
 import argparse
 import json
@@ -188,9 +188,11 @@ def main():
     parser.add_argument("--type", default="f32")
     parser.add_argument("--fused-kv-b", action="store_true")
     parser.add_argument("--tokenizer-only", action="store_true")
+    parser.add_argument("--split-max-tensors", type=int, default=0,
+                        help="shards of at most N tensors, named as llama.cpp names them")
     args = parser.parse_args()
     c = json.load(open(os.path.join(args.model_dir, "config.json")))
-    writer = gguf.GGUFWriter(args.out, arch="deepseek2")
+    writer = gguf.GGUFWriter(args.out, arch="deepseek2", split_max_tensors=args.split_max_tensors)
     writer.add_name(os.path.basename(os.path.normpath(args.model_dir)))
     add_tokenizer(writer, args.model_dir, c["vocab_size"])
     if not args.tokenizer_only:
