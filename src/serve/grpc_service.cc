@@ -315,10 +315,11 @@ GrpcEngineServer::~GrpcEngineServer() {
   Shutdown();
 }
 
-Status GrpcEngineServer::Start(const std::string& host, int port) {
+Status GrpcEngineServer::Start(const std::string& host, int port,
+                               std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(host + ":" + std::to_string(port), grpc::InsecureServerCredentials(),
-                           &port_);
+  builder.AddListeningPort(host + ":" + std::to_string(port),
+                           credentials ? credentials : grpc::InsecureServerCredentials(), &port_);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0)
