@@ -261,5 +261,50 @@ TEST(ExpertPlacementErrors, BadPlacementsAreRefused) {
         "'layers' must be a non-empty array");
 }
 
+// serve under mpirun with --record-expert-load: after a request, the window's file holds the
+// gathered counts and /metrics the imbalance, overall and per MoE layer.
+TEST(ExpertLoadRecording, ServeWritesWindowsAndReportsTheImbalance) {
+  const std::string model = std::string(SY_SOURCE_DIR) + "/models/default";
+  const std::string dir = testing::TempDirectory("eplb_serve");
+  // The server on any free port; its "serving … on http://127.0.0.1:PORT" line gives the port.
+  testing::WriteFile(
+      dir + "/run.sh",
+      Mpirun(2) + testing::kBinary + " --threads 1 serve --model " + model +
+          " --port 0 --served-model-name default" + " --record-expert-load " + dir +
+          "/load.json --expert-load-window 2 > " + dir +
+          "/serve.out 2>&1 &\n"
+          "server=$!\n"
+          "for i in $(seq 600); do grep -q 'serving' " +
+          dir + "/serve.out && break; sleep 0.1; done\n" +
+          "port=$(sed -n 's|.*http://127.0.0.1:\\([0-9]*\\).*|\\1|p' " + dir +
+          "/serve.out | head -1)\n"
+          "python3 - \"$port\" > " +
+          dir +
+          "/metrics.txt <<'PY'\n"
+          "import json, sys, urllib.request\n"
+          "base = 'http://127.0.0.1:' + sys.argv[1]\n"
+          "body = json.dumps({'model': 'default', 'prompt': 'for (int i = 0;', 'max_tokens': 8})\n"
+          "req = urllib.request.Request(base + '/v1/completions', body.encode(),\n"
+          "                             {'Content-Type': 'application/json'})\n"
+          "urllib.request.urlopen(req, timeout=60).read()\n"
+          "print(urllib.request.urlopen(base + '/metrics', timeout=60).read().decode())\n"
+          "PY\n"
+          "kill -TERM $server; wait $server\n");
+  std::string output;
+  RunCommand("bash " + dir + "/run.sh", &output);
+  const std::string metrics = testing::ReadFile(dir + "/metrics.txt");
+  ASSERT_NE(metrics.find("switchyard:expert_imbalance{"), std::string::npos)
+      << output << testing::ReadFile(dir + "/serve.out") << metrics;
+  EXPECT_NE(metrics.find("switchyard:expert_imbalance_layer{"), std::string::npos) << metrics;
+  const nlohmann::json load = ReadJson(dir + "/load.json");
+  EXPECT_EQ(load["ranks"], 2);
+  EXPECT_EQ(load["window"]["steps"], 2);
+  EXPECT_TRUE(load["expert_imbalance"].is_number());
+  int64_t total = 0;
+  for (const auto& c : load["layers"][0]["counts"])
+    total += c.get<int64_t>();
+  EXPECT_EQ(total, load["window"]["tokens"].get<int64_t>() * load["top_k"].get<int64_t>());
+}
+
 }  // namespace
 }  // namespace sy
