@@ -23,6 +23,7 @@ make default-f32.gguf --type f32
 make default-f32-fused-kv-b.gguf --type f32 --fused-kv-b
 make default-bf16.gguf --type bf16
 make default-q8_0.gguf --type q8_0
+make default-q4_k_mix.gguf --type q4_k_mix
 # Three shards (split.no/split.count), as the large published files come.
 if [ ! -f "$out/split/default-f32-00003-of-00003.gguf" ] ||
    [ "$src/tools/gguf/make_default_gguf.py" -nt "$out/split/default-f32-00003-of-00003.gguf" ]; then

@@ -12,11 +12,13 @@ llama.cpp's convert_hf_to_gguf.py does, with gguf-py alone (no torch, no transfo
   special added tokens, user-defined for other added ones, [PADn] unused fillers up to
   vocab_size), and merges, special ids and the chat template from gguf-py's SpecialVocab;
   tokenizer.ggml.pre "deepseek-v3" (the default model's pre-tokenizer is DeepSeek-V3's);
-- 1-D tensors and the router in F32 (the converter's rule), the rest in --type.
+- 1-D tensors and the router in F32 (the converter's rule), the rest in --type; q4_k_mix is
+  Q4_K with Q6_K for the head, attention output and down projections (llama.cpp's Q4_K_M in
+  spirit), by a plain round-to-nearest encoder written here, gguf-py having no K-quant encoder.
 
 fp8 weights are dequantized first (weight * its block's scale_inv, in float32).
 
-usage: make_default_gguf.py MODEL_DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q5_0|...]
+usage: make_default_gguf.py MODEL_DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q5_0|q4_k_mix...]
                            [--fused-kv-b] [--tokenizer-only] [--split-max-tensors N]
 """
 import argparse
@@ -181,6 +183,63 @@ def gguf_tensors(tensors, c, fused_kv_b):
     return out
 
 
+def f16_bits(values):
+    return np.asarray(values, dtype=np.float16).view(np.uint8).reshape(-1, 2)
+
+
+def quantize_q4_k(rows):
+    """Q4_K blocks by a plain round-to-nearest encoder written here (gguf-py has no K-quant
+    quantizer; llama.cpp's search for scales is better): per 32 weights a 6-bit scale and min."""
+    blocks = rows.reshape(-1, 8, 32).astype(np.float32)
+    low = np.minimum(blocks.min(axis=-1), 0)
+    scale = (blocks.max(axis=-1) - low) / 15
+    d = (scale.max(axis=-1) / 63).astype(np.float16).astype(np.float32)
+    dmin = ((-low).max(axis=-1) / 63).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 63).astype(np.uint8)
+        mn = np.where(dmin[:, None] > 0, np.rint(-low / dmin[:, None]), 0).clip(0, 63).astype(np.uint8)
+        step = (d[:, None] * sc)[..., None]
+        q = np.where(step > 0, np.rint((blocks + (dmin[:, None] * mn)[..., None]) / step), 0)
+    q = q.clip(0, 15).astype(np.uint8)
+    packed = np.zeros((blocks.shape[0], 12), dtype=np.uint8)
+    packed[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
+    packed[:, 4:8] = (mn[:, 0:4] & 63) | ((mn[:, 4:8] >> 4) << 6)
+    packed[:, 8:12] = (sc[:, 4:8] & 0xF) | ((mn[:, 4:8] & 0xF) << 4)
+    qs = (q[:, 0::2, :] | (q[:, 1::2, :] << 4)).reshape(-1, 128)
+    out = np.concatenate([f16_bits(d), f16_bits(dmin), packed, qs], axis=1)
+    return out.reshape(*rows.shape[:-1], rows.shape[-1] // 256 * 144)
+
+
+def quantize_q6_k(rows):
+    """Q6_K blocks, round to nearest: per 16 weights a signed 8-bit scale, 6-bit codes."""
+    blocks = rows.reshape(-1, 16, 16).astype(np.float32)
+    pick = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    scale = pick / -32
+    d = (np.abs(scale).max(axis=-1) / 127).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(-128, 127).astype(np.int8)
+        step = (d[:, None] * sc)[..., None]
+        q = np.where(step != 0, np.rint(blocks / step), 0)
+    q = (q.clip(-32, 31) + 32).astype(np.uint8).reshape(-1, 2, 4, 32)  # [half][g][l]
+    ql = np.zeros((q.shape[0], 2, 2, 32), dtype=np.uint8)  # [half][g % 2][l]
+    for g in range(4):
+        ql[:, :, g % 2, :] |= (q[:, :, g, :] & 0xF) << (4 * (g // 2))
+    qh = np.zeros((q.shape[0], 2, 32), dtype=np.uint8)
+    for g in range(4):
+        qh |= (q[:, :, g, :] >> 4) << (2 * g)
+    out = np.concatenate([ql.reshape(-1, 128), qh.reshape(-1, 64), sc.view(np.uint8),
+                          f16_bits(d)], axis=1)
+    return out.reshape(*rows.shape[:-1], rows.shape[-1] // 256 * 210)
+
+
+# A mix in the spirit of llama.cpp's Q4_K_M: Q6_K for the output head, attention output and the
+# down projections, Q4_K for the rest.
+def q4_k_mix_type(name):
+    if name == "output.weight" or ".attn_output." in name or "ffn_down" in name:
+        return T.Q6_K
+    return T.Q4_K
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir")
@@ -196,24 +255,33 @@ def main():
     writer.add_name(os.path.basename(os.path.normpath(args.model_dir)))
     add_tokenizer(writer, args.model_dir, c["vocab_size"])
     if not args.tokenizer_only:
-        qtype = T[args.type.upper()]
-        writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{qtype.name}"] if qtype not in (T.F32,)
+        mix = args.type.lower() == "q4_k_mix"
+        qtype = T.Q4_K if mix else T[args.type.upper()]
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if mix
+                             else gguf.LlamaFileType[f"MOSTLY_{qtype.name}"] if qtype != T.F32
                              else gguf.LlamaFileType.ALL_F32)
         add_parameters(writer, c)
         tensors = read_safetensors(os.path.join(args.model_dir, "model.safetensors"))
         dequantize_fp8(tensors, c.get("quantization_config", {}).get("weight_block_size", [128, 128]))
         for name, data in gguf_tensors(tensors, c, args.fused_kv_b):
             data = np.ascontiguousarray(data, dtype=np.float32)
-            block = gguf.GGML_QUANT_SIZES[qtype][0]
-            # The converter's rule: 1-D tensors, norms, biases and the router stay F32 (it falls
-            # back to F16 where rows are not whole blocks; F32 here).
+            # The converter's rule: 1-D tensors, norms, biases and the router stay F32.
             keep_f32 = (data.ndim == 1 or name.endswith("_norm.weight") or ".ffn_gate_inp." in name
-                        or not name.endswith(".weight") or data.shape[-1] % block != 0)
-            target = T.F32 if keep_f32 else qtype
+                        or not name.endswith(".weight"))
+            target = T.F32 if keep_f32 else (q4_k_mix_type(name) if mix else qtype)
+            # Rows that are not whole K-quant super-blocks: llama.cpp's quantizer falls back to
+            # Q5_0 for Q4_K and Q8_0 for Q6_K.
+            if target in (T.Q4_K, T.Q6_K) and data.shape[-1] % 256 != 0:
+                target = T.Q5_0 if target == T.Q4_K else T.Q8_0
+            if data.shape[-1] % gguf.GGML_QUANT_SIZES[target][0] != 0:
+                target = T.F32  # the converter falls back to F16; F32 here
             if target == T.F32:
                 writer.add_tensor(name, data)
             elif target == T.F16:
                 writer.add_tensor(name, data.astype(np.float16))
+            elif target in (T.Q4_K, T.Q6_K):
+                encode = quantize_q4_k if target == T.Q4_K else quantize_q6_k
+                writer.add_tensor(name, encode(data), raw_dtype=target)
             else:
                 writer.add_tensor(name, gguf.quants.quantize(data, target), raw_dtype=target)
     writer.write_header_to_file()
