@@ -43,6 +43,8 @@ Result<ExpertLoad> ParseExpertLoad(const std::string& text, const std::string& s
   ExpertLoad load;
   SY_ASSIGN_OR_RETURN(load.experts, Count(json, "experts", source));
   if (load.experts == 0) return Status::Errorf("{}: 'experts' must be positive", source);
+  if (load.experts > (1 << 20))
+    return Status::Errorf("{}: 'experts' {} is too many", source, load.experts);
   SY_ASSIGN_OR_RETURN(load.top_k, Count(json, "top_k", source));
   if (json.contains("groups")) {
     SY_ASSIGN_OR_RETURN(load.groups, Count(json, "groups", source));

@@ -111,6 +111,8 @@ Result<ExpertPlacement> ParseExpertPlacement(const std::string& text, const std:
   };
   ExpertPlacement p;
   SY_ASSIGN_OR_RETURN(p.experts, positive("experts"));
+  if (p.experts > (1 << 20))
+    return Status::Errorf("{}: 'experts' {} is too many", source, p.experts);
   SY_ASSIGN_OR_RETURN(int64_t ranks, positive("ranks"));
   if (ranks > (1 << 20)) return Status::Errorf("{}: 'ranks' {} is too many", source, ranks);
   p.ranks = static_cast<int>(ranks);
