@@ -11,7 +11,9 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libhwy-dev libxxhash-dev
   openmpi-bin libopenmpi-dev iproute2
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler   # the instance API
+  libssl-dev openssl                # HTTPS and mutual TLS; the TLS tests make certificates
   libdnnl-dev                       # oneDNN: the reference matmul beside ours in bench kernels
+  json-schema-test-suite            # the grammar engine's tests: the official JSON Schema suite
   python3 python3-venv prometheus   # the server tests: a venv for the openai client; Prometheus
 )
 missing=()

@@ -11,6 +11,8 @@
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/onednn_linear.h"
 #include "model/synthetic.h"
+#include "structured/matcher.h"
+#include <nlohmann/json.hpp>
 #include "test_support.h"
 #include "tokenizer/embedded_tokenizers.h"
 
@@ -777,6 +779,101 @@ TEST(EngineTest, ResumedRequestContinuesAsIfUninterrupted) {
   auto refused = h.engine.Submit(bad, &error);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("resumed_tokens"), std::string::npos);
+}
+
+// Structured output: every token the grammar forbids is masked, so the text is in the grammar's
+// language — complete when the request stopped, a prefix when it ran out of tokens — through
+// batching, preemption and failover (the matcher rebuilt from the resumed tokens).
+structured::GrammarSpec PersonSchema() {
+  return {structured::GrammarSpec::Kind::kJsonSchema,
+          R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+              "lines": {"type": "integer", "minimum": 1, "maximum": 99},
+              "mood": {"enum": ["calm", "angry"]}},
+              "required": ["name", "lines"], "additionalProperties": false})",
+          {}};
+}
+
+bool InLanguage(const structured::GrammarSpec& spec, const std::string& text, bool complete) {
+  auto compiled = structured::CompileForBytes(spec);
+  EXPECT_TRUE(compiled.ok()) << compiled.status().message();
+  structured::GrammarMatcher m(*compiled);
+  if (!m.AcceptBytes(text).ok()) return false;
+  return !complete || m.IsComplete();
+}
+
+TEST(EngineTest, StructuredOutputStaysInItsGrammar) {
+  const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 4; ++i) {
+    SamplingParams p;
+    p.temperature = i == 0 ? 0 : 1.0;
+    p.seed = 7 + i;
+    p.max_tokens = 120;
+    p.logprobs = 2;
+    p.grammar = PersonSchema();
+    params.push_back(p);
+  }
+  SamplingParams choice = Greedy(8);
+  choice.ignore_eos = false;
+  choice.grammar = structured::GrammarSpec{
+      structured::GrammarSpec::Kind::kChoice, "", {"France", "England", "Rome"}};
+  params.push_back(choice);
+  // Alone with plenty of pages, then all at once in a cache small enough to preempt.
+  std::vector<Collected> alone;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Harness h(4096, EngineConfig{}, TrainedModel());
+    auto stream = h.Submit("alone" + std::to_string(i), prompt, params[i]);
+    h.RunToIdle();
+    alone.push_back(Collect(*stream));
+  }
+  EngineConfig small;
+  small.max_num_batched_tokens = 64;
+  Harness h(16 * 14, small, TrainedModel());
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < params.size(); ++i)
+    streams.push_back(h.Submit("batched" + std::to_string(i), prompt, params[i]));
+  h.RunToIdle();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Collected& a = alone[i];
+    std::printf("request %zu (%s, %zu tokens): %s\n", i, a.finish.c_str(), a.tokens.size(),
+                nlohmann::json(a.text).dump().c_str());
+    ASSERT_TRUE(a.finish == "stop" || a.finish == "length") << a.finish;
+    EXPECT_TRUE(InLanguage(*params[i].grammar, a.text, a.finish == "stop"))
+        << "request " << i << " (" << a.finish << "): " << a.text;
+    for (const auto& l : a.logprobs)
+      EXPECT_TRUE(std::isfinite(l.logprob)) << a.text;
+    EXPECT_EQ(Collect(*streams[i]).tokens, a.tokens) << "request " << i;
+  }
+  EXPECT_TRUE(std::any_of(alone.begin(), alone.end() - 1,
+                          [](const Collected& c) { return c.finish == "stop"; }));
+  EXPECT_EQ(alone.back().finish, "stop");
+  EXPECT_TRUE(alone.back().text == "France" || alone.back().text == "England" ||
+              alone.back().text == "Rome")
+      << alone.back().text;
+
+  // Failover: resumed after 6 tokens, the rest is the same.
+  Harness again(4096, EngineConfig{}, TrainedModel());
+  EngineRequest resumed{"resumed", prompt, params[1]};
+  resumed.prompt.insert(resumed.prompt.end(), alone[1].tokens.begin(), alone[1].tokens.begin() + 6);
+  resumed.resumed_tokens = 6;
+  SubmitError error;
+  auto stream = again.engine.Submit(resumed, &error);
+  ASSERT_TRUE(stream.ok()) << stream.status().message();
+  again.RunToIdle();
+  EXPECT_EQ(Collect(*stream.value()).tokens,
+            std::vector<int32_t>(alone[1].tokens.begin() + 6, alone[1].tokens.end()));
+
+  // A bad grammar and ignore_eos are refused at submission, by name.
+  EngineRequest bad{"bad", prompt, params[0]};
+  bad.params.grammar->text = R"({"type": "string", "pattern": "(a)\\1"})";
+  auto refused = again.engine.Submit(bad, &error);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("backreferences"), std::string::npos);
+  bad.params = params[0];
+  bad.params.ignore_eos = true;
+  refused = again.engine.Submit(bad, &error);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("ignore_eos"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(DraftTokens, MtpEngineTest, ::testing::Values(1, 3));

@@ -2,14 +2,18 @@
 
 #include <algorithm>
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast.hpp>
+#include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <cmath>
 #include <ctime>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -24,20 +28,78 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using json = nlohmann::json;
 
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
 struct Endpoint {
   std::string host, port;
+  std::shared_ptr<net::ssl::context> tls;  // https: the client context (null: http)
 };
 
 Result<Endpoint> ParseUrl(const std::string& url) {
   std::string rest = url;
-  if (rest.rfind("http://", 0) == 0)
+  bool https = false;
+  if (rest.rfind("http://", 0) == 0) {
     rest = rest.substr(7);
-  else if (rest.find("://") != std::string::npos)
-    return Status::Errorf("--url {}: only http:// is supported", url);
+  } else if (rest.rfind("https://", 0) == 0) {
+    rest = rest.substr(8);
+    https = true;
+  } else if (rest.find("://") != std::string::npos) {
+    return Status::Errorf("--url {}: only http:// and https:// are supported", url);
+  }
   rest = rest.substr(0, rest.find('/'));
   const size_t colon = rest.rfind(':');
-  if (colon == std::string::npos) return Endpoint{rest, "80"};
-  return Endpoint{rest.substr(0, colon), rest.substr(colon + 1)};
+  Endpoint endpoint{rest, https ? "443" : "80", nullptr};
+  if (colon != std::string::npos && rest.back() != ']') {
+    endpoint.host = rest.substr(0, colon);
+    endpoint.port = rest.substr(colon + 1);
+  }
+  if (endpoint.host.size() >= 2 && endpoint.host.front() == '[')
+    endpoint.host = endpoint.host.substr(1, endpoint.host.size() - 2);
+  return endpoint;
+}
+
+// The client side of https://: the server's certificate verified against --ssl-ca-certs (or
+// the system's CAs) and its name against the URL's host, unless --insecure.
+Result<std::shared_ptr<net::ssl::context>> ClientTlsContext(const ServeBenchOptions& o) {
+  auto context = std::make_shared<net::ssl::context>(net::ssl::context::tls_client);
+  beast::error_code ec;
+  if (o.insecure) {
+    context->set_verify_mode(net::ssl::verify_none, ec);
+    return context;
+  }
+  context->set_verify_mode(net::ssl::verify_peer, ec);
+  if (o.ssl_ca_certs.empty()) {
+    context->set_default_verify_paths(ec);
+  } else {
+    context->load_verify_file(o.ssl_ca_certs, ec);
+  }
+  if (ec)
+    return Status::Errorf("--ssl-ca-certs {}: not a readable PEM certificate list ({})",
+                          o.ssl_ca_certs, ec.message());
+  return context;
+}
+
+// Connects `stream` (plain, or TLS with the handshake done) to the endpoint.
+beast::error_code Connect(net::io_context& io, const Endpoint& endpoint,
+                          beast::tcp_stream& stream) {
+  beast::error_code ec;
+  tcp::resolver resolver(io);
+  auto results = resolver.resolve(endpoint.host, endpoint.port, ec);
+  if (!ec) stream.connect(results, ec);
+  if (!ec) stream.socket().set_option(tcp::no_delay(true), ec);
+  return ec;
+}
+
+beast::error_code Connect(net::io_context& io, const Endpoint& endpoint, TlsStream& stream) {
+  beast::error_code ec = Connect(io, endpoint, beast::get_lowest_layer(stream));
+  if (ec) return ec;
+  beast::error_code not_ip;
+  net::ip::make_address(endpoint.host, not_ip);
+  if (not_ip)  // SNI carries names, never addresses
+    SSL_set_tlsext_host_name(stream.native_handle(), endpoint.host.c_str());
+  stream.set_verify_callback(net::ssl::host_name_verification(endpoint.host));
+  stream.handshake(net::ssl::stream_base::client, ec);
+  return ec;
 }
 
 struct RequestRecord {
@@ -50,11 +112,13 @@ struct RequestRecord {
   std::string text;
 };
 
-// One keep-alive connection issuing streaming completions one after another.
+// One keep-alive connection issuing streaming completions one after another, over a plain
+// (beast::tcp_stream) or a TLS stream (TlsStream).
+template <class Stream>
 class Client {
  public:
   Client(const Endpoint& endpoint, std::string api_key)
-      : endpoint_(endpoint), api_key_(std::move(api_key)), stream_(io_) {}
+      : endpoint_(endpoint), api_key_(std::move(api_key)) {}
 
   RequestRecord Complete(const std::string& model, const std::vector<int32_t>& prompt,
                          int64_t output_len) {
@@ -77,10 +141,12 @@ class Client {
     beast::error_code ec;
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (!connected_) {
-        tcp::resolver resolver(io_);
-        auto results = resolver.resolve(endpoint_.host, endpoint_.port, ec);
-        if (!ec) stream_.connect(results, ec);
-        if (!ec) stream_.socket().set_option(tcp::no_delay(true), ec);
+        if constexpr (std::is_same_v<Stream, TlsStream>) {
+          stream_.emplace(io_, *endpoint_.tls);
+        } else {
+          stream_.emplace(io_);
+        }
+        ec = Connect(io_, endpoint_, *stream_);
         if (ec) {
           record.error = "connect: " + ec.message();
           return record;
@@ -88,7 +154,7 @@ class Client {
         connected_ = true;
       }
       const double start = NowSeconds();
-      http::write(stream_, request, ec);
+      http::write(*stream_, request, ec);
       if (ec) {  // the server closed an idle keep-alive connection: reconnect once
         Reset();
         continue;
@@ -103,7 +169,8 @@ class Client {
  private:
   void Reset() {
     beast::error_code ignored;
-    stream_.socket().close(ignored);
+    if (stream_) beast::get_lowest_layer(*stream_).socket().close(ignored);
+    stream_.reset();  // a TLS stream is not reused after its connection ends
     connected_ = false;
     buffer_.clear();
   }
@@ -112,7 +179,7 @@ class Client {
     http::response_parser<http::buffer_body> parser;
     parser.body_limit(boost::none);
     beast::error_code ec;
-    http::read_header(stream_, buffer_, parser, ec);
+    http::read_header(*stream_, buffer_, parser, ec);
     if (ec) {
       record.error = "read: " + ec.message();
       return Reset();
@@ -125,7 +192,7 @@ class Client {
     while (!parser.is_done()) {
       parser.get().body().data = chunk;
       parser.get().body().size = sizeof(chunk);
-      http::read_some(stream_, buffer_, parser, ec);  // returns as soon as some body arrived
+      http::read_some(*stream_, buffer_, parser, ec);  // returns as soon as some body arrived
       if (ec == http::error::need_buffer) ec = {};
       if (ec) {
         record.error = "read: " + ec.message();
@@ -179,17 +246,23 @@ class Client {
   Endpoint endpoint_;
   std::string api_key_;
   net::io_context io_;
-  beast::tcp_stream stream_;
+  std::optional<Stream> stream_;
   beast::flat_buffer buffer_;
   bool connected_ = false;
 };
 
+template <class Stream>
 Result<std::string> FirstModel(const Endpoint& endpoint, const std::string& api_key) {
   try {
     net::io_context io;
-    beast::tcp_stream stream(io);
-    tcp::resolver resolver(io);
-    stream.connect(resolver.resolve(endpoint.host, endpoint.port));
+    std::optional<Stream> holder;
+    if constexpr (std::is_same_v<Stream, TlsStream>) {
+      holder.emplace(io, *endpoint.tls);
+    } else {
+      holder.emplace(io);
+    }
+    Stream& stream = *holder;
+    if (beast::error_code ec = Connect(io, endpoint, stream)) throw beast::system_error(ec);
     http::request<http::empty_body> request{http::verb::get, "/v1/models", 11};
     request.set(http::field::host, endpoint.host);
     if (!api_key.empty()) request.set(http::field::authorization, "Bearer " + api_key);
@@ -234,9 +307,14 @@ Stats Summarize(std::vector<double> values) {
 
 Result<ServeBenchResult> BenchServe(const ServeBenchOptions& o) {
   SY_ASSIGN_OR_RETURN(Endpoint endpoint, ParseUrl(o.url));
+  const bool https = o.url.rfind("https://", 0) == 0;
+  if (https) {
+    SY_ASSIGN_OR_RETURN(endpoint.tls, ClientTlsContext(o));
+  }
   std::string model = o.model;
   if (model.empty()) {
-    SY_ASSIGN_OR_RETURN(model, FirstModel(endpoint, o.api_key));
+    SY_ASSIGN_OR_RETURN(model, https ? FirstModel<TlsStream>(endpoint, o.api_key)
+                                     : FirstModel<beast::tcp_stream>(endpoint, o.api_key));
   }
   if (o.num_prompts <= 0 || o.input_len <= 0 || o.output_len <= 0)
     return Status::Error("--num-prompts, --input-len and --output-len must be positive");
@@ -302,11 +380,19 @@ Result<ServeBenchResult> BenchServe(const ServeBenchOptions& o) {
   std::vector<std::thread> threads;
   for (int64_t w = 0; w < workers; ++w) {
     threads.emplace_back([&] {
-      Client client(endpoint, o.api_key);
-      for (int64_t i; (i = next.fetch_add(1)) < o.num_prompts;) {
-        const double wait = start + arrivals[i] - NowSeconds();
-        if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
-        records[i] = client.Complete(model, prompts[i], output_lens[i]);
+      auto run = [&](auto& client) {
+        for (int64_t i; (i = next.fetch_add(1)) < o.num_prompts;) {
+          const double wait = start + arrivals[i] - NowSeconds();
+          if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+          records[i] = client.Complete(model, prompts[i], output_lens[i]);
+        }
+      };
+      if (https) {
+        Client<TlsStream> client(endpoint, o.api_key);
+        run(client);
+      } else {
+        Client<beast::tcp_stream> client(endpoint, o.api_key);
+        run(client);
       }
     });
   }

@@ -30,6 +30,8 @@ struct ServeBenchOptions {
   uint64_t seed = 0;
   double goodput_ttft_ms = 0, goodput_tpot_ms = 0, goodput_e2el_ms = 0;  // 0: no SLO
   std::string api_key;
+  std::string ssl_ca_certs;  // https://: the CAs to verify the server with (default: system's)
+  bool insecure = false;     // https://: do not verify the server's certificate
 };
 
 struct ServeBenchResult {

@@ -80,6 +80,9 @@ void AddBenchServeCommand(CLI::App& bench_app) {
   s->add_option("--goodput-tpot-ms", o.goodput_tpot_ms, "SLO for goodput: TPOT");
   s->add_option("--goodput-e2el-ms", o.goodput_e2el_ms, "SLO for goodput: end-to-end latency");
   s->add_option("--api-key", o.api_key, "Bearer key");
+  s->add_option("--ssl-ca-certs", o.ssl_ca_certs,
+                "https://: PEM CAs to verify the server with (default: the system's)");
+  s->add_flag("--insecure", o.insecure, "https://: do not verify the server's certificate");
   s->add_flag("--json", args->json, "Print vLLM's result JSON");
   s->callback([args] {
     auto result = bench::BenchServe(args->options);

@@ -3,6 +3,7 @@
 // the checkpoint's chat template); text prompts print text.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +27,7 @@ struct GenerateArgs {
   std::string kv_dtype = "bf16";
   SpeculativeArgs speculative;
   bool batch_invariant = false;
+  std::string record_expert_load;  // a file for the measured expert load
   ParallelArgs parallel;
 };
 
@@ -62,7 +64,9 @@ void RunGenerate(const GenerateArgs& args) {
     codec = std::make_unique<TextCodec>(LoadTextCodecOrFail(directory));
   const std::vector<std::vector<int32_t>> prompts =
       PromptIds(args, args.prompts.empty() ? nullptr : codec.get());
-  ParallelRun run = LoadParallel(directory, args.parallel);
+  ParallelArgs parallel = args.parallel;
+  parallel.record_expert_load = true;  // cheap, and the run reports its imbalance
+  ParallelRun run = LoadParallel(directory, parallel);
   Communicator& comm = *run.comm;
   const Model& model = *run.model;
   const ModelConfig& config = model.config();
@@ -107,7 +111,14 @@ void RunGenerate(const GenerateArgs& args) {
   std::vector<int64_t> per_position;
   for (int64_t a : result.accepted_per_position)
     per_position.push_back(comm.AllReduceSum(a));
+  const ExpertLoad load = GatherExpertLoad(run);
   if (comm.rank() != 0) return;
+  if (!args.record_expert_load.empty()) {
+    std::ofstream out(args.record_expert_load);
+    out << ExpertLoadToJson(load);
+    if (!out)
+      FailVerb(fmt::format("--record-expert-load {}: cannot write", args.record_expert_load));
+  }
   int64_t total_generated = 0;
   for (size_t s = 0; s < count; ++s)
     total_generated += static_cast<int64_t>(ordered[s].size());
@@ -122,7 +133,9 @@ void RunGenerate(const GenerateArgs& args) {
         {"outputs", outputs},
         {"prefill_seconds", prefill_seconds},
         {"decode_tokens_per_second", total_decoded / std::max(decode_seconds, 1e-9)},
+        {"expert_imbalance", nullptr},
         {"mtp", nullptr}};
+    if (load.imbalance) report["expert_imbalance"] = *load.imbalance;
     if (K > 0) {
       report["mtp"] = {
           {"draft_tokens", total_drafts},
@@ -154,6 +167,11 @@ void RunGenerate(const GenerateArgs& args) {
       total_generated / std::max(total_seconds, 1e-9), prefill_seconds,
       total_decoded / std::max(decode_seconds, 1e-9), static_cast<long long>(decode_steps),
       comm.size());
+  if (load.imbalance)
+    std::printf(
+        "expert imbalance %.3f (busiest rank's routed tokens over the mean rank's, "
+        "summed over layers and steps)\n",
+        *load.imbalance);
   if (K > 0)
     std::printf("mtp: %lld of %lld draft tokens accepted (%.3f), up to %lld per step\n",
                 static_cast<long long>(total_accepted), static_cast<long long>(total_drafts),
@@ -182,6 +200,9 @@ void AddGenerateVerb(CLI::App& app) {
       ->check(CLI::IsMember({"bf16", "f32"}));
   AddSpeculativeOptions(verb, args->speculative);
   AddBatchInvariantOption(verb, args->batch_invariant);
+  verb->add_option("--record-expert-load", args->record_expert_load,
+                   "Write the routed tokens per MoE layer and expert (all ranks, summed) to this "
+                   "JSON file: the input of `switchyard eplb`");
   AddParallelOptions(verb, args->parallel);
   verb->callback([args] { RunGenerate(*args); });
 }

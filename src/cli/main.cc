@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   sy::AddTokenizeVerb(app);
   sy::AddServeVerb(app);
   sy::AddRouteVerb(app);
+  sy::AddEplbVerb(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

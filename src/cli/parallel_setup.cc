@@ -1,8 +1,10 @@
 #include "cli/parallel_setup.h"
 
 #include <cstdio>
+#include <fstream>
 
 #include "cli/verbs.h"
+#include "serve/metrics.h"
 
 namespace sy {
 
@@ -35,11 +37,56 @@ void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
   verb->add_option("--progress-thread", args.progress_thread,
                    "A thread advancing started exchanges while compute runs")
       ->check(CLI::IsMember({"on", "off"}));
+  verb->add_option("--num-redundant-experts", args.redundant_experts,
+                   "Under mpirun: R extra physical experts, each rank holding (E + R) / N; without "
+                   "--expert-placement the extra slots replicate experts 0, 1, ...")
+      ->check(CLI::NonNegativeNumber);
+  verb->add_option("--expert-placement", args.expert_placement,
+                   "Under mpirun: the logical experts in each rank's slots per MoE layer, a JSON "
+                   "file from `switchyard eplb` (default: contiguous ranges)");
+  // The server's windowed recording rides along here; generate records its whole run itself.
+  if (verb->get_name() == "serve") AddExpertLoadWindowOptions(verb, args);
 }
 
+void AddExpertLoadWindowOptions(CLI::App* verb, ParallelArgs& args) {
+  verb->add_option("--record-expert-load", args.expert_load_file,
+                   "Write each window's routed tokens per MoE layer and expert (all ranks, "
+                   "summed) to this JSON file, the input of `switchyard eplb`; under mpirun "
+                   "/metrics then reports switchyard:expert_imbalance");
+  verb->add_option("--expert-load-window", args.expert_load_window,
+                   "Steps per expert-load window (with --record-expert-load)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+}
+
+namespace {
+
+// Each window's load replaces the file (written aside, then renamed, so a reader never sees
+// half of one), and under mpirun its imbalance goes to /metrics.
+void WriteExpertLoadWindows(ParallelRun& run, const std::string& path, int64_t steps) {
+  RecordExpertLoadWindows(run, steps, [path](const ExpertLoad& load) {
+    {
+      std::ofstream out(path + ".tmp");
+      out << ExpertLoadToJson(load);
+    }
+    if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0)
+      std::fprintf(stderr, "switchyard: --record-expert-load %s: cannot write\n", path.c_str());
+    if (!load.imbalance) return;
+    std::vector<std::pair<int64_t, double>> per_layer;
+    for (size_t l = 0; l < load.layer_imbalance.size(); ++l)
+      per_layer.emplace_back(load.layers[l], load.layer_imbalance[l]);
+    serve::PublishExpertImbalance(*load.imbalance, std::move(per_layer));
+  });
+}
+
+}  // namespace
+
 ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args) {
-  auto run = LoadParallelRun(directory, args);
+  ParallelArgs options = args;
+  if (!args.expert_load_file.empty()) options.record_expert_load = true;
+  auto run = LoadParallelRun(directory, options);
   if (!run.ok()) FailVerb(run.status().message());
+  if (!args.expert_load_file.empty())
+    WriteExpertLoadWindows(run.value(), args.expert_load_file, args.expert_load_window);
   return std::move(run).value();
 }
 

@@ -23,6 +23,10 @@ ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args)
 // Registers --wire-dtype and --overlap on a verb.
 void AddParallelOptions(CLI::App* verb, ParallelArgs& args);
 
+// A server's --record-expert-load FILE and --expert-load-window STEPS: LoadParallel then writes
+// each window's load to FILE and, under mpirun, its imbalance to /metrics.
+void AddExpertLoadWindowOptions(CLI::App* verb, ParallelArgs& args);
+
 // Fails every rank alike: a message on rank 0, then a non-zero exit everywhere.
 [[noreturn]] void FailEverywhere(Communicator& comm, const std::string& message);
 

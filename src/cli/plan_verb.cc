@@ -5,6 +5,7 @@
 
 #include "cli/verbs.h"
 #include "model/config.h"
+#include "model/gguf_model.h"
 #include "plan/calibration.h"
 #include "plan/planner.h"
 #include "plan/svg_plot.h"
@@ -22,10 +23,14 @@ struct PlanArgs {
   std::vector<int> ep;
   bool json = false;
   std::string plot;
+  double expert_imbalance = 1.0;
+  double expert_skew = 0;
+  double imbalance_target = 1.10;
 };
 
 void RunPlan(const PlanArgs& args) {
-  auto config = LoadModelConfig(args.model);
+  auto config =
+      IsGgufFile(args.model) ? LoadGgufModelConfig(args.model) : LoadModelConfig(args.model);
   if (!config.ok()) FailVerb(config.status().message());
   if (config.value().n_routed_experts == 0)
     FailVerb(args.model + ": the planner needs an MoE model");
@@ -44,6 +49,9 @@ void RunPlan(const PlanArgs& args) {
   plan::CostModel model(config.value(), spec, workload);
   plan::SearchSpace space;
   space.ep = args.ep;
+  space.expert_imbalance = args.expert_imbalance;
+  space.expert_skew = args.expert_skew;
+  space.imbalance_target = args.imbalance_target;
   plan::Plan result = plan::MakePlan(model, config.value(), space);
   if (!args.plot.empty()) {
     std::ofstream out(args.plot);
@@ -62,7 +70,8 @@ void AddPlanVerb(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* verb = app.add_subcommand(
       "plan", "Deployment planner: memory fit, roofline time model, Pareto frontier");
-  verb->add_option("--model", args->model, "config.json of the model (configs/deepseek-v3.json)")
+  verb->add_option("--model", args->model,
+                   "config.json of the model (configs/deepseek-v3.json), or a GGUF")
       ->required();
   verb->add_option("--hardware", args->hardware,
                    "H100, H200, B200, GB200, or a JSON spec file (docs/planner.md)");
@@ -74,6 +83,18 @@ void AddPlanVerb(CLI::App& app) {
   verb->add_option("--acceptance", args->acceptance, "Draft acceptance rate")
       ->check(CLI::Range(0.0, 1.0));
   verb->add_option("--ep", args->ep, "Restrict EP sizes (repeatable)")->check(CLI::PositiveNumber);
+  verb->add_option("--expert-imbalance", args->expert_imbalance,
+                   "Measured expert imbalance (busiest EP rank's routed rows over the mean "
+                   "rank's; `generate --json` under mpirun reports it): MoE layers wait for the "
+                   "busiest rank")
+      ->check(CLI::Range(1.0, 1e6));
+  verb->add_option("--expert-skew", args->expert_skew,
+                   "Zipf exponent of the experts' loads (0: balanced): each EP size gets the "
+                   "fewest redundant experts whose balanced imbalance meets --imbalance-target")
+      ->check(CLI::Range(0.0, 10.0));
+  verb->add_option("--imbalance-target", args->imbalance_target,
+                   "Expert imbalance the redundant experts should reach (default 1.10)")
+      ->check(CLI::Range(1.0, 100.0));
   verb->add_flag("--json", args->json, "Print JSON instead of a table");
   verb->add_option("--plot", args->plot, "Write the Pareto figure as SVG");
   verb->callback([args] { RunPlan(*args); });

@@ -6,8 +6,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "cli/tls_options.h"
 #include "cli/verbs.h"
 #include "route/router.h"
+#include "serve/access.h"
+#include "serve/grpc_tls.h"
 #include "serve/http_server.h"
 
 namespace sy {
@@ -26,11 +29,30 @@ struct RouteArgs {
   double probe_interval = 0.25;
   double stall_timeout = 10;
   int64_t max_requests = 4096;
+  HttpsArgs https;
+  serve::GrpcTlsFiles engine_tls;  // the instances' CA; the router's client certificate
 };
+
+// An instance on another host reached in clear text: its traffic is readable on the way, and
+// whoever answers at that address gets the prompts.
+void WarnIfEnginesInClearText(const RouteArgs& args) {
+  if (args.engine_tls.enabled()) return;
+  for (const std::string& engine : args.engines) {
+    const std::string host = engine.substr(0, engine.rfind(':'));
+    if (!serve::IsLoopbackHost(host))
+      WarnIfExposed(
+          fmt::format("warning: instance {} is reached in clear text without checking who answers "
+                      "(--engine-tls-ca, --engine-tls-cert, --engine-tls-key for mutual TLS)",
+                      engine));
+  }
+}
 
 void RunRoute(const RouteArgs& args) {
   auto policy = route::ParsePolicy(args.policy);
   if (!policy.ok()) FailVerb(policy.status().message());
+  CheckHttpsOrFail(args.https);
+  if (Status s = serve::CheckGrpcClientTls(args.engine_tls); !s.ok()) FailVerb(s.message());
+  WarnIfEnginesInClearText(args);
   const std::string directory = ResolveModelDirectory(args.model);
   TextCodec codec = LoadTextCodecOrFail(directory);
   route::RouterOptions options;
@@ -39,6 +61,7 @@ void RunRoute(const RouteArgs& args) {
   options.probe_interval_seconds = args.probe_interval;
   options.stall_timeout_seconds = args.stall_timeout;
   options.max_requests = args.max_requests;
+  options.credentials = serve::GrpcChannelCredentials(args.engine_tls);
   route::Router router(options);
   if (Status s = router.Start(args.wait); !s.ok()) FailVerb(s.message());
   const RequestLimits limits = router.limits();
@@ -50,6 +73,7 @@ void RunRoute(const RouteArgs& args) {
   server_options.host = args.host;
   server_options.port = args.port;
   server_options.api_key = args.api_key;
+  server_options.tls = args.https.Files();
   server_options.io_threads = args.io_threads;
   server_options.limits.model_name =
       args.served_model_name.empty() ? std::string("default") : args.served_model_name;
@@ -89,11 +113,16 @@ void RunRoute(const RouteArgs& args) {
   };
   serve::OpenAiServer server(router, codec, server_options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
+  WarnIfExposed(serve::HttpExposureWarning(args.host, server.port(), server_options.tls.enabled(),
+                                           !args.api_key.empty()));
   std::printf(
-      "switchyard: serving %s on http://%s:%d (pid %d; router over %zu instances, policy "
+      "switchyard: serving %s on %s://%s:%d (pid %d; router over %zu instances%s, policy "
       "%s)\n",
-      server_options.limits.model_name.c_str(), args.host.c_str(), server.port(),
-      static_cast<int>(::getpid()), args.engines.size(), route::PolicyName(options.policy));
+      server_options.limits.model_name.c_str(), server_options.tls.enabled() ? "https" : "http",
+      args.host.c_str(), server.port(), static_cast<int>(::getpid()), args.engines.size(),
+      args.engine_tls.cert_file.empty() ? (args.engine_tls.enabled() ? " over TLS" : "")
+                                        : " over mutual TLS",
+      route::PolicyName(options.policy));
   std::fflush(stdout);
   server.Run();
   std::printf("switchyard: stopped (%lld failovers)\n",
@@ -113,7 +142,12 @@ void AddRouteVerb(CLI::App& app) {
   verb->add_option("--port", args->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   verb->add_option("--policy", args->policy,
                    "cache_aware (default), least_load, round_robin or power_of_two");
-  verb->add_option("--api-key", args->api_key, "Require Authorization: Bearer KEY");
+  AddHttpsOptions(verb, args->https, args->api_key);
+  verb->add_option("--engine-tls-ca", args->engine_tls.ca_file,
+                   "Reach the instances over TLS, trusting certificates from these PEM CAs");
+  verb->add_option("--engine-tls-cert", args->engine_tls.cert_file,
+                   "The router's PEM client certificate for instances that require one");
+  verb->add_option("--engine-tls-key", args->engine_tls.key_file, "Its PEM private key");
   verb->add_option("--model", args->model,
                    "Checkpoint directory whose tokenizer and chat template to use (default: "
                    "models/default)");

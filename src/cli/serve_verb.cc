@@ -7,10 +7,13 @@
 
 #include "cli/common.h"
 #include "cli/parallel_setup.h"
+#include "cli/tls_options.h"
 #include "cli/verbs.h"
 #include "engine/engine.h"
+#include "serve/access.h"
 #include "serve/cluster.h"
 #include "serve/grpc_service.h"
+#include "serve/grpc_tls.h"
 #include "serve/http_server.h"
 
 namespace sy {
@@ -34,6 +37,8 @@ struct ServeArgs {
   bool batch_invariant = false;
   int grpc_port = -1;  // -1: no gRPC
   std::string grpc_host;
+  serve::GrpcTlsFiles grpc_tls;
+  HttpsArgs https;
   ParallelArgs parallel;
 };
 
@@ -51,14 +56,31 @@ std::unique_ptr<serve::GrpcEngineServer> StartGrpc(const ServeArgs& args, Reques
   info.max_model_len = engine_config.max_model_len;
   info.num_speculative_tokens = engine_config.num_speculative_tokens;
   auto server = std::make_unique<serve::GrpcEngineServer>(frontend, info);
-  *status = server->Start(args.grpc_host.empty() ? args.host : args.grpc_host, args.grpc_port);
+  const std::string host = args.grpc_host.empty() ? args.host : args.grpc_host;
+  *status = server->Start(host, args.grpc_port, serve::GrpcServerCredentials(args.grpc_tls));
+  if (status->ok())
+    WarnIfExposed(serve::GrpcExposureWarning(host, server->port(), args.grpc_tls.enabled(),
+                                             !args.grpc_tls.ca_file.empty()));
   return server;
 }
 
 std::string GrpcNote(const serve::GrpcEngineServer* grpc, const ServeArgs& args) {
   if (grpc == nullptr) return "";
-  return fmt::format(" and grpc://{}:{}", args.grpc_host.empty() ? args.host : args.grpc_host,
-                     grpc->port());
+  return fmt::format(" and grpc://{}:{}{}", args.grpc_host.empty() ? args.host : args.grpc_host,
+                     grpc->port(),
+                     !args.grpc_tls.enabled()        ? ""
+                     : args.grpc_tls.ca_file.empty() ? " (TLS)"
+                                                     : " (mutual TLS)");
+}
+
+const char* Scheme(const ServeArgs& args) {
+  return args.https.certfile.empty() ? "http" : "https";
+}
+
+// Flags that cannot work together fail before the model loads.
+void CheckSecurityFlagsOrFail(const ServeArgs& args) {
+  CheckHttpsOrFail(args.https);
+  if (Status s = serve::CheckGrpcServerTls(args.grpc_tls); !s.ok()) FailVerb(s.message());
 }
 
 serve::ServerOptions ServerOptionsFrom(const ServeArgs& args, int64_t cache_tokens,
@@ -67,6 +89,7 @@ serve::ServerOptions ServerOptionsFrom(const ServeArgs& args, int64_t cache_toke
   options.host = args.host;
   options.port = args.port;
   options.api_key = args.api_key;
+  options.tls = args.https.Files();
   options.io_threads = args.io_threads;
   options.limits.model_name = args.served_model_name.empty()
                                   ? (args.model.empty() ? std::string("default") : args.model)
@@ -92,6 +115,9 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   if (comm.rank() == 0) {
     server = std::make_unique<serve::OpenAiServer>(cluster, codec, options);
     listening = server->Listen();
+    if (listening.ok())
+      WarnIfExposed(serve::HttpExposureWarning(args.host, server->port(), options.tls.enabled(),
+                                               !args.api_key.empty()));
     for (int g = 0; g < cluster.groups() && listening.ok() && args.grpc_port >= 0; ++g) {
       groups.push_back(std::make_unique<serve::GroupFrontend>(cluster, g));
       ServeArgs group_args = args;
@@ -110,9 +136,9 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
     return;
   }
   std::printf(
-      "switchyard: serving %s on http://%s:%d%s (pid %d; %d ranks, %d DP groups of TP %d; "
+      "switchyard: serving %s on %s://%s:%d%s (pid %d; %d ranks, %d DP groups of TP %d; "
       "cache %lld tokens per group in %s, chat template %s)\n",
-      options.limits.model_name.c_str(), args.host.c_str(), server->port(),
+      options.limits.model_name.c_str(), Scheme(args), args.host.c_str(), server->port(),
       [&] {
         std::string note;
         for (const auto& g : grpc)
@@ -135,6 +161,7 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
 }
 
 void RunServe(const ServeArgs& args) {
+  CheckSecurityFlagsOrFail(args);
   const std::string directory = ResolveModelDirectory(args.model);
   TextCodec codec = LoadTextCodecOrFail(directory);
   ParallelRun run = LoadParallel(directory, args.parallel);
@@ -175,15 +202,17 @@ void RunServe(const ServeArgs& args) {
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
   serve::OpenAiServer server(engine, codec, options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
+  WarnIfExposed(serve::HttpExposureWarning(args.host, server.port(), options.tls.enabled(),
+                                           !args.api_key.empty()));
   Status grpc_status = Status::Ok();
   auto grpc = StartGrpc(args, engine, options, engine_config, engine.page_size(), config.vocab_size,
                         &grpc_status);
   if (!grpc_status.ok()) FailVerb(grpc_status.message());
   engine.Start();
   std::printf(
-      "switchyard: serving %s on http://%s:%d%s (pid %d; cache %lld tokens in %s, chat "
+      "switchyard: serving %s on %s://%s:%d%s (pid %d; cache %lld tokens in %s, chat "
       "template %s)\n",
-      options.limits.model_name.c_str(), args.host.c_str(), server.port(),
+      options.limits.model_name.c_str(), Scheme(args), args.host.c_str(), server.port(),
       GrpcNote(grpc.get(), args).c_str(), static_cast<int>(::getpid()),
       static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
@@ -218,7 +247,7 @@ void AddServeVerb(CLI::App& app) {
   verb->add_option("--max-waiting", args->max_waiting,
                    "Queued requests before new ones get 503 (Retry-After)")
       ->check(CLI::Range(1, 1 << 20));
-  verb->add_option("--api-key", args->api_key, "Require Authorization: Bearer KEY");
+  AddHttpsOptions(verb, args->https, args->api_key);
   verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")
       ->check(CLI::IsMember({"bf16", "f32"}));
   verb->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
@@ -231,6 +260,11 @@ void AddServeVerb(CLI::App& app) {
                    "port (0: any free port)")
       ->check(CLI::Range(0, 65535));
   verb->add_option("--grpc-host", args->grpc_host, "Address for gRPC (default: --host)");
+  verb->add_option("--grpc-tls-cert", args->grpc_tls.cert_file,
+                   "gRPC over TLS with this PEM certificate chain (re-read when it changes)");
+  verb->add_option("--grpc-tls-key", args->grpc_tls.key_file, "Its PEM private key");
+  verb->add_option("--grpc-tls-client-ca", args->grpc_tls.ca_file,
+                   "Require gRPC clients (the router) to present a certificate from these CAs");
   AddSpeculativeOptions(verb, args->speculative);
   AddParallelOptions(verb, args->parallel);
   verb->callback([args] { RunServe(*args); });

@@ -14,6 +14,7 @@ void AddBenchVerb(CLI::App& app);
 void AddTokenizeVerb(CLI::App& app);
 void AddServeVerb(CLI::App& app);
 void AddRouteVerb(CLI::App& app);
+void AddEplbVerb(CLI::App& app);
 // `bench layer` and `bench decode`, registered under `bench`.
 void AddBenchLayerCommand(CLI::App& bench);
 void AddBenchDecodeCommand(CLI::App& bench);

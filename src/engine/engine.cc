@@ -1,10 +1,13 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 
 #include "base/clock.h"
+#include "structured/matcher.h"
 
 namespace sy {
 
@@ -43,6 +46,9 @@ struct Engine::Sequence {
   // MTP drafts for the next step's verification, each with the distribution it was drawn from.
   std::vector<int32_t> drafts;
   std::vector<TokenDistribution> draft_distributions;
+  // Structured output: the grammar's state after the generated tokens (kept across preemption,
+  // rebuilt from the resumed tokens on failover).
+  std::unique_ptr<structured::GrammarMatcher> grammar;
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_length; }
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
@@ -178,6 +184,15 @@ Result<std::unique_ptr<Engine::Sequence>> Engine::Prepare(EngineRequest request)
     ++seq->penalties.generated_counts[t];
     bool stopped = false;
     seq->detokenizer->Add(t, &stopped);
+  }
+  if (request.params.grammar) {
+    auto compiled = Grammars().Compile(*request.params.grammar);
+    if (!compiled.ok()) return compiled.status();
+    seq->grammar = std::make_unique<structured::GrammarMatcher>(*compiled);
+    for (int64_t i = seq->prompt_length; i < static_cast<int64_t>(request.prompt.size()); ++i) {
+      Status status = seq->grammar->AcceptToken(request.prompt[static_cast<size_t>(i)]);
+      if (!status.ok()) return status.WithContext("the resumed output does not fit its grammar");
+    }
   }
   seq->arrival = NowSeconds();
   seq->request = std::move(request);
@@ -354,10 +369,41 @@ void Engine::RecordPromptLogprobs(Sequence& seq, int64_t first, int64_t count, c
   }
 }
 
+structured::GrammarCompiler& Engine::Grammars() {
+  std::call_once(grammars_once_, [&] {
+    structured::Vocabulary vocab;
+    const int64_t size = model_.config().vocab_size;
+    for (int64_t id = 0; id < size; ++id) {
+      const auto t = static_cast<int32_t>(id);
+      vocab.token_bytes.emplace_back(tokenizer_.TokenBytes(t));  // empty past the tokenizer's
+      vocab.special.push_back(tokenizer_.IsSpecial(t) ? 1 : 0);
+    }
+    vocab.eos_ids.push_back(static_cast<int32_t>(model_.config().eos_token_id));
+    grammars_ = std::make_unique<structured::GrammarCompiler>(std::move(vocab));
+  });
+  return *grammars_;
+}
+
+const float* Engine::GrammarRow(Sequence& seq, const float* row) {
+  if (!seq.grammar) return row;
+  const int64_t vocab = model_.config().vocab_size;
+  grammar_mask_.resize(static_cast<size_t>((vocab + 63) / 64));
+  seq.grammar->FillNextTokenMask(grammar_mask_);
+  masked_row_.resize(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) {
+    const bool allowed = (grammar_mask_[static_cast<size_t>(i >> 6)] >> (i & 63)) & 1;
+    masked_row_[static_cast<size_t>(i)] =
+        allowed ? row[i] : -std::numeric_limits<float>::infinity();
+  }
+  return masked_row_.data();
+}
+
 std::vector<int32_t> Engine::BlockedTokens(const Sequence& seq) const {
   const SamplingParams& params = seq.request.params;
   std::vector<int32_t> blocked;
-  if (seq.generated() < params.min_tokens) {
+  // A complete structured output may end whatever min_tokens says: nothing else may follow.
+  const bool grammar_done = seq.grammar && seq.grammar->IsComplete();
+  if (seq.generated() < params.min_tokens && !grammar_done) {
     blocked = params.stop_token_ids;
     if (!params.ignore_eos) blocked.push_back(static_cast<int32_t>(model_.config().eos_token_id));
   }
@@ -369,6 +415,13 @@ std::string Engine::EmitToken(Sequence& seq, int32_t token, const float* row, do
   const int64_t vocab = model_.config().vocab_size;
   const SamplingParams& params = seq.request.params;
   seq.tokens.push_back(token);
+  if (seq.grammar) {
+    Status status = seq.grammar->AcceptToken(token);
+    if (!status.ok()) {  // the mask makes this unreachable; never emit text outside the grammar
+      event.error = status.message();
+      return "error";
+    }
+  }
   ++seq.penalties.generated_counts[token];
   if (!seq.penalties.in_prompt.empty()) seq.penalties.in_prompt[token] = 1;
   event.token_ids.push_back(token);
@@ -376,6 +429,8 @@ std::string Engine::EmitToken(Sequence& seq, int32_t token, const float* row, do
     SampledToken sampled;
     sampled.token = token;
     FillLogprobs(row, vocab, params, scratch_, sampled);
+    // A grammar may leave fewer candidates than asked for: the masked ones are not alternatives.
+    std::erase_if(sampled.top, [](const auto& t) { return !std::isfinite(t.second); });
     event.logprobs.push_back({token, sampled.logprob, std::move(sampled.top)});
   }
   {
@@ -434,7 +489,7 @@ void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, doub
   if (all_rows) RecordPromptLogprobs(seq, first, count, rows);
   if (seq.remaining() > 0) return;  // a prefill chunk with more to come
 
-  const float* last = rows + (all_rows ? count - 1 : 0) * vocab;
+  const float* last = GrammarRow(seq, rows + (all_rows ? count - 1 : 0) * vocab);
   RequestEvent event;
   bool stopped_by_string = false;
   std::string reason;
@@ -462,7 +517,7 @@ void Engine::ProcessVerification(Sequence& seq, int64_t drafts, const float* row
   std::string reason;
   int64_t accepted = 0;
   for (int64_t j = 0; j <= drafts && reason.empty(); ++j) {
-    const float* row = rows + j * vocab;
+    const float* row = GrammarRow(seq, rows + j * vocab);
     const int64_t step = seq.generated();
     const TokenDistribution p =
         ProcessedDistribution(row, vocab, params, seq.penalties, BlockedTokens(seq), scratch_);
@@ -543,7 +598,9 @@ void Engine::Draft(const std::vector<std::pair<Sequence*, int64_t>>& scheduled,
     for (size_t m = 0; m < members.size(); ++m) {
       Sequence& seq = *members[m];
       const SequenceSlice& slice = mtp.sequences[m];
-      const bool decoding = seq.remaining() == 1 && static_cast<int64_t>(seq.drafts.size()) == k;
+      // Structured outputs decode without drafts (their masks would need the drafts' states).
+      const bool decoding =
+          seq.remaining() == 1 && static_cast<int64_t>(seq.drafts.size()) == k && !seq.grammar;
       if (!decoding) continue;
       const SamplingParams& params = seq.request.params;
       const float* row = logits.data() + static_cast<int64_t>(m) * vocab;

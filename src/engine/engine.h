@@ -25,6 +25,7 @@
 #include "engine/page_pool.h"
 #include "engine/request.h"
 #include "model/model.h"
+#include "structured/compiler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sy {
@@ -167,6 +168,11 @@ class Engine : public RequestFrontend {
              const std::vector<int64_t>& first_positions, const ForwardBatch& batch);
   void PublishGauges();
   void RecordPromptLogprobs(Sequence& seq, int64_t first, int64_t count, const float* rows);
+  // Structured output: `row` with every token the sequence's grammar forbids at -inf (in
+  // masked_row_), or `row` itself for a sequence without a grammar.
+  const float* GrammarRow(Sequence& seq, const float* row);
+  // The compiler of grammars against this engine's vocabulary, made on first use.
+  structured::GrammarCompiler& Grammars();
 
   const Model& model_;
   LatentCache& cache_;
@@ -194,6 +200,10 @@ class Engine : public RequestFrontend {
   std::vector<float> logits_;
   std::vector<float> final_hidden_;  // the step's final hidden rows, for MTP drafting
   std::vector<float> scratch_, dense_scratch_;
+  std::vector<float> masked_row_;
+  std::vector<uint64_t> grammar_mask_;
+  std::once_flag grammars_once_;
+  std::unique_ptr<structured::GrammarCompiler> grammars_;
 
   mutable std::mutex metrics_mutex_;
   EngineMetrics metrics_;

@@ -35,6 +35,10 @@ Status SamplingParams::Validate(int64_t vocab_size) const {
   if (min_tokens < 0 || min_tokens > max_tokens)
     return Status::Errorf("min_tokens must be in [0, max_tokens = {}], got {}", max_tokens,
                           min_tokens);
+  if (grammar && ignore_eos)
+    return Status::Error(
+        "ignore_eos cannot be combined with structured output (the grammar "
+        "decides where the output ends)");
   if (logprobs && (*logprobs < 0 || *logprobs > 20))
     return Status::Errorf("logprobs must be in [0, 20], got {}", *logprobs);
   if (prompt_logprobs && (*prompt_logprobs < 0 || *prompt_logprobs > 20))

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "structured/compiler.h"
 
 namespace sy {
 
@@ -32,6 +33,9 @@ struct SamplingParams {
   std::optional<int64_t> prompt_logprobs;  // ... per prompt token
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;
+  // Structured output: the generated text must be in this grammar's language (the engine
+  // compiles it against its vocabulary and masks every token the grammar does not allow).
+  std::optional<structured::GrammarSpec> grammar;
 
   // Ranges as vLLM checks them; the message names the field.
   Status Validate(int64_t vocab_size) const;

@@ -152,8 +152,12 @@ void FinalizeRouting(const ExpertRouting& routing, const float* expert_rows, con
 
 void MoeForward(const ModelConfig& c, const MoeWeights& w, const float* x, int64_t tokens,
                 float* out) {
-  const int64_t D = c.hidden_size;
-  ExpertRouting routing = RouteTokens(c, w, x, tokens);
+  MoeForwardRouted(c, w, RouteTokens(c, w, x, tokens), x, out);
+}
+
+void MoeForwardRouted(const ModelConfig& c, const MoeWeights& w, const ExpertRouting& routing,
+                      const float* x, float* out) {
+  const int64_t D = c.hidden_size, tokens = routing.tokens;
   std::vector<float> expert_rows(static_cast<size_t>(tokens * routing.top_k * D));
   RunExperts(w, routing, x, D, expert_rows.data());
   std::vector<float> shared;

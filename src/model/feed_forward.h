@@ -51,5 +51,8 @@ void RunExpertsReference(const MoeWeights& w, const ExpertRouting& routing, cons
 // The whole MoE block in one process: out[tokens, D].
 void MoeForward(const ModelConfig& config, const MoeWeights& w, const float* x, int64_t tokens,
                 float* out);
+// The same after RouteTokens (routing of these x).
+void MoeForwardRouted(const ModelConfig& config, const MoeWeights& w, const ExpertRouting& routing,
+                      const float* x, float* out);
 
 }  // namespace sy

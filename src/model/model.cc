@@ -6,20 +6,56 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
 #include "model/feed_forward.h"
+#include "model/gguf_model.h"
+#include "model/load_progress.h"
 
 namespace sy {
+namespace {
+
+// "N tensors, X.Y GB" of a checkpoint, for the progress lines.
+std::string CheckpointSize(const Checkpoint& checkpoint) {
+  uint64_t bytes = 0;
+  for (const auto& [name, tensor] : checkpoint.tensors())
+    bytes += tensor.entry->data_end - tensor.entry->data_begin;
+  return fmt::format("{} tensors, {:.1f} MB", checkpoint.tensors().size(), bytes / 1e6);
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
                                            const WeightLoadOptions& options) {
   auto model = std::unique_ptr<Model>(new Model());
   model->directory_ = directory;
-  SY_ASSIGN_OR_RETURN(model->config_,
-                      LoadModelConfig((std::filesystem::path(directory) / "config.json").string()));
-  SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(directory));
-  model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
+  LoadProgress progress(directory);
+  if (IsGgufFile(directory)) {
+    // A llama.cpp GGUF: config from its metadata, weights dequantized into memory.
+    SY_ASSIGN_OR_RETURN(GgufShards gguf, GgufShards::Open(directory));
+    SY_ASSIGN_OR_RETURN(model->config_, GgufModelConfig(gguf));
+    size_t tensors = 0;
+    for (const GgufFile& file : gguf.files())
+      tensors += file.tensors().size();
+    progress.Stage(fmt::format("GGUF v{} mapped ({} file{}), {} tensors, config read",
+                               gguf.first().version(), gguf.files().size(),
+                               gguf.files().size() == 1 ? "" : "s", tensors));
+    SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, GgufCheckpoint(gguf, model->config_));
+    model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
+    progress.Stage(fmt::format("dequantized into memory, {}", CheckpointSize(*model->checkpoint_)));
+  } else {
+    SY_ASSIGN_OR_RETURN(
+        model->config_,
+        LoadModelConfig((std::filesystem::path(directory) / "config.json").string()));
+    SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(directory));
+    model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
+    progress.Stage(
+        fmt::format("config read, checkpoint mapped, {}", CheckpointSize(*model->checkpoint_)));
+  }
   SY_ASSIGN_OR_RETURN(model->weights_, LoadWeights(*model->checkpoint_, model->config_, options,
                                                    &model->unused_tensors_));
-  if (options.pack) PackWeights(model->config_, model->weights_);
+  progress.Stage(fmt::format("{} layers' weights checked", model->weights_.layers.size()));
+  if (options.pack) {
+    PackWeights(model->config_, model->weights_);
+    progress.Stage("weights packed for the kernels");
+  }
   model->attention_config_ = model->config_;
   if (options.tp_size > 1) {
     if (model->config_.num_attention_heads % options.tp_size != 0)
@@ -36,6 +72,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
     model->layer_table_.push_back(&layer);
   for (const auto& mtp : model->weights_.mtp)
     model->layer_table_.push_back(&mtp.block);
+  progress.Done();
   return model;
 }
 

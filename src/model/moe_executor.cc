@@ -6,9 +6,15 @@
 
 namespace sy {
 
-void LocalMoe::Run(const ModelConfig& config, const MoeWeights& weights, int64_t, const float* x,
-                   int64_t tokens, float* out) {
-  if (tokens > 0) MoeForward(config, weights, x, tokens, out);
+void LocalMoe::Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer,
+                   const float* x, int64_t tokens, float* out) {
+  if (recorder_ == nullptr) {
+    if (tokens > 0) MoeForward(config, weights, x, tokens, out);
+    return;
+  }
+  const ExpertRouting routing = RouteTokens(config, weights, x, tokens);
+  recorder_->Record(layer, routing);  // empty batches too: they are steps of the window
+  if (tokens > 0) MoeForwardRouted(config, weights, routing, x, out);
 }
 
 void WholeLayerMoe::Begin(const ModelConfig& config, const MoeWeights& weights, int64_t layer,

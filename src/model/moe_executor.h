@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/expert_load.h"
 #include "model/weights.h"
 
 namespace sy {
@@ -30,6 +31,13 @@ class MoeExecutor {
                      const float* x, int64_t tokens, int slot) = 0;
   virtual void Middle(int slot) = 0;
   virtual void End(int slot, float* out) = 0;
+
+  // Routed slots per logical expert (and, under expert parallelism, each exchange's received
+  // rows) go to `recorder` from now on; null stops recording. Not owned.
+  void set_load_recorder(ExpertLoadRecorder* recorder) { recorder_ = recorder; }
+
+ protected:
+  ExpertLoadRecorder* recorder_ = nullptr;
 };
 
 // An executor with nothing to wait for: the whole layer runs in Begin, End hands the result.

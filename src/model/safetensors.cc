@@ -175,6 +175,31 @@ Result<Checkpoint> Checkpoint::Open(const std::string& directory) {
   return checkpoint;
 }
 
+Checkpoint Checkpoint::FromMemory(const std::string& name, std::vector<TensorToWrite> tensors,
+                                  std::vector<std::string> sources) {
+  Checkpoint checkpoint;
+  checkpoint.directory_ = name;
+  auto shard = std::make_unique<Shard>();
+  shard->entries.reserve(tensors.size());
+  shard->owned.reserve(tensors.size());
+  shard->sources = std::move(sources);
+  shard->sources.resize(tensors.size(), name);
+  for (auto& tensor : tensors) {
+    SafetensorsEntry entry;
+    entry.name = tensor.name;
+    entry.dtype = tensor.dtype;
+    entry.shape = tensor.shape;
+    entry.data_end = tensor.bytes.size();
+    shard->entries.push_back(std::move(entry));
+    shard->owned.push_back(std::move(tensor.bytes));
+  }
+  for (size_t i = 0; i < shard->entries.size(); ++i)
+    checkpoint.tensors_[shard->entries[i].name] =
+        CheckpointTensor{&shard->entries[i], shard->owned[i].data(), &shard->sources[i]};
+  checkpoint.shards_.push_back(std::move(shard));
+  return checkpoint;
+}
+
 const CheckpointTensor* Checkpoint::Find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;

@@ -37,11 +37,23 @@ struct CheckpointTensor {
   const std::string* file = nullptr;
 };
 
+// One tensor to write: raw little-endian bytes of `dtype` with `shape`.
+struct TensorToWrite {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
 // A checkpoint directory: one model.safetensors, or shards listed by
 // model.safetensors.index.json, all memory-mapped.
 class Checkpoint {
  public:
   static Result<Checkpoint> Open(const std::string& directory);
+  // A checkpoint held in memory, each tensor with the name messages give for where it came from
+  // (a GGUF file's tensors dequantized at load: "model.gguf: blk.0.attn_q_a.weight").
+  static Checkpoint FromMemory(const std::string& name, std::vector<TensorToWrite> tensors,
+                               std::vector<std::string> sources);
 
   // Null when the tensor is absent.
   const CheckpointTensor* Find(const std::string& name) const;
@@ -52,6 +64,9 @@ class Checkpoint {
   struct Shard {
     std::shared_ptr<MappedFile> file;
     std::vector<SafetensorsEntry> entries;
+    // In-memory tensors (FromMemory): their bytes, and per tensor where it came from.
+    std::vector<std::vector<uint8_t>> owned;
+    std::vector<std::string> sources;
   };
   Status AddShard(const std::string& path);
 
@@ -60,13 +75,6 @@ class Checkpoint {
   std::map<std::string, CheckpointTensor> tensors_;
 };
 
-// One tensor to write: raw little-endian bytes of `dtype` with `shape`.
-struct TensorToWrite {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
 
 }  // namespace sy

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "base/mapped_file.h"
+#include "model/expert_placement.h"
 #include "tensor/packed_matrix.h"
 
 namespace sy {
@@ -177,8 +178,19 @@ Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelCo
   }
   const int64_t begin = options.expert_begin;
   const int64_t end = options.expert_end < 0 ? c.n_routed_experts : options.expert_end;
+  std::vector<int32_t> held;
+  if (options.placement != nullptr) {
+    const std::vector<int32_t>* slots = options.placement->Layer(layer);
+    if (slots == nullptr)
+      return Status::Errorf("the expert placement has no layer {} (a MoE layer{})", layer,
+                            layer >= c.num_hidden_layers ? ", the MTP block" : "");
+    held = HeldExperts(*slots, options.placement->slots_per_rank, options.placement_rank);
+  } else {
+    for (int64_t e = begin; e < end; ++e)
+      held.push_back(static_cast<int32_t>(e));
+  }
   moe.experts.resize(static_cast<size_t>(c.n_routed_experts));
-  for (int64_t e = begin; e < end; ++e) {
+  for (int64_t e : held) {
     SY_ASSIGN_OR_RETURN(moe.experts[e],
                         LoadFeedForward(reader, p + ".mlp.experts." + std::to_string(e),
                                         c.moe_intermediate_size, D));

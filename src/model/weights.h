@@ -73,10 +73,16 @@ struct ModelWeights {
   std::vector<MtpWeights> mtp;              // num_nextn_predict_layers
 };
 
+struct ExpertPlacement;  // model/expert_placement.h
+
 struct WeightLoadOptions {
   // Routed experts [expert_begin, expert_end) are loaded; -1 means all of them.
   int64_t expert_begin = 0;
   int64_t expert_end = -1;
+  // Or, when set, the experts of rank `placement_rank`'s slots in each MoE layer (not owned);
+  // a MoE layer the placement does not name is an error.
+  const ExpertPlacement* placement = nullptr;
+  int placement_rank = 0;
   // Re-lay out the matrices for the fast kernels (Model::Load); off keeps the reference path.
   bool pack = true;
   // Tensor parallelism: this rank keeps attention heads [tp_rank·H/tp_size, (tp_rank+1)·H/tp_size).

@@ -31,10 +31,11 @@ size_t WireRowBytes(int64_t hidden, DType wire) {
 
 }  // namespace
 
-ExpertDispatcher::ExpertDispatcher(Communicator& comm, int64_t experts, int64_t hidden, DType wire)
+ExpertDispatcher::ExpertDispatcher(Communicator& comm, int64_t physical_experts, int64_t hidden,
+                                   DType wire)
     : comm_(comm),
-      experts_(experts),
-      local_(experts / comm.size()),
+      experts_(physical_experts),
+      local_(physical_experts / comm.size()),
       hidden_(hidden),
       wire_(wire),
       combine_wire_(wire == DType::kF8E4M3 ? DType::kBF16 : wire),
@@ -220,24 +221,66 @@ void ExpertDispatcher::CombineRecv(float* out) {
 }
 
 ExpertParallelMoe::ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire,
-                                     OverlapMode overlap)
-    : overlap_(overlap) {
+                                     OverlapMode overlap, const ExpertPlacement* placement)
+    : overlap_(overlap), rank_(comm.rank()) {
+  const int64_t physical =
+      placement != nullptr ? placement->slots_per_rank * comm.size() : config.n_routed_experts;
   slots_.reserve(kSlots);
   for (int i = 0; i < kSlots; ++i)
-    slots_.emplace_back(ExpertDispatcher(comm, config.n_routed_experts, config.hidden_size, wire));
+    slots_.emplace_back(ExpertDispatcher(comm, physical, config.hidden_size, wire));
+  if (placement == nullptr) return;
+  for (size_t l = 0; l < placement->layers.size(); ++l) {
+    const std::vector<int32_t>& slots = placement->physical[l];
+    bool contiguous = placement->redundant() == 0;
+    for (size_t p = 0; p < slots.size() && contiguous; ++p)
+      contiguous = slots[p] == static_cast<int32_t>(p);
+    if (contiguous) continue;  // physical ids are the logical ones: nothing to re-sort
+    LayerRoute route;
+    route.slots = slots;
+    route.replicas.resize(static_cast<size_t>(placement->experts));
+    route.own.assign(static_cast<size_t>(placement->experts), -1);
+    for (size_t p = 0; p < slots.size(); ++p) {
+      route.replicas[slots[p]].push_back(static_cast<int32_t>(p));
+      if (static_cast<int64_t>(p) / placement->slots_per_rank == rank_ && route.own[slots[p]] < 0)
+        route.own[slots[p]] = static_cast<int32_t>(p);
+    }
+    route_layers_.push_back(placement->layers[l]);
+    routes_.push_back(std::move(route));
+  }
 }
 
-void ExpertParallelMoe::RunLocalExperts(const MoeWeights& w, const std::vector<float>& rows,
+void ExpertParallelMoe::ToPhysical(const LayerRoute& route, ExpertRouting& routing) const {
+  const int64_t K = routing.top_k;
+  std::vector<int32_t> logical = routing.expert_ids;
+  for (size_t slot = 0; slot < logical.size(); ++slot) {
+    const int32_t e = logical[slot];
+    const int64_t token = static_cast<int64_t>(slot) / K;
+    const std::vector<int32_t>& replicas = route.replicas[e];
+    routing.expert_ids[slot] = route.own[e] >= 0
+                                   ? route.own[e]
+                                   : replicas[static_cast<size_t>(token + rank_) % replicas.size()];
+  }
+  SortByExpert(routing, static_cast<int64_t>(route.slots.size()));
+  // FinalizeRouting orders each token's sum by these ids: the logical ones, as in one process.
+  routing.expert_ids = std::move(logical);
+}
+
+void ExpertParallelMoe::RunLocalExperts(const MoeWeights& w, const LayerRoute* route,
+                                        const std::vector<float>& rows,
                                         const std::vector<int64_t>& local_offsets,
                                         float* out) const {
   ScopedStage stage(Stage::kGroupedGemm);
   const ExpertDispatcher& d = slots_[0].dispatcher;
   const int64_t D = d.hidden(), first = d.first_expert(), local = d.local_experts();
   const int64_t received = local_offsets.back();
+  // The logical expert in each of this rank's slots.
+  auto expert = [&](int64_t i) -> const FeedForwardWeights& {
+    return w.experts[route != nullptr ? route->slots[first + i] : first + i];
+  };
   std::vector<kernels::ExpertPanels> panels(static_cast<size_t>(local));
   bool packed = true;
   for (int64_t i = 0; i < local; ++i) {
-    const FeedForwardWeights& ff = w.experts[first + i];
+    const FeedForwardWeights& ff = expert(i);
     packed = packed && ff.gate_proj.packed && ff.up_proj.packed && ff.down_proj.packed;
     if (packed)
       panels[i] = {ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()};
@@ -248,8 +291,7 @@ void ExpertParallelMoe::RunLocalExperts(const MoeWeights& w, const std::vector<f
   }
   for (int64_t i = 0; i < local; ++i) {
     const int64_t begin = local_offsets[i], end = local_offsets[i + 1];
-    if (begin < end)
-      FeedForward(w.experts[first + i], rows.data() + begin * D, end - begin, out + begin * D);
+    if (begin < end) FeedForward(expert(i), rows.data() + begin * D, end - begin, out + begin * D);
   }
 }
 
@@ -260,31 +302,38 @@ void ExpertParallelMoe::RunShared(InFlight& s) const {
   FeedForward(s.weights->shared_experts, s.x, s.tokens, s.shared.data());
 }
 
-void ExpertParallelMoe::Start(const ModelConfig& c, const MoeWeights& w, const float* x,
-                              int64_t tokens, int slot, bool shared_now) {
+void ExpertParallelMoe::Start(const ModelConfig& c, const MoeWeights& w, int64_t layer,
+                              const float* x, int64_t tokens, int slot, bool shared_now) {
   InFlight& s = slots_[slot];
   s.config = &c;
   s.weights = &w;
   s.x = x;
   s.tokens = tokens;
+  s.layer = layer;
   s.shared_done = false;
   s.shared.clear();
   s.routing = RouteTokens(c, w, x, tokens);
+  if (recorder_ != nullptr) recorder_->Record(layer, s.routing);
+  auto it = std::lower_bound(route_layers_.begin(), route_layers_.end(), layer);
+  s.route =
+      it != route_layers_.end() && *it == layer ? &routes_[it - route_layers_.begin()] : nullptr;
+  if (s.route != nullptr) ToPhysical(*s.route, s.routing);
   s.dispatcher.DispatchSend(s.routing, x);
   if (shared_now) RunShared(s);  // between dispatch send and receive
 }
 
-void ExpertParallelMoe::Begin(const ModelConfig& c, const MoeWeights& w, int64_t, const float* x,
-                              int64_t tokens, int slot) {
-  Start(c, w, x, tokens, slot, /*shared_now=*/true);
+void ExpertParallelMoe::Begin(const ModelConfig& c, const MoeWeights& w, int64_t layer,
+                              const float* x, int64_t tokens, int slot) {
+  Start(c, w, layer, x, tokens, slot, /*shared_now=*/true);
 }
 
 void ExpertParallelMoe::Middle(int slot) {
   InFlight& s = slots_[slot];
   std::vector<int64_t> local_offsets;
   const std::vector<float>& rows = s.dispatcher.DispatchRecv(&local_offsets);
+  if (recorder_ != nullptr) recorder_->RecordExchange(s.layer, local_offsets.back());
   s.expert_out.resize(static_cast<size_t>(local_offsets.back() * s.config->hidden_size));
-  RunLocalExperts(*s.weights, rows, local_offsets, s.expert_out.data());
+  RunLocalExperts(*s.weights, s.route, rows, local_offsets, s.expert_out.data());
   s.dispatcher.CombineSend(s.expert_out.data());
 }
 
@@ -306,9 +355,9 @@ int64_t ExpertParallelMoe::remote_bytes_sent() const {
   return total;
 }
 
-void ExpertParallelMoe::Run(const ModelConfig& c, const MoeWeights& w, int64_t, const float* x,
-                            int64_t tokens, float* out) {
-  Start(c, w, x, tokens, 0, /*shared_now=*/overlap_ != OverlapMode::kNone);
+void ExpertParallelMoe::Run(const ModelConfig& c, const MoeWeights& w, int64_t layer,
+                            const float* x, int64_t tokens, float* out) {
+  Start(c, w, layer, x, tokens, 0, /*shared_now=*/overlap_ != OverlapMode::kNone);
   Middle(0);
   End(0, out);
 }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "model/expert_placement.h"
 #include "model/feed_forward.h"
 #include "model/moe_executor.h"
 #include "parallel/communicator.h"
@@ -19,9 +20,10 @@ namespace sy {
 
 class ExpertDispatcher {
  public:
-  // experts: E, spread evenly ([r·E/N, (r+1)·E/N) on rank r); hidden: D; wire: kF32, kBF16,
-  // or kF8E4M3 (dispatch rows in e4m3 with an f32 scale per 128 values, combine in bf16).
-  ExpertDispatcher(Communicator& comm, int64_t experts, int64_t hidden, DType wire);
+  // physical_experts: N·S physical experts, S on each rank (rank r holds [r·S, (r+1)·S)); E
+  // when there are no redundant experts. hidden: D; wire: kF32, kBF16, or kF8E4M3 (dispatch rows
+  // in e4m3 with an f32 scale per 128 values, combine in bf16).
+  ExpertDispatcher(Communicator& comm, int64_t physical_experts, int64_t hidden, DType wire);
 
   int64_t local_experts() const { return local_; }
   int64_t hidden() const { return hidden_; }
@@ -29,7 +31,8 @@ class ExpertDispatcher {
   // Bytes this rank has sent to other ranks (dispatch and combine), since construction.
   int64_t remote_bytes_sent() const { return remote_bytes_sent_; }
 
-  // routing: this rank's slots sorted by global expert; x: [tokens, D]. Starts the exchange.
+  // routing: this rank's slots sorted by physical expert (expert_offsets [N·S + 1]); x: [tokens,
+  // D]. Starts the exchange.
   void DispatchSend(const ExpertRouting& routing, const float* x);
   // Completes it. Returns the received rows [R, D] sorted by local expert, with
   // local_offsets [local_experts + 1] (rows of local expert i are [offsets[i], offsets[i+1])).
@@ -66,12 +69,20 @@ class ExpertDispatcher {
 // executor through Begin/Middle/End; a whole-layer Run then behaves as dispatch overlap.
 enum class OverlapMode { kNone, kDispatch, kMicrobatch };
 
-// Runs MoE layers expert-parallel over `comm`. Each rank must hold experts
-// [rank·E/N, (rank+1)·E/N) (WeightLoadOptions) and calls Run (or Begin, Middle, End) for every
-// MoE layer of every step, with zero tokens when it has no work.
+// Runs MoE layers expert-parallel over `comm`. Each rank must hold the experts of its slots —
+// [rank·E/N, (rank+1)·E/N) without a placement, else those the placement gives it in each layer
+// (WeightLoadOptions) — and calls Run (or Begin, Middle, End) for every MoE layer of every step,
+// with zero tokens when it has no work.
+//
+// With a placement, each routed slot goes to one replica of its logical expert: the one on this
+// rank if there is one, else replica (token + rank) mod replicas — deterministic, and spread
+// evenly. The weighted sum still adds a token's experts in ascending logical order, so outputs
+// do not depend on the placement.
 class ExpertParallelMoe final : public MoeExecutor {
  public:
-  ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire, OverlapMode overlap);
+  // placement: null for the contiguous one; else checked against the model (CheckPlacement).
+  ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire, OverlapMode overlap,
+                    const ExpertPlacement* placement = nullptr);
   void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
            int64_t tokens, float* out) override;
   void Begin(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
@@ -82,11 +93,21 @@ class ExpertParallelMoe final : public MoeExecutor {
   int64_t remote_bytes_sent() const;
 
  private:
+  // A layer's placement as dispatch uses it.
+  struct LayerRoute {
+    std::vector<int32_t> slots;                  // physical → logical [N·S]
+    std::vector<std::vector<int32_t>> replicas;  // logical → its physical experts, ascending
+    std::vector<int32_t> own;                    // logical → its replica on this rank, or -1
+  };
   // One micro-batch's MoE layer between Begin and End.
   struct InFlight {
     explicit InFlight(ExpertDispatcher d) : dispatcher(std::move(d)) {}
     ExpertDispatcher dispatcher;
+    // Slots in the order they were dispatched (by physical expert), with their logical ids and
+    // weights: what FinalizeRouting needs.
     ExpertRouting routing;
+    const LayerRoute* route = nullptr;  // null: the contiguous placement
+    int64_t layer = 0;
     const ModelConfig* config = nullptr;
     const MoeWeights* weights = nullptr;
     const float* x = nullptr;
@@ -95,14 +116,20 @@ class ExpertParallelMoe final : public MoeExecutor {
     bool shared_done = false;
     std::vector<float> expert_out;
   };
-  void Start(const ModelConfig& config, const MoeWeights& weights, const float* x, int64_t tokens,
-             int slot, bool shared_now);
+  void Start(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
+             int64_t tokens, int slot, bool shared_now);
+  // Re-sorts `routing` by the physical expert chosen for each slot.
+  void ToPhysical(const LayerRoute& route, ExpertRouting& routing) const;
   void RunShared(InFlight& s) const;
-  void RunLocalExperts(const MoeWeights& weights, const std::vector<float>& rows,
-                       const std::vector<int64_t>& local_offsets, float* out) const;
+  void RunLocalExperts(const MoeWeights& weights, const LayerRoute* route,
+                       const std::vector<float>& rows, const std::vector<int64_t>& local_offsets,
+                       float* out) const;
 
   std::vector<InFlight> slots_;
   OverlapMode overlap_;
+  int rank_ = 0;
+  std::vector<int64_t> route_layers_;  // ascending, parallel to routes_
+  std::vector<LayerRoute> routes_;
 };
 
 }  // namespace sy

@@ -1,9 +1,14 @@
 #include "parallel/parallel_run.h"
 
+#include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+
+#include "model/gguf_model.h"
 
 namespace sy {
 
@@ -21,13 +26,48 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
   const int ranks = comm.size(), rank = comm.rank();
   // Every rank reads the config; a mismatch (a different checkpoint on one rank) shows up in the
   // fingerprint comparison below.
-  auto config = LoadModelConfig(directory + "/config.json");
+  auto config = IsGgufFile(directory) ? LoadGgufModelConfig(directory)
+                                      : LoadModelConfig(directory + "/config.json");
   int64_t local_ok = config.ok() ? 1 : 0;
   std::string reason = config.ok() ? "" : config.status().message();
-  if (config.ok() && ranks > 1 && config.value().n_routed_experts % ranks != 0) {
+  const bool placed = !args.expert_placement.empty() || args.redundant_experts > 0;
+  if (config.ok() && ranks == 1 && placed) {
     local_ok = 0;
-    reason = fmt::format("{} routed experts cannot be spread evenly over {} ranks",
-                         config.value().n_routed_experts, ranks);
+    reason =
+        "--expert-placement and --num-redundant-experts need expert parallelism (mpirun -np "
+        "N, N > 1)";
+  }
+  if (config.ok() && ranks > 1 &&
+      (config.value().n_routed_experts + args.redundant_experts) % ranks != 0) {
+    local_ok = 0;
+    reason = args.redundant_experts == 0
+                 ? fmt::format("{} routed experts cannot be spread evenly over {} ranks",
+                               config.value().n_routed_experts, ranks)
+                 : fmt::format(
+                       "{} routed experts + {} redundant cannot be spread evenly over {} "
+                       "ranks",
+                       config.value().n_routed_experts, args.redundant_experts, ranks);
+  }
+  if (local_ok && ranks > 1 && placed) {
+    const ModelConfig& c = config.value();
+    const std::vector<int64_t> layers = MoeLayers(c, /*with_mtp=*/true);
+    if (args.expert_placement.empty()) {
+      run.placement = std::make_unique<ExpertPlacement>(
+          DefaultPlacement(layers, c.n_routed_experts, ranks, args.redundant_experts));
+    } else if (auto loaded = LoadExpertPlacement(args.expert_placement); !loaded.ok()) {
+      local_ok = 0;
+      reason = loaded.status().message();
+    } else {
+      run.placement = std::make_unique<ExpertPlacement>(std::move(loaded).value());
+      // The MTP blocks may be left out: a checkpoint may ship without them (then LoadWeights
+      // names a missing one).
+      Status fits = CheckPlacement(*run.placement, MoeLayers(c, /*with_mtp=*/false),
+                                   c.n_routed_experts, ranks, args.redundant_experts, layers);
+      if (!fits.ok()) {
+        local_ok = 0;
+        reason = fmt::format("--expert-placement {}: {}", args.expert_placement, fits.message());
+      }
+    }
   }
   if (ranks % args.tp != 0) {
     local_ok = 0;
@@ -42,7 +82,10 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
   options.sequence_parallel_attention = run.sequence_parallel;
   run.micro_batches = args.overlap == "microbatch";
   CommunicationOptions().progress_thread = args.progress_thread == "on";
-  if (local_ok && ranks > 1) {
+  if (local_ok && ranks > 1 && run.placement) {
+    options.placement = run.placement.get();
+    options.placement_rank = rank;
+  } else if (local_ok && ranks > 1) {
     const int64_t local = config.value().n_routed_experts / ranks;
     options.expert_begin = rank * local;
     options.expert_end = (rank + 1) * local;
@@ -56,8 +99,17 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
       reason = model.status().message();
     }
   }
+  if (local_ok && args.record_expert_load) {
+    const ModelConfig& c = run.model->config();
+    run.load = std::make_unique<ExpertLoadRecorder>(MoeLayers(c, run.model->has_mtp()),
+                                                    c.n_routed_experts, c.num_experts_per_tok);
+  }
   if (ranks == 1) {
     if (!local_ok) return Status::Error(reason);
+    if (run.load) {
+      run.local_moe = std::make_unique<LocalMoe>();
+      run.local_moe->set_load_recorder(run.load.get());
+    }
     return run;
   }
   if (comm.AllReduceMax(local_ok ? 0 : 1) != 0)  // end every rank; the one that knows says why
@@ -65,8 +117,10 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
   // Same checkpoint and flags everywhere: compare a fingerprint of what shapes the run.
   const ModelConfig& c = run.model->config();
   const std::string fingerprint = fmt::format(
-      "{}|{}|{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype, args.overlap, args.tp,
-      args.attention_split, c.vocab_size, c.hidden_size, c.n_routed_experts, ranks);
+      "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype, args.overlap,
+      args.tp, args.attention_split, c.vocab_size, c.hidden_size, c.n_routed_experts, ranks,
+      run.placement ? ExpertPlacementToJson(*run.placement) : "contiguous",
+      args.record_expert_load);
   std::vector<uint8_t> mine(fingerprint.begin(), fingerprint.end());
   std::vector<uint8_t> root = comm.Broadcast(mine);
   if (comm.AllReduceMax(root == mine ? 0 : 1) != 0)
@@ -80,21 +134,97 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
                                                 args.wire_dtype == "f32"   ? DType::kF32
                                                 : args.wire_dtype == "fp8" ? DType::kF8E4M3
                                                                            : DType::kBF16,
-                                                overlap);
+                                                overlap, run.placement.get());
+  run.moe->set_load_recorder(run.load.get());
   if (run.tp > 1) {
     run.tp_group = comm.Split(run.dp_group);
     run.tp_attention = std::make_unique<TensorParallelAttention>(*run.tp_group);
     run.tp_moe = std::make_unique<TokenShardedMoe>(*run.moe, *run.tp_group);
   }
+  std::string experts = fmt::format("experts [{}, {})", options.expert_begin, options.expert_end);
+  if (run.placement) {
+    const std::vector<int32_t>& first = run.placement->physical.front();
+    const std::vector<int32_t> held = HeldExperts(first, run.placement->slots_per_rank, rank);
+    experts = fmt::format("{} expert slots ({} redundant in all; layer {}: {})",
+                          run.placement->slots_per_rank, run.placement->redundant(),
+                          run.placement->layers.front(), fmt::join(held, " "));
+  }
   std::fprintf(stderr,
-               "rank %d of %d: DP group %d, TP rank %d of %d (%lld heads%s), experts [%lld, %lld), "
-               "resident %.0f MB\n",
+               "rank %d of %d: DP group %d, TP rank %d of %d (%lld heads%s), %s, resident %.0f "
+               "MB\n",
                rank, ranks, run.dp_group, options.tp_rank, run.tp,
                static_cast<long long>(run.model->attention_config().num_attention_heads),
-               run.sequence_parallel ? ", SP-TP-SP" : "",
-               static_cast<long long>(options.expert_begin),
-               static_cast<long long>(options.expert_end), ResidentMegabytes());
+               run.sequence_parallel ? ", SP-TP-SP" : "", experts.c_str(), ResidentMegabytes());
   return run;
+}
+
+std::vector<int64_t> MoeLayers(const ModelConfig& c, bool with_mtp) {
+  std::vector<int64_t> layers;
+  const int64_t count = c.num_hidden_layers + (with_mtp ? c.num_nextn_predict_layers : 0);
+  for (int64_t l = 0; l < count; ++l)
+    if (c.IsMoeLayer(l)) layers.push_back(l);
+  return layers;
+}
+
+ExpertLoad GatherExpertLoad(const ParallelRun& run) {
+  return GatherExpertLoad(*run.comm, *run.load, run.model->config().n_group);
+}
+
+ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& recorder,
+                            int64_t groups) {
+  ExpertLoad load = recorder.Snapshot();
+  load.groups = std::max<int64_t>(1, groups);
+  std::vector<int64_t> rows;
+  std::vector<int32_t> exchange_layer;
+  recorder.Exchanges(&rows, &exchange_layer);
+  // Each rank sends: tokens, exchange count, counts [layers × E], exchange rows.
+  std::vector<int64_t> mine = {load.tokens, static_cast<int64_t>(rows.size())};
+  for (const auto& counts : load.counts)
+    mine.insert(mine.end(), counts.begin(), counts.end());
+  mine.insert(mine.end(), rows.begin(), rows.end());
+  std::vector<uint8_t> bytes(mine.size() * sizeof(int64_t));
+  std::memcpy(bytes.data(), mine.data(), bytes.size());
+  const int64_t words = static_cast<int64_t>(mine.size());
+  // Every rank made the same exchanges, so every rank sends the same number of words.
+  if (comm.AllReduceMax(words) != comm.AllReduceSum(words) / comm.size())
+    comm.Abort("ranks recorded different numbers of expert-parallel exchanges", 1);
+  std::vector<uint8_t> all = comm.GatherToRoot(bytes);
+  if (comm.rank() != 0) return {};
+  load.ranks = comm.size();
+  load.tokens = 0;
+  for (auto& counts : load.counts)
+    std::fill(counts.begin(), counts.end(), 0);
+  std::vector<std::vector<int64_t>> per_rank_rows;
+  for (int r = 0; r < comm.size(); ++r) {
+    const int64_t* w = reinterpret_cast<const int64_t*>(all.data()) + r * words;
+    load.tokens += w[0];
+    const int64_t exchanges = w[1];
+    const int64_t* counts = w + 2;
+    for (auto& layer : load.counts)
+      for (auto& c : layer)
+        c += *counts++;
+    per_rank_rows.emplace_back(counts, counts + exchanges);
+  }
+  if (comm.size() > 1)
+    load.imbalance = ImbalanceOverExchanges(per_rank_rows, exchange_layer, &load.layer_imbalance,
+                                            load.layers.size());
+  return load;
+}
+
+}  // namespace sy
+
+namespace sy {
+
+void RecordExpertLoadWindows(ParallelRun& run, int64_t steps,
+                             std::function<void(const ExpertLoad&)> on_window) {
+  Communicator* comm = run.comm;
+  ExpertLoadRecorder* recorder = run.load.get();
+  const int64_t groups = run.model->config().n_group;
+  recorder->SetWindow(steps, [comm, recorder, groups, on_window = std::move(on_window)] {
+    const ExpertLoad load = GatherExpertLoad(*comm, *recorder, groups);
+    recorder->Clear();
+    if (comm->rank() == 0) on_window(load);
+  });
 }
 
 }  // namespace sy

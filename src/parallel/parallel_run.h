@@ -4,12 +4,15 @@
 #pragma once
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "base/status.h"
+#include "model/expert_load.h"
+#include "model/expert_placement.h"
 #include "model/model.h"
 #include "parallel/communicator.h"
 #include "parallel/expert_parallel.h"
@@ -23,6 +26,12 @@ struct ParallelOptions {
   int tp = 1;                             // tensor-parallel ranks per DP group (consecutive ranks)
   std::string attention_split = "heads";  // heads | sp-tp-sp
   std::string progress_thread = "on";     // a thread advancing started exchanges
+  int64_t redundant_experts = 0;          // R: each rank holds (E + R) / N physical experts
+  std::string expert_placement;           // a placement file (`switchyard eplb`); "" = default
+  bool record_expert_load = false;        // count routed slots per expert (ParallelRun::load)
+  // serve: each window's load to this file, its imbalance to /metrics (cli/parallel_setup.h)
+  std::string expert_load_file;
+  int64_t expert_load_window = 256;  // steps
 };
 
 struct ParallelRun {
@@ -32,6 +41,9 @@ struct ParallelRun {
   std::unique_ptr<ExpertParallelMoe> moe;  // null with one rank
   std::unique_ptr<MoeExecutor> tp_moe;     // tokens split over the TP group before EP
   std::unique_ptr<AttentionGroup> tp_attention;
+  std::unique_ptr<ExpertPlacement> placement;  // null: the contiguous one, no redundant experts
+  std::unique_ptr<ExpertLoadRecorder> load;    // with ParallelOptions::record_expert_load
+  std::unique_ptr<LocalMoe> local_moe;         // one rank, recording: experts in this process
   int tp = 1;
   int dp_group = 0;
   bool sequence_parallel = false;  // SP-TP-SP attention: each rank holds a token shard
@@ -39,6 +51,7 @@ struct ParallelRun {
   ForwardOptions Options() const {
     ForwardOptions options;
     options.moe = tp_moe && !sequence_parallel ? tp_moe.get() : moe.get();
+    if (options.moe == nullptr) options.moe = local_moe.get();
     options.attention_group = tp_attention.get();
     options.attention_split =
         sequence_parallel ? AttentionSplit::kSequence : AttentionSplit::kHeads;
@@ -57,6 +70,23 @@ struct ParallelRun {
 // stderr. One rank: an error comes back. Several: every rank is ended, the one that knows says
 // why (a peer cannot be left waiting in a collective).
 Result<ParallelRun> LoadParallelRun(const std::string& directory, const ParallelOptions& options);
+
+// The MoE layers a model runs: main layers, then its MTP blocks when `with_mtp`.
+std::vector<int64_t> MoeLayers(const ModelConfig& config, bool with_mtp);
+
+// Rank 0 receives the expert load recorded on every rank since the last Clear: counts summed,
+// steps (every rank steps alike), tokens summed, and under expert parallelism the imbalance
+// over every exchange. Other ranks get an empty load. Collective over all ranks; needs
+// ParallelOptions::record_expert_load.
+ExpertLoad GatherExpertLoad(const ParallelRun& run);
+ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& recorder, int64_t groups);
+
+// Windows of `steps` steps: at the end of each, every rank gathers the window's load (the
+// collective above) and starts the next; rank 0 hands it to `on_window` (on the stepping
+// thread). The run's communicator and recorder must outlive the stepping (moving the run is
+// fine).
+void RecordExpertLoadWindows(ParallelRun& run, int64_t steps,
+                             std::function<void(const ExpertLoad&)> on_window);
 
 // Rank 0 receives every sequence's values (each reported by the first rank of its DP group),
 // indexed by sequence; other ranks get an empty list. Collective over all ranks. T: 4-byte

@@ -51,7 +51,8 @@ MemoryEstimate CostModel::Memory(const Deployment& d) const {
   MemoryEstimate mem;
   const double expert =
       2 * Fp8Bytes(m_.moe_intermediate_size, D) + Fp8Bytes(D, m_.moe_intermediate_size);
-  mem.routed_expert_bytes = moe_layers * (static_cast<double>(m_.n_routed_experts) / d.ep) * expert;
+  mem.routed_expert_bytes =
+      moe_layers * (static_cast<double>(m_.n_routed_experts + d.redundant_experts) / d.ep) * expert;
   // kv_a, kv_b (and q_a) serve every head, so TP replicates them; q_b and o_proj split by heads.
   double replicated = Fp8Bytes(m_.latent_cache_width(), D) +
                       Fp8Bytes(H * (m_.qk_nope_head_dim + m_.v_head_dim), m_.kv_lora_rank) +
@@ -171,10 +172,12 @@ CostModel::Parts CostModel::LayerParts(const Deployment& d, double group_tokens,
 
   // Routed experts. Each token picks K distinct experts of E, so an expert is untouched by all
   // of the step's global tokens with probability (1 − K/E)^tokens (balanced routing).
+  // Skew: the busiest device holds (E + R) / EP experts and receives imbalance × the mean rows;
+  // the layer ends when it does.
   const double global_tokens = tokens * d.ep;
-  const double local_experts = E / d.ep;
+  const double local_experts = (E + static_cast<double>(d.redundant_experts)) / d.ep;
   p.active_experts = local_experts * (1 - std::pow(1 - K / E, global_tokens));
-  const double slots = tokens * K;  // rows this device receives, on average
+  const double slots = tokens * K * std::max(1.0, d.expert_imbalance);  // the busiest device's
   p.tokens_per_expert = p.active_experts > 0 ? slots / p.active_experts : 0;
   {
     const double Im = m_.moe_intermediate_size;

@@ -27,6 +27,10 @@ struct Deployment {
   int tp = 1;
   int batch = 1;
   Overlap overlap = Overlap::kNone;
+  // Skewed expert traffic: each rank holds (E + R) / EP physical experts, and the busiest rank
+  // receives `expert_imbalance` times the mean rank's routed rows — every rank waits for it.
+  int64_t redundant_experts = 0;
+  double expert_imbalance = 1.0;
   int dp() const { return ep / tp; }
 };
 

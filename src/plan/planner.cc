@@ -22,14 +22,31 @@ Plan MakePlan(const CostModel& model, const ModelConfig& config, const SearchSpa
   Plan plan;
   plan.kv_bytes_per_token = model.KvBytesPerToken();
   std::vector<int> eps = space.ep.empty() ? DefaultEpSizes(config, model.hardware()) : space.ep;
-  for (int ep : eps)
+  const int per_node = std::max(1, model.hardware().devices_per_node);
+  for (int ep : eps) {
+    Deployment base{ep, 1, 1, Overlap::kNone};
+    base.expert_imbalance = space.expert_imbalance;
+    if (space.expert_skew > 0) {
+      const int nodes = ep % per_node == 0 ? ep / per_node : 1;
+      plan.balance.push_back(RedundantExpertsFor(config, ep, nodes, space.expert_skew,
+                                                 space.imbalance_target,
+                                                 /*max_redundant=*/config.n_routed_experts));
+      base.redundant_experts = plan.balance.back().redundant;
+      base.expert_imbalance = plan.balance.back().balanced;
+    }
     for (int tp : space.tp) {
       if (tp > ep || ep % tp != 0 || tp > model.hardware().devices_per_node) continue;
       if (config.num_attention_heads % tp != 0) continue;
       for (int batch : space.batch)
-        for (Overlap overlap : space.overlap)
-          plan.configs.push_back(model.Predict({ep, tp, batch, overlap}));
+        for (Overlap overlap : space.overlap) {
+          Deployment d = base;
+          d.tp = tp;
+          d.batch = batch;
+          d.overlap = overlap;
+          plan.configs.push_back(model.Predict(d));
+        }
     }
+  }
   for (int ep : eps) {
     ParetoFrontier frontier;
     frontier.ep = ep;
@@ -89,6 +106,8 @@ std::string PlanToJson(const Plan& plan) {
         {"step_us", p.step_us},
         {"weights_gb_per_gpu", p.memory.weight_bytes / 1e9},
         {"experts_active_per_gpu", p.experts_active_per_gpu},
+        {"redundant_experts", d.redundant_experts},
+        {"expert_imbalance", d.expert_imbalance},
         {"layer_breakdown_us",
          {{"attention", l.attention},
           {"gemm", l.gemm},
@@ -106,12 +125,23 @@ std::string PlanToJson(const Plan& plan) {
       points.push_back({p->output_tok_s, p->throughput_tok_s_per_gpu});
     j["pareto"].push_back({{"ep", f.ep}, {"points", points}});
   }
+  j["expert_balance"] = nlohmann::json::array();
+  for (const BalanceEstimate& b : plan.balance)
+    j["expert_balance"].push_back({{"ep", b.ep},
+                                   {"redundant_experts", b.redundant},
+                                   {"contiguous_imbalance", b.contiguous},
+                                   {"balanced_imbalance", b.balanced}});
   return j.dump(1) + "\n";
 }
 
 std::string PlanToTable(const Plan& plan, const HardwareSpec& hw) {
   std::string out = fmt::format("KV cache: {} bytes per token. Hardware: {} ({} per node).\n",
                                 plan.kv_bytes_per_token, hw.name, hw.devices_per_node);
+  for (const BalanceEstimate& b : plan.balance)
+    out += fmt::format(
+        "EP{}: {} redundant experts ({} per device); expert imbalance {:.2f} contiguous, {:.2f} "
+        "balanced (EPLB)\n",
+        b.ep, b.redundant, static_cast<double>(b.redundant) / b.ep, b.contiguous, b.balanced);
   for (const auto& f : plan.pareto) {
     out += fmt::format("\nEP{} Pareto frontier ({} points)\n", f.ep, f.points.size());
     if (f.points.empty()) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "plan/cost_model.h"
+#include "plan/expert_balance.h"
 
 namespace sy::plan {
 
@@ -13,6 +14,12 @@ struct SearchSpace {
   std::vector<int> ep;  // empty: {8, 16, 32, 64, 128} within what the hardware allows
   std::vector<int> tp = {1, 2, 4, 8};
   std::vector<int> batch = {1, 2, 4, 8, 16, 32, 64, 128};
+  // Skewed expert traffic. A measured imbalance (busiest rank / mean, e.g. from `generate
+  // --json` under mpirun) applies as it is; a Zipf skew > 0 instead gives each EP size the
+  // fewest redundant experts that bring the balancer's imbalance to `imbalance_target`.
+  double expert_imbalance = 1.0;
+  double expert_skew = 0;
+  double imbalance_target = 1.10;
   std::vector<Overlap> overlap = {Overlap::kNone, Overlap::kDispatch, Overlap::kMicrobatch};
 };
 
@@ -25,6 +32,7 @@ struct Plan {
   int64_t kv_bytes_per_token = 0;
   std::vector<Prediction> configs;  // every enumerated configuration
   std::vector<ParetoFrontier> pareto;
+  std::vector<BalanceEstimate> balance;  // per EP size, with an expert skew
 };
 
 // EP sizes the hardware allows: the seed's {8..128} within devices_per_node × max_nodes that

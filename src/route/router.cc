@@ -61,6 +61,8 @@ struct Router::Target {
   bool draining = false;        // by the admin
   int64_t last_steps = -1;      // Load.steps_total, for forward progress
   double steps_changed_at = 0;  // when it last moved
+  // Why its probes failed since it last served, each reason logged once (at most 8 kept).
+  std::vector<std::string> refusals;
 };
 
 struct Router::Flight {
@@ -86,7 +88,9 @@ Router::Router(RouterOptions options) : options_(std::move(options)) {
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    target->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    target->channel = grpc::CreateCustomChannel(
+        address, options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(),
+        args);
     target->stub = pb::Engine::NewStub(target->channel);
     targets_.push_back(std::move(target));
   }
@@ -121,9 +125,14 @@ Status Router::Start(double seconds) {
           first->health.page_size(), t->health.page_size());
     }
   }
-  if (first == nullptr)
-    return Status::Errorf("none of the {} instances answered within {:.0f} s", targets_.size(),
-                          seconds);
+  if (first == nullptr) {
+    std::string reasons;
+    for (const auto& t : targets_)
+      for (const std::string& why : t->refusals)
+        reasons += fmt::format("; {}: {}", t->address, why);
+    return Status::Errorf("none of the {} instances answered within {:.0f} s{}", targets_.size(),
+                          seconds, reasons);
+  }
   page_size_ = first->health.page_size();
   return Status::Ok();
 }
@@ -147,6 +156,7 @@ void Router::MarkFailed(Target& target, const std::string& why) {
   // Caller holds the mutex.
   if (target.healthy)
     std::fprintf(stderr, "switchyard route: %s ejected: %s\n", target.address.c_str(), why.c_str());
+  if (target.refusals.size() < 8) target.refusals.push_back(why);
   target.healthy = false;
   target.ejected_until = NowSeconds() + std::max(1.0, 4 * options_.probe_interval_seconds);
   target.cached.clear();
@@ -172,7 +182,18 @@ void Router::Probe(Target& target) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!h.ok() || !l.ok()) {
-        if (target.healthy) MarkFailed(target, (h.ok() ? l : h).error_message());
+        const std::string why = (h.ok() ? l : h).error_message();
+        if (target.healthy) {
+          MarkFailed(target, why);
+        } else if (target.refusals.size() < 8 &&
+                   std::find(target.refusals.begin(), target.refusals.end(), why) ==
+                       target.refusals.end()) {
+          // Never admitted, or down since: a new reason (a certificate that does not verify, a
+          // client certificate refused) is worth a line; the same one every probe is not.
+          std::fprintf(stderr, "switchyard route: %s not usable: %s\n", target.address.c_str(),
+                       why.c_str());
+          target.refusals.push_back(why);
+        }
       } else if (health.state() == pb::HealthResponse::UNHEALTHY ||
                  load.last_step_age_seconds() > options_.stall_timeout_seconds) {
         if (target.healthy)
@@ -194,6 +215,7 @@ void Router::Probe(Target& target) {
           std::fprintf(stderr, "switchyard route: %s serving\n", target.address.c_str());
         }
         target.healthy = true;
+        target.refusals.clear();
         changed_.notify_all();
       }
       if (h.ok()) target.health = health;

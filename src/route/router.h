@@ -26,6 +26,10 @@
 #include "base/status.h"
 #include "engine/engine.h"
 
+namespace grpc {
+class ChannelCredentials;
+}
+
 namespace sy::route {
 
 enum class Policy { kCacheAware, kLeastLoad, kRoundRobin, kPowerOfTwo };
@@ -40,6 +44,8 @@ struct RouterOptions {
   double failover_wait_seconds = 60;  // how long a request waits for a healthy instance
   int max_failovers = 4;
   int64_t max_requests = 4096;  // in the router at once; more get 503 with Retry-After
+  // The instances' channels: mutual TLS (serve/grpc_tls.h) or, when null, clear text.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 // What the router knows of the instances, for logs and tests.

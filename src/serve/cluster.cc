@@ -19,7 +19,13 @@ json ParamsToJson(const SamplingParams& p) {
   json bias = json::array();
   for (const auto& [t, b] : p.logit_bias)
     bias.push_back({t, b});
-  return {{"temperature", p.temperature},
+  json grammar = nullptr;  // every rank compiles it and masks the same way
+  if (p.grammar)
+    grammar = {{"kind", static_cast<int>(p.grammar->kind)},
+               {"text", p.grammar->text},
+               {"choices", p.grammar->choices}};
+  return {{"grammar", grammar},
+          {"temperature", p.temperature},
           {"top_p", p.top_p},
           {"top_k", p.top_k},
           {"min_p", p.min_p},
@@ -60,6 +66,11 @@ SamplingParams ParamsFromJson(const json& j) {
   if (!j["prompt_logprobs"].is_null()) p.prompt_logprobs = j["prompt_logprobs"].get<int64_t>();
   p.skip_special_tokens = j["skip_special_tokens"];
   p.include_stop_str_in_output = j["include_stop_str_in_output"];
+  if (!j["grammar"].is_null())
+    p.grammar = structured::GrammarSpec{
+        static_cast<structured::GrammarSpec::Kind>(j["grammar"]["kind"].get<int>()),
+        j["grammar"]["text"].get<std::string>(),
+        j["grammar"]["choices"].get<std::vector<std::string>>()};
   return p;
 }
 

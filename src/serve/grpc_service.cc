@@ -85,6 +85,13 @@ EngineRequest RequestFromProto(const pb::GenerateRequest& request) {
   if (p.has_prompt_logprobs()) s.prompt_logprobs = p.prompt_logprobs();
   if (p.has_skip_special_tokens()) s.skip_special_tokens = p.skip_special_tokens();
   s.include_stop_str_in_output = p.include_stop_str_in_output();
+  if (p.has_grammar()) {
+    structured::GrammarSpec spec;
+    spec.kind = static_cast<structured::GrammarSpec::Kind>(p.grammar().kind());
+    spec.text = p.grammar().text();
+    spec.choices.assign(p.grammar().choices().begin(), p.grammar().choices().end());
+    s.grammar = std::move(spec);
+  }
   return out;
 }
 
@@ -115,6 +122,13 @@ pb::GenerateRequest RequestToProto(const EngineRequest& request) {
   if (s.prompt_logprobs) p->set_prompt_logprobs(*s.prompt_logprobs);
   p->set_skip_special_tokens(s.skip_special_tokens);
   p->set_include_stop_str_in_output(s.include_stop_str_in_output);
+  if (s.grammar) {
+    pb::Grammar* g = p->mutable_grammar();
+    g->set_kind(static_cast<pb::Grammar::Kind>(s.grammar->kind));
+    g->set_text(s.grammar->text);
+    for (const auto& c : s.grammar->choices)
+      g->add_choices(c);
+  }
   return out;
 }
 
@@ -315,10 +329,11 @@ GrpcEngineServer::~GrpcEngineServer() {
   Shutdown();
 }
 
-Status GrpcEngineServer::Start(const std::string& host, int port) {
+Status GrpcEngineServer::Start(const std::string& host, int port,
+                               std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(host + ":" + std::to_string(port), grpc::InsecureServerCredentials(),
-                           &port_);
+  builder.AddListeningPort(host + ":" + std::to_string(port),
+                           credentials ? credentials : grpc::InsecureServerCredentials(), &port_);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0)

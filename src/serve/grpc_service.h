@@ -13,7 +13,8 @@
 
 namespace grpc {
 class Server;
-}
+class ServerCredentials;
+}  // namespace grpc
 
 namespace sy::serve {
 
@@ -36,8 +37,10 @@ class GrpcEngineServer {
  public:
   GrpcEngineServer(RequestFrontend& frontend, InstanceInfo info);
   ~GrpcEngineServer();
-  // Binds host:port (port 0: any free one) and starts serving on gRPC's own threads.
-  Status Start(const std::string& host, int port);
+  // Binds host:port (port 0: any free one) and starts serving on gRPC's own threads, in clear
+  // text or with `credentials` (serve/grpc_tls.h: mutual TLS).
+  Status Start(const std::string& host, int port,
+               std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
   int port() const { return port_; }
   // Stops accepting calls; open streams end with CANCELLED.
   void Shutdown();

@@ -7,14 +7,19 @@
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast.hpp>
+#include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <cstdio>
 #include <deque>
 #include <random>
 #include <thread>
+#include <type_traits>
 
+#include "serve/access.h"
 #include "serve/metrics.h"
+#include "serve/tls_context.h"
 
 namespace sy::serve {
 
@@ -45,12 +50,16 @@ class OpenAiServer::Impl {
         codec_(codec),
         options_(std::move(options)),
         acceptor_(net::make_strand(io_)),
-        signals_(io_, SIGTERM, SIGINT) {}
+        signals_(io_, SIGTERM, SIGINT),
+        reload_signal_(io_) {}
 
   Status Listen();
   void Run();
   void Shutdown();
   int port() const { return port_; }
+  // One line per refused connection (a failed TLS handshake), at most 10 a second, so a flood
+  // of them cannot flood the log.
+  void LogRefused(const std::string& line);
 
   RequestFrontend& engine_;
   const TextCodec& codec_;
@@ -58,6 +67,8 @@ class OpenAiServer::Impl {
   net::io_context io_;
   tcp::acceptor acceptor_;
   net::signal_set signals_;
+  net::signal_set reload_signal_;          // SIGHUP: re-read the TLS files
+  std::unique_ptr<ServerTlsContext> tls_;  // null: plain HTTP
   int port_ = 0;
   std::atomic<int64_t> active_generations_{0};
   std::atomic<bool> shutting_down_{false};
@@ -65,19 +76,54 @@ class OpenAiServer::Impl {
 
  private:
   void Accept();
+  void WaitForReload();
+  std::mutex log_mutex_;
+  int64_t log_second_ = 0;
+  int logged_this_second_ = 0;
+  int64_t not_logged_ = 0;
 };
 
 namespace {
 
 using Response = http::response<http::string_body>;
+using PlainStream = beast::tcp_stream;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
-class Session : public std::enable_shared_from_this<Session> {
+bool IsTlsError(const beast::error_code& ec) {
+  return ec.category() == net::error::get_ssl_category() ||
+         ec.category() == net::ssl::error::get_stream_category();
+}
+
+// One connection, plain (PlainStream) or TLS (TlsStream): the same HTTP handling over either.
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+  using std::enable_shared_from_this<Session<Stream>>::shared_from_this;
+
  public:
-  Session(tcp::socket socket, OpenAiServer::Impl& server)
-      : stream_(std::move(socket)), server_(server) {}
+  // `tls` (TLS only) is the context the connection was accepted with: it outlives the stream
+  // even when SIGHUP installs a new one.
+  Session(tcp::socket socket, OpenAiServer::Impl& server,
+          std::shared_ptr<net::ssl::context> tls = nullptr)
+      : tls_(std::move(tls)), stream_(MakeStream(std::move(socket), tls_.get())), server_(server) {
+    beast::error_code ec;
+    const auto peer = Socket().remote_endpoint(ec);
+    if (!ec) {
+      peer_ = fmt::format("{}:{}", peer.address().to_string(), peer.port());
+      peer_loopback_ = peer.address().is_loopback();
+    }
+  }
 
   void Start() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if constexpr (kTls) {
+        self->Lowest().expires_after(std::chrono::seconds(30));
+        self->stream_.async_handshake(net::ssl::stream_base::server,
+                                      [self](beast::error_code ec) { self->OnHandshake(ec); });
+      } else {
+        self->Read();
+      }
+    });
   }
 
  private:
@@ -93,11 +139,46 @@ class Session : public std::enable_shared_from_this<Session> {
     unsigned version = 11;
   };
 
+  static Stream MakeStream(tcp::socket socket, net::ssl::context* tls) {
+    if constexpr (kTls) {
+      return Stream(std::move(socket), *tls);
+    } else {
+      (void)tls;
+      return Stream(std::move(socket));
+    }
+  }
+
+  beast::tcp_stream& Lowest() { return beast::get_lowest_layer(stream_); }
+  tcp::socket& Socket() { return Lowest().socket(); }
+
+  // A plaintext request, a client that does not trust our certificate (it sends an alert), a
+  // client certificate that does not verify or is missing under --ssl-cert-reqs 2: one line
+  // naming the peer and OpenSSL's reason, then the connection is closed. A peer that leaves
+  // before sending anything (a port probe) is not worth a line.
+  void OnHandshake(beast::error_code ec) {
+    if (!ec) return Read();
+    const bool silent = ec == net::error::eof || ec == net::ssl::error::stream_truncated ||
+                        ec == net::error::connection_reset;
+    if (!silent) {
+      std::string reason = ec.message();
+      if (reason.find("http request") != std::string::npos)
+        reason += " — a plaintext HTTP request to the HTTPS port";
+      server_.LogRefused(fmt::format("switchyard: TLS connection from {} refused: {}",
+                                     peer_.empty() ? "?" : peer_, reason));
+    }
+    CloseSocket();
+  }
+
   void Read() {
+    // A TLS read started to look for a hang-up (WatchForHangUp) owns buffer_ until it completes.
+    if (probe_reading_) {
+      read_after_probe_ = true;
+      return;
+    }
     parser_.emplace();
     parser_->body_limit(server_.options_.max_body_bytes);
     parser_->header_limit(64 * 1024);
-    stream_.expires_after(std::chrono::minutes(10));  // idle keep-alive connections
+    Lowest().expires_after(std::chrono::minutes(10));  // idle keep-alive connections
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
@@ -105,7 +186,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void OnRead(beast::error_code ec) {
     if (ec == http::error::end_of_stream || ec == net::error::eof ||
-        ec == net::error::connection_reset || ec == beast::error::timeout) {
+        ec == net::error::connection_reset || ec == beast::error::timeout || IsTlsError(ec)) {
       return Close();
     }
     if (ec == http::error::body_limit) {
@@ -117,7 +198,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec)
       return SendError({400, "malformed HTTP request: " + ec.message(), "", "bad_request"}, 11,
                        false);
-    stream_.expires_never();
+    Lowest().expires_never();
     auto request = parser_->release();
     const unsigned version = request.version();
     const bool keep_alive = request.keep_alive();
@@ -151,13 +232,20 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (!server_.options_.api_key.empty()) {
       const auto auth = request[http::field::authorization];
-      if (auth != "Bearer " + server_.options_.api_key)
+      if (!ApiKeyMatches(std::string_view(auth.data(), auth.size()), server_.options_.api_key))
         return SendError(
             {401, "missing or wrong API key (Authorization: Bearer KEY)", "", "invalid_api_key"},
             version, keep_alive);
     }
     ApiError error;
     if (server_.options_.admin && path.rfind("/admin/", 0) == 0) {
+      // Without a key, administration is for this host only.
+      if (server_.options_.api_key.empty() && !peer_loopback_)
+        return SendError({403,
+                          "the admin endpoints answer only clients on this host unless the "
+                          "server has an API key (--api-key)",
+                          "", "forbidden"},
+                         version, keep_alive);
       auto [status, body] =
           server_.options_.admin(std::string(request.method_string()), path, request.body());
       return Send(MakeResponse(static_cast<http::status>(status), body, "application/json", version,
@@ -232,7 +320,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void DrainAndClose(size_t drained) {
     if (drained > (256u << 20)) return Close();
     if (!drain_buffer_) drain_buffer_ = std::make_unique<std::array<char, 65536>>();
-    stream_.expires_after(std::chrono::seconds(10));
+    Lowest().expires_after(std::chrono::seconds(10));
     stream_.async_read_some(net::buffer(*drain_buffer_),
                             [self = shared_from_this(), drained](beast::error_code ec, size_t n) {
                               if (ec) return self->Close();
@@ -240,10 +328,25 @@ class Session : public std::enable_shared_from_this<Session> {
                             });
   }
 
+  // Over TLS, a connection closed after a whole response says so first (close_notify) when no
+  // other operation is in flight; one that failed or was abandoned is just closed.
   void Close() {
+    if constexpr (kTls) {
+      if (!writing_ && !probe_reading_ && !client_gone_ && !closing_) {
+        closing_ = true;
+        Lowest().expires_after(std::chrono::seconds(2));
+        stream_.async_shutdown(
+            [self = shared_from_this()](beast::error_code) { self->CloseSocket(); });
+        return;
+      }
+    }
+    CloseSocket();
+  }
+
+  void CloseSocket() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.socket().close(ignored);
+    Socket().shutdown(tcp::socket::shutdown_send, ignored);
+    Socket().close(ignored);
   }
 
   // ---- generation ----
@@ -320,7 +423,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // A client that closes its connection mid-request has its requests aborted. The check polls
   // (a peek every 100 ms) rather than waiting for readability: edge-triggered readiness can wake
   // a wait with nothing to read. The pending timer also keeps the session alive while the
-  // engine works on its requests.
+  // engine works on its requests. Over TLS a client may say goodbye (close_notify) before its
+  // FIN, and the unread alert would make every later peek see data: bytes waiting there are read
+  // through TLS (ProbeRead), which tells a goodbye from a pipelined request.
   void WatchForHangUp() {
     if (!hang_up_timer_)
       hang_up_timer_ = std::make_unique<net::steady_timer>(stream_.get_executor());
@@ -328,11 +433,32 @@ class Session : public std::enable_shared_from_this<Session> {
     hang_up_timer_->async_wait([self = shared_from_this()](beast::error_code ec) {
       if (ec || !self->generation_ || self->client_gone_) return;
       char byte;
-      const ssize_t n =
-          ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      const ssize_t n = ::recv(self->Socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return self->ClientGone();
+      if (kTls && n > 0) self->ProbeRead();
       self->WatchForHangUp();
     });
+  }
+
+  // Reads what the client sent during a generation into the request buffer (a pipelined request
+  // stays there for the next Read); an error or close_notify means the client has gone.
+  void ProbeRead() {
+    if (probe_reading_ || buffer_.size() > 65536) return;
+    probe_reading_ = true;
+    stream_.async_read_some(buffer_.prepare(4096),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->probe_reading_ = false;
+                              if (ec) {
+                                if (ec == net::error::operation_aborted) return;
+                                if (self->generation_) return self->ClientGone();
+                                return self->CloseSocket();
+                              }
+                              self->buffer_.commit(n);
+                              if (self->read_after_probe_) {
+                                self->read_after_probe_ = false;
+                                self->Read();
+                              }
+                            });
   }
 
   void ClientGone() {
@@ -442,8 +568,11 @@ class Session : public std::enable_shared_from_this<Session> {
                      });
   }
 
-  beast::tcp_stream stream_;
+  std::shared_ptr<net::ssl::context> tls_;
+  Stream stream_;
   OpenAiServer::Impl& server_;
+  std::string peer_;  // address:port, for logs
+  bool peer_loopback_ = false;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<Generation> generation_;
@@ -455,6 +584,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool finishing_ = false;
   bool keep_alive_after_stream_ = true;
   bool client_gone_ = false;
+  bool probe_reading_ = false;     // TLS: a ProbeRead in flight
+  bool read_after_probe_ = false;  // a Read waits for it
+  bool closing_ = false;           // TLS: close_notify sent
   std::unique_ptr<std::array<char, 65536>> drain_buffer_;
   std::unique_ptr<net::steady_timer> hang_up_timer_;
 };
@@ -473,7 +605,47 @@ Status OpenAiServer::Impl::Listen() {
   if (ec)
     return Status::Errorf("cannot listen on {}:{}: {}", options_.host, options_.port, ec.message());
   port_ = acceptor_.local_endpoint().port();
+  if (options_.tls.enabled()) {
+    auto tls = ServerTlsContext::Load(options_.tls);
+    if (!tls.ok()) return tls.status();
+    tls_ = std::move(tls).value();
+  }
   return Status::Ok();
+}
+
+void OpenAiServer::Impl::LogRefused(const std::string& line) {
+  const int64_t second = UnixSeconds();
+  std::lock_guard<std::mutex> lock(log_mutex_);
+  if (second != log_second_) {
+    if (not_logged_ > 0)
+      std::fprintf(stderr, "switchyard: %lld more refused connections not logged\n",
+                   static_cast<long long>(not_logged_));
+    log_second_ = second;
+    logged_this_second_ = 0;
+    not_logged_ = 0;
+  }
+  if (logged_this_second_++ < 10) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  } else {
+    ++not_logged_;
+  }
+}
+
+// SIGHUP: new connections get the certificate, key and CAs read now; open ones keep theirs. A
+// file that does not load leaves the previous context in use.
+void OpenAiServer::Impl::WaitForReload() {
+  reload_signal_.async_wait([this](beast::error_code ec, int) {
+    if (ec) return;
+    Status s = tls_->Reload();
+    if (s.ok()) {
+      std::fprintf(stderr, "switchyard: SIGHUP: TLS certificate reloaded from %s\n",
+                   options_.tls.cert_file.c_str());
+    } else {
+      std::fprintf(stderr, "switchyard: SIGHUP: kept the previous TLS certificate: %s\n",
+                   s.message().c_str());
+    }
+    WaitForReload();
+  });
 }
 
 void OpenAiServer::Impl::Accept() {
@@ -485,7 +657,11 @@ void OpenAiServer::Impl::Accept() {
       // client acknowledges the last, which its delayed ACK postpones by up to 40 ms.
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<Session>(std::move(socket), *this)->Start();
+      if (tls_) {
+        std::make_shared<Session<TlsStream>>(std::move(socket), *this, tls_->Current())->Start();
+      } else {
+        std::make_shared<Session<PlainStream>>(std::move(socket), *this)->Start();
+      }
     }
     Accept();
   });
@@ -497,6 +673,7 @@ void OpenAiServer::Impl::Shutdown() {
     beast::error_code ignored;
     acceptor_.close(ignored);
     signals_.cancel(ignored);
+    reload_signal_.cancel(ignored);
   });
   // Running requests finish (their streams keep flowing), then the I/O threads stop; Run()
   // joins this thread.
@@ -513,6 +690,10 @@ void OpenAiServer::Impl::Run() {
   signals_.async_wait([this](beast::error_code ec, int) {
     if (!ec) Shutdown();
   });
+  if (tls_) {
+    reload_signal_.add(SIGHUP);
+    WaitForReload();
+  }
   Accept();
   // The step loop and the kernel pool keep every core busy while requests run; I/O threads at a
   // higher priority get the CPU as soon as a token is ready instead of after the scheduler's

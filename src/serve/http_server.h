@@ -12,6 +12,7 @@
 #include "base/status.h"
 #include "engine/engine.h"
 #include "serve/openai_api.h"
+#include "serve/tls_context.h"
 #include "tokenizer/text_codec.h"
 
 namespace sy::serve {
@@ -20,6 +21,8 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port
   std::string api_key;
+  // HTTPS when tls.cert_file is set (serve/tls_context.h); SIGHUP re-reads the files.
+  TlsFiles tls;
   int io_threads = 2;
   size_t max_body_bytes = 32u << 20;
   ServingLimits limits;
@@ -35,11 +38,11 @@ class OpenAiServer {
   OpenAiServer(RequestFrontend& engine, const TextCodec& codec, ServerOptions options);
   ~OpenAiServer();
 
-  // Binds and listens; an address in use is an error naming it.
+  // Binds and listens; an address in use, or TLS files that do not load, is an error naming it.
   Status Listen();
   int port() const;
   // Serves until SIGTERM or SIGINT (or Shutdown): then stops admitting, lets running requests
-  // finish, and returns.
+  // finish, and returns. With TLS, SIGHUP reloads the certificate, key and CAs.
   void Run();
   void Shutdown();
 

@@ -2,8 +2,22 @@
 
 #include <fmt/format.h>
 
+#include <mutex>
+#include <optional>
+
 namespace sy::serve {
 namespace {
+
+struct ExpertImbalanceGauge {
+  std::mutex mutex;
+  std::optional<double> total;
+  std::vector<std::pair<int64_t, double>> per_layer;
+};
+
+ExpertImbalanceGauge& PublishedImbalance() {
+  static ExpertImbalanceGauge gauge;
+  return gauge;
+}
 
 void Metric(std::string& out, const char* name, const char* type, const char* help,
             const std::string& labels, double value) {
@@ -87,7 +101,28 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
                 m.inter_token_latency);
   HistogramText(out, "e2e_request_latency_seconds", "Time from arrival to the finish.", labels,
                 m.e2e_request_latency);
+  ExpertImbalanceGauge& gauge = PublishedImbalance();
+  std::lock_guard<std::mutex> lock(gauge.mutex);
+  if (gauge.total) {
+    Metric(out, "expert_imbalance", "gauge",
+           "Busiest expert-parallel rank's routed tokens over the mean rank's, summed over MoE "
+           "layers and steps of the last expert-load window.",
+           labels, *gauge.total);
+    out +=
+        "# HELP switchyard:expert_imbalance_layer The same for one MoE layer.\n"
+        "# TYPE switchyard:expert_imbalance_layer gauge\n";
+    for (const auto& [layer, value] : gauge.per_layer)
+      out += fmt::format("switchyard:expert_imbalance_layer{{{},layer=\"{}\"}} {}\n", labels, layer,
+                         value);
+  }
   return out;
+}
+
+void PublishExpertImbalance(double imbalance, std::vector<std::pair<int64_t, double>> per_layer) {
+  ExpertImbalanceGauge& gauge = PublishedImbalance();
+  std::lock_guard<std::mutex> lock(gauge.mutex);
+  gauge.total = imbalance;
+  gauge.per_layer = std::move(per_layer);
 }
 
 }  // namespace sy::serve

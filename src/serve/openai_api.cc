@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "structured/compiler.h"
+
 namespace sy::serve {
 namespace {
 
@@ -89,17 +91,13 @@ struct Reader {
 // refused by name rather than ignored (names nobody knows are ignored, as vLLM does).
 void RefuseUnimplemented(Reader& r, Endpoint endpoint) {
   for (const char* name :
-       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-        "allowed_token_ids", "bad_words", "logits_processors"})
+       {"guided_whitespace_pattern", "allowed_token_ids", "bad_words", "logits_processors"})
     if (r.Get(name)) r.Fail(name, "is not supported");
   if (r.Get("prompt_logprobs"))
     r.Fail("prompt_logprobs",
            "is not supported (echo with logprobs gives the prompt's log-probabilities)");
   if (const json* beam = r.Get("use_beam_search"); beam && *beam != false)
     r.Fail("use_beam_search", "is not supported");
-  if (const json* format = r.Get("response_format");
-      format && !(format->is_object() && format->value("type", json()) == "text"))
-    r.Fail("response_format", "only {\"type\": \"text\"} is supported (no structured output)");
   if (endpoint != Endpoint::kChat) return;
   const json* tools = r.Get("tools");
   const json* choice = r.Get("tool_choice");
@@ -113,6 +111,98 @@ void RefuseUnimplemented(Reader& r, Endpoint endpoint) {
     r.Fail("continue_final_message", "is not supported");
   if (r.Get("chat_template"))
     r.Fail("chat_template", "is not supported (the model's template is used)");
+}
+
+// Structured output: OpenAI's response_format (json_object, json_schema), vLLM's
+// structured_outputs (json, regex, choice, grammar) and its older guided_json, guided_regex,
+// guided_choice and guided_grammar — at most one of them. The grammar is compiled here (without
+// a vocabulary) so a bad schema, regex or grammar is a 400 naming the problem; the engine compiles
+// it again against its vocabulary (cached by text) and enforces it.
+void ReadStructuredOutput(Reader& r, GenerationPlan& plan) {
+  using Kind = structured::GrammarSpec::Kind;
+  std::optional<structured::GrammarSpec> spec;
+  std::string field;
+  auto take = [&](const std::string& name, Kind kind, const json& value) {
+    if (spec) {
+      r.Fail(name.c_str(), fmt::format("only one structured output constraint may be given "
+                                       "(also {})",
+                                       field));
+      return;
+    }
+    field = name;
+    spec = structured::GrammarSpec{kind, "", {}};
+    if (kind == Kind::kJsonSchema) {
+      if (!value.is_object() && !value.is_boolean() && !value.is_string())
+        return r.Fail(name.c_str(), "must be a JSON schema (an object)");
+      spec->text = value.is_string() ? value.get<std::string>() : Dump(value);
+    } else if (kind == Kind::kChoice) {
+      if (!value.is_array() || value.empty())
+        return r.Fail(name.c_str(), "must be a non-empty list of strings");
+      for (const auto& c : value) {
+        if (!c.is_string()) return r.Fail(name.c_str(), "must be a non-empty list of strings");
+        spec->choices.push_back(c.get<std::string>());
+      }
+    } else if (kind != Kind::kJsonObject) {
+      if (!value.is_string()) return r.Fail(name.c_str(), "must be a string");
+      spec->text = value.get<std::string>();
+    }
+  };
+  if (const json* format = r.Get("response_format")) {
+    const json type = format->is_object() ? format->value("type", json()) : json();
+    if (type == "json_object") {
+      take("response_format", Kind::kJsonObject, json());
+    } else if (type == "json_schema") {
+      const json* schema = nullptr;
+      if (auto it = format->find("json_schema"); it != format->end() && it->is_object())
+        if (auto s = it->find("schema"); s != it->end()) schema = &*s;
+      if (!schema) {
+        r.Fail("response_format",
+               "json_schema needs {\"json_schema\": {\"name\": ..., "
+               "\"schema\": {...}}}");
+      } else {
+        take("response_format", Kind::kJsonSchema, *schema);
+      }
+    } else if (type != "text") {
+      r.Fail("response_format", "type must be \"text\", \"json_object\" or \"json_schema\"");
+    }
+  }
+  if (const json* so = r.Get("structured_outputs")) {
+    if (!so->is_object()) return r.Fail("structured_outputs", "must be an object");
+    for (const auto& [key, value] : so->items()) {
+      if (value.is_null()) continue;
+      if (key == "json") {
+        take("structured_outputs.json", Kind::kJsonSchema, value);
+      } else if (key == "regex") {
+        take("structured_outputs.regex", Kind::kRegex, value);
+      } else if (key == "choice") {
+        take("structured_outputs.choice", Kind::kChoice, value);
+      } else if (key == "grammar") {
+        take("structured_outputs.grammar", Kind::kGbnf, value);
+      } else if (key == "json_object") {
+        if (value != true) return r.Fail("structured_outputs", "json_object must be true");
+        take("structured_outputs.json_object", Kind::kJsonObject, value);
+      } else if (key == "disable_fallback") {
+        // a backend hint; there is one backend
+      } else if ((key == "disable_any_whitespace" || key == "disable_additional_properties") &&
+                 value == false) {
+        // the defaults
+      } else {
+        return r.Fail("structured_outputs", fmt::format("'{}' is not supported", key));
+      }
+    }
+  }
+  const std::pair<const char*, Kind> guided[] = {{"guided_json", Kind::kJsonSchema},
+                                                 {"guided_regex", Kind::kRegex},
+                                                 {"guided_choice", Kind::kChoice},
+                                                 {"guided_grammar", Kind::kGbnf}};
+  for (const auto& [name, kind] : guided)
+    if (const json* v = r.Get(name)) take(name, kind, *v);
+  if (!spec || r.error) return;
+  if (plan.params.ignore_eos)
+    return r.Fail("ignore_eos", "cannot be combined with structured output");
+  auto compiled = structured::CompileForBytes(*spec);
+  if (!compiled.ok()) return r.Fail(field.c_str(), compiled.status().message());
+  plan.params.grammar = std::move(spec);
 }
 
 // Fields both endpoints share: sampling and streaming.
@@ -248,6 +338,7 @@ ParsedRequest ParseGenerationRequestChecked(Endpoint endpoint, const std::string
   }
   RefuseUnimplemented(r, endpoint);
   ReadSampling(r, plan, vocab);
+  ReadStructuredOutput(r, plan);
   // vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context length).
   int64_t truncate = 0;
   r.Integer("truncate_prompt_tokens", &truncate, -1, limits.max_model_len);

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/gguf_tokenizer.h"
+
 namespace sy {
 
 Result<TextCodec> TextCodec::Load(const std::string& directory, const std::string& tokenizer_path) {
@@ -11,12 +13,17 @@ Result<TextCodec> TextCodec::Load(const std::string& directory, const std::strin
   const std::string source = tokenizer_path.empty() ? directory : tokenizer_path;
   SY_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(source));
   codec.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer));
-  std::string config_directory = source;
-  std::error_code error;
-  if (!std::filesystem::is_directory(config_directory, error))
-    config_directory = std::filesystem::path(config_directory).parent_path().string();
-  SY_ASSIGN_OR_RETURN(codec.config,
-                      LoadTokenizerConfig(config_directory.empty() ? "." : config_directory));
+  if (IsGgufFile(source)) {
+    SY_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::Open(source));
+    SY_ASSIGN_OR_RETURN(codec.config, GgufTokenizerConfig(gguf));
+  } else {
+    std::string config_directory = source;
+    std::error_code error;
+    if (!std::filesystem::is_directory(config_directory, error))
+      config_directory = std::filesystem::path(config_directory).parent_path().string();
+    SY_ASSIGN_OR_RETURN(codec.config,
+                        LoadTokenizerConfig(config_directory.empty() ? "." : config_directory));
+  }
   if (!codec.config.bos_token.empty())
     codec.bos_id = codec.tokenizer->TokenToId(codec.config.bos_token);
   auto chat = ChatTemplate::Recognize(codec.config.chat_template, codec.config.bos_token);

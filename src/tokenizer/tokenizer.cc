@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/gguf_tokenizer.h"
 #include "tokenizer/unicode.h"
 
 namespace sy {
@@ -67,6 +68,12 @@ Result<Tokenizer> Tokenizer::Load(const std::string& path) {
   std::string file = path;
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) file = path + "/tokenizer.json";
+  if (IsGgufFile(file)) {
+    // A GGUF model carries its tokenizer: the equivalent tokenizer.json is made from it.
+    SY_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::Open(file));
+    SY_ASSIGN_OR_RETURN(std::string json, GgufTokenizerJson(gguf));
+    return FromJson(json, file);
+  }
   SY_ASSIGN_OR_RETURN(std::string text, ReadText(file));
   return FromJson(text, file);
 }

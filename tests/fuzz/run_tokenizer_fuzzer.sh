@@ -12,7 +12,9 @@ clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
   "$src/tests/fuzz/tokenizer_fuzzer.cc" \
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
-  "$src/src/tokenizer/unicode.cc" \
+  "$src/src/tokenizer/unicode.cc" "$src/src/tokenizer/gguf_tokenizer.cc" \
+  "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" "$src/src/tensor/dtype.cc" \
+  "$src/src/base/mapped_file.cc" \
   $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt -o "$build/tokenizer_fuzzer"
 # Seeds: a small tokenizer.json (mode 0), corpus texts (1), ids (2), conversations (3).
 python3 - "$src" "$corpus" <<'PY'

@@ -42,13 +42,14 @@ class Server:
             if not line:
                 break
             self.log.append(line)
-            if "serving" in line and "http://" in line:
-                self.host, port = line.split("http://")[1].split(" ")[0].rsplit(":", 1)
+            if "serving" in line and ("http://" in line or "https://" in line):
+                self.scheme = "https" if " on https://" in line else "http"
+                self.host, port = line.split(f"{self.scheme}://")[1].split(" ")[0].rsplit(":", 1)
                 self.port = int(port)
                 self.pid = int(line.split("(pid ")[1].split(";")[0])
                 break
         assert self.port, "server did not start:\n" + "".join(self.log)
-        self.url = f"http://{self.host}:{self.port}"
+        self.url = f"{self.scheme}://{self.host}:{self.port}"
         # Keep reading what it prints: the pipe never fills, and the log stays whole.
         threading.Thread(target=lambda: self.log.extend(self.process.stdout), daemon=True).start()
 

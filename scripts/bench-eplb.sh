@@ -1,0 +1,39 @@
+#!/bin/bash
+# Expert load balancing on a skewed workload: the default model (trained on Shakespeare) decoding
+# 128 code and data prompts under EP4 (mpirun -np 4), without EPLB and with static placements from
+# the load the first run records (R = 0 and R = 4 redundant experts). Prints the measured
+# imbalance, decode throughput and a digest of the tokens (equal in every run) per launch.
+# Usage: scripts/bench-eplb.sh [BINARY] [REPEATS]
+set -euo pipefail
+B=$(realpath "${1:-build/switchyard}")
+REPEATS=${2:-5}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+base=('for (int i = 0; i < n; ++i) { x[i] = y[i] * 2; }' '0123456789 0123456789 0123456789'
+      '{"key": [1, 2, 3], "value": null}' 'SELECT * FROM users WHERE id = 42;'
+      'https://example.com/a/b/c?d=e&f=g' '$ ls -la /usr/bin | grep python3'
+      '#include <stdio.h> int main() { return 0; }' 'x = np.zeros((3, 4)); y = x.T @ x')
+prompts=()
+for r in 0 1 2 3 4 5 6 7 8 9 a b c d e f; do
+  for p in "${base[@]}"; do prompts+=(--prompt "$r $p"); done
+done
+# --prefill-gemm own: "auto" times two GEMMs and keeps the faster, so its choice (and the
+# rounding) may differ between launches.
+run() {
+  mpirun --oversubscribe -np 4 "$B" --threads 1 --prefill-gemm own generate "${prompts[@]}" \
+    --max-tokens 32 --ignore-eos --json "$@" 2>/dev/null | python3 -c '
+import hashlib, json, sys
+d = json.load(sys.stdin)
+tokens = hashlib.md5(str([o["token_ids"] for o in d["outputs"]]).encode()).hexdigest()[:8]
+print("imbalance %.3f  decode %6.0f tok/s  tokens %s" % (d["expert_imbalance"], d["decode_tokens_per_second"], tokens))'
+}
+work=$(mktemp -d)
+cd "$work"
+run --record-expert-load load.json > /dev/null
+"$B" eplb --load load.json --ep 4 --num-redundant-experts 0 --out r0.json | sed -n 2p
+"$B" eplb --load load.json --ep 4 --num-redundant-experts 4 --out r4.json | sed -n 2p
+for _ in $(seq "$REPEATS"); do
+  echo "contiguous: $(run)"
+  echo "EPLB R=0:   $(run --expert-placement r0.json)"
+  echo "EPLB R=4:   $(run --expert-placement r4.json --num-redundant-experts 4)"
+done
+rm -rf "$work"

@@ -1,0 +1,70 @@
+// A `deepseek2` GGUF (llama.cpp's DeepSeek-V2/V3 files) as a switchyard model.
+//
+// The config comes from the deepseek2.* metadata the converter writes (block and expert counts,
+// expert groups, gating function, lora ranks, MLA key/value lengths, RoPE and YaRN); the weights
+// are dequantized at load (tensor/ggml_quants.h: every type there, bit-exact with gguf-py) into an
+// in-memory checkpoint under the Hugging Face names LoadWeights reads, so the rest of the engine
+// is unchanged: F32, F16 and every quantized type become float32, BF16 stays BF16. The expert
+// tensors stacked per layer (ffn_*_exps, [E, rows, cols]) are cut into experts; attn_k_b (per
+// head, transposed) and attn_v_b are joined back into kv_b_proj, or the older fused attn_kv_b is
+// taken as it is. Memory: the dequantized copy lives beside the packed weights; native 4-bit
+// kernels reading the blocks in place are a later step (docs/architecture.md).
+//
+// MTP layers are not in GGUF files (the converter leaves them out), so a GGUF model has none.
+// An architecture, tensor or type this code does not know is an error naming it.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "model/gguf.h"
+#include "model/safetensors.h"
+
+namespace sy {
+
+// A GGUF model on disk: one file, or the shards llama.cpp's converter and gguf-split write
+// (NAME-00001-of-00009.gguf, ...: split.no, split.count), opened from the first — as the large
+// DeepSeek files are published. Metadata is the first shard's; tensors are found in any.
+class GgufShards {
+ public:
+  // Opens `path` and, when it is the first of several shards, the others beside it; a missing or
+  // mismatched shard, or a tensor in two shards, is an error naming it.
+  static Result<GgufShards> Open(const std::string& path);
+  // One already-parsed file.
+  static Result<GgufShards> Single(GgufFile file);
+  GgufShards(GgufShards&&) = default;
+  GgufShards& operator=(GgufShards&&) = default;
+  GgufShards(const GgufShards&) = delete;  // the index points into files_
+
+  const GgufFile& first() const { return files_.front(); }
+  const std::vector<GgufFile>& files() const { return files_; }
+  struct Located {
+    const GgufFile* file = nullptr;
+    const GgufTensorInfo* tensor = nullptr;
+  };
+  // {nullptr, nullptr} when no shard has it.
+  Located FindTensor(std::string_view name) const;
+
+ private:
+  GgufShards() = default;
+  Status Index();
+  std::vector<GgufFile> files_;
+  std::map<std::string_view, Located> index_;
+};
+
+// The ModelConfig the metadata describes, validated as config.json would be.
+Result<ModelConfig> GgufModelConfig(const GgufShards& shards);
+Result<ModelConfig> GgufModelConfig(const GgufFile& file);
+// Opens `path` (and its other shards) and reads its config.
+Result<ModelConfig> LoadGgufModelConfig(const std::string& path);
+
+// The tensors, dequantized, under Hugging Face names (model.layers.N.self_attn.q_a_proj.weight,
+// ...); each tensor's messages name the GGUF file and tensor it came from.
+Result<Checkpoint> GgufCheckpoint(const GgufShards& shards, const ModelConfig& config);
+Result<Checkpoint> GgufCheckpoint(const GgufFile& file, const ModelConfig& config);
+
+}  // namespace sy

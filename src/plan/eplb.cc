@@ -1,0 +1,128 @@
+#include "plan/eplb.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace sy {
+
+void BalancedPacking(const std::vector<double>& weights, int packs, std::vector<int>* pack,
+                     std::vector<int>* position) {
+  const size_t items = weights.size();
+  const size_t per_pack = items / static_cast<size_t>(packs);
+  pack->assign(items, 0);
+  position->assign(items, 0);
+  if (per_pack == 1) {  // one item each: nothing to balance
+    std::iota(pack->begin(), pack->end(), 0);
+    return;
+  }
+  std::vector<size_t> order(items);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return weights[a] > weights[b]; });
+  std::vector<double> pack_weight(static_cast<size_t>(packs), 0.0);
+  std::vector<size_t> pack_items(static_cast<size_t>(packs), 0);
+  for (size_t item : order) {
+    int lightest = -1;
+    for (int p = 0; p < packs; ++p)
+      if (pack_items[p] < per_pack && (lightest < 0 || pack_weight[p] < pack_weight[lightest]))
+        lightest = p;
+    (*pack)[item] = lightest;
+    (*position)[item] = static_cast<int>(pack_items[lightest]++);
+    pack_weight[lightest] += weights[item];
+  }
+}
+
+std::vector<int32_t> ReplicateExperts(const std::vector<double>& weights, int64_t physical,
+                                      std::vector<int>* replicas) {
+  const size_t logical = weights.size();
+  std::vector<int32_t> to_logical(static_cast<size_t>(physical));
+  std::iota(to_logical.begin(), to_logical.begin() + static_cast<int64_t>(logical), 0);
+  replicas->assign(logical, 1);
+  for (size_t p = logical; p < static_cast<size_t>(physical); ++p) {
+    size_t hottest = 0;
+    for (size_t e = 1; e < logical; ++e)
+      if (weights[e] / (*replicas)[e] > weights[hottest] / (*replicas)[hottest]) hottest = e;
+    to_logical[p] = static_cast<int32_t>(hottest);
+    ++(*replicas)[hottest];
+  }
+  return to_logical;
+}
+
+bool UsesHierarchicalPolicy(const EplbOptions& o) {
+  return o.groups % o.nodes == 0;
+}
+
+std::vector<int32_t> RebalanceLayer(const std::vector<double>& load, const EplbOptions& o,
+                                    bool hierarchical) {
+  const int64_t experts = static_cast<int64_t>(load.size());
+  const int64_t groups = hierarchical ? o.groups : 1;
+  const int nodes = hierarchical ? o.nodes : 1;
+  const int64_t group_size = experts / groups, groups_per_node = groups / nodes;
+  const int64_t physical = experts + o.redundant;
+  const int64_t per_rank = physical / o.ranks, ranks_per_node = o.ranks / nodes;
+  const int64_t experts_per_node = experts / nodes, physical_per_node = physical / nodes;
+
+  // 1. Groups onto nodes. "Node-major" ids: node n's experts are [n·E/nodes, (n+1)·E/nodes).
+  std::vector<double> group_load(static_cast<size_t>(groups), 0.0);
+  for (int64_t e = 0; e < experts; ++e)
+    group_load[e / group_size] += load[e];
+  std::vector<int> group_node, group_position;
+  BalancedPacking(group_load, nodes, &group_node, &group_position);
+  std::vector<int64_t> node_major_to_logical(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t g = e / group_size;
+    node_major_to_logical[(group_node[g] * groups_per_node + group_position[g]) * group_size +
+                          e % group_size] = e;
+  }
+
+  std::vector<int32_t> slots(static_cast<size_t>(physical));
+  for (int n = 0; n < nodes; ++n) {
+    // 2. Replicas within the node.
+    std::vector<double> node_load(static_cast<size_t>(experts_per_node));
+    for (int64_t i = 0; i < experts_per_node; ++i)
+      node_load[i] = load[node_major_to_logical[n * experts_per_node + i]];
+    std::vector<int> replicas;
+    const std::vector<int32_t> to_local = ReplicateExperts(node_load, physical_per_node, &replicas);
+    // 3. The node's physical experts onto its ranks, each carrying its share of the load.
+    std::vector<double> replica_load(static_cast<size_t>(physical_per_node));
+    for (int64_t p = 0; p < physical_per_node; ++p)
+      replica_load[p] = node_load[to_local[p]] / replicas[to_local[p]];
+    std::vector<int> rank, position;
+    BalancedPacking(replica_load, static_cast<int>(ranks_per_node), &rank, &position);
+    for (int64_t p = 0; p < physical_per_node; ++p) {
+      const int64_t slot = n * physical_per_node + rank[p] * per_rank + position[p];
+      slots[slot] = static_cast<int32_t>(node_major_to_logical[n * experts_per_node + to_local[p]]);
+    }
+  }
+  return slots;
+}
+
+Result<ExpertPlacement> RebalanceExperts(const ExpertLoad& load, const EplbOptions& o) {
+  const int64_t experts = load.experts;
+  if (o.ranks < 1) return Status::Errorf("--ep {} must be positive", o.ranks);
+  if (o.nodes < 1 || o.ranks % o.nodes != 0)
+    return Status::Errorf("--nodes {} does not divide --ep {}", o.nodes, o.ranks);
+  if (o.redundant < 0) return Status::Errorf("--num-redundant-experts {} is negative", o.redundant);
+  if ((experts + o.redundant) % o.ranks != 0)
+    return Status::Errorf(
+        "{} experts + {} redundant cannot be spread evenly over {} ranks (choose R so that "
+        "E + R divides by --ep)",
+        experts, o.redundant, o.ranks);
+  if (o.groups < 1 || experts % o.groups != 0)
+    return Status::Errorf("{} expert groups do not divide the {} experts", o.groups, experts);
+  const bool hierarchical = UsesHierarchicalPolicy(o);
+  if (hierarchical && (experts / o.groups) * (o.groups / o.nodes) * o.nodes != experts)
+    return Status::Errorf("{} experts do not split evenly over {} nodes", experts, o.nodes);
+  ExpertPlacement p;
+  p.experts = experts;
+  p.ranks = o.ranks;
+  p.slots_per_rank = (experts + o.redundant) / o.ranks;
+  p.layers = load.layers;
+  for (const std::vector<int64_t>& counts : load.counts) {
+    std::vector<double> layer_load(counts.begin(), counts.end());
+    p.physical.push_back(RebalanceLayer(layer_load, o, hierarchical));
+  }
+  return p;
+}
+
+}  // namespace sy

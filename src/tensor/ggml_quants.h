@@ -1,0 +1,78 @@
+// GGML's tensor types (as GGUF files name them) and reference dequantizers to float32.
+//
+// A GGML quantized tensor is a sequence of fixed-size blocks along each row (the innermost
+// dimension, ne[0]); a block holds `block_size` elements in `block_bytes` bytes. The decoders
+// here are scalar and follow ggml-quants.c / gguf-py's numpy code operation for operation (no
+// fused multiply-add: this file is compiled with -ffp-contract=off), so they agree with gguf-py's
+// `gguf.quants.dequantize` bit for bit (tests/ggml_quants_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace sy {
+
+// ggml_type ids as stored in GGUF tensor infos (ggml.h); ids 4, 5 (Q4_2, Q4_3) and 31-33, 36-38
+// were retired upstream and are unknown here.
+enum class GgmlType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,
+  kIQ2_XXS = 16,
+  kIQ2_XS = 17,
+  kIQ3_XXS = 18,
+  kIQ1_S = 19,
+  kIQ4_NL = 20,
+  kIQ3_S = 21,
+  kIQ2_S = 22,
+  kIQ4_XS = 23,
+  kI8 = 24,
+  kI16 = 25,
+  kI32 = 26,
+  kI64 = 27,
+  kF64 = 28,
+  kIQ1_M = 29,
+  kBF16 = 30,
+  kTQ1_0 = 34,
+  kTQ2_0 = 35,
+  kMXFP4 = 39,
+};
+
+struct GgmlTypeTraits {
+  GgmlType type;
+  std::string_view name;  // "Q4_K", as llama.cpp and gguf-py spell it
+  int64_t block_size;     // elements per block
+  int64_t block_bytes;    // bytes per block
+  bool dequantizable;     // DequantizeGgml decodes it
+};
+
+// The traits of a type id read from a file; nullopt for an id GGML does not define.
+std::optional<GgmlTypeTraits> GgmlTypeInfo(uint32_t type_id);
+inline std::optional<GgmlTypeTraits> GgmlTypeInfo(GgmlType type) {
+  return GgmlTypeInfo(static_cast<uint32_t>(type));
+}
+
+// Decodes `elements` values of `type` (a multiple of its block size) from `source`
+// (elements / block_size * block_bytes bytes) into `out`. An error names a type this build
+// cannot decode (the IQ*, TQ*, MXFP4, Q8_1/Q8_K and integer types) or a count that is not whole
+// blocks; the bytes themselves are never invalid.
+Status DequantizeGgml(GgmlType type, const uint8_t* source, int64_t elements, float* out);
+
+// IEEE half to float, NaN payloads kept (as numpy's float16 -> float32 conversion does).
+float GgmlHalfToF32(uint16_t bits);
+
+}  // namespace sy
