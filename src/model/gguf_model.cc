@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <set>
 
 #include <fmt/ranges.h>
 
+#include "base/thread_pool.h"
 #include "tensor/dtype.h"
 #include "tensor/ggml_quants.h"
 
@@ -365,9 +367,21 @@ class GgufConverter {
     }
     out.dtype = DType::kF32;
     out.bytes.resize(static_cast<size_t>(count * row) * sizeof(float));
-    Status status = DequantizeGgml(tensor.type, source, count * row,
-                                   reinterpret_cast<float*>(out.bytes.data()));
-    if (!status.ok()) return Error(tensor, status.message());
+    float* values = reinterpret_cast<float*>(out.bytes.data());
+    // Rows decode independently (whole blocks each), so the pool splits them; every value is
+    // the same whichever thread decodes it.
+    std::mutex failure_mutex;
+    Status failure;
+    auto decode = [&](size_t begin, size_t end) {
+      Status status = DequantizeGgml(tensor.type, source + begin * row_bytes,
+                                     static_cast<int64_t>(end - begin) * row, values + begin * row);
+      if (status.ok()) return;
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      failure = status;
+    };
+    ThreadPool::Global().ParallelForIf(count * row >= (int64_t{1} << 18),
+                                       static_cast<size_t>(count), decode);
+    if (!failure.ok()) return Error(tensor, failure.message());
     return out;
   }
 
@@ -418,6 +432,11 @@ class GgufConverter {
       if (suffix == rule.gguf) return Whole(tensor, prefix + std::string(rule.hf));
     for (const auto& rule : kExpertNames)
       if (suffix == rule.gguf) return Experts(tensor, prefix, rule.hf);
+    if (suffix == "attn_k_b.weight" || suffix == "attn_v_b.weight") {
+      // Files that carry the fused attn_kv_b too: it is kv_b_proj as it is.
+      if (shards_.FindTensor(fmt::format("blk.{}.attn_kv_b.weight", layer)).tensor != nullptr)
+        return Status::Ok();
+    }
     if (suffix == "attn_k_b.weight") return JoinKvB(tensor, layer, prefix);
     if (suffix == "attn_v_b.weight") {
       if (shards_.FindTensor(fmt::format("blk.{}.attn_k_b.weight", layer)).tensor == nullptr)
