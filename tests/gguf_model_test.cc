@@ -217,6 +217,32 @@ TEST(GgufModelTest, F32MatchesTransformersAndTheSafetensorsModel) {
   }
 }
 
+// Under expert parallelism a rank decodes only the experts it holds.
+TEST(GgufModelTest, ARankDecodesOnlyItsExperts) {
+  WeightLoadOptions options;
+  options.expert_begin = 8;
+  options.expert_end = 16;
+  auto model = Model::Load(kModels + "/default-q8_0.gguf", options);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const auto& experts = model.value()->weights().layers[1].moe.experts;
+  ASSERT_EQ(experts.size(), 32u);
+  for (int64_t e = 0; e < 32; ++e)
+    EXPECT_EQ(experts[e].empty(), e < 8 || e >= 16) << e;
+
+  auto file = GgufFile::Open(kModels + "/default-q8_0.gguf");
+  ASSERT_TRUE(file.ok());
+  auto config = GgufModelConfig(file.value());
+  ASSERT_TRUE(config.ok());
+  auto shards = GgufShards::Single(file.value());
+  ASSERT_TRUE(shards.ok());
+  auto all = GgufCheckpoint(shards.value(), config.value());
+  auto some = GgufCheckpoint(shards.value(), config.value(),
+                             [](int64_t, int64_t expert) { return expert < 8; });
+  ASSERT_TRUE(all.ok() && some.ok());
+  // 3 MoE layers × 3 projections × 24 experts left out.
+  EXPECT_EQ(all->tensors().size() - some->tensors().size(), 3u * 3u * 24u);
+}
+
 // Three shards (split.no / split.count), opened from the first, are the single file.
 TEST(GgufModelTest, ShardedFileLoadsLikeTheSingleOne) {
   auto single = LoadOrFail(kModels + "/default-f32.gguf");
