@@ -143,6 +143,18 @@ TEST(StructuredGbnf, MultiLineAlternativesRepetitionAndEscapes) {
   EXPECT_FALSE(Matches(g, "a\nxyz\xC3\xA9"));
 }
 
+TEST(StructuredGbnf, RightRecursionKeepsTheStackFlat) {
+  auto g = Compile(kGbnf, "root ::= item (\",\" root)?\nitem ::= [a-z]+\n");
+  GrammarMatcher m(g);
+  std::string text = "a";
+  for (int i = 0; i < 2000; ++i)
+    text += ",bc";
+  ASSERT_TRUE(m.AcceptBytes(text).ok());
+  EXPECT_TRUE(m.IsComplete());
+  EXPECT_TRUE(m.CanAcceptBytes(",x"));
+  EXPECT_FALSE(m.CanAcceptBytes(",,"));
+}
+
 TEST(StructuredGbnf, ErrorsNameTheProblem) {
   EXPECT_NE(Error(kGbnf, "root ::= foo\n").find("'foo' is used but never defined"),
             std::string::npos);
