@@ -279,6 +279,26 @@ TEST(StructuredJson, AllOfMerges) {
   EXPECT_FALSE(Matches(g, R"({"b":true})"));
 }
 
+TEST(StructuredJson, ContainsAndPropertyCountsWhereExact) {
+  auto c = Compile(kSchema, R"({"type": "array", "contains": {"type": "integer", "minimum": 5}})");
+  EXPECT_TRUE(Matches(c, "[1,\"x\",7,2]"));
+  EXPECT_FALSE(Matches(c, "[1,2]"));
+  EXPECT_FALSE(Matches(c, "[]"));
+  auto p = Compile(kSchema, R"({"type": "object", "minProperties": 1, "maxProperties": 2,
+                                "propertyNames": {"maxLength": 2}})");
+  EXPECT_TRUE(Matches(p, R"({"ab":1})"));
+  EXPECT_TRUE(Matches(p, R"({"a":1,"b":[]})"));
+  EXPECT_FALSE(Matches(p, "{}"));
+  EXPECT_FALSE(Matches(p, R"({"a":1,"b":2,"c":3})"));
+  EXPECT_FALSE(Matches(p, R"({"abc":1})"));
+  EXPECT_NE(Error(kSchema, R"({"properties": {"a": {}}, "maxProperties": 1})")
+                .find("'maxProperties' together with declared"),
+            std::string::npos);
+  EXPECT_NE(Error(kSchema, R"({"type": "array", "items": {"type": "string"}, "contains": {}})")
+                .find("'contains' together with"),
+            std::string::npos);
+}
+
 TEST(StructuredJson, JsonObjectMode) {
   auto g = CompileForBytes(GrammarSpec{GrammarSpec::Kind::kJsonObject, "", {}});
   ASSERT_TRUE(g.ok()) << g.status().message();
