@@ -12,6 +12,8 @@ clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" "$src"/src/structured/*.cc \
+  "$src/src/tokenizer/gguf_tokenizer.cc" "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" \
+  "$src/src/tensor/dtype.cc" "$src/src/base/mapped_file.cc" \
   $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt -o "$build/serve_fuzzer"
 # Seeds: bodies the client tests send, raw and as HTTP requests.
 seed() { printf '%s' "$2" > "$corpus/$1"; }
