@@ -6,13 +6,13 @@
 #include <cmath>
 #include <cstring>
 
+#include <nlohmann/json.hpp>
 #include "engine/engine.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/onednn_linear.h"
 #include "model/synthetic.h"
 #include "structured/matcher.h"
-#include <nlohmann/json.hpp>
 #include "test_support.h"
 #include "tokenizer/embedded_tokenizers.h"
 
@@ -641,6 +641,24 @@ std::vector<int32_t> Text(const std::string& text) {
   return out;
 }
 
+// Structured output: a JSON schema the trained model fills, and whether text is in a language.
+structured::GrammarSpec PersonSchema() {
+  return {structured::GrammarSpec::Kind::kJsonSchema,
+          R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+              "lines": {"type": "integer", "minimum": 1, "maximum": 99},
+              "mood": {"enum": ["calm", "angry"]}},
+              "required": ["name", "lines"], "additionalProperties": false})",
+          {}};
+}
+
+bool InLanguage(const structured::GrammarSpec& spec, const std::string& text, bool complete) {
+  auto compiled = structured::CompileForBytes(spec);
+  EXPECT_TRUE(compiled.ok()) << compiled.status().message();
+  structured::GrammarMatcher m(*compiled);
+  if (!m.AcceptBytes(text).ok()) return false;
+  return !complete || m.IsComplete();
+}
+
 class MtpEngineTest : public ::testing::TestWithParam<int64_t> {};
 
 // Greedy output is the model's own, with drafts of any count, under continuous batching,
@@ -680,6 +698,31 @@ TEST_P(MtpEngineTest, GreedyOutputIsUnchangedByDrafting) {
   EXPECT_EQ(per_position, m.spec_accepted_tokens_total);
   EXPECT_EQ(m.generation_tokens_total, 24 * static_cast<int64_t>(prompts.size()));
   EXPECT_EQ(m.used_pages, 0);
+}
+
+// Structured output with drafts: the drafter samples from the grammar-masked distribution at the
+// state after the drafts so far, verification masks p the same way, so greedy output equals the
+// undrafted structured output and drafts are still kept.
+TEST_P(MtpEngineTest, StructuredOutputIsUnchangedByDrafting) {
+  const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
+  SamplingParams params;
+  params.temperature = 0;
+  params.max_tokens = 120;
+  params.grammar = PersonSchema();
+  Harness plain(4096, EngineConfig{}, TrainedModel());
+  auto expected = plain.Submit("plain", prompt, params);
+  plain.RunToIdle();
+  const Collected want = Collect(*expected);
+  EngineConfig config;
+  config.num_speculative_tokens = GetParam();
+  Harness h(4096, config, TrainedModel());
+  auto stream = h.Submit("drafted", prompt, params);
+  h.RunToIdle();
+  const Collected got = Collect(*stream);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.finish, want.finish);
+  EXPECT_TRUE(InLanguage(*params.grammar, got.text, got.finish == "stop")) << got.text;
+  EXPECT_GT(h.engine.Metrics().spec_accepted_tokens_total, 0);
 }
 
 // Under page pressure requests are preempted and recomputed; drafts are dropped, never lost
@@ -784,23 +827,6 @@ TEST(EngineTest, ResumedRequestContinuesAsIfUninterrupted) {
 // Structured output: every token the grammar forbids is masked, so the text is in the grammar's
 // language — complete when the request stopped, a prefix when it ran out of tokens — through
 // batching, preemption and failover (the matcher rebuilt from the resumed tokens).
-structured::GrammarSpec PersonSchema() {
-  return {structured::GrammarSpec::Kind::kJsonSchema,
-          R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-              "lines": {"type": "integer", "minimum": 1, "maximum": 99},
-              "mood": {"enum": ["calm", "angry"]}},
-              "required": ["name", "lines"], "additionalProperties": false})",
-          {}};
-}
-
-bool InLanguage(const structured::GrammarSpec& spec, const std::string& text, bool complete) {
-  auto compiled = structured::CompileForBytes(spec);
-  EXPECT_TRUE(compiled.ok()) << compiled.status().message();
-  structured::GrammarMatcher m(*compiled);
-  if (!m.AcceptBytes(text).ok()) return false;
-  return !complete || m.IsComplete();
-}
-
 TEST(EngineTest, StructuredOutputStaysInItsGrammar) {
   const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
   std::vector<SamplingParams> params;

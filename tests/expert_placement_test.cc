@@ -210,6 +210,47 @@ TEST(ExpertPlacementRuns, BalancedPlacementLowersTheMeasuredImbalance) {
   EXPECT_LT(now, was) << output;
 }
 
+// Online rebalancing: every two steps rank 0 balances the window's load and every rank loads the
+// experts its new slots need from the checkpoint, mid-run — the logits stay the contiguous
+// run's bits, and greedy tokens the single process's.
+TEST(ExpertPlacementRuns, OnlineRebalancingChangesNothingButThePlacement) {
+  auto fixture = testing::LoadFixture("tiny-v3-fp8");
+  const std::string dir = testing::TempDirectory("eplb_online");
+  const std::string args = " --threads 1 --f32-products logits --model " + fixture.directory +
+                           " --tokens '" + fixture.tokens_text + "' --decode-from 4" +
+                           " --wire-dtype f32 --overlap microbatch";
+  std::string output;
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " --out " + dir + "/contiguous.bin",
+                       &output),
+            0)
+      << output;
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " --out " + dir +
+                           "/online.bin --num-redundant-experts 4 --eplb-interval 2",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("experts rebalanced after 2 steps"), std::string::npos) << output;
+  EXPECT_EQ(ReadLogits(dir + "/contiguous.bin"), ReadLogits(dir + "/online.bin"));
+
+  const std::string model = std::string(SY_SOURCE_DIR) + "/models/default";
+  const std::string generate = " --threads 1 --prefill-gemm own generate --model " + model +
+                               " --prompt 'for (int i = 0; i < n; ++i)' --prompt '[1, 2, 3]'"
+                               " --max-tokens 12 --ignore-eos --kv-dtype f32";
+  std::string one, many;
+  ASSERT_EQ(RunCommand(std::string(testing::kBinary) + generate, &one), 0) << one;
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + generate +
+                           " --wire-dtype f32 --eplb-interval 3 --num-redundant-experts 4",
+                       &many),
+            0)
+      << many;
+  EXPECT_NE(many.find("experts rebalanced after 3 steps"), std::string::npos) << many;
+  for (const std::string key : {"text 0:", "text 1:"}) {
+    ASSERT_NE(many.find(key), std::string::npos) << many;
+    EXPECT_EQ(one.substr(one.find(key), one.find('\n', one.find(key)) - one.find(key)),
+              many.substr(many.find(key), many.find('\n', many.find(key)) - many.find(key)));
+  }
+}
+
 // Placements that do not fit the run fail on every rank with one clear message.
 TEST(ExpertPlacementErrors, BadPlacementsAreRefused) {
   const std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-fp8";  // 16 experts
@@ -250,6 +291,7 @@ TEST(ExpertPlacementErrors, BadPlacementsAreRefused) {
   fails(Mpirun(2) + run + " --num-redundant-experts 1",
         "16 routed experts + 1 redundant cannot be spread evenly over 2 ranks");
   fails(run + " --num-redundant-experts 2", "need expert parallelism");
+  fails(run + " --eplb-interval 5", "need expert parallelism");
   // The offline verb names what does not fit.
   testing::WriteFile(dir + "/load.json", SkewedLoadJson());
   fails(std::string(testing::kBinary) + " eplb --load " + dir +

@@ -208,10 +208,39 @@ TEST(GgufModelTest, F32MatchesTransformersAndTheSafetensorsModel) {
   std::printf("F32 GGUF: max |Δ| %.3g vs transformers, %.3g vs safetensors (max |logit| %.3g)\n",
               golden.MaxDiff(), same_model.MaxDiff(), golden.max_abs_reference);
 
-  // The older layout, one fused attn_kv_b per layer, gives the same bits.
-  auto fused = LoadOrFail(kModels + "/default-f32-fused-kv-b.gguf");
-  ASSERT_TRUE(fused);
-  EXPECT_EQ(RunLogits(*fused, tokens), logits);
+  // The older layout, one fused attn_kv_b per layer, gives the same bits; so does a file with
+  // both layouts.
+  for (const char* file : {"default-f32-fused-kv-b.gguf", "default-f32-both-kv-b.gguf"}) {
+    auto other = LoadOrFail(kModels + "/" + file);
+    ASSERT_TRUE(other);
+    EXPECT_EQ(RunLogits(*other, tokens), logits) << file;
+  }
+}
+
+// Under expert parallelism a rank decodes only the experts it holds.
+TEST(GgufModelTest, ARankDecodesOnlyItsExperts) {
+  WeightLoadOptions options;
+  options.expert_begin = 8;
+  options.expert_end = 16;
+  auto model = Model::Load(kModels + "/default-q8_0.gguf", options);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const auto& experts = model.value()->weights().layers[1].moe.experts;
+  ASSERT_EQ(experts.size(), 32u);
+  for (int64_t e = 0; e < 32; ++e)
+    EXPECT_EQ(experts[e].empty(), e < 8 || e >= 16) << e;
+
+  auto file = GgufFile::Open(kModels + "/default-q8_0.gguf");
+  ASSERT_TRUE(file.ok());
+  auto config = GgufModelConfig(file.value());
+  ASSERT_TRUE(config.ok());
+  auto shards = GgufShards::Single(file.value());
+  ASSERT_TRUE(shards.ok());
+  auto all = GgufCheckpoint(shards.value(), config.value());
+  auto some = GgufCheckpoint(shards.value(), config.value(),
+                             [](int64_t, int64_t expert) { return expert < 8; });
+  ASSERT_TRUE(all.ok() && some.ok());
+  // 3 MoE layers × 3 projections × 24 experts left out.
+  EXPECT_EQ(all->tensors().size() - some->tensors().size(), 3u * 3u * 24u);
 }
 
 // Three shards (split.no / split.count), opened from the first, are the single file.

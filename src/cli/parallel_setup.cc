@@ -44,6 +44,11 @@ void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
   verb->add_option("--expert-placement", args.expert_placement,
                    "Under mpirun: the logical experts in each rank's slots per MoE layer, a JSON "
                    "file from `switchyard eplb` (default: contiguous ranges)");
+  verb->add_option("--eplb-interval", args.eplb_interval,
+                   "Under mpirun: every this many steps, balance the experts anew from the "
+                   "window's measured load (DeepSeek's EPLB, --num-redundant-experts R) and load "
+                   "the experts that move on every rank; outputs do not change")
+      ->check(CLI::NonNegativeNumber);
   // The server's windowed recording rides along here; generate records its whole run itself.
   if (verb->get_name() == "serve") AddExpertLoadWindowOptions(verb, args);
 }
@@ -85,8 +90,9 @@ ParallelRun LoadParallel(const std::string& directory, const ParallelArgs& args)
   if (!args.expert_load_file.empty()) options.record_expert_load = true;
   auto run = LoadParallelRun(directory, options);
   if (!run.ok()) FailVerb(run.status().message());
-  if (!args.expert_load_file.empty())
-    WriteExpertLoadWindows(run.value(), args.expert_load_file, args.expert_load_window);
+  if (!args.expert_load_file.empty())  // with rebalancing, its windows are the load's
+    WriteExpertLoadWindows(run.value(), args.expert_load_file,
+                           args.eplb_interval > 0 ? args.eplb_interval : args.expert_load_window);
   return std::move(run).value();
 }
 

@@ -47,8 +47,10 @@ struct Engine::Sequence {
   std::vector<int32_t> drafts;
   std::vector<TokenDistribution> draft_distributions;
   // Structured output: the grammar's state after the generated tokens (kept across preemption,
-  // rebuilt from the resumed tokens on failover).
+  // rebuilt from the resumed tokens on failover); while drafting it also takes the drafts so far
+  // (grammar_drafts of them), rolled back once the drafts are made.
   std::unique_ptr<structured::GrammarMatcher> grammar;
+  int64_t grammar_drafts = 0;
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_length; }
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
@@ -598,12 +600,17 @@ void Engine::Draft(const std::vector<std::pair<Sequence*, int64_t>>& scheduled,
     for (size_t m = 0; m < members.size(); ++m) {
       Sequence& seq = *members[m];
       const SequenceSlice& slice = mtp.sequences[m];
-      // Structured outputs decode without drafts (their masks would need the drafts' states).
-      const bool decoding =
-          seq.remaining() == 1 && static_cast<int64_t>(seq.drafts.size()) == k && !seq.grammar;
+      const bool decoding = seq.remaining() == 1 && static_cast<int64_t>(seq.drafts.size()) == k;
       if (!decoding) continue;
       const SamplingParams& params = seq.request.params;
       const float* row = logits.data() + static_cast<int64_t>(m) * vocab;
+      if (seq.grammar) {  // drafts follow the grammar too: mask q at the state after the drafts
+        if (k > 0) {
+          if (!seq.grammar->AcceptToken(seq.drafts.back()).ok()) continue;
+          ++seq.grammar_drafts;
+        }
+        row = GrammarRow(seq, row);
+      }
       TokenDistribution q =
           ProcessedDistribution(row, vocab, params, seq.penalties, BlockedTokens(seq), scratch_);
       const int32_t draft =
@@ -627,8 +634,13 @@ void Engine::Draft(const std::vector<std::pair<Sequence*, int64_t>>& scheduled,
     hidden_in = std::move(next_hidden);
     members = std::move(next_members);
   }
-  for (auto& [seq, count] : scheduled)  // rows past `computed` were chained drafts' scratch
+  for (auto& [seq, count] : scheduled) {  // rows past `computed` were chained drafts' scratch
     if (!seq->finished) seq->cache.length = seq->computed;
+    if (seq->grammar && seq->grammar_drafts > 0) {
+      (void)seq->grammar->Rollback(static_cast<int>(seq->grammar_drafts));
+      seq->grammar_drafts = 0;
+    }
+  }
 }
 
 bool Engine::StepOnce(bool must_step) {

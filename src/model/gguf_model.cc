@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <set>
 
 #include <fmt/ranges.h>
 
+#include "base/thread_pool.h"
 #include "tensor/dtype.h"
 #include "tensor/ggml_quants.h"
 
@@ -284,8 +286,9 @@ constexpr NameRule kExpertNames[] = {
 
 class GgufConverter {
  public:
-  GgufConverter(const GgufShards& shards, const ModelConfig& config)
-      : shards_(shards), config_(config) {}
+  GgufConverter(const GgufShards& shards, const ModelConfig& config,
+                const ExpertFilter& keep_expert)
+      : shards_(shards), config_(config), keep_expert_(keep_expert) {}
 
   Status Run() {
     for (const GgufFile& file : shards_.files()) {
@@ -365,9 +368,21 @@ class GgufConverter {
     }
     out.dtype = DType::kF32;
     out.bytes.resize(static_cast<size_t>(count * row) * sizeof(float));
-    Status status = DequantizeGgml(tensor.type, source, count * row,
-                                   reinterpret_cast<float*>(out.bytes.data()));
-    if (!status.ok()) return Error(tensor, status.message());
+    float* values = reinterpret_cast<float*>(out.bytes.data());
+    // Rows decode independently (whole blocks each), so the pool splits them; every value is
+    // the same whichever thread decodes it.
+    std::mutex failure_mutex;
+    Status failure;
+    auto decode = [&](size_t begin, size_t end) {
+      Status status = DequantizeGgml(tensor.type, source + begin * row_bytes,
+                                     static_cast<int64_t>(end - begin) * row, values + begin * row);
+      if (status.ok()) return;
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      failure = status;
+    };
+    ThreadPool::Global().ParallelForIf(count * row >= (int64_t{1} << 18),
+                                       static_cast<size_t>(count), decode);
+    if (!failure.ok()) return Error(tensor, failure.message());
     return out;
   }
 
@@ -417,7 +432,12 @@ class GgufConverter {
     for (const auto& rule : kLayerNames)
       if (suffix == rule.gguf) return Whole(tensor, prefix + std::string(rule.hf));
     for (const auto& rule : kExpertNames)
-      if (suffix == rule.gguf) return Experts(tensor, prefix, rule.hf);
+      if (suffix == rule.gguf) return Experts(tensor, layer, prefix, rule.hf);
+    if (suffix == "attn_k_b.weight" || suffix == "attn_v_b.weight") {
+      // Files that carry the fused attn_kv_b too: it is kv_b_proj as it is.
+      if (shards_.FindTensor(fmt::format("blk.{}.attn_kv_b.weight", layer)).tensor != nullptr)
+        return Status::Ok();
+    }
     if (suffix == "attn_k_b.weight") return JoinKvB(tensor, layer, prefix);
     if (suffix == "attn_v_b.weight") {
       if (shards_.FindTensor(fmt::format("blk.{}.attn_k_b.weight", layer)).tensor == nullptr)
@@ -428,12 +448,14 @@ class GgufConverter {
   }
 
   // [E, rows, cols] (dims {cols, rows, E}), each expert's rows contiguous.
-  Status Experts(const GgufTensorInfo& tensor, const std::string& prefix, std::string_view proj) {
+  Status Experts(const GgufTensorInfo& tensor, int64_t layer, const std::string& prefix,
+                 std::string_view proj) {
     if (tensor.dims.size() != 3 || tensor.dims[2] != config_.n_routed_experts)
       return Error(tensor, fmt::format("has dims [{}] but stacked experts need [cols, rows, {}]",
                                        fmt::join(tensor.dims, ", "), config_.n_routed_experts));
     const int64_t rows = tensor.dims[1], cols = tensor.dims[0];
     for (int64_t e = 0; e < tensor.dims[2]; ++e) {
+      if (keep_expert_ && !keep_expert_(layer, e)) continue;
       SY_ASSIGN_OR_RETURN(TensorToWrite data, Rows(tensor, e * rows, rows));
       Add(fmt::format("{}mlp.experts.{}.{}.weight", prefix, e, proj), {rows, cols}, std::move(data),
           tensor);
@@ -481,15 +503,17 @@ class GgufConverter {
   const GgufShards& shards_;
   const GgufFile* file_ = nullptr;  // the shard being converted
   const ModelConfig& config_;
+  const ExpertFilter& keep_expert_;
   std::vector<TensorToWrite> tensors_;
   std::vector<std::string> sources_;
 };
 
 }  // namespace
 
-Result<Checkpoint> GgufCheckpoint(const GgufShards& shards, const ModelConfig& config) {
+Result<Checkpoint> GgufCheckpoint(const GgufShards& shards, const ModelConfig& config,
+                                  const ExpertFilter& keep_expert) {
   SY_RETURN_IF_ERROR(CheckArchitecture(shards.first()));
-  GgufConverter converter(shards, config);
+  GgufConverter converter(shards, config, keep_expert);
   SY_RETURN_IF_ERROR(converter.Run());
   return converter.Take();
 }

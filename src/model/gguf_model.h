@@ -14,6 +14,7 @@
 // An architecture, tensor or type this code does not know is an error naming it.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -64,7 +65,11 @@ Result<ModelConfig> LoadGgufModelConfig(const std::string& path);
 
 // The tensors, dequantized, under Hugging Face names (model.layers.N.self_attn.q_a_proj.weight,
 // ...); each tensor's messages name the GGUF file and tensor it came from.
-Result<Checkpoint> GgufCheckpoint(const GgufShards& shards, const ModelConfig& config);
+// `keep_expert(layer, expert)`, when given, picks the routed experts this process holds (expert
+// parallelism): the others are not decoded at all.
+using ExpertFilter = std::function<bool(int64_t layer, int64_t expert)>;
+Result<Checkpoint> GgufCheckpoint(const GgufShards& shards, const ModelConfig& config,
+                                  const ExpertFilter& keep_expert = {});
 Result<Checkpoint> GgufCheckpoint(const GgufFile& file, const ModelConfig& config);
 
 }  // namespace sy

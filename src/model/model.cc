@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
+#include "model/expert_placement.h"
 #include "model/feed_forward.h"
 #include "model/gguf_model.h"
 #include "model/load_progress.h"
@@ -37,7 +39,20 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
     progress.Stage(fmt::format("GGUF v{} mapped ({} file{}), {} tensors, config read",
                                gguf.first().version(), gguf.files().size(),
                                gguf.files().size() == 1 ? "" : "s", tensors));
-    SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, GgufCheckpoint(gguf, model->config_));
+    // Only the experts this process holds are decoded (LoadWeights reads no others).
+    std::map<int64_t, std::vector<int32_t>> held;  // by layer, under a placement
+    const int64_t end =
+        options.expert_end < 0 ? model->config_.n_routed_experts : options.expert_end;
+    auto keep_expert = [&](int64_t layer, int64_t expert) {
+      if (options.placement == nullptr) return expert >= options.expert_begin && expert < end;
+      const std::vector<int32_t>* slots = options.placement->Layer(layer);
+      if (slots == nullptr) return true;  // LoadWeights names the missing layer
+      auto [it, fresh] = held.try_emplace(layer);
+      if (fresh)
+        it->second = HeldExperts(*slots, options.placement->slots_per_rank, options.placement_rank);
+      return std::find(it->second.begin(), it->second.end(), expert) != it->second.end();
+    };
+    SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, GgufCheckpoint(gguf, model->config_, keep_expert));
     model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
     progress.Stage(fmt::format("dequantized into memory, {}", CheckpointSize(*model->checkpoint_)));
   } else {
@@ -52,6 +67,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
   SY_ASSIGN_OR_RETURN(model->weights_, LoadWeights(*model->checkpoint_, model->config_, options,
                                                    &model->unused_tensors_));
   progress.Stage(fmt::format("{} layers' weights checked", model->weights_.layers.size()));
+  model->packed_ = options.pack;
   if (options.pack) {
     PackWeights(model->config_, model->weights_);
     progress.Stage("weights packed for the kernels");
@@ -81,6 +97,28 @@ LatentCache Model::NewCache(int64_t max_tokens, int64_t max_sequences, DType dty
   const int64_t pages = (max_tokens + page_size - 1) / page_size + max_sequences;
   return LatentCache(CacheLayers(mtp && has_mtp()), config_.latent_cache_width(), page_size, pages,
                      dtype);
+}
+
+Status Model::ReplaceRoutedExperts(const ExpertPlacement& placement, int rank) {
+  if (IsGgufFile(directory_))
+    return Status::Errorf(
+        "{}: a GGUF checkpoint cannot reload experts (online rebalancing needs "
+        "safetensors)",
+        directory_);
+  auto replace = [&](int64_t layer, MoeWeights& moe) -> Status {
+    const std::vector<int32_t>* slots = placement.Layer(layer);
+    if (slots == nullptr) return Status::Errorf("the expert placement has no layer {}", layer);
+    return LoadRoutedExperts(*checkpoint_, config_, layer,
+                             HeldExperts(*slots, placement.slots_per_rank, rank), packed_, moe);
+  };
+  for (size_t l = 0; l < weights_.layers.size(); ++l)
+    if (weights_.layers[l].is_moe)
+      SY_RETURN_IF_ERROR(replace(static_cast<int64_t>(l), weights_.layers[l].moe));
+  for (size_t i = 0; i < weights_.mtp.size(); ++i)
+    if (weights_.mtp[i].block.is_moe)
+      SY_RETURN_IF_ERROR(
+          replace(config_.num_hidden_layers + static_cast<int64_t>(i), weights_.mtp[i].block.moe));
+  return Status::Ok();
 }
 
 Status Model::CheckBatch(const ForwardBatch& batch, bool mtp) const {

@@ -11,6 +11,7 @@
 #include "model/batch.h"
 #include "model/config.h"
 #include "model/decoder_schedule.h"
+#include "model/expert_placement.h"
 #include "model/latent_cache.h"
 #include "model/mla.h"
 #include "model/moe_executor.h"
@@ -34,6 +35,12 @@ class Model {
 
   // Whether the checkpoint has an MTP module (num_nextn_predict_layers > 0).
   bool has_mtp() const { return !weights_.mtp.empty(); }
+
+  // Online expert rebalancing: every MoE layer (the MTP block's too) comes to hold the routed
+  // experts of rank `rank`'s slots in `placement`, loaded from the checkpoint as at load time.
+  // Not while a forward pass reads the experts; a GGUF checkpoint (held in memory and given back
+  // after packing) cannot reload.
+  Status ReplaceRoutedExperts(const ExpertPlacement& placement, int rank);
 
   // A latent cache able to hold `max_tokens` tokens in all (rounded up to whole pages per
   // sequence for `max_sequences` sequences). With `mtp` it has one more layer, the MTP block's.
@@ -82,6 +89,7 @@ class Model {
   ModelConfig config_;
   ModelConfig attention_config_;
   std::unique_ptr<Checkpoint> checkpoint_;  // owns the mappings the weights point into
+  bool packed_ = false;                     // WeightLoadOptions::pack
   ModelWeights weights_;
   RopeParams rope_;
   bool sequence_parallel_attention_ = false;  // weights laid out for SP-TP-SP

@@ -437,6 +437,26 @@ void PackWeights(const ModelConfig& config, ModelWeights& weights) {
   }
 }
 
+Status LoadRoutedExperts(const Checkpoint& checkpoint, const ModelConfig& c, int64_t layer,
+                         const std::vector<int32_t>& experts, bool pack, MoeWeights& moe) {
+  TensorReader reader(checkpoint, c);
+  std::vector<bool> wanted(moe.experts.size(), false);
+  for (int32_t e : experts)
+    wanted[e] = true;
+  const std::string p = "model.layers." + std::to_string(layer) + ".mlp.experts.";
+  for (size_t e = 0; e < moe.experts.size(); ++e) {
+    if (!wanted[e]) {
+      moe.experts[e] = FeedForwardWeights();  // frees its packed panels
+      continue;
+    }
+    if (!moe.experts[e].empty()) continue;
+    SY_ASSIGN_OR_RETURN(moe.experts[e], LoadFeedForward(reader, p + std::to_string(e),
+                                                        c.moe_intermediate_size, c.hidden_size));
+    if (pack) PackFeedForward(moe.experts[e]);
+  }
+  return Status::Ok();
+}
+
 Result<ModelWeights> LoadWeights(const Checkpoint& checkpoint, const ModelConfig& c,
                                  const WeightLoadOptions& options,
                                  std::vector<std::string>* unused) {

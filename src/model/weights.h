@@ -108,6 +108,12 @@ void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer);
 // Also splits kv_b_proj into per-head absorbed matrices, which needs the config's dimensions.
 void PackWeights(const ModelConfig& config, ModelWeights& weights);
 
+// Makes `moe` (MoE layer `layer`) hold exactly the routed experts in `experts`: those it lacks
+// are loaded from the checkpoint (and packed with `pack`), the others dropped. Online expert
+// rebalancing calls it; the checkpoint's pages must still be readable (a mapped file).
+Status LoadRoutedExperts(const Checkpoint& checkpoint, const ModelConfig& config, int64_t layer,
+                         const std::vector<int32_t>& experts, bool pack, MoeWeights& moe);
+
 // Loads and checks every tensor the config calls for: presence, dtype, shape, fp8 block scales.
 // Errors name the file and tensor. Tensors the model does not use are reported in `unused`.
 Result<ModelWeights> LoadWeights(const Checkpoint& checkpoint, const ModelConfig& config,

@@ -228,23 +228,28 @@ ExpertParallelMoe::ExpertParallelMoe(Communicator& comm, const ModelConfig& conf
   slots_.reserve(kSlots);
   for (int i = 0; i < kSlots; ++i)
     slots_.emplace_back(ExpertDispatcher(comm, physical, config.hidden_size, wire));
-  if (placement == nullptr) return;
-  for (size_t l = 0; l < placement->layers.size(); ++l) {
-    const std::vector<int32_t>& slots = placement->physical[l];
-    bool contiguous = placement->redundant() == 0;
+  if (placement != nullptr) SetPlacement(*placement);
+}
+
+void ExpertParallelMoe::SetPlacement(const ExpertPlacement& placement) {
+  route_layers_.clear();
+  routes_.clear();
+  for (size_t l = 0; l < placement.layers.size(); ++l) {
+    const std::vector<int32_t>& slots = placement.physical[l];
+    bool contiguous = placement.redundant() == 0;
     for (size_t p = 0; p < slots.size() && contiguous; ++p)
       contiguous = slots[p] == static_cast<int32_t>(p);
     if (contiguous) continue;  // physical ids are the logical ones: nothing to re-sort
     LayerRoute route;
     route.slots = slots;
-    route.replicas.resize(static_cast<size_t>(placement->experts));
-    route.own.assign(static_cast<size_t>(placement->experts), -1);
+    route.replicas.resize(static_cast<size_t>(placement.experts));
+    route.own.assign(static_cast<size_t>(placement.experts), -1);
     for (size_t p = 0; p < slots.size(); ++p) {
       route.replicas[slots[p]].push_back(static_cast<int32_t>(p));
-      if (static_cast<int64_t>(p) / placement->slots_per_rank == rank_ && route.own[slots[p]] < 0)
+      if (static_cast<int64_t>(p) / placement.slots_per_rank == rank_ && route.own[slots[p]] < 0)
         route.own[slots[p]] = static_cast<int32_t>(p);
     }
-    route_layers_.push_back(placement->layers[l]);
+    route_layers_.push_back(placement.layers[l]);
     routes_.push_back(std::move(route));
   }
 }

@@ -91,6 +91,9 @@ class ExpertParallelMoe final : public MoeExecutor {
   void End(int slot, float* out) override;
   // Bytes sent to other ranks by dispatch and combine so far.
   int64_t remote_bytes_sent() const;
+  // A new placement with the same slots per rank (online rebalancing), from the next layer on:
+  // only between steps, on every rank alike.
+  void SetPlacement(const ExpertPlacement& placement);
 
  private:
   // A layer's placement as dispatch uses it.

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "model/gguf_model.h"
+#include "plan/eplb.h"
 
 namespace sy {
 
@@ -30,12 +31,13 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
                                       : LoadModelConfig(directory + "/config.json");
   int64_t local_ok = config.ok() ? 1 : 0;
   std::string reason = config.ok() ? "" : config.status().message();
-  const bool placed = !args.expert_placement.empty() || args.redundant_experts > 0;
+  const bool placed =
+      !args.expert_placement.empty() || args.redundant_experts > 0 || args.eplb_interval > 0;
   if (config.ok() && ranks == 1 && placed) {
     local_ok = 0;
     reason =
-        "--expert-placement and --num-redundant-experts need expert parallelism (mpirun -np "
-        "N, N > 1)";
+        "--expert-placement, --num-redundant-experts and --eplb-interval need expert parallelism "
+        "(mpirun -np N, N > 1)";
   }
   if (config.ok() && ranks > 1 &&
       (config.value().n_routed_experts + args.redundant_experts) % ranks != 0) {
@@ -99,7 +101,14 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
       reason = model.status().message();
     }
   }
-  if (local_ok && args.record_expert_load) {
+  if (local_ok && args.eplb_interval > 0 && IsGgufFile(directory)) {
+    local_ok = 0;
+    reason =
+        "--eplb-interval reloads experts from the checkpoint: it needs safetensors, not a "
+        "GGUF";
+  }
+  run.rebalance = local_ok && args.eplb_interval > 0;
+  if (local_ok && (args.record_expert_load || run.rebalance)) {
     const ModelConfig& c = run.model->config();
     run.load = std::make_unique<ExpertLoadRecorder>(MoeLayers(c, run.model->has_mtp()),
                                                     c.n_routed_experts, c.num_experts_per_tok);
@@ -136,6 +145,7 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
                                                                            : DType::kBF16,
                                                 overlap, run.placement.get());
   run.moe->set_load_recorder(run.load.get());
+  if (run.rebalance) RecordExpertLoadWindows(run, args.eplb_interval, nullptr);
   if (run.tp > 1) {
     run.tp_group = comm.Split(run.dp_group);
     run.tp_attention = std::make_unique<TensorParallelAttention>(*run.tp_group);
@@ -215,15 +225,62 @@ ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& record
 
 namespace sy {
 
+namespace {
+
+// Rank 0 balances the window's load (the run's N and R); every rank loads the experts its new
+// slots need and switches dispatch. Collective; a rank that cannot load ends the job.
+void RebalanceOnline(Communicator& comm, const ExpertLoad& load, int64_t groups, Model& model,
+                     ExpertParallelMoe& moe, ExpertPlacement& placement) {
+  std::string text;
+  double before = 0, after = 0;
+  if (comm.rank() == 0) {
+    EplbOptions options;
+    options.ranks = comm.size();
+    options.redundant = placement.redundant();
+    options.groups = std::max<int64_t>(1, groups);
+    if (load.experts % options.groups != 0) options.groups = 1;
+    auto next = RebalanceExperts(load, options);
+    if (next.ok()) {
+      text = ExpertPlacementToJson(next.value());
+      before = PredictedImbalance(placement, load);
+      after = PredictedImbalance(next.value(), load);
+    } else {
+      std::fprintf(stderr, "switchyard: experts not rebalanced: %s\n",
+                   next.status().message().c_str());
+    }
+  }
+  const std::vector<uint8_t> bytes = comm.Broadcast(std::vector<uint8_t>(text.begin(), text.end()));
+  if (bytes.empty()) return;
+  auto next = ParseExpertPlacement(std::string(bytes.begin(), bytes.end()), "rebalanced placement");
+  Status loaded = next.ok() ? model.ReplaceRoutedExperts(next.value(), comm.rank()) : next.status();
+  if (comm.AllReduceMax(loaded.ok() ? 0 : 1) != 0)
+    comm.Abort(loaded.ok() ? "a peer rank failed to load its rebalanced experts"
+                           : "rebalancing experts: " + loaded.message(),
+               1);
+  placement = std::move(next).value();
+  moe.SetPlacement(placement);
+  if (comm.rank() == 0)
+    std::fprintf(stderr,
+                 "switchyard: experts rebalanced after %lld steps: predicted imbalance %.3f -> "
+                 "%.3f (measured %.3f)\n",
+                 static_cast<long long>(load.steps), before, after, load.imbalance.value_or(1.0));
+}
+
+}  // namespace
+
 void RecordExpertLoadWindows(ParallelRun& run, int64_t steps,
                              std::function<void(const ExpertLoad&)> on_window) {
   Communicator* comm = run.comm;
   ExpertLoadRecorder* recorder = run.load.get();
   const int64_t groups = run.model->config().n_group;
-  recorder->SetWindow(steps, [comm, recorder, groups, on_window = std::move(on_window)] {
+  Model* model = run.rebalance ? run.model.get() : nullptr;
+  ExpertParallelMoe* moe = run.moe.get();
+  ExpertPlacement* placement = run.placement.get();
+  recorder->SetWindow(steps, [=, on_window = std::move(on_window)] {
     const ExpertLoad load = GatherExpertLoad(*comm, *recorder, groups);
     recorder->Clear();
-    if (comm->rank() == 0) on_window(load);
+    if (model != nullptr) RebalanceOnline(*comm, load, groups, *model, *moe, *placement);
+    if (comm->rank() == 0 && on_window) on_window(load);
   });
 }
 

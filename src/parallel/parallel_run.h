@@ -32,6 +32,9 @@ struct ParallelOptions {
   // serve: each window's load to this file, its imbalance to /metrics (cli/parallel_setup.h)
   std::string expert_load_file;
   int64_t expert_load_window = 256;  // steps
+  // Online expert rebalancing under mpirun: every this many steps a new placement from the
+  // window's load (plan/eplb.h), the experts that change loaded on every rank; 0: never.
+  int64_t eplb_interval = 0;
 };
 
 struct ParallelRun {
@@ -44,6 +47,7 @@ struct ParallelRun {
   std::unique_ptr<ExpertPlacement> placement;  // null: the contiguous one, no redundant experts
   std::unique_ptr<ExpertLoadRecorder> load;    // with ParallelOptions::record_expert_load
   std::unique_ptr<LocalMoe> local_moe;         // one rank, recording: experts in this process
+  bool rebalance = false;                      // ParallelOptions::eplb_interval > 0
   int tp = 1;
   int dp_group = 0;
   bool sequence_parallel = false;  // SP-TP-SP attention: each rank holds a token shard
@@ -82,9 +86,10 @@ ExpertLoad GatherExpertLoad(const ParallelRun& run);
 ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& recorder, int64_t groups);
 
 // Windows of `steps` steps: at the end of each, every rank gathers the window's load (the
-// collective above) and starts the next; rank 0 hands it to `on_window` (on the stepping
-// thread). The run's communicator and recorder must outlive the stepping (moving the run is
-// fine).
+// collective above) and starts the next; with online rebalancing every rank then takes rank 0's
+// new placement (experts loaded, dispatch switched) before the step goes on; rank 0 hands the
+// load to `on_window` (may be empty) on the stepping thread. The run's communicator, model,
+// executor and recorder must outlive the stepping (moving the run is fine).
 void RecordExpertLoadWindows(ParallelRun& run, int64_t steps,
                              std::function<void(const ExpertLoad&)> on_window);
 

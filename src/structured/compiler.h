@@ -89,7 +89,7 @@ class CompiledGrammar {
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const MaskEntry>> entries_;
   mutable size_t cache_bytes_ = 0;
-  static constexpr size_t kMaxCacheBytes = size_t{1} << 30;  // beyond: computed, not kept
+  static constexpr size_t kMaxCacheBytes = size_t{64} << 20;  // beyond: computed, not kept
 };
 
 // What a request asks for, in one of the front ends' languages.

@@ -47,7 +47,11 @@ const std::set<std::string, std::less<>>& Supported() {
                                                        "oneOf",
                                                        "allOf",
                                                        "$ref",
-                                                       "$id"};
+                                                       "$id",
+                                                       "contains",
+                                                       "minProperties",
+                                                       "maxProperties",
+                                                       "propertyNames"};
   return k;
 }
 
@@ -55,13 +59,11 @@ const std::set<std::string, std::less<>>& Supported() {
 // a value of that type is allowed by the schema.
 const std::unordered_map<std::string, std::string>& UnsupportedTyped() {
   static const std::unordered_map<std::string, std::string> k = {
-      {"multipleOf", "number"},        {"uniqueItems", "array"},
-      {"contains", "array"},           {"minContains", "array"},
-      {"maxContains", "array"},        {"unevaluatedItems", "array"},
-      {"minProperties", "object"},     {"maxProperties", "object"},
-      {"patternProperties", "object"}, {"propertyNames", "object"},
-      {"dependencies", "object"},      {"dependentRequired", "object"},
-      {"dependentSchemas", "object"},  {"unevaluatedProperties", "object"},
+      {"multipleOf", "number"},       {"uniqueItems", "array"},
+      {"minContains", "array"},       {"maxContains", "array"},
+      {"unevaluatedItems", "array"},  {"patternProperties", "object"},
+      {"dependencies", "object"},     {"dependentRequired", "object"},
+      {"dependentSchemas", "object"}, {"unevaluatedProperties", "object"},
   };
   return k;
 }
@@ -798,6 +800,48 @@ class SchemaConverter {
     const Expr ws = JsonWhitespace();
     const Expr sep = Seq({ws, Byte(','), ws});
     const Expr colon = Seq({ws, Byte(':'), ws});
+    // Member counts and name constraints, exact when no property is declared (every member is
+    // then an "additional" one).
+    for (const char* key : {"minProperties", "maxProperties", "propertyNames"}) {
+      if (schema.contains(key) && !members.empty()) {
+        return Status::Errorf(
+            "'{}' together with declared or required properties at {} is not "
+            "supported",
+            key, Where(path));
+      }
+    }
+    if (members.empty() && (schema.contains("minProperties") || schema.contains("maxProperties") ||
+                            schema.contains("propertyNames"))) {
+      SY_ASSIGN_OR_RETURN(int min_props, NonNegativeInt(schema, "minProperties", 0, path));
+      SY_ASSIGN_OR_RETURN(int max_props, NonNegativeInt(schema, "maxProperties", -1, path));
+      Expr key = JsonString(0, -1);
+      if (schema.contains("propertyNames")) {
+        const Json& pn = schema["propertyNames"];
+        const std::string pn_path = path + "/propertyNames";
+        if (pn.is_boolean()) {
+          if (!pn.get<bool>()) key = Nothing();
+        } else if (pn.is_object()) {
+          for (const auto& [k, v] : pn.items()) {
+            if (IsConstraining(k) && k != "minLength" && k != "maxLength" && k != "pattern" &&
+                k != "format" && !(k == "type" && v == Json("string"))) {
+              return Status::Errorf(
+                  "'propertyNames' with '{}' at {} is not supported (only "
+                  "string keywords)",
+                  k, Where(path));
+            }
+          }
+          SY_RETURN_IF_ERROR(CheckKeywords(pn, pn_path));
+          SY_ASSIGN_OR_RETURN(key, ConvertString(pn, pn_path));
+        } else {
+          return Status::Errorf("'propertyNames' at {} is not a schema", Where(path));
+        }
+      }
+      const Expr member = Seq({key, colon, additional_value});
+      const Expr rest = Repeat(Seq({sep, member}), std::max(0, min_props - 1),
+                               max_props < 0 ? -1 : max_props - 1);
+      const Expr some = max_props == 0 ? Nothing() : Seq({member, rest, ws, Byte('}')});
+      return Seq({Byte('{'), ws, Alt({some, min_props == 0 ? Byte('}') : Nothing()})});
+    }
     const Expr extra = Seq({JsonStringExcept(names), colon, additional_value});
     const size_t n = members.size();
     std::vector<Expr> after(n + 1), first(n + 1);
@@ -862,6 +906,21 @@ class SchemaConverter {
     const int k = static_cast<int>(tuple.size());
     const Expr ws = JsonWhitespace();
     const Expr sep = Seq({ws, Byte(','), ws});
+    if (schema.contains("contains")) {
+      // Exact when every element is otherwise unconstrained: any elements around one that
+      // matches.
+      const bool free_items = !schema.contains("items") || schema["items"] == Json(true);
+      if (k > 0 || !free_items || max >= 0 || min > 1) {
+        return Status::Errorf(
+            "'contains' together with 'items', 'prefixItems', 'maxItems' or "
+            "'minItems' above 1 at {} is not supported",
+            Where(path));
+      }
+      SY_ASSIGN_OR_RETURN(Expr wanted, Convert(schema["contains"], path + "/contains", depth + 1));
+      const Expr any = AnyValue();
+      return Seq(
+          {Byte('['), ws, Star(Seq({any, sep})), wanted, Star(Seq({sep, any})), ws, Byte(']')});
+    }
     auto item = [&](int i) { return i < k ? tuple[i] : additional; };
     // tail(i): the elements from index i on, at least one element already written.
     std::vector<Expr> tail(k + 2);

@@ -8,10 +8,12 @@
 // Supported: type (and type arrays), enum, const, properties, required, additionalProperties
 // (false, true or a schema), items (schema or tuple), additionalItems, prefixItems, minItems,
 // maxItems, minLength, maxLength, pattern, format (date, time, date-time, email, uuid, ipv4,
-// uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, anyOf, oneOf (when its branches are
-// provably disjoint: different types, different constants, or a property every branch requires
-// with different constant values), allOf (merged keyword by keyword where that is exact),
-// $ref to "#..." JSON pointers into the same document, recursion included.
+// uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, contains (elements otherwise free),
+// minProperties / maxProperties / propertyNames (string keywords; no declared properties),
+// anyOf, oneOf (when its branches are provably disjoint: different types, different constants,
+// or a property every branch requires with different constant values), allOf (merged keyword by
+// keyword where that is exact), $ref to "#..." JSON pointers into the same document, recursion
+// included.
 //
 // Objects are written with the declared properties in the schema's order (required ones always,
 // optional ones when present), then any additional properties; additional property names are

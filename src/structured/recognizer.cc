@@ -54,7 +54,12 @@ void Recognizer::Close(ParseState* out) {
     }
     for (uint32_t i = st.ref_begin; i < st.ref_end; ++i) {
       const auto& e = pa_->ref_edges[i];
-      const int32_t ret = Intern(e.target, n.parent);
+      // A call in tail position (the caller only returns afterwards) returns straight to the
+      // caller's parent: right recursion (list ::= item ("," list)?) keeps the stack flat.
+      const auto& after = pa_->states[e.target];
+      const bool tail =
+          after.accepting && after.byte_begin == after.byte_end && after.ref_begin == after.ref_end;
+      const int32_t ret = tail ? n.parent : Intern(e.target, n.parent);
       work_.push_back(Intern(pa_->rule_start[e.rule], ret));
     }
   }

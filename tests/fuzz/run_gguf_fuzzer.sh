@@ -10,7 +10,8 @@ clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
   "$src/tests/fuzz/gguf_fuzzer.cc" "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" \
   "$src/src/tensor/dtype.cc" "$src/src/base/mapped_file.cc" "$src/src/model/gguf_model.cc" \
   "$src/src/model/config.cc" "$src/src/model/safetensors.cc" \
-  "$src/src/tokenizer/gguf_tokenizer.cc" -lfmt -o "$build/gguf_fuzzer"
+  "$src/src/tokenizer/gguf_tokenizer.cc" "$src/src/base/thread_pool.cc" -lfmt -pthread \
+  -o "$build/gguf_fuzzer"
 # Seeds: the start of the quantization fixture (metadata of every type, tensor infos), and a
 # small whole file: the header, one Q4_K tensor info and its data.
 head -c 4096 "$src/tests/fixtures/gguf/quants.gguf" > "$corpus/seed-fixture"

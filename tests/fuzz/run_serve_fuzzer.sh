@@ -11,13 +11,17 @@ clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
   "$src/tests/fuzz/serve_fuzzer.cc" "$src/src/serve/openai_api.cc" "$src/src/engine/sampling.cc" \
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
-  "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" \
+  "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" "$src"/src/structured/*.cc \
+  "$src/src/tokenizer/gguf_tokenizer.cc" "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" \
+  "$src/src/tensor/dtype.cc" "$src/src/base/mapped_file.cc" \
   $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt -o "$build/serve_fuzzer"
 # Seeds: bodies the client tests send, raw and as HTTP requests.
 seed() { printf '%s' "$2" > "$corpus/$1"; }
 seed body-completion $'\x00{"model":"fuzz","prompt":"Hello","max_tokens":5,"temperature":0.5,"logprobs":2,"echo":true,"stop":["a"],"n":2,"logit_bias":{"5":1.5}}'
 seed body-ids $'\x00{"prompt":[[1,2,3],[4,5]],"stream":true,"stream_options":{"include_usage":true},"seed":3}'
 seed body-chat $'\x02{"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"logprobs":true,"top_logprobs":2,"chat_template_kwargs":{"thinking":true}}'
+seed body-grammar $'\x00{"prompt":"x","max_tokens":3,"guided_json":{"type":"object","properties":{"a":{"type":"integer","maximum":9}}}}'
+seed body-format $'\x02{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"enum":["x","y"]}}}}'
 seed body-tokens $'\x00{"tokens":[1,2,3],"prompt":"x","add_special_tokens":false}'
 seed http-completion $'\x01POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 33\r\n\r\n{"prompt":"hi","max_tokens":2}   '
 seed http-chunked $'\x03POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2d\r\n{"messages":[{"role":"user","content":"hi"}]}\r\n0\r\n\r\n'

@@ -20,7 +20,8 @@ make() {  # NAME ARGS...: remade when the model or the script is newer
   fi
 }
 make default-f32.gguf --type f32
-make default-f32-fused-kv-b.gguf --type f32 --fused-kv-b
+make default-f32-fused-kv-b.gguf --type f32 --kv-b fused
+make default-f32-both-kv-b.gguf --type f32 --kv-b both
 make default-bf16.gguf --type bf16
 make default-q8_0.gguf --type q8_0
 make default-q4_k_mix.gguf --type q4_k_mix

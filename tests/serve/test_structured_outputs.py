@@ -123,3 +123,31 @@ def test_bad_grammars_are_refused_by_name(server, client, body, param, words):
             model="sy-test", messages=CHAT,
             response_format={"type": "json_schema", "json_schema": {
                 "name": "x", "schema": {"type": "array", "uniqueItems": True}}})
+
+
+def test_structured_output_through_the_router():
+    """The grammar travels through the router's gRPC hop (switchyard.v1.Grammar): the instance
+    enforces it, and the text equals what the instance gives directly."""
+    from openai import OpenAI
+    from test_route import free_port, start_instance, start_router
+    port = free_port()
+    instance = start_instance(port)
+    router = start_router([port], "round_robin")
+    try:
+        args = dict(model="sy-test", messages=CHAT, max_tokens=150, temperature=0,
+                    response_format={"type": "json_schema",
+                                     "json_schema": {"name": "person", "schema": PERSON}})
+        texts = []
+        for process in (router, instance):
+            c = OpenAI(base_url=process.url + "/v1", api_key="x", max_retries=0, timeout=300)
+            choice = c.chat.completions.create(**args).choices[0]
+            assert choice.finish_reason == "stop", choice.message.content
+            jsonschema.validate(json.loads(choice.message.content), PERSON)
+            texts.append(choice.message.content)
+        assert texts[0] == texts[1]
+        got, error, _ = router.request("POST", "/v1/completions",
+                                       {"model": "sy-test", "prompt": "x", "guided_regex": "(a)\\1"})
+        assert got == 400 and "backreferences" in error["error"]["message"], error
+    finally:
+        router.stop()
+        instance.stop()

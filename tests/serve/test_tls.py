@@ -3,9 +3,12 @@ certificates made here by the openssl command: the official openai client over H
 the CA streams and completes; plaintext to the HTTPS port, a client trusting another CA, an
 expired server certificate, a missing client certificate and one from another CA are each
 refused, logged once, and the server keeps serving; SIGHUP switches to a new certificate while a
-stream is in flight; a router reaches instances that require its client certificate, and one
-without it (or trusting another CA) cannot use them."""
+stream is in flight; clients hanging up over TLS have their requests aborted; the 413 and the
+SIGTERM drain work over TLS; a router reaches instances that require its client certificate, and
+one without it (or trusting another CA) cannot use them; open ports are warned about."""
 
+import http.client
+import json
 import os
 import signal
 import socket
@@ -181,6 +184,63 @@ def test_refused_connections_are_logged_once_and_the_server_keeps_serving(https_
     assert len(refused_lines(https_server)) == before + 2, "".join(https_server.log)
 
 
+def aborted_requests(server, ca):
+    text = httpx.get(server.url + "/metrics", verify=ssl.create_default_context(cafile=ca)).text
+    line = next(l for l in text.splitlines()
+                if l.startswith("switchyard:request_success_total") and '"abort"' in l)
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_a_client_that_hangs_up_over_tls_has_its_request_aborted(https_server, pki):
+    """Hang-up detection through TLS: a client that says goodbye (close_notify, then FIN) and one
+    that just closes, streaming and not, each have their request aborted."""
+    ca = pki.path("ca", "pem")
+    before = aborted_requests(https_server, ca)
+    cases = ((True, True), (True, False), (False, True))
+    for stream, goodbye in cases:
+        connection = http.client.HTTPSConnection(
+            https_server.host, https_server.port, timeout=10,
+            context=ssl.create_default_context(cafile=ca))
+        body = json.dumps({"model": "sy-test", "prompt": "Go on and on", "max_tokens": 2000,
+                           "stream": stream, "ignore_eos": True})
+        connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        if stream:
+            connection.getresponse().fp.readline()  # the first event arrives, then the client goes
+        else:
+            time.sleep(0.2)
+        if goodbye:
+            try:
+                connection.sock = connection.sock.unwrap()  # sends close_notify before the FIN
+            except (OSError, ValueError):
+                pass
+        connection.sock.close()
+        connection.close()
+    assert wait_for(lambda: aborted_requests(https_server, ca) == before + len(cases), timeout=30)
+
+
+def test_oversized_body_over_tls_gets_413(https_server, pki):
+    """The refusal of a body over the limit (32 MiB) still reaches the client, which is still
+    sending: the server drains through TLS before closing."""
+    response = httpx.post(https_server.url + "/v1/completions", content=b"x" * (40 << 20),
+                          headers={"Content-Type": "application/json"}, timeout=60,
+                          verify=ssl.create_default_context(cafile=pki.path("ca", "pem")))
+    assert response.status_code == 413
+    assert complete(tls_client(https_server.url, pki.path("ca", "pem"))) == 4
+
+
+def test_sigterm_drains_over_tls(pki):
+    server = serve_https(pki)
+    client = tls_client(server.url, pki.path("ca", "pem"))
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(tokens=complete(client, 1500)))
+    thread.start()
+    time.sleep(0.3)
+    server.terminate()
+    thread.join(timeout=120)
+    assert server.process.wait(timeout=60) == 0, "".join(server.log)
+    assert result["tokens"] == 1500
+
+
 def peer_serial(server, ca):
     """The serial number of the certificate a new connection gets."""
     context = ssl.create_default_context(cafile=ca)
@@ -248,13 +308,18 @@ def test_sighup_switches_certificate_without_dropping_a_stream(https_server, pki
     assert complete(tls_client(https_server.url, ca)) == 4
 
 
-def test_client_certificates_required(pki):
+@pytest.mark.parametrize("cert_reqs", ["1", "2"])
+def test_client_certificates(pki, cert_reqs):
+    """--ssl-cert-reqs 2: a certificate from --ssl-ca-certs is required; 1: verified when given."""
     ca = pki.path("ca", "pem")
-    server = serve_https(pki, "--ssl-ca-certs", ca, "--ssl-cert-reqs", "2")
+    server = serve_https(pki, "--ssl-ca-certs", ca, "--ssl-cert-reqs", cert_reqs)
     try:
         good = tls_client(server.url, ca, (pki.path("client", "pem"), pki.path("client", "key")))
         assert complete(good) == 4
-        for cert in (None, (pki.path("intruder", "pem"), pki.path("intruder", "key"))):
+        intruder = (pki.path("intruder", "pem"), pki.path("intruder", "key"))
+        if cert_reqs == "1":
+            assert complete(tls_client(server.url, ca)) == 4
+        for cert in ([None] if cert_reqs == "2" else []) + [intruder]:
             before = len(refused_lines(server))
             with pytest.raises(openai.APIConnectionError):
                 complete(tls_client(server.url, ca, cert))

@@ -143,6 +143,18 @@ TEST(StructuredGbnf, MultiLineAlternativesRepetitionAndEscapes) {
   EXPECT_FALSE(Matches(g, "a\nxyz\xC3\xA9"));
 }
 
+TEST(StructuredGbnf, RightRecursionKeepsTheStackFlat) {
+  auto g = Compile(kGbnf, "root ::= item (\",\" root)?\nitem ::= [a-z]+\n");
+  GrammarMatcher m(g);
+  std::string text = "a";
+  for (int i = 0; i < 2000; ++i)
+    text += ",bc";
+  ASSERT_TRUE(m.AcceptBytes(text).ok());
+  EXPECT_TRUE(m.IsComplete());
+  EXPECT_TRUE(m.CanAcceptBytes(",x"));
+  EXPECT_FALSE(m.CanAcceptBytes(",,"));
+}
+
 TEST(StructuredGbnf, ErrorsNameTheProblem) {
   EXPECT_NE(Error(kGbnf, "root ::= foo\n").find("'foo' is used but never defined"),
             std::string::npos);
@@ -265,6 +277,26 @@ TEST(StructuredJson, AllOfMerges) {
   EXPECT_TRUE(Matches(g, R"({"a":5,"b":true})"));
   EXPECT_FALSE(Matches(g, R"({"a":6})"));
   EXPECT_FALSE(Matches(g, R"({"b":true})"));
+}
+
+TEST(StructuredJson, ContainsAndPropertyCountsWhereExact) {
+  auto c = Compile(kSchema, R"({"type": "array", "contains": {"type": "integer", "minimum": 5}})");
+  EXPECT_TRUE(Matches(c, "[1,\"x\",7,2]"));
+  EXPECT_FALSE(Matches(c, "[1,2]"));
+  EXPECT_FALSE(Matches(c, "[]"));
+  auto p = Compile(kSchema, R"({"type": "object", "minProperties": 1, "maxProperties": 2,
+                                "propertyNames": {"maxLength": 2}})");
+  EXPECT_TRUE(Matches(p, R"({"ab":1})"));
+  EXPECT_TRUE(Matches(p, R"({"a":1,"b":[]})"));
+  EXPECT_FALSE(Matches(p, "{}"));
+  EXPECT_FALSE(Matches(p, R"({"a":1,"b":2,"c":3})"));
+  EXPECT_FALSE(Matches(p, R"({"abc":1})"));
+  EXPECT_NE(Error(kSchema, R"({"properties": {"a": {}}, "maxProperties": 1})")
+                .find("'maxProperties' together with declared"),
+            std::string::npos);
+  EXPECT_NE(Error(kSchema, R"({"type": "array", "items": {"type": "string"}, "contains": {}})")
+                .find("'contains' together with"),
+            std::string::npos);
 }
 
 TEST(StructuredJson, JsonObjectMode) {

@@ -5,7 +5,7 @@ llama.cpp's convert_hf_to_gguf.py does, with gguf-py alone (no torch, no transfo
 - tensor names from gguf-py's own TensorNameMap for MODEL_ARCH.DEEPSEEK2 (token_embd,
   blk.N.attn_q_a, attn_kv_a_mqa, ffn_*_exps stacked per layer, ffn_*_shexp, exp_probs_b.bias...);
   kv_b_proj split into attn_k_b (transposed per head) and attn_v_b as the converter does, or kept
-  fused as attn_kv_b (--fused-kv-b, the layout of older files);
+  fused as attn_kv_b (--kv-b fused, the layout of older files), or both (--kv-b both);
 - the converter's metadata keys (deepseek2.*: lora ranks, MLA key/value lengths, expert counts,
   groups, gating function, YaRN), MTP layers left out as the converter leaves them;
 - the tokenizer as _set_vocab_gpt2 writes it: every id's spelling, token types (control for
@@ -19,7 +19,7 @@ llama.cpp's convert_hf_to_gguf.py does, with gguf-py alone (no torch, no transfo
 fp8 weights are dequantized first (weight * its block's scale_inv, in float32).
 
 usage: make_default_gguf.py MODEL_DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q5_0|q4_k_mix...]
-                           [--fused-kv-b] [--tokenizer-only] [--split-max-tensors N]
+                           [--kv-b split|fused|both] [--tokenizer-only] [--split-max-tensors N]
 """
 import argparse
 import json
@@ -147,7 +147,7 @@ def add_parameters(writer, c):
         writer.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
 
 
-def gguf_tensors(tensors, c, fused_kv_b):
+def gguf_tensors(tensors, c, kv_b_layout):
     """(gguf name, array) in the converter's layout."""
     n_layers = c["num_hidden_layers"]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, n_layers)
@@ -163,13 +163,14 @@ def gguf_tensors(tensors, c, fused_kv_b):
             layer, expert, proj = int(parts[2]), int(parts[5]), parts[6]
             experts.setdefault((layer, proj), {})[expert] = data
             continue
-        if name.endswith("kv_b_proj.weight") and not fused_kv_b:
+        if name.endswith("kv_b_proj.weight") and kv_b_layout != "fused":
             kv_b = data.reshape(H, dn + dv, data.shape[-1])
             k_b = np.ascontiguousarray(kv_b[:, :dn, :].transpose(0, 2, 1))
             v_b = np.ascontiguousarray(kv_b[:, dn:, :])
             out.append((names.get_name(name.replace("kv_b_proj", "k_b_proj"), try_suffixes=(".weight",)), k_b))
             out.append((names.get_name(name.replace("kv_b_proj", "v_b_proj"), try_suffixes=(".weight",)), v_b))
-            continue
+            if kv_b_layout == "split":
+                continue
         if name.endswith("e_score_correction_bias"):  # as the converter's base.py renames it
             name = name.replace("e_score_correction_bias", "e_score_correction.bias")
         mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -245,7 +246,7 @@ def main():
     parser.add_argument("model_dir")
     parser.add_argument("out")
     parser.add_argument("--type", default="f32")
-    parser.add_argument("--fused-kv-b", action="store_true")
+    parser.add_argument("--kv-b", choices=["split", "fused", "both"], default="split")
     parser.add_argument("--tokenizer-only", action="store_true")
     parser.add_argument("--split-max-tensors", type=int, default=0,
                         help="shards of at most N tensors, named as llama.cpp names them")
@@ -263,7 +264,7 @@ def main():
         add_parameters(writer, c)
         tensors = read_safetensors(os.path.join(args.model_dir, "model.safetensors"))
         dequantize_fp8(tensors, c.get("quantization_config", {}).get("weight_block_size", [128, 128]))
-        for name, data in gguf_tensors(tensors, c, args.fused_kv_b):
+        for name, data in gguf_tensors(tensors, c, args.kv_b):
             data = np.ascontiguousarray(data, dtype=np.float32)
             # The converter's rule: 1-D tensors, norms, biases and the router stay F32.
             keep_f32 = (data.ndim == 1 or name.endswith("_norm.weight") or ".ffn_gate_inp." in name
