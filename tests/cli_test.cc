@@ -141,7 +141,8 @@ TEST(CliTest, PrefillProductsThroughOnednnKeepTheLogits) {
   const double own_error = rms(logits[1], &logits[0]), onednn_error = rms(logits[2], &logits[0]);
   EXPECT_LT(onednn_error, 3 * own_error + 1e-4 * scale)
       << "ours " << own_error << ", oneDNN " << onednn_error << ", logits' RMS " << scale;
-  EXPECT_GT(rms(logits[2], &logits[1]), 0.0) << "the oneDNN run gave our kernels' bits: it did not run";
+  EXPECT_GT(rms(logits[2], &logits[1]), 0.0)
+      << "the oneDNN run gave our kernels' bits: it did not run";
 }
 
 // The accuracy bar of --int8-products, on the trained default model and held-out text: what

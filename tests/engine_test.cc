@@ -363,9 +363,9 @@ void ExpectOneAnswer(int64_t length) {
     EXPECT_EQ(c.tokens, alone.tokens) << how;
     const std::vector<float> logprobs = Logprobs(c);
     EXPECT_EQ(logprobs.size(), alone_logprobs.size()) << how;
-    EXPECT_TRUE(logprobs.size() == alone_logprobs.size() &&
-                std::memcmp(logprobs.data(), alone_logprobs.data(),
-                            logprobs.size() * sizeof(float)) == 0)
+    EXPECT_TRUE(
+        logprobs.size() == alone_logprobs.size() &&
+        std::memcmp(logprobs.data(), alone_logprobs.data(), logprobs.size() * sizeof(float)) == 0)
         << how << ": log-probabilities are not the same bits";
   };
   const int64_t shared = length * 3 / 4, page = 16;
@@ -474,8 +474,8 @@ TEST(EngineTest, SubmitAllQueuesEverySequenceOrNone) {
   auto batch = [](int count, int salt) {
     std::vector<EngineRequest> requests;
     for (int i = 0; i < count; ++i)
-      requests.push_back({"b" + std::to_string(salt) + "-" + std::to_string(i), Prompt(8, salt + i),
-                          Greedy(3)});
+      requests.push_back(
+          {"b" + std::to_string(salt) + "-" + std::to_string(i), Prompt(8, salt + i), Greedy(3)});
     return requests;
   };
   SubmitError error;

@@ -305,10 +305,14 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
 
 std::string KernelResultsJson(const MachinePeaks& peaks, const std::vector<KernelResult>& results) {
   nlohmann::json j;
-  j["machine"] = {{"read_gbps", peaks.read_gbps},     {"triad_gbps", peaks.triad_gbps},
-                  {"bf16_gflops", peaks.bf16_gflops}, {"f32_gflops", peaks.f32_gflops},
-                  {"int8_gops", peaks.int8_gops},     {"threads", peaks.threads},
-                  {"llc_bytes", peaks.llc_bytes},     {"stream_bytes", peaks.stream_bytes},
+  j["machine"] = {{"read_gbps", peaks.read_gbps},
+                  {"triad_gbps", peaks.triad_gbps},
+                  {"bf16_gflops", peaks.bf16_gflops},
+                  {"f32_gflops", peaks.f32_gflops},
+                  {"int8_gops", peaks.int8_gops},
+                  {"threads", peaks.threads},
+                  {"llc_bytes", peaks.llc_bytes},
+                  {"stream_bytes", peaks.stream_bytes},
                   {"max_isa", kernels::IsaLevelName(kernels::MaxIsaLevel())}};
   j["results"] = nlohmann::json::array();
   for (const auto& r : results) {

@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
-#include <cstring>
-#include <functional>
 #include <utility>
 #include <vector>
 

@@ -42,7 +42,7 @@ uint64_t PagePool::ChainHash(uint64_t previous, std::span<const int32_t> tokens)
 }
 
 uint64_t PagePool::PageHash(uint64_t previous, std::span<const int32_t> tokens, int64_t index,
-                           int64_t generated_from) {
+                            int64_t generated_from) {
   const uint64_t hash = ChainHash(previous, tokens);
   const int64_t end = (index + 1) * static_cast<int64_t>(tokens.size());
   if (end <= generated_from) return hash;

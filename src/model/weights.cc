@@ -349,8 +349,8 @@ Matrix CopyRows(const Matrix& m, int64_t begin, int64_t count) {
   // shard then multiplies on the kernel the whole matrix takes, a row's result the same bits as
   // in one process (an f32 copy took the f32 kernel where the whole took the bf16 dot kernel).
   const int64_t first = m.first_row + begin;
-  const bool fp8_whole_panels = m.dtype == DType::kF8E4M3 && first % kPanelRows == 0 &&
-                                m.block_rows % kPanelRows == 0;
+  const bool fp8_whole_panels =
+      m.dtype == DType::kF8E4M3 && first % kPanelRows == 0 && m.block_rows % kPanelRows == 0;
   if (m.dtype == DType::kBF16 || m.dtype == DType::kF16 || fp8_whole_panels) {
     struct Storage {
       std::vector<uint8_t> bytes;

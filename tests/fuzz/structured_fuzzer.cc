@@ -17,9 +17,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
   GrammarSpec spec;
   switch (data[0] % 4) {
-    case 0: spec.kind = GrammarSpec::Kind::kJsonSchema; break;
-    case 1: spec.kind = GrammarSpec::Kind::kRegex; break;
-    case 2: spec.kind = GrammarSpec::Kind::kGbnf; break;
+    case 0:
+      spec.kind = GrammarSpec::Kind::kJsonSchema;
+      break;
+    case 1:
+      spec.kind = GrammarSpec::Kind::kRegex;
+      break;
+    case 2:
+      spec.kind = GrammarSpec::Kind::kGbnf;
+      break;
     case 3: {
       spec.kind = GrammarSpec::Kind::kChoice;
       size_t start = 0;

@@ -22,7 +22,9 @@ enum class IsaLevel : uint8_t { kPortable, kAvx2, kAvx512, kNative };
 // warned about on stderr and ignored), else kNative.
 IsaLevel MaxIsaLevel();
 // Whether kernels needing `level` may run (the CPU must also have them: each kernel checks).
-inline bool IsaAllows(IsaLevel level) { return MaxIsaLevel() >= level; }
+inline bool IsaAllows(IsaLevel level) {
+  return MaxIsaLevel() >= level;
+}
 // Sets the level for the process and applies it to Highway's dispatch and to oneDNN. Call it
 // before the first product: kernels chosen once (oneDNN's primitives) keep their choice.
 void SetMaxIsaLevel(IsaLevel level);
