@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <regex>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -210,9 +211,11 @@ TEST(ExpertPlacementRuns, BalancedPlacementLowersTheMeasuredImbalance) {
   EXPECT_LT(now, was) << output;
 }
 
-// Online rebalancing: every two steps rank 0 balances the window's load and every rank loads the
-// experts its new slots need from the checkpoint, mid-run — the logits stay the contiguous
-// run's bits, and greedy tokens the single process's.
+// Online rebalancing: every two steps rank 0 balances the window's load and the experts each
+// rank's new slots need travel from their holders over MPI, on a thread beside the steps, and
+// switch layer by layer at step boundaries — the logits stay the contiguous run's bits, greedy
+// tokens the single process's, and every moved expert is the checkpoint's bytes (each rank checks
+// its arrivals against a fresh load and ends the job on a difference).
 TEST(ExpertPlacementRuns, OnlineRebalancingChangesNothingButThePlacement) {
   auto fixture = testing::LoadFixture("tiny-v3-fp8");
   const std::string dir = testing::TempDirectory("eplb_online");
@@ -224,13 +227,25 @@ TEST(ExpertPlacementRuns, OnlineRebalancingChangesNothingButThePlacement) {
                        &output),
             0)
       << output;
-  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " --out " + dir +
+  ASSERT_EQ(RunCommand("SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(4) + testing::kBinary + args +
+                           " --out " + dir +
                            "/online.bin --num-redundant-experts 4 --eplb-interval 2",
                        &output),
             0)
       << output;
   EXPECT_NE(output.find("experts rebalanced after 2 steps"), std::string::npos) << output;
+  EXPECT_NE(output.find("experts moved: "), std::string::npos) << output;
+  EXPECT_EQ(output.find("experts moved: 0 experts"), std::string::npos) << output;
   EXPECT_EQ(ReadLogits(dir + "/contiguous.bin"), ReadLogits(dir + "/online.bin"));
+  // Moved inside the window's step instead of beside the steps: the same bits.
+  ASSERT_EQ(RunCommand("SWITCHYARD_EXPERT_MOVES=inline " + Mpirun(4) + testing::kBinary + args +
+                           " --out " + dir +
+                           "/inline.bin --num-redundant-experts 4 --eplb-interval 2",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("experts moved: "), std::string::npos) << output;
+  EXPECT_EQ(ReadLogits(dir + "/contiguous.bin"), ReadLogits(dir + "/inline.bin"));
 
   const std::string model = std::string(SY_SOURCE_DIR) + "/models/default";
   const std::string generate = " --threads 1 --prefill-gemm own generate --model " + model +
@@ -238,17 +253,38 @@ TEST(ExpertPlacementRuns, OnlineRebalancingChangesNothingButThePlacement) {
                                " --max-tokens 12 --ignore-eos --kv-dtype f32";
   std::string one, many;
   ASSERT_EQ(RunCommand(std::string(testing::kBinary) + generate, &one), 0) << one;
-  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + generate +
+  ASSERT_EQ(RunCommand("SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(4) + testing::kBinary +
+                           generate +
                            " --wire-dtype f32 --eplb-interval 3 --num-redundant-experts 4",
                        &many),
             0)
       << many;
   EXPECT_NE(many.find("experts rebalanced after 3 steps"), std::string::npos) << many;
+  EXPECT_NE(many.find("experts moved: "), std::string::npos) << many;
   for (const std::string key : {"text 0:", "text 1:"}) {
     ASSERT_NE(many.find(key), std::string::npos) << many;
     EXPECT_EQ(one.substr(one.find(key), one.find('\n', one.find(key)) - one.find(key)),
               many.substr(many.find(key), many.find('\n', many.find(key)) - many.find(key)));
   }
+}
+
+// A rank that dies while experts move ends the job: mpirun reports the death and every rank
+// exits, none left waiting for the dead rank's experts.
+TEST(ExpertPlacementRuns, ARankThatDiesWhileExpertsMoveEndsTheJob) {
+  auto fixture = testing::LoadFixture("tiny-v3-fp8");
+  const std::string dir = testing::TempDirectory("eplb_dies");
+  std::string output;
+  const int code = RunCommand(
+      "SWITCHYARD_TEST_EXIT_WHILE_MOVING=2 " +
+          std::regex_replace(Mpirun(4), std::regex("timeout 300"), "timeout 120") +
+          testing::kBinary +
+          " --threads 1 --f32-products logits --model " + fixture.directory + " --tokens '" + fixture.tokens_text +
+          "' --decode-from 4 --wire-dtype f32 --out " + dir +
+          "/dies.bin --num-redundant-experts 4 --eplb-interval 2",
+      &output);
+  EXPECT_NE(code, 0) << output;
+  EXPECT_NE(code, 124) << "timed out: a rank waited for the dead one\n" << output;
+  EXPECT_NE(output.find("experts rebalanced"), std::string::npos) << output;
 }
 
 // Placements that do not fit the run fail on every rank with one clear message.

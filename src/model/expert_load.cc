@@ -142,13 +142,16 @@ int ExpertLoadRecorder::LayerIndex(int64_t layer) const {
 void ExpertLoadRecorder::Record(int64_t layer, const ExpertRouting& routing) {
   const int index = LayerIndex(layer);
   if (index < 0) return;
-  if (index == 0 && on_window_end_) {
-    bool ended;
+  if (index == 0) {
+    bool begins, ended;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      ended = last_layer_ != layer && steps_ >= window_steps_;
+      begins = last_layer_ != layer;
+      ended = begins && on_window_end_ && steps_ >= window_steps_;
     }
-    if (ended) on_window_end_();  // outside the lock: it takes a snapshot and clears
+    // Outside the lock: the window's end takes a snapshot and clears.
+    if (begins && on_step_begin_) on_step_begin_();
+    if (ended) on_window_end_();
   }
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int64_t>& counts = counts_[index];
@@ -201,6 +204,11 @@ void ExpertLoadRecorder::SetWindow(int64_t steps, std::function<void()> on_windo
   std::lock_guard<std::mutex> lock(mutex_);
   window_steps_ = steps;
   on_window_end_ = steps > 0 ? std::move(on_window_end) : nullptr;
+}
+
+void ExpertLoadRecorder::SetStepBegin(std::function<void()> on_step_begin) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  on_step_begin_ = std::move(on_step_begin);
 }
 
 int64_t ExpertLoadRecorder::steps() const {

@@ -70,6 +70,9 @@ class ExpertLoadRecorder {
   // same point of the forward pass: a collective may run there), calls `on_window_end`, which is
   // expected to take the window and Clear.
   void SetWindow(int64_t steps, std::function<void()> on_window_end);
+  // Calls `on_step_begin` as every step begins, at the same point, before a window's end: where
+  // an online expert move switches layers (parallel/expert_migration.h). Empty: none.
+  void SetStepBegin(std::function<void()> on_step_begin);
   const std::vector<int64_t>& layers() const { return layers_; }
   int64_t steps() const;
 
@@ -77,6 +80,7 @@ class ExpertLoadRecorder {
   int LayerIndex(int64_t layer) const;
 
   mutable std::mutex mutex_;
+  std::function<void()> on_step_begin_;
   std::vector<int64_t> layers_;
   int64_t experts_, top_k_;
   std::vector<std::vector<int64_t>> counts_;

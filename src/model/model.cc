@@ -99,26 +99,64 @@ LatentCache Model::NewCache(int64_t max_tokens, int64_t max_sequences, DType dty
                      dtype);
 }
 
-Status Model::ReplaceRoutedExperts(const ExpertPlacement& placement, int rank) {
-  if (IsGgufFile(directory_))
-    return Status::Errorf(
-        "{}: a GGUF checkpoint cannot reload experts (online rebalancing needs "
-        "safetensors)",
-        directory_);
-  auto replace = [&](int64_t layer, MoeWeights& moe) -> Status {
-    const std::vector<int32_t>* slots = placement.Layer(layer);
-    if (slots == nullptr) return Status::Errorf("the expert placement has no layer {}", layer);
-    return LoadRoutedExperts(*checkpoint_, config_, layer,
-                             HeldExperts(*slots, placement.slots_per_rank, rank), packed_, moe);
-  };
-  for (size_t l = 0; l < weights_.layers.size(); ++l)
-    if (weights_.layers[l].is_moe)
-      SY_RETURN_IF_ERROR(replace(static_cast<int64_t>(l), weights_.layers[l].moe));
-  for (size_t i = 0; i < weights_.mtp.size(); ++i)
-    if (weights_.mtp[i].block.is_moe)
-      SY_RETURN_IF_ERROR(
-          replace(config_.num_hidden_layers + static_cast<int64_t>(i), weights_.mtp[i].block.moe));
+const MoeWeights* Model::MoeAt(int64_t layer) const {
+  const int64_t main = static_cast<int64_t>(weights_.layers.size());
+  const DecoderLayerWeights* block = nullptr;
+  if (layer >= 0 && layer < main)
+    block = &weights_.layers[static_cast<size_t>(layer)];
+  else if (layer >= main && layer - main < static_cast<int64_t>(weights_.mtp.size()))
+    block = &weights_.mtp[static_cast<size_t>(layer - main)].block;
+  return block != nullptr && block->is_moe ? &block->moe : nullptr;
+}
+
+const FeedForwardWeights* Model::RoutedExpert(int64_t layer, int32_t expert) const {
+  const MoeWeights* moe = MoeAt(layer);
+  if (moe == nullptr || expert < 0 || expert >= static_cast<int32_t>(moe->experts.size()))
+    return nullptr;
+  const FeedForwardWeights& ff = moe->experts[static_cast<size_t>(expert)];
+  return ff.empty() ? nullptr : &ff;
+}
+
+void Model::PackArrivedExpert(FeedForwardWeights& expert) const {
+  if (packed_) PackRoutedExpert(expert);
+}
+
+Status Model::InstallRoutedExperts(int64_t layer, const std::vector<int32_t>& held,
+                                   std::map<int32_t, FeedForwardWeights> arrived) {
+  // The layer is only ever reached through MoeAt's const pointer elsewhere; this is the one
+  // place that changes it, between steps.
+  auto* moe = const_cast<MoeWeights*>(MoeAt(layer));
+  if (moe == nullptr) return Status::Errorf("layer {} has no routed experts", layer);
+  const int32_t experts = static_cast<int32_t>(moe->experts.size());
+  std::vector<bool> keep(moe->experts.size(), false);
+  for (int32_t e : held) {
+    if (e < 0 || e >= experts) return Status::Errorf("layer {}: no expert {}", layer, e);
+    keep[static_cast<size_t>(e)] = true;
+    if (moe->experts[static_cast<size_t>(e)].empty() && arrived.count(e) == 0)
+      return Status::Errorf("layer {}: expert {} is neither held nor arrived", layer, e);
+  }
+  for (auto& [e, ff] : arrived) {
+    if (e < 0 || e >= experts || !keep[static_cast<size_t>(e)])
+      return Status::Errorf("layer {}: expert {} arrived but is not to be held", layer, e);
+  }
+  for (auto& [e, ff] : arrived)
+    moe->experts[static_cast<size_t>(e)] = std::move(ff);
+  for (int32_t e = 0; e < experts; ++e)
+    if (!keep[static_cast<size_t>(e)])
+      moe->experts[static_cast<size_t>(e)] = FeedForwardWeights();  // frees its panels
   return Status::Ok();
+}
+
+Result<FeedForwardWeights> Model::LoadRoutedExpert(int64_t layer, int32_t expert) const {
+  if (IsGgufFile(directory_))
+    return Status::Errorf("{}: a GGUF checkpoint is not kept mapped to reload experts from",
+                          directory_);
+  const MoeWeights* held = MoeAt(layer);
+  if (held == nullptr) return Status::Errorf("layer {} has no routed experts", layer);
+  MoeWeights moe;
+  moe.experts.resize(held->experts.size());
+  SY_RETURN_IF_ERROR(LoadRoutedExperts(*checkpoint_, config_, layer, {expert}, packed_, moe));
+  return std::move(moe.experts[static_cast<size_t>(expert)]);
 }
 
 Status Model::CheckBatch(const ForwardBatch& batch, bool mtp) const {

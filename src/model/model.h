@@ -3,6 +3,7 @@
 //   logits = lm_head(norm(h))
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,11 +37,19 @@ class Model {
   // Whether the checkpoint has an MTP module (num_nextn_predict_layers > 0).
   bool has_mtp() const { return !weights_.mtp.empty(); }
 
-  // Online expert rebalancing: every MoE layer (the MTP block's too) comes to hold the routed
-  // experts of rank `rank`'s slots in `placement`, loaded from the checkpoint as at load time.
-  // Not while a forward pass reads the experts; a GGUF checkpoint (held in memory and given back
-  // after packing) cannot reload.
-  Status ReplaceRoutedExperts(const ExpertPlacement& placement, int rank);
+  // Online expert moves (parallel/expert_migration.h). The routed expert `expert` of MoE layer
+  // `layer` as this rank holds it; null where it is held elsewhere or the layer has no experts.
+  const FeedForwardWeights* RoutedExpert(int64_t layer, int32_t expert) const;
+  // Packs an expert that arrived from a peer the way this model's loader packed its own, so
+  // the panels are the same bytes.
+  void PackArrivedExpert(FeedForwardWeights& expert) const;
+  // MoE layer `layer` comes to hold exactly the experts `held`: each of `arrived` put in, those
+  // not in `held` freed. Every expert of `held` must be held already or arrive. Not while a
+  // forward pass reads the layer.
+  Status InstallRoutedExperts(int64_t layer, const std::vector<int32_t>& held,
+                              std::map<int32_t, FeedForwardWeights> arrived);
+  // A routed expert loaded (and packed) afresh from the checkpoint: what a moved one must equal.
+  Result<FeedForwardWeights> LoadRoutedExpert(int64_t layer, int32_t expert) const;
 
   // A latent cache able to hold `max_tokens` tokens in all (rounded up to whole pages per
   // sequence for `max_sequences` sequences). With `mtp` it has one more layer, the MTP block's.
@@ -73,6 +82,7 @@ class Model {
 
  private:
   Status CheckBatch(const ForwardBatch& batch, bool mtp) const;
+  const MoeWeights* MoeAt(int64_t layer) const;
   Status ReserveRows(const ForwardBatch& batch, LatentCache& cache) const;
   // Runs stack layers [first, last) over the batch; row_input(t, row) writes token t's input
   // row. Returns every token's output rows [T, D] (all of them on every rank of an SP group).

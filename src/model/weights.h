@@ -104,6 +104,9 @@ void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size, bo
 // Packs one decoder layer's matrices and splits its kv_b_proj per head (see PackWeights).
 void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer);
 
+// Packs one routed expert's three matrices as the loader does.
+void PackRoutedExpert(FeedForwardWeights& expert);
+
 // Packs every matrix the forward pass multiplies by (tensor/packed_matrix.h), in place.
 // Also splits kv_b_proj into per-head absorbed matrices, which needs the config's dimensions.
 void PackWeights(const ModelConfig& config, ModelWeights& weights);

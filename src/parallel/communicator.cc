@@ -41,6 +41,19 @@ class SingleProcess final : public Communicator {
   void AllReduceSumFloats(float*, int64_t) override {}
   std::vector<uint8_t> AllGather(const std::vector<uint8_t>& bytes) override { return bytes; }
   std::unique_ptr<Communicator> Split(int) override { return std::make_unique<SingleProcess>(); }
+  std::unique_ptr<Communicator> Duplicate() override { return std::make_unique<SingleProcess>(); }
+  bool threaded() const override { return true; }
+  // Messages to oneself, matched by tag in order.
+  void SendReceive(const std::vector<Message>& sends, std::vector<Message>& receives) override {
+    std::vector<bool> taken(sends.size(), false);
+    for (Message& r : receives)
+      for (size_t i = 0; i < sends.size(); ++i)
+        if (!taken[i] && sends[i].tag == r.tag) {
+          r.bytes = sends[i].bytes;
+          taken[i] = true;
+          break;
+        }
+  }
   void Abort(const std::string& message, int code) override {
     std::fprintf(stderr, "error: %s\n", message.c_str());
     std::exit(code);
@@ -232,6 +245,27 @@ class Mpi final : public Communicator {
     MPI_Comm sub;
     MPI_Comm_split(comm_, color, rank_, &sub);
     return std::make_unique<Mpi>(sub, threaded_);
+  }
+  std::unique_ptr<Communicator> Duplicate() override {
+    MPI_Comm copy;
+    MPI_Comm_dup(comm_, &copy);
+    return std::make_unique<Mpi>(copy, threaded_);
+  }
+  bool threaded() const override { return threaded_; }
+  void SendReceive(const std::vector<Message>& sends, std::vector<Message>& receives) override {
+    std::vector<MPI_Request> requests(sends.size());
+    for (size_t i = 0; i < sends.size(); ++i)
+      MPI_Isend(sends[i].bytes.data(), CheckedInt(static_cast<int64_t>(sends[i].bytes.size())),
+                MPI_BYTE, sends[i].peer, sends[i].tag, comm_, &requests[i]);
+    for (Message& r : receives) {
+      MPI_Status status;
+      MPI_Probe(r.peer, r.tag, comm_, &status);
+      int count = 0;
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      r.bytes.resize(static_cast<size_t>(count));
+      MPI_Recv(r.bytes.data(), count, MPI_BYTE, r.peer, r.tag, comm_, MPI_STATUS_IGNORE);
+    }
+    MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
   }
   std::vector<uint8_t> Broadcast(const std::vector<uint8_t>& bytes) override {
     int64_t size = static_cast<int64_t>(bytes.size());

@@ -46,6 +46,23 @@ class Communicator {
   virtual std::vector<uint8_t> AllGather(const std::vector<uint8_t>& bytes) = 0;
   // The ranks with the same `color`, ordered by their rank here (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> Split(int color) = 0;
+  // The same ranks in a communicator of their own (MPI_Comm_dup): what another thread uses so
+  // that its messages never meet the stepping thread's.
+  virtual std::unique_ptr<Communicator> Duplicate() = 0;
+  // Whether a second thread may call this communicator while the first does (MPI's
+  // THREAD_MULTIPLE was granted, or one process).
+  virtual bool threaded() const = 0;
+
+  // Point to point, not collective: sends every message of `sends` to its peer and receives one
+  // message for each entry of `receives` from its peer with its tag (the sender's size), and
+  // returns when all are done. Sends never wait for receives, so two ranks that each send to
+  // the other cannot deadlock.
+  struct Message {
+    int peer = 0;
+    int tag = 0;
+    std::vector<uint8_t> bytes;
+  };
+  virtual void SendReceive(const std::vector<Message>& sends, std::vector<Message>& receives) = 0;
   // Ends every rank with `code` after printing `message` (one line) on this rank.
   [[noreturn]] virtual void Abort(const std::string& message, int code) = 0;
 };

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
 #include "model/gguf_model.h"
+#include "parallel/expert_migration.h"
 #include "plan/eplb.h"
 
 namespace sy {
@@ -104,8 +106,8 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
   if (local_ok && args.eplb_interval > 0 && IsGgufFile(directory)) {
     local_ok = 0;
     reason =
-        "--eplb-interval reloads experts from the checkpoint: it needs safetensors, not a "
-        "GGUF";
+        "--eplb-interval moves experts as safetensors checkpoints hold them; a GGUF's cannot "
+        "move yet";
   }
   run.rebalance = local_ok && args.eplb_interval > 0;
   if (local_ok && (args.record_expert_load || run.rebalance)) {
@@ -225,12 +227,20 @@ ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& record
 
 namespace sy {
 
+// Online rebalancing's state between windows: the move in progress, if any.
+struct OnlineRebalance {
+  std::unique_ptr<ExpertMigration> migration;
+  int64_t decided_after_steps = 0;
+  double before = 0, after = 0;
+};
+
 namespace {
 
-// Rank 0 balances the window's load (the run's N and R); every rank loads the experts its new
-// slots need and switches dispatch. Collective; a rank that cannot load ends the job.
-void RebalanceOnline(Communicator& comm, const ExpertLoad& load, int64_t groups, Model& model,
-                     ExpertParallelMoe& moe, ExpertPlacement& placement) {
+// Rank 0 balances the window's load (the run's N and R) and every rank starts moving the experts
+// its new slots need (parallel/expert_migration.h); the layers switch at later step boundaries.
+// Collective.
+void StartRebalance(Communicator& comm, const ExpertLoad& load, int64_t groups, Model& model,
+                    ExpertParallelMoe& moe, ExpertPlacement& placement, OnlineRebalance& state) {
   std::string text;
   double before = 0, after = 0;
   if (comm.rank() == 0) {
@@ -252,18 +262,45 @@ void RebalanceOnline(Communicator& comm, const ExpertLoad& load, int64_t groups,
   const std::vector<uint8_t> bytes = comm.Broadcast(std::vector<uint8_t>(text.begin(), text.end()));
   if (bytes.empty()) return;
   auto next = ParseExpertPlacement(std::string(bytes.begin(), bytes.end()), "rebalanced placement");
-  Status loaded = next.ok() ? model.ReplaceRoutedExperts(next.value(), comm.rank()) : next.status();
-  if (comm.AllReduceMax(loaded.ok() ? 0 : 1) != 0)
-    comm.Abort(loaded.ok() ? "a peer rank failed to load its rebalanced experts"
-                           : "rebalancing experts: " + loaded.message(),
+  if (comm.AllReduceMax(next.ok() ? 0 : 1) != 0)
+    comm.Abort(next.ok() ? "a peer rank could not read the rebalanced placement"
+                         : "rebalancing experts: " + next.status().message(),
                1);
-  placement = std::move(next).value();
-  moe.SetPlacement(placement);
   if (comm.rank() == 0)
     std::fprintf(stderr,
                  "switchyard: experts rebalanced after %lld steps: predicted imbalance %.3f -> "
-                 "%.3f (measured %.3f)\n",
+                 "%.3f (measured %.3f); moving them\n",
                  static_cast<long long>(load.steps), before, after, load.imbalance.value_or(1.0));
+  ExpertMigration::Options options;
+  const char* verify = std::getenv("SWITCHYARD_VERIFY_EXPERT_MOVES");
+  options.verify = verify != nullptr && std::string(verify) == "1";
+  const char* inline_moves = std::getenv("SWITCHYARD_EXPERT_MOVES");
+  options.background = !(inline_moves != nullptr && std::string(inline_moves) == "inline");
+  state.decided_after_steps = load.steps;
+  state.before = before;
+  state.after = after;
+  state.migration = std::make_unique<ExpertMigration>(comm, model, moe, placement,
+                                                      std::move(next).value(), options);
+}
+
+// At a step's start while a move is in progress: switch what has arrived everywhere; at the
+// end, report what the move cost (rank 0, totals over the ranks).
+void ContinueRebalance(Communicator& comm, OnlineRebalance& state) {
+  if (state.migration == nullptr || !state.migration->OnStepBegin()) return;
+  const ExpertMigration::Report report = state.migration->report();
+  const int64_t experts = comm.AllReduceSum(report.experts_received);
+  const int64_t bytes = comm.AllReduceSum(report.bytes_received);
+  const int64_t longest_us =
+      comm.AllReduceMax(static_cast<int64_t>(report.longest_step_seconds * 1e6));
+  const int64_t seconds_us = comm.AllReduceMax(static_cast<int64_t>(report.seconds * 1e6));
+  if (comm.rank() == 0)
+    std::fprintf(stderr,
+                 "switchyard: experts moved: %lld experts, %.1f MB over MPI in %.3f s (%lld "
+                 "steps while moving, the longest %.1f ms)\n",
+                 static_cast<long long>(experts), static_cast<double>(bytes) / 1e6,
+                 static_cast<double>(seconds_us) / 1e6, static_cast<long long>(report.steps),
+                 static_cast<double>(longest_us) / 1e3);
+  state.migration.reset();
 }
 
 }  // namespace
@@ -276,10 +313,18 @@ void RecordExpertLoadWindows(ParallelRun& run, int64_t steps,
   Model* model = run.rebalance ? run.model.get() : nullptr;
   ExpertParallelMoe* moe = run.moe.get();
   ExpertPlacement* placement = run.placement.get();
+  OnlineRebalance* state = nullptr;
+  if (model != nullptr) {
+    run.online_rebalance = std::make_shared<OnlineRebalance>();
+    state = run.online_rebalance.get();
+    recorder->SetStepBegin([comm, state] { ContinueRebalance(*comm, *state); });
+  }
   recorder->SetWindow(steps, [=, on_window = std::move(on_window)] {
     const ExpertLoad load = GatherExpertLoad(*comm, *recorder, groups);
     recorder->Clear();
-    if (model != nullptr) RebalanceOnline(*comm, load, groups, *model, *moe, *placement);
+    // A window that ends while experts still move keeps the placement being moved to.
+    if (model != nullptr && state->migration == nullptr)
+      StartRebalance(*comm, load, groups, *model, *moe, *placement, *state);
     if (comm->rank() == 0 && on_window) on_window(load);
   });
 }

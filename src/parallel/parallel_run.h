@@ -37,6 +37,8 @@ struct ParallelOptions {
   int64_t eplb_interval = 0;
 };
 
+struct OnlineRebalance;  // parallel_run.cc: the expert move in progress
+
 struct ParallelRun {
   Communicator* comm = nullptr;
   std::unique_ptr<Communicator> tp_group;  // this rank's TP group (TP > 1)
@@ -67,6 +69,9 @@ struct ParallelRun {
   bool Owns(size_t sequence) const { return static_cast<int>(sequence % dp()) == dp_group; }
   // The first rank of the group reports the group's results.
   bool Reports(size_t sequence) const { return Owns(sequence) && comm->rank() % tp == 0; }
+  // Online rebalancing's state (RecordExpertLoadWindows). Last: it is destroyed first, its
+  // moving thread joined before the model it reads goes.
+  std::shared_ptr<OnlineRebalance> online_rebalance;
 };
 
 // Loads the model on every rank with this rank's share of the experts and heads, and the

@@ -11,7 +11,6 @@
 #include "base/thread_pool.h"
 
 namespace sy {
-namespace {
 
 // Zeroed memory for a packed matrix. From 2 MiB up it is mapped on its own, on a 2 MiB boundary
 // with huge pages where the kernel allows (a panel stream then crosses a TLB entry every 2 MiB
@@ -40,8 +39,6 @@ std::shared_ptr<uint8_t> AllocatePanels(size_t bytes) {
   return std::shared_ptr<uint8_t>(reinterpret_cast<uint8_t*>(aligned),
                                   [size](uint8_t* ptr) { ::munmap(ptr, size); });
 }
-
-}  // namespace
 
 PackedMatrix ColumnRange(const PackedMatrix& m, int64_t begin, int64_t end) {
   PackedMatrix view = m;

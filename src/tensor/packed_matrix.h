@@ -65,6 +65,10 @@ struct PackedMatrix {
   }
 };
 
+// Zeroed, 64-byte aligned memory for `bytes` of panels (huge pages from 2 MiB up): what Pack
+// lays panels into, and what panels that arrive from another process are copied into.
+std::shared_ptr<uint8_t> AllocatePanels(size_t bytes);
+
 // Columns [begin, end) of a packed matrix, sharing its storage (split-K). For fp8, begin must
 // fall on a scale-block boundary.
 PackedMatrix ColumnRange(const PackedMatrix& m, int64_t begin, int64_t end);
