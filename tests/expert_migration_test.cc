@@ -4,6 +4,8 @@
 // expert_placement_test.cc.
 #include "parallel/expert_migration.h"
 
+#include "model/expert_wire.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,10 +30,10 @@ ExpertPlacement Placement(std::vector<std::vector<int32_t>> physical, int ranks,
 
 TEST(PlanExpertMoves, EveryNewSlotIsFilledOnceFromAHolder) {
   // 8 experts, 4 ranks, 1 redundant slot each (3 slots a rank); layer 2 keeps its placement.
-  const ExpertPlacement current = Placement(
-      {{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3}}, 4, 8);
-  const ExpertPlacement next = Placement(
-      {{7, 6, 5, 4, 3, 2, 1, 0, 7, 7, 7, 7}, {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3}}, 4, 8);
+  const ExpertPlacement current =
+      Placement({{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3}}, 4, 8);
+  const ExpertPlacement next =
+      Placement({{7, 6, 5, 4, 3, 2, 1, 0, 7, 7, 7, 7}, {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3}}, 4, 8);
   const std::vector<ExpertMove> moves = PlanExpertMoves(current, next);
   std::set<std::pair<int, int32_t>> arrivals;
   std::vector<int> sent(4, 0);

@@ -227,22 +227,22 @@ TEST(ExpertPlacementRuns, OnlineRebalancingChangesNothingButThePlacement) {
                        &output),
             0)
       << output;
-  ASSERT_EQ(RunCommand("SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(4) + testing::kBinary + args +
-                           " --out " + dir +
-                           "/online.bin --num-redundant-experts 4 --eplb-interval 2",
-                       &output),
-            0)
+  ASSERT_EQ(
+      RunCommand("SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(4) + testing::kBinary + args +
+                     " --out " + dir + "/online.bin --num-redundant-experts 4 --eplb-interval 2",
+                 &output),
+      0)
       << output;
   EXPECT_NE(output.find("experts rebalanced after 2 steps"), std::string::npos) << output;
   EXPECT_NE(output.find("experts moved: "), std::string::npos) << output;
   EXPECT_EQ(output.find("experts moved: 0 experts"), std::string::npos) << output;
   EXPECT_EQ(ReadLogits(dir + "/contiguous.bin"), ReadLogits(dir + "/online.bin"));
   // Moved inside the window's step instead of beside the steps: the same bits.
-  ASSERT_EQ(RunCommand("SWITCHYARD_EXPERT_MOVES=inline " + Mpirun(4) + testing::kBinary + args +
-                           " --out " + dir +
-                           "/inline.bin --num-redundant-experts 4 --eplb-interval 2",
-                       &output),
-            0)
+  ASSERT_EQ(
+      RunCommand("SWITCHYARD_EXPERT_MOVES=inline " + Mpirun(4) + testing::kBinary + args +
+                     " --out " + dir + "/inline.bin --num-redundant-experts 4 --eplb-interval 2",
+                 &output),
+      0)
       << output;
   EXPECT_NE(output.find("experts moved: "), std::string::npos) << output;
   EXPECT_EQ(ReadLogits(dir + "/contiguous.bin"), ReadLogits(dir + "/inline.bin"));
@@ -253,11 +253,11 @@ TEST(ExpertPlacementRuns, OnlineRebalancingChangesNothingButThePlacement) {
                                " --max-tokens 12 --ignore-eos --kv-dtype f32";
   std::string one, many;
   ASSERT_EQ(RunCommand(std::string(testing::kBinary) + generate, &one), 0) << one;
-  ASSERT_EQ(RunCommand("SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(4) + testing::kBinary +
-                           generate +
-                           " --wire-dtype f32 --eplb-interval 3 --num-redundant-experts 4",
-                       &many),
-            0)
+  ASSERT_EQ(
+      RunCommand("SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(4) + testing::kBinary + generate +
+                     " --wire-dtype f32 --eplb-interval 3 --num-redundant-experts 4",
+                 &many),
+      0)
       << many;
   EXPECT_NE(many.find("experts rebalanced after 3 steps"), std::string::npos) << many;
   EXPECT_NE(many.find("experts moved: "), std::string::npos) << many;
@@ -277,9 +277,8 @@ TEST(ExpertPlacementRuns, ARankThatDiesWhileExpertsMoveEndsTheJob) {
   const int code = RunCommand(
       "SWITCHYARD_TEST_EXIT_WHILE_MOVING=2 " +
           std::regex_replace(Mpirun(4), std::regex("timeout 300"), "timeout 120") +
-          testing::kBinary +
-          " --threads 1 --f32-products logits --model " + fixture.directory + " --tokens '" + fixture.tokens_text +
-          "' --decode-from 4 --wire-dtype f32 --out " + dir +
+          testing::kBinary + " --threads 1 --f32-products logits --model " + fixture.directory +
+          " --tokens '" + fixture.tokens_text + "' --decode-from 4 --wire-dtype f32 --out " + dir +
           "/dies.bin --num-redundant-experts 4 --eplb-interval 2",
       &output);
   EXPECT_NE(code, 0) << output;

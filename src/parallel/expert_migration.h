@@ -7,10 +7,9 @@
 // layers' arrivals wait in memory beside the experts in use: with 2 the move is double-buffered,
 // one layer waiting for its switch while the next one travels.
 //
-// What travels is each matrix as the holder keeps it: the packed panels (every scale and offset
-// with them) where the model packs its weights, else the checkpoint's rows and fp8 block scales.
-// The receiver keeps exactly those bytes, so a moved expert is the bytes the loader would have
-// made of the checkpoint (SWITCHYARD_VERIFY_EXPERT_MOVES=1 checks each against a fresh load).
+// What travels is each expert as its holder keeps it (model/expert_wire.h), so a moved expert is
+// the bytes the loader would have made of the checkpoint (SWITCHYARD_VERIFY_EXPERT_MOVES=1 checks
+// each arrival against a fresh load and ends the job on a difference).
 #pragma once
 
 #include <chrono>
@@ -43,17 +42,6 @@ struct ExpertMove {
 // the same ranks and slots; a layer of `next` that `current` does not name moves nothing.
 std::vector<ExpertMove> PlanExpertMoves(const ExpertPlacement& current,
                                         const ExpertPlacement& next);
-
-// One expert's three matrices as they travel, and back. `width` and `hidden`: the shapes the
-// arriving matrices must have ([width, hidden] for gate and up, [hidden, width] for down); an
-// error names the matrix and what is wrong (a short or long message, a bad element type).
-std::vector<uint8_t> SerializeExpert(const FeedForwardWeights& expert);
-Result<FeedForwardWeights> DeserializeExpert(const std::vector<uint8_t>& bytes, int64_t width,
-                                             int64_t hidden);
-
-// Whether two experts are the same bytes: every packed panel, scale and offset, and the
-// checkpoint rows where there are no panels. A message names the first difference.
-Status SameExpertBytes(const FeedForwardWeights& a, const FeedForwardWeights& b);
 
 class ExpertMigration {
  public:

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the moving-expert wire form fuzzer (tests/fuzz/expert_wire_fuzzer.cc) with clang
+# (libFuzzer + AddressSanitizer + UBSan) and runs it for a bounded time.
+# Usage: run_expert_wire_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
+set -euo pipefail
+src="$1"; build="$2"; seconds="${3:-30}"
+corpus="$build/expert_wire_corpus"
+mkdir -p "$corpus"
+clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -I "$src/src" "$src/tests/fuzz/expert_wire_fuzzer.cc" "$src/src/model/expert_wire.cc" \
+  "$src/src/tensor/packed_matrix.cc" "$src/src/tensor/dtype.cc" "$src/src/base/thread_pool.cc" \
+  -lfmt -pthread -o "$build/expert_wire_fuzzer"
+# Seeds: a 3×5 expert (width 3, hidden 5) as f32 rows, as f32 panels, and as fp8 rows with block
+# scales, in the layout expert_wire.cc writes.
+python3 - "$corpus" <<'PY'
+import struct, sys
+W, H = 3, 5
+def rows_f32(r, c):
+    return (struct.pack("<B5q", 0, r, c, 0, 0, 0) + b"\0" + struct.pack("<Q", r * c * 4)
+            + bytes(range(r * c * 4 % 256)) * 0 + b"\x01" * (r * c * 4) + struct.pack("<qQ", 0, 0))
+def panels_f32(r, c):
+    panels = (r + 15) // 16
+    n = panels * c * 16 * 4
+    return (struct.pack("<B5q", 0, r, c, 0, 0, 0) + b"\x01" + struct.pack("<B7q", 0, r, c, panels, 0, 0, 0, 0)
+            + struct.pack("<Q", n) + b"\x02" * n + struct.pack("<QQQ", 0, 0, 0))
+def rows_fp8(r, c):
+    scales = ((r + 1) // 2) * 1
+    return (struct.pack("<B5q", 3, r, c, 2, 8, 1) + b"\0" + struct.pack("<Q", r * c) + b"\x30" * (r * c)
+            + struct.pack("<qQ", 0, scales) + struct.pack("<f", 0.5) * scales)
+magic = struct.pack("<I", 0x58455953)
+shape = bytes([W - 1, H - 1])
+for name, m in (("rows", rows_f32), ("panels", panels_f32), ("fp8", rows_fp8)):
+    open(f"{sys.argv[1]}/seed-{name}", "wb").write(shape + magic + m(W, H) + m(W, H) + m(H, W))
+PY
+"$build/expert_wire_fuzzer" -max_total_time="$seconds" -max_len=16384 -timeout=10 \
+  -rss_limit_mb=4096 -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
