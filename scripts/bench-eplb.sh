@@ -2,8 +2,12 @@
 # Expert load balancing on a skewed workload: the default model (trained on Shakespeare) decoding
 # 128 code and data prompts under EP4 (mpirun -np 4), without EPLB and with static placements from
 # the load the first run records (R = 0 and R = 4 redundant experts). Prints the measured
-# imbalance, decode throughput and a digest of the tokens (equal in every run) per launch.
+# imbalance, decode throughput and a digest of the tokens (equal in every run) per launch, and
+# online rebalancing (--eplb-interval, R = 4) with what its expert moves cost (experts, bytes,
+# seconds, the longest step while moving).
 # Usage: scripts/bench-eplb.sh [BINARY] [REPEATS]
+#   MPIRUN="$PWD/scripts/netns-cluster.sh mpirun 4" runs the ranks on emulated hosts (after
+#   `scripts/netns-cluster.sh up 4`); the default is four ranks on this host.
 set -euo pipefail
 B=$(realpath "${1:-build/switchyard}")
 REPEATS=${2:-5}
@@ -18,9 +22,10 @@ for r in 0 1 2 3 4 5 6 7 8 9 a b c d e f; do
 done
 # --prefill-gemm own: "auto" times two GEMMs and keeps the faster, so its choice (and the
 # rounding) may differ between launches.
+MPIRUN=${MPIRUN:-mpirun --oversubscribe -np 4}
 run() {
-  mpirun --oversubscribe -np 4 "$B" --threads 1 --prefill-gemm own generate "${prompts[@]}" \
-    --max-tokens 32 --ignore-eos --json "$@" 2>/dev/null | python3 -c '
+  $MPIRUN "$B" --threads 1 --prefill-gemm own generate "${prompts[@]}" \
+    --max-tokens 32 --ignore-eos --json "$@" 2>stderr.txt | python3 -c '
 import hashlib, json, sys
 d = json.load(sys.stdin)
 tokens = hashlib.md5(str([o["token_ids"] for o in d["outputs"]]).encode()).hexdigest()[:8]
@@ -35,5 +40,7 @@ for _ in $(seq "$REPEATS"); do
   echo "contiguous: $(run)"
   echo "EPLB R=0:   $(run --expert-placement r0.json)"
   echo "EPLB R=4:   $(run --expert-placement r4.json --num-redundant-experts 4)"
+  echo "online R=4: $(run --eplb-interval 8 --num-redundant-experts 4)"
+  grep -h "experts moved" stderr.txt | sed 's/^switchyard: /            /'
 done
 rm -rf "$work"

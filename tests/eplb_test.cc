@@ -128,6 +128,65 @@ TEST(Eplb, HierarchicalWhenGroupsDivideOverNodesGlobalOtherwise) {
   EXPECT_TRUE(CheckPlacement(*global, {0, 1}, 48, 8, 8).ok());
 }
 
+// Renaming ranks keeps the balance and moves only what must move: a placement that is the
+// current one with its ranks shuffled moves nothing, and on random loads the renamed placement
+// never moves more experts than the balancer's own and predicts the same imbalance.
+TEST(Eplb, RenamedRanksKeepHeldExpertsWhereTheyAre) {
+  auto moved = [](const ExpertPlacement& from, const ExpertPlacement& to) {
+    int64_t count = 0;
+    for (size_t l = 0; l < to.layers.size(); ++l)
+      for (int r = 0; r < to.ranks; ++r) {
+        const auto had = HeldExperts(*from.Layer(to.layers[l]), from.slots_per_rank, r);
+        for (int32_t e : HeldExperts(to.physical[l], to.slots_per_rank, r))
+          count += std::binary_search(had.begin(), had.end(), e) ? 0 : 1;
+      }
+    return count;
+  };
+  std::mt19937 random(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    ExpertLoad load;
+    load.experts = 32;
+    load.layers = {1, 2, 3};
+    for (size_t l = 0; l < load.layers.size(); ++l) {
+      std::vector<int64_t> counts(32);
+      for (auto& c : counts)
+        c = static_cast<int64_t>(random() % 1000);
+      load.counts.push_back(counts);
+    }
+    EplbOptions options;
+    options.ranks = 4;
+    options.redundant = 4;
+    auto current = RebalanceExperts(load, options);
+    ASSERT_TRUE(current.ok());
+    // The same placement with its ranks rotated moves every expert; renamed back, none.
+    ExpertPlacement rotated = current.value();
+    for (auto& slots : rotated.physical)
+      std::rotate(slots.begin(), slots.begin() + 9, slots.end());
+    EXPECT_GT(moved(current.value(), rotated), 0);
+    EXPECT_EQ(moved(current.value(), KeepHeldExperts(rotated, current.value())), 0);
+    // A new load's placement: fewer or as many moves, the same balance, still a placement.
+    for (auto& counts : load.counts)
+      for (auto& c : counts)
+        c += static_cast<int64_t>(random() % 300);
+    auto next = RebalanceExperts(load, options);
+    ASSERT_TRUE(next.ok());
+    const ExpertPlacement kept = KeepHeldExperts(next.value(), current.value());
+    EXPECT_LE(moved(current.value(), kept), moved(current.value(), next.value()));
+    EXPECT_DOUBLE_EQ(PredictedImbalance(kept, load), PredictedImbalance(next.value(), load));
+    EXPECT_TRUE(CheckPlacement(kept, load.layers, 32, 4, 4).ok());
+    // Two nodes: ranks are renamed only within their node.
+    const ExpertPlacement by_node = KeepHeldExperts(rotated, current.value(), 2);
+    for (size_t l = 0; l < rotated.layers.size(); ++l)
+      for (int r = 0; r < 4; ++r) {
+        const auto mine = HeldExperts(by_node.physical[l], 9, r);
+        bool from_same_node = false;
+        for (int s = (r / 2) * 2; s < (r / 2) * 2 + 2; ++s)
+          from_same_node |= mine == HeldExperts(rotated.physical[l], 9, s);
+        EXPECT_TRUE(from_same_node) << "layer " << l << " rank " << r;
+      }
+  }
+}
+
 TEST(Eplb, OptionsThatDoNotFitAreNamed) {
   const ExpertLoad load = SkewedLoad(16, 1, 1.0, 1);
   auto message = [&](EplbOptions o) { return RebalanceExperts(load, o).status().message(); };

@@ -53,7 +53,9 @@ ExpertMigration::ExpertMigration(Communicator& comm, Model& model, ExpertParalle
       moves_(PlanExpertMoves(placement, next_)),
       layers_(next_.layers.size()),
       arrivals_(layers_) {
-  start_ = last_step_ = std::chrono::steady_clock::now();
+  start_ = last_step_ = options_.step_began != std::chrono::steady_clock::time_point{}
+                            ? options_.step_began
+                            : std::chrono::steady_clock::now();
   if (options_.background && mover_comm_->threaded()) {
     thread_ = std::thread([this] { MoveLayers(); });
   } else {

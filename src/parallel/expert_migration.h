@@ -49,6 +49,9 @@ class ExpertMigration {
     size_t staged_layers = 2;  // layers whose arrivals may wait for their switch
     bool background = true;    // false: every layer moves inside Start (no thread)
     bool verify = false;       // compare every arrival with a fresh load from the checkpoint
+    // When the step that starts the move began (its report counts the decision in that step);
+    // default: when the move starts.
+    std::chrono::steady_clock::time_point step_began{};
   };
   // Starts moving from `current` to `next` (collective: every rank calls it at the same step
   // boundary). `placement` is the run's placement, updated layer by layer as layers switch;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -230,8 +231,11 @@ namespace sy {
 // Online rebalancing's state between windows: the move in progress, if any.
 struct OnlineRebalance {
   std::unique_ptr<ExpertMigration> migration;
-  int64_t decided_after_steps = 0;
-  double before = 0, after = 0;
+  // Step times while no expert moves, since the last move began: what a step costs without a
+  // move, beside the longest step during one.
+  std::vector<double> quiet_steps;
+  std::chrono::steady_clock::time_point last_step;
+  double quiet_median = 0;
 };
 
 namespace {
@@ -251,6 +255,8 @@ void StartRebalance(Communicator& comm, const ExpertLoad& load, int64_t groups, 
     if (load.experts % options.groups != 0) options.groups = 1;
     auto next = RebalanceExperts(load, options);
     if (next.ok()) {
+      // The balancer numbers its ranks afresh; renamed, they keep what they hold where they can.
+      next = KeepHeldExperts(next.value(), placement, options.nodes);
       text = ExpertPlacementToJson(next.value());
       before = PredictedImbalance(placement, load);
       after = PredictedImbalance(next.value(), load);
@@ -276,9 +282,13 @@ void StartRebalance(Communicator& comm, const ExpertLoad& load, int64_t groups, 
   options.verify = verify != nullptr && std::string(verify) == "1";
   const char* inline_moves = std::getenv("SWITCHYARD_EXPERT_MOVES");
   options.background = !(inline_moves != nullptr && std::string(inline_moves) == "inline");
-  state.decided_after_steps = load.steps;
-  state.before = before;
-  state.after = after;
+  options.step_began = state.last_step;
+  std::vector<double>& quiet = state.quiet_steps;
+  if (!quiet.empty()) {
+    std::nth_element(quiet.begin(), quiet.begin() + quiet.size() / 2, quiet.end());
+    state.quiet_median = quiet[quiet.size() / 2];
+  }
+  quiet.clear();
   state.migration = std::make_unique<ExpertMigration>(comm, model, moe, placement,
                                                       std::move(next).value(), options);
 }
@@ -286,6 +296,10 @@ void StartRebalance(Communicator& comm, const ExpertLoad& load, int64_t groups, 
 // At a step's start while a move is in progress: switch what has arrived everywhere; at the
 // end, report what the move cost (rank 0, totals over the ranks).
 void ContinueRebalance(Communicator& comm, OnlineRebalance& state) {
+  const auto now = std::chrono::steady_clock::now();
+  if (state.migration == nullptr && state.last_step != decltype(now){})
+    state.quiet_steps.push_back(std::chrono::duration<double>(now - state.last_step).count());
+  state.last_step = now;
   if (state.migration == nullptr || !state.migration->OnStepBegin()) return;
   const ExpertMigration::Report report = state.migration->report();
   const int64_t experts = comm.AllReduceSum(report.experts_received);
@@ -296,10 +310,11 @@ void ContinueRebalance(Communicator& comm, OnlineRebalance& state) {
   if (comm.rank() == 0)
     std::fprintf(stderr,
                  "switchyard: experts moved: %lld experts, %.1f MB over MPI in %.3f s (%lld "
-                 "steps while moving, the longest %.1f ms)\n",
+                 "steps while moving, the longest %.1f ms; before the move a step took %.1f ms, "
+                 "median)\n",
                  static_cast<long long>(experts), static_cast<double>(bytes) / 1e6,
                  static_cast<double>(seconds_us) / 1e6, static_cast<long long>(report.steps),
-                 static_cast<double>(longest_us) / 1e3);
+                 static_cast<double>(longest_us) / 1e3, state.quiet_median * 1e3);
   state.migration.reset();
 }
 

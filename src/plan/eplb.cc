@@ -125,4 +125,51 @@ Result<ExpertPlacement> RebalanceExperts(const ExpertLoad& load, const EplbOptio
   return p;
 }
 
+ExpertPlacement KeepHeldExperts(const ExpertPlacement& next, const ExpertPlacement& current,
+                                int nodes) {
+  ExpertPlacement out = next;
+  const int N = next.ranks;
+  const int64_t S = next.slots_per_rank;
+  if (N != current.ranks || S != current.slots_per_rank || nodes < 1 || N % nodes != 0)
+    return out;
+  const int per_node = N / nodes;
+  for (size_t l = 0; l < next.layers.size(); ++l) {
+    const std::vector<int32_t>* now = current.Layer(next.layers[l]);
+    if (now == nullptr) continue;
+    std::vector<std::vector<bool>> had(static_cast<size_t>(N),
+                                       std::vector<bool>(static_cast<size_t>(next.experts)));
+    for (int r = 0; r < N; ++r)
+      for (int32_t e : HeldExperts(*now, S, r))
+        had[static_cast<size_t>(r)][static_cast<size_t>(e)] = true;
+    struct Pair {
+      int shared, bin, rank;
+    };
+    std::vector<Pair> pairs;
+    for (int bin = 0; bin < N; ++bin) {
+      const std::vector<int32_t> held = HeldExperts(next.physical[l], S, bin);
+      const int node = bin / per_node;
+      for (int rank = node * per_node; rank < (node + 1) * per_node; ++rank) {
+        int shared = 0;
+        for (int32_t e : held)
+          shared += had[static_cast<size_t>(rank)][static_cast<size_t>(e)] ? 1 : 0;
+        pairs.push_back({shared, bin, rank});
+      }
+    }
+    std::stable_sort(pairs.begin(), pairs.end(),
+                     [](const Pair& a, const Pair& b) { return a.shared > b.shared; });
+    std::vector<int> rank_of(static_cast<size_t>(N), -1);
+    std::vector<bool> taken(static_cast<size_t>(N), false);
+    for (const Pair& p : pairs)
+      if (rank_of[static_cast<size_t>(p.bin)] < 0 && !taken[static_cast<size_t>(p.rank)]) {
+        rank_of[static_cast<size_t>(p.bin)] = p.rank;
+        taken[static_cast<size_t>(p.rank)] = true;
+      }
+    std::vector<int32_t>& slots = out.physical[l];
+    for (int bin = 0; bin < N; ++bin)
+      std::copy_n(next.physical[l].begin() + bin * S, S,
+                  slots.begin() + rank_of[static_cast<size_t>(bin)] * S);
+  }
+  return out;
+}
+
 }  // namespace sy

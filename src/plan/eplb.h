@@ -52,4 +52,12 @@ bool UsesHierarchicalPolicy(const EplbOptions& options);
 // Every layer of `load`. Errors name the option that does not fit.
 Result<ExpertPlacement> RebalanceExperts(const ExpertLoad& load, const EplbOptions& options);
 
+// `next` with each layer's ranks renamed so that as many experts as possible stay where
+// `current` has them: the balance is the same (a rank's set of experts moves whole), and an
+// online rebalance moves only what it must. Ranks are renamed within their node only (nodes
+// hold `ranks / nodes` consecutive ranks, as the hierarchical policy packs them): greedily, the
+// pair of a new rank and an old one that share the most experts first (ties: lower ranks).
+ExpertPlacement KeepHeldExperts(const ExpertPlacement& next, const ExpertPlacement& current,
+                                int nodes = 1);
+
 }  // namespace sy
