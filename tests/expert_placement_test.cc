@@ -163,6 +163,16 @@ TEST_P(ExpertPlacementRuns, LogitsMatchTheSingleProcessRun) {
   // wherever it lands, and the combine sums in logical-expert order, so the logits are the same
   // bits.
   EXPECT_EQ(ReadLogits(dir + "/contiguous.bin"), placed);
+  // And with experts moving between ranks mid-run (each arrival checked against the checkpoint).
+  ASSERT_EQ(RunCommand("SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(c.ranks) + testing::kBinary +
+                           args + " --out " + dir + "/online.bin --wire-dtype f32 " +
+                           "--num-redundant-experts " + std::to_string(c.redundant) + placement +
+                           " --eplb-interval 2 " + c.flags,
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("experts moved: "), std::string::npos) << output;
+  EXPECT_EQ(ReadLogits(dir + "/contiguous.bin"), ReadLogits(dir + "/online.bin"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Launches, ExpertPlacementRuns,

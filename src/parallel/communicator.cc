@@ -253,19 +253,45 @@ class Mpi final : public Communicator {
   }
   bool threaded() const override { return threaded_; }
   void SendReceive(const std::vector<Message>& sends, std::vector<Message>& receives) override {
-    std::vector<MPI_Request> requests(sends.size());
+    // Polled, not blocking: MPI's blocking calls spin, and this runs on a thread beside the
+    // stepping one (an online expert move), whose cores it must not take. Between polls it
+    // sleeps 20 µs, up to 100 µs while nothing arrives: each poll is also what advances the
+    // transfers (a 1 ms pause measured no slower on emulated hosts, so the bound is loose).
+    std::vector<MPI_Request> requests(sends.size() + receives.size(), MPI_REQUEST_NULL);
     for (size_t i = 0; i < sends.size(); ++i)
       MPI_Isend(sends[i].bytes.data(), CheckedInt(static_cast<int64_t>(sends[i].bytes.size())),
                 MPI_BYTE, sends[i].peer, sends[i].tag, comm_, &requests[i]);
-    for (Message& r : receives) {
-      MPI_Status status;
-      MPI_Probe(r.peer, r.tag, comm_, &status);
-      int count = 0;
-      MPI_Get_count(&status, MPI_BYTE, &count);
-      r.bytes.resize(static_cast<size_t>(count));
-      MPI_Recv(r.bytes.data(), count, MPI_BYTE, r.peer, r.tag, comm_, MPI_STATUS_IGNORE);
+    std::vector<bool> matched(receives.size(), false);
+    size_t unmatched = receives.size();
+    auto pause = std::chrono::microseconds(20);
+    for (;;) {
+      bool moved = false;
+      for (size_t i = 0; i < receives.size(); ++i) {
+        if (matched[i]) continue;
+        int flag = 0;
+        MPI_Message message;
+        MPI_Status status;
+        MPI_Improbe(receives[i].peer, receives[i].tag, comm_, &flag, &message, &status);
+        if (!flag) continue;
+        int count = 0;
+        MPI_Get_count(&status, MPI_BYTE, &count);
+        receives[i].bytes.resize(static_cast<size_t>(count));
+        MPI_Imrecv(receives[i].bytes.data(), count, MPI_BYTE, &message,
+                   &requests[sends.size() + i]);
+        matched[i] = true;
+        --unmatched;
+        moved = true;
+      }
+      int done = 0;
+      MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+      if (done && unmatched == 0) return;
+      if (moved) {
+        pause = std::chrono::microseconds(20);
+        continue;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(2 * pause, std::chrono::microseconds(100));
     }
-    MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
   }
   std::vector<uint8_t> Broadcast(const std::vector<uint8_t>& bytes) override {
     int64_t size = static_cast<int64_t>(bytes.size());

@@ -130,8 +130,7 @@ ExpertPlacement KeepHeldExperts(const ExpertPlacement& next, const ExpertPlaceme
   ExpertPlacement out = next;
   const int N = next.ranks;
   const int64_t S = next.slots_per_rank;
-  if (N != current.ranks || S != current.slots_per_rank || nodes < 1 || N % nodes != 0)
-    return out;
+  if (N != current.ranks || S != current.slots_per_rank || nodes < 1 || N % nodes != 0) return out;
   const int per_node = N / nodes;
   for (size_t l = 0; l < next.layers.size(); ++l) {
     const std::vector<int32_t>* now = current.Layer(next.layers[l]);
