@@ -7,7 +7,8 @@
 # seconds, the longest step while moving).
 # Usage: scripts/bench-eplb.sh [BINARY] [REPEATS]
 #   MPIRUN="$PWD/scripts/netns-cluster.sh mpirun 4" runs the ranks on emulated hosts (after
-#   `scripts/netns-cluster.sh up 4`); the default is four ranks on this host.
+#   `scripts/netns-cluster.sh up 4`); the default is four ranks on this host. ROUNDS=N sends 8·N
+#   prompts (default 16).
 set -euo pipefail
 B=$(realpath "${1:-build/switchyard}")
 REPEATS=${2:-5}
@@ -16,9 +17,10 @@ base=('for (int i = 0; i < n; ++i) { x[i] = y[i] * 2; }' '0123456789 0123456789 
       '{"key": [1, 2, 3], "value": null}' 'SELECT * FROM users WHERE id = 42;'
       'https://example.com/a/b/c?d=e&f=g' '$ ls -la /usr/bin | grep python3'
       '#include <stdio.h> int main() { return 0; }' 'x = np.zeros((3, 4)); y = x.T @ x')
+# ROUNDS rounds of the eight prompts, each round with its own prefix (default 16: 128 prompts).
 prompts=()
-for r in 0 1 2 3 4 5 6 7 8 9 a b c d e f; do
-  for p in "${base[@]}"; do prompts+=(--prompt "$r $p"); done
+for ((r = 0; r < ${ROUNDS:-16}; r++)); do
+  for p in "${base[@]}"; do prompts+=(--prompt "$(printf %x "$r") $p"); done
 done
 # --prefill-gemm own: "auto" times two GEMMs and keeps the faster, so its choice (and the
 # rounding) may differ between launches.
