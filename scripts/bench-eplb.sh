@@ -8,7 +8,8 @@
 # Usage: scripts/bench-eplb.sh [BINARY] [REPEATS]
 #   MPIRUN="$PWD/scripts/netns-cluster.sh mpirun 4" runs the ranks on emulated hosts (after
 #   `scripts/netns-cluster.sh up 4`); the default is four ranks on this host. ROUNDS=N sends 8·N
-#   prompts (default 16).
+#   prompts (default 16); WORKLOAD=heldout sends openings of held-out passages instead (text
+#   like the model's training data).
 set -euo pipefail
 B=$(realpath "${1:-build/switchyard}")
 REPEATS=${2:-5}
@@ -18,10 +19,24 @@ base=('for (int i = 0; i < n; ++i) { x[i] = y[i] * 2; }' '0123456789 0123456789 
       'https://example.com/a/b/c?d=e&f=g' '$ ls -la /usr/bin | grep python3'
       '#include <stdio.h> int main() { return 0; }' 'x = np.zeros((3, 4)); y = x.T @ x')
 # ROUNDS rounds of the eight prompts, each round with its own prefix (default 16: 128 prompts).
+# WORKLOAD=heldout: instead, 8·ROUNDS openings (80 characters) of the held-out passages
+# (configs/bench/heldout-prompts.jsonl), text like the model's training data.
 prompts=()
-for ((r = 0; r < ${ROUNDS:-16}; r++)); do
-  for p in "${base[@]}"; do prompts+=(--prompt "$(printf %x "$r") $p"); done
-done
+if [[ "${WORKLOAD:-skewed}" == heldout ]]; then
+  mapfile -t base < <(python3 - "$(dirname "$0")/../configs/bench/heldout-prompts.jsonl" \
+    "$((8 * ${ROUNDS:-16}))" <<'PY'
+import json, sys
+passages = [json.loads(line)["text"] for line in open(sys.argv[1])]
+for i in range(int(sys.argv[2])):
+    print(passages[i % len(passages)][:80].replace("\n", " ") + " %x" % i)
+PY
+  )
+  for p in "${base[@]}"; do prompts+=(--prompt "$p"); done
+else
+  for ((r = 0; r < ${ROUNDS:-16}; r++)); do
+    for p in "${base[@]}"; do prompts+=(--prompt "$(printf %x "$r") $p"); done
+  done
+fi
 # --prefill-gemm own: "auto" times two GEMMs and keeps the faster, so its choice (and the
 # rounding) may differ between launches.
 MPIRUN=${MPIRUN:-mpirun --oversubscribe -np 4}
