@@ -15,20 +15,8 @@ namespace {
 
 using testing::RunCommand;
 
-std::string Mpirun(int ranks) {
-  // Root in CI containers; one thread per rank so four ranks fit two cores.
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-         "OMPI_MCA_rmaps_base_oversubscribe=1 timeout 300 "
-         "mpirun --oversubscribe -np " +
-         std::to_string(ranks) + " ";
-}
-
-std::vector<float> ReadLogits(const std::string& path) {
-  std::string bytes = testing::ReadFile(path);
-  std::vector<float> values(bytes.size() / 4);
-  std::memcpy(values.data(), bytes.data(), bytes.size());
-  return values;
-}
+using testing::Mpirun;
+using testing::ReadLogits;
 
 struct EpCase {
   int ranks;

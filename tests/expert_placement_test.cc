@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <regex>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,18 +15,8 @@ namespace {
 
 using testing::RunCommand;
 
-std::string Mpirun(int ranks) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-         "OMPI_MCA_rmaps_base_oversubscribe=1 timeout 300 mpirun --oversubscribe -np " +
-         std::to_string(ranks) + " ";
-}
-
-std::vector<float> ReadLogits(const std::string& path) {
-  std::string bytes = testing::ReadFile(path);
-  std::vector<float> values(bytes.size() / 4);
-  std::memcpy(values.data(), bytes.data(), bytes.size());
-  return values;
-}
+using testing::Mpirun;
+using testing::ReadLogits;
 
 // The JSON line `generate --json` prints (stderr went elsewhere).
 nlohmann::json GenerateJson(const std::string& output) {
@@ -286,13 +275,12 @@ TEST(ExpertPlacementRuns, ARankThatDiesWhileExpertsMoveEndsTheJob) {
   auto fixture = testing::LoadFixture("tiny-v3-fp8");
   const std::string dir = testing::TempDirectory("eplb_dies");
   std::string output;
-  const int code = RunCommand(
-      "SWITCHYARD_TEST_EXIT_WHILE_MOVING=2 " +
-          std::regex_replace(Mpirun(4), std::regex("timeout 300"), "timeout 120") +
-          testing::kBinary + " --threads 1 --f32-products logits --model " + fixture.directory +
-          " --tokens '" + fixture.tokens_text + "' --decode-from 4 --wire-dtype f32 --out " + dir +
-          "/dies.bin --num-redundant-experts 4 --eplb-interval 2",
-      &output);
+  const int code = RunCommand("SWITCHYARD_TEST_EXIT_WHILE_MOVING=2 " + Mpirun(4, 120) +
+                                  testing::kBinary + " --threads 1 --f32-products logits --model " +
+                                  fixture.directory + " --tokens '" + fixture.tokens_text +
+                                  "' --decode-from 4 --wire-dtype f32 --out " + dir +
+                                  "/dies.bin --num-redundant-experts 4 --eplb-interval 2",
+                              &output);
   EXPECT_NE(code, 0) << output;
   EXPECT_NE(code, 124) << "timed out: a rank waited for the dead one\n" << output;
   EXPECT_NE(output.find("experts rebalanced"), std::string::npos) << output;

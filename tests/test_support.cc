@@ -124,6 +124,20 @@ int RunCommand(const std::string& command, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+std::string Mpirun(int ranks, int timeout_seconds) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+         "OMPI_MCA_rmaps_base_oversubscribe=1 timeout " +
+         std::to_string(timeout_seconds) + " mpirun --oversubscribe -np " + std::to_string(ranks) +
+         " ";
+}
+
+std::vector<float> ReadLogits(const std::string& path) {
+  std::string bytes = ReadFile(path);
+  std::vector<float> values(bytes.size() / 4);
+  std::memcpy(values.data(), bytes.data(), bytes.size());
+  return values;
+}
+
 std::vector<double> AbsorbedAttentionReference(const std::vector<float>& q_latent,
                                                const std::vector<float>& q_pe,
                                                const std::vector<float>& rows,

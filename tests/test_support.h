@@ -43,6 +43,12 @@ void WriteFile(const std::string& path, const std::string& contents);
 // Runs a shell command; returns its exit status and captures stdout+stderr.
 int RunCommand(const std::string& command, std::string* output);
 
+// The start of a command line that runs `ranks` MPI processes on this host: as root (CI
+// containers), oversubscribed (four ranks on two cores), ended after `timeout_seconds`.
+std::string Mpirun(int ranks, int timeout_seconds = 300);
+// A file of f32 values (logits the CLI wrote with --out).
+std::vector<float> ReadLogits(const std::string& path);
+
 // Absorbed MLA attention computed directly in double, the reference of the flash-decoding
 // kernels: o[t][h][d] = Σ_{j ≤ positions[t]} softmax_j(scale · (q_latent·row_j[:latent] +
 // q_pe·row_j[latent:])) · row_j[d], rows [keys][latent + rope].
