@@ -149,6 +149,11 @@ class Engine : public RequestFrontend {
   void Preempt(Sequence& seq);
   void Finish(Sequence& seq, const std::string& reason, RequestEvent event);
   void RegisterFullPages(Sequence& seq);
+  // Disaggregation: puts a decode request's received rows into its pages (false: no pages);
+  // hands a prefill request's newly computed rows to its sink, and the request on once its
+  // first token is out.
+  bool InstallImported(Sequence& seq);
+  void ExportRows(Sequence& seq);
   // Where seq's own output starts, for its page hashes (PagePool::PageHash); INT64_MAX where
   // every position is computed in one attention form whatever its role (--batch-invariant).
   int64_t GeneratedFrom(const Sequence& seq) const;
