@@ -76,6 +76,7 @@ Engine::Engine(const Model& model, LatentCache& cache, const Tokenizer& tokenize
   metrics_.time_to_first_token = Histogram(LatencyBucketBounds());
   metrics_.inter_token_latency = Histogram(LatencyBucketBounds());
   metrics_.e2e_request_latency = Histogram(LatencyBucketBounds());
+  metrics_.queue_time = Histogram(LatencyBucketBounds());
 }
 
 Engine::~Engine() {
@@ -814,6 +815,7 @@ bool Engine::StepOnce(bool must_step) {
       metrics_.prefix_cache_queries_total += seq.prompt_length;
       metrics_.prefix_cache_hits_total += matched;
       metrics_.prompt_tokens_total += seq.prompt_length;
+      metrics_.queue_time.Observe(NowSeconds() - seq.arrival);
     }
     seq.first_admission = false;
     running_.push_back(std::move(waiting_.front()));
