@@ -59,6 +59,21 @@ TEST(TransferTest, ChunksArriveWholeAndInPlaceEvenBeforeTheAnnouncement) {
   EXPECT_GT(p.receiver->stats().bytes, 50 * kLayers * kRowBytes);
 }
 
+// A large message (UCX's rendezvous protocol) may complete after the small closing one: the
+// transfer is whole only when every row named by the closing message is in.
+TEST(TransferTest, ALargeChunkOvertakenByTheClosingMessageIsWaitedFor) {
+  Pair p;
+  for (int i = 0; i < 3; ++i) {
+    const std::string id = "big-" + std::to_string(i);
+    auto out = p.sender->Open(p.receiver->address(), id, 11);
+    SendAll(*out, 60000, 40000, 77);
+    auto got = p.receiver->Wait(id, 11, kLayers, kRowBytes, 60, nullptr);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    ASSERT_EQ(got->rows->rows, 60000);
+    EXPECT_EQ(got->rows->data, Chunk(0, 60000));
+  }
+}
+
 TEST(TransferTest, AnotherTokenIsRefusedAndTheAnnouncedOneAccepted) {
   Pair p;
   auto stranger = p.sender->Open(p.receiver->address(), "req-2", 7);

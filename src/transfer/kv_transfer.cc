@@ -164,7 +164,11 @@ struct Receiver::Impl {
     int64_t layers = 0, row_bytes = 0;
     std::vector<std::vector<uint8_t>> held;  // arrived before the announcement (unchecked)
     std::map<int64_t, std::vector<uint8_t>> chunks;  // by first row: the message, checked
-    bool done = false;
+    int64_t rows_received = 0;
+    // The closing message came, naming `total` rows; done when they are all here too (a large
+    // message may complete after a later small one).
+    bool closed = false, done = false;
+    int64_t total = 0;
     int32_t first_token = 0;
     std::string error;
     double first_arrival = 0, created = 0;
@@ -335,7 +339,9 @@ struct Receiver::Impl {
     entry.bytes += static_cast<int64_t>(message.size());
     if (h.kind == kDone) {
       entry.first_token = h.first_token;
-      entry.done = true;
+      entry.closed = true;
+      entry.total = h.count;
+      entry.done = entry.rows_received == entry.total;
       return;
     }
     const uint64_t expected = static_cast<uint64_t>(h.count) * h.layers * h.row_bytes;
@@ -349,7 +355,10 @@ struct Receiver::Impl {
           id, h.layers, h.row_bytes, entry.layers, entry.row_bytes);
       return;
     }
+    if (entry.chunks.count(h.first)) return;  // a duplicate
+    entry.rows_received += h.count;
     entry.chunks[h.first] = std::move(message);
+    entry.done = entry.closed && entry.rows_received == entry.total;
   }
 
   // The chunks laid out as the engine takes them; an error if they do not cover [0, n).
@@ -684,12 +693,18 @@ void Outgoing::Rows(int64_t first, int64_t count, int64_t layers, int64_t row_by
     std::lock_guard<std::mutex> lock(mutex_);
     if (started_ == 0) started_ = NowSeconds();
     ++pending_;
+    rows_ = std::max(rows_, first + count);
   }
   sender_.Queue(shared_from_this(), std::move(message));
 }
 
 void Outgoing::Done(int32_t first_token) {
-  std::vector<uint8_t> message = Message(kDone, 0, 0, 0, 0, first_token, {});
+  int64_t rows = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    rows = rows_;
+  }
+  std::vector<uint8_t> message = Message(kDone, 0, rows, 0, 0, first_token, {});
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (started_ == 0) started_ = NowSeconds();

@@ -98,6 +98,7 @@ class Outgoing : public KvSink, public std::enable_shared_from_this<Outgoing> {
   Status failed_;
   double started_ = 0;
   int64_t bytes_ = 0;
+  int64_t rows_ = 0;  // rows given so far (the closing message names them)
 };
 
 class Sender {
