@@ -917,7 +917,8 @@ struct CollectingSink : KvSink {
   int64_t layers = 0, row_bytes = 0, next = 0;
   std::optional<int32_t> first_token;
   bool abandoned = false, in_order = true;
-  void Rows(int64_t first, int64_t count, int64_t l, int64_t rb, std::vector<uint8_t> data) override {
+  void Rows(int64_t first, int64_t count, int64_t l, int64_t rb,
+            std::vector<uint8_t> data) override {
     in_order = in_order && first == next;
     next = first + count;
     layers = l;

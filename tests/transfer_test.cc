@@ -95,8 +95,7 @@ TEST(TransferTest, ACorruptedByteFailsTheTransferByItsChecksum) {
   SendAll(*out, 40, 16, 3);
   auto got = p.receiver->Wait("req-3", 5, kLayers, kRowBytes, 30, nullptr);
   ASSERT_FALSE(got.ok());
-  EXPECT_NE(got.status().message().find("checksum"), std::string::npos)
-      << got.status().message();
+  EXPECT_NE(got.status().message().find("checksum"), std::string::npos) << got.status().message();
   // Sent again, it is accepted.
   auto again = p.sender->Open(p.receiver->address(), "req-3", 6);
   SendAll(*again, 40, 16, 3);
@@ -111,8 +110,7 @@ TEST(TransferTest, RowsOfAnotherShapeAreRefusedNamingIt) {
   SendAll(*out, 4, 4, 0);
   auto got = p.receiver->Wait("req-4", 1, kLayers + 1, kRowBytes, 30, nullptr);
   ASSERT_FALSE(got.ok());
-  EXPECT_NE(got.status().message().find("do not fit"), std::string::npos)
-      << got.status().message();
+  EXPECT_NE(got.status().message().find("do not fit"), std::string::npos) << got.status().message();
 }
 
 TEST(TransferTest, NothingArrivingEndsAtTheTimeoutOrTheCancellation) {

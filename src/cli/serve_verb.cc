@@ -74,13 +74,10 @@ Disaggregation StartDisaggregationOrFail(const ServeArgs& args) {
 }
 
 // The gRPC instance API beside HTTP, when --grpc-port is given; fails the verb if it cannot bind.
-std::unique_ptr<serve::GrpcEngineServer> StartGrpc(const ServeArgs& args, RequestFrontend& frontend,
-                                                   const serve::ServerOptions& options,
-                                                   const EngineConfig& engine_config,
-                                                   int64_t page_size, int64_t vocab_size,
-                                                   Status* status,
-                                                   const Disaggregation* disaggregation = nullptr,
-                                                   const LatentCache* cache = nullptr) {
+std::unique_ptr<serve::GrpcEngineServer> StartGrpc(
+    const ServeArgs& args, RequestFrontend& frontend, const serve::ServerOptions& options,
+    const EngineConfig& engine_config, int64_t page_size, int64_t vocab_size, Status* status,
+    const Disaggregation* disaggregation = nullptr, const LatentCache* cache = nullptr) {
   if (args.grpc_port < 0) return nullptr;
   serve::InstanceInfo info;
   if (disaggregation != nullptr) {
@@ -204,8 +201,8 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
 void RunServe(const ServeArgs& args) {
   CheckSecurityFlagsOrFail(args);
   if (args.role != "both" && args.grpc_port < 0)
-    FailVerb(fmt::format("--role {}: needs --grpc-port (a router sends it its requests)",
-                         args.role));
+    FailVerb(
+        fmt::format("--role {}: needs --grpc-port (a router sends it its requests)", args.role));
   const std::string directory = ResolveModelDirectory(args.model);
   TextCodec codec = LoadTextCodecOrFail(directory);
   ParallelRun run = LoadParallel(directory, args.parallel);
@@ -264,13 +261,12 @@ void RunServe(const ServeArgs& args) {
       "template %s)\n",
       options.limits.model_name.c_str(), Scheme(args), args.host.c_str(), server.port(),
       GrpcNote(grpc.get(), args).c_str(),
-      args.role == "both"        ? ""
+      args.role == "both"       ? ""
       : disaggregation.receiver ? fmt::format(" as a decode instance receiving on ucx://{}",
                                               disaggregation.receiver->address())
                                       .c_str()
                                 : " as a prefill instance",
-      static_cast<int>(::getpid()),
-      static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+      static_cast<int>(::getpid()), static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
   server.Run();

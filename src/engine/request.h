@@ -48,7 +48,7 @@ struct RequestEvent {
   // "stop", "length", "abort", "error"; "transferred": a prefill instance handed the request
   // on (its first token was the event before).
   std::optional<std::string> finish_reason;
-  std::string error;                         // with "error"
+  std::string error;  // with "error"
   // With "stop", what stopped the request (vLLM's stop_reason): the stop string matched, or the
   // stop_token_ids entry sampled; neither for the end-of-sequence token.
   std::optional<std::string> stop_string;

@@ -215,10 +215,10 @@ void Router::Probe(Target& target) {
     const std::string role = health.role().empty() ? "both" : health.role();
     const std::string wanted = target.pool.empty() ? "both" : target.pool;
     if (h.ok() && role != wanted)
-      h = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                       fmt::format("serves --role {}; {} takes --role {}", role,
-                                   target.pool.empty() ? "--engines" : "--" + wanted + "-engines",
-                                   wanted));
+      h = grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          fmt::format("serves --role {}; {} takes --role {}", role,
+                      target.pool.empty() ? "--engines" : "--" + wanted + "-engines", wanted));
     else if (h.ok() && target.pool == "decode" && health.transfer_address().empty())
       h = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "gives no transfer address");
     grpc::Status l = h.ok() ? target.stub->Load(&load_context, {}, &load) : h;
@@ -353,9 +353,8 @@ int64_t Router::CachedTokens(const Target& target, const std::vector<uint64_t>& 
 
 bool Router::AnyUsable(const std::string& pool) const {
   // Caller holds the mutex.
-  return std::any_of(targets_.begin(), targets_.end(), [&](const auto& t) {
-    return t->healthy && !t->draining && t->pool == pool;
-  });
+  return std::any_of(targets_.begin(), targets_.end(),
+                     [&](const auto& t) { return t->healthy && !t->draining && t->pool == pool; });
 }
 
 int Router::Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int avoid,

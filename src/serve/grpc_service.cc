@@ -214,9 +214,9 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
           return {grpc::StatusCode::FAILED_PRECONDITION,
                   "handoff.receive: this instance does not decode for others (serve --role "
                   "decode)"};
-        auto received = info_.receiver->Wait(
-            engine_request.id, handoff.token(), info_.cache_layers, info_.cache_row_bytes,
-            info_.transfer_timeout_seconds, [&] { return context->IsCancelled(); });
+        auto received = info_.receiver->Wait(engine_request.id, handoff.token(), info_.cache_layers,
+                                             info_.cache_row_bytes, info_.transfer_timeout_seconds,
+                                             [&] { return context->IsCancelled(); });
         if (!received.ok()) return {grpc::StatusCode::ABORTED, received.status().message()};
         engine_request.prompt.push_back(received->first_token);
         engine_request.resumed_tokens += 1;

@@ -162,7 +162,7 @@ struct Receiver::Impl {
     bool announced = false;
     uint64_t token = 0;
     int64_t layers = 0, row_bytes = 0;
-    std::vector<std::vector<uint8_t>> held;  // arrived before the announcement (unchecked)
+    std::vector<std::vector<uint8_t>> held;          // arrived before the announcement (unchecked)
     std::map<int64_t, std::vector<uint8_t>> chunks;  // by first row: the message, checked
     int64_t rows_received = 0;
     // The closing message came, naming `total` rows; done when they are all here too (a large
@@ -371,8 +371,7 @@ struct Receiver::Impl {
       Header h;
       std::memcpy(&h, message.data(), sizeof(h));
       if (first != next)
-        return Status::Errorf("request {}: the transfer is missing rows [{}, {})", id, next,
-                              first);
+        return Status::Errorf("request {}: the transfer is missing rows [{}, {})", id, next, first);
       next += h.count;
     }
     rows->rows = next;
@@ -583,10 +582,9 @@ struct Sender::Impl {
         if (request == nullptr) {
           out->owner->Completed(Status::Ok(), static_cast<int64_t>(out->data.size()));
         } else if (UCS_PTR_IS_ERR(request)) {
-          out->owner->Completed(
-              Status::Errorf("sending to {}: {}", out->peer,
-                             ucs_status_string(UCS_PTR_STATUS(request))),
-              0);
+          out->owner->Completed(Status::Errorf("sending to {}: {}", out->peer,
+                                               ucs_status_string(UCS_PTR_STATUS(request))),
+                                0);
         } else {
           out->request = request;
           inflight.push_back(std::move(out));
@@ -600,10 +598,9 @@ struct Sender::Impl {
           continue;
         }
         ucp_request_free(out.request);
-        out.owner->Completed(out.status == UCS_OK
-                                 ? Status::Ok()
-                                 : Status::Errorf("sending to {}: {}", out.peer,
-                                                  ucs_status_string(out.status)),
+        out.owner->Completed(out.status == UCS_OK ? Status::Ok()
+                                                  : Status::Errorf("sending to {}: {}", out.peer,
+                                                                   ucs_status_string(out.status)),
                              static_cast<int64_t>(out.data.size()));
         it = inflight.erase(it);
         moved = true;
@@ -750,9 +747,8 @@ void Outgoing::Completed(const Status& status, int64_t bytes) {
 
 Status Outgoing::Wait(double timeout_seconds) {
   std::unique_lock<std::mutex> lock(mutex_);
-  const bool done = changed_.wait_for(lock, std::chrono::duration<double>(timeout_seconds), [&] {
-    return (closed_ && pending_ == 0) || !failed_.ok();
-  });
+  const bool done = changed_.wait_for(lock, std::chrono::duration<double>(timeout_seconds),
+                                      [&] { return (closed_ && pending_ == 0) || !failed_.ok(); });
   if (!failed_.ok()) return failed_;
   if (!done)
     return Status::Errorf("request {}: the transfer to {} did not complete within {:.0f} s", id_,

@@ -30,10 +30,10 @@ namespace sy::transfer {
 
 // What one side has moved (for /metrics).
 struct TransferStats {
-  int64_t transfers = 0;        // requests whose rows were all sent / received
-  int64_t bytes = 0;            // message bytes
-  double seconds = 0;           // first chunk to last, summed over transfers
-  int64_t refused = 0;          // messages refused (checksum, token) or transfers failed
+  int64_t transfers = 0;  // requests whose rows were all sent / received
+  int64_t bytes = 0;      // message bytes
+  double seconds = 0;     // first chunk to last, summed over transfers
+  int64_t refused = 0;    // messages refused (checksum, token) or transfers failed
 };
 
 // The closing message's content.
