@@ -251,3 +251,38 @@ def test_roles_are_checked():
         assert out.returncode != 0 and "--grpc-port" in out.stderr, out.stderr
     finally:
         stop_all(procs)
+
+
+def test_prefill_on_one_emulated_host_decode_on_another_router_on_a_third():
+    """scripts/netns-cluster.sh: three network namespaces on a bridge; the rows cross real TCP
+    links (UCX_TLS=tcp: the namespaces share one kernel, whose shared memory UCX would use)."""
+    import subprocess
+    netns = os.path.join(REPO, "scripts", "netns-cluster.sh")
+    up = subprocess.run(["bash", netns, "up", "3"], capture_output=True, text=True)
+    if up.returncode != 0:
+        pytest.skip("cannot create network namespaces: " + up.stderr[-300:])
+    procs = []
+    try:
+        def on(host, *args):
+            return Server(None, command=["ip", "netns", "exec", f"sy-host{host}", "env",
+                                         "UCX_TLS=tcp", "UCX_NET_DEVICES=eth0", BINARY, *args])
+
+        for h, role in ((0, "prefill"), (1, "decode")):
+            procs.append(on(h, "--threads", "1", "serve", "--model", TRAINED, "--host",
+                            f"10.77.0.{h + 1}", "--port", "0", "--grpc-port", "50051",
+                            "--role", role, "--served-model-name", "sy-test"))
+        assert "ucx://10.77.0.2:" in "".join(procs[1].log)
+        split = on(2, "route", "--prefill-engines", "10.77.0.1:50051", "--decode-engines",
+                   "10.77.0.2:50051", "--host", "10.77.0.3", "--port", "0",
+                   "--served-model-name", "sy-test", "--probe-interval", "0.1")
+        procs.append(split)
+        colocated, _ = instance("both")
+        procs.append(colocated)
+        args = dict(model="sy-test", max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+        for p in PROMPTS:
+            want = client_for(colocated).completions.create(prompt=p, **args).choices[0].text
+            assert client_for(split).completions.create(prompt=p, **args).choices[0].text == want
+        assert procs[1].metric("kv_transfers_total", side="receive") == len(PROMPTS)
+    finally:
+        stop_all(procs)
+        subprocess.run(["bash", netns, "down", "3"], capture_output=True)
