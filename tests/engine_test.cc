@@ -932,13 +932,10 @@ struct CollectingSink : KvSink {
     rows->rows = next;
     rows->layers = layers;
     rows->row_bytes = row_bytes;
-    const size_t layer_bytes = static_cast<size_t>(next * row_bytes);
-    rows->data.resize(layer_bytes * static_cast<size_t>(layers));
     int64_t first = 0;
     for (const auto& [count, data] : chunks) {
-      for (int64_t l = 0; l < layers; ++l)
-        std::memcpy(rows->data.data() + l * layer_bytes + first * row_bytes,
-                    data.data() + l * count * row_bytes, static_cast<size_t>(count * row_bytes));
+      auto copy = std::make_shared<std::vector<uint8_t>>(data);
+      rows->chunks.push_back({first, count, copy->data(), copy});
       first += count;
     }
     return rows;

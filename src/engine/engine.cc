@@ -177,6 +177,14 @@ Result<std::unique_ptr<Engine::Sequence>> Engine::Prepare(EngineRequest request)
           "the received rows cover {} positions; the request's prompt needs {} (all but the "
           "prefill instance's token)",
           rows.rows, request.prompt.size() - 1);
+    int64_t next = 0;
+    for (const ImportedRows::Chunk& chunk : rows.chunks) {
+      if (chunk.first != next || chunk.count <= 0)
+        return Status::Errorf("the received rows are not in order at position {}", next);
+      next += chunk.count;
+    }
+    if (next != rows.rows)
+      return Status::Errorf("the received chunks hold {} rows, not {}", next, rows.rows);
     if (rows.layers != cache_.layers() || rows.row_bytes != cache_.row_bytes())
       return Status::Errorf(
           "the received rows have {} layers of {} bytes; this instance's cache has {} of {} (the "
@@ -536,11 +544,12 @@ bool Engine::InstallImported(Sequence& seq) {
   const ImportedRows& rows = *seq.request.imported;
   if (seq.computed < rows.rows) {
     if (!EnsurePages(seq, rows.rows)) return false;
-    const int64_t first = seq.computed, count = rows.rows - first;
-    const size_t layer_bytes = static_cast<size_t>(rows.rows * rows.row_bytes);
-    for (int64_t l = 0; l < rows.layers; ++l)
-      cache_.WriteRows(l, seq.cache, first, count,
-                       rows.data.data() + l * layer_bytes + first * rows.row_bytes);
+    for (const ImportedRows::Chunk& chunk : rows.chunks) {
+      const int64_t from = std::max(seq.computed, chunk.first), to = chunk.first + chunk.count;
+      for (int64_t l = 0; from < to && l < rows.layers; ++l)
+        cache_.WriteRows(l, seq.cache, from, to - from,
+                         chunk.rows + (l * chunk.count + from - chunk.first) * rows.row_bytes);
+    }
     // As if computed here: registered in the prefix cache under the hashes the prefill
     // instance gave them (the same roles: prompt_end is the same).
     seq.computed = rows.rows;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace sy {
@@ -23,13 +24,20 @@ class KvSink {
   virtual void Abandon() = 0;
 };
 
-// A decode instance's received rows, layer-major as KvSink::Rows gives them: positions
-// [0, rows) of a request whose prompt (with any resumed output) they were computed for.
+// A decode instance's received rows: positions [0, rows) of a request whose prompt (with any
+// resumed output) they were computed for, in chunks as KvSink::Rows gave them (each layer-major:
+// layer l's rows at l · count · row_bytes), in order, pointing into what `owner` keeps alive
+// (the received messages: no copy between the wire and the cache pages).
 struct ImportedRows {
+  struct Chunk {
+    int64_t first = 0, count = 0;
+    const uint8_t* rows = nullptr;
+    std::shared_ptr<const void> owner;
+  };
   int64_t rows = 0;
   int64_t layers = 0;
   int64_t row_bytes = 0;
-  std::vector<uint8_t> data;
+  std::vector<Chunk> chunks;
 };
 
 }  // namespace sy

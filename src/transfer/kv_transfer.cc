@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,14 +38,83 @@ struct Header {
 };
 static_assert(sizeof(Header) == 64);
 
-uint64_t Checksum(const std::vector<uint8_t>& message) {
-  Header h;
-  std::memcpy(&h, message.data(), sizeof(h));
+// A received message, uninitialized until UCX writes it (no zero fill of tens of MB), shared by
+// the rows handed to the engine, which point into it (no copy either).
+struct Buffer {
+  std::shared_ptr<uint8_t[]> bytes;
+  size_t size = 0;
+  uint8_t* data() const { return bytes.get(); }
+};
+
+// Message buffers come back here when their last user lets go, and are handed out again: a
+// fresh allocation of tens of MB costs a page fault and a zeroed page per 4 KiB, which made the
+// transfer several times slower than the wire. At most kPoolBytes are kept, by exact size (a
+// prefill instance's chunks are mostly of one size).
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  static constexpr size_t kPoolBytes = size_t{1} << 30;
+  Buffer Get(size_t size) {
+    uint8_t* raw = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = free_.find(size);
+      if (it != free_.end()) {
+        raw = it->second;
+        free_.erase(it);
+        kept_ -= size;
+      }
+    }
+    if (raw == nullptr) raw = new uint8_t[size];
+    std::weak_ptr<BufferPool> pool = weak_from_this();
+    return {std::shared_ptr<uint8_t[]>(raw,
+                                       [pool, size](uint8_t* p) {
+                                         if (auto alive = pool.lock()) {
+                                           alive->Put(p, size);
+                                         } else {
+                                           delete[] p;
+                                         }
+                                       }),
+            size};
+  }
+  ~BufferPool() {
+    for (auto& [size, p] : free_)
+      delete[] p;
+  }
+
+ private:
+  void Put(uint8_t* p, size_t size) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (kept_ + size <= kPoolBytes) {
+        free_.emplace(size, p);
+        kept_ += size;
+        return;
+      }
+    }
+    delete[] p;
+  }
+  std::mutex mutex_;
+  std::multimap<size_t, uint8_t*> free_;
+  size_t kept_ = 0;
+};
+
+std::shared_ptr<BufferPool>& Pool() {
+  static auto pool = std::make_shared<BufferPool>();
+  return pool;
+}
+
+Buffer NewBuffer(size_t size) {
+  return Pool()->Get(size);
+}
+
+// XXH3-64 of the header (its checksum field zero), then `parts`: what a message's bytes are.
+uint64_t Checksum(Header h, std::initializer_list<std::pair<const void*, size_t>> parts) {
   h.checksum = 0;
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
   XXH3_64bits_update(state, &h, sizeof(h));
-  XXH3_64bits_update(state, message.data() + sizeof(h), message.size() - sizeof(h));
+  for (const auto& [data, size] : parts)
+    XXH3_64bits_update(state, data, size);
   const uint64_t sum = XXH3_64bits_digest(state);
   XXH3_freeState(state);
   return sum;
@@ -97,6 +167,11 @@ struct Worker {
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return Status::Error(UcsError("reading its configuration", s));
+    // UCX 1.13 leaves shared memory out of endpoints with peer error handling (which a transfer
+    // needs: a dead peer must fail its sends, not hang them) unless this is set; between
+    // processes of one host the rows would then go through TCP on loopback.
+    if (std::getenv("UCX_MM_ERROR_HANDLING") == nullptr && std::getenv("UCX_TLS") == nullptr)
+      (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -153,7 +228,7 @@ void CorruptNextMessagesForTest(int64_t n) {
 
 struct Receiver::Impl {
   struct Inbound {  // a message being received
-    std::vector<uint8_t> data;
+    Buffer data;
     void* request = nullptr;
     bool done = false;
     ucs_status_t status = UCS_OK;
@@ -162,8 +237,8 @@ struct Receiver::Impl {
     bool announced = false;
     uint64_t token = 0;
     int64_t layers = 0, row_bytes = 0;
-    std::vector<std::vector<uint8_t>> held;          // arrived before the announcement (unchecked)
-    std::map<int64_t, std::vector<uint8_t>> chunks;  // by first row: the message, checked
+    std::vector<Buffer> held;          // arrived before the announcement (unchecked)
+    std::map<int64_t, Buffer> chunks;  // by first row: the message, checked
     int64_t rows_received = 0;
     // The closing message came, naming `total` rows; done when they are all here too (a large
     // message may complete after a later small one).
@@ -206,7 +281,7 @@ struct Receiver::Impl {
       if (message != nullptr) {
         moved = true;
         auto in = std::make_unique<Inbound>();
-        in->data.resize(info.length);
+        in->data = NewBuffer(info.length);
         ucp_request_param_t param{};
         param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
         param.cb.recv = [](void*, ucs_status_t status, const ucp_tag_recv_info_t*, void* user) {
@@ -248,6 +323,16 @@ struct Receiver::Impl {
       }
       if (!moved) w.Sleep(inbound.empty() ? 50 : 1);
     }
+    // Receives still in flight end here, before their Inbound goes (their callbacks write it).
+    for (auto& in : inbound)
+      ucp_request_cancel(w.worker, in->request);
+    for (int i = 0; i < 10000 && std::any_of(inbound.begin(), inbound.end(),
+                                              [](const auto& in) { return !in->done; });
+         ++i)
+      w.Progress();
+    for (auto& in : inbound)
+      if (in->done) ucp_request_free(in->request);
+    inbound.clear();
     for (auto& e : endpoints)
       CloseEndpoint(w, e->ep);
     endpoints.clear();
@@ -274,13 +359,13 @@ struct Receiver::Impl {
   }
 
   // A whole message arrived (on the worker's thread).
-  void Handle(std::vector<uint8_t> message) {
+  void Handle(Buffer message) {
     const double now = NowSeconds();
     Header h;
     std::string id;
-    if (message.size() >= sizeof(Header)) {
+    if (message.size >= sizeof(Header)) {
       std::memcpy(&h, message.data(), sizeof(h));
-      if (h.magic == kMagic && sizeof(Header) + h.id_length <= message.size())
+      if (h.magic == kMagic && sizeof(Header) + h.id_length <= message.size)
         id.assign(reinterpret_cast<const char*>(message.data()) + sizeof(Header), h.id_length);
     }
     std::lock_guard<std::mutex> lock(mutex);
@@ -293,7 +378,7 @@ struct Receiver::Impl {
     for (auto it = entries.begin(); it != entries.end();) {
       if (!it->second.announced && now - it->second.created > kHoldSeconds) {
         for (const auto& m : it->second.held)
-          held_bytes -= static_cast<int64_t>(m.size());
+          held_bytes -= static_cast<int64_t>(m.size);
         it = entries.erase(it);
       } else {
         ++it;
@@ -304,11 +389,11 @@ struct Receiver::Impl {
     if (created) entry.created = now;
     if (entry.first_arrival == 0) entry.first_arrival = now;
     if (!entry.announced) {
-      if (held_bytes + static_cast<int64_t>(message.size()) > kHoldBytes) {
+      if (held_bytes + static_cast<int64_t>(message.size) > kHoldBytes) {
         ++stats.refused;
         return;
       }
-      held_bytes += static_cast<int64_t>(message.size());
+      held_bytes += static_cast<int64_t>(message.size);
       entry.held.push_back(std::move(message));
       return;
     }
@@ -317,11 +402,11 @@ struct Receiver::Impl {
   }
 
   // Checks a message against its announced request (caller holds the mutex).
-  void Accept(const std::string& id, Entry& entry, std::vector<uint8_t> message) {
+  void Accept(const std::string& id, Entry& entry, Buffer message) {
     if (entry.done || !entry.error.empty()) return;
     Header h;
     std::memcpy(&h, message.data(), sizeof(h));
-    if (Checksum(message) != h.checksum) {
+    if (Checksum(h, {{message.data() + sizeof(h), message.size - sizeof(h)}}) != h.checksum) {
       ++stats.refused;
       entry.error = fmt::format(
           "a transfer message of request {} (rows from {}) failed its checksum: refused", id,
@@ -336,7 +421,7 @@ struct Receiver::Impl {
                    id.c_str());
       return;
     }
-    entry.bytes += static_cast<int64_t>(message.size());
+    entry.bytes += static_cast<int64_t>(message.size);
     if (h.kind == kDone) {
       entry.first_token = h.first_token;
       entry.closed = true;
@@ -347,7 +432,7 @@ struct Receiver::Impl {
     const uint64_t expected = static_cast<uint64_t>(h.count) * h.layers * h.row_bytes;
     if (h.kind != kRows || h.layers != entry.layers || h.row_bytes != entry.row_bytes ||
         h.first < 0 || h.count <= 0 || h.payload_bytes != expected ||
-        sizeof(Header) + h.id_length + expected != message.size()) {
+        sizeof(Header) + h.id_length + expected != message.size) {
       entry.error = fmt::format(
           "request {}: the rows sent ({} layers of {} bytes) do not fit this instance's cache ({} "
           "layers of {} bytes): prefill and decode must serve the same model, cache dtype and MTP "
@@ -361,7 +446,8 @@ struct Receiver::Impl {
     entry.done = entry.closed && entry.rows_received == entry.total;
   }
 
-  // The chunks laid out as the engine takes them; an error if they do not cover [0, n).
+  // The chunks as the engine takes them, pointing into the messages; an error if they do not
+  // cover [0, n).
   Result<std::shared_ptr<ImportedRows>> Assemble(const std::string& id, Entry& entry) {
     auto rows = std::make_shared<ImportedRows>();
     rows->layers = entry.layers;
@@ -371,21 +457,13 @@ struct Receiver::Impl {
       Header h;
       std::memcpy(&h, message.data(), sizeof(h));
       if (first != next)
-        return Status::Errorf("request {}: the transfer is missing rows [{}, {})", id, next, first);
+        return Status::Errorf("request {}: the transfer is missing rows [{}, {})", id, next,
+                              first);
+      rows->chunks.push_back(
+          {first, h.count, message.data() + sizeof(Header) + h.id_length, message.bytes});
       next += h.count;
     }
     rows->rows = next;
-    const size_t layer_bytes = static_cast<size_t>(next * entry.row_bytes);
-    rows->data.resize(layer_bytes * static_cast<size_t>(entry.layers));
-    for (const auto& [first, message] : entry.chunks) {
-      Header h;
-      std::memcpy(&h, message.data(), sizeof(h));
-      const uint8_t* payload = message.data() + sizeof(Header) + h.id_length;
-      const size_t chunk_bytes = static_cast<size_t>(h.count * h.row_bytes);
-      for (int64_t l = 0; l < entry.layers; ++l)
-        std::memcpy(rows->data.data() + l * layer_bytes + first * entry.row_bytes,
-                    payload + l * chunk_bytes, chunk_bytes);
-    }
     return rows;
   }
 };
@@ -447,7 +525,7 @@ Result<Received> Receiver::Wait(const std::string& id, uint64_t token, int64_t l
   entry.layers = layers;
   entry.row_bytes = row_bytes;
   for (auto& message : entry.held) {
-    impl.held_bytes -= static_cast<int64_t>(message.size());
+    impl.held_bytes -= static_cast<int64_t>(message.size);
     impl.Accept(id, entry, std::move(message));
   }
   entry.held.clear();
@@ -496,7 +574,29 @@ TransferStats Receiver::stats() const {
 struct Sender::Impl {
   struct Outbound {
     std::shared_ptr<Outgoing> owner;
-    std::vector<uint8_t> data;
+    // Header, request id and rows in one buffer: UCX 1.13 crashes replaying an iov send queued
+    // before its endpoint's wireup completed, so the rows are copied once, into memory that is
+    // not zero-filled first.
+    // Made on the sender's thread (checksum, copy), not the engine's.
+    std::vector<uint8_t> head, payload;
+    Buffer message;
+    size_t size() const { return message.size; }
+    void Build() {
+      Header h;
+      std::memcpy(&h, head.data(), sizeof(h));
+      h.checksum = Checksum(h, {{head.data() + sizeof(h), head.size() - sizeof(h)},
+                                {payload.data(), payload.size()}});
+      std::memcpy(head.data(), &h, sizeof(h));
+      message = NewBuffer(head.size() + payload.size());
+      std::memcpy(message.data(), head.data(), head.size());
+      if (!payload.empty()) {
+        std::memcpy(message.data() + head.size(), payload.data(), payload.size());
+        if (CorruptionsLeft().load() > 0 && CorruptionsLeft().fetch_sub(1) > 0)
+          message.data()[message.size - 1] ^= 0x40;  // the test hook: after the checksum
+      }
+      head.clear();
+      payload = {};
+    }
     std::string peer;
     void* request = nullptr;
     bool done = false;
@@ -564,6 +664,7 @@ struct Sender::Impl {
       }
       bool moved = !taken.empty();
       for (auto& out : taken) {
+        out->Build();
         auto endpoint = Connect(out->peer);
         if (!endpoint.ok()) {
           out->owner->Completed(endpoint.status(), 0);
@@ -577,10 +678,10 @@ struct Sender::Impl {
           out->status = status;
         };
         param.user_data = out.get();
-        ucs_status_ptr_t request = ucp_tag_send_nbx(endpoint.value()->ep, out->data.data(),
-                                                    out->data.size(), kTag, &param);
+        ucs_status_ptr_t request = ucp_tag_send_nbx(endpoint.value()->ep, out->message.data(),
+                                                    out->message.size, kTag, &param);
         if (request == nullptr) {
-          out->owner->Completed(Status::Ok(), static_cast<int64_t>(out->data.size()));
+          out->owner->Completed(Status::Ok(), static_cast<int64_t>(out->size()));
         } else if (UCS_PTR_IS_ERR(request)) {
           out->owner->Completed(Status::Errorf("sending to {}: {}", out->peer,
                                                ucs_status_string(UCS_PTR_STATUS(request))),
@@ -601,7 +702,7 @@ struct Sender::Impl {
         out.owner->Completed(out.status == UCS_OK ? Status::Ok()
                                                   : Status::Errorf("sending to {}: {}", out.peer,
                                                                    ucs_status_string(out.status)),
-                             static_cast<int64_t>(out.data.size()));
+                             static_cast<int64_t>(out.size()));
         it = inflight.erase(it);
         moved = true;
       }
@@ -638,11 +739,13 @@ std::shared_ptr<Outgoing> Sender::Open(const std::string& peer, const std::strin
   return std::shared_ptr<Outgoing>(new Outgoing(*this, peer, id, token));
 }
 
-void Sender::Queue(std::shared_ptr<Outgoing> owner, std::vector<uint8_t> message) {
+void Sender::Queue(std::shared_ptr<Outgoing> owner, std::vector<uint8_t> head,
+                   std::vector<uint8_t> payload) {
   auto out = std::make_unique<Impl::Outbound>();
   out->peer = owner->peer_;
   out->owner = std::move(owner);
-  out->data = std::move(message);
+  out->head = std::move(head);
+  out->payload = std::move(payload);
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     impl_->queue.push_back(std::move(out));
@@ -658,9 +761,9 @@ TransferStats Sender::stats() const {
 // ---------------------------------------------------------------------------------------------
 // Outgoing
 
-std::vector<uint8_t> Outgoing::Message(int kind, int64_t first, int64_t count, int64_t layers,
-                                       int64_t row_bytes, int32_t first_token,
-                                       const std::vector<uint8_t>& payload) const {
+std::vector<uint8_t> Outgoing::Head(int kind, int64_t first, int64_t count, int64_t layers,
+                                    int64_t row_bytes, int32_t first_token,
+                                    const std::vector<uint8_t>& payload) const {
   Header h;
   h.kind = static_cast<uint32_t>(kind);
   h.token = token_;
@@ -670,29 +773,23 @@ std::vector<uint8_t> Outgoing::Message(int kind, int64_t first, int64_t count, i
   h.row_bytes = static_cast<int32_t>(row_bytes);
   h.first_token = first_token;
   h.id_length = static_cast<uint32_t>(id_.size());
-  h.payload_bytes = payload.size();
-  std::vector<uint8_t> message(sizeof(Header) + id_.size() + payload.size());
-  std::memcpy(message.data(), &h, sizeof(h));
-  std::memcpy(message.data() + sizeof(h), id_.data(), id_.size());
-  if (!payload.empty())
-    std::memcpy(message.data() + sizeof(h) + id_.size(), payload.data(), payload.size());
-  h.checksum = Checksum(message);
-  std::memcpy(message.data(), &h, sizeof(h));
-  return message;
+  h.payload_bytes = payload.size();  // the checksum is made on the sender's thread
+  std::vector<uint8_t> head(sizeof(Header) + id_.size());
+  std::memcpy(head.data(), &h, sizeof(h));
+  std::memcpy(head.data() + sizeof(h), id_.data(), id_.size());
+  return head;
 }
 
 void Outgoing::Rows(int64_t first, int64_t count, int64_t layers, int64_t row_bytes,
                     std::vector<uint8_t> data) {
-  std::vector<uint8_t> message = Message(kRows, first, count, layers, row_bytes, 0, data);
-  if (CorruptionsLeft().load() > 0 && CorruptionsLeft().fetch_sub(1) > 0)
-    message.back() ^= 0x40;  // the test hook: after the checksum
+  std::vector<uint8_t> head = Head(kRows, first, count, layers, row_bytes, 0, data);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (started_ == 0) started_ = NowSeconds();
     ++pending_;
     rows_ = std::max(rows_, first + count);
   }
-  sender_.Queue(shared_from_this(), std::move(message));
+  sender_.Queue(shared_from_this(), std::move(head), std::move(data));
 }
 
 void Outgoing::Done(int32_t first_token) {
@@ -701,14 +798,14 @@ void Outgoing::Done(int32_t first_token) {
     std::lock_guard<std::mutex> lock(mutex_);
     rows = rows_;
   }
-  std::vector<uint8_t> message = Message(kDone, 0, rows, 0, 0, first_token, {});
+  std::vector<uint8_t> head = Head(kDone, 0, rows, 0, 0, first_token, {});
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (started_ == 0) started_ = NowSeconds();
     ++pending_;
     closed_ = true;
   }
-  sender_.Queue(shared_from_this(), std::move(message));
+  sender_.Queue(shared_from_this(), std::move(head), {});
 }
 
 void Outgoing::Abandon() {

@@ -84,9 +84,10 @@ class Outgoing : public KvSink, public std::enable_shared_from_this<Outgoing> {
   Outgoing(Sender& sender, std::string peer, std::string id, uint64_t token)
       : sender_(sender), peer_(std::move(peer)), id_(std::move(id)), token_(token) {}
   void Completed(const Status& status, int64_t bytes);
-  std::vector<uint8_t> Message(int kind, int64_t first, int64_t count, int64_t layers,
-                               int64_t row_bytes, int32_t first_token,
-                               const std::vector<uint8_t>& payload) const;
+  // A message's header (its checksum still zero) and request id.
+  std::vector<uint8_t> Head(int kind, int64_t first, int64_t count, int64_t layers,
+                            int64_t row_bytes, int32_t first_token,
+                            const std::vector<uint8_t>& payload) const;
 
   Sender& sender_;
   std::string peer_, id_;
@@ -113,7 +114,8 @@ class Sender {
   friend class Outgoing;
   struct Impl;
   explicit Sender(std::unique_ptr<Impl> impl);
-  void Queue(std::shared_ptr<Outgoing> owner, std::vector<uint8_t> message);
+  void Queue(std::shared_ptr<Outgoing> owner, std::vector<uint8_t> head,
+             std::vector<uint8_t> payload);
   std::unique_ptr<Impl> impl_;
 };
 
