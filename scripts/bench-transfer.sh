@@ -3,7 +3,7 @@
 # transfer` moving a 4,096-token prompt of DeepSeek-V3 rows (61 × 1,152 bytes = 70,272 bytes per
 # token, 288 MB) in 512-token chunks from one process to another, against a plain TCP stream of
 # the same bytes (Python's socket.sendall) measured in the same run:
-#   1. one host: UCX's choice (shared memory + TCP), and UCX over TCP alone (UCX_TLS=tcp);
+#   1. one host (UCX picks TCP on loopback: see docs/architecture.md on shared memory);
 #   2. two emulated hosts (scripts/netns-cluster.sh, links shaped to RATE): UCX over TCP.
 # Usage: scripts/bench-transfer.sh [RATE (10gbit)] [TRANSFERS (5)]
 set -euo pipefail
@@ -55,8 +55,7 @@ echo "== transfer of 4,096 tokens x 70,272 bytes in 512-token chunks, median of 
 printf "%-44s %14s %14s %8s\n" path "UCX Gbit/s" "TCP Gbit/s" ratio
 one() { printf "%-44s %14s %14s %8s\n" "$1" "$2" "$3" "$(python3 -c "print(f'{$2 / $3:.2f}')")"; }
 base="$(tcp "" "" 127.0.0.1)"
-one "one host, UCX's choice (shm + tcp)" "$(ucx "" "" 127.0.0.1)" "$base"
-one "one host, UCX_TLS=tcp" "$(UCX_TLS=tcp ucx "" "" 127.0.0.1)" "$base"
+one "one host (loopback)" "$(ucx "" "" 127.0.0.1)" "$base"
 netns="$root/scripts/netns-cluster.sh"
 if bash "$netns" up 2 "$rate" > /dev/null 2>&1; then
   trap 'bash "$netns" down 2' EXIT

@@ -105,7 +105,9 @@ def test_disaggregated_output_equals_colocated(mode):
             assert g == w, f"{w[0]}: disaggregated {g[1:]!r} vs colocated {w[1:]!r}"
         # Every request went through a transfer, counted on both sides and by the router.
         sent = prefill.metric("kv_transfers_total", side="send")
-        assert sent == decode.metric("kv_transfers_total", side="receive") == len(want)
+        received = decode.metric("kv_transfers_total", side="receive")
+        assert sent == received == len(want), (sent, received, "".join(split.log),
+                                               "".join(decode.log), "".join(prefill.log))
         assert decode.metric("kv_transfer_bytes_total", side="receive") > 0
         assert decode.metric("kv_transfers_refused_total", side="receive") == 0
         m = split.metrics()
