@@ -26,7 +26,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 start() {
   local log="$out/$1.log"; shift
   "$@" > "$log" 2>&1 & pids+=($!)
-  for _ in $(seq 600); do grep -q "serving" "$log" 2>/dev/null && break; sleep 0.1; done
+  for _ in $(seq 600); do grep -q "serving .* on http://" "$log" 2>/dev/null && break; sleep 0.1; done
   url="$(grep -o 'http://[^ ]*' "$log" | head -1)"
   [ -n "$url" ] || { echo "did not start: $*"; cat "$log"; exit 1; }
 }
