@@ -18,8 +18,8 @@ Status RunTransferReceiver(const TransferBenchOptions& o) {
   std::printf("listening on %s\n", receiver.value()->address().c_str());
   std::fflush(stdout);
   for (int64_t k = 0; k < o.transfers; ++k) {
-    auto got = receiver.value()->Wait(fmt::format("t{}", k), static_cast<uint64_t>(k + 1),
-                                      o.layers, o.row_bytes, 600, nullptr);
+    auto got = receiver.value()->Wait(fmt::format("t{}", k), static_cast<uint64_t>(k + 1), o.layers,
+                                      o.row_bytes, 600, nullptr);
     if (!got.ok()) return got.status();
     if (got->rows->rows != o.tokens)
       return Status::Errorf("transfer {}: {} rows arrived, {} sent", k, got->rows->rows, o.tokens);

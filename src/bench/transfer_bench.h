@@ -13,8 +13,8 @@
 namespace sy::bench {
 
 struct TransferBenchOptions {
-  std::string listen;  // host:port to receive on
-  std::string to;      // host:port to send to
+  std::string listen;     // host:port to receive on
+  std::string to;         // host:port to send to
   int64_t tokens = 4096;  // rows per transfer
   int64_t chunk = 512;    // rows per message
   int64_t layers = 61;

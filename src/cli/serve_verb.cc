@@ -46,7 +46,7 @@ struct ServeArgs {
   std::string role = "both";
   std::string transfer_host;  // default: --grpc-host, else --host
   int transfer_port = 0;
-  double transfer_timeout = 60;
+  double transfer_timeout = 600;
 };
 
 // The transfer side of --role: a prefill instance sends rows, a decode instance receives them.
@@ -330,7 +330,9 @@ void AddServeVerb(CLI::App& app) {
                    "through Health)")
       ->check(CLI::Range(0, 65535));
   verb->add_option("--transfer-timeout", args->transfer_timeout,
-                   "Seconds a transfer may take before the request is redone")
+                   "Seconds a decode instance waits for a request's rows, and a prefill instance "
+                   "for their sending, before the attempt is redone (a safety net: the router "
+                   "cancels a decode call whose prefill call ended; default 600)")
       ->check(CLI::Range(0.1, 1e6));
   AddSpeculativeOptions(verb, args->speculative);
   AddParallelOptions(verb, args->parallel);

@@ -36,7 +36,7 @@ struct InstanceInfo {
   transfer::Sender* sender = nullptr;
   transfer::Receiver* receiver = nullptr;
   int64_t cache_layers = 0, cache_row_bytes = 0;
-  double transfer_timeout_seconds = 60;
+  double transfer_timeout_seconds = 600;
 };
 
 // Conversions, both ways (the service and its clients).

@@ -11,32 +11,15 @@
 #include <cstring>
 
 #include <ucp/api/ucp.h>
-#include <xxhash.h>
 
 #include "base/clock.h"
+#include "transfer/wire.h"
 
 namespace sy::transfer {
 
 namespace {
 
 constexpr ucp_tag_t kTag = 0x5359'4b56'0000'0001ull;  // "SYKV", version 1
-constexpr uint32_t kMagic = 0x53594b56;
-enum Kind : uint32_t { kRows = 1, kDone = 2 };
-
-// Every message: this header, the request id, then (kRows) the rows. Little-endian hosts only
-// (x86-64, AArch64), as the cache rows themselves are.
-struct Header {
-  uint32_t magic = kMagic;
-  uint32_t kind = 0;
-  uint64_t token = 0;
-  uint64_t checksum = 0;  // XXH3-64 of the whole message with this field zero
-  int64_t first = 0, count = 0;
-  int32_t layers = 0, row_bytes = 0;
-  int32_t first_token = 0;
-  uint32_t id_length = 0;
-  uint64_t payload_bytes = 0;
-};
-static_assert(sizeof(Header) == 64);
 
 // A received message, uninitialized until UCX writes it (no zero fill of tens of MB), shared by
 // the rows handed to the engine, which point into it (no copy either).
@@ -105,19 +88,6 @@ std::shared_ptr<BufferPool>& Pool() {
 
 Buffer NewBuffer(size_t size) {
   return Pool()->Get(size);
-}
-
-// XXH3-64 of the header (its checksum field zero), then `parts`: what a message's bytes are.
-uint64_t Checksum(Header h, std::initializer_list<std::pair<const void*, size_t>> parts) {
-  h.checksum = 0;
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  XXH3_64bits_update(state, &h, sizeof(h));
-  for (const auto& [data, size] : parts)
-    XXH3_64bits_update(state, data, size);
-  const uint64_t sum = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return sum;
 }
 
 // The test hook: SWITCHYARD_TEST_CORRUPT_TRANSFERS=N flips one payload byte of the first N rows
@@ -327,7 +297,7 @@ struct Receiver::Impl {
     for (auto& in : inbound)
       ucp_request_cancel(w.worker, in->request);
     for (int i = 0; i < 10000 && std::any_of(inbound.begin(), inbound.end(),
-                                              [](const auto& in) { return !in->done; });
+                                             [](const auto& in) { return !in->done; });
          ++i)
       w.Progress();
     for (auto& in : inbound)
@@ -361,19 +331,15 @@ struct Receiver::Impl {
   // A whole message arrived (on the worker's thread).
   void Handle(Buffer message) {
     const double now = NowSeconds();
-    Header h;
-    std::string id;
-    if (message.size >= sizeof(Header)) {
-      std::memcpy(&h, message.data(), sizeof(h));
-      if (h.magic == kMagic && sizeof(Header) + h.id_length <= message.size)
-        id.assign(reinterpret_cast<const char*>(message.data()) + sizeof(Header), h.id_length);
-    }
+    auto parsed = ParseMessage(message.data(), message.size, /*verify=*/false);
     std::lock_guard<std::mutex> lock(mutex);
-    if (id.empty()) {
+    if (!parsed.ok()) {
       ++stats.refused;
-      std::fprintf(stderr, "switchyard transfer: refused a message that is not a transfer\n");
+      std::fprintf(stderr, "switchyard transfer: refused a message: %s\n",
+                   parsed.status().message().c_str());
       return;
     }
+    const std::string id(parsed->id);
     // Forget what nobody announced in time.
     for (auto it = entries.begin(); it != entries.end();) {
       if (!it->second.announced && now - it->second.created > kHoldSeconds) {
@@ -404,9 +370,10 @@ struct Receiver::Impl {
   // Checks a message against its announced request (caller holds the mutex).
   void Accept(const std::string& id, Entry& entry, Buffer message) {
     if (entry.done || !entry.error.empty()) return;
-    Header h;
-    std::memcpy(&h, message.data(), sizeof(h));
-    if (Checksum(h, {{message.data() + sizeof(h), message.size - sizeof(h)}}) != h.checksum) {
+    // Well formed (checked at arrival); now its checksum.
+    auto parsed = ParseMessage(message.data(), message.size, /*verify=*/true);
+    const Header& h = parsed->header;
+    if (!parsed->checksum_ok) {
       ++stats.refused;
       entry.error = fmt::format(
           "a transfer message of request {} (rows from {}) failed its checksum: refused", id,
@@ -429,10 +396,7 @@ struct Receiver::Impl {
       entry.done = entry.rows_received == entry.total;
       return;
     }
-    const uint64_t expected = static_cast<uint64_t>(h.count) * h.layers * h.row_bytes;
-    if (h.kind != kRows || h.layers != entry.layers || h.row_bytes != entry.row_bytes ||
-        h.first < 0 || h.count <= 0 || h.payload_bytes != expected ||
-        sizeof(Header) + h.id_length + expected != message.size) {
+    if (h.layers != entry.layers || h.row_bytes != entry.row_bytes) {
       entry.error = fmt::format(
           "request {}: the rows sent ({} layers of {} bytes) do not fit this instance's cache ({} "
           "layers of {} bytes): prefill and decode must serve the same model, cache dtype and MTP "
@@ -457,8 +421,7 @@ struct Receiver::Impl {
       Header h;
       std::memcpy(&h, message.data(), sizeof(h));
       if (first != next)
-        return Status::Errorf("request {}: the transfer is missing rows [{}, {})", id, next,
-                              first);
+        return Status::Errorf("request {}: the transfer is missing rows [{}, {})", id, next, first);
       rows->chunks.push_back(
           {first, h.count, message.data() + sizeof(Header) + h.id_length, message.bytes});
       next += h.count;
