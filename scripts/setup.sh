@@ -12,6 +12,7 @@ packages=(
   openmpi-bin libopenmpi-dev iproute2
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler   # the instance API
   libssl-dev openssl                # HTTPS and mutual TLS; the TLS tests make certificates
+  libucx-dev                        # UCX: prefill/decode disaggregation's transfer of latent rows
   libdnnl-dev                       # oneDNN: the reference matmul beside ours in bench kernels
   json-schema-test-suite            # the grammar engine's tests: the official JSON Schema suite
   python3 python3-venv prometheus   # the server tests: a venv for the openai client; Prometheus

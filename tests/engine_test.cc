@@ -906,3 +906,169 @@ INSTANTIATE_TEST_SUITE_P(DraftTokens, MtpEngineTest, ::testing::Values(1, 3));
 
 }  // namespace
 }  // namespace sy
+
+namespace sy {
+namespace {
+
+// Disaggregation in the engine: a sink that keeps what a prefill instance hands over, laid out as
+// a decode instance receives it.
+struct CollectingSink : KvSink {
+  std::vector<std::pair<int64_t, std::vector<uint8_t>>> chunks;
+  int64_t layers = 0, row_bytes = 0, next = 0;
+  std::optional<int32_t> first_token;
+  bool abandoned = false, in_order = true;
+  void Rows(int64_t first, int64_t count, int64_t l, int64_t rb,
+            std::vector<uint8_t> data) override {
+    in_order = in_order && first == next;
+    next = first + count;
+    layers = l;
+    row_bytes = rb;
+    chunks.push_back({count, std::move(data)});
+  }
+  void Done(int32_t token) override { first_token = token; }
+  void Abandon() override { abandoned = true; }
+  std::shared_ptr<ImportedRows> Imported() const {
+    auto rows = std::make_shared<ImportedRows>();
+    rows->rows = next;
+    rows->layers = layers;
+    rows->row_bytes = row_bytes;
+    int64_t first = 0;
+    for (const auto& [count, data] : chunks) {
+      auto copy = std::make_shared<std::vector<uint8_t>>(data);
+      rows->chunks.push_back({first, count, copy->data(), copy});
+      first += count;
+    }
+    return rows;
+  }
+};
+
+// Prefill on one engine (in chunks), decode on another from the rows it handed over: the same
+// tokens and log-probability bits as the request alone, and the decode engine's prefix cache
+// holds the prompt's pages under the hashes a colocated run gives them.
+void ExpectDisaggregatedOneAnswer(int64_t length, int64_t resumed) {
+  SCOPED_TRACE("a prompt of " + std::to_string(length) + " tokens, " + std::to_string(resumed) +
+               " resumed");
+  const std::vector<int32_t> prompt = Prompt(length, 41);
+  const int64_t kTokens = 12;
+  const Collected alone = ServedAlone(prompt, kTokens);
+  ASSERT_EQ(static_cast<int64_t>(alone.tokens.size()), kTokens);
+  const std::vector<float> alone_logprobs = Logprobs(alone);
+  std::vector<int32_t> attempt = prompt;  // a failover's attempt carries the output so far
+  attempt.insert(attempt.end(), alone.tokens.begin(), alone.tokens.begin() + resumed);
+  auto sink = std::make_shared<CollectingSink>();
+  Collected first;
+  {
+    EngineConfig config;
+    config.max_num_batched_tokens = 48;
+    ServingRun prefill(4096, config);
+    EngineRequest request{"x", attempt, GreedyWithLogprobs(kTokens)};
+    request.resumed_tokens = resumed;
+    request.kv_sink = sink;
+    SubmitError error;
+    auto stream = prefill.engine.Submit(std::move(request), &error);
+    ASSERT_TRUE(stream.ok()) << stream.status().message();
+    prefill.RunToIdle();
+    first = Collect(*stream.value());
+    EXPECT_EQ(prefill.engine.Metrics().used_pages, 0);
+  }
+  EXPECT_EQ(first.finish, "transferred");
+  ASSERT_EQ(first.tokens.size(), 1u);
+  EXPECT_EQ(first.tokens[0], alone.tokens[resumed]);
+  ASSERT_TRUE(sink->first_token.has_value());
+  EXPECT_EQ(*sink->first_token, first.tokens[0]);
+  EXPECT_TRUE(sink->in_order);
+  EXPECT_GT(sink->chunks.size(), 1u) << "rows are sent chunk by chunk";
+  EXPECT_EQ(sink->next, static_cast<int64_t>(attempt.size()));
+  EXPECT_FALSE(sink->abandoned);
+
+  ServingRun decode(4096, EngineConfig{});
+  EngineRequest request{"x", attempt, GreedyWithLogprobs(kTokens)};
+  request.prompt.push_back(first.tokens[0]);
+  request.resumed_tokens = resumed + 1;
+  request.imported = sink->Imported();
+  SubmitError error;
+  auto stream = decode.engine.Submit(std::move(request), &error);
+  ASSERT_TRUE(stream.ok()) << stream.status().message();
+  decode.RunToIdle();
+  const Collected rest = Collect(*stream.value());
+  EXPECT_EQ(rest.finish, "length");
+  std::vector<int32_t> tokens = first.tokens;
+  tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
+  EXPECT_EQ(tokens, std::vector<int32_t>(alone.tokens.begin() + resumed, alone.tokens.end()));
+  std::vector<float> got = Logprobs(first), more = Logprobs(rest);
+  got.insert(got.end(), more.begin(), more.end());
+  const std::vector<float> want(alone_logprobs.begin() + resumed * 3, alone_logprobs.end());
+  EXPECT_TRUE(got.size() == want.size() &&
+              std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0)
+      << "disaggregated: log-probabilities are not the same bits";
+  // The prompt again on the decode engine: its full pages come from the received rows.
+  auto again = decode.Submit("again", prompt, GreedyWithLogprobs(kTokens));
+  decode.RunToIdle();
+  const Collected c = Collect(*again);
+  EXPECT_EQ(c.cached_tokens, (length - 1) / 16 * 16);
+  EXPECT_EQ(c.tokens, alone.tokens);
+}
+
+TEST(EngineTest, DisaggregatedRequestGivesTheColocatedBits) {
+  DefaultServing serving;
+  ExpectDisaggregatedOneAnswer(100, 0);
+  ExpectDisaggregatedOneAnswer(400, 0);  // prompt rows past kAbsorbedPromptKeys too
+  ExpectDisaggregatedOneAnswer(100, 3);  // a resumed attempt (after a decode instance failed)
+}
+
+// With MTP the MTP layer's rows travel too; greedy output is the model's own.
+TEST(EngineTest, DisaggregatedRequestWithMtpKeepsGreedyOutput) {
+  EngineConfig config;
+  config.num_speculative_tokens = 2;
+  config.max_num_batched_tokens = 16;
+  const std::vector<int32_t> prompt =
+      Text("ROMEO: But soft, what light through yonder window breaks? It is the east");
+  const std::vector<int32_t> want = GreedyAlone(prompt, 20, TrainedModel());
+  auto sink = std::make_shared<CollectingSink>();
+  Harness prefill(4096, config, TrainedModel());
+  EngineRequest request{"m", prompt, Greedy(20)};
+  request.kv_sink = sink;
+  SubmitError error;
+  auto first = prefill.engine.Submit(request, &error);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  prefill.RunToIdle();
+  const Collected head = Collect(*first.value());
+  ASSERT_EQ(head.tokens.size(), 1u);
+  EXPECT_EQ(sink->layers, prefill.cache.layers());  // the MTP layer included
+  Harness decode(4096, config, TrainedModel());
+  request.kv_sink = nullptr;
+  request.prompt.push_back(head.tokens[0]);
+  request.resumed_tokens = 1;
+  request.imported = sink->Imported();
+  auto rest = decode.engine.Submit(request, &error);
+  ASSERT_TRUE(rest.ok()) << rest.status().message();
+  decode.RunToIdle();
+  Collected tail = Collect(*rest.value());
+  std::vector<int32_t> tokens = head.tokens;
+  tokens.insert(tokens.end(), tail.tokens.begin(), tail.tokens.end());
+  EXPECT_EQ(tokens, want);
+  EXPECT_GT(decode.engine.Metrics().spec_accepted_tokens_total, 0);
+  // Rows of another shape (no MTP layer on this side) are refused, naming why.
+  Harness plain(4096, EngineConfig{}, TrainedModel());
+  auto refused = plain.engine.Submit(request, &error);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("MTP"), std::string::npos);
+}
+
+// A prefill request whose first token ends it is not handed on.
+TEST(EngineTest, APrefillRequestEndedByItsFirstTokenIsNotHandedOn) {
+  auto sink = std::make_shared<CollectingSink>();
+  Harness prefill(1024, EngineConfig{});
+  EngineRequest request{"one", Prompt(20, 3), Greedy(1)};
+  request.kv_sink = sink;
+  SubmitError error;
+  auto stream = prefill.engine.Submit(request, &error);
+  ASSERT_TRUE(stream.ok());
+  prefill.RunToIdle();
+  EXPECT_EQ(Collect(*stream.value()).finish, "length");
+  EXPECT_TRUE(sink->abandoned);
+  EXPECT_FALSE(sink->first_token.has_value());
+}
+
+}  // namespace
+}  // namespace sy

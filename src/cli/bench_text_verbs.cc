@@ -171,3 +171,32 @@ void AddBenchAccuracyCommand(CLI::App& bench_app) {
 }
 
 }  // namespace sy
+
+#include "bench/transfer_bench.h"
+
+namespace sy {
+
+void AddBenchTransferCommand(CLI::App& bench_app) {
+  auto o = std::make_shared<bench::TransferBenchOptions>();
+  CLI::App* t = bench_app.add_subcommand(
+      "transfer", "The disaggregation transport (UCX) between two processes: --listen, --to");
+  t->add_option("--listen", o->listen, "Receive on host:port (port 0: any; printed)");
+  t->add_option("--to", o->to, "Send to the receiver at host:port");
+  t->add_option("--tokens", o->tokens, "Rows per transfer (a prompt)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  t->add_option("--chunk", o->chunk, "Rows per message (a prefill chunk)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  t->add_option("--layers", o->layers, "Cache layers (DeepSeek-V3: 61)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  t->add_option("--row-bytes", o->row_bytes, "Bytes of one layer's row (DeepSeek-V3 bf16: 1152)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  t->add_option("--transfers", o->transfers, "Transfers (the median is reported)")
+      ->check(CLI::Range(int64_t{1}, int64_t{100000}));
+  t->callback([o] {
+    if (o->listen.empty() == o->to.empty()) FailVerb("bench transfer: give --listen or --to");
+    Status s = o->listen.empty() ? bench::RunTransferSender(*o) : bench::RunTransferReceiver(*o);
+    if (!s.ok()) FailVerb(s.message());
+  });
+}
+
+}  // namespace sy

@@ -62,6 +62,7 @@ void AddBenchVerb(CLI::App& app) {
   AddBenchServeCommand(*verb);
   AddBenchMtpCommand(*verb);
   AddBenchAccuracyCommand(*verb);
+  AddBenchTransferCommand(*verb);
 }
 
 }  // namespace sy

@@ -18,6 +18,7 @@ namespace {
 
 struct RouteArgs {
   std::vector<std::string> engines;
+  std::vector<std::string> prefill_engines, decode_engines;
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string policy = "cache_aware";
@@ -37,7 +38,10 @@ struct RouteArgs {
 // whoever answers at that address gets the prompts.
 void WarnIfEnginesInClearText(const RouteArgs& args) {
   if (args.engine_tls.enabled()) return;
-  for (const std::string& engine : args.engines) {
+  std::vector<std::string> all = args.engines;
+  all.insert(all.end(), args.prefill_engines.begin(), args.prefill_engines.end());
+  all.insert(all.end(), args.decode_engines.begin(), args.decode_engines.end());
+  for (const std::string& engine : all) {
     const std::string host = engine.substr(0, engine.rfind(':'));
     if (!serve::IsLoopbackHost(host))
       WarnIfExposed(
@@ -57,6 +61,10 @@ void RunRoute(const RouteArgs& args) {
   TextCodec codec = LoadTextCodecOrFail(directory);
   route::RouterOptions options;
   options.engines = args.engines;
+  options.prefill_engines = args.prefill_engines;
+  options.decode_engines = args.decode_engines;
+  if (args.engines.empty() && args.prefill_engines.empty())
+    FailVerb("route: give --engines, or --prefill-engines and --decode-engines");
   options.policy = policy.value();
   options.probe_interval_seconds = args.probe_interval;
   options.stall_timeout_seconds = args.stall_timeout;
@@ -90,6 +98,7 @@ void RunRoute(const RouteArgs& args) {
       nlohmann::json engines = nlohmann::json::array();
       for (const auto& t : router.Targets())
         engines.push_back({{"engine", t.address},
+                           {"pool", t.pool.empty() ? "both" : t.pool},
                            {"healthy", t.healthy},
                            {"draining", t.draining},
                            {"in_flight", t.in_flight},
@@ -119,7 +128,7 @@ void RunRoute(const RouteArgs& args) {
       "switchyard: serving %s on %s://%s:%d (pid %d; router over %zu instances%s, policy "
       "%s)\n",
       server_options.limits.model_name.c_str(), server_options.tls.enabled() ? "https" : "http",
-      args.host.c_str(), server.port(), static_cast<int>(::getpid()), args.engines.size(),
+      args.host.c_str(), server.port(), static_cast<int>(::getpid()), router.Targets().size(),
       args.engine_tls.cert_file.empty() ? (args.engine_tls.enabled() ? " over TLS" : "")
                                         : " over mutual TLS",
       route::PolicyName(options.policy));
@@ -136,8 +145,15 @@ void AddRouteVerb(CLI::App& app) {
   CLI::App* verb = app.add_subcommand(
       "route", "OpenAI-compatible front over several instances: prefix-aware routing, failover");
   verb->add_option("--engines", args->engines, "Instances' gRPC addresses, host:port,host:port")
-      ->delimiter(',')
-      ->required();
+      ->delimiter(',');
+  verb->add_option("--prefill-engines", args->prefill_engines,
+                   "Disaggregation: the prefill pool (serve --role prefill), host:port,...; "
+                   "chosen by --policy")
+      ->delimiter(',');
+  verb->add_option("--decode-engines", args->decode_engines,
+                   "Disaggregation: the decode pool (serve --role decode), host:port,...; "
+                   "chosen by queued tokens")
+      ->delimiter(',');
   verb->add_option("--host", args->host, "Address to bind (default 127.0.0.1)");
   verb->add_option("--port", args->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   verb->add_option("--policy", args->policy,

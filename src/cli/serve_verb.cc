@@ -15,6 +15,8 @@
 #include "serve/grpc_service.h"
 #include "serve/grpc_tls.h"
 #include "serve/http_server.h"
+#include "serve/metrics.h"
+#include "transfer/kv_transfer.h"
 
 namespace sy {
 namespace {
@@ -40,16 +42,52 @@ struct ServeArgs {
   serve::GrpcTlsFiles grpc_tls;
   HttpsArgs https;
   ParallelArgs parallel;
+  // Prefill/decode disaggregation.
+  std::string role = "both";
+  std::string transfer_host;  // default: --grpc-host, else --host
+  int transfer_port = 0;
+  double transfer_timeout = 600;
 };
 
+// The transfer side of --role: a prefill instance sends rows, a decode instance receives them.
+struct Disaggregation {
+  std::unique_ptr<transfer::Sender> sender;
+  std::unique_ptr<transfer::Receiver> receiver;
+};
+
+Disaggregation StartDisaggregationOrFail(const ServeArgs& args) {
+  Disaggregation d;
+  if (args.role == "prefill") {
+    auto sender = transfer::Sender::Start();
+    if (!sender.ok()) FailVerb("--role prefill: " + sender.status().message());
+    d.sender = std::move(sender.value());
+  } else if (args.role == "decode") {
+    const std::string host = !args.transfer_host.empty() ? args.transfer_host
+                             : !args.grpc_host.empty()   ? args.grpc_host
+                                                         : args.host;
+    auto receiver = transfer::Receiver::Start(host, args.transfer_port);
+    if (!receiver.ok()) FailVerb("--role decode: " + receiver.status().message());
+    d.receiver = std::move(receiver.value());
+  }
+  serve::PublishTransfers(d.sender.get(), d.receiver.get());
+  return d;
+}
+
 // The gRPC instance API beside HTTP, when --grpc-port is given; fails the verb if it cannot bind.
-std::unique_ptr<serve::GrpcEngineServer> StartGrpc(const ServeArgs& args, RequestFrontend& frontend,
-                                                   const serve::ServerOptions& options,
-                                                   const EngineConfig& engine_config,
-                                                   int64_t page_size, int64_t vocab_size,
-                                                   Status* status) {
+std::unique_ptr<serve::GrpcEngineServer> StartGrpc(
+    const ServeArgs& args, RequestFrontend& frontend, const serve::ServerOptions& options,
+    const EngineConfig& engine_config, int64_t page_size, int64_t vocab_size, Status* status,
+    const Disaggregation* disaggregation = nullptr, const LatentCache* cache = nullptr) {
   if (args.grpc_port < 0) return nullptr;
   serve::InstanceInfo info;
+  if (disaggregation != nullptr) {
+    info.role = args.role;
+    info.sender = disaggregation->sender.get();
+    info.receiver = disaggregation->receiver.get();
+    info.cache_layers = cache->layers();
+    info.cache_row_bytes = cache->row_bytes();
+    info.transfer_timeout_seconds = args.transfer_timeout;
+  }
   info.served_model_name = options.limits.model_name;
   info.page_size = page_size;
   info.vocab_size = vocab_size;
@@ -162,6 +200,9 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
 
 void RunServe(const ServeArgs& args) {
   CheckSecurityFlagsOrFail(args);
+  if (args.role != "both" && args.grpc_port < 0)
+    FailVerb(
+        fmt::format("--role {}: needs --grpc-port (a router sends it its requests)", args.role));
   const std::string directory = ResolveModelDirectory(args.model);
   TextCodec codec = LoadTextCodecOrFail(directory);
   ParallelRun run = LoadParallel(directory, args.parallel);
@@ -197,7 +238,13 @@ void RunServe(const ServeArgs& args) {
   ForwardOptions forward_options = run.Options();
   ApplyBatchInvariant(args.batch_invariant, forward_options);
   Engine engine(model, cache, *codec.tokenizer, forward_options, engine_config);
-  if (comm.size() > 1) return RunCluster(args, run, engine, codec, cache_tokens, engine_config);
+  if (comm.size() > 1) {
+    if (args.role != "both")
+      FailEverywhere(comm, fmt::format("--role {}: not yet under mpirun (one process per instance)",
+                                       args.role));
+    return RunCluster(args, run, engine, codec, cache_tokens, engine_config);
+  }
+  Disaggregation disaggregation = StartDisaggregationOrFail(args);
 
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
   serve::OpenAiServer server(engine, codec, options);
@@ -206,15 +253,20 @@ void RunServe(const ServeArgs& args) {
                                            !args.api_key.empty()));
   Status grpc_status = Status::Ok();
   auto grpc = StartGrpc(args, engine, options, engine_config, engine.page_size(), config.vocab_size,
-                        &grpc_status);
+                        &grpc_status, &disaggregation, &cache);
   if (!grpc_status.ok()) FailVerb(grpc_status.message());
   engine.Start();
   std::printf(
-      "switchyard: serving %s on %s://%s:%d%s (pid %d; cache %lld tokens in %s, chat "
+      "switchyard: serving %s on %s://%s:%d%s%s (pid %d; cache %lld tokens in %s, chat "
       "template %s)\n",
       options.limits.model_name.c_str(), Scheme(args), args.host.c_str(), server.port(),
-      GrpcNote(grpc.get(), args).c_str(), static_cast<int>(::getpid()),
-      static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+      GrpcNote(grpc.get(), args).c_str(),
+      args.role == "both"       ? ""
+      : disaggregation.receiver ? fmt::format(" as a decode instance receiving on ucx://{}",
+                                              disaggregation.receiver->address())
+                                      .c_str()
+                                : " as a prefill instance",
+      static_cast<int>(::getpid()), static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
   server.Run();
@@ -265,6 +317,23 @@ void AddServeVerb(CLI::App& app) {
   verb->add_option("--grpc-tls-key", args->grpc_tls.key_file, "Its PEM private key");
   verb->add_option("--grpc-tls-client-ca", args->grpc_tls.ca_file,
                    "Require gRPC clients (the router) to present a certificate from these CAs");
+  verb->add_option("--role", args->role,
+                   "Prefill/decode disaggregation behind `switchyard route --prefill-engines "
+                   "--decode-engines`: prefill (run prompts, send their latent rows on), decode "
+                   "(receive them and generate), or both (default: everything here)")
+      ->check(CLI::IsMember({"both", "prefill", "decode"}));
+  verb->add_option("--transfer-host", args->transfer_host,
+                   "--role decode: address to receive rows on over UCX (default: --grpc-host, "
+                   "else --host)");
+  verb->add_option("--transfer-port", args->transfer_port,
+                   "--role decode: port to receive rows on (0: any free one, told to the router "
+                   "through Health)")
+      ->check(CLI::Range(0, 65535));
+  verb->add_option("--transfer-timeout", args->transfer_timeout,
+                   "Seconds a decode instance waits for a request's rows, and a prefill instance "
+                   "for their sending, before the attempt is redone (a safety net: the router "
+                   "cancels a decode call whose prefill call ended; default 600)")
+      ->check(CLI::Range(0.1, 1e6));
   AddSpeculativeOptions(verb, args->speculative);
   AddParallelOptions(verb, args->parallel);
   verb->callback([args] { RunServe(*args); });

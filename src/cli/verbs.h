@@ -23,6 +23,7 @@ void AddBenchTokenizerCommand(CLI::App& bench);
 void AddBenchServeCommand(CLI::App& bench);
 void AddBenchMtpCommand(CLI::App& bench);
 void AddBenchAccuracyCommand(CLI::App& bench);
+void AddBenchTransferCommand(CLI::App& bench);
 
 // Prints "error: message" and aborts the verb with exit code 1.
 [[noreturn]] void FailVerb(const std::string& message);

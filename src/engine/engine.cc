@@ -51,6 +51,10 @@ struct Engine::Sequence {
   // (grammar_drafts of them), rolled back once the drafts are made.
   std::unique_ptr<structured::GrammarMatcher> grammar;
   int64_t grammar_drafts = 0;
+  // Disaggregation, prefill side: rows [0, exported) went to the sink; handoff: the first token
+  // is out and the request leaves once this step's rows (the MTP layer's too) are sent.
+  int64_t exported = 0;
+  bool handoff = false;
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_length; }
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
@@ -72,6 +76,7 @@ Engine::Engine(const Model& model, LatentCache& cache, const Tokenizer& tokenize
   metrics_.time_to_first_token = Histogram(LatencyBucketBounds());
   metrics_.inter_token_latency = Histogram(LatencyBucketBounds());
   metrics_.e2e_request_latency = Histogram(LatencyBucketBounds());
+  metrics_.queue_time = Histogram(LatencyBucketBounds());
 }
 
 Engine::~Engine() {
@@ -164,6 +169,31 @@ Result<std::vector<std::shared_ptr<RequestStream>>> RequestFrontend::SubmitAll(
 Result<std::unique_ptr<Engine::Sequence>> Engine::Prepare(EngineRequest request) {
   const int64_t vocab = model_.config().vocab_size;
   SY_RETURN_IF_ERROR(Validate(request));
+  if (request.imported) {
+    const ImportedRows& rows = *request.imported;
+    if (request.kv_sink) return Status::Error("a request cannot both send and receive its rows");
+    if (request.resumed_tokens < 1 || rows.rows != static_cast<int64_t>(request.prompt.size()) - 1)
+      return Status::Errorf(
+          "the received rows cover {} positions; the request's prompt needs {} (all but the "
+          "prefill instance's token)",
+          rows.rows, request.prompt.size() - 1);
+    int64_t next = 0;
+    for (const ImportedRows::Chunk& chunk : rows.chunks) {
+      if (chunk.first != next || chunk.count <= 0)
+        return Status::Errorf("the received rows are not in order at position {}", next);
+      next += chunk.count;
+    }
+    if (next != rows.rows)
+      return Status::Errorf("the received chunks hold {} rows, not {}", next, rows.rows);
+    if (rows.layers != cache_.layers() || rows.row_bytes != cache_.row_bytes())
+      return Status::Errorf(
+          "the received rows have {} layers of {} bytes; this instance's cache has {} of {} (the "
+          "same model, cache dtype and MTP setting are needed on both sides)",
+          rows.layers, rows.row_bytes, cache_.layers(), cache_.row_bytes());
+    if (request.params.prompt_logprobs)
+      return Status::Error(
+          "prompt_logprobs: computed by the prefill instance, not by the decode instance");
+  }
   auto seq = std::make_unique<Sequence>();
   if (!request.params.seed) request.params.seed = std::random_device{}() * 0x100000001ull;
   seq->tokens = request.prompt;
@@ -325,6 +355,7 @@ void Engine::Finish(Sequence& seq, const std::string& reason, RequestEvent event
   }
   event.finish_reason = reason;
   seq.finished = true;
+  if (seq.request.kv_sink && reason != "transferred") seq.request.kv_sink->Abandon();
   FreePages(seq);
   const double now = NowSeconds();
   {
@@ -503,7 +534,46 @@ void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, doub
   } else {
     reason = "length";
   }
+  // A prefill instance's request goes on elsewhere: its first token is out now, the request
+  // leaves after this step's rows are sent (ExportRows).
+  if (reason.empty() && seq.request.kv_sink) seq.handoff = true;
   Deliver(seq, std::move(event), reason, stopped_by_string);
+}
+
+bool Engine::InstallImported(Sequence& seq) {
+  const ImportedRows& rows = *seq.request.imported;
+  if (seq.computed < rows.rows) {
+    if (!EnsurePages(seq, rows.rows)) return false;
+    for (const ImportedRows::Chunk& chunk : rows.chunks) {
+      const int64_t from = std::max(seq.computed, chunk.first), to = chunk.first + chunk.count;
+      for (int64_t l = 0; from < to && l < rows.layers; ++l)
+        cache_.WriteRows(l, seq.cache, from, to - from,
+                         chunk.rows + (l * chunk.count + from - chunk.first) * rows.row_bytes);
+    }
+    // As if computed here: registered in the prefix cache under the hashes the prefill
+    // instance gave them (the same roles: prompt_end is the same).
+    seq.computed = rows.rows;
+    seq.cache.length = seq.computed;
+    RegisterFullPages(seq);
+  }
+  seq.request.imported.reset();  // a preemption from here on recomputes, with the same bits
+  return true;
+}
+
+void Engine::ExportRows(Sequence& seq) {
+  const int64_t end = std::min<int64_t>(seq.computed, seq.request.prompt.size());
+  if (end > seq.exported) {
+    const int64_t first = seq.exported, count = end - first, row_bytes = cache_.row_bytes();
+    std::vector<uint8_t> data(static_cast<size_t>(cache_.layers() * count * row_bytes));
+    for (int64_t l = 0; l < cache_.layers(); ++l)
+      cache_.CopyRows(l, seq.cache, first, count, data.data() + l * count * row_bytes);
+    seq.request.kv_sink->Rows(first, count, cache_.layers(), row_bytes, std::move(data));
+    seq.exported = end;
+  }
+  if (seq.handoff) {
+    seq.request.kv_sink->Done(seq.tokens[seq.request.prompt.size()]);
+    Finish(seq, "transferred", RequestEvent{});
+  }
 }
 
 void Engine::ProcessVerification(Sequence& seq, int64_t drafts, const float* rows, double now) {
@@ -730,8 +800,10 @@ bool Engine::StepOnce(bool must_step) {
         seq.looked_up = true;
       }
     }
+    const int64_t matched = seq.computed;
+    const bool room = !seq.request.imported || InstallImported(seq);
     const int64_t count = std::min(seq.remaining(), budget);
-    if (!EnsurePages(seq, seq.computed + count)) {
+    if (!room || !EnsurePages(seq, seq.computed + count)) {
       // A waiting request holds no pages: the prefix it matched goes back (still cached) and
       // is looked up again at its next try.
       FreePages(seq);
@@ -747,11 +819,12 @@ bool Engine::StepOnce(bool must_step) {
       break;
     }
     if (seq.first_admission) {
-      seq.cached_tokens = seq.computed;
+      seq.cached_tokens = matched;
       std::lock_guard<std::mutex> lock(metrics_mutex_);
       metrics_.prefix_cache_queries_total += seq.prompt_length;
-      metrics_.prefix_cache_hits_total += seq.computed;
+      metrics_.prefix_cache_hits_total += matched;
       metrics_.prompt_tokens_total += seq.prompt_length;
+      metrics_.queue_time.Observe(NowSeconds() - seq.arrival);
     }
     seq.first_admission = false;
     running_.push_back(std::move(waiting_.front()));
@@ -817,6 +890,8 @@ bool Engine::StepOnce(bool must_step) {
     row += batch.sequences[i].all_logit_rows ? count : 1;
   }
   if (speculative) Draft(scheduled, first_positions, batch);
+  for (auto& [seq, count] : scheduled)  // after Draft: the MTP layer's rows are written
+    if (seq->request.kv_sink && !seq->finished) ExportRows(*seq);
   // Finished requests leave the running list.
   running_.erase(std::remove_if(running_.begin(), running_.end(),
                                 [](const std::unique_ptr<Sequence>& seq) { return seq->finished; }),
@@ -831,10 +906,14 @@ bool Engine::StepOnce(bool must_step) {
 
 void Engine::PublishGauges() {
   int64_t queued = 0;
+  // A prefill instance's request generates one token here.
+  auto left = [](const Sequence& seq) {
+    return seq.request.kv_sink ? 1 : seq.request.params.max_tokens - seq.generated();
+  };
   for (const auto& seq : running_)
-    queued += seq->remaining() + seq->request.params.max_tokens - seq->generated();
+    queued += seq->remaining() + left(*seq);
   for (const auto& seq : waiting_)
-    queued += seq->remaining() + seq->request.params.max_tokens - seq->generated();
+    queued += seq->remaining() + left(*seq);
   std::lock_guard<std::mutex> lock(mutex_);
   running_count_ = static_cast<int64_t>(running_.size());
   queued_tokens_ = queued;

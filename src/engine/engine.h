@@ -54,6 +54,16 @@ struct Histogram {
   void Observe(double value);
 };
 
+// Metrics a frontend adds beside the engine's own (the router's per-pool latencies).
+struct LabeledHistogram {
+  std::string name, help, labels;  // labels: `key="value"` pairs
+  Histogram histogram;
+};
+struct LabeledValue {
+  std::string name, type, help, labels;  // type: counter or gauge
+  double value = 0;
+};
+
 struct EngineMetrics {
   int64_t running = 0, waiting = 0;
   int64_t total_pages = 0, used_pages = 0, cached_pages = 0, free_pages = 0;
@@ -67,6 +77,9 @@ struct EngineMetrics {
   std::vector<int64_t> spec_accepted_per_position;
   std::map<std::string, int64_t> finished_by_reason;
   Histogram time_to_first_token, inter_token_latency, e2e_request_latency;
+  Histogram queue_time;  // arrival to first admission
+  std::vector<LabeledHistogram> extra_histograms;
+  std::vector<LabeledValue> extra_values;
   double last_step_age_seconds = 0;  // since the last step completed (0 when idle)
   bool healthy = true;
 };
@@ -149,6 +162,11 @@ class Engine : public RequestFrontend {
   void Preempt(Sequence& seq);
   void Finish(Sequence& seq, const std::string& reason, RequestEvent event);
   void RegisterFullPages(Sequence& seq);
+  // Disaggregation: puts a decode request's received rows into its pages (false: no pages);
+  // hands a prefill request's newly computed rows to its sink, and the request on once its
+  // first token is out.
+  bool InstallImported(Sequence& seq);
+  void ExportRows(Sequence& seq);
   // Where seq's own output starts, for its page hashes (PagePool::PageHash); INT64_MAX where
   // every position is computed in one attention form whatever its role (--batch-invariant).
   int64_t GeneratedFrom(const Sequence& seq) const;

@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/handoff.h"
 #include "engine/sampling.h"
 
 namespace sy {
@@ -25,6 +27,12 @@ struct EngineRequest {
   // are its own output so far. They count as generated — the sampler's step, penalties,
   // min/max_tokens and the stop-string state continue from them — and are not sent again.
   int64_t resumed_tokens = 0;
+  // Disaggregation (engine/handoff.h). A prefill instance's request: its rows go to the sink as
+  // they are computed, and it ends ("transferred") once its first token is sampled and sent.
+  std::shared_ptr<KvSink> kv_sink = nullptr;
+  // A decode instance's request: `prompt` ends with the token the prefill instance sampled (so
+  // resumed_tokens ≥ 1) and these are the rows of every position before it.
+  std::shared_ptr<const ImportedRows> imported = nullptr;
 };
 
 struct TokenLogprob {
@@ -37,8 +45,10 @@ struct RequestEvent {
   std::vector<int32_t> token_ids;
   std::string text;  // the text delta these tokens complete
   std::vector<TokenLogprob> logprobs;
-  std::optional<std::string> finish_reason;  // "stop", "length", "abort", "error"
-  std::string error;                         // with "error"
+  // "stop", "length", "abort", "error"; "transferred": a prefill instance handed the request
+  // on (its first token was the event before).
+  std::optional<std::string> finish_reason;
+  std::string error;  // with "error"
   // With "stop", what stopped the request (vLLM's stop_reason): the stop string matched, or the
   // stop_token_ids entry sampled; neither for the end-of-sequence token.
   std::optional<std::string> stop_string;

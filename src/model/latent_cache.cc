@@ -57,6 +57,20 @@ void LatentCache::Write(int64_t layer, const SequenceCache& sequence, int64_t po
   }
 }
 
+void LatentCache::CopyRows(int64_t layer, const SequenceCache& sequence, int64_t first,
+                           int64_t count, uint8_t* out) const {
+  const size_t bytes = static_cast<size_t>(row_bytes());
+  for (int64_t r = 0; r < count; ++r)
+    std::memcpy(out + r * bytes, RowAddress(layer, sequence, first + r), bytes);
+}
+
+void LatentCache::WriteRows(int64_t layer, const SequenceCache& sequence, int64_t first,
+                            int64_t count, const uint8_t* rows) {
+  const size_t bytes = static_cast<size_t>(row_bytes());
+  for (int64_t r = 0; r < count; ++r)
+    std::memcpy(RowAddress(layer, sequence, first + r), rows + r * bytes, bytes);
+}
+
 void LatentCache::Gather(int64_t layer, const SequenceCache& sequence, int64_t count,
                          float* out) const {
   for (int64_t position = 0; position < count; ++position) {

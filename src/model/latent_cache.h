@@ -66,6 +66,14 @@ class LatentCache {
     return {storage_[static_cast<size_t>(layer)].data(), dtype_, page_size_, row_width_,
             sequence.pages.data()};
   }
+  // Bytes of one row of one layer.
+  int64_t row_bytes() const { return row_width_ * static_cast<int64_t>(DTypeSize(dtype_)); }
+  // Rows [first, first + count) of `layer` as stored (the cache's dtype), to and from a buffer
+  // of count · row_bytes(): how a prefill instance hands rows to a decode instance.
+  void CopyRows(int64_t layer, const SequenceCache& sequence, int64_t first, int64_t count,
+                uint8_t* out) const;
+  void WriteRows(int64_t layer, const SequenceCache& sequence, int64_t first, int64_t count,
+                 const uint8_t* rows);
   // Copies rows [0, count) of `layer` into out[count, row_width] as f32.
   void Gather(int64_t layer, const SequenceCache& sequence, int64_t count, float* out) const;
 

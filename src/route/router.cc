@@ -43,6 +43,7 @@ const char* PolicyName(Policy policy) {
 
 struct Router::Target {
   std::string address;
+  std::string pool;  // "", "prefill" or "decode"
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::Engine::Stub> stub;
   std::thread prober, mirror;
@@ -73,6 +74,9 @@ struct Router::Flight {
   std::atomic<bool> aborted{false};
   grpc::ClientContext* context = nullptr;  // the attempt in flight (guarded by the mutex)
   int target = -1;
+  // Disaggregation: the attempt's decode call (its prefill call is `context` and `target`).
+  grpc::ClientContext* decode_context = nullptr;
+  int decode_target = -1;
   std::thread thread;
 };
 
@@ -80,9 +84,20 @@ Router::Router(RouterOptions options) : options_(std::move(options)) {
   latency_.time_to_first_token = Histogram(LatencyBucketBounds());
   latency_.inter_token_latency = Histogram(LatencyBucketBounds());
   latency_.e2e_request_latency = Histogram(LatencyBucketBounds());
-  for (const std::string& address : options_.engines) {
+  prefill_ttft_ = Histogram(LatencyBucketBounds());
+  decode_itl_ = Histogram(LatencyBucketBounds());
+  handoff_ = Histogram(LatencyBucketBounds());
+  std::vector<std::pair<std::string, std::string>> all;  // address, pool
+  for (const std::string& address : options_.engines)
+    all.push_back({address, ""});
+  for (const std::string& address : options_.prefill_engines)
+    all.push_back({address, "prefill"});
+  for (const std::string& address : options_.decode_engines)
+    all.push_back({address, "decode"});
+  for (const auto& [address, pool] : all) {
     auto target = std::make_unique<Target>();
     target->address = address;
+    target->pool = pool;
     grpc::ChannelArguments args;
     // Reconnect quickly after an instance comes back (gRPC's default backoff grows to 2 min).
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
@@ -102,15 +117,26 @@ Router::~Router() {
 
 Status Router::Start(double seconds) {
   if (targets_.empty()) return Status::Error("--engines: no instances given");
+  if (disaggregated() && (options_.decode_engines.empty() || !options_.engines.empty()))
+    return Status::Error(
+        "--prefill-engines needs --decode-engines, and neither goes with --engines");
+  if (!disaggregated() && !options_.decode_engines.empty())
+    return Status::Error("--decode-engines needs --prefill-engines");
   for (auto& target : targets_) {
     Target* t = target.get();
     t->prober = std::thread([this, t] { Probe(*t); });
-    t->mirror = std::thread([this, t] { Mirror(*t); });
+    // The decode pool is chosen by load alone: no mirror of its caches.
+    if (t->pool != "decode") t->mirror = std::thread([this, t] { Mirror(*t); });
   }
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait_for(lock, std::chrono::duration<double>(seconds), [&] {
-    return std::any_of(targets_.begin(), targets_.end(), [](const auto& t) { return t->healthy; });
-  });
+  auto pool_healthy = [&](const std::string& pool) {
+    return std::any_of(targets_.begin(), targets_.end(),
+                       [&](const auto& t) { return t->healthy && t->pool == pool; });
+  };
+  auto ready = [&] {
+    return disaggregated() ? pool_healthy("prefill") && pool_healthy("decode") : pool_healthy("");
+  };
+  changed_.wait_for(lock, std::chrono::duration<double>(seconds), ready);
   const Target* first = nullptr;
   for (const auto& t : targets_) {
     if (!t->healthy) continue;
@@ -125,11 +151,14 @@ Status Router::Start(double seconds) {
           first->health.page_size(), t->health.page_size());
     }
   }
-  if (first == nullptr) {
+  if (first == nullptr || !ready()) {
     std::string reasons;
     for (const auto& t : targets_)
       for (const std::string& why : t->refusals)
         reasons += fmt::format("; {}: {}", t->address, why);
+    if (first != nullptr)
+      return Status::Errorf("no {} instance answered within {:.0f} s{}",
+                            pool_healthy("prefill") ? "decode" : "prefill", seconds, reasons);
     return Status::Errorf("none of the {} instances answered within {:.0f} s{}", targets_.size(),
                           seconds, reasons);
   }
@@ -162,9 +191,13 @@ void Router::MarkFailed(Target& target, const std::string& why) {
   target.cached.clear();
   target.pending.clear();
   // Requests in flight there fail over now rather than wait for their streams to time out.
-  for (auto& [id, flight] : flights_)
+  for (auto& [id, flight] : flights_) {
     if (flight->target >= 0 && targets_[flight->target].get() == &target && flight->context)
       flight->context->TryCancel();
+    if (flight->decode_target >= 0 && targets_[flight->decode_target].get() == &target &&
+        flight->decode_context)
+      flight->decode_context->TryCancel();
+  }
   changed_.notify_all();
 }
 
@@ -178,6 +211,16 @@ void Router::Probe(Target& target) {
     health_context.set_deadline(deadline);
     load_context.set_deadline(deadline);
     grpc::Status h = target.stub->Health(&health_context, {}, &health);
+    // A pool takes only instances serving its role (and a decode instance says where to send).
+    const std::string role = health.role().empty() ? "both" : health.role();
+    const std::string wanted = target.pool.empty() ? "both" : target.pool;
+    if (h.ok() && role != wanted)
+      h = grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          fmt::format("serves --role {}; {} takes --role {}", role,
+                      target.pool.empty() ? "--engines" : "--" + wanted + "-engines", wanted));
+    else if (h.ok() && target.pool == "decode" && health.transfer_address().empty())
+      h = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "gives no transfer address");
     grpc::Status l = h.ok() ? target.stub->Load(&load_context, {}, &load) : h;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -308,10 +351,19 @@ int64_t Router::CachedTokens(const Target& target, const std::vector<uint64_t>& 
   return CachedPrefix(target, page_hashes);
 }
 
-int Router::Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int avoid) {
+bool Router::AnyUsable(const std::string& pool) const {
+  // Caller holds the mutex.
+  return std::any_of(targets_.begin(), targets_.end(),
+                     [&](const auto& t) { return t->healthy && !t->draining && t->pool == pool; });
+}
+
+int Router::Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int avoid,
+                 const std::string& pool) {
   // Caller holds the mutex.
   std::vector<int> healthy;
-  auto usable = [&](size_t i) { return targets_[i]->healthy && !targets_[i]->draining; };
+  auto usable = [&](size_t i) {
+    return targets_[i]->healthy && !targets_[i]->draining && targets_[i]->pool == pool;
+  };
   for (size_t i = 0; i < targets_.size(); ++i)
     if (usable(i) && static_cast<int>(i) != avoid) healthy.push_back(static_cast<int>(i));
   if (healthy.empty() && avoid >= 0 && usable(static_cast<size_t>(avoid))) healthy.push_back(avoid);
@@ -321,7 +373,7 @@ int Router::Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int a
     return t.load.queued_tokens() + t.sent_since_load;
   };
   const uint64_t turn = rotation_++;
-  switch (options_.policy) {
+  switch (pool == "decode" ? Policy::kLeastLoad : options_.policy) {
     case Policy::kRoundRobin:
       return healthy[turn % healthy.size()];
     case Policy::kPowerOfTwo: {
@@ -374,8 +426,7 @@ Result<std::shared_ptr<RequestStream>> Router::Submit(EngineRequest request, Sub
       *error = SubmitError::kQueueFull;
       return Status::Errorf("the router holds {} requests, its limit", flights_.size());
     }
-    if (std::none_of(targets_.begin(), targets_.end(),
-                     [](const auto& t) { return t->healthy && !t->draining; })) {
+    if (disaggregated() ? !AnyUsable("prefill") || !AnyUsable("decode") : !AnyUsable("")) {
       *error = SubmitError::kQueueFull;  // 503 with Retry-After: instances may come back
       return Status::Error("no instance is healthy now");
     }
@@ -393,7 +444,7 @@ Result<std::shared_ptr<RequestStream>> Router::Submit(EngineRequest request, Sub
 
 void Router::Fly(Flight& flight) {
   const EngineRequest& request = flight.request;
-  int avoid = -1;
+  int avoid = -1, avoid_decode = -1;
   int failovers = 0;
   std::string last_error;
   const double arrival = NowSeconds();
@@ -423,70 +474,21 @@ void Router::Fly(Flight& flight) {
     }
     deliver(std::move(event));
   };
-  while (true) {
-    if (flight.aborted) {
-      RequestEvent event;
-      event.finish_reason = "abort";
-      finish(std::move(event));
-      break;
-    }
-    // Where to: the page hashes of the prompt as sent (the engine's cap: the last token is
-    // always computed), then the policy.
-    EngineRequest attempt = request;
-    attempt.prompt.insert(attempt.prompt.end(), flight.generated.begin(), flight.generated.end());
-    attempt.resumed_tokens = static_cast<int64_t>(flight.generated.size());
-    grpc::ClientContext context;
-    int chosen = -1;
-    // The prompt's page hashes, outside the lock.
-    std::vector<uint64_t> hashes;
-    uint64_t hash = 0;
-    const int64_t n = static_cast<int64_t>(attempt.prompt.size());
-    for (int64_t p = 0; (p + 1) * page_size_ <= n - 1; ++p) {
-      hash = PagePool::ChainHash(
-          hash, std::span<const int32_t>(attempt.prompt.data() + p * page_size_, page_size_));
-      hashes.push_back(hash);
-    }
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      const double deadline = NowSeconds() + options_.failover_wait_seconds;
-      while ((chosen = Pick(hashes, n, avoid)) < 0 && !stopping_ && !flight.aborted &&
-             NowSeconds() < deadline)
-        changed_.wait_for(lock, std::chrono::milliseconds(100));
-      if (chosen >= 0) {
-        Target& t = *targets_[chosen];
-        ++t.in_flight;
-        ++t.routed_total;
-        // The work it adds before the next Load says so: its uncached prompt and its output.
-        t.sent_since_load +=
-            n - CachedTokens(t, hashes) + request.params.max_tokens - attempt.resumed_tokens;
-        const double now = NowSeconds();
-        if (t.pending.size() > 65536)  // drop the expired
-          for (auto it = t.pending.begin(); it != t.pending.end();)
-            it = it->second < now ? t.pending.erase(it) : std::next(it);
-        for (uint64_t h : hashes)
-          t.pending[h] = now + 5;
-        flight.context = &context;
-        flight.target = chosen;
-      }
-    }
-    if (chosen < 0) {
-      RequestEvent event;
-      event.finish_reason = flight.aborted ? "abort" : "error";
-      if (!flight.aborted)
-        event.error = last_error.empty()
-                          ? "no healthy instance to serve the request"
-                          : "no healthy instance to continue the request (" + last_error + ")";
-      finish(std::move(event));
-      break;
-    }
-    Target& target = *targets_[chosen];
-    auto reader = target.stub->Generate(&context, serve::RequestToProto(attempt));
+  // Reads one call's stream to its end, forwarding its tokens to the client (a prefill
+  // instance's closing "transferred" is not the client's). Returns the call's status, with
+  // DATA_LOSS when the instance's answer could not be trusted.
+  struct StreamEnd {
+    bool finished = false, transferred = false;
+    grpc::Status status;
+  };
+  auto read = [&](grpc::ClientReader<pb::GenerateResponse>& reader, grpc::ClientContext& context,
+                  const Target& target, const std::function<void()>& on_tokens) {
+    StreamEnd end;
     pb::GenerateResponse response;
-    bool finished = false;
     std::string garbage;  // what made the instance's answer untrustworthy
     const int64_t vocab = target.health.vocab_size();
-    while (reader->Read(&response)) {
-      if (finished || !garbage.empty()) continue;  // read to the stream's end
+    while (reader.Read(&response)) {
+      if (end.finished || end.transferred || !garbage.empty()) continue;  // to the stream's end
       RequestEvent event = serve::EventFromProto(response);
       for (int32_t id : event.token_ids)
         if (id < 0 || id >= vocab)
@@ -500,6 +502,7 @@ void Router::Fly(Flight& flight) {
         context.TryCancel();
         continue;
       }
+      if (!event.token_ids.empty() && on_tokens) on_tokens();
       flight.generated.insert(flight.generated.end(), event.token_ids.begin(),
                               event.token_ids.end());
       if (event.first && flight.sent_first) {  // a resumed attempt: the client has these facts
@@ -507,46 +510,231 @@ void Router::Fly(Flight& flight) {
         event.prompt_logprobs.clear();
       }
       if (event.first) flight.sent_first = true;
-      finished = event.finish_reason.has_value();
+      if (event.finish_reason == "transferred") {
+        end.transferred = true;
+        event.finish_reason.reset();
+        if (event.token_ids.empty() && !event.first) continue;
+      }
+      end.finished = event.finish_reason.has_value();
       deliver(std::move(event));
     }
-    grpc::Status status = reader->Finish();
-    if (!garbage.empty()) status = grpc::Status(grpc::StatusCode::DATA_LOSS, garbage);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      --target.in_flight;
-      flight.context = nullptr;
-      flight.target = -1;
-      if (!finished && !flight.aborted && !stopping_ &&
-          status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
-          status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
-        ++target.failovers_from;
-        if (target.healthy) MarkFailed(target, status.error_message());
-      }
-    }
-    if (finished) break;
-    if (flight.aborted) continue;  // reported at the top
-    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    end.status = reader.Finish();
+    if (!garbage.empty()) end.status = grpc::Status(grpc::StatusCode::DATA_LOSS, garbage);
+    return end;
+  };
+  // After an attempt that did not finish the request: whether it may go on (the failover count).
+  auto give_up = [&](bool counts) {
+    if (!counts) return false;
+    ++failovers_total_;
+    if (++failovers > options_.max_failovers || stopping_) {
       RequestEvent event;
       event.finish_reason = "error";
-      event.error = status.error_message();
+      event.error =
+          "gave up after " + std::to_string(failovers - 1) + " failovers (" + last_error + ")";
+      finish(std::move(event));
+      return true;
+    }
+    return false;
+  };
+  auto refuse = [&](const grpc::Status& status) {
+    RequestEvent event;
+    event.finish_reason = "error";
+    event.error = status.error_message();
+    finish(std::move(event));
+  };
+  while (true) {
+    if (flight.aborted) {
+      RequestEvent event;
+      event.finish_reason = "abort";
       finish(std::move(event));
       break;
     }
-    // The instance failed (or was full): the request moves on with its output so far.
-    last_error = target.address + ": " + status.error_message();
-    avoid = chosen;
-    if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      ++failovers_total_;
-      if (++failovers > options_.max_failovers || stopping_) {
-        RequestEvent event;
-        event.finish_reason = "error";
-        event.error =
-            "gave up after " + std::to_string(failovers - 1) + " failovers (" + last_error + ")";
-        finish(std::move(event));
-        break;
+    // Where to: the page hashes of the prompt as sent (the engine's cap: the last token is
+    // always computed), then the policy.
+    EngineRequest attempt = request;
+    attempt.prompt.insert(attempt.prompt.end(), flight.generated.begin(), flight.generated.end());
+    attempt.resumed_tokens = static_cast<int64_t>(flight.generated.size());
+    grpc::ClientContext context, decode_context;
+    int chosen = -1, decode = -1;
+    // The prompt's page hashes, outside the lock.
+    std::vector<uint64_t> hashes;
+    uint64_t hash = 0;
+    const int64_t n = static_cast<int64_t>(attempt.prompt.size());
+    for (int64_t p = 0; (p + 1) * page_size_ <= n - 1; ++p) {
+      hash = PagePool::ChainHash(
+          hash, std::span<const int32_t>(attempt.prompt.data() + p * page_size_, page_size_));
+      hashes.push_back(hash);
+    }
+    const std::string pool = disaggregated() ? "prefill" : "";
+    std::string send_to;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      const double deadline = NowSeconds() + options_.failover_wait_seconds;
+      auto pick = [&] {
+        chosen = Pick(hashes, n, avoid, pool);
+        if (chosen >= 0 && disaggregated()) {
+          decode = Pick({}, n, avoid_decode, "decode");
+          if (decode < 0) chosen = -1;
+        }
+        return chosen >= 0;
+      };
+      while (!pick() && !stopping_ && !flight.aborted && NowSeconds() < deadline)
+        changed_.wait_for(lock, std::chrono::milliseconds(100));
+      if (chosen >= 0) {
+        Target& t = *targets_[chosen];
+        ++t.in_flight;
+        ++t.routed_total;
+        // The work it adds before the next Load says so: its uncached prompt and its output
+        // (a prefill instance's: one token).
+        const int64_t output =
+            disaggregated() ? 1 : request.params.max_tokens - attempt.resumed_tokens;
+        t.sent_since_load += n - CachedTokens(t, hashes) + output;
+        const double now = NowSeconds();
+        if (t.pending.size() > 65536)  // drop the expired
+          for (auto it = t.pending.begin(); it != t.pending.end();)
+            it = it->second < now ? t.pending.erase(it) : std::next(it);
+        for (uint64_t h : hashes)
+          t.pending[h] = now + 5;
+        flight.context = &context;
+        flight.target = chosen;
+        if (decode >= 0) {
+          Target& d = *targets_[decode];
+          ++d.in_flight;
+          ++d.routed_total;
+          d.sent_since_load += request.params.max_tokens - attempt.resumed_tokens;
+          send_to = d.health.transfer_address();
+          flight.decode_context = &decode_context;
+          flight.decode_target = decode;
+        }
       }
     }
+    if (chosen < 0) {
+      RequestEvent event;
+      event.finish_reason = flight.aborted ? "abort" : "error";
+      if (!flight.aborted)
+        event.error = last_error.empty()
+                          ? "no healthy instance to serve the request"
+                          : "no healthy instance to continue the request (" + last_error + ")";
+      finish(std::move(event));
+      break;
+    }
+    Target& target = *targets_[chosen];
+    // Marks an instance failed after a call that broke (not a refusal of the request, not a
+    // transfer refused), so its requests move on.
+    auto after_call = [&](Target& t, const StreamEnd& end, bool was_decode) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --t.in_flight;
+      if (was_decode) {
+        flight.decode_context = nullptr;
+        flight.decode_target = -1;
+      } else {
+        flight.context = nullptr;
+        flight.target = -1;
+      }
+      const grpc::StatusCode code = end.status.error_code();
+      if (!end.finished && !end.transferred && !flight.aborted && !stopping_ &&
+          code != grpc::StatusCode::INVALID_ARGUMENT &&
+          code != grpc::StatusCode::RESOURCE_EXHAUSTED && code != grpc::StatusCode::ABORTED &&
+          code != grpc::StatusCode::CANCELLED) {
+        ++t.failovers_from;
+        if (t.healthy) MarkFailed(t, end.status.error_message());
+      }
+    };
+
+    if (!disaggregated()) {
+      auto reader = target.stub->Generate(&context, serve::RequestToProto(attempt));
+      StreamEnd end = read(*reader, context, target, nullptr);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --target.in_flight;
+        flight.context = nullptr;
+        flight.target = -1;
+        if (!end.finished && !flight.aborted && !stopping_ &&
+            end.status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
+            end.status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+          ++target.failovers_from;
+          if (target.healthy) MarkFailed(target, end.status.error_message());
+        }
+      }
+      if (end.finished) break;
+      if (flight.aborted) continue;  // reported at the top
+      if (end.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        refuse(end.status);
+        break;
+      }
+      // The instance failed (or was full): the request moves on with its output so far.
+      last_error = target.address + ": " + end.status.error_message();
+      avoid = chosen;
+      if (give_up(end.status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED)) break;
+      continue;
+    }
+
+    // Disaggregated: the decode call first (it announces the transfer), then the prefill call,
+    // read to its end (the first token, then "transferred"), then the decode call's stream.
+    Target& decoder = *targets_[decode];
+    const uint64_t token = [] {
+      static thread_local std::mt19937_64 rng(std::random_device{}());
+      return rng() | 1;
+    }();
+    pb::GenerateRequest to_decode = serve::RequestToProto(attempt);
+    to_decode.mutable_handoff()->set_receive(true);
+    to_decode.mutable_handoff()->set_token(token);
+    to_decode.mutable_params()->clear_prompt_logprobs();  // the prefill instance sends them
+    pb::GenerateRequest to_prefill = serve::RequestToProto(attempt);
+    to_prefill.mutable_handoff()->set_send_to(send_to);
+    to_prefill.mutable_handoff()->set_token(token);
+    auto decode_reader = decoder.stub->Generate(&decode_context, to_decode);
+    const double attempt_start = NowSeconds();
+    const bool first_attempt = flight.generated.empty();
+    double handed_at = 0, last_decode = 0;
+    auto prefill_reader = target.stub->Generate(&context, to_prefill);
+    StreamEnd prefilled = read(*prefill_reader, context, target, [&] {
+      const double now = NowSeconds();
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (first_attempt) prefill_ttft_.Observe(now - attempt_start);
+      handed_at = now;
+    });
+    after_call(target, prefilled, false);
+    StreamEnd decoded;
+    if (prefilled.transferred) {
+      decoded = read(*decode_reader, decode_context, decoder, [&] {
+        const double now = NowSeconds();
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (last_decode == 0 && handed_at > 0) handoff_.Observe(now - handed_at);
+        if (last_decode > 0) decode_itl_.Observe(now - last_decode);
+        last_decode = now;
+      });
+    } else {
+      decode_context.TryCancel();  // nothing comes: the prefill call ended otherwise
+      decoded.status = decode_reader->Finish();
+      decoded.status = grpc::Status(grpc::StatusCode::CANCELLED, "");
+    }
+    after_call(decoder, decoded, true);
+    if (prefilled.finished || decoded.finished) break;
+    if (flight.aborted) continue;  // reported at the top
+    const StreamEnd& failed = prefilled.transferred ? decoded : prefilled;
+    Target& where = prefilled.transferred ? decoder : target;
+    if (failed.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      refuse(failed.status);
+      break;
+    }
+    last_error = where.address + ": " + failed.status.error_message();
+    if (failed.status.error_code() == grpc::StatusCode::ABORTED) {
+      // A transfer refused (checksum) or failed: redone with a new token, the same instances
+      // preferred (the prefill's cache now holds the prompt) — but not a decode instance the
+      // prefill could not reach.
+      if (!prefilled.transferred) avoid_decode = decode;
+      ++transfers_redone_total_;
+      std::fprintf(stderr, "switchyard route: request %s: transfer redone (%s)\n",
+                   request.id.c_str(), last_error.c_str());
+      if (give_up(true)) break;
+      continue;
+    }
+    if (prefilled.transferred)
+      avoid_decode = decode;
+    else
+      avoid = chosen;
+    if (give_up(failed.status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED)) break;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = flights_.find(request.id);
@@ -563,6 +751,7 @@ void Router::Abort(const std::string& id) {
   if (it == flights_.end()) return;
   it->second->aborted = true;
   if (it->second->context) it->second->context->TryCancel();
+  if (it->second->decode_context) it->second->decode_context->TryCancel();
   changed_.notify_all();
 }
 
@@ -573,6 +762,23 @@ EngineMetrics Router::Metrics() const {
   m.inter_token_latency = latency_.inter_token_latency;
   m.e2e_request_latency = latency_.e2e_request_latency;
   m.finished_by_reason = latency_.finished_by_reason;
+  if (disaggregated()) {
+    m.extra_histograms.push_back({"router_time_to_first_token_seconds",
+                                  "Time to the first token, by pool: the prefill instance's "
+                                  "first attempt.",
+                                  "pool=\"prefill\"", prefill_ttft_});
+    m.extra_histograms.push_back({"router_inter_token_latency_seconds",
+                                  "Time between tokens, by pool: a decode instance's stream.",
+                                  "pool=\"decode\"", decode_itl_});
+    m.extra_histograms.push_back({"router_handoff_seconds",
+                                  "From the prefill instance's first token to the decode "
+                                  "instance's first.",
+                                  "pool=\"decode\"", handoff_});
+    m.extra_values.push_back({"router_kv_transfers_redone_total", "counter",
+                              "Attempts redone because their transfer was refused or failed.",
+                              "pool=\"decode\"",
+                              static_cast<double>(transfers_redone_total_.load())});
+  }
   m.healthy = false;
   for (const auto& t : targets_) {
     if (!t->healthy) continue;
@@ -598,7 +804,7 @@ std::vector<TargetState> Router::Targets() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<TargetState> out;
   for (const auto& t : targets_)
-    out.push_back({t->address, t->healthy, t->in_flight, t->routed_total,
+    out.push_back({t->address, t->pool, t->healthy, t->in_flight, t->routed_total,
                    static_cast<int64_t>(t->cached.size()), t->failovers_from, t->draining});
   return out;
 }
@@ -629,6 +835,7 @@ void Router::Stop(bool drain) {
     for (auto& [id, flight] : flights_) {
       flight->aborted = true;
       if (flight->context) flight->context->TryCancel();
+      if (flight->decode_context) flight->decode_context->TryCancel();
     }
     for (auto& t : targets_)
       if (t->mirror_context) t->mirror_context->TryCancel();

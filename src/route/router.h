@@ -12,6 +12,11 @@
 //   Failover: the router keeps each request's prompt and the tokens already streamed; when its
 //   instance fails, the request goes to another with prompt + output as the new prompt
 //   (resumed_tokens), and the client's stream continues where it was.
+//   Disaggregation (--prefill-engines, --decode-engines): each attempt runs on a pair — the
+//   prefill instance chosen by the policy over its pool (its cache mirror), the decode instance
+//   with the fewest queued tokens — joined by a token the router makes for the attempt; the
+//   prefill streams the first token and sends the rows, the decode instance the rest. A failed
+//   or refused transfer is redone; a failed instance of either pool fails over as above.
 #pragma once
 
 #include <atomic>
@@ -38,6 +43,8 @@ const char* PolicyName(Policy policy);
 
 struct RouterOptions {
   std::vector<std::string> engines;  // host:port of each instance's gRPC port
+  // Disaggregation: serve --role prefill and --role decode instances (instead of `engines`).
+  std::vector<std::string> prefill_engines, decode_engines;
   Policy policy = Policy::kCacheAware;
   double probe_interval_seconds = 0.25;
   double stall_timeout_seconds = 10;  // a step running longer marks its instance stalled
@@ -51,6 +58,7 @@ struct RouterOptions {
 // What the router knows of the instances, for logs and tests.
 struct TargetState {
   std::string address;
+  std::string pool;  // "", "prefill" or "decode"
   bool healthy = false;
   int64_t in_flight = 0;       // the router's requests there now
   int64_t routed_total = 0;    // requests sent there
@@ -79,6 +87,8 @@ class Router : public RequestFrontend {
   // there. Resume undoes it. False: no such instance.
   bool SetDraining(const std::string& address, bool draining);
   int64_t failovers_total() const { return failovers_total_; }
+  int64_t transfers_redone_total() const { return transfers_redone_total_; }
+  bool disaggregated() const { return !options_.prefill_engines.empty(); }
 
  private:
   struct Target;
@@ -87,7 +97,10 @@ class Router : public RequestFrontend {
   void Mirror(Target& target);
   void Fly(Flight& flight);
   // The target for a request (-1: none healthy); `avoid` is skipped while others are healthy.
-  int Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int avoid);
+  // Only targets of `pool` ("" when not disaggregated); the decode pool by queued tokens alone.
+  int Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int avoid,
+           const std::string& pool = "");
+  bool AnyUsable(const std::string& pool) const;
   void MarkFailed(Target& target, const std::string& why);
   // Tokens of the request's leading pages the target holds or will soon hold (mirror + pending).
   static int64_t CachedTokens(const Target& target, const std::vector<uint64_t>& page_hashes);
@@ -101,9 +114,13 @@ class Router : public RequestFrontend {
   std::vector<std::unique_ptr<Flight>> finished_;  // joined at the next Submit or at Stop
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> failovers_total_{0};
+  std::atomic<int64_t> transfers_redone_total_{0};
   uint64_t rotation_ = 0;
   int64_t page_size_ = 16;  // the instances' (checked alike at Start), for prompt page hashes
   EngineMetrics latency_;   // the router's own histograms and finish counts (guarded by mutex_)
+  // Disaggregation, per pool: TTFT on the prefill pool, between tokens on the decode pool, and
+  // the handoff (the first token to the decode instance's first).
+  Histogram prefill_ttft_, decode_itl_, handoff_;
   bool stopped_ = false;
 };
 

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "switchyard/v1/engine.grpc.pb.h"
+#include "transfer/kv_transfer.h"
 
 namespace sy::serve {
 
@@ -39,6 +40,7 @@ pb::FinishReason ReasonToProto(const std::optional<std::string>& reason) {
   if (*reason == "stop") return pb::FINISH_STOP;
   if (*reason == "length") return pb::FINISH_LENGTH;
   if (*reason == "abort") return pb::FINISH_ABORT;
+  if (*reason == "transferred") return pb::FINISH_TRANSFERRED;
   return pb::FINISH_ERROR;
 }
 
@@ -52,6 +54,8 @@ std::optional<std::string> ReasonFromProto(pb::FinishReason reason) {
       return "abort";
     case pb::FINISH_ERROR:
       return "error";
+    case pb::FINISH_TRANSFERRED:
+      return "transferred";
     default:
       return std::nullopt;
   }
@@ -193,6 +197,32 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
     EngineRequest engine_request = RequestFromProto(*request);
     if (engine_request.id.empty())
       return {grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty"};
+    // Disaggregation: rows go out as computed (prefill), or come in before the request starts
+    // (decode). A failed transfer is ABORTED: the router redoes it, the instance stays in use.
+    std::shared_ptr<transfer::Outgoing> outgoing;
+    if (request->has_handoff()) {
+      const pb::Handoff& handoff = request->handoff();
+      if (!handoff.send_to().empty()) {
+        if (info_.sender == nullptr)
+          return {grpc::StatusCode::FAILED_PRECONDITION,
+                  "handoff.send_to: this instance does not prefill for others (serve --role "
+                  "prefill)"};
+        outgoing = info_.sender->Open(handoff.send_to(), engine_request.id, handoff.token());
+        engine_request.kv_sink = outgoing;
+      } else if (handoff.receive()) {
+        if (info_.receiver == nullptr)
+          return {grpc::StatusCode::FAILED_PRECONDITION,
+                  "handoff.receive: this instance does not decode for others (serve --role "
+                  "decode)"};
+        auto received = info_.receiver->Wait(engine_request.id, handoff.token(), info_.cache_layers,
+                                             info_.cache_row_bytes, info_.transfer_timeout_seconds,
+                                             [&] { return context->IsCancelled(); });
+        if (!received.ok()) return {grpc::StatusCode::ABORTED, received.status().message()};
+        engine_request.prompt.push_back(received->first_token);
+        engine_request.resumed_tokens += 1;
+        engine_request.imported = received->rows;
+      }
+    }
     SubmitError why;
     auto stream = frontend_.Submit(engine_request, &why);
     if (!stream.ok()) {
@@ -220,6 +250,14 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
       events.clear();
       const bool finished = stream.value()->Drain(&events);
       for (const RequestEvent& event : events) {
+        if (outgoing && event.finish_reason == "transferred") {
+          // Handed on only once every row has left.
+          Status sent = outgoing->Wait(info_.transfer_timeout_seconds);
+          if (!sent.ok()) {
+            stream.value()->SetNotifier(nullptr);
+            return {grpc::StatusCode::ABORTED, "the transfer failed: " + sent.message()};
+          }
+        }
         if (!writer->Write(EventToProto(event))) {  // the client went away
           frontend_.Abort(engine_request.id);
           stream.value()->SetNotifier(nullptr);
@@ -256,6 +294,8 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
     response->set_vocab_size(info_.vocab_size);
     response->set_max_model_len(info_.max_model_len);
     response->set_num_speculative_tokens(info_.num_speculative_tokens);
+    response->set_role(info_.role);
+    if (info_.receiver != nullptr) response->set_transfer_address(info_.receiver->address());
     return grpc::Status::OK;
   }
 

@@ -16,6 +16,11 @@ class Server;
 class ServerCredentials;
 }  // namespace grpc
 
+namespace sy::transfer {
+class Sender;
+class Receiver;
+}  // namespace sy::transfer
+
 namespace sy::serve {
 
 // What Health reports besides the frontend's own state.
@@ -25,6 +30,13 @@ struct InstanceInfo {
   int64_t vocab_size = 0;
   int64_t max_model_len = 0;
   int64_t num_speculative_tokens = 0;
+  // Disaggregation (serve --role): "both", "prefill" (sends rows: `sender`) or "decode"
+  // (receives them: `receiver`, into a cache of `cache_layers` rows of `cache_row_bytes`).
+  std::string role = "both";
+  transfer::Sender* sender = nullptr;
+  transfer::Receiver* receiver = nullptr;
+  int64_t cache_layers = 0, cache_row_bytes = 0;
+  double transfer_timeout_seconds = 600;
 };
 
 // Conversions, both ways (the service and its clients).

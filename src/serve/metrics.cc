@@ -5,6 +5,8 @@
 #include <mutex>
 #include <optional>
 
+#include "transfer/kv_transfer.h"
+
 namespace sy::serve {
 namespace {
 
@@ -13,6 +15,17 @@ struct ExpertImbalanceGauge {
   std::optional<double> total;
   std::vector<std::pair<int64_t, double>> per_layer;
 };
+
+struct PublishedTransfers {
+  std::mutex mutex;
+  const transfer::Sender* sender = nullptr;
+  const transfer::Receiver* receiver = nullptr;
+};
+
+PublishedTransfers& Transfers() {
+  static PublishedTransfers transfers;
+  return transfers;
+}
 
 ExpertImbalanceGauge& PublishedImbalance() {
   static ExpertImbalanceGauge gauge;
@@ -101,6 +114,33 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
                 m.inter_token_latency);
   HistogramText(out, "e2e_request_latency_seconds", "Time from arrival to the finish.", labels,
                 m.e2e_request_latency);
+  HistogramText(out, "request_queue_time_seconds",
+                "Time from arrival to the first admission into the running batch.", labels,
+                m.queue_time);
+  for (const LabeledHistogram& h : m.extra_histograms)
+    HistogramText(out, h.name.c_str(), h.help.c_str(), labels + "," + h.labels, h.histogram);
+  for (const LabeledValue& v : m.extra_values)
+    Metric(out, v.name.c_str(), v.type.c_str(), v.help.c_str(), labels + "," + v.labels, v.value);
+  {
+    PublishedTransfers& t = Transfers();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    std::vector<std::pair<const char*, transfer::TransferStats>> sides;
+    if (t.sender) sides.push_back({"send", t.sender->stats()});
+    if (t.receiver) sides.push_back({"receive", t.receiver->stats()});
+    for (const auto& [side, stats] : sides) {
+      const std::string l = labels + fmt::format(",side=\"{}\"", side);
+      Metric(out, "kv_transfers_total", "counter",
+             "Requests whose latent rows were all sent or received.", l,
+             static_cast<double>(stats.transfers));
+      Metric(out, "kv_transfer_bytes_total", "counter", "Bytes of latent-row transfers.", l,
+             static_cast<double>(stats.bytes));
+      Metric(out, "kv_transfer_seconds_total", "counter",
+             "Seconds from a transfer's first message to its last, summed.", l, stats.seconds);
+      Metric(out, "kv_transfers_refused_total", "counter",
+             "Transfer messages refused (checksum, token) and transfers that failed.", l,
+             static_cast<double>(stats.refused));
+    }
+  }
   ExpertImbalanceGauge& gauge = PublishedImbalance();
   std::lock_guard<std::mutex> lock(gauge.mutex);
   if (gauge.total) {
@@ -116,6 +156,13 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
                          value);
   }
   return out;
+}
+
+void PublishTransfers(const transfer::Sender* sender, const transfer::Receiver* receiver) {
+  PublishedTransfers& t = Transfers();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.sender = sender;
+  t.receiver = receiver;
 }
 
 void PublishExpertImbalance(double imbalance, std::vector<std::pair<int64_t, double>> per_layer) {

@@ -8,6 +8,11 @@
 
 #include "engine/engine.h"
 
+namespace sy::transfer {
+class Sender;
+class Receiver;
+}  // namespace sy::transfer
+
 namespace sy::serve {
 
 std::string PrometheusText(const EngineMetrics& metrics, const std::string& model_name);
@@ -17,5 +22,10 @@ std::string PrometheusText(const EngineMetrics& metrics, const std::string& mode
 // layer: published by the step loop at each window's end, shown by every /metrics from then on.
 // Process-wide, as there is one server per process.
 void PublishExpertImbalance(double imbalance, std::vector<std::pair<int64_t, double>> per_layer);
+
+// Disaggregation: the transfers of a prefill instance (sent) or a decode instance (received),
+// shown by every /metrics of this process (kv_transfers_total, kv_transfer_bytes_total,
+// kv_transfer_seconds_total, kv_transfers_refused_total, by side). Either may be null.
+void PublishTransfers(const transfer::Sender* sender, const transfer::Receiver* receiver);
 
 }  // namespace sy::serve

@@ -1,0 +1,290 @@
+"""Prefill/decode disaggregation (serve --role, route --prefill-engines/--decode-engines), every
+process started here on the trained default model: the disaggregated output equals the colocated
+output (greedy text and log-probability bits, chat and completions, streamed and not; MTP on); a
+corrupted transfer is refused and redone; kill -9 of a prefill and of a decode instance under
+load loses nothing; the transfer and per-pool metrics count what happened."""
+
+import concurrent.futures
+import os
+import signal
+import socket
+import time
+
+import pytest
+from openai import OpenAI
+
+from conftest import BINARY, Server
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+TRAINED = os.path.join(REPO, "models", "default")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def instance(role, *extra, env=None):
+    """(process, gRPC address) of a serve instance of `role`."""
+    port = free_port()
+    command = [BINARY, "--threads", "1", "serve", "--model", TRAINED, "--port", "0",
+               "--grpc-port", str(port), "--role", role, "--kv-cache-tokens", "16384",
+               "--served-model-name", "sy-test", *extra]
+    if env:
+        command = ["env", *[f"{k}={v}" for k, v in env.items()], *command]
+    return Server(None, command=command), f"127.0.0.1:{port}"
+
+
+def router(prefill=(), decode=(), engines=(), *extra):
+    args = ["route", "--port", "0", "--served-model-name", "sy-test", "--probe-interval", "0.1",
+            *extra]
+    if engines:
+        args += ["--engines", ",".join(engines)]
+    else:
+        args += ["--prefill-engines", ",".join(prefill), "--decode-engines", ",".join(decode)]
+    return Server(None, command=[BINARY, *args])
+
+
+def client_for(process):
+    return OpenAI(base_url=process.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+
+def stop_all(procs):
+    for p in procs:
+        if p.process.poll() is None:
+            p.stop()
+
+
+PROMPTS = ["ROMEO: But soft, what light through yonder window breaks?", "KING HENRY:",
+           "To be, or not to be, that is the question: " * 12, "JULIET: O Romeo, Romeo!"]
+
+
+def answers(client, logprobs=True):
+    """Each prompt's greedy answer four ways: completions and chat, streamed and not."""
+    out = []
+    for p in PROMPTS:
+        args = dict(model="sy-test", max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+        c = client.completions.create(prompt=p, logprobs=2 if logprobs else None, **args)
+        choice = c.choices[0]
+        out.append(("completion", choice.text,
+                    choice.logprobs.token_logprobs if logprobs else None,
+                    choice.logprobs.top_logprobs if logprobs else None))
+        text = "".join(ch.choices[0].text for ch in
+                       client.completions.create(prompt=p, stream=True, **args))
+        out.append(("completion streamed", text))
+        messages = [{"role": "user", "content": p}]
+        chat = client.chat.completions.create(messages=messages, logprobs=logprobs or None,
+                                              top_logprobs=2 if logprobs else None, **args)
+        entries = chat.choices[0].logprobs.content if logprobs else []
+        out.append(("chat", chat.choices[0].message.content,
+                    [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs])
+                     for e in entries]))
+        text = ""
+        for ch in client.chat.completions.create(messages=messages, stream=True, **args):
+            if ch.choices and ch.choices[0].delta.content:
+                text += ch.choices[0].delta.content
+        out.append(("chat streamed", text))
+    return out
+
+
+@pytest.mark.parametrize("mode", [[], ["--batch-invariant"]], ids=["default", "batch-invariant"])
+def test_disaggregated_output_equals_colocated(mode):
+    procs = []
+    try:
+        colocated, c_addr = instance("both", *mode)
+        prefill, p_addr = instance("prefill", *mode)
+        decode, d_addr = instance("decode", *mode)
+        procs += [colocated, prefill, decode]
+        split = router([p_addr], [d_addr])
+        together = router(engines=[c_addr])
+        procs += [split, together]
+        want = answers(client_for(together))
+        got = answers(client_for(split))
+        for w, g in zip(want, got):
+            assert g == w, f"{w[0]}: disaggregated {g[1:]!r} vs colocated {w[1:]!r}"
+        # Every request went through a transfer, counted on both sides and by the router.
+        sent = prefill.metric("kv_transfers_total", side="send")
+        received = decode.metric("kv_transfers_total", side="receive")
+        assert sent == received == len(want), (sent, received, "".join(split.log),
+                                               "".join(decode.log), "".join(prefill.log))
+        assert decode.metric("kv_transfer_bytes_total", side="receive") > 0
+        assert decode.metric("kv_transfers_refused_total", side="receive") == 0
+        m = split.metrics()
+        assert m['switchyard:router_time_to_first_token_seconds_count{model_name="sy-test",'
+                 'pool="prefill"}'] == len(want)
+        assert m['switchyard:router_inter_token_latency_seconds_count{model_name="sy-test",'
+                 'pool="decode"}'] == len(want) * 22  # 24 tokens: the first from the prefill
+        assert decode.metric("generation_tokens_total") == len(want) * 23
+    finally:
+        stop_all(procs)
+
+
+def test_mtp_on_both_sides_keeps_greedy_output():
+    procs = []
+    try:
+        mtp = ["--speculative", "mtp", "--num-speculative-tokens", "2"]
+        colocated, c_addr = instance("both", *mtp)
+        prefill, p_addr = instance("prefill", *mtp)
+        decode, d_addr = instance("decode", *mtp)
+        procs += [colocated, prefill, decode]
+        split = router([p_addr], [d_addr])
+        together = router(engines=[c_addr])
+        procs += [split, together]
+        want = answers(client_for(together), logprobs=False)
+        assert answers(client_for(split), logprobs=False) == want
+        assert decode.metric("spec_decode_num_accepted_tokens_total") > 0
+    finally:
+        stop_all(procs)
+
+
+def test_a_corrupted_transfer_is_refused_and_redone():
+    procs = []
+    try:
+        colocated, c_addr = instance("both")
+        # The test hook: this prefill instance flips a byte in its first two rows messages.
+        prefill, p_addr = instance("prefill", env={"SWITCHYARD_TEST_CORRUPT_TRANSFERS": "2"})
+        decode, d_addr = instance("decode")
+        procs += [colocated, prefill, decode]
+        split = router([p_addr], [d_addr])
+        procs.append(split)
+        args = dict(model="sy-test", prompt=PROMPTS[2], max_tokens=30, temperature=0,
+                    extra_body={"ignore_eos": True})
+        want = client_for(colocated).completions.create(**args).choices[0].text
+        assert client_for(split).completions.create(**args).choices[0].text == want
+        assert decode.metric("kv_transfers_refused_total", side="receive") >= 2
+        assert split.metrics()['switchyard:router_kv_transfers_redone_total{model_name="sy-test",'
+                               'pool="decode"}'] == 2
+        assert "checksum" in "".join(decode.log)
+    finally:
+        stop_all(procs)
+
+
+def streams_interrupted(client, prompts, args, interrupt, after_chunks):
+    chunks = [0] * len(prompts)
+
+    def stream(i):
+        text, finish = "", None
+        for c in client.completions.create(prompt=prompts[i], stream=True, **args):
+            text += c.choices[0].text
+            finish = c.choices[0].finish_reason or finish
+            chunks[i] += 1
+        return text, finish
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        futures = [pool.submit(stream, i) for i in range(len(prompts))]
+        deadline = time.time() + 120
+        while min(chunks) < after_chunks and time.time() < deadline:
+            time.sleep(0.005)
+        interrupt()
+        return [f.result(timeout=300) for f in futures]
+
+
+def test_kill_9_of_a_prefill_and_of_a_decode_instance_under_load_loses_nothing():
+    procs = []
+    try:
+        colocated, c_addr = instance("both")
+        p1, p1_addr = instance("prefill")
+        p2, p2_addr = instance("prefill")
+        d1, d1_addr = instance("decode")
+        d2, d2_addr = instance("decode")
+        procs += [colocated, p1, p2, d1, d2]
+        split = router([p1_addr, p2_addr], [d1_addr, d2_addr], (), "--policy", "round_robin")
+        procs.append(split)
+        client = client_for(split)
+        prompts = [f"{name}: " + "Now is the winter of our discontent " * (8 + 3 * i)
+                   for i, name in enumerate(["ROMEO", "KING HENRY", "JULIET", "HAMLET", "LEAR",
+                                             "OTHELLO"])]
+        args = dict(model="sy-test", max_tokens=300, temperature=0,
+                    extra_body={"ignore_eos": True})
+        with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+            reference = list(pool.map(
+                lambda p: client_for(colocated).completions.create(prompt=p, **args)
+                .choices[0].text, prompts))
+
+        def kill(p):
+            p.process.kill()
+            p.process.wait()
+
+        # A decode instance dies with streams in flight on it.
+        results = streams_interrupted(client, prompts, args, lambda: kill(d1), 5)
+        for i, (text, finish) in enumerate(results):
+            assert finish == "length", i
+            assert text == reference[i], f"stream {i} differs after the decode instance died"
+        assert f"{d1_addr} ejected" in "".join(split.log)
+        # A prefill instance dies with prompts on it: stopped first (SIGSTOP), so that they are
+        # certainly there when it is killed.
+        p1.process.send_signal(signal.SIGSTOP)
+
+        def kill_when_busy():
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                _, engines, _ = split.request("GET", "/admin/engines")
+                if next(e for e in engines["engines"] if e["engine"] == p1_addr)["in_flight"] > 0:
+                    break
+                time.sleep(0.01)
+            kill(p1)
+
+        results = streams_interrupted(client, prompts, args, kill_when_busy, 0)
+        for i, (text, finish) in enumerate(results):
+            assert finish == "length", i
+            assert text == reference[i], f"stream {i} differs after the prefill instance died"
+        assert f"{p1_addr} ejected" in "".join(split.log)
+    finally:
+        stop_all(procs)
+    assert "(0 failovers)" not in "".join(split.log)
+
+
+def test_roles_are_checked():
+    procs = []
+    try:
+        colocated, c_addr = instance("both")
+        decode, d_addr = instance("decode")
+        procs += [colocated, decode]
+        # A colocated instance in the prefill pool is never used: the router names why.
+        import subprocess
+        out = subprocess.run([BINARY, "route", "--port", "0", "--prefill-engines", c_addr,
+                              "--decode-engines", d_addr, "--wait", "2"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0
+        assert "--role both" in out.stderr and "--prefill-engines" in out.stderr, out.stderr
+        out = subprocess.run([BINARY, "serve", "--role", "decode", "--port", "0"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0 and "--grpc-port" in out.stderr, out.stderr
+    finally:
+        stop_all(procs)
+
+
+def test_prefill_on_one_emulated_host_decode_on_another_router_on_a_third():
+    """scripts/netns-cluster.sh: three network namespaces on a bridge; the rows cross real TCP
+    links (UCX_TLS=tcp: the namespaces share one kernel, whose shared memory UCX would use)."""
+    import subprocess
+    netns = os.path.join(REPO, "scripts", "netns-cluster.sh")
+    up = subprocess.run(["bash", netns, "up", "3"], capture_output=True, text=True)
+    if up.returncode != 0:
+        pytest.skip("cannot create network namespaces: " + up.stderr[-300:])
+    procs = []
+    try:
+        def on(host, *args):
+            return Server(None, command=["ip", "netns", "exec", f"sy-host{host}", "env",
+                                         "UCX_TLS=tcp", "UCX_NET_DEVICES=eth0", BINARY, *args])
+
+        for h, role in ((0, "prefill"), (1, "decode")):
+            procs.append(on(h, "--threads", "1", "serve", "--model", TRAINED, "--host",
+                            f"10.77.0.{h + 1}", "--port", "0", "--grpc-port", "50051",
+                            "--role", role, "--served-model-name", "sy-test"))
+        assert "ucx://10.77.0.2:" in "".join(procs[1].log)
+        split = on(2, "route", "--prefill-engines", "10.77.0.1:50051", "--decode-engines",
+                   "10.77.0.2:50051", "--host", "10.77.0.3", "--port", "0",
+                   "--served-model-name", "sy-test", "--probe-interval", "0.1")
+        procs.append(split)
+        colocated, _ = instance("both")
+        procs.append(colocated)
+        args = dict(model="sy-test", max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+        for p in PROMPTS:
+            want = client_for(colocated).completions.create(prompt=p, **args).choices[0].text
+            assert client_for(split).completions.create(prompt=p, **args).choices[0].text == want
+        assert procs[1].metric("kv_transfers_total", side="receive") == len(PROMPTS)
+    finally:
+        stop_all(procs)
+        subprocess.run(["bash", netns, "down", "3"], capture_output=True)
