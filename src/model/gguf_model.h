@@ -63,6 +63,13 @@ Result<ModelConfig> GgufModelConfig(const GgufFile& file);
 // Opens `path` (and its other shards) and reads its config.
 Result<ModelConfig> LoadGgufModelConfig(const std::string& path);
 
+// How GGUF weights reach the kernels: quantized types with an integer form (ggml_quants.h: Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) kept as their blocks (DType::kGgml, the mapped file read in
+// place) and multiplied natively (kNative, the default), or every type dequantized to float32 at
+// load (kDequantized, `--gguf-dequantize`: exact products, f32's memory). Set before loading.
+enum class GgufWeights : uint8_t { kNative, kDequantized };
+GgufWeights& GlobalGgufWeights();
+
 // The tensors, dequantized, under Hugging Face names (model.layers.N.self_attn.q_a_proj.weight,
 // ...); each tensor's messages name the GGUF file and tensor it came from.
 // `keep_expert(layer, expert)`, when given, picks the routed experts this process holds (expert

@@ -58,10 +58,12 @@ class TensorReader {
     m.rows = rows;
     m.cols = cols;
     m.data = tensor->data;
+    m.ggml_type = tensor->entry->ggml_type;
     switch (m.dtype) {
       case DType::kF32:
       case DType::kBF16:
       case DType::kF16:
+      case DType::kGgml:  // GGUF blocks (model/gguf_model.h), their sizes checked by the reader
         return m;
       case DType::kF8E4M3:
         break;
@@ -102,11 +104,13 @@ class TensorReader {
     SY_ASSIGN_OR_RETURN(const CheckpointTensor* tensor, Require(name));
     SY_RETURN_IF_ERROR(CheckShape(*tensor, {size}));
     DType dtype = tensor->entry->dtype;
-    if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
+    if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16 &&
+        dtype != DType::kGgml)
       return Status::Errorf("{}: tensor '{}' has dtype {}; expected F32, BF16 or F16",
                             *tensor->file, name, DTypeName(dtype));
     Matrix view;
     view.dtype = dtype;
+    view.ggml_type = tensor->entry->ggml_type;
     view.rows = 1;
     view.cols = size;
     view.data = tensor->data;
