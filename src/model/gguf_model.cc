@@ -513,6 +513,15 @@ class GgufConverter {
                   static_cast<size_t>(dv * r) * sizeof(float));
     }
     Add(prefix + "self_attn.kv_b_proj.weight", {H * (dn + dv), r}, std::move(joined), k_b);
+    // attn_k_b and attn_v_b are, head by head, the absorbed form's W_UKᵀ and W_UV: kept as
+    // blocks too where both have an integer form, decode multiplies with them natively.
+    if (GlobalGgufWeights() == GgufWeights::kNative && GgmlIntegerForm(k_b.type) &&
+        GgmlIntegerForm(v_b->type)) {
+      SY_ASSIGN_OR_RETURN(TensorToWrite k_blocks, Rows(k_b, 0, H * r, /*keep_blocks=*/true));
+      Add(prefix + "self_attn.gguf_k_b.weight", {H * r, dn}, std::move(k_blocks), k_b);
+      SY_ASSIGN_OR_RETURN(TensorToWrite v_blocks, Rows(*v_b, 0, H * dv, /*keep_blocks=*/true));
+      Add(prefix + "self_attn.gguf_v_b.weight", {H * dv, r}, std::move(v_blocks), *v_b);
+    }
     return Status::Ok();
   }
 
