@@ -108,6 +108,7 @@ std::vector<float> Product(const std::vector<float>& x, int64_t m, const PackedM
 std::vector<GgmlKernel> Kernels() {
   kernels::LimitGgmlKernel(GgmlKernel::kAvx512Vnni);
   std::vector<GgmlKernel> all = {GgmlKernel::kPortable};
+  if (kernels::ActiveGgmlKernel() >= GgmlKernel::kAvx2) all.push_back(GgmlKernel::kAvx2);
   if (kernels::ActiveGgmlKernel() == GgmlKernel::kAvx512Vnni) all.push_back(GgmlKernel::kAvx512Vnni);
   return all;
 }

@@ -231,13 +231,159 @@ void TileVnniRows(int64_t count, const int8_t* x, int64_t x_stride, const float*
   (std::make_integer_sequence<int, kMaxTileRows>{});
 }
 
+// AVX2: the same integers through VPMADDUBSW (unsigned codes × signed activations, pairs in
+// int16) and VPMADDWD by ones, one 8-row half of a panel at a time (a ymm holds 8 rows × 4
+// columns). Codes of at most 63 keep a pair within int16 (2 · 63 · 127); Q8_0's bytes take the
+// sign trick instead (|q − 128| × x with q − 128's sign: 2 · 128 · 127), which sums
+// Σ (q − 128) · x directly.
+#define SY_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+constexpr int kMaxTileRowsAvx2 = 4;
+
+template <int R, int Bits>
+SY_AVX2_TARGET inline void QuadAvx2(__m256i q, const int8_t* x, int64_t x_stride, int64_t c,
+                                    __m256i* s) {
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int r = 0; r < R; ++r) {
+    int32_t xq;
+    std::memcpy(&xq, x + r * x_stride + c, 4);
+    const __m256i xb = _mm256_set1_epi32(xq);
+    __m256i pairs;
+    if constexpr (Bits == 8) {
+      const __m256i signed_q = _mm256_xor_si256(q, flip);
+      pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(signed_q), _mm256_sign_epi8(xb, signed_q));
+    } else {
+      pairs = _mm256_maddubs_epi16(q, xb);
+    }
+    s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(pairs, ones));
+  }
+}
+
+template <int R, int Bits, int SubCols, bool SharedD, bool Unit>
+SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs,
+                             int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
+                             const PackedMatrix& w, int64_t panel, int half, float* state) {
+  const uint8_t* codes = w.Panel(panel) + 32 * half;
+  const uint8_t* plane = w.Panel(panel) + w.cols * kPanelRows / 2 + 32 * half;  // Bits == 6
+  const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
+  const int64_t per_block = w.super_cols / SubCols;
+  const int64_t lanes = 8 * half;
+  const int8_t* sc_base = Unit ? nullptr : w.sub_scales.data() + panel * subs * kPanelRows + lanes;
+  const int8_t* mn_base =
+      Unit || SharedD ? nullptr : w.sub_mins.data() + panel * subs * kPanelRows + lanes;
+  const uint16_t* d_base = w.super_d.data() + panel * blocks * kPanelRows + lanes;
+  const uint16_t* dmin_base =
+      SharedD ? nullptr : w.super_dmin.data() + panel * blocks * kPanelRows + lanes;
+  const __m256i nibble = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi8(0x30);
+  __m256 out[R];
+  for (int r = 0; r < R; ++r)
+    out[r] = _mm256_loadu_ps(state + r * kPanelRows + lanes);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i a[R], mins[R];
+    for (int r = 0; r < R; ++r)
+      a[r] = mins[r] = _mm256_setzero_si256();
+    for (int64_t j = b * per_block; j < (b + 1) * per_block; ++j) {
+      __m256i s[R];
+      for (int r = 0; r < R; ++r)
+        s[r] = SharedD && Bits != 8 ? _mm256_set1_epi32(-sums[r * sums_stride + j])
+                                    : _mm256_setzero_si256();
+      const int64_t c0 = j * SubCols;
+      if constexpr (Bits == 8) {
+        for (int64_t c = c0; c < c0 + SubCols; c += 4)
+          QuadAvx2<R, Bits>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 4) * 64)),
+                            x, x_stride, c, s);
+      } else {
+        for (int64_t c = c0; c < c0 + SubCols; c += 16) {
+          const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 8) * 64));
+          const __m256i v1 =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 8 + 1) * 64));
+          __m256i q0 = _mm256_and_si256(v0, nibble);
+          __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble);
+          __m256i q2 = _mm256_and_si256(v1, nibble);
+          __m256i q3 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble);
+          if constexpr (Bits == 6) {
+            const __m256i h =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(plane + (c / 16) * 64));
+            q0 = _mm256_or_si256(q0, _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
+            q1 = _mm256_or_si256(q1, _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
+            q2 = _mm256_or_si256(q2, _mm256_and_si256(h, top));
+            q3 = _mm256_or_si256(q3, _mm256_and_si256(_mm256_srli_epi16(h, 2), top));
+          }
+          QuadAvx2<R, Bits>(q0, x, x_stride, c, s);
+          QuadAvx2<R, Bits>(q1, x, x_stride, c + 4, s);
+          QuadAvx2<R, Bits>(q2, x, x_stride, c + 8, s);
+          QuadAvx2<R, Bits>(q3, x, x_stride, c + 12, s);
+        }
+      }
+      if constexpr (Unit) {
+        for (int r = 0; r < R; ++r) {
+          a[r] = _mm256_add_epi32(a[r], s[r]);
+          if constexpr (!SharedD)
+            mins[r] = _mm256_add_epi32(mins[r], _mm256_set1_epi32(sums[r * sums_stride + j]));
+        }
+      } else {
+        const __m256i sc = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc_base + j * kPanelRows)));
+        for (int r = 0; r < R; ++r)
+          a[r] = _mm256_add_epi32(a[r], _mm256_mullo_epi32(s[r], sc));
+        if constexpr (!SharedD) {
+          const __m256i mn = _mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn_base + j * kPanelRows)));
+          for (int r = 0; r < R; ++r)
+            mins[r] = _mm256_add_epi32(
+                mins[r], _mm256_mullo_epi32(mn, _mm256_set1_epi32(sums[r * sums_stride + j])));
+        }
+      }
+    }
+    const __m256 d =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d_base + b * kPanelRows)));
+    if constexpr (SharedD) {
+      for (int r = 0; r < R; ++r) {
+        const __m256 t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(a[r]));
+        out[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(xs[r * xs_stride + b]), out[r]);
+      }
+    } else {
+      const __m256 dmin = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(dmin_base + b * kPanelRows)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 t = _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(a[r]),
+                                         _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins[r])));
+        out[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(xs[r * xs_stride + b]), out[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    _mm256_storeu_ps(state + r * kPanelRows + lanes, out[r]);
+}
+
+template <int Bits, int SubCols, bool SharedD, bool Unit>
+void TileAvx2Rows(int64_t count, const int8_t* x, int64_t x_stride, const float* xs,
+                  int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
+                  const PackedMatrix& w, int64_t panel, float* state) {
+  for (int half = 0; half < 2; ++half)
+    [&]<int... R>(std::integer_sequence<int, R...>) {
+      (void)((count == R + 1
+                  ? (TileAvx2<R + 1, Bits, SubCols, SharedD, Unit>(
+                         x, x_stride, xs, xs_stride, sums, sums_stride, w, panel, half, state),
+                     true)
+                  : false) ||
+             ...);
+    }
+  (std::make_integer_sequence<int, kMaxTileRowsAvx2>{});
+}
+
 // The tile kernel for w's type: code width, sub-block size, shared d, unit scales.
-void TileVnniAny(int64_t count, const int8_t* x, int64_t x_stride, const float* xs,
+template <bool kAvx2>
+void TileAny(int64_t count, const int8_t* x, int64_t x_stride, const float* xs,
                  int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
                  const PackedMatrix& w, int64_t panel, float* state) {
-#define SY_TILE(bits, sub, shared, unit)                                                       \
-  TileVnniRows<bits, sub, shared, unit>(count, x, x_stride, xs, xs_stride, sums, sums_stride, w, \
-                                        panel, state);                                         \
+#define SY_TILE(bits, sub, shared, unit)                                                      \
+  if constexpr (kAvx2) {                                                                      \
+    TileAvx2Rows<bits, sub, shared, unit>(count, x, x_stride, xs, xs_stride, sums,             \
+                                          sums_stride, w, panel, state);                      \
+  } else {                                                                                    \
+    TileVnniRows<bits, sub, shared, unit>(count, x, x_stride, xs, xs_stride, sums,             \
+                                          sums_stride, w, panel, state);                      \
+  }                                                                                           \
   return
   switch (w.ggml_type) {
     case GgmlType::kQ4_0:
@@ -266,6 +412,11 @@ void TileVnniAny(int64_t count, const int8_t* x, int64_t x_stride, const float* 
 #undef SY_TILE
 }
 
+bool CpuHasAvx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
 bool CpuHasVnni() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -287,11 +438,13 @@ void ForEachTile(int64_t m, int64_t max_rows, Body body) {
 }  // namespace
 
 GgmlKernel ActiveGgmlKernel() {
+  GgmlKernel best = GgmlKernel::kPortable;
 #if defined(__x86_64__)
-  static const bool vnni = CpuHasVnni();
-  if (vnni && IsaAllows(IsaLevel::kAvx512)) return std::min(kernel_limit, GgmlKernel::kAvx512Vnni);
+  static const bool avx2 = CpuHasAvx2(), vnni = avx2 && CpuHasVnni();
+  if (avx2 && IsaAllows(IsaLevel::kAvx2)) best = GgmlKernel::kAvx2;
+  if (vnni && IsaAllows(IsaLevel::kAvx512)) best = GgmlKernel::kAvx512Vnni;
 #endif
-  return GgmlKernel::kPortable;
+  return std::min(kernel_limit, best);
 }
 
 void LimitGgmlKernel(GgmlKernel kernel) {
@@ -299,7 +452,9 @@ void LimitGgmlKernel(GgmlKernel kernel) {
 }
 
 const char* GgmlKernelName(GgmlKernel kernel) {
-  return kernel == GgmlKernel::kAvx512Vnni ? "ggml-avx512vnni" : "ggml";
+  return kernel == GgmlKernel::kAvx512Vnni ? "ggml-avx512vnni"
+         : kernel == GgmlKernel::kAvx2      ? "ggml-avx2"
+                                            : "ggml";
 }
 
 void QuantizeRowsQ8(const float* x, int64_t m, const PackedMatrix& w, Q8Rows& out,
@@ -334,8 +489,13 @@ void GgmlPanels(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w
 #if defined(__x86_64__)
     if (kernel == GgmlKernel::kAvx512Vnni) {
       ForEachTile(m, kMaxTileRows, [&](int64_t row, int64_t count) {
-        TileVnniAny(count, x.Codes(first + row), x.stride, x.Scales(first + row), x.blocks,
-                    x.Sums(first + row), x.subs, w, p, state.data() + row * kPanelRows);
+        TileAny<false>(count, x.Codes(first + row), x.stride, x.Scales(first + row), x.blocks,
+                       x.Sums(first + row), x.subs, w, p, state.data() + row * kPanelRows);
+      });
+    } else if (kernel == GgmlKernel::kAvx2) {
+      ForEachTile(m, kMaxTileRowsAvx2, [&](int64_t row, int64_t count) {
+        TileAny<true>(count, x.Codes(first + row), x.stride, x.Scales(first + row), x.blocks,
+                      x.Sums(first + row), x.subs, w, p, state.data() + row * kPanelRows);
       });
     }
 #endif
