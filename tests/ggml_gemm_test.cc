@@ -14,10 +14,10 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/ggml_gemm.h"
 #include "kernels/cpu/grouped_ffn.h"
-#include "kernels/cpu/elementwise.h"
 #include "tensor/ggml_quants.h"
 #include "tensor/matrix.h"
 #include "tensor/packed_matrix.h"
@@ -109,7 +109,8 @@ std::vector<GgmlKernel> Kernels() {
   kernels::LimitGgmlKernel(GgmlKernel::kAvx512Vnni);
   std::vector<GgmlKernel> all = {GgmlKernel::kPortable};
   if (kernels::ActiveGgmlKernel() >= GgmlKernel::kAvx2) all.push_back(GgmlKernel::kAvx2);
-  if (kernels::ActiveGgmlKernel() == GgmlKernel::kAvx512Vnni) all.push_back(GgmlKernel::kAvx512Vnni);
+  if (kernels::ActiveGgmlKernel() == GgmlKernel::kAvx512Vnni)
+    all.push_back(GgmlKernel::kAvx512Vnni);
   return all;
 }
 
@@ -213,10 +214,9 @@ TEST_P(GgmlGemmTest, ARowIsTheSameBitsAloneAndInAnyBatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, GgmlGemmTest, ::testing::ValuesIn(kTypes),
-                         [](const auto& info) {
-                           return std::string(GgmlTypeInfo(info.param)->name);
-                         });
+INSTANTIATE_TEST_SUITE_P(Types, GgmlGemmTest, ::testing::ValuesIn(kTypes), [](const auto& info) {
+  return std::string(GgmlTypeInfo(info.param)->name);
+});
 
 TEST(GgmlGemmTest, NonFiniteActivationsGiveNaN) {
   RandomGgml w = MakeRandom(GgmlType::kQ4_K, 16, 512, 1);

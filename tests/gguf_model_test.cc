@@ -362,12 +362,14 @@ TEST(GgufModelTest, NativeQuantizedProductsMatchTheDequantizedPath) {
     const int64_t rows = static_cast<int64_t>(result.row_max_diff.size());
     EXPECT_EQ(result.top1_mismatches, 0);
     EXPECT_LE(result.RowsOver(6e-2), rows / 20);
-    std::printf("%s native vs dequantized: prefill max |Δ| %.2g of max |logit|; decode steps "
-                "max |Δ| %.3g (%.2g of max |logit|), %lld of %lld rows over 6e-2; top-1 checked on %lld rows, the same on %lld of all\n",
-                file, prefill.MaxDiff() / prefill.max_abs_reference, result.MaxDiff(),
-                result.MaxDiff() / result.max_abs_reference,
-                static_cast<long long>(result.RowsOver(6e-2)), static_cast<long long>(rows),
-                static_cast<long long>(result.clear_rows), static_cast<long long>(result.top1_agree));
+    std::printf(
+        "%s native vs dequantized: prefill max |Δ| %.2g of max |logit|; decode steps "
+        "max |Δ| %.3g (%.2g of max |logit|), %lld of %lld rows over 6e-2; top-1 checked on %lld "
+        "rows, the same on %lld of all\n",
+        file, prefill.MaxDiff() / prefill.max_abs_reference, result.MaxDiff(),
+        result.MaxDiff() / result.max_abs_reference, static_cast<long long>(result.RowsOver(6e-2)),
+        static_cast<long long>(rows), static_cast<long long>(result.clear_rows),
+        static_cast<long long>(result.top1_agree));
   }
 }
 

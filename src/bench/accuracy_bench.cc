@@ -129,9 +129,10 @@ std::string AccuracyReportTable(const AccuracyReport& r) {
       "{:<16} {:10.4f}   {:6.2f}%\n"
       "{:<16} {:10.4f}   {:6.2f}%   ({:+.2f}% perplexity)\n"
       "KL(first || second): mean {:.5f} nats, max {:.5f}; top-1 agreement {:.2f}%\n",
-      r.passages, r.predictions, r.exact_label, r.exact_perplexity, 100 * r.exact_top1_accuracy, r.int8_label, r.int8_perplexity,
-      100 * r.int8_top1_accuracy, 100 * (r.int8_perplexity / r.exact_perplexity - 1), r.mean_kl,
-      r.max_kl, 100 * r.top1_agreement);
+      r.passages, r.predictions, r.exact_label, r.exact_perplexity, 100 * r.exact_top1_accuracy,
+      r.int8_label, r.int8_perplexity, 100 * r.int8_top1_accuracy,
+      100 * (r.int8_perplexity / r.exact_perplexity - 1), r.mean_kl, r.max_kl,
+      100 * r.top1_agreement);
 }
 
 std::string AccuracyReportJson(const AccuracyReport& r) {

@@ -159,8 +159,8 @@ void AddBenchAccuracyCommand(CLI::App& bench_app) {
   a->add_option("--prompts", args->prompts,
                 "JSON Lines of {\"text\": ...} (default: held-out Tempest and Sonnets passages)");
   a->add_option("--against", args->against,
-                 "Compare the model as it loads (a GGUF with its native quantized products, say) "
-                 "with this checkpoint's exact products, instead of exact against int8");
+                "Compare the model as it loads (a GGUF with its native quantized products, say) "
+                "with this checkpoint's exact products, instead of exact against int8");
   a->add_flag("--json", args->json, "Print one JSON object");
   a->callback([args] {
     const std::string directory = ResolveModelDirectory(args->model);

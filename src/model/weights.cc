@@ -161,10 +161,10 @@ Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelCo
                       reader.LoadMatrix(attn + ".kv_b_proj.weight",
                                         H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank));
   if (reader.Find(attn + ".gguf_k_b.weight") && reader.Find(attn + ".gguf_v_b.weight")) {
-    SY_ASSIGN_OR_RETURN(a.gguf_k_b, reader.LoadMatrix(attn + ".gguf_k_b.weight",
-                                                      H * c.kv_lora_rank, c.qk_nope_head_dim));
-    SY_ASSIGN_OR_RETURN(a.gguf_v_b, reader.LoadMatrix(attn + ".gguf_v_b.weight",
-                                                      H * c.v_head_dim, c.kv_lora_rank));
+    SY_ASSIGN_OR_RETURN(a.gguf_k_b, reader.LoadMatrix(attn + ".gguf_k_b.weight", H * c.kv_lora_rank,
+                                                      c.qk_nope_head_dim));
+    SY_ASSIGN_OR_RETURN(
+        a.gguf_v_b, reader.LoadMatrix(attn + ".gguf_v_b.weight", H * c.v_head_dim, c.kv_lora_rank));
   }
   SY_ASSIGN_OR_RETURN(a.o_proj, reader.LoadMatrix(attn + ".o_proj.weight", D, H * c.v_head_dim));
   SY_ASSIGN_OR_RETURN(w.post_attention_layernorm,

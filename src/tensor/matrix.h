@@ -26,7 +26,7 @@ struct Matrix {
   int64_t scale_cols = 0;
   int64_t first_row = 0;  // row offset of this view within the quantized matrix (for scales)
   GgmlType ggml_type = GgmlType::kF32;  // kGgml: the blocks' type (each row whole blocks)
-  std::shared_ptr<const void> owner;  // keeps owned data alive (mapped files, converted copies)
+  std::shared_ptr<const void> owner;    // keeps owned data alive (mapped files, converted copies)
   // The same weights re-laid out for the fast kernels (tensor/packed_matrix.h), when packed.
   std::shared_ptr<const struct PackedMatrix> packed;
 

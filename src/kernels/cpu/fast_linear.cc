@@ -38,8 +38,8 @@ bool UseBf16Gemm(int64_t m, const PackedMatrix& w) {
   // Where the dot kernel runs, f32 weights (the router) keep f32 products at every row count,
   // so rows stay independent of the batch.
   if (options.bf16_dot && HasBf16Dot()) return false;
-  return w.dtype != DType::kI8 && w.dtype != DType::kGgml && !decode_step && options.allow_bf16_gemm &&
-         m >= options.bf16_gemm_min_rows && HasAvx512Bf16() &&
+  return w.dtype != DType::kI8 && w.dtype != DType::kGgml && !decode_step &&
+         options.allow_bf16_gemm && m >= options.bf16_gemm_min_rows && HasAvx512Bf16() &&
          (w.dtype != DType::kF8E4M3 || w.block_cols % 2 == 0);
 }
 

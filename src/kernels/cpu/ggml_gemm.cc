@@ -126,16 +126,15 @@ SY_VNNI_TARGET inline void Quad(__m512i codes, const int8_t* x, int64_t x_stride
 }
 
 template <int R, int Bits, int SubCols, bool SharedD, bool Unit>
-SY_VNNI_TARGET void TileVnni(const int8_t* x, int64_t x_stride, const float* xs,
-                             int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
-                             const PackedMatrix& w, int64_t panel, float* state) {
+SY_VNNI_TARGET void TileVnni(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
+                             const int32_t* sums, int64_t sums_stride, const PackedMatrix& w,
+                             int64_t panel, float* state) {
   const uint8_t* codes = w.Panel(panel);
   const uint8_t* plane = codes + w.cols * kPanelRows / 2;  // Bits == 6
   const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
   const int64_t per_block = w.super_cols / SubCols;
   const int8_t* sc_base = Unit ? nullptr : w.sub_scales.data() + panel * subs * kPanelRows;
-  const int8_t* mn_base =
-      Unit || SharedD ? nullptr : w.sub_mins.data() + panel * subs * kPanelRows;
+  const int8_t* mn_base = Unit || SharedD ? nullptr : w.sub_mins.data() + panel * subs * kPanelRows;
   const uint16_t* d_base = w.super_d.data() + panel * blocks * kPanelRows;
   const uint16_t* dmin_base = SharedD ? nullptr : w.super_dmin.data() + panel * blocks * kPanelRows;
   const __m512i nibble = _mm512_set1_epi8(0x0f), top = _mm512_set1_epi8(0x30);
@@ -183,29 +182,29 @@ SY_VNNI_TARGET void TileVnni(const int8_t* x, int64_t x_stride, const float* xs,
             mins[r] = _mm512_add_epi32(mins[r], _mm512_set1_epi32(sums[r * sums_stride + j]));
         }
       } else {
-        const __m512i sc = _mm512_maskz_cvtepi8_epi32(kAll, 
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc_base + j * kPanelRows)));
+        const __m512i sc = _mm512_maskz_cvtepi8_epi32(
+            kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc_base + j * kPanelRows)));
         for (int r = 0; r < R; ++r)
           a[r] = _mm512_add_epi32(a[r], _mm512_mullo_epi32(s[r], sc));
         if constexpr (!SharedD) {
-          const __m512i mn = _mm512_maskz_cvtepi8_epi32(kAll, 
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(mn_base + j * kPanelRows)));
+          const __m512i mn = _mm512_maskz_cvtepi8_epi32(
+              kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mn_base + j * kPanelRows)));
           for (int r = 0; r < R; ++r)
             mins[r] = _mm512_add_epi32(
                 mins[r], _mm512_mullo_epi32(mn, _mm512_set1_epi32(sums[r * sums_stride + j])));
         }
       }
     }
-    const __m512 d = _mm512_maskz_cvtph_ps(kAll, 
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d_base + b * kPanelRows)));
+    const __m512 d = _mm512_maskz_cvtph_ps(
+        kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d_base + b * kPanelRows)));
     if constexpr (SharedD) {
       for (int r = 0; r < R; ++r) {
         const __m512 t = _mm512_mul_ps(d, ToFloat(a[r]));
         out[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(xs[r * xs_stride + b]), out[r]);
       }
     } else {
-      const __m512 dmin = _mm512_maskz_cvtph_ps(kAll, 
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dmin_base + b * kPanelRows)));
+      const __m512 dmin = _mm512_maskz_cvtph_ps(
+          kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dmin_base + b * kPanelRows)));
       for (int r = 0; r < R; ++r) {
         const __m512 t = _mm512_fmsub_ps(d, ToFloat(a[r]), _mm512_mul_ps(dmin, ToFloat(mins[r])));
         out[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(xs[r * xs_stride + b]), out[r]);
@@ -221,11 +220,10 @@ void TileVnniRows(int64_t count, const int8_t* x, int64_t x_stride, const float*
                   int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
                   const PackedMatrix& w, int64_t panel, float* state) {
   [&]<int... R>(std::integer_sequence<int, R...>) {
-    (void)((count == R + 1
-                ? (TileVnni<R + 1, Bits, SubCols, SharedD, Unit>(x, x_stride, xs, xs_stride, sums,
-                                                                sums_stride, w, panel, state),
-                   true)
-                : false) ||
+    (void)((count == R + 1 ? (TileVnni<R + 1, Bits, SubCols, SharedD, Unit>(
+                                  x, x_stride, xs, xs_stride, sums, sums_stride, w, panel, state),
+                              true)
+                           : false) ||
            ...);
   }
   (std::make_integer_sequence<int, kMaxTileRows>{});
@@ -259,9 +257,9 @@ SY_AVX2_TARGET inline void QuadAvx2(__m256i q, const int8_t* x, int64_t x_stride
 }
 
 template <int R, int Bits, int SubCols, bool SharedD, bool Unit>
-SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs,
-                             int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
-                             const PackedMatrix& w, int64_t panel, int half, float* state) {
+SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
+                             const int32_t* sums, int64_t sums_stride, const PackedMatrix& w,
+                             int64_t panel, int half, float* state) {
   const uint8_t* codes = w.Panel(panel) + 32 * half;
   const uint8_t* plane = w.Panel(panel) + w.cols * kPanelRows / 2 + 32 * half;  // Bits == 6
   const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
@@ -289,11 +287,13 @@ SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs,
       const int64_t c0 = j * SubCols;
       if constexpr (Bits == 8) {
         for (int64_t c = c0; c < c0 + SubCols; c += 4)
-          QuadAvx2<R, Bits>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 4) * 64)),
-                            x, x_stride, c, s);
+          QuadAvx2<R, Bits>(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 4) * 64)), x,
+              x_stride, c, s);
       } else {
         for (int64_t c = c0; c < c0 + SubCols; c += 16) {
-          const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 8) * 64));
+          const __m256i v0 =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 8) * 64));
           const __m256i v1 =
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 8 + 1) * 64));
           __m256i q0 = _mm256_and_si256(v0, nibble);
@@ -373,17 +373,17 @@ void TileAvx2Rows(int64_t count, const int8_t* x, int64_t x_stride, const float*
 
 // The tile kernel for w's type: code width, sub-block size, shared d, unit scales.
 template <bool kAvx2>
-void TileAny(int64_t count, const int8_t* x, int64_t x_stride, const float* xs,
-                 int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
-                 const PackedMatrix& w, int64_t panel, float* state) {
-#define SY_TILE(bits, sub, shared, unit)                                                      \
-  if constexpr (kAvx2) {                                                                      \
-    TileAvx2Rows<bits, sub, shared, unit>(count, x, x_stride, xs, xs_stride, sums,             \
-                                          sums_stride, w, panel, state);                      \
-  } else {                                                                                    \
-    TileVnniRows<bits, sub, shared, unit>(count, x, x_stride, xs, xs_stride, sums,             \
-                                          sums_stride, w, panel, state);                      \
-  }                                                                                           \
+void TileAny(int64_t count, const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
+             const int32_t* sums, int64_t sums_stride, const PackedMatrix& w, int64_t panel,
+             float* state) {
+#define SY_TILE(bits, sub, shared, unit)                                                           \
+  if constexpr (kAvx2) {                                                                           \
+    TileAvx2Rows<bits, sub, shared, unit>(count, x, x_stride, xs, xs_stride, sums, sums_stride, w, \
+                                          panel, state);                                           \
+  } else {                                                                                         \
+    TileVnniRows<bits, sub, shared, unit>(count, x, x_stride, xs, xs_stride, sums, sums_stride, w, \
+                                          panel, state);                                           \
+  }                                                                                                \
   return
   switch (w.ggml_type) {
     case GgmlType::kQ4_0:
@@ -453,12 +453,11 @@ void LimitGgmlKernel(GgmlKernel kernel) {
 
 const char* GgmlKernelName(GgmlKernel kernel) {
   return kernel == GgmlKernel::kAvx512Vnni ? "ggml-avx512vnni"
-         : kernel == GgmlKernel::kAvx2      ? "ggml-avx2"
-                                            : "ggml";
+         : kernel == GgmlKernel::kAvx2     ? "ggml-avx2"
+                                           : "ggml";
 }
 
-void QuantizeRowsQ8(const float* x, int64_t m, const PackedMatrix& w, Q8Rows& out,
-                    bool parallel) {
+void QuantizeRowsQ8(const float* x, int64_t m, const PackedMatrix& w, Q8Rows& out, bool parallel) {
   constexpr int64_t kLine = 64;
   out.cols = w.cols;
   out.block_cols = w.super_cols;
@@ -472,10 +471,11 @@ void QuantizeRowsQ8(const float* x, int64_t m, const PackedMatrix& w, Q8Rows& ou
   out.codes.resize(static_cast<size_t>(m * out.stride));
   out.scales.resize(static_cast<size_t>(m * out.blocks));
   out.sums.resize(static_cast<size_t>(m * out.subs));
-  ThreadPool::Global().ParallelForIf(
-      parallel && m > 1 && m * w.cols >= 8192, static_cast<size_t>(m), [&](size_t begin, size_t end) {
-        QuantizeRowRange(x, static_cast<int64_t>(begin), static_cast<int64_t>(end), out);
-      });
+  ThreadPool::Global().ParallelForIf(parallel && m > 1 && m * w.cols >= 8192,
+                                     static_cast<size_t>(m), [&](size_t begin, size_t end) {
+                                       QuantizeRowRange(x, static_cast<int64_t>(begin),
+                                                        static_cast<int64_t>(end), out);
+                                     });
 }
 
 void GgmlPanels(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w,

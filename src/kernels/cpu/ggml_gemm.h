@@ -59,8 +59,8 @@ void GgmlPanels(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w
 //  - kAvx2: VPMADDUBSW + VPMADDWD on 8-row halves of a panel (Haswell, Zen 1–3).
 //  - kAvx512Vnni: VPDPBUSD on 512-bit vectors (Intel since Cascade Lake, AMD since Zen 4).
 enum class GgmlKernel : uint8_t { kPortable, kAvx2, kAvx512Vnni };
-GgmlKernel ActiveGgmlKernel();             // the best this CPU and --max-isa allow, or the limit
-void LimitGgmlKernel(GgmlKernel kernel);   // tests: use at most `kernel`
+GgmlKernel ActiveGgmlKernel();            // the best this CPU and --max-isa allow, or the limit
+void LimitGgmlKernel(GgmlKernel kernel);  // tests: use at most `kernel`
 const char* GgmlKernelName(GgmlKernel kernel);  // "ggml", "ggml-avx2", "ggml-avx512vnni"
 
 }  // namespace sy::kernels

@@ -199,7 +199,8 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     const uint16_t* xb = x_bf16[e].data();
     float* gate = hidden_rows.data() + first * width;
     float* up = up_rows.data() + first * width;
-    Product(path[e], x + first * hidden, xb, x_int8, x_ggml[e], first, count, *w.gate, p, p_end, gate);
+    Product(path[e], x + first * hidden, xb, x_int8, x_ggml[e], first, count, *w.gate, p, p_end,
+            gate);
     Product(path[e], x + first * hidden, xb, x_int8, x_ggml[e], first, count, *w.up, p, p_end, up);
     const int64_t c0 = p * kPanelRows, c1 = std::min(width, p_end * kPanelRows);
     for (int64_t r = 0; r < count; ++r)
@@ -218,8 +219,8 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     const int64_t first = offsets[e], count = offsets[e + 1] - first;
     const PackedMatrix& down = *experts[e].down;
     const int64_t p_end = std::min<int64_t>(down.panels, p + PanelsPerItem(path[e], count));
-    Product(path[e], hidden_rows.data() + first * width, x_bf16[e].data(), x_int8, x_ggml[e], first, count,
-            down, p, p_end, out + first * hidden);
+    Product(path[e], hidden_rows.data() + first * width, x_bf16[e].data(), x_int8, x_ggml[e], first,
+            count, down, p, p_end, out + first * hidden);
   });
 }
 
