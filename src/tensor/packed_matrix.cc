@@ -202,8 +202,11 @@ std::shared_ptr<const PackedMatrix> PackGgml(const Matrix& m) {
   if (!p.shared_d) p.super_dmin.assign(p.super_d.size(), 0);
   const size_t panel_bytes = static_cast<size_t>(m.cols) * p.PanelColumnBytes();
   const size_t nibble_bytes = static_cast<size_t>(m.cols * kPanelRows / 2);
+  // Each row's blocks decoded into one row of codes, then written to the panel in whole units
+  // (a byte per 4-, 6- or 8-bit code's low part, a byte of top bits per four 6-bit codes).
   ThreadPool::Global().ParallelFor(static_cast<size_t>(p.panels), [&](size_t begin, size_t end) {
     GgmlIntegerBlock block;
+    std::vector<uint8_t> q(static_cast<size_t>(m.cols));
     for (size_t panel = begin; panel < end; ++panel) {
       uint8_t* target = p.data.get() + panel * panel_bytes;
       for (int64_t r = 0; r < kPanelRows; ++r) {
@@ -220,21 +223,27 @@ std::shared_ptr<const PackedMatrix> PackGgml(const Matrix& m) {
             p.sub_scales[sub] = block.sc[j];
             if (!p.shared_d) p.sub_mins[sub] = static_cast<int8_t>(block.mn[j]);
           }
-          for (int64_t e = 0; e < p.super_cols; ++e) {
-            const int64_t c = b * p.super_cols + e;
-            const uint8_t q = block.q[e];
-            if (p.code_bits == 8) {
-              target[((c / 4) * kPanelRows + r) * 4 + c % 4] = q;
-              continue;
-            }
-            const int64_t within = c % 8;
-            target[((c / 8) * kPanelRows + r) * 4 + within % 4] |=
-                static_cast<uint8_t>((q & 15) << (within < 4 ? 0 : 4));
-            if (p.code_bits == 6)
-              target[nibble_bytes + ((c / 16) * kPanelRows + r) * 4 + c % 4] |=
-                  static_cast<uint8_t>((q >> 4) << (2 * ((c % 16) / 4)));
-          }
+          std::memcpy(q.data() + b * p.super_cols, block.q, static_cast<size_t>(p.super_cols));
         }
+        if (p.code_bits == 8) {
+          for (int64_t c = 0; c < m.cols; c += 4)
+            std::memcpy(target + ((c / 4) * kPanelRows + r) * 4, q.data() + c, 4);
+          continue;
+        }
+        for (int64_t k = 0; k < m.cols / 8; ++k) {
+          uint8_t* out = target + (k * kPanelRows + r) * 4;
+          const uint8_t* in = q.data() + 8 * k;
+          for (int b = 0; b < 4; ++b)
+            out[b] = static_cast<uint8_t>((in[b] & 15) | (in[b + 4] & 15) << 4);
+        }
+        if (p.code_bits == 6)
+          for (int64_t k = 0; k < m.cols / 16; ++k) {
+            uint8_t* out = target + nibble_bytes + (k * kPanelRows + r) * 4;
+            const uint8_t* in = q.data() + 16 * k;
+            for (int b = 0; b < 4; ++b)
+              out[b] = static_cast<uint8_t>((in[b] >> 4) | (in[b + 4] >> 4) << 2 |
+                                            (in[b + 8] >> 4) << 4 | (in[b + 12] >> 4) << 6);
+          }
       }
     }
   });
