@@ -21,6 +21,8 @@ GgmlKernel kernel_limit = GgmlKernel::kAvx512Vnni;
 // Rows per tile of the VNNI kernel: per row a block accumulator and a sub-block one (16 of the
 // 32 registers at 8 rows), the rest for the codes and broadcasts.
 constexpr int kMaxTileRows = 8;
+// Software prefetch distance in a panel stream (as the other kernels: 2 KiB).
+constexpr int64_t kPrefetchBytes = 2048;
 
 void QuantizeRowRange(const float* x, int64_t first, int64_t last, Q8Rows& out) {
   for (int64_t r = first; r < last; ++r) {
@@ -152,10 +154,22 @@ SY_VNNI_TARGET void TileVnni(const int8_t* x, int64_t x_stride, const float* xs,
         s[r] = SharedD ? _mm512_set1_epi32(-sums[r * sums_stride + j]) : _mm512_setzero_si512();
       const int64_t c0 = j * SubCols;
       if constexpr (Bits == 8) {
-        for (int64_t c = c0; c < c0 + SubCols; c += 4)
+        for (int64_t c = c0; c < c0 + SubCols; c += 4) {
+          _mm_prefetch(reinterpret_cast<const char*>(codes + (c / 4) * 64 + kPrefetchBytes),
+                       _MM_HINT_T0);
           Quad<R>(_mm512_loadu_si512(codes + (c / 4) * 64), x, x_stride, c, s);
+        }
       } else {
         for (int64_t c = c0; c < c0 + SubCols; c += 16) {
+          // One line ahead per line read: the panels of a thread's share are contiguous, so
+          // this runs into the next panel as one stream.
+          _mm_prefetch(reinterpret_cast<const char*>(codes + (c / 8) * 64 + kPrefetchBytes),
+                       _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(codes + (c / 8 + 1) * 64 + kPrefetchBytes),
+                       _MM_HINT_T0);
+          if constexpr (Bits == 6)
+            _mm_prefetch(reinterpret_cast<const char*>(plane + (c / 16) * 64 + kPrefetchBytes),
+                         _MM_HINT_T0);
           const __m512i v0 = _mm512_loadu_si512(codes + (c / 8) * 64);
           const __m512i v1 = _mm512_loadu_si512(codes + (c / 8 + 1) * 64);
           __m512i q0 = _mm512_and_si512(v0, nibble);
