@@ -48,20 +48,11 @@ std::vector<double> LogSoftmax(const float* row, int64_t vocab) {
   return out;
 }
 
-}  // namespace
-
-Result<AccuracyReport> BenchInt8Accuracy(const std::string& model_directory, const TextCodec& codec,
-                                         const std::string& prompts) {
-  SY_ASSIGN_OR_RETURN(auto passages, LoadPrompts(prompts, codec));
-  const WeightPacking before = GlobalWeightPacking();
-  GlobalWeightPacking() = WeightPacking::kExact;
-  auto exact = PassageLogits(model_directory, passages);
-  GlobalWeightPacking() = WeightPacking::kInt8;
-  auto int8 = exact.ok() ? PassageLogits(model_directory, passages) : exact;
-  GlobalWeightPacking() = before;
-  if (!exact.ok()) return exact.status();
-  if (!int8.ok()) return int8.status();
-
+// Perplexities, KL and top-1 agreement of two runs over the same passages.
+Result<AccuracyReport> Score(const std::vector<std::vector<int32_t>>& passages,
+                             const std::vector<std::vector<float>>& exact_logits,
+                             const std::vector<std::vector<float>>& int8_logits,
+                             const std::string& prompts) {
   AccuracyReport report;
   report.passages = static_cast<int64_t>(passages.size());
   double exact_nll = 0, int8_nll = 0, kl_sum = 0;
@@ -69,10 +60,10 @@ Result<AccuracyReport> BenchInt8Accuracy(const std::string& model_directory, con
   for (size_t s = 0; s < passages.size(); ++s) {
     const auto& ids = passages[s];
     const int64_t tokens = static_cast<int64_t>(ids.size());
-    const int64_t vocab = static_cast<int64_t>(exact.value()[s].size()) / tokens;
+    const int64_t vocab = static_cast<int64_t>(exact_logits[s].size()) / tokens;
     for (int64_t t = 0; t + 1 < tokens; ++t) {
-      const auto p = LogSoftmax(exact.value()[s].data() + t * vocab, vocab);
-      const auto q = LogSoftmax(int8.value()[s].data() + t * vocab, vocab);
+      const auto p = LogSoftmax(exact_logits[s].data() + t * vocab, vocab);
+      const auto q = LogSoftmax(int8_logits[s].data() + t * vocab, vocab);
       double kl = 0;
       for (int64_t i = 0; i < vocab; ++i)
         kl += std::exp(p[i]) * (p[i] - q[i]);
@@ -100,16 +91,48 @@ Result<AccuracyReport> BenchInt8Accuracy(const std::string& model_directory, con
   return report;
 }
 
+}  // namespace
+
+Result<AccuracyReport> BenchInt8Accuracy(const std::string& model_directory, const TextCodec& codec,
+                                         const std::string& prompts) {
+  SY_ASSIGN_OR_RETURN(auto passages, LoadPrompts(prompts, codec));
+  const WeightPacking before = GlobalWeightPacking();
+  GlobalWeightPacking() = WeightPacking::kExact;
+  auto exact = PassageLogits(model_directory, passages);
+  GlobalWeightPacking() = WeightPacking::kInt8;
+  auto int8 = exact.ok() ? PassageLogits(model_directory, passages) : exact;
+  GlobalWeightPacking() = before;
+  if (!exact.ok()) return exact.status();
+  if (!int8.ok()) return int8.status();
+  return Score(passages, exact.value(), int8.value(), prompts);
+}
+
+Result<AccuracyReport> BenchAccuracyAgainst(const std::string& model, const std::string& reference,
+                                            const TextCodec& codec, const std::string& prompts) {
+  SY_ASSIGN_OR_RETURN(auto passages, LoadPrompts(prompts, codec));
+  const WeightPacking before = GlobalWeightPacking();
+  GlobalWeightPacking() = WeightPacking::kExact;
+  auto exact = PassageLogits(reference, passages);
+  GlobalWeightPacking() = before;
+  if (!exact.ok()) return exact.status();
+  SY_ASSIGN_OR_RETURN(auto candidate, PassageLogits(model, passages));
+  SY_ASSIGN_OR_RETURN(AccuracyReport report, Score(passages, exact.value(), candidate, prompts));
+  report.exact_label = reference;
+  report.int8_label = model;
+  return report;
+}
+
 std::string AccuracyReportTable(const AccuracyReport& r) {
   return fmt::format(
       "{} passages, {} next-token predictions\n"
       "                 perplexity   top-1 = next token\n"
-      "exact products   {:10.4f}   {:6.2f}%\n"
-      "int8 products    {:10.4f}   {:6.2f}%   ({:+.2f}% perplexity)\n"
-      "KL(exact || int8): mean {:.5f} nats, max {:.5f}; top-1 agreement {:.2f}%\n",
-      r.passages, r.predictions, r.exact_perplexity, 100 * r.exact_top1_accuracy, r.int8_perplexity,
-      100 * r.int8_top1_accuracy, 100 * (r.int8_perplexity / r.exact_perplexity - 1), r.mean_kl,
-      r.max_kl, 100 * r.top1_agreement);
+      "{:<16} {:10.4f}   {:6.2f}%\n"
+      "{:<16} {:10.4f}   {:6.2f}%   ({:+.2f}% perplexity)\n"
+      "KL(first || second): mean {:.5f} nats, max {:.5f}; top-1 agreement {:.2f}%\n",
+      r.passages, r.predictions, r.exact_label, r.exact_perplexity, 100 * r.exact_top1_accuracy,
+      r.int8_label, r.int8_perplexity, 100 * r.int8_top1_accuracy,
+      100 * (r.int8_perplexity / r.exact_perplexity - 1), r.mean_kl, r.max_kl,
+      100 * r.top1_agreement);
 }
 
 std::string AccuracyReportJson(const AccuracyReport& r) {
@@ -121,7 +144,9 @@ std::string AccuracyReportJson(const AccuracyReport& r) {
                       {"max_kl", r.max_kl},
                       {"top1_agreement", r.top1_agreement},
                       {"exact_top1_accuracy", r.exact_top1_accuracy},
-                      {"int8_top1_accuracy", r.int8_top1_accuracy}};
+                      {"int8_top1_accuracy", r.int8_top1_accuracy},
+                      {"exact_label", r.exact_label},
+                      {"int8_label", r.int8_label}};
   return j.dump(2);
 }
 

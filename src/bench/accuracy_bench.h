@@ -17,10 +17,16 @@ struct AccuracyReport {
   double mean_kl = 0, max_kl = 0;  // KL(exact ‖ int8), nats per prediction
   double top1_agreement = 0;       // fraction of predictions with the same argmax
   double exact_top1_accuracy = 0, int8_top1_accuracy = 0;  // argmax = the text's next token
+  // What was compared (--against: the reference checkpoint and the model as it loads).
+  std::string exact_label = "exact products", int8_label = "int8 products";
 };
 
 Result<AccuracyReport> BenchInt8Accuracy(const std::string& model_directory, const TextCodec& codec,
                                          const std::string& prompts);
+// The same measures for `model` as it loads (a GGUF with its native quantized products, say)
+// against `reference` with exact products (the fp8 checkpoint it came from).
+Result<AccuracyReport> BenchAccuracyAgainst(const std::string& model, const std::string& reference,
+                                            const TextCodec& codec, const std::string& prompts);
 std::string AccuracyReportTable(const AccuracyReport& report);
 std::string AccuracyReportJson(const AccuracyReport& report);
 

@@ -65,6 +65,8 @@ double ResidentBytes() {
 double CheckpointBytes(const std::string& directory) {
   double bytes = 0;
   std::error_code error;
+  if (std::filesystem::is_regular_file(directory, error))  // a GGUF (its other shards beside it)
+    return static_cast<double>(std::filesystem::file_size(directory, error));
   for (const auto& entry : std::filesystem::directory_iterator(directory, error))
     if (entry.path().extension() == ".safetensors")
       bytes += static_cast<double>(entry.file_size(error));

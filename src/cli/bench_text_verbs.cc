@@ -146,6 +146,7 @@ void AddBenchMtpCommand(CLI::App& bench_app) {
 void AddBenchAccuracyCommand(CLI::App& bench_app) {
   struct Args {
     std::string model;
+    std::string against;
     std::string prompts = std::string(SY_SOURCE_DIR) + "/configs/bench/heldout-prompts.jsonl";
     bool json = false;
   };
@@ -157,11 +158,16 @@ void AddBenchAccuracyCommand(CLI::App& bench_app) {
   a->add_option("--model", args->model, "Checkpoint directory (default: the default model)");
   a->add_option("--prompts", args->prompts,
                 "JSON Lines of {\"text\": ...} (default: held-out Tempest and Sonnets passages)");
+  a->add_option("--against", args->against,
+                "Compare the model as it loads (a GGUF with its native quantized products, say) "
+                "with this checkpoint's exact products, instead of exact against int8");
   a->add_flag("--json", args->json, "Print one JSON object");
   a->callback([args] {
     const std::string directory = ResolveModelDirectory(args->model);
     TextCodec codec = LoadTextCodecOrFail(directory);
-    auto report = bench::BenchInt8Accuracy(directory, codec, args->prompts);
+    auto report = args->against.empty()
+                      ? bench::BenchInt8Accuracy(directory, codec, args->prompts)
+                      : bench::BenchAccuracyAgainst(directory, args->against, codec, args->prompts);
     if (!report.ok()) FailVerb(report.status().message());
     std::fputs((args->json ? bench::AccuracyReportJson(report.value()) + "\n"
                            : bench::AccuracyReportTable(report.value()))

@@ -12,6 +12,7 @@
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/onednn_linear.h"
+#include "model/gguf_model.h"
 #include "tensor/packed_matrix.h"
 
 int main(int argc, char** argv) {
@@ -41,6 +42,11 @@ int main(int argc, char** argv) {
                "and 128 columns; the router stays exact) and multiply them by activations "
                "quantized per row to 8 bits: about twice the f32 rate on CPUs without AVX-512 "
                "BF16, lossy (docs/benchmarks.md gives its accuracy); batch-invariant");
+  bool gguf_dequantize = false;
+  app.add_flag("--gguf-dequantize", gguf_dequantize,
+               "Decode a GGUF's quantized weights to f32 at load and multiply in f32 (exact "
+               "products, f32's memory); by default Q4_0..Q8_0 and Q2_K..Q6_K stay quantized in "
+               "memory and multiply natively against activations quantized per row to int8");
   std::string max_isa = "native";
   app.add_option("--max-isa", max_isa,
                  "Use at most this much of the CPU's instruction set, as a lesser CPU would: "
@@ -68,6 +74,7 @@ int main(int argc, char** argv) {
     sy::ThreadPool::ConfigureGlobal(threads);
     if (f32_products) sy::kernels::GlobalKernelOptions().bf16_dot = false;
     if (int8_products) sy::GlobalWeightPacking() = sy::WeightPacking::kInt8;
+    if (gguf_dequantize) sy::GlobalGgufWeights() = sy::GgufWeights::kDequantized;
     if (prefill_gemm != "own") sy::kernels::GlobalKernelOptions().allow_bf16_gemm = true;
     using sy::kernels::PrefillGemm;
     sy::kernels::GlobalPrefillGemm() = prefill_gemm == "measure"  ? PrefillGemm::kMeasure

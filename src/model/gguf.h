@@ -89,6 +89,8 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   const std::string& source() const { return source_; }
+  // The mapping the tensors' bytes live in; null when the caller owns the bytes (Parse).
+  const std::shared_ptr<MappedFile>& mapping() const { return file_; }
 
   // Metadata in file order.
   const std::vector<std::pair<std::string_view, GgufValue>>& metadata() const { return metadata_; }

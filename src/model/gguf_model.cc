@@ -355,12 +355,31 @@ class GgufConverter {
 
   // Rows [first, first + count) of `tensor` (rows of dims[0] elements): BF16 bytes as they are,
   // anything else decoded to float32.
-  Result<TensorToWrite> Rows(const GgufTensorInfo& tensor, int64_t first, int64_t count) const {
+  // Quantized types with an integer form stay GGML blocks where `keep_blocks` (and the global
+  // mode) allow.
+  Result<TensorToWrite> Rows(const GgufTensorInfo& tensor, int64_t first, int64_t count,
+                             bool keep_blocks = false) const {
     const auto traits = GgmlTypeInfo(tensor.type);
     const int64_t row = tensor.dims[0];
     const int64_t row_bytes = row / traits->block_size * traits->block_bytes;
     const uint8_t* source = FileOf(tensor).TensorData(tensor) + first * row_bytes;
     TensorToWrite out;
+    if (GlobalGgufWeights() == GgufWeights::kNative && GgmlIntegerForm(tensor.type) &&
+        keep_blocks) {
+      // Kept as GGML blocks: the loader packs them for the quantized kernels
+      // (tensor/ggml_panels.h), reading the mapped file in place.
+      out.dtype = DType::kGgml;
+      out.ggml_type = tensor.type;
+      const size_t bytes = static_cast<size_t>(count * row_bytes);
+      if (FileOf(tensor).mapping()) {
+        out.external = source;
+        out.external_bytes = bytes;
+        out.external_owner = FileOf(tensor).mapping();
+      } else {
+        out.bytes.assign(source, source + bytes);
+      }
+      return out;
+    }
     if (tensor.type == GgmlType::kBF16) {
       out.dtype = DType::kBF16;
       out.bytes.assign(source, source + count * row_bytes);
@@ -386,6 +405,7 @@ class GgufConverter {
     return out;
   }
 
+  // Every value as float32 (never blocks).
   Result<std::vector<float>> Floats(const GgufTensorInfo& tensor) const {
     SY_ASSIGN_OR_RETURN(TensorToWrite rows, Rows(tensor, 0, tensor.elements / tensor.dims[0]));
     std::vector<float> values(static_cast<size_t>(tensor.elements));
@@ -415,7 +435,8 @@ class GgufConverter {
   }
 
   Status Whole(const GgufTensorInfo& tensor, std::string hf_name) {
-    SY_ASSIGN_OR_RETURN(TensorToWrite data, Rows(tensor, 0, tensor.elements / tensor.dims[0]));
+    SY_ASSIGN_OR_RETURN(TensorToWrite data,
+                        Rows(tensor, 0, tensor.elements / tensor.dims[0], /*keep_blocks=*/true));
     Add(std::move(hf_name), HfShape(tensor), std::move(data), tensor);
     return Status::Ok();
   }
@@ -456,7 +477,7 @@ class GgufConverter {
     const int64_t rows = tensor.dims[1], cols = tensor.dims[0];
     for (int64_t e = 0; e < tensor.dims[2]; ++e) {
       if (keep_expert_ && !keep_expert_(layer, e)) continue;
-      SY_ASSIGN_OR_RETURN(TensorToWrite data, Rows(tensor, e * rows, rows));
+      SY_ASSIGN_OR_RETURN(TensorToWrite data, Rows(tensor, e * rows, rows, /*keep_blocks=*/true));
       Add(fmt::format("{}mlp.experts.{}.{}.weight", prefix, e, proj), {rows, cols}, std::move(data),
           tensor);
     }
@@ -492,6 +513,15 @@ class GgufConverter {
                   static_cast<size_t>(dv * r) * sizeof(float));
     }
     Add(prefix + "self_attn.kv_b_proj.weight", {H * (dn + dv), r}, std::move(joined), k_b);
+    // attn_k_b and attn_v_b are, head by head, the absorbed form's W_UKᵀ and W_UV: kept as
+    // blocks too where both have an integer form, decode multiplies with them natively.
+    if (GlobalGgufWeights() == GgufWeights::kNative && GgmlIntegerForm(k_b.type) &&
+        GgmlIntegerForm(v_b->type)) {
+      SY_ASSIGN_OR_RETURN(TensorToWrite k_blocks, Rows(k_b, 0, H * r, /*keep_blocks=*/true));
+      Add(prefix + "self_attn.gguf_k_b.weight", {H * r, dn}, std::move(k_blocks), k_b);
+      SY_ASSIGN_OR_RETURN(TensorToWrite v_blocks, Rows(*v_b, 0, H * dv, /*keep_blocks=*/true));
+      Add(prefix + "self_attn.gguf_v_b.weight", {H * dv, r}, std::move(v_blocks), *v_b);
+    }
     return Status::Ok();
   }
 
@@ -509,6 +539,11 @@ class GgufConverter {
 };
 
 }  // namespace
+
+GgufWeights& GlobalGgufWeights() {
+  static GgufWeights mode = GgufWeights::kNative;
+  return mode;
+}
 
 Result<Checkpoint> GgufCheckpoint(const GgufShards& shards, const ModelConfig& config,
                                   const ExpertFilter& keep_expert) {

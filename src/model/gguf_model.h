@@ -2,13 +2,14 @@
 //
 // The config comes from the deepseek2.* metadata the converter writes (block and expert counts,
 // expert groups, gating function, lora ranks, MLA key/value lengths, RoPE and YaRN); the weights
-// are dequantized at load (tensor/ggml_quants.h: every type there, bit-exact with gguf-py) into an
-// in-memory checkpoint under the Hugging Face names LoadWeights reads, so the rest of the engine
-// is unchanged: F32, F16 and every quantized type become float32, BF16 stays BF16. The expert
-// tensors stacked per layer (ffn_*_exps, [E, rows, cols]) are cut into experts; attn_k_b (per
-// head, transposed) and attn_v_b are joined back into kv_b_proj, or the older fused attn_kv_b is
-// taken as it is. Memory: the dequantized copy lives beside the packed weights; native 4-bit
-// kernels reading the blocks in place are a later step (docs/architecture.md).
+// go into an in-memory checkpoint under the Hugging Face names LoadWeights reads, so the rest of
+// the engine is unchanged: quantized types with an integer form stay GGML blocks pointing into
+// the mapped file (DType::kGgml; packed for the native kernels, kernels/cpu/ggml_gemm.h), F32,
+// F16 and the rest become float32, BF16 stays BF16 (or everything float32 under
+// GgufWeights::kDequantized). The expert tensors stacked per layer (ffn_*_exps, [E, rows, cols])
+// are cut into experts; attn_k_b (per head, transposed) and attn_v_b are joined back into
+// kv_b_proj (float32, for the expanded attention form) and also kept as blocks, head by head the
+// absorbed form's matrices; the older fused attn_kv_b is taken as it is.
 //
 // MTP layers are not in GGUF files (the converter leaves them out), so a GGUF model has none.
 // An architecture, tensor or type this code does not know is an error naming it.
@@ -62,6 +63,13 @@ Result<ModelConfig> GgufModelConfig(const GgufShards& shards);
 Result<ModelConfig> GgufModelConfig(const GgufFile& file);
 // Opens `path` (and its other shards) and reads its config.
 Result<ModelConfig> LoadGgufModelConfig(const std::string& path);
+
+// How GGUF weights reach the kernels: quantized types with an integer form (ggml_quants.h: Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) kept as their blocks (DType::kGgml, the mapped file read in
+// place) and multiplied natively (kNative, the default), or every type dequantized to float32 at
+// load (kDequantized, `--gguf-dequantize`: exact products, f32's memory). Set before loading.
+enum class GgufWeights : uint8_t { kNative, kDequantized };
+GgufWeights& GlobalGgufWeights();
 
 // The tensors, dequantized, under Hugging Face names (model.layers.N.self_attn.q_a_proj.weight,
 // ...); each tensor's messages name the GGUF file and tensor it came from.

@@ -30,7 +30,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
   model->directory_ = directory;
   LoadProgress progress(directory);
   if (IsGgufFile(directory)) {
-    // A llama.cpp GGUF: config from its metadata, weights dequantized into memory.
+    // A llama.cpp GGUF: config from its metadata; quantized weights kept as their blocks (read
+    // in place from the mapping, packed for the GGML kernels below), the rest decoded to f32.
     SY_ASSIGN_OR_RETURN(GgufShards gguf, GgufShards::Open(directory));
     SY_ASSIGN_OR_RETURN(model->config_, GgufModelConfig(gguf));
     size_t tensors = 0;
@@ -54,7 +55,11 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
     };
     SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, GgufCheckpoint(gguf, model->config_, keep_expert));
     model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
-    progress.Stage(fmt::format("dequantized into memory, {}", CheckpointSize(*model->checkpoint_)));
+    progress.Stage(fmt::format("{}, {}",
+                               GlobalGgufWeights() == GgufWeights::kNative
+                                   ? "quantized blocks kept, the rest decoded"
+                                   : "dequantized into memory",
+                               CheckpointSize(*model->checkpoint_)));
   } else {
     SY_ASSIGN_OR_RETURN(
         model->config_,

@@ -189,13 +189,16 @@ Checkpoint Checkpoint::FromMemory(const std::string& name, std::vector<TensorToW
     entry.name = tensor.name;
     entry.dtype = tensor.dtype;
     entry.shape = tensor.shape;
-    entry.data_end = tensor.bytes.size();
+    entry.ggml_type = tensor.ggml_type;
+    entry.data_end = tensor.external ? tensor.external_bytes : tensor.bytes.size();
     shard->entries.push_back(std::move(entry));
     shard->owned.push_back(std::move(tensor.bytes));
+    if (tensor.external_owner) shard->keep_alive.push_back(std::move(tensor.external_owner));
   }
   for (size_t i = 0; i < shard->entries.size(); ++i)
-    checkpoint.tensors_[shard->entries[i].name] =
-        CheckpointTensor{&shard->entries[i], shard->owned[i].data(), &shard->sources[i]};
+    checkpoint.tensors_[shard->entries[i].name] = CheckpointTensor{
+        &shard->entries[i], tensors[i].external ? tensors[i].external : shard->owned[i].data(),
+        &shard->sources[i]};
   checkpoint.shards_.push_back(std::move(shard));
   return checkpoint;
 }

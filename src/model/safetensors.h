@@ -12,6 +12,7 @@
 #include "base/mapped_file.h"
 #include "base/status.h"
 #include "tensor/dtype.h"
+#include "tensor/ggml_quants.h"
 
 namespace sy {
 
@@ -21,6 +22,7 @@ struct SafetensorsEntry {
   std::vector<int64_t> shape;
   uint64_t data_begin = 0;  // offset within the file, past the header
   uint64_t data_end = 0;
+  GgmlType ggml_type = GgmlType::kF32;  // dtype kGgml (GGUF blocks kept as they are)
 
   int64_t NumElements() const;
 };
@@ -43,6 +45,13 @@ struct TensorToWrite {
   DType dtype;
   std::vector<int64_t> shape;
   std::vector<uint8_t> bytes;
+  // dtype kGgml: the blocks' type. Checkpoint::FromMemory also takes bytes it need not copy:
+  // `external` (external_bytes long, kept alive by external_owner — a mapped GGUF file) in place
+  // of `bytes`.
+  GgmlType ggml_type = GgmlType::kF32;
+  const uint8_t* external = nullptr;
+  size_t external_bytes = 0;
+  std::shared_ptr<const void> external_owner;
 };
 
 // A checkpoint directory: one model.safetensors, or shards listed by
@@ -67,6 +76,7 @@ class Checkpoint {
     // In-memory tensors (FromMemory): their bytes, and per tensor where it came from.
     std::vector<std::vector<uint8_t>> owned;
     std::vector<std::string> sources;
+    std::vector<std::shared_ptr<const void>> keep_alive;  // what external tensors point into
   };
   Status AddShard(const std::string& path);
 

@@ -62,7 +62,10 @@ class CheckpointBuilder {
     std::vector<float> values(static_cast<size_t>(size));
     for (float& v : values)
       v = static_cast<float>(0.1 * random_.Uniform());
-    TensorToWrite tensor{name, DType::kF32, {size}, {}};
+    TensorToWrite tensor;
+    tensor.name = name;
+    tensor.dtype = DType::kF32;
+    tensor.shape = std::vector<int64_t>{size};
     tensor.bytes.resize(values.size() * 4);
     std::memcpy(tensor.bytes.data(), values.data(), tensor.bytes.size());
     tensors_.push_back(std::move(tensor));
@@ -71,7 +74,10 @@ class CheckpointBuilder {
  private:
   void AddBF16(const std::string& name, const std::vector<float>& values,
                std::vector<int64_t> shape) {
-    TensorToWrite tensor{name, DType::kBF16, std::move(shape), {}};
+    TensorToWrite tensor;
+    tensor.name = name;
+    tensor.dtype = DType::kBF16;
+    tensor.shape = std::move(shape);
     tensor.bytes.resize(values.size() * 2);
     for (size_t i = 0; i < values.size(); ++i) {
       uint16_t bits = F32ToBF16(values[i]);
@@ -94,13 +100,19 @@ class CheckpointBuilder {
       }
     for (float& s : scales)
       s = s > 0 ? s / 448.0f : 1.0f;
-    TensorToWrite weight{name, DType::kF8E4M3, {rows, cols}, {}};
+    TensorToWrite weight;
+    weight.name = name;
+    weight.dtype = DType::kF8E4M3;
+    weight.shape = std::vector<int64_t>{rows, cols};
     weight.bytes.resize(values.size());
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t col = 0; col < cols; ++col)
         weight.bytes[r * cols + col] =
             F32ToF8E4M3(values[r * cols + col] / scales[(r / br) * scale_cols + col / bc]);
-    TensorToWrite scale{name + "_scale_inv", DType::kF32, {scale_rows, scale_cols}, {}};
+    TensorToWrite scale;
+    scale.name = name + "_scale_inv";
+    scale.dtype = DType::kF32;
+    scale.shape = std::vector<int64_t>{scale_rows, scale_cols};
     scale.bytes.resize(scales.size() * 4);
     std::memcpy(scale.bytes.data(), scales.data(), scale.bytes.size());
     tensors_.push_back(std::move(weight));

@@ -58,10 +58,12 @@ class TensorReader {
     m.rows = rows;
     m.cols = cols;
     m.data = tensor->data;
+    m.ggml_type = tensor->entry->ggml_type;
     switch (m.dtype) {
       case DType::kF32:
       case DType::kBF16:
       case DType::kF16:
+      case DType::kGgml:  // GGUF blocks (model/gguf_model.h), their sizes checked by the reader
         return m;
       case DType::kF8E4M3:
         break;
@@ -102,11 +104,13 @@ class TensorReader {
     SY_ASSIGN_OR_RETURN(const CheckpointTensor* tensor, Require(name));
     SY_RETURN_IF_ERROR(CheckShape(*tensor, {size}));
     DType dtype = tensor->entry->dtype;
-    if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
+    if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16 &&
+        dtype != DType::kGgml)
       return Status::Errorf("{}: tensor '{}' has dtype {}; expected F32, BF16 or F16",
                             *tensor->file, name, DTypeName(dtype));
     Matrix view;
     view.dtype = dtype;
+    view.ggml_type = tensor->entry->ggml_type;
     view.rows = 1;
     view.cols = size;
     view.data = tensor->data;
@@ -156,6 +160,12 @@ Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelCo
   SY_ASSIGN_OR_RETURN(a.kv_b_proj,
                       reader.LoadMatrix(attn + ".kv_b_proj.weight",
                                         H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank));
+  if (reader.Find(attn + ".gguf_k_b.weight") && reader.Find(attn + ".gguf_v_b.weight")) {
+    SY_ASSIGN_OR_RETURN(a.gguf_k_b, reader.LoadMatrix(attn + ".gguf_k_b.weight", H * c.kv_lora_rank,
+                                                      c.qk_nope_head_dim));
+    SY_ASSIGN_OR_RETURN(
+        a.gguf_v_b, reader.LoadMatrix(attn + ".gguf_v_b.weight", H * c.v_head_dim, c.kv_lora_rank));
+  }
   SY_ASSIGN_OR_RETURN(a.o_proj, reader.LoadMatrix(attn + ".o_proj.weight", D, H * c.v_head_dim));
   SY_ASSIGN_OR_RETURN(w.post_attention_layernorm,
                       reader.LoadVector(p + ".post_attention_layernorm.weight", D));
@@ -325,6 +335,21 @@ void SplitKvB(const ModelConfig& c, AttentionWeights& a) {
     a.w_uv.push_back(F32Absorbed(
         dv, latent, [&](int64_t r, int64_t col) { return rows[(dn + r) * latent + col]; }));
   }
+  // A GGUF's own per-head matrices, where it has them as GGML blocks: the same values, a quarter
+  // of f32's bytes or less, read every decode step.
+  auto native = [](Matrix& blocks, int64_t head_rows, std::vector<Matrix>& heads) {
+    if (!CanPackGgml(blocks)) return;
+    for (size_t h = 0; h < heads.size(); ++h) {
+      Matrix m = blocks.RowSlice(static_cast<int64_t>(h) * head_rows, head_rows);
+      m.packed = PackGgml(m);
+      m.data = nullptr;  // only the panels are read (as PackAbsorbed leaves them)
+      heads[h] = std::move(m);
+    }
+    MappedFile::ReleaseRange(blocks.data, static_cast<size_t>(blocks.rows) * blocks.RowBytes());
+    blocks = Matrix{};
+  };
+  native(a.gguf_k_b, latent, a.w_uk_t);
+  native(a.gguf_v_b, dv, a.w_uv);
 }
 
 void PackLayer(const ModelConfig& config, DecoderLayerWeights& layer) {

@@ -28,6 +28,9 @@ struct AttentionWeights {
   // under --int8-products.
   std::vector<Matrix> w_uk_t;  // [H] of [kv_lora_rank, dn]: q_abs = q_nope · W_UK = W_UKᵀ-as-Linear
   std::vector<Matrix> w_uv;  // [H] of [dv, kv_lora_rank]: O = W_UV · o_latent
+  // A GGUF's attn_k_b [H·kv_lora_rank, dn] and attn_v_b [H·dv, kv_lora_rank] kept as GGML blocks:
+  // per head, exactly W_UKᵀ and W_UV, which then multiply natively (dropped once packed).
+  Matrix gguf_k_b, gguf_v_b;
 };
 
 // One SwiGLU MLP: down(silu(gate(x)) · up(x)).

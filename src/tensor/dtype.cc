@@ -30,12 +30,14 @@ constexpr std::array<DTypeInfo, 12> kDTypes{{
 }  // namespace
 
 size_t DTypeSize(DType dtype) {
+  if (dtype == DType::kGgml) return 1;  // a row's bytes depend on the GGML type: Matrix::RowBytes
   for (const auto& info : kDTypes)
     if (info.dtype == dtype) return info.size;
   return 0;
 }
 
 std::string_view DTypeName(DType dtype) {
+  if (dtype == DType::kGgml) return "GGML";
   for (const auto& info : kDTypes)
     if (info.dtype == dtype) return info.name;
   return "?";

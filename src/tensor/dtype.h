@@ -21,7 +21,10 @@ enum class DType : uint8_t {
   kI16,
   kI8,
   kU8,
-  kBool
+  kBool,
+  // GGML blocks of a GGUF file, kept as they are (the GGML type travels beside: Matrix::ggml_type,
+  // SafetensorsEntry::ggml_type); never read from a safetensors header.
+  kGgml
 };
 
 // Bytes per element.

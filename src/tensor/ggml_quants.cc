@@ -298,4 +298,139 @@ Status DequantizeGgml(GgmlType type, const uint8_t* source, int64_t elements, fl
   return Status::Ok();
 }
 
+std::optional<GgmlIntegerLayout> GgmlIntegerForm(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+      return GgmlIntegerLayout{32, 4, true, 8, true};
+    case GgmlType::kQ4_1:
+      return GgmlIntegerLayout{32, 4, false, 0, true};
+    case GgmlType::kQ5_0:
+      return GgmlIntegerLayout{32, 5, true, 16, true};
+    case GgmlType::kQ5_1:
+      return GgmlIntegerLayout{32, 5, false, 0, true};
+    case GgmlType::kQ8_0:
+      return GgmlIntegerLayout{32, 8, true, 128, true};
+    case GgmlType::kQ2_K:
+      return GgmlIntegerLayout{16, 2, false, 0, false};
+    case GgmlType::kQ3_K:
+      return GgmlIntegerLayout{16, 3, true, 4, false};
+    case GgmlType::kQ4_K:
+      return GgmlIntegerLayout{32, 4, false, 0, false};
+    case GgmlType::kQ5_K:
+      return GgmlIntegerLayout{32, 5, false, 0, false};
+    case GgmlType::kQ6_K:
+      return GgmlIntegerLayout{16, 6, true, 32, false};
+    default:
+      return std::nullopt;
+  }
+}
+
+void DecodeGgmlIntegerBlock(GgmlType type, const uint8_t* block, GgmlIntegerBlock* out) {
+  // The byte layouts are the dequantizers' above; only the arithmetic is left to the caller.
+  auto unit = [&](int subs, int16_t min) {
+    for (int j = 0; j < subs; ++j)
+      out->sc[j] = 1, out->mn[j] = min;
+  };
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1: {
+      const bool offset = type == GgmlType::kQ4_0;
+      out->d = Load16(block);
+      out->dmin = offset ? out->d : static_cast<uint16_t>(Load16(block + 2) ^ 0x8000u);
+      const uint8_t* qs = block + (offset ? 2 : 4);
+      for (int i = 0; i < 16; ++i)
+        out->q[i] = qs[i] & 0x0f, out->q[i + 16] = qs[i] >> 4;
+      unit(1, offset ? 8 : 1);
+      return;
+    }
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1: {
+      const bool offset = type == GgmlType::kQ5_0;
+      out->d = Load16(block);
+      out->dmin = offset ? out->d : static_cast<uint16_t>(Load16(block + 2) ^ 0x8000u);
+      const uint32_t qh = Load32(block + (offset ? 2 : 4));
+      const uint8_t* qs = block + (offset ? 6 : 8);
+      for (int i = 0; i < 16; ++i) {
+        out->q[i] = static_cast<uint8_t>((qs[i] & 0x0f) | ((qh >> i) & 1u) << 4);
+        out->q[i + 16] = static_cast<uint8_t>((qs[i] >> 4) | ((qh >> (i + 16)) & 1u) << 4);
+      }
+      unit(1, offset ? 16 : 1);
+      return;
+    }
+    case GgmlType::kQ8_0:
+      out->d = out->dmin = Load16(block);
+      for (int i = 0; i < 32; ++i)
+        out->q[i] = static_cast<uint8_t>(block[2 + i] ^ 0x80u);  // int8 + 128
+      unit(1, 128);
+      return;
+    case GgmlType::kQ2_K: {
+      const uint8_t* scales = block;
+      const uint8_t* qs = block + 16;
+      out->d = Load16(block + 80);
+      out->dmin = Load16(block + 82);
+      for (int j = 0; j < 16; ++j)
+        out->sc[j] = static_cast<int8_t>(scales[j] & 0x0f), out->mn[j] = scales[j] >> 4;
+      for (int e = 0; e < kQK; ++e)
+        out->q[e] = (qs[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+      return;
+    }
+    case GgmlType::kQ3_K: {
+      const uint8_t* hmask = block;
+      const uint8_t* qs = block + 32;
+      const uint8_t* packed = block + 96;
+      out->d = out->dmin = Load16(block + 108);
+      for (int j = 0; j < 16; ++j) {
+        const int low = (packed[j % 8] >> (4 * (j / 8))) & 0x0f;
+        const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out->sc[j] = static_cast<int8_t>((low | high << 4) - 32);
+        out->mn[j] = static_cast<int16_t>(4 * out->sc[j]);  // q − 4 with q = low + 4 · high
+      }
+      for (int e = 0; e < kQK; ++e) {
+        const int low = (qs[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+        const int high = (hmask[e % 32] >> (e / 32)) & 1;
+        out->q[e] = static_cast<uint8_t>(low | high << 2);
+      }
+      return;
+    }
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K: {
+      const bool five = type == GgmlType::kQ5_K;
+      out->d = Load16(block);
+      out->dmin = Load16(block + 2);
+      const uint8_t* packed = block + 4;
+      const uint8_t* qh = block + 16;
+      const uint8_t* qs = block + (five ? 48 : 16);
+      for (int j = 0; j < 8; ++j) {
+        int scale, min;
+        ScaleMinK4(j, packed, &scale, &min);
+        out->sc[j] = static_cast<int8_t>(scale);
+        out->mn[j] = static_cast<int16_t>(min);
+        const uint8_t* bytes = qs + 32 * (j / 2);
+        const int shift = 4 * (j % 2);
+        for (int l = 0; l < 32; ++l)
+          out->q[32 * j + l] = static_cast<uint8_t>(((bytes[l] >> shift) & 0x0f) |
+                                                    (five ? ((qh[l] >> j) & 1) << 4 : 0));
+      }
+      return;
+    }
+    case GgmlType::kQ6_K: {
+      const uint8_t* ql = block;
+      const uint8_t* qh = block + 128;
+      const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
+      out->d = out->dmin = Load16(block + 208);
+      for (int j = 0; j < 16; ++j)
+        out->sc[j] = scales[j], out->mn[j] = static_cast<int16_t>(32 * scales[j]);
+      for (int e = 0; e < kQK; ++e) {
+        const int half = e / 128, g = (e % 128) / 32, l = e % 32;
+        const int low = (ql[64 * half + 32 * (g % 2) + l] >> (4 * (g / 2))) & 0x0f;
+        const int high = (qh[32 * half + l] >> (2 * g)) & 3;
+        out->q[e] = static_cast<uint8_t>(low | high << 4);
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
 }  // namespace sy

@@ -72,6 +72,29 @@ inline std::optional<GgmlTypeTraits> GgmlTypeInfo(GgmlType type) {
 // blocks; the bytes themselves are never invalid.
 Status DequantizeGgml(GgmlType type, const uint8_t* source, int64_t elements, float* out);
 
+// A block in integer form, for kernels that multiply with the codes (kernels/cpu/ggml_gemm.h):
+// element e is d · sc[j] · q[e] − dmin · mn[j], j = e / sub_size, q unsigned — the same values as
+// DequantizeGgml's up to float rounding (it rounds d · sc to float first; this form keeps the
+// integer parts apart). With `shared_d` dmin is d (the offset types: Q4_0, Q5_0, Q8_0, Q3_K,
+// Q6_K, whose mn[j] is the offset times sc[j]).
+struct GgmlIntegerLayout {
+  int64_t sub_size;  // elements per sub-block sharing sc and mn: 16 or 32
+  int code_bits;     // bits a code needs at most: 2, 3, 4, 5, 6 or 8
+  bool shared_d;
+  int offset;        // shared_d: mn = offset · sc (8, 16, 128, 4, 32); else 0
+  bool unit_scales;  // one sub-block per block and sc = 1 (Q4_0..Q8_0; Q4_1/Q5_1: mn = 1 too)
+};
+struct GgmlIntegerBlock {
+  uint8_t q[256];
+  int8_t sc[16];
+  int16_t mn[16];
+  uint16_t d = 0, dmin = 0;  // IEEE half bits, as in the file (Q4_1/Q5_1: dmin is −m)
+};
+// The layout of a type's integer form; nullopt for types without one (F32, F16, BF16, IQ*...).
+std::optional<GgmlIntegerLayout> GgmlIntegerForm(GgmlType type);
+// Decodes one block of a type GgmlIntegerForm accepts.
+void DecodeGgmlIntegerBlock(GgmlType type, const uint8_t* block, GgmlIntegerBlock* out);
+
 // IEEE half to float, NaN payloads kept (as numpy's float16 -> float32 conversion does).
 float GgmlHalfToF32(uint16_t bits);
 

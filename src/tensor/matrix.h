@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tensor/dtype.h"
+#include "tensor/ggml_quants.h"
 
 namespace sy {
 
@@ -24,12 +25,19 @@ struct Matrix {
   int64_t block_cols = 0;
   int64_t scale_cols = 0;
   int64_t first_row = 0;  // row offset of this view within the quantized matrix (for scales)
-  std::shared_ptr<const void> owner;  // keeps owned data alive (mapped files, converted copies)
+  GgmlType ggml_type = GgmlType::kF32;  // kGgml: the blocks' type (each row whole blocks)
+  std::shared_ptr<const void> owner;    // keeps owned data alive (mapped files, converted copies)
   // The same weights re-laid out for the fast kernels (tensor/packed_matrix.h), when packed.
   std::shared_ptr<const struct PackedMatrix> packed;
 
   bool empty() const { return rows == 0 || cols == 0; }
-  size_t RowBytes() const { return static_cast<size_t>(cols) * DTypeSize(dtype); }
+  size_t RowBytes() const {
+    if (dtype == DType::kGgml) {
+      const auto traits = GgmlTypeInfo(ggml_type);
+      return static_cast<size_t>(cols / traits->block_size * traits->block_bytes);
+    }
+    return static_cast<size_t>(cols) * DTypeSize(dtype);
+  }
 
   // Rows [begin, begin + count) as a matrix of its own (no copy).
   Matrix RowSlice(int64_t begin, int64_t count) const {
@@ -70,6 +78,18 @@ struct Matrix {
           int64_t col = col_begin + i;
           out[i] = table[source[col]] * scales[col / block_cols];
         }
+        break;
+      }
+      case DType::kGgml: {
+        // The blocks covering the range, decoded whole (the GGUF loader checked the type).
+        const auto traits = GgmlTypeInfo(ggml_type);
+        const int64_t first = col_begin / traits->block_size;
+        const int64_t last = (col_end + traits->block_size - 1) / traits->block_size;
+        std::vector<float> blocks(static_cast<size_t>((last - first) * traits->block_size));
+        (void)DequantizeGgml(ggml_type, source + first * traits->block_bytes,
+                             static_cast<int64_t>(blocks.size()), blocks.data());
+        std::memcpy(out, blocks.data() + (col_begin - first * traits->block_size),
+                    static_cast<size_t>(count) * 4);
         break;
       }
       default:

@@ -55,6 +55,7 @@ bool CanPack(const Matrix& m) {
     case DType::kF32:
     case DType::kBF16:
     case DType::kF16:
+    case DType::kGgml:
       return !m.empty();
     case DType::kF8E4M3:
       return !m.empty() && m.first_row % m.block_rows == 0 && m.block_rows % kPanelRows == 0;
@@ -66,7 +67,8 @@ bool CanPack(const Matrix& m) {
 std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
   auto packed = std::make_shared<PackedMatrix>();
   PackedMatrix& p = *packed;
-  p.dtype = m.dtype == DType::kF16 ? DType::kF32 : m.dtype;
+  const bool decode = m.dtype == DType::kF16 || m.dtype == DType::kGgml;
+  p.dtype = decode ? DType::kF32 : m.dtype;
   p.rows = m.rows;
   p.cols = m.cols;
   p.panels = (m.rows + kPanelRows - 1) / kPanelRows;
@@ -89,7 +91,7 @@ std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
         const int64_t source_row = static_cast<int64_t>(panel) * kPanelRows + r;
         if (source_row >= m.rows) break;
         const uint8_t* source = m.data + static_cast<size_t>(source_row) * m.RowBytes();
-        if (m.dtype == DType::kF16) {
+        if (decode) {
           m.DecodeRow(source_row, row.data());
           for (int64_t c = 0; c < m.cols; ++c)
             std::memcpy(target + (c * kPanelRows + r) * element, &row[c], element);
@@ -166,7 +168,87 @@ std::shared_ptr<const PackedMatrix> PackInt8(const Matrix& m) {
   return packed;
 }
 
+bool CanPackGgml(const Matrix& m) {
+  return m.dtype == DType::kGgml && !m.empty() && GgmlIntegerForm(m.ggml_type).has_value();
+}
+
+std::shared_ptr<const PackedMatrix> PackGgml(const Matrix& m) {
+  const GgmlIntegerLayout layout = *GgmlIntegerForm(m.ggml_type);
+  const GgmlTypeTraits traits = *GgmlTypeInfo(m.ggml_type);
+  auto packed = std::make_shared<PackedMatrix>();
+  PackedMatrix& p = *packed;
+  p.dtype = DType::kGgml;
+  p.ggml_type = m.ggml_type;
+  p.rows = m.rows;
+  p.cols = m.cols;
+  p.panels = (m.rows + kPanelRows - 1) / kPanelRows;
+  p.code_bits = layout.code_bits <= 4 ? 4 : layout.code_bits <= 6 ? 6 : 8;
+  p.sub_cols = layout.sub_size;
+  p.super_cols = traits.block_size;
+  p.shared_d = layout.shared_d;
+  p.unit_scales = layout.unit_scales;
+  p.ggml_offset = layout.offset;
+  p.data = AllocatePanels(p.Bytes());
+  const int64_t subs = m.cols / p.sub_cols, supers = m.cols / p.super_cols;
+  const int64_t subs_per_block = p.super_cols / p.sub_cols;
+  if (!p.unit_scales) {
+    p.sub_scales.assign(static_cast<size_t>(p.panels * subs * kPanelRows), 0);
+    if (!p.shared_d) p.sub_mins.assign(p.sub_scales.size(), 0);
+  }
+  p.super_d.assign(static_cast<size_t>(p.panels * supers * kPanelRows), 0);
+  if (!p.shared_d) p.super_dmin.assign(p.super_d.size(), 0);
+  const size_t panel_bytes = static_cast<size_t>(m.cols) * p.PanelColumnBytes();
+  const size_t nibble_bytes = static_cast<size_t>(m.cols * kPanelRows / 2);
+  // Each row's blocks decoded into one row of codes, then written to the panel in whole units
+  // (a byte per 4-, 6- or 8-bit code's low part, a byte of top bits per four 6-bit codes).
+  ThreadPool::Global().ParallelFor(static_cast<size_t>(p.panels), [&](size_t begin, size_t end) {
+    GgmlIntegerBlock block;
+    std::vector<uint8_t> q(static_cast<size_t>(m.cols));
+    for (size_t panel = begin; panel < end; ++panel) {
+      uint8_t* target = p.data.get() + panel * panel_bytes;
+      for (int64_t r = 0; r < kPanelRows; ++r) {
+        const int64_t source_row = static_cast<int64_t>(panel) * kPanelRows + r;
+        if (source_row >= m.rows) break;  // padding rows: codes, scales and d stay 0
+        const uint8_t* source = m.data + static_cast<size_t>(source_row) * m.RowBytes();
+        for (int64_t b = 0; b < supers; ++b) {
+          DecodeGgmlIntegerBlock(m.ggml_type, source + b * traits.block_bytes, &block);
+          const size_t at = (panel * supers + b) * kPanelRows + r;
+          p.super_d[at] = block.d;
+          if (!p.shared_d) p.super_dmin[at] = block.dmin;
+          for (int64_t j = 0; j < subs_per_block && !p.unit_scales; ++j) {
+            const size_t sub = (panel * subs + b * subs_per_block + j) * kPanelRows + r;
+            p.sub_scales[sub] = block.sc[j];
+            if (!p.shared_d) p.sub_mins[sub] = static_cast<int8_t>(block.mn[j]);
+          }
+          std::memcpy(q.data() + b * p.super_cols, block.q, static_cast<size_t>(p.super_cols));
+        }
+        if (p.code_bits == 8) {
+          for (int64_t c = 0; c < m.cols; c += 4)
+            std::memcpy(target + ((c / 4) * kPanelRows + r) * 4, q.data() + c, 4);
+          continue;
+        }
+        for (int64_t k = 0; k < m.cols / 8; ++k) {
+          uint8_t* out = target + (k * kPanelRows + r) * 4;
+          const uint8_t* in = q.data() + 8 * k;
+          for (int b = 0; b < 4; ++b)
+            out[b] = static_cast<uint8_t>((in[b] & 15) | (in[b + 4] & 15) << 4);
+        }
+        if (p.code_bits == 6)
+          for (int64_t k = 0; k < m.cols / 16; ++k) {
+            uint8_t* out = target + nibble_bytes + (k * kPanelRows + r) * 4;
+            const uint8_t* in = q.data() + 16 * k;
+            for (int b = 0; b < 4; ++b)
+              out[b] = static_cast<uint8_t>((in[b] >> 4) | (in[b + 4] >> 4) << 2 |
+                                            (in[b + 8] >> 4) << 4 | (in[b + 12] >> 4) << 6);
+          }
+      }
+    }
+  });
+  return packed;
+}
+
 std::shared_ptr<const PackedMatrix> PackForLoad(const Matrix& m) {
+  if (CanPackGgml(m)) return PackGgml(m);
   if (GlobalWeightPacking() == WeightPacking::kInt8 && CanPackInt8(m)) return PackInt8(m);
   return Pack(m);
 }

@@ -47,21 +47,49 @@ struct PackedMatrix {
   std::vector<float> row_scales;     // [panels][groups][kPanelRows]
   std::vector<int32_t> row_offsets;  // [panels][groups][kPanelRows]
   int64_t groups = 0;
+  // GGML blocks kept quantized (PackGgml, dtype kGgml), in the integer form of
+  // tensor/ggml_quants.h: weight = d · sc · (q − offset) (shared_d) or d · sc · q − dmin · mn.
+  // Codes (code_bits 4, 6 or 8) per panel:
+  //   8: int8's layout, [cols / 4][kPanelRows][4] bytes;
+  //   4: [cols / 8][kPanelRows][4] bytes, the low nibble of byte (k, r, b) column 8k + b, the
+  //      high nibble column 8k + 4 + b (one 64-byte load, two masks, two VPDPBUSD);
+  //   6: the low four bits as 4, then [cols / 16][kPanelRows][4] bytes of the top two: bits
+  //      2t, 2t + 1 of byte (k, r, b) are column 16k + 4t + b's.
+  // Per panel, sub-block (sub_cols) and row sc, and mn where not shared_d — none where
+  // unit_scales (sc = 1, mn = 1); per panel, block (super_cols: 32 or 256) and row d and dmin,
+  // IEEE half bits as the file has them (exact). Resident: the file's bits per weight, except 5-bit
+  // codes, which take 6 (Q5_0, Q5_1, Q5_K).
+  GgmlType ggml_type = GgmlType::kF32;
+  int code_bits = 8;
+  int64_t sub_cols = 0, super_cols = 0;
+  bool shared_d = false, unit_scales = false;
+  int ggml_offset = 0;
+  std::vector<int8_t> sub_scales;    // [panels][cols / sub_cols][kPanelRows]
+  std::vector<int8_t> sub_mins;      // [panels][cols / sub_cols][kPanelRows]
+  std::vector<uint16_t> super_d;     // [panels][cols / super_cols][kPanelRows]
+  std::vector<uint16_t> super_dmin;  // [panels][cols / super_cols][kPanelRows]
 
   size_t ElementBytes() const { return DTypeSize(dtype); }
+  // Bytes of one panel's elements (codes) per column.
+  size_t PanelColumnBytes() const {
+    return dtype == DType::kGgml ? static_cast<size_t>(kPanelRows * code_bits / 8)
+                                 : static_cast<size_t>(kPanelRows) * ElementBytes();
+  }
   const uint8_t* Panel(int64_t panel) const {
     const int64_t stride = panel_stride ? panel_stride : cols;
-    return data.get() + static_cast<size_t>(panel * stride * kPanelRows) * ElementBytes();
+    return data.get() + static_cast<size_t>(panel * stride) * PanelColumnBytes();
   }
   // The scale row of the block that holds `panel`, from the view's first column.
   const float* PanelScales(int64_t panel) const {
     return scales.data() + (panel * kPanelRows / block_rows) * scale_cols + scale_col_offset;
   }
-  size_t Bytes() const { return static_cast<size_t>(panels * cols * kPanelRows) * ElementBytes(); }
+  size_t Bytes() const { return static_cast<size_t>(panels * cols) * PanelColumnBytes(); }
   // Everything a product reads: the panels and every scale and offset beside them.
   double StoredBytes() const {
     return static_cast<double>(Bytes()) +
-           4.0 * static_cast<double>(scales.size() + row_scales.size() + row_offsets.size());
+           4.0 * static_cast<double>(scales.size() + row_scales.size() + row_offsets.size()) +
+           static_cast<double>(sub_scales.size() + sub_mins.size()) +
+           2.0 * static_cast<double>(super_d.size() + super_dmin.size());
   }
 };
 
@@ -88,7 +116,15 @@ bool CanPackInt8(const Matrix& m);
 // `m` as int8 codes of at most ±kInt8WeightMax, one f32 scale (max |w| / kInt8WeightMax) per row
 // and group of kInt8GroupCols columns, codes rounded to nearest. Parallel over panels.
 std::shared_ptr<const PackedMatrix> PackInt8(const Matrix& m);
-// Pack or PackInt8, as GlobalWeightPacking() says for this matrix.
+// Whether `m` (GGML blocks) can stay quantized: its type has an integer form and a code fits a
+// byte (ggml_quants.h).
+bool CanPackGgml(const Matrix& m);
+// GGML blocks re-laid out for the quantized kernels (kernels/cpu/ggml_gemm.h), values unchanged.
+// Parallel over panels.
+std::shared_ptr<const PackedMatrix> PackGgml(const Matrix& m);
+
+// Pack, PackInt8 or PackGgml, as GlobalWeightPacking() and the matrix's type say. (GGML blocks
+// take PackGgml; Pack decodes them to f32.)
 std::shared_ptr<const PackedMatrix> PackForLoad(const Matrix& m);
 
 }  // namespace sy

@@ -14,11 +14,12 @@ llama.cpp's convert_hf_to_gguf.py does, with gguf-py alone (no torch, no transfo
   tokenizer.ggml.pre "deepseek-v3" (the default model's pre-tokenizer is DeepSeek-V3's);
 - 1-D tensors and the router in F32 (the converter's rule), the rest in --type; q4_k_mix is
   Q4_K with Q6_K for the head, attention output and down projections (llama.cpp's Q4_K_M in
-  spirit), by a plain round-to-nearest encoder written here, gguf-py having no K-quant encoder.
+  spirit), q4_k_m llama.cpp's own Q4_K_M choice per tensor; both by a plain round-to-nearest
+  encoder written here, gguf-py having no K-quant encoder.
 
 fp8 weights are dequantized first (weight * its block's scale_inv, in float32).
 
-usage: make_default_gguf.py MODEL_DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q5_0|q4_k_mix...]
+usage: make_default_gguf.py MODEL_DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q5_0|q4_k_mix|q4_k_m...]
                            [--kv-b split|fused|both] [--tokenizer-only] [--split-max-tensors N]
 """
 import argparse
@@ -241,6 +242,19 @@ def q4_k_mix_type(name):
     return T.Q4_K
 
 
+# llama.cpp's Q4_K_M rule itself (llama_tensor_get_type): Q6_K for the output head, and for
+# attn_v and ffn_down in the layers use_more_bits picks (the first and last eighth, and every
+# third between); Q4_K for the rest.
+def q4_k_m_type(name, layers):
+    if name == "output.weight":
+        return T.Q6_K
+    if name.startswith("blk.") and ("ffn_down" in name or ".attn_v" in name):
+        i = int(name.split(".")[1])
+        if i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2:
+            return T.Q6_K
+    return T.Q4_K
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir")
@@ -256,7 +270,9 @@ def main():
     writer.add_name(os.path.basename(os.path.normpath(args.model_dir)))
     add_tokenizer(writer, args.model_dir, c["vocab_size"])
     if not args.tokenizer_only:
-        mix = args.type.lower() == "q4_k_mix"
+        mix = args.type.lower() in ("q4_k_mix", "q4_k_m")
+        mix_type = (q4_k_mix_type if args.type.lower() == "q4_k_mix"
+                    else lambda name: q4_k_m_type(name, c["num_hidden_layers"]))
         qtype = T.Q4_K if mix else T[args.type.upper()]
         writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if mix
                              else gguf.LlamaFileType[f"MOSTLY_{qtype.name}"] if qtype != T.F32
@@ -269,7 +285,7 @@ def main():
             # The converter's rule: 1-D tensors, norms, biases and the router stay F32.
             keep_f32 = (data.ndim == 1 or name.endswith("_norm.weight") or ".ffn_gate_inp." in name
                         or not name.endswith(".weight"))
-            target = T.F32 if keep_f32 else (q4_k_mix_type(name) if mix else qtype)
+            target = T.F32 if keep_f32 else (mix_type(name) if mix else qtype)
             # Rows that are not whole K-quant super-blocks: llama.cpp's quantizer falls back to
             # Q5_0 for Q4_K and Q8_0 for Q6_K.
             if target in (T.Q4_K, T.Q6_K) and data.shape[-1] % 256 != 0:

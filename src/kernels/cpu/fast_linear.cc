@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/bf16_gemm.h"
+#include "kernels/cpu/ggml_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/onednn_linear.h"
@@ -37,19 +38,26 @@ bool UseBf16Gemm(int64_t m, const PackedMatrix& w) {
   // Where the dot kernel runs, f32 weights (the router) keep f32 products at every row count,
   // so rows stay independent of the batch.
   if (options.bf16_dot && HasBf16Dot()) return false;
-  return w.dtype != DType::kI8 && !decode_step && options.allow_bf16_gemm &&
-         m >= options.bf16_gemm_min_rows && HasAvx512Bf16() &&
+  return w.dtype != DType::kI8 && w.dtype != DType::kGgml && !decode_step &&
+         options.allow_bf16_gemm && m >= options.bf16_gemm_min_rows && HasAvx512Bf16() &&
          (w.dtype != DType::kF8E4M3 || w.block_cols % 2 == 0);
 }
 
 const char* KernelPathName(int64_t m, const PackedMatrix& w) {
   if (w.dtype == DType::kI8) return Int8KernelName(ActiveInt8Kernel());
+  if (w.dtype == DType::kGgml) return GgmlKernelName(ActiveGgmlKernel());
   if (UseBf16Dot(w)) return "bf16-dot";
   return UseBf16Gemm(m, w) ? "avx512-bf16" : "panel-f32";
 }
 
 void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                   int64_t panel_begin, int64_t panel_end, float* y) {
+  if (w.dtype == DType::kGgml) {  // quantized here, for callers with few rows (per-head products)
+    thread_local Q8Rows rows;
+    QuantizeRowsQ8(x, m, w, rows, /*parallel=*/false);
+    GgmlPanels(rows, 0, m, w, panel_begin, panel_end, y);
+    return;
+  }
   if (x_bf16 != nullptr) {
     Bf16Gemm(x_bf16, m, w, panel_begin, panel_end, y);
   } else {
@@ -101,7 +109,7 @@ void LinearPacked(const float* x, int64_t m, const PackedMatrix& w, float* y) {
   if (m == 0) return;
   // Prefill-sized products may go to oneDNN where it is faster (onednn_linear.h). Not in decode
   // steps or batch-invariant runs: oneDNN's blocking, and so a row's bits, depend on m.
-  if (m >= kOnednnMinRows && w.dtype != DType::kI8 && !decode_step &&
+  if (m >= kOnednnMinRows && w.dtype != DType::kI8 && w.dtype != DType::kGgml && !decode_step &&
       GlobalKernelOptions().allow_bf16_gemm &&
       RunPrefillLinear(x, m, w, y, [&] { LinearPackedOwn(x, m, w, y); }))
     return;
@@ -118,6 +126,15 @@ static void LinearPackedOwn(const float* x, int64_t m, const PackedMatrix& w, fl
     ThreadPool::Global().ParallelFor(static_cast<size_t>(w.panels), [&](size_t begin, size_t end) {
       Int8Panels(rows->codes.data(), rows->stride, rows->scales.data(), m, w,
                  static_cast<int64_t>(begin), static_cast<int64_t>(end), y);
+    });
+    return;
+  }
+  if (w.dtype == DType::kGgml) {
+    thread_local Q8Rows buffers;  // by pointer, as for int8 above
+    const Q8Rows* rows = &buffers;
+    QuantizeRowsQ8(x, m, w, buffers);
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(w.panels), [&](size_t begin, size_t end) {
+      GgmlPanels(*rows, 0, m, w, static_cast<int64_t>(begin), static_cast<int64_t>(end), y);
     });
     return;
   }

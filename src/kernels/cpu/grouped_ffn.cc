@@ -10,6 +10,7 @@
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
+#include "kernels/cpu/ggml_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
 
 namespace sy::kernels {
@@ -22,7 +23,7 @@ struct WorkItem {
 
 // How one expert's products run: the bf16 dot kernel, the bf16 GEMM, the f32 panel kernel, or
 // the int8 kernel (weights packed as int8).
-enum class Path : uint8_t { kF32, kBf16Gemm, kDot, kInt8 };
+enum class Path : uint8_t { kF32, kBf16Gemm, kDot, kInt8, kGgml };
 
 // Panels per work item: the dot kernel's unit, pairs for the bf16 GEMM, four for decode-sized
 // experts on the f32 kernel (it streams four panels side by side for one or two rows), else one.
@@ -31,11 +32,20 @@ int64_t PanelsPerItem(Path path, int64_t rows) {
   return path == Path::kBf16Gemm ? 2 : rows <= 2 ? 4 : 1;
 }
 
-// One expert's rows against panels [p, p_end) of w, by its path (x_int8: the whole batch).
+// One expert's rows against panels [p, p_end) of w, by its path (x_int8: the whole batch;
+// x_ggml: this expert's rows).
 void Product(Path path, const float* x, const uint16_t* x_bf16, const Int8Rows& x_int8,
-             int64_t first, int64_t rows, const PackedMatrix& w, int64_t p, int64_t p_end,
-             float* y) {
-  if (path == Path::kInt8) {
+             const Q8Rows& x_ggml, int64_t first, int64_t rows, const PackedMatrix& w, int64_t p,
+             int64_t p_end, float* y) {
+  if (path == Path::kGgml) {
+    if (x_ggml.Fits(w)) {
+      GgmlPanels(x_ggml, 0, rows, w, p, p_end, y);
+    } else {  // gate and up with different block layouts (not in llama.cpp's mixes)
+      thread_local Q8Rows own;
+      QuantizeRowsQ8(x, rows, w, own, /*parallel=*/false);
+      GgmlPanels(own, 0, rows, w, p, p_end, y);
+    }
+  } else if (path == Path::kInt8) {
     Int8Panels(x_int8.Codes(first), x_int8.stride, x_int8.Scales(first), rows, w, p, p_end, y);
   } else if (path == Path::kDot) {
     Bf16DotPanels(x_bf16, rows, w, p, p_end, y);
@@ -121,17 +131,24 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
   // Experts on the dot kernel, or with enough rows for the bf16 GEMM, take their rows rounded
   // to bf16 once.
   std::vector<std::vector<uint16_t>> x_bf16(static_cast<size_t>(experts_count));
+  // Experts with GGML blocks: their rows quantized for their weights' block layout.
+  std::vector<Q8Rows> x_ggml(static_cast<size_t>(experts_count));
   std::vector<Path> path(static_cast<size_t>(experts_count), Path::kF32);
   auto choose = [&](int64_t e, const PackedMatrix& w) {
     const int64_t count = offsets[e + 1] - offsets[e];
     if (count == 0 || experts[e].gate == nullptr) return Path::kF32;
     if (w.dtype == DType::kI8) return Path::kInt8;
+    if (w.dtype == DType::kGgml) return Path::kGgml;
     if (UseBf16Dot(w)) return Path::kDot;
     return UseBf16Gemm(count, w) ? Path::kBf16Gemm : Path::kF32;
   };
-  auto round_rows = [&](const float* source, int64_t e, int64_t cols) {
+  auto round_rows = [&](const float* source, int64_t e, int64_t cols, bool down) {
     const int64_t count = offsets[e + 1] - offsets[e];
-    if (path[e] == Path::kDot) {
+    if (path[e] == Path::kGgml) {
+      // For gate's layout, which up shares in llama.cpp's files (else Product requantizes).
+      QuantizeRowsQ8(source + offsets[e] * cols, count, down ? *experts[e].down : *experts[e].gate,
+                     x_ggml[e], /*parallel=*/false);
+    } else if (path[e] == Path::kDot) {
       x_bf16[e].resize(static_cast<size_t>(count * cols));
       ToBf16RowsForDot(source + offsets[e] * cols, count, cols, x_bf16[e].data());
     } else if (path[e] == Path::kBf16Gemm) {
@@ -164,7 +181,7 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
   ThreadPool::Global().ParallelFor(static_cast<size_t>(experts_count),
                                    [&](size_t begin, size_t end) {
                                      for (size_t e = begin; e < end; ++e)
-                                       round_rows(x, static_cast<int64_t>(e), hidden);
+                                       round_rows(x, static_cast<int64_t>(e), hidden, false);
                                    });
 
   // Phase 1: gate and up panels, then SiLU(gate)·up on the same columns.
@@ -182,8 +199,9 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     const uint16_t* xb = x_bf16[e].data();
     float* gate = hidden_rows.data() + first * width;
     float* up = up_rows.data() + first * width;
-    Product(path[e], x + first * hidden, xb, x_int8, first, count, *w.gate, p, p_end, gate);
-    Product(path[e], x + first * hidden, xb, x_int8, first, count, *w.up, p, p_end, up);
+    Product(path[e], x + first * hidden, xb, x_int8, x_ggml[e], first, count, *w.gate, p, p_end,
+            gate);
+    Product(path[e], x + first * hidden, xb, x_int8, x_ggml[e], first, count, *w.up, p, p_end, up);
     const int64_t c0 = p * kPanelRows, c1 = std::min(width, p_end * kPanelRows);
     for (int64_t r = 0; r < count; ++r)
       SiluMul(gate + r * width + c0, up + r * width + c0, c1 - c0);
@@ -192,7 +210,7 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
   // Phase 2: down.
   for (int64_t e = 0; e < experts_count; ++e) {
     path[e] = experts[e].gate ? choose(e, *experts[e].down) : Path::kF32;
-    round_rows(hidden_rows.data(), e, width);
+    round_rows(hidden_rows.data(), e, width, true);
   }
   quantize_all(hidden_rows.data(), width);
   items = build_items(true);
@@ -201,8 +219,8 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     const int64_t first = offsets[e], count = offsets[e + 1] - first;
     const PackedMatrix& down = *experts[e].down;
     const int64_t p_end = std::min<int64_t>(down.panels, p + PanelsPerItem(path[e], count));
-    Product(path[e], hidden_rows.data() + first * width, x_bf16[e].data(), x_int8, first, count,
-            down, p, p_end, out + first * hidden);
+    Product(path[e], hidden_rows.data() + first * width, x_bf16[e].data(), x_int8, x_ggml[e], first,
+            count, down, p, p_end, out + first * hidden);
   });
 }
 

@@ -1,0 +1,526 @@
+#include "kernels/cpu/ggml_gemm.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "base/thread_pool.h"
+#include "kernels/cpu/isa_level.h"
+#include "tensor/ggml_quants.h"
+
+namespace sy::kernels {
+namespace {
+
+GgmlKernel kernel_limit = GgmlKernel::kAvx512Vnni;
+
+// Rows per tile of the VNNI kernel: per row a block accumulator and a sub-block one (16 of the
+// 32 registers at 8 rows), the rest for the codes and broadcasts.
+constexpr int kMaxTileRows = 8;
+// Software prefetch distance in a panel stream (as the other kernels: 2 KiB).
+constexpr int64_t kPrefetchBytes = 2048;
+
+void QuantizeRowRange(const float* x, int64_t first, int64_t last, Q8Rows& out) {
+  for (int64_t r = first; r < last; ++r) {
+    const float* row = x + r * out.cols;
+    int8_t* codes = out.codes.data() + r * out.stride;
+    for (int64_t b = 0; b < out.blocks; ++b) {
+      const int64_t c0 = b * out.block_cols, c1 = c0 + out.block_cols;
+      float largest = 0;
+      bool finite = true;
+      for (int64_t c = c0; c < c1; ++c) {
+        largest = std::max(largest, std::fabs(row[c]));
+        finite = finite && std::isfinite(row[c]);
+      }
+      const float inverse = finite && largest > 0 ? 127.0f / largest : 0.0f;
+      for (int64_t c = c0; c < c1; ++c) {
+        const float v = row[c] * inverse;  // |v| ≤ 127; half away from zero
+        codes[c] = static_cast<int8_t>(static_cast<int>(v + (v >= 0 ? 0.5f : -0.5f)));
+      }
+      out.scales[r * out.blocks + b] = finite ? largest / 127.0f : NAN;
+    }
+    for (int64_t j = 0; j < out.subs; ++j) {
+      int32_t sum = 0;
+      for (int64_t c = j * out.sub_cols; c < (j + 1) * out.sub_cols; ++c)
+        sum += codes[c];
+      out.sums[r * out.subs + j] = sum * out.offset;
+    }
+  }
+}
+
+// Code c of row i of a panel, whatever the code width.
+int CodeAt(const PackedMatrix& w, const uint8_t* codes, int64_t i, int64_t c) {
+  if (w.code_bits == 8) return codes[((c / 4) * kPanelRows + i) * 4 + c % 4];
+  const int64_t within = c % 8;
+  int q = (codes[((c / 8) * kPanelRows + i) * 4 + within % 4] >> (within < 4 ? 0 : 4)) & 15;
+  if (w.code_bits == 6) {
+    const uint8_t* plane = codes + w.cols * kPanelRows / 2;
+    q |= ((plane[((c / 16) * kPanelRows + i) * 4 + c % 4] >> (2 * ((c % 16) / 4))) & 3) << 4;
+  }
+  return q;
+}
+
+// The reference: one row, one panel, columns [0, w.cols); `state` the panel's 16 outputs.
+void RowPortable(const int8_t* x, const float* xs, const int32_t* sums, const PackedMatrix& w,
+                 int64_t panel, float* state) {
+  const uint8_t* codes = w.Panel(panel);
+  const int64_t subs = w.cols / w.sub_cols, blocks = w.cols / w.super_cols;
+  const int64_t per_block = w.super_cols / w.sub_cols;
+  for (int64_t b = 0; b < blocks; ++b) {
+    int32_t a[kPanelRows] = {}, mins[kPanelRows] = {};
+    for (int64_t j = b * per_block; j < (b + 1) * per_block; ++j) {
+      int32_t s[kPanelRows] = {};
+      for (int64_t c = j * w.sub_cols; c < (j + 1) * w.sub_cols; ++c)
+        for (int64_t i = 0; i < kPanelRows; ++i)
+          s[i] += CodeAt(w, codes, i, c) * x[c];
+      const size_t at = static_cast<size_t>((panel * subs + j) * kPanelRows);
+      for (int64_t i = 0; i < kPanelRows; ++i) {
+        const int32_t sc = w.unit_scales ? 1 : w.sub_scales[at + i];
+        if (w.shared_d) {
+          a[i] += sc * (s[i] - sums[j]);
+        } else {
+          a[i] += sc * s[i];
+          mins[i] += (w.unit_scales ? 1 : w.sub_mins[at + i]) * sums[j];
+        }
+      }
+    }
+    const size_t at = static_cast<size_t>((panel * blocks + b) * kPanelRows);
+    for (int64_t i = 0; i < kPanelRows; ++i) {
+      const float d = GgmlHalfToF32(w.super_d[at + i]);
+      float t;
+      if (w.shared_d) {
+        t = d * static_cast<float>(a[i]);
+      } else {
+        const float dmin = GgmlHalfToF32(w.super_dmin[at + i]);
+        t = std::fma(d, static_cast<float>(a[i]), -(dmin * static_cast<float>(mins[i])));
+      }
+      state[i] = std::fma(t, xs[b], state[i]);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+#define SY_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
+
+// Every lane. (The masked forms below: GCC 12's unmasked ones warn about their own undefined
+// pass-through vectors.)
+constexpr __mmask16 kAll = 0xffff;
+
+// int32 → f32, rounded to nearest as static_cast<float> does.
+SY_VNNI_TARGET inline __m512 ToFloat(__m512i v) {
+  return _mm512_maskz_cvtepi32_ps(static_cast<__mmask16>(0xffff), v);
+}
+
+// Adds one 4-column quad of codes (a vector of 16 rows × 4 bytes) times each row's broadcast
+// activations to s.
+template <int R>
+SY_VNNI_TARGET inline void Quad(__m512i codes, const int8_t* x, int64_t x_stride, int64_t c,
+                                __m512i* s) {
+  for (int r = 0; r < R; ++r) {
+    int32_t xq;
+    std::memcpy(&xq, x + r * x_stride + c, 4);
+    s[r] = _mm512_dpbusd_epi32(s[r], codes, _mm512_set1_epi32(xq));
+  }
+}
+
+template <int R, int Bits, int SubCols, bool SharedD, bool Unit>
+SY_VNNI_TARGET void TileVnni(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
+                             const int32_t* sums, int64_t sums_stride, const PackedMatrix& w,
+                             int64_t panel, float* state) {
+  const uint8_t* codes = w.Panel(panel);
+  const uint8_t* plane = codes + w.cols * kPanelRows / 2;  // Bits == 6
+  const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
+  const int64_t per_block = w.super_cols / SubCols;
+  const int8_t* sc_base = Unit ? nullptr : w.sub_scales.data() + panel * subs * kPanelRows;
+  const int8_t* mn_base = Unit || SharedD ? nullptr : w.sub_mins.data() + panel * subs * kPanelRows;
+  const uint16_t* d_base = w.super_d.data() + panel * blocks * kPanelRows;
+  const uint16_t* dmin_base = SharedD ? nullptr : w.super_dmin.data() + panel * blocks * kPanelRows;
+  const __m512i nibble = _mm512_set1_epi8(0x0f), top = _mm512_set1_epi8(0x30);
+  __m512 out[R];
+  for (int r = 0; r < R; ++r)
+    out[r] = _mm512_loadu_ps(state + r * kPanelRows);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i a[R], mins[R];
+    for (int r = 0; r < R; ++r)
+      a[r] = mins[r] = _mm512_setzero_si512();
+    for (int64_t j = b * per_block; j < (b + 1) * per_block; ++j) {
+      // Shared d: the sums start at −offset · X_j, so they end as Σ (q − offset) · xq.
+      __m512i s[R];
+      for (int r = 0; r < R; ++r)
+        s[r] = SharedD ? _mm512_set1_epi32(-sums[r * sums_stride + j]) : _mm512_setzero_si512();
+      const int64_t c0 = j * SubCols;
+      if constexpr (Bits == 8) {
+        for (int64_t c = c0; c < c0 + SubCols; c += 4) {
+          _mm_prefetch(reinterpret_cast<const char*>(codes + (c / 4) * 64 + kPrefetchBytes),
+                       _MM_HINT_T0);
+          Quad<R>(_mm512_loadu_si512(codes + (c / 4) * 64), x, x_stride, c, s);
+        }
+      } else {
+        for (int64_t c = c0; c < c0 + SubCols; c += 16) {
+          // One line ahead per line read: the panels of a thread's share are contiguous, so
+          // this runs into the next panel as one stream.
+          _mm_prefetch(reinterpret_cast<const char*>(codes + (c / 8) * 64 + kPrefetchBytes),
+                       _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(codes + (c / 8 + 1) * 64 + kPrefetchBytes),
+                       _MM_HINT_T0);
+          if constexpr (Bits == 6)
+            _mm_prefetch(reinterpret_cast<const char*>(plane + (c / 16) * 64 + kPrefetchBytes),
+                         _MM_HINT_T0);
+          const __m512i v0 = _mm512_loadu_si512(codes + (c / 8) * 64);
+          const __m512i v1 = _mm512_loadu_si512(codes + (c / 8 + 1) * 64);
+          __m512i q0 = _mm512_and_si512(v0, nibble);
+          __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), nibble);
+          __m512i q2 = _mm512_and_si512(v1, nibble);
+          __m512i q3 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), nibble);
+          if constexpr (Bits == 6) {
+            const __m512i h = _mm512_loadu_si512(plane + (c / 16) * 64);
+            q0 = _mm512_or_si512(q0, _mm512_and_si512(_mm512_slli_epi16(h, 4), top));
+            q1 = _mm512_or_si512(q1, _mm512_and_si512(_mm512_slli_epi16(h, 2), top));
+            q2 = _mm512_or_si512(q2, _mm512_and_si512(h, top));
+            q3 = _mm512_or_si512(q3, _mm512_and_si512(_mm512_srli_epi16(h, 2), top));
+          }
+          Quad<R>(q0, x, x_stride, c, s);
+          Quad<R>(q1, x, x_stride, c + 4, s);
+          Quad<R>(q2, x, x_stride, c + 8, s);
+          Quad<R>(q3, x, x_stride, c + 12, s);
+        }
+      }
+      if constexpr (Unit) {
+        for (int r = 0; r < R; ++r) {
+          a[r] = _mm512_add_epi32(a[r], s[r]);
+          if constexpr (!SharedD)
+            mins[r] = _mm512_add_epi32(mins[r], _mm512_set1_epi32(sums[r * sums_stride + j]));
+        }
+      } else {
+        const __m512i sc = _mm512_maskz_cvtepi8_epi32(
+            kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc_base + j * kPanelRows)));
+        for (int r = 0; r < R; ++r)
+          a[r] = _mm512_add_epi32(a[r], _mm512_mullo_epi32(s[r], sc));
+        if constexpr (!SharedD) {
+          const __m512i mn = _mm512_maskz_cvtepi8_epi32(
+              kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(mn_base + j * kPanelRows)));
+          for (int r = 0; r < R; ++r)
+            mins[r] = _mm512_add_epi32(
+                mins[r], _mm512_mullo_epi32(mn, _mm512_set1_epi32(sums[r * sums_stride + j])));
+        }
+      }
+    }
+    const __m512 d = _mm512_maskz_cvtph_ps(
+        kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d_base + b * kPanelRows)));
+    if constexpr (SharedD) {
+      for (int r = 0; r < R; ++r) {
+        const __m512 t = _mm512_mul_ps(d, ToFloat(a[r]));
+        out[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(xs[r * xs_stride + b]), out[r]);
+      }
+    } else {
+      const __m512 dmin = _mm512_maskz_cvtph_ps(
+          kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dmin_base + b * kPanelRows)));
+      for (int r = 0; r < R; ++r) {
+        const __m512 t = _mm512_fmsub_ps(d, ToFloat(a[r]), _mm512_mul_ps(dmin, ToFloat(mins[r])));
+        out[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(xs[r * xs_stride + b]), out[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    _mm512_storeu_ps(state + r * kPanelRows, out[r]);
+}
+
+template <int Bits, int SubCols, bool SharedD, bool Unit>
+void TileVnniRows(int64_t count, const int8_t* x, int64_t x_stride, const float* xs,
+                  int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
+                  const PackedMatrix& w, int64_t panel, float* state) {
+  [&]<int... R>(std::integer_sequence<int, R...>) {
+    (void)((count == R + 1 ? (TileVnni<R + 1, Bits, SubCols, SharedD, Unit>(
+                                  x, x_stride, xs, xs_stride, sums, sums_stride, w, panel, state),
+                              true)
+                           : false) ||
+           ...);
+  }
+  (std::make_integer_sequence<int, kMaxTileRows>{});
+}
+
+// AVX2: the same integers through VPMADDUBSW (unsigned codes × signed activations, pairs in
+// int16) and VPMADDWD by ones, one 8-row half of a panel at a time (a ymm holds 8 rows × 4
+// columns). Codes of at most 63 keep a pair within int16 (2 · 63 · 127); Q8_0's bytes take the
+// sign trick instead (|q − 128| × x with q − 128's sign: 2 · 128 · 127), which sums
+// Σ (q − 128) · x directly.
+#define SY_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+constexpr int kMaxTileRowsAvx2 = 4;
+
+template <int R, int Bits>
+SY_AVX2_TARGET inline void QuadAvx2(__m256i q, const int8_t* x, int64_t x_stride, int64_t c,
+                                    __m256i* s) {
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int r = 0; r < R; ++r) {
+    int32_t xq;
+    std::memcpy(&xq, x + r * x_stride + c, 4);
+    const __m256i xb = _mm256_set1_epi32(xq);
+    __m256i pairs;
+    if constexpr (Bits == 8) {
+      const __m256i signed_q = _mm256_xor_si256(q, flip);
+      pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(signed_q), _mm256_sign_epi8(xb, signed_q));
+    } else {
+      pairs = _mm256_maddubs_epi16(q, xb);
+    }
+    s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(pairs, ones));
+  }
+}
+
+template <int R, int Bits, int SubCols, bool SharedD, bool Unit>
+SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
+                             const int32_t* sums, int64_t sums_stride, const PackedMatrix& w,
+                             int64_t panel, int half, float* state) {
+  const uint8_t* codes = w.Panel(panel) + 32 * half;
+  const uint8_t* plane = w.Panel(panel) + w.cols * kPanelRows / 2 + 32 * half;  // Bits == 6
+  const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
+  const int64_t per_block = w.super_cols / SubCols;
+  const int64_t lanes = 8 * half;
+  const int8_t* sc_base = Unit ? nullptr : w.sub_scales.data() + panel * subs * kPanelRows + lanes;
+  const int8_t* mn_base =
+      Unit || SharedD ? nullptr : w.sub_mins.data() + panel * subs * kPanelRows + lanes;
+  const uint16_t* d_base = w.super_d.data() + panel * blocks * kPanelRows + lanes;
+  const uint16_t* dmin_base =
+      SharedD ? nullptr : w.super_dmin.data() + panel * blocks * kPanelRows + lanes;
+  const __m256i nibble = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi8(0x30);
+  __m256 out[R];
+  for (int r = 0; r < R; ++r)
+    out[r] = _mm256_loadu_ps(state + r * kPanelRows + lanes);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i a[R], mins[R];
+    for (int r = 0; r < R; ++r)
+      a[r] = mins[r] = _mm256_setzero_si256();
+    for (int64_t j = b * per_block; j < (b + 1) * per_block; ++j) {
+      __m256i s[R];
+      for (int r = 0; r < R; ++r)
+        s[r] = SharedD && Bits != 8 ? _mm256_set1_epi32(-sums[r * sums_stride + j])
+                                    : _mm256_setzero_si256();
+      const int64_t c0 = j * SubCols;
+      if constexpr (Bits == 8) {
+        for (int64_t c = c0; c < c0 + SubCols; c += 4)
+          QuadAvx2<R, Bits>(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 4) * 64)), x,
+              x_stride, c, s);
+      } else {
+        for (int64_t c = c0; c < c0 + SubCols; c += 16) {
+          const __m256i v0 =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 8) * 64));
+          const __m256i v1 =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 8 + 1) * 64));
+          __m256i q0 = _mm256_and_si256(v0, nibble);
+          __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble);
+          __m256i q2 = _mm256_and_si256(v1, nibble);
+          __m256i q3 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble);
+          if constexpr (Bits == 6) {
+            const __m256i h =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(plane + (c / 16) * 64));
+            q0 = _mm256_or_si256(q0, _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
+            q1 = _mm256_or_si256(q1, _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
+            q2 = _mm256_or_si256(q2, _mm256_and_si256(h, top));
+            q3 = _mm256_or_si256(q3, _mm256_and_si256(_mm256_srli_epi16(h, 2), top));
+          }
+          QuadAvx2<R, Bits>(q0, x, x_stride, c, s);
+          QuadAvx2<R, Bits>(q1, x, x_stride, c + 4, s);
+          QuadAvx2<R, Bits>(q2, x, x_stride, c + 8, s);
+          QuadAvx2<R, Bits>(q3, x, x_stride, c + 12, s);
+        }
+      }
+      if constexpr (Unit) {
+        for (int r = 0; r < R; ++r) {
+          a[r] = _mm256_add_epi32(a[r], s[r]);
+          if constexpr (!SharedD)
+            mins[r] = _mm256_add_epi32(mins[r], _mm256_set1_epi32(sums[r * sums_stride + j]));
+        }
+      } else {
+        const __m256i sc = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc_base + j * kPanelRows)));
+        for (int r = 0; r < R; ++r)
+          a[r] = _mm256_add_epi32(a[r], _mm256_mullo_epi32(s[r], sc));
+        if constexpr (!SharedD) {
+          const __m256i mn = _mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn_base + j * kPanelRows)));
+          for (int r = 0; r < R; ++r)
+            mins[r] = _mm256_add_epi32(
+                mins[r], _mm256_mullo_epi32(mn, _mm256_set1_epi32(sums[r * sums_stride + j])));
+        }
+      }
+    }
+    const __m256 d =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d_base + b * kPanelRows)));
+    if constexpr (SharedD) {
+      for (int r = 0; r < R; ++r) {
+        const __m256 t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(a[r]));
+        out[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(xs[r * xs_stride + b]), out[r]);
+      }
+    } else {
+      const __m256 dmin = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(dmin_base + b * kPanelRows)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 t = _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(a[r]),
+                                         _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins[r])));
+        out[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(xs[r * xs_stride + b]), out[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    _mm256_storeu_ps(state + r * kPanelRows + lanes, out[r]);
+}
+
+template <int Bits, int SubCols, bool SharedD, bool Unit>
+void TileAvx2Rows(int64_t count, const int8_t* x, int64_t x_stride, const float* xs,
+                  int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
+                  const PackedMatrix& w, int64_t panel, float* state) {
+  for (int half = 0; half < 2; ++half)
+    [&]<int... R>(std::integer_sequence<int, R...>) {
+      (void)((count == R + 1
+                  ? (TileAvx2<R + 1, Bits, SubCols, SharedD, Unit>(
+                         x, x_stride, xs, xs_stride, sums, sums_stride, w, panel, half, state),
+                     true)
+                  : false) ||
+             ...);
+    }
+  (std::make_integer_sequence<int, kMaxTileRowsAvx2>{});
+}
+
+// The tile kernel for w's type: code width, sub-block size, shared d, unit scales.
+template <bool kAvx2>
+void TileAny(int64_t count, const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
+             const int32_t* sums, int64_t sums_stride, const PackedMatrix& w, int64_t panel,
+             float* state) {
+#define SY_TILE(bits, sub, shared, unit)                                                           \
+  if constexpr (kAvx2) {                                                                           \
+    TileAvx2Rows<bits, sub, shared, unit>(count, x, x_stride, xs, xs_stride, sums, sums_stride, w, \
+                                          panel, state);                                           \
+  } else {                                                                                         \
+    TileVnniRows<bits, sub, shared, unit>(count, x, x_stride, xs, xs_stride, sums, sums_stride, w, \
+                                          panel, state);                                           \
+  }                                                                                                \
+  return
+  switch (w.ggml_type) {
+    case GgmlType::kQ4_0:
+      SY_TILE(4, 32, true, true);
+    case GgmlType::kQ4_1:
+      SY_TILE(4, 32, false, true);
+    case GgmlType::kQ5_0:
+      SY_TILE(6, 32, true, true);
+    case GgmlType::kQ5_1:
+      SY_TILE(6, 32, false, true);
+    case GgmlType::kQ8_0:
+      SY_TILE(8, 32, true, true);
+    case GgmlType::kQ2_K:
+      SY_TILE(4, 16, false, false);
+    case GgmlType::kQ3_K:
+      SY_TILE(4, 16, true, false);
+    case GgmlType::kQ4_K:
+      SY_TILE(4, 32, false, false);
+    case GgmlType::kQ5_K:
+      SY_TILE(6, 32, false, false);
+    case GgmlType::kQ6_K:
+      SY_TILE(6, 16, true, false);
+    default:
+      return;  // PackGgml takes no other type
+  }
+#undef SY_TILE
+}
+
+bool CpuHasAvx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+bool CpuHasVnni() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+#endif
+
+// Rows split into near-equal tiles of at most max_rows.
+template <typename Body>
+void ForEachTile(int64_t m, int64_t max_rows, Body body) {
+  const int64_t tiles = (m + max_rows - 1) / max_rows;
+  int64_t row = 0;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t count = (m - row) / (tiles - t);
+    body(row, count);
+    row += count;
+  }
+}
+
+}  // namespace
+
+GgmlKernel ActiveGgmlKernel() {
+  GgmlKernel best = GgmlKernel::kPortable;
+#if defined(__x86_64__)
+  static const bool avx2 = CpuHasAvx2(), vnni = avx2 && CpuHasVnni();
+  if (avx2 && IsaAllows(IsaLevel::kAvx2)) best = GgmlKernel::kAvx2;
+  if (vnni && IsaAllows(IsaLevel::kAvx512)) best = GgmlKernel::kAvx512Vnni;
+#endif
+  return std::min(kernel_limit, best);
+}
+
+void LimitGgmlKernel(GgmlKernel kernel) {
+  kernel_limit = kernel;
+}
+
+const char* GgmlKernelName(GgmlKernel kernel) {
+  return kernel == GgmlKernel::kAvx512Vnni ? "ggml-avx512vnni"
+         : kernel == GgmlKernel::kAvx2     ? "ggml-avx2"
+                                           : "ggml";
+}
+
+void QuantizeRowsQ8(const float* x, int64_t m, const PackedMatrix& w, Q8Rows& out, bool parallel) {
+  constexpr int64_t kLine = 64;
+  out.cols = w.cols;
+  out.block_cols = w.super_cols;
+  out.sub_cols = w.sub_cols;
+  out.blocks = w.cols / w.super_cols;
+  out.subs = w.cols / w.sub_cols;
+  out.offset = w.shared_d ? w.ggml_offset : 1;
+  // An odd number of cache lines between rows: the kernel reads the same columns of every row.
+  out.stride = (w.cols + kLine - 1) / kLine * kLine;
+  if (out.stride / kLine % 2 == 0) out.stride += kLine;
+  out.codes.resize(static_cast<size_t>(m * out.stride));
+  out.scales.resize(static_cast<size_t>(m * out.blocks));
+  out.sums.resize(static_cast<size_t>(m * out.subs));
+  ThreadPool::Global().ParallelForIf(parallel && m > 1 && m * w.cols >= 8192,
+                                     static_cast<size_t>(m), [&](size_t begin, size_t end) {
+                                       QuantizeRowRange(x, static_cast<int64_t>(begin),
+                                                        static_cast<int64_t>(end), out);
+                                     });
+}
+
+void GgmlPanels(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w,
+                int64_t panel_begin, int64_t panel_end, float* y) {
+  if (m <= 0) return;
+  thread_local std::vector<float> state;
+  state.resize(static_cast<size_t>(m * kPanelRows));
+  const GgmlKernel kernel = ActiveGgmlKernel();
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    std::fill(state.begin(), state.end(), 0.0f);
+#if defined(__x86_64__)
+    if (kernel == GgmlKernel::kAvx512Vnni) {
+      ForEachTile(m, kMaxTileRows, [&](int64_t row, int64_t count) {
+        TileAny<false>(count, x.Codes(first + row), x.stride, x.Scales(first + row), x.blocks,
+                       x.Sums(first + row), x.subs, w, p, state.data() + row * kPanelRows);
+      });
+    } else if (kernel == GgmlKernel::kAvx2) {
+      ForEachTile(m, kMaxTileRowsAvx2, [&](int64_t row, int64_t count) {
+        TileAny<true>(count, x.Codes(first + row), x.stride, x.Scales(first + row), x.blocks,
+                      x.Sums(first + row), x.subs, w, p, state.data() + row * kPanelRows);
+      });
+    }
+#endif
+    if (kernel == GgmlKernel::kPortable)
+      for (int64_t r = 0; r < m; ++r)
+        RowPortable(x.Codes(first + r), x.Scales(first + r), x.Sums(first + r), w, p,
+                    state.data() + r * kPanelRows);
+    const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
+    for (int64_t r = 0; r < m; ++r)
+      std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
+  }
+}
+
+}  // namespace sy::kernels
