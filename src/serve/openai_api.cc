@@ -128,7 +128,7 @@ void ReadStructuredOutput(Reader& r, GenerationPlan& plan) {
       return;
     }
     field = name;
-    spec = structured::GrammarSpec{kind, "", {}};
+    spec = structured::GrammarSpec{kind, "", {}, ""};
     if (kind == Kind::kJsonSchema) {
       if (!value.is_object() && !value.is_boolean() && !value.is_string())
         return r.Fail(name.c_str(), "must be a JSON schema (an object)");
@@ -520,6 +520,10 @@ ParsedRequest ParseGenerationRequestChecked(Endpoint endpoint, const std::string
       }
       json copy = m;
       if (role == "developer") copy["role"] = "system";
+      // OpenAI lets an assistant message with tool calls leave out its content: null, as the
+      // templates' `content is none` branch expects.
+      if (role == "assistant" && m.contains("tool_calls") && !m.contains("content"))
+        copy["content"] = nullptr;
       auto content = m.find("content");
       if (content != m.end() && content->is_array()) {
         std::string text;
@@ -857,6 +861,9 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
         }
         if (*event.finish_reason == "stop" && so_far.output->CalledTools()) finish = "tool_calls";
       }
+      // Tokens the parser holds back or that belong to a call's header say nothing yet: no
+      // chunk, as vLLM sends none (unless log-probabilities or the finish must go out).
+      if (parsed.empty() && !first && !event.finish_reason && !plan.chat_logprobs) return "";
       if (!parsed.reasoning.empty()) delta["reasoning_content"] = parsed.reasoning;
       if (!parsed.content.empty() || first || (parsed.reasoning.empty() && parsed.tool_calls.empty()))
         delta["content"] = parsed.content;

@@ -112,7 +112,8 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
 // One SSE "data: …\n\n" event for a streaming request: the delta of choice `index`.
 // `first`: the choice's first chunk (chat sends the role then; echo sends the prompt then).
 // Chat with parse_output feeds the event's text through so_far.output, so its deltas carry
-// reasoning_content and tool_calls as vLLM streams them.
+// reasoning_content and tool_calls as vLLM streams them; an event that adds nothing yet gives
+// "" (no chunk to send).
 std::string StreamChunk(const GenerationPlan& plan, int64_t index, const RequestEvent& event,
                         ChoiceResult& so_far, bool first, const std::string& id,
                         int64_t created, const TextCodec& codec, const ServingLimits& limits);
