@@ -212,11 +212,9 @@ def test_auto_needs_the_flag(server, client):
 
 # ---- reasoning ----
 
-@pytest.fixture(scope="module")
-def r1_model_dir(model_dir):
-    """The default model with DeepSeek-R1's chat template: its generation prompt opens the think
-    block, so the output starts inside the reasoning."""
-    path = os.path.join(TMP, "model-r1")
+def with_template(model_dir, stem):
+    """The default model with another DeepSeek chat template (tests/fixtures/tokenizer/templates)."""
+    path = os.path.join(TMP, "model-" + stem)
     os.makedirs(path, exist_ok=True)
     for name in os.listdir(model_dir):
         if name != "tokenizer_config.json" and not os.path.exists(os.path.join(path, name)):
@@ -224,7 +222,7 @@ def r1_model_dir(model_dir):
     with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
         config = json.load(f)
     with open(os.path.join(REPO, "tests", "fixtures", "tokenizer", "templates",
-                           "deepseek-r1.jinja")) as f:
+                           stem + ".jinja")) as f:
         config["chat_template"] = f.read()
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
         json.dump(config, f)
@@ -232,8 +230,11 @@ def r1_model_dir(model_dir):
 
 
 @pytest.fixture(scope="module")
-def r1_client(r1_model_dir):
-    s = Server(r1_model_dir, "--kv-cache-tokens", "16384", "--reasoning-parser", "deepseek_r1")
+def r1_client(model_dir):
+    """R1's template: its generation prompt opens the think block, so the output starts inside
+    the reasoning."""
+    s = Server(with_template(model_dir, "deepseek-r1"), "--kv-cache-tokens", "16384",
+               "--reasoning-parser", "deepseek_r1")
     yield OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
     assert s.stop() == 0, "".join(s.log)
 
@@ -285,6 +286,38 @@ def test_structured_output_constrains_only_the_answer(r1_client):
     assert forced.finish_reason == "tool_calls", forced.message
     assert forced.message.model_extra["reasoning_content"]
     check_calls(forced.message, names={"add"})
+
+
+def test_deepseek_v31_calls_and_thinking(model_dir):
+    """V3.1's template: tool calls forced in its own format (the parser picked from the
+    template), and its thinking mode (chat_template_kwargs) split by the deepseek_v3 reasoning
+    parser; without thinking, the output is all content."""
+    s = Server(with_template(model_dir, "deepseek-v3.1"), "--kv-cache-tokens", "16384",
+               "--reasoning-parser", "deepseek_v3")
+    try:
+        c = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        args = dict(model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required",
+                    max_tokens=300, temperature=0, parallel_tool_calls=False)
+        whole = c.chat.completions.create(**args).choices[0]
+        assert whole.finish_reason == "tool_calls", whole.message
+        check_calls(whole.message)
+        calls, _, finish = reassemble(c.chat.completions.create(**args, stream=True))
+        assert finish == "tool_calls"
+        assert calls == [{"name": t.function.name, "arguments": t.function.arguments}
+                         for t in whole.message.tool_calls]
+        think = dict(model="sy-test", messages=CHAT, max_tokens=40, temperature=0,
+                     logit_bias={str(THINK_END): 3},
+                     extra_body={"chat_template_kwargs": {"thinking": True}})
+        thought = c.chat.completions.create(**think).choices[0]
+        assert thought.message.model_extra["reasoning_content"], thought.message
+        assert stream_reasoning(c.chat.completions.create(**think, stream=True)) == (
+            thought.message.model_extra["reasoning_content"], thought.message.content or "",
+            thought.finish_reason)
+        plain = c.chat.completions.create(model="sy-test", messages=CHAT, max_tokens=20,
+                                          temperature=0).choices[0]
+        assert plain.message.model_extra["reasoning_content"] is None and plain.message.content
+    finally:
+        assert s.stop() == 0, "".join(s.log)
 
 
 # ---- through the router and an mpirun group ----
