@@ -23,8 +23,10 @@ using json = nlohmann::json;
 
 const std::string kV3Two =
     "Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
-    "```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
-    "get_time\n```json\n{\"zone\": \"CET\",\n \"fmt\": \"```\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    "```json\n{\"city\": "
+    "\"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+    "get_time\n```json\n{\"zone\": \"CET\",\n \"fmt\": "
+    "\"```\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
 const std::string kV31Two =
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"<\"}"
     "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
@@ -369,8 +371,8 @@ TEST(ForcedToolCalls, DeepSeekTokenizerV3) {  // the format's tokens are not spe
 }
 
 TEST(ForcedToolCalls, NamedFunctionAndGateAfterThink) {
-  structured::GrammarCompiler compiler(LoadVocabulary(std::string(SY_FIXTURES_DIR) +
-                                                      "/tokenizer/deepseek-v3/tokenizer.json"));
+  structured::GrammarCompiler compiler(
+      LoadVocabulary(std::string(SY_FIXTURES_DIR) + "/tokenizer/deepseek-v3/tokenizer.json"));
   const structured::Vocabulary& vocab = compiler.vocabulary();
   const json named = {{"type", "function"}, {"function", {{"name", "add"}}}};
   const json no = false;
@@ -384,11 +386,12 @@ TEST(ForcedToolCalls, NamedFunctionAndGateAfterThink) {
   std::vector<int32_t> allowed = Allowed(m, vocab.size());
   EXPECT_EQ(static_cast<int32_t>(allowed.size()), vocab.size() - 1);
   EXPECT_FALSE(m.AcceptToken(vocab.eos_ids[0]).ok());
-  const std::string forced =
-      "Hmm" + std::string(kThinkEnd) + std::string(kCallsBegin) + std::string(kCallBegin) + "add" +
-      std::string(kToolSep) + "{\"a\": 2, \"b\": 40}" + std::string(kCallEnd) + std::string(kCallsEnd);
-  auto tokenizer = Tokenizer::Load(std::string(SY_FIXTURES_DIR) +
-                                   "/tokenizer/deepseek-v3/tokenizer.json");
+  const std::string forced = "Hmm" + std::string(kThinkEnd) + std::string(kCallsBegin) +
+                             std::string(kCallBegin) + "add" + std::string(kToolSep) +
+                             "{\"a\": 2, \"b\": 40}" + std::string(kCallEnd) +
+                             std::string(kCallsEnd);
+  auto tokenizer =
+      Tokenizer::Load(std::string(SY_FIXTURES_DIR) + "/tokenizer/deepseek-v3/tokenizer.json");
   ASSERT_TRUE(tokenizer.ok());
   auto ids = tokenizer->Encode(forced);
   ASSERT_TRUE(ids.ok());
@@ -436,7 +439,8 @@ TEST(ToolRequest, BadToolsNameTheField) {
   EXPECT_TRUE(error(bad, "auto").starts_with("tools[0].type"));
   bad = kTools;
   bad[1]["function"]["name"] = "get_weather";
-  EXPECT_TRUE(error(bad, "auto").starts_with("tools[1].function.name: \"get_weather\" is given twice"));
+  EXPECT_TRUE(
+      error(bad, "auto").starts_with("tools[1].function.name: \"get_weather\" is given twice"));
   EXPECT_TRUE(error(json{{"a", 1}}, "auto").starts_with("tools: must be a list"));
 }
 

@@ -19,9 +19,8 @@ void ChatOutputParser::Pass(OutputDelta& delta, bool final) {
     tools_->Feed(answer, &delta);
     if (final) tools_->Finish(&delta);
     if (options_.max_calls >= 0)
-      std::erase_if(delta.tool_calls, [&](const ToolCallDelta& d) {
-        return d.index >= options_.max_calls;
-      });
+      std::erase_if(delta.tool_calls,
+                    [&](const ToolCallDelta& d) { return d.index >= options_.max_calls; });
   }
   content_text_ += delta.content;
 }

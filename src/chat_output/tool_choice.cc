@@ -36,9 +36,10 @@ json ToolCallGrammar(ToolCallFormat format, const std::vector<FunctionTool>& fun
                         {Token(kCallBegin), Text("function"), Token(kToolSep), Text(f.name),
                          Text("\n```json\n"), schema, Text("\n```"), Token(kCallEnd)}}});
     } else {
-      calls.push_back({{"type", "sequence"},
-                       {"elements", {Token(kCallBegin), Text(f.name), Token(kToolSep), schema,
-                                     Token(kCallEnd)}}});
+      calls.push_back(
+          {{"type", "sequence"},
+           {"elements",
+            {Token(kCallBegin), Text(f.name), Token(kToolSep), schema, Token(kCallEnd)}}});
     }
   }
   json repeat = {{"type", "repeat"},
@@ -81,9 +82,8 @@ ToolRequestOrError ReadToolRequest(const json* tools, const json* tool_choice,
       FunctionTool f;
       f.name = name->get<std::string>();
       // No parameters: an empty parameter list (OpenAI's meaning), so {} only.
-      f.parameters = {{"type", "object"},
-                      {"properties", json::object()},
-                      {"additionalProperties", false}};
+      f.parameters = {
+          {"type", "object"}, {"properties", json::object()}, {"additionalProperties", false}};
       if (auto p = function->find("parameters"); p != function->end() && !p->is_null()) {
         if (!p->is_object()) return fail(where + ".function.parameters", "must be a JSON schema");
         f.parameters = *p;
@@ -128,8 +128,8 @@ ToolRequestOrError ReadToolRequest(const json* tools, const json* tool_choice,
     for (const FunctionTool& f : request.functions)
       if (f.name == request.named) forced.push_back(f);
     if (forced.empty())
-      return fail("tool_choice",
-                  fmt::format("names function \"{}\", which is not among the tools", request.named));
+      return fail("tool_choice", fmt::format("names function \"{}\", which is not among the tools",
+                                             request.named));
   } else if (request.choice == ToolChoice::kRequired) {
     forced = request.functions;
   }
@@ -138,14 +138,16 @@ ToolRequestOrError ReadToolRequest(const json* tools, const json* tool_choice,
     for (size_t i = 0; i < request.functions.size(); ++i) {
       const FunctionTool& f = request.functions[i];
       if (request.choice == ToolChoice::kNamed && f.name != request.named) continue;
-      structured::GrammarSpec spec{structured::GrammarSpec::Kind::kJsonSchema, f.parameters.dump(),
-                                   {}, ""};
+      structured::GrammarSpec spec{
+          structured::GrammarSpec::Kind::kJsonSchema, f.parameters.dump(), {}, ""};
       auto compiled = structured::CompileForBytes(spec);
       if (!compiled.ok())
         return fail(fmt::format("tools[{}].function.parameters", i), compiled.status().message());
     }
     structured::GrammarSpec spec{structured::GrammarSpec::Kind::kStructural,
-                                 ToolCallGrammar(format, forced, request.max_calls()).dump(), {}, ""};
+                                 ToolCallGrammar(format, forced, request.max_calls()).dump(),
+                                 {},
+                                 ""};
     auto compiled = structured::CompileForBytes(spec);
     if (!compiled.ok()) return fail("tools", compiled.status().message());
     request.grammar = std::move(spec);

@@ -55,8 +55,8 @@ struct ToolRequestOrError {
 // `tools`, `tool_choice`, `parallel_tool_calls`: the request's fields (null when absent).
 // `auto_enabled`: the server's --enable-auto-tool-choice.
 ToolRequestOrError ReadToolRequest(const nlohmann::json* tools, const nlohmann::json* tool_choice,
-                                   const nlohmann::json* parallel_tool_calls,
-                                   ToolCallFormat format, bool auto_enabled);
+                                   const nlohmann::json* parallel_tool_calls, ToolCallFormat format,
+                                   bool auto_enabled);
 
 // The structural grammar (structured/structural.h) of calls to `functions` in `format`: the call
 // list and nothing else, `max_calls` calls at most (-1: any number, at least one).

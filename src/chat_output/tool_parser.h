@@ -4,7 +4,8 @@
 //
 //   deepseek_v3  (V3, R1, V3-0324, R1-0528 — vLLM's parser "deepseek_v3"):
 //     content? <｜tool▁calls▁begin｜> CALL ("\n"? CALL)* <｜tool▁calls▁end｜>
-//     CALL = <｜tool▁call▁begin｜> TYPE <｜tool▁sep｜> NAME "\n```json\n" ARGS "\n```" <｜tool▁call▁end｜>
+//     CALL = <｜tool▁call▁begin｜> TYPE <｜tool▁sep｜> NAME "\n```json\n" ARGS "\n```"
+//     <｜tool▁call▁end｜>
 //   deepseek_v31 (V3.1 — vLLM's "deepseek_v31"):
 //     content? <｜tool▁calls▁begin｜> CALL* <｜tool▁calls▁end｜>
 //     CALL = <｜tool▁call▁begin｜> NAME <｜tool▁sep｜> ARGS <｜tool▁call▁end｜>

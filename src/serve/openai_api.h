@@ -115,8 +115,8 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
 // reasoning_content and tool_calls as vLLM streams them; an event that adds nothing yet gives
 // "" (no chunk to send).
 std::string StreamChunk(const GenerationPlan& plan, int64_t index, const RequestEvent& event,
-                        ChoiceResult& so_far, bool first, const std::string& id,
-                        int64_t created, const TextCodec& codec, const ServingLimits& limits);
+                        ChoiceResult& so_far, bool first, const std::string& id, int64_t created,
+                        const TextCodec& codec, const ServingLimits& limits);
 // The closing usage chunk (stream_options.include_usage) and the terminator.
 std::string StreamUsageChunk(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
                              const std::string& id, int64_t created, const ServingLimits& limits);

@@ -29,9 +29,7 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar,
                                std::optional<int32_t> begin_after)
-    : grammar_(std::move(grammar)),
-      begin_after_(begin_after),
-      recognizer_(&grammar_->automaton()) {
+    : grammar_(std::move(grammar)), begin_after_(begin_after), recognizer_(&grammar_->automaton()) {
   Snapshot first;
   first.state = recognizer_.Initial();
   first.arena_size = recognizer_.Size();

@@ -22,7 +22,8 @@ class GrammarMatcher {
   // The grammar applies only after `begin_after` (GrammarSpec::begin_after's id): until that
   // token any token but end-of-sequence is allowed and nothing is matched (the free phase of a
   // reasoning model's thinking).
-  GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar, std::optional<int32_t> begin_after);
+  GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar,
+                 std::optional<int32_t> begin_after);
 
   // Advances by one token; an error (naming the token) leaves the state unchanged. An EOS id is
   // accepted exactly when IsComplete(); afterwards nothing more is.

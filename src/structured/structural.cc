@@ -25,7 +25,8 @@ class Builder {
     };
     if (type == "text") {
       const json* text = field("text");
-      if (!text || !text->is_string()) return Status::Errorf("{}: \"text\" must be a string", where);
+      if (!text || !text->is_string())
+        return Status::Errorf("{}: \"text\" must be a string", where);
       return Literal(text->get<std::string>());
     }
     if (type == "token") {
@@ -48,8 +49,8 @@ class Builder {
         return Status::Errorf("{}: \"elements\" must be a list", where);
       std::vector<Expr> items;
       for (size_t i = 0; i < elements->size(); ++i) {
-        SY_ASSIGN_OR_RETURN(Expr e,
-                            Build((*elements)[i], fmt::format("{}.elements[{}]", where, i), depth + 1));
+        SY_ASSIGN_OR_RETURN(
+            Expr e, Build((*elements)[i], fmt::format("{}.elements[{}]", where, i), depth + 1));
         items.push_back(std::move(e));
       }
       if (type == "alternatives" && items.empty())
@@ -70,7 +71,8 @@ class Builder {
       }
       if (const json* m = field("max")) {
         if (!m->is_number_integer() || m->get<int64_t>() < -1 ||
-            m->get<int64_t>() > limits_.max_repeat || (m->get<int64_t>() >= 0 && m->get<int64_t>() < min))
+            m->get<int64_t>() > limits_.max_repeat ||
+            (m->get<int64_t>() >= 0 && m->get<int64_t>() < min))
           return Status::Errorf("{}: \"max\" must be -1 or an integer in [min, {}]", where,
                                 limits_.max_repeat);
         max = m->get<int64_t>();
