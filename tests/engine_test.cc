@@ -726,6 +726,37 @@ TEST_P(MtpEngineTest, StructuredOutputIsUnchangedByDrafting) {
   EXPECT_GT(h.engine.Metrics().spec_accepted_tokens_total, 0);
 }
 
+// A grammar behind a reasoning gate: drafts in the free phase (never "</think>" here: all free
+// until max_tokens) and right after it ("</think>" forced first) give the model's own tokens.
+TEST_P(MtpEngineTest, GatedGrammarIsUnchangedByDrafting) {
+  const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
+  const int32_t think_end = *TrainedModel().tokenizer->TokenToId("</think>");
+  for (double bias : {0.0, 50.0}) {
+    SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = bias > 0 ? 120 : 40;
+    params.grammar = PersonSchema();
+    params.grammar->begin_after = "</think>";
+    if (bias > 0) params.logit_bias[think_end] = bias;
+    Harness plain(4096, EngineConfig{}, TrainedModel());
+    auto expected = plain.Submit("plain", prompt, params);
+    plain.RunToIdle();
+    const Collected want = Collect(*expected);
+    EngineConfig config;
+    config.num_speculative_tokens = GetParam();
+    Harness h(4096, config, TrainedModel());
+    auto stream = h.Submit("drafted", prompt, params);
+    h.RunToIdle();
+    const Collected got = Collect(*stream);
+    EXPECT_EQ(got.tokens, want.tokens) << "bias " << bias;
+    EXPECT_EQ(got.finish, bias > 0 ? "stop" : "length") << got.text;
+    if (bias > 0) {
+      EXPECT_EQ(got.tokens[0], think_end);
+      EXPECT_TRUE(InLanguage(*params.grammar, got.text, true)) << got.text;
+    }
+  }
+}
+
 // Under page pressure requests are preempted and recomputed; drafts are dropped, never lost
 // tokens, and greedy output still equals the model's own.
 TEST_P(MtpEngineTest, PreemptionWithDraftsLosesNothing) {
