@@ -235,8 +235,14 @@ Result<std::shared_ptr<const CompiledGrammar>> CompileForBytes(const GrammarSpec
 namespace {
 Vocabulary WithMarkers(Vocabulary vocab) {
   vocab.markers.assign(static_cast<size_t>(vocab.size()), "");
-  for (const auto& [name, id] : vocab.named_tokens)
-    if (id >= 0 && id < vocab.size()) vocab.markers[id] = TokenMarker(name);
+  vocab.spellings.assign(static_cast<size_t>(vocab.size()), 0);
+  for (int32_t id = 0; id < vocab.size(); ++id)
+    if (vocab.IsText(id)) vocab.spellings[id] = 1;
+  for (const auto& [name, id] : vocab.named_tokens) {
+    if (id < 0 || id >= vocab.size()) continue;
+    vocab.markers[id] = TokenMarker(name);
+    vocab.spellings[id] |= 2;
+  }
   return vocab;
 }
 }  // namespace

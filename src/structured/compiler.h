@@ -37,8 +37,10 @@ struct Vocabulary {
   // tokens. Such a token also matches its marker spelling (special or not); a non-special one
   // still matches its text as well.
   std::vector<std::pair<std::string, int32_t>> named_tokens;
-  // By id: the marker of a named token, else empty (derived by GrammarCompiler from the above).
+  // By id: the marker of a named token, else empty, and which spellings a token has (bit 0 its
+  // text, bit 1 a marker) — derived by GrammarCompiler, so the mask's hot loop reads one byte.
   std::vector<std::string> markers;
+  std::vector<uint8_t> spellings;
   int32_t size() const { return static_cast<int32_t>(token_bytes.size()); }
   // Whether the token's bytes may be read as text: not special, not empty, and no 0xFF byte
   // (never in UTF-8; reserved for markers).

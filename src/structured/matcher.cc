@@ -159,14 +159,17 @@ void GrammarMatcher::FillNextTokenMask(std::span<uint64_t> mask) {
     for (int32_t id : entry->uncertain) {
       if (test(checked_, id) || (mask[id >> 6] >> (id & 63)) & 1) continue;
       checked_[id >> 6] |= uint64_t{1} << (id & 63);
-      for (std::string_view spelling : vocab->Spellings(id)) {
-        const bool alive = recognizer_.Run(now.state, AsBytes(spelling)).alive();
+      // Its text, then its marker when it is a named token (Vocabulary::Spellings, unrolled:
+      // this loop is the mask's hot path).
+      auto alive = [&](std::string_view spelling) {
+        const bool ok = recognizer_.Run(now.state, AsBytes(spelling)).alive();
         recognizer_.Truncate(mark);
-        if (alive) {
-          set(id);
-          break;
-        }
-      }
+        return ok;
+      };
+      const uint8_t kinds = vocab->spellings[id];
+      if (((kinds & 1) && alive(vocab->token_bytes[id])) ||
+          ((kinds & 2) && alive(vocab->markers[id])))
+        set(id);
     }
   }
 }
