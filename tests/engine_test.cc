@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include <nlohmann/json.hpp>
+#include "chat_output/tool_choice.h"
 #include "engine/engine.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/fast_linear.h"
@@ -725,6 +726,37 @@ TEST_P(MtpEngineTest, StructuredOutputIsUnchangedByDrafting) {
   EXPECT_GT(h.engine.Metrics().spec_accepted_tokens_total, 0);
 }
 
+// A grammar behind a reasoning gate: drafts in the free phase (never "</think>" here: all free
+// until max_tokens) and right after it ("</think>" forced first) give the model's own tokens.
+TEST_P(MtpEngineTest, GatedGrammarIsUnchangedByDrafting) {
+  const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
+  const int32_t think_end = *TrainedModel().tokenizer->TokenToId("</think>");
+  for (double bias : {0.0, 50.0}) {
+    SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = bias > 0 ? 120 : 40;
+    params.grammar = PersonSchema();
+    params.grammar->begin_after = "</think>";
+    if (bias > 0) params.logit_bias[think_end] = bias;
+    Harness plain(4096, EngineConfig{}, TrainedModel());
+    auto expected = plain.Submit("plain", prompt, params);
+    plain.RunToIdle();
+    const Collected want = Collect(*expected);
+    EngineConfig config;
+    config.num_speculative_tokens = GetParam();
+    Harness h(4096, config, TrainedModel());
+    auto stream = h.Submit("drafted", prompt, params);
+    h.RunToIdle();
+    const Collected got = Collect(*stream);
+    EXPECT_EQ(got.tokens, want.tokens) << "bias " << bias;
+    EXPECT_EQ(got.finish, bias > 0 ? "stop" : "length") << got.text;
+    if (bias > 0) {
+      EXPECT_EQ(got.tokens[0], think_end);
+      EXPECT_TRUE(InLanguage(*params.grammar, got.text, true)) << got.text;
+    }
+  }
+}
+
 // Under page pressure requests are preempted and recomputed; drafts are dropped, never lost
 // tokens, and greedy output still equals the model's own.
 TEST_P(MtpEngineTest, PreemptionWithDraftsLosesNothing) {
@@ -900,6 +932,118 @@ TEST(EngineTest, StructuredOutputStaysInItsGrammar) {
   refused = again.engine.Submit(bad, &error);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("ignore_eos"), std::string::npos);
+}
+
+// Forced tool calls (tool_choice required, in DeepSeek-V3's format) on the trained default model:
+// the output is calls the parser reads back with JSON arguments, the same under preemption and
+// after a failover; and behind a reasoning gate, free until "</think>" (forced here by a logit
+// bias), then the calls.
+TEST(EngineTest, ForcedToolCallsAreValid) {
+  const nlohmann::json tools = nlohmann::json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 10},
+                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+      "required": ["city", "days"], "additionalProperties": false}}},
+    {"type": "function", "function": {"name": "stop"}}])");
+  const nlohmann::json required = "required";
+  auto read = chat_output::ReadToolRequest(&tools, &required, nullptr,
+                                           chat_output::ToolCallFormat::kDeepSeekV3, false);
+  ASSERT_FALSE(read.error) << read.error->message;
+  // One call (parallel_tool_calls false): the trained model, free to, calls again and again.
+  const nlohmann::json no = false;
+  auto one = chat_output::ReadToolRequest(&tools, &required, &no,
+                                          chat_output::ToolCallFormat::kDeepSeekV3, false);
+  ASSERT_FALSE(one.error) << one.error->message;
+  const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 3; ++i) {
+    SamplingParams p;
+    p.temperature = i == 0 ? 0 : 1.0;
+    p.seed = 11 + i;
+    p.max_tokens = 160;
+    p.skip_special_tokens = false;
+    p.grammar = (i == 0 ? one : read).request->grammar;
+    params.push_back(p);
+  }
+  const int32_t think_end = *TrainedModel().tokenizer->TokenToId("</think>");
+  SamplingParams gated = params[0];
+  gated.grammar->begin_after = "</think>";
+  gated.logit_bias[think_end] = 50;  // the trained model never writes it by itself
+  params.push_back(gated);
+  std::vector<Collected> alone;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Harness h(4096, EngineConfig{}, TrainedModel());
+    auto stream = h.Submit("alone" + std::to_string(i), prompt, params[i]);
+    h.RunToIdle();
+    alone.push_back(Collect(*stream));
+    const Collected& a = alone.back();
+    std::printf("request %zu (%s): %s\n", i, a.finish.c_str(), nlohmann::json(a.text).dump().c_str());
+    if (a.finish != "stop") continue;  // a call cut by max_tokens is only a prefix
+    std::string text = a.text;
+    if (params[i].grammar->begin_after.size()) {
+      const size_t at = text.find("</think>");
+      ASSERT_NE(at, std::string::npos) << text;
+      text = text.substr(at + 8);
+    }
+    const auto parsed = chat_output::ParseToolCalls(chat_output::ToolCallFormat::kDeepSeekV3, text);
+    ASSERT_FALSE(parsed.calls.empty()) << text;
+    EXPECT_FALSE(parsed.content.has_value()) << text;
+    for (const auto& call : parsed.calls) {
+      const auto args = nlohmann::json::parse(call.arguments, nullptr, false);
+      ASSERT_TRUE(args.is_object()) << call.arguments;
+      if (call.name == "stop") {
+        EXPECT_TRUE(args.empty());
+      } else {
+        ASSERT_EQ(call.name, "get_weather");
+        EXPECT_TRUE(args["days"].is_number_integer() && args["days"] >= 1 && args["days"] <= 7);
+      }
+    }
+  }
+  EXPECT_EQ(alone[0].finish, "stop");
+  EXPECT_EQ(alone[3].finish, "stop");
+  // All at once in a cache small enough to preempt: the same tokens.
+  EngineConfig small;
+  small.max_num_batched_tokens = 64;
+  Harness h(16 * 14, small, TrainedModel());
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < params.size(); ++i)
+    streams.push_back(h.Submit("batched" + std::to_string(i), prompt, params[i]));
+  h.RunToIdle();
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(Collect(*streams[i]).tokens, alone[i].tokens) << "request " << i;
+  // Failover past the gate: the rest is the same.
+  ASSERT_GT(alone[3].tokens.size(), 8u);
+  EXPECT_EQ(alone[3].tokens[0], think_end);
+  Harness again(4096, EngineConfig{}, TrainedModel());
+  EngineRequest resumed{"resumed", prompt, params[3]};
+  resumed.prompt.insert(resumed.prompt.end(), alone[3].tokens.begin(), alone[3].tokens.begin() + 5);
+  resumed.resumed_tokens = 5;
+  SubmitError error;
+  auto stream = again.engine.Submit(resumed, &error);
+  ASSERT_TRUE(stream.ok()) << stream.status().message();
+  again.RunToIdle();
+  EXPECT_EQ(Collect(*stream.value()).tokens,
+            std::vector<int32_t>(alone[3].tokens.begin() + 5, alone[3].tokens.end()));
+  // Resumed inside the reasoning, then past its end: the free text replays through the matcher's
+  // free phase and the grammar starts at "</think>".
+  EngineRequest thought{"thought", prompt, params[3]};
+  std::vector<int32_t> reasoning = Text(" I should ask about the weather.");
+  reasoning.push_back(think_end);
+  thought.prompt.insert(thought.prompt.end(), reasoning.begin(), reasoning.end());
+  thought.resumed_tokens = static_cast<int64_t>(reasoning.size());
+  thought.params.logit_bias.clear();
+  stream = again.engine.Submit(thought, &error);
+  ASSERT_TRUE(stream.ok()) << stream.status().message();
+  again.RunToIdle();
+  const Collected rest = Collect(*stream.value());
+  EXPECT_EQ(rest.finish, "stop");
+  const auto parsed = chat_output::ParseToolCalls(chat_output::ToolCallFormat::kDeepSeekV3, rest.text);
+  EXPECT_FALSE(parsed.calls.empty()) << rest.text;
+  // Resumed output outside the grammar is refused.
+  EngineRequest wrong{"wrong", prompt, params[0]};
+  wrong.prompt.insert(wrong.prompt.end(), reasoning.begin(), reasoning.end());
+  wrong.resumed_tokens = static_cast<int64_t>(reasoning.size());
+  EXPECT_FALSE(again.engine.Submit(wrong, &error).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(DraftTokens, MtpEngineTest, ::testing::Values(1, 3));

@@ -147,6 +147,21 @@ TEST(GrpcTest, WhatStoppedARequestCrossesTheWire) {
   EXPECT_FALSE(by_token.stop_string.has_value());
 }
 
+// A grammar crosses the wire whole: kind, text, choices, and the token it begins after (a
+// reasoning model's forced tool call).
+TEST(GrpcTest, GrammarsCrossTheWire) {
+  EngineRequest request{"grammar", {1, 2, 3}, {}};
+  request.params.grammar = structured::GrammarSpec(structured::GrammarSpec::Kind::kStructural,
+                                                   R"({"type": "text", "text": "x"})", {"a", "b"},
+                                                   "</think>");
+  const EngineRequest back = serve::RequestFromProto(serve::RequestToProto(request));
+  ASSERT_TRUE(back.params.grammar.has_value());
+  EXPECT_EQ(back.params.grammar->kind, structured::GrammarSpec::Kind::kStructural);
+  EXPECT_EQ(back.params.grammar->text, request.params.grammar->text);
+  EXPECT_EQ(back.params.grammar->choices, request.params.grammar->choices);
+  EXPECT_EQ(back.params.grammar->begin_after, "</think>");
+}
+
 TEST(GrpcTest, GenerateStreamsWhatTheEngineGives) {
   for (double temperature : {0.0, 0.8}) {
     EngineRequest request{

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "cli/chat_output_options.h"
 #include "cli/common.h"
 #include "cli/parallel_setup.h"
 #include "cli/tls_options.h"
@@ -47,6 +48,7 @@ struct ServeArgs {
   std::string transfer_host;  // default: --grpc-host, else --host
   int transfer_port = 0;
   double transfer_timeout = 600;
+  ChatOutputArgs chat_output;
 };
 
 // The transfer side of --role: a prefill instance sends rows, a decode instance receives them.
@@ -145,6 +147,7 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   Communicator& comm = *run.comm;
   serve::ClusterServing cluster(engine, comm, run.tp, engine_config.max_waiting);
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
+  ApplyChatOutputOrFail(args.chat_output, codec, &options.limits);
   std::unique_ptr<serve::OpenAiServer> server;
   // gRPC: DP group g on --grpc-port + g (each port 0 when it is 0), so a router chooses the group.
   std::vector<std::unique_ptr<serve::GroupFrontend>> groups;
@@ -247,6 +250,7 @@ void RunServe(const ServeArgs& args) {
   Disaggregation disaggregation = StartDisaggregationOrFail(args);
 
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
+  ApplyChatOutputOrFail(args.chat_output, codec, &options.limits);
   serve::OpenAiServer server(engine, codec, options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
   WarnIfExposed(serve::HttpExposureWarning(args.host, server.port(), options.tls.enabled(),
@@ -285,6 +289,7 @@ void AddServeVerb(CLI::App& app) {
   verb->add_option("--port", args->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   verb->add_option("--served-model-name", args->served_model_name,
                    "The model name clients use (default: the --model argument)");
+  AddChatOutputOptions(verb, args->chat_output);
   verb->add_option("--max-num-seqs", args->max_num_seqs, "Requests in the running batch at most")
       ->check(CLI::Range(1, 4096));
   verb->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,

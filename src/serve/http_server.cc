@@ -534,6 +534,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void Queue(std::string chunk) {
+    if (chunk.empty()) return;  // a stream chunk with nothing to say (StreamChunk)
     pending_.push_back(std::make_shared<std::string>(std::move(chunk)));
   }
 

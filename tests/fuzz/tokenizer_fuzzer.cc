@@ -3,7 +3,8 @@
 //   1: text for the default model's tokenizer — valid UTF-8 must encode and decode back to the
 //      same bytes (byte-level BPE loses nothing), invalid UTF-8 must be refused;
 //   2: token ids (little-endian int32) to decode — out-of-range ids refused, never read;
-//   3: a JSON message list for each chat template — rendered or refused, never a crash.
+//   3: a JSON message list for each chat template — rendered or refused, never a crash (also
+//      with the same JSON given as the request's tools).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -86,6 +87,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         sy::ChatOptions options;
         options.thinking = data[0] & 4;
         options.add_generation_prompt = data[0] & 8;
+        (void)chat->Render(messages, options);
+        // The same JSON as the request's tools (any JSON: the block writes what it is given).
+        options.tools = &messages;
         (void)chat->Render(messages, options);
       }
       break;
