@@ -559,6 +559,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void Queue(std::string chunk) {
+    if (chunk.empty()) return;  // an empty HTTP chunk would end the response
     pending_.push_back(std::make_shared<std::string>(std::move(chunk)));
   }
 
