@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include <nlohmann/json.hpp>
+#include "chat_output/tool_choice.h"
 #include "engine/engine.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/fast_linear.h"
@@ -953,6 +954,91 @@ TEST(EngineTest, MasksBesideTheForwardChangeNothing) {
             << after.text;
     }
   }
+}
+
+// Forced tool calls (tool_choice required, in DeepSeek-V3's format) on the trained default model:
+// the output is calls the parser reads back with JSON arguments, the same under preemption and
+// after a failover; and behind a reasoning gate, free until "</think>" (forced here by a logit
+// bias), then the calls.
+TEST(EngineTest, ForcedToolCallsAreValid) {
+  const nlohmann::json tools = nlohmann::json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 10},
+                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+      "required": ["city", "days"], "additionalProperties": false}}},
+    {"type": "function", "function": {"name": "stop"}}])");
+  const nlohmann::json required = "required";
+  auto read = chat_output::ReadToolRequest(&tools, &required, nullptr,
+                                           chat_output::ToolCallFormat::kDeepSeekV3, false);
+  ASSERT_FALSE(read.error) << read.error->message;
+  const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 3; ++i) {
+    SamplingParams p;
+    p.temperature = i == 0 ? 0 : 1.0;
+    p.seed = 11 + i;
+    p.max_tokens = 160;
+    p.skip_special_tokens = false;
+    p.grammar = read.request->grammar;
+    params.push_back(p);
+  }
+  SamplingParams gated = params[0];
+  gated.grammar->begin_after = "</think>";
+  gated.logit_bias[*TrainedModel().tokenizer->TokenToId("</think>")] = 12;
+  params.push_back(gated);
+  std::vector<Collected> alone;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Harness h(4096, EngineConfig{}, TrainedModel());
+    auto stream = h.Submit("alone" + std::to_string(i), prompt, params[i]);
+    h.RunToIdle();
+    alone.push_back(Collect(*stream));
+    const Collected& a = alone.back();
+    std::printf("request %zu (%s): %s\n", i, a.finish.c_str(), nlohmann::json(a.text).dump().c_str());
+    if (a.finish != "stop") continue;  // a call cut by max_tokens is only a prefix
+    std::string text = a.text;
+    if (params[i].grammar->begin_after.size()) {
+      const size_t at = text.find("</think>");
+      ASSERT_NE(at, std::string::npos) << text;
+      text = text.substr(at + 8);
+    }
+    const auto parsed = chat_output::ParseToolCalls(chat_output::ToolCallFormat::kDeepSeekV3, text);
+    ASSERT_FALSE(parsed.calls.empty()) << text;
+    EXPECT_FALSE(parsed.content.has_value()) << text;
+    for (const auto& call : parsed.calls) {
+      const auto args = nlohmann::json::parse(call.arguments, nullptr, false);
+      ASSERT_TRUE(args.is_object()) << call.arguments;
+      if (call.name == "stop") {
+        EXPECT_TRUE(args.empty());
+      } else {
+        ASSERT_EQ(call.name, "get_weather");
+        EXPECT_TRUE(args["days"].is_number_integer() && args["days"] >= 1 && args["days"] <= 7);
+      }
+    }
+  }
+  EXPECT_EQ(alone[0].finish, "stop");
+  EXPECT_EQ(alone[3].finish, "stop");
+  // All at once in a cache small enough to preempt: the same tokens.
+  EngineConfig small;
+  small.max_num_batched_tokens = 64;
+  Harness h(16 * 14, small, TrainedModel());
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < params.size(); ++i)
+    streams.push_back(h.Submit("batched" + std::to_string(i), prompt, params[i]));
+  h.RunToIdle();
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(Collect(*streams[i]).tokens, alone[i].tokens) << "request " << i;
+  // Failover past the gate: the rest is the same.
+  ASSERT_GT(alone[3].tokens.size(), 8u);
+  Harness again(4096, EngineConfig{}, TrainedModel());
+  EngineRequest resumed{"resumed", prompt, params[3]};
+  resumed.prompt.insert(resumed.prompt.end(), alone[3].tokens.begin(), alone[3].tokens.begin() + 5);
+  resumed.resumed_tokens = 5;
+  SubmitError error;
+  auto stream = again.engine.Submit(resumed, &error);
+  ASSERT_TRUE(stream.ok()) << stream.status().message();
+  again.RunToIdle();
+  EXPECT_EQ(Collect(*stream.value()).tokens,
+            std::vector<int32_t>(alone[3].tokens.begin() + 5, alone[3].tokens.end()));
 }
 
 INSTANTIATE_TEST_SUITE_P(DraftTokens, MtpEngineTest, ::testing::Values(1, 3));

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/chat_output_options.h"
 #include "cli/common.h"
 #include "cli/tls_options.h"
 #include "cli/verbs.h"
@@ -31,6 +32,7 @@ struct RouteArgs {
   int64_t max_requests = 4096;
   HttpsArgs https;
   serve::GrpcTlsFiles engine_tls;  // the instances' CA; the router's client certificate
+  ChatOutputArgs chat_output;
 };
 
 // An instance on another host reached in clear text: its traffic is readable on the way, and
@@ -79,6 +81,7 @@ void RunRoute(const RouteArgs& args) {
       args.served_model_name.empty() ? std::string("default") : args.served_model_name;
   server_options.limits.max_model_len = limits.max_model_len;
   server_options.limits.cache_tokens = limits.cache_tokens;
+  ApplyChatOutputOrFail(args.chat_output, codec, &server_options.limits);
   // Admin: GET /admin/engines; POST /admin/drain and /admin/resume with {"engine": "host:port"}.
   server_options.admin = [&router](const std::string& method, const std::string& path,
                                    const std::string& body) -> std::pair<int, std::string> {
@@ -151,6 +154,7 @@ void AddRouteVerb(CLI::App& app) {
   verb->add_option("--model", args->model,
                    "Checkpoint directory whose tokenizer and chat template to use (default: "
                    "models/default)");
+  AddChatOutputOptions(verb, args->chat_output);
   verb->add_option("--served-model-name", args->served_model_name,
                    "The model name clients use (default: default)");
   verb->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));

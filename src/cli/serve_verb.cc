@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "cli/chat_output_options.h"
 #include "cli/common.h"
 #include "cli/parallel_setup.h"
 #include "cli/tls_options.h"
@@ -41,6 +42,7 @@ struct ServeArgs {
   serve::GrpcTlsFiles grpc_tls;
   HttpsArgs https;
   ParallelArgs parallel;
+  ChatOutputArgs chat_output;
 };
 
 // The gRPC instance API beside HTTP, when --grpc-port is given; fails the verb if it cannot bind.
@@ -108,6 +110,7 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   Communicator& comm = *run.comm;
   serve::ClusterServing cluster(engine, comm, run.tp, engine_config.max_waiting);
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
+  ApplyChatOutputOrFail(args.chat_output, codec, &options.limits);
   std::unique_ptr<serve::OpenAiServer> server;
   // gRPC: DP group g on --grpc-port + g (each port 0 when it is 0), so a router chooses the group.
   std::vector<std::unique_ptr<serve::GroupFrontend>> groups;
@@ -202,6 +205,7 @@ void RunServe(const ServeArgs& args) {
   if (comm.size() > 1) return RunCluster(args, run, engine, codec, cache_tokens, engine_config);
 
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
+  ApplyChatOutputOrFail(args.chat_output, codec, &options.limits);
   serve::OpenAiServer server(engine, codec, options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
   WarnIfExposed(serve::HttpExposureWarning(args.host, server.port(), options.tls.enabled(),
@@ -235,6 +239,7 @@ void AddServeVerb(CLI::App& app) {
   verb->add_option("--port", args->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   verb->add_option("--served-model-name", args->served_model_name,
                    "The model name clients use (default: the --model argument)");
+  AddChatOutputOptions(verb, args->chat_output);
   verb->add_option("--max-num-seqs", args->max_num_seqs, "Requests in the running batch at most")
       ->check(CLI::Range(1, 4096));
   verb->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,

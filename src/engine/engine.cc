@@ -194,7 +194,14 @@ Result<std::unique_ptr<Engine::Sequence>> Engine::Prepare(EngineRequest request)
   if (request.params.grammar) {
     auto compiled = Grammars().Compile(*request.params.grammar);
     if (!compiled.ok()) return compiled.status();
-    seq->grammar = std::make_unique<structured::GrammarMatcher>(*compiled);
+    std::optional<int32_t> begin_after;
+    if (!request.params.grammar->begin_after.empty()) {
+      begin_after = Grammars().vocabulary().NamedToken(request.params.grammar->begin_after);
+      if (!begin_after)
+        return Status::Errorf("the tokenizer has no token \"{}\" to begin the grammar after",
+                              request.params.grammar->begin_after);
+    }
+    seq->grammar = std::make_unique<structured::GrammarMatcher>(*compiled, begin_after);
     for (int64_t i = seq->prompt_length; i < static_cast<int64_t>(request.prompt.size()); ++i) {
       Status status = seq->grammar->AcceptToken(request.prompt[static_cast<size_t>(i)]);
       if (!status.ok()) return status.WithContext("the resumed output does not fit its grammar");
@@ -385,6 +392,8 @@ structured::GrammarCompiler& Engine::Grammars() {
       vocab.special.push_back(tokenizer_.IsSpecial(t) ? 1 : 0);
     }
     vocab.eos_ids.push_back(static_cast<int32_t>(model_.config().eos_token_id));
+    for (const AddedToken& t : tokenizer_.added_tokens())
+      if (t.id < size) vocab.named_tokens.emplace_back(t.content, t.id);
     grammars_ = std::make_unique<structured::GrammarCompiler>(std::move(vocab));
   });
   return *grammars_;
@@ -454,8 +463,10 @@ std::string Engine::EmitToken(Sequence& seq, int32_t token, const float* row, do
       metrics_.inter_token_latency.Observe(now - seq.last_token_time);
   }
   seq.last_token_time = now;
-  event.text += seq.detokenizer->Add(token, &stopped_by_string);
   const bool eos = !params.ignore_eos && token == model_.config().eos_token_id;
+  // The end-of-sequence token that ends the output is not part of its text (as vLLM), even when
+  // special tokens are kept (tool-call and reasoning parsing keep them).
+  if (!eos) event.text += seq.detokenizer->Add(token, &stopped_by_string);
   const bool stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
                                     token) != params.stop_token_ids.end();
   // vLLM's order: the end-of-sequence token reports no stop reason, then stop tokens, then text.

@@ -23,7 +23,8 @@ json ParamsToJson(const SamplingParams& p) {
   if (p.grammar)
     grammar = {{"kind", static_cast<int>(p.grammar->kind)},
                {"text", p.grammar->text},
-               {"choices", p.grammar->choices}};
+               {"choices", p.grammar->choices},
+               {"begin_after", p.grammar->begin_after}};
   return {{"grammar", grammar},
           {"temperature", p.temperature},
           {"top_p", p.top_p},
@@ -70,7 +71,8 @@ SamplingParams ParamsFromJson(const json& j) {
     p.grammar = structured::GrammarSpec{
         static_cast<structured::GrammarSpec::Kind>(j["grammar"]["kind"].get<int>()),
         j["grammar"]["text"].get<std::string>(),
-        j["grammar"]["choices"].get<std::vector<std::string>>()};
+        j["grammar"]["choices"].get<std::vector<std::string>>(),
+        j["grammar"]["begin_after"].get<std::string>()};
   return p;
 }
 

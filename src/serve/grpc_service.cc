@@ -90,6 +90,7 @@ EngineRequest RequestFromProto(const pb::GenerateRequest& request) {
     spec.kind = static_cast<structured::GrammarSpec::Kind>(p.grammar().kind());
     spec.text = p.grammar().text();
     spec.choices.assign(p.grammar().choices().begin(), p.grammar().choices().end());
+    spec.begin_after = p.grammar().begin_after();
     s.grammar = std::move(spec);
   }
   return out;
@@ -126,6 +127,7 @@ pb::GenerateRequest RequestToProto(const EngineRequest& request) {
     pb::Grammar* g = p->mutable_grammar();
     g->set_kind(static_cast<pb::Grammar::Kind>(s.grammar->kind));
     g->set_text(s.grammar->text);
+    g->set_begin_after(s.grammar->begin_after);
     for (const auto& c : s.grammar->choices)
       g->add_choices(c);
   }

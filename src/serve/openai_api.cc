@@ -98,13 +98,11 @@ void RefuseUnimplemented(Reader& r, Endpoint endpoint) {
            "is not supported (echo with logprobs gives the prompt's log-probabilities)");
   if (const json* beam = r.Get("use_beam_search"); beam && *beam != false)
     r.Fail("use_beam_search", "is not supported");
-  if (endpoint != Endpoint::kChat) return;
-  const json* tools = r.Get("tools");
-  const json* choice = r.Get("tool_choice");
-  if (tools && !(tools->is_array() && tools->empty()) && !(choice && *choice == "none"))
-    r.Fail("tools", "tool calling is not supported (tool_choice \"none\" ignores the tools)");
-  if (choice && *choice != "none" && *choice != "auto")
-    r.Fail("tool_choice", "tool calling is not supported");
+  if (endpoint != Endpoint::kChat) {
+    for (const char* name : {"tools", "tool_choice"})
+      if (r.Get(name)) r.Fail(name, "is for chat completions");
+    return;
+  }
   if (const json* echo = r.Get("echo"); echo && *echo != false)
     r.Fail("echo", "is not supported for chat");
   if (const json* open = r.Get("continue_final_message"); open && *open != false)
@@ -130,7 +128,7 @@ void ReadStructuredOutput(Reader& r, GenerationPlan& plan) {
       return;
     }
     field = name;
-    spec = structured::GrammarSpec{kind, "", {}};
+    spec = structured::GrammarSpec{kind, "", {}, ""};
     if (kind == Kind::kJsonSchema) {
       if (!value.is_object() && !value.is_boolean() && !value.is_string())
         return r.Fail(name.c_str(), "must be a JSON schema (an object)");
@@ -203,6 +201,64 @@ void ReadStructuredOutput(Reader& r, GenerationPlan& plan) {
   auto compiled = structured::CompileForBytes(*spec);
   if (!compiled.ok()) return r.Fail(field.c_str(), compiled.status().message());
   plan.params.grammar = std::move(spec);
+}
+
+// Chat: tools, tool_choice and parallel_tool_calls (chat_output/tool_choice.h). A forced call
+// (required, named) becomes the request's grammar; the tools are rendered into the prompt.
+bool ReadTools(Reader& r, GenerationPlan& plan, const ServingLimits& limits, ChatOptions& options,
+               ApiError* error) {
+  const json* tools = r.Get("tools");
+  const json* choice = r.Get("tool_choice");
+  if (!tools && !choice) return true;
+  if (!limits.tool_format) {
+    *error = Invalid(tools ? "tools" : "tool_choice",
+                     "tool calling needs a chat template with a tool-call format");
+    return false;
+  }
+  auto read = chat_output::ReadToolRequest(tools, choice, r.Get("parallel_tool_calls"),
+                                           *limits.tool_format, limits.auto_tool_choice);
+  if (read.error) {
+    *error = Invalid(read.error->param, read.error->message);
+    return false;
+  }
+  plan.tools = std::move(read.request);
+  if (!plan.tools) return true;
+  if (plan.tools->grammar) {
+    if (plan.params.grammar) {
+      *error = Invalid("tool_choice",
+                       "a forced tool call (\"required\" or a named function) cannot be combined "
+                       "with a structured output constraint");
+      return false;
+    }
+    plan.params.grammar = plan.tools->grammar;
+  }
+  if (!plan.tools->functions.empty()) options.tools = tools;
+  if (plan.tools->parse()) {
+    plan.output.tool_format = limits.tool_format;
+    plan.output.max_calls = plan.tools->max_calls();
+  }
+  return true;
+}
+
+// Chat: whether the output is split into reasoning, content and tool calls. With a reasoning
+// parser, the output starts inside the reasoning when the rendered prompt opened the think block
+// (R1's "<think>\n", V3.1's thinking "<think>") or — deepseek_r1, as vLLM's — whenever the prompt
+// did not close it (V3.1 without thinking ends in "</think>"). A grammar (structured output or a
+// forced tool call) then applies only after "</think>".
+void ChooseOutputParsing(const std::string& prompt, const ServingLimits& limits,
+                         GenerationPlan& plan) {
+  if (limits.reasoning) {
+    const bool opened = prompt.ends_with("<think>") || prompt.ends_with("<think>\n");
+    const bool closed = prompt.ends_with("</think>");
+    plan.output.reasoning = true;
+    plan.output.starts_in_reasoning =
+        opened || (*limits.reasoning == chat_output::ReasoningFormat::kDeepSeekR1 && !closed);
+    if (plan.params.grammar && plan.output.starts_in_reasoning)
+      plan.params.grammar->begin_after = std::string(chat_output::kThinkEnd);
+  }
+  plan.parse_output = plan.output.tool_format.has_value() || plan.output.reasoning;
+  // The format's tokens must reach the parser as text (they are special in some tokenizers).
+  if (plan.parse_output) plan.params.skip_special_tokens = false;
 }
 
 // Fields both endpoints share: sampling and streaming.
@@ -470,6 +526,10 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
       }
       json copy = m;
       if (role == "developer") copy["role"] = "system";
+      // OpenAI lets an assistant message with tool calls leave out its content: null, as the
+      // templates' `content is none` branch expects.
+      if (role == "assistant" && m.contains("tool_calls") && !m.contains("content"))
+        copy["content"] = nullptr;
       auto content = m.find("content");
       if (content != m.end() && content->is_array()) {
         std::string text;
@@ -492,7 +552,14 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
       }
       flat.push_back(std::move(copy));
     }
-    auto ids = codec.EncodeChat(flat, options);
+    if (!ReadTools(r, plan, limits, options, &out.error)) return out;
+    auto rendered = codec.RenderChat(flat, options);
+    if (!rendered.ok()) {
+      out.error = Invalid("messages", rendered.status().message());
+      return out;
+    }
+    ChooseOutputParsing(*rendered, limits, plan);
+    auto ids = codec.tokenizer->Encode(*rendered);
     if (!ids.ok()) {
       out.error = Invalid("messages", ids.status().message());
       return out;
@@ -646,6 +713,42 @@ json FinishReason(const ChoiceResult& c) {
   return c.finish_reason;
 }
 
+json ToolCallsJson(const std::vector<chat_output::ToolCall>& calls) {
+  json out = json::array();
+  for (const auto& call : calls)
+    out.push_back({{"id", call.id},
+                   {"type", "function"},
+                   {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+  return out;
+}
+
+// A parsed chat message: content (null when none), reasoning_content when a reasoning parser is
+// on, tool_calls when there are calls.
+json ChatMessageJson(const GenerationPlan& plan, const chat_output::ChatMessage& m) {
+  json message = {{"role", "assistant"},
+                  {"content", m.content ? json(*m.content) : json(nullptr)}};
+  if (plan.output.reasoning)
+    message["reasoning_content"] = m.reasoning ? json(*m.reasoning) : json(nullptr);
+  if (!m.tool_calls.empty()) message["tool_calls"] = ToolCallsJson(m.tool_calls);
+  return message;
+}
+
+json ToolCallDeltasJson(const std::vector<chat_output::ToolCallDelta>& deltas) {
+  json out = json::array();
+  for (const auto& d : deltas) {
+    json item = {{"index", d.index}};
+    if (d.id) {
+      item["id"] = *d.id;
+      item["type"] = "function";
+      item["function"] = {{"name", d.name.value_or("")}, {"arguments", d.arguments}};
+    } else {
+      item["function"] = {{"arguments", d.arguments}};
+    }
+    out.push_back(std::move(item));
+  }
+  return out;
+}
+
 // vLLM's stop_reason: the stop string matched or the stop token id sampled, else null.
 json StopReason(const std::optional<std::string>& stop_string,
                 const std::optional<int32_t>& stop_token) {
@@ -655,6 +758,18 @@ json StopReason(const std::optional<std::string>& stop_string,
 }
 
 }  // namespace
+
+ChatChoice FinishedChatChoice(const GenerationPlan& plan, const ChoiceResult& choice) {
+  ChatChoice out;
+  chat_output::ChatOutputParser parser(plan.output);
+  parser.Feed(choice.text);
+  parser.Finish();
+  out.message = parser.Message();
+  out.finish_reason = choice.finish_reason == "stop" && parser.CalledTools() ? "tool_calls"
+                                                                              : choice.finish_reason;
+  if (out.finish_reason == "error") out.finish_reason = "abort";
+  return out;
+}
 
 std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
                          const std::string& id, int64_t created, const TextCodec& codec,
@@ -682,10 +797,17 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
           content.push_back(ChatLogprobEntry(codec, lp));
         logprobs = {{"content", content}};
       }
+      json message = {{"role", "assistant"}, {"content", c.text}};
+      json finish = FinishReason(c);
+      if (plan.parse_output) {
+        const ChatChoice chat = FinishedChatChoice(plan, c);
+        message = ChatMessageJson(plan, chat.message);
+        if (!finish.is_null()) finish = chat.finish_reason;
+      }
       out_choices.push_back({{"index", i},
-                             {"message", {{"role", "assistant"}, {"content", c.text}}},
+                             {"message", message},
                              {"logprobs", logprobs},
-                             {"finish_reason", FinishReason(c)},
+                             {"finish_reason", finish},
                              {"stop_reason", StopReason(c.stop_string, c.stop_token)}});
     }
   }
@@ -699,7 +821,7 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
 }
 
 std::string StreamChunk(const GenerationPlan& plan, int64_t index, const RequestEvent& event,
-                        const ChoiceResult& so_far, bool first, const std::string& id,
+                        ChoiceResult& so_far, bool first, const std::string& id,
                         int64_t created, const TextCodec& codec, const ServingLimits& limits) {
   json choice;
   const size_t prompt_index = static_cast<size_t>(index / plan.n);
@@ -730,8 +852,32 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
   } else {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
-    if (!event.text.empty() || !first) delta["content"] = event.text;
-    if (first && event.text.empty()) delta["content"] = "";
+    if (plan.parse_output) {
+      if (!so_far.output) so_far.output = std::make_shared<chat_output::ChatOutputParser>(plan.output);
+      chat_output::OutputDelta parsed = so_far.output->Feed(event.text);
+      if (event.finish_reason) {
+        chat_output::OutputDelta rest = so_far.output->Finish();
+        parsed.reasoning += rest.reasoning;
+        parsed.content += rest.content;
+        for (auto& d : rest.tool_calls) {
+          if (!parsed.tool_calls.empty() && parsed.tool_calls.back().index == d.index && !d.id)
+            parsed.tool_calls.back().arguments += d.arguments;
+          else
+            parsed.tool_calls.push_back(std::move(d));
+        }
+        if (*event.finish_reason == "stop" && so_far.output->CalledTools()) finish = "tool_calls";
+      }
+      // Tokens the parser holds back or that belong to a call's header say nothing yet: no
+      // chunk, as vLLM sends none (unless log-probabilities or the finish must go out).
+      if (parsed.empty() && !first && !event.finish_reason && !plan.chat_logprobs) return "";
+      if (!parsed.reasoning.empty()) delta["reasoning_content"] = parsed.reasoning;
+      if (!parsed.content.empty() || first || (parsed.reasoning.empty() && parsed.tool_calls.empty()))
+        delta["content"] = parsed.content;
+      if (!parsed.tool_calls.empty()) delta["tool_calls"] = ToolCallDeltasJson(parsed.tool_calls);
+    } else {
+      if (!event.text.empty() || !first) delta["content"] = event.text;
+      if (first && event.text.empty()) delta["content"] = "";
+    }
     json logprobs = nullptr;
     if (plan.chat_logprobs) {
       json content = json::array();
@@ -753,6 +899,29 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
                 {"choices", json::array({choice})}};
   if (plan.include_usage) chunk["usage"] = nullptr;
   return "data: " + Dump(chunk) + "\n\n";
+}
+
+Status ConfigureChatOutput(const std::string& tool_call_parser, bool enable_auto_tool_choice,
+                           const std::string& reasoning_parser, const TextCodec& codec,
+                           ServingLimits* limits) {
+  if (!tool_call_parser.empty()) {
+    limits->tool_format = chat_output::ToolCallFormatByName(tool_call_parser);
+    if (!limits->tool_format)
+      return Status::Errorf("--tool-call-parser: unknown parser '{}' (deepseek_v3, deepseek_v31)",
+                            tool_call_parser);
+  } else if (codec.chat) {
+    limits->tool_format = codec.chat->kind() == ChatTemplateKind::kDeepSeekV3_1
+                              ? chat_output::ToolCallFormat::kDeepSeekV31
+                              : chat_output::ToolCallFormat::kDeepSeekV3;
+  }
+  limits->auto_tool_choice = enable_auto_tool_choice;
+  if (!reasoning_parser.empty()) {
+    limits->reasoning = chat_output::ReasoningFormatByName(reasoning_parser);
+    if (!limits->reasoning)
+      return Status::Errorf("--reasoning-parser: unknown parser '{}' (deepseek_r1, deepseek_v3)",
+                            reasoning_parser);
+  }
+  return Status::Ok();
 }
 
 std::string StreamUsageChunk(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,

@@ -5,12 +5,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "chat_output/chat_output.h"
+#include "chat_output/tool_choice.h"
 #include "engine/request.h"
 #include "engine/sampling.h"
 #include "tokenizer/text_codec.h"
@@ -35,7 +38,20 @@ struct ServingLimits {
   int64_t max_model_len = 0;
   int64_t cache_tokens = 0;  // the whole latent cache, in tokens
   int64_t max_n = 16;
+  // Chat output parsing (chat_output/): the format tool calls are written and forced in
+  // (--tool-call-parser, else the chat template's: deepseek_v31 for V3.1, deepseek_v3 for the
+  // others), whether tool_choice "auto" is allowed (--enable-auto-tool-choice), and the reasoning
+  // parser (--reasoning-parser; none by default, as vLLM).
+  std::optional<chat_output::ToolCallFormat> tool_format;
+  bool auto_tool_choice = false;
+  std::optional<chat_output::ReasoningFormat> reasoning;
 };
+
+// Sets `limits`' chat output fields from the serve/route flags (empty strings: not given) and
+// the chat template; an unknown parser name is an error naming the flag.
+Status ConfigureChatOutput(const std::string& tool_call_parser, bool enable_auto_tool_choice,
+                           const std::string& reasoning_parser, const TextCodec& codec,
+                           ServingLimits* limits);
 
 // A validated generation request.
 struct GenerationPlan {
@@ -48,6 +64,11 @@ struct GenerationPlan {
   bool include_usage = false;
   bool echo = false;
   bool chat_logprobs = false;  // chat: logprobs=true (top_logprobs in params.logprobs)
+  // Chat: the request's tools (absent when it has none) and how each choice's output is split
+  // into reasoning, content and tool calls (parse_output false: all content, as written).
+  std::optional<chat_output::ToolRequest> tools;
+  chat_output::ChatOutputOptions output;
+  bool parse_output = false;
   int64_t choices() const { return static_cast<int64_t>(prompts.size()) * n; }
 };
 
@@ -74,7 +95,17 @@ struct ChoiceResult {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   std::vector<std::optional<TokenLogprob>> prompt_logprobs;
+  // Streaming chat with parse_output: the choice's parser (made by StreamChunk on first use).
+  std::shared_ptr<chat_output::ChatOutputParser> output;
 };
+
+// The chat message of a finished choice and its finish reason ("tool_calls" when it called tools
+// and stopped on its own) — what ResponseBody writes; the Responses API reuses it.
+struct ChatChoice {
+  chat_output::ChatMessage message;
+  std::string finish_reason;
+};
+ChatChoice FinishedChatChoice(const GenerationPlan& plan, const ChoiceResult& choice);
 
 // The whole response of a non-streaming request. `created`: seconds since the epoch.
 std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
@@ -83,8 +114,11 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
 
 // One SSE "data: …\n\n" event for a streaming request: the delta of choice `index`.
 // `first`: the choice's first chunk (chat sends the role then; echo sends the prompt then).
+// Chat with parse_output feeds the event's text through so_far.output, so its deltas carry
+// reasoning_content and tool_calls as vLLM streams them; an event that adds nothing yet gives
+// "" (no chunk to send).
 std::string StreamChunk(const GenerationPlan& plan, int64_t index, const RequestEvent& event,
-                        const ChoiceResult& so_far, bool first, const std::string& id,
+                        ChoiceResult& so_far, bool first, const std::string& id,
                         int64_t created, const TextCodec& codec, const ServingLimits& limits);
 // The closing usage chunk (stream_options.include_usage) and the terminator.
 std::string StreamUsageChunk(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,

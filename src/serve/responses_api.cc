@@ -52,12 +52,6 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
                    "this server keeps no state: send the whole conversation as input");
   if (const json* b = Get(body, "background"); b && *b != false)
     return Invalid("background", "background responses need stored state; not supported");
-  if (const json* tools = Get(body, "tools"); tools && !(tools->is_array() && tools->empty()))
-    return Invalid("tools", "tool calling is not supported yet by this server's Responses API");
-  if (const json* choice = Get(body, "tool_choice"); choice && *choice != "none" && *choice != "auto")
-    return Invalid("tool_choice", "tool calling is not supported yet by this server's Responses API");
-  if (const json* p = Get(body, "parallel_tool_calls"); p && !p->is_boolean())
-    return Invalid("parallel_tool_calls", "must be true or false");
   if (const json* t = Get(body, "truncation"); t && *t != "disabled")
     return Invalid("truncation", "only \"disabled\" is supported (a prompt longer than the "
                                  "context is an error)");
@@ -138,9 +132,31 @@ std::optional<ApiError> Messages(const json& body, json* messages) {
     if (item.contains("type") && !item["type"].is_string())
       return Invalid(where + ".type", "must be a string");
     if (type == "reasoning") continue;  // the chat templates drop earlier turns' reasoning
-    if (type == "function_call" || type == "function_call_output")
-      return Invalid(where + ".type",
-                     "tool calling is not supported yet by this server's Responses API");
+    if (type == "function_call") {
+      // An earlier call: a tool call of the assistant message it follows, or of a new one.
+      for (const char* key : {"call_id", "name", "arguments"})
+        if (!item.contains(key) || !item[key].is_string())
+          return Invalid(where + "." + key, "must be a string");
+      const json call = {{"id", item["call_id"]},
+                         {"type", "function"},
+                         {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}};
+      if (messages->empty() || messages->back()["role"] != "assistant")
+        messages->push_back({{"role", "assistant"}, {"tool_calls", json::array()}});
+      json& last = messages->back();
+      if (!last.contains("tool_calls")) last["tool_calls"] = json::array();
+      last["tool_calls"].push_back(call);
+      continue;
+    }
+    if (type == "function_call_output") {
+      if (!item.contains("call_id") || !item["call_id"].is_string())
+        return Invalid(where + ".call_id", "must be a string");
+      auto output = item.find("output");
+      if (output == item.end()) return Invalid(where + ".output", "is required");
+      std::string text;
+      if (auto error = MessageText(*output, where + ".output", &text)) return error;
+      messages->push_back({{"role", "tool"}, {"tool_call_id", item["call_id"]}, {"content", text}});
+      continue;
+    }
     if (type != "message")
       return Invalid(where + ".type", fmt::format("'{}' input items are not supported", type));
     auto role = item.find("role");
@@ -202,6 +218,48 @@ std::optional<ApiError> TextFormat(const json& body, json* chat, json* format) {
   return std::nullopt;
 }
 
+// tools (function tools, flat: {"type": "function", "name", "parameters", ...}) and tool_choice
+// as the chat path's ({"type": "function", "function": {...}}).
+std::optional<ApiError> Tools(const json& body, json* chat) {
+  if (const json* tools = Get(body, "tools")) {
+    if (!tools->is_array()) return Invalid("tools", "must be a list of function tools");
+    json list = json::array();
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& tool = (*tools)[i];
+      const std::string where = fmt::format("tools[{}]", i);
+      if (!tool.is_object() || !tool.contains("type") || !tool["type"].is_string())
+        return Invalid(where, "must be an object with a string \"type\"");
+      if (tool["type"] != "function")
+        return Invalid(where + ".type",
+                       fmt::format("'{}' tools are not supported (only function tools)",
+                                   tool["type"].get<std::string>()));
+      json function = json::object();
+      for (const auto& [key, value] : tool.items()) {
+        if (key == "type") continue;
+        if (key != "name" && key != "description" && key != "parameters" && key != "strict")
+          return Invalid(where + "." + key, "is not a function tool field");
+        function[key] = value;
+      }
+      list.push_back({{"type", "function"}, {"function", std::move(function)}});
+    }
+    if (!list.empty()) (*chat)["tools"] = std::move(list);
+  }
+  if (const json* choice = Get(body, "tool_choice")) {
+    if (choice->is_object()) {
+      if (choice->value("type", json()) != "function" || !choice->contains("name") ||
+          !(*choice)["name"].is_string())
+        return Invalid("tool_choice",
+                       "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                       "\"name\": ...}");
+      (*chat)["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*choice)["name"]}}}};
+    } else {
+      (*chat)["tool_choice"] = *choice;
+    }
+  }
+  if (const json* parallel = Get(body, "parallel_tool_calls")) (*chat)["parallel_tool_calls"] = *parallel;
+  return std::nullopt;
+}
+
 // An error the chat path reports about a field this request named differently.
 ApiError Renamed(ApiError error) {
   static const std::pair<const char*, const char*> kNames[] = {
@@ -216,6 +274,16 @@ ApiError Renamed(ApiError error) {
     if (error.message.rfind(from, 0) == 0) error.message = ours + error.message.substr(from.size());
     break;
   }
+  // tools[i].function.parameters → tools[i].parameters (function tools are flat here).
+  if (error.param.rfind("tools[", 0) == 0) {
+    const size_t at = error.param.find("].function");
+    if (at != std::string::npos) {
+      const std::string chat = error.param;
+      error.param.erase(at + 1, 9);
+      if (error.message.rfind(chat, 0) == 0)
+        error.message = error.param + error.message.substr(chat.size());
+    }
+  }
   return error;
 }
 
@@ -228,8 +296,9 @@ json Usage(const ChoiceResult& r) {
           {"total_tokens", r.prompt_tokens + output}};
 }
 
-std::string MessageId(const std::string& id) {
-  return "msg_" + id.substr(id.find('_') + 1);
+// An output item's id: its kind's prefix, the response's id and its place in the output.
+std::string ItemId(const char* prefix, const std::string& response_id, size_t index) {
+  return fmt::format("{}_{}_{}", prefix, response_id.substr(response_id.find('_') + 1), index);
 }
 
 json OutputText(const std::string& text) {
@@ -237,27 +306,61 @@ json OutputText(const std::string& text) {
           {"logprobs", json::array()}};
 }
 
+json MessageItem(const std::string& id, const std::string* text, const char* status) {
+  json item = {{"id", id},
+               {"type", "message"},
+               {"role", "assistant"},
+               {"status", status},
+               {"content", json::array()}};
+  if (text) item["content"].push_back(OutputText(*text));
+  return item;
+}
+
+json ReasoningItem(const std::string& id, const std::string* text, const char* status) {
+  json item = {{"id", id}, {"type", "reasoning"}, {"summary", json::array()}, {"status", status}};
+  if (text) item["content"] = json::array({{{"type", "reasoning_text"}, {"text", *text}}});
+  return item;
+}
+
+json FunctionCallItem(const std::string& id, const std::string& call_id, const std::string& name,
+                      const std::string& arguments, const char* status) {
+  return {{"id", id},         {"type", "function_call"}, {"call_id", call_id},
+          {"name", name},     {"arguments", arguments},  {"status", status}};
+}
+
 // "completed" or "incomplete" (max_output_tokens, or the context, ran out).
 bool Incomplete(const ChoiceResult& r) {
   return r.finish_reason == "length";
 }
-
-json MessageItem(const std::string& id, const ChoiceResult* r) {
-  json item = {{"id", MessageId(id)},
-               {"type", "message"},
-               {"role", "assistant"},
-               {"status", "in_progress"},
-               {"content", json::array()}};
-  if (r) {
-    item["status"] = Incomplete(*r) ? "incomplete" : "completed";
-    item["content"].push_back(OutputText(r->text));
-  }
-  return item;
+const char* ItemStatus(const ChoiceResult& r) {
+  return Incomplete(r) ? "incomplete" : "completed";
 }
 
-// The Response object: in progress (r null), or finished with r.
-json ResponseObject(const ResponsesPlan& plan, const ChoiceResult* r, const std::string& id,
-                    int64_t created, const ServingLimits& limits, const char* status) {
+// A finished choice's output items: its reasoning (with a reasoning parser), its message (when
+// it has text, or nothing else), and its function calls.
+json OutputItems(const ResponsesPlan& plan, const std::string& id, const ChoiceResult& r) {
+  chat_output::ChatMessage m;
+  if (plan.chat.parse_output) {
+    m = FinishedChatChoice(plan.chat, r).message;
+  } else {
+    m.content = r.text;
+  }
+  json items = json::array();
+  const char* status = ItemStatus(r);
+  if (m.reasoning) items.push_back(ReasoningItem(ItemId("rs", id, items.size()), &*m.reasoning, status));
+  if ((m.content && !m.content->empty()) || m.tool_calls.empty()) {
+    const std::string text = m.content.value_or("");
+    items.push_back(MessageItem(ItemId("msg", id, items.size()), &text, status));
+  }
+  for (const auto& call : m.tool_calls)
+    items.push_back(FunctionCallItem(ItemId("fc", id, items.size()), call.id, call.name,
+                                     call.arguments, "completed"));
+  return items;
+}
+
+// The Response object, its output and usage left for the caller to fill when finished.
+json ResponseObject(const ResponsesPlan& plan, const std::string& id, int64_t created,
+                    const ServingLimits& limits, const char* status) {
   json out = {{"id", id},
               {"object", "response"},
               {"created_at", created},
@@ -271,11 +374,15 @@ json ResponseObject(const ResponsesPlan& plan, const ChoiceResult* r, const std:
               {"store", false},
               {"usage", nullptr}};
   out.update(plan.echo);
-  if (r) {
-    out["output"].push_back(MessageItem(id, r));
-    out["usage"] = Usage(*r);
-    if (Incomplete(*r)) out["incomplete_details"] = {{"reason", "max_output_tokens"}};
-  }
+  return out;
+}
+
+json FinishedResponse(const ResponsesPlan& plan, const std::string& id, int64_t created,
+                      const ServingLimits& limits, const ChoiceResult& r, json output) {
+  json out = ResponseObject(plan, id, created, limits, ItemStatus(r));
+  out["output"] = std::move(output);
+  out["usage"] = Usage(r);
+  if (Incomplete(r)) out["incomplete_details"] = {{"reason", "max_output_tokens"}};
   return out;
 }
 
@@ -297,6 +404,7 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
   std::optional<ApiError> error = RefuseUnsupported(root);
   if (!error) error = Messages(root, &messages);
   if (!error) error = TextFormat(root, &chat, &format);
+  if (!error) error = Tools(root, &chat);
   const json* max_output = Get(root, "max_output_tokens");
   if (!error && max_output && !(max_output->is_number_integer() && *max_output >= 1))
     error = Invalid("max_output_tokens", "must be a positive integer");
@@ -321,7 +429,7 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
                {"temperature", p.temperature},
                {"top_p", p.top_p},
                {"text", {{"format", format}}},
-               {"tools", json::array()},
+               {"tools", root.value("tools", json::array())},
                {"tool_choice", root.value("tool_choice", json("auto"))},
                {"parallel_tool_calls", root.value("parallel_tool_calls", json(true))},
                {"metadata", root.value("metadata", json::object())},
@@ -332,6 +440,7 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
   if (plan.echo["tool_choice"].is_null()) plan.echo["tool_choice"] = "auto";
   if (plan.echo["parallel_tool_calls"].is_null()) plan.echo["parallel_tool_calls"] = true;
   if (plan.echo["metadata"].is_null()) plan.echo["metadata"] = json::object();
+  if (plan.echo["tools"].is_null()) plan.echo["tools"] = json::array();
   out.plan = std::move(plan);
   return out;
 }
@@ -351,13 +460,17 @@ ParsedResponsesRequest ParseResponsesRequest(const std::string& body, const Text
 
 std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
                           const std::string& id, int64_t created, const ServingLimits& limits) {
-  return Dump(ResponseObject(plan, &result, id, created, limits,
-                             Incomplete(result) ? "incomplete" : "completed"));
+  return Dump(FinishedResponse(plan, id, created, limits, result, OutputItems(plan, id, result)));
 }
 
 ResponsesStream::ResponsesStream(const ResponsesPlan& plan, std::string id, int64_t created,
                                  const ServingLimits& limits)
-    : plan_(plan), id_(std::move(id)), created_(created), limits_(limits) {}
+    : plan_(plan), id_(std::move(id)), created_(created), limits_(limits) {
+  if (plan_.chat.parse_output)
+    parser_ = std::make_unique<chat_output::ChatOutputParser>(plan_.chat.output);
+}
+
+ResponsesStream::~ResponsesStream() = default;
 
 std::string ResponsesStream::Event(const char* type, json body) {
   body["type"] = type;
@@ -366,47 +479,125 @@ std::string ResponsesStream::Event(const char* type, json body) {
 }
 
 std::string ResponsesStream::Start() {
-  const json response = ResponseObject(plan_, nullptr, id_, created_, limits_, "in_progress");
+  const json response = ResponseObject(plan_, id_, created_, limits_, "in_progress");
   std::string out = Event("response.created", {{"response", response}});
   out += Event("response.in_progress", {{"response", response}});
-  out += Event("response.output_item.added",
-               {{"output_index", 0}, {"item", MessageItem(id_, nullptr)}});
-  out += Event("response.content_part.added", {{"item_id", MessageId(id_)},
-                                               {"output_index", 0},
-                                               {"content_index", 0},
-                                               {"part", OutputText("")}});
+  return out;
+}
+
+std::string ResponsesStream::Open(Kind kind, const std::string& call_id, const std::string& name) {
+  std::string out = Close(nullptr);
+  const size_t index = items_.size();
+  json item;
+  if (kind == Kind::kReasoning) item = ReasoningItem(ItemId("rs", id_, index), nullptr, "in_progress");
+  if (kind == Kind::kMessage) item = MessageItem(ItemId("msg", id_, index), nullptr, "in_progress");
+  if (kind == Kind::kCall)
+    item = FunctionCallItem(ItemId("fc", id_, index), call_id, name, "", "in_progress");
+  out += Event("response.output_item.added", {{"output_index", index}, {"item", item}});
+  if (kind == Kind::kMessage)
+    out += Event("response.content_part.added", {{"item_id", item["id"]},
+                                                 {"output_index", index},
+                                                 {"content_index", 0},
+                                                 {"part", OutputText("")}});
+  items_.push_back(std::move(item));
+  open_ = kind;
+  text_.clear();
+  return out;
+}
+
+std::string ResponsesStream::Append(const std::string& piece) {
+  if (piece.empty()) return "";
+  text_ += piece;
+  const json& item = items_.back();
+  const size_t index = items_.size() - 1;
+  json body = {{"item_id", item["id"]}, {"output_index", index}, {"delta", piece}};
+  if (open_ == Kind::kCall) return Event("response.function_call_arguments.delta", std::move(body));
+  body["content_index"] = 0;
+  if (open_ == Kind::kReasoning) return Event("response.reasoning_text.delta", std::move(body));
+  body["logprobs"] = json::array();
+  return Event("response.output_text.delta", std::move(body));
+}
+
+std::string ResponsesStream::Close(const ChoiceResult* finished) {
+  if (open_ == Kind::kNone) return "";
+  json& item = items_.back();
+  const size_t index = items_.size() - 1;
+  const json where = {{"item_id", item["id"]}, {"output_index", index}};
+  // An item closed because another began is whole; the last one shares the response's fate.
+  const char* status = finished ? ItemStatus(*finished) : "completed";
+  std::string out;
+  if (open_ == Kind::kMessage) {
+    json done = where;
+    done["content_index"] = 0;
+    done["text"] = text_;
+    done["logprobs"] = json::array();
+    out += Event("response.output_text.done", done);
+    done.erase("text");
+    done.erase("logprobs");
+    done["part"] = OutputText(text_);
+    out += Event("response.content_part.done", std::move(done));
+    item = MessageItem(item["id"], &text_, status);
+  } else if (open_ == Kind::kReasoning) {
+    json done = where;
+    done["content_index"] = 0;
+    done["text"] = text_;
+    out += Event("response.reasoning_text.done", std::move(done));
+    item = ReasoningItem(item["id"], &text_, status);
+  } else {
+    json done = where;
+    done["arguments"] = text_;
+    out += Event("response.function_call_arguments.done", std::move(done));
+    item["arguments"] = text_;
+    item["status"] = "completed";
+  }
+  out += Event("response.output_item.done", {{"output_index", index}, {"item", item}});
+  open_ = Kind::kNone;
   return out;
 }
 
 std::string ResponsesStream::OnEvent(const RequestEvent& event, const ChoiceResult& so_far) {
+  chat_output::OutputDelta delta;
+  if (parser_) {
+    delta = parser_->Feed(event.text);
+    if (event.finish_reason) {
+      chat_output::OutputDelta rest = parser_->Finish();
+      delta.reasoning += rest.reasoning;
+      delta.content += rest.content;
+      for (auto& d : rest.tool_calls)
+        delta.tool_calls.push_back(std::move(d));
+    }
+  } else {
+    delta.content = event.text;
+  }
   std::string out;
-  const json where = {{"item_id", MessageId(id_)}, {"output_index", 0}, {"content_index", 0}};
-  if (!event.text.empty()) {
-    json delta = where;
-    delta["delta"] = event.text;
-    delta["logprobs"] = json::array();
-    out += Event("response.output_text.delta", std::move(delta));
+  if (!delta.reasoning.empty()) {
+    if (open_ != Kind::kReasoning) out += Open(Kind::kReasoning, "", "");
+    out += Append(delta.reasoning);
+  }
+  if (!delta.content.empty()) {
+    if (open_ != Kind::kMessage) out += Open(Kind::kMessage, "", "");
+    out += Append(delta.content);
+  }
+  for (const auto& d : delta.tool_calls) {
+    if (d.id || open_ != Kind::kCall || d.index != call_index_) {
+      out += Open(Kind::kCall, d.id.value_or(""), d.name.value_or(""));
+      call_index_ = d.index;
+    }
+    out += Append(d.arguments);
   }
   if (!event.finish_reason) return out;
-  json done = where;
-  done["text"] = so_far.text;
-  done["logprobs"] = json::array();
-  out += Event("response.output_text.done", std::move(done));
-  json part = where;
-  part["part"] = OutputText(so_far.text);
-  out += Event("response.content_part.done", std::move(part));
-  out += Event("response.output_item.done",
-               {{"output_index", 0}, {"item", MessageItem(id_, &so_far)}});
+  if (items_.empty()) out += Open(Kind::kMessage, "", "");  // an empty answer is an empty message
+  out += Close(&so_far);
   const bool incomplete = Incomplete(so_far);
   out += Event(incomplete ? "response.incomplete" : "response.completed",
-               {{"response", ResponseObject(plan_, &so_far, id_, created_, limits_,
-                                            incomplete ? "incomplete" : "completed")}});
+               {{"response", FinishedResponse(plan_, id_, created_, limits_, so_far, items_)}});
   return out;
 }
 
 std::string ResponsesStream::Failed(const std::string& message, const ChoiceResult& so_far) {
-  json response = ResponseObject(plan_, nullptr, id_, created_, limits_, "failed");
+  json response = ResponseObject(plan_, id_, created_, limits_, "failed");
   response["error"] = {{"code", "server_error"}, {"message", message}};
+  response["output"] = items_;
   response["usage"] = Usage(so_far);
   return Event("response.failed", {{"response", response}});
 }

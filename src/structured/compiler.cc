@@ -6,25 +6,47 @@
 #include "structured/json_schema.h"
 #include "structured/recognizer.h"
 #include "structured/regex.h"
+#include "structured/structural.h"
 
 namespace sy::structured {
 
+bool Vocabulary::IsText(int32_t id) const {
+  if (id < 0 || id >= size()) return false;
+  if (id < static_cast<int32_t>(special.size()) && special[id]) return false;
+  const std::string& bytes = token_bytes[id];
+  return !bytes.empty() && bytes.find('\xFF') == std::string::npos;
+}
+
+std::optional<int32_t> Vocabulary::NamedToken(std::string_view content) const {
+  for (const auto& [name, id] : named_tokens)
+    if (name == content) return id;
+  return std::nullopt;
+}
+
+std::vector<std::string_view> Vocabulary::Spellings(int32_t id) const {
+  std::vector<std::string_view> out;
+  if (IsText(id)) out.push_back(token_bytes[id]);
+  if (id >= 0 && id < static_cast<int32_t>(markers.size()) && !markers[id].empty())
+    out.push_back(markers[id]);
+  return out;
+}
+
 TokenTrie::TokenTrie(const Vocabulary& vocab) {
+  // Every spelling with its id: text tokens by their bytes, named tokens by their markers.
+  std::vector<std::pair<std::string, int32_t>> spellings;
+  for (int32_t id = 0; id < vocab.size(); ++id)
+    if (vocab.IsText(id)) spellings.emplace_back(vocab.token_bytes[id], id);
+  for (const auto& [name, id] : vocab.named_tokens)
+    if (id >= 0 && id < vocab.size()) spellings.emplace_back(TokenMarker(name), id);
+  std::sort(spellings.begin(), spellings.end());
   std::vector<int32_t> ids;
-  for (int32_t id = 0; id < vocab.size(); ++id) {
-    const bool special = id < static_cast<int32_t>(vocab.special.size()) && vocab.special[id];
-    if (!special && !vocab.token_bytes[id].empty()) ids.push_back(id);
-  }
-  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
-    return vocab.token_bytes[a] != vocab.token_bytes[b]
-               ? vocab.token_bytes[a] < vocab.token_bytes[b]
-               : a < b;
-  });
+  for (const auto& sp : spellings)
+    ids.push_back(sp.second);
   token_ids_ = ids;
   std::vector<int32_t> path;  // node index at each depth-1
   const std::string* previous = nullptr;
   for (size_t k = 0; k < ids.size(); ++k) {
-    const std::string& bytes = vocab.token_bytes[ids[k]];
+    const std::string& bytes = spellings[k].first;
     size_t lcp = 0;
     if (previous) {
       while (lcp < bytes.size() && lcp < previous->size() && bytes[lcp] == (*previous)[lcp])
@@ -167,6 +189,8 @@ Result<Grammar> BuildGrammar(const GrammarSpec& spec, const GrammarLimits& limit
       return ChoiceGrammar(spec.choices);
     case GrammarSpec::Kind::kGbnf:
       return GbnfGrammar(spec.text, limits);
+    case GrammarSpec::Kind::kStructural:
+      return StructuralGrammar(spec.text, limits);
   }
   return Status::Error("unknown grammar kind");
 }
@@ -184,6 +208,8 @@ const char* KindName(GrammarSpec::Kind kind) {
       return "choice";
     case GrammarSpec::Kind::kGbnf:
       return "GBNF grammar";
+    case GrammarSpec::Kind::kStructural:
+      return "tool-call format";
   }
   return "grammar";
 }
@@ -206,8 +232,17 @@ Result<std::shared_ptr<const CompiledGrammar>> CompileForBytes(const GrammarSpec
                                                  KindName(spec.kind));
 }
 
+namespace {
+Vocabulary WithMarkers(Vocabulary vocab) {
+  vocab.markers.assign(static_cast<size_t>(vocab.size()), "");
+  for (const auto& [name, id] : vocab.named_tokens)
+    if (id >= 0 && id < vocab.size()) vocab.markers[id] = TokenMarker(name);
+  return vocab;
+}
+}  // namespace
+
 GrammarCompiler::GrammarCompiler(Vocabulary vocab, GrammarLimits limits, size_t max_cached_grammars)
-    : vocab_(std::make_shared<const Vocabulary>(std::move(vocab))),
+    : vocab_(std::make_shared<const Vocabulary>(WithMarkers(std::move(vocab)))),
       trie_(std::make_shared<const TokenTrie>(*vocab_)),
       limits_(limits),
       max_cached_(max_cached_grammars) {}

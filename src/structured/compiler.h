@@ -17,7 +17,9 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -31,10 +33,24 @@ struct Vocabulary {
   std::vector<std::string> token_bytes;  // by id: the bytes the token stands for
   std::vector<uint8_t> special;          // 1: a control token, never allowed as text
   std::vector<int32_t> eos_ids;          // allowed exactly when the grammar is complete
+  // Tokens a grammar may name (grammar.h SpecialToken): content -> id, the tokenizer's added
+  // tokens. Such a token also matches its marker spelling (special or not); a non-special one
+  // still matches its text as well.
+  std::vector<std::pair<std::string, int32_t>> named_tokens;
+  // By id: the marker of a named token, else empty (derived by GrammarCompiler from the above).
+  std::vector<std::string> markers;
   int32_t size() const { return static_cast<int32_t>(token_bytes.size()); }
+  // Whether the token's bytes may be read as text: not special, not empty, and no 0xFF byte
+  // (never in UTF-8; reserved for markers).
+  bool IsText(int32_t id) const;
+  // The id of a named token.
+  std::optional<int32_t> NamedToken(std::string_view content) const;
+  // The grammar spellings of a token: its text (IsText) and its marker (named), up to two.
+  std::vector<std::string_view> Spellings(int32_t id) const;
 };
 
-// The vocabulary's text tokens as a byte trie in preorder.
+// The vocabulary's spellings (Vocabulary::Spellings) as a byte trie in preorder; a named
+// non-special token appears twice.
 class TokenTrie {
  public:
   struct Node {
@@ -94,10 +110,16 @@ class CompiledGrammar {
 
 // What a request asks for, in one of the front ends' languages.
 struct GrammarSpec {
-  enum class Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGbnf };
+  // kStructural: a composition of literal text, named tokens and JSON schemas (structural.h),
+  // which tool-call formats are written in.
+  enum class Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGbnf, kStructural };
   Kind kind = Kind::kJsonSchema;
   std::string text;                  // schema JSON, regex, GBNF; unused for kJsonObject
   std::vector<std::string> choices;  // kChoice
+  // When set, the grammar applies only after this named token (a reasoning model's "</think>"):
+  // before it any token but end-of-sequence may come (GrammarMatcher's free phase). Not part of
+  // the compiled grammar.
+  std::string begin_after;
   std::string CacheKey() const;
 };
 

@@ -1,6 +1,7 @@
 #include "structured/grammar.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 namespace sy::structured {
 namespace {
@@ -111,6 +112,45 @@ Expr Repeat(Expr e, int min, int max) {
 
 Expr Ref(int rule) {
   return Make(ExprNode::Kind::kRef, {}, {}, 0, 0, rule);
+}
+
+std::string TokenMarker(std::string_view content) {
+  std::string marker = "\xFF";
+  marker += content;
+  marker += '\xFF';
+  return marker;
+}
+
+namespace {
+
+// `e` with every rule reference moved by `offset`; subtrees without references are shared.
+Expr ShiftRefs(const Expr& e, int offset, std::unordered_map<const ExprNode*, Expr>& memo) {
+  if (auto it = memo.find(e.get()); it != memo.end()) return it->second;
+  Expr out = e;
+  if (e->kind == ExprNode::Kind::kRef) {
+    out = Ref(e->rule + offset);
+  } else if (!e->children.empty()) {
+    std::vector<Expr> children;
+    bool changed = false;
+    for (const Expr& c : e->children) {
+      children.push_back(ShiftRefs(c, offset, memo));
+      changed |= children.back() != c;
+    }
+    if (changed) out = Make(e->kind, e->bytes, std::move(children), e->min, e->max, e->rule);
+  }
+  memo.emplace(e.get(), out);
+  return out;
+}
+
+}  // namespace
+
+int ImportGrammar(Grammar& into, const Grammar& from, std::string_view prefix) {
+  const int offset = static_cast<int>(into.rules.size());
+  std::unordered_map<const ExprNode*, Expr> memo;
+  for (const Rule& rule : from.rules)
+    into.AddRule(std::string(prefix) + rule.name,
+                 rule.body ? ShiftRefs(rule.body, offset, memo) : nullptr);
+  return offset + from.root;
 }
 
 // ---- code point sets ----

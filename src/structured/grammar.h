@@ -64,6 +64,16 @@ inline Expr Plus(Expr e) {
 }
 Expr Ref(int rule);
 
+// One vocabulary token named by its content (an added token such as "<｜tool▁calls▁begin｜>"),
+// matched only as that single token, never as its text spelled in pieces. In the grammar it is
+// its marker spelling: 0xFF, the content, 0xFF. No front end's language holds a 0xFF byte (it is
+// never in UTF-8), and the compiler never lets an ordinary token carry one, so the marker can only
+// be written by the token itself (compiler.h Vocabulary::named_tokens).
+std::string TokenMarker(std::string_view content);
+inline Expr SpecialToken(std::string_view content) {
+  return Literal(TokenMarker(content));
+}
+
 // A set of Unicode scalar values as sorted, disjoint, inclusive ranges.
 class CodepointSet {
  public:
@@ -108,5 +118,9 @@ struct Grammar {
   // Every rule has a body and every reference names a rule.
   Status Validate() const;
 };
+
+// Copies `from`'s rules into `into` (names prefixed, references renumbered) and returns the rule
+// index `from`'s root got there: how a composite grammar embeds a JSON schema's.
+int ImportGrammar(Grammar& into, const Grammar& from, std::string_view prefix);
 
 }  // namespace sy::structured

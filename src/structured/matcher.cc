@@ -25,10 +25,17 @@ std::span<const uint8_t> AsBytes(std::string_view s) {
 }  // namespace
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
-    : grammar_(std::move(grammar)), recognizer_(&grammar_->automaton()) {
+    : GrammarMatcher(std::move(grammar), std::nullopt) {}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar,
+                               std::optional<int32_t> begin_after)
+    : grammar_(std::move(grammar)),
+      begin_after_(begin_after),
+      recognizer_(&grammar_->automaton()) {
   Snapshot first;
   first.state = recognizer_.Initial();
   first.arena_size = recognizer_.Size();
+  first.free = begin_after_.has_value();
   history_.push_back(std::move(first));
 }
 
@@ -43,6 +50,16 @@ Status GrammarMatcher::AcceptToken(int32_t id) {
   if (!vocab) return Status::Error("the grammar was compiled without a vocabulary");
   if (id < 0 || id >= vocab->size()) return Status::Errorf("token {} is out of range", id);
   if (IsTerminated()) return Status::Errorf("token {} after the end of the output", id);
+  if (IsFree()) {
+    // Nothing is matched yet: the state stays the initial one until begin_after.
+    if (IsEos(id))
+      return Status::Errorf("end-of-sequence token {} before the {} began", id,
+                            grammar_->description());
+    Snapshot next = history_.back();
+    next.free = id != *begin_after_;
+    history_.push_back(std::move(next));
+    return Status::Ok();
+  }
   if (IsEos(id)) {
     if (!IsComplete()) {
       return Status::Errorf("end-of-sequence token {} before the output is complete for the {}", id,
@@ -53,17 +70,17 @@ Status GrammarMatcher::AcceptToken(int32_t id) {
     history_.push_back(std::move(next));
     return Status::Ok();
   }
-  if (id < static_cast<int32_t>(vocab->special.size()) && vocab->special[id]) {
-    return Status::Errorf("special token {} is never allowed by the {}", id,
+  // A named token is read as its marker where the grammar names it, else as its text (a grammar
+  // that allows both at one point takes the marker).
+  const std::vector<std::string_view> spellings = vocab->Spellings(id);
+  if (spellings.empty()) {
+    return Status::Errorf("special token {} is not allowed by the {} here", id,
                           grammar_->description());
   }
-  const std::string& bytes = vocab->token_bytes[id];
-  Status status = AcceptBytes(bytes);
-  if (!status.ok()) {
-    return Status::Errorf("token {} ('{}') is not allowed by the {} here", id, Printable(bytes),
-                          grammar_->description());
-  }
-  return status;
+  for (auto it = spellings.rbegin(); it != spellings.rend(); ++it)
+    if (AcceptBytes(*it).ok()) return Status::Ok();
+  return Status::Errorf("token {} ('{}') is not allowed by the {} here", id,
+                        Printable(vocab->token_bytes[id]), grammar_->description());
 }
 
 Status GrammarMatcher::AcceptBytes(std::string_view bytes) {
@@ -105,6 +122,13 @@ void GrammarMatcher::FillNextTokenMask(std::span<uint64_t> mask) {
   const Vocabulary* vocab = grammar_->vocabulary();
   if (!vocab || IsTerminated()) return;
   const Snapshot& now = history_.back();
+  if (now.free) {  // every token but end-of-sequence
+    for (int32_t id = 0; id < vocab->size(); ++id)
+      mask[id >> 6] |= uint64_t{1} << (id & 63);
+    for (int32_t id : vocab->eos_ids)
+      mask[id >> 6] &= ~(uint64_t{1} << (id & 63));
+    return;
+  }
   auto set = [&](int32_t id) { mask[id >> 6] |= uint64_t{1} << (id & 63); };
   auto test = [](const std::vector<uint64_t>& bits, int32_t id) {
     return (bits[id >> 6] >> (id & 63)) & 1;
@@ -137,8 +161,14 @@ void GrammarMatcher::FillNextTokenMask(std::span<uint64_t> mask) {
     for (int32_t id : entry->uncertain) {
       if (test(checked_, id) || (mask[id >> 6] >> (id & 63)) & 1) continue;
       checked_[id >> 6] |= uint64_t{1} << (id & 63);
-      if (recognizer_.Run(now.state, AsBytes(vocab->token_bytes[id])).alive()) set(id);
-      recognizer_.Truncate(mark);
+      for (std::string_view spelling : vocab->Spellings(id)) {
+        const bool alive = recognizer_.Run(now.state, AsBytes(spelling)).alive();
+        recognizer_.Truncate(mark);
+        if (alive) {
+          set(id);
+          break;
+        }
+      }
     }
   }
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,10 @@ namespace sy::structured {
 class GrammarMatcher {
  public:
   explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
+  // The grammar applies only after `begin_after` (GrammarSpec::begin_after's id): until that
+  // token any token but end-of-sequence is allowed and nothing is matched (the free phase of a
+  // reasoning model's thinking).
+  GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar, std::optional<int32_t> begin_after);
 
   // Advances by one token; an error (naming the token) leaves the state unchanged. An EOS id is
   // accepted exactly when IsComplete(); afterwards nothing more is.
@@ -30,7 +35,9 @@ class GrammarMatcher {
   void FillNextTokenMask(std::span<uint64_t> mask);
   // Undoes the last `steps` AcceptToken/AcceptBytes calls.
   Status Rollback(int steps);
-  bool IsComplete() const { return history_.back().state.complete; }
+  bool IsComplete() const { return !history_.back().free && history_.back().state.complete; }
+  // Still before the begin_after token.
+  bool IsFree() const { return history_.back().free; }
   bool IsTerminated() const { return history_.back().terminated; }
   int steps() const { return static_cast<int>(history_.size()) - 1; }
   const CompiledGrammar& grammar() const { return *grammar_; }
@@ -40,10 +47,12 @@ class GrammarMatcher {
     ParseState state;
     size_t arena_size = 0;
     bool terminated = false;
+    bool free = false;  // before begin_after
   };
   bool IsEos(int32_t id) const;
 
   std::shared_ptr<const CompiledGrammar> grammar_;
+  std::optional<int32_t> begin_after_;
   Recognizer recognizer_;
   std::vector<Snapshot> history_;
   std::vector<uint64_t> checked_;  // scratch for FillNextTokenMask

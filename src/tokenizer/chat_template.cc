@@ -159,8 +159,82 @@ Status AppendToolCalls(const Message& m, std::string_view before_first, std::str
   return Status::Ok();
 }
 
-// System messages are hoisted to the front, joined by a blank line (every variant).
-Result<std::string> SystemPrompt(const json& messages) {
+// Jinja's `tojson` as transformers runs it: json.dumps with ", " and ": " separators, non-ASCII
+// kept.
+void PythonJson(const json& value, std::string& out) {
+  if (value.is_object()) {
+    out += '{';
+    bool first = true;
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      if (!first) out += ", ";
+      first = false;
+      out += json(it.key()).dump();
+      out += ": ";
+      PythonJson(it.value(), out);
+    }
+    out += '}';
+  } else if (value.is_array()) {
+    out += '[';
+    for (size_t i = 0; i < value.size(); ++i) {
+      if (i) out += ", ";
+      PythonJson(value[i], out);
+    }
+    out += ']';
+  } else {
+    out += value.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+}
+
+// The tools block vLLM's tool chat template for the variant appends to the system prompt.
+std::string ToolsBlock(ChatTemplateKind kind, const json& tools) {
+  std::string out;
+  if (kind == ChatTemplateKind::kDeepSeekV3_1) {  // tool_chat_template_deepseekv31.jinja
+    out = "\n\n## Tools\nYou have access to the following tools:\n";
+    for (const json& tool : tools)
+      PythonJson(tool, out);
+    out +=
+        "IMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments"
+        "<｜tool▁call▁end｜>{{additional_tool_calls}}<｜tool▁calls▁end｜>\n\nWhere:\n\n"
+        "- `tool_call_name` must be an exact match to one of the available tools\n"
+        "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters "
+        "Schema\n"
+        "- For multiple tool calls, chain them directly without separators or spaces\n";
+  } else if (kind == ChatTemplateKind::kDeepSeekR1) {  // tool_chat_template_deepseekr1.jinja
+    out =
+        "\n\nYou are a helpful assistant with tool calling capabilities. When a tool call is "
+        "needed, you MUST use the following format to issue the call:\n"
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>FUNCTION_NAME\n"
+        "```json\n{\"param1\": \"value1\", \"param2\": \"value2\"}\n```<｜tool▁call▁end｜>"
+        "<｜tool▁calls▁end｜>\n\nMake sure the JSON is valid.## Tools\n\n### Function\n\nYou "
+        "have the following functions available:\n\n";
+    for (const json& tool : tools) {
+      out += "\n```json\n";
+      PythonJson(tool, out);
+      out += "\n```\n";
+    }
+  } else {  // V3 and V3-0324: tool_chat_template_deepseekv3.jinja
+    out =
+        "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+    for (const json& tool : tools) {
+      out += "\n";
+      PythonJson(tool, out);
+    }
+    out +=
+        "\n</tools>\n\nFor function call returns, you should first print "
+        "<｜tool▁calls▁begin｜>For each function call, you should return object like:\n"
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜><function_name>\n```json\n"
+        "<function_arguments_in_json_format>\n```<｜tool▁call▁end｜>At the end of function call "
+        "returns, you should print <｜tool▁calls▁end｜><｜end▁of▁sentence｜>";
+  }
+  return out;
+}
+
+// System messages are hoisted to the front, joined by a blank line (every variant); the tools
+// block, when there are tools, follows them.
+Result<std::string> SystemPrompt(const json& messages, ChatTemplateKind kind,
+                                 const ChatOptions& options) {
   std::string prompt;
   bool first = true;
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -171,6 +245,8 @@ Result<std::string> SystemPrompt(const json& messages) {
     prompt += content;
     first = false;
   }
+  if (options.tools && options.tools->is_array() && !options.tools->empty())
+    prompt += ToolsBlock(kind, *options.tools);
   return prompt;
 }
 
@@ -178,7 +254,10 @@ Result<std::string> SystemPrompt(const json& messages) {
 Result<std::string> RenderV3(const json& messages, const ChatOptions& options,
                              const std::string& bos, bool r1) {
   bool is_first = false, is_tool = false, is_output_first = true;
-  SY_ASSIGN_OR_RETURN(std::string out, SystemPrompt(messages));
+  SY_ASSIGN_OR_RETURN(
+      std::string out,
+      SystemPrompt(messages, r1 ? ChatTemplateKind::kDeepSeekR1 : ChatTemplateKind::kDeepSeekV3,
+                   options));
   out.insert(0, bos);
   for (size_t i = 0; i < messages.size(); ++i) {
     Message m(messages[i], i);
@@ -236,7 +315,8 @@ Result<std::string> RenderV3(const json& messages, const ChatOptions& options,
 Result<std::string> RenderV3_0324(const json& messages, const ChatOptions& options,
                                   const std::string& bos) {
   bool is_first = false, is_tool = false, is_output_first = true, is_last_user = false;
-  SY_ASSIGN_OR_RETURN(std::string out, SystemPrompt(messages));
+  SY_ASSIGN_OR_RETURN(std::string out,
+                      SystemPrompt(messages, ChatTemplateKind::kDeepSeekV3_0324, options));
   out.insert(0, bos);
   for (size_t i = 0; i < messages.size(); ++i) {
     Message m(messages[i], i);
@@ -293,7 +373,8 @@ Result<std::string> RenderV3_0324(const json& messages, const ChatOptions& optio
 Result<std::string> RenderV3_1(const json& messages, const ChatOptions& options,
                                const std::string& bos) {
   bool is_first = false, is_tool = false, is_last_user = false;
-  SY_ASSIGN_OR_RETURN(std::string out, SystemPrompt(messages));
+  SY_ASSIGN_OR_RETURN(std::string out,
+                      SystemPrompt(messages, ChatTemplateKind::kDeepSeekV3_1, options));
   out.insert(0, bos);
   for (size_t i = 0; i < messages.size(); ++i) {
     Message m(messages[i], i);

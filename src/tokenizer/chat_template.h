@@ -27,6 +27,12 @@ struct ChatOptions {
   bool add_generation_prompt = true;
   // V3.1's `thinking` template argument; ignored by the other variants.
   bool thinking = false;
+  // The request's tools (OpenAI's list of {"type": "function", "function": {...}}), or null. The
+  // official DeepSeek templates do not render tools; like vLLM's tool chat templates
+  // (examples/tool_chat_template_deepseekv3.jinja, _deepseekr1, _deepseekv31) a block describing
+  // them and the call format is appended to the system prompt, in those templates' words; the
+  // rest of the conversation is the official template's.
+  const nlohmann::json* tools = nullptr;
 };
 
 class ChatTemplate {

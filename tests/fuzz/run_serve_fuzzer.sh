@@ -12,6 +12,7 @@ clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" "$src"/src/structured/*.cc \
+  "$src"/src/chat_output/*.cc \
   "$src/src/tokenizer/gguf_tokenizer.cc" "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" \
   "$src/src/tensor/dtype.cc" "$src/src/base/mapped_file.cc" \
   $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt -o "$build/serve_fuzzer"
@@ -24,6 +25,10 @@ seed body-grammar $'\x00{"prompt":"x","max_tokens":3,"guided_json":{"type":"obje
 seed body-format $'\x02{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"enum":["x","y"]}}}}'
 seed body-responses $'\x04{"model":"fuzz","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}],"instructions":"be brief","max_output_tokens":9,"text":{"format":{"type":"json_schema","name":"n","schema":{"enum":["x","y"]}}}}'
 seed body-responses-text $'\x0c{"input":"hi","stream":true,"temperature":0.3,"top_p":0.9,"store":false,"metadata":{"a":"b"}}'
+seed body-tools $'\x02{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}}],"tool_choice":"required","parallel_tool_calls":false}'
+seed body-named $'\x0a{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}},"stream":true}'
+seed output-v3 $'\x04ok</think>x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+seed output-v31 $'\x04<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
 seed body-tokens $'\x00{"tokens":[1,2,3],"prompt":"x","add_special_tokens":false}'
 seed http-completion $'\x01POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 33\r\n\r\n{"prompt":"hi","max_tokens":2}   '
 seed http-chunked $'\x03POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2d\r\n{"messages":[{"role":"user","content":"hi"}]}\r\n0\r\n\r\n'

@@ -1,12 +1,16 @@
 // libFuzzer target for what a client controls: raw bytes through Beast's HTTP request parser
-// (with the server's limits), and request bodies through the OpenAI request validation, the
-// tokenize/detokenize handlers and the response writers. Any input must give a result or a
-// clean error — no crash, no undefined behaviour, no invalid UTF-8 in a response.
+// (with the server's limits), and request bodies through the OpenAI request validation (tools and
+// tool_choice included), the tokenize/detokenize handlers and the response writers. Any input
+// must give a result or a clean error — no crash, no undefined behaviour, no invalid UTF-8 in a
+// response. Inputs whose first byte has bit 2 set are also model output for the chat output
+// parsers (tool calls in both formats, reasoning): split at points the input picks, the streamed
+// deltas must add up to the same result as one chunk.
 #include <boost/beast/http.hpp>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
+#include "chat_output/chat_output.h"
 #include "serve/openai_api.h"
 #include "serve/responses_api.h"
 #include "tokenizer/unicode.h"
@@ -26,6 +30,46 @@ void CheckUtf8(const std::string& text) {
   if (sy::FindInvalidUtf8(text) != std::string_view::npos) std::abort();
 }
 
+struct Assembled {
+  std::string reasoning, content, calls;
+  bool operator==(const Assembled&) const = default;
+};
+
+Assembled Stream(const sy::chat_output::ChatOutputOptions& options, std::string_view text,
+                 uint8_t seed) {
+  sy::chat_output::ChatOutputParser parser(options);
+  Assembled a;
+  auto add = [&](const sy::chat_output::OutputDelta& d) {
+    a.reasoning += d.reasoning;
+    a.content += d.content;
+    for (const auto& t : d.tool_calls)
+      a.calls += std::to_string(t.index) + (t.name ? "name:" + *t.name : "") + t.arguments + "|";
+  };
+  size_t at = 0, step = seed % 7;
+  while (at < text.size()) {
+    const size_t n = seed == 0 ? text.size() : 1 + (at * 31 + step) % 9;
+    add(parser.Feed(text.substr(at, n)));
+    at += n;
+  }
+  add(parser.Finish());
+  // Call boundaries differ between splits; compare per-call text only.
+  return a;
+}
+
+void CheckChatOutput(std::string_view text, uint8_t seed) {
+  using namespace sy::chat_output;
+  for (int variant = 0; variant < 4; ++variant) {
+    ChatOutputOptions options;
+    options.tool_format = variant & 1 ? ToolCallFormat::kDeepSeekV31 : ToolCallFormat::kDeepSeekV3;
+    options.reasoning = variant & 2;
+    options.starts_in_reasoning = variant & 2;
+    const Assembled whole = Stream(options, text, 0);
+    const Assembled split = Stream(options, text, seed | 1);
+    if (whole.reasoning != split.reasoning || whole.content != split.content) std::abort();
+    (void)ParseChatOutput(options, text);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -36,6 +80,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.model_name = "fuzz";
   limits.max_model_len = 4096;
   limits.cache_tokens = 4096;
+  limits.tool_format = sy::chat_output::ToolCallFormat::kDeepSeekV3;
+  limits.auto_tool_choice = true;
+  if (data[0] & 8) limits.reasoning = sy::chat_output::ReasoningFormat::kDeepSeekR1;
+  if (data[0] & 4) CheckChatOutput(input, data[0]);
   std::string body = input;
   if (data[0] & 1) {
     // As bytes on the wire.
@@ -84,13 +132,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     event.logprobs = {{5, -1.0f, {{5, -1.0f}}}, {300, -2.0f, {}}};
     for (auto& r : results) {
       r.tokens = event.token_ids;
-      r.text = "ok";
+      r.text = "ok</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}";
       r.logprobs = event.logprobs;
       r.finish_reason = "length";
       r.prompt_tokens = 3;
     }
     CheckUtf8(sy::serve::ResponseBody(plan, results, "id", 0, codec, limits));
     CheckUtf8(sy::serve::StreamChunk(plan, 0, event, results[0], true, "id", 0, codec, limits));
+    event.finish_reason = "stop";
+    CheckUtf8(sy::serve::StreamChunk(plan, 0, event, results[0], false, "id", 0, codec, limits));
   } else {
     CheckUtf8(sy::serve::ErrorBody(parsed.error));
     if (parsed.error.status < 400 || parsed.error.status > 599) std::abort();

@@ -1,0 +1,154 @@
+#include "chat_output/tool_choice.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+namespace sy::chat_output {
+namespace {
+
+using json = nlohmann::json;
+
+bool ValidName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  return true;
+}
+
+json Token(std::string_view token) {
+  return {{"type", "token"}, {"token", std::string(token)}};
+}
+json Text(std::string_view text) {
+  return {{"type", "text"}, {"text", std::string(text)}};
+}
+
+}  // namespace
+
+json ToolCallGrammar(ToolCallFormat format, const std::vector<FunctionTool>& functions,
+                     int max_calls) {
+  json calls = json::array();
+  for (const FunctionTool& f : functions) {
+    json schema = {{"type", "json_schema"}, {"schema", f.parameters}};
+    if (format == ToolCallFormat::kDeepSeekV3) {
+      calls.push_back({{"type", "sequence"},
+                       {"elements",
+                        {Token(kCallBegin), Text("function"), Token(kToolSep), Text(f.name),
+                         Text("\n```json\n"), schema, Text("\n```"), Token(kCallEnd)}}});
+    } else {
+      calls.push_back({{"type", "sequence"},
+                       {"elements", {Token(kCallBegin), Text(f.name), Token(kToolSep), schema,
+                                     Token(kCallEnd)}}});
+    }
+  }
+  json repeat = {{"type", "repeat"},
+                 {"element", {{"type", "alternatives"}, {"elements", calls}}},
+                 {"min", 1},
+                 {"max", max_calls}};
+  if (format == ToolCallFormat::kDeepSeekV3) repeat["separator"] = Text("\n");
+  return {{"type", "sequence"}, {"elements", {Token(kCallsBegin), repeat, Token(kCallsEnd)}}};
+}
+
+ToolRequestOrError ReadToolRequest(const json* tools, const json* tool_choice,
+                                   const json* parallel_tool_calls, ToolCallFormat format,
+                                   bool auto_enabled) {
+  ToolRequestOrError out;
+  auto fail = [&](std::string param, std::string message) {
+    out.error = ToolRequestError{std::move(param), std::move(message)};
+    out.request.reset();
+    return out;
+  };
+  ToolRequest request;
+  if (tools) {
+    if (!tools->is_array()) return fail("tools", "must be a list of tools");
+    std::set<std::string> names;
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& tool = (*tools)[i];
+      const std::string where = fmt::format("tools[{}]", i);
+      if (!tool.is_object()) return fail(where, "must be an object");
+      if (tool.value("type", json()) != "function")
+        return fail(where + ".type", "must be \"function\" (the only tool type supported)");
+      auto function = tool.find("function");
+      if (function == tool.end() || !function->is_object())
+        return fail(where + ".function", "must be an object with a \"name\"");
+      auto name = function->find("name");
+      if (name == function->end() || !name->is_string() || !ValidName(name->get<std::string>()))
+        return fail(where + ".function.name",
+                    "must be 1 to 64 characters of a-z, A-Z, 0-9, underscores and dashes");
+      if (!names.insert(name->get<std::string>()).second)
+        return fail(where + ".function.name",
+                    fmt::format("\"{}\" is given twice", name->get<std::string>()));
+      FunctionTool f;
+      f.name = name->get<std::string>();
+      f.parameters = {{"type", "object"}, {"properties", json::object()}};
+      if (auto p = function->find("parameters"); p != function->end() && !p->is_null()) {
+        if (!p->is_object()) return fail(where + ".function.parameters", "must be a JSON schema");
+        f.parameters = *p;
+      }
+      request.functions.push_back(std::move(f));
+    }
+  }
+  if (parallel_tool_calls) {
+    if (!parallel_tool_calls->is_boolean())
+      return fail("parallel_tool_calls", "must be true or false");
+    request.parallel = parallel_tool_calls->get<bool>();
+  }
+  const bool have_tools = !request.functions.empty();
+  request.choice = have_tools ? ToolChoice::kAuto : ToolChoice::kNone;
+  if (tool_choice) {
+    if (*tool_choice == "none") {
+      request.choice = ToolChoice::kNone;
+    } else if (*tool_choice == "auto") {
+      request.choice = ToolChoice::kAuto;
+    } else if (*tool_choice == "required") {
+      request.choice = ToolChoice::kRequired;
+    } else if (tool_choice->is_object() && tool_choice->value("type", json()) == "function" &&
+               tool_choice->contains("function") && (*tool_choice)["function"].is_object() &&
+               (*tool_choice)["function"].value("name", json()).is_string()) {
+      request.choice = ToolChoice::kNamed;
+      request.named = (*tool_choice)["function"]["name"].get<std::string>();
+    } else {
+      return fail("tool_choice",
+                  "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                  "\"function\": {\"name\": ...}}");
+    }
+  }
+  if (request.choice != ToolChoice::kNone && !have_tools)
+    return fail("tool_choice", "needs tools (the request gives none)");
+  if (request.choice == ToolChoice::kAuto && !auto_enabled)
+    return fail("tool_choice",
+                "\"auto\" tool choice (the default when tools are given) requires the server "
+                "to be started with --enable-auto-tool-choice; \"required\", a named function "
+                "and \"none\" work without it");
+  std::vector<FunctionTool> forced;
+  if (request.choice == ToolChoice::kNamed) {
+    for (const FunctionTool& f : request.functions)
+      if (f.name == request.named) forced.push_back(f);
+    if (forced.empty())
+      return fail("tool_choice",
+                  fmt::format("names function \"{}\", which is not among the tools", request.named));
+  } else if (request.choice == ToolChoice::kRequired) {
+    forced = request.functions;
+  }
+  if (!forced.empty()) {
+    // Each schema on its own first, so an error names its tool.
+    for (size_t i = 0; i < request.functions.size(); ++i) {
+      const FunctionTool& f = request.functions[i];
+      if (request.choice == ToolChoice::kNamed && f.name != request.named) continue;
+      structured::GrammarSpec spec{structured::GrammarSpec::Kind::kJsonSchema, f.parameters.dump(),
+                                   {}, ""};
+      auto compiled = structured::CompileForBytes(spec);
+      if (!compiled.ok())
+        return fail(fmt::format("tools[{}].function.parameters", i), compiled.status().message());
+    }
+    structured::GrammarSpec spec{structured::GrammarSpec::Kind::kStructural,
+                                 ToolCallGrammar(format, forced, request.max_calls()).dump(), {}, ""};
+    auto compiled = structured::CompileForBytes(spec);
+    if (!compiled.ok()) return fail("tools", compiled.status().message());
+    request.grammar = std::move(spec);
+  }
+  if (tools || tool_choice) out.request = std::move(request);
+  return out;
+}
+
+}  // namespace sy::chat_output

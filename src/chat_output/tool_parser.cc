@@ -1,0 +1,186 @@
+#include "chat_output/tool_parser.h"
+
+#include <nlohmann/json.hpp>
+
+namespace sy::chat_output {
+namespace {
+
+// The length of the longest suffix of `text` that is a proper prefix of `marker`: text that may
+// still become the marker.
+size_t HeldSuffix(std::string_view text, std::string_view marker) {
+  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n)
+    if (text.substr(text.size() - n) == marker.substr(0, n)) return n;
+  return 0;
+}
+
+bool IsSpace(char c) {
+  return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
+constexpr std::string_view kV3NameEnd = "\n```json\n";
+constexpr std::string_view kV3ArgumentsEnd = "\n```<｜tool▁call▁end｜>";
+
+}  // namespace
+
+std::optional<ToolCallFormat> ToolCallFormatByName(std::string_view name) {
+  if (name == "deepseek_v3" || name == "deepseekv3") return ToolCallFormat::kDeepSeekV3;
+  if (name == "deepseek_v31" || name == "deepseekv31") return ToolCallFormat::kDeepSeekV31;
+  return std::nullopt;
+}
+
+std::string_view ToolCallFormatName(ToolCallFormat format) {
+  return format == ToolCallFormat::kDeepSeekV3 ? "deepseek_v3" : "deepseek_v31";
+}
+
+ToolCallParser::ToolCallParser(ToolCallFormat format)
+    : format_(format), rng_(std::random_device{}()) {}
+
+std::string ToolCallParser::NewId() {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i)
+    id += kAlphabet[rng_() % (sizeof(kAlphabet) - 1)];
+  return id;
+}
+
+void ToolCallParser::Feed(std::string_view text, OutputDelta* out) {
+  buffer_ += text;
+  Run(out, false);
+}
+
+void ToolCallParser::Finish(OutputDelta* out) {
+  Run(out, true);
+}
+
+void ToolCallParser::Run(OutputDelta* out, bool final) {
+  const bool v3 = format_ == ToolCallFormat::kDeepSeekV3;
+  auto junk = [&] {  // from here on the output is not a tool call
+    malformed_ = true;
+    state_ = State::kJunk;
+  };
+  for (;;) {
+    switch (state_) {
+      case State::kContent: {
+        const size_t at = buffer_.find(kCallsBegin);
+        if (at != std::string::npos) {
+          out->content += buffer_.substr(0, at);
+          buffer_.erase(0, at + kCallsBegin.size());
+          state_ = State::kBetween;
+          continue;
+        }
+        const size_t hold = final ? 0 : HeldSuffix(buffer_, kCallsBegin);
+        out->content += buffer_.substr(0, buffer_.size() - hold);
+        buffer_.erase(0, buffer_.size() - hold);
+        return;
+      }
+      case State::kBetween: {
+        size_t skip = 0;
+        while (skip < buffer_.size() && IsSpace(buffer_[skip]))
+          ++skip;
+        buffer_.erase(0, skip);
+        if (buffer_.starts_with(kCallBegin)) {
+          buffer_.erase(0, kCallBegin.size());
+          current_ = ToolCall{};
+          state_ = v3 ? State::kType : State::kName;
+          continue;
+        }
+        if (buffer_.starts_with(kCallsEnd)) {
+          buffer_.erase(0, kCallsEnd.size());
+          state_ = State::kDone;
+          continue;
+        }
+        if (buffer_.empty()) {
+          // The list may end without its closing token (the output stopped right after a call).
+          if (final && calls_.empty()) malformed_ = true;
+          return;
+        }
+        const bool may_become = std::string_view(kCallBegin).starts_with(buffer_) ||
+                                std::string_view(kCallsEnd).starts_with(buffer_);
+        if (may_become && !final) return;
+        junk();
+        continue;
+      }
+      case State::kType:
+      case State::kName: {
+        const std::string_view end = state_ == State::kType ? kToolSep : v3 ? kV3NameEnd : kToolSep;
+        const size_t at = buffer_.find(end);
+        if (at == std::string::npos) {
+          if (final) junk();
+          if (final) continue;
+          return;
+        }
+        if (state_ == State::kType) {
+          buffer_.erase(0, at + end.size());
+          state_ = State::kName;
+          continue;
+        }
+        current_.name = buffer_.substr(0, at);
+        current_.id = NewId();
+        buffer_.erase(0, at + end.size());
+        ToolCallDelta delta;
+        delta.index = static_cast<int>(calls_.size());
+        delta.id = current_.id;
+        delta.name = current_.name;
+        out->tool_calls.push_back(std::move(delta));
+        state_ = State::kArguments;
+        continue;
+      }
+      case State::kArguments: {
+        const std::string_view end = v3 ? kV3ArgumentsEnd : kCallEnd;
+        const size_t at = buffer_.find(end);
+        const size_t take = at != std::string::npos ? at
+                            : final                 ? buffer_.size()
+                                                    : buffer_.size() - HeldSuffix(buffer_, end);
+        if (take > 0) {
+          const std::string piece = buffer_.substr(0, take);
+          current_.arguments += piece;
+          if (!out->tool_calls.empty() &&
+              out->tool_calls.back().index == static_cast<int>(calls_.size())) {
+            out->tool_calls.back().arguments += piece;  // one delta per call per Feed
+          } else {
+            ToolCallDelta delta;
+            delta.index = static_cast<int>(calls_.size());
+            delta.arguments = piece;
+            out->tool_calls.push_back(std::move(delta));
+          }
+          buffer_.erase(0, take);
+        }
+        if (at == std::string::npos) {
+          if (final) malformed_ = true;  // the call never ended
+          return;
+        }
+        buffer_.erase(0, end.size());
+        if (!nlohmann::json::accept(current_.arguments)) malformed_ = true;
+        calls_.push_back(std::move(current_));
+        current_ = ToolCall{};
+        state_ = State::kBetween;
+        continue;
+      }
+      case State::kDone:
+        buffer_.clear();  // after the list: dropped, as vLLM does
+        return;
+      case State::kJunk:
+        out->content += buffer_;
+        buffer_.clear();
+        return;
+    }
+  }
+}
+
+ParsedToolCalls ParseToolCalls(ToolCallFormat format, std::string_view text) {
+  ToolCallParser parser(format);
+  OutputDelta delta;
+  parser.Feed(text, &delta);
+  parser.Finish(&delta);
+  ParsedToolCalls out;
+  if (parser.malformed()) {
+    if (!text.empty()) out.content = std::string(text);
+    return out;
+  }
+  if (!delta.content.empty()) out.content = std::move(delta.content);
+  out.calls = parser.calls();
+  return out;
+}
+
+}  // namespace sy::chat_output

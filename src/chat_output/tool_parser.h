@@ -1,0 +1,102 @@
+// Tool calls in a model's output text: DeepSeek's formats turned into OpenAI tool calls, whole or
+// streamed. The text is what the detokenizer writes with special tokens kept, so the format's
+// tokens ("<｜tool▁calls▁begin｜>", ...) appear in it as their text.
+//
+//   deepseek_v3  (V3, R1, V3-0324, R1-0528 — vLLM's parser "deepseek_v3"):
+//     content? <｜tool▁calls▁begin｜> CALL ("\n"? CALL)* <｜tool▁calls▁end｜>
+//     CALL = <｜tool▁call▁begin｜> TYPE <｜tool▁sep｜> NAME "\n```json\n" ARGS "\n```" <｜tool▁call▁end｜>
+//   deepseek_v31 (V3.1 — vLLM's "deepseek_v31"):
+//     content? <｜tool▁calls▁begin｜> CALL* <｜tool▁calls▁end｜>
+//     CALL = <｜tool▁call▁begin｜> NAME <｜tool▁sep｜> ARGS <｜tool▁call▁end｜>
+//
+// Streaming follows vLLM's deltas: a call's first delta carries its index, id ("call_" + 24
+// characters), type and name once the name is whole; later deltas append argument text. Text
+// that may be the start of a marker is held back until the next text decides it, so any split
+// of the output into chunks gives the same deltas in total.
+//
+// Malformed output — a call left unterminated, arguments that are not JSON, text where a call
+// should begin — is, whole, returned as content with no tool calls (vLLM returns the model output
+// as content when its parser fails). A stream cannot take back what it sent: there, the calls
+// sent stay, and the rest of the text from the point it went wrong is sent as content.
+#pragma once
+
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sy::chat_output {
+
+enum class ToolCallFormat { kDeepSeekV3, kDeepSeekV31 };
+
+// "deepseek_v3" / "deepseek_v31" (vLLM's --tool-call-parser names; "deepseekv3" and
+// "deepseekv31" too).
+std::optional<ToolCallFormat> ToolCallFormatByName(std::string_view name);
+std::string_view ToolCallFormatName(ToolCallFormat format);
+
+// The format's tokens.
+inline constexpr std::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
+inline constexpr std::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
+inline constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
+inline constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
+inline constexpr std::string_view kToolSep = "<｜tool▁sep｜>";
+
+struct ToolCall {
+  std::string id;  // "call_..."
+  std::string name;
+  std::string arguments;  // JSON text as the model wrote it
+};
+
+// One streamed piece of a tool call (OpenAI's choices[].delta.tool_calls[]).
+struct ToolCallDelta {
+  int index = 0;
+  std::optional<std::string> id;    // first delta of a call
+  std::optional<std::string> name;  // first delta of a call
+  std::string arguments;
+};
+
+// What one piece of output adds: reasoning, content and tool-call deltas.
+struct OutputDelta {
+  std::string reasoning;
+  std::string content;
+  std::vector<ToolCallDelta> tool_calls;
+  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
+};
+
+class ToolCallParser {
+ public:
+  explicit ToolCallParser(ToolCallFormat format);
+
+  // More output text; what it decides is appended to `out`.
+  void Feed(std::string_view text, OutputDelta* out);
+  // The end of the output: releases what was held back.
+  void Finish(OutputDelta* out);
+
+  // After Finish: the calls read (whole ones), whether the output was malformed, and all the
+  // content in order (as streamed).
+  const std::vector<ToolCall>& calls() const { return calls_; }
+  bool malformed() const { return malformed_; }
+
+ private:
+  enum class State { kContent, kBetween, kType, kName, kArguments, kDone, kJunk };
+  void Run(OutputDelta* out, bool final);
+  std::string NewId();
+
+  ToolCallFormat format_;
+  State state_ = State::kContent;
+  std::string buffer_;  // text fed but not yet decided
+  std::vector<ToolCall> calls_;
+  ToolCall current_;
+  bool malformed_ = false;
+  std::mt19937_64 rng_;
+};
+
+// The whole output at once. `content` is null when empty; a malformed output is all content.
+struct ParsedToolCalls {
+  std::optional<std::string> content;
+  std::vector<ToolCall> calls;
+};
+ParsedToolCalls ParseToolCalls(ToolCallFormat format, std::string_view text);
+
+}  // namespace sy::chat_output

@@ -1,0 +1,28 @@
+#include "cli/chat_output_options.h"
+
+#include "cli/verbs.h"
+
+namespace sy {
+
+void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
+  verb->add_flag("--enable-auto-tool-choice", args.enable_auto_tool_choice,
+                 "Allow tool_choice \"auto\" (the default when a request gives tools): the model "
+                 "may call tools and its output is parsed for calls");
+  verb->add_option("--tool-call-parser", args.tool_call_parser,
+                   "Tool-call format: deepseek_v3 (V3, R1, V3-0324) or deepseek_v31 (default: "
+                   "the chat template's)")
+      ->check(CLI::IsMember({"deepseek_v3", "deepseek_v31", "deepseekv3", "deepseekv31"}));
+  verb->add_option("--reasoning-parser", args.reasoning_parser,
+                   "Split <think>...</think> into reasoning_content: deepseek_r1 or deepseek_v3 "
+                   "(default: off)")
+      ->check(CLI::IsMember({"deepseek_r1", "deepseek_v3"}));
+}
+
+void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,
+                           serve::ServingLimits* limits) {
+  Status s = serve::ConfigureChatOutput(args.tool_call_parser, args.enable_auto_tool_choice,
+                                        args.reasoning_parser, codec, limits);
+  if (!s.ok()) FailVerb(s.message());
+}
+
+}  // namespace sy

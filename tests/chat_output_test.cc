@@ -1,0 +1,430 @@
+// The chat output parsers (src/chat_output): DeepSeek's tool-call formats and the reasoning split,
+// whole and streamed in every split of the text; and the grammars that force tool calls, masked
+// over the default model's and DeepSeek-V3's vocabularies (where the format's tokens are special
+// and where they are not): the exact token where a format token belongs, and random walks that
+// end in calls the parser reads back.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+#include <random>
+
+#include "chat_output/chat_output.h"
+#include "chat_output/tool_choice.h"
+#include "structured/compiler.h"
+#include "structured/matcher.h"
+#include "tokenizer/tokenizer.h"
+
+namespace sy::chat_output {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string kV3Two =
+    "Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+    "```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+    "get_time\n```json\n{\"zone\": \"CET\",\n \"fmt\": \"```\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+const std::string kV31Two =
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"<\"}"
+    "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+    "<｜tool▁calls▁end｜>";
+
+// What a client rebuilds from streamed deltas.
+struct Assembled {
+  std::string reasoning, content;
+  std::map<int, ToolCall> calls;
+};
+
+void Add(const OutputDelta& d, Assembled* a) {
+  a->reasoning += d.reasoning;
+  a->content += d.content;
+  for (const auto& t : d.tool_calls) {
+    ToolCall& c = a->calls[t.index];
+    if (t.id) {
+      EXPECT_TRUE(c.id.empty()) << "a second first delta for call " << t.index;
+      c.id = *t.id;
+      c.name = t.name.value_or("");
+    } else {
+      EXPECT_FALSE(c.id.empty()) << "arguments before the call's first delta";
+    }
+    c.arguments += t.arguments;
+  }
+}
+
+Assembled Stream(const ChatOutputOptions& options, const std::string& text,
+                 const std::vector<size_t>& cuts) {
+  ChatOutputParser parser(options);
+  Assembled a;
+  size_t at = 0;
+  for (size_t cut : cuts) {
+    Add(parser.Feed(std::string_view(text).substr(at, cut - at)), &a);
+    at = cut;
+  }
+  Add(parser.Feed(std::string_view(text).substr(at)), &a);
+  Add(parser.Finish(), &a);
+  return a;
+}
+
+void ExpectSame(const Assembled& a, const Assembled& b, const std::string& what) {
+  EXPECT_EQ(a.reasoning, b.reasoning) << what;
+  EXPECT_EQ(a.content, b.content) << what;
+  ASSERT_EQ(a.calls.size(), b.calls.size()) << what;
+  for (const auto& [i, c] : a.calls) {
+    EXPECT_EQ(c.name, b.calls.at(i).name) << what;
+    EXPECT_EQ(c.arguments, b.calls.at(i).arguments) << what;
+  }
+}
+
+// Every split into two, three random ones per length, and byte by byte give the same deltas in
+// total as one chunk; for a well-formed output that equals the whole-output message.
+void CheckSplits(const ChatOutputOptions& options, const std::string& text) {
+  const Assembled whole = Stream(options, text, {});
+  for (size_t cut = 0; cut <= text.size(); ++cut)
+    ExpectSame(Stream(options, text, {cut}), whole, "cut at " + std::to_string(cut));
+  std::vector<size_t> bytes;
+  for (size_t i = 1; i < text.size(); ++i)
+    bytes.push_back(i);
+  ExpectSame(Stream(options, text, bytes), whole, "byte by byte");
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<size_t> cuts;
+    for (size_t i = 1; i < text.size(); ++i)
+      if (rng() % 5 == 0) cuts.push_back(i);
+    ExpectSame(Stream(options, text, cuts), whole, "random cuts " + std::to_string(trial));
+  }
+  const ChatMessage m = ParseChatOutput(options, text);
+  ChatOutputParser probe(options);
+  probe.Feed(text);
+  probe.Finish();
+  if (probe.CalledTools() || options.reasoning) {
+    EXPECT_EQ(m.reasoning.value_or(""), whole.reasoning);
+    if (!m.tool_calls.empty()) {
+      EXPECT_EQ(m.content.value_or(""), whole.content);
+      ASSERT_EQ(m.tool_calls.size(), whole.calls.size());
+      for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+        EXPECT_EQ(m.tool_calls[i].name, whole.calls.at(static_cast<int>(i)).name);
+        EXPECT_EQ(m.tool_calls[i].arguments, whole.calls.at(static_cast<int>(i)).arguments);
+      }
+    }
+  }
+}
+
+TEST(ToolParser, DeepSeekV3WholeOutput) {
+  const ParsedToolCalls p = ParseToolCalls(ToolCallFormat::kDeepSeekV3, kV3Two);
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.content.value_or(""), "Let me check.");
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, "{\"city\": \"Paris\"}");
+  EXPECT_EQ(p.calls[1].name, "get_time");
+  EXPECT_EQ(p.calls[1].arguments, "{\"zone\": \"CET\",\n \"fmt\": \"```\"}");
+  EXPECT_TRUE(p.calls[0].id.starts_with("call_"));
+  EXPECT_EQ(p.calls[0].id.size(), 29u);
+  EXPECT_NE(p.calls[0].id, p.calls[1].id);
+}
+
+TEST(ToolParser, DeepSeekV31WholeOutput) {
+  const ParsedToolCalls p = ParseToolCalls(ToolCallFormat::kDeepSeekV31, kV31Two);
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_FALSE(p.content.has_value());
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, "{\"city\": \"<\"}");
+  EXPECT_EQ(p.calls[1].name, "get_time");
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+}
+
+TEST(ToolParser, NoCallsIsContent) {
+  const ParsedToolCalls p = ParseToolCalls(ToolCallFormat::kDeepSeekV3, "Just <｜tool text.");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content.value_or(""), "Just <｜tool text.");
+}
+
+TEST(ToolParser, MalformedOutputIsAllContent) {
+  const std::string cases[] = {
+      // unterminated call (max_tokens)
+      "x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": 1",
+      // arguments that are not JSON
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{a: 1}\n```"
+      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+      // text where a call should begin
+      "<｜tool▁calls▁begin｜>oops<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```"
+      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+      // a header that never ends
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f",
+      // the list opened and nothing in it
+      "<｜tool▁calls▁begin｜>",
+  };
+  for (const std::string& text : cases) {
+    const ParsedToolCalls p = ParseToolCalls(ToolCallFormat::kDeepSeekV3, text);
+    EXPECT_TRUE(p.calls.empty()) << text;
+    EXPECT_EQ(p.content.value_or(""), text);
+    ChatOutputOptions options;
+    options.tool_format = ToolCallFormat::kDeepSeekV3;
+    const ChatMessage m = ParseChatOutput(options, text);
+    EXPECT_TRUE(m.tool_calls.empty());
+    EXPECT_EQ(m.content.value_or(""), text);
+    CheckSplits(options, text);  // streamed: the same in every split
+  }
+  const std::string v31 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": tru";
+  EXPECT_TRUE(ParseToolCalls(ToolCallFormat::kDeepSeekV31, v31).calls.empty());
+}
+
+TEST(ToolParser, StreamedEqualsWholeInEverySplit) {
+  ChatOutputOptions v3;
+  v3.tool_format = ToolCallFormat::kDeepSeekV3;
+  CheckSplits(v3, kV3Two);
+  ChatOutputOptions v31;
+  v31.tool_format = ToolCallFormat::kDeepSeekV31;
+  CheckSplits(v31, kV31Two);
+  CheckSplits(v31, "plain answer with < and <｜ in it");
+}
+
+TEST(ToolParser, StreamingShapeIsVllms) {
+  // The first delta of a call has id, name; later ones only arguments.
+  ToolCallParser parser(ToolCallFormat::kDeepSeekV31);
+  OutputDelta d1, d2, d3;
+  parser.Feed("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>", &d1);
+  ASSERT_EQ(d1.tool_calls.size(), 1u);
+  EXPECT_TRUE(d1.tool_calls[0].id.has_value());
+  EXPECT_EQ(d1.tool_calls[0].name.value_or(""), "get_weather");
+  EXPECT_EQ(d1.tool_calls[0].arguments, "");
+  parser.Feed("{\"city\": ", &d2);
+  ASSERT_EQ(d2.tool_calls.size(), 1u);
+  EXPECT_FALSE(d2.tool_calls[0].id.has_value());
+  EXPECT_EQ(d2.tool_calls[0].arguments, "{\"city\": ");
+  parser.Feed("\"Rome\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", &d3);
+  parser.Finish(&d3);
+  EXPECT_EQ(d3.tool_calls.at(0).arguments, "\"Rome\"}");
+  EXPECT_FALSE(parser.malformed());
+}
+
+TEST(ToolParser, ParallelFalseKeepsTheFirstCall) {
+  ChatOutputOptions options;
+  options.tool_format = ToolCallFormat::kDeepSeekV3;
+  options.max_calls = 1;
+  const ChatMessage m = ParseChatOutput(options, kV3Two);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(Stream(options, kV3Two, {40, 90}).calls.size(), 1u);
+}
+
+TEST(ReasoningParser, SplitsThinkBlock) {
+  ChatOutputOptions r1;
+  r1.reasoning = true;
+  r1.starts_in_reasoning = true;
+  ChatMessage m = ParseChatOutput(r1, "Let me think.\n</think>\n\nThe answer is 4.");
+  EXPECT_EQ(m.reasoning.value_or("?"), "Let me think.\n");
+  EXPECT_EQ(m.content.value_or("?"), "\n\nThe answer is 4.");
+  CheckSplits(r1, "Let me think.\n</think>\n\nThe answer is 4.");
+  m = ParseChatOutput(r1, "<think>old style</think>yes");  // a leading <think> is dropped
+  EXPECT_EQ(m.reasoning.value_or("?"), "old style");
+  EXPECT_EQ(m.content.value_or("?"), "yes");
+  CheckSplits(r1, "<think>old style</think>yes");
+  m = ParseChatOutput(r1, "never closes </thin");  // all reasoning (max_tokens)
+  EXPECT_EQ(m.reasoning.value_or("?"), "never closes </thin");
+  EXPECT_FALSE(m.content.has_value());
+  CheckSplits(r1, "never closes </thin");
+  ChatOutputOptions off = r1;
+  off.starts_in_reasoning = false;  // V3.1 without thinking: all content
+  m = ParseChatOutput(off, "answer </think> text");
+  EXPECT_FALSE(m.reasoning.has_value());
+  EXPECT_EQ(m.content.value_or("?"), "answer </think> text");
+}
+
+TEST(ReasoningParser, ThenToolCalls) {
+  ChatOutputOptions options;
+  options.reasoning = true;
+  options.starts_in_reasoning = true;
+  options.tool_format = ToolCallFormat::kDeepSeekV31;
+  const std::string text = "I should look it up.</think>" + kV31Two;
+  const ChatMessage m = ParseChatOutput(options, text);
+  EXPECT_EQ(m.reasoning.value_or("?"), "I should look it up.");
+  EXPECT_FALSE(m.content.has_value());
+  EXPECT_EQ(m.tool_calls.size(), 2u);
+  CheckSplits(options, text);
+}
+
+// ---- the forcing grammars ----
+
+structured::Vocabulary LoadVocabulary(const std::string& path) {
+  auto tokenizer = Tokenizer::Load(path);
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().message();
+  structured::Vocabulary vocab;
+  if (!tokenizer.ok()) return vocab;
+  for (int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
+    vocab.token_bytes.emplace_back(tokenizer->TokenBytes(id));
+    vocab.special.push_back(tokenizer->IsSpecial(id) ? 1 : 0);
+  }
+  for (const AddedToken& t : tokenizer->added_tokens())
+    vocab.named_tokens.emplace_back(t.content, t.id);
+  vocab.eos_ids.push_back(*tokenizer->TokenToId("<｜end▁of▁sentence｜>"));
+  return vocab;
+}
+
+const json kTools = json::parse(R"([
+  {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12},
+                   "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": false}}},
+  {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                   "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["a", "b"], "additionalProperties": false}}}
+])");
+
+std::vector<int32_t> Allowed(structured::GrammarMatcher& m, int32_t vocab_size) {
+  std::vector<uint64_t> mask((vocab_size + 63) / 64);
+  m.FillNextTokenMask(mask);
+  std::vector<int32_t> out;
+  for (int32_t id = 0; id < vocab_size; ++id)
+    if ((mask[id >> 6] >> (id & 63)) & 1) out.push_back(id);
+  return out;
+}
+
+// Random walks through the forced-call grammar (mostly short tokens so strings end); every
+// finished walk's text is read back by the parser into calls of the tools with JSON arguments
+// holding the required keys.
+void WalkForcedCalls(const std::string& tokenizer_path, ToolCallFormat format) {
+  structured::GrammarCompiler compiler(LoadVocabulary(tokenizer_path));
+  const structured::Vocabulary& vocab = compiler.vocabulary();
+  auto read = ReadToolRequest(&kTools, nullptr, nullptr, format, false);
+  ASSERT_TRUE(read.error.has_value());  // auto without --enable-auto-tool-choice
+  const json required = "required";
+  read = ReadToolRequest(&kTools, &required, nullptr, format, false);
+  ASSERT_FALSE(read.error) << read.error->message;
+  ASSERT_TRUE(read.request && read.request->grammar);
+  auto grammar = compiler.Compile(*read.request->grammar);
+  ASSERT_TRUE(grammar.ok()) << grammar.status().message();
+  const int32_t calls_begin = *vocab.NamedToken(kCallsBegin);
+  std::mt19937 rng(3);
+  int finished = 0;
+  for (int walk = 0; walk < 12; ++walk) {
+    structured::GrammarMatcher m(*grammar);
+    // The first token can only be the one "<｜tool▁calls▁begin｜>" token, never its text in pieces.
+    EXPECT_EQ(Allowed(m, vocab.size()), std::vector<int32_t>{calls_begin});
+    std::string text;
+    for (int step = 0; step < 400 && !m.IsTerminated(); ++step) {
+      std::vector<int32_t> allowed = Allowed(m, vocab.size());
+      ASSERT_FALSE(allowed.empty()) << "dead end after: " << text;
+      std::vector<int32_t> short_ones;
+      for (int32_t id : allowed)
+        if (vocab.token_bytes[id].size() <= 2 || !vocab.IsText(id)) short_ones.push_back(id);
+      const auto& pool = !short_ones.empty() && rng() % 4 != 0 ? short_ones : allowed;
+      const int32_t next = pool[rng() % pool.size()];
+      ASSERT_TRUE(m.AcceptToken(next).ok());
+      if (next != vocab.eos_ids[0]) text += vocab.token_bytes[next];
+    }
+    if (!m.IsTerminated()) continue;
+    ++finished;
+    const ParsedToolCalls p = ParseToolCalls(format, text);
+    ASSERT_FALSE(p.calls.empty()) << text;
+    EXPECT_FALSE(p.content.has_value()) << text;
+    for (const ToolCall& call : p.calls) {
+      const json args = json::parse(call.arguments, nullptr, false);
+      ASSERT_TRUE(args.is_object()) << call.arguments;
+      if (call.name == "get_weather") {
+        ASSERT_TRUE(args["city"].is_string()) << call.arguments;
+        const std::string city = args["city"].get<std::string>();
+        const auto code_points = std::count_if(city.begin(), city.end(), [](char c) {
+          return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+        });
+        EXPECT_LE(code_points, 12) << call.arguments;
+        EXPECT_TRUE(args["unit"] == "celsius" || args["unit"] == "fahrenheit");
+        EXPECT_EQ(args.size(), 2u);
+      } else {
+        ASSERT_EQ(call.name, "add");
+        EXPECT_TRUE(args["a"].is_number_integer() && args["a"] >= 0 && args["a"] <= 99);
+        EXPECT_TRUE(args["b"].is_number_integer() && args["b"] >= 0 && args["b"] <= 99);
+      }
+    }
+  }
+  EXPECT_GT(finished, 0);
+}
+
+TEST(ForcedToolCalls, DefaultTokenizerV3) {
+  WalkForcedCalls(std::string(SY_SOURCE_DIR) + "/configs/tokenizer/default/tokenizer.json",
+                  ToolCallFormat::kDeepSeekV3);
+}
+TEST(ForcedToolCalls, DefaultTokenizerV31) {
+  WalkForcedCalls(std::string(SY_SOURCE_DIR) + "/configs/tokenizer/default/tokenizer.json",
+                  ToolCallFormat::kDeepSeekV31);
+}
+TEST(ForcedToolCalls, DeepSeekTokenizerV3) {  // the format's tokens are not special there
+  WalkForcedCalls(std::string(SY_FIXTURES_DIR) + "/tokenizer/deepseek-v3/tokenizer.json",
+                  ToolCallFormat::kDeepSeekV3);
+}
+
+TEST(ForcedToolCalls, NamedFunctionAndGateAfterThink) {
+  structured::GrammarCompiler compiler(LoadVocabulary(std::string(SY_FIXTURES_DIR) +
+                                                      "/tokenizer/deepseek-v3/tokenizer.json"));
+  const structured::Vocabulary& vocab = compiler.vocabulary();
+  const json named = {{"type", "function"}, {"function", {{"name", "add"}}}};
+  const json no = false;
+  auto read = ReadToolRequest(&kTools, &named, &no, ToolCallFormat::kDeepSeekV31, false);
+  ASSERT_FALSE(read.error) << read.error->message;
+  auto grammar = compiler.Compile(*read.request->grammar);
+  ASSERT_TRUE(grammar.ok()) << grammar.status().message();
+  const int32_t think_end = *vocab.NamedToken(kThinkEnd);
+  structured::GrammarMatcher m(*grammar, think_end);
+  // Before </think>: every token but end-of-sequence.
+  std::vector<int32_t> allowed = Allowed(m, vocab.size());
+  EXPECT_EQ(static_cast<int32_t>(allowed.size()), vocab.size() - 1);
+  EXPECT_FALSE(m.AcceptToken(vocab.eos_ids[0]).ok());
+  const std::string forced =
+      "Hmm" + std::string(kThinkEnd) + std::string(kCallsBegin) + std::string(kCallBegin) + "add" +
+      std::string(kToolSep) + "{\"a\": 2, \"b\": 40}" + std::string(kCallEnd) + std::string(kCallsEnd);
+  auto tokenizer = Tokenizer::Load(std::string(SY_FIXTURES_DIR) +
+                                   "/tokenizer/deepseek-v3/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok());
+  auto ids = tokenizer->Encode(forced);
+  ASSERT_TRUE(ids.ok());
+  for (int32_t id : *ids) {
+    if (id == think_end) EXPECT_TRUE(m.IsFree());
+    ASSERT_TRUE(m.AcceptToken(id).ok()) << id << " '" << vocab.token_bytes[id] << "'";
+    if (id == think_end) {  // then exactly the one token that opens the calls
+      EXPECT_FALSE(m.IsFree());
+      EXPECT_EQ(Allowed(m, vocab.size()), std::vector<int32_t>{*vocab.NamedToken(kCallsBegin)});
+    }
+  }
+  EXPECT_TRUE(m.IsComplete());
+  // parallel_tool_calls false: after one call only the closing token.
+  EXPECT_EQ(Allowed(m, vocab.size()), std::vector<int32_t>{vocab.eos_ids[0]});
+  EXPECT_TRUE(m.Rollback(1).ok());
+  EXPECT_EQ(Allowed(m, vocab.size()), std::vector<int32_t>{*vocab.NamedToken(kCallsEnd)});
+  // The calls-begin text spelled in pieces is not the token.
+  structured::GrammarMatcher fresh(*grammar);
+  EXPECT_FALSE(fresh.AcceptToken(*tokenizer->TokenToId("<")).ok());
+}
+
+TEST(ToolRequest, BadToolsNameTheField) {
+  auto error = [](const json& tools, const json& choice) {
+    auto read = ReadToolRequest(&tools, choice.is_null() ? nullptr : &choice, nullptr,
+                                ToolCallFormat::kDeepSeekV3, true);
+    return read.error ? read.error->param + ": " + read.error->message : std::string("ok");
+  };
+  EXPECT_EQ(error(kTools, "auto"), "ok");
+  EXPECT_EQ(error(kTools, nullptr), "ok");
+  EXPECT_TRUE(error(json::array(), "required").starts_with("tool_choice: needs tools"));
+  EXPECT_TRUE(error(kTools, json{{"type", "function"}, {"function", {{"name", "nope"}}}})
+                  .starts_with("tool_choice: names function \"nope\""));
+  EXPECT_TRUE(error(kTools, "sometimes").starts_with("tool_choice: must be"));
+  json bad = kTools;
+  bad[1]["function"]["parameters"]["properties"]["a"] = {{"not", {{"type", "string"}}}};
+  EXPECT_EQ(error(bad, "auto"), "ok");  // auto does not compile the schemas
+  const std::string refused = error(bad, "required");
+  EXPECT_TRUE(refused.starts_with("tools[1].function.parameters: ")) << refused;
+  EXPECT_NE(refused.find("not"), std::string::npos) << refused;
+  bad = kTools;
+  bad[0]["function"]["name"] = "has space";
+  EXPECT_TRUE(error(bad, "auto").starts_with("tools[0].function.name"));
+  bad = kTools;
+  bad[0]["type"] = "retrieval";
+  EXPECT_TRUE(error(bad, "auto").starts_with("tools[0].type"));
+  bad = kTools;
+  bad[1]["function"]["name"] = "get_weather";
+  EXPECT_TRUE(error(bad, "auto").starts_with("tools[1].function.name: \"get_weather\" is given twice"));
+  EXPECT_TRUE(error(json{{"a", 1}}, "auto").starts_with("tools: must be a list"));
+}
+
+}  // namespace
+}  // namespace sy::chat_output

@@ -1,0 +1,330 @@
+"""Tool calling and reasoning through the official openai client: tool_choice required and named
+(forced by the grammar in DeepSeek-V3's own format, so even the tiny default model returns calls
+whose arguments validate with jsonschema against the function's schema), streamed tool-call deltas
+reassembled equal to the non-streamed call, parallel calls, auto, a follow-up turn with the tool
+results, reasoning_content split from <think>…</think> (an R1-template copy of the default model)
+streamed and not, bad tools refused by name, and the forced call through the router and an
+mpirun group."""
+import json
+import os
+import shutil
+
+import jsonschema
+import openai
+import pytest
+from openai import OpenAI
+
+from conftest import TMP, Server
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+ADD = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                   "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                      "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "add", "description": "Add two numbers",
+                                      "parameters": ADD}},
+]
+SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+CHAT = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 40?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_server(model_dir):
+    s = Server(model_dir, "--kv-cache-tokens", "16384", "--enable-auto-tool-choice",
+               "--tool-call-parser", "deepseek_v3")
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+@pytest.fixture(scope="module")
+def tools_client(tool_server):
+    return OpenAI(base_url=tool_server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+
+def check_calls(message, names=SCHEMAS):
+    assert message.tool_calls, message
+    for call in message.tool_calls:
+        assert call.type == "function"
+        assert call.id.startswith("call_")
+        assert call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_required_tool_calls_validate(tools_client):
+    out = tools_client.chat.completions.create(
+        model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required", max_tokens=300,
+        temperature=0.8, seed=1, n=3)
+    for choice in out.choices:
+        assert choice.finish_reason == "tool_calls", choice.message
+        assert choice.message.content is None
+        check_calls(choice.message)
+
+
+def test_named_tool_call_validates(tools_client):
+    out = tools_client.chat.completions.create(
+        model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=300, temperature=0.8, seed=2,
+        n=2, parallel_tool_calls=False,
+        tool_choice={"type": "function", "function": {"name": "add"}})
+    for choice in out.choices:
+        assert choice.finish_reason == "tool_calls", choice.message
+        assert len(choice.message.tool_calls) == 1
+        check_calls(choice.message, names={"add"})
+
+
+def reassemble(stream):
+    calls, content, finish, first = {}, "", None, {}
+    for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+            for d in choice.delta.tool_calls or []:
+                if d.index not in calls:
+                    # vLLM's shape: the call's first delta has its id, type and name.
+                    assert d.id and d.id.startswith("call_") and d.type == "function", d
+                    assert d.function.name, d
+                    calls[d.index] = {"name": d.function.name, "arguments": ""}
+                    first[d.index] = d.id
+                else:
+                    assert d.id is None and not d.function.name, d
+                calls[d.index]["arguments"] += d.function.arguments or ""
+    return [calls[i] for i in sorted(calls)], content, finish
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+def test_streamed_deltas_equal_the_whole_call(tools_client, choice):
+    args = dict(model="sy-test", messages=CHAT, tools=TOOLS, tool_choice=choice, max_tokens=300,
+                temperature=0)
+    whole = tools_client.chat.completions.create(**args).choices[0]
+    assert whole.finish_reason == "tool_calls"
+    check_calls(whole.message)
+    calls, content, finish = reassemble(tools_client.chat.completions.create(**args, stream=True))
+    assert finish == "tool_calls"
+    assert content == ""
+    assert calls == [{"name": c.function.name, "arguments": c.function.arguments}
+                     for c in whole.message.tool_calls]
+
+
+def test_parallel_calls(tools_client):
+    out = tools_client.chat.completions.create(
+        model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required", max_tokens=400,
+        temperature=1.0, seed=7, n=8)
+    counts = []
+    for choice in out.choices:
+        if choice.finish_reason == "tool_calls":
+            check_calls(choice.message)
+            counts.append(len(choice.message.tool_calls))
+    assert counts and max(counts) >= 2, counts  # the grammar lets the model call several
+    single = tools_client.chat.completions.create(
+        model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required", max_tokens=400,
+        temperature=1.0, seed=7, n=8, parallel_tool_calls=False)
+    for choice in single.choices:
+        if choice.finish_reason == "tool_calls":
+            assert len(choice.message.tool_calls) == 1
+
+
+def test_auto_leaves_the_model_free(tools_client):
+    args = dict(model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=40, temperature=0)
+    whole = tools_client.chat.completions.create(**args).choices[0]
+    # The tiny model writes prose: content, no calls; the same text streamed.
+    assert whole.finish_reason in ("stop", "length")
+    assert not whole.message.tool_calls
+    calls, content, finish = reassemble(tools_client.chat.completions.create(**args, stream=True))
+    assert calls == [] and content == whole.message.content and finish == whole.finish_reason
+
+
+def test_tool_results_in_a_follow_up_turn(tools_client):
+    first = tools_client.chat.completions.create(
+        model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required", max_tokens=300,
+        temperature=0).choices[0].message
+    check_calls(first)
+    messages = CHAT + [first.model_dump(exclude_none=True)]
+    for call in first.tool_calls:
+        messages.append({"role": "tool", "tool_call_id": call.id,
+                         "content": json.dumps({"result": "sunny, 21 C"})})
+    for choice in ("none", "auto"):
+        out = tools_client.chat.completions.create(
+            model="sy-test", messages=messages, tools=TOOLS, tool_choice=choice, max_tokens=20,
+            temperature=0)
+        assert out.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        assert out.usage.prompt_tokens > 0
+    # And a forced call again after the results.
+    again = tools_client.chat.completions.create(
+        model="sy-test", messages=messages, tools=TOOLS, tool_choice="required", max_tokens=300,
+        temperature=0).choices[0]
+    assert again.finish_reason == "tool_calls"
+    check_calls(again.message)
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice", "not among the tools"),
+    ({"tools": [], "tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}],
+      "tool_choice": "required"}, "tools[0].function.parameters", "'not'"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+     "tools[0].function.name", "characters"),
+    ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type", "function"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "must be"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "tool_choice", "cannot be combined"),
+    ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+])
+def test_bad_tools_are_refused_by_name(tool_server, tools_client, body, param, words):
+    got, error, _ = tool_server.request(
+        "POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 5, **body})
+    assert got == 400, error
+    assert error["error"]["param"] == param, error
+    assert words in error["error"]["message"], error
+    # The server keeps serving.
+    out = tools_client.chat.completions.create(model="sy-test", messages=CHAT, max_tokens=3)
+    assert out.choices[0].finish_reason == "length"
+
+
+def test_auto_needs_the_flag(server, client):
+    """Without --enable-auto-tool-choice (as vLLM): tools with the default choice "auto" are a 400
+    that says so; required still works."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=5)
+    assert "--enable-auto-tool-choice" in str(e.value)
+    out = client.chat.completions.create(model="sy-test", messages=CHAT, tools=TOOLS,
+                                         tool_choice="required", max_tokens=300, temperature=0)
+    assert out.choices[0].finish_reason == "tool_calls"
+    check_calls(out.choices[0].message)
+
+
+# ---- reasoning ----
+
+@pytest.fixture(scope="module")
+def r1_model_dir(model_dir):
+    """The default model with DeepSeek-R1's chat template: its generation prompt opens the think
+    block, so the output starts inside the reasoning."""
+    path = os.path.join(TMP, "model-r1")
+    os.makedirs(path, exist_ok=True)
+    for name in os.listdir(model_dir):
+        if name != "tokenizer_config.json" and not os.path.exists(os.path.join(path, name)):
+            os.symlink(os.path.join(model_dir, name), os.path.join(path, name))
+    with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(REPO, "tests", "fixtures", "tokenizer", "templates",
+                           "deepseek-r1.jinja")) as f:
+        config["chat_template"] = f.read()
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+    return path
+
+
+@pytest.fixture(scope="module")
+def r1_client(r1_model_dir):
+    s = Server(r1_model_dir, "--kv-cache-tokens", "16384", "--reasoning-parser", "deepseek_r1")
+    yield OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    assert s.stop() == 0, "".join(s.log)
+
+
+THINK_END = 6  # "</think>" in the default tokenizer
+
+
+def stream_reasoning(stream):
+    reasoning, content, finish = "", "", None
+    for chunk in stream:
+        for choice in chunk.choices:
+            reasoning += getattr(choice.delta, "reasoning_content", None) or ""
+            content += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    return reasoning, content, finish
+
+
+def test_reasoning_content_streamed_equals_whole(r1_client):
+    # A bias on "</think>" makes the tiny model close its thinking after a few tokens.
+    args = dict(model="sy-test", messages=CHAT, max_tokens=40, temperature=0,
+                logit_bias={str(THINK_END): 3})
+    whole = r1_client.chat.completions.create(**args).choices[0]
+    reasoning = whole.message.model_extra.get("reasoning_content")
+    assert reasoning is not None and whole.message.content is not None, whole.message
+    assert "</think>" not in reasoning
+    assert stream_reasoning(r1_client.chat.completions.create(**args, stream=True)) == (
+        reasoning, whole.message.content, whole.finish_reason)
+    # Without the bias it never closes: all reasoning, as vLLM's deepseek_r1 parser says.
+    plain = r1_client.chat.completions.create(model="sy-test", messages=CHAT, max_tokens=20,
+                                              temperature=0).choices[0]
+    assert plain.message.content is None and plain.message.model_extra["reasoning_content"]
+
+
+def test_structured_output_constrains_only_the_answer(r1_client):
+    """With the reasoning parser, the grammar applies after </think>: the reasoning is free text,
+    the content validates."""
+    out = r1_client.chat.completions.create(
+        model="sy-test", messages=CHAT, max_tokens=300, temperature=0,
+        logit_bias={str(THINK_END): 3},
+        response_format={"type": "json_schema", "json_schema": {"name": "add", "schema": ADD}})
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop", choice.message
+    assert choice.message.model_extra["reasoning_content"]
+    jsonschema.validate(json.loads(choice.message.content), ADD)
+    forced = r1_client.chat.completions.create(
+        model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=300, temperature=0,
+        logit_bias={str(THINK_END): 3},
+        tool_choice={"type": "function", "function": {"name": "add"}}).choices[0]
+    assert forced.finish_reason == "tool_calls", forced.message
+    assert forced.message.model_extra["reasoning_content"]
+    check_calls(forced.message, names={"add"})
+
+
+# ---- through the router and an mpirun group ----
+
+def test_forced_call_through_the_router():
+    from test_route import Process, free_port, start_instance
+    port = free_port()
+    instance = start_instance(port)
+    router = Process("route", "--engines", f"127.0.0.1:{port}", "--port", "0",
+                     "--served-model-name", "sy-test", "--enable-auto-tool-choice")
+    try:
+        args = dict(model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required",
+                    max_tokens=300, temperature=0, parallel_tool_calls=False)
+        got = []
+        for process in (router, instance):
+            c = OpenAI(base_url=process.url + "/v1", api_key="x", max_retries=0, timeout=300)
+            choice = c.chat.completions.create(**args).choices[0]
+            assert choice.finish_reason == "tool_calls"
+            check_calls(choice.message)
+            got.append([(t.function.name, t.function.arguments) for t in choice.message.tool_calls])
+        assert got[0] == got[1]
+        calls, _, finish = reassemble(
+            OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0,
+                   timeout=300).chat.completions.create(**args, stream=True))
+        assert finish == "tool_calls" and [(c["name"], c["arguments"]) for c in calls] == got[0]
+    finally:
+        router.stop()
+        instance.stop()
+
+
+def test_forced_call_in_an_mpirun_group(model_dir):
+    if shutil.which("mpirun") is None:
+        pytest.skip("no mpirun")
+    s = Server(model_dir, "--kv-cache-tokens", "8192", ranks=2, threads=1)
+    try:
+        c = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        choice = c.chat.completions.create(
+            model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=300, temperature=0,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}}).choices[0]
+        assert choice.finish_reason == "tool_calls"
+        check_calls(choice.message, names={"get_weather"})
+    finally:
+        assert s.stop() in (0, 1)
