@@ -1,8 +1,8 @@
 // The chat output parsers (src/chat_output): DeepSeek's tool-call formats and the reasoning split,
 // whole and streamed in every split of the text; and the grammars that force tool calls, masked
 // over the default model's and DeepSeek-V3's vocabularies (where the format's tokens are special
-// and where they are not): the exact token where a format token belongs, and random walks that
-// end in calls the parser reads back.
+// and where they are not): the exact token where a format token belongs, masks equal to every
+// token's spellings run byte by byte, and random walks that end in calls the parser reads back.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -284,7 +284,7 @@ std::vector<int32_t> Allowed(structured::GrammarMatcher& m, int32_t vocab_size) 
 // Random walks through the forced-call grammar (mostly short tokens so strings end); every
 // finished walk's text is read back by the parser into calls of the tools with JSON arguments
 // holding the required keys.
-void WalkForcedCalls(const std::string& tokenizer_path, ToolCallFormat format) {
+void WalkForcedCalls(const std::string& tokenizer_path, ToolCallFormat format, int brute_steps) {
   structured::GrammarCompiler compiler(LoadVocabulary(tokenizer_path));
   const structured::Vocabulary& vocab = compiler.vocabulary();
   auto read = ReadToolRequest(&kTools, nullptr, nullptr, format, false);
@@ -306,6 +306,20 @@ void WalkForcedCalls(const std::string& tokenizer_path, ToolCallFormat format) {
     for (int step = 0; step < 400 && !m.IsTerminated(); ++step) {
       std::vector<int32_t> allowed = Allowed(m, vocab.size());
       ASSERT_FALSE(allowed.empty()) << "dead end after: " << text;
+      if (step < brute_steps) {  // the mask against every token's spellings run byte by byte
+        std::vector<int32_t> expected;
+        for (int32_t id = 0; id < vocab.size(); ++id) {
+          bool ok = false;
+          if (id == vocab.eos_ids[0]) {
+            ok = m.IsComplete();
+          } else {
+            for (std::string_view spelling : vocab.Spellings(id))
+              ok = ok || m.CanAcceptBytes(spelling);
+          }
+          if (ok) expected.push_back(id);
+        }
+        ASSERT_EQ(allowed, expected) << "step " << step << " after: " << text;
+      }
       std::vector<int32_t> short_ones;
       for (int32_t id : allowed)
         if (vocab.token_bytes[id].size() <= 2 || !vocab.IsText(id)) short_ones.push_back(id);
@@ -343,15 +357,15 @@ void WalkForcedCalls(const std::string& tokenizer_path, ToolCallFormat format) {
 
 TEST(ForcedToolCalls, DefaultTokenizerV3) {
   WalkForcedCalls(std::string(SY_SOURCE_DIR) + "/configs/tokenizer/default/tokenizer.json",
-                  ToolCallFormat::kDeepSeekV3);
+                  ToolCallFormat::kDeepSeekV3, 400);
 }
 TEST(ForcedToolCalls, DefaultTokenizerV31) {
   WalkForcedCalls(std::string(SY_SOURCE_DIR) + "/configs/tokenizer/default/tokenizer.json",
-                  ToolCallFormat::kDeepSeekV31);
+                  ToolCallFormat::kDeepSeekV31, 400);
 }
 TEST(ForcedToolCalls, DeepSeekTokenizerV3) {  // the format's tokens are not special there
   WalkForcedCalls(std::string(SY_FIXTURES_DIR) + "/tokenizer/deepseek-v3/tokenizer.json",
-                  ToolCallFormat::kDeepSeekV3);
+                  ToolCallFormat::kDeepSeekV3, 6);
 }
 
 TEST(ForcedToolCalls, NamedFunctionAndGateAfterThink) {

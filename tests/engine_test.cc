@@ -971,6 +971,11 @@ TEST(EngineTest, ForcedToolCallsAreValid) {
   auto read = chat_output::ReadToolRequest(&tools, &required, nullptr,
                                            chat_output::ToolCallFormat::kDeepSeekV3, false);
   ASSERT_FALSE(read.error) << read.error->message;
+  // One call (parallel_tool_calls false): the trained model, free to, calls again and again.
+  const nlohmann::json no = false;
+  auto one = chat_output::ReadToolRequest(&tools, &required, &no,
+                                          chat_output::ToolCallFormat::kDeepSeekV3, false);
+  ASSERT_FALSE(one.error) << one.error->message;
   const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
   std::vector<SamplingParams> params;
   for (int i = 0; i < 3; ++i) {
@@ -979,12 +984,13 @@ TEST(EngineTest, ForcedToolCallsAreValid) {
     p.seed = 11 + i;
     p.max_tokens = 160;
     p.skip_special_tokens = false;
-    p.grammar = read.request->grammar;
+    p.grammar = (i == 0 ? one : read).request->grammar;
     params.push_back(p);
   }
+  const int32_t think_end = *TrainedModel().tokenizer->TokenToId("</think>");
   SamplingParams gated = params[0];
   gated.grammar->begin_after = "</think>";
-  gated.logit_bias[*TrainedModel().tokenizer->TokenToId("</think>")] = 12;
+  gated.logit_bias[think_end] = 50;  // the trained model never writes it by itself
   params.push_back(gated);
   std::vector<Collected> alone;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -1029,6 +1035,7 @@ TEST(EngineTest, ForcedToolCallsAreValid) {
     EXPECT_EQ(Collect(*streams[i]).tokens, alone[i].tokens) << "request " << i;
   // Failover past the gate: the rest is the same.
   ASSERT_GT(alone[3].tokens.size(), 8u);
+  EXPECT_EQ(alone[3].tokens[0], think_end);
   Harness again(4096, EngineConfig{}, TrainedModel());
   EngineRequest resumed{"resumed", prompt, params[3]};
   resumed.prompt.insert(resumed.prompt.end(), alone[3].tokens.begin(), alone[3].tokens.begin() + 5);
@@ -1039,6 +1046,26 @@ TEST(EngineTest, ForcedToolCallsAreValid) {
   again.RunToIdle();
   EXPECT_EQ(Collect(*stream.value()).tokens,
             std::vector<int32_t>(alone[3].tokens.begin() + 5, alone[3].tokens.end()));
+  // Resumed inside the reasoning, then past its end: the free text replays through the matcher's
+  // free phase and the grammar starts at "</think>".
+  EngineRequest thought{"thought", prompt, params[3]};
+  std::vector<int32_t> reasoning = Text(" I should ask about the weather.");
+  reasoning.push_back(think_end);
+  thought.prompt.insert(thought.prompt.end(), reasoning.begin(), reasoning.end());
+  thought.resumed_tokens = static_cast<int64_t>(reasoning.size());
+  thought.params.logit_bias.clear();
+  stream = again.engine.Submit(thought, &error);
+  ASSERT_TRUE(stream.ok()) << stream.status().message();
+  again.RunToIdle();
+  const Collected rest = Collect(*stream.value());
+  EXPECT_EQ(rest.finish, "stop");
+  const auto parsed = chat_output::ParseToolCalls(chat_output::ToolCallFormat::kDeepSeekV3, rest.text);
+  EXPECT_FALSE(parsed.calls.empty()) << rest.text;
+  // Resumed output outside the grammar is refused.
+  EngineRequest wrong{"wrong", prompt, params[0]};
+  wrong.prompt.insert(wrong.prompt.end(), reasoning.begin(), reasoning.end());
+  wrong.resumed_tokens = static_cast<int64_t>(reasoning.size());
+  EXPECT_FALSE(again.engine.Submit(wrong, &error).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(DraftTokens, MtpEngineTest, ::testing::Values(1, 3));

@@ -321,6 +321,40 @@ INSTANTIATE_TEST_SUITE_P(DeepSeek, ChatTemplateTest,
                            return name;
                          });
 
+// The official templates never render `tools`; switchyard appends vLLM's tool-template block for
+// the variant to the system prompt and changes nothing else.
+TEST(ChatTemplateTest, ToolsAreAppendedToTheSystemPrompt) {
+  const json tools = json::parse(
+      R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+          "properties": {"city": {"type": "string"}}}}}])");
+  const json messages = json::parse(R"([{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Weather in Paris?"}])");
+  const std::string bos = "<｜begin▁of▁sentence｜>";
+  const std::string spelled =
+      R"({"type": "function", "function": {"name": "get_weather", "parameters": {"type": )"
+      R"("object", "properties": {"city": {"type": "string"}}}}})";
+  for (const auto& [stem, header] :
+       std::vector<std::pair<std::string, std::string>>{{"deepseek-v3", "\n\n# Tools\n\n"},
+                                                        {"deepseek-v3-0324", "\n\n# Tools\n\n"},
+                                                        {"deepseek-r1", "\n\nYou are a helpful"},
+                                                        {"deepseek-v3.1", "\n\n## Tools\n"}}) {
+    auto chat = ChatTemplate::Recognize(TemplateText(stem), bos);
+    ASSERT_TRUE(chat.ok());
+    ChatOptions plain;
+    ChatOptions with = plain;
+    with.tools = &tools;
+    const std::string without = chat->Render(messages, plain).value();
+    const std::string rendered = chat->Render(messages, with).value();
+    const std::string prefix = bos + "Be brief.";
+    ASSERT_TRUE(rendered.starts_with(prefix + header)) << stem << ": " << rendered;
+    EXPECT_TRUE(rendered.ends_with(without.substr(prefix.size()))) << stem << ": " << rendered;
+    EXPECT_NE(rendered.find(spelled), std::string::npos) << stem << ": " << rendered;
+    const json none = json::array();
+    with.tools = &none;
+    EXPECT_EQ(chat->Render(messages, with).value(), without) << stem;
+  }
+}
+
 TEST(ChatTemplateTest, UnknownTemplatesAreRefusedByName) {
   auto chat = ChatTemplate::Recognize("{{ messages[0]['content'] }}", "<s>");
   ASSERT_FALSE(chat.ok());

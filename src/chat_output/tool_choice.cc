@@ -80,7 +80,10 @@ ToolRequestOrError ReadToolRequest(const json* tools, const json* tool_choice,
                     fmt::format("\"{}\" is given twice", name->get<std::string>()));
       FunctionTool f;
       f.name = name->get<std::string>();
-      f.parameters = {{"type", "object"}, {"properties", json::object()}};
+      // No parameters: an empty parameter list (OpenAI's meaning), so {} only.
+      f.parameters = {{"type", "object"},
+                      {"properties", json::object()},
+                      {"additionalProperties", false}};
       if (auto p = function->find("parameters"); p != function->end() && !p->is_null()) {
         if (!p->is_object()) return fail(where + ".function.parameters", "must be a JSON schema");
         f.parameters = *p;

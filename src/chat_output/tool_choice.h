@@ -27,7 +27,7 @@ enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
 
 struct FunctionTool {
   std::string name;
-  nlohmann::json parameters;  // a JSON schema ({"type": "object", "properties": {}} if absent)
+  nlohmann::json parameters;  // a JSON schema (absent: an object with no properties, {} only)
 };
 
 struct ToolRequest {

@@ -113,6 +113,13 @@ struct GrammarSpec {
   // kStructural: a composition of literal text, named tokens and JSON schemas (structural.h),
   // which tool-call formats are written in.
   enum class Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGbnf, kStructural };
+  GrammarSpec() = default;
+  GrammarSpec(Kind kind, std::string text, std::vector<std::string> choices = {},
+              std::string begin_after = {})
+      : kind(kind),
+        text(std::move(text)),
+        choices(std::move(choices)),
+        begin_after(std::move(begin_after)) {}
   Kind kind = Kind::kJsonSchema;
   std::string text;                  // schema JSON, regex, GBNF; unused for kJsonObject
   std::vector<std::string> choices;  // kChoice

@@ -30,6 +30,13 @@ for i, g in enumerate(['root ::= expr\nexpr ::= term (("+"|"-") term)*\nterm ::=
                        'root ::= ( "a" |\n  [\\x62-\\x63]{2,3} ) "\\n" item?\nitem ::= [^\\n]{0,2} "\\u00e9"\n']):
     (out / f"seed-gbnf-{i}").write_bytes(b"\x02" + g.encode())
 (out / "seed-choice").write_bytes(b"\x03yes\nno\nmaybe")
+(out / "seed-structural").write_bytes(b"\x04" + json.dumps({"type": "sequence", "elements": [
+    {"type": "token", "token": "<｜tool▁calls▁begin｜>"},
+    {"type": "repeat", "min": 1, "max": -1, "separator": {"type": "text", "text": "\n"},
+     "element": {"type": "alternatives", "elements": [
+         {"type": "sequence", "elements": [{"type": "text", "text": "f"},
+                                           {"type": "json_schema", "schema": {"type": "object"}}]}]}},
+    {"type": "token", "token": "<｜tool▁calls▁end｜>"}]}).encode())
 PY
 "$build/structured_fuzzer" -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=4096 \
   -print_final_stats=1 "$corpus" 2>&1 | tail -n 15

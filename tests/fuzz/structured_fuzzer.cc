@@ -1,5 +1,6 @@
 // libFuzzer target for the grammar engine's parsers. The first byte picks what the rest is:
-//   0: a JSON schema, 1: a regular expression, 2: a GBNF grammar, 3: choices separated by '\n'.
+//   0: a JSON schema, 1: a regular expression, 2: a GBNF grammar, 3: choices separated by '\n',
+//   4: a structural format (structural.h: text, named tokens, JSON schemas composed).
 // Compiling must give an automaton or an error with a message — never a crash, a hang or
 // unbounded memory (the limits are lowered so each input stays fast). A compiled grammar is then
 // run over the input's bytes, with a rollback, to exercise the recognizer.
@@ -16,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
   GrammarSpec spec;
-  switch (data[0] % 4) {
+  switch (data[0] % 5) {
     case 0:
       spec.kind = GrammarSpec::Kind::kJsonSchema;
       break;
@@ -37,6 +38,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       break;
     }
+    case 4:
+      spec.kind = GrammarSpec::Kind::kStructural;
+      break;
   }
   spec.text = text;
   GrammarLimits limits;

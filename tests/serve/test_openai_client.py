@@ -91,7 +91,7 @@ def test_stop_reason_names_the_stop_token_and_not_the_end_of_sequence(server):
 
 def test_what_is_accepted_and_ignored_and_truncate_prompt_tokens(server, client):
     # Defaults of refused features, and names nobody knows, are accepted (vLLM ignores unknown
-    # names too); tools with tool_choice "none" are left out of the prompt.
+    # names too); tools with tool_choice "none" are shown to the model and never called.
     out = client.chat.completions.create(
         model="sy-test", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
         response_format={"type": "text"}, tool_choice="none",
@@ -260,7 +260,7 @@ BAD_REQUESTS = [
                               "response_format": {"type": "xml"}}, 400, "response_format"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
-     "tools"),
+     "tool_choice"),  # "auto", the default with tools, needs --enable-auto-tool-choice
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "tool_choice": "required"}, 400, "tool_choice"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
