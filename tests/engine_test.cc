@@ -916,7 +916,7 @@ TEST(EngineTest, MasksBesideTheForwardChangeNothing) {
     p.seed = 11 + i;
     p.max_tokens = 60;
     p.logprobs = 3;
-    if (i % 3 == 0) p.grammar = structured::GrammarSpec{structured::GrammarSpec::Kind::kJsonObject};
+    if (i % 3 == 0) p.grammar = structured::GrammarSpec{structured::GrammarSpec::Kind::kJsonObject, ""};
     if (i % 3 == 1) p.grammar = PersonSchema();
     if (i % 3 == 2)
       p.grammar = structured::GrammarSpec{structured::GrammarSpec::Kind::kChoice, "",
