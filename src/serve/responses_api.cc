@@ -337,7 +337,7 @@ const char* ItemStatus(const ChoiceResult& r) {
 }
 
 // A finished choice's output items: its reasoning (with a reasoning parser), its message (when
-// it has text, or nothing else), and its function calls.
+// it has text, or when there is nothing else), and its function calls.
 json OutputItems(const ResponsesPlan& plan, const std::string& id, const ChoiceResult& r) {
   chat_output::ChatMessage m;
   if (plan.chat.parse_output) {
@@ -348,7 +348,7 @@ json OutputItems(const ResponsesPlan& plan, const std::string& id, const ChoiceR
   json items = json::array();
   const char* status = ItemStatus(r);
   if (m.reasoning) items.push_back(ReasoningItem(ItemId("rs", id, items.size()), &*m.reasoning, status));
-  if ((m.content && !m.content->empty()) || m.tool_calls.empty()) {
+  if ((m.content && !m.content->empty()) || (m.tool_calls.empty() && !m.reasoning)) {
     const std::string text = m.content.value_or("");
     items.push_back(MessageItem(ItemId("msg", id, items.size()), &text, status));
   }
