@@ -7,8 +7,8 @@
 #include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <ctime>
+#include <fstream>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -127,12 +127,9 @@ class Client {
                          int64_t output_len, const json& response_format) {
     RequestRecord record;
     record.prompt_len = static_cast<int64_t>(prompt.size());
-    json body = {{"model", model},
-                 {"prompt", prompt},
-                 {"max_tokens", output_len},
-                 {"temperature", 0},
-                 {"stream", true},
-                 {"stream_options", {{"include_usage", true}}}};
+    json body = {{"model", model},           {"prompt", prompt},
+                 {"max_tokens", output_len}, {"temperature", 0},
+                 {"stream", true},           {"stream_options", {{"include_usage", true}}}};
     if (response_format.is_null()) {
       body["ignore_eos"] = true;
     } else {

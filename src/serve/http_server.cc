@@ -367,8 +367,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     auto g = std::make_shared<Generation>();
     g->plan = std::move(plan);
     g->responses = std::move(responses);
-    g->id = g->responses ? "resp_" + RandomId()
-            : (g->plan.endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + RandomId();
+    g->id = g->responses
+                ? "resp_" + RandomId()
+                : (g->plan.endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + RandomId();
     g->created = UnixSeconds();
     g->keep_alive = keep_alive;
     g->version = version;

@@ -26,19 +26,35 @@ const json* Get(const json& body, const char* key) {
 // reason. (Identifiers that change nothing — user, safety_identifier, prompt_cache_key — are
 // accepted.)
 std::optional<ApiError> RefuseUnsupported(const json& body) {
-  static const char* const kKnown[] = {
-      "model",       "input",          "instructions",     "max_output_tokens",
-      "temperature", "top_p",          "text",             "stream",
-      "stream_options", "store",       "previous_response_id", "conversation",
-      "background",  "metadata",       "user",             "safety_identifier",
-      "prompt_cache_key", "parallel_tool_calls", "tool_choice", "tools",
-      "truncation",  "include",        "reasoning",        "service_tier"};
+  static const char* const kKnown[] = {"model",
+                                       "input",
+                                       "instructions",
+                                       "max_output_tokens",
+                                       "temperature",
+                                       "top_p",
+                                       "text",
+                                       "stream",
+                                       "stream_options",
+                                       "store",
+                                       "previous_response_id",
+                                       "conversation",
+                                       "background",
+                                       "metadata",
+                                       "user",
+                                       "safety_identifier",
+                                       "prompt_cache_key",
+                                       "parallel_tool_calls",
+                                       "tool_choice",
+                                       "tools",
+                                       "truncation",
+                                       "include",
+                                       "reasoning",
+                                       "service_tier"};
   for (const auto& [key, value] : body.items()) {
     bool known = false;
     for (const char* k : kKnown)
       known = known || key == k;
-    if (!known)
-      return Invalid(key, "is not supported by this server's Responses API");
+    if (!known) return Invalid(key, "is not supported by this server's Responses API");
   }
   if (Get(body, "previous_response_id"))
     return Invalid("previous_response_id",
@@ -53,9 +69,11 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
   if (const json* b = Get(body, "background"); b && *b != false)
     return Invalid("background", "background responses need stored state; not supported");
   if (const json* t = Get(body, "truncation"); t && *t != "disabled")
-    return Invalid("truncation", "only \"disabled\" is supported (a prompt longer than the "
-                                 "context is an error)");
-  if (const json* include = Get(body, "include"); include && !(include->is_array() && include->empty()))
+    return Invalid("truncation",
+                   "only \"disabled\" is supported (a prompt longer than the "
+                   "context is an error)");
+  if (const json* include = Get(body, "include");
+      include && !(include->is_array() && include->empty()))
     return Invalid("include", "no additional output data is supported");
   if (const json* reasoning = Get(body, "reasoning")) {
     if (!reasoning->is_object()) return Invalid("reasoning", "must be an object");
@@ -90,8 +108,7 @@ std::optional<ApiError> MessageText(const json& content, const std::string& wher
     *text = content.get<std::string>();
     return std::nullopt;
   }
-  if (!content.is_array())
-    return Invalid(where, "must be a string or a list of input_text parts");
+  if (!content.is_array()) return Invalid(where, "must be a string or a list of input_text parts");
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
     const std::string at = fmt::format("{}[{}]", where, i);
@@ -126,9 +143,9 @@ std::optional<ApiError> Messages(const json& body, json* messages) {
     const json& item = (*input)[i];
     const std::string where = fmt::format("input[{}]", i);
     if (!item.is_object()) return Invalid(where, "must be an object");
-    const std::string type =
-        item.contains("type") && item["type"].is_string() ? item["type"].get<std::string>()
-                                                          : "message";
+    const std::string type = item.contains("type") && item["type"].is_string()
+                                 ? item["type"].get<std::string>()
+                                 : "message";
     if (item.contains("type") && !item["type"].is_string())
       return Invalid(where + ".type", "must be a string");
     if (type == "reasoning") continue;  // the chat templates drop earlier turns' reasoning
@@ -256,17 +273,17 @@ std::optional<ApiError> Tools(const json& body, json* chat) {
       (*chat)["tool_choice"] = *choice;
     }
   }
-  if (const json* parallel = Get(body, "parallel_tool_calls")) (*chat)["parallel_tool_calls"] = *parallel;
+  if (const json* parallel = Get(body, "parallel_tool_calls"))
+    (*chat)["parallel_tool_calls"] = *parallel;
   return std::nullopt;
 }
 
 // An error the chat path reports about a field this request named differently.
 ApiError Renamed(ApiError error) {
-  static const std::pair<const char*, const char*> kNames[] = {
-      {"messages", "input"},
-      {"prompt", "input"},
-      {"max_tokens", "max_output_tokens"},
-      {"response_format", "text.format"}};
+  static const std::pair<const char*, const char*> kNames[] = {{"messages", "input"},
+                                                               {"prompt", "input"},
+                                                               {"max_tokens", "max_output_tokens"},
+                                                               {"response_format", "text.format"}};
   for (const auto& [chat, ours] : kNames) {
     const std::string from = chat;
     if (error.param.rfind(from, 0) != 0) continue;
@@ -302,7 +319,9 @@ std::string ItemId(const char* prefix, const std::string& response_id, size_t in
 }
 
 json OutputText(const std::string& text) {
-  return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()},
+  return {{"type", "output_text"},
+          {"text", text},
+          {"annotations", json::array()},
           {"logprobs", json::array()}};
 }
 
@@ -324,8 +343,8 @@ json ReasoningItem(const std::string& id, const std::string* text, const char* s
 
 json FunctionCallItem(const std::string& id, const std::string& call_id, const std::string& name,
                       const std::string& arguments, const char* status) {
-  return {{"id", id},         {"type", "function_call"}, {"call_id", call_id},
-          {"name", name},     {"arguments", arguments},  {"status", status}};
+  return {{"id", id},     {"type", "function_call"}, {"call_id", call_id},
+          {"name", name}, {"arguments", arguments},  {"status", status}};
 }
 
 // "completed" or "incomplete" (max_output_tokens, or the context, ran out).
@@ -347,7 +366,8 @@ json OutputItems(const ResponsesPlan& plan, const std::string& id, const ChoiceR
   }
   json items = json::array();
   const char* status = ItemStatus(r);
-  if (m.reasoning) items.push_back(ReasoningItem(ItemId("rs", id, items.size()), &*m.reasoning, status));
+  if (m.reasoning)
+    items.push_back(ReasoningItem(ItemId("rs", id, items.size()), &*m.reasoning, status));
   if ((m.content && !m.content->empty()) || (m.tool_calls.empty() && !m.reasoning)) {
     const std::string text = m.content.value_or("");
     items.push_back(MessageItem(ItemId("msg", id, items.size()), &text, status));
@@ -489,7 +509,8 @@ std::string ResponsesStream::Open(Kind kind, const std::string& call_id, const s
   std::string out = Close(nullptr);
   const size_t index = items_.size();
   json item;
-  if (kind == Kind::kReasoning) item = ReasoningItem(ItemId("rs", id_, index), nullptr, "in_progress");
+  if (kind == Kind::kReasoning)
+    item = ReasoningItem(ItemId("rs", id_, index), nullptr, "in_progress");
   if (kind == Kind::kMessage) item = MessageItem(ItemId("msg", id_, index), nullptr, "in_progress");
   if (kind == Kind::kCall)
     item = FunctionCallItem(ItemId("fc", id_, index), call_id, name, "", "in_progress");

@@ -18,8 +18,8 @@
 namespace sy::serve {
 
 struct ResponsesPlan {
-  GenerationPlan chat;   // what the engine runs (one choice)
-  nlohmann::json echo;   // the request fields a Response object repeats (instructions, text, ...)
+  GenerationPlan chat;  // what the engine runs (one choice)
+  nlohmann::json echo;  // the request fields a Response object repeats (instructions, text, ...)
 };
 
 struct ParsedResponsesRequest {
@@ -74,7 +74,7 @@ class ResponsesStream {
   std::unique_ptr<chat_output::ChatOutputParser> parser_;
   nlohmann::json items_ = nlohmann::json::array();  // the output so far, the open item last
   Kind open_ = Kind::kNone;
-  std::string text_;    // the open item's text or arguments so far
+  std::string text_;     // the open item's text or arguments so far
   int call_index_ = -1;  // the open call's index in the parser's deltas
 };
 
