@@ -934,6 +934,59 @@ TEST(EngineTest, StructuredOutputStaysInItsGrammar) {
   EXPECT_NE(refused.status().message().find("ignore_eos"), std::string::npos);
 }
 
+// Masks made beside the forward (the default) are the masks made after it: a mask-heavy load —
+// json_object (every stack top has many tokens to check against the whole parse state), a nested
+// schema and a choice, sampled, batched in a cache small enough to preempt, with and without MTP
+// drafts — gives the same tokens and log-probabilities bit for bit.
+TEST(EngineTest, MasksBesideTheForwardChangeNothing) {
+  const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 6; ++i) {
+    SamplingParams p;
+    p.temperature = i == 0 ? 0 : 1.0;
+    p.seed = 11 + i;
+    p.max_tokens = 60;
+    p.logprobs = 3;
+    if (i % 3 == 0) p.grammar = structured::GrammarSpec{structured::GrammarSpec::Kind::kJsonObject, ""};
+    if (i % 3 == 1) p.grammar = PersonSchema();
+    if (i % 3 == 2)
+      p.grammar = structured::GrammarSpec{structured::GrammarSpec::Kind::kChoice, "",
+                                          {"France", "England", "Rome"}};
+    params.push_back(p);
+  }
+  params.push_back(Greedy(20));  // unconstrained, beside them
+  for (const int64_t drafts : {0, 2}) {
+    std::vector<std::vector<Collected>> runs;
+    for (const bool beside : {false, true}) {
+      EngineConfig config;
+      config.max_num_batched_tokens = 64;
+      config.num_speculative_tokens = drafts;
+      config.masks_beside_forward = beside;
+      Harness h(16 * 24, config, TrainedModel());
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (size_t i = 0; i < params.size(); ++i)
+        streams.push_back(h.Submit("r" + std::to_string(i), prompt, params[i]));
+      h.RunToIdle();
+      runs.emplace_back();
+      for (auto& stream : streams)
+        runs.back().push_back(Collect(*stream));
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Collected &after = runs[0][i], &beside = runs[1][i];
+      EXPECT_EQ(beside.tokens, after.tokens) << "drafts " << drafts << ", request " << i;
+      EXPECT_EQ(beside.finish, after.finish) << "drafts " << drafts << ", request " << i;
+      ASSERT_EQ(beside.logprobs.size(), after.logprobs.size());
+      for (size_t t = 0; t < after.logprobs.size(); ++t) {
+        EXPECT_EQ(beside.logprobs[t].logprob, after.logprobs[t].logprob);
+        EXPECT_EQ(beside.logprobs[t].top, after.logprobs[t].top);
+      }
+      if (params[i].grammar)
+        EXPECT_TRUE(InLanguage(*params[i].grammar, after.text, after.finish == "stop"))
+            << after.text;
+    }
+  }
+}
+
 // Forced tool calls (tool_choice required, in DeepSeek-V3's format) on the trained default model:
 // the output is calls the parser reads back with JSON arguments, the same under preemption and
 // after a failover; and behind a reasoning gate, free until "</think>" (forced here by a logit

@@ -8,10 +8,12 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <fstream>
 #include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <type_traits>
 
@@ -120,17 +122,19 @@ class Client {
   Client(const Endpoint& endpoint, std::string api_key)
       : endpoint_(endpoint), api_key_(std::move(api_key)) {}
 
+  // `response_format`: null, or structured output (the request then ends when complete).
   RequestRecord Complete(const std::string& model, const std::vector<int32_t>& prompt,
-                         int64_t output_len) {
+                         int64_t output_len, const json& response_format) {
     RequestRecord record;
     record.prompt_len = static_cast<int64_t>(prompt.size());
-    json body = {{"model", model},
-                 {"prompt", prompt},
-                 {"max_tokens", output_len},
-                 {"temperature", 0},
-                 {"ignore_eos", true},
-                 {"stream", true},
-                 {"stream_options", {{"include_usage", true}}}};
+    json body = {{"model", model},           {"prompt", prompt},
+                 {"max_tokens", output_len}, {"temperature", 0},
+                 {"stream", true},           {"stream_options", {{"include_usage", true}}}};
+    if (response_format.is_null()) {
+      body["ignore_eos"] = true;
+    } else {
+      body["response_format"] = response_format;
+    }
     http::request<http::string_body> request{http::verb::post, "/v1/completions", 11};
     request.set(http::field::host, endpoint_.host);
     request.set(http::field::content_type, "application/json");
@@ -361,6 +365,30 @@ Result<ServeBenchResult> BenchServe(const ServeBenchOptions& o) {
   }
   for (int64_t i = 0; i < o.num_prompts; ++i)
     output_lens.push_back(length(o.output_len));
+  std::vector<json> formats(static_cast<size_t>(o.num_prompts));
+  if (!o.response_format_file.empty()) {
+    std::ifstream file(o.response_format_file);
+    std::stringstream text;
+    text << file.rdbuf();
+    const json format = json::parse(text.str(), nullptr, false);
+    if (!file || !format.is_object() || !format.contains("type"))
+      return Status::Errorf("--response-format {}: not a readable JSON object with a \"type\"",
+                            o.response_format_file);
+    const bool schema = format["type"] == "json_schema" && format.contains("json_schema") &&
+                        format["json_schema"].is_object() &&
+                        format["json_schema"].contains("schema") &&
+                        format["json_schema"]["schema"].is_object();
+    if (o.cold_grammar && !schema)
+      return Status::Error("--cold-grammar needs a json_schema --response-format");
+    const std::string run = fmt::format("{:x}", std::random_device{}());
+    for (int64_t i = 0; i < o.num_prompts; ++i) {
+      formats[i] = format;
+      if (o.cold_grammar)
+        formats[i]["json_schema"]["schema"]["$comment"] = fmt::format("run {} request {}", run, i);
+    }
+  } else if (o.cold_grammar) {
+    return Status::Error("--cold-grammar needs --response-format");
+  }
 
   // Arrival times: all at once, or a Poisson process at --request-rate.
   std::vector<double> arrivals(static_cast<size_t>(o.num_prompts), 0.0);
@@ -384,7 +412,7 @@ Result<ServeBenchResult> BenchServe(const ServeBenchOptions& o) {
         for (int64_t i; (i = next.fetch_add(1)) < o.num_prompts;) {
           const double wait = start + arrivals[i] - NowSeconds();
           if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
-          records[i] = client.Complete(model, prompts[i], output_lens[i]);
+          records[i] = client.Complete(model, prompts[i], output_lens[i], formats[i]);
         }
       };
       if (https) {

@@ -32,6 +32,11 @@ struct ServeBenchOptions {
   std::string api_key;
   std::string ssl_ca_certs;  // https://: the CAs to verify the server with (default: system's)
   bool insecure = false;     // https://: do not verify the server's certificate
+  // Structured output: a response_format object (JSON file) sent with every request, which then
+  // ends when its output is complete (no ignore_eos). cold_grammar: each request's json_schema
+  // gets its own "$comment", so every one compiles its grammar afresh.
+  std::string response_format_file;
+  bool cold_grammar = false;
 };
 
 struct ServeBenchResult {

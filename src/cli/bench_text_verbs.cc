@@ -83,6 +83,12 @@ void AddBenchServeCommand(CLI::App& bench_app) {
   s->add_option("--ssl-ca-certs", o.ssl_ca_certs,
                 "https://: PEM CAs to verify the server with (default: the system's)");
   s->add_flag("--insecure", o.insecure, "https://: do not verify the server's certificate");
+  s->add_option("--response-format", o.response_format_file,
+                "JSON file: a response_format sent with every request (structured output; "
+                "requests then end when their output is complete)");
+  s->add_flag("--cold-grammar", o.cold_grammar,
+              "With a json_schema --response-format: a different schema text per request, so "
+              "each compiles its grammar afresh");
   s->add_flag("--json", args->json, "Print vLLM's result JSON");
   s->callback([args] {
     auto result = bench::BenchServe(args->options);

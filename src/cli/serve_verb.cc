@@ -28,6 +28,7 @@ struct ServeArgs {
   int port = 8000;
   std::string served_model_name;
   int64_t max_num_seqs = 256;
+  std::string grammar_masks = "beside-forward";
   int64_t max_num_batched_tokens = 2048;
   int64_t kv_cache_tokens = 0;
   int64_t max_model_len = 0;
@@ -233,6 +234,7 @@ void RunServe(const ServeArgs& args) {
   engine_config.max_waiting = args.max_waiting;
   engine_config.step_timeout_seconds = args.step_timeout;
   engine_config.num_speculative_tokens = speculative_tokens;
+  engine_config.masks_beside_forward = args.grammar_masks == "beside-forward";
   engine_config.max_model_len =
       args.max_model_len > 0 ? args.max_model_len : config.max_position_embeddings;
   if (engine_config.max_model_len > config.max_position_embeddings)
@@ -312,6 +314,11 @@ void AddServeVerb(CLI::App& app) {
                    "Seconds one step may take before /health reports unhealthy")
       ->check(CLI::Range(1.0, 1e6));
   AddBatchInvariantOption(verb, args->batch_invariant);
+  verb->add_option("--grammar-masks", args->grammar_masks,
+                   "Structured output: make token masks on a thread beside the model's forward "
+                   "(beside-forward, the default) or after it (after-forward; same masks, for "
+                   "measuring)")
+      ->check(CLI::IsMember({"beside-forward", "after-forward"}));
   verb->add_option("--grpc-port", args->grpc_port,
                    "Also serve the gRPC instance API (proto/switchyard/v1/engine.proto) on this "
                    "port (0: any free port)")

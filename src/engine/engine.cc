@@ -55,6 +55,10 @@ struct Engine::Sequence {
   // is out and the request leaves once this step's rows (the MTP layer's too) are sent.
   int64_t exported = 0;
   bool handoff = false;
+  // The mask at the grammar's current state, made beside the step's forward (masks_beside_forward)
+  // and taken by the step's first GrammarRow.
+  std::vector<uint64_t> next_mask;
+  bool next_mask_ready = false;
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_length; }
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
@@ -429,11 +433,17 @@ structured::GrammarCompiler& Engine::Grammars() {
 const float* Engine::GrammarRow(Sequence& seq, const float* row) {
   if (!seq.grammar) return row;
   const int64_t vocab = model_.config().vocab_size;
-  grammar_mask_.resize(static_cast<size_t>((vocab + 63) / 64));
-  seq.grammar->FillNextTokenMask(grammar_mask_);
+  const std::vector<uint64_t>* mask = &seq.next_mask;
+  if (seq.next_mask_ready) {
+    seq.next_mask_ready = false;
+  } else {
+    grammar_mask_.resize(static_cast<size_t>((vocab + 63) / 64));
+    seq.grammar->FillNextTokenMask(grammar_mask_);
+    mask = &grammar_mask_;
+  }
   masked_row_.resize(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) {
-    const bool allowed = (grammar_mask_[static_cast<size_t>(i >> 6)] >> (i & 63)) & 1;
+    const bool allowed = ((*mask)[static_cast<size_t>(i >> 6)] >> (i & 63)) & 1;
     masked_row_[static_cast<size_t>(i)] =
         allowed ? row[i] : -std::numeric_limits<float>::infinity();
   }
@@ -864,11 +874,32 @@ bool Engine::StepOnce(bool must_step) {
         seq->wants_prompt_logprobs() && seq->computed < seq->prompt_length;
   }
   const bool speculative = config_.num_speculative_tokens > 0;
+  // The constrained sequences that sample this step (a prefill's last chunk, a decode step, a
+  // verification's first row) have their masks made beside the forward: their matchers are idle
+  // until sampling, and the mask depends on nothing the forward computes.
+  std::vector<Sequence*> to_mask;
+  if (config_.masks_beside_forward)
+    for (size_t i = 0; i < scheduled.size(); ++i) {
+      Sequence* seq = scheduled[i].first;
+      if (seq->grammar && (draft_counts[i] > 0 || seq->remaining() == scheduled[i].second))
+        to_mask.push_back(seq);
+    }
+  if (!to_mask.empty()) {
+    const auto words = static_cast<size_t>((model_.config().vocab_size + 63) / 64);
+    mask_thread_.Start([&to_mask, words] {
+      for (Sequence* seq : to_mask) {
+        seq->next_mask.resize(words);
+        seq->grammar->FillNextTokenMask(seq->next_mask);
+        seq->next_mask_ready = true;
+      }
+    });
+  }
   const double start = NowSeconds();
   step_started_ = start;
   busy_ = true;
   Status status = model_.Forward(batch, cache_, forward_options_, &logits_,
                                  speculative ? &final_hidden_ : nullptr);
+  if (!to_mask.empty()) mask_thread_.Wait();
   const double now = NowSeconds();
   busy_ = false;
   last_step_end_ = now;
@@ -900,6 +931,8 @@ bool Engine::StepOnce(bool must_step) {
       ProcessOutput(*seq, count, logits_.data() + row * vocab, now);
     row += batch.sequences[i].all_logit_rows ? count : 1;
   }
+  for (Sequence* seq : to_mask)
+    seq->next_mask_ready = false;  // taken by now; never left for a later state
   if (speculative) Draft(scheduled, first_positions, batch);
   for (auto& [seq, count] : scheduled)  // after Draft: the MTP layer's rows are written
     if (seq->request.kv_sink && !seq->finished) ExportRows(*seq);

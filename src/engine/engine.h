@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/side_thread.h"
 #include "base/status.h"
 #include "engine/cache_events.h"
 #include "engine/detokenizer.h"
@@ -39,6 +40,9 @@ struct EngineConfig {
   // MTP speculative decoding: draft tokens per decode step (0: off). The model must have an MTP
   // module and the cache its layer (Model::NewCache with mtp).
   int64_t num_speculative_tokens = 0;
+  // Structured output: make the next token masks of the step's constrained sequences on a thread
+  // of their own while the model's forward runs, instead of after it (same masks either way).
+  bool masks_beside_forward = true;
 };
 
 // The latency histograms' bucket bounds in seconds (vLLM's, for TTFT, ITL and end-to-end).
@@ -220,6 +224,7 @@ class Engine : public RequestFrontend {
   std::vector<float> scratch_, dense_scratch_;
   std::vector<float> masked_row_;
   std::vector<uint64_t> grammar_mask_;
+  SideThread mask_thread_;  // masks_beside_forward
   std::once_flag grammars_once_;
   std::unique_ptr<structured::GrammarCompiler> grammars_;
 

@@ -19,6 +19,7 @@
 
 #include "serve/access.h"
 #include "serve/metrics.h"
+#include "serve/responses_api.h"
 #include "serve/tls_context.h"
 
 namespace sy::serve {
@@ -135,6 +136,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     std::vector<std::shared_ptr<RequestStream>> streams;
     std::vector<ChoiceResult> results;
     std::vector<bool> done, started;
+    // /v1/responses: the request as it came, and its typed event stream when streaming.
+    std::optional<ResponsesPlan> responses;
+    std::unique_ptr<ResponsesStream> responses_stream;
     bool keep_alive = true;
     unsigned version = 11;
   };
@@ -274,9 +278,16 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       if (!parsed.plan) return SendError(parsed.error, version, keep_alive);
       return StartGeneration(std::move(*parsed.plan), version, keep_alive);
     }
+    if (path == "/v1/responses" && post) {
+      ParsedResponsesRequest parsed =
+          ParseResponsesRequest(request.body(), server_.codec_, server_.options_.limits);
+      if (!parsed.plan) return SendError(parsed.error, version, keep_alive);
+      GenerationPlan plan = parsed.plan->chat;
+      return StartGeneration(std::move(plan), version, keep_alive, std::move(parsed.plan));
+    }
     const bool known = path == "/health" || path == "/metrics" || path == "/v1/models" ||
                        path == "/tokenize" || path == "/detokenize" || path == "/v1/completions" ||
-                       path == "/v1/chat/completions";
+                       path == "/v1/chat/completions" || path == "/v1/responses";
     if (known)
       return SendError(
           {405, fmt::format("{} does not accept {}", path, std::string(request.method_string())),
@@ -351,10 +362,14 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   // ---- generation ----
 
-  void StartGeneration(GenerationPlan plan, unsigned version, bool keep_alive) {
+  void StartGeneration(GenerationPlan plan, unsigned version, bool keep_alive,
+                       std::optional<ResponsesPlan> responses = std::nullopt) {
     auto g = std::make_shared<Generation>();
     g->plan = std::move(plan);
-    g->id = (g->plan.endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + RandomId();
+    g->responses = std::move(responses);
+    g->id = g->responses
+                ? "resp_" + RandomId()
+                : (g->plan.endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + RandomId();
     g->created = UnixSeconds();
     g->keep_alive = keep_alive;
     g->version = version;
@@ -400,6 +415,11 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       header_->keep_alive(keep_alive);
       header_->chunked(true);
       serializer_ = std::make_unique<http::response_serializer<http::empty_body>>(*header_);
+      if (g->responses) {
+        g->responses_stream = std::make_unique<ResponsesStream>(*g->responses, g->id, g->created,
+                                                                server_.options_.limits);
+        Queue(g->responses_stream->Start());
+      }
       writing_ = true;
       http::async_write_header(stream_, *serializer_,
                                [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -495,7 +515,11 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
           r.stop_token = e.stop_token;
           g->done[i] = true;
         }
-        if (g->plan.stream && !client_gone_) {
+        if (g->responses_stream && !client_gone_) {
+          Queue(e.finish_reason && *e.finish_reason == "error"
+                    ? g->responses_stream->Failed("generation failed: " + e.error, r)
+                    : g->responses_stream->OnEvent(e, r));
+        } else if (g->plan.stream && !client_gone_) {
           if (e.finish_reason && *e.finish_reason == "error") {
             Queue(StreamError({500, "generation failed: " + e.error, "", "internal_error"}));
           } else {
@@ -518,7 +542,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     if (g->plan.stream) {
       if (g->plan.include_usage)
         Queue(StreamUsageChunk(g->plan, g->results, g->id, g->created, server_.options_.limits));
-      Queue(kStreamDone);
+      if (!g->responses) Queue(kStreamDone);  // the Responses API ends with its last event
       finishing_ = true;
       keep_alive_after_stream_ = g->keep_alive;
       return FlushWrites();
@@ -528,13 +552,15 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
         return SendError({500, "generation failed: " + r.error, "", "internal_error"}, g->version,
                          g->keep_alive);
     Send(MakeResponse(http::status::ok,
-                      ResponseBody(g->plan, g->results, g->id, g->created, server_.codec_,
-                                   server_.options_.limits),
+                      g->responses ? ResponsesBody(*g->responses, g->results[0], g->id, g->created,
+                                                   server_.options_.limits)
+                                   : ResponseBody(g->plan, g->results, g->id, g->created,
+                                                  server_.codec_, server_.options_.limits),
                       "application/json", g->version, g->keep_alive));
   }
 
   void Queue(std::string chunk) {
-    if (chunk.empty()) return;  // a stream chunk with nothing to say (StreamChunk)
+    if (chunk.empty()) return;  // an empty HTTP chunk would end the response
     pending_.push_back(std::make_shared<std::string>(std::move(chunk)));
   }
 

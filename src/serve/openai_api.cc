@@ -345,16 +345,27 @@ std::string ErrorBody(const ApiError& error) {
 }
 
 namespace {
-ParsedRequest ParseGenerationRequestChecked(Endpoint endpoint, const std::string& body,
-                                            const TextCodec& codec, const ServingLimits& limits);
+ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& codec,
+                          const ServingLimits& limits);
 }  // namespace
 
 // A value of an unexpected type deep in a request (a number where a part's "type" string
 // belongs) throws from the JSON library: it is a malformed request like any other.
 ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
                                      const TextCodec& codec, const ServingLimits& limits) {
+  json root = json::parse(body, nullptr, false);
+  if (root.is_discarded()) {
+    ParsedRequest out;
+    out.error = Invalid("", "the body is not valid JSON");
+    return out;
+  }
+  return PlanGenerationRequest(endpoint, root, codec, limits);
+}
+
+ParsedRequest PlanGenerationRequest(Endpoint endpoint, const json& root, const TextCodec& codec,
+                                    const ServingLimits& limits) {
   try {
-    return ParseGenerationRequestChecked(endpoint, body, codec, limits);
+    return PlanChecked(endpoint, root, codec, limits);
   } catch (const json::exception& e) {
     ParsedRequest out;
     out.error = Invalid("", fmt::format("malformed request: {}", e.what()));
@@ -363,14 +374,9 @@ ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
 }
 
 namespace {
-ParsedRequest ParseGenerationRequestChecked(Endpoint endpoint, const std::string& body,
-                                            const TextCodec& codec, const ServingLimits& limits) {
+ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& codec,
+                          const ServingLimits& limits) {
   ParsedRequest out;
-  json root = json::parse(body, nullptr, false);
-  if (root.is_discarded()) {
-    out.error = Invalid("", "the body is not valid JSON");
-    return out;
-  }
   if (!root.is_object()) {
     out.error = Invalid("", "the body must be a JSON object");
     return out;

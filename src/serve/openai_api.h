@@ -79,6 +79,9 @@ struct ParsedRequest {
 
 ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
                                      const TextCodec& codec, const ServingLimits& limits);
+// The same from a parsed body (the Responses API plans its requests as chat requests here).
+ParsedRequest PlanGenerationRequest(Endpoint endpoint, const nlohmann::json& body,
+                                    const TextCodec& codec, const ServingLimits& limits);
 
 // What one choice came to.
 struct ChoiceResult {

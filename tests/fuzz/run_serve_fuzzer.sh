@@ -8,7 +8,7 @@ mkdir -p "$corpus"
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I "$src/src" \
   -DSY_FUZZ_TOKENIZER_DIR="\"$src/configs/tokenizer/default\"" \
-  "$src/tests/fuzz/serve_fuzzer.cc" "$src/src/serve/openai_api.cc" "$src/src/engine/sampling.cc" \
+  "$src/tests/fuzz/serve_fuzzer.cc" "$src/src/serve/openai_api.cc" "$src/src/serve/responses_api.cc" "$src/src/engine/sampling.cc" \
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" "$src"/src/structured/*.cc \
@@ -23,6 +23,8 @@ seed body-ids $'\x00{"prompt":[[1,2,3],[4,5]],"stream":true,"stream_options":{"i
 seed body-chat $'\x02{"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"logprobs":true,"top_logprobs":2,"chat_template_kwargs":{"thinking":true}}'
 seed body-grammar $'\x00{"prompt":"x","max_tokens":3,"guided_json":{"type":"object","properties":{"a":{"type":"integer","maximum":9}}}}'
 seed body-format $'\x02{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"enum":["x","y"]}}}}'
+seed body-responses $'\x04{"model":"fuzz","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}],"instructions":"be brief","max_output_tokens":9,"text":{"format":{"type":"json_schema","name":"n","schema":{"enum":["x","y"]}}}}'
+seed body-responses-text $'\x0c{"input":"hi","stream":true,"temperature":0.3,"top_p":0.9,"store":false,"metadata":{"a":"b"}}'
 seed body-tools $'\x02{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}}],"tool_choice":"required","parallel_tool_calls":false}'
 seed body-named $'\x0a{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}},"stream":true}'
 seed output-v3 $'\x04ok</think>x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'

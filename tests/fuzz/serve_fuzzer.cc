@@ -12,6 +12,7 @@
 
 #include "chat_output/chat_output.h"
 #include "serve/openai_api.h"
+#include "serve/responses_api.h"
 #include "tokenizer/unicode.h"
 
 namespace {
@@ -95,6 +96,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     body = parser.get().body();
   }
   const sy::TextCodec& codec = Codec();
+  if (data[0] & 4) {
+    // The Responses API: its parser, the Response object and the typed events.
+    sy::serve::ParsedResponsesRequest responses =
+        sy::serve::ParseResponsesRequest(body, codec, limits);
+    if (!responses.plan) {
+      CheckUtf8(sy::serve::ErrorBody(responses.error));
+      if (responses.error.status < 400 || responses.error.status > 599) std::abort();
+      return 0;
+    }
+    if (responses.plan->chat.choices() != 1) std::abort();
+    sy::serve::ChoiceResult result;
+    result.tokens = {5, 300};
+    result.text = "x\xF0\x9F";  // a partial character must not leak out raw
+    result.finish_reason = (data[0] & 8) ? "length" : "stop";
+    sy::RequestEvent event;
+    event.text = result.text;
+    event.finish_reason = result.finish_reason;
+    CheckUtf8(sy::serve::ResponsesBody(*responses.plan, result, "resp_1", 0, limits));
+    sy::serve::ResponsesStream stream(*responses.plan, "resp_1", 0, limits);
+    CheckUtf8(stream.Start() + stream.OnEvent(event, result) + stream.Failed("x", result));
+    return 0;
+  }
   const auto endpoint =
       (data[0] & 2) ? sy::serve::Endpoint::kChat : sy::serve::Endpoint::kCompletions;
   sy::serve::ParsedRequest parsed =

@@ -1,0 +1,626 @@
+#include "serve/responses_api.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+namespace sy::serve {
+namespace {
+
+using json = nlohmann::json;
+
+ApiError Invalid(const std::string& param, const std::string& message) {
+  return {400, param + ": " + message, param, "invalid_value"};
+}
+
+std::string Dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+const json* Get(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+// Fields that would change the output or need state this server does not keep: refused with the
+// reason. (Identifiers that change nothing — user, safety_identifier, prompt_cache_key — are
+// accepted.)
+std::optional<ApiError> RefuseUnsupported(const json& body) {
+  static const char* const kKnown[] = {"model",
+                                       "input",
+                                       "instructions",
+                                       "max_output_tokens",
+                                       "temperature",
+                                       "top_p",
+                                       "text",
+                                       "stream",
+                                       "stream_options",
+                                       "store",
+                                       "previous_response_id",
+                                       "conversation",
+                                       "background",
+                                       "metadata",
+                                       "user",
+                                       "safety_identifier",
+                                       "prompt_cache_key",
+                                       "parallel_tool_calls",
+                                       "tool_choice",
+                                       "tools",
+                                       "truncation",
+                                       "include",
+                                       "reasoning",
+                                       "service_tier"};
+  for (const auto& [key, value] : body.items()) {
+    bool known = false;
+    for (const char* k : kKnown)
+      known = known || key == k;
+    if (!known) return Invalid(key, "is not supported by this server's Responses API");
+  }
+  if (Get(body, "previous_response_id"))
+    return Invalid("previous_response_id",
+                   "this server keeps no state: send the whole conversation as input");
+  if (const json* store = Get(body, "store"); store && *store != false)
+    return Invalid("store",
+                   "this server keeps no state: store must be false (send the whole "
+                   "conversation as input)");
+  if (Get(body, "conversation"))
+    return Invalid("conversation",
+                   "this server keeps no state: send the whole conversation as input");
+  if (const json* b = Get(body, "background"); b && *b != false)
+    return Invalid("background", "background responses need stored state; not supported");
+  if (const json* t = Get(body, "truncation"); t && *t != "disabled")
+    return Invalid("truncation",
+                   "only \"disabled\" is supported (a prompt longer than the "
+                   "context is an error)");
+  if (const json* include = Get(body, "include");
+      include && !(include->is_array() && include->empty()))
+    return Invalid("include", "no additional output data is supported");
+  if (const json* reasoning = Get(body, "reasoning")) {
+    if (!reasoning->is_object()) return Invalid("reasoning", "must be an object");
+    for (const auto& [key, value] : reasoning->items())
+      if (!value.is_null())
+        return Invalid("reasoning." + key, "is not supported (the model's chat template decides)");
+  }
+  if (const json* tier = Get(body, "service_tier"); tier && *tier != "auto" && *tier != "default")
+    return Invalid("service_tier", "only \"auto\" and \"default\" are supported");
+  if (const json* options = Get(body, "stream_options")) {
+    if (!options->is_object()) return Invalid("stream_options", "must be an object");
+    for (const auto& [key, value] : options->items())
+      if (key != "include_obfuscation")  // padding against side channels: never sent here
+        return Invalid("stream_options." + key, "is not supported");
+  }
+  if (const json* metadata = Get(body, "metadata")) {
+    if (!metadata->is_object()) return Invalid("metadata", "must be an object of strings");
+    for (const auto& [key, value] : metadata->items())
+      if (!value.is_string()) return Invalid("metadata." + key, "must be a string");
+  }
+  for (const char* key : {"user", "safety_identifier", "prompt_cache_key"})
+    if (const json* v = Get(body, key); v && !v->is_string())
+      return Invalid(key, "must be a string");
+  return std::nullopt;
+}
+
+// One message's content: a string, or a list of text parts (input_text; output_text for what an
+// assistant said before) joined.
+std::optional<ApiError> MessageText(const json& content, const std::string& where,
+                                    std::string* text) {
+  if (content.is_string()) {
+    *text = content.get<std::string>();
+    return std::nullopt;
+  }
+  if (!content.is_array()) return Invalid(where, "must be a string or a list of input_text parts");
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string at = fmt::format("{}[{}]", where, i);
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      return Invalid(at, "must be an object with a string \"type\"");
+    const std::string type = part["type"].get<std::string>();
+    if (type != "input_text" && type != "output_text")
+      return Invalid(at + ".type",
+                     fmt::format("'{}' is not supported (only input_text and output_text)", type));
+    auto t = part.find("text");
+    if (t == part.end() || !t->is_string()) return Invalid(at + ".text", "must be a string");
+    *text += t->get<std::string>();
+  }
+  return std::nullopt;
+}
+
+// instructions and input as chat messages.
+std::optional<ApiError> Messages(const json& body, json* messages) {
+  if (const json* instructions = Get(body, "instructions")) {
+    if (!instructions->is_string()) return Invalid("instructions", "must be a string");
+    messages->push_back({{"role", "system"}, {"content", *instructions}});
+  }
+  const json* input = Get(body, "input");
+  if (!input) return Invalid("input", "is required");
+  if (input->is_string()) {
+    messages->push_back({{"role", "user"}, {"content", *input}});
+    return std::nullopt;
+  }
+  if (!input->is_array() || input->empty())
+    return Invalid("input", "must be a string or a non-empty list of input items");
+  for (size_t i = 0; i < input->size(); ++i) {
+    const json& item = (*input)[i];
+    const std::string where = fmt::format("input[{}]", i);
+    if (!item.is_object()) return Invalid(where, "must be an object");
+    const std::string type = item.contains("type") && item["type"].is_string()
+                                 ? item["type"].get<std::string>()
+                                 : "message";
+    if (item.contains("type") && !item["type"].is_string())
+      return Invalid(where + ".type", "must be a string");
+    if (type == "reasoning") continue;  // the chat templates drop earlier turns' reasoning
+    if (type == "function_call") {
+      // An earlier call: a tool call of the assistant message it follows, or of a new one.
+      for (const char* key : {"call_id", "name", "arguments"})
+        if (!item.contains(key) || !item[key].is_string())
+          return Invalid(where + "." + key, "must be a string");
+      const json call = {{"id", item["call_id"]},
+                         {"type", "function"},
+                         {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}};
+      if (messages->empty() || messages->back()["role"] != "assistant")
+        messages->push_back({{"role", "assistant"}, {"tool_calls", json::array()}});
+      json& last = messages->back();
+      if (!last.contains("tool_calls")) last["tool_calls"] = json::array();
+      last["tool_calls"].push_back(call);
+      continue;
+    }
+    if (type == "function_call_output") {
+      if (!item.contains("call_id") || !item["call_id"].is_string())
+        return Invalid(where + ".call_id", "must be a string");
+      auto output = item.find("output");
+      if (output == item.end()) return Invalid(where + ".output", "is required");
+      std::string text;
+      if (auto error = MessageText(*output, where + ".output", &text)) return error;
+      messages->push_back({{"role", "tool"}, {"tool_call_id", item["call_id"]}, {"content", text}});
+      continue;
+    }
+    if (type != "message")
+      return Invalid(where + ".type", fmt::format("'{}' input items are not supported", type));
+    auto role = item.find("role");
+    if (role == item.end() || !role->is_string())
+      return Invalid(where + ".role", "must be one of user, system, developer, assistant");
+    const std::string r = role->get<std::string>();
+    if (r != "user" && r != "system" && r != "developer" && r != "assistant")
+      return Invalid(where + ".role",
+                     fmt::format("unknown role '{}' (user, system, developer, assistant)", r));
+    auto content = item.find("content");
+    if (content == item.end()) return Invalid(where + ".content", "is required");
+    std::string text;
+    if (auto error = MessageText(*content, where + ".content", &text)) return error;
+    messages->push_back({{"role", r == "developer" ? "system" : r}, {"content", text}});
+  }
+  if (messages->empty()) return Invalid("input", "holds no message");
+  return std::nullopt;
+}
+
+// text.format as the chat path's response_format; *format is the normalized value echoed back.
+std::optional<ApiError> TextFormat(const json& body, json* chat, json* format) {
+  *format = {{"type", "text"}};
+  const json* text = Get(body, "text");
+  if (!text) return std::nullopt;
+  if (!text->is_object()) return Invalid("text", "must be an object");
+  for (const auto& [key, value] : text->items()) {
+    if (key == "format" || value.is_null()) continue;
+    if (key == "verbosity" && value == "medium") continue;  // the default: the model decides
+    return Invalid("text." + key, "is not supported");
+  }
+  const json* f = Get(*text, "format");
+  if (!f) return std::nullopt;
+  if (!f->is_object() || !f->contains("type") || !(*f)["type"].is_string())
+    return Invalid("text.format", "must be an object with a string \"type\"");
+  const std::string type = (*f)["type"].get<std::string>();
+  if (type == "text") return std::nullopt;
+  if (type == "json_object") {
+    (*chat)["response_format"] = {{"type", "json_object"}};
+    *format = {{"type", "json_object"}};
+    return std::nullopt;
+  }
+  if (type != "json_schema")
+    return Invalid("text.format.type", "must be \"text\", \"json_object\" or \"json_schema\"");
+  for (const auto& [key, value] : f->items())
+    if (key != "type" && key != "name" && key != "schema" && key != "strict" &&
+        key != "description")
+      return Invalid("text.format." + key, "is not a json_schema format field");
+  const json* name = Get(*f, "name");
+  if (!name || !name->is_string()) return Invalid("text.format.name", "must be a string");
+  const json* schema = Get(*f, "schema");
+  if (!schema || !schema->is_object()) return Invalid("text.format.schema", "must be an object");
+  const json* strict = Get(*f, "strict");
+  if (strict && !strict->is_boolean()) return Invalid("text.format.strict", "must be a boolean");
+  // Enforced whatever strict says: a grammar's mask is exact either way.
+  (*chat)["response_format"] = {{"type", "json_schema"},
+                                {"json_schema", {{"name", *name}, {"schema", *schema}}}};
+  *format = *f;
+  if (!strict) (*format)["strict"] = false;
+  return std::nullopt;
+}
+
+// tools (function tools, flat: {"type": "function", "name", "parameters", ...}) and tool_choice
+// as the chat path's ({"type": "function", "function": {...}}).
+std::optional<ApiError> Tools(const json& body, json* chat) {
+  if (const json* tools = Get(body, "tools")) {
+    if (!tools->is_array()) return Invalid("tools", "must be a list of function tools");
+    json list = json::array();
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& tool = (*tools)[i];
+      const std::string where = fmt::format("tools[{}]", i);
+      if (!tool.is_object() || !tool.contains("type") || !tool["type"].is_string())
+        return Invalid(where, "must be an object with a string \"type\"");
+      if (tool["type"] != "function")
+        return Invalid(where + ".type",
+                       fmt::format("'{}' tools are not supported (only function tools)",
+                                   tool["type"].get<std::string>()));
+      json function = json::object();
+      for (const auto& [key, value] : tool.items()) {
+        if (key == "type") continue;
+        if (key != "name" && key != "description" && key != "parameters" && key != "strict")
+          return Invalid(where + "." + key, "is not a function tool field");
+        function[key] = value;
+      }
+      list.push_back({{"type", "function"}, {"function", std::move(function)}});
+    }
+    if (!list.empty()) (*chat)["tools"] = std::move(list);
+  }
+  if (const json* choice = Get(body, "tool_choice")) {
+    if (choice->is_object()) {
+      if (choice->value("type", json()) != "function" || !choice->contains("name") ||
+          !(*choice)["name"].is_string())
+        return Invalid("tool_choice",
+                       "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                       "\"name\": ...}");
+      (*chat)["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*choice)["name"]}}}};
+    } else {
+      (*chat)["tool_choice"] = *choice;
+    }
+  }
+  if (const json* parallel = Get(body, "parallel_tool_calls"))
+    (*chat)["parallel_tool_calls"] = *parallel;
+  return std::nullopt;
+}
+
+// An error the chat path reports about a field this request named differently.
+ApiError Renamed(ApiError error) {
+  static const std::pair<const char*, const char*> kNames[] = {{"messages", "input"},
+                                                               {"prompt", "input"},
+                                                               {"max_tokens", "max_output_tokens"},
+                                                               {"response_format", "text.format"}};
+  for (const auto& [chat, ours] : kNames) {
+    const std::string from = chat;
+    if (error.param.rfind(from, 0) != 0) continue;
+    error.param = ours + error.param.substr(from.size());
+    if (error.message.rfind(from, 0) == 0) error.message = ours + error.message.substr(from.size());
+    break;
+  }
+  // tools[i].function.parameters → tools[i].parameters (function tools are flat here).
+  if (error.param.rfind("tools[", 0) == 0) {
+    const size_t at = error.param.find("].function");
+    if (at != std::string::npos) {
+      const std::string chat = error.param;
+      error.param.erase(at + 1, 9);
+      if (error.message.rfind(chat, 0) == 0)
+        error.message = error.param + error.message.substr(chat.size());
+    }
+  }
+  return error;
+}
+
+json Usage(const ChoiceResult& r) {
+  const auto output = static_cast<int64_t>(r.tokens.size());
+  return {{"input_tokens", r.prompt_tokens},
+          {"input_tokens_details", {{"cached_tokens", r.cached_tokens}}},
+          {"output_tokens", output},
+          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"total_tokens", r.prompt_tokens + output}};
+}
+
+// An output item's id: its kind's prefix, the response's id and its place in the output.
+std::string ItemId(const char* prefix, const std::string& response_id, size_t index) {
+  return fmt::format("{}_{}_{}", prefix, response_id.substr(response_id.find('_') + 1), index);
+}
+
+json OutputText(const std::string& text) {
+  return {{"type", "output_text"},
+          {"text", text},
+          {"annotations", json::array()},
+          {"logprobs", json::array()}};
+}
+
+json MessageItem(const std::string& id, const std::string* text, const char* status) {
+  json item = {{"id", id},
+               {"type", "message"},
+               {"role", "assistant"},
+               {"status", status},
+               {"content", json::array()}};
+  if (text) item["content"].push_back(OutputText(*text));
+  return item;
+}
+
+json ReasoningItem(const std::string& id, const std::string* text, const char* status) {
+  json item = {{"id", id}, {"type", "reasoning"}, {"summary", json::array()}, {"status", status}};
+  if (text) item["content"] = json::array({{{"type", "reasoning_text"}, {"text", *text}}});
+  return item;
+}
+
+json FunctionCallItem(const std::string& id, const std::string& call_id, const std::string& name,
+                      const std::string& arguments, const char* status) {
+  return {{"id", id},     {"type", "function_call"}, {"call_id", call_id},
+          {"name", name}, {"arguments", arguments},  {"status", status}};
+}
+
+// "completed" or "incomplete" (max_output_tokens, or the context, ran out).
+bool Incomplete(const ChoiceResult& r) {
+  return r.finish_reason == "length";
+}
+const char* ItemStatus(const ChoiceResult& r) {
+  return Incomplete(r) ? "incomplete" : "completed";
+}
+
+// A finished choice's output items: its reasoning (with a reasoning parser), its message (when
+// it has text, or when there is nothing else), and its function calls.
+json OutputItems(const ResponsesPlan& plan, const std::string& id, const ChoiceResult& r) {
+  chat_output::ChatMessage m;
+  if (plan.chat.parse_output) {
+    m = FinishedChatChoice(plan.chat, r).message;
+  } else {
+    m.content = r.text;
+  }
+  json items = json::array();
+  const char* status = ItemStatus(r);
+  if (m.reasoning)
+    items.push_back(ReasoningItem(ItemId("rs", id, items.size()), &*m.reasoning, status));
+  if ((m.content && !m.content->empty()) || (m.tool_calls.empty() && !m.reasoning)) {
+    const std::string text = m.content.value_or("");
+    items.push_back(MessageItem(ItemId("msg", id, items.size()), &text, status));
+  }
+  for (const auto& call : m.tool_calls)
+    items.push_back(FunctionCallItem(ItemId("fc", id, items.size()), call.id, call.name,
+                                     call.arguments, "completed"));
+  return items;
+}
+
+// The Response object, its output and usage left for the caller to fill when finished.
+json ResponseObject(const ResponsesPlan& plan, const std::string& id, int64_t created,
+                    const ServingLimits& limits, const char* status) {
+  json out = {{"id", id},
+              {"object", "response"},
+              {"created_at", created},
+              {"status", status},
+              {"background", false},
+              {"error", nullptr},
+              {"incomplete_details", nullptr},
+              {"model", limits.model_name},
+              {"output", json::array()},
+              {"previous_response_id", nullptr},
+              {"store", false},
+              {"usage", nullptr}};
+  out.update(plan.echo);
+  return out;
+}
+
+json FinishedResponse(const ResponsesPlan& plan, const std::string& id, int64_t created,
+                      const ServingLimits& limits, const ChoiceResult& r, json output) {
+  json out = ResponseObject(plan, id, created, limits, ItemStatus(r));
+  out["output"] = std::move(output);
+  out["usage"] = Usage(r);
+  if (Incomplete(r)) out["incomplete_details"] = {{"reason", "max_output_tokens"}};
+  return out;
+}
+
+ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& codec,
+                                    const ServingLimits& limits) {
+  ParsedResponsesRequest out;
+  json root = json::parse(body, nullptr, false);
+  if (root.is_discarded()) {
+    out.error = {400, "the body is not valid JSON", "", "invalid_value"};
+    return out;
+  }
+  if (!root.is_object()) {
+    out.error = {400, "the body must be a JSON object", "", "invalid_value"};
+    return out;
+  }
+  json chat = json::object();
+  json messages = json::array();
+  json format;
+  std::optional<ApiError> error = RefuseUnsupported(root);
+  if (!error) error = Messages(root, &messages);
+  if (!error) error = TextFormat(root, &chat, &format);
+  if (!error) error = Tools(root, &chat);
+  const json* max_output = Get(root, "max_output_tokens");
+  if (!error && max_output && !(max_output->is_number_integer() && *max_output >= 1))
+    error = Invalid("max_output_tokens", "must be a positive integer");
+  if (error) {
+    out.error = *error;
+    return out;
+  }
+  chat["messages"] = std::move(messages);
+  for (const char* key : {"model", "temperature", "top_p", "stream"})
+    if (const json* v = Get(root, key)) chat[key] = *v;
+  if (max_output) chat["max_tokens"] = *max_output;
+  ParsedRequest parsed = PlanGenerationRequest(Endpoint::kChat, chat, codec, limits);
+  if (!parsed.plan) {
+    out.error = Renamed(parsed.error);
+    return out;
+  }
+  ResponsesPlan plan;
+  plan.chat = std::move(*parsed.plan);
+  const SamplingParams& p = plan.chat.params;
+  plan.echo = {{"instructions", root.value("instructions", json())},
+               {"max_output_tokens", max_output ? *max_output : json()},
+               {"temperature", p.temperature},
+               {"top_p", p.top_p},
+               {"text", {{"format", format}}},
+               {"tools", root.value("tools", json::array())},
+               {"tool_choice", root.value("tool_choice", json("auto"))},
+               {"parallel_tool_calls", root.value("parallel_tool_calls", json(true))},
+               {"metadata", root.value("metadata", json::object())},
+               {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
+               {"truncation", "disabled"},
+               {"service_tier", "default"},
+               {"user", root.value("user", json())}};
+  if (plan.echo["tool_choice"].is_null()) plan.echo["tool_choice"] = "auto";
+  if (plan.echo["parallel_tool_calls"].is_null()) plan.echo["parallel_tool_calls"] = true;
+  if (plan.echo["metadata"].is_null()) plan.echo["metadata"] = json::object();
+  if (plan.echo["tools"].is_null()) plan.echo["tools"] = json::array();
+  out.plan = std::move(plan);
+  return out;
+}
+
+}  // namespace
+
+ParsedResponsesRequest ParseResponsesRequest(const std::string& body, const TextCodec& codec,
+                                             const ServingLimits& limits) {
+  try {
+    return ParseChecked(body, codec, limits);
+  } catch (const json::exception& e) {  // a value of an unexpected type deep in the body
+    ParsedResponsesRequest out;
+    out.error = {400, fmt::format("malformed request: {}", e.what()), "", "invalid_value"};
+    return out;
+  }
+}
+
+std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
+                          const std::string& id, int64_t created, const ServingLimits& limits) {
+  return Dump(FinishedResponse(plan, id, created, limits, result, OutputItems(plan, id, result)));
+}
+
+ResponsesStream::ResponsesStream(const ResponsesPlan& plan, std::string id, int64_t created,
+                                 const ServingLimits& limits)
+    : plan_(plan), id_(std::move(id)), created_(created), limits_(limits) {
+  if (plan_.chat.parse_output)
+    parser_ = std::make_unique<chat_output::ChatOutputParser>(plan_.chat.output);
+}
+
+ResponsesStream::~ResponsesStream() = default;
+
+std::string ResponsesStream::Event(const char* type, json body) {
+  body["type"] = type;
+  body["sequence_number"] = sequence_++;
+  return fmt::format("event: {}\ndata: {}\n\n", type, Dump(body));
+}
+
+std::string ResponsesStream::Start() {
+  const json response = ResponseObject(plan_, id_, created_, limits_, "in_progress");
+  std::string out = Event("response.created", {{"response", response}});
+  out += Event("response.in_progress", {{"response", response}});
+  return out;
+}
+
+std::string ResponsesStream::Open(Kind kind, const std::string& call_id, const std::string& name) {
+  std::string out = Close(nullptr);
+  const size_t index = items_.size();
+  json item;
+  if (kind == Kind::kReasoning)
+    item = ReasoningItem(ItemId("rs", id_, index), nullptr, "in_progress");
+  if (kind == Kind::kMessage) item = MessageItem(ItemId("msg", id_, index), nullptr, "in_progress");
+  if (kind == Kind::kCall)
+    item = FunctionCallItem(ItemId("fc", id_, index), call_id, name, "", "in_progress");
+  out += Event("response.output_item.added", {{"output_index", index}, {"item", item}});
+  if (kind == Kind::kMessage)
+    out += Event("response.content_part.added", {{"item_id", item["id"]},
+                                                 {"output_index", index},
+                                                 {"content_index", 0},
+                                                 {"part", OutputText("")}});
+  items_.push_back(std::move(item));
+  open_ = kind;
+  text_.clear();
+  return out;
+}
+
+std::string ResponsesStream::Append(const std::string& piece) {
+  if (piece.empty()) return "";
+  text_ += piece;
+  const json& item = items_.back();
+  const size_t index = items_.size() - 1;
+  json body = {{"item_id", item["id"]}, {"output_index", index}, {"delta", piece}};
+  if (open_ == Kind::kCall) return Event("response.function_call_arguments.delta", std::move(body));
+  body["content_index"] = 0;
+  if (open_ == Kind::kReasoning) return Event("response.reasoning_text.delta", std::move(body));
+  body["logprobs"] = json::array();
+  return Event("response.output_text.delta", std::move(body));
+}
+
+std::string ResponsesStream::Close(const ChoiceResult* finished) {
+  if (open_ == Kind::kNone) return "";
+  json& item = items_.back();
+  const size_t index = items_.size() - 1;
+  const json where = {{"item_id", item["id"]}, {"output_index", index}};
+  // An item closed because another began is whole; the last one shares the response's fate.
+  const char* status = finished ? ItemStatus(*finished) : "completed";
+  std::string out;
+  if (open_ == Kind::kMessage) {
+    json done = where;
+    done["content_index"] = 0;
+    done["text"] = text_;
+    done["logprobs"] = json::array();
+    out += Event("response.output_text.done", done);
+    done.erase("text");
+    done.erase("logprobs");
+    done["part"] = OutputText(text_);
+    out += Event("response.content_part.done", std::move(done));
+    item = MessageItem(item["id"], &text_, status);
+  } else if (open_ == Kind::kReasoning) {
+    json done = where;
+    done["content_index"] = 0;
+    done["text"] = text_;
+    out += Event("response.reasoning_text.done", std::move(done));
+    item = ReasoningItem(item["id"], &text_, status);
+  } else {
+    json done = where;
+    done["arguments"] = text_;
+    out += Event("response.function_call_arguments.done", std::move(done));
+    item["arguments"] = text_;
+    item["status"] = "completed";
+  }
+  out += Event("response.output_item.done", {{"output_index", index}, {"item", item}});
+  open_ = Kind::kNone;
+  return out;
+}
+
+std::string ResponsesStream::OnEvent(const RequestEvent& event, const ChoiceResult& so_far) {
+  chat_output::OutputDelta delta;
+  if (parser_) {
+    delta = parser_->Feed(event.text);
+    if (event.finish_reason) {
+      chat_output::OutputDelta rest = parser_->Finish();
+      delta.reasoning += rest.reasoning;
+      delta.content += rest.content;
+      for (auto& d : rest.tool_calls)
+        delta.tool_calls.push_back(std::move(d));
+    }
+  } else {
+    delta.content = event.text;
+  }
+  std::string out;
+  if (!delta.reasoning.empty()) {
+    if (open_ != Kind::kReasoning) out += Open(Kind::kReasoning, "", "");
+    out += Append(delta.reasoning);
+  }
+  if (!delta.content.empty()) {
+    if (open_ != Kind::kMessage) out += Open(Kind::kMessage, "", "");
+    out += Append(delta.content);
+  }
+  for (const auto& d : delta.tool_calls) {
+    if (d.id || open_ != Kind::kCall || d.index != call_index_) {
+      out += Open(Kind::kCall, d.id.value_or(""), d.name.value_or(""));
+      call_index_ = d.index;
+    }
+    out += Append(d.arguments);
+  }
+  if (!event.finish_reason) return out;
+  if (items_.empty()) out += Open(Kind::kMessage, "", "");  // an empty answer is an empty message
+  out += Close(&so_far);
+  const bool incomplete = Incomplete(so_far);
+  out += Event(incomplete ? "response.incomplete" : "response.completed",
+               {{"response", FinishedResponse(plan_, id_, created_, limits_, so_far, items_)}});
+  return out;
+}
+
+std::string ResponsesStream::Failed(const std::string& message, const ChoiceResult& so_far) {
+  json response = ResponseObject(plan_, id_, created_, limits_, "failed");
+  response["error"] = {{"code", "server_error"}, {"message", message}};
+  response["output"] = items_;
+  response["usage"] = Usage(so_far);
+  return Event("response.failed", {{"response", response}});
+}
+
+}  // namespace sy::serve

@@ -1,0 +1,81 @@
+// OpenAI's Responses API (/v1/responses), stateless: a request is planned as the chat request it
+// amounts to (instructions and input items become messages; text.format becomes response_format)
+// and run by the chat path; results are written back as a Response object or as the API's typed
+// server-sent events. Nothing is stored: previous_response_id and store: true are refused, as is
+// every field this server does not implement (named, never ignored). Pure functions and a small
+// stream writer — the HTTP layer and the fuzzer both call them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "serve/openai_api.h"
+
+namespace sy::serve {
+
+struct ResponsesPlan {
+  GenerationPlan chat;  // what the engine runs (one choice)
+  nlohmann::json echo;  // the request fields a Response object repeats (instructions, text, ...)
+};
+
+struct ParsedResponsesRequest {
+  std::optional<ResponsesPlan> plan;
+  ApiError error;
+};
+
+ParsedResponsesRequest ParseResponsesRequest(const std::string& body, const TextCodec& codec,
+                                             const ServingLimits& limits);
+
+// The Response object of a finished (non-streaming) request. `created`: seconds since the epoch.
+std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
+                          const std::string& id, int64_t created, const ServingLimits& limits);
+
+// The typed events of a streaming request, numbered by sequence_number:
+//   response.created, response.in_progress; then per output item (reasoning, the message, each
+//   function call, in the order the model writes them) response.output_item.added (and
+//   response.content_part.added for the message), its deltas (response.reasoning_text.delta,
+//   response.output_text.delta, response.function_call_arguments.delta), its done events
+//   (….done, response.content_part.done, response.output_item.done); at the end
+//   response.completed (or response.incomplete when max_output_tokens cut it short; a failed
+//   generation ends with response.failed).
+class ResponsesStream {
+ public:
+  ResponsesStream(const ResponsesPlan& plan, std::string id, int64_t created,
+                  const ServingLimits& limits);
+  // The opening events.
+  std::string Start();
+  // The events for one engine event; `so_far` already includes it.
+  std::string OnEvent(const RequestEvent& event, const ChoiceResult& so_far);
+  // The generation failed: response.failed.
+  std::string Failed(const std::string& message, const ChoiceResult& so_far);
+  ~ResponsesStream();
+
+ private:
+  // The output item being written: reasoning, the message, or a function call.
+  enum class Kind { kNone, kReasoning, kMessage, kCall };
+  std::string Event(const char* type, nlohmann::json body);
+  // Closes the open item and opens a new one (output_item.added; content_part.added for text).
+  std::string Open(Kind kind, const std::string& call_id, const std::string& name);
+  // A piece of the open item's text or arguments (its delta event).
+  std::string Append(const std::string& piece);
+  // The open item's done events; `finished`: the last item, whose status is the response's.
+  std::string Close(const ChoiceResult* finished);
+
+  const ResponsesPlan& plan_;
+  std::string id_;
+  int64_t created_;
+  const ServingLimits& limits_;
+  int64_t sequence_ = 0;
+  // With tool calls or reasoning to split out (plan.chat.parse_output), the chat path's parser.
+  std::unique_ptr<chat_output::ChatOutputParser> parser_;
+  nlohmann::json items_ = nlohmann::json::array();  // the output so far, the open item last
+  Kind open_ = Kind::kNone;
+  std::string text_;     // the open item's text or arguments so far
+  int call_index_ = -1;  // the open call's index in the parser's deltas
+};
+
+}  // namespace sy::serve

@@ -1,0 +1,311 @@
+"""The Responses API (/v1/responses, stateless) through the official openai client:
+responses.create with text and message inputs, the typed stream (responses.stream and
+stream=True) equal to the non-streamed text, responses.parse with a Pydantic model, json_schema
+and json_object formats, max_output_tokens → incomplete, usage, and bad requests refused by name
+while the server goes on serving; function tools (function_call items, streamed arguments,
+function_call_output in a follow-up turn) and reasoning items through the chat path's parsers."""
+import json
+from typing import Literal
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from test_structured_outputs import PERSON
+
+# The order the official API sends its events in, for one message output.
+EVENTS = ["response.created", "response.in_progress", "response.output_item.added",
+          "response.content_part.added", "response.output_text.delta",
+          "response.output_text.done", "response.content_part.done",
+          "response.output_item.done", "response.completed"]
+
+
+def test_text_input(client):
+    out = client.responses.create(model="sy-test", input="HAMLET: To be, or not",
+                                  max_output_tokens=40, temperature=0)
+    assert out.object == "response" and out.id.startswith("resp_")
+    assert out.status in ("completed", "incomplete")
+    assert len(out.output) == 1 and out.output[0].type == "message"
+    assert out.output[0].role == "assistant"
+    assert out.output_text == out.output[0].content[0].text
+    assert out.usage.input_tokens > 0
+    assert 0 < out.usage.output_tokens <= 40
+    assert out.usage.total_tokens == out.usage.input_tokens + out.usage.output_tokens
+    assert out.usage.input_tokens_details.cached_tokens >= 0
+    assert out.max_output_tokens == 40 and out.temperature == 0
+
+
+def test_input_items_and_instructions_render_as_chat(client):
+    """instructions + message items (string and input_text contents, developer → system) give
+    the same prompt, and so the same greedy text, as the chat request they amount to."""
+    chat = client.chat.completions.create(
+        model="sy-test", max_tokens=30, temperature=0,
+        messages=[{"role": "system", "content": "Speak as Hamlet."},
+                  {"role": "user", "content": "Who are you?"},
+                  {"role": "assistant", "content": "A prince."},
+                  {"role": "user", "content": "Of where?"}])
+    out = client.responses.create(
+        model="sy-test", max_output_tokens=30, temperature=0, instructions="Speak as Hamlet.",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "Who are you?"}]},
+               {"type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": "A prince.", "annotations": []}]},
+               {"role": "user", "content": "Of where?"}])
+    assert out.output_text == chat.choices[0].message.content
+    assert out.usage.input_tokens == chat.usage.prompt_tokens
+    dev = client.responses.create(
+        model="sy-test", max_output_tokens=30, temperature=0,
+        input=[{"role": "developer", "content": "Speak as Hamlet."},
+               {"role": "user", "content": "Who are you?"},
+               {"role": "assistant", "content": "A prince."},
+               {"role": "user", "content": "Of where?"}])
+    assert dev.output_text == out.output_text
+
+
+def test_max_output_tokens_is_incomplete(client):
+    out = client.responses.create(model="sy-test", input="Tell a long tale.",
+                                  max_output_tokens=3, temperature=0)
+    assert out.status == "incomplete"
+    assert out.incomplete_details.reason == "max_output_tokens"
+    assert out.usage.output_tokens == 3
+    assert out.output[0].status == "incomplete"
+
+
+def test_stream_helper_equals_non_streamed(client):
+    args = dict(model="sy-test", input="KING: What news?", max_output_tokens=60, temperature=0)
+    plain = client.responses.create(**args)
+    with client.responses.stream(**args) as stream:
+        events = list(stream)
+    final = events[-1].response  # the helper's get_final_response needs response.completed
+    types = [e.type for e in events]
+    # Each kind in the documented order; deltas as many as there were pieces of text.
+    assert [t for i, t in enumerate(types) if i == 0 or types[i - 1] != t] == (
+        EVENTS if plain.status == "completed" else EVENTS[:-1] + ["response.incomplete"])
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == plain.output_text
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert done.text == plain.output_text
+    assert final.output_text == plain.output_text
+    assert final.usage.output_tokens == plain.usage.output_tokens
+    assert final.id == events[0].response.id
+
+
+def test_stream_true_ends_incomplete(client):
+    stream = client.responses.create(model="sy-test", input="Tell a long tale.",
+                                     max_output_tokens=5, temperature=0, stream=True)
+    events = list(stream)
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+    assert events[-1].response.usage.output_tokens == 5
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[-1].response.output[0].content[0].text == text
+
+
+class Verdict(BaseModel):
+    answer: Literal["yes", "no"]
+    confidence: int = Field(ge=0, le=10)
+
+
+def test_parse_with_a_pydantic_model(client):
+    out = client.responses.parse(model="sy-test", input="Is the king dead?",
+                                 max_output_tokens=200, temperature=0, text_format=Verdict)
+    assert out.status == "completed", out.output_text
+    assert isinstance(out.output_parsed, Verdict)
+    assert 0 <= out.output_parsed.confidence <= 10
+    assert out.text.format.type == "json_schema"
+
+
+def test_parse_streamed(client):
+    with client.responses.stream(model="sy-test", input="Is the king dead?",
+                                 max_output_tokens=200, temperature=0,
+                                 text_format=Verdict) as stream:
+        final = stream.get_final_response()
+    plain = client.responses.parse(model="sy-test", input="Is the king dead?",
+                                   max_output_tokens=200, temperature=0, text_format=Verdict)
+    assert final.output_parsed == plain.output_parsed
+
+
+def test_json_schema_and_json_object_formats(client):
+    out = client.responses.create(
+        model="sy-test", input="Describe a character as JSON.", max_output_tokens=300,
+        temperature=0,
+        text={"format": {"type": "json_schema", "name": "person", "schema": PERSON,
+                         "strict": True}})
+    assert out.status == "completed", out.output_text
+    jsonschema.validate(json.loads(out.output_text), PERSON)
+    out = client.responses.create(model="sy-test", input="Some JSON, please.",
+                                  max_output_tokens=300, temperature=0.8,
+                                  text={"format": {"type": "json_object"}})
+    assert out.output_text.startswith("{")
+    if out.status == "completed":
+        assert isinstance(json.loads(out.output_text), dict)
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "keeps no state"),
+    ({"store": True}, "store", "keeps no state"),
+    ({"conversation": "conv_1"}, "conversation", "keeps no state"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice",
+     "--enable-auto-tool-choice"),
+    ({"top_logprobs": 3}, "top_logprobs", "not supported"),
+    ({"frobnicate": 1}, "frobnicate", "not supported"),
+    ({"include": ["reasoning.encrypted_content"]}, "include", "no additional output"),
+    ({"truncation": "auto"}, "truncation", "disabled"),
+    ({"reasoning": {"effort": "high"}}, "reasoning.effort", "not supported"),
+    ({"input": []}, "input", "non-empty"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].type", "input_image"),
+    ({"input": [{"role": "wizard", "content": "hi"}]}, "input[0].role", "wizard"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "item_reference"),
+    ({"max_output_tokens": 0}, "max_output_tokens", "positive"),
+    ({"max_output_tokens": 10 ** 9}, "max_output_tokens", "must be in"),
+    ({"temperature": -1}, "temperature", "must be in"),
+    ({"text": {"format": {"type": "json_schema", "schema": PERSON}}}, "text.format.name",
+     "string"),
+    ({"text": {"format": {"type": "json_schema", "name": "x",
+                          "schema": {"type": "array", "uniqueItems": True}}}},
+     "text.format", "uniqueItems"),
+    ({"text": {"format": {"type": "grammar"}}}, "text.format.type", "json_schema"),
+])
+def test_bad_requests_are_refused_by_name(server, client, body, param, words):
+    got, error, _ = server.request("POST", "/v1/responses",
+                                   {"model": "sy-test", "input": "x", **body})
+    assert got == 400, error
+    assert error["error"]["param"] == param, error
+    assert words in error["error"]["message"], error
+    # The server goes on serving.
+    out = client.responses.create(model="sy-test", input="x", max_output_tokens=2)
+    assert out.usage.output_tokens == 2
+
+
+def test_malformed_bodies(server, client):
+    for raw in (b"{", b"[]", b'"x"'):
+        got, error, _ = server.request("POST", "/v1/responses", raw=raw)
+        assert got == 400, error
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="another-model", input="x")
+    got, _, _ = server.request("GET", "/v1/responses")
+    assert got == 405
+
+
+# ---- tools and reasoning (the chat path's parsers and forcing grammars, chat_output/) ----
+
+from test_tool_calling import (ADD, SCHEMAS, TOOLS, r1_client, r1_model_dir,  # noqa: E402,F401
+                               tool_server, tools_client)
+
+# Responses function tools are flat: {"type": "function", "name", "parameters", ...}.
+FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+ASK = "What is the weather in Paris, and what is 2 + 40?"
+
+
+def check_function_calls(output, names=SCHEMAS):
+    calls = [item for item in output if item.type == "function_call"]
+    assert calls, output
+    for call in calls:
+        assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+        assert call.name in names
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    return calls
+
+
+def test_required_function_calls_equal_chat(tools_client):
+    out = tools_client.responses.create(model="sy-test", input=ASK, tools=FLAT_TOOLS,
+                                        tool_choice="required", max_output_tokens=300,
+                                        temperature=0)
+    assert out.status == "completed"
+    calls = check_function_calls(out.output)
+    assert [item.type for item in out.output] == ["function_call"] * len(calls)
+    chat = tools_client.chat.completions.create(
+        model="sy-test", messages=[{"role": "user", "content": ASK}], tools=TOOLS,
+        tool_choice="required", max_tokens=300, temperature=0).choices[0].message
+    assert [(c.name, c.arguments) for c in calls] == [
+        (c.function.name, c.function.arguments) for c in chat.tool_calls]
+
+
+def test_function_call_streamed_equals_whole(tools_client):
+    args = dict(model="sy-test", input=ASK, tools=FLAT_TOOLS, max_output_tokens=300,
+                temperature=0, parallel_tool_calls=False,
+                tool_choice={"type": "function", "name": "add"})
+    whole = tools_client.responses.create(**args)
+    (call,) = check_function_calls(whole.output, names={"add"})
+    with tools_client.responses.stream(**args) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    types = [e.type for e in events]
+    assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert events[2].item.type == "function_call" and events[2].item.name == "add"
+    assert types[-3:] == ["response.function_call_arguments.done", "response.output_item.done",
+                          "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert deltas == call.arguments
+    (streamed,) = check_function_calls(final.output, names={"add"})
+    assert (streamed.name, streamed.arguments) == (call.name, call.arguments)
+
+
+def test_function_call_outputs_in_a_follow_up_turn(tools_client):
+    first = tools_client.responses.create(model="sy-test", input=ASK, tools=FLAT_TOOLS,
+                                          tool_choice="required", max_output_tokens=300,
+                                          temperature=0)
+    calls = check_function_calls(first.output)
+    turn = [{"role": "user", "content": ASK}] + [c.model_dump(exclude_none=True) for c in calls]
+    turn += [{"type": "function_call_output", "call_id": c.call_id, "output": "sunny, 21 C"}
+             for c in calls]
+    # The same prompt as the chat request with the assistant's tool_calls and tool messages.
+    messages = [{"role": "user", "content": ASK},
+                {"role": "assistant", "tool_calls": [
+                    {"id": c.call_id, "type": "function",
+                     "function": {"name": c.name, "arguments": c.arguments}} for c in calls]}]
+    messages += [{"role": "tool", "tool_call_id": c.call_id, "content": "sunny, 21 C"}
+                 for c in calls]
+    chat = tools_client.chat.completions.create(model="sy-test", messages=messages, tools=TOOLS,
+                                                tool_choice="none", max_tokens=10, temperature=0)
+    out = tools_client.responses.create(model="sy-test", input=turn, tools=FLAT_TOOLS,
+                                        tool_choice="none", max_output_tokens=10, temperature=0)
+    assert out.usage.input_tokens == chat.usage.prompt_tokens
+    assert out.output_text == chat.choices[0].message.content
+    again = tools_client.responses.create(model="sy-test", input=turn, tools=FLAT_TOOLS,
+                                          tool_choice="required", max_output_tokens=300,
+                                          temperature=0)
+    check_function_calls(again.output)
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "only function tools"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}],
+      "tool_choice": "required"}, "tools[0].parameters", "'not'"),
+    ({"tools": FLAT_TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice",
+     "not among the tools"),
+    ({"tools": FLAT_TOOLS, "tool_choice": {"type": "mcp"}}, "tool_choice", "must be"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments",
+     "string"),
+])
+def test_bad_tools_are_refused_by_name(tool_server, tools_client, body, param, words):
+    got, error, _ = tool_server.request("POST", "/v1/responses",
+                                        {"model": "sy-test", "input": ASK, **body})
+    assert got == 400, error
+    assert error["error"]["param"] == param, error
+    assert words in error["error"]["message"], error
+    out = tools_client.responses.create(model="sy-test", input="x", max_output_tokens=2)
+    assert out.usage.output_tokens == 2
+
+
+def test_reasoning_items(r1_client):
+    """With --reasoning-parser (an R1-template copy of the default model, which never closes its
+    thinking unaided): a reasoning item whose text is the chat path's reasoning_content, streamed
+    as response.reasoning_text.delta."""
+    args = dict(model="sy-test", input=ASK, max_output_tokens=20, temperature=0)
+    out = r1_client.responses.create(**args)
+    chat = r1_client.chat.completions.create(
+        model="sy-test", messages=[{"role": "user", "content": ASK}], max_tokens=20,
+        temperature=0).choices[0].message
+    assert out.status == "incomplete"
+    assert [item.type for item in out.output] == ["reasoning"]
+    assert out.output[0].content[0].text == chat.model_extra["reasoning_content"]
+    events = list(r1_client.responses.create(**args, stream=True))
+    text = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert text == out.output[0].content[0].text
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.output[0].content[0].text == text
