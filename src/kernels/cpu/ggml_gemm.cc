@@ -18,8 +18,9 @@ namespace {
 
 GgmlKernel kernel_limit = GgmlKernel::kAvx512Vnni;
 
-// Rows per tile of the VNNI kernel: per row a block accumulator and a sub-block one (16 of the
-// 32 registers at 8 rows), the rest for the codes and broadcasts.
+// Rows per tile of the VNNI kernel: per row a sub-block accumulator, a block one and (types with
+// a separate dmin) the mins' (24 of the 32 registers at 8 rows), the rest for codes and
+// broadcasts. Not tuned: the machine it was written on was shared while it was measured.
 constexpr int kMaxTileRows = 8;
 // Software prefetch distance in a panel stream (as the other kernels: 2 KiB).
 constexpr int64_t kPrefetchBytes = 2048;
