@@ -1206,11 +1206,64 @@ void ExpectDisaggregatedOneAnswer(int64_t length, int64_t resumed) {
   EXPECT_EQ(c.tokens, alone.tokens);
 }
 
-TEST(EngineTest, DisaggregatedRequestGivesTheColocatedBits) {
+TEST(EngineTest, DisaggregatedRequestGivesTheColocatedBitsInTheDefaultMode) {
   DefaultServing serving;
   ExpectDisaggregatedOneAnswer(100, 0);
   ExpectDisaggregatedOneAnswer(400, 0);  // prompt rows past kAbsorbedPromptKeys too
   ExpectDisaggregatedOneAnswer(100, 3);  // a resumed attempt (after a decode instance failed)
+}
+
+// A decode instance short of pages preempts requests whose rows it received; they recompute
+// (their prompt rows as prompt, their output as decode steps) and give the bits they give alone.
+TEST(EngineTest, PreemptedImportedRequestsInTheDefaultModeGiveTheSameBits) {
+  DefaultServing serving;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  std::vector<int32_t> firsts;
+  {
+    ServingRun prefill(8192, EngineConfig{});
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < 5; ++i) {
+      prompts.push_back(Prompt(30 + i * 5, 70 + i));
+      sinks.push_back(std::make_shared<CollectingSink>());
+      EngineRequest request{"p" + std::to_string(i), prompts.back(), GreedyWithLogprobs(30)};
+      request.kv_sink = sinks.back();
+      SubmitError error;
+      streams.push_back(prefill.engine.Submit(std::move(request), &error).value());
+    }
+    prefill.RunToIdle();
+    for (auto& stream : streams) {
+      const Collected c = Collect(*stream);
+      ASSERT_EQ(c.finish, "transferred");
+      firsts.push_back(c.tokens.at(0));
+    }
+  }
+  EngineConfig config;
+  config.max_num_batched_tokens = 256;
+  ServingRun decode(16 * 12, config);  // 12 pages for 5 requests that need 4 or 5 each
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EngineRequest request{"d" + std::to_string(i), prompts[i], GreedyWithLogprobs(30)};
+    request.prompt.push_back(firsts[i]);
+    request.resumed_tokens = 1;
+    request.imported = sinks[i]->Imported();
+    SubmitError error;
+    auto stream = decode.engine.Submit(std::move(request), &error);
+    ASSERT_TRUE(stream.ok()) << stream.status().message();
+    streams.push_back(stream.value());
+  }
+  decode.RunToIdle();
+  EXPECT_GT(decode.engine.Metrics().preemptions_total, 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Collected c = Collect(*streams[i]), alone = ServedAlone(prompts[i], 30);
+    ASSERT_EQ(c.tokens.size() + 1, alone.tokens.size()) << "request " << i;
+    EXPECT_TRUE(std::equal(c.tokens.begin(), c.tokens.end(), alone.tokens.begin() + 1))
+        << "request " << i;
+    const std::vector<float> a = Logprobs(c), b = Logprobs(alone);
+    EXPECT_TRUE(a.size() + 3 == b.size() && std::memcmp(a.data(), b.data() + 3, a.size() * 4) == 0)
+        << "request " << i << ": log-probabilities are not the same bits";
+  }
+  EXPECT_EQ(decode.engine.Metrics().used_pages, 0);
 }
 
 // With MTP the MTP layer's rows travel too; greedy output is the model's own.

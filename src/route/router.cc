@@ -510,7 +510,7 @@ void Router::Fly(Flight& flight) {
         event.prompt_logprobs.clear();
       }
       if (event.first) flight.sent_first = true;
-      if (event.finish_reason == "transferred") {
+      if (event.finish_reason && *event.finish_reason == "transferred") {
         end.transferred = true;
         event.finish_reason.reset();
         if (event.token_ids.empty() && !event.first) continue;
@@ -610,7 +610,7 @@ void Router::Fly(Flight& flight) {
     }
     if (chosen < 0) {
       RequestEvent event;
-      event.finish_reason = flight.aborted ? "abort" : "error";
+      event.finish_reason.emplace(flight.aborted ? "abort" : "error");
       if (!flight.aborted)
         event.error = last_error.empty()
                           ? "no healthy instance to serve the request"
