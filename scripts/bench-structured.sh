@@ -20,7 +20,7 @@ trap 'for p in "${servers[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "
 cat >"$work/format.json" <<'EOF'
 {"type": "json_schema", "json_schema": {"name": "calls", "schema": {
   "type": "object",
-  "properties": {"calls": {"type": "array", "minItems": 64, "items": {
+  "properties": {"calls": {"type": "array", "minItems": 8, "items": {
     "type": "object",
     "properties": {
       "name": {"enum": ["get_weather", "search_flights", "send_email", "create_event"]},
