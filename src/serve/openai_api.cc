@@ -725,7 +725,8 @@ json ToolCallsJson(const std::vector<chat_output::ToolCall>& calls) {
 // A parsed chat message: content (null when none), reasoning_content when a reasoning parser is
 // on, tool_calls when there are calls.
 json ChatMessageJson(const GenerationPlan& plan, const chat_output::ChatMessage& m) {
-  json message = {{"role", "assistant"}, {"content", m.content ? json(*m.content) : json(nullptr)}};
+  json message = {{"role", "assistant"},
+                  {"content", m.content ? json(*m.content) : json(nullptr)}};
   if (plan.output.reasoning)
     message["reasoning_content"] = m.reasoning ? json(*m.reasoning) : json(nullptr);
   if (!m.tool_calls.empty()) message["tool_calls"] = ToolCallsJson(m.tool_calls);
@@ -764,8 +765,8 @@ ChatChoice FinishedChatChoice(const GenerationPlan& plan, const ChoiceResult& ch
   parser.Feed(choice.text);
   parser.Finish();
   out.message = parser.Message();
-  out.finish_reason =
-      choice.finish_reason == "stop" && parser.CalledTools() ? "tool_calls" : choice.finish_reason;
+  out.finish_reason = choice.finish_reason == "stop" && parser.CalledTools() ? "tool_calls"
+                                                                              : choice.finish_reason;
   if (out.finish_reason == "error") out.finish_reason = "abort";
   return out;
 }
@@ -820,8 +821,8 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
 }
 
 std::string StreamChunk(const GenerationPlan& plan, int64_t index, const RequestEvent& event,
-                        ChoiceResult& so_far, bool first, const std::string& id, int64_t created,
-                        const TextCodec& codec, const ServingLimits& limits) {
+                        ChoiceResult& so_far, bool first, const std::string& id,
+                        int64_t created, const TextCodec& codec, const ServingLimits& limits) {
   json choice;
   const size_t prompt_index = static_cast<size_t>(index / plan.n);
   json finish = nullptr;
@@ -852,8 +853,7 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (plan.parse_output) {
-      if (!so_far.output)
-        so_far.output = std::make_shared<chat_output::ChatOutputParser>(plan.output);
+      if (!so_far.output) so_far.output = std::make_shared<chat_output::ChatOutputParser>(plan.output);
       chat_output::OutputDelta parsed = so_far.output->Feed(event.text);
       if (event.finish_reason) {
         chat_output::OutputDelta rest = so_far.output->Finish();
@@ -871,8 +871,7 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
       // chunk, as vLLM sends none (unless log-probabilities or the finish must go out).
       if (parsed.empty() && !first && !event.finish_reason && !plan.chat_logprobs) return "";
       if (!parsed.reasoning.empty()) delta["reasoning_content"] = parsed.reasoning;
-      if (!parsed.content.empty() || first ||
-          (parsed.reasoning.empty() && parsed.tool_calls.empty()))
+      if (!parsed.content.empty() || first || (parsed.reasoning.empty() && parsed.tool_calls.empty()))
         delta["content"] = parsed.content;
       if (!parsed.tool_calls.empty()) delta["tool_calls"] = ToolCallDeltasJson(parsed.tool_calls);
     } else {
