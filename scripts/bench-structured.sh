@@ -20,7 +20,7 @@ trap 'for p in "${servers[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "
 cat >"$work/format.json" <<'EOF'
 {"type": "json_schema", "json_schema": {"name": "calls", "schema": {
   "type": "object",
-  "properties": {"calls": {"type": "array", "minItems": 64, "items": {
+  "properties": {"calls": {"type": "array", "minItems": 8, "items": {
     "type": "object",
     "properties": {
       "name": {"enum": ["get_weather", "search_flights", "send_email", "create_event"]},
@@ -56,17 +56,19 @@ fmt=(--response-format "$work/format.json")
 # Warm both servers' grammar caches and mask tables.
 bench "$beside" 4 8 $output 1 output_throughput "${fmt[@]}" >/dev/null
 bench "$after" 4 8 $output 1 output_throughput "${fmt[@]}" >/dev/null
-declare -A runs
+declare -A runs out_tokens
 for i in $(seq "$repeats"); do
   for c in 1 32; do
     n=$((c == 1 ? 8 : 96))
-    runs[plain$c]+="$(bench "$beside" $c $n $output $((100 * c + i)) output_throughput) "
-    runs[beside$c]+="$(bench "$beside" $c $n $output $((100 * c + i)) output_throughput "${fmt[@]}") "
-    runs[after$c]+="$(bench "$after" $c $n $output $((100 * c + i)) output_throughput "${fmt[@]}") "
+    # Each run its own prompts (seed), so none finds another's in the prefix cache.
+    runs[plain$c]+="$(bench "$beside" $c $n $output $((1000 * c + 10 * i)) output_throughput) "
+    runs[beside$c]+="$(bench "$beside" $c $n $output $((1000 * c + 10 * i + 1)) output_throughput "${fmt[@]}") "
+    runs[after$c]+="$(bench "$after" $c $n $output $((1000 * c + 10 * i + 2)) output_throughput "${fmt[@]}") "
+    out_tokens[$c]+="$(bench "$after" $c $n $output $((1000 * c + 10 * i + 3)) total_output_tokens "${fmt[@]}") "
   done
-  runs[ttft_plain]+="$(bench "$beside" 1 10 16 $((500 + i)) median_ttft_ms) "
-  runs[ttft_cached]+="$(bench "$beside" 1 10 16 $((500 + i)) median_ttft_ms "${fmt[@]}") "
-  runs[ttft_cold]+="$(bench "$beside" 1 10 16 $((500 + i)) median_ttft_ms "${fmt[@]}" --cold-grammar) "
+  runs[ttft_plain]+="$(bench "$beside" 1 10 16 $((500 + 10 * i)) median_ttft_ms) "
+  runs[ttft_cached]+="$(bench "$beside" 1 10 16 $((500 + 10 * i + 1)) median_ttft_ms "${fmt[@]}") "
+  runs[ttft_cold]+="$(bench "$beside" 1 10 16 $((500 + 10 * i + 2)) median_ttft_ms "${fmt[@]}" --cold-grammar) "
 done
 m() { printf '%s\n' ${runs[$1]} | median; }
 for c in 1 32; do
@@ -75,6 +77,7 @@ for c in 1 32; do
   echo "  unconstrained:                      ${runs[plain$c]}-> median $p"
   echo "  json_schema, masks beside forward:  ${runs[beside$c]}-> median $b"
   echo "  json_schema, masks after forward:   ${runs[after$c]}-> median $a"
+  echo "  constrained output tokens per run (of $((c == 1 ? 8 : 96)) x $output): ${out_tokens[$c]}"
   python3 -c "print(f'  ratio to unconstrained: beside {$b / $p:.3f}x, after {$a / $p:.3f}x')"
 done
 echo "TTFT at concurrency 1 (${input}-token prompts), median ms:"

@@ -198,8 +198,8 @@ void ReadStructuredOutput(Reader& r, GenerationPlan& plan) {
   if (!spec || r.error) return;
   if (plan.params.ignore_eos)
     return r.Fail("ignore_eos", "cannot be combined with structured output");
-  auto compiled = structured::CompileForBytes(*spec);
-  if (!compiled.ok()) return r.Fail(field.c_str(), compiled.status().message());
+  if (Status s = structured::CheckCompiles(*spec); !s.ok())
+    return r.Fail(field.c_str(), s.message());
   plan.params.grammar = std::move(spec);
 }
 

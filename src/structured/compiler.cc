@@ -1,6 +1,8 @@
 #include "structured/compiler.h"
 
 #include <algorithm>
+#include <mutex>
+#include <unordered_map>
 
 #include "structured/gbnf.h"
 #include "structured/json_schema.h"
@@ -230,6 +232,26 @@ Result<std::shared_ptr<const CompiledGrammar>> CompileForBytes(const GrammarSpec
   }
   return std::make_shared<const CompiledGrammar>(std::move(automaton).value(), nullptr, nullptr,
                                                  KindName(spec.kind));
+}
+
+Status CheckCompiles(const GrammarSpec& spec) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, Status> verdicts;
+  static size_t bytes = 0;
+  const std::string key = spec.CacheKey();
+  {
+    std::lock_guard lock(mu);
+    if (auto it = verdicts.find(key); it != verdicts.end()) return it->second;
+  }
+  auto compiled = CompileForBytes(spec);
+  Status verdict = compiled.ok() ? Status::Ok() : compiled.status();
+  std::lock_guard lock(mu);
+  if (bytes + key.size() > (size_t{64} << 20)) {
+    verdicts.clear();
+    bytes = 0;
+  }
+  if (verdicts.emplace(key, verdict).second) bytes += key.size();
+  return verdict;
 }
 
 namespace {

@@ -139,6 +139,11 @@ Result<Grammar> BuildGrammar(const GrammarSpec& spec, const GrammarLimits& limit
 Result<std::shared_ptr<const CompiledGrammar>> CompileForBytes(const GrammarSpec& spec,
                                                                const GrammarLimits& limits = {});
 
+// Whether the spec compiles (CompileForBytes with the default limits), the verdict remembered by
+// the spec's text (up to 64 MB of texts; then forgotten and relearned), so a server checking the
+// same schema on every request compiles it once. Thread-safe.
+Status CheckCompiles(const GrammarSpec& spec);
+
 class GrammarCompiler {
  public:
   explicit GrammarCompiler(Vocabulary vocab, GrammarLimits limits = {},

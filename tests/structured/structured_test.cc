@@ -41,6 +41,20 @@ constexpr auto kRegex = GrammarSpec::Kind::kRegex;
 constexpr auto kGbnf = GrammarSpec::Kind::kGbnf;
 constexpr auto kSchema = GrammarSpec::Kind::kJsonSchema;
 
+// The request path's check: CompileForBytes's verdict, the same when remembered.
+TEST(StructuredCheck, RemembersTheVerdictByText) {
+  const GrammarSpec good{GrammarSpec::Kind::kJsonSchema, R"({"type": "integer", "maximum": 9})"};
+  const GrammarSpec bad{GrammarSpec::Kind::kJsonSchema,
+                        R"({"type": "array", "uniqueItems": true})"};
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_TRUE(CheckCompiles(good).ok());
+    const Status s = CheckCompiles(bad);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.message(), CompileForBytes(bad).status().message());
+    EXPECT_NE(s.message().find("uniqueItems"), std::string::npos) << s.message();
+  }
+}
+
 TEST(StructuredRegex, LiteralsClassesQuantifiers) {
   auto g = Compile(kRegex, R"(^[a-c]+\d{2,3}(x|yz)?\.$)");
   EXPECT_TRUE(Matches(g, "ab12."));
