@@ -140,16 +140,16 @@ ToolRequestOrError ReadToolRequest(const json* tools, const json* tool_choice,
       if (request.choice == ToolChoice::kNamed && f.name != request.named) continue;
       structured::GrammarSpec spec{
           structured::GrammarSpec::Kind::kJsonSchema, f.parameters.dump(), {}, ""};
-      auto compiled = structured::CompileForBytes(spec);
-      if (!compiled.ok())
-        return fail(fmt::format("tools[{}].function.parameters", i), compiled.status().message());
+      // Remembered by text: a client sends the same tools with every request.
+      if (Status checked = structured::CheckCompiles(spec); !checked.ok())
+        return fail(fmt::format("tools[{}].function.parameters", i), checked.message());
     }
     structured::GrammarSpec spec{structured::GrammarSpec::Kind::kStructural,
                                  ToolCallGrammar(format, forced, request.max_calls()).dump(),
                                  {},
                                  ""};
-    auto compiled = structured::CompileForBytes(spec);
-    if (!compiled.ok()) return fail("tools", compiled.status().message());
+    if (Status checked = structured::CheckCompiles(spec); !checked.ok())
+      return fail("tools", checked.message());
     request.grammar = std::move(spec);
   }
   if (tools || tool_choice) out.request = std::move(request);
