@@ -191,7 +191,7 @@ def test_malformed_bodies(server, client):
 
 # ---- tools and reasoning (the chat path's parsers and forcing grammars, chat_output/) ----
 
-from test_tool_calling import (ADD, SCHEMAS, TOOLS, r1_client, r1_model_dir,  # noqa: E402,F401
+from test_tool_calling import (ADD, SCHEMAS, TOOLS, r1_client,  # noqa: E402,F401
                                tool_server, tools_client)
 
 # Responses function tools are flat: {"type": "function", "name", "parameters", ...}.
