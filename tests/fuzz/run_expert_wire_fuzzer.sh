@@ -8,7 +8,8 @@ corpus="$build/expert_wire_corpus"
 mkdir -p "$corpus"
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I "$src/src" "$src/tests/fuzz/expert_wire_fuzzer.cc" "$src/src/model/expert_wire.cc" \
-  "$src/src/tensor/packed_matrix.cc" "$src/src/tensor/dtype.cc" "$src/src/base/thread_pool.cc" \
+  "$src/src/tensor/packed_matrix.cc" "$src/src/tensor/ggml_quants.cc" "$src/src/tensor/dtype.cc" \
+  "$src/src/base/thread_pool.cc" \
   -lfmt -pthread -o "$build/expert_wire_fuzzer"
 # Seeds: a 3×5 expert (width 3, hidden 5) as f32 rows, as f32 panels, and as fp8 rows with block
 # scales, in the layout expert_wire.cc writes.
