@@ -78,8 +78,9 @@ bool Travels(DType dtype) {
          dtype == DType::kF8E4M3;
 }
 
+// a ≥ 0; b comes off the wire and may be huge, so a + b - 1 could overflow.
 int64_t CeilDiv(int64_t a, int64_t b) {
-  return b > 0 ? (a + b - 1) / b : 0;
+  return b > 0 ? a / b + (a % b != 0 ? 1 : 0) : 0;
 }
 
 size_t RowScaleCount(const Matrix& m) {
