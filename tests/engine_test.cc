@@ -947,11 +947,12 @@ TEST(EngineTest, MasksBesideTheForwardChangeNothing) {
     p.seed = 11 + i;
     p.max_tokens = 60;
     p.logprobs = 3;
-    if (i % 3 == 0) p.grammar = structured::GrammarSpec{structured::GrammarSpec::Kind::kJsonObject, ""};
+    if (i % 3 == 0)
+      p.grammar = structured::GrammarSpec{structured::GrammarSpec::Kind::kJsonObject, ""};
     if (i % 3 == 1) p.grammar = PersonSchema();
     if (i % 3 == 2)
-      p.grammar = structured::GrammarSpec{structured::GrammarSpec::Kind::kChoice, "",
-                                          {"France", "England", "Rome"}};
+      p.grammar = structured::GrammarSpec{
+          structured::GrammarSpec::Kind::kChoice, "", {"France", "England", "Rome"}};
     params.push_back(p);
   }
   params.push_back(Greedy(20));  // unconstrained, beside them
@@ -1030,7 +1031,8 @@ TEST(EngineTest, ForcedToolCallsAreValid) {
     h.RunToIdle();
     alone.push_back(Collect(*stream));
     const Collected& a = alone.back();
-    std::printf("request %zu (%s): %s\n", i, a.finish.c_str(), nlohmann::json(a.text).dump().c_str());
+    std::printf("request %zu (%s): %s\n", i, a.finish.c_str(),
+                nlohmann::json(a.text).dump().c_str());
     if (a.finish != "stop") continue;  // a call cut by max_tokens is only a prefix
     std::string text = a.text;
     if (params[i].grammar->begin_after.size()) {
@@ -1090,7 +1092,8 @@ TEST(EngineTest, ForcedToolCallsAreValid) {
   again.RunToIdle();
   const Collected rest = Collect(*stream.value());
   EXPECT_EQ(rest.finish, "stop");
-  const auto parsed = chat_output::ParseToolCalls(chat_output::ToolCallFormat::kDeepSeekV3, rest.text);
+  const auto parsed =
+      chat_output::ParseToolCalls(chat_output::ToolCallFormat::kDeepSeekV3, rest.text);
   EXPECT_FALSE(parsed.calls.empty()) << rest.text;
   // Resumed output outside the grammar is refused.
   EngineRequest wrong{"wrong", prompt, params[0]};

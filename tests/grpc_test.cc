@@ -151,9 +151,9 @@ TEST(GrpcTest, WhatStoppedARequestCrossesTheWire) {
 // reasoning model's forced tool call).
 TEST(GrpcTest, GrammarsCrossTheWire) {
   EngineRequest request{"grammar", {1, 2, 3}, {}};
-  request.params.grammar = structured::GrammarSpec(structured::GrammarSpec::Kind::kStructural,
-                                                   R"({"type": "text", "text": "x"})", {"a", "b"},
-                                                   "</think>");
+  request.params.grammar =
+      structured::GrammarSpec(structured::GrammarSpec::Kind::kStructural,
+                              R"({"type": "text", "text": "x"})", {"a", "b"}, "</think>");
   const EngineRequest back = serve::RequestFromProto(serve::RequestToProto(request));
   ASSERT_TRUE(back.params.grammar.has_value());
   EXPECT_EQ(back.params.grammar->kind, structured::GrammarSpec::Kind::kStructural);

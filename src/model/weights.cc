@@ -462,7 +462,9 @@ void PackWeights(const ModelConfig& config, ModelWeights& weights) {
   }
 }
 
-void PackRoutedExpert(FeedForwardWeights& expert) { PackFeedForward(expert); }
+void PackRoutedExpert(FeedForwardWeights& expert) {
+  PackFeedForward(expert);
+}
 
 Status LoadRoutedExperts(const Checkpoint& checkpoint, const ModelConfig& c, int64_t layer,
                          const std::vector<int32_t>& experts, bool pack, MoeWeights& moe) {

@@ -132,7 +132,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     event.logprobs = {{5, -1.0f, {{5, -1.0f}}}, {300, -2.0f, {}}};
     for (auto& r : results) {
       r.tokens = event.token_ids;
-      r.text = "ok</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}";
+      r.text =
+          "ok</"
+          "think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}";
       r.logprobs = event.logprobs;
       r.finish_reason = "length";
       r.prompt_tokens = 3;
