@@ -167,13 +167,16 @@ TEST_P(ExpertPlacementRuns, LogitsMatchTheSingleProcessRun) {
 INSTANTIATE_TEST_SUITE_P(Launches, ExpertPlacementRuns,
                          ::testing::Values(PlacementCase{2, 2, false, ""},
                                            PlacementCase{4, 4, true, "--overlap microbatch"},
-                                           PlacementCase{4, 0, true, "--overlap dispatch --tp 2"}),
+                                           PlacementCase{4, 0, true, "--overlap dispatch --tp 2"},
+                                           PlacementCase{4, 4, true, "--replica-dispatch spread"}),
                          [](const ::testing::TestParamInfo<PlacementCase>& info) {
                            const PlacementCase& c = info.param;
                            return "ep" + std::to_string(c.ranks) + "_r" +
                                   std::to_string(c.redundant) +
                                   (c.from_eplb ? "_eplb" : "_default") +
-                                  (c.flags.empty() ? "" : "_overlap");
+                                  (c.flags.find("--overlap") != std::string::npos ? "_overlap"
+                                                                                   : "") +
+                                  (c.flags.find("spread") != std::string::npos ? "_spread" : "");
                          });
 
 // Runs on a skewed workload: the load measured under EP4, balanced with four redundant experts,

@@ -41,6 +41,12 @@ void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
                    "Under mpirun: R extra physical experts, each rank holding (E + R) / N; without "
                    "--expert-placement the extra slots replicate experts 0, 1, ...")
       ->check(CLI::NonNegativeNumber);
+  verb->add_option("--replica-dispatch", args.replica_dispatch,
+                   "Under mpirun, with redundant experts: own-rank (a token takes the replica on "
+                   "its rank where there is one: fewer bytes on the wire) or spread (every "
+                   "replica an even share of its expert's tokens from every rank: the balance "
+                   "EPLB plans for)")
+      ->check(CLI::IsMember({"own-rank", "spread"}));
   verb->add_option("--expert-placement", args.expert_placement,
                    "Under mpirun: the logical experts in each rank's slots per MoE layer, a JSON "
                    "file from `switchyard eplb` (default: contiguous ranges)");

@@ -221,8 +221,9 @@ void ExpertDispatcher::CombineRecv(float* out) {
 }
 
 ExpertParallelMoe::ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire,
-                                     OverlapMode overlap, const ExpertPlacement* placement)
-    : overlap_(overlap), rank_(comm.rank()) {
+                                     OverlapMode overlap, const ExpertPlacement* placement,
+                                     ReplicaDispatch replicas)
+    : overlap_(overlap), replica_dispatch_(replicas), rank_(comm.rank()) {
   const int64_t physical =
       placement != nullptr ? placement->slots_per_rank * comm.size() : config.n_routed_experts;
   slots_.reserve(kSlots);
@@ -246,7 +247,8 @@ void ExpertParallelMoe::SetPlacement(const ExpertPlacement& placement) {
     route.own.assign(static_cast<size_t>(placement.experts), -1);
     for (size_t p = 0; p < slots.size(); ++p) {
       route.replicas[slots[p]].push_back(static_cast<int32_t>(p));
-      if (static_cast<int64_t>(p) / placement.slots_per_rank == rank_ && route.own[slots[p]] < 0)
+      if (replica_dispatch_ == ReplicaDispatch::kOwnRank &&
+          static_cast<int64_t>(p) / placement.slots_per_rank == rank_ && route.own[slots[p]] < 0)
         route.own[slots[p]] = static_cast<int32_t>(p);
     }
     route_layers_.push_back(placement.layers[l]);

@@ -69,20 +69,29 @@ class ExpertDispatcher {
 // executor through Begin/Middle/End; a whole-layer Run then behaves as dispatch overlap.
 enum class OverlapMode { kNone, kDispatch, kMicrobatch };
 
+// Which replica of a logical expert a routed slot goes to (with a placement that has them).
+// own-rank: the replica on the token's rank where there is one (no bytes on the wire for it),
+// else one spread by token. spread: always spread by token over every replica, so each replica
+// gets an even share of its expert's load from every rank — the split EPLB's balance assumes
+// (plan/eplb.h); own-rank loads a replica with its whole rank's share, which differs by rank
+// when the ranks serve different requests. SGLang calls these "static" and "dynamic".
+enum class ReplicaDispatch { kOwnRank, kSpread };
+
 // Runs MoE layers expert-parallel over `comm`. Each rank must hold the experts of its slots —
 // [rank·E/N, (rank+1)·E/N) without a placement, else those the placement gives it in each layer
 // (WeightLoadOptions) — and calls Run (or Begin, Middle, End) for every MoE layer of every step,
 // with zero tokens when it has no work.
 //
-// With a placement, each routed slot goes to one replica of its logical expert: the one on this
-// rank if there is one, else replica (token + rank) mod replicas — deterministic, and spread
-// evenly. The weighted sum still adds a token's experts in ascending logical order, so outputs
+// With a placement, each routed slot goes to one replica of its logical expert (ReplicaDispatch):
+// the one on this rank if there is one, else replica (token + rank) mod replicas — deterministic,
+// and spread evenly. The weighted sum still adds a token's experts in ascending logical order, so outputs
 // do not depend on the placement.
 class ExpertParallelMoe final : public MoeExecutor {
  public:
   // placement: null for the contiguous one; else checked against the model (CheckPlacement).
   ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire, OverlapMode overlap,
-                    const ExpertPlacement* placement = nullptr);
+                    const ExpertPlacement* placement = nullptr,
+                    ReplicaDispatch replicas = ReplicaDispatch::kOwnRank);
   void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
            int64_t tokens, float* out) override;
   void Begin(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
@@ -130,6 +139,7 @@ class ExpertParallelMoe final : public MoeExecutor {
 
   std::vector<InFlight> slots_;
   OverlapMode overlap_;
+  ReplicaDispatch replica_dispatch_;
   int rank_ = 0;
   std::vector<int64_t> route_layers_;  // ascending, parallel to routes_
   std::vector<LayerRoute> routes_;

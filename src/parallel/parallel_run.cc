@@ -129,10 +129,10 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
   // Same checkpoint and flags everywhere: compare a fingerprint of what shapes the run.
   const ModelConfig& c = run.model->config();
   const std::string fingerprint = fmt::format(
-      "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype, args.overlap,
+      "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype, args.overlap,
       args.tp, args.attention_split, c.vocab_size, c.hidden_size, c.n_routed_experts, ranks,
       run.placement ? ExpertPlacementToJson(*run.placement) : "contiguous",
-      args.record_expert_load);
+      args.record_expert_load, args.replica_dispatch);
   std::vector<uint8_t> mine(fingerprint.begin(), fingerprint.end());
   std::vector<uint8_t> root = comm.Broadcast(mine);
   if (comm.AllReduceMax(root == mine ? 0 : 1) != 0)
@@ -146,7 +146,10 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
                                                 args.wire_dtype == "f32"   ? DType::kF32
                                                 : args.wire_dtype == "fp8" ? DType::kF8E4M3
                                                                            : DType::kBF16,
-                                                overlap, run.placement.get());
+                                                overlap, run.placement.get(),
+                                                args.replica_dispatch == "spread"
+                                                    ? ReplicaDispatch::kSpread
+                                                    : ReplicaDispatch::kOwnRank);
   run.moe->set_load_recorder(run.load.get());
   if (run.rebalance) RecordExpertLoadWindows(run, args.eplb_interval, nullptr);
   if (run.tp > 1) {

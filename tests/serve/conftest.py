@@ -21,11 +21,17 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 
+# Every process a test started, so a failing test shows what each of them printed.
+STARTED = []
+
+
 class Server:
     """A switchyard process serving HTTP: `serve` on model_dir, or any `command` (the router)
     that prints the same 'serving … on http://H:P (pid N; …)' line."""
 
     def __init__(self, model_dir, *extra, ranks=1, threads=2, command=None):
+        STARTED.append(self)
+        self.stopped = False
         self.model_dir = model_dir
         launcher = MPIRUN + ["-np", str(ranks)] if ranks > 1 else []
         if command is None:
@@ -51,7 +57,9 @@ class Server:
         assert self.port, "server did not start:\n" + "".join(self.log)
         self.url = f"{self.scheme}://{self.host}:{self.port}"
         # Keep reading what it prints: the pipe never fills, and the log stays whole.
-        threading.Thread(target=lambda: self.log.extend(self.process.stdout), daemon=True).start()
+        self.reader = threading.Thread(target=lambda: self.log.extend(self.process.stdout),
+                                       daemon=True)
+        self.reader.start()
 
     def request(self, method, path, body=None, headers=None, raw=None):
         """(status, parsed JSON or text, headers) of one plain HTTP request."""
@@ -96,6 +104,7 @@ class Server:
         os.kill(self.pid, signal.SIGTERM)
 
     def stop(self):
+        self.stopped = True
         if self.process.poll() is None:
             self.terminate()
             try:
@@ -103,7 +112,27 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        # What it printed last (its "stopped" line) is in the log once its output has ended.
+        self.reader.join(timeout=30)
         return self.process.returncode
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """On a failure, the end of every started process's output, and whether it is still
+    running: a server that died or stalled says why in its own log, not in the test's."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for server in STARTED:
+        code = server.process.poll()
+        if code is not None and server.stopped:
+            continue  # ended by its test, as meant
+        state = "running" if code is None else f"exited {code} unasked"
+        where = getattr(server, "url", "(not started)")
+        report.sections.append((f"{where} {' '.join(server.process.args[3:5])} ({state})",
+                                "".join(server.log[-30:])))
 
 
 @pytest.fixture(scope="session")

@@ -243,7 +243,9 @@ def test_a_hung_instance_is_ejected_its_streams_move_and_it_comes_back(instances
             procs[2].process.send_signal(signal.SIGCONT)
         assert [text for text, _ in results] == reference
         assert f"127.0.0.1:{ports[2]} ejected" in "".join(router.log)
-        assert readmitted(router, f"127.0.0.1:{ports[2]}"), "".join(router.log)
+        assert readmitted(router, f"127.0.0.1:{ports[2]}"), (
+            "".join(router.log) + f"\ninstance (exit {procs[2].process.poll()}):\n"
+            + "".join(procs[2].log[-40:]))
     finally:
         assert router.stop() == 0, "".join(router.log)
 
