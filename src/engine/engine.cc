@@ -919,6 +919,7 @@ bool Engine::StepOnce(bool must_step) {
         ++it;
       }
     }
+    PublishGauges();  // /metrics and the router's load probe must not keep the failed requests
     return true;
   }
   const int64_t vocab = model_.config().vocab_size;
