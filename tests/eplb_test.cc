@@ -283,6 +283,119 @@ TEST(ExpertLoad, RecorderCountsSlotsStepsAndTokens) {
   EXPECT_EQ(recorder.Snapshot().steps, 0);
 }
 
+// Single exchanges are sampled per layer, the same ones for the same sequence of calls (so
+// every rank keeps the same and the root adds them up), at most kExchangeSamples, and they
+// survive the JSON round trip; malformed samples are named.
+TEST(ExpertLoad, RecorderSamplesSingleExchanges) {
+  ExpertRouting routing;
+  routing.top_k = 2;
+  auto run = [&](ExpertLoadRecorder& recorder, int calls) {
+    for (int i = 0; i < calls; ++i) {
+      routing.tokens = 1 + i % 3;
+      routing.expert_ids.clear();
+      for (int64_t k = 0; k < routing.tokens * 2; ++k)
+        routing.expert_ids.push_back(static_cast<int32_t>((i + k) % 4));
+      recorder.Record(1, routing);
+    }
+  };
+  ExpertLoadRecorder few({1}, 4, 2), many({1}, 4, 2), again({1}, 4, 2);
+  run(few, 5);
+  ASSERT_EQ(few.Snapshot().exchanges[0].size(), 5u);
+  EXPECT_EQ(few.Snapshot().exchanges[0][0], (std::vector<int64_t>{1, 1, 0, 0}));
+  EXPECT_EQ(few.Snapshot().exchanges[0][1], (std::vector<int64_t>{1, 1, 1, 1}));
+  run(many, 1000);
+  run(again, 1000);
+  const ExpertLoad load = many.Snapshot();
+  ASSERT_EQ(load.exchanges[0].size(), static_cast<size_t>(kExchangeSamples));
+  EXPECT_EQ(load.exchanges, again.Snapshot().exchanges);
+  // A sample of the whole window, not its first exchanges.
+  ExpertLoadRecorder first({1}, 4, 2);
+  run(first, static_cast<int>(kExchangeSamples));
+  EXPECT_NE(load.exchanges, first.Snapshot().exchanges);
+  for (const auto& sample : load.exchanges[0]) {
+    int64_t slots = 0;
+    for (int64_t c : sample)
+      slots += c;
+    EXPECT_TRUE(slots == 2 || slots == 4 || slots == 6) << slots;
+  }
+  auto parsed = ParseExpertLoad(ExpertLoadToJson(load), "load.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->exchanges, load.exchanges);
+  EXPECT_NE(ParseExpertLoad(R"({"experts": 2, "top_k": 1, "layers": [{"layer": 1, "counts": [1, 2],
+                               "exchanges": [[1, 2], [3]]}]})",
+                            "l.json")
+                .status()
+                .message()
+                .find("l.json: layers[0] (layer 1): exchanges[1] must list 2 experts"),
+            std::string::npos);
+  EXPECT_NE(ParseExpertLoad(R"({"experts": 2, "top_k": 1, "layers": [{"layer": 1, "counts": [1, 2],
+                               "exchanges": [[1, -2]]}]})",
+                            "l.json")
+                .status()
+                .message()
+                .find("exchanges[0] must hold non-negative integers"),
+            std::string::npos);
+  many.Clear();
+  EXPECT_TRUE(many.Snapshot().exchanges[0].empty());
+}
+
+// Experts hot in the same exchanges: the window's sums are even, so the greedy steps may put
+// them on one rank (here they do: 0 and 2, 1 and 3), and every exchange then has a rank with
+// all of its load. The refinement for the sampled exchanges separates them.
+TEST(Eplb, RefinementSeparatesExpertsHotInTheSameExchanges) {
+  ExpertLoad load = LoadOf({{10, 10, 10, 10}});
+  EplbOptions options;
+  options.ranks = 2;
+  auto greedy = RebalanceExperts(load, options);
+  ASSERT_TRUE(greedy.ok());
+  EXPECT_EQ(greedy->physical[0], (std::vector<int32_t>{0, 2, 1, 3}));
+  load.exchanges = {{{5, 0, 5, 0}, {0, 5, 0, 5}}};
+  EXPECT_DOUBLE_EQ(PredictedExchangeImbalance(greedy.value(), load).value(), 2.0);
+  auto refined = RebalanceExperts(load, options);
+  ASSERT_TRUE(refined.ok());
+  EXPECT_DOUBLE_EQ(PredictedExchangeImbalance(refined.value(), load).value(), 1.0);
+  EXPECT_DOUBLE_EQ(PredictedImbalance(refined.value(), load), 1.0);  // the sums stay even
+  std::vector<int32_t> held = refined->physical[0];
+  std::sort(held.begin(), held.end());
+  EXPECT_EQ(held, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_FALSE(PredictedExchangeImbalance(greedy.value(), LoadOf({{10, 10, 10, 10}})));
+}
+
+// On random loads with replicas: never worse than the greedy placement by the objective, no
+// rank with fewer distinct experts than before, every expert still placed as often.
+TEST(Eplb, RefinementNeverWorsensAndKeepsReplicas) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t experts = 16;
+    std::vector<int64_t> counts(experts);
+    std::vector<std::vector<int64_t>> samples(12, std::vector<int64_t>(experts));
+    for (auto& sample : samples)
+      for (int64_t e = 0; e < experts; ++e) {
+        sample[e] = static_cast<int64_t>(rng() % (e % 5 == 0 ? 40 : 8));
+        counts[e] += sample[e];
+      }
+    ExpertLoad load = LoadOf({counts});
+    EplbOptions options;
+    options.ranks = 4;
+    options.redundant = 4;
+    const ExpertPlacement greedy = RebalanceExperts(load, options).value();
+    load.exchanges = {samples};
+    const ExpertPlacement refined = RebalanceExperts(load, options).value();
+    const double before =
+        PredictedExchangeImbalance(greedy, load).value() + PredictedImbalance(greedy, load);
+    const double after =
+        PredictedExchangeImbalance(refined, load).value() + PredictedImbalance(refined, load);
+    EXPECT_LE(after, before + 1e-9) << "trial " << trial;
+    std::vector<int32_t> a = greedy.physical[0], b = refined.physical[0];
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    EXPECT_EQ(a, b);
+    for (int r = 0; r < 4; ++r)  // no swap puts a second replica of an expert on a rank
+      EXPECT_GE(HeldExperts(refined.physical[0], refined.slots_per_rank, r).size(),
+                HeldExperts(greedy.physical[0], greedy.slots_per_rank, r).size());
+  }
+}
+
 TEST(ExpertLoad, ImbalanceIsBusiestOverMeanSummedOverExchanges) {
   // Two ranks, three exchanges: (3, 1), (2, 2), (0, 0) → (3 + 2) / (2 + 2).
   std::vector<double> per_layer;

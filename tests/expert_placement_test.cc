@@ -175,7 +175,7 @@ INSTANTIATE_TEST_SUITE_P(Launches, ExpertPlacementRuns,
                                   std::to_string(c.redundant) +
                                   (c.from_eplb ? "_eplb" : "_default") +
                                   (c.flags.find("--overlap") != std::string::npos ? "_overlap"
-                                                                                   : "") +
+                                                                                  : "") +
                                   (c.flags.find("spread") != std::string::npos ? "_spread" : "");
                          });
 

@@ -21,6 +21,13 @@ struct EplbArgs {
   std::string out;
 };
 
+std::string SampledExchanges(const ExpertLoad& load) {
+  size_t samples = 0;
+  for (const auto& layer : load.exchanges)
+    samples += layer.size();
+  return std::to_string(samples);
+}
+
 void RunEplb(const EplbArgs& args) {
   std::ifstream in(args.load);
   if (!in) FailVerb(fmt::format("--load {}: cannot read", args.load));
@@ -56,6 +63,18 @@ void RunEplb(const EplbArgs& args) {
   } else {
     std::printf("predicted imbalance (busiest rank / mean): balanced %.3f\n",
                 PredictedImbalance(placement.value(), load.value()));
+  }
+  // What the measured imbalance counts: each exchange's busiest rank (the recording's samples).
+  if (auto balanced = PredictedExchangeImbalance(placement.value(), load.value())) {
+    if (load->experts % args.ep == 0)
+      std::printf("per exchange (%s sampled): contiguous %.3f, balanced %.3f\n",
+                  SampledExchanges(load.value()).c_str(),
+                  *PredictedExchangeImbalance(
+                      DefaultPlacement(load->layers, load->experts, args.ep, 0), load.value()),
+                  *balanced);
+    else
+      std::printf("per exchange (%s sampled): balanced %.3f\n",
+                  SampledExchanges(load.value()).c_str(), *balanced);
   }
   std::printf("wrote %s\n", args.out.c_str());
 }

@@ -11,6 +11,8 @@ std::string ExpertLoadToJson(const ExpertLoad& load) {
   for (size_t i = 0; i < load.layers.size(); ++i) {
     nlohmann::json layer = {{"layer", load.layers[i]}, {"counts", load.counts[i]}};
     if (i < load.layer_imbalance.size()) layer["imbalance"] = load.layer_imbalance[i];
+    if (i < load.exchanges.size() && !load.exchanges[i].empty())
+      layer["exchanges"] = load.exchanges[i];
     layers.push_back(std::move(layer));
   }
   nlohmann::json out = {{"experts", load.experts},
@@ -88,12 +90,37 @@ Result<ExpertLoad> ParseExpertLoad(const std::string& text, const std::string& s
                               index, e);
       values.push_back(v.get<int64_t>());
     }
+    std::vector<std::vector<int64_t>> exchanges;
+    if (layer.contains("exchanges")) {
+      const nlohmann::json& samples = layer["exchanges"];
+      if (!samples.is_array() || samples.size() > 4 * static_cast<size_t>(kExchangeSamples))
+        return Status::Errorf("{} (layer {}): 'exchanges' must be an array of at most {} samples",
+                              where, index, 4 * kExchangeSamples);
+      for (size_t t = 0; t < samples.size(); ++t) {
+        const nlohmann::json& sample = samples[t];
+        if (!sample.is_array() || sample.size() != static_cast<size_t>(load.experts))
+          return Status::Errorf("{} (layer {}): exchanges[{}] must list {} experts", where, index,
+                                t, load.experts);
+        std::vector<int64_t> row;
+        for (const nlohmann::json& v : sample) {
+          if (!v.is_number_integer() || v.get<int64_t>() < 0)
+            return Status::Errorf("{} (layer {}): exchanges[{}] must hold non-negative integers",
+                                  where, index, t);
+          row.push_back(v.get<int64_t>());
+        }
+        exchanges.push_back(std::move(row));
+      }
+    }
     load.layers.push_back(index);
     load.counts.push_back(std::move(values));
+    load.exchanges.push_back(std::move(exchanges));
     if (layer.contains("imbalance") && layer["imbalance"].is_number())
       load.layer_imbalance.push_back(layer["imbalance"].get<double>());
   }
   if (load.layer_imbalance.size() != load.layers.size()) load.layer_imbalance.clear();
+  if (std::all_of(load.exchanges.begin(), load.exchanges.end(),
+                  [](const auto& samples) { return samples.empty(); }))
+    load.exchanges.clear();
   return load;
 }
 
@@ -132,6 +159,8 @@ double ImbalanceOverExchanges(const std::vector<std::vector<int64_t>>& rows,
 ExpertLoadRecorder::ExpertLoadRecorder(std::vector<int64_t> layers, int64_t experts, int64_t top_k)
     : layers_(std::move(layers)), experts_(experts), top_k_(top_k) {
   counts_.assign(layers_.size(), std::vector<int64_t>(static_cast<size_t>(experts_), 0));
+  samples_.resize(layers_.size());
+  routed_.assign(layers_.size(), 0);
 }
 
 int ExpertLoadRecorder::LayerIndex(int64_t layer) const {
@@ -157,6 +186,26 @@ void ExpertLoadRecorder::Record(int64_t layer, const ExpertRouting& routing) {
   std::vector<int64_t>& counts = counts_[index];
   for (int32_t expert : routing.expert_ids)
     ++counts[expert];
+  // Reservoir sampling of this layer's exchanges: the n-th is kept with probability k/n, in the
+  // slot a hash of (layer, n) picks, so every rank keeps the same exchanges (they make the same
+  // ones in the same order) and the root can add them up.
+  const int64_t n = ++routed_[index];
+  int64_t keep = n - 1;
+  if (n > kExchangeSamples) {
+    uint64_t h = static_cast<uint64_t>(n) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(index);
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    keep = static_cast<int64_t>(h % static_cast<uint64_t>(n));
+  }
+  if (keep < kExchangeSamples) {
+    std::vector<std::vector<int64_t>>& samples = samples_[index];
+    if (keep >= static_cast<int64_t>(samples.size())) samples.resize(keep + 1);
+    std::vector<int64_t>& sample = samples[keep];
+    sample.assign(static_cast<size_t>(experts_), 0);
+    for (int32_t expert : routing.expert_ids)
+      ++sample[expert];
+  }
   if (index == 0) {
     if (last_layer_ != layer) ++steps_;
     tokens_ += routing.tokens;
@@ -180,6 +229,7 @@ ExpertLoad ExpertLoadRecorder::Snapshot() const {
   load.counts = counts_;
   load.steps = steps_;
   load.tokens = tokens_;
+  load.exchanges = samples_;
   return load;
 }
 
@@ -198,6 +248,9 @@ void ExpertLoadRecorder::Clear() {
   last_layer_ = -1;
   exchange_rows_.clear();
   exchange_layer_.clear();
+  for (auto& samples : samples_)
+    samples.clear();
+  std::fill(routed_.begin(), routed_.end(), 0);
 }
 
 void ExpertLoadRecorder::SetWindow(int64_t steps, std::function<void()> on_window_end) {

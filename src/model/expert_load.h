@@ -29,10 +29,17 @@ struct ExpertLoad {
   std::optional<double> imbalance;
   // The same per layer, in `layers` order (empty without expert parallelism).
   std::vector<double> layer_imbalance;
+  // Per layer, routed slots per expert in single exchanges (all ranks summed): a sample of at
+  // most kExchangeSamples of the window's exchanges, the same ones on every rank. What the
+  // balancer evaluates a placement on beyond the window's sum (plan/eplb.h). May be empty.
+  std::vector<std::vector<std::vector<int64_t>>> exchanges;  // [layer][sample][expert]
 };
 
+// Exchanges sampled per layer and window (a reservoir: every exchange equally likely to be kept).
+inline constexpr int64_t kExchangeSamples = 128;
+
 // {"experts", "top_k", "groups", "ranks", "window": {"steps", "tokens"}, "expert_imbalance",
-//  "layers": [{"layer", "counts": [E], "imbalance"?}]}
+//  "layers": [{"layer", "counts": [E], "imbalance"?, "exchanges"?: [[E], ...]}]}
 std::string ExpertLoadToJson(const ExpertLoad& load);
 // Errors name `source` and the field at fault.
 Result<ExpertLoad> ParseExpertLoad(const std::string& json_text, const std::string& source);
@@ -88,6 +95,8 @@ class ExpertLoadRecorder {
   int64_t last_layer_ = -1;
   std::vector<int64_t> exchange_rows_;
   std::vector<int32_t> exchange_layer_;
+  std::vector<std::vector<std::vector<int64_t>>> samples_;  // ExpertLoad::exchanges, this rank's
+  std::vector<int64_t> routed_;                             // Record calls per layer this window
   int64_t window_steps_ = 0;
   std::function<void()> on_window_end_;
 };

@@ -209,6 +209,29 @@ std::vector<std::vector<double>> PredictedRankLoads(const ExpertPlacement& p,
   return out;
 }
 
+std::optional<double> PredictedExchangeImbalance(const ExpertPlacement& p, const ExpertLoad& load) {
+  // Each sampled exchange as a one-layer load of its own.
+  double busiest = 0, mean = 0;
+  bool any = false;
+  for (size_t l = 0; l < load.exchanges.size() && l < load.layers.size(); ++l)
+    for (const std::vector<int64_t>& sample : load.exchanges[l]) {
+      ExpertLoad one;
+      one.experts = load.experts;
+      one.layers = {load.layers[l]};
+      one.counts = {sample};
+      for (const std::vector<double>& ranks : PredictedRankLoads(p, one)) {
+        double total = 0;
+        for (double v : ranks)
+          total += v;
+        busiest += *std::max_element(ranks.begin(), ranks.end());
+        mean += total / static_cast<double>(ranks.size());
+        any = true;
+      }
+    }
+  if (!any) return std::nullopt;
+  return mean > 0 ? busiest / mean : 1.0;
+}
+
 double PredictedImbalance(const ExpertPlacement& p, const ExpertLoad& load) {
   double busiest = 0, mean = 0;
   for (const std::vector<double>& ranks : PredictedRankLoads(p, load)) {

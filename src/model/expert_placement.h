@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,5 +58,9 @@ std::vector<std::vector<double>> PredictedRankLoads(const ExpertPlacement& place
                                                     const ExpertLoad& load);
 // Σ over layers of the busiest rank's predicted load / Σ of the mean rank's.
 double PredictedImbalance(const ExpertPlacement& placement, const ExpertLoad& load);
+// The same over the sampled single exchanges (ExpertLoad::exchanges) instead of the window's
+// sums: what the measured imbalance counts. nullopt without samples.
+std::optional<double> PredictedExchangeImbalance(const ExpertPlacement& placement,
+                                                 const ExpertLoad& load);
 
 }  // namespace sy

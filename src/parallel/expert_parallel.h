@@ -84,8 +84,8 @@ enum class ReplicaDispatch { kOwnRank, kSpread };
 //
 // With a placement, each routed slot goes to one replica of its logical expert (ReplicaDispatch):
 // the one on this rank if there is one, else replica (token + rank) mod replicas — deterministic,
-// and spread evenly. The weighted sum still adds a token's experts in ascending logical order, so outputs
-// do not depend on the placement.
+// and spread evenly. The weighted sum still adds a token's experts in ascending logical order, so
+// outputs do not depend on the placement.
 class ExpertParallelMoe final : public MoeExecutor {
  public:
   // placement: null for the contiguous one; else checked against the model (CheckPlacement).

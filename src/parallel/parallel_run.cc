@@ -131,8 +131,8 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
   const std::string fingerprint = fmt::format(
       "{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", ModelConfigToJson(c), args.wire_dtype, args.overlap,
       args.tp, args.attention_split, c.vocab_size, c.hidden_size, c.n_routed_experts, ranks,
-      run.placement ? ExpertPlacementToJson(*run.placement) : "contiguous",
-      args.record_expert_load, args.replica_dispatch);
+      run.placement ? ExpertPlacementToJson(*run.placement) : "contiguous", args.record_expert_load,
+      args.replica_dispatch);
   std::vector<uint8_t> mine(fingerprint.begin(), fingerprint.end());
   std::vector<uint8_t> root = comm.Broadcast(mine);
   if (comm.AllReduceMax(root == mine ? 0 : 1) != 0)
@@ -142,14 +142,13 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
   const OverlapMode overlap = args.overlap == "dispatch"     ? OverlapMode::kDispatch
                               : args.overlap == "microbatch" ? OverlapMode::kMicrobatch
                                                              : OverlapMode::kNone;
-  run.moe = std::make_unique<ExpertParallelMoe>(comm, c,
-                                                args.wire_dtype == "f32"   ? DType::kF32
-                                                : args.wire_dtype == "fp8" ? DType::kF8E4M3
-                                                                           : DType::kBF16,
-                                                overlap, run.placement.get(),
-                                                args.replica_dispatch == "spread"
-                                                    ? ReplicaDispatch::kSpread
-                                                    : ReplicaDispatch::kOwnRank);
+  run.moe = std::make_unique<ExpertParallelMoe>(
+      comm, c,
+      args.wire_dtype == "f32"   ? DType::kF32
+      : args.wire_dtype == "fp8" ? DType::kF8E4M3
+                                 : DType::kBF16,
+      overlap, run.placement.get(),
+      args.replica_dispatch == "spread" ? ReplicaDispatch::kSpread : ReplicaDispatch::kOwnRank);
   run.moe->set_load_recorder(run.load.get());
   if (run.rebalance) RecordExpertLoadWindows(run, args.eplb_interval, nullptr);
   if (run.tp > 1) {
@@ -193,11 +192,18 @@ ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& record
   std::vector<int64_t> rows;
   std::vector<int32_t> exchange_layer;
   recorder.Exchanges(&rows, &exchange_layer);
-  // Each rank sends: tokens, exchange count, counts [layers × E], exchange rows.
+  // Each rank sends: tokens, exchange count, counts [layers × E], exchange rows, then per layer
+  // its sampled exchanges: their number and counts [samples × E] (the same exchanges on every
+  // rank, ExpertLoadRecorder).
   std::vector<int64_t> mine = {load.tokens, static_cast<int64_t>(rows.size())};
   for (const auto& counts : load.counts)
     mine.insert(mine.end(), counts.begin(), counts.end());
   mine.insert(mine.end(), rows.begin(), rows.end());
+  for (const auto& samples : load.exchanges) {
+    mine.push_back(static_cast<int64_t>(samples.size()));
+    for (const auto& sample : samples)
+      mine.insert(mine.end(), sample.begin(), sample.end());
+  }
   std::vector<uint8_t> bytes(mine.size() * sizeof(int64_t));
   std::memcpy(bytes.data(), mine.data(), bytes.size());
   const int64_t words = static_cast<int64_t>(mine.size());
@@ -210,6 +216,9 @@ ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& record
   load.tokens = 0;
   for (auto& counts : load.counts)
     std::fill(counts.begin(), counts.end(), 0);
+  for (auto& samples : load.exchanges)
+    for (auto& sample : samples)
+      std::fill(sample.begin(), sample.end(), 0);
   std::vector<std::vector<int64_t>> per_rank_rows;
   for (int r = 0; r < comm.size(); ++r) {
     const int64_t* w = reinterpret_cast<const int64_t*>(all.data()) + r * words;
@@ -220,6 +229,14 @@ ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& record
       for (auto& c : layer)
         c += *counts++;
     per_rank_rows.emplace_back(counts, counts + exchanges);
+    counts += exchanges;
+    for (auto& samples : load.exchanges) {
+      if (*counts++ != static_cast<int64_t>(samples.size()))
+        comm.Abort("ranks sampled different expert-parallel exchanges", 1);
+      for (auto& sample : samples)
+        for (auto& c : sample)
+          c += *counts++;
+    }
   }
   if (comm.size() > 1)
     load.imbalance = ImbalanceOverExchanges(per_rank_rows, exchange_layer, &load.layer_imbalance,

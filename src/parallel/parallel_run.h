@@ -28,8 +28,8 @@ struct ParallelOptions {
   std::string progress_thread = "on";     // a thread advancing started exchanges
   int64_t redundant_experts = 0;          // R: each rank holds (E + R) / N physical experts
   std::string replica_dispatch = "own-rank";  // own-rank | spread (ReplicaDispatch)
-  std::string expert_placement;           // a placement file (`switchyard eplb`); "" = default
-  bool record_expert_load = false;        // count routed slots per expert (ParallelRun::load)
+  std::string expert_placement;               // a placement file (`switchyard eplb`); "" = default
+  bool record_expert_load = false;            // count routed slots per expert (ParallelRun::load)
   // serve: each window's load to this file, its imbalance to /metrics (cli/parallel_setup.h)
   std::string expert_load_file;
   int64_t expert_load_window = 256;  // steps

@@ -52,8 +52,95 @@ bool UsesHierarchicalPolicy(const EplbOptions& o) {
   return o.groups % o.nodes == 0;
 }
 
+void RefineForExchanges(std::vector<int32_t>& slots, const std::vector<double>& load,
+                        const std::vector<std::vector<int64_t>>& exchanges, int64_t per_rank,
+                        int nodes, int64_t budget) {
+  const size_t P = slots.size();
+  if (exchanges.empty() || per_rank <= 0 || P % static_cast<size_t>(per_rank) != 0) return;
+  const int N = static_cast<int>(P / static_cast<size_t>(per_rank));
+  if (nodes < 1 || N % nodes != 0 || N < 2) return;
+  const int ranks_per_node = N / nodes;
+  // Row 0: the window's sum; rows 1..T: the sampled exchanges. Each row is weighted by the
+  // inverse of its mean rank load, so both terms of the objective are ratios.
+  std::vector<std::vector<double>> rows;
+  rows.push_back(load);
+  for (const auto& sample : exchanges)
+    rows.emplace_back(sample.begin(), sample.end());
+  const size_t T = rows.size();
+  std::vector<int> replicas(load.size(), 0);
+  for (int32_t e : slots)
+    ++replicas[static_cast<size_t>(e)];
+  std::vector<double> weight(T, 0.0);
+  double samples_mean = 0;
+  for (size_t t = 0; t < T; ++t) {
+    double total = 0;
+    for (double v : rows[t])
+      total += v;
+    if (t == 0)
+      weight[t] = total > 0 ? N / total : 0;
+    else
+      samples_mean += total / N;
+  }
+  for (size_t t = 1; t < T; ++t)
+    weight[t] = samples_mean > 0 ? 1 / samples_mean : 0;
+  auto share = [&](size_t t, size_t p) {
+    const int32_t e = slots[p];
+    return rows[t][static_cast<size_t>(e)] / replicas[static_cast<size_t>(e)];
+  };
+  std::vector<std::vector<double>> rank_load(T, std::vector<double>(static_cast<size_t>(N), 0.0));
+  for (size_t t = 0; t < T; ++t)
+    for (size_t p = 0; p < P; ++p)
+      rank_load[t][p / static_cast<size_t>(per_rank)] += share(t, p);
+  auto holds = [&](int rank, int32_t e, size_t except) {
+    for (size_t p = static_cast<size_t>(rank) * per_rank;
+         p < static_cast<size_t>(rank + 1) * per_rank; ++p)
+      if (p != except && slots[p] == e) return true;
+    return false;
+  };
+  int64_t spent = 0;
+  bool improved = true;
+  while (improved && spent < budget) {
+    improved = false;
+    for (int a = 0; a < N && !improved && spent < budget; ++a) {
+      const int node_end = (a / ranks_per_node + 1) * ranks_per_node;
+      for (int b = a + 1; b < node_end && !improved && spent < budget; ++b) {
+        // The busiest rank other than a and b in each row.
+        std::vector<double> others(T, 0.0);
+        for (size_t t = 0; t < T; ++t)
+          for (int r = 0; r < N; ++r)
+            if (r != a && r != b) others[t] = std::max(others[t], rank_load[t][r]);
+        for (size_t i = static_cast<size_t>(a) * per_rank;
+             i < static_cast<size_t>(a + 1) * per_rank && !improved; ++i)
+          for (size_t j = static_cast<size_t>(b) * per_rank;
+               j < static_cast<size_t>(b + 1) * per_rank && !improved; ++j) {
+            if (slots[i] == slots[j] || holds(a, slots[j], i) || holds(b, slots[i], j)) continue;
+            double delta = 0;
+            for (size_t t = 0; t < T; ++t) {
+              const double si = share(t, i), sj = share(t, j);
+              const double la = rank_load[t][a], lb = rank_load[t][b];
+              const double before = std::max({others[t], la, lb});
+              const double after = std::max({others[t], la - si + sj, lb - sj + si});
+              delta += weight[t] * (after - before);
+            }
+            spent += static_cast<int64_t>(T);
+            if (delta < -1e-9) {
+              for (size_t t = 0; t < T; ++t) {
+                const double si = share(t, i), sj = share(t, j);
+                rank_load[t][a] += sj - si;
+                rank_load[t][b] += si - sj;
+              }
+              std::swap(slots[i], slots[j]);
+              improved = true;
+            }
+          }
+      }
+    }
+  }
+}
+
 std::vector<int32_t> RebalanceLayer(const std::vector<double>& load, const EplbOptions& o,
-                                    bool hierarchical) {
+                                    bool hierarchical,
+                                    const std::vector<std::vector<int64_t>>& exchanges) {
   const int64_t experts = static_cast<int64_t>(load.size());
   const int64_t groups = hierarchical ? o.groups : 1;
   const int nodes = hierarchical ? o.nodes : 1;
@@ -94,6 +181,7 @@ std::vector<int32_t> RebalanceLayer(const std::vector<double>& load, const EplbO
       slots[slot] = static_cast<int32_t>(node_major_to_logical[n * experts_per_node + to_local[p]]);
     }
   }
+  RefineForExchanges(slots, load, exchanges, per_rank, nodes);
   return slots;
 }
 
@@ -118,9 +206,11 @@ Result<ExpertPlacement> RebalanceExperts(const ExpertLoad& load, const EplbOptio
   p.ranks = o.ranks;
   p.slots_per_rank = (experts + o.redundant) / o.ranks;
   p.layers = load.layers;
-  for (const std::vector<int64_t>& counts : load.counts) {
-    std::vector<double> layer_load(counts.begin(), counts.end());
-    p.physical.push_back(RebalanceLayer(layer_load, o, hierarchical));
+  for (size_t l = 0; l < load.counts.size(); ++l) {
+    std::vector<double> layer_load(load.counts[l].begin(), load.counts[l].end());
+    p.physical.push_back(RebalanceLayer(
+        layer_load, o, hierarchical,
+        l < load.exchanges.size() ? load.exchanges[l] : std::vector<std::vector<int64_t>>{}));
   }
   return p;
 }

@@ -42,9 +42,25 @@ void BalancedPacking(const std::vector<double>& weights, int packs, std::vector<
 std::vector<int32_t> ReplicateExperts(const std::vector<double>& weights, int64_t physical,
                                       std::vector<int>* replicas);
 
-// One layer: physical slot (rank · S + slot) → logical expert.
+// One layer: physical slot (rank · S + slot) → logical expert. With `exchanges` (sampled single
+// exchanges' counts, ExpertLoad::exchanges), the greedy placement is then refined for them
+// (RefineForExchanges).
 std::vector<int32_t> RebalanceLayer(const std::vector<double>& load, const EplbOptions& options,
-                                    bool hierarchical);
+                                    bool hierarchical,
+                                    const std::vector<std::vector<int64_t>>& exchanges = {});
+
+// Not in DeepSeek's algorithm. The greedy steps balance the window's sum, but a step's cost is
+// its busiest rank in each exchange, and experts that are hot in the same exchanges can share a
+// rank while the sums still balance. This swaps two slots between two ranks (ranks of one node
+// when `nodes` > 1; never two replicas of an expert on one rank) while the objective falls:
+//   Σ over sampled exchanges of the busiest rank / Σ of the mean rank
+//   + the same ratio for the window's sum.
+// The first improving swap is taken each time, and at most `budget` exchange evaluations are
+// spent, so a layer costs at most tens of milliseconds. Replica counts do not change, and each
+// replica carries an even share of its expert's tokens.
+void RefineForExchanges(std::vector<int32_t>& slots, const std::vector<double>& load,
+                        const std::vector<std::vector<int64_t>>& exchanges, int64_t per_rank,
+                        int nodes, int64_t budget = int64_t{1} << 22);
 
 // True when the hierarchical policy applies: groups divide evenly over the nodes.
 bool UsesHierarchicalPolicy(const EplbOptions& options);
