@@ -9,7 +9,7 @@
 #   MPIRUN="$PWD/scripts/netns-cluster.sh mpirun 4" runs the ranks on emulated hosts (after
 #   `scripts/netns-cluster.sh up 4`); the default is four ranks on this host. ROUNDS=N sends 8·N
 #   prompts (default 16); WORKLOAD=heldout sends openings of held-out passages instead (text
-#   like the model's training data).
+#   like the model's training data); OUT_OF_SAMPLE=1 records the load on other prompts.
 set -euo pipefail
 B=$(realpath "${1:-build/switchyard}")
 REPEATS=${2:-5}
@@ -21,27 +21,40 @@ base=('for (int i = 0; i < n; ++i) { x[i] = y[i] * 2; }' '0123456789 0123456789 
 # ROUNDS rounds of the eight prompts, each round with its own prefix (default 16: 128 prompts).
 # WORKLOAD=heldout: instead, 8·ROUNDS openings (80 characters) of the held-out passages
 # (configs/bench/heldout-prompts.jsonl), text like the model's training data.
-prompts=()
-if [[ "${WORKLOAD:-skewed}" == heldout ]]; then
-  mapfile -t base < <(python3 - "$(dirname "$0")/../configs/bench/heldout-prompts.jsonl" \
-    "$((8 * ${ROUNDS:-16}))" <<'PY'
+# make_prompts OFFSET: the prompts into `made` (rounds or passages from OFFSET on).
+make_prompts() {
+  made=()
+  local texts
+  if [[ "${WORKLOAD:-skewed}" == heldout ]]; then
+    mapfile -t texts < <(python3 - "$(dirname "$0")/../configs/bench/heldout-prompts.jsonl" \
+      "$((8 * ${ROUNDS:-16}))" "$1" <<'PY'
 import json, sys
 passages = [json.loads(line)["text"] for line in open(sys.argv[1])]
-for i in range(int(sys.argv[2])):
-    print(passages[i % len(passages)][:80].replace("\n", " ") + " %x" % i)
+start = 0 if sys.argv[3] == "0" else 200  # other prompts: text further into the passages
+for i in range(int(sys.argv[3]), int(sys.argv[3]) + int(sys.argv[2])):
+    print(passages[i % len(passages)][start:start + 80].replace("\n", " ") + " %x" % i)
 PY
-  )
-  for p in "${base[@]}"; do prompts+=(--prompt "$p"); done
-else
-  for ((r = 0; r < ${ROUNDS:-16}; r++)); do
-    for p in "${base[@]}"; do prompts+=(--prompt "$(printf %x "$r") $p"); done
-  done
-fi
+    )
+    for p in "${texts[@]}"; do made+=(--prompt "$p"); done
+  else
+    for ((r = $1; r < $1 + ${ROUNDS:-16}; r++)); do
+      for p in "${base[@]}"; do made+=(--prompt "$(printf %x "$r") $p"); done
+    done
+  fi
+}
+make_prompts 0
+prompts=("${made[@]}")
+# OUT_OF_SAMPLE=1: the static placements are balanced on a recording of other prompts (the next
+# 8·ROUNDS), not on the served ones: what a placement balanced yesterday does today.
+make_prompts "$([[ "${OUT_OF_SAMPLE:-0}" == 1 ]] && echo "${ROUNDS:-16}" || echo 0)"
+record_prompts=("${made[@]}")
 # --prefill-gemm own: "auto" times two GEMMs and keeps the faster, so its choice (and the
 # rounding) may differ between launches.
 MPIRUN=${MPIRUN:-mpirun --oversubscribe -np 4}
 run() {
-  $MPIRUN "$B" --threads 1 --prefill-gemm own generate "${prompts[@]}" \
+  local use=("${prompts[@]}")
+  if [[ "$1" == --record-expert-load ]]; then use=("${record_prompts[@]}"); fi
+  $MPIRUN "$B" --threads 1 --prefill-gemm own generate "${use[@]}" \
     --max-tokens 32 --ignore-eos --json "$@" 2>stderr.txt | python3 -c '
 import hashlib, json, sys
 d = json.load(sys.stdin)
@@ -51,8 +64,8 @@ print("imbalance %.3f  decode %6.0f tok/s  tokens %s" % (d["expert_imbalance"], 
 work=$(mktemp -d)
 cd "$work"
 run --record-expert-load load.json > /dev/null
-"$B" eplb --load load.json --ep 4 --num-redundant-experts 0 --out r0.json | sed -n 2p
-"$B" eplb --load load.json --ep 4 --num-redundant-experts 4 --out r4.json | sed -n 2p
+"$B" eplb --load load.json --ep 4 --num-redundant-experts 0 --out r0.json | sed -n 2,3p
+"$B" eplb --load load.json --ep 4 --num-redundant-experts 4 --out r4.json | sed -n 2,3p
 for _ in $(seq "$REPEATS"); do
   echo "contiguous: $(run)"
   echo "EPLB R=0:   $(run --expert-placement r0.json)"

@@ -30,7 +30,8 @@ struct ExpertLoad {
   // The same per layer, in `layers` order (empty without expert parallelism).
   std::vector<double> layer_imbalance;
   // Per layer, routed slots per expert in single exchanges (all ranks summed): a sample of at
-  // most kExchangeSamples of the window's exchanges, the same ones on every rank. What the
+  // most kExchangeSamples of the exchanges since recording began (every window so far), the
+  // same ones on every rank. What the
   // balancer evaluates a placement on beyond the window's sum (plan/eplb.h). May be empty.
   std::vector<std::vector<std::vector<int64_t>>> exchanges;  // [layer][sample][expert]
 };
@@ -71,7 +72,7 @@ class ExpertLoadRecorder {
   ExpertLoad Snapshot() const;
   // Rows received per exchange, in order, with each exchange's index into layers().
   void Exchanges(std::vector<int64_t>* rows, std::vector<int32_t>* layer_index) const;
-  // Starts a new window.
+  // Starts a new window. The sampled exchanges carry on: a sample of every window so far.
   void Clear();
   // Every `steps` steps, as the next step begins (at its first MoE layer, on every rank at the
   // same point of the forward pass: a collective may run there), calls `on_window_end`, which is
