@@ -16,7 +16,7 @@
 # Usage: [GOODPUT="ttft:1500 itl:20"] scripts/bench-disagg.sh [REPEATS (3)]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-bin="$root/build/switchyard"
+bin="${SWITCHYARD_BINARY:-$root/build/switchyard}"
 repeats="${1:-3}"
 goodput="${GOODPUT:-ttft:1500 itl:20}"
 model="$root/models/default"
