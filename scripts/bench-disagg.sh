@@ -99,7 +99,7 @@ for setup in ("colocated", "disaggregated"):
                 max(run["duration"] for run in runs.values())]
         print(setup, r, " ".join(f"{v:.2f}" for v in row))
         table.setdefault(setup, []).append(row)
-print(f"{'median of repeats':<20}" + "".join(f"{load + ' ' + k:>26}" for load, k in keys))
+print("median of repeats: " + " | ".join(f"{load} {k}" for load, k in keys))
 med = {s: [statistics.median(col) for col in zip(*rows)] for s, rows in table.items()}
 for s in med:
     print(f"{s:<20}" + "".join(f"{v:>26.2f}" for v in med[s]))
