@@ -836,8 +836,13 @@ bool Engine::StepOnce(bool must_step) {
     Sequence& seq = *waiting_.front();
     if (!seq.looked_up) {
       // The last token is always computed (its logits start generation), so at most the pages
-      // before it come from the cache.
-      const int64_t total = static_cast<int64_t>(seq.tokens.size());
+      // before it come from the cache. A received request matches at most the pages the prefill
+      // instance (or a colocated engine) could for the prompt it ran: the last prompt row comes
+      // from the transfer, whose MTP row pairs it with this request's own first token (a cached
+      // page's last MTP row pairs it with whatever token followed it there, which changes drafts
+      // and so seeded draws).
+      const int64_t total =
+          static_cast<int64_t>(seq.tokens.size()) - (seq.request.imported ? 1 : 0);
       const int64_t max_pages = (total - 1) / pool_.page_size();
       seq.cache.pages = pool_.Match(seq.tokens, max_pages, GeneratedFrom(seq), &seq.page_hashes);
       seq.computed = static_cast<int64_t>(seq.cache.pages.size()) * pool_.page_size();
