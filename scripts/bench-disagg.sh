@@ -30,6 +30,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # start NAME COMMAND…: runs it, waits for its "serving" line, sets $url.
 start() {
   local log="$out/$1.log"; shift
+  : > "$log"  # emptied here: the background redirection may come after the first grep below
   "$@" > "$log" 2>&1 & pids+=($!)
   for _ in $(seq 600); do grep -q "serving .* on http://" "$log" 2>/dev/null && break; sleep 0.1; done
   url="$(grep -o 'http://[^ ]*' "$log" | head -1)"

@@ -179,20 +179,23 @@ def Process(*args):
     return Server(None, command=[BINARY, *args])
 
 
-def start_instance(grpc_port=None, *extra, role=None, ranks=1, env=None):
+def start_instance(grpc_port=None, *extra, role=None, ranks=1, tp=1, env=None):
     """`serve` of the trained default model for a router: one thread per process, gRPC on
     grpc_port (a free one by default), `ranks` > 1 an mpirun job (expert parallelism, a DP group
-    per rank, group g's gRPC on grpc_port + g). The Server's `grpc` lists the groups' addresses.
+    per `tp` ranks, group g's gRPC on grpc_port + g). The Server's `grpc` lists the groups'
+    addresses.
     The serving default (no --batch-invariant): a failover's recomputation gives the text the
     stream had (one answer per request)."""
-    port = grpc_port or free_port(ranks)
+    groups = ranks // tp
+    port = grpc_port or free_port(groups)
     command = [BINARY, "--threads", "1", "serve", "--model", TRAINED, "--port", "0",
                "--grpc-port", str(port), "--kv-cache-tokens", "16384",
-               "--served-model-name", "sy-test", *(["--role", role] if role else []), *extra]
+               "--served-model-name", "sy-test", *(["--role", role] if role else []),
+               *(["--tp", str(tp)] if tp > 1 else []), *extra]
     if env:
         command = ["env", *[f"{k}={v}" for k, v in env.items()], *command]
     server = Server(None, command=command, ranks=ranks)
-    server.grpc = [f"127.0.0.1:{port + g}" for g in range(ranks)]
+    server.grpc = [f"127.0.0.1:{port + g}" for g in range(groups)]
     return server
 
 
