@@ -143,19 +143,20 @@ def test_mtp_on_both_sides_gives_the_colocated_output_greedy_and_seeded():
 # on the other. Every process keeps f32 products and exchanges f32 rows: expert parallelism sums
 # the experts' rows in another order than one process does, equal in f32 to ~1e-7
 # (test_mpi_serving.py), so tokens are compared across layouts, not log-probability bits.
-# The last case: decode as one DP group of TP 2, whose two ranks both install the received rows.
-@pytest.mark.parametrize("prefill_ranks,decode_ranks,decode_tp,extra", [
-    (2, 1, 1, []), (1, 2, 1, MTP), (2, 1, 1, MTP), (2, 2, 2, [])],
+# The last cases: one DP group of TP 2, whose two ranks both install the received rows (decode)
+# or whose first rank reports the rows both computed (prefill).
+@pytest.mark.parametrize("prefill_ranks,prefill_tp,decode_ranks,decode_tp,extra", [
+    (2, 1, 1, 1, []), (1, 1, 2, 1, MTP), (2, 1, 1, 1, MTP), (2, 1, 2, 2, []), (2, 2, 2, 1, [])],
     ids=["prefill_ep2-decode_1", "prefill_1-decode_ep2-mtp", "prefill_ep2-decode_1-mtp",
-         "prefill_ep2-decode_tp2"])
+         "prefill_ep2-decode_tp2", "prefill_tp2-decode_ep2"])
 def test_prefill_and_decode_jobs_of_other_layouts_give_the_colocated_output(
-        prefill_ranks, decode_ranks, decode_tp, extra):
+        prefill_ranks, prefill_tp, decode_ranks, decode_tp, extra):
     exact = ["--f32-products", "--wire-dtype", "f32", *extra]
     procs = []
     try:
         colocated = start_instance(None, *exact, role="both")
         procs.append(colocated)
-        prefill = start_instance(None, *exact, role="prefill", ranks=prefill_ranks)
+        prefill = start_instance(None, *exact, role="prefill", ranks=prefill_ranks, tp=prefill_tp)
         procs.append(prefill)
         decode = start_instance(None, *exact, role="decode", ranks=decode_ranks, tp=decode_tp)
         procs.append(decode)
