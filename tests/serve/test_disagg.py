@@ -104,12 +104,16 @@ def seeded(client):
         return list(pool.map(one, enumerate(PROMPTS)))
 
 
-def greedy_at_once(client):
-    """Each prompt's greedy completion, all at once."""
-    args = dict(model="sy-test", max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+def greedy_at_once(client, logprobs=False):
+    """Each prompt's greedy completion (with its log-probabilities), all at once."""
+    args = dict(model="sy-test", max_tokens=24, temperature=0, extra_body={"ignore_eos": True},
+                logprobs=2 if logprobs else None)
+
+    def one(p):
+        c = client.completions.create(prompt=p, **args).choices[0]
+        return (c.text, c.logprobs.token_logprobs, c.logprobs.top_logprobs) if logprobs else c.text
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
-        return list(pool.map(
-            lambda p: client.completions.create(prompt=p, **args).choices[0].text, PROMPTS))
+        return list(pool.map(one, PROMPTS))
 
 
 MTP = ["--speculative", "mtp", "--num-speculative-tokens", "2"]
@@ -142,13 +146,16 @@ def test_mtp_on_both_sides_gives_the_colocated_output_greedy_and_seeded():
 # group per rank, each group's gRPC port its own instance to the router) on one side, one process
 # on the other. Every process keeps f32 products and exchanges f32 rows: expert parallelism sums
 # the experts' rows in another order than one process does, equal in f32 to ~1e-7
-# (test_mpi_serving.py), so tokens are compared across layouts, not log-probability bits.
+# (test_mpi_serving.py), so tokens are compared across layouts in the default mode; under
+# --batch-invariant the log-probability bits are compared too (the last two cases).
 # The last cases: one DP group of TP 2, whose two ranks both install the received rows (decode)
 # or whose first rank reports the rows both computed (prefill).
 @pytest.mark.parametrize("prefill_ranks,prefill_tp,decode_ranks,decode_tp,extra", [
-    (2, 1, 1, 1, []), (1, 1, 2, 1, MTP), (2, 1, 1, 1, MTP), (2, 1, 2, 2, []), (2, 2, 2, 1, [])],
+    (2, 1, 1, 1, []), (1, 1, 2, 1, MTP), (2, 1, 1, 1, MTP), (2, 1, 2, 2, []), (2, 2, 2, 1, []),
+    (2, 1, 1, 1, ["--batch-invariant"]), (1, 1, 2, 1, ["--batch-invariant"])],
     ids=["prefill_ep2-decode_1", "prefill_1-decode_ep2-mtp", "prefill_ep2-decode_1-mtp",
-         "prefill_ep2-decode_tp2", "prefill_tp2-decode_ep2"])
+         "prefill_ep2-decode_tp2", "prefill_tp2-decode_ep2", "prefill_ep2-decode_1-bits",
+         "prefill_1-decode_ep2-bits"])
 def test_prefill_and_decode_jobs_of_other_layouts_give_the_colocated_output(
         prefill_ranks, prefill_tp, decode_ranks, decode_tp, extra):
     exact = ["--f32-products", "--wire-dtype", "f32", *extra]
@@ -163,9 +170,10 @@ def test_prefill_and_decode_jobs_of_other_layouts_give_the_colocated_output(
         split = start_router(policy="round_robin", prefill=prefill.grpc, decode=decode.grpc)
         together = start_router(colocated.grpc)
         procs += [split, together]
-        want = greedy_at_once(client_for(together)), seeded(client_for(together))
-        got = greedy_at_once(client_for(split)), seeded(client_for(split))
-        assert got[0] == want[0], "greedy: disaggregated vs colocated"
+        bits = "--batch-invariant" in extra
+        want = greedy_at_once(client_for(together), bits), seeded(client_for(together))
+        got = greedy_at_once(client_for(split), bits), seeded(client_for(split))
+        assert got[0] == want[0], "greedy (and log-probability bits): disaggregated vs colocated"
         assert got[1] == want[1], "seeded: disaggregated vs colocated"
         # Every DP group of the job took part: its rows left from, or reached, its own engine.
         status, engines, _ = split.request("GET", "/admin/engines")
@@ -175,7 +183,7 @@ def test_prefill_and_decode_jobs_of_other_layouts_give_the_colocated_output(
         assert prefill.metric("kv_transfers_total", side="send") == requests
         assert decode.metric("kv_transfers_total", side="receive") == requests
         assert decode.metric("kv_transfers_refused_total", side="receive") == 0
-        if extra:
+        if "mtp" in extra:
             assert decode.metric("spec_decode_num_accepted_tokens_total") > 0
     finally:
         stop_all(procs)
