@@ -8,12 +8,17 @@
 # Two `bench serve` loads run at once against the router: DECODE streams (64-token prompts, 256
 # out, concurrency 8) and LONG prompts (1,536 tokens, 16 out, Poisson 0.5/s). Reported per
 # repeat: the decode load's ITL and TPOT (median, p99) and output throughput, the long prompts'
-# TTFT (median, p99); then the medians over the repeats, and disaggregated / colocated.
-# Usage: scripts/bench-disagg.sh [REPEATS (3)]
+# TTFT (median, p99); goodput within an SLO (DistServe's metric): requests per second, both loads
+# together, whose TTFT and whose inter-token latencies meet GOODPUT, given as vLLM's
+# `bench serve --goodput` takes it ("ttft:MS itl:MS"; vLLM's own keys are ttft, tpot and e2el —
+# itl here means every gap of the request's stream, and tpot, its mean, is reported beside it);
+# then the medians over the repeats, and disaggregated / colocated.
+# Usage: [GOODPUT="ttft:1500 itl:20"] scripts/bench-disagg.sh [REPEATS (3)]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-bin="$root/build/switchyard"
+bin="${SWITCHYARD_BINARY:-$root/build/switchyard}"
 repeats="${1:-3}"
+goodput="${GOODPUT:-ttft:1500 itl:20}"
 model="$root/models/default"
 out="${TMPDIR:-/tmp}/bench-disagg"
 mkdir -p "$out"
@@ -25,6 +30,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # start NAME COMMAND…: runs it, waits for its "serving" line, sets $url.
 start() {
   local log="$out/$1.log"; shift
+  : > "$log"  # emptied here: the background redirection may come after the first grep below
   "$@" > "$log" 2>&1 & pids+=($!)
   for _ in $(seq 600); do grep -q "serving .* on http://" "$log" 2>/dev/null && break; sleep 0.1; done
   url="$(grep -o 'http://[^ ]*' "$log" | head -1)"
@@ -57,26 +63,46 @@ run() {  # SETUP REPEAT
   cleanup; pids=()
 }
 
-echo "== mixed workload, $repeats repeats ($(lscpu | sed -n 's/Model name: *//p'), $(nproc) cores)"
+echo "== mixed workload, $repeats repeats, goodput SLO \"$goodput\" ($(lscpu | sed -n 's/Model name: *//p'), $(nproc) cores, $(date -u +%FT%TZ))"
 for r in $(seq "$repeats"); do
   for setup in colocated disaggregated; do run "$setup" "$r"; done
 done
-python3 - "$out" "$repeats" <<'PY'
+python3 - "$out" "$repeats" "$goodput" <<'PY'
 import json, statistics, sys
 out, repeats = sys.argv[1], int(sys.argv[2])
+slo = {k: float(v) / 1e3 for k, v in (kv.split(":") for kv in sys.argv[3].split())}
 keys = [("decode", "median_itl_ms"), ("decode", "p99_itl_ms"), ("decode", "median_tpot_ms"),
         ("decode", "p99_tpot_ms"), ("decode", "output_throughput"), ("long", "median_ttft_ms"),
         ("long", "p99_ttft_ms")]
+
+def goodput(runs, gap):
+    """Requests/s (both loads, over the longer load's duration) meeting the SLO; `gap`: how a
+    request's inter-token latencies are judged (max: every gap, mean: TPOT)."""
+    good = 0
+    for run in runs.values():
+        for ttft, itl, err in zip(run["ttfts"], run["itls"], run["errors"]):
+            if err or ttft > slo.get("ttft", float("inf")):
+                continue
+            if itl and gap(itl) > slo.get("itl", float("inf")):
+                continue
+            good += 1
+    return good / max(run["duration"] for run in runs.values())
+
+keys += [("both", "goodput (every ITL) req/s"), ("both", "goodput (TPOT as ITL) req/s"),
+         ("both", "throughput req/s")]
 table = {}
 for setup in ("colocated", "disaggregated"):
     for r in range(1, repeats + 1):
         runs = {load: json.load(open(f"{out}/{setup}-{r}-{load}.json")) for load in ("decode", "long")}
-        row = [runs[load][k] for load, k in keys]
+        row = [runs[load][k] for load, k in keys if load != "both"]
+        row += [goodput(runs, max), goodput(runs, lambda g: sum(g) / len(g)),
+                sum(run["completed"] for run in runs.values()) /
+                max(run["duration"] for run in runs.values())]
         print(setup, r, " ".join(f"{v:.2f}" for v in row))
         table.setdefault(setup, []).append(row)
-print(f"{'median of repeats':<20}" + "".join(f"{load + ' ' + k:>26}" for load, k in keys))
+print("median of repeats: " + " | ".join(f"{load} {k}" for load, k in keys))
 med = {s: [statistics.median(col) for col in zip(*rows)] for s, rows in table.items()}
 for s in med:
     print(f"{s:<20}" + "".join(f"{v:>26.2f}" for v in med[s]))
-print(f"{'disagg / coloc':<20}" + "".join(f"{d / c:>26.2f}" for d, c in zip(med['disaggregated'], med['colocated'])))
+print(f"{'disagg / coloc':<20}" + "".join(f"{d / c if c else float('nan'):>26.2f}" for d, c in zip(med['disaggregated'], med['colocated'])))
 PY

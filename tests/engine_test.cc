@@ -1125,8 +1125,12 @@ struct CollectingSink : KvSink {
     row_bytes = rb;
     chunks.push_back({count, std::move(data)});
   }
-  void Done(int32_t token) override { first_token = token; }
+  void Done(int32_t token, HandoffDrafts d) override {
+    first_token = token;
+    drafts = std::move(d);
+  }
   void Abandon() override { abandoned = true; }
+  HandoffDrafts drafts;
   std::shared_ptr<ImportedRows> Imported() const {
     auto rows = std::make_shared<ImportedRows>();
     rows->rows = next;
@@ -1138,6 +1142,7 @@ struct CollectingSink : KvSink {
       rows->chunks.push_back({first, count, copy->data(), copy});
       first += count;
     }
+    rows->drafts = drafts;
     return rows;
   }
 };
@@ -1269,17 +1274,30 @@ TEST(EngineTest, PreemptedImportedRequestsInTheDefaultModeGiveTheSameBits) {
   EXPECT_EQ(decode.engine.Metrics().used_pages, 0);
 }
 
-// With MTP the MTP layer's rows travel too; greedy output is the model's own.
-TEST(EngineTest, DisaggregatedRequestWithMtpKeepsGreedyOutput) {
+// With MTP the MTP layer's rows travel too, and the drafts the prefill made after its first
+// token: the decode engine verifies them in its first step as the colocated engine does, so greedy
+// and seeded sampling give the colocated tokens (with 1 and 3 drafts a step).
+void ExpectDisaggregatedMtpAnswer(int64_t drafts, const SamplingParams& params) {
+  SCOPED_TRACE(std::to_string(drafts) + " drafts, temperature " +
+               std::to_string(params.temperature));
   EngineConfig config;
-  config.num_speculative_tokens = 2;
+  config.num_speculative_tokens = drafts;
   config.max_num_batched_tokens = 16;
   const std::vector<int32_t> prompt =
       Text("ROMEO: But soft, what light through yonder window breaks? It is the east");
-  const std::vector<int32_t> want = GreedyAlone(prompt, 20, TrainedModel());
+  Collected alone;
+  EngineMetrics alone_metrics;
+  {
+    Harness h(4096, config, TrainedModel());
+    auto s = h.Submit("alone", prompt, params);
+    h.RunToIdle();
+    alone = Collect(*s);
+    alone_metrics = h.engine.Metrics();
+  }
+  ASSERT_EQ(alone.tokens.size(), static_cast<size_t>(params.max_tokens));
   auto sink = std::make_shared<CollectingSink>();
   Harness prefill(4096, config, TrainedModel());
-  EngineRequest request{"m", prompt, Greedy(20)};
+  EngineRequest request{"m", prompt, params};
   request.kv_sink = sink;
   SubmitError error;
   auto first = prefill.engine.Submit(request, &error);
@@ -1288,6 +1306,8 @@ TEST(EngineTest, DisaggregatedRequestWithMtpKeepsGreedyOutput) {
   const Collected head = Collect(*first.value());
   ASSERT_EQ(head.tokens.size(), 1u);
   EXPECT_EQ(sink->layers, prefill.cache.layers());  // the MTP layer included
+  ASSERT_EQ(sink->drafts.tokens.size(), static_cast<size_t>(drafts));
+  ASSERT_EQ(sink->drafts.distributions.size(), static_cast<size_t>(drafts));
   Harness decode(4096, config, TrainedModel());
   request.kv_sink = nullptr;
   request.prompt.push_back(head.tokens[0]);
@@ -1299,13 +1319,43 @@ TEST(EngineTest, DisaggregatedRequestWithMtpKeepsGreedyOutput) {
   Collected tail = Collect(*rest.value());
   std::vector<int32_t> tokens = head.tokens;
   tokens.insert(tokens.end(), tail.tokens.begin(), tail.tokens.end());
-  EXPECT_EQ(tokens, want);
+  EXPECT_EQ(tokens, alone.tokens);
+  // The decode engine made the verifications the colocated one made after its prefill, its
+  // first with the prefill's drafts: the same drafts proposed and accepted.
   EXPECT_GT(decode.engine.Metrics().spec_accepted_tokens_total, 0);
+  EXPECT_EQ(decode.engine.Metrics().spec_drafts_total, alone_metrics.spec_drafts_total);
+  EXPECT_EQ(decode.engine.Metrics().spec_draft_tokens_total, alone_metrics.spec_draft_tokens_total);
+  EXPECT_EQ(decode.engine.Metrics().spec_accepted_tokens_total,
+            alone_metrics.spec_accepted_tokens_total);
   // Rows of another shape (no MTP layer on this side) are refused, naming why.
   Harness plain(4096, EngineConfig{}, TrainedModel());
+  request.imported = sink->Imported();
   auto refused = plain.engine.Submit(request, &error);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("MTP"), std::string::npos);
+  // Drafts outside the vocabulary are refused too.
+  auto bad = sink->Imported();
+  bad->drafts.tokens[0] = -1;
+  request.imported = bad;
+  auto wrong = decode.engine.Submit(request, &error);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("draft"), std::string::npos);
+}
+
+TEST(EngineTest, DisaggregatedRequestWithMtpKeepsGreedyOutput) {
+  ExpectDisaggregatedMtpAnswer(2, Greedy(20));
+}
+
+TEST(EngineTest, DisaggregatedRequestWithMtpGivesTheColocatedSeededSample) {
+  SamplingParams params;
+  params.temperature = 0.8;
+  params.top_p = 0.95;
+  params.seed = 1234;
+  params.max_tokens = 24;
+  params.ignore_eos = true;
+  params.presence_penalty = 0.3;
+  for (int64_t drafts : {1, 3})
+    ExpectDisaggregatedMtpAnswer(drafts, params);
 }
 
 // A prefill request whose first token ends it is not handed on.

@@ -2,6 +2,7 @@
 // in chunks arrive whole and in place, early messages wait for the announcement, and what is
 // not the announced request's — another token, a corrupted byte, another shape — is refused.
 #include "transfer/kv_transfer.h"
+#include "transfer/wire.h"
 
 #include <gtest/gtest.h>
 
@@ -58,7 +59,7 @@ void SendAll(Outgoing& out, int64_t rows, int64_t chunk, int32_t first_token) {
     const int64_t count = std::min(chunk, rows - first);
     out.Rows(first, count, kLayers, kRowBytes, Chunk(first, count));
   }
-  out.Done(first_token);
+  out.Done(first_token, {});
 }
 
 TEST(TransferTest, ChunksArriveWholeAndInPlaceEvenBeforeTheAnnouncement) {
@@ -78,6 +79,33 @@ TEST(TransferTest, ChunksArriveWholeAndInPlaceEvenBeforeTheAnnouncement) {
 
 // A large message (UCX's rendezvous protocol) may complete after the small closing one: the
 // transfer is whole only when every row named by the closing message is in.
+// The MTP drafts ride the closing message: tokens and distributions arrive as sent, bit for bit.
+TEST(TransferTest, MtpDraftsArriveWithTheClosingMessage) {
+  Pair p;
+  auto out = p.sender->Open(p.receiver->address(), "req-d", 0xd0);
+  HandoffDrafts drafts;
+  drafts.tokens = {17, 4};
+  drafts.distributions.push_back({{17, 3, 9}, {0.5, 0.25 + 1e-17, 0.25}});
+  drafts.distributions.push_back({{4}, {1.0}});
+  out->Rows(0, 5, kLayers, kRowBytes, Chunk(0, 5));
+  out->Done(99, drafts);
+  ASSERT_TRUE(out->Wait(30).ok());
+  auto got = p.receiver->Wait("req-d", 0xd0, kLayers, kRowBytes, 30, nullptr);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_EQ(got->first_token, 99);
+  EXPECT_EQ(got->rows->drafts.tokens, drafts.tokens);
+  ASSERT_EQ(got->rows->drafts.distributions.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(got->rows->drafts.distributions[i].tokens, drafts.distributions[i].tokens);
+    EXPECT_EQ(got->rows->drafts.distributions[i].probs, drafts.distributions[i].probs);
+  }
+  // Malformed draft payloads are named, never overread.
+  const std::vector<uint8_t> bytes = EncodeDrafts(drafts);
+  EXPECT_FALSE(ParseDrafts(bytes.data(), bytes.size() - 1).ok());
+  EXPECT_FALSE(ParseDrafts(bytes.data(), 6).ok());
+  EXPECT_TRUE(ParseDrafts(bytes.data(), 0).ok());
+}
+
 TEST(TransferTest, ALargeChunkOvertakenByTheClosingMessageIsWaitedFor) {
   Pair p;
   for (int i = 0; i < 3; ++i) {

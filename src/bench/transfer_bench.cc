@@ -50,7 +50,7 @@ Status RunTransferSender(const TransferBenchOptions& o) {
       out->Rows(first, count, o.layers, o.row_bytes, chunk);
       first += count;
     }
-    out->Done(0);
+    out->Done(0, {});
     SY_RETURN_IF_ERROR(out->Wait(600));
     seconds.push_back(NowSeconds() - start);
   }

@@ -58,22 +58,29 @@ struct Disaggregation {
   std::unique_ptr<transfer::Receiver> receiver;
 };
 
-Disaggregation StartDisaggregationOrFail(const ServeArgs& args) {
-  Disaggregation d;
+// Under mpirun only rank 0 starts one: it is the job's transfer endpoint for every DP group.
+Status StartDisaggregation(const ServeArgs& args, Disaggregation* d) {
   if (args.role == "prefill") {
     auto sender = transfer::Sender::Start();
-    if (!sender.ok()) FailVerb("--role prefill: " + sender.status().message());
-    d.sender = std::move(sender.value());
+    if (!sender.ok()) return Status::Error("--role prefill: " + sender.status().message());
+    d->sender = std::move(sender.value());
   } else if (args.role == "decode") {
     const std::string host = !args.transfer_host.empty() ? args.transfer_host
                              : !args.grpc_host.empty()   ? args.grpc_host
                                                          : args.host;
     auto receiver = transfer::Receiver::Start(host, args.transfer_port);
-    if (!receiver.ok()) FailVerb("--role decode: " + receiver.status().message());
-    d.receiver = std::move(receiver.value());
+    if (!receiver.ok()) return Status::Error("--role decode: " + receiver.status().message());
+    d->receiver = std::move(receiver.value());
   }
-  serve::PublishTransfers(d.sender.get(), d.receiver.get());
-  return d;
+  serve::PublishTransfers(d->sender.get(), d->receiver.get());
+  return Status::Ok();
+}
+
+std::string RoleNote(const ServeArgs& args, const Disaggregation& d) {
+  if (args.role == "both") return "";
+  if (d.receiver)
+    return fmt::format(" as a decode instance receiving on ucx://{}", d.receiver->address());
+  return " as a prefill instance";
 }
 
 // The gRPC instance API beside HTTP, when --grpc-port is given; fails the verb if it cannot bind.
@@ -144,8 +151,9 @@ serve::ServerOptions ServerOptionsFrom(const ServeArgs& args, int64_t cache_toke
 // SIGTERM reaches every rank (mpirun forwards it); rank 0 turns it into a broadcast stop, the
 // others ignore it and stop with the loop.
 void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const TextCodec& codec,
-                int64_t cache_tokens, const EngineConfig& engine_config) {
+                const LatentCache& cache, int64_t cache_tokens, const EngineConfig& engine_config) {
   Communicator& comm = *run.comm;
+  Disaggregation disaggregation;
   serve::ClusterServing cluster(engine, comm, run.tp, engine_config.max_waiting);
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
   ApplyChatOutputOrFail(args.chat_output, codec, &options.limits);
@@ -155,8 +163,9 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   std::vector<std::unique_ptr<serve::GrpcEngineServer>> grpc;
   Status listening = Status::Ok();
   if (comm.rank() == 0) {
+    listening = StartDisaggregation(args, &disaggregation);
     server = std::make_unique<serve::OpenAiServer>(cluster, codec, options);
-    listening = server->Listen();
+    if (listening.ok()) listening = server->Listen();
     if (listening.ok())
       WarnIfExposed(serve::HttpExposureWarning(args.host, server->port(), options.tls.enabled(),
                                                !args.api_key.empty()));
@@ -165,7 +174,8 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
       ServeArgs group_args = args;
       if (args.grpc_port > 0) group_args.grpc_port = args.grpc_port + g;
       grpc.push_back(StartGrpc(group_args, *groups.back(), options, engine_config,
-                               engine.page_size(), engine.model_config().vocab_size, &listening));
+                               engine.page_size(), engine.model_config().vocab_size, &listening,
+                               &disaggregation, &cache));
     }
   }
   // Every rank learns whether rank 0 could listen, so none is left waiting.
@@ -178,7 +188,7 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
     return;
   }
   std::printf(
-      "switchyard: serving %s on %s://%s:%d%s (pid %d; %d ranks, %d DP groups of TP %d; "
+      "switchyard: serving %s on %s://%s:%d%s%s (pid %d; %d ranks, %d DP groups of TP %d; "
       "cache %lld tokens per group in %s, chat template %s)\n",
       options.limits.model_name.c_str(), Scheme(args), args.host.c_str(), server->port(),
       [&] {
@@ -188,8 +198,8 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
         return note;
       }()
           .c_str(),
-      static_cast<int>(::getpid()), comm.size(), run.dp(), run.tp,
-      static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+      RoleNote(args, disaggregation).c_str(), static_cast<int>(::getpid()), comm.size(), run.dp(),
+      run.tp, static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
   std::thread http([&] {
@@ -243,13 +253,10 @@ void RunServe(const ServeArgs& args) {
   ForwardOptions forward_options = run.Options();
   ApplyBatchInvariant(args.batch_invariant, forward_options);
   Engine engine(model, cache, *codec.tokenizer, forward_options, engine_config);
-  if (comm.size() > 1) {
-    if (args.role != "both")
-      FailEverywhere(comm, fmt::format("--role {}: not yet under mpirun (one process per instance)",
-                                       args.role));
-    return RunCluster(args, run, engine, codec, cache_tokens, engine_config);
-  }
-  Disaggregation disaggregation = StartDisaggregationOrFail(args);
+  if (comm.size() > 1)
+    return RunCluster(args, run, engine, codec, cache, cache_tokens, engine_config);
+  Disaggregation disaggregation;
+  if (Status s = StartDisaggregation(args, &disaggregation); !s.ok()) FailVerb(s.message());
 
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
   ApplyChatOutputOrFail(args.chat_output, codec, &options.limits);
@@ -266,12 +273,7 @@ void RunServe(const ServeArgs& args) {
       "switchyard: serving %s on %s://%s:%d%s%s (pid %d; cache %lld tokens in %s, chat "
       "template %s)\n",
       options.limits.model_name.c_str(), Scheme(args), args.host.c_str(), server.port(),
-      GrpcNote(grpc.get(), args).c_str(),
-      args.role == "both"       ? ""
-      : disaggregation.receiver ? fmt::format(" as a decode instance receiving on ucx://{}",
-                                              disaggregation.receiver->address())
-                                      .c_str()
-                                : " as a prefill instance",
+      GrpcNote(grpc.get(), args).c_str(), RoleNote(args, disaggregation).c_str(),
       static_cast<int>(::getpid()), static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);

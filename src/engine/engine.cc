@@ -197,6 +197,22 @@ Result<std::unique_ptr<Engine::Sequence>> Engine::Prepare(EngineRequest request)
     if (request.params.prompt_logprobs)
       return Status::Error(
           "prompt_logprobs: computed by the prefill instance, not by the decode instance");
+    const HandoffDrafts& drafts = rows.drafts;
+    if (drafts.distributions.size() != drafts.tokens.size())
+      return Status::Errorf("the received MTP drafts: {} tokens but {} distributions",
+                            drafts.tokens.size(), drafts.distributions.size());
+    for (size_t i = 0; i < drafts.tokens.size(); ++i) {
+      const TokenDistribution& q = drafts.distributions[i];
+      bool valid = drafts.tokens[i] >= 0 && drafts.tokens[i] < vocab &&
+                   q.probs.size() == q.tokens.size() && !q.tokens.empty();
+      for (size_t j = 0; valid && j < q.tokens.size(); ++j)
+        valid = q.tokens[j] >= 0 && q.tokens[j] < vocab && q.probs[j] >= 0 && q.probs[j] <= 1;
+      if (!valid)
+        return Status::Errorf(
+            "the received MTP draft {} is not a token and distribution of this "
+            "model's vocabulary ({})",
+            i, vocab);
+    }
   }
   auto seq = std::make_unique<Sequence>();
   if (!request.params.seed) request.params.seed = std::random_device{}() * 0x100000001ull;
@@ -561,6 +577,23 @@ void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, doub
   Deliver(seq, std::move(event), reason, stopped_by_string);
 }
 
+int64_t Engine::StepCount(Sequence& seq, int64_t budget) {
+  if (seq.remaining() != 1 || seq.drafts.empty()) return std::min(seq.remaining(), budget);
+  // Verify the drafts with the last token: query length 1 + drafts, within the budget and the
+  // request's length; without pages for them, decode plainly rather than preempt.
+  const int64_t left = seq.request.params.max_tokens - seq.generated();
+  const int64_t use = std::min({static_cast<int64_t>(seq.drafts.size()), left - 1, budget - 1});
+  seq.drafts.resize(static_cast<size_t>(std::max<int64_t>(use, 0)));
+  seq.draft_distributions.resize(seq.drafts.size());
+  const int64_t count = 1 + static_cast<int64_t>(seq.drafts.size());
+  if (!seq.drafts.empty() && !EnsurePages(seq, seq.computed + count)) {
+    seq.drafts.clear();
+    seq.draft_distributions.clear();
+    return 1;
+  }
+  return count;
+}
+
 bool Engine::InstallImported(Sequence& seq) {
   const ImportedRows& rows = *seq.request.imported;
   if (seq.computed < rows.rows) {
@@ -577,6 +610,14 @@ bool Engine::InstallImported(Sequence& seq) {
     seq.cache.length = seq.computed;
     RegisterFullPages(seq);
   }
+  // The prefill instance's drafts: verified in this request's first step here, as colocated.
+  const auto keep = static_cast<size_t>(config_.num_speculative_tokens);
+  if (keep > 0 && seq.drafts.empty() && !rows.drafts.tokens.empty()) {
+    const size_t n = std::min(keep, rows.drafts.tokens.size());
+    seq.drafts.assign(rows.drafts.tokens.begin(), rows.drafts.tokens.begin() + n);
+    seq.draft_distributions.assign(rows.drafts.distributions.begin(),
+                                   rows.drafts.distributions.begin() + n);
+  }
   seq.request.imported.reset();  // a preemption from here on recomputes, with the same bits
   return true;
 }
@@ -592,7 +633,8 @@ void Engine::ExportRows(Sequence& seq) {
     seq.exported = end;
   }
   if (seq.handoff) {
-    seq.request.kv_sink->Done(seq.tokens[seq.request.prompt.size()]);
+    seq.request.kv_sink->Done(seq.tokens[seq.request.prompt.size()],
+                              HandoffDrafts{seq.drafts, seq.draft_distributions});
     Finish(seq, "transferred", RequestEvent{});
   }
 }
@@ -775,21 +817,7 @@ bool Engine::StepOnce(bool must_step) {
   std::vector<std::pair<Sequence*, int64_t>> scheduled;
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence& seq = *running_[i];
-    int64_t count = std::min(seq.remaining(), budget);
-    if (seq.remaining() == 1 && !seq.drafts.empty()) {
-      // Verify the drafts with the last token: query length 1 + drafts, within the budget and
-      // the request's length; without pages for them, decode plainly rather than preempt.
-      const int64_t left = seq.request.params.max_tokens - seq.generated();
-      const int64_t use = std::min({static_cast<int64_t>(seq.drafts.size()), left - 1, budget - 1});
-      seq.drafts.resize(static_cast<size_t>(std::max<int64_t>(use, 0)));
-      seq.draft_distributions.resize(seq.drafts.size());
-      count = 1 + static_cast<int64_t>(seq.drafts.size());
-      if (!seq.drafts.empty() && !EnsurePages(seq, seq.computed + count)) {
-        seq.drafts.clear();
-        seq.draft_distributions.clear();
-        count = 1;
-      }
-    }
+    const int64_t count = StepCount(seq, budget);
     if (EnsurePages(seq, seq.computed + count)) {
       scheduled.push_back({&seq, count});
       budget -= count;
@@ -808,8 +836,13 @@ bool Engine::StepOnce(bool must_step) {
     Sequence& seq = *waiting_.front();
     if (!seq.looked_up) {
       // The last token is always computed (its logits start generation), so at most the pages
-      // before it come from the cache.
-      const int64_t total = static_cast<int64_t>(seq.tokens.size());
+      // before it come from the cache. A received request matches at most the pages the prefill
+      // instance (or a colocated engine) could for the prompt it ran: the last prompt row comes
+      // from the transfer, whose MTP row pairs it with this request's own first token (a cached
+      // page's last MTP row pairs it with whatever token followed it there, which changes drafts
+      // and so seeded draws).
+      const int64_t total =
+          static_cast<int64_t>(seq.tokens.size()) - (seq.request.imported ? 1 : 0);
       const int64_t max_pages = (total - 1) / pool_.page_size();
       seq.cache.pages = pool_.Match(seq.tokens, max_pages, GeneratedFrom(seq), &seq.page_hashes);
       seq.computed = static_cast<int64_t>(seq.cache.pages.size()) * pool_.page_size();
@@ -823,7 +856,7 @@ bool Engine::StepOnce(bool must_step) {
     }
     const int64_t matched = seq.computed;
     const bool room = !seq.request.imported || InstallImported(seq);
-    const int64_t count = std::min(seq.remaining(), budget);
+    const int64_t count = room ? StepCount(seq, budget) : 0;  // a received request's drafts too
     if (!room || !EnsurePages(seq, seq.computed + count)) {
       // A waiting request holds no pages: the prefix it matched goes back (still cached) and
       // is looked up again at its next try.

@@ -170,6 +170,9 @@ class Engine : public RequestFrontend {
   // hands a prefill request's newly computed rows to its sink, and the request on once its
   // first token is out.
   bool InstallImported(Sequence& seq);
+  // Tokens seq computes this step within `budget`: a chunk, a decode token, or the last token
+  // with its MTP drafts (trimmed to the budget, the request's length and the pages there are).
+  int64_t StepCount(Sequence& seq, int64_t budget);
   void ExportRows(Sequence& seq);
   // Where seq's own output starts, for its page hashes (PagePool::PageHash); INT64_MAX where
   // every position is computed in one attention form whatever its role (--batch-invariant).

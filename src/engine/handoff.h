@@ -8,7 +8,17 @@
 #include <memory>
 #include <vector>
 
+#include "engine/sampling.h"
+
 namespace sy {
+
+// The MTP drafts a prefill instance made after its first token, each with the distribution q it
+// was drawn from: the decode instance verifies them in its first step, as the colocated engine's
+// step after the prefill does, so seeded sampling with MTP draws what colocated draws.
+struct HandoffDrafts {
+  std::vector<int32_t> tokens;
+  std::vector<TokenDistribution> distributions;  // one per token
+};
 
 // Where a prefilling request's rows go. Called from the step loop: must not block.
 class KvSink {
@@ -18,8 +28,9 @@ class KvSink {
   // layer-major: layer l's rows start at l · count · row_bytes.
   virtual void Rows(int64_t first, int64_t count, int64_t layers, int64_t row_bytes,
                     std::vector<uint8_t> data) = 0;
-  // Every row was given; `first_token` is the token the request sampled after them.
-  virtual void Done(int32_t first_token) = 0;
+  // Every row was given; `first_token` is the token the request sampled after them, `drafts`
+  // the MTP drafts for the step after it (none without MTP).
+  virtual void Done(int32_t first_token, HandoffDrafts drafts) = 0;
   // The request ended here (its first token finished it, an abort, an error): nothing follows.
   virtual void Abandon() = 0;
 };
@@ -38,6 +49,7 @@ struct ImportedRows {
   int64_t layers = 0;
   int64_t row_bytes = 0;
   std::vector<Chunk> chunks;
+  HandoffDrafts drafts;  // the prefill instance's MTP drafts (KvSink::Done)
 };
 
 }  // namespace sy

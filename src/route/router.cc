@@ -372,7 +372,7 @@ int Router::Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int a
     const Target& t = *targets_[i];
     return t.load.queued_tokens() + t.sent_since_load;
   };
-  const uint64_t turn = rotation_++;
+  const uint64_t turn = rotation_[pool]++;
   switch (pool == "decode" ? Policy::kLeastLoad : options_.policy) {
     case Policy::kRoundRobin:
       return healthy[turn % healthy.size()];

@@ -115,7 +115,9 @@ class Router : public RequestFrontend {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> failovers_total_{0};
   std::atomic<int64_t> transfers_redone_total_{0};
-  uint64_t rotation_ = 0;
+  // Round-robin turns, one count per pool: a shared count, taken by each request's prefill and
+  // decode picks in turn, sent every request to the same prefill instance of an even pool.
+  std::map<std::string, uint64_t> rotation_;
   int64_t page_size_ = 16;  // the instances' (checked alike at Start), for prompt page hashes
   EngineMetrics latency_;   // the router's own histograms and finish counts (guarded by mutex_)
   // Disaggregation, per pool: TTFT on the prefill pool, between tokens on the decode pool, and

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "transfer/wire.h"
+
 namespace sy::serve {
 namespace {
 
@@ -199,7 +201,56 @@ EngineMetrics MetricsFromJson(const json& j, const EngineMetrics& shape) {
   return m;
 }
 
+// A TP rank that is not its group's first: the first rank reports the rows, this one drops its
+// copy (every rank of the group computes them).
+class DiscardSink : public KvSink {
+ public:
+  void Rows(int64_t, int64_t, int64_t, int64_t, std::vector<uint8_t>) override {}
+  void Done(int32_t, HandoffDrafts) override {}
+  void Abandon() override {}
+};
+
+uint64_t ReadLength(const std::vector<uint8_t>& bytes, size_t at) {
+  uint64_t length = 0;
+  std::memcpy(&length, bytes.data() + at, 8);
+  return length;
+}
+
 }  // namespace
+
+// A group's first rank (not rank 0): the engine's sink calls, kept for the step's report to
+// rank 0. Called on the lockstep thread only (the engine steps there).
+class ClusterServing::RelaySink : public KvSink {
+ public:
+  RelaySink(std::string id, std::shared_ptr<std::vector<SinkCall>> out)
+      : id_(std::move(id)), out_(std::move(out)) {}
+  void Rows(int64_t first, int64_t count, int64_t layers, int64_t row_bytes,
+            std::vector<uint8_t> data) override {
+    out_->push_back({id_, SinkCall::kRows, first, count, layers, row_bytes, std::move(data), 0});
+  }
+  void Done(int32_t first_token, HandoffDrafts drafts) override {
+    out_->push_back(
+        {id_, SinkCall::kDone, 0, 0, 0, 0, transfer::EncodeDrafts(drafts), first_token});
+  }
+  void Abandon() override { out_->push_back({id_, SinkCall::kAbandon, 0, 0, 0, 0, {}, 0}); }
+
+ private:
+  std::string id_;
+  std::shared_ptr<std::vector<SinkCall>> out_;
+};
+
+std::shared_ptr<KvSink> ClusterServing::LocalSink(const std::string& id) {
+  if (world_.rank() == 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = sinks_.find(id);
+    if (it == sinks_.end()) return std::make_shared<DiscardSink>();
+    std::shared_ptr<KvSink> sink = std::move(it->second);
+    sinks_.erase(it);
+    return sink;
+  }
+  if (leader_) return std::make_shared<RelaySink>(id, relayed_);
+  return std::make_shared<DiscardSink>();
+}
 
 ClusterServing::ClusterServing(Engine& engine, Communicator& world, int tp, int64_t max_waiting)
     : engine_(engine), world_(world), tp_(tp), max_waiting_(max_waiting) {
@@ -269,6 +320,7 @@ Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAllTo(
                            request.params.max_tokens;
       group_load_[group] += cost;
       tracked_[request.id] = {stream, group, cost};
+      if (request.kv_sink) sinks_[request.id] = request.kv_sink;
       pending_.push_back({std::move(request), group});
       streams.push_back(std::move(stream));
     }
@@ -352,30 +404,85 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
                    [&] { return !pending_.empty() || !aborts_.empty() || stop_; });
   json control = {
       {"submit", json::array()}, {"abort", aborts_}, {"stop", stop_}, {"drain", drain_}};
-  for (const Pending& p : pending_)
-    control["submit"].push_back({{"id", p.request.id},
-                                 {"group", p.group},
-                                 {"prompt", p.request.prompt},
-                                 {"resumed", p.request.resumed_tokens},
-                                 {"params", ParamsToJson(p.request.params)}});
+  // Received rows and drafts go after the JSON, as bytes (offsets in the JSON).
+  std::vector<uint8_t> blob;
+  for (const Pending& p : pending_) {
+    json submit = {{"id", p.request.id},
+                   {"group", p.group},
+                   {"prompt", p.request.prompt},
+                   {"resumed", p.request.resumed_tokens},
+                   {"params", ParamsToJson(p.request.params)}};
+    if (p.request.kv_sink) submit["sink"] = true;
+    if (p.request.imported) {
+      const ImportedRows& rows = *p.request.imported;
+      json chunks = json::array();
+      for (const ImportedRows::Chunk& c : rows.chunks) {
+        const auto bytes = static_cast<size_t>(c.count * rows.layers * rows.row_bytes);
+        chunks.push_back({c.first, c.count, blob.size()});
+        blob.insert(blob.end(), c.rows, c.rows + bytes);
+      }
+      const std::vector<uint8_t> drafts = transfer::EncodeDrafts(rows.drafts);
+      submit["imported"] = {{"rows", rows.rows},
+                            {"layers", rows.layers},
+                            {"row_bytes", rows.row_bytes},
+                            {"chunks", chunks},
+                            {"drafts", {blob.size(), drafts.size()}}};
+      blob.insert(blob.end(), drafts.begin(), drafts.end());
+    }
+    control["submit"].push_back(std::move(submit));
+  }
   pending_.clear();
   aborts_.clear();
   const std::string text = Dump(control);
-  return std::vector<uint8_t>(text.begin(), text.end());
+  const uint64_t length = text.size();
+  std::vector<uint8_t> message(8 + text.size() + blob.size());
+  std::memcpy(message.data(), &length, 8);
+  std::memcpy(message.data() + 8, text.data(), text.size());
+  if (!blob.empty()) std::memcpy(message.data() + 8 + text.size(), blob.data(), blob.size());
+  return message;
 }
 
 void ClusterServing::DeliverEvents(const std::vector<uint8_t>& gathered) {
-  // Each rank's part: an 8-byte length, then JSON {"events": [...], "metrics": {...}}.
+  // Each rank's part: the 8-byte lengths of a JSON {"events": [...], "metrics": {...}, "sink":
+  // [...]} and of the bytes the sink calls carry, then both.
   size_t at = 0;
   std::lock_guard<std::mutex> lock(mutex_);
-  while (at + 8 <= gathered.size()) {
-    uint64_t length = 0;
-    std::memcpy(&length, gathered.data() + at, 8);
-    at += 8;
-    if (length == 0) continue;
+  while (at + 16 <= gathered.size()) {
+    const uint64_t length = ReadLength(gathered, at), blob_length = ReadLength(gathered, at + 8);
+    at += 16;
+    if (length == 0) {
+      at += blob_length;
+      continue;
+    }
     const json part = json::parse(gathered.begin() + at, gathered.begin() + at + length);
     at += length;
+    const uint8_t* blob = gathered.data() + at;
+    at += blob_length;
     const int group = part["group"];
+    // The group's prefilling requests' rows, before its events: a request's "transferred" finish
+    // comes after its Done.
+    for (const auto& c : part["sink"]) {
+      auto it = sinks_.find(c[0].get<std::string>());
+      if (it == sinks_.end()) continue;
+      const uint8_t* data = blob + c[7].get<uint64_t>();
+      const auto size = c[8].get<size_t>();
+      switch (c[1].get<int>()) {
+        case SinkCall::kRows:
+          it->second->Rows(c[2].get<int64_t>(), c[3].get<int64_t>(), c[4].get<int64_t>(),
+                           c[5].get<int64_t>(), std::vector<uint8_t>(data, data + size));
+          break;
+        case SinkCall::kDone: {
+          auto drafts = transfer::ParseDrafts(data, size);  // made by this job's own ranks
+          it->second->Done(c[6].get<int32_t>(),
+                           drafts.ok() ? std::move(drafts.value()) : HandoffDrafts{});
+          sinks_.erase(it);
+          break;
+        }
+        default:
+          it->second->Abandon();
+          sinks_.erase(it);
+      }
+    }
     group_metrics_[group] = MetricsFromJson(part["metrics"], group_metrics_[group]);
     // The group's prefix-cache events, replayed into rank 0's copy of its log.
     CacheEventLog& log = *group_cache_[static_cast<size_t>(group)];
@@ -391,6 +498,10 @@ void ClusterServing::DeliverEvents(const std::vector<uint8_t>& gathered) {
       it->second.stream->Push(std::move(event));
       if (finished) {
         group_load_[it->second.group] -= it->second.outstanding;
+        if (auto sink = sinks_.find(it->first); sink != sinks_.end()) {  // never reached its engine
+          sink->second->Abandon();
+          sinks_.erase(sink);
+        }
         tracked_.erase(it);
       }
     }
@@ -401,10 +512,12 @@ void ClusterServing::Run() {
   const bool root = world_.rank() == 0;
   bool any_work = false;
   while (true) {
-    // 1. What arrived, from rank 0.
-    const std::vector<uint8_t> bytes =
-        world_.Broadcast(root ? TakeControl(any_work) : std::vector<uint8_t>{});
-    const json control = json::parse(bytes.begin(), bytes.end());
+    // 1. What arrived, from rank 0 (received rows stay in this buffer until installed).
+    const auto bytes = std::make_shared<const std::vector<uint8_t>>(
+        world_.Broadcast(root ? TakeControl(any_work) : std::vector<uint8_t>{}));
+    const uint64_t text_length = ReadLength(*bytes, 0);
+    const json control = json::parse(bytes->begin() + 8, bytes->begin() + 8 + text_length);
+    const uint8_t* blob = bytes->data() + 8 + text_length;
     // 2. Requests for this rank's group.
     for (const auto& s : control["submit"]) {
       if (s["group"].get<int>() != group_) continue;
@@ -413,6 +526,21 @@ void ClusterServing::Run() {
       request.prompt = s["prompt"].get<std::vector<int32_t>>();
       request.params = ParamsFromJson(s["params"]);
       request.resumed_tokens = s["resumed"];
+      if (s.contains("sink")) request.kv_sink = LocalSink(request.id);
+      if (s.contains("imported")) {
+        const json& j = s["imported"];
+        auto rows = std::make_shared<ImportedRows>();
+        rows->rows = j["rows"];
+        rows->layers = j["layers"];
+        rows->row_bytes = j["row_bytes"];
+        for (const auto& c : j["chunks"])
+          rows->chunks.push_back(
+              {c[0].get<int64_t>(), c[1].get<int64_t>(), blob + c[2].get<uint64_t>(), bytes});
+        auto drafts = transfer::ParseDrafts(blob + j["drafts"][0].get<uint64_t>(),
+                                            j["drafts"][1].get<size_t>());
+        if (drafts.ok()) rows->drafts = std::move(drafts.value());
+        request.imported = std::move(rows);
+      }
       SubmitError why;
       auto stream = engine_.Submit(request, &why);
       if (stream.ok()) {
@@ -434,7 +562,7 @@ void ClusterServing::Run() {
     if (any_work) engine_.StepOnce(/*must_step=*/true);
     // 4. Events to rank 0: every rank drains its streams, the group's first rank reports them
     // (the other TP ranks computed the same ones).
-    std::vector<uint8_t> payload(8, 0);
+    std::vector<uint8_t> payload(16, 0);
     json events = json::array();
     std::vector<RequestEvent> drained;
     for (auto it = local_.begin(); it != local_.end();) {
@@ -462,10 +590,22 @@ void ClusterServing::Run() {
         cache_reported_ += cache.size();
       }
       report["cache"] = std::move(cache);
+      // The sink calls of this group's prefilling requests (RelaySink), rows as bytes.
+      json sink = json::array();
+      std::vector<uint8_t> blob_out;
+      for (SinkCall& c : *relayed_) {
+        sink.push_back({c.id, static_cast<int>(c.kind), c.first, c.count, c.layers, c.row_bytes,
+                        c.first_token, blob_out.size(), c.data.size()});
+        blob_out.insert(blob_out.end(), c.data.begin(), c.data.end());
+      }
+      relayed_->clear();
+      report["sink"] = std::move(sink);
       const std::string text = Dump(report);
-      const uint64_t length = text.size();
+      const uint64_t length = text.size(), blob_length = blob_out.size();
       std::memcpy(payload.data(), &length, 8);
+      std::memcpy(payload.data() + 8, &blob_length, 8);
       payload.insert(payload.end(), text.begin(), text.end());
+      payload.insert(payload.end(), blob_out.begin(), blob_out.end());
     }
     const std::vector<uint8_t> gathered = world_.GatherToRoot(payload);
     if (root) DeliverEvents(gathered);

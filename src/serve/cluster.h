@@ -9,6 +9,12 @@
 //   3. if any rank has work, every rank runs one engine step;
 //   4. each group's first rank sends the step's events (tokens, text, finishes) and its metrics
 //      to rank 0, which hands them to the waiting HTTP streams.
+//
+// Disaggregation (serve --role prefill|decode under mpirun): rank 0 is the job's one transfer
+// endpoint. A request received for decoding rides step 1's broadcast with its rows and MTP drafts
+// (binary, after the control JSON) to the ranks of its group, which install them; a prefilling
+// request's rows, made on its group's ranks, ride step 4's gather from the group's first rank to
+// rank 0, which hands them to the request's sink (the transfer to the decode instance).
 #pragma once
 
 #include <condition_variable>
@@ -58,8 +64,20 @@ class ClusterServing : public RequestFrontend {
     EngineRequest request;
     int group = 0;
   };
+  // One KvSink call made on a group's first rank, for rank 0 to replay on the real sink.
+  struct SinkCall {
+    std::string id;
+    enum Kind { kRows, kDone, kAbandon } kind = kRows;
+    int64_t first = 0, count = 0, layers = 0, row_bytes = 0;
+    std::vector<uint8_t> data;  // kRows: the rows; kDone: the encoded MTP drafts
+    int32_t first_token = 0;
+  };
+  class RelaySink;
   std::vector<uint8_t> TakeControl(bool any_work);
   void DeliverEvents(const std::vector<uint8_t>& gathered);
+  // The sink a request of this rank's group gets here: rank 0's real one (group 0), a relay to
+  // rank 0 (another group's first rank), or one that drops what it is given (other TP ranks).
+  std::shared_ptr<KvSink> LocalSink(const std::string& id);
 
   Engine& engine_;
   Communicator& world_;
@@ -87,6 +105,10 @@ class ClusterServing : public RequestFrontend {
 
   // Every rank: the streams of requests this rank's engine runs.
   std::map<std::string, std::shared_ptr<RequestStream>> local_;
+  // Rank 0: prefilling requests' sinks (the transfers), until their Done or Abandon.
+  std::map<std::string, std::shared_ptr<KvSink>> sinks_;
+  // A group's first rank: sink calls made this step, for rank 0.
+  std::shared_ptr<std::vector<SinkCall>> relayed_ = std::make_shared<std::vector<SinkCall>>();
 };
 
 }  // namespace sy::serve

@@ -215,6 +215,7 @@ struct Receiver::Impl {
     bool closed = false, done = false;
     int64_t total = 0;
     int32_t first_token = 0;
+    HandoffDrafts drafts;
     std::string error;
     double first_arrival = 0, created = 0;
     int64_t bytes = 0;
@@ -390,6 +391,12 @@ struct Receiver::Impl {
     }
     entry.bytes += static_cast<int64_t>(message.size);
     if (h.kind == kDone) {
+      auto drafts = ParseDrafts(parsed->payload, h.payload_bytes);
+      if (!drafts.ok()) {
+        entry.error = fmt::format("request {}: {}", id, drafts.status().message());
+        return;
+      }
+      entry.drafts = std::move(drafts.value());
       entry.first_token = h.first_token;
       entry.closed = true;
       entry.total = h.count;
@@ -508,6 +515,7 @@ Result<Received> Receiver::Wait(const std::string& id, uint64_t token, int64_t l
       ++impl.stats.transfers;
       impl.stats.bytes += entry.bytes;
       impl.stats.seconds += NowSeconds() - entry.first_arrival;
+      rows.value()->drafts = std::move(entry.drafts);
       result = Received{rows.value(), entry.first_token};
       break;
     }
@@ -554,7 +562,7 @@ struct Sender::Impl {
       std::memcpy(message.data(), head.data(), head.size());
       if (!payload.empty()) {
         std::memcpy(message.data() + head.size(), payload.data(), payload.size());
-        if (CorruptionsLeft().load() > 0 && CorruptionsLeft().fetch_sub(1) > 0)
+        if (h.kind == kRows && CorruptionsLeft().load() > 0 && CorruptionsLeft().fetch_sub(1) > 0)
           message.data()[message.size - 1] ^= 0x40;  // the test hook: after the checksum
       }
       head.clear();
@@ -755,20 +763,21 @@ void Outgoing::Rows(int64_t first, int64_t count, int64_t layers, int64_t row_by
   sender_.Queue(shared_from_this(), std::move(head), std::move(data));
 }
 
-void Outgoing::Done(int32_t first_token) {
+void Outgoing::Done(int32_t first_token, HandoffDrafts drafts) {
   int64_t rows = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     rows = rows_;
   }
-  std::vector<uint8_t> head = Head(kDone, 0, rows, 0, 0, first_token, {});
+  std::vector<uint8_t> payload = EncodeDrafts(drafts);
+  std::vector<uint8_t> head = Head(kDone, 0, rows, 0, 0, first_token, payload);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (started_ == 0) started_ = NowSeconds();
     ++pending_;
     closed_ = true;
   }
-  sender_.Queue(shared_from_this(), std::move(head), {});
+  sender_.Queue(shared_from_this(), std::move(head), std::move(payload));
 }
 
 void Outgoing::Abandon() {

@@ -74,7 +74,7 @@ class Outgoing : public KvSink, public std::enable_shared_from_this<Outgoing> {
  public:
   void Rows(int64_t first, int64_t count, int64_t layers, int64_t row_bytes,
             std::vector<uint8_t> data) override;
-  void Done(int32_t first_token) override;
+  void Done(int32_t first_token, HandoffDrafts drafts) override;
   void Abandon() override;
   // Waits until every message queued was sent (delivered to UCX and completed) or one failed.
   Status Wait(double timeout_seconds);

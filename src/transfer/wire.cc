@@ -1,5 +1,6 @@
 #include "transfer/wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <xxhash.h>
@@ -47,14 +48,72 @@ Result<MessageView> ParseMessage(const uint8_t* data, size_t size, bool verify) 
                             h.count, h.layers, h.row_bytes, h.payload_bytes);
     m.payload = data + sizeof(Header) + h.id_length;
   } else if (h.kind == kDone) {
-    if (h.payload_bytes != 0 || h.count < 0)
-      return Status::Errorf("request {}: a closing message with {} payload bytes, {} rows", m.id,
-                            h.payload_bytes, h.count);
+    if (h.count < 0)
+      return Status::Errorf("request {}: a closing message of {} rows", m.id, h.count);
+    m.payload = data + sizeof(Header) + h.id_length;
   } else {
     return Status::Errorf("request {}: unknown message kind {}", m.id, h.kind);
   }
   m.checksum_ok = verify && Checksum(h, {{data + sizeof(Header), rest}}) == h.checksum;
   return m;
+}
+
+std::vector<uint8_t> EncodeDrafts(const HandoffDrafts& drafts) {
+  const size_t count = std::min(drafts.tokens.size(), drafts.distributions.size());
+  if (count == 0) return {};
+  size_t bytes = 4;
+  for (size_t i = 0; i < count; ++i)
+    bytes += 8 + drafts.distributions[i].tokens.size() * (sizeof(int32_t) + sizeof(double));
+  std::vector<uint8_t> out(bytes);
+  size_t at = 0;
+  auto put = [&out, &at](const void* value, size_t size) {
+    if (size > 0) std::memcpy(out.data() + at, value, size);
+    at += size;
+  };
+  const auto count32 = static_cast<uint32_t>(count);
+  put(&count32, 4);
+  for (size_t i = 0; i < count; ++i) {
+    const TokenDistribution& q = drafts.distributions[i];
+    const auto n = static_cast<uint32_t>(q.tokens.size());
+    put(&drafts.tokens[i], 4);
+    put(&n, 4);
+    put(q.tokens.data(), n * sizeof(int32_t));
+    put(q.probs.data(), n * sizeof(double));
+  }
+  return out;
+}
+
+Result<HandoffDrafts> ParseDrafts(const uint8_t* data, size_t size) {
+  HandoffDrafts drafts;
+  if (size == 0) return drafts;
+  size_t at = 0;
+  auto take = [&](void* value, size_t bytes) {
+    if (bytes > size - at) return false;
+    if (bytes > 0) std::memcpy(value, data + at, bytes);
+    at += bytes;
+    return true;
+  };
+  uint32_t count = 0;
+  if (!take(&count, 4)) return Status::Errorf("MTP drafts: {} bytes hold no count", size);
+  for (uint32_t i = 0; i < count; ++i) {
+    int32_t token = 0;
+    uint32_t n = 0;
+    if (!take(&token, 4) || !take(&n, 4))
+      return Status::Errorf("MTP drafts: draft {} of {} runs past the {} bytes", i, count, size);
+    // 12 bytes per entry: n is checked against what is left before anything is allocated.
+    if (n > (size - at) / 12)
+      return Status::Errorf("MTP drafts: draft {} names {} entries, more than {} bytes hold", i, n,
+                            size - at);
+    TokenDistribution q;
+    q.tokens.resize(n);
+    q.probs.resize(n);
+    take(q.tokens.data(), n * sizeof(int32_t));
+    take(q.probs.data(), n * sizeof(double));
+    drafts.tokens.push_back(token);
+    drafts.distributions.push_back(std::move(q));
+  }
+  if (at != size) return Status::Errorf("MTP drafts: {} bytes past the last draft", size - at);
+  return drafts;
 }
 
 }  // namespace sy::transfer

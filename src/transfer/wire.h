@@ -1,6 +1,7 @@
 // The transfer's message format (transfer/kv_transfer.h): a 64-byte header, the request id, then
-// a chunk's rows; parsed here from untrusted bytes (fuzzed: tests/fuzz/transfer_fuzzer.cc).
-// Little-endian hosts only (x86-64, AArch64), as the cache rows themselves are.
+// a chunk's rows (or, closing a transfer, the MTP drafts); parsed here from untrusted bytes
+// (fuzzed: tests/fuzz/transfer_fuzzer.cc). Little-endian hosts only (x86-64, AArch64), as the cache
+// rows themselves are.
 #pragma once
 
 #include <cstddef>
@@ -8,8 +9,10 @@
 #include <initializer_list>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "base/status.h"
+#include "engine/handoff.h"
 
 namespace sy::transfer {
 
@@ -37,9 +40,16 @@ uint64_t Checksum(Header h, std::initializer_list<std::pair<const void*, size_t>
 struct MessageView {
   Header header;
   std::string_view id;
-  const uint8_t* payload = nullptr;  // kRows: count · layers · row_bytes bytes
+  const uint8_t* payload = nullptr;  // kRows: count · layers · row_bytes bytes; kDone: drafts
   bool checksum_ok = false;
 };
+
+// A closing message's payload, the MTP drafts: a uint32 count, then per draft its token (int32),
+// the size n of its distribution (uint32), n tokens (int32) and n probabilities (f64). Empty
+// without drafts.
+std::vector<uint8_t> EncodeDrafts(const HandoffDrafts& drafts);
+// Every size checked against the bytes there are (the engine checks tokens against its vocabulary).
+Result<HandoffDrafts> ParseDrafts(const uint8_t* data, size_t size);
 
 // A message's parts, every length checked against the bytes there are (overflow included); an
 // error names what is wrong. With `verify`, the checksum is computed and its verdict reported.

@@ -8,8 +8,8 @@ mkdir -p "$corpus"
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I "$src/src" "$src/tests/fuzz/transfer_fuzzer.cc" "$src/src/transfer/wire.cc" -lfmt -lxxhash \
   -o "$build/transfer_fuzzer"
-# Seeds: a rows message (2 rows of 2 layers × 4 bytes) and a closing one, as the sender makes
-# them (checksum 0: the parser reports it wrong and goes on).
+# Seeds: a rows message (2 rows of 2 layers × 4 bytes) and closing ones (with and without MTP
+# drafts), as the sender makes them (checksum 0: the parser reports it wrong and goes on).
 python3 - "$corpus" <<'PY'
 import struct, sys
 def message(kind, first, count, layers, row_bytes, token, payload, rid=b"cmpl-1"):
@@ -18,6 +18,8 @@ def message(kind, first, count, layers, row_bytes, token, payload, rid=b"cmpl-1"
     return head + rid + payload
 open(sys.argv[1] + "/seed-rows", "wb").write(message(1, 0, 2, 2, 4, 0, bytes(range(16))))
 open(sys.argv[1] + "/seed-done", "wb").write(message(2, 0, 2, 0, 0, 42, b""))
+drafts = struct.pack("<IiI", 1, 5, 2) + struct.pack("<ii", 5, 7) + struct.pack("<dd", 0.75, 0.25)
+open(sys.argv[1] + "/seed-done-drafts", "wb").write(message(2, 0, 2, 0, 0, 42, drafts))
 PY
 "$build/transfer_fuzzer" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
   -print_final_stats=1 "$corpus" 2>&1 | tail -n 15

@@ -1,9 +1,12 @@
 """Starts switchyard servers for the client tests: the embedded default model, written fresh by
-`switchyard init-model`, served on a free port."""
+`switchyard init-model`, served on a free port; instances behind a router (the trained default
+model, gRPC on free ports, one process or an mpirun job) and the router itself."""
 
+import concurrent.futures
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -14,6 +17,8 @@ import pytest
 
 BINARY = os.environ.get("SWITCHYARD_BINARY", "build/switchyard")
 TMP = os.environ.get("SWITCHYARD_TEST_TMP", "/tmp/switchyard-serve-tests")
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+TRAINED = os.path.join(REPO, "models", "default")
 
 
 MPIRUN = ["mpirun", "--oversubscribe"]
@@ -174,3 +179,97 @@ def assert_sigterm_drains(server, max_tokens):
     thread.join(timeout=120)
     assert server.process.wait(timeout=60) == 0
     assert result["out"].usage.completion_tokens == max_tokens
+
+
+# Instances behind a router, and the router (test_route.py, test_disagg.py and the tests that
+# import these from test_route).
+
+def free_port(count=1):
+    """A free port P with P + 1 … P + count - 1 free too (an mpirun job serves DP group g's gRPC
+    on P + g)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count > 65536:
+            continue
+        try:
+            for port in range(base + 1, base + count):
+                with socket.socket() as t:
+                    t.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def Process(*args):
+    """A switchyard command serving HTTP (an instance or the router)."""
+    return Server(None, command=[BINARY, *args])
+
+
+def start_instance(grpc_port=None, *extra, role=None, ranks=1, tp=1, env=None):
+    """`serve` of the trained default model for a router: one thread per process, gRPC on
+    grpc_port (a free one by default), `ranks` > 1 an mpirun job (expert parallelism, a DP group
+    per `tp` ranks, group g's gRPC on grpc_port + g). The Server's `grpc` lists the groups'
+    addresses.
+    The serving default (no --batch-invariant): a failover's recomputation gives the text the
+    stream had (one answer per request)."""
+    groups = ranks // tp
+    port = grpc_port or free_port(groups)
+    command = [BINARY, "--threads", "1", "serve", "--model", TRAINED, "--port", "0",
+               "--grpc-port", str(port), "--kv-cache-tokens", "16384",
+               "--served-model-name", "sy-test", *(["--role", role] if role else []),
+               *(["--tp", str(tp)] if tp > 1 else []), *extra]
+    if env:
+        command = ["env", *[f"{k}={v}" for k, v in env.items()], *command]
+    server = Server(None, command=command, ranks=ranks)
+    server.grpc = [f"127.0.0.1:{port + g}" for g in range(groups)]
+    return server
+
+
+def start_router(engines=(), policy=None, *extra, prefill=(), decode=()):
+    """`route` over colocated `engines` (gRPC ports or host:port addresses), or over a prefill and
+    a decode pool; probes every 0.1 s."""
+    def addresses(items):
+        return ",".join(e if isinstance(e, str) else f"127.0.0.1:{e}" for e in items)
+    args = ["route", "--port", "0", "--served-model-name", "sy-test", "--probe-interval", "0.1",
+            *(["--policy", policy] if policy else []), *extra]
+    if engines:
+        args += ["--engines", addresses(engines)]
+    else:
+        args += ["--prefill-engines", addresses(prefill), "--decode-engines", addresses(decode)]
+    return Process(*args)
+
+
+def client_for(process):
+    from openai import OpenAI
+    return OpenAI(base_url=process.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+
+def stop_all(procs):
+    for p in procs:
+        if p.process.poll() is None:
+            p.stop()
+
+
+def streams_interrupted(client, prompts, args, interrupt, after_chunks=5):
+    """Streams every prompt at once; once each has sent `after_chunks` chunks, calls interrupt();
+    returns each stream's (text, finish reason)."""
+    chunks = [0] * len(prompts)
+
+    def stream(i):
+        text, finish = "", None
+        for c in client.completions.create(prompt=prompts[i], stream=True, **args):
+            text += c.choices[0].text
+            finish = c.choices[0].finish_reason or finish
+            chunks[i] += 1
+        return text, finish
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        futures = [pool.submit(stream, i) for i in range(len(prompts))]
+        deadline = time.time() + 120
+        while min(chunks) < after_chunks and time.time() < deadline:
+            time.sleep(0.005)
+        interrupt()
+        return [f.result(timeout=300) for f in futures]

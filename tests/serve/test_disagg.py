@@ -1,59 +1,25 @@
 """Prefill/decode disaggregation (serve --role, route --prefill-engines/--decode-engines), every
 process started here on the trained default model: the disaggregated output equals the colocated
-output (greedy text and log-probability bits, chat and completions, streamed and not; MTP on); a
-corrupted transfer is refused and redone; kill -9 of a prefill and of a decode instance under
+output (greedy text and log-probability bits, chat and completions, streamed and not; MTP on,
+greedy and seeded; prefill and decode jobs of other mpirun layouts); a corrupted transfer is
+refused and redone; kill -9 of a prefill and of a decode instance under
 load loses nothing; the transfer and per-pool metrics count what happened."""
 
 import concurrent.futures
 import os
 import signal
-import socket
 import time
 
 import pytest
-from openai import OpenAI
 
-from conftest import BINARY, Server
-
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-TRAINED = os.path.join(REPO, "models", "default")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import (BINARY, REPO, TRAINED, Server, client_for, start_instance, start_router,
+                      stop_all, streams_interrupted)
 
 
 def instance(role, *extra, env=None):
-    """(process, gRPC address) of a serve instance of `role`."""
-    port = free_port()
-    command = [BINARY, "--threads", "1", "serve", "--model", TRAINED, "--port", "0",
-               "--grpc-port", str(port), "--role", role, "--kv-cache-tokens", "16384",
-               "--served-model-name", "sy-test", *extra]
-    if env:
-        command = ["env", *[f"{k}={v}" for k, v in env.items()], *command]
-    return Server(None, command=command), f"127.0.0.1:{port}"
-
-
-def router(prefill=(), decode=(), engines=(), *extra):
-    args = ["route", "--port", "0", "--served-model-name", "sy-test", "--probe-interval", "0.1",
-            *extra]
-    if engines:
-        args += ["--engines", ",".join(engines)]
-    else:
-        args += ["--prefill-engines", ",".join(prefill), "--decode-engines", ",".join(decode)]
-    return Server(None, command=[BINARY, *args])
-
-
-def client_for(process):
-    return OpenAI(base_url=process.url + "/v1", api_key="x", max_retries=0, timeout=300)
-
-
-def stop_all(procs):
-    for p in procs:
-        if p.process.poll() is None:
-            p.stop()
+    """(process, gRPC address) of a one-process serve instance of `role`."""
+    s = start_instance(None, *extra, role=role, env=env)
+    return s, s.grpc[0]
 
 
 PROMPTS = ["ROMEO: But soft, what light through yonder window breaks?", "KING HENRY:",
@@ -96,8 +62,8 @@ def test_disaggregated_output_equals_colocated(mode):
         prefill, p_addr = instance("prefill", *mode)
         decode, d_addr = instance("decode", *mode)
         procs += [colocated, prefill, decode]
-        split = router([p_addr], [d_addr])
-        together = router(engines=[c_addr])
+        split = start_router(prefill=[p_addr], decode=[d_addr])
+        together = start_router([c_addr])
         procs += [split, together]
         want = answers(client_for(together))
         got = answers(client_for(split))
@@ -120,20 +86,105 @@ def test_disaggregated_output_equals_colocated(mode):
         stop_all(procs)
 
 
-def test_mtp_on_both_sides_keeps_greedy_output():
+def seeded(client):
+    """Each prompt sampled with a seed (temperature, top-p, a presence penalty), as completions
+    and as a streamed chat, all at once (each request's draws depend on its seed alone)."""
+    def one(item):
+        i, p = item
+        args = dict(model="sy-test", max_tokens=24, temperature=0.8, top_p=0.95, seed=100 + i,
+                    presence_penalty=0.3, extra_body={"ignore_eos": True})
+        text = client.completions.create(prompt=p, **args).choices[0].text
+        chat = ""
+        for ch in client.chat.completions.create(messages=[{"role": "user", "content": p}],
+                                                 stream=True, **args):
+            if ch.choices and ch.choices[0].delta.content:
+                chat += ch.choices[0].delta.content
+        return text, chat
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
+        return list(pool.map(one, enumerate(PROMPTS)))
+
+
+def greedy_at_once(client, logprobs=False):
+    """Each prompt's greedy completion (with its log-probabilities), all at once."""
+    args = dict(model="sy-test", max_tokens=24, temperature=0, extra_body={"ignore_eos": True},
+                logprobs=2 if logprobs else None)
+
+    def one(p):
+        c = client.completions.create(prompt=p, **args).choices[0]
+        return (c.text, c.logprobs.token_logprobs, c.logprobs.top_logprobs) if logprobs else c.text
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
+        return list(pool.map(one, PROMPTS))
+
+
+MTP = ["--speculative", "mtp", "--num-speculative-tokens", "2"]
+
+
+def test_mtp_on_both_sides_gives_the_colocated_output_greedy_and_seeded():
+    """The prefill instance's drafts travel with the rows: the decode instance verifies them in its
+    first step as the colocated engine does, so seeded sampling draws the colocated tokens."""
     procs = []
     try:
-        mtp = ["--speculative", "mtp", "--num-speculative-tokens", "2"]
-        colocated, c_addr = instance("both", *mtp)
-        prefill, p_addr = instance("prefill", *mtp)
-        decode, d_addr = instance("decode", *mtp)
+        colocated, c_addr = instance("both", *MTP)
+        prefill, p_addr = instance("prefill", *MTP)
+        decode, d_addr = instance("decode", *MTP)
         procs += [colocated, prefill, decode]
-        split = router([p_addr], [d_addr])
-        together = router(engines=[c_addr])
+        split = start_router(prefill=[p_addr], decode=[d_addr])
+        together = start_router([c_addr])
         procs += [split, together]
         want = answers(client_for(together), logprobs=False)
         assert answers(client_for(split), logprobs=False) == want
+        want = seeded(client_for(together))
+        got = seeded(client_for(split))
+        for i, (w, g) in enumerate(zip(want, got)):
+            assert g == w, f"prompt {i}: disaggregated {g!r} vs colocated {w!r}"
         assert decode.metric("spec_decode_num_accepted_tokens_total") > 0
+    finally:
+        stop_all(procs)
+
+
+# Prefill and decode as jobs of other layouts: an mpirun job of 2 ranks (expert parallelism, a DP
+# group per rank, each group's gRPC port its own instance to the router) on one side, one process
+# on the other. Every process keeps f32 products and exchanges f32 rows: expert parallelism sums
+# the experts' rows in another order than one process does, equal in f32 to ~1e-7
+# (test_mpi_serving.py), so tokens are compared across layouts in the default mode; under
+# --batch-invariant the log-probability bits are compared too (the last two cases).
+# The last cases: one DP group of TP 2, whose two ranks both install the received rows (decode)
+# or whose first rank reports the rows both computed (prefill).
+@pytest.mark.parametrize("prefill_ranks,prefill_tp,decode_ranks,decode_tp,extra", [
+    (2, 1, 1, 1, []), (1, 1, 2, 1, MTP), (2, 1, 1, 1, MTP), (2, 1, 2, 2, []), (2, 2, 2, 1, []),
+    (2, 1, 1, 1, ["--batch-invariant"]), (1, 1, 2, 1, ["--batch-invariant"])],
+    ids=["prefill_ep2-decode_1", "prefill_1-decode_ep2-mtp", "prefill_ep2-decode_1-mtp",
+         "prefill_ep2-decode_tp2", "prefill_tp2-decode_ep2", "prefill_ep2-decode_1-bits",
+         "prefill_1-decode_ep2-bits"])
+def test_prefill_and_decode_jobs_of_other_layouts_give_the_colocated_output(
+        prefill_ranks, prefill_tp, decode_ranks, decode_tp, extra):
+    exact = ["--f32-products", "--wire-dtype", "f32", *extra]
+    procs = []
+    try:
+        colocated = start_instance(None, *exact, role="both")
+        procs.append(colocated)
+        prefill = start_instance(None, *exact, role="prefill", ranks=prefill_ranks, tp=prefill_tp)
+        procs.append(prefill)
+        decode = start_instance(None, *exact, role="decode", ranks=decode_ranks, tp=decode_tp)
+        procs.append(decode)
+        split = start_router(policy="round_robin", prefill=prefill.grpc, decode=decode.grpc)
+        together = start_router(colocated.grpc)
+        procs += [split, together]
+        bits = "--batch-invariant" in extra
+        want = greedy_at_once(client_for(together), bits), seeded(client_for(together))
+        got = greedy_at_once(client_for(split), bits), seeded(client_for(split))
+        assert got[0] == want[0], "greedy (and log-probability bits): disaggregated vs colocated"
+        assert got[1] == want[1], "seeded: disaggregated vs colocated"
+        # Every DP group of the job took part: its rows left from, or reached, its own engine.
+        status, engines, _ = split.request("GET", "/admin/engines")
+        routed = {e["engine"]: e["routed_total"] for e in engines["engines"]}
+        assert min(routed.values()) > 0, routed
+        requests = len(PROMPTS) * 3
+        assert prefill.metric("kv_transfers_total", side="send") == requests
+        assert decode.metric("kv_transfers_total", side="receive") == requests
+        assert decode.metric("kv_transfers_refused_total", side="receive") == 0
+        if "mtp" in extra:
+            assert decode.metric("spec_decode_num_accepted_tokens_total") > 0
     finally:
         stop_all(procs)
 
@@ -146,7 +197,7 @@ def test_a_corrupted_transfer_is_refused_and_redone():
         prefill, p_addr = instance("prefill", env={"SWITCHYARD_TEST_CORRUPT_TRANSFERS": "2"})
         decode, d_addr = instance("decode")
         procs += [colocated, prefill, decode]
-        split = router([p_addr], [d_addr])
+        split = start_router(prefill=[p_addr], decode=[d_addr])
         procs.append(split)
         args = dict(model="sy-test", prompt=PROMPTS[2], max_tokens=30, temperature=0,
                     extra_body={"ignore_eos": True})
@@ -160,26 +211,6 @@ def test_a_corrupted_transfer_is_refused_and_redone():
         stop_all(procs)
 
 
-def streams_interrupted(client, prompts, args, interrupt, after_chunks):
-    chunks = [0] * len(prompts)
-
-    def stream(i):
-        text, finish = "", None
-        for c in client.completions.create(prompt=prompts[i], stream=True, **args):
-            text += c.choices[0].text
-            finish = c.choices[0].finish_reason or finish
-            chunks[i] += 1
-        return text, finish
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        futures = [pool.submit(stream, i) for i in range(len(prompts))]
-        deadline = time.time() + 120
-        while min(chunks) < after_chunks and time.time() < deadline:
-            time.sleep(0.005)
-        interrupt()
-        return [f.result(timeout=300) for f in futures]
-
-
 def test_kill_9_of_a_prefill_and_of_a_decode_instance_under_load_loses_nothing():
     procs = []
     try:
@@ -189,7 +220,8 @@ def test_kill_9_of_a_prefill_and_of_a_decode_instance_under_load_loses_nothing()
         d1, d1_addr = instance("decode")
         d2, d2_addr = instance("decode")
         procs += [colocated, p1, p2, d1, d2]
-        split = router([p1_addr, p2_addr], [d1_addr, d2_addr], (), "--policy", "round_robin")
+        split = start_router(policy="round_robin", prefill=[p1_addr, p2_addr],
+                             decode=[d1_addr, d2_addr])
         procs.append(split)
         client = client_for(split)
         prompts = [f"{name}: " + "Now is the winter of our discontent " * (8 + 3 * i)

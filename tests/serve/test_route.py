@@ -8,42 +8,13 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
-from openai import OpenAI
-
-from conftest import BINARY, MPI_ENV, Server
-
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-TRAINED = os.path.join(REPO, "models", "default")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def Process(*args):
-    """A switchyard command serving HTTP (an instance or the router)."""
-    return Server(None, command=[BINARY, *args])
-
-
-def start_instance(grpc_port):
-    # The serving default: a failover's recomputation gives the text the stream had (one answer
-    # per request), --batch-invariant is not needed for that.
-    return Process("--threads", "1", "serve", "--model", TRAINED, "--port", "0", "--grpc-port",
-                   str(grpc_port), "--kv-cache-tokens", "16384", "--served-model-name", "sy-test")
-
-
-def start_router(grpc_ports, policy):
-    engines = ",".join(f"127.0.0.1:{p}" for p in grpc_ports)
-    return Process("route", "--engines", engines, "--port", "0", "--policy", policy,
-                   "--served-model-name", "sy-test", "--probe-interval", "0.1")
-
+# Process, free_port and start_instance are imported from here by other tests too.
+from conftest import (BINARY, REPO, TRAINED, Process, Server, client_for, free_port,  # noqa: F401
+                      start_instance, start_router, streams_interrupted)
 
 @pytest.fixture(scope="module")
 def instances():
@@ -52,10 +23,6 @@ def instances():
     yield ports, procs
     for p in procs:
         p.stop()
-
-
-def client_for(process):
-    return OpenAI(base_url=process.url + "/v1", api_key="x", max_retries=0, timeout=300)
 
 
 def passages():
@@ -101,28 +68,6 @@ def test_cache_aware_routing_reuses_prefixes_round_robin_does_not(instances):
           f"computed {rr_computed} vs {ca_computed}")
     assert ca_share > 0.5 and ca_share > rr_share + 0.15
     assert ca_computed < rr_computed
-
-
-def streams_interrupted(client, prompts, args, interrupt):
-    """Streams every prompt at once; once each has sent 5 chunks, calls interrupt(); returns each
-    stream's (text, finish reason)."""
-    chunks = [0] * len(prompts)
-
-    def stream(i):
-        text, finish = "", None
-        for c in client.completions.create(prompt=prompts[i], stream=True, **args):
-            text += c.choices[0].text
-            finish = c.choices[0].finish_reason or finish
-            chunks[i] += 1
-        return text, finish
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        futures = [pool.submit(stream, i) for i in range(len(prompts))]
-        deadline = time.time() + 120
-        while min(chunks) < 5 and time.time() < deadline:
-            time.sleep(0.01)
-        interrupt()
-        return [f.result(timeout=300) for f in futures]
 
 
 def readmitted(router, address, timeout=60):
@@ -286,26 +231,10 @@ def test_overload_gets_503_with_retry_after(instances):
 
 def test_an_mpirun_job_of_two_dp_groups_behind_the_router(instances):
     ports, procs = instances
-    port = free_port()
-    job = subprocess.Popen(
-        ["mpirun", "--oversubscribe", "-np", "2", BINARY, "--threads", "1", "serve", "--model",
-         TRAINED, "--port", "0", "--grpc-port", str(port), "--batch-invariant",
-         "--wire-dtype", "f32", "--kv-cache-tokens", "16384", "--served-model-name", "sy-test"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, **MPI_ENV})
-    log = []
+    job = start_instance(None, "--batch-invariant", "--wire-dtype", "f32", ranks=2)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = job.stdout.readline()
-            if not line:
-                break
-            log.append(line)
-            if "grpc://" in line:
-                break
-        assert any("grpc://" in line for line in log), "".join(log)
-        assert "".join(log).count("grpc://") == 2  # group g on port + g
-        router = start_router([port, port + 1], "cache_aware")
+        assert "".join(job.log).count("grpc://") == 2  # group g on port + g
+        router = start_router(job.grpc, "cache_aware")
         try:
             via_job = client_for(router)
             direct = client_for(procs[1])
@@ -328,9 +257,7 @@ def test_an_mpirun_job_of_two_dp_groups_behind_the_router(instances):
         finally:
             assert router.stop() == 0, "".join(router.log)
     finally:
-        pid = int(next(line for line in log if "(pid " in line).split("(pid ")[1].split(";")[0])
-        os.kill(pid, signal.SIGTERM)  # rank 0 drains and stops every rank
-        job.wait(timeout=60)
+        job.stop()  # SIGTERM to rank 0: it drains and stops every rank
 
 
 def test_drain_lets_running_requests_finish_and_sends_nothing_new(instances):
