@@ -53,7 +53,7 @@ record_prompts=("${made[@]}")
 MPIRUN=${MPIRUN:-mpirun --oversubscribe -np 4}
 run() {
   local use=("${prompts[@]}")
-  if [[ "$1" == --record-expert-load ]]; then use=("${record_prompts[@]}"); fi
+  if [[ "${1:-}" == --record-expert-load ]]; then use=("${record_prompts[@]}"); fi
   $MPIRUN "$B" --threads 1 --prefill-gemm own generate "${use[@]}" \
     --max-tokens 32 --ignore-eos --json "$@" 2>stderr.txt | python3 -c '
 import hashlib, json, sys
