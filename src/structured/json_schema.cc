@@ -112,6 +112,46 @@ unsigned BitsOfValue(const Json& v) {
   return kObject;
 }
 
+// A schema every value satisfies: true, or an object of annotations only.
+bool AlwaysHolds(const Json& schema) {
+  if (schema.is_boolean()) return schema.get<bool>();
+  if (!schema.is_object()) return false;
+  for (const auto& [k, v] : schema.items())
+    if (IsConstraining(k)) return false;
+  return true;
+}
+
+// if/then/else where its effect is known without negating `if`: "then" or "else" without "if",
+// and "if" without either, constrain nothing (draft 7); an `if` that always or never holds is
+// its branch. Returns the schema without the three keywords (the branch joined by allOf), or an
+// error naming the `if` whose negation it would take.
+Result<Json> WithoutConditional(const Json& schema, const std::string& path) {
+  Json rest = schema;
+  rest.erase("if");
+  rest.erase("then");
+  rest.erase("else");
+  if (!schema.contains("if") || (!schema.contains("then") && !schema.contains("else"))) return rest;
+  const Json& condition = schema["if"];
+  const bool never = condition.is_boolean() && !condition.get<bool>();
+  if (!never && !AlwaysHolds(condition)) {
+    return Status::Errorf(
+        "unsupported keyword 'if' at {} with 'then' or 'else' (only an 'if' that always or "
+        "never holds is supported: the other branch would need its negation)",
+        Where(path));
+  }
+  const char* branch = never ? "else" : "then";
+  if (!schema.contains(branch)) return rest;
+  return Json{{"allOf", Json::array({std::move(rest), schema[branch]})}};
+}
+
+// The non-integral numbers, spelled positionally with a last fraction digit that is not 0 (each
+// such value's one spelling here, as json_lexical.h fixes one spelling for every number).
+Expr NonIntegralNumber() {
+  return Seq({Optional(Byte('-')),
+              Alt({Byte('0'), Seq({ByteRange('1', '9'), Star(ByteRange('0', '9'))})}), Byte('.'),
+              Star(ByteRange('0', '9')), ByteRange('1', '9')});
+}
+
 bool DepthWithin(const Json& v, int limit) {
   if (limit < 0) return false;
   if (v.is_array() || v.is_object()) {
@@ -162,6 +202,11 @@ class SchemaConverter {
     if (!schema.is_object()) {
       return Status::Errorf("the schema at {} is not an object or a boolean", Where(path));
     }
+    if (schema.contains("if") || schema.contains("then") || schema.contains("else")) {
+      SY_ASSIGN_OR_RETURN(Json plain, WithoutConditional(schema, path));
+      return Convert(plain, path, depth + 1);
+    }
+    if (schema.contains("not")) return ConvertNot(schema, path, depth);
     SY_RETURN_IF_ERROR(CheckKeywords(schema, path));
     if (schema.contains("$ref")) {
       for (const auto& [k, v] : schema.items()) {
@@ -242,6 +287,58 @@ class SchemaConverter {
         SY_ASSIGN_OR_RETURN(Expr e, ConvertArray(schema, path, depth));
         alts.push_back(e);
       }
+    }
+    return Alt(std::move(alts));
+  }
+
+  // `not` where its complement is exact: not false (no constraint), not of a schema every value
+  // satisfies (nothing is valid: a property that must be absent), and not of a schema that only
+  // names types (the other types; excluding "integer" from the numbers leaves the non-integral
+  // ones). Anything else is refused by name.
+  Result<Expr> ConvertNot(const Json& schema, const std::string& path, int depth) {
+    const Json& negated = schema["not"];
+    Json rest = schema;
+    rest.erase("not");
+    if (negated.is_boolean() && !negated.get<bool>()) return Convert(rest, path, depth + 1);
+    if (AlwaysHolds(negated)) return Nothing();
+    bool types_only = negated.is_object() && negated.contains("type");
+    if (types_only) {
+      for (const auto& [k, v] : negated.items())
+        types_only = types_only && (k == "type" || !IsConstraining(k));
+    }
+    if (!types_only) {
+      return Status::Errorf(
+          "unsupported keyword 'not' at {} (only 'not' of a boolean, of {{}}, or of a schema "
+          "that only names types is supported)",
+          Where(path));
+    }
+    SY_ASSIGN_OR_RETURN(std::vector<std::string> excluded, TypesOf(negated, path + "/not"));
+    SY_ASSIGN_OR_RETURN(std::vector<std::string> allowed, TypesOf(rest, path));
+    unsigned bits = 0;
+    for (const auto& t : allowed)
+      bits |= BitsOfTypeName(t);
+    for (const auto& t : excluded)
+      bits &= ~BitsOfTypeName(t);
+    Json types = Json::array();
+    for (const char* t : {"null", "boolean", "string", "array", "object"})
+      if (bits & BitsOfTypeName(t)) types.push_back(t);
+    if ((bits & kInt) && (bits & kFrac)) types.push_back("number");
+    if ((bits & kInt) && !(bits & kFrac)) types.push_back("integer");
+    std::vector<Expr> alts;
+    if (!types.empty()) {
+      rest["type"] = types;
+      SY_ASSIGN_OR_RETURN(Expr e, Convert(rest, path, depth + 1));
+      alts.push_back(e);
+    }
+    if ((bits & kFrac) && !(bits & kInt)) {
+      for (const auto& [k, v] : rest.items()) {
+        if (k != "type" && IsConstraining(k))
+          return Status::Errorf(
+              "unsupported keyword 'not' at {}: excluding the integers from numbers is "
+              "supported only without other keywords beside it (here '{}')",
+              Where(path), k);
+      }
+      alts.push_back(NonIntegralNumber());
     }
     return Alt(std::move(alts));
   }
@@ -391,6 +488,12 @@ class SchemaConverter {
       return Status::Errorf("'allOf' nests too deeply at {}", Where(path));
     }
     SY_ASSIGN_OR_RETURN(const Json* branch_ptr, Follow(branch_in, path, depth));
+    Json unconditional;
+    if (branch_ptr->is_object() && (branch_ptr->contains("if") || branch_ptr->contains("then") ||
+                                    branch_ptr->contains("else"))) {
+      SY_ASSIGN_OR_RETURN(unconditional, WithoutConditional(*branch_ptr, path));
+      branch_ptr = &unconditional;
+    }
     const Json& branch = *branch_ptr;
     if (acc->is_boolean()) return Status::Ok();  // already false: nothing is valid
     if (branch.is_boolean()) {

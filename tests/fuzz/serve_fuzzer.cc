@@ -113,8 +113,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     sy::RequestEvent event;
     event.text = result.text;
     event.finish_reason = result.finish_reason;
-    CheckUtf8(sy::serve::ResponsesBody(*responses.plan, result, "resp_1", 0, limits));
-    sy::serve::ResponsesStream stream(*responses.plan, "resp_1", 0, limits);
+    CheckUtf8(sy::serve::ResponsesBody(*responses.plan, result, "resp_1", 0, codec, limits));
+    sy::serve::ResponsesStream stream(*responses.plan, "resp_1", 0, codec, limits);
     CheckUtf8(stream.Start() + stream.OnEvent(event, result) + stream.Failed("x", result));
     return 0;
   }
