@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
+#include <map>
 #include <set>
 #include <unordered_map>
 
@@ -43,6 +45,7 @@ const std::set<std::string, std::less<>>& Supported() {
                                                        "maximum",
                                                        "exclusiveMinimum",
                                                        "exclusiveMaximum",
+                                                       "multipleOf",
                                                        "anyOf",
                                                        "oneOf",
                                                        "allOf",
@@ -59,11 +62,15 @@ const std::set<std::string, std::less<>>& Supported() {
 // a value of that type is allowed by the schema.
 const std::unordered_map<std::string, std::string>& UnsupportedTyped() {
   static const std::unordered_map<std::string, std::string> k = {
-      {"multipleOf", "number"},       {"uniqueItems", "array"},
-      {"minContains", "array"},       {"maxContains", "array"},
-      {"unevaluatedItems", "array"},  {"patternProperties", "object"},
-      {"dependencies", "object"},     {"dependentRequired", "object"},
-      {"dependentSchemas", "object"}, {"unevaluatedProperties", "object"},
+      {"uniqueItems", "array"},
+      {"minContains", "array"},
+      {"maxContains", "array"},
+      {"unevaluatedItems", "array"},
+      {"patternProperties", "object"},
+      {"dependencies", "object"},
+      {"dependentRequired", "object"},
+      {"dependentSchemas", "object"},
+      {"unevaluatedProperties", "object"},
   };
   return k;
 }
@@ -844,7 +851,84 @@ class SchemaConverter {
     SY_RETURN_IF_ERROR(bound("exclusiveMinimum", false, true));
     SY_RETURN_IF_ERROR(bound("maximum", true, false));
     SY_RETURN_IF_ERROR(bound("exclusiveMaximum", false, false));
+    if (schema.contains("multipleOf")) {
+      if (lo || hi) {
+        return Status::Errorf(
+            "unsupported keyword 'multipleOf' at {} together with a minimum or maximum",
+            Where(path));
+      }
+      return MultiplesOf(schema["multipleOf"], path, integer_only);
+    }
     return JsonNumberInRange(lo, hi, integer_only);
+  }
+
+  // The multiples of m = p / 10^s (p an integer, s its fraction digits), spelled positionally
+  // with at most s fraction digits (each such value's spelling here; no exponent): a
+  // digit-by-digit automaton over the remainder mod p of the digits read, x·10^s ≡ 0 (mod p) at
+  // the end. The integer part's remainders are rules (one per remainder: the digit loop), the
+  // fraction's at most s digits expressions.
+  Result<Expr> MultiplesOf(const Json& m, const std::string& path, bool integer_only) {
+    constexpr int64_t kMaxModulus = 1000;
+    auto d = m.is_number() ? Decimal::FromJson(m) : Result<Decimal>(Status::Error(""));
+    if (!d.ok() || d->negative || d->IsZero()) {
+      return Status::Errorf("'multipleOf' at {} is not a number greater than 0", Where(path));
+    }
+    const std::string digits = d->integer + d->fraction;
+    const int s = static_cast<int>(d->fraction.size());
+    int64_t p = 0;
+    for (char c : digits) {
+      p = p * 10 + (c - '0');
+      if (p > kMaxModulus) {
+        return Status::Errorf(
+            "unsupported keyword 'multipleOf' at {}: {} has more than {} as its digits (the "
+            "automaton tracks the remainder)",
+            Where(path), d->ToString(), kMaxModulus);
+      }
+    }
+    // x·10^(s-f) mod p for a remainder r of the digits read with f fraction digits.
+    auto complete = [&](int64_t r, int f) {
+      for (int i = f; i < s; ++i)
+        r = r * 10 % p;
+      return r == 0;
+    };
+    auto by_digit = [&](int64_t r, const std::function<Expr(int64_t)>& next) {
+      std::map<int64_t, ByteSet> to;
+      for (int digit = 0; digit <= 9; ++digit)
+        to[(r * 10 + digit) % p].set('0' + digit);
+      std::vector<Expr> alts;
+      for (const auto& [target, set] : to)
+        alts.push_back(Seq({Bytes(set), next(target)}));
+      return Alt(std::move(alts));
+    };
+    // after[f][r]: f fraction digits read, remainder r (f = 0: the integer part has ended).
+    std::vector<std::vector<Expr>> after(s + 1, std::vector<Expr>(p));
+    for (int f = s; f >= 0; --f) {
+      for (int64_t r = 0; r < p; ++r) {
+        std::vector<Expr> alts;
+        if (complete(r, f)) alts.push_back(Epsilon());
+        if (f < s && !integer_only) {
+          Expr digit = by_digit(r, [&](int64_t t) { return after[f + 1][t]; });
+          alts.push_back(f == 0 ? Seq({Byte('.'), digit}) : digit);
+        }
+        after[f][r] = Alt(std::move(alts));
+      }
+    }
+    const int first = g_.AddRule("multiple_of");
+    std::vector<int> integer(p);
+    integer[0] = first;
+    for (int64_t r = 1; r < p; ++r)
+      integer[r] = g_.AddRule("multiple_of");
+    for (int64_t r = 0; r < p; ++r) {
+      g_.rules[integer[r]].body =
+          Alt({after[0][r], by_digit(r, [&](int64_t t) { return Ref(integer[t]); })});
+    }
+    std::map<int64_t, ByteSet> leading;
+    for (int digit = 1; digit <= 9; ++digit)
+      leading[digit % p].set('0' + digit);
+    std::vector<Expr> starts = {Seq({Byte('0'), after[0][0]})};
+    for (const auto& [target, set] : leading)
+      starts.push_back(Seq({Bytes(set), Ref(integer[target])}));
+    return Seq({Optional(Byte('-')), Alt(std::move(starts))});
   }
 
   Result<Expr> ConvertObject(const Json& schema, const std::string& path, int depth) {

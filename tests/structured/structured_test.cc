@@ -351,6 +351,29 @@ TEST(StructuredJson, NotAndIfWhereExact) {
             std::string::npos);
 }
 
+// multipleOf: the multiples spelled positionally (at most the divisor's fraction digits).
+TEST(StructuredJson, MultipleOf) {
+  auto three = Compile(kSchema, R"({"type": "integer", "multipleOf": 3})");
+  for (const char* yes : {"0", "3", "-12", "999999", "123456789012"})
+    EXPECT_TRUE(Matches(three, yes)) << yes;
+  for (const char* no : {"1", "-13", "1000000", "3.0", "03"})
+    EXPECT_FALSE(Matches(three, no)) << no;
+  auto quarter = Compile(kSchema, R"({"type": "number", "multipleOf": 0.25})");
+  for (const char* yes : {"0", "0.25", "-1.5", "7.75", "3", "2.50"})
+    EXPECT_TRUE(Matches(quarter, yes)) << yes;
+  for (const char* no : {"0.2", "1.125", "7.7", "1e2"})
+    EXPECT_FALSE(Matches(quarter, no)) << no;
+  auto by_1_5 = Compile(kSchema, R"({"type": "integer", "multipleOf": 1.5})");  // 3k
+  EXPECT_TRUE(Matches(by_1_5, "6"));
+  EXPECT_FALSE(Matches(by_1_5, "4"));
+  EXPECT_NE(Error(kSchema, R"({"type": "integer", "multipleOf": 2, "maximum": 9})")
+                .find("'multipleOf' at the root together with"),
+            std::string::npos);
+  EXPECT_NE(Error(kSchema, R"({"multipleOf": 0.123456789})").find("'multipleOf'"),
+            std::string::npos);
+  EXPECT_NE(Error(kSchema, R"({"multipleOf": 0})").find("greater than 0"), std::string::npos);
+}
+
 TEST(StructuredJson, JsonObjectMode) {
   auto g = CompileForBytes(GrammarSpec{GrammarSpec::Kind::kJsonObject, "", {}});
   ASSERT_TRUE(g.ok()) << g.status().message();
