@@ -19,7 +19,7 @@
 namespace sy::chat_output {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 const std::string kV3Two =
     "Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
@@ -413,6 +413,21 @@ TEST(ForcedToolCalls, NamedFunctionAndGateAfterThink) {
   EXPECT_FALSE(fresh.AcceptToken(*tokenizer->TokenToId("<")).ok());
 }
 
+// The tools as vLLM hands them to the chat template: its pydantic models' field order (type,
+// function: name, description, parameters), absent ones null, extra fields after them, and every
+// schema in the client's key order.
+TEST(ToolRequest, ToolsForTemplateTakeVllmsShape) {
+  const json tools = json::parse(R"([{"function": {"parameters": {"type": "object",
+      "required": ["b"], "properties": {"b": {}, "a": {}}}, "strict": true, "name": "f"},
+      "type": "function", "x": 1}, {"type": "function", "function": {"name": "g",
+      "description": "G"}}])");
+  EXPECT_EQ(ToolsForTemplate(tools).dump(),
+            R"([{"type":"function","function":{"name":"f","description":null,"parameters":)"
+            R"({"type":"object","required":["b"],"properties":{"b":{},"a":{}}},"strict":true},)"
+            R"("x":1},{"type":"function","function":{"name":"g","description":"G",)"
+            R"("parameters":null}}])");
+}
+
 TEST(ToolRequest, BadToolsNameTheField) {
   auto error = [](const json& tools, const json& choice) {
     auto read = ReadToolRequest(&tools, choice.is_null() ? nullptr : &choice, nullptr,
@@ -426,7 +441,7 @@ TEST(ToolRequest, BadToolsNameTheField) {
                   .starts_with("tool_choice: names function \"nope\""));
   EXPECT_TRUE(error(kTools, "sometimes").starts_with("tool_choice: must be"));
   json bad = kTools;
-  bad[1]["function"]["parameters"]["properties"]["a"] = {{"not", {{"type", "string"}}}};
+  bad[1]["function"]["parameters"]["properties"]["a"] = {{"not", {{"minLength", 3}}}};
   EXPECT_EQ(error(bad, "auto"), "ok");  // auto does not compile the schemas
   const std::string refused = error(bad, "required");
   EXPECT_TRUE(refused.starts_with("tools[1].function.parameters: ")) << refused;

@@ -993,18 +993,18 @@ TEST(EngineTest, MasksBesideTheForwardChangeNothing) {
 // after a failover; and behind a reasoning gate, free until "</think>" (forced here by a logit
 // bias), then the calls.
 TEST(EngineTest, ForcedToolCallsAreValid) {
-  const nlohmann::json tools = nlohmann::json::parse(R"([
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
       "properties": {"city": {"type": "string", "maxLength": 10},
                      "days": {"type": "integer", "minimum": 1, "maximum": 7}},
       "required": ["city", "days"], "additionalProperties": false}}},
     {"type": "function", "function": {"name": "stop"}}])");
-  const nlohmann::json required = "required";
+  const nlohmann::ordered_json required = "required";
   auto read = chat_output::ReadToolRequest(&tools, &required, nullptr,
                                            chat_output::ToolCallFormat::kDeepSeekV3, false);
   ASSERT_FALSE(read.error) << read.error->message;
   // One call (parallel_tool_calls false): the trained model, free to, calls again and again.
-  const nlohmann::json no = false;
+  const nlohmann::ordered_json no = false;
   auto one = chat_output::ReadToolRequest(&tools, &required, &no,
                                           chat_output::ToolCallFormat::kDeepSeekV3, false);
   ASSERT_FALSE(one.error) << one.error->message;

@@ -324,17 +324,20 @@ INSTANTIATE_TEST_SUITE_P(DeepSeek, ChatTemplateTest,
 // The official templates never render `tools`; switchyard appends vLLM's tool-template block for
 // the variant to the system prompt and changes nothing else.
 TEST(ChatTemplateTest, ToolsAreAppendedToTheSystemPrompt) {
-  const json tools = json::parse(
-      R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
-          "properties": {"city": {"type": "string"}}}}}])");
+  // The server hands the block vLLM's shape of each tool (chat_output::ToolsForTemplate); the
+  // block writes it in the order given, as transformers' tojson (sort_keys=False) does.
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "get_weather", "description": null,
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+          "required": ["city"]}}}])");
   const json messages = json::parse(R"([{"role": "system", "content": "Be brief."},
       {"role": "user", "content": "Weather in Paris?"}])");
   const std::string bos = "<｜begin▁of▁sentence｜>";
-  // Keys come out sorted: the server holds requests as nlohmann::json, whose objects are ordered
-  // maps; vLLM's Python keeps the client's order (a known difference, in the issue's notes).
+  // Keys in the order given (the client's), not sorted.
   const std::string spelled =
-      R"({"function": {"name": "get_weather", "parameters": {"properties": {"city": {"type": )"
-      R"("string"}}, "type": "object"}}, "type": "function"})";
+      R"({"type": "function", "function": {"name": "get_weather", "description": null, )"
+      R"("parameters": {"type": "object", "properties": {"city": {"type": "string"}}, )"
+      R"("required": ["city"]}}})";
   for (const auto& [stem, header] :
        std::vector<std::pair<std::string, std::string>>{{"deepseek-v3", "\n\n# Tools\n\n"},
                                                         {"deepseek-v3-0324", "\n\n# Tools\n\n"},
@@ -351,7 +354,7 @@ TEST(ChatTemplateTest, ToolsAreAppendedToTheSystemPrompt) {
     ASSERT_TRUE(rendered.starts_with(prefix + header)) << stem << ": " << rendered;
     EXPECT_TRUE(rendered.ends_with(without.substr(prefix.size()))) << stem << ": " << rendered;
     EXPECT_NE(rendered.find(spelled), std::string::npos) << stem << ": " << rendered;
-    const json none = json::array();
+    const nlohmann::ordered_json none = nlohmann::ordered_json::array();
     with.tools = &none;
     EXPECT_EQ(chat->Render(messages, with).value(), without) << stem;
   }

@@ -7,7 +7,7 @@
 namespace sy::chat_output {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
@@ -48,6 +48,23 @@ json ToolCallGrammar(ToolCallFormat format, const std::vector<FunctionTool>& fun
                  {"max", max_calls}};
   if (format == ToolCallFormat::kDeepSeekV3) repeat["separator"] = Text("\n");
   return {{"type", "sequence"}, {"elements", {Token(kCallsBegin), repeat, Token(kCallsEnd)}}};
+}
+
+json ToolsForTemplate(const json& tools) {
+  json out = json::array();
+  for (const json& tool : tools) {
+    const json& function = tool.at("function");
+    json f = {{"name", function.at("name")},
+              {"description", function.value("description", json())},
+              {"parameters", function.value("parameters", json())}};
+    for (const auto& [key, value] : function.items())
+      if (key != "name" && key != "description" && key != "parameters") f[key] = value;
+    json t = {{"type", tool.at("type")}, {"function", std::move(f)}};
+    for (const auto& [key, value] : tool.items())
+      if (key != "type" && key != "function") t[key] = value;
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 ToolRequestOrError ReadToolRequest(const json* tools, const json* tool_choice,

@@ -27,7 +27,8 @@ enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
 
 struct FunctionTool {
   std::string name;
-  nlohmann::json parameters;  // a JSON schema (absent: an object with no properties, {} only)
+  nlohmann::ordered_json
+      parameters;  // a JSON schema (absent: an object with no properties, {} only)
 };
 
 struct ToolRequest {
@@ -54,13 +55,20 @@ struct ToolRequestOrError {
 
 // `tools`, `tool_choice`, `parallel_tool_calls`: the request's fields (null when absent).
 // `auto_enabled`: the server's --enable-auto-tool-choice.
-ToolRequestOrError ReadToolRequest(const nlohmann::json* tools, const nlohmann::json* tool_choice,
-                                   const nlohmann::json* parallel_tool_calls, ToolCallFormat format,
-                                   bool auto_enabled);
+ToolRequestOrError ReadToolRequest(const nlohmann::ordered_json* tools,
+                                   const nlohmann::ordered_json* tool_choice,
+                                   const nlohmann::ordered_json* parallel_tool_calls,
+                                   ToolCallFormat format, bool auto_enabled);
+
+// The request's tools as vLLM hands them to the chat template (each tool's pydantic model_dump):
+// {"type", "function": {"name", "description" (null when absent), "parameters" (null when
+// absent), other function keys}, other tool keys}, every schema and extra field in the client's
+// key order. `tools` must have passed ReadToolRequest.
+nlohmann::ordered_json ToolsForTemplate(const nlohmann::ordered_json& tools);
 
 // The structural grammar (structured/structural.h) of calls to `functions` in `format`: the call
 // list and nothing else, `max_calls` calls at most (-1: any number, at least one).
-nlohmann::json ToolCallGrammar(ToolCallFormat format, const std::vector<FunctionTool>& functions,
-                               int max_calls);
+nlohmann::ordered_json ToolCallGrammar(ToolCallFormat format,
+                                       const std::vector<FunctionTool>& functions, int max_calls);
 
 }  // namespace sy::chat_output

@@ -8,6 +8,9 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
   verb->add_flag("--enable-auto-tool-choice", args.enable_auto_tool_choice,
                  "Allow tool_choice \"auto\" (the default when a request gives tools): the model "
                  "may call tools and its output is parsed for calls");
+  verb->add_flag("--exclude-tools-when-tool-choice-none", args.exclude_tools_when_tool_choice_none,
+                 "Leave the tools out of the prompt when a request's tool_choice is \"none\" "
+                 "(default: they are shown to the model, as vLLM does)");
   verb->add_option("--tool-call-parser", args.tool_call_parser,
                    "Tool-call format: deepseek_v3 (V3, R1, V3-0324) or deepseek_v31 (default: "
                    "the chat template's)")
@@ -23,6 +26,7 @@ void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,
   Status s = serve::ConfigureChatOutput(args.tool_call_parser, args.enable_auto_tool_choice,
                                         args.reasoning_parser, codec, limits);
   if (!s.ok()) FailVerb(s.message());
+  limits->exclude_tools_when_tool_choice_none = args.exclude_tools_when_tool_choice_none;
 }
 
 }  // namespace sy

@@ -1,5 +1,5 @@
 // The chat output flags serve and route share (vLLM's names): --enable-auto-tool-choice,
-// --tool-call-parser, --reasoning-parser.
+// --exclude-tools-when-tool-choice-none, --tool-call-parser, --reasoning-parser.
 #pragma once
 
 #include <string>
@@ -13,6 +13,7 @@ namespace sy {
 
 struct ChatOutputArgs {
   bool enable_auto_tool_choice = false;
+  bool exclude_tools_when_tool_choice_none = false;
   std::string tool_call_parser;  // "": the chat template's format
   std::string reasoning_parser;  // "": none
 };

@@ -416,8 +416,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       header_->chunked(true);
       serializer_ = std::make_unique<http::response_serializer<http::empty_body>>(*header_);
       if (g->responses) {
-        g->responses_stream = std::make_unique<ResponsesStream>(*g->responses, g->id, g->created,
-                                                                server_.options_.limits);
+        g->responses_stream = std::make_unique<ResponsesStream>(
+            *g->responses, g->id, g->created, server_.codec_, server_.options_.limits);
         Queue(g->responses_stream->Start());
       }
       writing_ = true;
@@ -541,7 +541,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     if (client_gone_) return Close();
     if (g->plan.stream) {
       if (g->plan.include_usage)
-        Queue(StreamUsageChunk(g->plan, g->results, g->id, g->created, server_.options_.limits));
+        Queue(StreamUsageChunk(g->plan, g->results, g->id, g->created, server_.codec_,
+                               server_.options_.limits));
       if (!g->responses) Queue(kStreamDone);  // the Responses API ends with its last event
       finishing_ = true;
       keep_alive_after_stream_ = g->keep_alive;
@@ -553,7 +554,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                          g->keep_alive);
     Send(MakeResponse(http::status::ok,
                       g->responses ? ResponsesBody(*g->responses, g->results[0], g->id, g->created,
-                                                   server_.options_.limits)
+                                                   server_.codec_, server_.options_.limits)
                                    : ResponseBody(g->plan, g->results, g->id, g->created,
                                                   server_.codec_, server_.options_.limits),
                       "application/json", g->version, g->keep_alive));

@@ -9,7 +9,7 @@
 namespace sy::serve {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 std::string ErrorType(int status) {
   switch (status) {
@@ -205,8 +205,9 @@ void ReadStructuredOutput(Reader& r, GenerationPlan& plan) {
 
 // Chat: tools, tool_choice and parallel_tool_calls (chat_output/tool_choice.h). A forced call
 // (required, named) becomes the request's grammar; the tools are rendered into the prompt.
+// `rendered_tools` holds what options.tools points to.
 bool ReadTools(Reader& r, GenerationPlan& plan, const ServingLimits& limits, ChatOptions& options,
-               ApiError* error) {
+               json& rendered_tools, ApiError* error) {
   const json* tools = r.Get("tools");
   const json* choice = r.Get("tool_choice");
   if (!tools && !choice) return true;
@@ -232,10 +233,80 @@ bool ReadTools(Reader& r, GenerationPlan& plan, const ServingLimits& limits, Cha
     }
     plan.params.grammar = plan.tools->grammar;
   }
-  if (!plan.tools->functions.empty()) options.tools = tools;
+  const bool excluded = plan.tools->choice == chat_output::ToolChoice::kNone &&
+                        limits.exclude_tools_when_tool_choice_none;
+  if (!plan.tools->functions.empty() && !excluded) {
+    rendered_tools = chat_output::ToolsForTemplate(*tools);
+    options.tools = &rendered_tools;
+  }
   if (plan.tools->parse()) {
     plan.output.tool_format = limits.tool_format;
     plan.output.max_calls = plan.tools->max_calls();
+  }
+  return true;
+}
+
+// The chat-template fields a chat request and /tokenize share: add_generation_prompt and
+// chat_template_kwargs (`thinking`, or `enable_thinking`).
+void ReadChatTemplateOptions(Reader& r, ChatOptions& options) {
+  r.Bool("add_generation_prompt", &options.add_generation_prompt);
+  if (const json* kwargs = r.Get("chat_template_kwargs")) {
+    if (!kwargs->is_object()) return r.Fail("chat_template_kwargs", "must be an object");
+    for (const char* key : {"thinking", "enable_thinking"}) {
+      auto it = kwargs->find(key);
+      if (it != kwargs->end() && it->is_boolean()) options.thinking = it->get<bool>();
+    }
+  }
+}
+
+// A request's messages as the template takes them: roles checked, developer as system, content
+// given as parts joined into text (the DeepSeek templates take strings).
+bool FlattenMessages(const json* messages, json& flat, ApiError* error) {
+  if (!messages || !messages->is_array() || messages->empty()) {
+    *error = Invalid("messages", "must be a non-empty list");
+    return false;
+  }
+  flat = json::array();
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      *error = Invalid(where, "must be an object with a string \"role\"");
+      return false;
+    }
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool" &&
+        role != "developer") {
+      *error = Invalid(where + ".role", fmt::format("unknown role '{}'", role));
+      return false;
+    }
+    json copy = m;
+    if (role == "developer") copy["role"] = "system";
+    // OpenAI lets an assistant message with tool calls leave out its content: null, as the
+    // templates' `content is none` branch expects.
+    if (role == "assistant" && m.contains("tool_calls") && !m.contains("content"))
+      copy["content"] = nullptr;
+    auto content = m.find("content");
+    if (content != m.end() && content->is_array()) {
+      std::string text;
+      for (const auto& part : *content) {
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+            !part.contains("text") || !part["text"].is_string()) {
+          *error = Invalid(where + ".content", "only text parts are supported");
+          return false;
+        }
+        text += part["text"].get<std::string>();
+      }
+      copy["content"] = text;
+    } else if (content != m.end() && !content->is_string() && !content->is_null()) {
+      *error = Invalid(where + ".content", "must be a string or a list of text parts");
+      return false;
+    } else if ((content == m.end() || content->is_null()) &&
+               !(role == "assistant" && m.contains("tool_calls"))) {
+      *error = Invalid(where + ".content", "is required");
+      return false;
+    }
+    flat.push_back(std::move(copy));
   }
   return true;
 }
@@ -489,70 +560,15 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
       r.Fail("top_logprobs", "needs logprobs: true");
     if (plan.chat_logprobs) plan.params.logprobs = top;
     ChatOptions options;
-    r.Bool("add_generation_prompt", &options.add_generation_prompt);
-    if (const json* kwargs = r.Get("chat_template_kwargs")) {
-      if (!kwargs->is_object()) {
-        r.Fail("chat_template_kwargs", "must be an object");
-      } else {
-        for (const char* key : {"thinking", "enable_thinking"}) {
-          auto it = kwargs->find(key);
-          if (it != kwargs->end() && it->is_boolean()) options.thinking = it->get<bool>();
-        }
-      }
-    }
+    ReadChatTemplateOptions(r, options);
     if (r.error) {
       out.error = *r.error;
       return out;
     }
-    const json* messages = r.Get("messages");
-    if (!messages || !messages->is_array() || messages->empty()) {
-      out.error = Invalid("messages", "must be a non-empty list");
-      return out;
-    }
-    // Content given as parts is joined text (the DeepSeek templates take strings).
-    json flat = json::array();
-    for (size_t i = 0; i < messages->size(); ++i) {
-      const json& m = (*messages)[i];
-      const std::string where = fmt::format("messages[{}]", i);
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-        out.error = Invalid(where, "must be an object with a string \"role\"");
-        return out;
-      }
-      const std::string role = m["role"].get<std::string>();
-      if (role != "system" && role != "user" && role != "assistant" && role != "tool" &&
-          role != "developer") {
-        out.error = Invalid(where + ".role", fmt::format("unknown role '{}'", role));
-        return out;
-      }
-      json copy = m;
-      if (role == "developer") copy["role"] = "system";
-      // OpenAI lets an assistant message with tool calls leave out its content: null, as the
-      // templates' `content is none` branch expects.
-      if (role == "assistant" && m.contains("tool_calls") && !m.contains("content"))
-        copy["content"] = nullptr;
-      auto content = m.find("content");
-      if (content != m.end() && content->is_array()) {
-        std::string text;
-        for (const auto& part : *content) {
-          if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
-              !part.contains("text") || !part["text"].is_string()) {
-            out.error = Invalid(where + ".content", "only text parts are supported");
-            return out;
-          }
-          text += part["text"].get<std::string>();
-        }
-        copy["content"] = text;
-      } else if (content != m.end() && !content->is_string() && !content->is_null()) {
-        out.error = Invalid(where + ".content", "must be a string or a list of text parts");
-        return out;
-      } else if ((content == m.end() || content->is_null()) &&
-                 !(role == "assistant" && m.contains("tool_calls"))) {
-        out.error = Invalid(where + ".content", "is required");
-        return out;
-      }
-      flat.push_back(std::move(copy));
-    }
-    if (!ReadTools(r, plan, limits, options, &out.error)) return out;
+    json flat;
+    if (!FlattenMessages(r.Get("messages"), flat, &out.error)) return out;
+    json rendered_tools;
+    if (!ReadTools(r, plan, limits, options, rendered_tools, &out.error)) return out;
     auto rendered = codec.RenderChat(flat, options);
     if (!rendered.ok()) {
       out.error = Invalid("messages", rendered.status().message());
@@ -636,6 +652,8 @@ json TokenBytes(const TextCodec& codec, int32_t token) {
   return bytes;
 }
 
+}  // namespace
+
 json ChatLogprobEntry(const TextCodec& codec, const TokenLogprob& lp) {
   json top = json::array();
   for (const auto& [t, l] : lp.top)
@@ -646,6 +664,34 @@ json ChatLogprobEntry(const TextCodec& codec, const TokenLogprob& lp) {
           {"bytes", TokenBytes(codec, lp.token)},
           {"top_logprobs", top}};
 }
+
+ReasoningSplit SplitReasoningTokens(const GenerationPlan& plan, const std::vector<int32_t>& tokens,
+                                    const TextCodec& codec) {
+  ReasoningSplit out;
+  if (!plan.output.reasoning || !plan.output.starts_in_reasoning) return out;
+  std::string bytes;
+  std::vector<size_t> ends;
+  ends.reserve(tokens.size());
+  for (int32_t t : tokens) {
+    bytes += codec.tokenizer->TokenBytes(t);
+    ends.push_back(bytes.size());
+  }
+  const size_t start =
+      bytes.starts_with(chat_output::kThinkBegin) ? chat_output::kThinkBegin.size() : 0;
+  const size_t end_at = bytes.find(chat_output::kThinkEnd, start);
+  const size_t end = end_at == std::string::npos ? bytes.size() : end_at;
+  const size_t answer =
+      end_at == std::string::npos ? std::string::npos : end_at + chat_output::kThinkEnd.size();
+  out.answer_begin = tokens.size();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const size_t begin = i ? ends[i - 1] : 0;
+    if (begin >= start && ends[i] <= end) ++out.reasoning_tokens;
+    if (begin >= answer && out.answer_begin == tokens.size()) out.answer_begin = i;
+  }
+  return out;
+}
+
+namespace {
 
 // The legacy completions logprobs object for a run of tokens; `offset` starts text_offset.
 void AppendCompletionLogprobs(const TextCodec& codec, const std::optional<TokenLogprob>& lp,
@@ -691,8 +737,9 @@ json CompletionLogprobs(const TextCodec& codec, const std::vector<int32_t>* prom
   return out;
 }
 
-json Usage(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices) {
-  int64_t prompt = 0, completion = 0, cached = 0;
+json Usage(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
+           const TextCodec& codec) {
+  int64_t prompt = 0, completion = 0, cached = 0, reasoning = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
     // Each prompt counts once however many samples it has.
     if (static_cast<int64_t>(i) % plan.n == 0) {
@@ -700,11 +747,15 @@ json Usage(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices)
       cached += choices[i].cached_tokens;
     }
     completion += static_cast<int64_t>(choices[i].tokens.size());
+    reasoning += SplitReasoningTokens(plan, choices[i].tokens, codec).reasoning_tokens;
   }
-  return {{"prompt_tokens", prompt},
-          {"completion_tokens", completion},
-          {"total_tokens", prompt + completion},
-          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  json usage = {{"prompt_tokens", prompt},
+                {"completion_tokens", completion},
+                {"total_tokens", prompt + completion},
+                {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  // vLLM reports it whenever a reasoning parser is on (0 for an output without reasoning).
+  if (plan.output.reasoning) usage["completion_tokens_details"] = {{"reasoning_tokens", reasoning}};
+  return usage;
 }
 
 json FinishReason(const ChoiceResult& c) {
@@ -816,7 +867,7 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
        {"created", created},
        {"model", limits.model_name},
        {"choices", out_choices},
-       {"usage", Usage(plan, choices)}});
+       {"usage", Usage(plan, choices, codec)}});
 }
 
 std::string StreamChunk(const GenerationPlan& plan, int64_t index, const RequestEvent& event,
@@ -926,14 +977,15 @@ Status ConfigureChatOutput(const std::string& tool_call_parser, bool enable_auto
 }
 
 std::string StreamUsageChunk(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
-                             const std::string& id, int64_t created, const ServingLimits& limits) {
+                             const std::string& id, int64_t created, const TextCodec& codec,
+                             const ServingLimits& limits) {
   json chunk = {{"id", id},
                 {"object", plan.endpoint == Endpoint::kCompletions ? "text_completion"
                                                                    : "chat.completion.chunk"},
                 {"created", created},
                 {"model", limits.model_name},
                 {"choices", json::array()},
-                {"usage", Usage(plan, choices)}};
+                {"usage", Usage(plan, choices, codec)}};
   return "data: " + Dump(chunk) + "\n\n";
 }
 
@@ -961,10 +1013,41 @@ std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
     ids = codec.EncodePrompt(prompt->get<std::string>(), add_special);
   } else if (auto messages = root.find("messages");
              messages != root.end() && messages->is_array()) {
+    // The chat request's prompt: the same template fields and tools (rendered whatever
+    // tool_choice a chat request would give, as vLLM's /tokenize does), so its count is the
+    // chat request's prompt_tokens.
+    Reader r{root, std::nullopt};
     ChatOptions options;
-    if (auto gen = root.find("add_generation_prompt"); gen != root.end() && gen->is_boolean())
-      options.add_generation_prompt = gen->get<bool>();
-    ids = codec.EncodeChat(*messages, options);
+    ReadChatTemplateOptions(r, options);
+    for (const char* name : {"continue_final_message", "chat_template", "return_token_strs"})
+      if (const json* v = r.Get(name); v && *v != false) r.Fail(name, "is not supported");
+    if (r.error) {
+      *error = *r.error;
+      return "";
+    }
+    json flat, rendered_tools;
+    if (!FlattenMessages(&*messages, flat, error)) return "";
+    if (const json* tools = r.Get("tools")) {
+      if (!limits.tool_format) {
+        *error = Invalid("tools", "tool calling needs a chat template with a tool-call format");
+        return "";
+      }
+      const json none = "none";
+      auto read = chat_output::ReadToolRequest(tools, &none, nullptr, *limits.tool_format, false);
+      if (read.error) {
+        *error = Invalid(read.error->param, read.error->message);
+        return "";
+      }
+      if (!read.request->functions.empty()) {
+        rendered_tools = chat_output::ToolsForTemplate(*tools);
+        options.tools = &rendered_tools;
+      }
+    }
+    ids = codec.EncodeChat(flat, options);
+    if (!ids.ok()) {
+      *error = Invalid("messages", ids.status().message());
+      return "";
+    }
   } else {
     *error = Invalid("prompt", "give \"prompt\" (a string) or \"messages\" (a list)");
     return "";

@@ -44,6 +44,9 @@ struct ServingLimits {
   // parser (--reasoning-parser; none by default, as vLLM).
   std::optional<chat_output::ToolCallFormat> tool_format;
   bool auto_tool_choice = false;
+  // --exclude-tools-when-tool-choice-none (vLLM's): tool_choice "none" leaves the tools out of
+  // the prompt; by default they are rendered (the model sees them but its output is not parsed).
+  bool exclude_tools_when_tool_choice_none = false;
   std::optional<chat_output::ReasoningFormat> reasoning;
 };
 
@@ -80,7 +83,7 @@ struct ParsedRequest {
 ParsedRequest ParseGenerationRequest(Endpoint endpoint, const std::string& body,
                                      const TextCodec& codec, const ServingLimits& limits);
 // The same from a parsed body (the Responses API plans its requests as chat requests here).
-ParsedRequest PlanGenerationRequest(Endpoint endpoint, const nlohmann::json& body,
+ParsedRequest PlanGenerationRequest(Endpoint endpoint, const nlohmann::ordered_json& body,
                                     const TextCodec& codec, const ServingLimits& limits);
 
 // What one choice came to.
@@ -98,6 +101,19 @@ struct ChoiceResult {
   // Streaming chat with parse_output: the choice's parser (made by StreamChunk on first use).
   std::shared_ptr<chat_output::ChatOutputParser> output;
 };
+
+// Where a choice's reasoning lies in its tokens (with a reasoning parser), by the tokens' bytes:
+// `reasoning_tokens` counts the tokens inside it as vLLM's count_reasoning_tokens does — from the
+// start of an output that starts in reasoning (an opening "<think>" not counted) up to "</think>"
+// (not counted), all of them when it never ends; 0 when the output does not start in reasoning.
+// `answer_begin`: the first token wholly after "</think>" (tokens.size() while the reasoning has
+// not ended; 0 without reasoning): the answer's log-probabilities start there.
+struct ReasoningSplit {
+  int64_t reasoning_tokens = 0;
+  size_t answer_begin = 0;
+};
+ReasoningSplit SplitReasoningTokens(const GenerationPlan& plan, const std::vector<int32_t>& tokens,
+                                    const TextCodec& codec);
 
 // The chat message of a finished choice and its finish reason ("tool_calls" when it called tools
 // and stopped on its own) — what ResponseBody writes; the Responses API reuses it.
@@ -121,8 +137,13 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
                         ChoiceResult& so_far, bool first, const std::string& id, int64_t created,
                         const TextCodec& codec, const ServingLimits& limits);
 // The closing usage chunk (stream_options.include_usage) and the terminator.
+// With a reasoning parser, usage has completion_tokens_details.reasoning_tokens (as vLLM's).
 std::string StreamUsageChunk(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
-                             const std::string& id, int64_t created, const ServingLimits& limits);
+                             const std::string& id, int64_t created, const TextCodec& codec,
+                             const ServingLimits& limits);
+// One chat log-probability entry: {token, logprob, bytes, top_logprobs: [...]} (the Responses
+// API's output_text logprobs take the same shape).
+nlohmann::ordered_json ChatLogprobEntry(const TextCodec& codec, const TokenLogprob& logprob);
 std::string StreamError(const ApiError& error);
 constexpr const char* kStreamDone = "data: [DONE]\n\n";
 

@@ -2,12 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace sy::serve {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 ApiError Invalid(const std::string& param, const std::string& message) {
   return {400, param + ": " + message, param, "invalid_value"};
@@ -48,6 +49,7 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
                                        "tools",
                                        "truncation",
                                        "include",
+                                       "top_logprobs",
                                        "reasoning",
                                        "service_tier"};
   for (const auto& [key, value] : body.items()) {
@@ -72,9 +74,14 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
     return Invalid("truncation",
                    "only \"disabled\" is supported (a prompt longer than the "
                    "context is an error)");
-  if (const json* include = Get(body, "include");
-      include && !(include->is_array() && include->empty()))
-    return Invalid("include", "no additional output data is supported");
+  if (const json* include = Get(body, "include")) {
+    if (!include->is_array()) return Invalid("include", "must be a list of strings");
+    for (const json& item : *include)
+      if (item != "message.output_text.logprobs")
+        return Invalid("include", fmt::format("{} is not supported (only "
+                                              "\"message.output_text.logprobs\")",
+                                              item.dump()));
+  }
   if (const json* reasoning = Get(body, "reasoning")) {
     if (!reasoning->is_object()) return Invalid("reasoning", "must be an object");
     for (const auto& [key, value] : reasoning->items())
@@ -304,13 +311,24 @@ ApiError Renamed(ApiError error) {
   return error;
 }
 
-json Usage(const ChoiceResult& r) {
+json Usage(const ResponsesPlan& plan, const ChoiceResult& r, const TextCodec& codec) {
   const auto output = static_cast<int64_t>(r.tokens.size());
+  const int64_t reasoning = SplitReasoningTokens(plan.chat, r.tokens, codec).reasoning_tokens;
   return {{"input_tokens", r.prompt_tokens},
           {"input_tokens_details", {{"cached_tokens", r.cached_tokens}}},
           {"output_tokens", output},
-          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"output_tokens_details", {{"reasoning_tokens", reasoning}}},
           {"total_tokens", r.prompt_tokens + output}};
+}
+
+// The log-probabilities of the answer's tokens (those after the reasoning).
+json AnswerLogprobs(const ResponsesPlan& plan, const ChoiceResult& r, const TextCodec& codec) {
+  json out = json::array();
+  if (!plan.output_logprobs) return out;
+  const size_t begin = SplitReasoningTokens(plan.chat, r.tokens, codec).answer_begin;
+  for (size_t i = begin; i < r.logprobs.size(); ++i)
+    out.push_back(ChatLogprobEntry(codec, r.logprobs[i]));
+  return out;
 }
 
 // An output item's id: its kind's prefix, the response's id and its place in the output.
@@ -318,20 +336,21 @@ std::string ItemId(const char* prefix, const std::string& response_id, size_t in
   return fmt::format("{}_{}_{}", prefix, response_id.substr(response_id.find('_') + 1), index);
 }
 
-json OutputText(const std::string& text) {
+json OutputText(const std::string& text, json logprobs = json::array()) {
   return {{"type", "output_text"},
           {"text", text},
           {"annotations", json::array()},
-          {"logprobs", json::array()}};
+          {"logprobs", std::move(logprobs)}};
 }
 
-json MessageItem(const std::string& id, const std::string* text, const char* status) {
+json MessageItem(const std::string& id, const std::string* text, const char* status,
+                 json logprobs = json::array()) {
   json item = {{"id", id},
                {"type", "message"},
                {"role", "assistant"},
                {"status", status},
                {"content", json::array()}};
-  if (text) item["content"].push_back(OutputText(*text));
+  if (text) item["content"].push_back(OutputText(*text, std::move(logprobs)));
   return item;
 }
 
@@ -357,7 +376,8 @@ const char* ItemStatus(const ChoiceResult& r) {
 
 // A finished choice's output items: its reasoning (with a reasoning parser), its message (when
 // it has text, or when there is nothing else), and its function calls.
-json OutputItems(const ResponsesPlan& plan, const std::string& id, const ChoiceResult& r) {
+json OutputItems(const ResponsesPlan& plan, const std::string& id, const ChoiceResult& r,
+                 const TextCodec& codec) {
   chat_output::ChatMessage m;
   if (plan.chat.parse_output) {
     m = FinishedChatChoice(plan.chat, r).message;
@@ -370,7 +390,8 @@ json OutputItems(const ResponsesPlan& plan, const std::string& id, const ChoiceR
     items.push_back(ReasoningItem(ItemId("rs", id, items.size()), &*m.reasoning, status));
   if ((m.content && !m.content->empty()) || (m.tool_calls.empty() && !m.reasoning)) {
     const std::string text = m.content.value_or("");
-    items.push_back(MessageItem(ItemId("msg", id, items.size()), &text, status));
+    items.push_back(MessageItem(ItemId("msg", id, items.size()), &text, status,
+                                AnswerLogprobs(plan, r, codec)));
   }
   for (const auto& call : m.tool_calls)
     items.push_back(FunctionCallItem(ItemId("fc", id, items.size()), call.id, call.name,
@@ -398,10 +419,11 @@ json ResponseObject(const ResponsesPlan& plan, const std::string& id, int64_t cr
 }
 
 json FinishedResponse(const ResponsesPlan& plan, const std::string& id, int64_t created,
-                      const ServingLimits& limits, const ChoiceResult& r, json output) {
+                      const TextCodec& codec, const ServingLimits& limits, const ChoiceResult& r,
+                      json output) {
   json out = ResponseObject(plan, id, created, limits, ItemStatus(r));
   out["output"] = std::move(output);
-  out["usage"] = Usage(r);
+  out["usage"] = Usage(plan, r, codec);
   if (Incomplete(r)) out["incomplete_details"] = {{"reason", "max_output_tokens"}};
   return out;
 }
@@ -436,6 +458,28 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
   for (const char* key : {"model", "temperature", "top_p", "stream"})
     if (const json* v = Get(root, key)) chat[key] = *v;
   if (max_output) chat["max_tokens"] = *max_output;
+  // Log-probabilities as vLLM's Responses API: with include's message.output_text.logprobs,
+  // top_logprobs (0 to 20, default 0) alternatives per token; top_logprobs alone returns none,
+  // so asking for alternatives without the include is refused rather than ignored.
+  const json* top = Get(root, "top_logprobs");
+  if (top && !(top->is_number_integer() && *top >= 0 && *top <= 20)) {
+    out.error = Invalid("top_logprobs", "must be an integer in [0, 20]");
+    return out;
+  }
+  bool output_logprobs = false;
+  if (const json* include = Get(root, "include"))
+    output_logprobs = std::find(include->begin(), include->end(),
+                                json("message.output_text.logprobs")) != include->end();
+  if (top && *top != 0 && !output_logprobs) {
+    out.error = Invalid("top_logprobs",
+                        "log-probabilities come back only with include: "
+                        "[\"message.output_text.logprobs\"]");
+    return out;
+  }
+  if (output_logprobs) {
+    chat["logprobs"] = true;
+    chat["top_logprobs"] = top ? *top : json(0);
+  }
   ParsedRequest parsed = PlanGenerationRequest(Endpoint::kChat, chat, codec, limits);
   if (!parsed.plan) {
     out.error = Renamed(parsed.error);
@@ -443,11 +487,13 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
   }
   ResponsesPlan plan;
   plan.chat = std::move(*parsed.plan);
+  plan.output_logprobs = output_logprobs;
   const SamplingParams& p = plan.chat.params;
   plan.echo = {{"instructions", root.value("instructions", json())},
                {"max_output_tokens", max_output ? *max_output : json()},
                {"temperature", p.temperature},
                {"top_p", p.top_p},
+               {"top_logprobs", top ? *top : json(0)},
                {"text", {{"format", format}}},
                {"tools", root.value("tools", json::array())},
                {"tool_choice", root.value("tool_choice", json("auto"))},
@@ -479,13 +525,15 @@ ParsedResponsesRequest ParseResponsesRequest(const std::string& body, const Text
 }
 
 std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
-                          const std::string& id, int64_t created, const ServingLimits& limits) {
-  return Dump(FinishedResponse(plan, id, created, limits, result, OutputItems(plan, id, result)));
+                          const std::string& id, int64_t created, const TextCodec& codec,
+                          const ServingLimits& limits) {
+  return Dump(FinishedResponse(plan, id, created, codec, limits, result,
+                               OutputItems(plan, id, result, codec)));
 }
 
 ResponsesStream::ResponsesStream(const ResponsesPlan& plan, std::string id, int64_t created,
-                                 const ServingLimits& limits)
-    : plan_(plan), id_(std::move(id)), created_(created), limits_(limits) {
+                                 const TextCodec& codec, const ServingLimits& limits)
+    : plan_(plan), id_(std::move(id)), created_(created), codec_(codec), limits_(limits) {
   if (plan_.chat.parse_output)
     parser_ = std::make_unique<chat_output::ChatOutputParser>(plan_.chat.output);
 }
@@ -535,7 +583,7 @@ std::string ResponsesStream::Append(const std::string& piece) {
   if (open_ == Kind::kCall) return Event("response.function_call_arguments.delta", std::move(body));
   body["content_index"] = 0;
   if (open_ == Kind::kReasoning) return Event("response.reasoning_text.delta", std::move(body));
-  body["logprobs"] = json::array();
+  body["logprobs"] = std::exchange(pending_logprobs_, json::array());
   return Event("response.output_text.delta", std::move(body));
 }
 
@@ -551,13 +599,13 @@ std::string ResponsesStream::Close(const ChoiceResult* finished) {
     json done = where;
     done["content_index"] = 0;
     done["text"] = text_;
-    done["logprobs"] = json::array();
+    done["logprobs"] = message_logprobs_;
     out += Event("response.output_text.done", done);
     done.erase("text");
     done.erase("logprobs");
-    done["part"] = OutputText(text_);
+    done["part"] = OutputText(text_, message_logprobs_);
     out += Event("response.content_part.done", std::move(done));
-    item = MessageItem(item["id"], &text_, status);
+    item = MessageItem(item["id"], &text_, status, message_logprobs_);
   } else if (open_ == Kind::kReasoning) {
     json done = where;
     done["content_index"] = 0;
@@ -576,7 +624,20 @@ std::string ResponsesStream::Close(const ChoiceResult* finished) {
   return out;
 }
 
+void ResponsesStream::TakeLogprobs(const ChoiceResult& so_far) {
+  if (!plan_.output_logprobs) return;
+  const size_t begin = std::max(
+      logprobs_seen_, SplitReasoningTokens(plan_.chat, so_far.tokens, codec_).answer_begin);
+  for (size_t i = begin; i < so_far.logprobs.size(); ++i) {
+    json entry = ChatLogprobEntry(codec_, so_far.logprobs[i]);
+    message_logprobs_.push_back(entry);
+    pending_logprobs_.push_back(std::move(entry));
+  }
+  logprobs_seen_ = std::max(logprobs_seen_, so_far.logprobs.size());
+}
+
 std::string ResponsesStream::OnEvent(const RequestEvent& event, const ChoiceResult& so_far) {
+  TakeLogprobs(so_far);
   chat_output::OutputDelta delta;
   if (parser_) {
     delta = parser_->Feed(event.text);
@@ -610,8 +671,9 @@ std::string ResponsesStream::OnEvent(const RequestEvent& event, const ChoiceResu
   if (items_.empty()) out += Open(Kind::kMessage, "", "");  // an empty answer is an empty message
   out += Close(&so_far);
   const bool incomplete = Incomplete(so_far);
-  out += Event(incomplete ? "response.incomplete" : "response.completed",
-               {{"response", FinishedResponse(plan_, id_, created_, limits_, so_far, items_)}});
+  out += Event(
+      incomplete ? "response.incomplete" : "response.completed",
+      {{"response", FinishedResponse(plan_, id_, created_, codec_, limits_, so_far, items_)}});
   return out;
 }
 
@@ -619,7 +681,7 @@ std::string ResponsesStream::Failed(const std::string& message, const ChoiceResu
   json response = ResponseObject(plan_, id_, created_, limits_, "failed");
   response["error"] = {{"code", "server_error"}, {"message", message}};
   response["output"] = items_;
-  response["usage"] = Usage(so_far);
+  response["usage"] = Usage(plan_, so_far, codec_);
   return Event("response.failed", {{"response", response}});
 }
 

@@ -19,7 +19,11 @@ namespace sy::serve {
 
 struct ResponsesPlan {
   GenerationPlan chat;  // what the engine runs (one choice)
-  nlohmann::json echo;  // the request fields a Response object repeats (instructions, text, ...)
+  nlohmann::ordered_json
+      echo;  // the request fields a Response object repeats (instructions, text, ...)
+  // include: ["message.output_text.logprobs"]: the message's output_text carries the answer's
+  // token log-probabilities (top_logprobs alternatives each), streamed with its deltas.
+  bool output_logprobs = false;
 };
 
 struct ParsedResponsesRequest {
@@ -32,7 +36,8 @@ ParsedResponsesRequest ParseResponsesRequest(const std::string& body, const Text
 
 // The Response object of a finished (non-streaming) request. `created`: seconds since the epoch.
 std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
-                          const std::string& id, int64_t created, const ServingLimits& limits);
+                          const std::string& id, int64_t created, const TextCodec& codec,
+                          const ServingLimits& limits);
 
 // The typed events of a streaming request, numbered by sequence_number:
 //   response.created, response.in_progress; then per output item (reasoning, the message, each
@@ -45,7 +50,7 @@ std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
 class ResponsesStream {
  public:
   ResponsesStream(const ResponsesPlan& plan, std::string id, int64_t created,
-                  const ServingLimits& limits);
+                  const TextCodec& codec, const ServingLimits& limits);
   // The opening events.
   std::string Start();
   // The events for one engine event; `so_far` already includes it.
@@ -57,22 +62,30 @@ class ResponsesStream {
  private:
   // The output item being written: reasoning, the message, or a function call.
   enum class Kind { kNone, kReasoning, kMessage, kCall };
-  std::string Event(const char* type, nlohmann::json body);
+  std::string Event(const char* type, nlohmann::ordered_json body);
   // Closes the open item and opens a new one (output_item.added; content_part.added for text).
   std::string Open(Kind kind, const std::string& call_id, const std::string& name);
   // A piece of the open item's text or arguments (its delta event).
   std::string Append(const std::string& piece);
   // The open item's done events; `finished`: the last item, whose status is the response's.
   std::string Close(const ChoiceResult* finished);
+  // Moves the answer's new tokens' log-probabilities to pending_logprobs_.
+  void TakeLogprobs(const ChoiceResult& so_far);
 
   const ResponsesPlan& plan_;
   std::string id_;
   int64_t created_;
+  const TextCodec& codec_;
   const ServingLimits& limits_;
   int64_t sequence_ = 0;
+  // output_logprobs: the message's log-probabilities so far, and those not yet sent with a delta.
+  nlohmann::ordered_json message_logprobs_ = nlohmann::ordered_json::array();
+  nlohmann::ordered_json pending_logprobs_ = nlohmann::ordered_json::array();
+  size_t logprobs_seen_ = 0;  // tokens whose log-probabilities have been looked at
   // With tool calls or reasoning to split out (plan.chat.parse_output), the chat path's parser.
   std::unique_ptr<chat_output::ChatOutputParser> parser_;
-  nlohmann::json items_ = nlohmann::json::array();  // the output so far, the open item last
+  nlohmann::ordered_json items_ =
+      nlohmann::ordered_json::array();  // the output so far, the open item last
   Kind open_ = Kind::kNone;
   std::string text_;     // the open item's text or arguments so far
   int call_index_ = -1;  // the open call's index in the parser's deltas

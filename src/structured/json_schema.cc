@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
+#include <map>
 #include <set>
 #include <unordered_map>
 
@@ -43,6 +45,7 @@ const std::set<std::string, std::less<>>& Supported() {
                                                        "maximum",
                                                        "exclusiveMinimum",
                                                        "exclusiveMaximum",
+                                                       "multipleOf",
                                                        "anyOf",
                                                        "oneOf",
                                                        "allOf",
@@ -59,11 +62,15 @@ const std::set<std::string, std::less<>>& Supported() {
 // a value of that type is allowed by the schema.
 const std::unordered_map<std::string, std::string>& UnsupportedTyped() {
   static const std::unordered_map<std::string, std::string> k = {
-      {"multipleOf", "number"},       {"uniqueItems", "array"},
-      {"minContains", "array"},       {"maxContains", "array"},
-      {"unevaluatedItems", "array"},  {"patternProperties", "object"},
-      {"dependencies", "object"},     {"dependentRequired", "object"},
-      {"dependentSchemas", "object"}, {"unevaluatedProperties", "object"},
+      {"uniqueItems", "array"},
+      {"minContains", "array"},
+      {"maxContains", "array"},
+      {"unevaluatedItems", "array"},
+      {"patternProperties", "object"},
+      {"dependencies", "object"},
+      {"dependentRequired", "object"},
+      {"dependentSchemas", "object"},
+      {"unevaluatedProperties", "object"},
   };
   return k;
 }
@@ -110,6 +117,46 @@ unsigned BitsOfValue(const Json& v) {
   if (v.is_string()) return kString;
   if (v.is_array()) return kArray;
   return kObject;
+}
+
+// A schema every value satisfies: true, or an object of annotations only.
+bool AlwaysHolds(const Json& schema) {
+  if (schema.is_boolean()) return schema.get<bool>();
+  if (!schema.is_object()) return false;
+  for (const auto& [k, v] : schema.items())
+    if (IsConstraining(k)) return false;
+  return true;
+}
+
+// if/then/else where its effect is known without negating `if`: "then" or "else" without "if",
+// and "if" without either, constrain nothing (draft 7); an `if` that always or never holds is
+// its branch. Returns the schema without the three keywords (the branch joined by allOf), or an
+// error naming the `if` whose negation it would take.
+Result<Json> WithoutConditional(const Json& schema, const std::string& path) {
+  Json rest = schema;
+  rest.erase("if");
+  rest.erase("then");
+  rest.erase("else");
+  if (!schema.contains("if") || (!schema.contains("then") && !schema.contains("else"))) return rest;
+  const Json& condition = schema["if"];
+  const bool never = condition.is_boolean() && !condition.get<bool>();
+  if (!never && !AlwaysHolds(condition)) {
+    return Status::Errorf(
+        "unsupported keyword 'if' at {} with 'then' or 'else' (only an 'if' that always or "
+        "never holds is supported: the other branch would need its negation)",
+        Where(path));
+  }
+  const char* branch = never ? "else" : "then";
+  if (!schema.contains(branch)) return rest;
+  return Json{{"allOf", Json::array({std::move(rest), schema[branch]})}};
+}
+
+// The non-integral numbers, spelled positionally with a last fraction digit that is not 0 (each
+// such value's one spelling here, as json_lexical.h fixes one spelling for every number).
+Expr NonIntegralNumber() {
+  return Seq({Optional(Byte('-')),
+              Alt({Byte('0'), Seq({ByteRange('1', '9'), Star(ByteRange('0', '9'))})}), Byte('.'),
+              Star(ByteRange('0', '9')), ByteRange('1', '9')});
 }
 
 bool DepthWithin(const Json& v, int limit) {
@@ -162,6 +209,11 @@ class SchemaConverter {
     if (!schema.is_object()) {
       return Status::Errorf("the schema at {} is not an object or a boolean", Where(path));
     }
+    if (schema.contains("if") || schema.contains("then") || schema.contains("else")) {
+      SY_ASSIGN_OR_RETURN(Json plain, WithoutConditional(schema, path));
+      return Convert(plain, path, depth + 1);
+    }
+    if (schema.contains("not")) return ConvertNot(schema, path, depth);
     SY_RETURN_IF_ERROR(CheckKeywords(schema, path));
     if (schema.contains("$ref")) {
       for (const auto& [k, v] : schema.items()) {
@@ -242,6 +294,58 @@ class SchemaConverter {
         SY_ASSIGN_OR_RETURN(Expr e, ConvertArray(schema, path, depth));
         alts.push_back(e);
       }
+    }
+    return Alt(std::move(alts));
+  }
+
+  // `not` where its complement is exact: not false (no constraint), not of a schema every value
+  // satisfies (nothing is valid: a property that must be absent), and not of a schema that only
+  // names types (the other types; excluding "integer" from the numbers leaves the non-integral
+  // ones). Anything else is refused by name.
+  Result<Expr> ConvertNot(const Json& schema, const std::string& path, int depth) {
+    const Json& negated = schema["not"];
+    Json rest = schema;
+    rest.erase("not");
+    if (negated.is_boolean() && !negated.get<bool>()) return Convert(rest, path, depth + 1);
+    if (AlwaysHolds(negated)) return Nothing();
+    bool types_only = negated.is_object() && negated.contains("type");
+    if (types_only) {
+      for (const auto& [k, v] : negated.items())
+        types_only = types_only && (k == "type" || !IsConstraining(k));
+    }
+    if (!types_only) {
+      return Status::Errorf(
+          "unsupported keyword 'not' at {} (only 'not' of a boolean, of {{}}, or of a schema "
+          "that only names types is supported)",
+          Where(path));
+    }
+    SY_ASSIGN_OR_RETURN(std::vector<std::string> excluded, TypesOf(negated, path + "/not"));
+    SY_ASSIGN_OR_RETURN(std::vector<std::string> allowed, TypesOf(rest, path));
+    unsigned bits = 0;
+    for (const auto& t : allowed)
+      bits |= BitsOfTypeName(t);
+    for (const auto& t : excluded)
+      bits &= ~BitsOfTypeName(t);
+    Json types = Json::array();
+    for (const char* t : {"null", "boolean", "string", "array", "object"})
+      if (bits & BitsOfTypeName(t)) types.push_back(t);
+    if ((bits & kInt) && (bits & kFrac)) types.push_back("number");
+    if ((bits & kInt) && !(bits & kFrac)) types.push_back("integer");
+    std::vector<Expr> alts;
+    if (!types.empty()) {
+      rest["type"] = types;
+      SY_ASSIGN_OR_RETURN(Expr e, Convert(rest, path, depth + 1));
+      alts.push_back(e);
+    }
+    if ((bits & kFrac) && !(bits & kInt)) {
+      for (const auto& [k, v] : rest.items()) {
+        if (k != "type" && IsConstraining(k))
+          return Status::Errorf(
+              "unsupported keyword 'not' at {}: excluding the integers from numbers is "
+              "supported only without other keywords beside it (here '{}')",
+              Where(path), k);
+      }
+      alts.push_back(NonIntegralNumber());
     }
     return Alt(std::move(alts));
   }
@@ -391,6 +495,12 @@ class SchemaConverter {
       return Status::Errorf("'allOf' nests too deeply at {}", Where(path));
     }
     SY_ASSIGN_OR_RETURN(const Json* branch_ptr, Follow(branch_in, path, depth));
+    Json unconditional;
+    if (branch_ptr->is_object() && (branch_ptr->contains("if") || branch_ptr->contains("then") ||
+                                    branch_ptr->contains("else"))) {
+      SY_ASSIGN_OR_RETURN(unconditional, WithoutConditional(*branch_ptr, path));
+      branch_ptr = &unconditional;
+    }
     const Json& branch = *branch_ptr;
     if (acc->is_boolean()) return Status::Ok();  // already false: nothing is valid
     if (branch.is_boolean()) {
@@ -741,7 +851,84 @@ class SchemaConverter {
     SY_RETURN_IF_ERROR(bound("exclusiveMinimum", false, true));
     SY_RETURN_IF_ERROR(bound("maximum", true, false));
     SY_RETURN_IF_ERROR(bound("exclusiveMaximum", false, false));
+    if (schema.contains("multipleOf")) {
+      if (lo || hi) {
+        return Status::Errorf(
+            "unsupported keyword 'multipleOf' at {} together with a minimum or maximum",
+            Where(path));
+      }
+      return MultiplesOf(schema["multipleOf"], path, integer_only);
+    }
     return JsonNumberInRange(lo, hi, integer_only);
+  }
+
+  // The multiples of m = p / 10^s (p an integer, s its fraction digits), spelled positionally
+  // with at most s fraction digits (each such value's spelling here; no exponent): a
+  // digit-by-digit automaton over the remainder mod p of the digits read, x·10^s ≡ 0 (mod p) at
+  // the end. The integer part's remainders are rules (one per remainder: the digit loop), the
+  // fraction's at most s digits expressions.
+  Result<Expr> MultiplesOf(const Json& m, const std::string& path, bool integer_only) {
+    constexpr int64_t kMaxModulus = 1000;
+    auto d = m.is_number() ? Decimal::FromJson(m) : Result<Decimal>(Status::Error(""));
+    if (!d.ok() || d->negative || d->IsZero()) {
+      return Status::Errorf("'multipleOf' at {} is not a number greater than 0", Where(path));
+    }
+    const std::string digits = d->integer + d->fraction;
+    const int s = static_cast<int>(d->fraction.size());
+    int64_t p = 0;
+    for (char c : digits) {
+      p = p * 10 + (c - '0');
+      if (p > kMaxModulus) {
+        return Status::Errorf(
+            "unsupported keyword 'multipleOf' at {}: {} has more than {} as its digits (the "
+            "automaton tracks the remainder)",
+            Where(path), d->ToString(), kMaxModulus);
+      }
+    }
+    // x·10^(s-f) mod p for a remainder r of the digits read with f fraction digits.
+    auto complete = [&](int64_t r, int f) {
+      for (int i = f; i < s; ++i)
+        r = r * 10 % p;
+      return r == 0;
+    };
+    auto by_digit = [&](int64_t r, const std::function<Expr(int64_t)>& next) {
+      std::map<int64_t, ByteSet> to;
+      for (int digit = 0; digit <= 9; ++digit)
+        to[(r * 10 + digit) % p].set('0' + digit);
+      std::vector<Expr> alts;
+      for (const auto& [target, set] : to)
+        alts.push_back(Seq({Bytes(set), next(target)}));
+      return Alt(std::move(alts));
+    };
+    // after[f][r]: f fraction digits read, remainder r (f = 0: the integer part has ended).
+    std::vector<std::vector<Expr>> after(s + 1, std::vector<Expr>(p));
+    for (int f = s; f >= 0; --f) {
+      for (int64_t r = 0; r < p; ++r) {
+        std::vector<Expr> alts;
+        if (complete(r, f)) alts.push_back(Epsilon());
+        if (f < s && !integer_only) {
+          Expr digit = by_digit(r, [&](int64_t t) { return after[f + 1][t]; });
+          alts.push_back(f == 0 ? Seq({Byte('.'), digit}) : digit);
+        }
+        after[f][r] = Alt(std::move(alts));
+      }
+    }
+    const int first = g_.AddRule("multiple_of");
+    std::vector<int> integer(p);
+    integer[0] = first;
+    for (int64_t r = 1; r < p; ++r)
+      integer[r] = g_.AddRule("multiple_of");
+    for (int64_t r = 0; r < p; ++r) {
+      g_.rules[integer[r]].body =
+          Alt({after[0][r], by_digit(r, [&](int64_t t) { return Ref(integer[t]); })});
+    }
+    std::map<int64_t, ByteSet> leading;
+    for (int digit = 1; digit <= 9; ++digit)
+      leading[digit % p].set('0' + digit);
+    std::vector<Expr> starts = {Seq({Byte('0'), after[0][0]})};
+    for (const auto& [target, set] : leading)
+      starts.push_back(Seq({Bytes(set), Ref(integer[target])}));
+    return Seq({Optional(Byte('-')), Alt(std::move(starts))});
   }
 
   Result<Expr> ConvertObject(const Json& schema, const std::string& path, int depth) {

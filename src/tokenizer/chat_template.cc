@@ -9,7 +9,7 @@
 namespace sy {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // The exact templates recognised, by XXH3-64 of their bytes (the texts are in
 // tests/fixtures/tokenizer/templates, with where each came from).
@@ -452,7 +452,7 @@ std::string_view ChatTemplate::name() const {
   return "unknown";
 }
 
-Result<std::string> ChatTemplate::Render(const nlohmann::json& messages,
+Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
                                          const ChatOptions& options) const {
   if (!messages.is_array()) return Status::Error("messages must be a list");
   for (size_t i = 0; i < messages.size(); ++i)

@@ -32,7 +32,8 @@ struct ChatOptions {
   // (examples/tool_chat_template_deepseekv3.jinja, _deepseekr1, _deepseekv31) a block describing
   // them and the call format is appended to the system prompt, in those templates' words; the
   // rest of the conversation is the official template's.
-  const nlohmann::json* tools = nullptr;
+  // Held in the client's key order (ordered_json), as vLLM's Jinja writes it with `tojson`.
+  const nlohmann::ordered_json* tools = nullptr;
 };
 
 class ChatTemplate {
@@ -44,7 +45,8 @@ class ChatTemplate {
   // "prefix"?}]. Values the template cannot use (a missing or non-string content where the
   // template concatenates it, tool calls that are not a list) are errors naming the message,
   // where jinja2 would raise.
-  Result<std::string> Render(const nlohmann::json& messages, const ChatOptions& options) const;
+  Result<std::string> Render(const nlohmann::ordered_json& messages,
+                             const ChatOptions& options) const;
 
   ChatTemplateKind kind() const { return kind_; }
   std::string_view name() const;

@@ -42,20 +42,20 @@ Result<std::vector<int32_t>> TextCodec::EncodePrompt(const std::string& text,
   return ids;
 }
 
-Result<std::string> TextCodec::RenderChat(const nlohmann::json& messages,
+Result<std::string> TextCodec::RenderChat(const nlohmann::ordered_json& messages,
                                           const ChatOptions& options) const {
   if (!chat) return chat_status;
   return chat->Render(messages, options);
 }
 
-Result<std::vector<int32_t>> TextCodec::EncodeChat(const nlohmann::json& messages,
+Result<std::vector<int32_t>> TextCodec::EncodeChat(const nlohmann::ordered_json& messages,
                                                    const ChatOptions& options) const {
   SY_ASSIGN_OR_RETURN(std::string prompt, RenderChat(messages, options));
   return tokenizer->Encode(prompt);
 }
 
 Result<std::vector<int32_t>> TextCodec::EncodeChat(const std::string& user_message) const {
-  nlohmann::json messages = nlohmann::json::array();
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   messages.push_back({{"role", "user"}, {"content", user_message}});
   return EncodeChat(messages, ChatOptions{});
 }

@@ -31,8 +31,9 @@ struct TextCodec {
                                             bool add_special_tokens = true) const;
   // Messages (OpenAI shape) rendered through the chat template, then tokenized (the template
   // writes BOS itself).
-  Result<std::string> RenderChat(const nlohmann::json& messages, const ChatOptions& options) const;
-  Result<std::vector<int32_t>> EncodeChat(const nlohmann::json& messages,
+  Result<std::string> RenderChat(const nlohmann::ordered_json& messages,
+                                 const ChatOptions& options) const;
+  Result<std::vector<int32_t>> EncodeChat(const nlohmann::ordered_json& messages,
                                           const ChatOptions& options) const;
   // One user message.
   Result<std::vector<int32_t>> EncodeChat(const std::string& user_message) const;

@@ -30,6 +30,8 @@ seed body-named $'\x0a{"messages":[{"role":"user","content":"hi"}],"tools":[{"ty
 seed output-v3 $'\x04ok</think>x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
 seed output-v31 $'\x04<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
 seed body-tokens $'\x00{"tokens":[1,2,3],"prompt":"x","add_special_tokens":false}'
+seed body-tokenize-tools $'\x10{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"parameters":{"type":"object"},"name":"f"}}],"chat_template_kwargs":{"thinking":true}}'
+seed body-responses-logprobs $'\x0c{"input":"hi","include":["message.output_text.logprobs"],"top_logprobs":2}'
 seed http-completion $'\x01POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 33\r\n\r\n{"prompt":"hi","max_tokens":2}   '
 seed http-chunked $'\x03POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2d\r\n{"messages":[{"role":"user","content":"hi"}]}\r\n0\r\n\r\n'
 "$build/serve_fuzzer" -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=4096 \

@@ -82,6 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.cache_tokens = 4096;
   limits.tool_format = sy::chat_output::ToolCallFormat::kDeepSeekV3;
   limits.auto_tool_choice = true;
+  limits.exclude_tools_when_tool_choice_none = data[0] & 16;
   if (data[0] & 8) limits.reasoning = sy::chat_output::ReasoningFormat::kDeepSeekR1;
   if (data[0] & 4) CheckChatOutput(input, data[0]);
   std::string body = input;
@@ -108,13 +109,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (responses.plan->chat.choices() != 1) std::abort();
     sy::serve::ChoiceResult result;
     result.tokens = {5, 300};
+    result.logprobs = {{5, -1.0f, {{5, -1.0f}}}, {300, -2.0f, {}}};
     result.text = "x\xF0\x9F";  // a partial character must not leak out raw
     result.finish_reason = (data[0] & 8) ? "length" : "stop";
     sy::RequestEvent event;
     event.text = result.text;
     event.finish_reason = result.finish_reason;
-    CheckUtf8(sy::serve::ResponsesBody(*responses.plan, result, "resp_1", 0, limits));
-    sy::serve::ResponsesStream stream(*responses.plan, "resp_1", 0, limits);
+    CheckUtf8(sy::serve::ResponsesBody(*responses.plan, result, "resp_1", 0, codec, limits));
+    sy::serve::ResponsesStream stream(*responses.plan, "resp_1", 0, codec, limits);
     CheckUtf8(stream.Start() + stream.OnEvent(event, result) + stream.Failed("x", result));
     return 0;
   }

@@ -76,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 3: {
       static const char* kStems[] = {"deepseek-v3", "deepseek-r1", "deepseek-v3-0324",
                                      "deepseek-v3.1"};
-      nlohmann::json messages = nlohmann::json::parse(rest, nullptr, false);
+      nlohmann::ordered_json messages = nlohmann::ordered_json::parse(rest, nullptr, false);
       if (messages.is_discarded()) break;
       for (const char* stem : kStems) {
         static std::map<std::string, std::string> cache;

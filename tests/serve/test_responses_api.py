@@ -33,6 +33,7 @@ def test_text_input(client):
     assert 0 < out.usage.output_tokens <= 40
     assert out.usage.total_tokens == out.usage.input_tokens + out.usage.output_tokens
     assert out.usage.input_tokens_details.cached_tokens >= 0
+    assert out.usage.output_tokens_details.reasoning_tokens == 0  # no reasoning parser
     assert out.max_output_tokens == 40 and out.temperature == 0
 
 
@@ -148,9 +149,11 @@ def test_json_schema_and_json_object_formats(client):
     ({"conversation": "conv_1"}, "conversation", "keeps no state"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice",
      "--enable-auto-tool-choice"),
-    ({"top_logprobs": 3}, "top_logprobs", "not supported"),
+    ({"top_logprobs": 3}, "top_logprobs", "message.output_text.logprobs"),
+    ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs",
+     "[0, 20]"),
     ({"frobnicate": 1}, "frobnicate", "not supported"),
-    ({"include": ["reasoning.encrypted_content"]}, "include", "no additional output"),
+    ({"include": ["reasoning.encrypted_content"]}, "include", "not supported"),
     ({"truncation": "auto"}, "truncation", "disabled"),
     ({"reasoning": {"effort": "high"}}, "reasoning.effort", "not supported"),
     ({"input": []}, "input", "non-empty"),
@@ -274,7 +277,7 @@ def test_function_call_outputs_in_a_follow_up_turn(tools_client):
 @pytest.mark.parametrize("body,param,words", [
     ({"tools": [{"type": "web_search"}]}, "tools[0].type", "only function tools"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}],
+        "type": "object", "properties": {"x": {"not": {"minLength": 3}}}}}],
       "tool_choice": "required"}, "tools[0].parameters", "'not'"),
     ({"tools": FLAT_TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice",
      "not among the tools"),
@@ -309,3 +312,35 @@ def test_reasoning_items(r1_client):
     assert text == out.output[0].content[0].text
     assert events[-1].type == "response.incomplete"
     assert events[-1].response.output[0].content[0].text == text
+    # It never closed its thinking: every output token is reasoning (vLLM's count).
+    assert out.usage.output_tokens_details.reasoning_tokens == out.usage.output_tokens == 20
+    assert events[-1].response.usage.output_tokens_details.reasoning_tokens == 20
+
+
+def test_output_text_logprobs(client):
+    """include: ["message.output_text.logprobs"] with top_logprobs, as OpenAI and vLLM: the
+    message's output_text carries each token's log-probability and its alternatives — the chat
+    path's for the same greedy request — and the stream's deltas carry them piece by piece."""
+    args = dict(model="sy-test", input="HAMLET: To be, or not", max_output_tokens=12,
+                temperature=0, include=["message.output_text.logprobs"], top_logprobs=2)
+    out = client.responses.create(**args)
+    assert out.top_logprobs == 2
+    part = out.output[0].content[0]
+    chat = client.chat.completions.create(
+        model="sy-test", messages=[{"role": "user", "content": "HAMLET: To be, or not"}],
+        max_tokens=12, temperature=0, logprobs=True, top_logprobs=2).choices[0].logprobs.content
+    assert len(part.logprobs) == out.usage.output_tokens == len(chat)
+    for got, want in zip(part.logprobs, chat):
+        assert (got.token, got.logprob, got.bytes) == (want.token, want.logprob, want.bytes)
+        assert [(t.token, t.logprob) for t in got.top_logprobs] == [
+            (t.token, t.logprob) for t in want.top_logprobs]
+        assert len(got.top_logprobs) == 2
+    events = list(client.responses.create(**args, stream=True))
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [(lp.token, lp.logprob) for lp in streamed] == [
+        (lp.token, lp.logprob) for lp in part.logprobs]
+    done = [e for e in events if e.type == "response.output_text.done"][0]
+    assert len(done.logprobs) == len(part.logprobs)
+    # Without the include there are none (top_logprobs 0 is the default and changes nothing).
+    plain = client.responses.create(**{**args, "include": None, "top_logprobs": 0})
+    assert plain.output[0].content[0].logprobs == []

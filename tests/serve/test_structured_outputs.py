@@ -102,7 +102,7 @@ def test_logprobs_are_of_the_masked_distribution(client):
 
 
 @pytest.mark.parametrize("body,param,words", [
-    ({"guided_json": {"type": "object", "properties": {"a": {"not": {}}}}}, "guided_json",
+    ({"guided_json": {"type": "object", "properties": {"a": {"not": {"maxLength": 2}}}}}, "guided_json",
      "'not'"),
     ({"guided_regex": "(a)\\1"}, "guided_regex", "backreferences"),
     ({"guided_grammar": "root ::= root \"a\" | \"b\""}, "guided_grammar", "left recursion"),

@@ -164,10 +164,11 @@ def test_tool_results_in_a_follow_up_turn(tools_client):
             temperature=0)
         assert out.choices[0].finish_reason in ("stop", "length", "tool_calls")
         assert out.usage.prompt_tokens > 0
-    # And a forced call again after the results.
+    # And a forced call again after the results (one: free to, the tiny model calls on and on
+    # until max_tokens after some prompts).
     again = tools_client.chat.completions.create(
         model="sy-test", messages=messages, tools=TOOLS, tool_choice="required", max_tokens=300,
-        temperature=0).choices[0]
+        temperature=0, parallel_tool_calls=False).choices[0]
     assert again.finish_reason == "tool_calls"
     check_calls(again.message)
 
@@ -177,7 +178,7 @@ def test_tool_results_in_a_follow_up_turn(tools_client):
      "tool_choice", "not among the tools"),
     ({"tools": [], "tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}],
+        "type": "object", "properties": {"x": {"not": {"minLength": 3}}}}}}],
       "tool_choice": "required"}, "tools[0].function.parameters", "'not'"),
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
      "tools[0].function.name", "characters"),
@@ -361,3 +362,93 @@ def test_forced_call_in_an_mpirun_group(model_dir):
         check_calls(choice.message, names={"get_weather"})
     finally:
         assert s.stop() in (0, 1)
+
+
+# ---- the tools in the prompt, tool_choice none, /tokenize, reasoning tokens ----
+
+# Keys deliberately out of sorted order: the prompt keeps the client's order, as vLLM's does.
+UNSORTED = {"type": "function", "function": {"parameters": {
+    "type": "object", "required": ["zone"], "properties": {"zone": {"type": "string"},
+                                                           "at": {"type": "integer"}}},
+    "name": "clock"}}
+
+
+def prompt_tokens(client, **extra):
+    return client.chat.completions.create(model="sy-test", messages=CHAT, max_tokens=1,
+                                          **extra).usage.prompt_tokens
+
+
+def tokenize(server, **body):
+    status, out, _ = server.request("POST", "/tokenize", {"messages": CHAT, **body})
+    assert status == 200, out
+    return out["tokens"]
+
+
+def test_tools_render_in_the_clients_key_order(tool_server):
+    """Each tool as vLLM hands it to the template (pydantic's model_dump: type, function with
+    name, description — null when absent — and parameters), the schema in the client's order,
+    written as transformers' tojson writes it."""
+    ids = tokenize(tool_server, tools=[UNSORTED])
+    status, text, _ = tool_server.request("POST", "/detokenize", {"tokens": ids})
+    assert status == 200, text
+    vllm = {"type": "function", "function": {"name": "clock", "description": None,
+                                             "parameters": UNSORTED["function"]["parameters"]}}
+    assert json.dumps(vllm, ensure_ascii=False) in text["prompt"], text["prompt"]
+
+
+def test_tokenize_takes_tools(tool_server, tools_client):
+    """/tokenize with the chat fields gives the ids whose count the chat request reports."""
+    for tools in (TOOLS, [UNSORTED], None):
+        extra = {"tools": tools, "tool_choice": "required"} if tools else {}
+        body = {"tools": tools} if tools else {}
+        assert len(tokenize(tool_server, **body)) == prompt_tokens(tools_client, **extra)
+    thinking = {"chat_template_kwargs": {"thinking": True}, "add_generation_prompt": False}
+    assert len(tokenize(tool_server, tools=TOOLS, **thinking)) == prompt_tokens(
+        tools_client, tools=TOOLS, tool_choice="none", extra_body=thinking)
+    status, error, _ = tool_server.request(
+        "POST", "/tokenize", {"messages": CHAT, "tools": [{"type": "function"}]})
+    assert status == 400 and error["error"]["param"] == "tools[0].function", error
+
+
+def test_tool_choice_none_renders_the_tools_by_default(tools_client):
+    plain = prompt_tokens(tools_client)
+    none = prompt_tokens(tools_client, tools=TOOLS, tool_choice="none")
+    assert none == prompt_tokens(tools_client, tools=TOOLS, tool_choice="required") > plain
+
+
+def test_exclude_tools_when_tool_choice_none(model_dir):
+    s = Server(model_dir, "--kv-cache-tokens", "8192", "--exclude-tools-when-tool-choice-none")
+    try:
+        c = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        plain = prompt_tokens(c)
+        out = c.chat.completions.create(model="sy-test", messages=CHAT, tools=TOOLS,
+                                        tool_choice="none", max_tokens=5)
+        assert out.usage.prompt_tokens == plain
+        assert out.choices[0].message.tool_calls is None
+        assert prompt_tokens(c, tools=TOOLS, tool_choice="required") > plain
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+def reasoning_tokens_of(entries):
+    """vLLM's count: the tokens before "</think>" (all of them when it never comes)."""
+    tokens = [e.token for e in entries]
+    return tokens.index("</think>") if "</think>" in tokens else len(tokens)
+
+
+def test_reasoning_tokens_in_usage(r1_client, tools_client):
+    for bias in ({str(THINK_END): 3}, None):
+        args = dict(model="sy-test", messages=CHAT, max_tokens=30, temperature=0,
+                    logit_bias=bias, logprobs=True)
+        out = r1_client.chat.completions.create(**args)
+        expected = reasoning_tokens_of(out.choices[0].logprobs.content)
+        assert 0 < expected <= out.usage.completion_tokens
+        assert out.usage.completion_tokens_details.reasoning_tokens == expected
+        if bias:
+            assert expected < out.usage.completion_tokens and out.choices[0].message.content
+        last = list(r1_client.chat.completions.create(
+            **args, stream=True, stream_options={"include_usage": True}))[-1]
+        assert last.usage.completion_tokens_details.reasoning_tokens == expected
+    # Without a reasoning parser there is nothing to count, and vLLM leaves the field out.
+    plain = tools_client.chat.completions.create(model="sy-test", messages=CHAT, max_tokens=3)
+    assert plain.usage.completion_tokens_details is None

@@ -127,6 +127,13 @@ std::vector<Case> Cases() {
       {{K::kJsonSchema, kPersonSchema, {}}, 3},
       {{K::kJsonSchema, kTreeSchema, {}}, 3},
       {{K::kJsonObject, "", {}}, 3},
+      // not, if and multipleOf's remainder automaton (rules looping per digit).
+      {{K::kJsonSchema,
+        R"({"type": "array", "items": {"anyOf": [{"multipleOf": 0.75},
+          {"not": {"type": ["integer", "object", "array"]}}]}, "if": true,
+          "then": {"maxItems": 6}})",
+        {}},
+       3},
       {{K::kRegex, R"(\(\d{3}\) \d{3}-\d{4}|[A-Z][a-z]+ ?\w*)", {}}, 2},
       {{K::kGbnf, kArithmetic, {}}, 3},
       {{K::kChoice, "", {"positive", "negative", "neutral", "pos"}}, 2},

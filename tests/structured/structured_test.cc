@@ -313,6 +313,67 @@ TEST(StructuredJson, ContainsAndPropertyCountsWhereExact) {
             std::string::npos);
 }
 
+// `not` and if/then/else where their meaning is exact without negating a general schema; the
+// rest refused by name.
+TEST(StructuredJson, NotAndIfWhereExact) {
+  auto not_integer = Compile(kSchema, R"({"not": {"type": "integer"}})");
+  EXPECT_FALSE(Matches(not_integer, "1"));
+  EXPECT_FALSE(Matches(not_integer, "-20"));
+  EXPECT_FALSE(Matches(not_integer, "1.0"));  // an integer's value
+  EXPECT_TRUE(Matches(not_integer, "1.5"));
+  EXPECT_TRUE(Matches(not_integer, "-0.05"));
+  EXPECT_TRUE(Matches(not_integer, R"("a")"));
+  EXPECT_TRUE(Matches(not_integer, "[1]"));
+  auto not_number =
+      Compile(kSchema, R"({"type": ["number", "string"], "not": {"type": "number"}})");
+  EXPECT_TRUE(Matches(not_number, R"("a")"));
+  EXPECT_FALSE(Matches(not_number, "1.5"));
+  auto absent = Compile(kSchema, R"({"type": "object", "properties": {"a": {"not": {}}}})");
+  EXPECT_TRUE(Matches(absent, R"({"b":1})"));
+  EXPECT_FALSE(Matches(absent, R"({"a":1})"));
+  auto anything = Compile(kSchema, R"({"type": "integer", "not": false})");
+  EXPECT_TRUE(Matches(anything, "7"));
+  EXPECT_NE(Error(kSchema, R"({"not": true})").find("admits no string"), std::string::npos);
+  EXPECT_NE(Error(kSchema, R"({"if": {"const": 0}, "else": false})").find("'if'"),
+            std::string::npos);
+  auto bare = Compile(kSchema, R"({"type": "integer", "if": {"const": 0},
+                                   "allOf": [{"then": {"const": 1}}, {"else": false}]})");
+  EXPECT_TRUE(Matches(bare, "5"));
+  auto always = Compile(kSchema, R"({"if": true, "then": {"type": "string"},
+                                     "else": {"type": "integer"}})");
+  EXPECT_TRUE(Matches(always, R"("x")"));
+  EXPECT_FALSE(Matches(always, "1"));
+  auto never = Compile(kSchema, R"({"if": false, "then": {"type": "string"},
+                                    "else": {"type": "integer"}})");
+  EXPECT_TRUE(Matches(never, "1"));
+  EXPECT_FALSE(Matches(never, R"("x")"));
+  EXPECT_NE(Error(kSchema, R"({"not": {"type": "integer"}, "minimum": 2})").find("'minimum'"),
+            std::string::npos);
+}
+
+// multipleOf: the multiples spelled positionally (at most the divisor's fraction digits).
+TEST(StructuredJson, MultipleOf) {
+  auto three = Compile(kSchema, R"({"type": "integer", "multipleOf": 3})");
+  for (const char* yes : {"0", "3", "-12", "999999", "123456789012"})
+    EXPECT_TRUE(Matches(three, yes)) << yes;
+  for (const char* no : {"1", "-13", "1000000", "3.0", "03"})
+    EXPECT_FALSE(Matches(three, no)) << no;
+  auto quarter = Compile(kSchema, R"({"type": "number", "multipleOf": 0.25})");
+  for (const char* yes : {"0", "0.25", "-1.5", "7.75", "3", "2.50"})
+    EXPECT_TRUE(Matches(quarter, yes)) << yes;
+  for (const char* no : {"0.2", "1.125", "7.7", "1e2"})
+    EXPECT_FALSE(Matches(quarter, no)) << no;
+  auto by_1_5 = Compile(kSchema, R"({"type": "integer", "multipleOf": 1.5})");  // 3k
+  EXPECT_TRUE(Matches(by_1_5, "6"));
+  EXPECT_FALSE(Matches(by_1_5, "4"));
+  EXPECT_NE(Error(kSchema, R"({"type": "integer", "multipleOf": 2, "maximum": 9})")
+                .find("'multipleOf' at the root together with"),
+            std::string::npos);
+  EXPECT_NE(Error(kSchema, R"({"multipleOf": 0.123456789})").find("'multipleOf'"),
+            std::string::npos);
+  EXPECT_NE(Error(kSchema, R"({"multipleOf": 0})").find("greater than 0"), std::string::npos);
+}
+
 TEST(StructuredJson, JsonObjectMode) {
   auto g = CompileForBytes(GrammarSpec{GrammarSpec::Kind::kJsonObject, "", {}});
   ASSERT_TRUE(g.ok()) << g.status().message();
@@ -324,7 +385,7 @@ TEST(StructuredJson, JsonObjectMode) {
 TEST(StructuredJson, ErrorsNameTheKeyword) {
   EXPECT_NE(Error(kSchema, R"({"type": "array", "uniqueItems": true})").find("'uniqueItems'"),
             std::string::npos);
-  EXPECT_NE(Error(kSchema, R"({"type": "object", "properties": {"a": {"not": {}}}})")
+  EXPECT_NE(Error(kSchema, R"({"type": "object", "properties": {"a": {"not": {"minLength": 3}}}})")
                 .find("unsupported keyword 'not' at '/properties/a'"),
             std::string::npos);
   EXPECT_NE(Error(kSchema, R"({"$ref": "http://x/y.json"})").find("remote '$ref'"),
