@@ -30,6 +30,7 @@
 #include "model/gguf.h"
 #include "model/gguf_model.h"
 #include "model/model.h"
+#include "tensor/packed_matrix.h"
 
 namespace sy {
 namespace {
@@ -288,6 +289,46 @@ TEST(GgufModelTest, ShardedFileLoadsLikeTheSingleOne) {
   ASSERT_FALSE(renamed.ok());
   EXPECT_NE(renamed.status().message().find("-00001-of-00003.gguf"), std::string::npos)
       << renamed.status().message();
+}
+
+// Tensor parallelism over heads keeps a GGUF's blocks in the shards: q_b_proj's rows always (a
+// row is whole blocks), o_proj's columns where the shard is whole blocks of its type. The
+// default model's o_proj has 8 heads × 32 columns: Q8_0's 32-column blocks split anywhere, the
+// Q4_K mix's Q6_K (256-column blocks) cannot be split in two, so that shard is decoded to f32 and
+// the load says so. gguf_parallel_test runs the same shards under mpirun against one process.
+TEST(GgufModelTest, TensorParallelShardsKeepTheirBlocks) {
+  auto packed_dtype = [](const Matrix& m) { return m.packed ? m.packed->dtype : DType::kF32; };
+  for (const char* file : {"default-q8_0.gguf", "default-q4_k_mix.gguf"}) {
+    SCOPED_TRACE(file);
+    const bool q6_k_output = std::string(file).find("q4_k_mix") != std::string::npos;
+    for (int rank = 0; rank < 2; ++rank) {
+      WeightLoadOptions options;
+      options.tp_rank = rank;
+      options.tp_size = 2;
+      ::testing::internal::CaptureStderr();
+      auto model = Model::Load(kModels + "/" + file, options);
+      const std::string said = ::testing::internal::GetCapturedStderr();
+      ASSERT_TRUE(model.ok()) << model.status().message();
+      const ModelConfig& c = model.value()->config();
+      for (const auto& layer : model.value()->weights().layers) {
+        const AttentionWeights& a = layer.self_attn;
+        EXPECT_EQ(a.q_b_proj.rows, c.num_attention_heads / 2 * c.qk_head_dim());
+        EXPECT_EQ(packed_dtype(a.q_b_proj), DType::kGgml);
+        EXPECT_EQ(a.o_proj.cols, c.num_attention_heads / 2 * c.v_head_dim);
+        EXPECT_EQ(packed_dtype(a.o_proj), q6_k_output ? DType::kF32 : DType::kGgml);
+        EXPECT_EQ(a.w_uk_t.size(), static_cast<size_t>(c.num_attention_heads / 2));
+      }
+      // One line from the group's first rank, naming the matrix, the type and the columns.
+      if (q6_k_output && rank == 0) {
+        EXPECT_NE(said.find("model.layers.0.self_attn.o_proj: this rank's columns [0, 128) cut "
+                            "Q6_K's 256-column blocks"),
+                  std::string::npos)
+            << said;
+      } else {
+        EXPECT_EQ(said.find("decoded to f32"), std::string::npos) << said;
+      }
+    }
+  }
 }
 
 TEST(GgufModelTest, QuantizedFilesMeetTheirBars) {
