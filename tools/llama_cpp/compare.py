@@ -26,10 +26,10 @@ def prompts(count, vocab):
     return ";".join(",".join(str((s * 131 + i * 17 + 3) % vocab) for i in range(PROMPT_LEN)) for s in range(count))
 
 
-def run_measured(command):
+def run_measured(command, env=None):
     """(stdout, peak resident bytes) of a command that must succeed."""
     with tempfile.TemporaryFile(mode="w+") as out, tempfile.TemporaryFile(mode="w+") as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        process = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -51,8 +51,13 @@ def run_switchyard(binary, model, sequences, vocab, threads, int8):
 
 def run_llama(python, gguf, sequences, threads):
     here = __file__.rsplit("/", 1)[0]
+    # LLAMA_OMP_WAIT_POLICY: OMP_WAIT_POLICY for llama.cpp alone (its OpenMP threads spin while
+    # they wait; on an oversubscribed machine PASSIVE keeps a descheduled partner from stalling it).
+    env = dict(os.environ)
+    if os.environ.get("LLAMA_OMP_WAIT_POLICY"):
+        env["OMP_WAIT_POLICY"] = os.environ["LLAMA_OMP_WAIT_POLICY"]
     out, rss = run_measured([python, f"{here}/run_llama.py", gguf, str(sequences), str(PROMPT_LEN),
-                             str(GENERATE), str(threads)])
+                             str(GENERATE), str(threads)], env)
     return dict(json.loads(out.strip().splitlines()[-1]), rss=rss)
 
 
