@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +31,7 @@
 #include "model/gguf.h"
 #include "model/gguf_model.h"
 #include "model/model.h"
+#include "tensor/packed_matrix.h"
 
 namespace sy {
 namespace {
@@ -290,6 +292,46 @@ TEST(GgufModelTest, ShardedFileLoadsLikeTheSingleOne) {
       << renamed.status().message();
 }
 
+// Tensor parallelism over heads keeps a GGUF's blocks in the shards: q_b_proj's rows always (a
+// row is whole blocks), o_proj's columns where the shard is whole blocks of its type. The
+// default model's o_proj has 8 heads × 32 columns: Q8_0's 32-column blocks split anywhere, the
+// Q4_K mix's Q6_K (256-column blocks) cannot be split in two, so that shard is decoded to f32 and
+// the load says so. gguf_parallel_test runs the same shards under mpirun against one process.
+TEST(GgufModelTest, TensorParallelShardsKeepTheirBlocks) {
+  auto packed_dtype = [](const Matrix& m) { return m.packed ? m.packed->dtype : DType::kF32; };
+  for (const char* file : {"default-q8_0.gguf", "default-q4_k_mix.gguf"}) {
+    SCOPED_TRACE(file);
+    const bool q6_k_output = std::string(file).find("q4_k_mix") != std::string::npos;
+    for (int rank = 0; rank < 2; ++rank) {
+      WeightLoadOptions options;
+      options.tp_rank = rank;
+      options.tp_size = 2;
+      ::testing::internal::CaptureStderr();
+      auto model = Model::Load(kModels + "/" + file, options);
+      const std::string said = ::testing::internal::GetCapturedStderr();
+      ASSERT_TRUE(model.ok()) << model.status().message();
+      const ModelConfig& c = model.value()->config();
+      for (const auto& layer : model.value()->weights().layers) {
+        const AttentionWeights& a = layer.self_attn;
+        EXPECT_EQ(a.q_b_proj.rows, c.num_attention_heads / 2 * c.qk_head_dim());
+        EXPECT_EQ(packed_dtype(a.q_b_proj), DType::kGgml);
+        EXPECT_EQ(a.o_proj.cols, c.num_attention_heads / 2 * c.v_head_dim);
+        EXPECT_EQ(packed_dtype(a.o_proj), q6_k_output ? DType::kF32 : DType::kGgml);
+        EXPECT_EQ(a.w_uk_t.size(), static_cast<size_t>(c.num_attention_heads / 2));
+      }
+      // One line from the group's first rank, naming the matrix, the type and the columns.
+      if (q6_k_output && rank == 0) {
+        EXPECT_NE(said.find("model.layers.0.self_attn.o_proj: this rank's columns [0, 128) cut "
+                            "Q6_K's 256-column blocks"),
+                  std::string::npos)
+            << said;
+      } else {
+        EXPECT_EQ(said.find("decoded to f32"), std::string::npos) << said;
+      }
+    }
+  }
+}
+
 TEST(GgufModelTest, QuantizedFilesMeetTheirBars) {
   const auto tokens = GoldenTokens();
   const auto golden_logits = GoldenLogits();
@@ -410,6 +452,69 @@ struct GgufBuilder {
     return out;
   }
 };
+
+// The same GGUF through llama.cpp (llama-cpp-python 0.3.36, the pinned build of
+// tools/llama_cpp; SY_LLAMA_PYTHON overrides its venv's python, and without one the test is
+// skipped): the default model's Q8_0 file, and a Q4_K_M that llama.cpp's own llama_model_quantize
+// makes of the F32 file (its Q4_K_M choice per tensor and its search for scales). Both engines
+// quantize the activations per block to int8 the same way (Q8_K / Q8_0) and multiply exactly in
+// integers; what differs is llama.cpp's f16 latent cache (a 2^-11 relative rounding of every
+// cached latent and key; switchyard's here is f32), its f16 rounding of the attention's
+// softmax inputs on the CPU path and the order of its float sums. Through 4 layers that is a few
+// 1e-3 of max|logit|: the bar is 2e-2 on 95% of rows (Q8_0's bar against the reference, as large
+// as the weights' own rounding), and top-1 the same wherever the reference's margin is clear of
+// twice that.
+TEST(GgufModelTest, LogitsMatchLlamaCppOnTheSameFile) {
+  const char* from_env = std::getenv("SY_LLAMA_PYTHON");
+  const std::string python = from_env != nullptr ? from_env : SY_LLAMA_PYTHON;
+  const std::string script = std::string(SY_SOURCE_DIR) + "/tools/llama_cpp/llama_logits.py";
+  if (std::system((python + " -c 'import llama_cpp' >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "no llama-cpp-python at " << python
+                 << " (tools/llama_cpp/compare_q4_k_m.sh builds it)";
+  const std::string q4_k_m = kModels + "/default-q4_k_m-llama.gguf";
+  if (!std::filesystem::exists(q4_k_m) ||
+      std::filesystem::last_write_time(q4_k_m) <
+          std::filesystem::last_write_time(kModels + "/default-f32.gguf")) {
+    ASSERT_EQ(
+        std::system((python + " " + script + " quantize " + kModels + "/default-f32.gguf " +
+                     q4_k_m + ".tmp Q4_K_M 2 >/dev/null 2>&1 && mv " + q4_k_m + ".tmp " + q4_k_m)
+                        .c_str()),
+        0);
+  }
+  const auto tokens = GoldenTokens();
+  std::string tokens_text;
+  for (const auto& sequence : tokens) {
+    tokens_text += tokens_text.empty() ? "" : ";";
+    for (size_t i = 0; i < sequence.size(); ++i)
+      tokens_text += (i ? "," : "") + std::to_string(sequence[i]);
+  }
+  for (const std::string file : {kModels + "/default-q8_0.gguf", q4_k_m}) {
+    SCOPED_TRACE(file);
+    const std::string out = ::testing::TempDir() + "/llama-logits.bin";
+    ASSERT_EQ(std::system((python + " " + script + " logits " + file + " '" + tokens_text + "' " +
+                           out + " 2 >/dev/null 2>&1")
+                              .c_str()),
+              0);
+    const std::string bytes = ReadAll(out);
+    std::vector<float> theirs(bytes.size() / sizeof(float));
+    std::memcpy(theirs.data(), bytes.data(), bytes.size());
+    auto model = LoadOrFail(file);
+    ASSERT_TRUE(model);
+    const int64_t vocab = model->config().vocab_size;
+    const auto ours = RunLogits(*model, tokens);
+    auto result = Compare(theirs, ours, vocab, 0.04);
+    const int64_t rows = static_cast<int64_t>(result.row_max_diff.size());
+    EXPECT_GT(result.clear_rows, rows / 3);
+    EXPECT_EQ(result.top1_mismatches, 0);
+    EXPECT_LE(result.RowsOver(2e-2), rows / 20);
+    std::printf(
+        "%s against llama.cpp: max |Δ| %.3g (%.2g of max |logit|), %lld of %lld rows over 2e-2; "
+        "top-1 checked on %lld rows; the same top-1 on %lld\n",
+        file.c_str(), result.MaxDiff(), result.MaxDiff() / result.max_abs_reference,
+        static_cast<long long>(result.RowsOver(2e-2)), static_cast<long long>(rows),
+        static_cast<long long>(result.clear_rows), static_cast<long long>(result.top1_agree));
+  }
+}
 
 TEST(GgufModelTest, UnsupportedFilesAreErrorsNamingWhatIsWrong) {
   GgufBuilder llama;

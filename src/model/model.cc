@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 
@@ -82,8 +83,13 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
     if (model->config_.num_attention_heads % options.tp_size != 0)
       return Status::Errorf("{} attention heads cannot be split over {} tensor-parallel ranks",
                             model->config_.num_attention_heads, options.tp_size);
-    ShardAttentionHeads(model->config_, options.tp_rank, options.tp_size,
-                        options.sequence_parallel_attention, model->weights_);
+    const std::string decoded =
+        ShardAttentionHeads(model->config_, options.tp_rank, options.tp_size,
+                            options.sequence_parallel_attention, model->weights_);
+    if (!decoded.empty() && options.tp_rank == 0) {
+      std::fprintf(stderr, "switchyard: %s: %s\n", directory.c_str(), decoded.c_str());
+      std::fflush(stderr);
+    }
     model->sequence_parallel_attention_ = options.sequence_parallel_attention;
     model->attention_config_.num_attention_heads /= options.tp_size;
     model->attention_config_.num_key_value_heads = model->attention_config_.num_attention_heads;

@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <memory>
 #include <set>
@@ -366,9 +368,17 @@ void PackLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
   if (!layer.moe.shared_experts.empty()) PackFeedForward(layer.moe.shared_experts);
 }
 
-// Rows [begin, begin + count) as an owned, packed f32 matrix (head boundaries need not fall on
+// Rows [begin, begin + count) as a packed matrix of their own (head boundaries need not fall on
 // fp8 block or panel boundaries).
 Matrix CopyRows(const Matrix& m, int64_t begin, int64_t count) {
+  // GGML blocks: a row is whole blocks, so any row range is a GGUF matrix as it is — read in place
+  // from the mapped file and packed for the quantized kernels, as the whole matrix was.
+  if (CanPackGgml(m)) {
+    Matrix out = m.RowSlice(begin, count);
+    out.packed = PackGgml(out);
+    MappedFile::ReleaseRange(out.data, static_cast<size_t>(count) * out.RowBytes());
+    return out;
+  }
   // In m's own element type where the packed form allows it (bf16 and f16; fp8 where each 16-row
   // panel of the copy lies in one of m's scale blocks, given a scale per 16 rows): a rank's head
   // shard then multiplies on the kernel the whole matrix takes, a row's result the same bits as
@@ -411,8 +421,34 @@ Matrix CopyRows(const Matrix& m, int64_t begin, int64_t count) {
   return out;
 }
 
-// Columns [begin, begin + count) as an owned, packed f32 matrix.
+// Whether columns [begin, begin + count) of GGML blocks are whole blocks: the only column ranges
+// the quantized form can hold (a block's codes share its d, dmin and sub-block scales).
+bool WholeGgmlBlocks(const Matrix& m, int64_t begin, int64_t count) {
+  if (!CanPackGgml(m)) return false;
+  const int64_t block = GgmlTypeInfo(m.ggml_type)->block_size;
+  return begin % block == 0 && count % block == 0;
+}
+
+// Columns [begin, begin + count) as a packed matrix of their own: GGML blocks kept as blocks where
+// the range is whole blocks (WholeGgmlBlocks), else f32.
 Matrix CopyColumns(const Matrix& m, int64_t begin, int64_t count) {
+  if (WholeGgmlBlocks(m, begin, count)) {
+    const GgmlTypeTraits traits = *GgmlTypeInfo(m.ggml_type);
+    const size_t offset = static_cast<size_t>(begin / traits.block_size * traits.block_bytes);
+    const size_t row_bytes = static_cast<size_t>(count / traits.block_size * traits.block_bytes);
+    std::vector<uint8_t> blocks(static_cast<size_t>(m.rows) * row_bytes);
+    for (int64_t r = 0; r < m.rows; ++r)
+      std::memcpy(blocks.data() + r * row_bytes, m.data + r * m.RowBytes() + offset, row_bytes);
+    Matrix out = m;
+    out.cols = count;
+    out.first_row = 0;
+    out.data = blocks.data();
+    out.packed = PackGgml(out);
+    // Only the panels are read from here on (as the absorbed per-head matrices): the copy goes.
+    out.data = nullptr;
+    out.owner.reset();
+    return out;
+  }
   std::vector<float> values(static_cast<size_t>(m.rows * count));
   for (int64_t r = 0; r < m.rows; ++r)
     m.DecodeRow(r, begin, begin + count, values.data() + r * count);
@@ -421,14 +457,31 @@ Matrix CopyColumns(const Matrix& m, int64_t begin, int64_t count) {
   return out;
 }
 
+// GGML matrices a head shard had to decode to f32, for the one line that says so.
+struct DecodedShards {
+  int64_t matrices = 0;
+  double f32_bytes = 0;
+  std::string first;  // the first one and why
+};
+
 void ShardLayerHeads(const ModelConfig& c, int tp_rank, int tp_size, bool keep_projections,
-                     AttentionWeights& a) {
+                     const std::string& name, AttentionWeights& a, DecodedShards& decoded) {
   const int64_t heads = c.num_attention_heads / tp_size, first = tp_rank * heads;
   const int64_t dqk = c.qk_head_dim(), kv = c.qk_nope_head_dim + c.v_head_dim, dv = c.v_head_dim;
   a.kv_b_proj = CopyRows(a.kv_b_proj, first * kv, heads * kv);
   if (!keep_projections) {
     if (!a.q_b_proj.empty()) a.q_b_proj = CopyRows(a.q_b_proj, first * dqk, heads * dqk);
     if (!a.q_proj.empty()) a.q_proj = CopyRows(a.q_proj, first * dqk, heads * dqk);
+    if (a.o_proj.dtype == DType::kGgml && !WholeGgmlBlocks(a.o_proj, first * dv, heads * dv)) {
+      const auto traits = GgmlTypeInfo(a.o_proj.ggml_type);
+      if (decoded.matrices++ == 0)
+        decoded.first = fmt::format(
+            "{}.self_attn.o_proj: this rank's columns [{}, {}) cut {}'s "
+            "{}-column blocks",
+            name, first * dv, (first + heads) * dv, traits ? traits->name : "?",
+            traits ? traits->block_size : 0);
+      decoded.f32_bytes += 4.0 * static_cast<double>(a.o_proj.rows * heads * dv);
+    }
     a.o_proj = CopyColumns(a.o_proj, first * dv, heads * dv);
   }
   if (!a.w_uk_t.empty()) {
@@ -439,12 +492,24 @@ void ShardLayerHeads(const ModelConfig& c, int tp_rank, int tp_size, bool keep_p
 
 }  // namespace
 
-void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size, bool keep_projections,
-                         ModelWeights& weights) {
-  for (auto& layer : weights.layers)
-    ShardLayerHeads(config, tp_rank, tp_size, keep_projections, layer.self_attn);
-  for (auto& mtp : weights.mtp)
-    ShardLayerHeads(config, tp_rank, tp_size, keep_projections, mtp.block.self_attn);
+std::string ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size,
+                                bool keep_projections, ModelWeights& weights) {
+  DecodedShards decoded;
+  for (size_t i = 0; i < weights.layers.size(); ++i)
+    ShardLayerHeads(config, tp_rank, tp_size, keep_projections, "model.layers." + std::to_string(i),
+                    weights.layers[i].self_attn, decoded);
+  for (size_t i = 0; i < weights.mtp.size(); ++i)
+    ShardLayerHeads(config, tp_rank, tp_size, keep_projections,
+                    "model.layers." + std::to_string(weights.layers.size() + i),
+                    weights.mtp[i].block.self_attn, decoded);
+  if (decoded.matrices == 0) return "";
+  return fmt::format(
+      "{} GGML matri{} of the tensor-parallel head shard decoded to f32 ({:.1f} MB on this rank; "
+      "exact products there, the others' quantized activations): {}{}. A head shard keeps its "
+      "blocks where its columns are whole blocks: --tp dividing the heads so that (heads / tp) · "
+      "v_head_dim is a multiple of the block size",
+      decoded.matrices, decoded.matrices == 1 ? "x" : "ces", decoded.f32_bytes / 1e6, decoded.first,
+      decoded.matrices > 1 ? ", and the same in the other layers" : "");
 }
 
 void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer) {

@@ -100,9 +100,11 @@ struct WeightLoadOptions {
 // Keeps only this rank's attention heads in every layer: q_b_proj (or q_proj) and kv_b_proj rows,
 // the absorbed per-head matrices, and o_proj's columns. q_a, kv_a and the latent cache serve every
 // head and stay whole (the seed's point about MLA under TP). keep_projections: q_b/q_proj and
-// o_proj stay whole too (SP-TP-SP).
-void ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size, bool keep_projections,
-                         ModelWeights& weights);
+// o_proj stay whole too (SP-TP-SP). GGML blocks (a GGUF's) stay blocks: row ranges always, o_proj's
+// columns where they are whole blocks of its type; an o_proj whose shard cuts its blocks is decoded
+// to f32, and the returned line says which and why (empty when none was).
+std::string ShardAttentionHeads(const ModelConfig& config, int tp_rank, int tp_size,
+                                bool keep_projections, ModelWeights& weights);
 
 // Packs one decoder layer's matrices and splits its kv_b_proj per head (see PackWeights).
 void PackDecoderLayer(const ModelConfig& config, DecoderLayerWeights& layer);
