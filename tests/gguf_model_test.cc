@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -453,18 +454,71 @@ struct GgufBuilder {
   }
 };
 
-// The same GGUF through llama.cpp (llama-cpp-python 0.3.36, the pinned build of
-// tools/llama_cpp; SY_LLAMA_PYTHON overrides its venv's python, and without one the test is
-// skipped): the default model's Q8_0 file, and a Q4_K_M that llama.cpp's own llama_model_quantize
-// makes of the F32 file (its Q4_K_M choice per tensor and its search for scales). Both engines
-// quantize the activations per block to int8 the same way (Q8_K / Q8_0) and multiply exactly in
-// integers; what differs is llama.cpp's f16 latent cache (a 2^-11 relative rounding of every
-// cached latent and key; switchyard's here is f32), its f16 rounding of the attention's
-// softmax inputs on the CPU path and the order of its float sums. Through 4 layers that is a few
-// 1e-3 of max|logit|: the bar is 2e-2 on 95% of rows (Q8_0's bar against the reference, as large
-// as the weights' own rounding), and top-1 the same wherever the reference's margin is clear of
-// twice that.
+// Switchyard's logits on `file` against llama.cpp's (llama_logits.py's format) on the golden
+// tokens. Both engines quantize the activations per block to int8 the same way (Q8_K / Q8_0)
+// and multiply exactly in integers; what differs is llama.cpp's f16 latent cache (a 2^-11
+// relative rounding of every cached latent and key; switchyard's here is f32), its f16 rounding
+// of the attention's softmax inputs on the CPU path and the order of its float sums. Through 4
+// layers that is a few 1e-3 of max|logit|: the bar is 2e-2 on 95% of rows (Q8_0's bar against
+// the reference, as large as the weights' own rounding), and top-1 the same wherever the
+// reference's margin is clear of twice that.
+void ExpectLlamaCppLogits(const std::string& file, const std::string& llama_logits_file) {
+  SCOPED_TRACE(file);
+  const std::string bytes = ReadAll(llama_logits_file);
+  std::vector<float> theirs(bytes.size() / sizeof(float));
+  std::memcpy(theirs.data(), bytes.data(), bytes.size());
+  auto model = LoadOrFail(file);
+  ASSERT_TRUE(model);
+  const int64_t vocab = model->config().vocab_size;
+  const auto ours = RunLogits(*model, GoldenTokens());
+  ASSERT_EQ(theirs.size(), ours.size()) << llama_logits_file;
+  auto result = Compare(theirs, ours, vocab, 0.04);
+  const int64_t rows = static_cast<int64_t>(result.row_max_diff.size());
+  EXPECT_GT(result.clear_rows, rows / 3);
+  EXPECT_EQ(result.top1_mismatches, 0);
+  EXPECT_LE(result.RowsOver(2e-2), rows / 20);
+  std::printf(
+      "%s against llama.cpp: max |Δ| %.3g (%.2g of max |logit|), %lld of %lld rows over 2e-2; "
+      "top-1 checked on %lld rows; the same top-1 on %lld\n",
+      file.c_str(), result.MaxDiff(), result.MaxDiff() / result.max_abs_reference,
+      static_cast<long long>(result.RowsOver(2e-2)), static_cast<long long>(rows),
+      static_cast<long long>(result.clear_rows), static_cast<long long>(result.top1_agree));
+}
+
+std::string GoldenTokensText() {
+  std::string text;
+  for (const auto& sequence : GoldenTokens()) {
+    text += text.empty() ? "" : ";";
+    for (size_t i = 0; i < sequence.size(); ++i)
+      text += (i ? "," : "") + std::to_string(sequence[i]);
+  }
+  return text;
+}
+
+// llama.cpp's logits on the default model's Q8_0 file, committed with the script that made them
+// (tools/llama_cpp/make_llama_fixture.sh, llama-cpp-python 0.3.36), so every run compares with
+// llama.cpp without building it. The file must be the one they were made on (its SHA-256).
 TEST(GgufModelTest, LogitsMatchLlamaCppOnTheSameFile) {
+  const std::string file = kModels + "/default-q8_0.gguf";
+  const std::string fixtures = std::string(SY_FIXTURES_DIR) + "/gguf";
+  std::string expected = ReadAll(fixtures + "/llama-cpp-q8_0.sha256");
+  expected.erase(expected.find_last_not_of(" \n") + 1);
+  std::string digest(64, '\0');
+  FILE* pipe = popen(("sha256sum " + file).c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  digest.resize(std::fread(digest.data(), 1, digest.size(), pipe));
+  pclose(pipe);
+  ASSERT_EQ(digest, expected) << file
+                              << " is not the file llama.cpp's logits were made on: rerun "
+                                 "tools/llama_cpp/make_llama_fixture.sh";
+  ExpectLlamaCppLogits(file, fixtures + "/llama-cpp-q8_0-logits.bin");
+}
+
+// The same through llama.cpp itself, where its pinned build is at hand (SY_LLAMA_PYTHON, else
+// the venv tools/llama_cpp/compare_q4_k_m.sh makes; skipped without one): the Q8_0 file, and a
+// Q4_K_M that llama.cpp's own llama_model_quantize makes of the F32 file (its Q4_K_M choice per
+// tensor and its search for scales).
+TEST(GgufModelTest, LogitsMatchLlamaCppRunHereOnItsOwnQ4KM) {
   const char* from_env = std::getenv("SY_LLAMA_PYTHON");
   const std::string python = from_env != nullptr ? from_env : SY_LLAMA_PYTHON;
   const std::string script = std::string(SY_SOURCE_DIR) + "/tools/llama_cpp/llama_logits.py";
@@ -481,38 +535,13 @@ TEST(GgufModelTest, LogitsMatchLlamaCppOnTheSameFile) {
                         .c_str()),
         0);
   }
-  const auto tokens = GoldenTokens();
-  std::string tokens_text;
-  for (const auto& sequence : tokens) {
-    tokens_text += tokens_text.empty() ? "" : ";";
-    for (size_t i = 0; i < sequence.size(); ++i)
-      tokens_text += (i ? "," : "") + std::to_string(sequence[i]);
-  }
   for (const std::string file : {kModels + "/default-q8_0.gguf", q4_k_m}) {
-    SCOPED_TRACE(file);
     const std::string out = ::testing::TempDir() + "/llama-logits.bin";
-    ASSERT_EQ(std::system((python + " " + script + " logits " + file + " '" + tokens_text + "' " +
-                           out + " 2 >/dev/null 2>&1")
+    ASSERT_EQ(std::system((python + " " + script + " logits " + file + " '" + GoldenTokensText() +
+                           "' " + out + " 2 >/dev/null 2>&1")
                               .c_str()),
               0);
-    const std::string bytes = ReadAll(out);
-    std::vector<float> theirs(bytes.size() / sizeof(float));
-    std::memcpy(theirs.data(), bytes.data(), bytes.size());
-    auto model = LoadOrFail(file);
-    ASSERT_TRUE(model);
-    const int64_t vocab = model->config().vocab_size;
-    const auto ours = RunLogits(*model, tokens);
-    auto result = Compare(theirs, ours, vocab, 0.04);
-    const int64_t rows = static_cast<int64_t>(result.row_max_diff.size());
-    EXPECT_GT(result.clear_rows, rows / 3);
-    EXPECT_EQ(result.top1_mismatches, 0);
-    EXPECT_LE(result.RowsOver(2e-2), rows / 20);
-    std::printf(
-        "%s against llama.cpp: max |Δ| %.3g (%.2g of max |logit|), %lld of %lld rows over 2e-2; "
-        "top-1 checked on %lld rows; the same top-1 on %lld\n",
-        file.c_str(), result.MaxDiff(), result.MaxDiff() / result.max_abs_reference,
-        static_cast<long long>(result.RowsOver(2e-2)), static_cast<long long>(rows),
-        static_cast<long long>(result.clear_rows), static_cast<long long>(result.top1_agree));
+    ExpectLlamaCppLogits(file, out);
   }
 }
 
