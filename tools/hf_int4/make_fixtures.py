@@ -13,9 +13,9 @@ Each checkpoint directory (awq, gptq, ct-sym, ct-asym) holds:
   dequant.bin        - float32 dequantized weights of the modules dequant.json lists, in order
 
 How each format is packed:
-  compressed-tensors: the library itself (its PackedQuantizationCompressor.compress_weight, which
-    calls its quantize() and pack_to_int32()), and its decompress_weight() must give back the
-    dequantized weights recorded here.
+  compressed-tensors: the library itself (PackedQuantizationCompressor.compress, which calls its
+    quantize() and pack_to_int32()), and its decompress() must give back the dequantized weights
+    recorded here (rounded to bf16, the scales' dtype, as it returns them).
   AWQ and GPTQ: AutoAWQ and auto-gptq need CUDA to install, so their pack code is followed here
     in numpy, step for step: AutoAWQ's WQLinear_GEMM.from_linear (intweight transposed to
     [in, out], eight output columns a word in the order [0, 2, 4, 6, 1, 3, 5, 7], qzeros the same)
@@ -146,6 +146,7 @@ def pack_ct(symmetric):
         calculate_qparams does (min/max observer: symmetric s = max|w| / 7.5; asymmetric
         s = (max - min) / 15, z = round(-8 - min / s))."""
         from compressed_tensors.compressors import PackedQuantizationCompressor
+        from compressed_tensors.quantization import QuantizationScheme
         args = ct_args(symmetric)
         out, inp = weight.shape
         w = torch.from_numpy(weight.astype(np.float32)).to(torch.bfloat16)
@@ -159,13 +160,14 @@ def pack_ct(symmetric):
             scale = ((hi - lo) / 15).to(torch.bfloat16)
             zero = torch.clamp(torch.round(-8 - lo / scale.float()), -8, 7).to(torch.int8)
         scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-        compressor = PackedQuantizationCompressor()
-        packed = compressor.compress_weight(weight=w, scale=scale, quantization_args=args,
-                                            zero_point=zero)
+        scheme = QuantizationScheme(targets=["Linear"], weights=args)
+        state = {"weight": w, "weight_scale": scale}
+        if not symmetric:
+            state["weight_zero_point"] = zero
+        packed = PackedQuantizationCompressor.compress(state, scheme)
         module = name[: -len(".weight")]
         for key, value in packed.items():
             tensors[f"{module}.{key}"] = value.contiguous()
-        tensors[f"{module}.weight_scale"] = scale.contiguous()
         # The dequantized weights, from the packed codes: (q - z) * s, exact in float32 ...
         unpacked = torch.zeros(out, inp, dtype=torch.int64)
         words = packed["weight_packed"].numpy().view(np.uint32).astype(np.int64)
@@ -175,17 +177,11 @@ def pack_ct(symmetric):
         scales = scale.float().repeat_interleave(GROUP, dim=1)
         exact = (scales * (unpacked - zeros).float()).numpy()
         # ... which the library's own decompressor gives too, up to its rounding to bf16.
-        back = compressor.decompress_weight(
-            {"weight_packed": packed["weight_packed"], "weight_scale": scale,
-             **({} if symmetric else {"weight_zero_point": packed["weight_zero_point"]}),
-             "weight_shape": packed["weight_shape"]}, quantization_args=args).float().numpy()
-        assert np.array_equal(back, torch.from_numpy(exact).to(back_dtype(back)).float().numpy()), name
+        back = PackedQuantizationCompressor.decompress(dict(packed), scheme)["weight"]
+        want = torch.from_numpy(exact).to(back.dtype)
+        assert torch.equal(back, want), name
         return exact
     return pack
-
-
-def back_dtype(_):
-    return torch.bfloat16
 
 
 FORMATS = {
@@ -289,8 +285,8 @@ def main():
     parser.add_argument("formats", nargs="*", default=list(FORMATS))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    for index, name in enumerate(args.formats):
-        build(name, args.out, args.seed + index)
+    for name in args.formats:
+        build(name, args.out, args.seed + list(FORMATS).index(name))
 
 
 if __name__ == "__main__":
