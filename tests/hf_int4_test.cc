@@ -96,7 +96,8 @@ TEST(HfInt4Test, DequantizationIsBitExact) {
         const uint8_t* codes = packed->Panel(panel);
         for (int64_t c = 0; c < cols; ++c) {
           const int64_t within = c % 8;
-          const int q = (codes[((c / 8) * kPanelRows + i) * 4 + within % 4] >> (within < 4 ? 0 : 4)) & 15;
+          const int q =
+              (codes[((c / 8) * kPanelRows + i) * 4 + within % 4] >> (within < 4 ? 0 : 4)) & 15;
           const size_t at = static_cast<size_t>((panel * (cols / 128) + c / 128) * kPanelRows + i);
           const double d = GgmlHalfToF32(packed->super_d[at]);
           const double dmin = GgmlHalfToF32(packed->super_dmin[at]);
@@ -129,9 +130,8 @@ TEST(HfInt4Test, LogitsMatchTransformersOnTheDequantizedWeights) {
     EXPECT_EQ(layer.self_attn.o_proj.packed->code_bits, 4);
     EXPECT_NE(layer.moe.gate.packed->dtype, DType::kGgml);  // the router stays dense
     for (bool stepwise : {false, true}) {
-      auto result = testing::CompareLogits(fixture.logits,
-                                           RunLogits(*model, fixture.tokens, stepwise),
-                                           fixture.vocab, 0.04f);
+      auto result = testing::CompareLogits(
+          fixture.logits, RunLogits(*model, fixture.tokens, stepwise), fixture.vocab, 0.04f);
       const int64_t rows = static_cast<int64_t>(result.row_max_diff.size());
       EXPECT_GT(result.argmax_checked, rows / 2);
       EXPECT_EQ(result.argmax_mismatches, 0);

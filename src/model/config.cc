@@ -184,8 +184,7 @@ Status ReadNameList(const json& quant, const char* field, const std::string& whe
                     std::vector<std::string>& out) {
   auto it = quant.find(field);
   if (it == quant.end() || it->is_null()) return Status::Ok();
-  if (!it->is_array())
-    return Status::Errorf("{}.{} must be a list of module names", where, field);
+  if (!it->is_array()) return Status::Errorf("{}.{} must be a list of module names", where, field);
   for (const auto& name : *it) {
     if (!name.is_string())
       return Status::Errorf("{}.{} must be a list of module names", where, field);
@@ -245,8 +244,7 @@ Status ParseInt4Config(const json& quant, const std::string& method, const std::
     q.String("quantization_status", status);
     SY_RETURN_IF_ERROR(q.status());
     if (status != "compressed")
-      return Status::Errorf("{}.quantization_status is '{}'; supported: compressed", where,
-                            status);
+      return Status::Errorf("{}.quantization_status is '{}'; supported: compressed", where, status);
     auto groups = quant.find("config_groups");
     if (groups == quant.end() || !groups->is_object() || groups->empty())
       return Status::Errorf("{}.config_groups must name at least one scheme", where);
@@ -283,8 +281,8 @@ Status ParseInt4Config(const json& quant, const std::string& method, const std::
         return Status::Errorf(
             "{}.weights is {} {} quantization{}; supported: int, strategy group, static", at, type,
             strategy, dynamic ? ", dynamic" : "");
-      if (!first && (group_bits != bits || group_size != out.group_size ||
-                     symmetric != out.symmetric))
+      if (!first &&
+          (group_bits != bits || group_size != out.group_size || symmetric != out.symmetric))
         return Status::Errorf("{}.weights differ from the first scheme's; supported: one scheme",
                               at);
       bits = group_bits;

@@ -83,9 +83,10 @@ class Tensor {
     const uint16_t half = F32ToF16(value);
     const float back = GgmlHalfToF32(half);
     if (back == value || (std::isnan(back) && std::isnan(value))) return half;
-    return Error("[{}, {}] = {} is not exactly a half-precision value; int4 panels keep scales as "
-                 "halves",
-                 row, col, value);
+    return Error(
+        "[{}, {}] = {} is not exactly a half-precision value; int4 panels keep scales as "
+        "halves",
+        row, col, value);
   }
 
  private:
@@ -93,8 +94,8 @@ class Tensor {
 };
 
 struct Unpacked {
-  std::vector<uint8_t> codes;   // [rows][cols], 0..15
-  std::vector<uint8_t> zeros;   // [rows][groups], 0..16
+  std::vector<uint8_t> codes;    // [rows][cols], 0..15
+  std::vector<uint8_t> zeros;    // [rows][groups], 0..16
   std::vector<uint16_t> scales;  // [rows][groups], half bits
 };
 

@@ -20,7 +20,7 @@ struct Input {
   uint8_t Byte() { return at < size ? data[at++] : 0; }
 };
 
-const sy::DType kDTypes[] = {sy::DType::kI32, sy::DType::kI64, sy::DType::kF16,
+const sy::DType kDTypes[] = {sy::DType::kI32,  sy::DType::kI64, sy::DType::kF16,
                              sy::DType::kBF16, sy::DType::kF32, sy::DType::kU8};
 
 }  // namespace
