@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/fast_linear.h"
@@ -257,6 +258,124 @@ TEST(HfInt4Test, BatchInvariant) {
                           alone[s].size() * sizeof(float)),
               0)
         << "sequence " << s;
+  }
+}
+
+// Malformed int4 tensors and unsupported configs: errors naming the tensor or field and what is
+// wrong with it, never a crash (hf_int4_fuzz covers the rest).
+TEST(HfInt4Test, MalformedCheckpointsAreErrorsNamingWhatIsWrong) {
+  auto tensor = [](const std::string& name, DType dtype, std::vector<int64_t> shape) {
+    TensorToWrite t;
+    t.name = name;
+    t.dtype = dtype;
+    t.shape = shape;
+    int64_t elements = 1;
+    for (int64_t d : shape)
+      elements *= d;
+    t.bytes.assign(static_cast<size_t>(elements) * DTypeSize(dtype), 0);
+    return t;
+  };
+  Int4Config awq;
+  awq.format = Int4Format::kAwq;
+  auto load = [&](const Int4Config& config, std::vector<TensorToWrite> tensors, int64_t rows,
+                  int64_t cols) {
+    std::vector<std::string> sources;
+    for (const auto& t : tensors)
+      sources.push_back("test: " + t.name);
+    const Checkpoint checkpoint =
+        Checkpoint::FromMemory("test", std::move(tensors), std::move(sources));
+    return LoadInt4Matrix(checkpoint, config, "m", rows, cols);
+  };
+  auto expect_error = [](const Result<Matrix>& result, std::vector<std::string> words) {
+    ASSERT_FALSE(result.ok());
+    for (const auto& word : words)
+      EXPECT_NE(result.status().message().find(word), std::string::npos)
+          << result.status().message();
+  };
+  // Missing scales.
+  expect_error(
+      load(awq,
+           {tensor("m.qweight", DType::kI32, {128, 2}), tensor("m.qzeros", DType::kI32, {1, 2})},
+           16, 128),
+      {"m.scales", "missing"});
+  // qweight of the wrong shape, and of the wrong dtype.
+  expect_error(
+      load(awq,
+           {tensor("m.qweight", DType::kI32, {128, 3}), tensor("m.qzeros", DType::kI32, {1, 2}),
+            tensor("m.scales", DType::kF16, {1, 16})},
+           16, 128),
+      {"m.qweight", "shape [128, 3]", "[128, 2]"});
+  expect_error(
+      load(awq,
+           {tensor("m.qweight", DType::kF16, {128, 2}), tensor("m.qzeros", DType::kI32, {1, 2}),
+            tensor("m.scales", DType::kF16, {1, 16})},
+           16, 128),
+      {"m.qweight", "dtype F16"});
+  // Input columns not whole groups.
+  expect_error(load(awq, {}, 16, 96), {"'m'", "groups of 128"});
+  // GPTQ act-order with permuted groups.
+  Int4Config gptq;
+  gptq.format = Int4Format::kGptq;
+  TensorToWrite g_idx = tensor("m.g_idx", DType::kI32, {256});
+  for (int32_t i = 0; i < 256; ++i) {
+    const int32_t group = (i % 2 == 0) ? 0 : 1;
+    std::memcpy(g_idx.bytes.data() + 4 * i, &group, 4);
+  }
+  std::vector<TensorToWrite> permuted;
+  permuted.push_back(tensor("m.qweight", DType::kI32, {32, 8}));
+  permuted.push_back(tensor("m.qzeros", DType::kI32, {2, 1}));
+  permuted.push_back(tensor("m.scales", DType::kF16, {2, 8}));
+  permuted.push_back(std::move(g_idx));
+  expect_error(load(gptq, std::move(permuted), 8, 256), {"m.g_idx", "act-order"});
+  // A bf16 scale a half cannot hold exactly (2^-30).
+  Int4Config ct;
+  ct.format = Int4Format::kCompressed;
+  ct.symmetric = true;
+  TensorToWrite shape = tensor("m.weight_shape", DType::kI64, {2});
+  const int64_t dims[2] = {8, 128};
+  std::memcpy(shape.bytes.data(), dims, 16);
+  TensorToWrite scale = tensor("m.weight_scale", DType::kBF16, {8, 1});
+  const uint16_t tiny = 0x3080;  // bf16 2^-30
+  std::memcpy(scale.bytes.data() + 6, &tiny, 2);
+  std::vector<TensorToWrite> ct_tensors;
+  ct_tensors.push_back(tensor("m.weight_packed", DType::kI32, {8, 16}));
+  ct_tensors.push_back(std::move(scale));
+  ct_tensors.push_back(std::move(shape));
+  expect_error(load(ct, std::move(ct_tensors), 8, 128), {"m.weight_scale", "[3, 0]", "half"});
+  // weight_shape disagreeing with config.json.
+  std::vector<TensorToWrite> wrong_shape;
+  wrong_shape.push_back(tensor("m.weight_packed", DType::kI32, {8, 16}));
+  wrong_shape.push_back(tensor("m.weight_scale", DType::kBF16, {8, 1}));
+  wrong_shape.push_back(tensor("m.weight_shape", DType::kI32, {2}));
+  expect_error(load(ct, std::move(wrong_shape), 8, 128), {"m.weight_shape", "[0, 0]"});
+
+  // Unsupported quantization_config values name the field.
+  struct Edit {
+    std::string method, field;
+    std::function<void(nlohmann::json&)> edit;
+  };
+  const std::vector<Edit> edits = {
+      {"awq", "version", [](auto& q) { q["version"] = "gemv"; }},
+      {"awq", "8-bit", [](auto& q) { q["bits"] = 8; }},
+      {"awq", "group size 64", [](auto& q) { q["group_size"] = 64; }},
+      {"awq", "zero_point", [](auto& q) { q["zero_point"] = false; }},
+      {"gptq", "checkpoint_format", [](auto& q) { q["checkpoint_format"] = "marlin"; }},
+      {"ct-sym", "pack-quantized",
+       [](auto& q) { q["config_groups"]["group_0"]["format"] = "float-quantized"; }},
+      {"ct-sym", "input_activations",
+       [](auto& q) {
+         q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}};
+       }},
+      {"ct-sym", "strategy",
+       [](auto& q) { q["config_groups"]["group_0"]["weights"]["strategy"] = "channel"; }},
+  };
+  for (const Edit& e : edits) {
+    auto j = nlohmann::json::parse(testing::ReadFile(FormatDir(e.method) + "/config.json"));
+    e.edit(j["quantization_config"]);
+    auto config = ParseModelConfig(j.dump(), "config.json");
+    ASSERT_FALSE(config.ok()) << e.field;
+    EXPECT_NE(config.status().message().find(e.field), std::string::npos)
+        << config.status().message();
   }
 }
 
