@@ -6,6 +6,7 @@
 #include <regex>
 #include <vector>
 
+#include "base/mapped_file.h"
 #include "tensor/dtype.h"
 #include "tensor/ggml_quants.h"
 
@@ -305,6 +306,13 @@ Result<Matrix> LoadInt4Matrix(const Checkpoint& checkpoint, const Int4Config& co
       for (int64_t i = 0; i < g / 2; ++i)
         block[4 + i] = static_cast<uint8_t>(q[2 * i] | q[2 * i + 1] << 4);
     }
+  // The checkpoint's packed tensors are read once: give their mapped pages back, so resident
+  // memory holds the weights once (as PackMatrix does for other formats' matrices).
+  if (used)
+    for (const std::string& name : Int4TensorNames(config, module))
+      if (const CheckpointTensor* t = checkpoint.Find(name))
+        MappedFile::ReleaseRange(t->data,
+                                 static_cast<size_t>(t->entry->data_end - t->entry->data_begin));
   Matrix m;
   m.dtype = DType::kGgml;
   m.ggml_type = GgmlType::kHfInt4;
