@@ -75,7 +75,7 @@ TEST(ConfigTest, UnsupportedValuesAreRejectedByName) {
       {[](auto& j) { j["qk_rope_head_dim"] = 15; }, "qk_rope_head_dim"},
       {[](auto& j) { j["hidden_size"] = "big"; }, "hidden_size"},
       {[](auto& j) { j["rope_scaling"]["type"] = "ntk"; }, "rope_scaling.type"},
-      {[](auto& j) { j["quantization_config"]["quant_method"] = "gptq"; }, "quant_method"},
+      {[](auto& j) { j["quantization_config"]["quant_method"] = "bitsandbytes"; }, "quant_method"},
       {[](auto& j) { j["quantization_config"].erase("weight_block_size"); }, "weight_block_size"},
       {[](auto& j) { j["tie_word_embeddings"] = true; }, "tie_word_embeddings"},
       {[](auto& j) { j["model_type"] = "llama"; }, "model_type"},

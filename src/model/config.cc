@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <cctype>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -178,6 +179,125 @@ Status Validate(const ModelConfig& c, const std::string& s) {
   return Status::Ok();
 }
 
+// Names of modules to leave unquantized: a list of strings, or null.
+Status ReadNameList(const json& quant, const char* field, const std::string& where,
+                    std::vector<std::string>& out) {
+  auto it = quant.find(field);
+  if (it == quant.end() || it->is_null()) return Status::Ok();
+  if (!it->is_array()) return Status::Errorf("{}.{} must be a list of module names", where, field);
+  for (const auto& name : *it) {
+    if (!name.is_string())
+      return Status::Errorf("{}.{} must be a list of module names", where, field);
+    out.push_back(name.get<std::string>());
+  }
+  return Status::Ok();
+}
+
+// quantization_config of an AWQ, GPTQ or compressed-tensors checkpoint: what the int4 loader
+// (model/hf_int4.h) supports, anything else an error naming the field. The field names are the
+// ones AutoAWQ, auto-gptq/GPTQModel and compressed-tensors write.
+Status ParseInt4Config(const json& quant, const std::string& method, const std::string& source,
+                       Int4Config& out) {
+  const std::string where = source + ": quantization_config";
+  FieldReader q(quant, where);
+  int64_t bits = 4;
+  if (method == "awq" || method == "gptq") {
+    out.format = method == "awq" ? Int4Format::kAwq : Int4Format::kGptq;
+    q.Int(quant.contains("w_bit") ? "w_bit" : "bits", bits);
+    q.Int(quant.contains("q_group_size") ? "q_group_size" : "group_size", out.group_size);
+    if (method == "awq") {
+      bool zero_point = true;
+      std::string version = "gemm";
+      q.Bool("zero_point", zero_point);
+      q.String("version", version);
+      SY_RETURN_IF_ERROR(q.status());
+      for (char& ch : version)
+        ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      if (version != "gemm")
+        return Status::Errorf("{}.version is '{}'; supported: gemm (AutoAWQ's GEMM packing)", where,
+                              version);
+      if (!zero_point)
+        return Status::Errorf("{}.zero_point is false; supported: AWQ with zero points", where);
+    } else {
+      bool desc_act = false;  // act-order: accepted, but each g_idx must be the plain order
+      std::string checkpoint_format = "gptq";
+      q.Bool("sym", out.symmetric);
+      q.Bool("desc_act", desc_act);
+      q.String(quant.contains("checkpoint_format") ? "checkpoint_format" : "format",
+               checkpoint_format);
+      SY_RETURN_IF_ERROR(q.status());
+      if (checkpoint_format != "gptq" && checkpoint_format != "gptq_v2")
+        return Status::Errorf("{}.checkpoint_format is '{}'; supported: gptq, gptq_v2", where,
+                              checkpoint_format);
+      out.gptq_zeros_minus_one = checkpoint_format == "gptq";
+      auto dynamic = quant.find("dynamic");
+      if (dynamic != quant.end() && !dynamic->is_null() && !dynamic->empty())
+        return Status::Errorf("{}.dynamic (per-module overrides) is not supported", where);
+    }
+    SY_RETURN_IF_ERROR(q.status());
+    SY_RETURN_IF_ERROR(ReadNameList(quant, "modules_to_not_convert", where, out.not_converted));
+  } else {
+    out.format = Int4Format::kCompressed;
+    out.ignore_is_regex_list = true;
+    std::string format, status = "compressed";
+    q.String("format", format);
+    q.String("quantization_status", status);
+    SY_RETURN_IF_ERROR(q.status());
+    if (status != "compressed")
+      return Status::Errorf("{}.quantization_status is '{}'; supported: compressed", where, status);
+    auto groups = quant.find("config_groups");
+    if (groups == quant.end() || !groups->is_object() || groups->empty())
+      return Status::Errorf("{}.config_groups must name at least one scheme", where);
+    bool first = true;
+    for (const auto& [name, group] : groups->items()) {
+      const std::string at = where + ".config_groups." + name;
+      if (!group.is_object()) return Status::Errorf("{} must be an object", at);
+      std::string group_format = format;
+      FieldReader g(group, at);
+      g.String("format", group_format);
+      SY_RETURN_IF_ERROR(g.status());
+      if (group_format != "pack-quantized")
+        return Status::Errorf("{}: format is '{}'; supported: pack-quantized (W4A16)", at,
+                              group_format.empty() ? "(none)" : group_format);
+      for (const char* activations : {"input_activations", "output_activations"})
+        if (group.contains(activations) && !group[activations].is_null())
+          return Status::Errorf("{}.{} is set; supported: weight-only quantization (W4A16)", at,
+                                activations);
+      auto weights = group.find("weights");
+      if (weights == group.end() || !weights->is_object())
+        return Status::Errorf("{}.weights must be an object", at);
+      FieldReader w(*weights, at + ".weights");
+      std::string type = "int", strategy;
+      int64_t group_bits = 0, group_size = 0;
+      bool symmetric = true, dynamic = false;
+      w.Int("num_bits", group_bits);
+      w.String("type", type);
+      w.String("strategy", strategy, true);
+      w.Int("group_size", group_size, strategy == "group");
+      w.Bool("symmetric", symmetric);
+      w.Bool("dynamic", dynamic);
+      SY_RETURN_IF_ERROR(w.status());
+      if (type != "int" || strategy != "group" || dynamic)
+        return Status::Errorf(
+            "{}.weights is {} {} quantization{}; supported: int, strategy group, static", at, type,
+            strategy, dynamic ? ", dynamic" : "");
+      if (!first &&
+          (group_bits != bits || group_size != out.group_size || symmetric != out.symmetric))
+        return Status::Errorf("{}.weights differ from the first scheme's; supported: one scheme",
+                              at);
+      bits = group_bits;
+      out.group_size = group_size;
+      out.symmetric = symmetric;
+      first = false;
+    }
+    SY_RETURN_IF_ERROR(ReadNameList(quant, "ignore", where, out.not_converted));
+  }
+  if (bits != 4) return Status::Errorf("{}: {}-bit weights; supported: 4", where, bits);
+  if (out.group_size != 128)
+    return Status::Errorf("{}: group size {}; supported: 128", where, out.group_size);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source) {
@@ -306,11 +426,19 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     std::string method, format = "e4m3";
     FieldReader q(*quant, source + ": quantization_config");
     q.String("quant_method", method, true);
+    SY_RETURN_IF_ERROR(q.status());
+    if (method == "awq" || method == "gptq" || method == "compressed-tensors") {
+      SY_RETURN_IF_ERROR(ParseInt4Config(*quant, method, source, c.int4));
+      SY_RETURN_IF_ERROR(Validate(c, source));
+      return c;
+    }
     q.String("fmt", format);
     SY_RETURN_IF_ERROR(q.status());
     if (method != "fp8")
-      return Status::Errorf("{}: field 'quantization_config.quant_method' is '{}'; supported: fp8",
-                            source, method);
+      return Status::Errorf(
+          "{}: field 'quantization_config.quant_method' is '{}'; supported: fp8, awq, gptq, "
+          "compressed-tensors",
+          source, method);
     if (format != "e4m3")
       return Status::Errorf("{}: field 'quantization_config.fmt' is '{}'; supported: e4m3", source,
                             format);

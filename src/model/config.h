@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
@@ -23,6 +24,27 @@ struct YarnScaling {
   std::optional<double> mscale;
   std::optional<double> mscale_all_dim;
   std::optional<double> attention_factor;
+};
+
+// quantization_config of a Hugging Face int4 (W4A16) checkpoint; the tensors are read by
+// model/hf_int4.h. kAwq: AutoAWQ's GEMM layout; kGptq: GPTQ's packed int32 layout (auto-gptq,
+// GPTQModel); kCompressed: compressed-tensors' pack-quantized format.
+enum class Int4Format : uint8_t { kNone, kAwq, kGptq, kCompressed };
+struct Int4Config {
+  Int4Format format = Int4Format::kNone;
+  int64_t group_size = 128;
+  // GPTQ and compressed-tensors: symmetric codes, q − 8 (compressed-tensors stores no zero
+  // points then; GPTQ stores them anyway and they are used as stored). AWQ is always asymmetric.
+  bool symmetric = false;
+  // GPTQ: checkpoint_format "gptq" (the default) stores each zero point minus one, which the
+  // readers add back; "gptq_v2" stores it as it is.
+  bool gptq_zeros_minus_one = true;
+  // Modules left unquantized, by name: AWQ/GPTQ `modules_to_not_convert` match as substrings of
+  // the module name (as transformers does); compressed-tensors `ignore` entries match the whole
+  // name, or from its start as a regular expression where written "re:PATTERN".
+  std::vector<std::string> not_converted;
+  bool ignore_is_regex_list = false;  // compressed-tensors' matching rules
+  bool enabled() const { return format != Int4Format::kNone; }
 };
 
 struct ModelConfig {
@@ -63,6 +85,8 @@ struct ModelConfig {
   bool fp8_weights = false;
   int64_t weight_block_rows = 128;
   int64_t weight_block_cols = 128;
+  // quantization_config: AWQ, GPTQ or compressed-tensors 4-bit weights.
+  Int4Config int4;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Elements cached per token per layer by absorbed MLA: the normalized latent and rotated k_pe.

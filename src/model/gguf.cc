@@ -301,7 +301,8 @@ class GgufParser {
     uint32_t type_id = 0;
     SY_RETURN_IF_ERROR(Read(&type_id, what));
     const auto traits = GgmlTypeInfo(type_id);
-    if (!traits) return Error(at, "{}: unknown GGML type id {}", what, type_id);
+    if (!traits || GgmlTypeIsInternal(traits->type))
+      return Error(at, "{}: unknown GGML type id {}", what, type_id);
     tensor.type = traits->type;
     if (tensor.dims[0] % traits->block_size != 0)
       return Error(at, "{}: row length {} is not a multiple of {}'s block size {}", what,

@@ -9,6 +9,8 @@
 
 #include "base/mapped_file.h"
 #include "model/expert_placement.h"
+#include "model/gguf_model.h"
+#include "model/hf_int4.h"
 #include "tensor/packed_matrix.h"
 
 namespace sy {
@@ -53,6 +55,20 @@ class TensorReader {
   // A [rows, cols] weight: f32/bf16/f16, or fp8-e4m3 with its `_scale_inv` block scales.
   Result<Matrix> LoadMatrix(const std::string& name, int64_t rows, int64_t cols,
                             bool may_be_fp8 = true) {
+    // An int4 checkpoint's linear layers (model/hf_int4.h): embeddings, lm_head and the router
+    // (may_be_fp8 false) stay dense, as do the modules its config leaves out.
+    const std::string module = name.substr(0, name.size() - std::string_view(".weight").size());
+    if (config_.int4.enabled() && may_be_fp8 && name.ends_with(".weight") &&
+        Int4Quantizes(config_.int4, module)) {
+      SY_ASSIGN_OR_RETURN(Matrix m,
+                          LoadInt4Matrix(checkpoint_, config_.int4, module, rows, cols, &used_));
+      if (GlobalGgufWeights() == GgufWeights::kNative) return m;
+      // Dequantized at load, as GGUF's blocks are under kDequantized: f32, exact.
+      std::vector<float> values(static_cast<size_t>(rows * cols));
+      for (int64_t r = 0; r < rows; ++r)
+        m.DecodeRow(r, values.data() + r * cols);
+      return OwnedF32Matrix(std::move(values), rows, cols);
+    }
     SY_ASSIGN_OR_RETURN(const CheckpointTensor* tensor, Require(name));
     SY_RETURN_IF_ERROR(CheckShape(*tensor, {rows, cols}));
     Matrix m;
@@ -224,10 +240,21 @@ void PackMatrix(Matrix& m, bool exact = false) {
   MappedFile::ReleaseRange(m.data, static_cast<size_t>(m.rows) * m.RowBytes());
 }
 
+// An int4 checkpoint's weights are repacked into owned HF_INT4_G128 blocks at load; once in
+// panels nothing reads the row-major blocks of an MLP's matrices (head sharding reads only
+// attention's), so they are dropped: resident memory holds the weights once.
+void DropRepackedRows(Matrix& m) {
+  if (m.packed && m.dtype == DType::kGgml && m.ggml_type == GgmlType::kHfInt4) {
+    m.data = nullptr;
+    m.owner.reset();
+  }
+}
+
 void PackFeedForward(FeedForwardWeights& ff) {
-  PackMatrix(ff.gate_proj);
-  PackMatrix(ff.up_proj);
-  PackMatrix(ff.down_proj);
+  for (Matrix* m : {&ff.gate_proj, &ff.up_proj, &ff.down_proj}) {
+    PackMatrix(*m);
+    DropRepackedRows(*m);
+  }
 }
 
 // A per-head matrix of the absorbed form, packed. Only the panels are read from then on, so the

@@ -11,7 +11,7 @@ namespace {
 constexpr int64_t kQK = 256;  // QK_K: elements per K-quant super-block
 
 // Sizes from ggml.c's type_traits (gguf-py's GGML_QUANT_SIZES).
-constexpr std::array<GgmlTypeTraits, 31> kTypes = {{
+constexpr std::array<GgmlTypeTraits, 32> kTypes = {{
     {GgmlType::kF32, "F32", 1, 4, true},
     {GgmlType::kF16, "F16", 1, 2, true},
     {GgmlType::kQ4_0, "Q4_0", 32, 2 + 16, true},
@@ -43,6 +43,7 @@ constexpr std::array<GgmlTypeTraits, 31> kTypes = {{
     {GgmlType::kBF16, "BF16", 1, 2, true},
     {GgmlType::kTQ1_0, "TQ1_0", kQK, 2 + 4 * 13, false},
     {GgmlType::kTQ2_0, "TQ2_0", kQK, 2 + 64, false},
+    {GgmlType::kHfInt4, "HF_INT4_G128", kHfInt4GroupCols, kHfInt4BlockBytes, true},
 }};
 
 uint16_t Load16(const uint8_t* bytes) {
@@ -221,6 +222,18 @@ void DequantizeQ6_K(const uint8_t* block, float* out) {
   }
 }
 
+// kHfInt4 (ggml_quants.h): s (f16), z, a zero byte, 64 bytes of nibble pairs; value s · (q − z),
+// exact in float.
+void DequantizeHfInt4(const uint8_t* block, float* out) {
+  const float s = LoadHalf(block);
+  const int z = block[2];
+  const uint8_t* qs = block + 4;
+  for (int i = 0; i < kHfInt4GroupCols / 2; ++i) {
+    out[2 * i] = s * static_cast<float>((qs[i] & 0x0f) - z);
+    out[2 * i + 1] = s * static_cast<float>((qs[i] >> 4) - z);
+  }
+}
+
 using BlockDecoder = void (*)(const uint8_t*, float*);
 
 BlockDecoder DecoderFor(GgmlType type) {
@@ -245,6 +258,8 @@ BlockDecoder DecoderFor(GgmlType type) {
       return DequantizeQ5_K;
     case GgmlType::kQ6_K:
       return DequantizeQ6_K;
+    case GgmlType::kHfInt4:
+      return DequantizeHfInt4;
     default:
       return nullptr;
   }
@@ -320,6 +335,8 @@ std::optional<GgmlIntegerLayout> GgmlIntegerForm(GgmlType type) {
       return GgmlIntegerLayout{32, 5, false, 0, false};
     case GgmlType::kQ6_K:
       return GgmlIntegerLayout{16, 6, true, 32, false};
+    case GgmlType::kHfInt4:
+      return GgmlIntegerLayout{kHfInt4GroupCols, 4, false, 0, false};
     default:
       return std::nullopt;
   }
@@ -425,6 +442,16 @@ void DecodeGgmlIntegerBlock(GgmlType type, const uint8_t* block, GgmlIntegerBloc
         const int low = (ql[64 * half + 32 * (g % 2) + l] >> (4 * (g / 2))) & 0x0f;
         const int high = (qh[32 * half + l] >> (2 * g)) & 3;
         out->q[e] = static_cast<uint8_t>(low | high << 4);
+      }
+      return;
+    }
+    case GgmlType::kHfInt4: {
+      out->d = out->dmin = Load16(block);
+      out->sc[0] = 1;
+      out->mn[0] = block[2];
+      for (int i = 0; i < kHfInt4GroupCols / 2; ++i) {
+        out->q[2 * i] = block[4 + i] & 0x0f;
+        out->q[2 * i + 1] = block[4 + i] >> 4;
       }
       return;
     }

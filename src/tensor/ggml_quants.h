@@ -50,6 +50,15 @@ enum class GgmlType : uint32_t {
   kTQ1_0 = 34,
   kTQ2_0 = 35,
   kMXFP4 = 39,
+  // Not a GGML type and never read from a GGUF file (the reader refuses it): Hugging Face int4
+  // weights (AWQ, GPTQ, compressed-tensors pack-quantized; model/hf_int4.h) repacked at load into
+  // blocks of 128 columns — one group of the checkpoint — so that they take the same path
+  // (PackGgml, kernels/cpu/ggml_gemm.h) as GGUF's blocks. Block (68 bytes): the group's scale s
+  // (IEEE half bits), its zero point z (a byte, 0..16), a zero byte, then 64 bytes of codes q
+  // (0..15), element 2i the low nibble of byte i, element 2i + 1 the high. Value s · (q − z),
+  // exact in float (an 11-bit significand times an integer of at most 5 bits). Integer form:
+  // d = dmin = s, sc = 1, mn = z: d · sc · q − dmin · mn is the same value.
+  kHfInt4 = 0x48463404,
 };
 
 struct GgmlTypeTraits {
@@ -94,6 +103,13 @@ struct GgmlIntegerBlock {
 std::optional<GgmlIntegerLayout> GgmlIntegerForm(GgmlType type);
 // Decodes one block of a type GgmlIntegerForm accepts.
 void DecodeGgmlIntegerBlock(GgmlType type, const uint8_t* block, GgmlIntegerBlock* out);
+
+// Whether `type` is one of switchyard's own block types (kHfInt4), which a GGUF file never holds.
+inline bool GgmlTypeIsInternal(GgmlType type) {
+  return type == GgmlType::kHfInt4;
+}
+inline constexpr int64_t kHfInt4GroupCols = 128;
+inline constexpr int64_t kHfInt4BlockBytes = 4 + kHfInt4GroupCols / 2;
 
 // IEEE half to float, NaN payloads kept (as numpy's float16 -> float32 conversion does).
 float GgmlHalfToF32(uint16_t bits);

@@ -421,6 +421,8 @@ void TileAny(int64_t count, const int8_t* x, int64_t x_stride, const float* xs, 
       SY_TILE(6, 32, false, false);
     case GgmlType::kQ6_K:
       SY_TILE(6, 16, true, false);
+    case GgmlType::kHfInt4:  // sc = 1 and mn = z per 128-column group (tensor/ggml_quants.h)
+      SY_TILE(4, kHfInt4GroupCols, false, false);
     default:
       return;  // PackGgml takes no other type
   }

@@ -1,0 +1,326 @@
+#include "model/hf_int4.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <regex>
+#include <vector>
+
+#include "base/mapped_file.h"
+#include "tensor/dtype.h"
+#include "tensor/ggml_quants.h"
+
+namespace sy {
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// AutoAWQ packs output column 8c + kAwqOrder[k] into nibble k of a word; the inverse, which
+// nibble holds column 8c + j, is kAwqNibble[j].
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+// A checkpoint tensor read as the int4 loader needs it: checked, then indexed.
+class Tensor {
+ public:
+  Tensor(const CheckpointTensor& tensor) : t_(tensor) {}
+
+  const std::string& name() const { return t_.entry->name; }
+  const std::vector<int64_t>& shape() const { return t_.entry->shape; }
+
+  template <typename... Args>
+  Status Error(fmt::format_string<Args...> format, Args&&... args) const {
+    return Status::Errorf("{}: tensor '{}' {}", *t_.file, name(),
+                          fmt::format(format, std::forward<Args>(args)...));
+  }
+  Status Expect(std::initializer_list<DType> dtypes, const std::vector<int64_t>& shape) const {
+    bool known = false;
+    std::string names;
+    for (DType dtype : dtypes) {
+      known = known || t_.entry->dtype == dtype;
+      names += (names.empty() ? "" : " or ") + std::string(DTypeName(dtype));
+    }
+    if (!known) return Error("has dtype {}; expected {}", DTypeName(t_.entry->dtype), names);
+    if (t_.entry->shape != shape)
+      return Error("has shape {}; expected {}", ShapeText(t_.entry->shape), ShapeText(shape));
+    return Status::Ok();
+  }
+  // Element `index` (row-major) of an integer tensor (I32 or I64).
+  int64_t Int(int64_t index) const {
+    if (t_.entry->dtype == DType::kI64) {
+      int64_t value;
+      std::memcpy(&value, t_.data + index * 8, 8);
+      return value;
+    }
+    int32_t value;
+    std::memcpy(&value, t_.data + index * 4, 4);
+    return value;
+  }
+  uint32_t Word(int64_t row, int64_t col) const {
+    uint32_t value;
+    std::memcpy(&value, t_.data + (row * shape()[1] + col) * 4, 4);
+    return value;
+  }
+  // A scale as IEEE half bits; an f32 or bf16 scale must be one a half holds exactly (bf16's 8
+  // significant bits fit a half's 11 wherever the exponent is in a half's range).
+  Result<uint16_t> HalfScale(int64_t row, int64_t col) const {
+    const int64_t index = row * shape()[1] + col;
+    uint16_t bits;
+    if (t_.entry->dtype == DType::kF16) {
+      std::memcpy(&bits, t_.data + index * 2, 2);
+      return bits;
+    }
+    float value;
+    if (t_.entry->dtype == DType::kBF16) {
+      std::memcpy(&bits, t_.data + index * 2, 2);
+      value = BF16ToF32(bits);
+    } else {
+      std::memcpy(&value, t_.data + index * 4, 4);
+    }
+    const uint16_t half = F32ToF16(value);
+    const float back = GgmlHalfToF32(half);
+    if (back == value || (std::isnan(back) && std::isnan(value))) return half;
+    return Error(
+        "[{}, {}] = {} is not exactly a half-precision value; int4 panels keep scales as "
+        "halves",
+        row, col, value);
+  }
+
+ private:
+  const CheckpointTensor& t_;
+};
+
+struct Unpacked {
+  std::vector<uint8_t> codes;    // [rows][cols], 0..15
+  std::vector<uint8_t> zeros;    // [rows][groups], 0..16
+  std::vector<uint16_t> scales;  // [rows][groups], half bits
+};
+
+Result<Tensor> Need(const Checkpoint& checkpoint, const std::string& name,
+                    std::set<std::string>* used, const std::string& module) {
+  const CheckpointTensor* tensor = checkpoint.Find(name);
+  if (tensor == nullptr)
+    return Status::Errorf(
+        "{}: tensor '{}' is missing (quantization_config quantizes '{}'; a module stored "
+        "unquantized must be in its modules_to_not_convert or ignore list)",
+        checkpoint.directory(), name, module);
+  if (used) used->insert(name);
+  return Tensor(*tensor);
+}
+
+const CheckpointTensor* Maybe(const Checkpoint& checkpoint, const std::string& name,
+                              std::set<std::string>* used) {
+  const CheckpointTensor* tensor = checkpoint.Find(name);
+  if (tensor && used) used->insert(name);
+  return tensor;
+}
+
+// A g_idx (GPTQ's, or compressed-tensors' weight_g_idx): only the plain order, i / group_size.
+Status CheckGroupIndex(const Tensor& g_idx, int64_t cols, int64_t group_size) {
+  SY_RETURN_IF_ERROR(g_idx.Expect({DType::kI32, DType::kI64}, {cols}));
+  for (int64_t i = 0; i < cols; ++i)
+    if (g_idx.Int(i) != i / group_size)
+      return g_idx.Error(
+          "[{}] = {}, not {}: act-order (desc_act) with permuted groups is not supported", i,
+          g_idx.Int(i), i / group_size);
+  return Status::Ok();
+}
+
+Status ReadScales(const Tensor& scales, bool transposed, int64_t rows, int64_t groups,
+                  Unpacked& out) {
+  out.scales.resize(static_cast<size_t>(rows * groups));
+  for (int64_t o = 0; o < rows; ++o)
+    for (int64_t g = 0; g < groups; ++g) {
+      SY_ASSIGN_OR_RETURN(out.scales[o * groups + g],
+                          transposed ? scales.HalfScale(g, o) : scales.HalfScale(o, g));
+    }
+  return Status::Ok();
+}
+
+Status UnpackAwq(const Checkpoint& checkpoint, const std::string& m, int64_t rows, int64_t cols,
+                 int64_t groups, std::set<std::string>* used, Unpacked& out) {
+  SY_ASSIGN_OR_RETURN(Tensor qweight, Need(checkpoint, m + ".qweight", used, m));
+  SY_ASSIGN_OR_RETURN(Tensor qzeros, Need(checkpoint, m + ".qzeros", used, m));
+  SY_ASSIGN_OR_RETURN(Tensor scales, Need(checkpoint, m + ".scales", used, m));
+  SY_RETURN_IF_ERROR(qweight.Expect({DType::kI32}, {cols, rows / 8}));
+  SY_RETURN_IF_ERROR(qzeros.Expect({DType::kI32}, {groups, rows / 8}));
+  SY_RETURN_IF_ERROR(scales.Expect({DType::kF16, DType::kBF16, DType::kF32}, {groups, rows}));
+  for (int64_t i = 0; i < cols; ++i)
+    for (int64_t c = 0; c < rows / 8; ++c) {
+      const uint32_t word = qweight.Word(i, c);
+      for (int j = 0; j < 8; ++j)
+        out.codes[(8 * c + j) * cols + i] = (word >> (4 * kAwqNibble[j])) & 15;
+    }
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t c = 0; c < rows / 8; ++c) {
+      const uint32_t word = qzeros.Word(g, c);
+      for (int j = 0; j < 8; ++j)
+        out.zeros[(8 * c + j) * groups + g] = (word >> (4 * kAwqNibble[j])) & 15;
+    }
+  return ReadScales(scales, true, rows, groups, out);
+}
+
+Status UnpackGptq(const Checkpoint& checkpoint, const Int4Config& config, const std::string& m,
+                  int64_t rows, int64_t cols, int64_t groups, std::set<std::string>* used,
+                  Unpacked& out) {
+  SY_ASSIGN_OR_RETURN(Tensor qweight, Need(checkpoint, m + ".qweight", used, m));
+  SY_ASSIGN_OR_RETURN(Tensor qzeros, Need(checkpoint, m + ".qzeros", used, m));
+  SY_ASSIGN_OR_RETURN(Tensor scales, Need(checkpoint, m + ".scales", used, m));
+  SY_RETURN_IF_ERROR(qweight.Expect({DType::kI32}, {cols / 8, rows}));
+  SY_RETURN_IF_ERROR(qzeros.Expect({DType::kI32}, {groups, rows / 8}));
+  SY_RETURN_IF_ERROR(scales.Expect({DType::kF16, DType::kBF16, DType::kF32}, {groups, rows}));
+  if (const CheckpointTensor* g_idx = Maybe(checkpoint, m + ".g_idx", used))
+    SY_RETURN_IF_ERROR(CheckGroupIndex(Tensor(*g_idx), cols, config.group_size));
+  for (int64_t r = 0; r < cols / 8; ++r)
+    for (int64_t o = 0; o < rows; ++o) {
+      const uint32_t word = qweight.Word(r, o);
+      for (int k = 0; k < 8; ++k)
+        out.codes[o * cols + 8 * r + k] = (word >> (4 * k)) & 15;
+    }
+  const int plus = config.gptq_zeros_minus_one ? 1 : 0;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t c = 0; c < rows / 8; ++c) {
+      const uint32_t word = qzeros.Word(g, c);
+      for (int k = 0; k < 8; ++k)
+        out.zeros[(8 * c + k) * groups + g] = static_cast<uint8_t>(((word >> (4 * k)) & 15) + plus);
+    }
+  return ReadScales(scales, true, rows, groups, out);
+}
+
+Status UnpackCompressed(const Checkpoint& checkpoint, const Int4Config& config,
+                        const std::string& m, int64_t rows, int64_t cols, int64_t groups,
+                        std::set<std::string>* used, Unpacked& out) {
+  SY_ASSIGN_OR_RETURN(Tensor packed, Need(checkpoint, m + ".weight_packed", used, m));
+  SY_ASSIGN_OR_RETURN(Tensor scales, Need(checkpoint, m + ".weight_scale", used, m));
+  SY_ASSIGN_OR_RETURN(Tensor shape, Need(checkpoint, m + ".weight_shape", used, m));
+  SY_RETURN_IF_ERROR(shape.Expect({DType::kI32, DType::kI64}, {2}));
+  if (shape.Int(0) != rows || shape.Int(1) != cols)
+    return shape.Error("is [{}, {}] but config.json implies [{}, {}]", shape.Int(0), shape.Int(1),
+                       rows, cols);
+  SY_RETURN_IF_ERROR(packed.Expect({DType::kI32}, {rows, cols / 8}));
+  SY_RETURN_IF_ERROR(scales.Expect({DType::kF16, DType::kBF16, DType::kF32}, {rows, groups}));
+  if (const CheckpointTensor* g_idx = Maybe(checkpoint, m + ".weight_g_idx", used))
+    SY_RETURN_IF_ERROR(CheckGroupIndex(Tensor(*g_idx), cols, config.group_size));
+  for (int64_t o = 0; o < rows; ++o)
+    for (int64_t c = 0; c < cols / 8; ++c) {
+      const uint32_t word = packed.Word(o, c);
+      for (int k = 0; k < 8; ++k)
+        out.codes[o * cols + 8 * c + k] = (word >> (4 * k)) & 15;
+    }
+  if (config.symmetric) {
+    std::fill(out.zeros.begin(), out.zeros.end(), 8);
+  } else {
+    SY_ASSIGN_OR_RETURN(Tensor zero_point, Need(checkpoint, m + ".weight_zero_point", used, m));
+    SY_RETURN_IF_ERROR(zero_point.Expect({DType::kI32}, {(rows + 7) / 8, groups}));
+    for (int64_t r = 0; r < (rows + 7) / 8; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint32_t word = zero_point.Word(r, g);
+        for (int k = 0; k < 8 && 8 * r + k < rows; ++k)
+          out.zeros[(8 * r + k) * groups + g] = (word >> (4 * k)) & 15;
+      }
+  }
+  return ReadScales(scales, false, rows, groups, out);
+}
+
+}  // namespace
+
+bool Int4Quantizes(const Int4Config& config, const std::string& module) {
+  for (const std::string& entry : config.not_converted) {
+    if (!config.ignore_is_regex_list) {
+      if (module.find(entry) != std::string::npos) return false;
+    } else if (entry.rfind("re:", 0) == 0) {
+      // compressed-tensors: Python's re.match, anchored at the start only.
+      try {
+        if (std::regex_search(module, std::regex(entry.substr(3)),
+                              std::regex_constants::match_continuous))
+          return false;
+      } catch (const std::regex_error&) {
+        // A pattern std::regex cannot read matches nothing; the module is then expected
+        // quantized, and a missing tensor says so.
+      }
+    } else if (module == entry) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<std::string> Int4TensorNames(const Int4Config& config, const std::string& module) {
+  switch (config.format) {
+    case Int4Format::kAwq:
+      return {module + ".qweight", module + ".qzeros", module + ".scales"};
+    case Int4Format::kGptq:
+      return {module + ".qweight", module + ".qzeros", module + ".scales", module + ".g_idx"};
+    case Int4Format::kCompressed:
+      return {module + ".weight_packed", module + ".weight_scale", module + ".weight_shape",
+              module + ".weight_zero_point", module + ".weight_g_idx"};
+    default:
+      return {};
+  }
+}
+
+Result<Matrix> LoadInt4Matrix(const Checkpoint& checkpoint, const Int4Config& config,
+                              const std::string& module, int64_t rows, int64_t cols,
+                              std::set<std::string>* used) {
+  const int64_t g = config.group_size;
+  if (g != kHfInt4GroupCols)
+    return Status::Errorf("{}: group size {} for '{}'; supported: {}", checkpoint.directory(), g,
+                          module, kHfInt4GroupCols);
+  if (rows <= 0 || cols <= 0 || cols % g != 0 || rows % 8 != 0)
+    return Status::Errorf(
+        "{}: '{}' is [{}, {}]: int4 layers need input columns in whole groups of {} and output "
+        "rows in whole words of 8",
+        checkpoint.directory(), module, rows, cols, g);
+  const int64_t groups = cols / g;
+  Unpacked unpacked;
+  unpacked.codes.resize(static_cast<size_t>(rows * cols));
+  unpacked.zeros.resize(static_cast<size_t>(rows * groups));
+  switch (config.format) {
+    case Int4Format::kAwq:
+      SY_RETURN_IF_ERROR(UnpackAwq(checkpoint, module, rows, cols, groups, used, unpacked));
+      break;
+    case Int4Format::kGptq:
+      SY_RETURN_IF_ERROR(
+          UnpackGptq(checkpoint, config, module, rows, cols, groups, used, unpacked));
+      break;
+    case Int4Format::kCompressed:
+      SY_RETURN_IF_ERROR(
+          UnpackCompressed(checkpoint, config, module, rows, cols, groups, used, unpacked));
+      break;
+    default:
+      return Status::Errorf("'{}': the checkpoint has no int4 quantization_config", module);
+  }
+  // HF_INT4_G128 blocks (tensor/ggml_quants.h), row after row.
+  auto blocks = std::make_shared<std::vector<uint8_t>>(
+      static_cast<size_t>(rows * groups * kHfInt4BlockBytes));
+  for (int64_t o = 0; o < rows; ++o)
+    for (int64_t b = 0; b < groups; ++b) {
+      uint8_t* block = blocks->data() + (o * groups + b) * kHfInt4BlockBytes;
+      std::memcpy(block, &unpacked.scales[o * groups + b], 2);
+      block[2] = unpacked.zeros[o * groups + b];
+      const uint8_t* q = unpacked.codes.data() + o * cols + b * g;
+      for (int64_t i = 0; i < g / 2; ++i)
+        block[4 + i] = static_cast<uint8_t>(q[2 * i] | q[2 * i + 1] << 4);
+    }
+  // The checkpoint's packed tensors are read once: give their mapped pages back, so resident
+  // memory holds the weights once (as PackMatrix does for other formats' matrices).
+  if (used)
+    for (const std::string& name : Int4TensorNames(config, module))
+      if (const CheckpointTensor* t = checkpoint.Find(name))
+        MappedFile::ReleaseRange(t->data,
+                                 static_cast<size_t>(t->entry->data_end - t->entry->data_begin));
+  Matrix m;
+  m.dtype = DType::kGgml;
+  m.ggml_type = GgmlType::kHfInt4;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = blocks->data();
+  m.owner = blocks;
+  return m;
+}
+
+}  // namespace sy

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds the Hugging Face int4 loader fuzzer with clang (libFuzzer + AddressSanitizer + UBSan) and
+# runs it for a bounded time. Usage: run_hf_int4_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
+set -euo pipefail
+src="$1"; build="$2"; seconds="${3:-30}"
+corpus="$build/hf_int4_corpus"
+mkdir -p "$corpus"
+clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -I "$src/src" \
+  "$src/tests/fuzz/hf_int4_fuzzer.cc" "$src/src/model/hf_int4.cc" "$src/src/model/config.cc" \
+  "$src/src/model/safetensors.cc" "$src/src/tensor/ggml_quants.cc" "$src/src/tensor/dtype.cc" \
+  "$src/src/tensor/packed_matrix.cc" "$src/src/base/mapped_file.cc" \
+  "$src/src/base/thread_pool.cc" -lfmt -pthread \
+  -o "$build/hf_int4_fuzzer"
+# Seeds: each format with its tensors present and well shaped, and a quantization_config text.
+python3 - "$corpus" <<'PY'
+import os, sys
+out = sys.argv[1]
+# AWQ 8x128: qweight I32 [128, 1], qzeros I32 [1, 1], scales F16 [1, 8].
+awq = bytes([0, 0, 0]) + bytes([1, 0, 2, 0 | 1 << 3 | 2 << 3 * 0 + 0]) + bytes(range(256)) * 4
+open(os.path.join(out, "seed-awq"), "wb").write(awq)
+open(os.path.join(out, "seed-config"), "wb").write(
+    b"\x80" + b'{"quant_method":"compressed-tensors","format":"pack-quantized","config_groups":'
+    b'{"g":{"targets":["Linear"],"weights":{"num_bits":4,"type":"int","symmetric":true,'
+    b'"strategy":"group","group_size":128}}},"ignore":["lm_head"]}')
+PY
+"$build/hf_int4_fuzzer" -max_total_time="$seconds" -max_len=8192 -timeout=10 \
+  -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
