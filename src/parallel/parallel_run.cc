@@ -192,18 +192,26 @@ ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& record
   std::vector<int64_t> rows;
   std::vector<int32_t> exchange_layer;
   recorder.Exchanges(&rows, &exchange_layer);
-  // Each rank sends: tokens, exchange count, counts [layers × E], exchange rows, then per layer
-  // its sampled exchanges: their number and counts [samples × E] (the same exchanges on every
-  // rank, ExpertLoadRecorder).
+  // The sampled exchanges (the same ones on every rank, ExpertLoadRecorder) are summed by an
+  // all-reduce rather than gathered: up to layers × 128 × E counts a rank, which root must not
+  // hold N times over. Floats add them exactly: one exchange's count for one expert stays far
+  // below 2^24.
+  int64_t sampled = 0;
+  for (const auto& samples : load.exchanges)
+    sampled += static_cast<int64_t>(samples.size()) * load.experts;
+  if (comm.AllReduceMax(sampled) != comm.AllReduceSum(sampled) / comm.size())
+    comm.Abort("ranks sampled different expert-parallel exchanges", 1);
+  std::vector<float> sample_sums;
+  sample_sums.reserve(static_cast<size_t>(sampled));
+  for (const auto& samples : load.exchanges)
+    for (const auto& sample : samples)
+      sample_sums.insert(sample_sums.end(), sample.begin(), sample.end());
+  comm.AllReduceSumFloats(sample_sums.data(), sampled);
+  // Each rank sends: tokens, exchange count, counts [layers × E], exchange rows.
   std::vector<int64_t> mine = {load.tokens, static_cast<int64_t>(rows.size())};
   for (const auto& counts : load.counts)
     mine.insert(mine.end(), counts.begin(), counts.end());
   mine.insert(mine.end(), rows.begin(), rows.end());
-  for (const auto& samples : load.exchanges) {
-    mine.push_back(static_cast<int64_t>(samples.size()));
-    for (const auto& sample : samples)
-      mine.insert(mine.end(), sample.begin(), sample.end());
-  }
   std::vector<uint8_t> bytes(mine.size() * sizeof(int64_t));
   std::memcpy(bytes.data(), mine.data(), bytes.size());
   const int64_t words = static_cast<int64_t>(mine.size());
@@ -216,9 +224,11 @@ ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& record
   load.tokens = 0;
   for (auto& counts : load.counts)
     std::fill(counts.begin(), counts.end(), 0);
+  const float* sum = sample_sums.data();
   for (auto& samples : load.exchanges)
     for (auto& sample : samples)
-      std::fill(sample.begin(), sample.end(), 0);
+      for (auto& c : sample)
+        c = static_cast<int64_t>(*sum++);
   std::vector<std::vector<int64_t>> per_rank_rows;
   for (int r = 0; r < comm.size(); ++r) {
     const int64_t* w = reinterpret_cast<const int64_t*>(all.data()) + r * words;
@@ -229,14 +239,6 @@ ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& record
       for (auto& c : layer)
         c += *counts++;
     per_rank_rows.emplace_back(counts, counts + exchanges);
-    counts += exchanges;
-    for (auto& samples : load.exchanges) {
-      if (*counts++ != static_cast<int64_t>(samples.size()))
-        comm.Abort("ranks sampled different expert-parallel exchanges", 1);
-      for (auto& sample : samples)
-        for (auto& c : sample)
-          c += *counts++;
-    }
   }
   if (comm.size() > 1)
     load.imbalance = ImbalanceOverExchanges(per_rank_rows, exchange_layer, &load.layer_imbalance,
