@@ -54,17 +54,28 @@ def answers(client, logprobs=True):
     return out
 
 
+def colocated_and_split(procs, *flags):
+    """A colocated instance behind a router of its own, and a prefill and a decode instance
+    behind theirs, all with `flags` and added to procs (the caller stops them): (prefill, decode,
+    the split router, the colocated one's router)."""
+    colocated, c_addr = instance("both", *flags)
+    procs.append(colocated)
+    prefill, p_addr = instance("prefill", *flags)
+    procs.append(prefill)
+    decode, d_addr = instance("decode", *flags)
+    procs.append(decode)
+    split = start_router(prefill=[p_addr], decode=[d_addr])
+    procs.append(split)
+    together = start_router([c_addr])
+    procs.append(together)
+    return prefill, decode, split, together
+
+
 @pytest.mark.parametrize("mode", [[], ["--batch-invariant"]], ids=["default", "batch-invariant"])
 def test_disaggregated_output_equals_colocated(mode):
     procs = []
     try:
-        colocated, c_addr = instance("both", *mode)
-        prefill, p_addr = instance("prefill", *mode)
-        decode, d_addr = instance("decode", *mode)
-        procs += [colocated, prefill, decode]
-        split = start_router(prefill=[p_addr], decode=[d_addr])
-        together = start_router([c_addr])
-        procs += [split, together]
+        prefill, decode, split, together = colocated_and_split(procs, *mode)
         want = answers(client_for(together))
         got = answers(client_for(split))
         for w, g in zip(want, got):
@@ -124,13 +135,7 @@ def test_mtp_on_both_sides_gives_the_colocated_output_greedy_and_seeded():
     first step as the colocated engine does, so seeded sampling draws the colocated tokens."""
     procs = []
     try:
-        colocated, c_addr = instance("both", *MTP)
-        prefill, p_addr = instance("prefill", *MTP)
-        decode, d_addr = instance("decode", *MTP)
-        procs += [colocated, prefill, decode]
-        split = start_router(prefill=[p_addr], decode=[d_addr])
-        together = start_router([c_addr])
-        procs += [split, together]
+        prefill, decode, split, together = colocated_and_split(procs, *MTP)
         want = answers(client_for(together), logprobs=False)
         assert answers(client_for(split), logprobs=False) == want
         want = seeded(client_for(together))
