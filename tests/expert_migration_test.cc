@@ -9,7 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "model/model.h"
 #include "test_support.h"
@@ -58,7 +61,9 @@ TEST(PlanExpertMoves, EveryNewSlotIsFilledOnceFromAHolder) {
   EXPECT_EQ(moves.size(), 6u);
   EXPECT_TRUE(arrivals.count({2, 1}));
   for (const ExpertMove& m : moves)
-    if (m.destination == 2 && m.expert == 1) EXPECT_EQ(m.source, 3);
+    if (m.destination == 2 && m.expert == 1) {
+      EXPECT_EQ(m.source, 3);
+    }
   const int most = *std::max_element(sent.begin(), sent.end());
   EXPECT_LE(most, 2 * static_cast<int>(moves.size() + 3) / 4);
 }
@@ -68,26 +73,33 @@ TEST(PlanExpertMoves, TheSamePlacementMovesNothing) {
   EXPECT_TRUE(PlanExpertMoves(p, p).empty());
 }
 
-class ExpertWireForm : public ::testing::TestWithParam<bool> {};
+struct WireCase {
+  std::string name;
+  std::string checkpoint;  // under the fixtures
+  bool pack;
+};
 
-// An expert of the tiny fp8 checkpoint, packed (panels travel) or not (rows and block scales
-// travel): what arrives is the same bytes, and a changed byte is seen.
+class ExpertWireForm : public ::testing::TestWithParam<WireCase> {};
+
+// An expert, packed (panels travel) or not (rows and block scales travel): what arrives is the
+// same bytes as what was sent and as a fresh load of the checkpoint, and a changed byte is seen.
+// fp8, and an int4 checkpoint's 4-bit blocks (GGML panels with their scales, as a GGUF's travel;
+// gguf_parallel_test moves a GGUF's under mpirun).
 TEST_P(ExpertWireForm, AnExpertArrivesAsTheSameBytes) {
-  const bool pack = GetParam();
-  auto fixture = testing::LoadFixture("tiny-v3-fp8");
+  const WireCase& c = GetParam();
   WeightLoadOptions options;
-  options.pack = pack;
-  auto model = Model::Load(fixture.directory, options);
+  options.pack = c.pack;
+  auto model = Model::Load(std::string(testing::kFixturesDir) + "/" + c.checkpoint, options);
   ASSERT_TRUE(model.ok()) << model.status().message();
-  const ModelConfig& c = model.value()->config();
+  const ModelConfig& config = model.value()->config();
   int64_t layer = 0;
-  while (!c.IsMoeLayer(layer))
+  while (!config.IsMoeLayer(layer))
     ++layer;
   const FeedForwardWeights* held = model.value()->RoutedExpert(layer, 1);
   ASSERT_NE(held, nullptr);
-  EXPECT_EQ(held->gate_proj.packed != nullptr, pack);
+  EXPECT_EQ(held->gate_proj.packed != nullptr, c.pack);
   const std::vector<uint8_t> bytes = SerializeExpert(*held);
-  auto arrived = DeserializeExpert(bytes, c.moe_intermediate_size, c.hidden_size);
+  auto arrived = DeserializeExpert(bytes, config.moe_intermediate_size, config.hidden_size);
   ASSERT_TRUE(arrived.ok()) << arrived.status().message();
   EXPECT_TRUE(SameExpertBytes(arrived.value(), *held).ok());
   auto fresh = model.value()->LoadRoutedExpert(layer, 1);
@@ -100,11 +112,45 @@ TEST_P(ExpertWireForm, AnExpertArrivesAsTheSameBytes) {
   // One byte changed in the middle of the weights: still a well-formed message, other bytes.
   std::vector<uint8_t> changed = bytes;
   changed[changed.size() / 2] ^= 0x01;
-  auto wrong = DeserializeExpert(changed, c.moe_intermediate_size, c.hidden_size);
-  if (wrong.ok()) EXPECT_FALSE(SameExpertBytes(wrong.value(), *held).ok());
+  auto wrong = DeserializeExpert(changed, config.moe_intermediate_size, config.hidden_size);
+  if (wrong.ok()) {
+    EXPECT_FALSE(SameExpertBytes(wrong.value(), *held).ok());
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(PackedOrNot, ExpertWireForm, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(Checkpoints, ExpertWireForm,
+                         ::testing::Values(WireCase{"fp8_packed", "tiny-v3-fp8", true},
+                                           WireCase{"fp8_rows", "tiny-v3-fp8", false},
+                                           WireCase{"awq_int4_panels", "hf-int4/awq", true},
+                                           WireCase{"gptq_int4_blocks", "hf-int4/gptq", false}),
+                         [](const ::testing::TestParamInfo<WireCase>& info) {
+                           return info.param.name;
+                         });
+
+// The GGML block type travels with a quantized expert: one this build does not know, or one whose
+// blocks do not fit the expert's columns, is refused by name.
+TEST(ExpertWireForm, AnUnknownBlockTypeIsRefused) {
+  auto model = Model::Load(std::string(testing::kFixturesDir) + "/hf-int4/awq");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const ModelConfig& c = model.value()->config();
+  int64_t layer = 0;
+  while (!c.IsMoeLayer(layer))
+    ++layer;
+  std::vector<uint8_t> bytes = SerializeExpert(*model.value()->RoutedExpert(layer, 0));
+  // gate_proj: magic (4), element type (1), five sizes (40), then the block type.
+  const size_t type_at = 4 + 1 + 5 * 8;
+  ASSERT_TRUE(DeserializeExpert(bytes, c.moe_intermediate_size, c.hidden_size).ok());
+  const std::pair<uint32_t, std::string> cases[] = {
+      {0xdeadbeefu, "gate_proj: GGML block type 3735928559 does not fit"},
+      {8u, "bytes of panels where"}};  // Q8_0: a byte a code, not four bits
+  for (const auto& [type, reason] : cases) {
+    std::vector<uint8_t> changed = bytes;
+    std::memcpy(changed.data() + type_at, &type, 4);
+    auto r = DeserializeExpert(changed, c.moe_intermediate_size, c.hidden_size);
+    ASSERT_FALSE(r.ok()) << type;
+    EXPECT_NE(r.status().message().find(reason), std::string::npos) << r.status().message();
+  }
+}
 
 TEST(ExpertWireForm, MalformedMessagesAreRefusedWithTheirReason) {
   auto fixture = testing::LoadFixture("tiny-v3-fp8");

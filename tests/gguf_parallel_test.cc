@@ -86,5 +86,33 @@ INSTANTIATE_TEST_SUITE_P(
                       GgufTpCase{"q4_k_mix_tp2", "default-q4_k_mix.gguf", "--tp 2", true}),
     [](const ::testing::TestParamInfo<GgufTpCase>& info) { return info.param.name; });
 
+// Online rebalancing on a GGUF under EP4: experts travel as their GGML panels (Q4_K, Q6_K and
+// Q8_0 codes with every scale), each arrival is checked against a fresh read of the file
+// (SWITCHYARD_VERIFY_EXPERT_MOVES), and the logits are the contiguous EP run's bits: a row's
+// products do not depend on which rank holds the expert, and the combine sums in expert order.
+TEST(GgufExpertParallel, OnlineRebalancingMovesTheFilesBlocks) {
+  std::string tokens =
+      testing::ReadFile(std::string(testing::kFixturesDir) + "/default-model/tokens.txt");
+  while (!tokens.empty() && (tokens.back() == '\n' || tokens.back() == ' '))
+    tokens.pop_back();
+  const std::string dir = testing::TempDirectory("gguf_eplb");
+  const std::string args = std::string(testing::kBinary) + " --threads 1 logits --model " +
+                           kModels + "/default-q4_k_mix.gguf --tokens '" + tokens +
+                           "' --decode-from 3 --kv-dtype f32 --wire-dtype f32";
+  std::string output;
+  ASSERT_EQ(RunCommand(Mpirun(4) + args + " --out " + dir + "/contiguous.bin", &output), 0)
+      << output;
+  ASSERT_EQ(RunCommand("SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(4) + args + " --out " + dir +
+                           "/online.bin --num-redundant-experts 4 --eplb-interval 2",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("experts moved: "), std::string::npos) << output;
+  EXPECT_EQ(output.find("experts moved: 0 experts"), std::string::npos) << output;
+  const std::vector<float> contiguous = ReadLogits(dir + "/contiguous.bin");
+  EXPECT_FALSE(contiguous.empty());
+  EXPECT_EQ(contiguous, ReadLogits(dir + "/online.bin"));
+}
+
 }  // namespace
 }  // namespace sy

@@ -93,6 +93,7 @@ void WriteMatrix(const Matrix& m, Writer& w) {
   w.Put<uint8_t>(static_cast<uint8_t>(m.dtype));
   for (int64_t v : {m.rows, m.cols, m.block_rows, m.block_cols, m.scale_cols})
     w.Put<int64_t>(v);
+  if (m.dtype == DType::kGgml) w.Put<uint32_t>(static_cast<uint32_t>(m.ggml_type));
   const PackedMatrix* p = m.packed.get();
   if (p != nullptr) {
     w.Put<uint8_t>(kPanels);
@@ -105,6 +106,12 @@ void WriteMatrix(const Matrix& m, Writer& w) {
     w.Vector(p->scales);
     w.Vector(p->row_scales);
     w.Vector(p->row_offsets);
+    if (p->dtype == DType::kGgml) {  // the layout itself follows from the block type
+      w.Vector(p->sub_scales);
+      w.Vector(p->sub_mins);
+      w.Vector(p->super_d);
+      w.Vector(p->super_dmin);
+    }
   } else {
     // Rows [first_row, first_row + rows) of the stored matrix: its scale rows from the first.
     w.Put<uint8_t>(kRows);
@@ -131,7 +138,8 @@ Result<Matrix> ReadMatrix(Reader& r, int64_t rows, int64_t cols) {
   Matrix m;
   SY_ASSIGN_OR_RETURN(const uint8_t dtype, r.Get<uint8_t>());
   m.dtype = static_cast<DType>(dtype);
-  if (dtype > static_cast<uint8_t>(DType::kBool) || !Travels(m.dtype))
+  const bool ggml = m.dtype == DType::kGgml;  // a GGUF's or an int4 checkpoint's blocks
+  if (dtype > static_cast<uint8_t>(DType::kGgml) || !(Travels(m.dtype) || ggml))
     return Status::Errorf("{}: element type {} cannot be an expert's", r.where(), dtype);
   for (int64_t* v : {&m.rows, &m.cols, &m.block_rows, &m.block_cols, &m.scale_cols}) {
     SY_ASSIGN_OR_RETURN(*v, r.Get<int64_t>());
@@ -139,6 +147,14 @@ Result<Matrix> ReadMatrix(Reader& r, int64_t rows, int64_t cols) {
   if (m.rows != rows || m.cols != cols)
     return Status::Errorf("{}: {}×{} where the model's experts are {}×{}", r.where(), m.rows,
                           m.cols, rows, cols);
+  if (ggml) {
+    SY_ASSIGN_OR_RETURN(const uint32_t type, r.Get<uint32_t>());
+    const auto traits = GgmlTypeInfo(type);
+    if (!traits || traits->block_size <= 0 || cols % traits->block_size != 0)
+      return Status::Errorf("{}: GGML block type {} does not fit {} columns", r.where(), type,
+                            cols);
+    m.ggml_type = traits->type;
+  }
   const bool fp8 = m.dtype == DType::kF8E4M3;
   if (fp8 &&
       (m.block_rows <= 0 || m.block_cols <= 0 || m.scale_cols != CeilDiv(cols, m.block_cols)))
@@ -149,9 +165,13 @@ Result<Matrix> ReadMatrix(Reader& r, int64_t rows, int64_t cols) {
     auto p = std::make_shared<PackedMatrix>();
     SY_ASSIGN_OR_RETURN(const uint8_t packed_dtype, r.Get<uint8_t>());
     p->dtype = static_cast<DType>(packed_dtype);
-    if (packed_dtype > static_cast<uint8_t>(DType::kBool) ||
-        !(Travels(p->dtype) || p->dtype == DType::kI8))
+    const bool ggml_panels = p->dtype == DType::kGgml;
+    if (packed_dtype > static_cast<uint8_t>(DType::kGgml) ||
+        !(Travels(p->dtype) || p->dtype == DType::kI8 || (ggml_panels && ggml)))
       return Status::Errorf("{}: panels of element type {}", r.where(), packed_dtype);
+    if (ggml_panels && !SetGgmlPanelLayout(m.ggml_type, *p))
+      return Status::Errorf("{}: GGML block type {} has no panel form", r.where(),
+                            static_cast<uint32_t>(m.ggml_type));
     for (int64_t* v : {&p->rows, &p->cols, &p->panels, &p->block_rows, &p->block_cols,
                        &p->scale_cols, &p->groups}) {
       SY_ASSIGN_OR_RETURN(*v, r.Get<int64_t>());
@@ -179,6 +199,17 @@ Result<Matrix> ReadMatrix(Reader& r, int64_t rows, int64_t cols) {
     SY_ASSIGN_OR_RETURN(p->scales, r.Vector<float>(scales, "the panels' block scales"));
     SY_ASSIGN_OR_RETURN(p->row_scales, r.Vector<float>(per_row, "the int8 row scales"));
     SY_ASSIGN_OR_RETURN(p->row_offsets, r.Vector<int32_t>(per_row, "the int8 row offsets"));
+    if (ggml_panels) {
+      const size_t subs = static_cast<size_t>(p->panels * (cols / p->sub_cols) * kPanelRows);
+      const size_t supers = static_cast<size_t>(p->panels * (cols / p->super_cols) * kPanelRows);
+      SY_ASSIGN_OR_RETURN(p->sub_scales,
+                          r.Vector<int8_t>(p->unit_scales ? 0 : subs, "the sub-block scales"));
+      SY_ASSIGN_OR_RETURN(p->sub_mins, r.Vector<int8_t>(p->unit_scales || p->shared_d ? 0 : subs,
+                                                        "the sub-block mins"));
+      SY_ASSIGN_OR_RETURN(p->super_d, r.Vector<uint16_t>(supers, "the block scales d"));
+      SY_ASSIGN_OR_RETURN(p->super_dmin,
+                          r.Vector<uint16_t>(p->shared_d ? 0 : supers, "the block scales dmin"));
+    }
     // The panels carry everything a product reads; no rows travel with them (the kernels read
     // an expert's panels only).
     m.packed = std::move(p);
@@ -210,7 +241,8 @@ bool SameBytes(const std::vector<T>& a, const std::vector<T>& b) {
 }
 
 Status SameMatrixBytes(const Matrix& a, const Matrix& b, std::string_view name) {
-  if (a.dtype != b.dtype || a.rows != b.rows || a.cols != b.cols)
+  if (a.dtype != b.dtype || a.rows != b.rows || a.cols != b.cols ||
+      (a.dtype == DType::kGgml && a.ggml_type != b.ggml_type))
     return Status::Errorf("{}: shape or element type differs", name);
   const PackedMatrix* p = a.packed.get();
   const PackedMatrix* q = b.packed.get();
@@ -222,7 +254,9 @@ Status SameMatrixBytes(const Matrix& a, const Matrix& b, std::string_view name) 
     if (p->Bytes() > 0 && std::memcmp(p->data.get(), q->data.get(), p->Bytes()) != 0)
       return Status::Errorf("{}: the panels differ", name);
     if (!SameBytes(p->scales, q->scales) || !SameBytes(p->row_scales, q->row_scales) ||
-        !SameBytes(p->row_offsets, q->row_offsets))
+        !SameBytes(p->row_offsets, q->row_offsets) || p->ggml_type != q->ggml_type ||
+        !SameBytes(p->sub_scales, q->sub_scales) || !SameBytes(p->sub_mins, q->sub_mins) ||
+        !SameBytes(p->super_d, q->super_d) || !SameBytes(p->super_dmin, q->super_dmin))
       return Status::Errorf("{}: the panels' scales differ", name);
     return Status::Ok();
   }

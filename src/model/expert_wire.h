@@ -1,7 +1,8 @@
 // A routed expert's weights as they travel between ranks when online rebalancing moves it
 // (parallel/expert_migration.h): each matrix as its holder keeps it — the packed panels with
-// every scale and offset beside them where the model packs its weights, else the checkpoint's
-// rows and fp8 block scales. The receiver keeps exactly those bytes. The form is this build's own
+// every scale and offset beside them where the model packs its weights (a GGUF's or an int4
+// checkpoint's blocks as their GGML panels), else the checkpoint's rows and fp8 block scales (or
+// GGML blocks). The receiver keeps exactly those bytes. The form is this build's own
 // (both ends run the same binary; a run's ranks compare their flags and checkpoint at start),
 // in native byte order.
 #pragma once

@@ -159,13 +159,21 @@ Status Model::InstallRoutedExperts(int64_t layer, const std::vector<int32_t>& he
 }
 
 Result<FeedForwardWeights> Model::LoadRoutedExpert(int64_t layer, int32_t expert) const {
-  if (IsGgufFile(directory_))
-    return Status::Errorf("{}: a GGUF checkpoint is not kept mapped to reload experts from",
-                          directory_);
   const MoeWeights* held = MoeAt(layer);
   if (held == nullptr) return Status::Errorf("layer {} has no routed experts", layer);
   MoeWeights moe;
   moe.experts.resize(held->experts.size());
+  if (IsGgufFile(directory_)) {
+    // The loaded checkpoint holds only this rank's experts: the file is mapped again (cheap) for
+    // the one asked for.
+    SY_ASSIGN_OR_RETURN(GgufShards gguf, GgufShards::Open(directory_));
+    SY_ASSIGN_OR_RETURN(
+        Checkpoint one, GgufCheckpoint(gguf, config_, [&](int64_t l, int64_t e) {
+          return l == layer && e == expert;
+        }));
+    SY_RETURN_IF_ERROR(LoadRoutedExperts(one, config_, layer, {expert}, packed_, moe));
+    return std::move(moe.experts[static_cast<size_t>(expert)]);
+  }
   SY_RETURN_IF_ERROR(LoadRoutedExperts(*checkpoint_, config_, layer, {expert}, packed_, moe));
   return std::move(moe.experts[static_cast<size_t>(expert)]);
 }

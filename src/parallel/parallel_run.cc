@@ -104,12 +104,6 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
       reason = model.status().message();
     }
   }
-  if (local_ok && args.eplb_interval > 0 && IsGgufFile(directory)) {
-    local_ok = 0;
-    reason =
-        "--eplb-interval moves experts as safetensors checkpoints hold them; a GGUF's cannot "
-        "move yet";
-  }
   run.rebalance = local_ok && args.eplb_interval > 0;
   if (local_ok && (args.record_expert_load || run.rebalance)) {
     const ModelConfig& c = run.model->config();

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 
 #include <sys/mman.h>
 
@@ -172,22 +173,29 @@ bool CanPackGgml(const Matrix& m) {
   return m.dtype == DType::kGgml && !m.empty() && GgmlIntegerForm(m.ggml_type).has_value();
 }
 
+bool SetGgmlPanelLayout(GgmlType type, PackedMatrix& p) {
+  const std::optional<GgmlIntegerLayout> layout = GgmlIntegerForm(type);
+  const std::optional<GgmlTypeTraits> traits = GgmlTypeInfo(type);
+  if (!layout || !traits) return false;
+  p.ggml_type = type;
+  p.code_bits = layout->code_bits <= 4 ? 4 : layout->code_bits <= 6 ? 6 : 8;
+  p.sub_cols = layout->sub_size;
+  p.super_cols = traits->block_size;
+  p.shared_d = layout->shared_d;
+  p.unit_scales = layout->unit_scales;
+  p.ggml_offset = layout->offset;
+  return true;
+}
+
 std::shared_ptr<const PackedMatrix> PackGgml(const Matrix& m) {
-  const GgmlIntegerLayout layout = *GgmlIntegerForm(m.ggml_type);
   const GgmlTypeTraits traits = *GgmlTypeInfo(m.ggml_type);
   auto packed = std::make_shared<PackedMatrix>();
   PackedMatrix& p = *packed;
   p.dtype = DType::kGgml;
-  p.ggml_type = m.ggml_type;
+  SetGgmlPanelLayout(m.ggml_type, p);  // CanPackGgml held
   p.rows = m.rows;
   p.cols = m.cols;
   p.panels = (m.rows + kPanelRows - 1) / kPanelRows;
-  p.code_bits = layout.code_bits <= 4 ? 4 : layout.code_bits <= 6 ? 6 : 8;
-  p.sub_cols = layout.sub_size;
-  p.super_cols = traits.block_size;
-  p.shared_d = layout.shared_d;
-  p.unit_scales = layout.unit_scales;
-  p.ggml_offset = layout.offset;
   p.data = AllocatePanels(p.Bytes());
   const int64_t subs = m.cols / p.sub_cols, supers = m.cols / p.super_cols;
   const int64_t subs_per_block = p.super_cols / p.sub_cols;

@@ -122,6 +122,10 @@ bool CanPackGgml(const Matrix& m);
 // GGML blocks re-laid out for the quantized kernels (kernels/cpu/ggml_gemm.h), values unchanged.
 // Parallel over panels.
 std::shared_ptr<const PackedMatrix> PackGgml(const Matrix& m);
+// Sets the GGML panel fields that follow from the block type (ggml_type, code_bits, sub_cols,
+// super_cols, shared_d, unit_scales, ggml_offset), as PackGgml lays them out; false for a type
+// without an integer form. Panels that arrive from another rank are checked against it.
+bool SetGgmlPanelLayout(GgmlType type, PackedMatrix& p);
 
 // Pack, PackInt8 or PackGgml, as GlobalWeightPacking() and the matrix's type say. (GGML blocks
 // take PackGgml; Pack decodes them to f32.)

@@ -12,7 +12,8 @@ clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
   "$src/src/base/thread_pool.cc" \
   -lfmt -pthread -o "$build/expert_wire_fuzzer"
 # Seeds: a 3×5 expert (width 3, hidden 5) as f32 rows, as f32 panels, and as fp8 rows with block
-# scales, in the layout expert_wire.cc writes.
+# scales; a 32×32 one as Q8_0 blocks (a GGUF's) in rows and in GGML panels; in the layout
+# expert_wire.cc writes.
 python3 - "$corpus" <<'PY'
 import struct, sys
 W, H = 3, 5
@@ -28,10 +29,22 @@ def rows_fp8(r, c):
     scales = ((r + 1) // 2) * 1
     return (struct.pack("<B5q", 3, r, c, 2, 8, 1) + b"\0" + struct.pack("<Q", r * c) + b"\x30" * (r * c)
             + struct.pack("<qQ", 0, scales) + struct.pack("<f", 0.5) * scales)
+def ggml_head(r, c):
+    return struct.pack("<B5qI", 12, r, c, 0, 0, 0, 8)  # kGgml, then Q8_0's type id
+def rows_q8_0(r, c):
+    n = r * (c // 32) * 34
+    return ggml_head(r, c) + b"\0" + struct.pack("<Q", n) + b"\x03" * n + struct.pack("<qQ", 0, 0)
+def panels_q8_0(r, c):
+    panels = (r + 15) // 16
+    n, d = panels * c * 16, panels * (c // 32) * 16
+    return (ggml_head(r, c) + b"\x01" + struct.pack("<B7q", 12, r, c, panels, 0, 0, 0, 0)
+            + struct.pack("<Q", n) + b"\x04" * n + struct.pack("<QQQ", 0, 0, 0)
+            + struct.pack("<QQQ", 0, 0, d) + b"\x00\x3c" * d + struct.pack("<Q", 0))
 magic = struct.pack("<I", 0x58455953)
-shape = bytes([W - 1, H - 1])
-for name, m in (("rows", rows_f32), ("panels", panels_f32), ("fp8", rows_fp8)):
-    open(f"{sys.argv[1]}/seed-{name}", "wb").write(shape + magic + m(W, H) + m(W, H) + m(H, W))
+for name, m, w, h in (("rows", rows_f32, W, H), ("panels", panels_f32, W, H),
+                      ("fp8", rows_fp8, W, H), ("q8_0-rows", rows_q8_0, 32, 32),
+                      ("q8_0-panels", panels_q8_0, 32, 32)):
+    open(f"{sys.argv[1]}/seed-{name}", "wb").write(bytes([w - 1, h - 1]) + magic + m(w, h) + m(w, h) + m(h, w))
 PY
 "$build/expert_wire_fuzzer" -max_total_time="$seconds" -max_len=16384 -timeout=10 \
   -rss_limit_mb=4096 -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
