@@ -2,15 +2,12 @@
 # Builds the moving-expert wire form fuzzer (tests/fuzz/expert_wire_fuzzer.cc) with clang
 # (libFuzzer + AddressSanitizer + UBSan) and runs it for a bounded time.
 # Usage: run_expert_wire_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
-set -euo pipefail
-src="$1"; build="$2"; seconds="${3:-30}"
-corpus="$build/expert_wire_corpus"
-mkdir -p "$corpus"
-clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I "$src/src" "$src/tests/fuzz/expert_wire_fuzzer.cc" "$src/src/model/expert_wire.cc" \
+source "$(dirname "$0")/fuzz_common.sh"
+fuzz_begin expert_wire "$@"
+fuzz_build "$src/src/model/expert_wire.cc" \
   "$src/src/tensor/packed_matrix.cc" "$src/src/tensor/ggml_quants.cc" "$src/src/tensor/dtype.cc" \
   "$src/src/base/thread_pool.cc" \
-  -lfmt -pthread -o "$build/expert_wire_fuzzer"
+  -lfmt -pthread
 # Seeds: a 3×5 expert (width 3, hidden 5) as f32 rows, as f32 panels, and as fp8 rows with block
 # scales; a 32×32 one as Q8_0 blocks (a GGUF's) in rows and in GGML panels; in the layout
 # expert_wire.cc writes.
@@ -46,5 +43,4 @@ for name, m, w, h in (("rows", rows_f32, W, H), ("panels", panels_f32, W, H),
                       ("q8_0-panels", panels_q8_0, 32, 32)):
     open(f"{sys.argv[1]}/seed-{name}", "wb").write(bytes([w - 1, h - 1]) + magic + m(w, h) + m(w, h) + m(h, w))
 PY
-"$build/expert_wire_fuzzer" -max_total_time="$seconds" -max_len=16384 -timeout=10 \
-  -rss_limit_mb=4096 -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
+fuzz_run 16384

@@ -1,17 +1,13 @@
 #!/usr/bin/env bash
 # Builds the GGUF reader fuzzer with clang (libFuzzer + AddressSanitizer + UBSan) and runs it for
 # a bounded time. Usage: run_gguf_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
-set -euo pipefail
-src="$1"; build="$2"; seconds="${3:-30}"
-corpus="$build/gguf_corpus"
-mkdir -p "$corpus"
-clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I "$src/src" \
-  "$src/tests/fuzz/gguf_fuzzer.cc" "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" \
+source "$(dirname "$0")/fuzz_common.sh"
+fuzz_begin gguf "$@"
+fuzz_build \
+  "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" \
   "$src/src/tensor/dtype.cc" "$src/src/base/mapped_file.cc" "$src/src/model/gguf_model.cc" \
   "$src/src/model/config.cc" "$src/src/model/safetensors.cc" \
-  "$src/src/tokenizer/gguf_tokenizer.cc" "$src/src/base/thread_pool.cc" -lfmt -pthread \
-  -o "$build/gguf_fuzzer"
+  "$src/src/tokenizer/gguf_tokenizer.cc" "$src/src/base/thread_pool.cc" -lfmt -pthread
 # Seeds: the start of the quantization fixture (metadata of every type, tensor infos), and a
 # small whole file: the header, one Q4_K tensor info and its data.
 head -c 4096 "$src/tests/fixtures/gguf/quants.gguf" > "$corpus/seed-fixture"
@@ -24,5 +20,4 @@ head = b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + kv + info
 head += b"\0" * (-len(head) % 32)
 open(sys.argv[1], "wb").write(head + bytes(range(256)) + bytes(32))
 PY
-"$build/gguf_fuzzer" -max_total_time="$seconds" -max_len=8192 -timeout=10 \
-  -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
+fuzz_run 8192

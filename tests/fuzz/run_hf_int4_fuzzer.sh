@@ -1,17 +1,13 @@
 #!/usr/bin/env bash
 # Builds the Hugging Face int4 loader fuzzer with clang (libFuzzer + AddressSanitizer + UBSan) and
 # runs it for a bounded time. Usage: run_hf_int4_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
-set -euo pipefail
-src="$1"; build="$2"; seconds="${3:-30}"
-corpus="$build/hf_int4_corpus"
-mkdir -p "$corpus"
-clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I "$src/src" \
-  "$src/tests/fuzz/hf_int4_fuzzer.cc" "$src/src/model/hf_int4.cc" "$src/src/model/config.cc" \
+source "$(dirname "$0")/fuzz_common.sh"
+fuzz_begin hf_int4 "$@"
+fuzz_build \
+  "$src/src/model/hf_int4.cc" "$src/src/model/config.cc" \
   "$src/src/model/safetensors.cc" "$src/src/tensor/ggml_quants.cc" "$src/src/tensor/dtype.cc" \
   "$src/src/tensor/packed_matrix.cc" "$src/src/base/mapped_file.cc" \
-  "$src/src/base/thread_pool.cc" -lfmt -pthread \
-  -o "$build/hf_int4_fuzzer"
+  "$src/src/base/thread_pool.cc" -lfmt -pthread
 # Seeds: each format with its tensors present and well shaped, and a quantization_config text.
 python3 - "$corpus" <<'PY'
 import os, sys
@@ -24,5 +20,4 @@ open(os.path.join(out, "seed-config"), "wb").write(
     b'{"g":{"targets":["Linear"],"weights":{"num_bits":4,"type":"int","symmetric":true,'
     b'"strategy":"group","group_size":128}}},"ignore":["lm_head"]}')
 PY
-"$build/hf_int4_fuzzer" -max_total_time="$seconds" -max_len=8192 -timeout=10 \
-  -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
+fuzz_run 8192

@@ -1,21 +1,18 @@
 #!/usr/bin/env bash
 # Builds the HTTP/JSON request fuzzer with clang (libFuzzer + AddressSanitizer + UBSan) and runs
 # it for a bounded time. Usage: run_serve_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
-set -euo pipefail
-src="$1"; build="$2"; seconds="${3:-30}"
-corpus="$build/serve_corpus"
-mkdir -p "$corpus"
-clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I "$src/src" \
+source "$(dirname "$0")/fuzz_common.sh"
+fuzz_begin serve "$@"
+fuzz_build \
   -DSY_FUZZ_TOKENIZER_DIR="\"$src/configs/tokenizer/default\"" \
-  "$src/tests/fuzz/serve_fuzzer.cc" "$src/src/serve/openai_api.cc" "$src/src/serve/responses_api.cc" "$src/src/engine/sampling.cc" \
+  "$src/src/serve/openai_api.cc" "$src/src/serve/responses_api.cc" "$src/src/engine/sampling.cc" \
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" "$src"/src/structured/*.cc \
   "$src"/src/chat_output/*.cc \
   "$src/src/tokenizer/gguf_tokenizer.cc" "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" \
   "$src/src/tensor/dtype.cc" "$src/src/base/mapped_file.cc" \
-  $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt -o "$build/serve_fuzzer"
+  $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt
 # Seeds: bodies the client tests send, raw and as HTTP requests.
 seed() { printf '%s' "$2" > "$corpus/$1"; }
 seed body-completion $'\x00{"model":"fuzz","prompt":"Hello","max_tokens":5,"temperature":0.5,"logprobs":2,"echo":true,"stop":["a"],"n":2,"logit_bias":{"5":1.5}}'
@@ -34,5 +31,4 @@ seed body-tokenize-tools $'\x10{"messages":[{"role":"user","content":"hi"}],"too
 seed body-responses-logprobs $'\x0c{"input":"hi","include":["message.output_text.logprobs"],"top_logprobs":2}'
 seed http-completion $'\x01POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 33\r\n\r\n{"prompt":"hi","max_tokens":2}   '
 seed http-chunked $'\x03POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2d\r\n{"messages":[{"role":"user","content":"hi"}]}\r\n0\r\n\r\n'
-"$build/serve_fuzzer" -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=4096 \
-  -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
+fuzz_run 8192

@@ -2,13 +2,10 @@
 # Builds the grammar-engine fuzzer (JSON Schema, regex, GBNF and choice parsers, the automaton
 # builder and the recognizer) with clang (libFuzzer + AddressSanitizer + UBSan) and runs it for a
 # bounded time. Usage: run_structured_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
-set -euo pipefail
-src="$1"; build="$2"; seconds="${3:-30}"
-corpus="$build/structured_corpus"
-mkdir -p "$corpus"
-clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I "$src/src" "$src/tests/fuzz/structured_fuzzer.cc" "$src"/src/structured/*.cc \
-  -lfmt -o "$build/structured_fuzzer"
+source "$(dirname "$0")/fuzz_common.sh"
+fuzz_begin structured "$@"
+fuzz_build "$src"/src/structured/*.cc \
+  -lfmt
 # Seeds: schemas from the JSON Schema Test Suite when installed, regexes, GBNF grammars, choices.
 python3 - "$corpus" <<'PY'
 import json, pathlib, sys
@@ -38,5 +35,4 @@ for i, g in enumerate(['root ::= expr\nexpr ::= term (("+"|"-") term)*\nterm ::=
                                            {"type": "json_schema", "schema": {"type": "object"}}]}]}},
     {"type": "token", "token": "<｜tool▁calls▁end｜>"}]}).encode())
 PY
-"$build/structured_fuzzer" -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=4096 \
-  -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
+fuzz_run 8192

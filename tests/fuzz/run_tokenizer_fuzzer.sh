@@ -1,21 +1,18 @@
 #!/usr/bin/env bash
 # Builds the tokenizer / chat-template fuzzer with clang (libFuzzer + AddressSanitizer + UBSan)
 # and runs it for a bounded time. Usage: run_tokenizer_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
-set -euo pipefail
-src="$1"; build="$2"; seconds="${3:-30}"
-corpus="$build/tokenizer_corpus"
-mkdir -p "$corpus"
-clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I "$src/src" \
+source "$(dirname "$0")/fuzz_common.sh"
+fuzz_begin tokenizer "$@"
+fuzz_build \
   -DSY_FUZZ_TOKENIZER="\"$src/configs/tokenizer/default/tokenizer.json\"" \
   -DSY_FUZZ_TEMPLATES="\"$src/tests/fixtures/tokenizer/templates\"" \
-  "$src/tests/fuzz/tokenizer_fuzzer.cc" \
+  \
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/unicode.cc" "$src/src/tokenizer/gguf_tokenizer.cc" \
   "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" "$src/src/tensor/dtype.cc" \
   "$src/src/base/mapped_file.cc" \
-  $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt -o "$build/tokenizer_fuzzer"
+  $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt
 # Seeds: a small tokenizer.json (mode 0), corpus texts (1), ids (2), conversations (3).
 python3 - "$src" "$corpus" <<'PY'
 import json, pathlib, sys
@@ -34,5 +31,4 @@ for i, line in enumerate((src / "tests/fixtures/tokenizer/corpus.jsonl").read_te
 for i, case in enumerate(json.loads((src / "tests/fixtures/tokenizer/chat/conversations.json").read_text(encoding="utf-8"))):
     (out / f"seed-chat-{i}").write_bytes(bytes([3 | 8]) + json.dumps(case["messages"]).encode())
 PY
-"$build/tokenizer_fuzzer" -max_total_time="$seconds" -max_len=16384 -timeout=10 -rss_limit_mb=4096 \
-  -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
+fuzz_run 16384

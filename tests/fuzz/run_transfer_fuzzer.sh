@@ -1,13 +1,9 @@
 #!/usr/bin/env bash
 # Builds the transfer message parser's fuzzer with clang (libFuzzer + AddressSanitizer + UBSan)
 # and runs it for a bounded time. Usage: run_transfer_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
-set -euo pipefail
-src="$1"; build="$2"; seconds="${3:-30}"
-corpus="$build/transfer_corpus"
-mkdir -p "$corpus"
-clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I "$src/src" "$src/tests/fuzz/transfer_fuzzer.cc" "$src/src/transfer/wire.cc" -lfmt -lxxhash \
-  -o "$build/transfer_fuzzer"
+source "$(dirname "$0")/fuzz_common.sh"
+fuzz_begin transfer "$@"
+fuzz_build "$src/src/transfer/wire.cc" -lfmt -lxxhash
 # Seeds: a rows message (2 rows of 2 layers × 4 bytes) and closing ones (with and without MTP
 # drafts), as the sender makes them (checksum 0: the parser reports it wrong and goes on).
 python3 - "$corpus" <<'PY'
@@ -21,5 +17,4 @@ open(sys.argv[1] + "/seed-done", "wb").write(message(2, 0, 2, 0, 0, 42, b""))
 drafts = struct.pack("<IiI", 1, 5, 2) + struct.pack("<ii", 5, 7) + struct.pack("<dd", 0.75, 0.25)
 open(sys.argv[1] + "/seed-done-drafts", "wb").write(message(2, 0, 2, 0, 0, 42, drafts))
 PY
-"$build/transfer_fuzzer" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
-  -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
+fuzz_run 4096
