@@ -230,6 +230,39 @@ TEST(GgmlGemmTest, NonFiniteActivationsGiveNaN) {
   }
 }
 
+// The activation quantization has a vector form beside the scalar one (kAvx512Vnni): the same
+// codes, scales and sums on every kernel, ties, signed zeros, an all-zero and non-finite blocks
+// included.
+TEST(GgmlGemmTest, ActivationQuantizationIsTheSameOnEveryKernel) {
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    const int64_t cols = 1024, m = 3;
+    RandomGgml w = MakeRandom(type, 16, cols, 3);
+    auto packed = PackGgml(w.matrix);
+    std::vector<float> x = RandomRows(m, cols, 8);
+    for (int64_t c = 0; c < 64; ++c)  // row 0: ties once scaled (max 127 · 2, steps of 1/2)
+      x[c] = static_cast<float>(c % 2 == 0 ? 127 - c : -(c / 2)) * 0.5f;
+    x[64] = -0.0f;
+    std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // row 0's second K-block: all zero
+    x[cols + 700] = NAN;
+    x[2 * cols + 5] = -INFINITY;
+    kernels::LimitGgmlKernel(GgmlKernel::kPortable);
+    kernels::Q8Rows want;
+    kernels::QuantizeRowsQ8(x.data(), m, *packed, want);
+    for (GgmlKernel kernel : Kernels()) {
+      kernels::LimitGgmlKernel(kernel);
+      kernels::Q8Rows got;
+      kernels::QuantizeRowsQ8(x.data(), m, *packed, got);
+      SCOPED_TRACE(kernels::GgmlKernelName(kernel));
+      ASSERT_EQ(got.stride, want.stride);
+      for (int64_t r = 0; r < m; ++r)
+        EXPECT_EQ(std::memcmp(got.Codes(r), want.Codes(r), cols), 0) << "row " << r;
+      EXPECT_EQ(std::memcmp(got.scales.data(), want.scales.data(), want.scales.size() * 4), 0);
+      EXPECT_EQ(got.sums, want.sums);
+    }
+  }
+  kernels::LimitGgmlKernel(GgmlKernel::kAvx512Vnni);
+}
+
 TEST(GgmlGemmTest, DecodeRowReadsAnyColumnRange) {
   RandomGgml w = MakeRandom(GgmlType::kQ6_K, 3, 768, 4);
   std::vector<float> out(700);

@@ -16,6 +16,7 @@
 #include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/mla_decode.h"
 #include "kernels/cpu/onednn_linear.h"
+#include "tensor/ggml_quants.h"
 
 namespace sy::bench {
 namespace {
@@ -47,11 +48,13 @@ std::vector<float> RandomActivations(size_t count) {
 
 // The compute peak a kernel path is judged by.
 double PathPeak(const MachinePeaks& peaks, const std::string& path) {
-  if (path.rfind("int8", 0) == 0) return peaks.int8_gops > 0 ? peaks.int8_gops : peaks.f32_gflops;
+  if (path.rfind("int8", 0) == 0 || path.rfind("ggml", 0) == 0)
+    return peaks.int8_gops > 0 ? peaks.int8_gops : peaks.f32_gflops;
   return path != "panel-f32" ? peaks.bf16_gflops : peaks.f32_gflops;
 }
 
 const char* WeightName(const PackedMatrix& w) {
+  if (w.dtype == DType::kGgml) return w.ggml_type == GgmlType::kQ6_K ? "q6_k" : "q4_k";
   return w.dtype == DType::kI8 ? "int8" : w.dtype == DType::kF8E4M3 ? "fp8" : "bf16";
 }
 
@@ -59,7 +62,13 @@ struct Shape {
   const char* name;
   int64_t n, k;
   DType dtype;
+  GgmlType ggml_type = GgmlType::kF32;  // dtype kGgml: the blocks' type
 };
+
+Matrix RandomWeights(const Shape& shape, uint64_t seed) {
+  return shape.dtype == DType::kGgml ? RandomGgmlMatrix(shape.ggml_type, shape.n, shape.k, seed)
+                                     : RandomPackedMatrix(shape.dtype, shape.n, shape.k, seed);
+}
 
 // Our products, or with onednn_blocks oneDNN's on the same packed weights dequantized a block at a
 // time in every call (kernels/cpu/onednn_linear.h: what --prefill-gemm onednn runs).
@@ -68,11 +77,11 @@ void BenchLinear(const MachinePeaks& peaks, const KernelBenchOptions& options, c
                  bool onednn_blocks = false) {
   // Enough distinct copies that one pass streams more than the last-level cache holds (the bytes
   // as packed: int8 under --int8-products).
-  std::vector<Matrix> weights = {RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100)};
+  std::vector<Matrix> weights = {RandomWeights(shape, 100)};
   const double one = weights[0].packed->StoredBytes();
   const int copies = static_cast<int>(std::max(1.0, std::ceil(options.stream_bytes / one)));
   for (int c = 1; c < copies; ++c)
-    weights.push_back(RandomPackedMatrix(shape.dtype, shape.n, shape.k, 100 + c));
+    weights.push_back(RandomWeights(shape, 100 + c));
   for (int64_t m : ms) {
     auto x = RandomActivations(static_cast<size_t>(m * shape.k));
     std::vector<float> y(static_cast<size_t>(m * shape.n));
@@ -245,6 +254,22 @@ void Score(KernelResult& r, const MachinePeaks& peaks, double peak_gflops) {
 std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
                                        const KernelBenchOptions& options) {
   std::vector<KernelResult> out;
+  // GGUF Q4_K_M's two types (kernels/cpu/ggml_gemm.h) at decode's row counts: at m = 1 they are
+  // bound by the bytes they read, so their roofline fraction is their share of read bandwidth.
+  const std::vector<Shape> ggml_shapes = {
+      {"expert_gate", kExpertWidth, kHidden, DType::kGgml, GgmlType::kQ4_K},
+      {"expert_down", kHidden, kExpertWidth, DType::kGgml, GgmlType::kQ4_K},
+      {"o_proj", kHidden, kHeads * 128, DType::kGgml, GgmlType::kQ4_K},
+      {"expert_gate", kExpertWidth, kHidden, DType::kGgml, GgmlType::kQ6_K},
+      {"expert_down", kHidden, kExpertWidth, DType::kGgml, GgmlType::kQ6_K},
+  };
+  const std::vector<int64_t> ggml_m =
+      options.quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 2, 8, 32};
+  if (options.ggml_only) {
+    for (const auto& shape : ggml_shapes)
+      BenchLinear(peaks, options, shape, ggml_m, out);
+    return out;
+  }
   const std::vector<int64_t> decode_m = options.quick
                                             ? std::vector<int64_t>{1, 8, 32, 128}
                                             : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128};
@@ -280,7 +305,9 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
        options.quick ? std::vector<int64_t>{1, 16, 128} : std::vector<int64_t>{1, 4, 16, 64, 128})
     rows.push_back(batch * kTopK);
   BenchGrouped(peaks, options, groups, rows, out);
-  BenchGrouped(peaks, options, groups, {groups * 256}, out);  // prefill: 256 rows per expert
+  BenchGrouped(peaks, options, groups, {groups * 256}, out);
+  for (const auto& shape : ggml_shapes)
+    BenchLinear(peaks, options, shape, ggml_m, out);  // prefill: 256 rows per expert
 
   if (options.onednn) {
     // The batched-decode and prefill row counts, where a GEMM library competes.

@@ -29,6 +29,7 @@ struct KernelBenchOptions {
   int repetitions = 5;
   int64_t stream_bytes = 1ll << 30;  // weights cycled per shape: 4× even a 260 MB last-level cache
   bool onednn = true;                // oneDNN's bf16 matmul beside ours
+  bool ggml_only = false;            // only the GGML (GGUF Q4_K, Q6_K) products
 };
 
 std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,

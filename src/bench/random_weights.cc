@@ -1,6 +1,11 @@
 #include "bench/random_weights.h"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
+
+#include "tensor/dtype.h"
+#include "tensor/ggml_quants.h"
 
 #include "tensor/packed_matrix.h"
 
@@ -52,6 +57,45 @@ Matrix RandomPackedMatrix(DType dtype, int64_t rows, int64_t cols, uint64_t seed
   packed_only.rows = rows;
   packed_only.cols = cols;
   packed_only.packed = PackForLoad(m);
+  return packed_only;
+}
+
+Matrix RandomGgmlMatrix(GgmlType type, int64_t rows, int64_t cols, uint64_t seed) {
+  const GgmlTypeTraits traits = *GgmlTypeInfo(type);
+  const int64_t blocks = rows * cols / traits.block_size;
+  std::vector<uint8_t> bytes(static_cast<size_t>(blocks * traits.block_bytes));
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    const uint64_t word = state * 0x2545f4914f6cdd1dull;
+    std::memcpy(bytes.data() + i, &word, std::min<size_t>(8, bytes.size() - i));
+  }
+  // Every byte pattern is a valid block once its half-precision scales are finite: d (and dmin)
+  // 1/1024 (ggml-common.h's block structs: Q4_K's at bytes 0 and 2, Q6_K's at 208).
+  const uint16_t half = F32ToF16(1.0f / 1024);
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* block = bytes.data() + b * traits.block_bytes;
+    if (type == GgmlType::kQ6_K) {
+      std::memcpy(block + 208, &half, 2);
+    } else {
+      std::memcpy(block, &half, 2);
+      std::memcpy(block + 2, &half, 2);
+    }
+  }
+  Matrix m;
+  m.dtype = DType::kGgml;
+  m.ggml_type = type;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = bytes.data();
+  Matrix packed_only;
+  packed_only.dtype = DType::kGgml;
+  packed_only.ggml_type = type;
+  packed_only.rows = rows;
+  packed_only.cols = cols;
+  packed_only.packed = PackGgml(m);
   return packed_only;
 }
 

@@ -14,6 +14,8 @@ struct BenchKernelsArgs {
   bool quick = false;
   bool json = false;
   bool onednn = true;
+  bool ggml_only = false;
+  int64_t stream_mib = 0;
   int repetitions = 5;
 };
 
@@ -31,6 +33,8 @@ void RunBenchKernels(const BenchKernelsArgs& args) {
   options.stream_bytes = bench::StreamingBytes(args.quick ? 512ll << 20 : 1ll << 30);
   options.repetitions = args.repetitions;
   options.onednn = args.onednn;
+  options.ggml_only = args.ggml_only;
+  if (args.stream_mib > 0) options.stream_bytes = args.stream_mib << 20;
   auto results = bench::BenchKernels(peaks, options);
   std::fputs((args.json ? bench::KernelResultsJson(peaks, results)
                         : bench::KernelResultsTable(peaks, results))
@@ -51,6 +55,12 @@ void AddBenchVerb(CLI::App& app) {
   k->add_flag(
       "--onednn,!--no-onednn", kernels->onednn,
       "oneDNN's bf16 matmul beside ours on the batched-decode and prefill shapes (default)");
+  k->add_flag("--ggml-only", kernels->ggml_only,
+              "Only the GGUF Q4_K and Q6_K products (kernels/cpu/ggml_gemm.h)");
+  k->add_option("--stream-mib", kernels->stream_mib,
+                "Weights cycled per shape, MiB (default: the rule above). Small: the kernels "
+                "from cache, their compute rate")
+      ->check(CLI::Range(1, 1 << 20));
   k->add_option("--repetitions", kernels->repetitions,
                 "Timed repetitions per result (median reported)")
       ->check(CLI::Range(1, 101));

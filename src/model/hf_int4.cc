@@ -2,11 +2,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <regex>
 #include <vector>
 
 #include "base/mapped_file.h"
+#include "base/thread_pool.h"
 #include "tensor/dtype.h"
 #include "tensor/ggml_quants.h"
 
@@ -120,6 +122,17 @@ const CheckpointTensor* Maybe(const Checkpoint& checkpoint, const std::string& n
 }
 
 // A g_idx (GPTQ's, or compressed-tensors' weight_g_idx): only the plain order, i / group_size.
+// body(row) for rows [0, count) over the thread pool: each row's output bytes are written by one
+// call only, so the bytes are the serial loop's. (The loader calls this from its own thread, as
+// PackGgml, which runs next on the same matrix.)
+void ParallelRows(int64_t count, const std::function<void(int64_t)>& body) {
+  ThreadPool::Global().ParallelForIf(count >= 64, static_cast<size_t>(count),
+                                     [&](size_t begin, size_t end) {
+                                       for (size_t r = begin; r < end; ++r)
+                                         body(static_cast<int64_t>(r));
+                                     });
+}
+
 Status CheckGroupIndex(const Tensor& g_idx, int64_t cols, int64_t group_size) {
   SY_RETURN_IF_ERROR(g_idx.Expect({DType::kI32, DType::kI64}, {cols}));
   for (int64_t i = 0; i < cols; ++i)
@@ -149,12 +162,13 @@ Status UnpackAwq(const Checkpoint& checkpoint, const std::string& m, int64_t row
   SY_RETURN_IF_ERROR(qweight.Expect({DType::kI32}, {cols, rows / 8}));
   SY_RETURN_IF_ERROR(qzeros.Expect({DType::kI32}, {groups, rows / 8}));
   SY_RETURN_IF_ERROR(scales.Expect({DType::kF16, DType::kBF16, DType::kF32}, {groups, rows}));
-  for (int64_t i = 0; i < cols; ++i)
-    for (int64_t c = 0; c < rows / 8; ++c) {
+  ParallelRows(rows / 8, [&](int64_t c) {
+    for (int64_t i = 0; i < cols; ++i) {
       const uint32_t word = qweight.Word(i, c);
       for (int j = 0; j < 8; ++j)
         out.codes[(8 * c + j) * cols + i] = (word >> (4 * kAwqNibble[j])) & 15;
     }
+  });
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t c = 0; c < rows / 8; ++c) {
       const uint32_t word = qzeros.Word(g, c);
@@ -175,12 +189,13 @@ Status UnpackGptq(const Checkpoint& checkpoint, const Int4Config& config, const 
   SY_RETURN_IF_ERROR(scales.Expect({DType::kF16, DType::kBF16, DType::kF32}, {groups, rows}));
   if (const CheckpointTensor* g_idx = Maybe(checkpoint, m + ".g_idx", used))
     SY_RETURN_IF_ERROR(CheckGroupIndex(Tensor(*g_idx), cols, config.group_size));
-  for (int64_t r = 0; r < cols / 8; ++r)
-    for (int64_t o = 0; o < rows; ++o) {
+  ParallelRows(rows, [&](int64_t o) {
+    for (int64_t r = 0; r < cols / 8; ++r) {
       const uint32_t word = qweight.Word(r, o);
       for (int k = 0; k < 8; ++k)
         out.codes[o * cols + 8 * r + k] = (word >> (4 * k)) & 15;
     }
+  });
   const int plus = config.gptq_zeros_minus_one ? 1 : 0;
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t c = 0; c < rows / 8; ++c) {
@@ -205,12 +220,13 @@ Status UnpackCompressed(const Checkpoint& checkpoint, const Int4Config& config,
   SY_RETURN_IF_ERROR(scales.Expect({DType::kF16, DType::kBF16, DType::kF32}, {rows, groups}));
   if (const CheckpointTensor* g_idx = Maybe(checkpoint, m + ".weight_g_idx", used))
     SY_RETURN_IF_ERROR(CheckGroupIndex(Tensor(*g_idx), cols, config.group_size));
-  for (int64_t o = 0; o < rows; ++o)
+  ParallelRows(rows, [&](int64_t o) {
     for (int64_t c = 0; c < cols / 8; ++c) {
       const uint32_t word = packed.Word(o, c);
       for (int k = 0; k < 8; ++k)
         out.codes[o * cols + 8 * c + k] = (word >> (4 * k)) & 15;
     }
+  });
   if (config.symmetric) {
     std::fill(out.zeros.begin(), out.zeros.end(), 8);
   } else {
@@ -297,7 +313,7 @@ Result<Matrix> LoadInt4Matrix(const Checkpoint& checkpoint, const Int4Config& co
   // HF_INT4_G128 blocks (tensor/ggml_quants.h), row after row.
   auto blocks = std::make_shared<std::vector<uint8_t>>(
       static_cast<size_t>(rows * groups * kHfInt4BlockBytes));
-  for (int64_t o = 0; o < rows; ++o)
+  ParallelRows(rows, [&](int64_t o) {
     for (int64_t b = 0; b < groups; ++b) {
       uint8_t* block = blocks->data() + (o * groups + b) * kHfInt4BlockBytes;
       std::memcpy(block, &unpacked.scales[o * groups + b], 2);
@@ -306,6 +322,7 @@ Result<Matrix> LoadInt4Matrix(const Checkpoint& checkpoint, const Int4Config& co
       for (int64_t i = 0; i < g / 2; ++i)
         block[4 + i] = static_cast<uint8_t>(q[2 * i] | q[2 * i + 1] << 4);
     }
+  });
   // The checkpoint's packed tensors are read once: give their mapped pages back, so resident
   // memory holds the weights once (as PackMatrix does for other formats' matrices).
   if (used)
