@@ -45,8 +45,9 @@ void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
                    "Under mpirun, with redundant experts: own-rank (a token takes the replica on "
                    "its rank where there is one: fewer bytes on the wire) or spread (every "
                    "replica an even share of its expert's tokens from every rank: the balance "
-                   "EPLB plans for)")
-      ->check(CLI::IsMember({"own-rank", "spread"}));
+                   "EPLB plans for) or balanced (per exchange, to the replica on the rank this "
+                   "rank has sent the fewest rows so far)")
+      ->check(CLI::IsMember({"own-rank", "spread", "balanced"}));
   verb->add_option("--expert-placement", args.expert_placement,
                    "Under mpirun: the logical experts in each rank's slots per MoE layer, a JSON "
                    "file from `switchyard eplb` (default: contiguous ranges)");

@@ -148,7 +148,9 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
       : args.wire_dtype == "fp8" ? DType::kF8E4M3
                                  : DType::kBF16,
       overlap, run.placement.get(),
-      args.replica_dispatch == "spread" ? ReplicaDispatch::kSpread : ReplicaDispatch::kOwnRank);
+      args.replica_dispatch == "spread"     ? ReplicaDispatch::kSpread
+      : args.replica_dispatch == "balanced" ? ReplicaDispatch::kBalanced
+                                            : ReplicaDispatch::kOwnRank);
   run.moe->set_load_recorder(run.load.get());
   if (run.rebalance) RecordExpertLoadWindows(run, args.eplb_interval, nullptr);
   if (run.tp > 1) {

@@ -27,7 +27,7 @@ struct ParallelOptions {
   std::string attention_split = "heads";  // heads | sp-tp-sp
   std::string progress_thread = "on";     // a thread advancing started exchanges
   int64_t redundant_experts = 0;          // R: each rank holds (E + R) / N physical experts
-  std::string replica_dispatch = "own-rank";  // own-rank | spread (ReplicaDispatch)
+  std::string replica_dispatch = "own-rank";  // own-rank | spread | balanced (ReplicaDispatch)
   std::string expert_placement;               // a placement file (`switchyard eplb`); "" = default
   bool record_expert_load = false;            // count routed slots per expert (ParallelRun::load)
   // serve: each window's load to this file, its imbalance to /metrics (cli/parallel_setup.h)
