@@ -88,14 +88,14 @@ enum class ReplicaDispatch { kOwnRank, kSpread, kBalanced };
 //
 // With a placement, each routed slot goes to one replica of its logical expert (ReplicaDispatch):
 // the one on this rank if there is one, else replica (token + rank) mod replicas — deterministic,
-// and spread evenly — or the least-sent-to rank's (kBalanced). The weighted sum still adds a token's experts in ascending logical order, so
-// outputs do not depend on the placement.
+// and spread evenly — or the least-sent-to rank's (kBalanced). The weighted sum still adds a
+// token's experts in ascending logical order, so outputs do not depend on the placement.
 class ExpertParallelMoe final : public MoeExecutor {
  public:
   // placement: null for the contiguous one; else checked against the model (CheckPlacement).
   ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire, OverlapMode overlap,
                     const ExpertPlacement* placement = nullptr,
-                    ReplicaDispatch replicas = ReplicaDispatch::kOwnRank);
+                    ReplicaDispatch replicas = ReplicaDispatch::kBalanced);
   void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
            int64_t tokens, float* out) override;
   void Begin(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,

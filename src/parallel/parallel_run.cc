@@ -111,6 +111,7 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
         "move yet";
   }
   run.rebalance = local_ok && args.eplb_interval > 0;
+  run.eplb_min_gain = args.eplb_min_gain;
   if (local_ok && (args.record_expert_load || run.rebalance)) {
     const ModelConfig& c = run.model->config();
     run.load = std::make_unique<ExpertLoadRecorder>(MoeLayers(c, run.model->has_mtp()),
@@ -260,6 +261,8 @@ struct OnlineRebalance {
   std::vector<double> quiet_steps;
   std::chrono::steady_clock::time_point last_step;
   double quiet_median = 0;
+  // The least predicted fall in the imbalance a new placement must bring (ParallelOptions).
+  double min_gain = 0;
 };
 
 namespace {
@@ -281,9 +284,21 @@ void StartRebalance(Communicator& comm, const ExpertLoad& load, int64_t groups, 
     if (next.ok()) {
       // The balancer numbers its ranks afresh; renamed, they keep what they hold where they can.
       next = KeepHeldExperts(next.value(), placement, options.nodes);
-      text = ExpertPlacementToJson(next.value());
-      before = PredictedImbalance(placement, load);
-      after = PredictedImbalance(next.value(), load);
+      // Judged on the sampled exchanges (what the measured imbalance counts) where there are
+      // some: a new placement that the samples say gains less than the margin is noise from
+      // one window, and moving to it costs a slower step for nothing.
+      const auto sampled_before = PredictedExchangeImbalance(placement, load);
+      const auto sampled_after = PredictedExchangeImbalance(next.value(), load);
+      before = sampled_before.value_or(PredictedImbalance(placement, load));
+      after = sampled_after.value_or(PredictedImbalance(next.value(), load));
+      if (before - after >= state.min_gain) {
+        text = ExpertPlacementToJson(next.value());
+      } else {
+        std::fprintf(stderr,
+                     "switchyard: experts kept after %lld steps: predicted imbalance %.3f -> "
+                     "%.3f gains less than %.2f\n",
+                     static_cast<long long>(load.steps), before, after, state.min_gain);
+      }
     } else {
       std::fprintf(stderr, "switchyard: experts not rebalanced: %s\n",
                    next.status().message().c_str());
@@ -356,6 +371,7 @@ void RecordExpertLoadWindows(ParallelRun& run, int64_t steps,
   if (model != nullptr) {
     run.online_rebalance = std::make_shared<OnlineRebalance>();
     state = run.online_rebalance.get();
+    state->min_gain = run.eplb_min_gain;
     recorder->SetStepBegin([comm, state] { ContinueRebalance(*comm, *state); });
   }
   recorder->SetWindow(steps, [=, on_window = std::move(on_window)] {

@@ -27,7 +27,7 @@ struct ParallelOptions {
   std::string attention_split = "heads";  // heads | sp-tp-sp
   std::string progress_thread = "on";     // a thread advancing started exchanges
   int64_t redundant_experts = 0;          // R: each rank holds (E + R) / N physical experts
-  std::string replica_dispatch = "own-rank";  // own-rank | spread | balanced (ReplicaDispatch)
+  std::string replica_dispatch = "balanced";  // own-rank | spread | balanced (ReplicaDispatch)
   std::string expert_placement;               // a placement file (`switchyard eplb`); "" = default
   bool record_expert_load = false;            // count routed slots per expert (ParallelRun::load)
   // serve: each window's load to this file, its imbalance to /metrics (cli/parallel_setup.h)
@@ -36,6 +36,10 @@ struct ParallelOptions {
   // Online expert rebalancing under mpirun: every this many steps a new placement from the
   // window's load (plan/eplb.h), the experts that change loaded on every rank; 0: never.
   int64_t eplb_interval = 0;
+  // A new placement is moved to only when it lowers the predicted per-exchange imbalance by at
+  // least this much: windows of 8 steps on bench-eplb.sh's skewed workload swung it by about
+  // ±0.02 from one to the next with no gain overall. Negative: move to every new placement.
+  double eplb_min_gain = 0.02;
 };
 
 struct OnlineRebalance;  // parallel_run.cc: the expert move in progress
@@ -51,6 +55,7 @@ struct ParallelRun {
   std::unique_ptr<ExpertLoadRecorder> load;    // with ParallelOptions::record_expert_load
   std::unique_ptr<LocalMoe> local_moe;         // one rank, recording: experts in this process
   bool rebalance = false;                      // ParallelOptions::eplb_interval > 0
+  double eplb_min_gain = 0;                    // ParallelOptions::eplb_min_gain
   int tp = 1;
   int dp_group = 0;
   bool sequence_parallel = false;  // SP-TP-SP attention: each rank holds a token shard
