@@ -214,6 +214,33 @@ TEST(ExpertPlacementRuns, BalancedPlacementLowersTheMeasuredImbalance) {
   EXPECT_LT(now, was) << output;
 }
 
+// With --eplb-interval the recorder is cleared every window; the run's imbalance must still
+// cover every window, not only the last. Windows that never move (no placement gains 10) route
+// exactly as the static run does, so the sums are the same: integers and quarters, exact in
+// doubles whatever the grouping.
+TEST(ExpertPlacementRuns, TheRunsImbalanceCoversEveryWindow) {
+  const std::string model = std::string(SY_SOURCE_DIR) + "/models/default";
+  const std::string dir = testing::TempDirectory("eplb_windows");
+  const std::string args = " --threads 1 generate --model " + model +
+                           " --prompt 'for (int i = 0; i < n; ++i) x[i] = 0;'"
+                           " --prompt '0123456789 0123456789 0123456789'"
+                           " --prompt '{\"key\": [1, 2, 3]}' --max-tokens 12 --ignore-eos"
+                           " --kv-dtype f32 --json --wire-dtype f32 --num-redundant-experts 4";
+  std::string whole, windows;
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " 2>" + dir + "/err", &whole), 0)
+      << whole << testing::ReadFile(dir + "/err");
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args +
+                           " --eplb-interval 3 --eplb-min-gain 10 2>" + dir + "/err",
+                       &windows),
+            0)
+      << windows << testing::ReadFile(dir + "/err");
+  EXPECT_NE(testing::ReadFile(dir + "/err").find("experts kept after 3 steps"), std::string::npos)
+      << testing::ReadFile(dir + "/err");
+  const nlohmann::json w = GenerateJson(whole), s = GenerateJson(windows);
+  EXPECT_EQ(w["outputs"], s["outputs"]);
+  EXPECT_EQ(w["expert_imbalance"].get<double>(), s["expert_imbalance"].get<double>());
+}
+
 // Online rebalancing: every two steps rank 0 balances the window's load and the experts each
 // rank's new slots need travel from their holders over MPI, on a thread beside the steps, and
 // switch layer by layer at step boundaries — the logits stay the contiguous run's bits, greedy

@@ -185,7 +185,14 @@ std::vector<int64_t> MoeLayers(const ModelConfig& c, bool with_mtp) {
 }
 
 ExpertLoad GatherExpertLoad(const ParallelRun& run) {
-  return GatherExpertLoad(*run.comm, *run.load, run.model->config().n_group);
+  ExpertLoad load = GatherExpertLoad(*run.comm, *run.load, run.model->config().n_group);
+  // The recorder holds only what came after the last window: add the windows before it.
+  if (load.imbalance && run.closed_windows && run.closed_windows->second > 0) {
+    load.busiest_rows += run.closed_windows->first;
+    load.mean_rows += run.closed_windows->second;
+    load.imbalance = load.mean_rows > 0 ? load.busiest_rows / load.mean_rows : 1.0;
+  }
+  return load;
 }
 
 ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& recorder,
@@ -243,9 +250,13 @@ ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& record
         c += *counts++;
     per_rank_rows.emplace_back(counts, counts + exchanges);
   }
-  if (comm.size() > 1)
+  if (comm.size() > 1) {
+    std::pair<double, double> sums;
     load.imbalance = ImbalanceOverExchanges(per_rank_rows, exchange_layer, &load.layer_imbalance,
-                                            load.layers.size());
+                                            load.layers.size(), &sums);
+    load.busiest_rows = sums.first;
+    load.mean_rows = sums.second;
+  }
   return load;
 }
 
@@ -296,8 +307,9 @@ void StartRebalance(Communicator& comm, const ExpertLoad& load, int64_t groups, 
       } else {
         std::fprintf(stderr,
                      "switchyard: experts kept after %lld steps: predicted imbalance %.3f -> "
-                     "%.3f gains less than %.2f\n",
-                     static_cast<long long>(load.steps), before, after, state.min_gain);
+                     "%.3f gains less than %.2f (measured %.3f)\n",
+                     static_cast<long long>(load.steps), before, after, state.min_gain,
+                     load.imbalance.value_or(1.0));
       }
     } else {
       std::fprintf(stderr, "switchyard: experts not rebalanced: %s\n",
@@ -374,9 +386,13 @@ void RecordExpertLoadWindows(ParallelRun& run, int64_t steps,
     state->min_gain = run.eplb_min_gain;
     recorder->SetStepBegin([comm, state] { ContinueRebalance(*comm, *state); });
   }
+  run.closed_windows = std::make_shared<std::pair<double, double>>(0.0, 0.0);
+  std::shared_ptr<std::pair<double, double>> closed = run.closed_windows;
   recorder->SetWindow(steps, [=, on_window = std::move(on_window)] {
     const ExpertLoad load = GatherExpertLoad(*comm, *recorder, groups);
     recorder->Clear();
+    closed->first += load.busiest_rows;
+    closed->second += load.mean_rows;
     // A window that ends while experts still move keeps the placement being moved to.
     if (model != nullptr && state->migration == nullptr)
       StartRebalance(*comm, load, groups, *model, *moe, *placement, *state);

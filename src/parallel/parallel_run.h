@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -75,6 +76,9 @@ struct ParallelRun {
   bool Owns(size_t sequence) const { return static_cast<int>(sequence % dp()) == dp_group; }
   // The first rank of the group reports the group's results.
   bool Reports(size_t sequence) const { return Owns(sequence) && comm->rank() % tp == 0; }
+  // Σ busiest and Σ mean rows of the windows RecordExpertLoadWindows has closed (and cleared
+  // from the recorder): GatherExpertLoad(run) adds them, so a run's imbalance covers all of it.
+  std::shared_ptr<std::pair<double, double>> closed_windows;
   // Online rebalancing's state (RecordExpertLoadWindows). Last: it is destroyed first, its
   // moving thread joined before the model it reads goes.
   std::shared_ptr<OnlineRebalance> online_rebalance;
@@ -92,7 +96,8 @@ std::vector<int64_t> MoeLayers(const ModelConfig& config, bool with_mtp);
 // Rank 0 receives the expert load recorded on every rank since the last Clear: counts summed,
 // steps (every rank steps alike), tokens summed, and under expert parallelism the imbalance
 // over every exchange. Other ranks get an empty load. Collective over all ranks; needs
-// ParallelOptions::record_expert_load.
+// ParallelOptions::record_expert_load. With windows (RecordExpertLoadWindows), the counts are
+// the last window's but the imbalance covers the whole run.
 ExpertLoad GatherExpertLoad(const ParallelRun& run);
 ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& recorder, int64_t groups);
 
