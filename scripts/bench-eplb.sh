@@ -73,6 +73,9 @@ for _ in $(seq "$REPEATS"); do
   echo "EPLB R=4:   $(run --expert-placement r4.json --num-redundant-experts 4)"
   echo "online R=4: $(run --eplb-interval 8 --num-redundant-experts 4)"
   grep -h "experts moved" stderr.txt | sed 's/^switchyard: /            /'
+  # Online from the static placement: moves only when the window's samples predict a gain.
+  echo "static+online R=4: $(run --expert-placement r4.json --num-redundant-experts 4 \
+    --eplb-interval 8)"
   # The same two with a token's own rank's replica first, and with an even share per replica.
   for d in own-rank spread; do
     echo "EPLB R=4 $d:   $(run --expert-placement r4.json --num-redundant-experts 4 \
