@@ -4,7 +4,8 @@
 # the load the first run records (R = 0 and R = 4 redundant experts). Prints the measured
 # imbalance, decode throughput and a digest of the tokens (equal in every run) per launch, and
 # online rebalancing (--eplb-interval, R = 4) with what its expert moves cost (experts, bytes,
-# seconds, the longest step while moving); the R = 4 rows again with --replica-dispatch spread.
+# seconds, the longest step while moving). The R = 4 rows use the default replica dispatch
+# (balanced), then again with --replica-dispatch own-rank and spread.
 # Usage: scripts/bench-eplb.sh [BINARY] [REPEATS]
 #   MPIRUN="$PWD/scripts/netns-cluster.sh mpirun 4" runs the ranks on emulated hosts (after
 #   `scripts/netns-cluster.sh up 4`); the default is four ranks on this host. ROUNDS=N sends 8·N
@@ -72,10 +73,14 @@ for _ in $(seq "$REPEATS"); do
   echo "EPLB R=4:   $(run --expert-placement r4.json --num-redundant-experts 4)"
   echo "online R=4: $(run --eplb-interval 8 --num-redundant-experts 4)"
   grep -h "experts moved" stderr.txt | sed 's/^switchyard: /            /'
-  # The same two with every replica an even share of its expert's tokens from every rank.
-  echo "EPLB R=4 spread:   $(run --expert-placement r4.json --num-redundant-experts 4 \
-    --replica-dispatch spread)"
-  echo "online R=4 spread: $(run --eplb-interval 8 --num-redundant-experts 4 \
-    --replica-dispatch spread)"
+  # Online from the static placement: moves only when the window's samples predict a gain.
+  echo "static+online R=4: $(run --expert-placement r4.json --num-redundant-experts 4 \
+    --eplb-interval 8)"
+  # The same two with a token's own rank's replica first, and with an even share per replica.
+  for d in own-rank spread; do
+    echo "EPLB R=4 $d:   $(run --expert-placement r4.json --num-redundant-experts 4 \
+      --replica-dispatch $d)"
+    echo "online R=4 $d: $(run --eplb-interval 8 --num-redundant-experts 4 --replica-dispatch $d)"
+  done
 done
 rm -rf "$work"

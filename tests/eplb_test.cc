@@ -364,6 +364,28 @@ TEST(Eplb, RefinementSeparatesExpertsHotInTheSameExchanges) {
   EXPECT_FALSE(PredictedExchangeImbalance(greedy.value(), LoadOf({{10, 10, 10, 10}})));
 }
 
+// A replicated expert's rows: an even share on each replica's rank, or the least loaded rank's
+// replica first, as --replica-dispatch spread and balanced send them.
+TEST(PredictedExchangeImbalance, ModelsTheReplicaShare) {
+  ExpertPlacement p;
+  p.experts = 3;
+  p.ranks = 2;
+  p.slots_per_rank = 2;
+  p.layers = {0};
+  p.physical = {{0, 2, 1, 2}};  // expert 2 on both ranks
+  ExpertLoad load = LoadOf({{6, 2, 4}});
+  load.exchanges = {{{6, 2, 4}}};
+  // Even: rank 0 gets 6 + 2, rank 1 gets 2 + 2; the mean is 6.
+  EXPECT_DOUBLE_EQ(PredictedExchangeImbalance(p, load, ReplicaShare::kEven).value(), 8.0 / 6.0);
+  // Least loaded: expert 2's four rows all go to rank 1 (2 → 6), level with rank 0.
+  EXPECT_DOUBLE_EQ(PredictedExchangeImbalance(p, load, ReplicaShare::kLeastLoaded).value(), 1.0);
+  EXPECT_DOUBLE_EQ(PredictedExchangeImbalance(p, load).value(), 1.0);  // the default
+  // {3, 2, 7}: rank 1 first (2 → 3), then the rows alternate from the lower rank on: 6 and 6.
+  load.exchanges = {{{3, 2, 7}}};
+  EXPECT_DOUBLE_EQ(PredictedExchangeImbalance(p, load, ReplicaShare::kLeastLoaded).value(), 1.0);
+  EXPECT_DOUBLE_EQ(PredictedExchangeImbalance(p, load, ReplicaShare::kEven).value(), 6.5 / 6.0);
+}
+
 // On random loads with replicas: never worse than the greedy placement by the objective, no
 // rank with fewer distinct experts than before, every expert still placed as often.
 TEST(Eplb, RefinementNeverWorsensAndKeepsReplicas) {
@@ -384,10 +406,10 @@ TEST(Eplb, RefinementNeverWorsensAndKeepsReplicas) {
     const ExpertPlacement greedy = RebalanceExperts(load, options).value();
     load.exchanges = {samples};
     const ExpertPlacement refined = RebalanceExperts(load, options).value();
-    const double before =
-        PredictedExchangeImbalance(greedy, load).value() + PredictedImbalance(greedy, load);
-    const double after =
-        PredictedExchangeImbalance(refined, load).value() + PredictedImbalance(refined, load);
+    const double before = PredictedExchangeImbalance(greedy, load, ReplicaShare::kEven).value() +
+                          PredictedImbalance(greedy, load);
+    const double after = PredictedExchangeImbalance(refined, load, ReplicaShare::kEven).value() +
+                         PredictedImbalance(refined, load);
     EXPECT_LE(after, before + 1e-9) << "trial " << trial;
     std::vector<int32_t> a = greedy.physical[0], b = refined.physical[0];
     std::sort(a.begin(), a.end());

@@ -156,7 +156,7 @@ TEST_P(ExpertPlacementRuns, LogitsMatchTheSingleProcessRun) {
   ASSERT_EQ(RunCommand("SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(c.ranks) + testing::kBinary +
                            args + " --out " + dir + "/online.bin --wire-dtype f32 " +
                            "--num-redundant-experts " + std::to_string(c.redundant) + placement +
-                           " --eplb-interval 2 " + c.flags,
+                           " --eplb-interval 2 --eplb-min-gain -1 " + c.flags,
                        &output),
             0)
       << output;
@@ -164,20 +164,21 @@ TEST_P(ExpertPlacementRuns, LogitsMatchTheSingleProcessRun) {
   EXPECT_EQ(ReadLogits(dir + "/contiguous.bin"), ReadLogits(dir + "/online.bin"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Launches, ExpertPlacementRuns,
-                         ::testing::Values(PlacementCase{2, 2, false, ""},
-                                           PlacementCase{4, 4, true, "--overlap microbatch"},
-                                           PlacementCase{4, 0, true, "--overlap dispatch --tp 2"},
-                                           PlacementCase{4, 4, true, "--replica-dispatch spread"}),
-                         [](const ::testing::TestParamInfo<PlacementCase>& info) {
-                           const PlacementCase& c = info.param;
-                           return "ep" + std::to_string(c.ranks) + "_r" +
-                                  std::to_string(c.redundant) +
-                                  (c.from_eplb ? "_eplb" : "_default") +
-                                  (c.flags.find("--overlap") != std::string::npos ? "_overlap"
-                                                                                  : "") +
-                                  (c.flags.find("spread") != std::string::npos ? "_spread" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Launches, ExpertPlacementRuns,
+    ::testing::Values(PlacementCase{2, 2, false, ""},
+                      PlacementCase{4, 4, true, "--overlap microbatch"},
+                      PlacementCase{4, 0, true, "--overlap dispatch --tp 2"},
+                      PlacementCase{4, 4, true, "--replica-dispatch spread"},
+                      PlacementCase{4, 4, true, "--replica-dispatch own-rank"}),
+    [](const ::testing::TestParamInfo<PlacementCase>& info) {
+      const PlacementCase& c = info.param;
+      return "ep" + std::to_string(c.ranks) + "_r" + std::to_string(c.redundant) +
+             (c.from_eplb ? "_eplb" : "_default") +
+             (c.flags.find("--overlap") != std::string::npos ? "_overlap" : "") +
+             (c.flags.find("spread") != std::string::npos ? "_spread" : "") +
+             (c.flags.find("own-rank") != std::string::npos ? "_own_rank" : "");
+    });
 
 // Runs on a skewed workload: the load measured under EP4, balanced with four redundant experts,
 // then the same generation with the placement — the same tokens, and less imbalance.
@@ -213,6 +214,33 @@ TEST(ExpertPlacementRuns, BalancedPlacementLowersTheMeasuredImbalance) {
   EXPECT_LT(now, was) << output;
 }
 
+// With --eplb-interval the recorder is cleared every window; the run's imbalance must still
+// cover every window, not only the last. Windows that never move (no placement gains 10) route
+// exactly as the static run does, so the sums are the same: integers and quarters, exact in
+// doubles whatever the grouping.
+TEST(ExpertPlacementRuns, TheRunsImbalanceCoversEveryWindow) {
+  const std::string model = std::string(SY_SOURCE_DIR) + "/models/default";
+  const std::string dir = testing::TempDirectory("eplb_windows");
+  const std::string args = " --threads 1 generate --model " + model +
+                           " --prompt 'for (int i = 0; i < n; ++i) x[i] = 0;'"
+                           " --prompt '0123456789 0123456789 0123456789'"
+                           " --prompt '{\"key\": [1, 2, 3]}' --max-tokens 12 --ignore-eos"
+                           " --kv-dtype f32 --json --wire-dtype f32 --num-redundant-experts 4";
+  std::string whole, windows;
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " 2>" + dir + "/err", &whole), 0)
+      << whole << testing::ReadFile(dir + "/err");
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args +
+                           " --eplb-interval 3 --eplb-min-gain 10 2>" + dir + "/err",
+                       &windows),
+            0)
+      << windows << testing::ReadFile(dir + "/err");
+  const std::string said = windows + testing::ReadFile(dir + "/err");
+  EXPECT_NE(said.find("experts kept after 3 steps"), std::string::npos) << said;
+  const nlohmann::json w = GenerateJson(whole), s = GenerateJson(windows);
+  EXPECT_EQ(w["outputs"], s["outputs"]);
+  EXPECT_EQ(w["expert_imbalance"].get<double>(), s["expert_imbalance"].get<double>());
+}
+
 // Online rebalancing: every two steps rank 0 balances the window's load and the experts each
 // rank's new slots need travel from their holders over MPI, on a thread beside the steps, and
 // switch layer by layer at step boundaries — the logits stay the contiguous run's bits, greedy
@@ -231,7 +259,8 @@ TEST(ExpertPlacementRuns, OnlineRebalancingChangesNothingButThePlacement) {
       << output;
   ASSERT_EQ(
       RunCommand("SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(4) + testing::kBinary + args +
-                     " --out " + dir + "/online.bin --num-redundant-experts 4 --eplb-interval 2",
+                     " --out " + dir +
+                     "/online.bin --num-redundant-experts 4 --eplb-interval 2 --eplb-min-gain -1",
                  &output),
       0)
       << output;
@@ -242,12 +271,24 @@ TEST(ExpertPlacementRuns, OnlineRebalancingChangesNothingButThePlacement) {
   // Moved inside the window's step instead of beside the steps: the same bits.
   ASSERT_EQ(
       RunCommand("SWITCHYARD_EXPERT_MOVES=inline " + Mpirun(4) + testing::kBinary + args +
-                     " --out " + dir + "/inline.bin --num-redundant-experts 4 --eplb-interval 2",
+                     " --out " + dir +
+                     "/inline.bin --num-redundant-experts 4 --eplb-interval 2 --eplb-min-gain -1",
                  &output),
       0)
       << output;
   EXPECT_NE(output.find("experts moved: "), std::string::npos) << output;
   EXPECT_EQ(ReadLogits(dir + "/contiguous.bin"), ReadLogits(dir + "/inline.bin"));
+  // A placement must gain at least --eplb-min-gain to be moved to; no placement gains 10.
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " --out " + dir +
+                           "/kept.bin --num-redundant-experts 4 --eplb-interval 2"
+                           " --eplb-min-gain 10",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("experts kept after 2 steps"), std::string::npos) << output;
+  EXPECT_EQ(output.find("experts rebalanced"), std::string::npos) << output;
+  EXPECT_EQ(output.find("experts moved: "), std::string::npos) << output;
+  EXPECT_EQ(ReadLogits(dir + "/contiguous.bin"), ReadLogits(dir + "/kept.bin"));
 
   const std::string model = std::string(SY_SOURCE_DIR) + "/models/default";
   const std::string generate =
@@ -258,9 +299,10 @@ TEST(ExpertPlacementRuns, OnlineRebalancingChangesNothingButThePlacement) {
   std::string one, many;
   ASSERT_EQ(RunCommand(std::string(testing::kBinary) + generate, &one), 0) << one;
   ASSERT_EQ(
-      RunCommand("SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(4) + testing::kBinary + generate +
-                     " --wire-dtype f32 --eplb-interval 3 --num-redundant-experts 4",
-                 &many),
+      RunCommand(
+          "SWITCHYARD_VERIFY_EXPERT_MOVES=1 " + Mpirun(4) + testing::kBinary + generate +
+              " --wire-dtype f32 --eplb-interval 3 --eplb-min-gain -1 --num-redundant-experts 4",
+          &many),
       0)
       << many;
   EXPECT_NE(many.find("experts rebalanced after 3 steps"), std::string::npos) << many;
@@ -278,12 +320,12 @@ TEST(ExpertPlacementRuns, ARankThatDiesWhileExpertsMoveEndsTheJob) {
   auto fixture = testing::LoadFixture("tiny-v3-fp8");
   const std::string dir = testing::TempDirectory("eplb_dies");
   std::string output;
-  const int code = RunCommand("SWITCHYARD_TEST_EXIT_WHILE_MOVING=2 " + Mpirun(4, 120) +
-                                  testing::kBinary + " --threads 1 --f32-products logits --model " +
-                                  fixture.directory + " --tokens '" + fixture.tokens_text +
-                                  "' --decode-from 4 --wire-dtype f32 --out " + dir +
-                                  "/dies.bin --num-redundant-experts 4 --eplb-interval 2",
-                              &output);
+  const int code = RunCommand(
+      "SWITCHYARD_TEST_EXIT_WHILE_MOVING=2 " + Mpirun(4, 120) + testing::kBinary +
+          " --threads 1 --f32-products logits --model " + fixture.directory + " --tokens '" +
+          fixture.tokens_text + "' --decode-from 4 --wire-dtype f32 --out " + dir +
+          "/dies.bin --num-redundant-experts 4 --eplb-interval 2 --eplb-min-gain -1",
+      &output);
   EXPECT_NE(code, 0) << output;
   EXPECT_NE(code, 124) << "timed out: a rank waited for the dead one\n" << output;
   EXPECT_NE(output.find("experts rebalanced"), std::string::npos) << output;

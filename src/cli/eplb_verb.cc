@@ -64,17 +64,24 @@ void RunEplb(const EplbArgs& args) {
     std::printf("predicted imbalance (busiest rank / mean): balanced %.3f\n",
                 PredictedImbalance(placement.value(), load.value()));
   }
-  // What the measured imbalance counts: each exchange's busiest rank (the recording's samples).
+  // What the measured imbalance counts: each exchange's busiest rank (the recording's samples),
+  // with the default dispatch (replicas least loaded first) and with an even share per replica.
   if (auto balanced = PredictedExchangeImbalance(placement.value(), load.value())) {
+    const double even =
+        *PredictedExchangeImbalance(placement.value(), load.value(), ReplicaShare::kEven);
     if (load->experts % args.ep == 0)
-      std::printf("per exchange (%s sampled): contiguous %.3f, balanced %.3f\n",
-                  SampledExchanges(load.value()).c_str(),
-                  *PredictedExchangeImbalance(
-                      DefaultPlacement(load->layers, load->experts, args.ep, 0), load.value()),
-                  *balanced);
+      std::printf(
+          "per exchange (%s sampled): contiguous %.3f, balanced %.3f (%.3f with an even "
+          "share per replica)\n",
+          SampledExchanges(load.value()).c_str(),
+          *PredictedExchangeImbalance(DefaultPlacement(load->layers, load->experts, args.ep, 0),
+                                      load.value()),
+          *balanced, even);
     else
-      std::printf("per exchange (%s sampled): balanced %.3f\n",
-                  SampledExchanges(load.value()).c_str(), *balanced);
+      std::printf(
+          "per exchange (%s sampled): balanced %.3f (%.3f with an even share per "
+          "replica)\n",
+          SampledExchanges(load.value()).c_str(), *balanced, even);
   }
   std::printf("wrote %s\n", args.out.c_str());
 }

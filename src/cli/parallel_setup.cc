@@ -42,11 +42,11 @@ void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
                    "--expert-placement the extra slots replicate experts 0, 1, ...")
       ->check(CLI::NonNegativeNumber);
   verb->add_option("--replica-dispatch", args.replica_dispatch,
-                   "Under mpirun, with redundant experts: own-rank (a token takes the replica on "
-                   "its rank where there is one: fewer bytes on the wire) or spread (every "
-                   "replica an even share of its expert's tokens from every rank: the balance "
-                   "EPLB plans for)")
-      ->check(CLI::IsMember({"own-rank", "spread"}));
+                   "Under mpirun, with redundant experts: balanced (the default: per exchange, "
+                   "to the replica on the rank this rank has sent the fewest rows so far), "
+                   "own-rank (the replica on the token's rank where there is one: fewer bytes on "
+                   "the wire) or spread (every replica an even share of its expert's tokens)")
+      ->check(CLI::IsMember({"own-rank", "spread", "balanced"}));
   verb->add_option("--expert-placement", args.expert_placement,
                    "Under mpirun: the logical experts in each rank's slots per MoE layer, a JSON "
                    "file from `switchyard eplb` (default: contiguous ranges)");
@@ -55,6 +55,10 @@ void AddParallelOptions(CLI::App* verb, ParallelArgs& args) {
                    "window's measured load (DeepSeek's EPLB, --num-redundant-experts R) and load "
                    "the experts that move on every rank; outputs do not change")
       ->check(CLI::NonNegativeNumber);
+  verb->add_option("--eplb-min-gain", args.eplb_min_gain,
+                   "With --eplb-interval: move to a new placement only when it lowers the "
+                   "predicted per-exchange imbalance by at least this much (negative: always)")
+      ->capture_default_str();
   // The server's windowed recording rides along here; generate records its whole run itself.
   if (verb->get_name() == "serve") AddExpertLoadWindowOptions(verb, args);
 }

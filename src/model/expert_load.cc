@@ -126,7 +126,9 @@ Result<ExpertLoad> ParseExpertLoad(const std::string& text, const std::string& s
 
 double ImbalanceOverExchanges(const std::vector<std::vector<int64_t>>& rows,
                               const std::vector<int32_t>& exchange_layer,
-                              std::vector<double>* per_layer, size_t layers) {
+                              std::vector<double>* per_layer, size_t layers,
+                              std::pair<double, double>* sums) {
+  if (sums != nullptr) *sums = {0.0, 0.0};
   if (rows.empty()) return 1.0;
   const size_t ranks = rows.size();
   size_t exchanges = rows[0].size();
@@ -153,6 +155,7 @@ double ImbalanceOverExchanges(const std::vector<std::vector<int64_t>>& rows,
     for (size_t l = 0; l < layers; ++l)
       if (layer_mean[l] > 0) (*per_layer)[l] = layer_busiest[l] / layer_mean[l];
   }
+  if (sums != nullptr) *sums = {busiest, mean};
   return mean > 0 ? busiest / mean : 1.0;
 }
 

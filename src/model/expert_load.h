@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -27,6 +28,8 @@ struct ExpertLoad {
   // Σ over exchanges of the busiest rank's received rows / Σ of the mean rank's (expert
   // parallelism only: each layer of each step, each micro-batch, is one exchange).
   std::optional<double> imbalance;
+  // Its two sums (Σ busiest, Σ mean), so that windows combine into one run's figure.
+  double busiest_rows = 0, mean_rows = 0;
   // The same per layer, in `layers` order (empty without expert parallelism).
   std::vector<double> layer_imbalance;
   // Per layer, routed slots per expert in single exchanges (all ranks summed): a sample of at
@@ -48,10 +51,11 @@ Result<ExpertLoad> ParseExpertLoad(const std::string& json_text, const std::stri
 // Σ busiest / Σ mean over exchanges. rows[r][i]: rows rank r received in exchange i; every
 // rank lists the same exchanges. Exchanges where no rank received anything count nothing.
 // `per_layer` (optional): the same ratio for each exchange's layer, given exchange_layer[i] as
-// an index into the result.
+// an index into the result. `sums` (optional): the two sums themselves.
 double ImbalanceOverExchanges(const std::vector<std::vector<int64_t>>& rows,
                               const std::vector<int32_t>& exchange_layer = {},
-                              std::vector<double>* per_layer = nullptr, size_t layers = 0);
+                              std::vector<double>* per_layer = nullptr, size_t layers = 0,
+                              std::pair<double, double>* sums = nullptr);
 
 // Counts one rank's routed slots per logical expert as the MoE executors route them, and the
 // rows each of its expert-parallel exchanges brought this rank. Thread-safe: the engine's

@@ -209,7 +209,38 @@ std::vector<std::vector<double>> PredictedRankLoads(const ExpertPlacement& p,
   return out;
 }
 
-std::optional<double> PredictedExchangeImbalance(const ExpertPlacement& p, const ExpertLoad& load) {
+namespace {
+
+// One exchange's rows per rank when each replicated expert's rows go to the least loaded of its
+// replicas' ranks (ReplicaShare::kLeastLoaded).
+std::vector<double> LeastLoadedRankLoads(const std::vector<int32_t>& slots, int64_t per_rank,
+                                         int ranks, const std::vector<int64_t>& counts) {
+  std::vector<double> load(static_cast<size_t>(ranks), 0.0);
+  std::vector<std::vector<int>> replica_ranks(counts.size());
+  for (size_t s = 0; s < slots.size(); ++s)
+    if (static_cast<size_t>(slots[s]) < counts.size())
+      replica_ranks[slots[s]].push_back(static_cast<int>(s / static_cast<size_t>(per_rank)));
+  std::vector<size_t> replicated;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (replica_ranks[e].size() == 1) load[replica_ranks[e][0]] += static_cast<double>(counts[e]);
+    if (replica_ranks[e].size() > 1) replicated.push_back(e);
+  }
+  std::stable_sort(replicated.begin(), replicated.end(),
+                   [&](size_t a, size_t b) { return counts[a] > counts[b]; });
+  for (size_t e : replicated)
+    for (int64_t row = 0; row < counts[e]; ++row) {
+      int best = replica_ranks[e][0];
+      for (int r : replica_ranks[e])
+        if (load[r] < load[best]) best = r;
+      load[best] += 1;
+    }
+  return load;
+}
+
+}  // namespace
+
+std::optional<double> PredictedExchangeImbalance(const ExpertPlacement& p, const ExpertLoad& load,
+                                                 ReplicaShare share) {
   // Each sampled exchange as a one-layer load of its own.
   double busiest = 0, mean = 0;
   bool any = false;
@@ -219,7 +250,13 @@ std::optional<double> PredictedExchangeImbalance(const ExpertPlacement& p, const
       one.experts = load.experts;
       one.layers = {load.layers[l]};
       one.counts = {sample};
-      for (const std::vector<double>& ranks : PredictedRankLoads(p, one)) {
+      std::vector<std::vector<double>> per_layer;
+      const std::vector<int32_t>* slots = p.Layer(load.layers[l]);
+      if (share == ReplicaShare::kLeastLoaded && slots != nullptr)
+        per_layer = {LeastLoadedRankLoads(*slots, p.slots_per_rank, p.ranks, sample)};
+      else
+        per_layer = PredictedRankLoads(p, one);
+      for (const std::vector<double>& ranks : per_layer) {
         double total = 0;
         for (double v : ranks)
           total += v;

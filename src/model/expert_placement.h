@@ -58,9 +58,18 @@ std::vector<std::vector<double>> PredictedRankLoads(const ExpertPlacement& place
                                                     const ExpertLoad& load);
 // Σ over layers of the busiest rank's predicted load / Σ of the mean rank's.
 double PredictedImbalance(const ExpertPlacement& placement, const ExpertLoad& load);
+// How an expert's rows in one exchange split over its replicas, as the dispatch rule does it:
+// kEven, an even share each (--replica-dispatch spread, and own-rank's expectation); kLeastLoaded
+// (--replica-dispatch balanced, the default), the single-replica experts' rows first, then each
+// replicated expert's rows one at a time, heaviest expert first, to its replica on the least
+// loaded rank. The recording sums the ranks' exchanges, so this models the senders' own choices
+// as one: a bound the dispatch approaches, not a replay of it.
+enum class ReplicaShare { kEven, kLeastLoaded };
+
 // The same over the sampled single exchanges (ExpertLoad::exchanges) instead of the window's
 // sums: what the measured imbalance counts. nullopt without samples.
 std::optional<double> PredictedExchangeImbalance(const ExpertPlacement& placement,
-                                                 const ExpertLoad& load);
+                                                 const ExpertLoad& load,
+                                                 ReplicaShare share = ReplicaShare::kLeastLoaded);
 
 }  // namespace sy

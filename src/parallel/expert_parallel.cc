@@ -223,7 +223,7 @@ void ExpertDispatcher::CombineRecv(float* out) {
 ExpertParallelMoe::ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire,
                                      OverlapMode overlap, const ExpertPlacement* placement,
                                      ReplicaDispatch replicas)
-    : overlap_(overlap), replica_dispatch_(replicas), rank_(comm.rank()) {
+    : overlap_(overlap), replica_dispatch_(replicas), rank_(comm.rank()), ranks_(comm.size()) {
   const int64_t physical =
       placement != nullptr ? placement->slots_per_rank * comm.size() : config.n_routed_experts;
   slots_.reserve(kSlots);
@@ -259,13 +259,42 @@ void ExpertParallelMoe::SetPlacement(const ExpertPlacement& placement) {
 void ExpertParallelMoe::ToPhysical(const LayerRoute& route, ExpertRouting& routing) const {
   const int64_t K = routing.top_k;
   std::vector<int32_t> logical = routing.expert_ids;
-  for (size_t slot = 0; slot < logical.size(); ++slot) {
-    const int32_t e = logical[slot];
-    const int64_t token = static_cast<int64_t>(slot) / K;
-    const std::vector<int32_t>& replicas = route.replicas[e];
-    routing.expert_ids[slot] = route.own[e] >= 0
-                                   ? route.own[e]
-                                   : replicas[static_cast<size_t>(token + rank_) % replicas.size()];
+  if (replica_dispatch_ == ReplicaDispatch::kBalanced) {
+    const size_t per_rank = route.slots.size() / static_cast<size_t>(ranks_);
+    // Rows sent to each rank in this exchange: the slots with one choice first, then each
+    // slot with several to its least-sent-to replica's rank (ties: from replica (token + rank)
+    // on, the spread rule's choice).
+    std::vector<int64_t> sent(static_cast<size_t>(ranks_), 0);
+    for (size_t slot = 0; slot < logical.size(); ++slot) {
+      const std::vector<int32_t>& replicas = route.replicas[logical[slot]];
+      if (replicas.size() == 1) {
+        routing.expert_ids[slot] = replicas[0];
+        ++sent[static_cast<size_t>(replicas[0]) / per_rank];
+      }
+    }
+    for (size_t slot = 0; slot < logical.size(); ++slot) {
+      const std::vector<int32_t>& replicas = route.replicas[logical[slot]];
+      if (replicas.size() == 1) continue;
+      const size_t n = replicas.size();
+      const size_t first = static_cast<size_t>(static_cast<int64_t>(slot) / K + rank_) % n;
+      int32_t best = replicas[first];
+      for (size_t i = 1; i < n; ++i) {
+        const int32_t p = replicas[(first + i) % n];
+        if (sent[static_cast<size_t>(p) / per_rank] < sent[static_cast<size_t>(best) / per_rank])
+          best = p;
+      }
+      routing.expert_ids[slot] = best;
+      ++sent[static_cast<size_t>(best) / per_rank];
+    }
+  } else {
+    for (size_t slot = 0; slot < logical.size(); ++slot) {
+      const int32_t e = logical[slot];
+      const int64_t token = static_cast<int64_t>(slot) / K;
+      const std::vector<int32_t>& replicas = route.replicas[e];
+      routing.expert_ids[slot] =
+          route.own[e] >= 0 ? route.own[e]
+                            : replicas[static_cast<size_t>(token + rank_) % replicas.size()];
+    }
   }
   SortByExpert(routing, static_cast<int64_t>(route.slots.size()));
   // FinalizeRouting orders each token's sum by these ids: the logical ones, as in one process.

@@ -75,7 +75,11 @@ enum class OverlapMode { kNone, kDispatch, kMicrobatch };
 // gets an even share of its expert's load from every rank — the split EPLB's balance assumes
 // (plan/eplb.h); own-rank loads a replica with its whole rank's share, which differs by rank
 // when the ranks serve different requests. SGLang calls these "static" and "dynamic".
-enum class ReplicaDispatch { kOwnRank, kSpread };
+// balanced: per exchange, each slot whose expert has several replicas goes to the replica on
+// the rank this rank has so far sent the fewest rows (counting its single-replica slots first):
+// from the rank's own routing only, so no extra communication, and a step's busiest rank sits
+// closer to the mean than an even share per replica puts it.
+enum class ReplicaDispatch { kOwnRank, kSpread, kBalanced };
 
 // Runs MoE layers expert-parallel over `comm`. Each rank must hold the experts of its slots —
 // [rank·E/N, (rank+1)·E/N) without a placement, else those the placement gives it in each layer
@@ -84,14 +88,14 @@ enum class ReplicaDispatch { kOwnRank, kSpread };
 //
 // With a placement, each routed slot goes to one replica of its logical expert (ReplicaDispatch):
 // the one on this rank if there is one, else replica (token + rank) mod replicas — deterministic,
-// and spread evenly. The weighted sum still adds a token's experts in ascending logical order, so
-// outputs do not depend on the placement.
+// and spread evenly — or the least-sent-to rank's (kBalanced). The weighted sum still adds a
+// token's experts in ascending logical order, so outputs do not depend on the placement.
 class ExpertParallelMoe final : public MoeExecutor {
  public:
   // placement: null for the contiguous one; else checked against the model (CheckPlacement).
   ExpertParallelMoe(Communicator& comm, const ModelConfig& config, DType wire, OverlapMode overlap,
                     const ExpertPlacement* placement = nullptr,
-                    ReplicaDispatch replicas = ReplicaDispatch::kOwnRank);
+                    ReplicaDispatch replicas = ReplicaDispatch::kBalanced);
   void Run(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
            int64_t tokens, float* out) override;
   void Begin(const ModelConfig& config, const MoeWeights& weights, int64_t layer, const float* x,
@@ -141,6 +145,7 @@ class ExpertParallelMoe final : public MoeExecutor {
   OverlapMode overlap_;
   ReplicaDispatch replica_dispatch_;
   int rank_ = 0;
+  int ranks_ = 1;
   std::vector<int64_t> route_layers_;  // ascending, parallel to routes_
   std::vector<LayerRoute> routes_;
 };

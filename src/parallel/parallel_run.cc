@@ -105,6 +105,7 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
     }
   }
   run.rebalance = local_ok && args.eplb_interval > 0;
+  run.eplb_min_gain = args.eplb_min_gain;
   if (local_ok && (args.record_expert_load || run.rebalance)) {
     const ModelConfig& c = run.model->config();
     run.load = std::make_unique<ExpertLoadRecorder>(MoeLayers(c, run.model->has_mtp()),
@@ -142,7 +143,9 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
       : args.wire_dtype == "fp8" ? DType::kF8E4M3
                                  : DType::kBF16,
       overlap, run.placement.get(),
-      args.replica_dispatch == "spread" ? ReplicaDispatch::kSpread : ReplicaDispatch::kOwnRank);
+      args.replica_dispatch == "spread"     ? ReplicaDispatch::kSpread
+      : args.replica_dispatch == "balanced" ? ReplicaDispatch::kBalanced
+                                            : ReplicaDispatch::kOwnRank);
   run.moe->set_load_recorder(run.load.get());
   if (run.rebalance) RecordExpertLoadWindows(run, args.eplb_interval, nullptr);
   if (run.tp > 1) {
@@ -176,7 +179,14 @@ std::vector<int64_t> MoeLayers(const ModelConfig& c, bool with_mtp) {
 }
 
 ExpertLoad GatherExpertLoad(const ParallelRun& run) {
-  return GatherExpertLoad(*run.comm, *run.load, run.model->config().n_group);
+  ExpertLoad load = GatherExpertLoad(*run.comm, *run.load, run.model->config().n_group);
+  // The recorder holds only what came after the last window: add the windows before it.
+  if (load.imbalance && run.closed_windows && run.closed_windows->second > 0) {
+    load.busiest_rows += run.closed_windows->first;
+    load.mean_rows += run.closed_windows->second;
+    load.imbalance = load.mean_rows > 0 ? load.busiest_rows / load.mean_rows : 1.0;
+  }
+  return load;
 }
 
 ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& recorder,
@@ -234,9 +244,13 @@ ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& record
         c += *counts++;
     per_rank_rows.emplace_back(counts, counts + exchanges);
   }
-  if (comm.size() > 1)
+  if (comm.size() > 1) {
+    std::pair<double, double> sums;
     load.imbalance = ImbalanceOverExchanges(per_rank_rows, exchange_layer, &load.layer_imbalance,
-                                            load.layers.size());
+                                            load.layers.size(), &sums);
+    load.busiest_rows = sums.first;
+    load.mean_rows = sums.second;
+  }
   return load;
 }
 
@@ -252,6 +266,8 @@ struct OnlineRebalance {
   std::vector<double> quiet_steps;
   std::chrono::steady_clock::time_point last_step;
   double quiet_median = 0;
+  // The least predicted fall in the imbalance a new placement must bring (ParallelOptions).
+  double min_gain = 0;
 };
 
 namespace {
@@ -273,9 +289,22 @@ void StartRebalance(Communicator& comm, const ExpertLoad& load, int64_t groups, 
     if (next.ok()) {
       // The balancer numbers its ranks afresh; renamed, they keep what they hold where they can.
       next = KeepHeldExperts(next.value(), placement, options.nodes);
-      text = ExpertPlacementToJson(next.value());
-      before = PredictedImbalance(placement, load);
-      after = PredictedImbalance(next.value(), load);
+      // Judged on the sampled exchanges (what the measured imbalance counts) where there are
+      // some: a new placement that the samples say gains less than the margin is noise from
+      // one window, and moving to it costs a slower step for nothing.
+      const auto sampled_before = PredictedExchangeImbalance(placement, load);
+      const auto sampled_after = PredictedExchangeImbalance(next.value(), load);
+      before = sampled_before.value_or(PredictedImbalance(placement, load));
+      after = sampled_after.value_or(PredictedImbalance(next.value(), load));
+      if (before - after >= state.min_gain) {
+        text = ExpertPlacementToJson(next.value());
+      } else {
+        std::fprintf(stderr,
+                     "switchyard: experts kept after %lld steps: predicted imbalance %.3f -> "
+                     "%.3f gains less than %.2f (measured %.3f)\n",
+                     static_cast<long long>(load.steps), before, after, state.min_gain,
+                     load.imbalance.value_or(1.0));
+      }
     } else {
       std::fprintf(stderr, "switchyard: experts not rebalanced: %s\n",
                    next.status().message().c_str());
@@ -348,11 +377,16 @@ void RecordExpertLoadWindows(ParallelRun& run, int64_t steps,
   if (model != nullptr) {
     run.online_rebalance = std::make_shared<OnlineRebalance>();
     state = run.online_rebalance.get();
+    state->min_gain = run.eplb_min_gain;
     recorder->SetStepBegin([comm, state] { ContinueRebalance(*comm, *state); });
   }
+  run.closed_windows = std::make_shared<std::pair<double, double>>(0.0, 0.0);
+  std::shared_ptr<std::pair<double, double>> closed = run.closed_windows;
   recorder->SetWindow(steps, [=, on_window = std::move(on_window)] {
     const ExpertLoad load = GatherExpertLoad(*comm, *recorder, groups);
     recorder->Clear();
+    closed->first += load.busiest_rows;
+    closed->second += load.mean_rows;
     // A window that ends while experts still move keeps the placement being moved to.
     if (model != nullptr && state->migration == nullptr)
       StartRebalance(*comm, load, groups, *model, *moe, *placement, *state);

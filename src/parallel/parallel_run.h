@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -27,7 +28,7 @@ struct ParallelOptions {
   std::string attention_split = "heads";  // heads | sp-tp-sp
   std::string progress_thread = "on";     // a thread advancing started exchanges
   int64_t redundant_experts = 0;          // R: each rank holds (E + R) / N physical experts
-  std::string replica_dispatch = "own-rank";  // own-rank | spread (ReplicaDispatch)
+  std::string replica_dispatch = "balanced";  // own-rank | spread | balanced (ReplicaDispatch)
   std::string expert_placement;               // a placement file (`switchyard eplb`); "" = default
   bool record_expert_load = false;            // count routed slots per expert (ParallelRun::load)
   // serve: each window's load to this file, its imbalance to /metrics (cli/parallel_setup.h)
@@ -36,6 +37,10 @@ struct ParallelOptions {
   // Online expert rebalancing under mpirun: every this many steps a new placement from the
   // window's load (plan/eplb.h), the experts that change loaded on every rank; 0: never.
   int64_t eplb_interval = 0;
+  // A new placement is moved to only when it lowers the predicted per-exchange imbalance by at
+  // least this much: windows of 8 steps on bench-eplb.sh's skewed workload swung it by about
+  // ±0.02 from one to the next with no gain overall. Negative: move to every new placement.
+  double eplb_min_gain = 0.02;
 };
 
 struct OnlineRebalance;  // parallel_run.cc: the expert move in progress
@@ -51,6 +56,7 @@ struct ParallelRun {
   std::unique_ptr<ExpertLoadRecorder> load;    // with ParallelOptions::record_expert_load
   std::unique_ptr<LocalMoe> local_moe;         // one rank, recording: experts in this process
   bool rebalance = false;                      // ParallelOptions::eplb_interval > 0
+  double eplb_min_gain = 0;                    // ParallelOptions::eplb_min_gain
   int tp = 1;
   int dp_group = 0;
   bool sequence_parallel = false;  // SP-TP-SP attention: each rank holds a token shard
@@ -70,6 +76,9 @@ struct ParallelRun {
   bool Owns(size_t sequence) const { return static_cast<int>(sequence % dp()) == dp_group; }
   // The first rank of the group reports the group's results.
   bool Reports(size_t sequence) const { return Owns(sequence) && comm->rank() % tp == 0; }
+  // Σ busiest and Σ mean rows of the windows RecordExpertLoadWindows has closed (and cleared
+  // from the recorder): GatherExpertLoad(run) adds them, so a run's imbalance covers all of it.
+  std::shared_ptr<std::pair<double, double>> closed_windows;
   // Online rebalancing's state (RecordExpertLoadWindows). Last: it is destroyed first, its
   // moving thread joined before the model it reads goes.
   std::shared_ptr<OnlineRebalance> online_rebalance;
@@ -87,7 +96,8 @@ std::vector<int64_t> MoeLayers(const ModelConfig& config, bool with_mtp);
 // Rank 0 receives the expert load recorded on every rank since the last Clear: counts summed,
 // steps (every rank steps alike), tokens summed, and under expert parallelism the imbalance
 // over every exchange. Other ranks get an empty load. Collective over all ranks; needs
-// ParallelOptions::record_expert_load.
+// ParallelOptions::record_expert_load. With windows (RecordExpertLoadWindows), the counts are
+// the last window's but the imbalance covers the whole run.
 ExpertLoad GatherExpertLoad(const ParallelRun& run);
 ExpertLoad GatherExpertLoad(Communicator& comm, const ExpertLoadRecorder& recorder, int64_t groups);
 
