@@ -8,8 +8,10 @@
 # Two `bench serve` loads run at once against the router, both open-loop (Poisson arrivals at a
 # fixed rate), so both setups are offered the same load and, if they sustain it, serve the same
 # throughput; latency is then compared at equal throughput:
-#   DECODE streams: DECODE_PROMPTS prompts of 64 tokens, 256 out, Poisson DECODE_RATE/s;
-#   LONG prompts:   LONG_PROMPTS prompts of LONG_LEN tokens, 16 out, Poisson LONG_RATE/s, starting
+#   DECODE streams: DECODE_PROMPTS (192) prompts of 64 tokens, DECODE_OUT (256) out, Poisson
+#                   DECODE_RATE (8)/s;
+#   LONG prompts:   LONG_PROMPTS (16) prompts of LONG_LEN (1,536) tokens, 16 out, Poisson LONG_RATE
+#                   (1)/s, starting
 #                   LONG_DELAY s later and ending before the decode load does, so every long
 #                   prompt arrives while streams decode.
 # Every request generates exactly its output length (bench serve sends ignore_eos). Reported per
@@ -46,7 +48,7 @@ if [ "$workload" = closed ]; then
   decode_load=(--num-prompts 32 --concurrency 8); long_load=(--num-prompts 8 --request-rate 0.5)
   long_len=1536 long_delay=1 decode_out=256
 elif [ "$workload" = open ]; then
-  decode_load=(--num-prompts "${DECODE_PROMPTS:-96}" --request-rate "${DECODE_RATE:-4}")
+  decode_load=(--num-prompts "${DECODE_PROMPTS:-192}" --request-rate "${DECODE_RATE:-8}")
   long_load=(--num-prompts "${LONG_PROMPTS:-16}" --request-rate "${LONG_RATE:-1}")
   long_len="${LONG_LEN:-1536}" long_delay="${LONG_DELAY:-2}" decode_out="${DECODE_OUT:-256}"
 else
