@@ -11,9 +11,8 @@
 #   DECODE streams: DECODE_PROMPTS (192) prompts of 64 tokens, DECODE_OUT (256) out, Poisson
 #                   DECODE_RATE (8)/s;
 #   LONG prompts:   LONG_PROMPTS (16) prompts of LONG_LEN (1,536) tokens, 16 out, Poisson LONG_RATE
-#                   (1)/s, starting
-#                   LONG_DELAY s later and ending before the decode load does, so every long
-#                   prompt arrives while streams decode.
+#                   (1)/s, starting LONG_DELAY (2) s later and ending before the decode load
+#                   does, so every long prompt arrives while streams decode.
 # Every request generates exactly its output length (bench serve sends ignore_eos). Reported per
 # repeat: the decode load's ITL and TPOT (median, p99), the long prompts' TTFT (median, p99),
 # throughput of both loads together (req/s and output tok/s over the whole run) and goodput
@@ -23,10 +22,13 @@
 # request's stream, and tpot, its mean, is judged beside it); then the medians over the repeats,
 # and disaggregated / colocated.
 # Knobs (environment): MODEL (a model directory, or "bench": `init-model --preset bench`, written
-# once under OUT), CHUNK (serve --max-num-batched-tokens: tokens one step computes, decode tokens
-# plus prefill chunks), the load sizes above, OUT (where logs and JSON go). WORKLOAD=closed runs
-# the fourteenth session's earlier workload (32 decode streams at concurrency 8, 8 long prompts
-# at 0.5/s), whose decode load ends about when the long prompts begin.
+# once under OUT; on one core it needs a load scaled down to it, e.g. the one in
+# docs/benchmarks.md), CHUNK (serve --max-num-batched-tokens: tokens one step computes, decode
+# tokens plus prefill chunks; 64 by default, the budget a deployment picks from its ITL SLO as
+# Sarathi-Serve does: a 64-token chunk of the default model takes 13-20 ms on one core, within
+# the SLO's 20 ms gap), the load sizes above, OUT (where logs and JSON go). WORKLOAD=closed runs
+# the thirteenth session's workload (32 decode streams at concurrency 8, 8 long prompts at 0.5/s,
+# CHUNK 512), whose decode load ends about when the long prompts begin.
 # Usage: [GOODPUT="ttft:1500 itl:20"] [MODEL=DIR|bench] scripts/bench-disagg.sh [REPEATS (3)]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -42,8 +44,8 @@ if [ "$model" = bench ]; then
 fi
 [ -f "$model/config.json" ] || { echo "MODEL: no config.json in $model"; exit 2; }
 vocab="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$model/config.json")"
-chunk="${CHUNK:-64}"
 workload="${WORKLOAD:-open}"
+chunk="${CHUNK:-$([ "$workload" = closed ] && echo 512 || echo 64)}"
 if [ "$workload" = closed ]; then
   decode_load=(--num-prompts 32 --concurrency 8); long_load=(--num-prompts 8 --request-rate 0.5)
   long_len=1536 long_delay=1 decode_out=256
