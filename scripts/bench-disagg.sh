@@ -26,9 +26,11 @@
 # docs/benchmarks.md), CHUNK (serve --max-num-batched-tokens: tokens one step computes, decode
 # tokens plus prefill chunks; 64 by default, the budget a deployment picks from its ITL SLO as
 # Sarathi-Serve does: a 64-token chunk of the default model takes 13-20 ms on one core, within
-# the SLO's 20 ms gap), the load sizes above, OUT (where logs and JSON go). WORKLOAD=closed runs
-# the thirteenth session's workload (32 decode streams at concurrency 8, 8 long prompts at 0.5/s,
-# CHUNK 512), whose decode load ends about when the long prompts begin.
+# the SLO's 20 ms gap), PREFILL_CHUNK (the same for the --role prefill instance, which has no
+# decoding streams to keep within the SLO: 512 by default), the load sizes above, OUT (where logs
+# and JSON go). WORKLOAD=closed runs the thirteenth session's workload (32 decode streams at
+# concurrency 8, 8 long prompts at 0.5/s, CHUNK 512 everywhere), whose decode load ends about when
+# the long prompts begin.
 # Usage: [GOODPUT="ttft:1500 itl:20"] [MODEL=DIR|bench] scripts/bench-disagg.sh [REPEATS (3)]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -46,6 +48,7 @@ fi
 vocab="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$model/config.json")"
 workload="${WORKLOAD:-open}"
 chunk="${CHUNK:-$([ "$workload" = closed ] && echo 512 || echo 64)}"
+prefill_chunk="${PREFILL_CHUNK:-$([ "$workload" = closed ] && echo "$chunk" || echo 512)}"
 if [ "$workload" = closed ]; then
   decode_load=(--num-prompts 32 --concurrency 8); long_load=(--num-prompts 8 --request-rate 0.5)
   long_len=1536 long_delay=1 decode_out=256
@@ -72,8 +75,10 @@ start() {
 }
 instance() {  # CORE ROLE: sets $address
   local port; port="$(free_port)"
+  local budget="$chunk"
+  [ "$2" = prefill ] && budget="$prefill_chunk"
   start "instance-$1-$2" taskset -c "$1" "$bin" --threads 1 serve --model "$model" --port 0 \
-    --grpc-port "$port" --role "$2" --kv-cache-tokens 16384 --max-num-batched-tokens "$chunk"
+    --grpc-port "$port" --role "$2" --kv-cache-tokens 16384 --max-num-batched-tokens "$budget"
   address="127.0.0.1:$port"
 }
 
@@ -98,7 +103,7 @@ run() {  # SETUP REPEAT
   cleanup; pids=()
 }
 
-echo "== mixed workload ($workload), model $model, chunk $chunk, $repeats repeats, goodput SLO \"$goodput\" ($(lscpu | sed -n 's/Model name: *//p'), $(nproc) cores, $(date -u +%FT%TZ))"
+echo "== mixed workload ($workload), model $model, chunk $chunk (prefill instance $prefill_chunk), $repeats repeats, goodput SLO \"$goodput\" ($(lscpu | sed -n 's/Model name: *//p'), $(nproc) cores, $(date -u +%FT%TZ))"
 for r in $(seq "$repeats"); do
   for setup in colocated disaggregated; do run "$setup" "$r"; done
 done
