@@ -37,7 +37,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${SWITCHYARD_BINARY:-$root/build/switchyard}"
 repeats="${1:-3}"
 goodput="${GOODPUT:-ttft:1500 itl:20}"
-out="${OUT:-${TMPDIR:-/tmp}/bench-disagg-$USER}"
+out="${OUT:-${TMPDIR:-/tmp}/bench-disagg-$(id -un)}"
 mkdir -p "$out"
 model="${MODEL:-$root/models/default}"
 if [ "$model" = bench ]; then
