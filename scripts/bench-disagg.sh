@@ -22,16 +22,21 @@
 # request's stream, and tpot, its mean, is judged beside it); then the medians over the repeats,
 # and disaggregated / colocated.
 # Knobs (environment): MODEL (a model directory, or "bench": `init-model --preset bench`, written
-# once under OUT; on one core it needs a load scaled down to it, e.g. the one in
-# docs/benchmarks.md), CHUNK (serve --max-num-batched-tokens: tokens one step computes, decode
+# once under OUT; on one core it needs a load scaled down to it, as WORKLOAD=bench sets), CHUNK
+# (serve --max-num-batched-tokens: tokens one step computes, decode
 # tokens plus prefill chunks; 64 by default, the budget a deployment picks from its ITL SLO as
 # Sarathi-Serve does: a 64-token chunk of the default model takes 13-20 ms on one core, within
 # the SLO's 20 ms gap), PREFILL_CHUNK (the same for the --role prefill instance, which has no
 # decoding streams to keep within the SLO: 512 by default), the load sizes above, OUT (where logs
-# and JSON go). WORKLOAD=closed runs the thirteenth session's workload (32 decode streams at
-# concurrency 8, 8 long prompts at 0.5/s, CHUNK 512 everywhere), whose decode load ends about when
-# the long prompts begin.
-# Usage: [GOODPUT="ttft:1500 itl:20"] [MODEL=DIR|bench] scripts/bench-disagg.sh [REPEATS (3)]
+# and JSON go). WORKLOAD=bench: the bench preset (`init-model --preset bench`, about 1 GB, written
+# once under OUT; its decode steps are memory-bound, 40-120 ms on a core, as a real model's are)
+# with loads sized to it: 32 decode prompts of 64 tokens, 32 out, 0.4/s; 8 long prompts of 256
+# tokens at 0.12/s from 5 s on; CHUNK 32 (about 200 ms a chunk step, within the SLO gap),
+# PREFILL_CHUNK 256, GOODPUT "ttft:5000 itl:300"; about 3 minutes a repeat. WORKLOAD=closed runs
+# the thirteenth session's workload (32 decode streams at concurrency 8, 8 long prompts at 0.5/s,
+# CHUNK 512 everywhere), whose decode load ends about when the long prompts begin.
+# Usage: [WORKLOAD=open|bench|closed] [GOODPUT="ttft:1500 itl:20"] [MODEL=DIR|bench]
+#        scripts/bench-disagg.sh [REPEATS (3)]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${SWITCHYARD_BINARY:-$root/build/switchyard}"
@@ -39,26 +44,31 @@ repeats="${1:-3}"
 goodput="${GOODPUT:-ttft:1500 itl:20}"
 out="${OUT:-${TMPDIR:-/tmp}/bench-disagg-$(id -un)}"
 mkdir -p "$out"
-model="${MODEL:-$root/models/default}"
+workload="${WORKLOAD:-open}"
+case "$workload" in
+  open)  # the trained default model
+    model="${MODEL:-$root/models/default}" chunk="${CHUNK:-64}" prefill_chunk="${PREFILL_CHUNK:-512}"
+    decode_load=(--num-prompts "${DECODE_PROMPTS:-192}" --request-rate "${DECODE_RATE:-8}")
+    long_load=(--num-prompts "${LONG_PROMPTS:-16}" --request-rate "${LONG_RATE:-1}")
+    long_len="${LONG_LEN:-1536}" long_delay="${LONG_DELAY:-2}" decode_out="${DECODE_OUT:-256}" ;;
+  bench)  # the bench preset: decode steps of 40-120 ms a core, prefill 6 ms a token
+    model="${MODEL:-bench}" chunk="${CHUNK:-32}" prefill_chunk="${PREFILL_CHUNK:-256}"
+    goodput="${GOODPUT:-ttft:5000 itl:300}"
+    decode_load=(--num-prompts "${DECODE_PROMPTS:-32}" --request-rate "${DECODE_RATE:-0.4}")
+    long_load=(--num-prompts "${LONG_PROMPTS:-8}" --request-rate "${LONG_RATE:-0.12}")
+    long_len="${LONG_LEN:-256}" long_delay="${LONG_DELAY:-5}" decode_out="${DECODE_OUT:-32}" ;;
+  closed)
+    model="${MODEL:-$root/models/default}" chunk="${CHUNK:-512}" prefill_chunk="${PREFILL_CHUNK:-$chunk}"
+    decode_load=(--num-prompts 32 --concurrency 8); long_load=(--num-prompts 8 --request-rate 0.5)
+    long_len=1536 long_delay=1 decode_out=256 ;;
+  *) echo "WORKLOAD: open, bench or closed, not $workload"; exit 2 ;;
+esac
 if [ "$model" = bench ]; then
   model="$out/model-bench"
   [ -f "$model/config.json" ] || "$bin" init-model --preset bench --out "$model"
 fi
 [ -f "$model/config.json" ] || { echo "MODEL: no config.json in $model"; exit 2; }
 vocab="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$model/config.json")"
-workload="${WORKLOAD:-open}"
-chunk="${CHUNK:-$([ "$workload" = closed ] && echo 512 || echo 64)}"
-prefill_chunk="${PREFILL_CHUNK:-$([ "$workload" = closed ] && echo "$chunk" || echo 512)}"
-if [ "$workload" = closed ]; then
-  decode_load=(--num-prompts 32 --concurrency 8); long_load=(--num-prompts 8 --request-rate 0.5)
-  long_len=1536 long_delay=1 decode_out=256
-elif [ "$workload" = open ]; then
-  decode_load=(--num-prompts "${DECODE_PROMPTS:-192}" --request-rate "${DECODE_RATE:-8}")
-  long_load=(--num-prompts "${LONG_PROMPTS:-16}" --request-rate "${LONG_RATE:-1}")
-  long_len="${LONG_LEN:-1536}" long_delay="${LONG_DELAY:-2}" decode_out="${DECODE_OUT:-256}"
-else
-  echo "WORKLOAD: open or closed, not $workload"; exit 2
-fi
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
