@@ -152,21 +152,32 @@ def test_mtp_on_both_sides_gives_the_colocated_output_greedy_and_seeded():
 # on the other. Every process keeps f32 products and exchanges f32 rows: expert parallelism sums
 # the experts' rows in another order than one process does, equal in f32 to ~1e-7
 # (test_mpi_serving.py), so tokens are compared across layouts in the default mode; under
-# --batch-invariant the log-probability bits are compared too (the last two cases).
-# The last cases: one DP group of TP 2, whose two ranks both install the received rows (decode)
+# --batch-invariant the log-probability bits are compared too (the last four cases, two with MTP:
+# its drafts are verified in steps whose rows are computed as in any other step). TP layouts are
+# compared in tokens only: a TP group sums each product's partial sums across its ranks, in
+# another order than one process's single sum, so their last bits differ from a TP 1 colocated
+# process's by design, and equal to a colocated TP 2 group's (the last case).
+# The TP cases: one DP group of TP 2, whose two ranks both install the received rows (decode)
 # or whose first rank reports the rows both computed (prefill).
 @pytest.mark.parametrize("prefill_ranks,prefill_tp,decode_ranks,decode_tp,extra", [
     (2, 1, 1, 1, []), (1, 1, 2, 1, MTP), (2, 1, 1, 1, MTP), (2, 1, 2, 2, []), (2, 2, 2, 1, []),
-    (2, 1, 1, 1, ["--batch-invariant"]), (1, 1, 2, 1, ["--batch-invariant"])],
+    (2, 1, 1, 1, ["--batch-invariant"]), (1, 1, 2, 1, ["--batch-invariant"]),
+    (2, 1, 1, 1, [*MTP, "--batch-invariant"]), (1, 1, 2, 1, [*MTP, "--batch-invariant"]),
+    (2, 2, 2, 2, [*MTP, "--batch-invariant"])],
     ids=["prefill_ep2-decode_1", "prefill_1-decode_ep2-mtp", "prefill_ep2-decode_1-mtp",
          "prefill_ep2-decode_tp2", "prefill_tp2-decode_ep2", "prefill_ep2-decode_1-bits",
-         "prefill_1-decode_ep2-bits"])
+         "prefill_1-decode_ep2-bits", "prefill_ep2-decode_1-mtp-bits",
+         "prefill_1-decode_ep2-mtp-bits", "prefill_tp2-decode_tp2-mtp-bits-against_tp2"])
 def test_prefill_and_decode_jobs_of_other_layouts_give_the_colocated_output(
         prefill_ranks, prefill_tp, decode_ranks, decode_tp, extra):
     exact = ["--f32-products", "--wire-dtype", "f32", *extra]
     procs = []
     try:
-        colocated = start_instance(None, *exact, role="both")
+        # TP 2 on both sides is compared with a colocated TP 2 group: the same sums, so the
+        # same bits.
+        tp2 = prefill_tp == decode_tp == 2
+        colocated = start_instance(None, *exact, role="both", ranks=2 if tp2 else 1,
+                                   tp=2 if tp2 else 1)
         procs.append(colocated)
         prefill = start_instance(None, *exact, role="prefill", ranks=prefill_ranks, tp=prefill_tp)
         procs.append(prefill)
