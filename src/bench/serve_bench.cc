@@ -9,6 +9,7 @@
 #include <cmath>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -181,7 +182,10 @@ class Client {
 
   void Receive(double start, RequestRecord& record) {
     http::response_parser<http::buffer_body> parser;
-    parser.body_limit(boost::none);
+    // No limit, spelled as the largest: Boost 1.81's parser compares a Content-Length against
+    // an empty optional as greater, so body_limit(boost::none) refuses every error reply (which
+    // has one) with "body limit exceeded" and hides the server's message.
+    parser.body_limit(std::numeric_limits<std::uint64_t>::max());
     beast::error_code ec;
     http::read_header(*stream_, buffer_, parser, ec);
     if (ec) {

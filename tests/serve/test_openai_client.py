@@ -328,3 +328,13 @@ def test_bench_serve_reports_vllms_keys(server):
     assert result["request_goodput"] == result["request_throughput"]
     assert 0 < result["median_ttft_ms"] <= result["median_e2el_ms"]
     assert all(e == "" for e in result["errors"])
+    # A request the server refuses is reported with the server's own message (ids beyond the
+    # model's vocabulary here), not the HTTP reader's.
+    out = subprocess.run(
+        [BINARY, "bench", "serve", "--url", server.url, "--num-prompts", "2", "--input-len", "8",
+         "--output-len", "2", "--vocab-size", "100000", "--seed", "3", "--json"],
+        check=True, capture_output=True, text=True).stdout
+    refused = json.loads(out)
+    assert refused["completed"] == 0
+    assert all(e.startswith("HTTP 400: ") and "is not a token id" in e for e in refused["errors"]), \
+        refused["errors"]
