@@ -11,6 +11,7 @@
 
 #include "base/thread_pool.h"
 #include "kernels/cpu/isa_level.h"
+#include "kernels/cpu/row_tiles.h"
 #include "tensor/ggml_quants.h"
 
 namespace sy::kernels {
@@ -510,18 +511,6 @@ bool CpuHasVnni() {
 }
 #endif
 
-// Rows split into near-equal tiles of at most max_rows.
-template <typename Body>
-void ForEachTile(int64_t m, int64_t max_rows, Body body) {
-  const int64_t tiles = (m + max_rows - 1) / max_rows;
-  int64_t row = 0;
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t count = (m - row) / (tiles - t);
-    body(row, count);
-    row += count;
-  }
-}
-
 }  // namespace
 
 GgmlKernel ActiveGgmlKernel() {
@@ -584,12 +573,12 @@ void GgmlPanels(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w
     std::fill(state.begin(), state.end(), 0.0f);
 #if defined(__x86_64__)
     if (kernel == GgmlKernel::kAvx512Vnni) {
-      ForEachTile(m, kMaxTileRows, [&](int64_t row, int64_t count) {
+      ForEachRowTile(m, kMaxTileRows, [&](int64_t, int64_t row, int64_t count) {
         TileAny<false>(count, x.Codes(first + row), x.stride, x.Scales(first + row), x.blocks,
                        x.Sums(first + row), x.subs, w, p, state.data() + row * kPanelRows);
       });
     } else if (kernel == GgmlKernel::kAvx2) {
-      ForEachTile(m, kMaxTileRowsAvx2, [&](int64_t row, int64_t count) {
+      ForEachRowTile(m, kMaxTileRowsAvx2, [&](int64_t, int64_t row, int64_t count) {
         TileAny<true>(count, x.Codes(first + row), x.stride, x.Scales(first + row), x.blocks,
                       x.Sums(first + row), x.subs, w, p, state.data() + row * kPanelRows);
       });

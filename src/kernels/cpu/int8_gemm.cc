@@ -13,6 +13,7 @@
 
 #include "base/thread_pool.h"
 #include "kernels/cpu/isa_level.h"
+#include "kernels/cpu/row_tiles.h"
 
 namespace sy::kernels {
 namespace {
@@ -40,18 +41,6 @@ constexpr int64_t kPrefetchBytes = 1024;
 constexpr int64_t kRangeBytes = kRangeGroups * kInt8GroupCols * kPanelRows;
 int64_t PrefetchBytes(int64_t tile) {
   return tile == 0 ? kPrefetchBytes : kRangeBytes;
-}
-
-// Rows split into near-equal tiles of at most max_rows (13 rows by 6: 5 + 4 + 4, not 6 + 6 + 1).
-template <typename Body>
-void ForEachTile(int64_t m, int64_t max_rows, Body body) {
-  const int64_t tiles = (m + max_rows - 1) / max_rows;
-  int64_t row = 0;
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t count = (m - row) / (tiles - t);
-    body(t, row, count);
-    row += count;
-  }
 }
 
 // Group g of panel p for `count` rows: the exact integer sums, then the group's term added to
@@ -425,7 +414,7 @@ void Int8Panels(const uint8_t* codes, int64_t stride, const float* scales, int64
   };
   thread_local std::vector<Tile> tiles;
   tiles.clear();
-  ForEachTile(m, max_rows, [&](int64_t, int64_t row, int64_t count) {
+  ForEachRowTile(m, max_rows, [&](int64_t, int64_t row, int64_t count) {
     tiles.push_back({row, count});
   });
   for (int64_t p = panel_begin; p < panel_end; ++p) {

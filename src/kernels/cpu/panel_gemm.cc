@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/row_tiles.h"
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/panel_gemm.cc"
 #include "hwy/cache_control.h"
@@ -417,14 +419,10 @@ void ScratchTile(int64_t count, const float* x, int64_t x_stride, const PackedMa
 template <DType kType, size_t kVectors>
 void ScratchTiles(const float* x, int64_t m, const PackedMatrix& w, const float* panel_scales,
                   const float* scratch, int64_t begin, int64_t end, float* state) {
-  constexpr int64_t kMost = kScratchTokens<kVectors>;
-  const int64_t tiles = (m + kMost - 1) / kMost;
-  for (int64_t tile = 0, t0 = 0; tile < tiles; ++tile) {
-    const int64_t count = (m - t0) / (tiles - tile);
+  ForEachRowTile(m, kScratchTokens<kVectors>, [&](int64_t, int64_t t0, int64_t count) {
     ScratchTile<kType, kVectors>(count, x + t0 * w.cols, w.cols, w, panel_scales, scratch, begin,
                                  end, state + t0 * 2 * kPanelRows);
-    t0 += count;
-  }
+  });
 }
 
 template <DType kType, size_t kVectors>
