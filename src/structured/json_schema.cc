@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <set>
@@ -782,15 +783,16 @@ class SchemaConverter {
                              const std::string& path) {
     if (!schema.contains(key)) return fallback;
     const Json& v = schema[key];
-    if (!v.is_number() || v.get<double>() < 0 ||
-        v.get<double>() != static_cast<double>(static_cast<int64_t>(v.get<double>()))) {
+    // Integral by floor, not by a round trip through an integer: 1e75 does not fit one.
+    const double d = v.is_number() ? v.get<double>() : -1;
+    if (!(d >= 0) || d != std::floor(d)) {
       return Status::Errorf("'{}' at {} is not a non-negative integer", key, Where(path));
     }
-    if (v.get<double>() > limits_.max_repeat) {
+    if (d > limits_.max_repeat) {
       return Status::Errorf("'{}' at {} is {}, over the supported {}", key, Where(path), v.dump(),
                             limits_.max_repeat);
     }
-    return static_cast<int>(v.get<double>());
+    return static_cast<int>(d);
   }
 
   Result<Expr> ConvertString(const Json& schema, const std::string& path) {

@@ -403,6 +403,15 @@ TEST(StructuredJson, ErrorsNameTheKeyword) {
             std::string::npos);
   EXPECT_NE(Error(kSchema, "{\"type\": ").find("not valid JSON"), std::string::npos);
   EXPECT_NE(Error(kSchema, R"({"type": "strin"})").find("unknown type 'strin'"), std::string::npos);
+  // Counts: a fraction or a negative is not one; one too large to fit an integer is over the
+  // limit (found by structured_fuzz: the check converted 1e75 to an integer first).
+  EXPECT_NE(Error(kSchema, R"({"type": "string", "maxLength": 2.5})").find("non-negative integer"),
+            std::string::npos);
+  EXPECT_NE(Error(kSchema, R"({"type": "array", "minItems": -1})").find("non-negative integer"),
+            std::string::npos);
+  EXPECT_NE(Error(kSchema, R"({"minItems": 1888888888888888888888888888888888888888888888888})")
+                .find("over the supported"),
+            std::string::npos);
   // Keywords that constrain only types the schema excludes are fine.
   EXPECT_EQ(Error(kSchema, R"({"type": "string", "uniqueItems": true})"), "");
 }
