@@ -113,7 +113,7 @@ unsigned BitsOfValue(const Json& v) {
   if (v.is_number_integer() || v.is_number_unsigned()) return kInt;
   if (v.is_number_float()) {
     const double d = v.get<double>();
-    return d == static_cast<double>(static_cast<int64_t>(d)) ? kInt : kFrac;
+    return d == std::floor(d) ? kInt : kFrac;  // 1e75 is integral (and fits no int64_t)
   }
   if (v.is_string()) return kString;
   if (v.is_array()) return kArray;

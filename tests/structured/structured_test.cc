@@ -412,6 +412,8 @@ TEST(StructuredJson, ErrorsNameTheKeyword) {
   EXPECT_NE(Error(kSchema, R"({"minItems": 1888888888888888888888888888888888888888888888888})")
                 .find("over the supported"),
             std::string::npos);
+  // An integral value too large for an integer is still an integer (an enum of one).
+  EXPECT_EQ(Error(kSchema, R"({"type": "integer", "enum": [1e75, 0.5]})"), "");
   // Keywords that constrain only types the schema excludes are fine.
   EXPECT_EQ(Error(kSchema, R"({"type": "string", "uniqueItems": true})"), "");
 }
