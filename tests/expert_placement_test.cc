@@ -180,17 +180,20 @@ INSTANTIATE_TEST_SUITE_P(
              (c.flags.find("own-rank") != std::string::npos ? "_own_rank" : "");
     });
 
+// A skewed workload: the trained default model (Shakespeare) on text unlike its training data,
+// greedy, through `generate --json`; the caller adds --max-tokens and what it tests.
+std::string SkewedGenerate() {
+  return std::string(" --threads 1 generate --model ") + SY_SOURCE_DIR + "/models/default" +
+         " --prompt 'for (int i = 0; i < n; ++i) x[i] = 0;'"
+         " --prompt '0123456789 0123456789 0123456789'"
+         " --prompt '{\"key\": [1, 2, 3]}' --ignore-eos --kv-dtype f32 --json --wire-dtype f32";
+}
+
 // Runs on a skewed workload: the load measured under EP4, balanced with four redundant experts,
 // then the same generation with the placement — the same tokens, and less imbalance.
 TEST(ExpertPlacementRuns, BalancedPlacementLowersTheMeasuredImbalance) {
-  // The trained default model on text unlike its training data (Shakespeare).
-  const std::string model = std::string(SY_SOURCE_DIR) + "/models/default";
   const std::string dir = testing::TempDirectory("eplb_skew");
-  const std::string args = " --threads 1 generate --model " + model +
-                           " --prompt 'for (int i = 0; i < n; ++i) x[i] = 0;'"
-                           " --prompt '0123456789 0123456789 0123456789'"
-                           " --prompt '{\"key\": [1, 2, 3]}' --max-tokens 16 --ignore-eos"
-                           " --kv-dtype f32 --json --wire-dtype f32";
+  const std::string args = SkewedGenerate() + " --max-tokens 16";
   std::string before, after, output;
   ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " --record-expert-load " + dir +
                            "/load.json 2>" + dir + "/err",
@@ -219,13 +222,8 @@ TEST(ExpertPlacementRuns, BalancedPlacementLowersTheMeasuredImbalance) {
 // exactly as the static run does, so the sums are the same: integers and quarters, exact in
 // doubles whatever the grouping.
 TEST(ExpertPlacementRuns, TheRunsImbalanceCoversEveryWindow) {
-  const std::string model = std::string(SY_SOURCE_DIR) + "/models/default";
   const std::string dir = testing::TempDirectory("eplb_windows");
-  const std::string args = " --threads 1 generate --model " + model +
-                           " --prompt 'for (int i = 0; i < n; ++i) x[i] = 0;'"
-                           " --prompt '0123456789 0123456789 0123456789'"
-                           " --prompt '{\"key\": [1, 2, 3]}' --max-tokens 12 --ignore-eos"
-                           " --kv-dtype f32 --json --wire-dtype f32 --num-redundant-experts 4";
+  const std::string args = SkewedGenerate() + " --max-tokens 12 --num-redundant-experts 4";
   std::string whole, windows;
   ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " 2>" + dir + "/err", &whole), 0)
       << whole << testing::ReadFile(dir + "/err");

@@ -305,9 +305,9 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
        options.quick ? std::vector<int64_t>{1, 16, 128} : std::vector<int64_t>{1, 4, 16, 64, 128})
     rows.push_back(batch * kTopK);
   BenchGrouped(peaks, options, groups, rows, out);
-  BenchGrouped(peaks, options, groups, {groups * 256}, out);
+  BenchGrouped(peaks, options, groups, {groups * 256}, out);  // prefill: 256 rows per expert
   for (const auto& shape : ggml_shapes)
-    BenchLinear(peaks, options, shape, ggml_m, out);  // prefill: 256 rows per expert
+    BenchLinear(peaks, options, shape, ggml_m, out);
 
   if (options.onednn) {
     // The batched-decode and prefill row counts, where a GEMM library competes.

@@ -6,7 +6,6 @@
 
 #include "tensor/dtype.h"
 #include "tensor/ggml_quants.h"
-
 #include "tensor/packed_matrix.h"
 
 namespace sy::bench {

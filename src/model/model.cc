@@ -167,10 +167,8 @@ Result<FeedForwardWeights> Model::LoadRoutedExpert(int64_t layer, int32_t expert
     // The loaded checkpoint holds only this rank's experts: the file is mapped again (cheap) for
     // the one asked for.
     SY_ASSIGN_OR_RETURN(GgufShards gguf, GgufShards::Open(directory_));
-    SY_ASSIGN_OR_RETURN(
-        Checkpoint one, GgufCheckpoint(gguf, config_, [&](int64_t l, int64_t e) {
-          return l == layer && e == expert;
-        }));
+    auto only_this = [&](int64_t l, int64_t e) { return l == layer && e == expert; };
+    SY_ASSIGN_OR_RETURN(Checkpoint one, GgufCheckpoint(gguf, config_, only_this));
     SY_RETURN_IF_ERROR(LoadRoutedExperts(one, config_, layer, {expert}, packed_, moe));
     return std::move(moe.experts[static_cast<size_t>(expert)]);
   }
