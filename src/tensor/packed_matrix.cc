@@ -206,7 +206,6 @@ std::shared_ptr<const PackedMatrix> PackGgml(const Matrix& m) {
   p.super_d.assign(static_cast<size_t>(p.panels * supers * kPanelRows), 0);
   if (!p.shared_d) p.super_dmin.assign(p.super_d.size(), 0);
   const size_t panel_bytes = static_cast<size_t>(m.cols) * p.PanelColumnBytes();
-  const size_t nibble_bytes = static_cast<size_t>(m.cols * kPanelRows / 2);
   // Each row's blocks decoded into one row of codes, then written to the panel in whole units
   // (a byte per 4-, 6- or 8-bit code's low part, a byte of top bits per four 6-bit codes).
   ThreadPool::Global().ParallelFor(static_cast<size_t>(p.panels), [&](size_t begin, size_t end) {
@@ -236,14 +235,14 @@ std::shared_ptr<const PackedMatrix> PackGgml(const Matrix& m) {
           continue;
         }
         for (int64_t k = 0; k < m.cols / 8; ++k) {
-          uint8_t* out = target + (k * kPanelRows + r) * 4;
+          uint8_t* out = target + GgmlNibbleUnitOffset(p, k) + r * 4;
           const uint8_t* in = q.data() + 8 * k;
           for (int b = 0; b < 4; ++b)
             out[b] = static_cast<uint8_t>((in[b] & 15) | (in[b + 4] & 15) << 4);
         }
         if (p.code_bits == 6)
           for (int64_t k = 0; k < m.cols / 16; ++k) {
-            uint8_t* out = target + nibble_bytes + (k * kPanelRows + r) * 4;
+            uint8_t* out = target + GgmlTopBitsOffset(k) + r * 4;
             const uint8_t* in = q.data() + 16 * k;
             for (int b = 0; b < 4; ++b)
               out[b] = static_cast<uint8_t>((in[b] >> 4) | (in[b + 4] >> 4) << 2 |

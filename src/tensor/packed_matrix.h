@@ -53,8 +53,12 @@ struct PackedMatrix {
   //   8: int8's layout, [cols / 4][kPanelRows][4] bytes;
   //   4: [cols / 8][kPanelRows][4] bytes, the low nibble of byte (k, r, b) column 8k + b, the
   //      high nibble column 8k + 4 + b (one 64-byte load, two masks, two VPDPBUSD);
-  //   6: the low four bits as 4, then [cols / 16][kPanelRows][4] bytes of the top two: bits
-  //      2t, 2t + 1 of byte (k, r, b) are column 16k + 4t + b's.
+  //   6: [cols / 16] groups of 192 bytes, one per 16 columns: the low four bits of the group's
+  //      columns as 4 (two [kPanelRows][4] units, 128 bytes), then [kPanelRows][4] bytes of the
+  //      top two: bits 2t, 2t + 1 of byte (r, b) are column 16g + 4t + b's. Interleaved, so a
+  //      panel is one forward stream: low bits and top bits as two streams cols · 8 bytes apart
+  //      read Q6_K from memory at 0.55-0.65x Q4_K's bytes per second on AMD Zen 4, interleaved
+  //      at the same rate (one thread, 100 MB cycled; benchmarks.md, fifteenth session).
   // Per panel, sub-block (sub_cols) and row sc, and mn where not shared_d — none where
   // unit_scales (sc = 1, mn = 1); per panel, block (super_cols: 32 or 256) and row d and dmin,
   // IEEE half bits as the file has them (exact). Resident: the file's bits per weight, except 5-bit
@@ -126,6 +130,15 @@ std::shared_ptr<const PackedMatrix> PackGgml(const Matrix& m);
 // super_cols, shared_d, unit_scales, ggml_offset), as PackGgml lays them out; false for a type
 // without an integer form. Panels that arrive from another rank are checked against it.
 bool SetGgmlPanelLayout(GgmlType type, PackedMatrix& p);
+
+// Where, within a GGML panel (code_bits 4 or 6), the [kPanelRows][4] bytes of low nibbles for
+// columns [8k, 8k + 8) start, and (code_bits 6) the top bits of columns [16g, 16g + 16).
+inline int64_t GgmlNibbleUnitOffset(const PackedMatrix& p, int64_t k) {
+  return p.code_bits == 6 ? (k / 2) * 192 + (k % 2) * 64 : k * 64;
+}
+inline int64_t GgmlTopBitsOffset(int64_t g) {
+  return g * 192 + 128;
+}
 
 // Pack, PackInt8 or PackGgml, as GlobalWeightPacking() and the matrix's type say. (GGML blocks
 // take PackGgml; Pack decodes them to f32.)

@@ -128,11 +128,10 @@ SY_AVX512_TARGET void QuantizeRowRangeAvx512(const float* x, int64_t first, int6
 int CodeAt(const PackedMatrix& w, const uint8_t* codes, int64_t i, int64_t c) {
   if (w.code_bits == 8) return codes[((c / 4) * kPanelRows + i) * 4 + c % 4];
   const int64_t within = c % 8;
-  int q = (codes[((c / 8) * kPanelRows + i) * 4 + within % 4] >> (within < 4 ? 0 : 4)) & 15;
-  if (w.code_bits == 6) {
-    const uint8_t* plane = codes + w.cols * kPanelRows / 2;
-    q |= ((plane[((c / 16) * kPanelRows + i) * 4 + c % 4] >> (2 * ((c % 16) / 4))) & 3) << 4;
-  }
+  int q = (codes[GgmlNibbleUnitOffset(w, c / 8) + i * 4 + within % 4] >> (within < 4 ? 0 : 4)) &
+          15;
+  if (w.code_bits == 6)
+    q |= ((codes[GgmlTopBitsOffset(c / 16) + i * 4 + c % 4] >> (2 * ((c % 16) / 4))) & 3) << 4;
   return q;
 }
 
@@ -204,7 +203,8 @@ SY_VNNI_TARGET void TileVnni(const int8_t* x, int64_t x_stride, const float* xs,
                              const int32_t* sums, int64_t sums_stride, const PackedMatrix& w,
                              int64_t panel, float* state) {
   const uint8_t* codes = w.Panel(panel);
-  const uint8_t* plane = codes + w.cols * kPanelRows / 2;  // Bits == 6
+  // 16 columns' codes: 128 bytes of low nibbles, then (Bits == 6) 64 of top bits.
+  constexpr int64_t kGroupBytes = Bits == 6 ? 192 : 128;
   const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
   const int64_t per_block = w.super_cols / SubCols;
   const int8_t* sc_base = Unit ? nullptr : w.sub_scales.data() + panel * subs * kPanelRows;
@@ -233,23 +233,21 @@ SY_VNNI_TARGET void TileVnni(const int8_t* x, int64_t x_stride, const float* xs,
         }
       } else {
         for (int64_t c = c0; c < c0 + SubCols; c += 16) {
+          const uint8_t* group = codes + (c / 16) * kGroupBytes;
           // One line ahead per line read: the panels of a thread's share are contiguous, so
           // this runs into the next panel as one stream.
-          _mm_prefetch(reinterpret_cast<const char*>(codes + (c / 8) * 64 + kPrefetchBytes),
-                       _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(codes + (c / 8 + 1) * 64 + kPrefetchBytes),
-                       _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(group + 64 + kPrefetchBytes), _MM_HINT_T0);
           if constexpr (Bits == 6)
-            _mm_prefetch(reinterpret_cast<const char*>(plane + (c / 16) * 64 + kPrefetchBytes),
-                         _MM_HINT_T0);
-          const __m512i v0 = _mm512_loadu_si512(codes + (c / 8) * 64);
-          const __m512i v1 = _mm512_loadu_si512(codes + (c / 8 + 1) * 64);
+            _mm_prefetch(reinterpret_cast<const char*>(group + 128 + kPrefetchBytes), _MM_HINT_T0);
+          const __m512i v0 = _mm512_loadu_si512(group);
+          const __m512i v1 = _mm512_loadu_si512(group + 64);
           __m512i q0 = _mm512_and_si512(v0, nibble);
           __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), nibble);
           __m512i q2 = _mm512_and_si512(v1, nibble);
           __m512i q3 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), nibble);
           if constexpr (Bits == 6) {
-            const __m512i h = _mm512_loadu_si512(plane + (c / 16) * 64);
+            const __m512i h = _mm512_loadu_si512(group + 128);
             q0 = _mm512_or_si512(q0, _mm512_and_si512(_mm512_slli_epi16(h, 4), top));
             q1 = _mm512_or_si512(q1, _mm512_and_si512(_mm512_slli_epi16(h, 2), top));
             q2 = _mm512_or_si512(q2, _mm512_and_si512(h, top));
@@ -347,7 +345,7 @@ SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs,
                              const int32_t* sums, int64_t sums_stride, const PackedMatrix& w,
                              int64_t panel, int half, float* state) {
   const uint8_t* codes = w.Panel(panel) + 32 * half;
-  const uint8_t* plane = w.Panel(panel) + w.cols * kPanelRows / 2 + 32 * half;  // Bits == 6
+  constexpr int64_t kGroupBytes = Bits == 6 ? 192 : 128;  // as TileVnni
   const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
   const int64_t per_block = w.super_cols / SubCols;
   const int64_t lanes = 8 * half;
@@ -378,17 +376,15 @@ SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs,
               x_stride, c, s);
       } else {
         for (int64_t c = c0; c < c0 + SubCols; c += 16) {
-          const __m256i v0 =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 8) * 64));
-          const __m256i v1 =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 8 + 1) * 64));
+          const uint8_t* group = codes + (c / 16) * kGroupBytes;
+          const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group));
+          const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 64));
           __m256i q0 = _mm256_and_si256(v0, nibble);
           __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble);
           __m256i q2 = _mm256_and_si256(v1, nibble);
           __m256i q3 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble);
           if constexpr (Bits == 6) {
-            const __m256i h =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(plane + (c / 16) * 64));
+            const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 128));
             q0 = _mm256_or_si256(q0, _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
             q1 = _mm256_or_si256(q1, _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
             q2 = _mm256_or_si256(q2, _mm256_and_si256(h, top));
