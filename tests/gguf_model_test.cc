@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernels/cpu/fast_linear.h"
+#include "model/feed_forward.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
 #include "model/model.h"
@@ -413,6 +414,34 @@ TEST(GgufModelTest, NativeQuantizedProductsMatchTheDequantizedPath) {
         result.MaxDiff() / result.max_abs_reference, static_cast<long long>(result.RowsOver(6e-2)),
         static_cast<long long>(rows), static_cast<long long>(result.clear_rows),
         static_cast<long long>(result.top1_agree));
+  }
+}
+
+// The shared expert in the routed experts' grouped pass (SharedExpertJoinsGroup) gives the very
+// bits of its own FeedForward: every GGML product's row depends on its own activations only.
+TEST(GgufModelTest, TheSharedExpertInTheGroupedPassKeepsItsBits) {
+  auto model = LoadOrFail(kModels + "/default-q4_k_mix.gguf");
+  ASSERT_TRUE(model);
+  const ModelConfig& c = model->config();
+  const MoeWeights& moe = model->weights().layers.back().moe;
+  ASSERT_TRUE(model->weights().layers.back().is_moe);
+  ASSERT_TRUE(SharedExpertJoinsGroup(moe));
+  const int64_t D = c.hidden_size;
+  for (int64_t tokens : {1, 3, 9}) {
+    SCOPED_TRACE(tokens);
+    std::vector<float> x(static_cast<size_t>(tokens * D));
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i % 7));
+    const ExpertRouting routing = RouteTokens(c, moe, x.data(), tokens);
+    std::vector<float> joined(x.size());
+    MoeForwardRouted(c, moe, routing, x.data(), joined.data());
+    // Apart: the routed experts grouped, the shared one through FeedForward.
+    std::vector<float> rows(static_cast<size_t>(tokens * routing.top_k * D)), shared(x.size()),
+        apart(x.size());
+    RunExperts(moe, routing, x.data(), D, rows.data());
+    FeedForward(moe.shared_experts, x.data(), tokens, shared.data());
+    FinalizeRouting(routing, rows.data(), shared.data(), D, apart.data());
+    EXPECT_EQ(std::memcmp(joined.data(), apart.data(), x.size() * sizeof(float)), 0);
   }
 }
 

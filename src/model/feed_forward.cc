@@ -81,12 +81,23 @@ ExpertRouting RouteTokens(const ModelConfig& c, const MoeWeights& w, const float
   return routing;
 }
 
+bool SharedExpertJoinsGroup(const MoeWeights& w) {
+  const FeedForwardWeights& shared = w.shared_experts;
+  if (shared.empty()) return false;
+  for (const Matrix* m : {&shared.gate_proj, &shared.up_proj, &shared.down_proj})
+    if (!m->packed || m->packed->dtype != DType::kGgml) return false;
+  for (const FeedForwardWeights& routed : w.experts)
+    if (!routed.empty()) return routed.gate_proj.rows == shared.gate_proj.rows;
+  return false;
+}
+
 void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* x, int64_t hidden,
-                float* expert_rows) {
+                float* expert_rows, bool with_shared) {
   ScopedStage stage(Stage::kGroupedGemm);
   // Gather the rows in expert order (the sort of init routing), then one grouped pass.
   const int64_t slots = static_cast<int64_t>(routing.sorted_slots.size());
-  auto inputs = UninitializedArray<float>(slots * hidden);
+  const int64_t shared_rows = with_shared ? routing.tokens : 0;
+  auto inputs = UninitializedArray<float>((slots + shared_rows) * hidden);
   auto gather = [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i)
       std::copy_n(x + (routing.sorted_slots[i] / routing.top_k) * hidden, hidden,
@@ -94,6 +105,7 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
   };
   ThreadPool::Global().ParallelForIf(slots * hidden >= kParallelElements,
                                      static_cast<size_t>(slots), gather);
+  if (with_shared) std::copy_n(x, shared_rows * hidden, inputs.get() + slots * hidden);
   std::vector<kernels::ExpertPanels> panels(w.experts.size());
   bool packed = true;
   for (size_t e = 0; e < w.experts.size(); ++e) {
@@ -102,11 +114,22 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
     if (!ff.gate_proj.packed || !ff.up_proj.packed || !ff.down_proj.packed) packed = false;
     panels[e] = {ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()};
   }
-  if (packed) {
-    kernels::GroupedExpertFfn(inputs.get(), routing.expert_offsets, panels, hidden, expert_rows);
+  if (packed && with_shared) {
+    // The shared expert as one more group, after the routed ones.
+    const FeedForwardWeights& ff = w.shared_experts;
+    panels.push_back({ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()});
+    std::vector<int64_t> offsets = routing.expert_offsets;
+    offsets.push_back(slots + shared_rows);
+    kernels::GroupedExpertFfn(inputs.get(), offsets, panels, hidden, expert_rows);
     return;
   }
-  RunExpertsReference(w, routing, inputs.get(), hidden, expert_rows);
+  if (packed) {
+    kernels::GroupedExpertFfn(inputs.get(), routing.expert_offsets, panels, hidden, expert_rows);
+  } else {
+    RunExpertsReference(w, routing, inputs.get(), hidden, expert_rows);
+  }
+  if (with_shared)
+    FeedForward(w.shared_experts, x, shared_rows, expert_rows + slots * hidden);
 }
 
 void RunExpertsReference(const MoeWeights& w, const ExpertRouting& routing, const float* sorted_x,
@@ -157,15 +180,18 @@ void MoeForward(const ModelConfig& c, const MoeWeights& w, const float* x, int64
 
 void MoeForwardRouted(const ModelConfig& c, const MoeWeights& w, const ExpertRouting& routing,
                       const float* x, float* out) {
-  const int64_t D = c.hidden_size, tokens = routing.tokens;
-  std::vector<float> expert_rows(static_cast<size_t>(tokens * routing.top_k * D));
-  RunExperts(w, routing, x, D, expert_rows.data());
+  const int64_t D = c.hidden_size, tokens = routing.tokens, slots = tokens * routing.top_k;
+  const bool joined = SharedExpertJoinsGroup(w);
+  std::vector<float> expert_rows(static_cast<size_t>((slots + (joined ? tokens : 0)) * D));
+  RunExperts(w, routing, x, D, expert_rows.data(), joined);
   std::vector<float> shared;
-  if (!w.shared_experts.empty()) {
+  const float* shared_rows = joined ? expert_rows.data() + slots * D : nullptr;
+  if (!joined && !w.shared_experts.empty()) {
     shared.resize(static_cast<size_t>(tokens * D));
     FeedForward(w.shared_experts, x, tokens, shared.data());
+    shared_rows = shared.data();
   }
-  FinalizeRouting(routing, expert_rows.data(), shared.empty() ? nullptr : shared.data(), D, out);
+  FinalizeRouting(routing, expert_rows.data(), shared_rows, D, out);
 }
 
 }  // namespace sy

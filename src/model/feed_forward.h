@@ -35,8 +35,15 @@ ExpertRouting RouteTokens(const ModelConfig& config, const MoeWeights& w, const 
 
 // expert_rows[sorted slot i] = Expert_{e}(x[token of slot]) for every expert held in `w`;
 // rows [T·K, D].
+// With with_shared (SharedExpertJoinsGroup(w)), rows [T·K, T·K + T) get the shared expert of
+// x's rows, in the same grouped pass: one pool loop for the shared and routed gate and up, one
+// for their down, instead of three more loops and three more quantizations of x.
 void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* x, int64_t hidden,
-                float* expert_rows);
+                float* expert_rows, bool with_shared = false);
+// Whether the shared expert can run in the routed experts' grouped pass with the same bits as
+// FeedForward: GGML blocks (each row's products depend on its own activations only, on either
+// path) and the routed experts' width.
+bool SharedExpertJoinsGroup(const MoeWeights& w);
 
 // out[t] = Σ_k weight(t,k) · expert_rows[position of slot (t,k)] + shared[t] (shared may be null).
 // Slots are summed in ascending expert order, as Hugging Face's eager loop does.

@@ -178,11 +178,12 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       QuantizeRowsInt8(source, rows, cols, x_int8);
   };
   quantize_all(x, hidden);
-  ThreadPool::Global().ParallelFor(static_cast<size_t>(experts_count),
-                                   [&](size_t begin, size_t end) {
-                                     for (size_t e = begin; e < end; ++e)
-                                       round_rows(x, static_cast<int64_t>(e), hidden, false);
-                                   });
+  // A few decode rows are quantized faster than the pool wakes.
+  ThreadPool::Global().ParallelForIf(rows * hidden >= 65536, static_cast<size_t>(experts_count),
+                                     [&](size_t begin, size_t end) {
+                                       for (size_t e = begin; e < end; ++e)
+                                         round_rows(x, static_cast<int64_t>(e), hidden, false);
+                                     });
 
   // Phase 1: gate and up panels, then SiLU(gate)·up on the same columns.
   std::vector<WorkItem> items = build_items(false);
