@@ -117,7 +117,8 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
   if (packed && with_shared) {
     // The shared expert as one more group, after the routed ones.
     const FeedForwardWeights& ff = w.shared_experts;
-    panels.push_back({ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()});
+    panels.push_back(
+        {ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()});
     std::vector<int64_t> offsets = routing.expert_offsets;
     offsets.push_back(slots + shared_rows);
     kernels::GroupedExpertFfn(inputs.get(), offsets, panels, hidden, expert_rows);
@@ -128,8 +129,7 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
   } else {
     RunExpertsReference(w, routing, inputs.get(), hidden, expert_rows);
   }
-  if (with_shared)
-    FeedForward(w.shared_experts, x, shared_rows, expert_rows + slots * hidden);
+  if (with_shared) FeedForward(w.shared_experts, x, shared_rows, expert_rows + slots * hidden);
 }
 
 void RunExpertsReference(const MoeWeights& w, const ExpertRouting& routing, const float* sorted_x,

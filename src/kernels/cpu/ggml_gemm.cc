@@ -124,12 +124,79 @@ SY_AVX512_TARGET void QuantizeRowRangeAvx512(const float* x, int64_t first, int6
 }
 #endif
 
+#if defined(__x86_64__)
+// QuantizeRowRange with AVX2, 8 columns at a time (Haswell, Zen 1-3): the same bits for the same
+// reasons. The codes are the low bytes of the truncated int32s (as static_cast<int8_t>), gathered
+// by a byte shuffle rather than saturating packs, which would turn a NaN's INT_MIN into -128.
+#define SY_AVX2_QUANTIZE_TARGET __attribute__((target("avx2,fma")))
+
+SY_AVX2_QUANTIZE_TARGET inline int32_t LaneSum8(__m256i v) {
+  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
+  return _mm_cvtsi128_si32(q);
+}
+
+SY_AVX2_QUANTIZE_TARGET inline float LaneMax8(__m256 v) {
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  q = _mm_max_ps(q, _mm_shuffle_ps(q, q, 0x4e));
+  q = _mm_max_ps(q, _mm_shuffle_ps(q, q, 0xb1));
+  return _mm_cvtss_f32(q);
+}
+
+SY_AVX2_QUANTIZE_TARGET void QuantizeRowRangeAvx2(const float* x, int64_t first, int64_t last,
+                                                  Q8Rows& out) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 infinity = _mm256_set1_ps(INFINITY), half = _mm256_set1_ps(0.5f);
+  const __m256 minus_half = _mm256_set1_ps(-0.5f), zero = _mm256_setzero_ps();
+  // Byte 0 of each int32 lane to bytes 0-3 of each 128-bit half.
+  const __m256i low_bytes =
+      _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                       -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  for (int64_t r = first; r < last; ++r) {
+    const float* row = x + r * out.cols;
+    int8_t* codes = out.codes.data() + r * out.stride;
+    int32_t* sums = out.sums.data() + r * out.subs;
+    std::fill(sums, sums + out.subs, 0);
+    for (int64_t b = 0; b < out.blocks; ++b) {
+      const int64_t c0 = b * out.block_cols, c1 = c0 + out.block_cols;
+      __m256 largest = zero;
+      int finite = 0xff;
+      for (int64_t c = c0; c < c1; c += 8) {
+        const __m256 a = _mm256_and_ps(_mm256_loadu_ps(row + c), magnitude);
+        finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, infinity, _CMP_LT_OQ));  // not ±inf, NaN
+        largest = _mm256_max_ps(largest, a);
+      }
+      const bool all_finite = finite == 0xff;
+      const float top = all_finite ? LaneMax8(largest) : 0.0f;
+      const float inverse = all_finite && top > 0 ? 127.0f / top : 0.0f;
+      const __m256 scale = _mm256_set1_ps(inverse);
+      for (int64_t c = c0; c < c1; c += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(row + c), scale);
+        const __m256 rounding =
+            _mm256_blendv_ps(minus_half, half, _mm256_cmp_ps(v, zero, _CMP_GE_OQ));
+        const __m256i q =
+            _mm256_shuffle_epi8(_mm256_cvttps_epi32(_mm256_add_ps(v, rounding)), low_bytes);
+        const int32_t lo = _mm256_extract_epi32(q, 0), hi = _mm256_extract_epi32(q, 4);
+        std::memcpy(codes + c, &lo, 4);
+        std::memcpy(codes + c + 4, &hi, 4);
+        // Summed as stored (a NaN's INT_MIN is 0 as a byte).
+        sums[c / out.sub_cols] += LaneSum8(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + c))));
+      }
+      out.scales[r * out.blocks + b] = all_finite ? top / 127.0f : NAN;
+    }
+    for (int64_t j = 0; j < out.subs; ++j)
+      sums[j] *= out.offset;
+  }
+}
+#endif
+
 // Code c of row i of a panel, whatever the code width.
 int CodeAt(const PackedMatrix& w, const uint8_t* codes, int64_t i, int64_t c) {
   if (w.code_bits == 8) return codes[((c / 4) * kPanelRows + i) * 4 + c % 4];
   const int64_t within = c % 8;
-  int q = (codes[GgmlNibbleUnitOffset(w, c / 8) + i * 4 + within % 4] >> (within < 4 ? 0 : 4)) &
-          15;
+  int q = (codes[GgmlNibbleUnitOffset(w, c / 8) + i * 4 + within % 4] >> (within < 4 ? 0 : 4)) & 15;
   if (w.code_bits == 6)
     q |= ((codes[GgmlTopBitsOffset(c / 16) + i * 4 + c % 4] >> (2 * ((c % 16) / 4))) & 3) << 4;
   return q;
@@ -544,14 +611,20 @@ void QuantizeRowsQ8(const float* x, int64_t m, const PackedMatrix& w, Q8Rows& ou
   out.scales.resize(static_cast<size_t>(m * out.blocks));
   out.sums.resize(static_cast<size_t>(m * out.subs));
   // Columns in whole vectors: every block size is a multiple of 16 (32, 256; 128 for HF int4).
-  [[maybe_unused]] const bool vector = ActiveGgmlKernel() == GgmlKernel::kAvx512Vnni &&
-                                       out.block_cols % 16 == 0 && out.sub_cols % 16 == 0;
+  const GgmlKernel kernel = ActiveGgmlKernel();
+  const bool whole_vectors = out.block_cols % 16 == 0 && out.sub_cols % 16 == 0;
+  [[maybe_unused]] const bool avx512 = kernel == GgmlKernel::kAvx512Vnni && whole_vectors;
+  [[maybe_unused]] const bool avx2 = kernel == GgmlKernel::kAvx2 && whole_vectors;
   ThreadPool::Global().ParallelForIf(
       parallel && m > 1 && m * w.cols >= 8192, static_cast<size_t>(m),
       [&](size_t begin, size_t end) {
 #if defined(__x86_64__)
-        if (vector) {
+        if (avx512) {
           QuantizeRowRangeAvx512(x, static_cast<int64_t>(begin), static_cast<int64_t>(end), out);
+          return;
+        }
+        if (avx2) {
+          QuantizeRowRangeAvx2(x, static_cast<int64_t>(begin), static_cast<int64_t>(end), out);
           return;
         }
 #endif
