@@ -179,19 +179,22 @@ TEST_P(GgmlGemmTest, ProductsWithinTheActivationQuantizationBound) {
   }
 }
 
+// m = 1 takes the one-row kernels (RowAvx2), 11 the row tiles.
 TEST_P(GgmlGemmTest, EveryKernelGivesThePortableBits) {
   const GgmlType type = GetParam();
-  const int64_t cols = 2 * GgmlTypeInfo(type)->block_size, rows = 45, m = 11;
+  const int64_t cols = 2 * GgmlTypeInfo(type)->block_size, rows = 45;
   RandomGgml w = MakeRandom(type, rows, cols, 99);
   auto packed = PackGgml(w.matrix);
-  const std::vector<float> x = RandomRows(m, cols, 5);
-  kernels::LimitGgmlKernel(GgmlKernel::kPortable);
-  const std::vector<float> want = Product(x, m, *packed);
-  for (GgmlKernel kernel : Kernels()) {
-    kernels::LimitGgmlKernel(kernel);
-    const std::vector<float> got = Product(x, m, *packed);
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
-        << kernels::GgmlKernelName(kernel);
+  for (int64_t m : {1, 11}) {
+    const std::vector<float> x = RandomRows(m, cols, 5);
+    kernels::LimitGgmlKernel(GgmlKernel::kPortable);
+    const std::vector<float> want = Product(x, m, *packed);
+    for (GgmlKernel kernel : Kernels()) {
+      kernels::LimitGgmlKernel(kernel);
+      const std::vector<float> got = Product(x, m, *packed);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << kernels::GgmlKernelName(kernel) << ", " << m << " rows";
+    }
   }
 }
 
