@@ -381,131 +381,14 @@ void TileVnniRows(int64_t count, const int8_t* x, int64_t x_stride, const float*
 }
 
 // AVX2: the same integers through VPMADDUBSW (unsigned codes × signed activations, pairs in
-// int16) and VPMADDWD by ones, one 8-row half of a panel at a time (a ymm holds 8 rows × 4
-// columns). Codes of at most 63 keep a pair within int16 (2 · 63 · 127); Q8_0's bytes take the
-// sign trick instead (|q − 128| × x with q − 128's sign: 2 · 128 · 127), which sums
-// Σ (q − 128) · x directly.
+// int16) and VPMADDWD by ones, a ymm per 8-row half of a panel (8 rows × 4 columns). Codes of at
+// most 63 keep a pair within int16 (2 · 63 · 127); Q8_0's bytes take the sign trick instead (|q −
+// 128| × x with q − 128's sign: 2 · 128 · 127), which sums Σ (q − 128) · x directly.
 #define SY_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 constexpr int kMaxTileRowsAvx2 = 4;
 
-template <int R, int Bits>
-SY_AVX2_TARGET inline void QuadAvx2(__m256i q, const int8_t* x, int64_t x_stride, int64_t c,
-                                    __m256i* s) {
-  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int r = 0; r < R; ++r) {
-    int32_t xq;
-    std::memcpy(&xq, x + r * x_stride + c, 4);
-    const __m256i xb = _mm256_set1_epi32(xq);
-    __m256i pairs;
-    if constexpr (Bits == 8) {
-      const __m256i signed_q = _mm256_xor_si256(q, flip);
-      pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(signed_q), _mm256_sign_epi8(xb, signed_q));
-    } else {
-      pairs = _mm256_maddubs_epi16(q, xb);
-    }
-    s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(pairs, ones));
-  }
-}
-
-template <int R, int Bits, int SubCols, bool SharedD, bool Unit>
-SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
-                             const int32_t* sums, int64_t sums_stride, const PackedMatrix& w,
-                             int64_t panel, int half, float* state) {
-  const uint8_t* codes = w.Panel(panel) + 32 * half;
-  constexpr int64_t kGroupBytes = Bits == 6 ? 192 : 128;  // as TileVnni
-  const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
-  const int64_t per_block = w.super_cols / SubCols;
-  const int64_t lanes = 8 * half;
-  const int8_t* sc_base = Unit ? nullptr : w.sub_scales.data() + panel * subs * kPanelRows + lanes;
-  const int8_t* mn_base =
-      Unit || SharedD ? nullptr : w.sub_mins.data() + panel * subs * kPanelRows + lanes;
-  const uint16_t* d_base = w.super_d.data() + panel * blocks * kPanelRows + lanes;
-  const uint16_t* dmin_base =
-      SharedD ? nullptr : w.super_dmin.data() + panel * blocks * kPanelRows + lanes;
-  const __m256i nibble = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi8(0x30);
-  __m256 out[R];
-  for (int r = 0; r < R; ++r)
-    out[r] = _mm256_loadu_ps(state + r * kPanelRows + lanes);
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m256i a[R], mins[R];
-    for (int r = 0; r < R; ++r)
-      a[r] = mins[r] = _mm256_setzero_si256();
-    for (int64_t j = b * per_block; j < (b + 1) * per_block; ++j) {
-      __m256i s[R];
-      for (int r = 0; r < R; ++r)
-        s[r] = SharedD && Bits != 8 ? _mm256_set1_epi32(-sums[r * sums_stride + j])
-                                    : _mm256_setzero_si256();
-      const int64_t c0 = j * SubCols;
-      if constexpr (Bits == 8) {
-        for (int64_t c = c0; c < c0 + SubCols; c += 4)
-          QuadAvx2<R, Bits>(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (c / 4) * 64)), x,
-              x_stride, c, s);
-      } else {
-        for (int64_t c = c0; c < c0 + SubCols; c += 16) {
-          const uint8_t* group = codes + (c / 16) * kGroupBytes;
-          const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group));
-          const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 64));
-          __m256i q0 = _mm256_and_si256(v0, nibble);
-          __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble);
-          __m256i q2 = _mm256_and_si256(v1, nibble);
-          __m256i q3 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble);
-          if constexpr (Bits == 6) {
-            const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 128));
-            q0 = _mm256_or_si256(q0, _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
-            q1 = _mm256_or_si256(q1, _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
-            q2 = _mm256_or_si256(q2, _mm256_and_si256(h, top));
-            q3 = _mm256_or_si256(q3, _mm256_and_si256(_mm256_srli_epi16(h, 2), top));
-          }
-          QuadAvx2<R, Bits>(q0, x, x_stride, c, s);
-          QuadAvx2<R, Bits>(q1, x, x_stride, c + 4, s);
-          QuadAvx2<R, Bits>(q2, x, x_stride, c + 8, s);
-          QuadAvx2<R, Bits>(q3, x, x_stride, c + 12, s);
-        }
-      }
-      if constexpr (Unit) {
-        for (int r = 0; r < R; ++r) {
-          a[r] = _mm256_add_epi32(a[r], s[r]);
-          if constexpr (!SharedD)
-            mins[r] = _mm256_add_epi32(mins[r], _mm256_set1_epi32(sums[r * sums_stride + j]));
-        }
-      } else {
-        const __m256i sc = _mm256_cvtepi8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc_base + j * kPanelRows)));
-        for (int r = 0; r < R; ++r)
-          a[r] = _mm256_add_epi32(a[r], _mm256_mullo_epi32(s[r], sc));
-        if constexpr (!SharedD) {
-          const __m256i mn = _mm256_cvtepi8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn_base + j * kPanelRows)));
-          for (int r = 0; r < R; ++r)
-            mins[r] = _mm256_add_epi32(
-                mins[r], _mm256_mullo_epi32(mn, _mm256_set1_epi32(sums[r * sums_stride + j])));
-        }
-      }
-    }
-    const __m256 d =
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d_base + b * kPanelRows)));
-    if constexpr (SharedD) {
-      for (int r = 0; r < R; ++r) {
-        const __m256 t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(a[r]));
-        out[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(xs[r * xs_stride + b]), out[r]);
-      }
-    } else {
-      const __m256 dmin = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(dmin_base + b * kPanelRows)));
-      for (int r = 0; r < R; ++r) {
-        const __m256 t = _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(a[r]),
-                                         _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins[r])));
-        out[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(xs[r * xs_stride + b]), out[r]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    _mm256_storeu_ps(state + r * kPanelRows + lanes, out[r]);
-}
-
 // One activation quad (4 bytes at xq) times both halves' codes (c0: rows 0-7, c1: rows 8-15),
-// added to s0 and s1: QuadAvx2's integers, the broadcast shared.
+// added to s0 and s1, the broadcast shared.
 template <int Bits>
 SY_AVX2_TARGET inline void QuadBothHalvesAvx2(__m256i c0, __m256i c1, const int8_t* xq, __m256i& s0,
                                               __m256i& s1) {
@@ -527,14 +410,15 @@ SY_AVX2_TARGET inline void QuadBothHalvesAvx2(__m256i c0, __m256i c1, const int8
   }
 }
 
-// TileAvx2's arithmetic for one activation row and both 8-row halves of the panel in one pass:
-// each line of codes is read once, each activation quad broadcast once for both halves, and the
-// sub-block scales widened together. At one row the two-pass form spent as much on that as on
-// the products (bench kernels --max-isa avx2, m = 1: 16-19 GB/s against a 30 GB/s read peak).
-// The same integers and the same float operations, in the same order, as TileAvx2<1>.
-template <int Bits, int SubCols, bool SharedD, bool Unit>
-SY_AVX2_TARGET void RowAvx2(const int8_t* x, const float* xs, const int32_t* sums,
-                            const PackedMatrix& w, int64_t panel, float* state) {
+// Up to 4 activation rows against both 8-row halves of a panel (a ymm holds 8 rows × 4 columns),
+// in one pass: each line of codes read once, each activation quad broadcast once for both
+// halves, the sub-block scales widened together. Two passes, one per half, spent as much on that
+// as on the products (bench kernels --max-isa avx2: 13-17 GB/s at m = 2 where this streams
+// 26-34, 1.3-1.7x at m = 8).
+template <int R, int Bits, int SubCols, bool SharedD, bool Unit>
+SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
+                             const int32_t* sums, int64_t sums_stride, const PackedMatrix& w,
+                             int64_t panel, float* state) {
   const uint8_t* codes = w.Panel(panel);
   constexpr int64_t kGroupBytes = Bits == 6 ? 192 : 128;
   const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
@@ -544,20 +428,29 @@ SY_AVX2_TARGET void RowAvx2(const int8_t* x, const float* xs, const int32_t* sum
   const uint16_t* d_base = w.super_d.data() + panel * blocks * kPanelRows;
   const uint16_t* dmin_base = SharedD ? nullptr : w.super_dmin.data() + panel * blocks * kPanelRows;
   const __m256i nibble = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi8(0x30);
-  __m256 out0 = _mm256_loadu_ps(state), out1 = _mm256_loadu_ps(state + 8);
+  __m256 out[R][2];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h)
+      out[r][h] = _mm256_loadu_ps(state + r * kPanelRows + 8 * h);
   for (int64_t b = 0; b < blocks; ++b) {
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, mins0 = a0, mins1 = a0;
+    __m256i a[R][2], mins[R][2];
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h)
+        a[r][h] = mins[r][h] = _mm256_setzero_si256();
     for (int64_t j = b * per_block; j < (b + 1) * per_block; ++j) {
-      __m256i s0 = SharedD && Bits != 8 ? _mm256_set1_epi32(-sums[j]) : _mm256_setzero_si256();
-      __m256i s1 = s0;
+      __m256i s[R][2];
+      for (int r = 0; r < R; ++r)
+        s[r][0] = s[r][1] = SharedD && Bits != 8 ? _mm256_set1_epi32(-sums[r * sums_stride + j])
+                                                 : _mm256_setzero_si256();
       const int64_t c0 = j * SubCols;
       if constexpr (Bits == 8) {
         for (int64_t c = c0; c < c0 + SubCols; c += 4) {
           const uint8_t* line = codes + (c / 4) * 64;
           _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchBytes), _MM_HINT_T0);
-          QuadBothHalvesAvx2<Bits>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(line)),
-                                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32)),
-                                   x + c, s0, s1);
+          const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line));
+          const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32));
+          for (int r = 0; r < R; ++r)
+            QuadBothHalvesAvx2<Bits>(q0, q1, x + r * x_stride + c, s[r][0], s[r][1]);
         }
       } else {
         for (int64_t c = c0; c < c0 + SubCols; c += 16) {
@@ -585,76 +478,75 @@ SY_AVX2_TARGET void RowAvx2(const int8_t* x, const float* xs, const int32_t* sum
               q[h][3] = _mm256_or_si256(q[h][3], _mm256_and_si256(_mm256_srli_epi16(t, 2), top));
             }
           }
-          for (int k = 0; k < 4; ++k)
-            QuadBothHalvesAvx2<Bits>(q[0][k], q[1][k], x + c + 4 * k, s0, s1);
+          for (int r = 0; r < R; ++r)
+            for (int k = 0; k < 4; ++k)
+              QuadBothHalvesAvx2<Bits>(q[0][k], q[1][k], x + r * x_stride + c + 4 * k, s[r][0],
+                                       s[r][1]);
         }
       }
       if constexpr (Unit) {
-        a0 = _mm256_add_epi32(a0, s0);
-        a1 = _mm256_add_epi32(a1, s1);
-        if constexpr (!SharedD) {
-          const __m256i x_sum = _mm256_set1_epi32(sums[j]);
-          mins0 = _mm256_add_epi32(mins0, x_sum);
-          mins1 = _mm256_add_epi32(mins1, x_sum);
+        for (int r = 0; r < R; ++r) {
+          const __m256i x_sum = _mm256_set1_epi32(sums[r * sums_stride + j]);
+          for (int h = 0; h < 2; ++h) {
+            a[r][h] = _mm256_add_epi32(a[r][h], s[r][h]);
+            if constexpr (!SharedD) mins[r][h] = _mm256_add_epi32(mins[r][h], x_sum);
+          }
         }
       } else {
-        const __m128i sc =
+        const __m128i sc_bytes =
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc_base + j * kPanelRows));
-        a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(s0, _mm256_cvtepi8_epi32(sc)));
-        a1 = _mm256_add_epi32(a1,
-                              _mm256_mullo_epi32(s1, _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+        const __m256i sc[2] = {_mm256_cvtepi8_epi32(sc_bytes),
+                               _mm256_cvtepi8_epi32(_mm_srli_si128(sc_bytes, 8))};
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h)
+            a[r][h] = _mm256_add_epi32(a[r][h], _mm256_mullo_epi32(s[r][h], sc[h]));
         if constexpr (!SharedD) {
-          const __m128i mn =
+          const __m128i mn_bytes =
               _mm_loadu_si128(reinterpret_cast<const __m128i*>(mn_base + j * kPanelRows));
-          const __m256i x_sum = _mm256_set1_epi32(sums[j]);
-          mins0 = _mm256_add_epi32(mins0, _mm256_mullo_epi32(_mm256_cvtepi8_epi32(mn), x_sum));
-          mins1 = _mm256_add_epi32(
-              mins1, _mm256_mullo_epi32(_mm256_cvtepi8_epi32(_mm_srli_si128(mn, 8)), x_sum));
+          const __m256i mn[2] = {_mm256_cvtepi8_epi32(mn_bytes),
+                                 _mm256_cvtepi8_epi32(_mm_srli_si128(mn_bytes, 8))};
+          for (int r = 0; r < R; ++r) {
+            const __m256i x_sum = _mm256_set1_epi32(sums[r * sums_stride + j]);
+            for (int h = 0; h < 2; ++h)
+              mins[r][h] = _mm256_add_epi32(mins[r][h], _mm256_mullo_epi32(mn[h], x_sum));
+          }
         }
       }
     }
-    const __m256 d0 =
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d_base + b * kPanelRows)));
-    const __m256 d1 = _mm256_cvtph_ps(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(d_base + b * kPanelRows + 8)));
-    const __m256 scale = _mm256_set1_ps(xs[b]);
-    if constexpr (SharedD) {
-      out0 = _mm256_fmadd_ps(_mm256_mul_ps(d0, _mm256_cvtepi32_ps(a0)), scale, out0);
-      out1 = _mm256_fmadd_ps(_mm256_mul_ps(d1, _mm256_cvtepi32_ps(a1)), scale, out1);
-    } else {
-      const __m256 dmin0 = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(dmin_base + b * kPanelRows)));
-      const __m256 dmin1 = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(dmin_base + b * kPanelRows + 8)));
-      out0 = _mm256_fmadd_ps(_mm256_fmsub_ps(d0, _mm256_cvtepi32_ps(a0),
-                                             _mm256_mul_ps(dmin0, _mm256_cvtepi32_ps(mins0))),
-                             scale, out0);
-      out1 = _mm256_fmadd_ps(_mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(a1),
-                                             _mm256_mul_ps(dmin1, _mm256_cvtepi32_ps(mins1))),
-                             scale, out1);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(d_base + b * kPanelRows + 8 * h)));
+      if constexpr (SharedD) {
+        for (int r = 0; r < R; ++r)
+          out[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(a[r][h])),
+                                      _mm256_set1_ps(xs[r * xs_stride + b]), out[r][h]);
+      } else {
+        const __m256 dmin = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(dmin_base + b * kPanelRows + 8 * h)));
+        for (int r = 0; r < R; ++r)
+          out[r][h] =
+              _mm256_fmadd_ps(_mm256_fmsub_ps(d, _mm256_cvtepi32_ps(a[r][h]),
+                                              _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins[r][h]))),
+                              _mm256_set1_ps(xs[r * xs_stride + b]), out[r][h]);
+      }
     }
   }
-  _mm256_storeu_ps(state, out0);
-  _mm256_storeu_ps(state + 8, out1);
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(state + r * kPanelRows + 8 * h, out[r][h]);
 }
 
 template <int Bits, int SubCols, bool SharedD, bool Unit>
 void TileAvx2Rows(int64_t count, const int8_t* x, int64_t x_stride, const float* xs,
                   int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
                   const PackedMatrix& w, int64_t panel, float* state) {
-  if (count == 1) {
-    RowAvx2<Bits, SubCols, SharedD, Unit>(x, xs, sums, w, panel, state);
-    return;
+  [&]<int... R>(std::integer_sequence<int, R...>) {
+    (void)((count == R + 1 ? (TileAvx2<R + 1, Bits, SubCols, SharedD, Unit>(
+                                  x, x_stride, xs, xs_stride, sums, sums_stride, w, panel, state),
+                              true)
+                           : false) ||
+           ...);
   }
-  for (int half = 0; half < 2; ++half)
-    [&]<int... R>(std::integer_sequence<int, R...>) {
-      (void)((count == R + 1
-                  ? (TileAvx2<R + 1, Bits, SubCols, SharedD, Unit>(
-                         x, x_stride, xs, xs_stride, sums, sums_stride, w, panel, half, state),
-                     true)
-                  : false) ||
-             ...);
-    }
   (std::make_integer_sequence<int, kMaxTileRowsAvx2>{});
 }
 
