@@ -179,7 +179,7 @@ TEST_P(GgmlGemmTest, ProductsWithinTheActivationQuantizationBound) {
   }
 }
 
-// m = 1 takes the one-row kernels (RowAvx2), 11 the row tiles.
+// m = 1 takes the one-row tiles (quad by quad on AVX2), 11 the several-row ones (int16 sums).
 TEST_P(GgmlGemmTest, EveryKernelGivesThePortableBits) {
   const GgmlType type = GetParam();
   const int64_t cols = 2 * GgmlTypeInfo(type)->block_size, rows = 45;

@@ -509,8 +509,9 @@ SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs,
               q[h][3] = _mm256_or_si256(q[h][3], _mm256_and_si256(_mm256_srli_epi16(t, 2), top));
             }
           }
-          // Summing in int16 first pays where several rows share the codes (batch 32 decode at
-          // --max-isa avx2: 1.21x); at one row, quad by quad measured faster (1.1x).
+          // Summing in int16 first pays where several rows share the codes (from cache, m = 32:
+          // 1.1-1.3x); at one row, where the kernel waits on memory, it measured 0.91-0.92x end
+          // to end (two paired runs), so one row keeps the quad-by-quad form.
           if constexpr (R == 1) {
             for (int k = 0; k < 4; ++k)
               QuadBothHalvesAvx2<Bits>(q[0][k], q[1][k], x + c + 4 * k, s[0][0], s[0][1]);
