@@ -382,8 +382,8 @@ void TileVnniRows(int64_t count, const int8_t* x, int64_t x_stride, const float*
 
 // AVX2: the same integers through VPMADDUBSW (unsigned codes × signed activations, pairs in
 // int16) and VPMADDWD by ones, a ymm per 8-row half of a panel (8 rows × 4 columns). Codes of at
-// most 63 keep a pair within int16 (2 · 63 · 127); Q8_0's bytes take the sign trick instead (|q −
-// 128| × x with q − 128's sign: 2 · 128 · 127), which sums Σ (q − 128) · x directly.
+// most 63 keep a pair within int16 (2 · 63 · 127); Q8_0's bytes take the sign trick instead
+// (|q − 128| × x with q − 128's sign: 2 · 128 · 127), which sums Σ (q − 128) · x directly.
 #define SY_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 constexpr int kMaxTileRowsAvx2 = 4;
 
