@@ -37,7 +37,8 @@ ExpertRouting RouteTokens(const ModelConfig& config, const MoeWeights& w, const 
 // rows [T·K, D].
 // With with_shared (SharedExpertJoinsGroup(w)), rows [T·K, T·K + T) get the shared expert of
 // x's rows, in the same grouped pass: one pool loop for the shared and routed gate and up, one
-// for their down, instead of three more loops and three more quantizations of x.
+// for their down, instead of three more loops (and one quantization of x fewer: FeedForward
+// quantizes it for gate and again for up).
 void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* x, int64_t hidden,
                 float* expert_rows, bool with_shared = false);
 // Whether the shared expert can run in the routed experts' grouped pass with the same bits as

@@ -55,31 +55,40 @@ void QuantizeRowRange(const float* x, int64_t first, int64_t last, Q8Rows& out) 
 }
 
 #if defined(__x86_64__)
+#define SY_AVX2_QUANTIZE_TARGET __attribute__((target("avx2,fma")))
+
+// Horizontal sum and maximum of 8 lanes.
+SY_AVX2_QUANTIZE_TARGET inline int32_t LaneSum8(__m256i v) {
+  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
+  return _mm_cvtsi128_si32(q);
+}
+
+SY_AVX2_QUANTIZE_TARGET inline float LaneMax8(__m256 v) {
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  q = _mm_max_ps(q, _mm_shuffle_ps(q, q, 0x4e));
+  q = _mm_max_ps(q, _mm_shuffle_ps(q, q, 0xb1));
+  return _mm_cvtss_f32(q);
+}
+
 // QuantizeRowRange's arithmetic 16 columns at a time, the same bits: the largest |x| is exact in
 // any order, the product by the inverse and the ±0.5 one rounding each, truncation as
 // static_cast<int> (a non-finite block's NaNs become INT_MIN's low byte, 0, as there). At one row
 // this runs while the other threads wait for it, once per product.
 #define SY_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2")))
 
-// Horizontal sum and maximum of 16 lanes. (Not GCC 12's _mm512_reduce_*: they warn about their
-// own undefined pass-through vectors.)
+// Horizontal sum and maximum of 16 lanes, halved to 8. (Not GCC 12's _mm512_reduce_*: they warn
+// about their own undefined pass-through vectors.)
 SY_AVX512_TARGET inline int32_t LaneSum(__m512i v) {
-  const __m256i h = _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xff, v, 0),
-                                     _mm512_maskz_extracti64x4_epi64(0xff, v, 1));
-  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
-  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
-  return _mm_cvtsi128_si32(q);
+  return LaneSum8(_mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xff, v, 0),
+                                   _mm512_maskz_extracti64x4_epi64(0xff, v, 1)));
 }
 SY_AVX512_TARGET inline float LaneMax(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
-  const __m256 h =
+  return LaneMax8(
       _mm256_max_ps(_mm256_castsi256_ps(_mm512_maskz_extracti64x4_epi64(0xff, bits, 0)),
-                    _mm256_castsi256_ps(_mm512_maskz_extracti64x4_epi64(0xff, bits, 1)));
-  __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_max_ps(q, _mm_shuffle_ps(q, q, 0x4e));
-  q = _mm_max_ps(q, _mm_shuffle_ps(q, q, 0xb1));
-  return _mm_cvtss_f32(q);
+                    _mm256_castsi256_ps(_mm512_maskz_extracti64x4_epi64(0xff, bits, 1))));
 }
 
 SY_AVX512_TARGET void QuantizeRowRangeAvx512(const float* x, int64_t first, int64_t last,
@@ -128,22 +137,6 @@ SY_AVX512_TARGET void QuantizeRowRangeAvx512(const float* x, int64_t first, int6
 // QuantizeRowRange with AVX2, 8 columns at a time (Haswell, Zen 1-3): the same bits for the same
 // reasons. The codes are the low bytes of the truncated int32s (as static_cast<int8_t>), gathered
 // by a byte shuffle rather than saturating packs, which would turn a NaN's INT_MIN into -128.
-#define SY_AVX2_QUANTIZE_TARGET __attribute__((target("avx2,fma")))
-
-SY_AVX2_QUANTIZE_TARGET inline int32_t LaneSum8(__m256i v) {
-  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
-  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
-  return _mm_cvtsi128_si32(q);
-}
-
-SY_AVX2_QUANTIZE_TARGET inline float LaneMax8(__m256 v) {
-  __m128 q = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  q = _mm_max_ps(q, _mm_shuffle_ps(q, q, 0x4e));
-  q = _mm_max_ps(q, _mm_shuffle_ps(q, q, 0xb1));
-  return _mm_cvtss_f32(q);
-}
-
 SY_AVX2_QUANTIZE_TARGET void QuantizeRowRangeAvx2(const float* x, int64_t first, int64_t last,
                                                   Q8Rows& out) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
