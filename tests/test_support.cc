@@ -7,11 +7,13 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <system_error>
 
 #include "cli/token_lists.h"
 
@@ -96,10 +98,38 @@ int64_t LogitComparison::RowsOver(double relative) const {
   return count;
 }
 
+namespace {
+
+// Each test process (CTest runs every test in its own) owns one directory of scratch space and
+// removes it when it exits: a full suite makes about 1,900 of them, 40-50 GB, which filled the CI
+// machine's disk while they were left behind. SWITCHYARD_KEEP_TEST_DIRS=1 keeps them, to look
+// at a failure's files.
+class ProcessTempRoot {
+ public:
+  ProcessTempRoot()
+      : owner_(::getpid()),
+        path_(std::filesystem::temp_directory_path() /
+              ("switchyard-test-" + std::to_string(owner_))) {}
+  ~ProcessTempRoot() {
+    if (::getpid() != owner_) return;  // a forked child leaves its parent's files alone
+    const char* keep = std::getenv("SWITCHYARD_KEEP_TEST_DIRS");
+    if (keep != nullptr && std::string(keep) == "1") return;
+    std::error_code ignored;  // a destructor at exit has no one to report to
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  pid_t owner_;
+  std::filesystem::path path_;
+};
+
+}  // namespace
+
 std::string TempDirectory(const std::string& name) {
   namespace fs = std::filesystem;
-  fs::path dir =
-      fs::temp_directory_path() / ("switchyard-test-" + std::to_string(::getpid())) / name;
+  static const ProcessTempRoot root;
+  fs::path dir = root.path() / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
