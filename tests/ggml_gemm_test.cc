@@ -278,41 +278,61 @@ TEST(GgmlGemmTest, DecodeRowReadsAnyColumnRange) {
 }
 
 // Grouped experts on GGML blocks: each expert's rows give the bits the plain products give.
+// Grouped experts give each expert's plain products, bit for bit: with an expert not held here
+// (its rows left alone), with every expert held and one block layout (every row quantized in one
+// call), and with a down matrix of another layout among them (each expert's rows on their own).
 TEST(GgmlGemmTest, GroupedExpertsEqualPlainProducts) {
   const int64_t hidden = 512, width = 96, experts = 4;
-  std::vector<RandomGgml> gate, up, down;
-  std::vector<std::shared_ptr<const PackedMatrix>> packed;
-  std::vector<kernels::ExpertPanels> panels(experts);
-  for (int64_t e = 0; e < experts; ++e) {
-    gate.push_back(MakeRandom(GgmlType::kQ4_K, width, hidden, 10 + e));
-    up.push_back(MakeRandom(GgmlType::kQ4_K, width, hidden, 20 + e));
-    down.push_back(MakeRandom(GgmlType::kQ8_0, hidden, width, 30 + e));
-  }
-  for (int64_t e = 0; e < experts; ++e) {
-    packed.push_back(PackGgml(gate[e].matrix));
-    packed.push_back(PackGgml(up[e].matrix));
-    packed.push_back(PackGgml(down[e].matrix));
-    if (e == 2) continue;  // not held
-    panels[e] = {packed[3 * e].get(), packed[3 * e + 1].get(), packed[3 * e + 2].get()};
-  }
-  const std::vector<int64_t> offsets = {0, 5, 5, 8, 9};  // expert 1 empty, 2 not held
-  const std::vector<float> x = RandomRows(9, hidden, 8);
-  for (GgmlKernel kernel : Kernels()) {
-    kernels::LimitGgmlKernel(kernel);
-    std::vector<float> out(9 * hidden, -1.0f);
-    kernels::GroupedExpertFfn(x.data(), offsets, panels, hidden, out.data());
-    for (int64_t e : {0, 3}) {
-      const int64_t first = offsets[e], count = offsets[e + 1] - first;
-      std::vector<float> rows(x.begin() + first * hidden, x.begin() + (first + count) * hidden);
-      std::vector<float> g = Product(rows, count, *panels[e].gate);
-      const std::vector<float> u = Product(rows, count, *panels[e].up);
-      kernels::SiluMul(g.data(), u.data(), count * width);
-      const std::vector<float> want = Product(g, count, *panels[e].down);
-      EXPECT_EQ(std::memcmp(want.data(), out.data() + first * hidden, want.size() * 4), 0)
-          << "expert " << e << ", " << kernels::GgmlKernelName(kernel);
+  struct Case {
+    const char* name;
+    bool hold_expert_2;
+    GgmlType expert_3_down;
+  };
+  for (const Case& test : {Case{"expert 2 not held", false, GgmlType::kQ8_0},
+                           Case{"one layout", true, GgmlType::kQ8_0},
+                           Case{"mixed down layouts", true, GgmlType::kQ4_0}}) {
+    SCOPED_TRACE(test.name);
+    std::vector<RandomGgml> gate, up, down;
+    std::vector<std::shared_ptr<const PackedMatrix>> packed;
+    std::vector<kernels::ExpertPanels> panels(experts);
+    for (int64_t e = 0; e < experts; ++e) {
+      gate.push_back(MakeRandom(GgmlType::kQ4_K, width, hidden, 10 + e));
+      up.push_back(MakeRandom(GgmlType::kQ4_K, width, hidden, 20 + e));
+      // Q4_0's codes carry an offset of 8 where Q8_0's carry none: another activation layout.
+      down.push_back(
+          MakeRandom(e == 3 ? test.expert_3_down : GgmlType::kQ8_0, hidden, width, 30 + e));
     }
-    for (int64_t r = 5; r < 8; ++r)  // expert 2's rows are left alone
-      EXPECT_EQ(out[r * hidden], -1.0f);
+    for (int64_t e = 0; e < experts; ++e) {
+      packed.push_back(PackGgml(gate[e].matrix));
+      packed.push_back(PackGgml(up[e].matrix));
+      packed.push_back(PackGgml(down[e].matrix));
+      if (e == 2 && !test.hold_expert_2) continue;
+      panels[e] = {packed[3 * e].get(), packed[3 * e + 1].get(), packed[3 * e + 2].get()};
+    }
+    const std::vector<int64_t> offsets = {0, 5, 5, 8, 9};  // expert 1 empty
+    const std::vector<float> x = RandomRows(9, hidden, 8);
+    for (GgmlKernel kernel : Kernels()) {
+      kernels::LimitGgmlKernel(kernel);
+      std::vector<float> out(9 * hidden, -1.0f);
+      kernels::GroupedExpertFfn(x.data(), offsets, panels, hidden, out.data());
+      for (int64_t e = 0; e < experts; ++e) {
+        const int64_t first = offsets[e], count = offsets[e + 1] - first;
+        if (count == 0) continue;
+        if (panels[e].gate == nullptr) {
+          for (int64_t r = first; r < first + count; ++r)  // rows of an expert not held: untouched
+            EXPECT_EQ(out[r * hidden], -1.0f);
+          continue;
+        }
+        std::vector<float> rows(x.begin() + first * hidden,
+                                x.begin() + (first + count) * hidden);
+        std::vector<float> g = Product(rows, count, *panels[e].gate);
+        const std::vector<float> u = Product(rows, count, *panels[e].up);
+        kernels::SiluMul(g.data(), u.data(), count * width);
+        const std::vector<float> want = Product(g, count, *panels[e].down);
+        EXPECT_EQ(std::memcmp(want.data(), out.data() + first * hidden, want.size() * 4), 0)
+            << "expert " << e << ", " << kernels::GgmlKernelName(kernel);
+      }
+    }
   }
   kernels::LimitGgmlKernel(GgmlKernel::kAvx512Vnni);
 }

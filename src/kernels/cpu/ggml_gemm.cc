@@ -115,15 +115,21 @@ SY_AVX512_TARGET void QuantizeRowRangeAvx512(const float* x, int64_t first, int6
       const float top = LaneMax(largest);
       const float inverse = all_finite && top > 0 ? 127.0f / top : 0.0f;
       const __m512 scale = _mm512_set1_ps(inverse);
-      for (int64_t c = c0; c < c1; c += 16) {
-        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(row + c), scale);
-        const __m512 rounding =
-            _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, zero, _CMP_GE_OQ), minus_half, half);
-        const __m512i q = _mm512_maskz_cvttps_epi32(0xffff, _mm512_add_ps(v, rounding));
-        const __m128i bytes = _mm512_maskz_cvtepi32_epi8(0xffff, q);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + c), bytes);
-        // Summed as stored (a NaN's INT_MIN is 0 as a byte).
-        sums[c / out.sub_cols] += LaneSum(_mm512_maskz_cvtepi8_epi32(0xffff, bytes));
+      // Sums as in the AVX2 form: int32 lanes per sub-block, reduced once; none for a
+      // non-finite block, whose codes are all 0.
+      for (int64_t s0 = c0; s0 < c1; s0 += out.sub_cols) {
+        const int64_t s1 = std::min(c1, s0 + out.sub_cols);
+        __m512i sum = _mm512_setzero_si512();
+        for (int64_t c = s0; c < s1; c += 16) {
+          const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(row + c), scale);
+          const __m512 rounding =
+              _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, zero, _CMP_GE_OQ), minus_half, half);
+          const __m512i q = _mm512_maskz_cvttps_epi32(0xffff, _mm512_add_ps(v, rounding));
+          sum = _mm512_add_epi32(sum, q);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + c),
+                           _mm512_maskz_cvtepi32_epi8(0xffff, q));
+        }
+        if (all_finite) sums[s0 / out.sub_cols] += LaneSum(sum);
       }
       out.scales[r * out.blocks + b] = all_finite ? top / 127.0f : NAN;
     }
@@ -146,6 +152,7 @@ SY_AVX2_QUANTIZE_TARGET void QuantizeRowRangeAvx2(const float* x, int64_t first,
   const __m256i low_bytes =
       _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
                        -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i low_words = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
   for (int64_t r = first; r < last; ++r) {
     const float* row = x + r * out.cols;
     int8_t* codes = out.codes.data() + r * out.stride;
@@ -164,18 +171,24 @@ SY_AVX2_QUANTIZE_TARGET void QuantizeRowRangeAvx2(const float* x, int64_t first,
       const float top = all_finite ? LaneMax8(largest) : 0.0f;
       const float inverse = all_finite && top > 0 ? 127.0f / top : 0.0f;
       const __m256 scale = _mm256_set1_ps(inverse);
-      for (int64_t c = c0; c < c1; c += 8) {
-        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(row + c), scale);
-        const __m256 rounding =
-            _mm256_blendv_ps(minus_half, half, _mm256_cmp_ps(v, zero, _CMP_GE_OQ));
-        const __m256i q =
-            _mm256_shuffle_epi8(_mm256_cvttps_epi32(_mm256_add_ps(v, rounding)), low_bytes);
-        const int32_t lo = _mm256_extract_epi32(q, 0), hi = _mm256_extract_epi32(q, 4);
-        std::memcpy(codes + c, &lo, 4);
-        std::memcpy(codes + c + 4, &hi, 4);
-        // Summed as stored (a NaN's INT_MIN is 0 as a byte).
-        sums[c / out.sub_cols] += LaneSum8(
-            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + c))));
+      // A sub-block's codes summed as int32 lanes and reduced once: in a finite block each code
+      // is its int32 (|q| <= 127). A non-finite block's codes are all 0 (NaN times 0 truncates
+      // to INT_MIN, whose low byte is 0), and so are its sums: its lanes are not added.
+      for (int64_t s0 = c0; s0 < c1; s0 += out.sub_cols) {
+        const int64_t s1 = std::min(c1, s0 + out.sub_cols);
+        __m256i sum = _mm256_setzero_si256();
+        for (int64_t c = s0; c < s1; c += 8) {
+          const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(row + c), scale);
+          const __m256 rounding =
+              _mm256_blendv_ps(minus_half, half, _mm256_cmp_ps(v, zero, _CMP_GE_OQ));
+          const __m256i q = _mm256_cvttps_epi32(_mm256_add_ps(v, rounding));
+          sum = _mm256_add_epi32(sum, q);
+          // Each lane's low byte to bytes 0-3 of its half, then both halves to the low 8 bytes.
+          const __m256i bytes =
+              _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(q, low_bytes), low_words);
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + c), _mm256_castsi256_si128(bytes));
+        }
+        if (all_finite) sums[s0 / out.sub_cols] += LaneSum8(sum);
       }
       out.scales[r * out.blocks + b] = all_finite ? top / 127.0f : NAN;
     }

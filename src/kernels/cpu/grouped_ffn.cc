@@ -33,13 +33,13 @@ int64_t PanelsPerItem(Path path, int64_t rows) {
 }
 
 // One expert's rows against panels [p, p_end) of w, by its path (x_int8: the whole batch;
-// x_ggml: this expert's rows).
+// x_ggml: the expert's rows from row ggml_first).
 void Product(Path path, const float* x, const uint16_t* x_bf16, const Int8Rows& x_int8,
-             const Q8Rows& x_ggml, int64_t first, int64_t rows, const PackedMatrix& w, int64_t p,
-             int64_t p_end, float* y) {
+             const Q8Rows& x_ggml, int64_t ggml_first, int64_t first, int64_t rows,
+             const PackedMatrix& w, int64_t p, int64_t p_end, float* y) {
   if (path == Path::kGgml) {
     if (x_ggml.Fits(w)) {
-      GgmlPanels(x_ggml, 0, rows, w, p, p_end, y);
+      GgmlPanels(x_ggml, ggml_first, rows, w, p, p_end, y);
     } else {  // gate and up with different block layouts (not in llama.cpp's mixes)
       thread_local Q8Rows own;
       QuantizeRowsQ8(x, rows, w, own, /*parallel=*/false);
@@ -131,8 +131,13 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
   // Experts on the dot kernel, or with enough rows for the bf16 GEMM, take their rows rounded
   // to bf16 once.
   std::vector<std::vector<uint16_t>> x_bf16(static_cast<size_t>(experts_count));
-  // Experts with GGML blocks: their rows quantized for their weights' block layout.
+  // Experts with GGML blocks: their rows quantized for their weights' block layout, all in
+  // x_ggml_all where every such expert has the same layout (one call for the batch: at one
+  // token the per-expert calls were most of the setup between the layer's two phases), else
+  // each in its own.
   std::vector<Q8Rows> x_ggml(static_cast<size_t>(experts_count));
+  Q8Rows x_ggml_all;
+  bool ggml_all = false;
   std::vector<Path> path(static_cast<size_t>(experts_count), Path::kF32);
   auto choose = [&](int64_t e, const PackedMatrix& w) {
     const int64_t count = offsets[e + 1] - offsets[e];
@@ -142,9 +147,28 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     if (UseBf16Dot(w)) return Path::kDot;
     return UseBf16Gemm(count, w) ? Path::kBf16Gemm : Path::kF32;
   };
+  // Whether one quantization of every row serves all the experts: each with rows takes GGML
+  // blocks of one activation layout.
+  auto one_ggml_layout = [&](bool down) {
+    const PackedMatrix* first = nullptr;
+    for (int64_t e = 0; e < experts_count; ++e) {
+      if (offsets[e + 1] == offsets[e]) continue;
+      if (path[e] != Path::kGgml) return false;
+      const PackedMatrix& w = down ? *experts[e].down : *experts[e].gate;
+      if (first == nullptr) {
+        first = &w;
+      } else if (w.cols != first->cols || w.super_cols != first->super_cols ||
+                 w.sub_cols != first->sub_cols || w.shared_d != first->shared_d ||
+                 (w.shared_d && w.ggml_offset != first->ggml_offset)) {
+        return false;
+      }
+    }
+    return first != nullptr;
+  };
   auto round_rows = [&](const float* source, int64_t e, int64_t cols, bool down) {
     const int64_t count = offsets[e + 1] - offsets[e];
     if (path[e] == Path::kGgml) {
+      if (ggml_all) return;
       // For gate's layout, which up shares in llama.cpp's files (else Product requantizes).
       QuantizeRowsQ8(source + offsets[e] * cols, count, down ? *experts[e].down : *experts[e].gate,
                      x_ggml[e], /*parallel=*/false);
@@ -178,6 +202,18 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       QuantizeRowsInt8(source, rows, cols, x_int8);
   };
   quantize_all(x, hidden);
+  // The GGML rows in one call where the layouts allow (the first expert's matrix stands for all).
+  auto quantize_ggml_all = [&](const float* source, bool down) {
+    ggml_all = one_ggml_layout(down);
+    if (!ggml_all) return;
+    for (int64_t e = 0; e < experts_count; ++e)
+      if (offsets[e + 1] > offsets[e]) {
+        const PackedMatrix& w = down ? *experts[e].down : *experts[e].gate;
+        QuantizeRowsQ8(source, rows, w, x_ggml_all, /*parallel=*/rows * w.cols >= 65536);
+        return;
+      }
+  };
+  quantize_ggml_all(x, false);
   // A few decode rows are quantized faster than the pool wakes.
   ThreadPool::Global().ParallelForIf(rows * hidden >= 65536, static_cast<size_t>(experts_count),
                                      [&](size_t begin, size_t end) {
@@ -200,19 +236,23 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     const uint16_t* xb = x_bf16[e].data();
     float* gate = hidden_rows.data() + first * width;
     float* up = up_rows.data() + first * width;
-    Product(path[e], x + first * hidden, xb, x_int8, x_ggml[e], first, count, *w.gate, p, p_end,
+    const Q8Rows& xq = ggml_all ? x_ggml_all : x_ggml[e];
+    const int64_t q_first = ggml_all ? first : 0;
+    Product(path[e], x + first * hidden, xb, x_int8, xq, q_first, first, count, *w.gate, p, p_end,
             gate);
-    Product(path[e], x + first * hidden, xb, x_int8, x_ggml[e], first, count, *w.up, p, p_end, up);
+    Product(path[e], x + first * hidden, xb, x_int8, xq, q_first, first, count, *w.up, p, p_end,
+            up);
     const int64_t c0 = p * kPanelRows, c1 = std::min(width, p_end * kPanelRows);
     for (int64_t r = 0; r < count; ++r)
       SiluMul(gate + r * width + c0, up + r * width + c0, c1 - c0);
   });
 
   // Phase 2: down.
-  for (int64_t e = 0; e < experts_count; ++e) {
+  for (int64_t e = 0; e < experts_count; ++e)
     path[e] = experts[e].gate ? choose(e, *experts[e].down) : Path::kF32;
+  quantize_ggml_all(hidden_rows.data(), true);
+  for (int64_t e = 0; e < experts_count; ++e)
     round_rows(hidden_rows.data(), e, width, true);
-  }
   quantize_all(hidden_rows.data(), width);
   items = build_items(true);
   BalancedFor(items.size(), item_cost, [&](size_t i) {
@@ -220,8 +260,9 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     const int64_t first = offsets[e], count = offsets[e + 1] - first;
     const PackedMatrix& down = *experts[e].down;
     const int64_t p_end = std::min<int64_t>(down.panels, p + PanelsPerItem(path[e], count));
-    Product(path[e], hidden_rows.data() + first * width, x_bf16[e].data(), x_int8, x_ggml[e], first,
-            count, down, p, p_end, out + first * hidden);
+    Product(path[e], hidden_rows.data() + first * width, x_bf16[e].data(), x_int8,
+            ggml_all ? x_ggml_all : x_ggml[e], ggml_all ? first : 0, first, count, down, p, p_end,
+            out + first * hidden);
   });
 }
 
