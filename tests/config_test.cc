@@ -90,6 +90,26 @@ TEST(ConfigTest, UnsupportedValuesAreRejectedByName) {
   }
 }
 
+// Integers may be written as integral floats (4096.0); numbers past int64's range are refused by
+// name rather than converted (a double such as 1.2e69 has no defined conversion: the hf_int4
+// fuzzer found one in group_size).
+TEST(ConfigTest, IntegerFieldsTakeIntegralFloatsAndRefuseOutOfRange) {
+  auto config = ParseEdited([](auto& j) { j["hidden_size"] = 256.0; });
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config.value().hidden_size, 256);
+  for (const char* text : {"1.2e69", "-1e300", "18446744073709551615", "9223372036854775808.0"}) {
+    SCOPED_TRACE(text);
+    config = ParseEdited([&](auto& j) { j["hidden_size"] = nlohmann::json::parse(text); });
+    ASSERT_FALSE(config.ok());
+    EXPECT_NE(config.status().message().find("'hidden_size' is out of range"), std::string::npos)
+        << config.status().message();
+  }
+  config = ParseEdited([](auto& j) { j["hidden_size"] = 256.5; });
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("'hidden_size' must be an integer"), std::string::npos)
+      << config.status().message();
+}
+
 TEST(ConfigTest, NotJsonIsAnError) {
   EXPECT_FALSE(ParseModelConfig("{", "config.json").ok());
   EXPECT_FALSE(ParseModelConfig("[]", "config.json").ok());

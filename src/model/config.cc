@@ -1,6 +1,8 @@
 #include "model/config.h"
 
 #include <cctype>
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -26,12 +28,25 @@ class FieldReader {
       return;
     }
     if (!it->is_number_integer()) {
-      // Accept integral floats such as 4096.0; reject anything else.
-      if (it->is_number_float() && it->get<double>() == static_cast<int64_t>(it->get<double>())) {
-        out = static_cast<int64_t>(it->get<double>());
-        return;
+      // Accept integral floats such as 4096.0; reject anything else. The range is checked before
+      // the cast: a double past int64's range (1.2e69, found by the hf_int4 fuzzer) has no
+      // defined conversion.
+      if (it->is_number_float()) {
+        const double value = it->get<double>();
+        if (!(value >= -0x1p63 && value < 0x1p63)) {
+          Fail(name, "is out of range");
+          return;
+        }
+        if (value == std::trunc(value)) {
+          out = static_cast<int64_t>(value);
+          return;
+        }
       }
       Fail(name, "must be an integer");
+      return;
+    }
+    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      Fail(name, "is out of range");
       return;
     }
     out = it->get<int64_t>();

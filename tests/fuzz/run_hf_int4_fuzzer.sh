@@ -19,5 +19,9 @@ open(os.path.join(out, "seed-config"), "wb").write(
     b"\x80" + b'{"quant_method":"compressed-tensors","format":"pack-quantized","config_groups":'
     b'{"g":{"targets":["Linear"],"weights":{"num_bits":4,"type":"int","symmetric":true,'
     b'"strategy":"group","group_size":128}}},"ignore":["lm_head"]}')
+# A group_size past int64's range as a float: the reader once cast it unchecked (undefined).
+open(os.path.join(out, "seed-config-huge"), "wb").write(
+    b"\x80" + b'{"quant_method":"awq","bits":4,"group_size":1.2e69,"zero_point":true,'
+    b'"version":"gemm"}')
 PY
 fuzz_run 8192
