@@ -524,23 +524,26 @@ std::string GoldenTokensText() {
   return text;
 }
 
-// llama.cpp's logits on the default model's Q8_0 file, committed with the script that made them
+// llama.cpp's logits on the default model's Q8_0 file and on its Q4_K mix (Q4_K, Q6_K, Q5_0 and
+// Q8_0, as in a Q4_K_M), committed with the script that made them
 // (tools/llama_cpp/make_llama_fixture.sh, llama-cpp-python 0.3.36), so every run compares with
-// llama.cpp without building it. The file must be the one they were made on (its SHA-256).
+// llama.cpp without building it. Each file must be the one they were made on (its SHA-256).
 TEST(GgufModelTest, LogitsMatchLlamaCppOnTheSameFile) {
-  const std::string file = kModels + "/default-q8_0.gguf";
   const std::string fixtures = std::string(SY_FIXTURES_DIR) + "/gguf";
-  std::string expected = ReadAll(fixtures + "/llama-cpp-q8_0.sha256");
-  expected.erase(expected.find_last_not_of(" \n") + 1);
-  std::string digest(64, '\0');
-  FILE* pipe = popen(("sha256sum " + file).c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  digest.resize(std::fread(digest.data(), 1, digest.size(), pipe));
-  pclose(pipe);
-  ASSERT_EQ(digest, expected) << file
-                              << " is not the file llama.cpp's logits were made on: rerun "
-                                 "tools/llama_cpp/make_llama_fixture.sh";
-  ExpectLlamaCppLogits(file, fixtures + "/llama-cpp-q8_0-logits.bin");
+  for (const std::string& name : {std::string("q8_0"), std::string("q4_k_mix")}) {
+    const std::string file = kModels + "/default-" + name + ".gguf";
+    std::string expected = ReadAll(fixtures + "/llama-cpp-" + name + ".sha256");
+    expected.erase(expected.find_last_not_of(" \n") + 1);
+    std::string digest(64, '\0');
+    FILE* pipe = popen(("sha256sum " + file).c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    digest.resize(std::fread(digest.data(), 1, digest.size(), pipe));
+    pclose(pipe);
+    ASSERT_EQ(digest, expected) << file
+                                << " is not the file llama.cpp's logits were made on: rerun "
+                                   "tools/llama_cpp/make_llama_fixture.sh";
+    ExpectLlamaCppLogits(file, fixtures + "/llama-cpp-" + name + "-logits.bin");
+  }
 }
 
 // The same through llama.cpp itself, where its pinned build is at hand (SY_LLAMA_PYTHON, else
@@ -564,7 +567,7 @@ TEST(GgufModelTest, LogitsMatchLlamaCppRunHereOnItsOwnQ4KM) {
                         .c_str()),
         0);
   }
-  for (const std::string file : {kModels + "/default-q8_0.gguf", q4_k_m}) {
+  for (const std::string& file : {kModels + "/default-q8_0.gguf", q4_k_m}) {
     const std::string out = ::testing::TempDir() + "/llama-logits.bin";
     ASSERT_EQ(std::system((python + " " + script + " logits " + file + " '" + GoldenTokensText() +
                            "' " + out + " 2 >/dev/null 2>&1")
