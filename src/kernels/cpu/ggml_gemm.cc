@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "base/thread_pool.h"
+#include "kernels/cpu/ggml_quantize.h"
 #include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/row_tiles.h"
 #include "tensor/ggml_quants.h"
@@ -25,178 +26,6 @@ GgmlKernel kernel_limit = GgmlKernel::kAvx512Vnni;
 constexpr int kMaxTileRows = 8;
 // Software prefetch distance in a panel stream (as the other kernels: 2 KiB).
 constexpr int64_t kPrefetchBytes = 2048;
-
-void QuantizeRowRange(const float* x, int64_t first, int64_t last, Q8Rows& out) {
-  for (int64_t r = first; r < last; ++r) {
-    const float* row = x + r * out.cols;
-    int8_t* codes = out.codes.data() + r * out.stride;
-    for (int64_t b = 0; b < out.blocks; ++b) {
-      const int64_t c0 = b * out.block_cols, c1 = c0 + out.block_cols;
-      float largest = 0;
-      bool finite = true;
-      for (int64_t c = c0; c < c1; ++c) {
-        largest = std::max(largest, std::fabs(row[c]));
-        finite = finite && std::isfinite(row[c]);
-      }
-      const float inverse = finite && largest > 0 ? 127.0f / largest : 0.0f;
-      for (int64_t c = c0; c < c1; ++c) {
-        const float v = row[c] * inverse;  // |v| ≤ 127; half away from zero
-        codes[c] = static_cast<int8_t>(static_cast<int>(v + (v >= 0 ? 0.5f : -0.5f)));
-      }
-      out.scales[r * out.blocks + b] = finite ? largest / 127.0f : NAN;
-    }
-    for (int64_t j = 0; j < out.subs; ++j) {
-      int32_t sum = 0;
-      for (int64_t c = j * out.sub_cols; c < (j + 1) * out.sub_cols; ++c)
-        sum += codes[c];
-      out.sums[r * out.subs + j] = sum * out.offset;
-    }
-  }
-}
-
-#if defined(__x86_64__)
-#define SY_AVX2_QUANTIZE_TARGET __attribute__((target("avx2,fma")))
-
-// Horizontal sum and maximum of 8 lanes.
-SY_AVX2_QUANTIZE_TARGET inline int32_t LaneSum8(__m256i v) {
-  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
-  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
-  return _mm_cvtsi128_si32(q);
-}
-
-SY_AVX2_QUANTIZE_TARGET inline float LaneMax8(__m256 v) {
-  __m128 q = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  q = _mm_max_ps(q, _mm_shuffle_ps(q, q, 0x4e));
-  q = _mm_max_ps(q, _mm_shuffle_ps(q, q, 0xb1));
-  return _mm_cvtss_f32(q);
-}
-
-// QuantizeRowRange's arithmetic 16 columns at a time, the same bits: the largest |x| is exact in
-// any order, the product by the inverse and the ±0.5 one rounding each, truncation as
-// static_cast<int> (a non-finite block's NaNs become INT_MIN's low byte, 0, as there). At one row
-// this runs while the other threads wait for it, once per product.
-#define SY_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2")))
-
-// Horizontal sum and maximum of 16 lanes, halved to 8. (Not GCC 12's _mm512_reduce_*: they warn
-// about their own undefined pass-through vectors.)
-SY_AVX512_TARGET inline int32_t LaneSum(__m512i v) {
-  return LaneSum8(_mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xff, v, 0),
-                                   _mm512_maskz_extracti64x4_epi64(0xff, v, 1)));
-}
-SY_AVX512_TARGET inline float LaneMax(__m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  return LaneMax8(
-      _mm256_max_ps(_mm256_castsi256_ps(_mm512_maskz_extracti64x4_epi64(0xff, bits, 0)),
-                    _mm256_castsi256_ps(_mm512_maskz_extracti64x4_epi64(0xff, bits, 1))));
-}
-
-SY_AVX512_TARGET void QuantizeRowRangeAvx512(const float* x, int64_t first, int64_t last,
-                                             Q8Rows& out) {
-  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
-  const __m512 infinity = _mm512_set1_ps(INFINITY), half = _mm512_set1_ps(0.5f);
-  const __m512 minus_half = _mm512_set1_ps(-0.5f), zero = _mm512_setzero_ps();
-  for (int64_t r = first; r < last; ++r) {
-    const float* row = x + r * out.cols;
-    int8_t* codes = out.codes.data() + r * out.stride;
-    int32_t* sums = out.sums.data() + r * out.subs;
-    std::fill(sums, sums + out.subs, 0);
-    for (int64_t b = 0; b < out.blocks; ++b) {
-      const int64_t c0 = b * out.block_cols, c1 = c0 + out.block_cols;
-      __m512 largest = zero;
-      __mmask16 finite = 0xffff;
-      for (int64_t c = c0; c < c1; c += 16) {
-        const __m512 a = _mm512_castsi512_ps(
-            _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(row + c)), magnitude));
-        finite &= _mm512_cmp_ps_mask(a, infinity, _CMP_LT_OQ);  // false for ±inf and NaN
-        largest = _mm512_maskz_max_ps(0xffff, largest, a);
-      }
-      const bool all_finite = finite == 0xffff;
-      const float top = LaneMax(largest);
-      const float inverse = all_finite && top > 0 ? 127.0f / top : 0.0f;
-      const __m512 scale = _mm512_set1_ps(inverse);
-      // Sums as in the AVX2 form: int32 lanes per sub-block, reduced once; none for a
-      // non-finite block, whose codes are all 0.
-      for (int64_t s0 = c0; s0 < c1; s0 += out.sub_cols) {
-        const int64_t s1 = std::min(c1, s0 + out.sub_cols);
-        __m512i sum = _mm512_setzero_si512();
-        for (int64_t c = s0; c < s1; c += 16) {
-          const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(row + c), scale);
-          const __m512 rounding =
-              _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, zero, _CMP_GE_OQ), minus_half, half);
-          const __m512i q = _mm512_maskz_cvttps_epi32(0xffff, _mm512_add_ps(v, rounding));
-          sum = _mm512_add_epi32(sum, q);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + c),
-                           _mm512_maskz_cvtepi32_epi8(0xffff, q));
-        }
-        if (all_finite) sums[s0 / out.sub_cols] += LaneSum(sum);
-      }
-      out.scales[r * out.blocks + b] = all_finite ? top / 127.0f : NAN;
-    }
-    for (int64_t j = 0; j < out.subs; ++j)
-      sums[j] *= out.offset;
-  }
-}
-#endif
-
-#if defined(__x86_64__)
-// QuantizeRowRange with AVX2, 8 columns at a time (Haswell, Zen 1-3): the same bits for the same
-// reasons. The codes are the low bytes of the truncated int32s (as static_cast<int8_t>), gathered
-// by a byte shuffle rather than saturating packs, which would turn a NaN's INT_MIN into -128.
-SY_AVX2_QUANTIZE_TARGET void QuantizeRowRangeAvx2(const float* x, int64_t first, int64_t last,
-                                                  Q8Rows& out) {
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 infinity = _mm256_set1_ps(INFINITY), half = _mm256_set1_ps(0.5f);
-  const __m256 minus_half = _mm256_set1_ps(-0.5f), zero = _mm256_setzero_ps();
-  // Byte 0 of each int32 lane to bytes 0-3 of each 128-bit half.
-  const __m256i low_bytes =
-      _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
-                       -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i low_words = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
-  for (int64_t r = first; r < last; ++r) {
-    const float* row = x + r * out.cols;
-    int8_t* codes = out.codes.data() + r * out.stride;
-    int32_t* sums = out.sums.data() + r * out.subs;
-    std::fill(sums, sums + out.subs, 0);
-    for (int64_t b = 0; b < out.blocks; ++b) {
-      const int64_t c0 = b * out.block_cols, c1 = c0 + out.block_cols;
-      __m256 largest = zero;
-      int finite = 0xff;
-      for (int64_t c = c0; c < c1; c += 8) {
-        const __m256 a = _mm256_and_ps(_mm256_loadu_ps(row + c), magnitude);
-        finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, infinity, _CMP_LT_OQ));  // not ±inf, NaN
-        largest = _mm256_max_ps(largest, a);
-      }
-      const bool all_finite = finite == 0xff;
-      const float top = all_finite ? LaneMax8(largest) : 0.0f;
-      const float inverse = all_finite && top > 0 ? 127.0f / top : 0.0f;
-      const __m256 scale = _mm256_set1_ps(inverse);
-      // A sub-block's codes summed as int32 lanes and reduced once: in a finite block each code
-      // is its int32 (|q| <= 127). A non-finite block's codes are all 0 (NaN times 0 truncates
-      // to INT_MIN, whose low byte is 0), and so are its sums: its lanes are not added.
-      for (int64_t s0 = c0; s0 < c1; s0 += out.sub_cols) {
-        const int64_t s1 = std::min(c1, s0 + out.sub_cols);
-        __m256i sum = _mm256_setzero_si256();
-        for (int64_t c = s0; c < s1; c += 8) {
-          const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(row + c), scale);
-          const __m256 rounding =
-              _mm256_blendv_ps(minus_half, half, _mm256_cmp_ps(v, zero, _CMP_GE_OQ));
-          const __m256i q = _mm256_cvttps_epi32(_mm256_add_ps(v, rounding));
-          sum = _mm256_add_epi32(sum, q);
-          // Each lane's low byte to bytes 0-3 of its half, then both halves to the low 8 bytes.
-          const __m256i bytes =
-              _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(q, low_bytes), low_words);
-          _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + c), _mm256_castsi256_si128(bytes));
-        }
-        if (all_finite) sums[s0 / out.sub_cols] += LaneSum8(sum);
-      }
-      out.scales[r * out.blocks + b] = all_finite ? top / 127.0f : NAN;
-    }
-    for (int64_t j = 0; j < out.subs; ++j)
-      sums[j] *= out.offset;
-  }
-}
-#endif
 
 // Code c of row i of a panel, whatever the code width.
 int CodeAt(const PackedMatrix& w, const uint8_t* codes, int64_t i, int64_t c) {
@@ -684,24 +513,13 @@ void QuantizeRowsQ8(const float* x, int64_t m, const PackedMatrix& w, Q8Rows& ou
   out.scales.resize(static_cast<size_t>(m * out.blocks));
   out.sums.resize(static_cast<size_t>(m * out.subs));
   // Columns in whole vectors: every block size is a multiple of 16 (32, 256; 128 for HF int4).
-  const GgmlKernel kernel = ActiveGgmlKernel();
-  const bool whole_vectors = out.block_cols % 16 == 0 && out.sub_cols % 16 == 0;
-  [[maybe_unused]] const bool avx512 = kernel == GgmlKernel::kAvx512Vnni && whole_vectors;
-  [[maybe_unused]] const bool avx2 = kernel == GgmlKernel::kAvx2 && whole_vectors;
+  const bool vector = ActiveGgmlKernel() != GgmlKernel::kPortable && out.block_cols % 16 == 0 &&
+                      out.sub_cols % 16 == 0;
   ThreadPool::Global().ParallelForIf(
       parallel && m > 1 && m * w.cols >= 8192, static_cast<size_t>(m),
       [&](size_t begin, size_t end) {
-#if defined(__x86_64__)
-        if (avx512) {
-          QuantizeRowRangeAvx512(x, static_cast<int64_t>(begin), static_cast<int64_t>(end), out);
-          return;
-        }
-        if (avx2) {
-          QuantizeRowRangeAvx2(x, static_cast<int64_t>(begin), static_cast<int64_t>(end), out);
-          return;
-        }
-#endif
-        QuantizeRowRange(x, static_cast<int64_t>(begin), static_cast<int64_t>(end), out);
+        (vector ? QuantizeRowRangeVector : QuantizeRowRangeScalar)(
+            x, static_cast<int64_t>(begin), static_cast<int64_t>(end), out);
       });
 }
 
