@@ -323,8 +323,7 @@ TEST(GgmlGemmTest, GroupedExpertsEqualPlainProducts) {
             EXPECT_EQ(out[r * hidden], -1.0f);
           continue;
         }
-        std::vector<float> rows(x.begin() + first * hidden,
-                                x.begin() + (first + count) * hidden);
+        std::vector<float> rows(x.begin() + first * hidden, x.begin() + (first + count) * hidden);
         std::vector<float> g = Product(rows, count, *panels[e].gate);
         const std::vector<float> u = Product(rows, count, *panels[e].up);
         kernels::SiluMul(g.data(), u.data(), count * width);

@@ -505,7 +505,7 @@ void QuantizeRowsQ8(const float* x, int64_t m, const PackedMatrix& w, Q8Rows& ou
   out.sub_cols = w.sub_cols;
   out.blocks = w.cols / w.super_cols;
   out.subs = w.cols / w.sub_cols;
-  out.offset = w.shared_d ? w.ggml_offset : 1;
+  out.offset = Q8Rows::ActivationOffset(w);
   // An odd number of cache lines between rows: the kernel reads the same columns of every row.
   out.stride = (w.cols + kLine - 1) / kLine * kLine;
   if (out.stride / kLine % 2 == 0) out.stride += kLine;
@@ -515,12 +515,12 @@ void QuantizeRowsQ8(const float* x, int64_t m, const PackedMatrix& w, Q8Rows& ou
   // Columns in whole vectors: every block size is a multiple of 16 (32, 256; 128 for HF int4).
   const bool vector = ActiveGgmlKernel() != GgmlKernel::kPortable && out.block_cols % 16 == 0 &&
                       out.sub_cols % 16 == 0;
-  ThreadPool::Global().ParallelForIf(
-      parallel && m > 1 && m * w.cols >= 8192, static_cast<size_t>(m),
-      [&](size_t begin, size_t end) {
-        (vector ? QuantizeRowRangeVector : QuantizeRowRangeScalar)(
-            x, static_cast<int64_t>(begin), static_cast<int64_t>(end), out);
-      });
+  ThreadPool::Global().ParallelForIf(parallel && m > 1 && m * w.cols >= 8192,
+                                     static_cast<size_t>(m), [&](size_t begin, size_t end) {
+                                       (vector ? QuantizeRowRangeVector : QuantizeRowRangeScalar)(
+                                           x, static_cast<int64_t>(begin),
+                                           static_cast<int64_t>(end), out);
+                                     });
 }
 
 void GgmlPanels(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w,

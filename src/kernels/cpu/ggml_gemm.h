@@ -40,9 +40,18 @@ struct Q8Rows {
   const int32_t* Sums(int64_t row) const { return sums.data() + row * subs; }
   bool Fits(const PackedMatrix& w) const {
     return cols == w.cols && block_cols == w.super_cols && sub_cols == w.sub_cols &&
-           offset == (w.shared_d ? w.ggml_offset : 1);
+           offset == ActivationOffset(w);
   }
+  // What the code sums are multiplied by for `w`: its code offset where d is shared, else 1.
+  static int ActivationOffset(const PackedMatrix& w) { return w.shared_d ? w.ggml_offset : 1; }
 };
+
+// Whether rows quantized for `a` serve products against `b` (and back): the same columns,
+// blocks, sub-blocks and code-sum factor.
+inline bool SameActivationLayout(const PackedMatrix& a, const PackedMatrix& b) {
+  return a.cols == b.cols && a.super_cols == b.super_cols && a.sub_cols == b.sub_cols &&
+         Q8Rows::ActivationOffset(a) == Q8Rows::ActivationOffset(b);
+}
 
 // Quantizes rows [0, m) of x [m][w.cols] for products against `w` (dtype kGgml). A block holding
 // NaN or ±inf gets a NaN scale, so the outputs it feeds are NaN. `parallel`: rows spread over the

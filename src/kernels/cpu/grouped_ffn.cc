@@ -157,9 +157,7 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       const PackedMatrix& w = down ? *experts[e].down : *experts[e].gate;
       if (first == nullptr) {
         first = &w;
-      } else if (w.cols != first->cols || w.super_cols != first->super_cols ||
-                 w.sub_cols != first->sub_cols || w.shared_d != first->shared_d ||
-                 (w.shared_d && w.ggml_offset != first->ggml_offset)) {
+      } else if (!SameActivationLayout(w, *first)) {
         return false;
       }
     }
