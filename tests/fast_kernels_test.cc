@@ -8,6 +8,8 @@
 #include <cstring>
 #include <random>
 
+#include <sys/mman.h>
+
 #include "base/thread_pool.h"
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/fast_linear.h"
@@ -184,6 +186,66 @@ TEST_P(PerTarget, RowsAreTheSameBitsAtEveryBatchSize) {
 
 INSTANTIATE_TEST_SUITE_P(Targets, PerTarget, ::testing::ValuesIn(kernels::PanelGemmTargets()),
                          TargetName);
+
+// Whether [p, p + bytes) is mapped: mincore fails with ENOMEM on an unmapped page.
+bool Mapped(const uint8_t* p, size_t bytes) {
+  const uintptr_t page = 4096, start = reinterpret_cast<uintptr_t>(p) / page * page;
+  std::vector<unsigned char> resident((reinterpret_cast<uintptr_t>(p) + bytes - start + page - 1) /
+                                      page);
+  return ::mincore(reinterpret_cast<void*>(start), reinterpret_cast<uintptr_t>(p) + bytes - start,
+                   resident.data()) == 0;
+}
+
+TEST(PanelArenaTest, SmallMatricesOfALoadShareAChunkThatLivesWhileAnyOfThem) {
+  const size_t sizes[] = {1000, 64 * 1024, (1u << 20) + 7};
+  std::vector<std::shared_ptr<uint8_t>> pieces;
+  {
+    PanelArenaScope scope;
+    for (size_t bytes : sizes)
+      pieces.push_back(AllocatePanels(bytes));
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const uint8_t* p = pieces[i].get();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << i;
+    EXPECT_TRUE(std::all_of(p, p + sizes[i], [](uint8_t b) { return b == 0; })) << i;
+    std::memset(pieces[i].get(), 0xa5, sizes[i]);  // writable, and no piece overlaps another
+    if (i > 0) {  // side by side: each after the previous one, rounded to 64 bytes
+      EXPECT_EQ(p - pieces[i - 1].get(), static_cast<ptrdiff_t>((sizes[i - 1] + 63) / 64 * 64))
+          << i;
+    }
+  }
+  for (size_t i = 0; i < pieces.size(); ++i)
+    EXPECT_EQ(pieces[i].get()[sizes[i] - 1], 0xa5) << i;
+  // The chunk outlives the scope while a piece lives, and goes with the last one.
+  const uint8_t* first = pieces[0].get();
+  pieces.erase(pieces.begin(), pieces.begin() + 2);
+  EXPECT_TRUE(Mapped(first, 64));
+  pieces.clear();
+  EXPECT_FALSE(Mapped(first, 64));
+
+  // The chunk's untouched tail goes back when the load ends, and freeing the chunk later leaves
+  // alone whatever was mapped there since.
+  std::shared_ptr<uint8_t> piece;
+  {
+    PanelArenaScope scope;
+    piece = AllocatePanels(1000);
+  }
+  uint8_t* tail = piece.get() + (2u << 20);
+  void* other = ::mmap(tail, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(other, MAP_FAILED);
+  EXPECT_EQ(other, tail) << "the kernel did not place the mapping in the returned tail";
+  piece.reset();
+  EXPECT_TRUE(Mapped(static_cast<uint8_t*>(other), 4096));
+  ::munmap(other, 4096);
+
+  // Outside a scope small matrices come from the heap (not side by side in a chunk); large ones
+  // are mapped on their own either way.
+  auto heap = AllocatePanels(1000);
+  auto large = AllocatePanels(3u << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(heap.get()) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large.get()) % (2u << 20), 0u);
+  EXPECT_EQ(large.get()[(3u << 20) - 1], 0);
+}
 
 TEST(FastKernelsTest, PartialFp8BlocksUseTheirOwnScales) {
   // 16-row blocks: every panel has its own scale row; 40 columns leave a partial column block.

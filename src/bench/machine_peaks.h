@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace sy::bench {
 
@@ -47,7 +48,7 @@ class ReadBandwidthProbe {
   double MeasureGbps(int repetitions);
 
  private:
-  float* data_;
+  std::shared_ptr<uint8_t> data_;  // floats, in huge pages
   size_t floats_;
 };
 

@@ -11,6 +11,7 @@
 #include "model/feed_forward.h"
 #include "model/gguf_model.h"
 #include "model/load_progress.h"
+#include "tensor/packed_matrix.h"
 
 namespace sy {
 namespace {
@@ -75,6 +76,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
   progress.Stage(fmt::format("{} layers' weights checked", model->weights_.layers.size()));
   model->packed_ = options.pack;
   if (options.pack) {
+    PanelArenaScope arena;  // the small matrices side by side in huge pages
     PackWeights(model->config_, model->weights_);
     progress.Stage("weights packed for the kernels");
   }

@@ -341,8 +341,15 @@ void SplitKvB(const ModelConfig& c, AttentionWeights& a) {
                   (kv_b.first_row + first + dn) % kPanelRows == 0;
     }
   }
+  // A GGUF with both per-head matrices as GGML blocks needs none derived from kv_b_proj (each
+  // would be packed, then dropped, and hold its memory until the model goes).
+  const bool both_native = CanPackGgml(a.gguf_k_b) && CanPackGgml(a.gguf_v_b);
+  if (both_native) {
+    a.w_uk_t.resize(static_cast<size_t>(c.num_attention_heads));
+    a.w_uv.resize(static_cast<size_t>(c.num_attention_heads));
+  }
   std::vector<float> rows(static_cast<size_t>((dn + dv) * latent));
-  for (int64_t h = 0; h < c.num_attention_heads; ++h) {
+  for (int64_t h = 0; h < c.num_attention_heads && !both_native; ++h) {
     const int64_t first = h * (dn + dv);
     if (same_type) {
       // W_UKᵀ [latent][dn]: element (r, col) is kv_b_proj's (first + col, r); its scale

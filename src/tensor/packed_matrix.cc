@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <optional>
 
@@ -13,32 +14,115 @@
 
 namespace sy {
 
-// Zeroed memory for a packed matrix. From 2 MiB up it is mapped on its own, on a 2 MiB boundary
-// with huge pages where the kernel allows (a panel stream then crosses a TLB entry every 2 MiB
-// instead of every 4 KiB), its length rounded to 4 KiB pages only: the tail past the last whole
-// huge page stays in small pages. Smaller matrices (the absorbed form's per-head matrices) come
-// from the heap: rounding each to a huge page held a model at twice its size.
-std::shared_ptr<uint8_t> AllocatePanels(size_t bytes) {
-  constexpr size_t kHuge = 2u << 20, kPage = 4096;
-  if (bytes < kHuge) {
-    void* memory = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
-    if (memory == nullptr) throw std::bad_alloc();
-    std::memset(memory, 0, bytes);
-    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(memory),
-                                    [](uint8_t* ptr) { std::free(ptr); });
-  }
-  const size_t size = (bytes + kPage - 1) / kPage * kPage;
+namespace {
+
+constexpr size_t kHugePage = 2u << 20, kSmallPage = 4096;
+
+// `bytes` rounded up to 4 KiB pages, mapped on a 2 MiB boundary and advised into huge pages
+// (anonymous memory: already zero). Only the length is rounded to 4 KiB: the tail past the last
+// whole huge page stays in small pages. Sets *mapped to the length to munmap.
+uint8_t* MapHugeRaw(size_t bytes, size_t* mapped) {
+  const size_t size = (bytes + kSmallPage - 1) / kSmallPage * kSmallPage;
   void* mapping =
-      ::mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      ::mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mapping == MAP_FAILED) throw std::bad_alloc();
   const uintptr_t start = reinterpret_cast<uintptr_t>(mapping);
-  const uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;
+  const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
   if (aligned > start) ::munmap(mapping, aligned - start);
-  const uintptr_t tail = aligned + size, end = start + size + kHuge;
+  const uintptr_t tail = aligned + size, end = start + size + kHugePage;
   if (end > tail) ::munmap(reinterpret_cast<void*>(tail), end - tail);
-  ::madvise(reinterpret_cast<void*>(aligned), size, MADV_HUGEPAGE);  // anonymous: already zero
-  return std::shared_ptr<uint8_t>(reinterpret_cast<uint8_t*>(aligned),
-                                  [size](uint8_t* ptr) { ::munmap(ptr, size); });
+  ::madvise(reinterpret_cast<void*>(aligned), size, MADV_HUGEPAGE);
+  *mapped = size;
+  return reinterpret_cast<uint8_t*>(aligned);
+}
+
+std::shared_ptr<uint8_t> MapHuge(size_t bytes) {
+  size_t size = 0;
+  uint8_t* base = MapHugeRaw(bytes, &size);
+  return std::shared_ptr<uint8_t>(base, [size](uint8_t* ptr) { ::munmap(ptr, size); });
+}
+
+// One chunk of PanelArenaScope: `mapped` bytes from `base`, in huge pages. Its tail is given
+// back once the load is done with it, so it is unmapped by its final length: a full-length
+// munmap would take whatever the kernel mapped into the returned tail since.
+struct ArenaChunk {
+  uint8_t* base = nullptr;
+  size_t mapped = 0;
+  ArenaChunk() = default;
+  ArenaChunk(const ArenaChunk&) = delete;
+  ArenaChunk& operator=(const ArenaChunk&) = delete;
+  ~ArenaChunk() {
+    if (mapped > 0) ::munmap(base, mapped);
+  }
+};
+
+// The chunks of PanelArenaScope. Matrices are bump-allocated; each holds its chunk through an
+// aliasing shared_ptr, so the chunk lives while any of them does.
+struct PanelArena {
+  static constexpr size_t kChunk = 32 * kHugePage;
+  std::mutex mutex;
+  int scopes = 0;
+  std::shared_ptr<ArenaChunk> chunk;
+  size_t used = 0;
+
+  void NewChunk() {
+    ReleaseTail();
+    chunk = std::make_shared<ArenaChunk>();
+    chunk->base = MapHugeRaw(kChunk, &chunk->mapped);
+  }
+
+  // The chunk's whole huge pages past `used` were never touched: give them back.
+  void ReleaseTail() {
+    if (!chunk) return;
+    const size_t keep = (used + kHugePage - 1) / kHugePage * kHugePage;
+    if (keep < chunk->mapped) {
+      ::munmap(chunk->base + keep, chunk->mapped - keep);
+      chunk->mapped = keep;
+    }
+    chunk.reset();
+    used = 0;
+  }
+};
+
+PanelArena& Arena() {
+  static PanelArena arena;
+  return arena;
+}
+
+}  // namespace
+
+PanelArenaScope::PanelArenaScope() {
+  PanelArena& arena = Arena();
+  std::lock_guard<std::mutex> lock(arena.mutex);
+  ++arena.scopes;
+}
+
+PanelArenaScope::~PanelArenaScope() {
+  PanelArena& arena = Arena();
+  std::lock_guard<std::mutex> lock(arena.mutex);
+  if (--arena.scopes == 0) arena.ReleaseTail();
+}
+
+std::shared_ptr<uint8_t> AllocatePanels(size_t bytes) {
+  if (bytes >= kHugePage) return MapHuge(bytes);
+  const size_t size = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  {
+    PanelArena& arena = Arena();
+    std::lock_guard<std::mutex> lock(arena.mutex);
+    if (arena.scopes > 0) {
+      if (!arena.chunk || arena.used + size > PanelArena::kChunk) arena.NewChunk();
+      uint8_t* piece = arena.chunk->base + arena.used;
+      arena.used += size;
+      return std::shared_ptr<uint8_t>(arena.chunk, piece);  // fresh mapping: already zero
+    }
+  }
+  // Outside a load: the heap. Rounding each small matrix to a huge page of its own would hold a
+  // model at twice its size.
+  void* memory = std::aligned_alloc(64, size);
+  if (memory == nullptr) throw std::bad_alloc();
+  std::memset(memory, 0, bytes);
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(memory),
+                                  [](uint8_t* ptr) { std::free(ptr); });
 }
 
 PackedMatrix ColumnRange(const PackedMatrix& m, int64_t begin, int64_t end) {

@@ -97,9 +97,25 @@ struct PackedMatrix {
   }
 };
 
-// Zeroed, 64-byte aligned memory for `bytes` of panels (huge pages from 2 MiB up): what Pack
-// lays panels into, and what panels that arrive from another process are copied into.
+// Zeroed, 64-byte aligned memory for `bytes` of panels: what Pack lays panels into, and what
+// panels that arrive from another process are copied into. From 2 MiB up a matrix is mapped on
+// its own in huge pages; a smaller one comes from shared huge-page chunks while a
+// PanelArenaScope lives (a model's load), else from the heap.
 std::shared_ptr<uint8_t> AllocatePanels(size_t bytes);
+
+// While one lives (any thread), matrices under 2 MiB are packed side by side into 64 MiB chunks
+// of huge pages instead of each into its own 4 KiB pages: a decode step of a small model (the
+// bench model's experts are under 1 MB each) otherwise streams most of its weights through
+// 4 KiB TLB entries, one page walk every 64 cache lines. A chunk is freed when the last matrix in
+// it is. Only loads open one: a matrix freed while others in its chunk live is not reused, so
+// runtime allocations (experts moving between ranks) stay on the heap and cannot pin chunks.
+class PanelArenaScope {
+ public:
+  PanelArenaScope();
+  ~PanelArenaScope();
+  PanelArenaScope(const PanelArenaScope&) = delete;
+  PanelArenaScope& operator=(const PanelArenaScope&) = delete;
+};
 
 // Columns [begin, end) of a packed matrix, sharing its storage (split-K). For fp8, begin must
 // fall on a scale-block boundary.
