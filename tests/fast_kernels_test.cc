@@ -223,6 +223,27 @@ TEST(PanelArenaTest, SmallMatricesOfALoadShareAChunkThatLivesWhileAnyOfThem) {
   pieces.clear();
   EXPECT_FALSE(Mapped(first, 64));
 
+  // A matrix's scale vectors come from the same chunks, after its panels, and hold them too.
+  {
+    std::shared_ptr<uint8_t> panels;
+    PanelVector<int8_t> scales;
+    {
+      PanelArenaScope scope;
+      panels = AllocatePanels(100);
+      scales.assign(1000, 3);
+    }
+    EXPECT_EQ(reinterpret_cast<uint8_t*>(scales.data()), panels.get() + 128);
+    const uint8_t* chunk = panels.get();
+    panels.reset();
+    EXPECT_TRUE(Mapped(chunk, 64));
+    EXPECT_EQ(scales[999], 3);
+    PanelVector<int8_t> copy = scales;  // outside a load: the heap
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.data()) % 64, 0u);
+    scales = PanelVector<int8_t>();
+    EXPECT_FALSE(Mapped(chunk, 64));
+    EXPECT_EQ(copy[999], 3);
+  }
+
   // The chunk's untouched tail goes back when the load ends, and freeing the chunk later leaves
   // alone whatever was mapped there since.
   std::shared_ptr<uint8_t> piece;

@@ -25,8 +25,8 @@ class Writer {
     const auto* p = static_cast<const uint8_t*>(data);
     out_.insert(out_.end(), p, p + size);
   }
-  template <typename T>
-  void Vector(const std::vector<T>& values) {
+  template <typename T, typename Allocator>
+  void Vector(const std::vector<T, Allocator>& values) {
     Put<uint64_t>(values.size());
     Bytes(values.data(), values.size() * sizeof(T));
   }
@@ -53,15 +53,19 @@ class Reader {
     offset_ += size;
     return Status::Ok();
   }
-  template <typename T>
-  Result<std::vector<T>> Vector(size_t expected, std::string_view what) {
+  template <typename T, typename Allocator = std::allocator<T>>
+  Result<std::vector<T, Allocator>> Vector(size_t expected, std::string_view what) {
     SY_ASSIGN_OR_RETURN(const uint64_t count, Get<uint64_t>());
     if (count != expected)
       return Status::Errorf("{}: {} has {} values where {} were due", where_, what, count,
                             expected);
-    std::vector<T> values(count);
+    std::vector<T, Allocator> values(count);
     SY_RETURN_IF_ERROR(Bytes(values.data(), count * sizeof(T)));
     return values;
+  }
+  template <typename T>
+  Result<PanelVector<T>> PanelScales(size_t expected, std::string_view what) {
+    return Vector<T, PanelAllocator<T>>(expected, what);
   }
   bool AtEnd() const { return offset_ == in_.size(); }
   const std::string& where() const { return where_; }
@@ -197,18 +201,19 @@ Result<Matrix> ReadMatrix(Reader& r, int64_t rows, int64_t cols) {
       return Status::Errorf("{}: {} int8 groups for {} columns", r.where(), p->groups, cols);
     const size_t per_row = int8 ? static_cast<size_t>(p->panels * p->groups * kPanelRows) : 0;
     SY_ASSIGN_OR_RETURN(p->scales, r.Vector<float>(scales, "the panels' block scales"));
-    SY_ASSIGN_OR_RETURN(p->row_scales, r.Vector<float>(per_row, "the int8 row scales"));
-    SY_ASSIGN_OR_RETURN(p->row_offsets, r.Vector<int32_t>(per_row, "the int8 row offsets"));
+    SY_ASSIGN_OR_RETURN(p->row_scales, r.PanelScales<float>(per_row, "the int8 row scales"));
+    SY_ASSIGN_OR_RETURN(p->row_offsets, r.PanelScales<int32_t>(per_row, "the int8 row offsets"));
     if (ggml_panels) {
       const size_t subs = static_cast<size_t>(p->panels * (cols / p->sub_cols) * kPanelRows);
       const size_t supers = static_cast<size_t>(p->panels * (cols / p->super_cols) * kPanelRows);
       SY_ASSIGN_OR_RETURN(p->sub_scales,
-                          r.Vector<int8_t>(p->unit_scales ? 0 : subs, "the sub-block scales"));
-      SY_ASSIGN_OR_RETURN(p->sub_mins, r.Vector<int8_t>(p->unit_scales || p->shared_d ? 0 : subs,
-                                                        "the sub-block mins"));
-      SY_ASSIGN_OR_RETURN(p->super_d, r.Vector<uint16_t>(supers, "the block scales d"));
-      SY_ASSIGN_OR_RETURN(p->super_dmin,
-                          r.Vector<uint16_t>(p->shared_d ? 0 : supers, "the block scales dmin"));
+                          r.PanelScales<int8_t>(p->unit_scales ? 0 : subs, "the sub-block scales"));
+      SY_ASSIGN_OR_RETURN(
+          p->sub_mins,
+          r.PanelScales<int8_t>(p->unit_scales || p->shared_d ? 0 : subs, "the sub-block mins"));
+      SY_ASSIGN_OR_RETURN(p->super_d, r.PanelScales<uint16_t>(supers, "the block scales d"));
+      SY_ASSIGN_OR_RETURN(p->super_dmin, r.PanelScales<uint16_t>(p->shared_d ? 0 : supers,
+                                                                 "the block scales dmin"));
     }
     // The panels carry everything a product reads; no rows travel with them (the kernels read
     // an expert's panels only).
@@ -234,8 +239,8 @@ Result<Matrix> ReadMatrix(Reader& r, int64_t rows, int64_t cols) {
 }
 
 // Bitwise, so that NaN scales compare equal to themselves.
-template <typename T>
-bool SameBytes(const std::vector<T>& a, const std::vector<T>& b) {
+template <typename T, typename Allocator>
+bool SameBytes(const std::vector<T, Allocator>& a, const std::vector<T, Allocator>& b) {
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <unordered_map>
 
 #include <sys/mman.h>
 
@@ -64,6 +65,16 @@ struct PanelArena {
   int scopes = 0;
   std::shared_ptr<ArenaChunk> chunk;
   size_t used = 0;
+  // Scale vectors taken from a chunk, each holding it (PanelAllocator has no room for a handle).
+  std::unordered_map<void*, std::shared_ptr<ArenaChunk>> scales;
+
+  // `size` (a multiple of 64) bytes from the current chunk; the caller holds the mutex.
+  uint8_t* Take(size_t size) {
+    if (!chunk || used + size > kChunk) NewChunk();
+    uint8_t* piece = chunk->base + used;
+    used += size;
+    return piece;
+  }
 
   void NewChunk() {
     ReleaseTail();
@@ -84,9 +95,10 @@ struct PanelArena {
   }
 };
 
+// Never destroyed: a matrix may outlive every other static (a model held by one).
 PanelArena& Arena() {
-  static PanelArena arena;
-  return arena;
+  static PanelArena* arena = new PanelArena;
+  return *arena;
 }
 
 }  // namespace
@@ -110,9 +122,7 @@ std::shared_ptr<uint8_t> AllocatePanels(size_t bytes) {
     PanelArena& arena = Arena();
     std::lock_guard<std::mutex> lock(arena.mutex);
     if (arena.scopes > 0) {
-      if (!arena.chunk || arena.used + size > PanelArena::kChunk) arena.NewChunk();
-      uint8_t* piece = arena.chunk->base + arena.used;
-      arena.used += size;
+      uint8_t* piece = arena.Take(size);
       return std::shared_ptr<uint8_t>(arena.chunk, piece);  // fresh mapping: already zero
     }
   }
@@ -123,6 +133,34 @@ std::shared_ptr<uint8_t> AllocatePanels(size_t bytes) {
   std::memset(memory, 0, bytes);
   return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(memory),
                                   [](uint8_t* ptr) { std::free(ptr); });
+}
+
+void* AllocatePanelScales(size_t bytes) {
+  const size_t size = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  PanelArena& arena = Arena();
+  {
+    std::lock_guard<std::mutex> lock(arena.mutex);
+    if (arena.scopes > 0 && size < kHugePage) {
+      uint8_t* piece = arena.Take(size);
+      arena.scales.emplace(piece, arena.chunk);
+      return piece;
+    }
+  }
+  return ::operator new(size, std::align_val_t(64));
+}
+
+void FreePanelScales(void* memory) {
+  if (memory == nullptr) return;
+  PanelArena& arena = Arena();
+  {
+    std::lock_guard<std::mutex> lock(arena.mutex);
+    auto it = arena.scales.find(memory);
+    if (it != arena.scales.end()) {
+      arena.scales.erase(it);  // the chunk goes with its last piece
+      return;
+    }
+  }
+  ::operator delete(memory, std::align_val_t(64));
 }
 
 PackedMatrix ColumnRange(const PackedMatrix& m, int64_t begin, int64_t end) {

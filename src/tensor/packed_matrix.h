@@ -25,6 +25,26 @@ inline constexpr int64_t kInt8QuadCols = 4;
 // and 2 · 255 · 63 = 32130 is the most that never saturates.
 inline constexpr int kInt8WeightMax = 63;
 
+// The per-row scales of a packed matrix are a stream of their own beside the panels (Q4_K: 20
+// bytes per 128 of codes), so they come from the same huge-page chunks while a PanelArenaScope
+// lives, and from the heap otherwise (both 64-byte aligned).
+void* AllocatePanelScales(size_t bytes);
+void FreePanelScales(void* memory);
+
+template <typename T>
+struct PanelAllocator {
+  using value_type = T;
+  PanelAllocator() = default;
+  template <typename U>
+  PanelAllocator(const PanelAllocator<U>&) {}  // NOLINT: converting, as allocators are
+  T* allocate(size_t n) { return static_cast<T*>(AllocatePanelScales(n * sizeof(T))); }
+  void deallocate(T* memory, size_t) { FreePanelScales(memory); }
+  friend bool operator==(const PanelAllocator&, const PanelAllocator&) { return true; }
+  friend bool operator!=(const PanelAllocator&, const PanelAllocator&) { return false; }
+};
+template <typename T>
+using PanelVector = std::vector<T, PanelAllocator<T>>;
+
 struct PackedMatrix {
   DType dtype = DType::kF32;  // kF8E4M3, kBF16, kF32, or kI8 (PackInt8)
   int64_t rows = 0;
@@ -44,8 +64,8 @@ struct PackedMatrix {
   // adjacent columns side by side, what one VPMADDUBSW lane pair and VPMADDWD sum. Per panel,
   // group (kInt8GroupCols columns) and row: the f32 scale and 128 × the sum of the row's codes
   // in the group (the correction for activations stored as code + 128).
-  std::vector<float> row_scales;     // [panels][groups][kPanelRows]
-  std::vector<int32_t> row_offsets;  // [panels][groups][kPanelRows]
+  PanelVector<float> row_scales;     // [panels][groups][kPanelRows]
+  PanelVector<int32_t> row_offsets;  // [panels][groups][kPanelRows]
   int64_t groups = 0;
   // GGML blocks kept quantized (PackGgml, dtype kGgml), in the integer form of
   // tensor/ggml_quants.h: weight = d · sc · (q − offset) (shared_d) or d · sc · q − dmin · mn.
@@ -68,10 +88,10 @@ struct PackedMatrix {
   int64_t sub_cols = 0, super_cols = 0;
   bool shared_d = false, unit_scales = false;
   int ggml_offset = 0;
-  std::vector<int8_t> sub_scales;    // [panels][cols / sub_cols][kPanelRows]
-  std::vector<int8_t> sub_mins;      // [panels][cols / sub_cols][kPanelRows]
-  std::vector<uint16_t> super_d;     // [panels][cols / super_cols][kPanelRows]
-  std::vector<uint16_t> super_dmin;  // [panels][cols / super_cols][kPanelRows]
+  PanelVector<int8_t> sub_scales;    // [panels][cols / sub_cols][kPanelRows]
+  PanelVector<int8_t> sub_mins;      // [panels][cols / sub_cols][kPanelRows]
+  PanelVector<uint16_t> super_d;     // [panels][cols / super_cols][kPanelRows]
+  PanelVector<uint16_t> super_dmin;  // [panels][cols / super_cols][kPanelRows]
 
   size_t ElementBytes() const { return DTypeSize(dtype); }
   // Bytes of one panel's elements (codes) per column.
