@@ -279,6 +279,15 @@ TEST(ExpertLoad, RecorderCountsSlotsStepsAndTokens) {
                 .message()
                 .find("l.json: layers[0] (layer 1): 'counts' must list 2 experts"),
             std::string::npos);
+  // A rank count past an int is refused, not wrapped (found by the fuzzer: the written file
+  // then failed to parse).
+  EXPECT_NE(ParseExpertLoad(R"({"experts": 2, "top_k": 1, "ranks": 4444444444442,
+                               "layers": [{"layer": 1, "counts": [1, 2]}]})",
+                            "l.json")
+                .status()
+                .message()
+                .find("l.json: 'ranks' 4444444444442 is too many"),
+            std::string::npos);
   recorder.Clear();
   EXPECT_EQ(recorder.Snapshot().steps, 0);
 }

@@ -56,6 +56,8 @@ Result<ExpertLoad> ParseExpertLoad(const std::string& text, const std::string& s
   }
   if (json.contains("ranks")) {
     SY_ASSIGN_OR_RETURN(int64_t ranks, Count(json, "ranks", source));
+    if (ranks > (1 << 20))  // held as an int; no deployment has a million ranks
+      return Status::Errorf("{}: 'ranks' {} is too many", source, ranks);
     load.ranks = static_cast<int>(std::max<int64_t>(1, ranks));
   }
   if (json.contains("window")) {

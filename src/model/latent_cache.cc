@@ -1,6 +1,9 @@
 #include "model/latent_cache.h"
 
+#include <algorithm>
 #include <cstring>
+
+#include "tensor/packed_matrix.h"
 
 namespace sy {
 
@@ -8,7 +11,13 @@ LatentCache::LatentCache(int64_t layers, int64_t row_width, int64_t page_size, i
                          DType dtype)
     : layers_(layers), row_width_(row_width), page_size_(page_size), pages_(pages), dtype_(dtype) {
   const size_t layer_bytes = static_cast<size_t>(pages * page_size * row_width) * DTypeSize(dtype);
-  storage_.assign(static_cast<size_t>(layers), std::vector<uint8_t>(layer_bytes));
+  // Huge pages from 2 MiB up (AllocatePanels): attention streams a long context's rows, and
+  // through 4 KiB pages that is a page walk every 4 KiB. Touched now, as a vector's zeros were,
+  // so resident memory is the cache's size from the start.
+  for (int64_t l = 0; l < layers; ++l) {
+    storage_.push_back(AllocatePanels(std::max<size_t>(layer_bytes, 1)));
+    std::memset(storage_.back().get(), 0, layer_bytes);
+  }
   for (int64_t page = pages - 1; page >= 0; --page)
     free_.push_back(static_cast<int32_t>(page));
 }
@@ -40,7 +49,7 @@ uint8_t* LatentCache::RowAddress(int64_t layer, const SequenceCache& sequence,
                                  int64_t position) const {
   const int64_t page = sequence.pages[static_cast<size_t>(position / page_size_)];
   const int64_t slot = page * page_size_ + position % page_size_;
-  return const_cast<uint8_t*>(storage_[static_cast<size_t>(layer)].data()) +
+  return const_cast<uint8_t*>(storage_[static_cast<size_t>(layer)].get()) +
          static_cast<size_t>(slot * row_width_) * DTypeSize(dtype_);
 }
 

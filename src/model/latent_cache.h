@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "base/status.h"
@@ -30,6 +31,10 @@ class LatentCache {
  public:
   // dtype: kBF16 (as deployed) or kF32 (exact, for conformance checks).
   LatentCache(int64_t layers, int64_t row_width, int64_t page_size, int64_t pages, DType dtype);
+  LatentCache(LatentCache&&) = default;
+  LatentCache& operator=(LatentCache&&) = default;
+  LatentCache(const LatentCache&) = delete;
+  LatentCache& operator=(const LatentCache&) = delete;
 
   int64_t layers() const { return layers_; }
   int64_t page_size() const { return page_size_; }
@@ -63,7 +68,7 @@ class LatentCache {
   void Write(int64_t layer, const SequenceCache& sequence, int64_t position, const float* row);
   // The sequence's rows of `layer` as the attention kernels read them, in place.
   kernels::LatentPages Pages(int64_t layer, const SequenceCache& sequence) const {
-    return {storage_[static_cast<size_t>(layer)].data(), dtype_, page_size_, row_width_,
+    return {storage_[static_cast<size_t>(layer)].get(), dtype_, page_size_, row_width_,
             sequence.pages.data()};
   }
   // Bytes of one row of one layer.
@@ -82,7 +87,9 @@ class LatentCache {
 
   int64_t layers_, row_width_, page_size_, pages_;
   DType dtype_;
-  std::vector<std::vector<uint8_t>> storage_;  // [layer][page · page_size · row_width]
+  // [layer][page · page_size · row_width], each layer's own: a copy of the cache would share
+  // them, hence move-only.
+  std::vector<std::shared_ptr<uint8_t>> storage_;
   std::vector<int32_t> free_;
 };
 
