@@ -63,6 +63,45 @@ TEST(CliTest, GenerateIsDeterministicAndBatchInvariant) {
   EXPECT_NE(batched.find("tok/s"), std::string::npos);
 }
 
+// `bench decode --against`: both checkpoints in one process, a row per batch with both rates, the
+// paired ratio and its quartiles over the asked steps; a missing checkpoint is named.
+TEST(CliTest, BenchDecodeAgainstPairsTheSteps) {
+  const std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-bf16";
+  std::string out;
+  ASSERT_EQ(RunCommand(Binary() + " --threads 1 bench decode --model " + model + " --against " +
+                           model + " --batches 1,2 --steps 5 --prompt-len 3",
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("B/A median"), std::string::npos) << out;
+  for (const char* batch : {"1", "2"}) {
+    std::istringstream rows(out);
+    std::string row;
+    bool found = false;
+    while (std::getline(rows, row)) {
+      std::istringstream fields(row);
+      std::string b, dots;
+      double a_rate = 0, b_rate = 0, median = 0, q1 = 0, q3 = 0;
+      int64_t pairs = 0;
+      if (!(fields >> b >> a_rate >> b_rate >> median >> q1 >> dots >> q3 >> pairs) || b != batch)
+        continue;
+      found = true;
+      EXPECT_GT(a_rate, 0) << row;
+      EXPECT_GT(b_rate, 0) << row;
+      EXPECT_LE(q1, median) << row;
+      EXPECT_LE(median, q3) << row;
+      EXPECT_GT(q1, 0) << row;
+      EXPECT_EQ(pairs, 5) << row;
+    }
+    EXPECT_TRUE(found) << "no row for batch " << batch << ":\n" << out;
+  }
+  EXPECT_NE(RunCommand(Binary() + " bench decode --model " + model +
+                           " --against /nonexistent/checkpoint --batches 1 --steps 2",
+                       &out),
+            0);
+  EXPECT_NE(out.find("/nonexistent/checkpoint"), std::string::npos) << out;
+}
+
 // --int8-products: lossy, so held to the reference loosely, but still batch-invariant.
 TEST(CliTest, Int8ProductsStayNearTheReferenceAndBatchInvariant) {
   auto fixture = testing::LoadFixture("tiny-v3-fp8");

@@ -135,6 +135,112 @@ Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir, Mach
   return results;
 }
 
+namespace {
+
+// One checkpoint's batch of sequences, prefilled and stepped one decode step at a time.
+class SteppedDecode {
+ public:
+  SteppedDecode(const Model& model, int64_t batch, const DecodeBenchOptions& options)
+      : model_(model),
+        cache_(model.NewCache(batch * (options.prompt_len + options.steps + 2), batch,
+                              DType::kBF16)),
+        sequences_(static_cast<size_t>(batch)),
+        next_(static_cast<size_t>(batch)) {
+    forward_.logit_rows = LogitRows::kLast;
+    const int64_t vocab = model.config().vocab_size;
+    prompts_.resize(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < options.prompt_len; ++i)
+        prompts_[b].push_back(static_cast<int32_t>((b * 131 + i * 17 + 3) % vocab));
+  }
+  Status Prefill() {
+    ForwardBatch prefill;
+    for (size_t b = 0; b < sequences_.size(); ++b)
+      prefill.Add(prompts_[b].data(), static_cast<int64_t>(prompts_[b].size()), &sequences_[b]);
+    return model_.Forward(prefill, cache_, forward_, &logits_);
+  }
+  // One greedy step; its seconds.
+  Result<double> Step() {
+    const double start = NowSeconds();
+    const int64_t vocab = model_.config().vocab_size;
+    ForwardBatch decode;
+    for (size_t b = 0; b < sequences_.size(); ++b) {
+      const float* row = logits_.data() + b * vocab;
+      next_[b] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      decode.Add(&next_[b], 1, &sequences_[b]);
+    }
+    SY_RETURN_IF_ERROR(model_.Forward(decode, cache_, forward_, &logits_));
+    return NowSeconds() - start;
+  }
+
+ private:
+  const Model& model_;
+  LatentCache cache_;
+  std::vector<SequenceCache> sequences_;
+  std::vector<std::vector<int32_t>> prompts_;
+  std::vector<int32_t> next_;
+  std::vector<float> logits_;
+  ForwardOptions forward_;
+};
+
+double Quantile(std::vector<double> values, double q) {
+  std::sort(values.begin(), values.end());
+  return values[static_cast<size_t>(q * static_cast<double>(values.size() - 1) + 0.5)];
+}
+
+}  // namespace
+
+Result<std::vector<PairedDecodeResult>> BenchDecodePaired(const std::string& model_a,
+                                                          const std::string& model_b,
+                                                          const DecodeBenchOptions& options) {
+  SY_ASSIGN_OR_RETURN(auto a, Model::Load(model_a));
+  SY_ASSIGN_OR_RETURN(auto b, Model::Load(model_b));
+  std::vector<PairedDecodeResult> results;
+  for (int64_t batch : options.batches) {
+    SteppedDecode runs[2] = {SteppedDecode(*a, batch, options), SteppedDecode(*b, batch, options)};
+    for (auto& run : runs) {
+      SY_RETURN_IF_ERROR(run.Prefill());
+      SY_RETURN_IF_ERROR(run.Step().status());  // warm-up, not timed
+    }
+    std::vector<double> seconds[2], ratios;
+    for (int64_t step = 0; step < options.steps; ++step) {
+      double taken[2];
+      for (int i = 0; i < 2; ++i) {
+        const int k = step % 2 == 0 ? i : 1 - i;  // A, B, B, A: neither always goes first
+        SY_ASSIGN_OR_RETURN(taken[k], runs[k].Step());
+      }
+      seconds[0].push_back(taken[0]);
+      seconds[1].push_back(taken[1]);
+      ratios.push_back(taken[1] / taken[0]);
+    }
+    PairedDecodeResult r;
+    r.batch = batch;
+    r.pairs = options.steps;
+    r.a_tokens_per_second = batch / Quantile(seconds[0], 0.5);
+    r.b_tokens_per_second = batch / Quantile(seconds[1], 0.5);
+    r.ratio_median = Quantile(ratios, 0.5);
+    r.ratio_q1 = Quantile(ratios, 0.25);
+    r.ratio_q3 = Quantile(ratios, 0.75);
+    results.push_back(r);
+  }
+  return results;
+}
+
+std::string PairedDecodeTable(const std::string& model_a, const std::string& model_b,
+                              const std::vector<PairedDecodeResult>& results) {
+  std::string out = fmt::format(
+      "A: {}\nB: {}\none process, decode steps alternated A, B, B, A; B/A: B's step time over "
+      "A's, pair by pair (above 1: A is faster)\n",
+      model_a, model_b);
+  out += fmt::format("{:>6} {:>12} {:>12} {:>12} {:>20} {:>7}\n", "batch", "A tok/s", "B tok/s",
+                     "B/A median", "B/A quartiles", "pairs");
+  for (const auto& r : results)
+    out += fmt::format("{:>6} {:>12.1f} {:>12.1f} {:>12.3f} {:>10.3f} .. {:<6.3f} {:>7}\n", r.batch,
+                       r.a_tokens_per_second, r.b_tokens_per_second, r.ratio_median, r.ratio_q1,
+                       r.ratio_q3, r.pairs);
+  return out;
+}
+
 std::string DecodeResultsTable(const MachinePeaks& peaks,
                                const std::vector<DecodeResult>& results) {
   std::string out = fmt::format(

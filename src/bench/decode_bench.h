@@ -37,4 +37,21 @@ Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir, Mach
                                               const DecodeBenchOptions& options);
 std::string DecodeResultsTable(const MachinePeaks& peaks, const std::vector<DecodeResult>& results);
 
+// `bench decode --against B`: two checkpoints (or one loaded twice) in one process, their decode
+// steps alternated A, B, B, A, … so both meet the same moments of a shared machine; per batch the
+// median step of each and the median of the per-step ratios (B's step time over A's, the pair's
+// neighbouring steps), with its quartiles. On a VM whose bandwidth moves by 2x between minutes,
+// processes run one after another need many repetitions to say what this says in one run.
+struct PairedDecodeResult {
+  int64_t batch = 0;
+  double a_tokens_per_second = 0, b_tokens_per_second = 0;
+  double ratio_median = 0, ratio_q1 = 0, ratio_q3 = 0;  // B's step time / A's
+  int64_t pairs = 0;
+};
+Result<std::vector<PairedDecodeResult>> BenchDecodePaired(const std::string& model_a,
+                                                          const std::string& model_b,
+                                                          const DecodeBenchOptions& options);
+std::string PairedDecodeTable(const std::string& model_a, const std::string& model_b,
+                              const std::vector<PairedDecodeResult>& results);
+
 }  // namespace sy::bench

@@ -149,7 +149,7 @@ void AddBenchExchangeCommand(CLI::App& bench_app) {
 
 void AddBenchDecodeCommand(CLI::App& bench_app) {
   struct Args {
-    std::string model;
+    std::string model, against;
     bench::DecodeBenchOptions options;
   };
   auto args = std::make_shared<Args>();
@@ -162,7 +162,18 @@ void AddBenchDecodeCommand(CLI::App& bench_app) {
       ->check(CLI::PositiveNumber);
   d->add_option("--prompt-len", args->options.prompt_len, "Prompt tokens per sequence")
       ->check(CLI::PositiveNumber);
+  d->add_option("--against", args->against,
+                 "A second checkpoint (or the same one) in the same process, decode steps "
+                 "alternated with --model's: the paired ratio of step times");
   d->callback([args] {
+    if (!args->against.empty()) {
+      const std::string a = ResolveModelDirectory(args->model);
+      const std::string b = ResolveModelDirectory(args->against);
+      auto paired = bench::BenchDecodePaired(a, b, args->options);
+      if (!paired.ok()) FailVerb(paired.status().message());
+      std::fputs(bench::PairedDecodeTable(a, b, paired.value()).c_str(), stdout);
+      return;
+    }
     bench::MachinePeaks peaks = bench::MeasureMachine(bench::StreamingBytes(1ll << 30), 3);
     auto results = bench::BenchDecode(ResolveModelDirectory(args->model), peaks, args->options);
     if (!results.ok()) FailVerb(results.status().message());
