@@ -142,8 +142,8 @@ class SteppedDecode {
  public:
   SteppedDecode(const Model& model, int64_t batch, const DecodeBenchOptions& options)
       : model_(model),
-        cache_(model.NewCache(batch * (options.prompt_len + options.steps + 2), batch,
-                              DType::kBF16)),
+        cache_(
+            model.NewCache(batch * (options.prompt_len + options.steps + 2), batch, DType::kBF16)),
         sequences_(static_cast<size_t>(batch)),
         next_(static_cast<size_t>(batch)) {
     forward_.logit_rows = LogitRows::kLast;

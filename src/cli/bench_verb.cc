@@ -163,8 +163,8 @@ void AddBenchDecodeCommand(CLI::App& bench_app) {
   d->add_option("--prompt-len", args->options.prompt_len, "Prompt tokens per sequence")
       ->check(CLI::PositiveNumber);
   d->add_option("--against", args->against,
-                 "A second checkpoint (or the same one) in the same process, decode steps "
-                 "alternated with --model's: the paired ratio of step times");
+                "A second checkpoint (or the same one) in the same process, decode steps "
+                "alternated with --model's: the paired ratio of step times");
   d->callback([args] {
     if (!args->against.empty()) {
       const std::string a = ResolveModelDirectory(args->model);
