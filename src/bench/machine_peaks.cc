@@ -250,10 +250,10 @@ size_t FloatsIn(int64_t buffer_bytes) {
   return static_cast<size_t>(buffer_bytes) / sizeof(float) / 64 * 64;
 }
 
-// `floats` floats, first touched on every thread's own slice (NUMA-friendly), non-zero.
-// A buffer in huge pages, as the packed weights are (AllocatePanels), touched on every thread:
-// a peak read through 4 KiB pages measures page walks as much as memory (on a VM, 25-26 GB/s
-// through 4 KiB pages where huge pages give 39-49, AMD EPYC Zen 4, 2 threads).
+// `floats` floats, first touched on every thread's own slice (NUMA-friendly), non-zero; in huge
+// pages, as the packed weights are (AllocatePanels): a peak read through 4 KiB pages measures
+// page walks as much as memory (on a VM, 25-26 GB/s through 4 KiB pages where huge pages give
+// 39-49, AMD EPYC Zen 4, 2 threads).
 struct Touched {
   std::shared_ptr<uint8_t> owner;
   float* data;
