@@ -73,77 +73,13 @@ double CheckpointBytes(const std::string& directory) {
   return bytes;
 }
 
-}  // namespace
-
-Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir, MachinePeaks& peaks,
-                                              const DecodeBenchOptions& options) {
-  SY_ASSIGN_OR_RETURN(auto model, Model::Load(model_dir));
-  const double rss_after_load = ResidentBytes();
-  // 1 GiB: past any last-level cache here. Resident after a batch leaves the probe's pages out.
-  const int64_t kProbeBytes = StreamingBytes(1ll << 30);
-  ReadBandwidthProbe probe(kProbeBytes);
-  const double checkpoint = CheckpointBytes(model_dir);
-  const ModelConfig& c = model->config();
-  std::vector<DecodeResult> results;
-  for (int64_t batch : options.batches) {
-    LatentCache cache =
-        model->NewCache(batch * (options.prompt_len + options.steps + 1), batch, DType::kBF16);
-    std::vector<SequenceCache> sequences(static_cast<size_t>(batch));
-    ForwardBatch prefill;
-    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t i = 0; i < options.prompt_len; ++i)
-        prompts[b].push_back(static_cast<int32_t>((b * 131 + i * 17 + 3) % c.vocab_size));
-      prefill.Add(prompts[b].data(), options.prompt_len, &sequences[b]);
-    }
-    ForwardOptions forward;
-    forward.logit_rows = LogitRows::kLast;
-    std::vector<float> logits;
-    SY_RETURN_IF_ERROR(model->Forward(prefill, cache, forward, &logits));
-    const double read_before = probe.MeasureGbps(3);
-    std::vector<int32_t> next(static_cast<size_t>(batch));
-    std::vector<double> step_seconds;  // each step timed; step 0 warms up and is dropped
-    for (int64_t step = 0; step <= options.steps; ++step) {
-      const double start = NowSeconds();
-      ForwardBatch decode;
-      for (int64_t b = 0; b < batch; ++b) {
-        const float* row = logits.data() + b * c.vocab_size;
-        next[b] = static_cast<int32_t>(std::max_element(row, row + c.vocab_size) - row);
-        decode.Add(&next[b], 1, &sequences[b]);
-      }
-      SY_RETURN_IF_ERROR(model->Forward(decode, cache, forward, &logits));
-      if (step > 0) step_seconds.push_back(NowSeconds() - start);
-    }
-    // The median step: this machine is shared, and a step that met a noisy neighbour says little.
-    std::sort(step_seconds.begin(), step_seconds.end());
-    DecodeResult r;
-    r.batch = batch;
-    r.tokens_per_second = batch / step_seconds[step_seconds.size() / 2];
-    r.bytes_per_step = StepBytes(*model, batch, options.prompt_len + options.steps / 2);
-    r.read_gbps_beside = std::max(read_before, probe.MeasureGbps(3));
-    r.checkpoint_bytes = checkpoint;
-    r.rss_after_load_bytes = rss_after_load;
-    r.rss_after_batch_bytes = ResidentBytes() - static_cast<double>(kProbeBytes);
-    r.cache_bytes = static_cast<double>(batch) * (options.prompt_len + options.steps + 1) *
-                    c.latent_cache_width() * 2 * c.num_hidden_layers;
-    results.push_back(r);
-  }
-  for (const auto& r : results)
-    peaks.read_gbps = std::max(peaks.read_gbps, r.read_gbps_beside);
-  for (auto& r : results)
-    r.bound_tokens_per_second = r.batch / (r.bytes_per_step / (peaks.read_gbps * 1e9));
-  return results;
-}
-
-namespace {
-
 // One checkpoint's batch of sequences, prefilled and stepped one decode step at a time.
 class SteppedDecode {
  public:
   SteppedDecode(const Model& model, int64_t batch, const DecodeBenchOptions& options)
       : model_(model),
         cache_(
-            model.NewCache(batch * (options.prompt_len + options.steps + 2), batch, DType::kBF16)),
+            model.NewCache(batch * (options.prompt_len + options.steps + 1), batch, DType::kBF16)),
         sequences_(static_cast<size_t>(batch)),
         next_(static_cast<size_t>(batch)) {
     forward_.logit_rows = LogitRows::kLast;
@@ -189,6 +125,46 @@ double Quantile(std::vector<double> values, double q) {
 }
 
 }  // namespace
+
+Result<std::vector<DecodeResult>> BenchDecode(const std::string& model_dir, MachinePeaks& peaks,
+                                              const DecodeBenchOptions& options) {
+  SY_ASSIGN_OR_RETURN(auto model, Model::Load(model_dir));
+  const double rss_after_load = ResidentBytes();
+  // 1 GiB: past any last-level cache here. Resident after a batch leaves the probe's pages out.
+  const int64_t kProbeBytes = StreamingBytes(1ll << 30);
+  ReadBandwidthProbe probe(kProbeBytes);
+  const double checkpoint = CheckpointBytes(model_dir);
+  const ModelConfig& c = model->config();
+  std::vector<DecodeResult> results;
+  for (int64_t batch : options.batches) {
+    SteppedDecode run(*model, batch, options);
+    SY_RETURN_IF_ERROR(run.Prefill());
+    const double read_before = probe.MeasureGbps(3);
+    SY_RETURN_IF_ERROR(run.Step().status());  // warm-up, not timed
+    std::vector<double> step_seconds;
+    for (int64_t step = 0; step < options.steps; ++step) {
+      SY_ASSIGN_OR_RETURN(const double seconds, run.Step());
+      step_seconds.push_back(seconds);
+    }
+    DecodeResult r;
+    r.batch = batch;
+    // The median step: this machine is shared, and a step that met a noisy neighbour says little.
+    r.tokens_per_second = batch / Quantile(step_seconds, 0.5);
+    r.bytes_per_step = StepBytes(*model, batch, options.prompt_len + options.steps / 2);
+    r.read_gbps_beside = std::max(read_before, probe.MeasureGbps(3));
+    r.checkpoint_bytes = checkpoint;
+    r.rss_after_load_bytes = rss_after_load;
+    r.rss_after_batch_bytes = ResidentBytes() - static_cast<double>(kProbeBytes);
+    r.cache_bytes = static_cast<double>(batch) * (options.prompt_len + options.steps + 1) *
+                    c.latent_cache_width() * 2 * c.num_hidden_layers;
+    results.push_back(r);
+  }
+  for (const auto& r : results)
+    peaks.read_gbps = std::max(peaks.read_gbps, r.read_gbps_beside);
+  for (auto& r : results)
+    r.bound_tokens_per_second = r.batch / (r.bytes_per_step / (peaks.read_gbps * 1e9));
+  return results;
+}
 
 Result<std::vector<PairedDecodeResult>> BenchDecodePaired(const std::string& model_a,
                                                           const std::string& model_b,

@@ -1,6 +1,5 @@
 #include "model/latent_cache.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "tensor/packed_matrix.h"
@@ -15,7 +14,7 @@ LatentCache::LatentCache(int64_t layers, int64_t row_width, int64_t page_size, i
   // through 4 KiB pages that is a page walk every 4 KiB. Touched now, as a vector's zeros were,
   // so resident memory is the cache's size from the start.
   for (int64_t l = 0; l < layers; ++l) {
-    storage_.push_back(AllocatePanels(std::max<size_t>(layer_bytes, 1)));
+    storage_.push_back(AllocatePanels(layer_bytes));
     std::memset(storage_.back().get(), 0, layer_bytes);
   }
   for (int64_t page = pages - 1; page >= 0; --page)
