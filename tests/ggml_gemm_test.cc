@@ -336,5 +336,44 @@ TEST(GgmlGemmTest, GroupedExpertsEqualPlainProducts) {
   kernels::LimitGgmlKernel(GgmlKernel::kAvx512Vnni);
 }
 
+// Decode-sized experts (one or two rows) split each matrix into items of ~256 KB of weights: at
+// hidden 2048, gate and up (24 panels of 16 KB) take one item of 16 panels and a shorter one of
+// 8; down (128 panels) three of ~39 and a short last one. Every row still equals its own
+// expert's plain products, whichever thread took which item.
+TEST(GgmlGemmTest, DecodeRowsOverSeveralItemsEqualPlainProducts) {
+  const int64_t hidden = 2048, width = 384, experts = 3;
+  std::vector<RandomGgml> gate, up, down;
+  std::vector<std::shared_ptr<const PackedMatrix>> packed;
+  std::vector<kernels::ExpertPanels> panels(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    gate.push_back(MakeRandom(GgmlType::kQ4_K, width, hidden, 40 + e));
+    up.push_back(MakeRandom(GgmlType::kQ4_K, width, hidden, 50 + e));
+    down.push_back(MakeRandom(e == 1 ? GgmlType::kQ6_K : GgmlType::kQ8_0, hidden, width, 60 + e));
+  }
+  for (int64_t e = 0; e < experts; ++e) {
+    for (const RandomGgml* m : {&gate[e], &up[e], &down[e]})
+      packed.push_back(PackGgml(m->matrix));
+    panels[e] = {packed[3 * e].get(), packed[3 * e + 1].get(), packed[3 * e + 2].get()};
+  }
+  const std::vector<int64_t> offsets = {0, 1, 3, 4};
+  const std::vector<float> x = RandomRows(4, hidden, 9);
+  for (GgmlKernel kernel : Kernels()) {
+    kernels::LimitGgmlKernel(kernel);
+    std::vector<float> out(4 * hidden, -1.0f);
+    kernels::GroupedExpertFfn(x.data(), offsets, panels, hidden, out.data());
+    for (int64_t e = 0; e < experts; ++e) {
+      const int64_t first = offsets[e], count = offsets[e + 1] - first;
+      std::vector<float> rows(x.begin() + first * hidden, x.begin() + (first + count) * hidden);
+      std::vector<float> g = Product(rows, count, *panels[e].gate);
+      const std::vector<float> u = Product(rows, count, *panels[e].up);
+      kernels::SiluMul(g.data(), u.data(), count * width);
+      const std::vector<float> want = Product(g, count, *panels[e].down);
+      EXPECT_EQ(std::memcmp(want.data(), out.data() + first * hidden, want.size() * 4), 0)
+          << "expert " << e << ", " << kernels::GgmlKernelName(kernel);
+    }
+  }
+  kernels::LimitGgmlKernel(GgmlKernel::kAvx512Vnni);
+}
+
 }  // namespace
 }  // namespace sy

@@ -18,18 +18,30 @@ namespace {
 
 struct WorkItem {
   int32_t expert;
-  int32_t panel;  // first panel of the item
+  int32_t panel, panel_end;  // the item's panels [panel, panel_end)
 };
 
 // How one expert's products run: the bf16 dot kernel, the bf16 GEMM, the f32 panel kernel, or
 // the int8 kernel (weights packed as int8).
 enum class Path : uint8_t { kF32, kBf16Gemm, kDot, kInt8, kGgml };
 
-// Panels per work item: the dot kernel's unit, pairs for the bf16 GEMM, four for decode-sized
-// experts on the f32 kernel (it streams four panels side by side for one or two rows), else one.
-int64_t PanelsPerItem(Path path, int64_t rows) {
+// Weights one decode-sized GGML item streams per matrix. Each item starts its streams afresh
+// (gate's and up's, or down's), so small items pay that start many times a layer; large ones
+// leave the threads' shares uneven at the end. Four panels (64-74 KB of gate and of up) ran 3-4%
+// slower a bench-model step than ~256 KB (Zen 4, paired in one process; 128 KB gained half of
+// that, 768 KB no more).
+constexpr int64_t kDecodeItemBytes = 256 << 10;
+
+// Panels per work item: the dot kernel's unit, pairs for the bf16 GEMM, about kDecodeItemBytes
+// for decode-sized experts on GGML blocks, four for them on the f32 kernel (it streams four
+// panels side by side for one or two rows), else one.
+int64_t PanelsPerItem(Path path, int64_t rows, const PackedMatrix& w) {
   if (path == Path::kDot) return Bf16DotPanelUnit(rows);
-  return path == Path::kBf16Gemm ? 2 : rows <= 2 ? 4 : 1;
+  if (path == Path::kBf16Gemm) return 2;
+  if (rows > 2) return 1;
+  if (path != Path::kGgml) return 4;
+  const int64_t panel_bytes = static_cast<int64_t>(w.PanelColumnBytes()) * w.cols;
+  return std::max<int64_t>(4, kDecodeItemBytes / std::max<int64_t>(1, panel_bytes));
 }
 
 // One expert's rows against panels [p, p_end) of w, by its path (x_int8: the whole batch;
@@ -184,9 +196,10 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       const int64_t count = offsets[e + 1] - offsets[e];
       if (count == 0 || experts[e].gate == nullptr) continue;
       const PackedMatrix& w = down ? *experts[e].down : *experts[e].gate;
-      const int64_t step = PanelsPerItem(path[e], count);
+      const int64_t step = PanelsPerItem(path[e], count, w);
       for (int64_t p = 0; p < w.panels; p += step)
-        items.push_back({static_cast<int32_t>(e), static_cast<int32_t>(p)});
+        items.push_back({static_cast<int32_t>(e), static_cast<int32_t>(p),
+                         static_cast<int32_t>(std::min(w.panels, p + step))});
     }
     return items;
   };
@@ -223,14 +236,13 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
   std::vector<WorkItem> items = build_items(false);
   auto item_cost = [&](size_t i) {
     const int64_t e = items[i].expert;
-    return static_cast<double>(PanelsPerItem(path[e], offsets[e + 1] - offsets[e])) *
+    return static_cast<double>(items[i].panel_end - items[i].panel) *
            (static_cast<double>(offsets[e + 1] - offsets[e]) + kStreamRows);
   };
   BalancedFor(items.size(), item_cost, [&](size_t i) {
-    const int64_t e = items[i].expert, p = items[i].panel;
+    const int64_t e = items[i].expert, p = items[i].panel, p_end = items[i].panel_end;
     const int64_t first = offsets[e], count = offsets[e + 1] - first;
     const ExpertPanels& w = experts[e];
-    const int64_t p_end = std::min<int64_t>(w.gate->panels, p + PanelsPerItem(path[e], count));
     const uint16_t* xb = x_bf16[e].data();
     float* gate = hidden_rows.data() + first * width;
     float* up = up_rows.data() + first * width;
@@ -254,10 +266,9 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
   quantize_all(hidden_rows.data(), width);
   items = build_items(true);
   BalancedFor(items.size(), item_cost, [&](size_t i) {
-    const int64_t e = items[i].expert, p = items[i].panel;
+    const int64_t e = items[i].expert, p = items[i].panel, p_end = items[i].panel_end;
     const int64_t first = offsets[e], count = offsets[e + 1] - first;
     const PackedMatrix& down = *experts[e].down;
-    const int64_t p_end = std::min<int64_t>(down.panels, p + PanelsPerItem(path[e], count));
     Product(path[e], hidden_rows.data() + first * width, x_bf16[e].data(), x_int8,
             ggml_all ? x_ggml_all : x_ggml[e], ggml_all ? first : 0, first, count, down, p, p_end,
             out + first * hidden);

@@ -110,8 +110,17 @@ using ScoreTileFn = void (*)(const uint8_t* const*, int64_t, const __m512i*, int
 template <int kKeys>
 constexpr ScoreTileFn kScoreTiles[5] = {nullptr, ScoreTile<kKeys, 1>, ScoreTile<kKeys, 2>,
                                         ScoreTile<kKeys, 3>, ScoreTile<kKeys, 4>};
-constexpr const ScoreTileFn* kScoreTable[5] = {nullptr, kScoreTiles<1>, kScoreTiles<2>,
-                                               kScoreTiles<3>, kScoreTiles<4>};
+constexpr const ScoreTileFn* kScoreTable[9] = {nullptr,        kScoreTiles<1>, kScoreTiles<2>,
+                                               kScoreTiles<3>, kScoreTiles<4>, kScoreTiles<5>,
+                                               kScoreTiles<6>, kScoreTiles<7>, kScoreTiles<8>};
+
+// Keys per score tile for ng head groups: enough (key, group) chains to cover the dot's latency
+// (about 5-6 cycles at one or two a cycle). One or two groups (16 or 32 heads in a block: every
+// decode step of a model with few heads) took four keys, four chains, and the scores ran at a
+// third of the dot's rate: 8 heads over 250 keys spent 216 of ~300 cycles a key there (Zen 4).
+constexpr int64_t ScoreTileKeys(int64_t ng) {
+  return ng <= 2 ? 8 : 4;
+}
 
 // o[h][d] = o[h][d]·correction[h] + Σ_pairs p·v for kHeads heads and kDims dim vectors.
 template <int kHeads, int kDims>
@@ -215,10 +224,10 @@ SY_MLA_TARGET void MlaDecodeAttentionBf16(const float* q_latent, const float* q_
       if (visible <= 0) continue;
       const int64_t used = std::min(count, visible);
       const __m512i* qt = q + t * pairs * groups;
-      for (int64_t j0 = 0; j0 < used; j0 += 4) {
-        const int64_t nk = std::min<int64_t>(4, used - j0);
-        for (int64_t g0 = 0; g0 < groups; g0 += 4) {
-          const int64_t ng = std::min<int64_t>(4, groups - g0);
+      for (int64_t g0 = 0; g0 < groups; g0 += 4) {
+        const int64_t ng = std::min<int64_t>(4, groups - g0), tile_keys = ScoreTileKeys(ng);
+        for (int64_t j0 = 0; j0 < used; j0 += tile_keys) {
+          const int64_t nk = std::min<int64_t>(tile_keys, used - j0);
           kScoreTable[nk][ng](rows + j0, pairs, qt, groups, g0, scale, scores + j0 * groups);
         }
       }
