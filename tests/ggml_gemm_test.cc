@@ -266,6 +266,43 @@ TEST(GgmlGemmTest, ActivationQuantizationIsTheSameOnEveryKernel) {
   kernels::LimitGgmlKernel(GgmlKernel::kAvx512Vnni);
 }
 
+// Rows equal to the row before them (a decode token's row, once per routed expert and once for
+// the shared one) take a copy of its quantization: the same codes, scales and sums as each
+// quantized alone, serial or over the pool, on every kernel. NaN rows included.
+TEST(GgmlGemmTest, RepeatedRowsQuantizeAsEachAlone) {
+  const int64_t cols = 2048;
+  RandomGgml w = MakeRandom(GgmlType::kQ4_K, 16, cols, 5);
+  auto packed = PackGgml(w.matrix);
+  const std::vector<float> distinct = RandomRows(3, cols, 12);
+  std::vector<float> nan_row(distinct.begin(), distinct.begin() + cols);
+  nan_row[300] = NAN;
+  // Rows: a a a b a nan nan c c.
+  const std::vector<const float*> order = {
+      distinct.data(),           distinct.data(), distinct.data(), distinct.data() + cols,
+      distinct.data(),           nan_row.data(),  nan_row.data(),  distinct.data() + 2 * cols,
+      distinct.data() + 2 * cols};
+  const int64_t m = static_cast<int64_t>(order.size());
+  std::vector<float> x;
+  for (const float* row : order)
+    x.insert(x.end(), row, row + cols);
+  for (GgmlKernel kernel : Kernels()) {
+    kernels::LimitGgmlKernel(kernel);
+    SCOPED_TRACE(kernels::GgmlKernelName(kernel));
+    for (bool parallel : {false, true}) {
+      kernels::Q8Rows all;
+      kernels::QuantizeRowsQ8(x.data(), m, *packed, all, parallel);
+      for (int64_t r = 0; r < m; ++r) {
+        kernels::Q8Rows alone;
+        kernels::QuantizeRowsQ8(order[r], 1, *packed, alone, false);
+        EXPECT_EQ(std::memcmp(all.Codes(r), alone.Codes(0), cols), 0) << "row " << r;
+        EXPECT_EQ(std::memcmp(all.Scales(r), alone.Scales(0), all.blocks * 4), 0) << "row " << r;
+        EXPECT_EQ(std::memcmp(all.Sums(r), alone.Sums(0), all.subs * 4), 0) << "row " << r;
+      }
+    }
+  }
+  kernels::LimitGgmlKernel(GgmlKernel::kAvx512Vnni);
+}
+
 TEST(GgmlGemmTest, DecodeRowReadsAnyColumnRange) {
   RandomGgml w = MakeRandom(GgmlType::kQ6_K, 3, 768, 4);
   std::vector<float> out(700);
