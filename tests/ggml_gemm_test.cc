@@ -314,6 +314,17 @@ TEST(GgmlGemmTest, DecodeRowReadsAnyColumnRange) {
   EXPECT_EQ(PackGgml(MakeRandom(GgmlType::kQ4_K, 3, 768, 4).matrix)->Bytes(), 8u * 768);
 }
 
+// What the grouped FFN must give expert `e`'s rows [first, first + count) of x: its plain
+// products, gate and up, SiLU·up, then down.
+std::vector<float> PlainExpert(const std::vector<float>& x, int64_t first, int64_t count,
+                               int64_t hidden, int64_t width, const kernels::ExpertPanels& e) {
+  std::vector<float> rows(x.begin() + first * hidden, x.begin() + (first + count) * hidden);
+  std::vector<float> g = Product(rows, count, *e.gate);
+  const std::vector<float> u = Product(rows, count, *e.up);
+  kernels::SiluMul(g.data(), u.data(), count * width);
+  return Product(g, count, *e.down);
+}
+
 // Grouped experts on GGML blocks: each expert's rows give the bits the plain products give.
 // Grouped experts give each expert's plain products, bit for bit: with an expert not held here
 // (its rows left alone), with every expert held and one block layout (every row quantized in one
@@ -360,11 +371,7 @@ TEST(GgmlGemmTest, GroupedExpertsEqualPlainProducts) {
             EXPECT_EQ(out[r * hidden], -1.0f);
           continue;
         }
-        std::vector<float> rows(x.begin() + first * hidden, x.begin() + (first + count) * hidden);
-        std::vector<float> g = Product(rows, count, *panels[e].gate);
-        const std::vector<float> u = Product(rows, count, *panels[e].up);
-        kernels::SiluMul(g.data(), u.data(), count * width);
-        const std::vector<float> want = Product(g, count, *panels[e].down);
+        const std::vector<float> want = PlainExpert(x, first, count, hidden, width, panels[e]);
         EXPECT_EQ(std::memcmp(want.data(), out.data() + first * hidden, want.size() * 4), 0)
             << "expert " << e << ", " << kernels::GgmlKernelName(kernel);
       }
@@ -375,8 +382,8 @@ TEST(GgmlGemmTest, GroupedExpertsEqualPlainProducts) {
 
 // Decode-sized experts (one or two rows) split each matrix into items of ~256 KB of weights: at
 // hidden 2048, gate and up (24 panels of 16 KB) take one item of 16 panels and a shorter one of
-// 8; down (128 panels) three of ~39 and a short last one. Every row still equals its own
-// expert's plain products, whichever thread took which item.
+// 8; down (128 panels) items of 42 (Q8_0) or 55 (Q6_K), the last one short. Every row still
+// equals its own expert's plain products, whichever thread took which item.
 TEST(GgmlGemmTest, DecodeRowsOverSeveralItemsEqualPlainProducts) {
   const int64_t hidden = 2048, width = 384, experts = 3;
   std::vector<RandomGgml> gate, up, down;
@@ -400,11 +407,7 @@ TEST(GgmlGemmTest, DecodeRowsOverSeveralItemsEqualPlainProducts) {
     kernels::GroupedExpertFfn(x.data(), offsets, panels, hidden, out.data());
     for (int64_t e = 0; e < experts; ++e) {
       const int64_t first = offsets[e], count = offsets[e + 1] - first;
-      std::vector<float> rows(x.begin() + first * hidden, x.begin() + (first + count) * hidden);
-      std::vector<float> g = Product(rows, count, *panels[e].gate);
-      const std::vector<float> u = Product(rows, count, *panels[e].up);
-      kernels::SiluMul(g.data(), u.data(), count * width);
-      const std::vector<float> want = Product(g, count, *panels[e].down);
+      const std::vector<float> want = PlainExpert(x, first, count, hidden, width, panels[e]);
       EXPECT_EQ(std::memcmp(want.data(), out.data() + first * hidden, want.size() * 4), 0)
           << "expert " << e << ", " << kernels::GgmlKernelName(kernel);
     }

@@ -27,9 +27,9 @@ enum class Path : uint8_t { kF32, kBf16Gemm, kDot, kInt8, kGgml };
 
 // Weights one decode-sized GGML item streams per matrix. Each item starts its streams afresh
 // (gate's and up's, or down's), so small items pay that start many times a layer; large ones
-// leave the threads' shares uneven at the end. Four panels (64-74 KB of gate and of up) ran 3-4%
-// slower a bench-model step than ~256 KB (Zen 4, paired in one process; 128 KB gained half of
-// that, 768 KB no more).
+// leave the threads' shares uneven at the end. Four panels (64-74 KB of gate and of up) ran a
+// bench-model step 2-7% slower than ~256 KB (Zen 4, paired in one process, seven runs; 128 KB
+// gained half of that, 512 KB-1 MB no more).
 constexpr int64_t kDecodeItemBytes = 256 << 10;
 
 // Panels per work item: the dot kernel's unit, pairs for the bf16 GEMM, about kDecodeItemBytes
