@@ -157,8 +157,7 @@ void BenchGrouped(const MachinePeaks& peaks, const KernelBenchOptions& options, 
 }
 
 void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options, int64_t batch,
-                    int64_t kv_len, int64_t query_len, std::vector<KernelResult>& out,
-                    int64_t heads = kHeads) {
+                    int64_t kv_len, int64_t query_len, std::vector<KernelResult>& out) {
   const int64_t width = kLatent + kRope, page = 64;
   const int64_t pages_per_request = (kv_len + page - 1) / page;
   std::vector<uint16_t> pool(static_cast<size_t>(batch * pages_per_request * page * width));
@@ -168,29 +167,29 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
   for (size_t i = 0; i < table.size(); ++i)
     table[i] = static_cast<int32_t>(i);
   const int64_t tokens = batch * query_len;
-  auto q_latent = RandomActivations(static_cast<size_t>(tokens * heads * kLatent));
-  auto q_pe = RandomActivations(static_cast<size_t>(tokens * heads * kRope));
+  auto q_latent = RandomActivations(static_cast<size_t>(tokens * kHeads * kLatent));
+  auto q_pe = RandomActivations(static_cast<size_t>(tokens * kHeads * kRope));
   std::vector<float> o(q_latent.size());
   std::vector<int64_t> positions;
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t t = 0; t < query_len; ++t)
       positions.push_back(kv_len - query_len + t);
   ThreadPool& pool_threads = ThreadPool::Global();
-  const int64_t head_block = std::max<int64_t>(1, heads / pool_threads.size());
-  const int64_t items = batch * ((heads + head_block - 1) / head_block);
+  const int64_t head_block = std::max<int64_t>(1, kHeads / pool_threads.size());
+  const int64_t items = batch * ((kHeads + head_block - 1) / head_block);
   const double seconds = MedianTime(options.repetitions, [&] {
     pool_threads.ParallelFor(static_cast<size_t>(items), [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
-        const int64_t b = static_cast<int64_t>(i) / ((heads + head_block - 1) / head_block);
+        const int64_t b = static_cast<int64_t>(i) / ((kHeads + head_block - 1) / head_block);
         const int64_t h0 =
-            (static_cast<int64_t>(i) % ((heads + head_block - 1) / head_block)) * head_block;
+            (static_cast<int64_t>(i) % ((kHeads + head_block - 1) / head_block)) * head_block;
         kernels::LatentPages view{reinterpret_cast<const uint8_t*>(pool.data()), DType::kBF16, page,
                                   width, table.data() + b * pages_per_request};
         const int64_t t0 = b * query_len;
         kernels::MlaDecodeAttention(
-            q_latent.data() + t0 * heads * kLatent, q_pe.data() + t0 * heads * kRope, query_len,
-            positions.data() + t0, view, kv_len, heads, h0, std::min(heads, h0 + head_block),
-            kLatent, kRope, 0.135f, o.data() + t0 * heads * kLatent);
+            q_latent.data() + t0 * kHeads * kLatent, q_pe.data() + t0 * kHeads * kRope, query_len,
+            positions.data() + t0, view, kv_len, kHeads, h0, std::min(kHeads, h0 + head_block),
+            kLatent, kRope, 0.135f, o.data() + t0 * kHeads * kLatent);
       }
     });
   });
@@ -201,13 +200,13 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
                     kernels::MlaDecodeBf16Applies(DType::kBF16, kLatent, kRope);
   r.path = fmt::format("{}flash-decode q{} kv{}", bf16 ? "bf16-dot " : "", query_len, kv_len);
   r.m = tokens;
-  r.n = heads;
+  r.n = kHeads;
   r.k = kv_len;
   r.groups = batch;
   r.seconds = seconds;
   r.bytes =
-      static_cast<double>(batch) * kv_len * width * 2 + tokens * heads * (width + kLatent) * 4.0;
-  r.flops = 2.0 * tokens * heads * kv_len * (width + kLatent);
+      static_cast<double>(batch) * kv_len * width * 2 + tokens * kHeads * (width + kLatent) * 4.0;
+  r.flops = 2.0 * tokens * kHeads * kv_len * (width + kLatent);
   Score(r, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
   out.push_back(r);
 }
@@ -328,9 +327,6 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
       BenchMlaDecode(peaks, options, batch, 5000, q, out);
     }
   }
-  // A model with few heads (16, as the bench and default checkpoints; a lone sequence's heads
-  // split over the threads): its scores tile keys rather than head groups.
-  BenchMlaDecode(peaks, options, 1, 5000, 1, out, 16);
   return out;
 }
 
