@@ -41,6 +41,11 @@ TOOLS = [
                                       "parameters": ADD}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+# Tokens for a forced call: enough that the grammar, not the budget, ends it. Between JSON tokens
+# the grammar allows up to a newline and 40 spaces (structured/json_lexical.h), and a greedy tiny
+# model can take that at every gap: on Zen 3's AVX2 products it wrote `{"a":92` and then spaces
+# until a 300-token budget ran out. One call of either schema spells at most ~450 characters.
+BUDGET = 1000
 CHAT = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 40?"}]
 
 
@@ -68,7 +73,7 @@ def check_calls(message, names=SCHEMAS):
 
 def test_required_tool_calls_validate(tools_client):
     out = tools_client.chat.completions.create(
-        model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required", max_tokens=300,
+        model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required", max_tokens=BUDGET,
         temperature=0.8, seed=1, n=3)
     for choice in out.choices:
         assert choice.finish_reason == "tool_calls", choice.message
@@ -78,7 +83,7 @@ def test_required_tool_calls_validate(tools_client):
 
 def test_named_tool_call_validates(tools_client):
     out = tools_client.chat.completions.create(
-        model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=300, temperature=0.8, seed=2,
+        model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=BUDGET, temperature=0.8, seed=2,
         n=2, parallel_tool_calls=False,
         tool_choice={"type": "function", "function": {"name": "add"}})
     for choice in out.choices:
@@ -109,7 +114,7 @@ def reassemble(stream):
 @pytest.mark.parametrize("choice", ["required", {"type": "function",
                                                  "function": {"name": "get_weather"}}])
 def test_streamed_deltas_equal_the_whole_call(tools_client, choice):
-    args = dict(model="sy-test", messages=CHAT, tools=TOOLS, tool_choice=choice, max_tokens=300,
+    args = dict(model="sy-test", messages=CHAT, tools=TOOLS, tool_choice=choice, max_tokens=BUDGET,
                 temperature=0)
     whole = tools_client.chat.completions.create(**args).choices[0]
     assert whole.finish_reason == "tool_calls"
@@ -151,7 +156,7 @@ def test_auto_leaves_the_model_free(tools_client):
 
 def test_tool_results_in_a_follow_up_turn(tools_client):
     first = tools_client.chat.completions.create(
-        model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required", max_tokens=300,
+        model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required", max_tokens=BUDGET,
         temperature=0).choices[0].message
     check_calls(first)
     messages = CHAT + [first.model_dump(exclude_none=True)]
@@ -167,7 +172,7 @@ def test_tool_results_in_a_follow_up_turn(tools_client):
     # And a forced call again after the results (one: free to, the tiny model calls on and on
     # until max_tokens after some prompts).
     again = tools_client.chat.completions.create(
-        model="sy-test", messages=messages, tools=TOOLS, tool_choice="required", max_tokens=300,
+        model="sy-test", messages=messages, tools=TOOLS, tool_choice="required", max_tokens=BUDGET,
         temperature=0, parallel_tool_calls=False).choices[0]
     assert again.finish_reason == "tool_calls"
     check_calls(again.message)
@@ -206,7 +211,7 @@ def test_auto_needs_the_flag(server, client):
         client.chat.completions.create(model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=5)
     assert "--enable-auto-tool-choice" in str(e.value)
     out = client.chat.completions.create(model="sy-test", messages=CHAT, tools=TOOLS,
-                                         tool_choice="required", max_tokens=300, temperature=0)
+                                         tool_choice="required", max_tokens=BUDGET, temperature=0)
     assert out.choices[0].finish_reason == "tool_calls"
     check_calls(out.choices[0].message)
 
@@ -281,7 +286,7 @@ def test_structured_output_constrains_only_the_answer(r1_client):
     assert choice.message.model_extra["reasoning_content"]
     jsonschema.validate(json.loads(choice.message.content), ADD)
     forced = r1_client.chat.completions.create(
-        model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=300, temperature=0,
+        model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=BUDGET, temperature=0,
         logit_bias={str(THINK_END): 3},
         tool_choice={"type": "function", "function": {"name": "add"}}).choices[0]
     assert forced.finish_reason == "tool_calls", forced.message
@@ -298,7 +303,7 @@ def test_deepseek_v31_calls_and_thinking(model_dir):
     try:
         c = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
         args = dict(model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required",
-                    max_tokens=300, temperature=0, parallel_tool_calls=False)
+                    max_tokens=BUDGET, temperature=0, parallel_tool_calls=False)
         whole = c.chat.completions.create(**args).choices[0]
         assert whole.finish_reason == "tool_calls", whole.message
         check_calls(whole.message)
@@ -331,7 +336,7 @@ def test_forced_call_through_the_router():
                      "--served-model-name", "sy-test", "--enable-auto-tool-choice")
     try:
         args = dict(model="sy-test", messages=CHAT, tools=TOOLS, tool_choice="required",
-                    max_tokens=300, temperature=0, parallel_tool_calls=False)
+                    max_tokens=BUDGET, temperature=0, parallel_tool_calls=False)
         got = []
         for process in (router, instance):
             c = OpenAI(base_url=process.url + "/v1", api_key="x", max_retries=0, timeout=300)
@@ -356,7 +361,7 @@ def test_forced_call_in_an_mpirun_group(model_dir):
     try:
         c = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
         choice = c.chat.completions.create(
-            model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=300, temperature=0,
+            model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=BUDGET, temperature=0,
             tool_choice={"type": "function", "function": {"name": "get_weather"}}).choices[0]
         assert choice.finish_reason == "tool_calls"
         check_calls(choice.message, names={"get_weather"})
