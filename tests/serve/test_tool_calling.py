@@ -44,7 +44,8 @@ SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 # Tokens for a forced call: enough that the grammar, not the budget, ends it. Between JSON tokens
 # the grammar allows up to a newline and 40 spaces (structured/json_lexical.h), and a greedy tiny
 # model can take that at every gap: on Zen 3's AVX2 products it wrote `{"a":92` and then spaces
-# until a 300-token budget ran out. One call of either schema spells at most ~450 characters.
+# until a 300-token budget ran out. One call of either schema spells at most ~450 characters, so
+# this bounds a single call; where parallel calls are allowed it only leaves room for several.
 BUDGET = 1000
 CHAT = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 40?"}]
 
