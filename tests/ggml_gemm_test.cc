@@ -198,6 +198,40 @@ TEST_P(GgmlGemmTest, EveryKernelGivesThePortableBits) {
   }
 }
 
+// The largest sums the integer form can meet: every code byte 0xff (each code at its type's
+// maximum, sub-block scales and minimums too) against activations all at ±127, where the AVX2
+// kernels' int16 sums are closest to overflowing (4-bit codes: 16 products of 15 · 127 a lane,
+// 30480). Every kernel must still give the portable kernel's bits, at one row and in tiles.
+TEST_P(GgmlGemmTest, LargestCodesAndActivationsGiveThePortableBits) {
+  const GgmlType type = GetParam();
+  const GgmlTypeTraits traits = *GgmlTypeInfo(type);
+  const int64_t cols = 2 * traits.block_size, rows = 32;
+  RandomGgml w = MakeRandom(type, rows, cols, 7);
+  const std::vector<int> halves = HalfOffsets(type);
+  for (size_t i = 0; i < w.bytes.size(); ++i) {
+    const int at = static_cast<int>(i % static_cast<size_t>(traits.block_bytes));
+    bool half = false;
+    for (int offset : halves)
+      half = half || (at >= offset && at < offset + 2);
+    if (!half) w.bytes[i] = 0xff;
+  }
+  auto packed = PackGgml(w.matrix);
+  for (int64_t m : {1, 2, 4, 11}) {
+    // Row r: all +1 (r % 3 == 0), all −1 (r % 3 == 1), or +1 and −1 by column pair.
+    std::vector<float> x(static_cast<size_t>(m * cols));
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        x[r * cols + c] = r % 3 == 0 ? 1.0f : r % 3 == 1 ? -1.0f : (c / 2) % 2 ? 1.0f : -1.0f;
+    kernels::LimitGgmlKernel(GgmlKernel::kPortable);
+    const std::vector<float> want = Product(x, m, *packed);
+    for (GgmlKernel kernel : Kernels()) {
+      kernels::LimitGgmlKernel(kernel);
+      const std::vector<float> got = Product(x, m, *packed);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << kernels::GgmlKernelName(kernel) << ", " << m << " rows";
+    }
+  }
+}
 TEST_P(GgmlGemmTest, ARowIsTheSameBitsAloneAndInAnyBatch) {
   const GgmlType type = GetParam();
   const int64_t cols = GgmlTypeInfo(type)->block_size * (type == GgmlType::kQ8_0 ? 9 : 2);

@@ -245,42 +245,13 @@ SY_AVX2_TARGET inline void QuadBothHalvesAvx2(__m256i c0, __m256i c1, const int8
   }
 }
 
-// 16 columns of 4- or 6-bit codes of both halves (q[h][k]: half h, quad k) times one row's
-// activations, added to s0 and s1. The VPMADDUBSW pairs are summed in int16 before VPMADDWD where
-// they cannot overflow: a 4-bit pair is at most 2 · 15 · 127 = 3810, four of them 15240; a 6-bit
-// one 2 · 63 · 127 = 16002, two of them 32004. The same integers as quad by quad.
-template <int Bits>
-SY_AVX2_TARGET inline void SixteenColumnsBothHalvesAvx2(const __m256i (&q)[2][4], const int8_t* x,
-                                                        __m256i& s0, __m256i& s1) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256i xb[4];
-  for (int k = 0; k < 4; ++k) {
-    int32_t quad;
-    std::memcpy(&quad, x + 4 * k, 4);
-    xb[k] = _mm256_set1_epi32(quad);
-  }
-  __m256i* s[2] = {&s0, &s1};
-  for (int h = 0; h < 2; ++h) {
-    const __m256i p0 = _mm256_maddubs_epi16(q[h][0], xb[0]);
-    const __m256i p1 = _mm256_maddubs_epi16(q[h][1], xb[1]);
-    const __m256i p2 = _mm256_maddubs_epi16(q[h][2], xb[2]);
-    const __m256i p3 = _mm256_maddubs_epi16(q[h][3], xb[3]);
-    if constexpr (Bits == 4) {
-      const __m256i all = _mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3));
-      *s[h] = _mm256_add_epi32(*s[h], _mm256_madd_epi16(all, ones));
-    } else {
-      *s[h] = _mm256_add_epi32(*s[h],
-                               _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones),
-                                                _mm256_madd_epi16(_mm256_add_epi16(p2, p3), ones)));
-    }
-  }
-}
-
-// Up to 4 activation rows against both 8-row halves of a panel (a ymm holds 8 rows × 4 columns),
-// in one pass: each line of codes read once, each activation quad broadcast once for both
-// halves, the sub-block scales widened together. Two passes, one per half, spent as much on that
-// as on the products (bench kernels --max-isa avx2: 13-17 GB/s at m = 2 where this streams
-// 26-34, 1.3-1.7x at m = 8).
+// One activation row of 4- or 6-bit codes (several take TileAvx2Lanes, below), or up to 4 rows of
+// 8-bit codes, against both 8-row halves of a panel (a ymm holds 8 rows × 4 columns) in one
+// pass: each line of codes read once, each activation quad broadcast once for both halves, the
+// sub-block scales widened together. Two passes, one per half, spent as much on that as on the
+// products (bench kernels --max-isa avx2: 13-17 GB/s at m = 2 where this streamed 26-34).
+// One row keeps the quad-by-quad form: it waits on memory, and TileAvx2Lanes took 0.98-0.998x
+// its time there for Q4_K and 1.03-1.13x for Q6_K (paired A/B, one thread, AMD Zen 3).
 template <int R, int Bits, int SubCols, bool SharedD, bool Unit>
 SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
                              const int32_t* sums, int64_t sums_stride, const PackedMatrix& w,
@@ -344,16 +315,9 @@ SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs,
               q[h][3] = _mm256_or_si256(q[h][3], _mm256_and_si256(_mm256_srli_epi16(t, 2), top));
             }
           }
-          // Summing in int16 first pays where several rows share the codes (from cache, m = 32:
-          // 1.1-1.3x); at one row, where the kernel waits on memory, it measured 0.91-0.92x end
-          // to end (two paired runs), so one row keeps the quad-by-quad form.
-          if constexpr (R == 1) {
-            for (int k = 0; k < 4; ++k)
-              QuadBothHalvesAvx2<Bits>(q[0][k], q[1][k], x + c + 4 * k, s[0][0], s[0][1]);
-          } else {
-            for (int r = 0; r < R; ++r)
-              SixteenColumnsBothHalvesAvx2<Bits>(q, x + r * x_stride + c, s[r][0], s[r][1]);
-          }
+          static_assert(R == 1, "several rows of 4- and 6-bit codes take TileAvx2Lanes");
+          for (int k = 0; k < 4; ++k)
+            QuadBothHalvesAvx2<Bits>(q[0][k], q[1][k], x + c + 4 * k, s[0][0], s[0][1]);
         }
       }
       if constexpr (Unit) {
@@ -408,12 +372,193 @@ SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs,
       _mm256_storeu_ps(state + r * kPanelRows + 8 * h, out[r][h]);
 }
 
-template <int Bits, int SubCols, bool SharedD, bool Unit>
+// Several activation rows against 4- or 6-bit codes: the same integers as TileAvx2 in a form
+// that fits AVX2's sixteen registers. TileAvx2 at R = 4 holds every code of a 16-column group,
+// an int32 sub-block sum, a block sum and a mins sum per row and half: twice the registers there
+// are, so its accumulators lived on the stack in the inner loop (perf: 70% of a 32-sequence
+// Q4_K_M decode step is these tiles). Here the inner loop holds an int16 sum per row and half,
+// one quad of codes and one broadcast:
+//  - the VPMADDUBSW pairs add up in int16 over kFlush columns, as many as keep a lane (kFlush / 2
+//    products of a code ≤ MaxCode and an activation |x| ≤ 127) within 32767: 32 columns of
+//    4-bit codes (30480), 16 of 5-bit (31496), 8 of 6-bit (32004);
+//  - VPMADDWD by the sub-block scale, as int16 pairs, widens them and applies sc in one step;
+//  - the corrections that do not depend on the codes (mn · X for a separate dmin, sc · off · X
+//    for a shared d's offset) are summed once per block after the codes.
+// Every sum is an exact integer, so a block's a and mins, and the floats made from them, are the
+// same bits as TileAvx2's and the other kernels'. Decode of the bench model's Q4_K_M file at 32
+// sequences: 1.10-1.12x TileAvx2's tok/s (paired in one process, AMD Zen 3).
+constexpr int kMinLaneRows = 2;  // fewer rows take TileAvx2 (one row waits on memory anyway)
+
+// Columns (4, 8, 16 or 32) whose VPMADDUBSW results one int16 lane holds: each adds a pair of
+// products, at most 2 · 127 · max_code.
+constexpr int64_t LaneFlushCols(int max_code) {
+  const int64_t quads = 32767 / (2 * 127 * max_code);
+  int64_t cols = 4;
+  while (cols * 2 <= quads * 4 && cols < 32)
+    cols *= 2;
+  return cols;
+}
+
+// An empty asm that takes and gives v in a vector register. Without it GCC re-associates a
+// row's sums (s += p0; s += p1; ... as s + (p0 + p1 + ...)), computes every product before
+// adding any and spills them to the stack; with it each one is added as it is made.
+SY_AVX2_TARGET inline void InRegister(__m256i& v) {
+  asm("" : "+x"(v));
+}
+
+// sc of rows 8h..8h+7 as int16 pairs (sc_r, sc_r): VPMADDWD's factor for a row's two lanes.
+SY_AVX2_TARGET inline __m256i ScalePairs(const int8_t* sc) {
+  int64_t bytes;
+  std::memcpy(&bytes, sc, 8);
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bytes));
+  return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
+}
+
+// a += s · factor (a sub-block's ScalePairs, half by half), then s = 0.
+template <int R>
+SY_AVX2_TARGET inline void FlushLanes(__m256i (&a)[R][2], __m256i (&s)[R][2],
+                                      const __m256i (&factor)[2]) {
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < R; ++r) {
+      a[r][h] = _mm256_add_epi32(a[r][h], _mm256_madd_epi16(s[r][h], factor[h]));
+      s[r][h] = _mm256_setzero_si256();
+    }
+}
+
+template <int R, int Bits, int SubCols, bool SharedD, bool Unit, int MaxCode>
+SY_AVX2_TARGET void TileAvx2Lanes(const int8_t* x, int64_t x_stride, const float* xs,
+                                  int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
+                                  const PackedMatrix& w, int64_t panel, float* state) {
+  constexpr int64_t kFlush = std::min<int64_t>(SubCols, LaneFlushCols(MaxCode));
+  static_assert(Bits == 4 || Bits == 6);
+  static_assert(SubCols % std::max<int64_t>(kFlush, 16) == 0 &&
+                (kFlush % 16 == 0 || 16 % kFlush == 0));
+  constexpr int64_t kGroupBytes = Bits == 6 ? 192 : 128;
+  const uint8_t* codes = w.Panel(panel);
+  const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
+  const int64_t per_block = w.super_cols / SubCols;
+  const int8_t* sc_base = Unit ? nullptr : w.sub_scales.data() + panel * subs * kPanelRows;
+  const int8_t* mn_base = Unit || SharedD ? nullptr : w.sub_mins.data() + panel * subs * kPanelRows;
+  const uint16_t* d_base = w.super_d.data() + panel * blocks * kPanelRows;
+  const uint16_t* dmin_base = SharedD ? nullptr : w.super_dmin.data() + panel * blocks * kPanelRows;
+  const __m256i nibble = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi8(0x30);
+  // Sums of kFlush columns scaled into a: after each chunk of 16 or more, or (6-bit codes,
+  // kFlush 8) after each half of a 16-column group.
+  constexpr int64_t kChunk = std::max<int64_t>(kFlush, 16);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i a[R][2];
+    for (int r = 0; r < R; ++r)
+      a[r][0] = a[r][1] = _mm256_setzero_si256();
+    for (int64_t c0 = b * w.super_cols; c0 < (b + 1) * w.super_cols; c0 += kChunk) {
+      __m256i s[R][2];
+      for (int r = 0; r < R; ++r)
+        s[r][0] = s[r][1] = _mm256_setzero_si256();
+      // A chunk lies in one sub-block (kChunk divides SubCols): one scale per row.
+      __m256i factor[2];
+      for (int h = 0; h < 2; ++h)
+        factor[h] =
+            Unit ? _mm256_set1_epi16(1) : ScalePairs(sc_base + (c0 / SubCols) * kPanelRows + 8 * h);
+      for (int64_t c = c0; c < c0 + kChunk; c += 16) {
+        // Quad k: columns c + 4k..c + 4k + 3, the low (k even) or high nibbles of unit k / 2
+        // (and bits 2k, 2k + 1 of the top-bit unit); half h of a unit is its rows 8h..8h+7.
+        const uint8_t* group = codes + (c / 16) * kGroupBytes;
+        _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(group + 64 + kPrefetchBytes), _MM_HINT_T0);
+        if constexpr (Bits == 6)
+          _mm_prefetch(reinterpret_cast<const char*>(group + 128 + kPrefetchBytes), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+          __m256i q[2];
+          for (int h = 0; h < 2; ++h) {
+            const __m256i v =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + (k / 2) * 64 + 32 * h));
+            q[h] = _mm256_and_si256(k % 2 ? _mm256_srli_epi16(v, 4) : v, nibble);
+            if constexpr (Bits == 6) {
+              const __m256i t =
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 128 + 32 * h));
+              const __m256i shifted = k == 0   ? _mm256_slli_epi16(t, 4)
+                                      : k == 1 ? _mm256_slli_epi16(t, 2)
+                                      : k == 2 ? t
+                                               : _mm256_srli_epi16(t, 2);
+              q[h] = _mm256_or_si256(q[h], _mm256_and_si256(shifted, top));
+            }
+          }
+          for (int r = 0; r < R; ++r) {
+            int32_t quad;
+            std::memcpy(&quad, x + r * x_stride + c + 4 * k, 4);
+            const __m256i xb = _mm256_set1_epi32(quad);
+            s[r][0] = _mm256_add_epi16(s[r][0], _mm256_maddubs_epi16(q[0], xb));
+            s[r][1] = _mm256_add_epi16(s[r][1], _mm256_maddubs_epi16(q[1], xb));
+            InRegister(s[r][0]);
+            InRegister(s[r][1]);
+          }
+          if (kFlush < 16 && k == 1) FlushLanes<R>(a, s, factor);
+        }
+      }
+      FlushLanes<R>(a, s, factor);
+    }
+    // The corrections: Σ_j sc_j · sums_j off a (shared d), Σ_j mn_j · sums_j into mins.
+    __m256i mins[R][2];
+    for (int r = 0; r < R; ++r)
+      mins[r][0] = mins[r][1] = _mm256_setzero_si256();
+    for (int64_t j = b * per_block; j < (b + 1) * per_block; ++j) {
+      __m256i f[2];
+      if constexpr (!Unit) {
+        const __m128i bytes = _mm_loadu_si128(
+            reinterpret_cast<const __m128i*>((SharedD ? sc_base : mn_base) + j * kPanelRows));
+        f[0] = _mm256_cvtepi8_epi32(bytes);
+        f[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8));
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i x_sum = _mm256_set1_epi32(sums[r * sums_stride + j]);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i t = Unit ? x_sum : _mm256_mullo_epi32(f[h], x_sum);
+          if constexpr (SharedD)
+            a[r][h] = _mm256_sub_epi32(a[r][h], t);
+          else
+            mins[r][h] = _mm256_add_epi32(mins[r][h], t);
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(d_base + b * kPanelRows + 8 * h)));
+      __m256 dmin = _mm256_setzero_ps();
+      if constexpr (!SharedD)
+        dmin = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(dmin_base + b * kPanelRows + 8 * h)));
+      for (int r = 0; r < R; ++r) {
+        float* out = state + r * kPanelRows + 8 * h;
+        const __m256 t = SharedD
+                             ? _mm256_mul_ps(d, _mm256_cvtepi32_ps(a[r][h]))
+                             : _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(a[r][h]),
+                                               _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins[r][h])));
+        _mm256_storeu_ps(
+            out, _mm256_fmadd_ps(t, _mm256_set1_ps(xs[r * xs_stride + b]), _mm256_loadu_ps(out)));
+      }
+    }
+  }
+}
+
+// R rows: TileAvx2Lanes for several rows of 4- and 6-bit codes, TileAvx2 otherwise.
+template <int R, int Bits, int SubCols, bool SharedD, bool Unit, int MaxCode>
+void TileAvx2For(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
+                 const int32_t* sums, int64_t sums_stride, const PackedMatrix& w, int64_t panel,
+                 float* state) {
+  if constexpr (Bits != 8 && R >= kMinLaneRows)
+    TileAvx2Lanes<R, Bits, SubCols, SharedD, Unit, MaxCode>(x, x_stride, xs, xs_stride, sums,
+                                                            sums_stride, w, panel, state);
+  else
+    TileAvx2<R, Bits, SubCols, SharedD, Unit>(x, x_stride, xs, xs_stride, sums, sums_stride, w,
+                                              panel, state);
+}
+
+template <int Bits, int SubCols, bool SharedD, bool Unit, int MaxCode>
 void TileAvx2Rows(int64_t count, const int8_t* x, int64_t x_stride, const float* xs,
                   int64_t xs_stride, const int32_t* sums, int64_t sums_stride,
                   const PackedMatrix& w, int64_t panel, float* state) {
   [&]<int... R>(std::integer_sequence<int, R...>) {
-    (void)((count == R + 1 ? (TileAvx2<R + 1, Bits, SubCols, SharedD, Unit>(
+    (void)((count == R + 1 ? (TileAvx2For<R + 1, Bits, SubCols, SharedD, Unit, MaxCode>(
                                   x, x_stride, xs, xs_stride, sums, sums_stride, w, panel, state),
                               true)
                            : false) ||
@@ -422,15 +567,16 @@ void TileAvx2Rows(int64_t count, const int8_t* x, int64_t x_stride, const float*
   (std::make_integer_sequence<int, kMaxTileRowsAvx2>{});
 }
 
-// The tile kernel for w's type: code width, sub-block size, shared d, unit scales.
+// The tile kernel for w's type: code width, sub-block size, shared d, unit scales, and the
+// largest code (2^bits − 1 of the integer form's code bits, tensor/ggml_quants.h).
 template <bool kAvx2>
 void TileAny(int64_t count, const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
              const int32_t* sums, int64_t sums_stride, const PackedMatrix& w, int64_t panel,
              float* state) {
-#define SY_TILE(bits, sub, shared, unit)                                                           \
+#define SY_TILE(bits, sub, shared, unit, max_code)                                                 \
   if constexpr (kAvx2) {                                                                           \
-    TileAvx2Rows<bits, sub, shared, unit>(count, x, x_stride, xs, xs_stride, sums, sums_stride, w, \
-                                          panel, state);                                           \
+    TileAvx2Rows<bits, sub, shared, unit, max_code>(count, x, x_stride, xs, xs_stride, sums,       \
+                                                    sums_stride, w, panel, state);                 \
   } else {                                                                                         \
     TileVnniRows<bits, sub, shared, unit>(count, x, x_stride, xs, xs_stride, sums, sums_stride, w, \
                                           panel, state);                                           \
@@ -438,27 +584,27 @@ void TileAny(int64_t count, const int8_t* x, int64_t x_stride, const float* xs, 
   return
   switch (w.ggml_type) {
     case GgmlType::kQ4_0:
-      SY_TILE(4, 32, true, true);
+      SY_TILE(4, 32, true, true, 15);
     case GgmlType::kQ4_1:
-      SY_TILE(4, 32, false, true);
+      SY_TILE(4, 32, false, true, 15);
     case GgmlType::kQ5_0:
-      SY_TILE(6, 32, true, true);
+      SY_TILE(6, 32, true, true, 31);
     case GgmlType::kQ5_1:
-      SY_TILE(6, 32, false, true);
+      SY_TILE(6, 32, false, true, 31);
     case GgmlType::kQ8_0:
-      SY_TILE(8, 32, true, true);
+      SY_TILE(8, 32, true, true, 255);
     case GgmlType::kQ2_K:
-      SY_TILE(4, 16, false, false);
+      SY_TILE(4, 16, false, false, 3);
     case GgmlType::kQ3_K:
-      SY_TILE(4, 16, true, false);
+      SY_TILE(4, 16, true, false, 7);
     case GgmlType::kQ4_K:
-      SY_TILE(4, 32, false, false);
+      SY_TILE(4, 32, false, false, 15);
     case GgmlType::kQ5_K:
-      SY_TILE(6, 32, false, false);
+      SY_TILE(6, 32, false, false, 31);
     case GgmlType::kQ6_K:
-      SY_TILE(6, 16, true, false);
+      SY_TILE(6, 16, true, false, 63);
     case GgmlType::kHfInt4:  // sc = 1 and mn = z per 128-column group (tensor/ggml_quants.h)
-      SY_TILE(4, kHfInt4GroupCols, false, false);
+      SY_TILE(4, kHfInt4GroupCols, false, false, 15);
     default:
       return;  // PackGgml takes no other type
   }
