@@ -114,6 +114,19 @@ std::vector<GgmlKernel> Kernels() {
   return all;
 }
 
+// x [m][w.cols] times w on every kernel this CPU runs: the portable kernel's bits on each.
+void ExpectEveryKernelGivesThePortableBits(const std::vector<float>& x, int64_t m,
+                                           const PackedMatrix& w) {
+  kernels::LimitGgmlKernel(GgmlKernel::kPortable);
+  const std::vector<float> want = Product(x, m, w);
+  for (GgmlKernel kernel : Kernels()) {
+    kernels::LimitGgmlKernel(kernel);
+    const std::vector<float> got = Product(x, m, w);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << kernels::GgmlKernelName(kernel) << ", " << m << " rows";
+  }
+}
+
 class GgmlGemmTest : public ::testing::TestWithParam<GgmlType> {
  protected:
   void TearDown() override { kernels::LimitGgmlKernel(GgmlKernel::kAvx512Vnni); }
@@ -187,14 +200,7 @@ TEST_P(GgmlGemmTest, EveryKernelGivesThePortableBits) {
   auto packed = PackGgml(w.matrix);
   for (int64_t m : {1, 11}) {
     const std::vector<float> x = RandomRows(m, cols, 5);
-    kernels::LimitGgmlKernel(GgmlKernel::kPortable);
-    const std::vector<float> want = Product(x, m, *packed);
-    for (GgmlKernel kernel : Kernels()) {
-      kernels::LimitGgmlKernel(kernel);
-      const std::vector<float> got = Product(x, m, *packed);
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
-          << kernels::GgmlKernelName(kernel) << ", " << m << " rows";
-    }
+    ExpectEveryKernelGivesThePortableBits(x, m, *packed);
   }
 }
 
@@ -222,16 +228,10 @@ TEST_P(GgmlGemmTest, LargestCodesAndActivationsGiveThePortableBits) {
     for (int64_t r = 0; r < m; ++r)
       for (int64_t c = 0; c < cols; ++c)
         x[r * cols + c] = r % 3 == 0 ? 1.0f : r % 3 == 1 ? -1.0f : (c / 2) % 2 ? 1.0f : -1.0f;
-    kernels::LimitGgmlKernel(GgmlKernel::kPortable);
-    const std::vector<float> want = Product(x, m, *packed);
-    for (GgmlKernel kernel : Kernels()) {
-      kernels::LimitGgmlKernel(kernel);
-      const std::vector<float> got = Product(x, m, *packed);
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
-          << kernels::GgmlKernelName(kernel) << ", " << m << " rows";
-    }
+    ExpectEveryKernelGivesThePortableBits(x, m, *packed);
   }
 }
+
 TEST_P(GgmlGemmTest, ARowIsTheSameBitsAloneAndInAnyBatch) {
   const GgmlType type = GetParam();
   const int64_t cols = GgmlTypeInfo(type)->block_size * (type == GgmlType::kQ8_0 ? 9 : 2);

@@ -27,6 +27,36 @@ constexpr int kMaxTileRows = 8;
 // Software prefetch distance in a panel stream (as the other kernels: 2 KiB).
 constexpr int64_t kPrefetchBytes = 2048;
 
+#if defined(__x86_64__)
+// Prefetches the lines kPrefetchBytes ahead of a 16-column group of 4- or 6-bit codes (two or
+// three 64-byte lines).
+template <int Bits>
+inline void PrefetchGroup(const uint8_t* group) {
+  for (int line = 0; line < (Bits == 6 ? 3 : 2); ++line)
+    _mm_prefetch(reinterpret_cast<const char*>(group + 64 * line + kPrefetchBytes), _MM_HINT_T0);
+}
+#endif
+
+// A panel's blocks, sub-blocks per block, and where its scales start: sc and mn per sub-block and
+// row (null where unit scales, mn also where d is shared), d and dmin per block and row.
+struct PanelScales {
+  int64_t blocks, per_block;
+  const int8_t* sc;
+  const int8_t* mn;
+  const uint16_t* d;
+  const uint16_t* dmin;
+};
+template <int SubCols, bool SharedD, bool Unit>
+PanelScales PanelScalesOf(const PackedMatrix& w, int64_t panel) {
+  const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
+  return {blocks,
+          w.super_cols / SubCols,
+          Unit ? nullptr : w.sub_scales.data() + panel * subs * kPanelRows,
+          Unit || SharedD ? nullptr : w.sub_mins.data() + panel * subs * kPanelRows,
+          w.super_d.data() + panel * blocks * kPanelRows,
+          SharedD ? nullptr : w.super_dmin.data() + panel * blocks * kPanelRows};
+}
+
 // Code c of row i of a panel, whatever the code width.
 int CodeAt(const PackedMatrix& w, const uint8_t* codes, int64_t i, int64_t c) {
   if (w.code_bits == 8) return codes[((c / 4) * kPanelRows + i) * 4 + c % 4];
@@ -107,12 +137,8 @@ SY_VNNI_TARGET void TileVnni(const int8_t* x, int64_t x_stride, const float* xs,
   const uint8_t* codes = w.Panel(panel);
   // 16 columns' codes: 128 bytes of low nibbles, then (Bits == 6) 64 of top bits.
   constexpr int64_t kGroupBytes = Bits == 6 ? 192 : 128;
-  const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
-  const int64_t per_block = w.super_cols / SubCols;
-  const int8_t* sc_base = Unit ? nullptr : w.sub_scales.data() + panel * subs * kPanelRows;
-  const int8_t* mn_base = Unit || SharedD ? nullptr : w.sub_mins.data() + panel * subs * kPanelRows;
-  const uint16_t* d_base = w.super_d.data() + panel * blocks * kPanelRows;
-  const uint16_t* dmin_base = SharedD ? nullptr : w.super_dmin.data() + panel * blocks * kPanelRows;
+  const auto [blocks, per_block, sc_base, mn_base, d_base, dmin_base] =
+      PanelScalesOf<SubCols, SharedD, Unit>(w, panel);
   const __m512i nibble = _mm512_set1_epi8(0x0f), top = _mm512_set1_epi8(0x30);
   __m512 out[R];
   for (int r = 0; r < R; ++r)
@@ -138,10 +164,7 @@ SY_VNNI_TARGET void TileVnni(const int8_t* x, int64_t x_stride, const float* xs,
           const uint8_t* group = codes + (c / 16) * kGroupBytes;
           // One line ahead per line read: the panels of a thread's share are contiguous, so
           // this runs into the next panel as one stream.
-          _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(group + 64 + kPrefetchBytes), _MM_HINT_T0);
-          if constexpr (Bits == 6)
-            _mm_prefetch(reinterpret_cast<const char*>(group + 128 + kPrefetchBytes), _MM_HINT_T0);
+          PrefetchGroup<Bits>(group);
           const __m512i v0 = _mm512_loadu_si512(group);
           const __m512i v1 = _mm512_loadu_si512(group + 64);
           __m512i q0 = _mm512_and_si512(v0, nibble);
@@ -258,12 +281,8 @@ SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs,
                              int64_t panel, float* state) {
   const uint8_t* codes = w.Panel(panel);
   constexpr int64_t kGroupBytes = Bits == 6 ? 192 : 128;
-  const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
-  const int64_t per_block = w.super_cols / SubCols;
-  const int8_t* sc_base = Unit ? nullptr : w.sub_scales.data() + panel * subs * kPanelRows;
-  const int8_t* mn_base = Unit || SharedD ? nullptr : w.sub_mins.data() + panel * subs * kPanelRows;
-  const uint16_t* d_base = w.super_d.data() + panel * blocks * kPanelRows;
-  const uint16_t* dmin_base = SharedD ? nullptr : w.super_dmin.data() + panel * blocks * kPanelRows;
+  const auto [blocks, per_block, sc_base, mn_base, d_base, dmin_base] =
+      PanelScalesOf<SubCols, SharedD, Unit>(w, panel);
   const __m256i nibble = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi8(0x30);
   __m256 out[R][2];
   for (int r = 0; r < R; ++r)
@@ -292,10 +311,7 @@ SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs,
       } else {
         for (int64_t c = c0; c < c0 + SubCols; c += 16) {
           const uint8_t* group = codes + (c / 16) * kGroupBytes;
-          _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(group + 64 + kPrefetchBytes), _MM_HINT_T0);
-          if constexpr (Bits == 6)
-            _mm_prefetch(reinterpret_cast<const char*>(group + 128 + kPrefetchBytes), _MM_HINT_T0);
+          PrefetchGroup<Bits>(group);
           // Half h of a 64-byte unit is its rows 8h..8h+7.
           __m256i q[2][4];
           for (int h = 0; h < 2; ++h) {
@@ -435,12 +451,8 @@ SY_AVX2_TARGET void TileAvx2Lanes(const int8_t* x, int64_t x_stride, const float
                 (kFlush % 16 == 0 || 16 % kFlush == 0));
   constexpr int64_t kGroupBytes = Bits == 6 ? 192 : 128;
   const uint8_t* codes = w.Panel(panel);
-  const int64_t subs = w.cols / SubCols, blocks = w.cols / w.super_cols;
-  const int64_t per_block = w.super_cols / SubCols;
-  const int8_t* sc_base = Unit ? nullptr : w.sub_scales.data() + panel * subs * kPanelRows;
-  const int8_t* mn_base = Unit || SharedD ? nullptr : w.sub_mins.data() + panel * subs * kPanelRows;
-  const uint16_t* d_base = w.super_d.data() + panel * blocks * kPanelRows;
-  const uint16_t* dmin_base = SharedD ? nullptr : w.super_dmin.data() + panel * blocks * kPanelRows;
+  const auto [blocks, per_block, sc_base, mn_base, d_base, dmin_base] =
+      PanelScalesOf<SubCols, SharedD, Unit>(w, panel);
   const __m256i nibble = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi8(0x30);
   // Sums of kFlush columns scaled into a: after each chunk of 16 or more, or (6-bit codes,
   // kFlush 8) after each half of a 16-column group.
@@ -462,10 +474,7 @@ SY_AVX2_TARGET void TileAvx2Lanes(const int8_t* x, int64_t x_stride, const float
         // Quad k: columns c + 4k..c + 4k + 3, the low (k even) or high nibbles of unit k / 2
         // (and bits 2k, 2k + 1 of the top-bit unit); half h of a unit is its rows 8h..8h+7.
         const uint8_t* group = codes + (c / 16) * kGroupBytes;
-        _mm_prefetch(reinterpret_cast<const char*>(group + kPrefetchBytes), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(group + 64 + kPrefetchBytes), _MM_HINT_T0);
-        if constexpr (Bits == 6)
-          _mm_prefetch(reinterpret_cast<const char*>(group + 128 + kPrefetchBytes), _MM_HINT_T0);
+        PrefetchGroup<Bits>(group);
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k) {
           __m256i q[2];
