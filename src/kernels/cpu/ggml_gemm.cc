@@ -243,7 +243,7 @@ void TileVnniRows(int64_t count, const int8_t* x, int64_t x_stride, const float*
 // most 63 keep a pair within int16 (2 · 63 · 127); Q8_0's bytes take the sign trick instead
 // (|q − 128| × x with q − 128's sign: 2 · 128 · 127), which sums Σ (q − 128) · x directly.
 #define SY_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
-constexpr int kMaxTileRowsAvx2 = 4;
+constexpr int kMaxTileRowsAvx2 = 4;  // rows per tile of TileAvx2Lanes and TileAvx2Bytes
 
 // One activation quad (4 bytes at xq) times both halves' codes (c0: rows 0-7, c1: rows 8-15),
 // added to s0 and s1, the broadcast shared.
@@ -268,13 +268,13 @@ SY_AVX2_TARGET inline void QuadBothHalvesAvx2(__m256i c0, __m256i c1, const int8
   }
 }
 
-// One activation row of 4- or 6-bit codes (several take TileAvx2Lanes, below), or up to 4 rows of
-// 8-bit codes, against both 8-row halves of a panel (a ymm holds 8 rows × 4 columns) in one
-// pass: each line of codes read once, each activation quad broadcast once for both halves, the
-// sub-block scales widened together. Two passes, one per half, spent as much on that as on the
-// products (bench kernels --max-isa avx2: 13-17 GB/s at m = 2 where this streamed 26-34).
-// One row keeps the quad-by-quad form: it waits on memory, and TileAvx2Lanes took 0.98-0.998x
-// its time there for Q4_K and 1.03-1.13x for Q6_K (paired A/B, one thread, AMD Zen 3).
+// One activation row (several take TileAvx2Lanes or TileAvx2Bytes, below) against both 8-row
+// halves of a panel (a ymm holds 8 rows × 4 columns) in one pass: each line of codes read once,
+// each activation quad broadcast once for both halves, the sub-block scales widened together.
+// Two passes, one per half, spent as much on that as on the products (bench kernels --max-isa
+// avx2: 13-17 GB/s at m = 2 where this streamed 26-34). The row waits on memory here, and
+// TileAvx2Lanes took 0.98-0.998x this kernel's time for Q4_K and 1.03-1.13x for Q6_K (paired
+// A/B, one thread, AMD Zen 3). (R stays a parameter: the loops over rows are written for any.)
 template <int R, int Bits, int SubCols, bool SharedD, bool Unit>
 SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
                              const int32_t* sums, int64_t sums_stride, const PackedMatrix& w,
@@ -331,7 +331,6 @@ SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs,
               q[h][3] = _mm256_or_si256(q[h][3], _mm256_and_si256(_mm256_srli_epi16(t, 2), top));
             }
           }
-          static_assert(R == 1, "several rows of 4- and 6-bit codes take TileAvx2Lanes");
           for (int k = 0; k < 4; ++k)
             QuadBothHalvesAvx2<Bits>(q[0][k], q[1][k], x + c + 4 * k, s[0][0], s[0][1]);
         }
@@ -430,15 +429,13 @@ SY_AVX2_TARGET inline __m256i ScalePairs(const int8_t* sc) {
   return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
 }
 
-// a += s · factor (a sub-block's ScalePairs, half by half), then s = 0.
+// a += s · factor (a sub-block's ScalePairs, half by half).
 template <int R>
-SY_AVX2_TARGET inline void FlushLanes(__m256i (&a)[R][2], __m256i (&s)[R][2],
+SY_AVX2_TARGET inline void FlushLanes(__m256i (&a)[R][2], const __m256i (&s)[R][2],
                                       const __m256i (&factor)[2]) {
   for (int h = 0; h < 2; ++h)
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r)
       a[r][h] = _mm256_add_epi32(a[r][h], _mm256_madd_epi16(s[r][h], factor[h]));
-      s[r][h] = _mm256_setzero_si256();
-    }
 }
 
 template <int R, int Bits, int SubCols, bool SharedD, bool Unit, int MaxCode>
@@ -462,15 +459,15 @@ SY_AVX2_TARGET void TileAvx2Lanes(const int8_t* x, int64_t x_stride, const float
     for (int r = 0; r < R; ++r)
       a[r][0] = a[r][1] = _mm256_setzero_si256();
     for (int64_t c0 = b * w.super_cols; c0 < (b + 1) * w.super_cols; c0 += kChunk) {
-      __m256i s[R][2];
-      for (int r = 0; r < R; ++r)
-        s[r][0] = s[r][1] = _mm256_setzero_si256();
+      __m256i s[R][2];  // set by each flush span's first quad (an add to zero is not folded)
       // A chunk lies in one sub-block (kChunk divides SubCols): one scale per row.
       __m256i factor[2];
       for (int h = 0; h < 2; ++h)
         factor[h] =
             Unit ? _mm256_set1_epi16(1) : ScalePairs(sc_base + (c0 / SubCols) * kPanelRows + 8 * h);
-      for (int64_t c = c0; c < c0 + kChunk; c += 16) {
+#pragma GCC unroll 2
+      for (int g = 0; g < kChunk / 16; ++g) {
+        const int64_t c = c0 + 16 * g;
         // Quad k: columns c + 4k..c + 4k + 3, the low (k even) or high nibbles of unit k / 2
         // (and bits 2k, 2k + 1 of the top-bit unit); half h of a unit is its rows 8h..8h+7.
         const uint8_t* group = codes + (c / 16) * kGroupBytes;
@@ -496,8 +493,10 @@ SY_AVX2_TARGET void TileAvx2Lanes(const int8_t* x, int64_t x_stride, const float
             int32_t quad;
             std::memcpy(&quad, x + r * x_stride + c + 4 * k, 4);
             const __m256i xb = _mm256_set1_epi32(quad);
-            s[r][0] = _mm256_add_epi16(s[r][0], _mm256_maddubs_epi16(q[0], xb));
-            s[r][1] = _mm256_add_epi16(s[r][1], _mm256_maddubs_epi16(q[1], xb));
+            for (int h = 0; h < 2; ++h) {
+              const __m256i p = _mm256_maddubs_epi16(q[h], xb);
+              s[r][h] = (16 * g + 4 * k) % kFlush == 0 ? p : _mm256_add_epi16(s[r][h], p);
+            }
             InRegister(s[r][0]);
             InRegister(s[r][1]);
           }
@@ -549,12 +548,68 @@ SY_AVX2_TARGET void TileAvx2Lanes(const int8_t* x, int64_t x_stride, const float
   }
 }
 
-// R rows: TileAvx2Lanes for several rows of 4- and 6-bit codes, TileAvx2 otherwise.
+// Several activation rows against Q8_0's bytes (one sub-block per block, unit scales, shared d):
+// |q − 128| times the activations with q − 128's sign, each quad's pairs widened by VPMADDWD
+// straight into the block's int32 sum (a pair reaches 2 · 128 · 127, so none add up in int16).
+// Only those sums stay in registers; the outputs are read and written once per block. Decode of
+// the bench model's Q8_0 file at 32 sequences: 1.06-1.09x TileAvx2's (paired, AMD Zen 3).
+template <int R>
+SY_AVX2_TARGET void TileAvx2Bytes(const int8_t* x, int64_t x_stride, const float* xs,
+                                  int64_t xs_stride, const PackedMatrix& w, int64_t panel,
+                                  float* state) {
+  const uint8_t* codes = w.Panel(panel);
+  const int64_t blocks = w.cols / w.super_cols;
+  const uint16_t* d_base = w.super_d.data() + panel * blocks * kPanelRows;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i a[R][2];
+    for (int r = 0; r < R; ++r)
+      a[r][0] = a[r][1] = _mm256_setzero_si256();
+    for (int64_t c = b * w.super_cols; c < (b + 1) * w.super_cols; c += 4) {
+      const uint8_t* line = codes + (c / 4) * 64;
+      _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchBytes), _MM_HINT_T0);
+      __m256i sign[2], magnitude[2];
+      for (int h = 0; h < 2; ++h) {
+        sign[h] = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32 * h)), flip);
+        magnitude[h] = _mm256_abs_epi8(sign[h]);
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, x + r * x_stride + c, 4);
+        const __m256i xb = _mm256_set1_epi32(quad);
+        for (int h = 0; h < 2; ++h) {
+          a[r][h] = _mm256_add_epi32(
+              a[r][h],
+              _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude[h], _mm256_sign_epi8(xb, sign[h])),
+                                ones));
+          InRegister(a[r][h]);
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(d_base + b * kPanelRows + 8 * h)));
+      for (int r = 0; r < R; ++r) {
+        float* out = state + r * kPanelRows + 8 * h;
+        _mm256_storeu_ps(
+            out, _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(a[r][h])),
+                                 _mm256_set1_ps(xs[r * xs_stride + b]), _mm256_loadu_ps(out)));
+      }
+    }
+  }
+}
+
+// R rows: TileAvx2Lanes for several rows of 4- to 6-bit codes, TileAvx2Bytes for several of
+// 8-bit codes, TileAvx2 for one.
 template <int R, int Bits, int SubCols, bool SharedD, bool Unit, int MaxCode>
 void TileAvx2For(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
                  const int32_t* sums, int64_t sums_stride, const PackedMatrix& w, int64_t panel,
                  float* state) {
-  if constexpr (Bits != 8 && R >= kMinLaneRows)
+  static_assert(Bits != 8 || (SharedD && Unit), "8-bit codes are Q8_0's");
+  if constexpr (Bits == 8 && R >= kMinLaneRows)
+    TileAvx2Bytes<R>(x, x_stride, xs, xs_stride, w, panel, state);
+  else if constexpr (R >= kMinLaneRows)
     TileAvx2Lanes<R, Bits, SubCols, SharedD, Unit, MaxCode>(x, x_stride, xs, xs_stride, sums,
                                                             sums_stride, w, panel, state);
   else
