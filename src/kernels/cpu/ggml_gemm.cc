@@ -274,11 +274,12 @@ SY_AVX2_TARGET inline void QuadBothHalvesAvx2(__m256i c0, __m256i c1, const int8
 // Two passes, one per half, spent as much on that as on the products (bench kernels --max-isa
 // avx2: 13-17 GB/s at m = 2 where this streamed 26-34). The row waits on memory here, and
 // TileAvx2Lanes took 0.98-0.998x this kernel's time for Q4_K and 1.03-1.13x for Q6_K (paired
-// A/B, one thread, AMD Zen 3). (R stays a parameter: the loops over rows are written for any.)
-template <int R, int Bits, int SubCols, bool SharedD, bool Unit>
-SY_AVX2_TARGET void TileAvx2(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_stride,
-                             const int32_t* sums, int64_t sums_stride, const PackedMatrix& w,
-                             int64_t panel, float* state) {
+// A/B, one thread, AMD Zen 3).
+template <int Bits, int SubCols, bool SharedD, bool Unit>
+SY_AVX2_TARGET void TileAvx2(const int8_t* x, const float* xs, const int32_t* sums,
+                             const PackedMatrix& w, int64_t panel, float* state) {
+  constexpr int R = 1;  // the arrays below keep a row index, as the other tiles' do
+  constexpr int64_t x_stride = 0, xs_stride = 0, sums_stride = 0;
   const uint8_t* codes = w.Panel(panel);
   constexpr int64_t kGroupBytes = Bits == 6 ? 192 : 128;
   const auto [blocks, per_block, sc_base, mn_base, d_base, dmin_base] =
@@ -613,8 +614,7 @@ void TileAvx2For(const int8_t* x, int64_t x_stride, const float* xs, int64_t xs_
     TileAvx2Lanes<R, Bits, SubCols, SharedD, Unit, MaxCode>(x, x_stride, xs, xs_stride, sums,
                                                             sums_stride, w, panel, state);
   else
-    TileAvx2<R, Bits, SubCols, SharedD, Unit>(x, x_stride, xs, xs_stride, sums, sums_stride, w,
-                                              panel, state);
+    TileAvx2<Bits, SubCols, SharedD, Unit>(x, xs, sums, w, panel, state);
 }
 
 template <int Bits, int SubCols, bool SharedD, bool Unit, int MaxCode>
