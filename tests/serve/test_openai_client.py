@@ -96,7 +96,7 @@ def test_what_is_accepted_and_ignored_and_truncate_prompt_tokens(server, client)
         model="sy-test", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
         response_format={"type": "text"}, tool_choice="none",
         tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
-        extra_body={"use_beam_search": False, "no_such_parameter": 1})
+        extra_body={"use_beam_search": False, "no_such_parameter": 1, "ignore_eos": True})
     assert out.choices[0].finish_reason == "length"
     # vLLM's truncate_prompt_tokens keeps the prompt's last k tokens (echo returns those).
     ids = server.request("POST", "/tokenize", {"prompt": "Once more unto the breach, dear friends",
@@ -110,7 +110,8 @@ def test_what_is_accepted_and_ignored_and_truncate_prompt_tokens(server, client)
 
 def test_completion_logprobs_and_n(client):
     out = client.completions.create(model="sy-test", prompt="Good morrow", max_tokens=5, n=3,
-                                    logprobs=2, temperature=1.0, seed=3)
+                                    logprobs=2, temperature=1.0, seed=3,
+                                    extra_body={"ignore_eos": True})
     assert len(out.choices) == 3
     assert [c.index for c in out.choices] == [0, 1, 2]
     for choice in out.choices:
