@@ -29,6 +29,8 @@ struct RouteArgs {
   int io_threads = 2;
   double wait = 60;
   double probe_interval = 0.25;
+  double probe_timeout = 2;
+  int probe_failures = 3;
   double stall_timeout = 10;
   int64_t max_requests = 4096;
   HttpsArgs https;
@@ -69,6 +71,8 @@ void RunRoute(const RouteArgs& args) {
     FailVerb("route: give --engines, or --prefill-engines and --decode-engines");
   options.policy = policy.value();
   options.probe_interval_seconds = args.probe_interval;
+  options.probe_timeout_seconds = args.probe_timeout;
+  options.probe_failures = args.probe_failures;
   options.stall_timeout_seconds = args.stall_timeout;
   options.max_requests = args.max_requests;
   options.credentials = serve::GrpcChannelCredentials(args.engine_tls);
@@ -107,7 +111,8 @@ void RunRoute(const RouteArgs& args) {
                            {"in_flight", t.in_flight},
                            {"routed_total", t.routed_total},
                            {"cached_pages", t.cached_pages},
-                           {"failovers_from", t.failovers_from}});
+                           {"failovers_from", t.failovers_from},
+                           {"missed_probes", t.missed_probes}});
       return {200, nlohmann::json({{"engines", engines}}).dump()};
     }
     if ((path == "/admin/drain" || path == "/admin/resume") && method == "POST") {
@@ -178,6 +183,13 @@ void AddRouteVerb(CLI::App& app) {
       ->check(CLI::Range(0.0, 3600.0));
   verb->add_option("--probe-interval", args->probe_interval, "Seconds between health probes")
       ->check(CLI::Range(0.01, 60.0));
+  verb->add_option("--probe-timeout", args->probe_timeout,
+                   "Seconds a health probe may take before it counts as missed")
+      ->check(CLI::Range(0.05, 600.0));
+  verb->add_option("--probe-failures", args->probe_failures,
+                   "Probes missed in a row that eject a serving instance (its streams fail "
+                   "over; one missed probe only keeps new requests away while others serve)")
+      ->check(CLI::Range(1, 1000));
   verb->add_option("--stall-timeout", args->stall_timeout,
                    "Seconds a step may run before its instance counts as stalled")
       ->check(CLI::Range(0.1, 3600.0));

@@ -62,6 +62,7 @@ struct Router::Target {
   bool draining = false;        // by the admin
   int64_t last_steps = -1;      // Load.steps_total, for forward progress
   double steps_changed_at = 0;  // when it last moved
+  int missed_probes = 0;        // in a row, while serving
   // Why its probes failed since it last served, each reason logged once (at most 8 kept).
   std::vector<std::string> refusals;
 };
@@ -187,6 +188,7 @@ void Router::MarkFailed(Target& target, const std::string& why) {
     std::fprintf(stderr, "switchyard route: %s ejected: %s\n", target.address.c_str(), why.c_str());
   if (target.refusals.size() < 8) target.refusals.push_back(why);
   target.healthy = false;
+  target.missed_probes = 0;
   target.ejected_until = NowSeconds() + std::max(1.0, 4 * options_.probe_interval_seconds);
   target.cached.clear();
   target.pending.clear();
@@ -207,7 +209,9 @@ void Router::Probe(Target& target) {
     pb::HealthResponse health;
     pb::LoadResponse load;
     grpc::ClientContext health_context, load_context;
-    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+    const auto deadline = std::chrono::system_clock::now() +
+                          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                              std::chrono::duration<double>(options_.probe_timeout_seconds));
     health_context.set_deadline(deadline);
     load_context.set_deadline(deadline);
     grpc::Status h = target.stub->Health(&health_context, {}, &health);
@@ -224,10 +228,21 @@ void Router::Probe(Target& target) {
     grpc::Status l = h.ok() ? target.stub->Load(&load_context, {}, &load) : h;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (h.ok() && l.ok()) target.missed_probes = 0;
       if (!h.ok() || !l.ok()) {
         const std::string why = (h.ok() ? l : h).error_message();
         if (target.healthy) {
-          MarkFailed(target, why);
+          // A serving instance is ejected, and its streams moved, only after several probes
+          // missed in a row: on a loaded machine one probe can miss its deadline while the
+          // instance still streams (the streams themselves break at once if it dies).
+          if (++target.missed_probes >= options_.probe_failures) {
+            MarkFailed(target, fmt::format("{} ({} probes in a row)", why, target.missed_probes));
+          } else if (target.missed_probes == 1) {
+            std::fprintf(stderr,
+                         "switchyard route: %s missed a probe (%s); no new requests while "
+                         "others serve\n",
+                         target.address.c_str(), why.c_str());
+          }
         } else if (target.refusals.size() < 8 &&
                    std::find(target.refusals.begin(), target.refusals.end(), why) ==
                        target.refusals.end()) {
@@ -364,9 +379,12 @@ int Router::Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int a
   auto usable = [&](size_t i) {
     return targets_[i]->healthy && !targets_[i]->draining && targets_[i]->pool == pool;
   };
-  for (size_t i = 0; i < targets_.size(); ++i)
-    if (usable(i) && static_cast<int>(i) != avoid) healthy.push_back(static_cast<int>(i));
-  if (healthy.empty() && avoid >= 0 && usable(static_cast<size_t>(avoid))) healthy.push_back(avoid);
+  // In order of preference: neither avoided nor missing probes; not avoided; any usable.
+  for (int pass = 0; pass < 3 && healthy.empty(); ++pass)
+    for (size_t i = 0; i < targets_.size(); ++i)
+      if (usable(i) && (pass == 2 || static_cast<int>(i) != avoid) &&
+          (pass >= 1 || targets_[i]->missed_probes == 0))
+        healthy.push_back(static_cast<int>(i));
   if (healthy.empty()) return -1;
   auto queued = [&](int i) {
     const Target& t = *targets_[i];
@@ -805,7 +823,8 @@ std::vector<TargetState> Router::Targets() const {
   std::vector<TargetState> out;
   for (const auto& t : targets_)
     out.push_back({t->address, t->pool, t->healthy, t->in_flight, t->routed_total,
-                   static_cast<int64_t>(t->cached.size()), t->failovers_from, t->draining});
+                   static_cast<int64_t>(t->cached.size()), t->failovers_from, t->missed_probes,
+                   t->draining});
   return out;
 }
 

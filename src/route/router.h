@@ -6,9 +6,11 @@
 //   CacheEvents stream and sends a request where the work ahead of it — the instance's queued
 //   tokens plus the prompt tokens it would have to compute — is least; least_load (queued
 //   tokens), round_robin, power_of_two (the less loaded of two at random).
-//   Health: Health and Load probed every --probe-interval; an instance that fails a probe, whose
-//   stream breaks, or whose step has run past --stall-timeout is ejected, and readmitted when
-//   its probes pass again.
+//   Health: Health and Load probed every --probe-interval, each within --probe-timeout. An
+//   instance whose stream breaks, or whose step has run past --stall-timeout, is ejected at once;
+//   one that misses --probe-failures probes in a row is ejected then (one missed probe is a busy
+//   machine as often as a dead instance: it gets no new requests while another can take them,
+//   and its streams go on). Ejected instances are readmitted when their probes pass again.
 //   Failover: the router keeps each request's prompt and the tokens already streamed; when its
 //   instance fails, the request goes to another with prompt + output as the new prompt
 //   (resumed_tokens), and the client's stream continues where it was.
@@ -47,6 +49,8 @@ struct RouterOptions {
   std::vector<std::string> prefill_engines, decode_engines;
   Policy policy = Policy::kCacheAware;
   double probe_interval_seconds = 0.25;
+  double probe_timeout_seconds = 2;   // a probe's deadline (Health and Load together)
+  int probe_failures = 3;             // missed in a row that eject a serving instance
   double stall_timeout_seconds = 10;  // a step running longer marks its instance stalled
   double failover_wait_seconds = 60;  // how long a request waits for a healthy instance
   int max_failovers = 4;
@@ -64,6 +68,7 @@ struct TargetState {
   int64_t routed_total = 0;    // requests sent there
   int64_t cached_pages = 0;    // in the mirror
   int64_t failovers_from = 0;  // requests moved away after it failed
+  int64_t missed_probes = 0;   // in a row, now (ejected at RouterOptions::probe_failures)
   bool draining = false;       // by the admin: no new requests
 };
 
@@ -96,8 +101,9 @@ class Router : public RequestFrontend {
   void Probe(Target& target);
   void Mirror(Target& target);
   void Fly(Flight& flight);
-  // The target for a request (-1: none healthy); `avoid` is skipped while others are healthy.
-  // Only targets of `pool` ("" when not disaggregated); the decode pool by queued tokens alone.
+  // The target for a request (-1: none healthy); `avoid`, and targets that missed their last
+  // probe, are skipped while others are healthy. Only targets of `pool` ("" when not
+  // disaggregated); the decode pool by queued tokens alone.
   int Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int avoid,
            const std::string& pool = "");
   bool AnyUsable(const std::string& pool) const;

@@ -200,10 +200,68 @@ def test_a_hung_instance_is_ejected_its_streams_move_and_it_comes_back(instances
             procs[2].process.send_signal(signal.SIGCONT)
         assert [text for text, _ in results] == reference
         assert f"127.0.0.1:{ports[2]} ejected" in "".join(router.log)
+        assert "probes in a row" in "".join(router.log)  # the default --probe-failures 3
         assert readmitted(router, f"127.0.0.1:{ports[2]}"), (
             "".join(router.log) + f"\ninstance (exit {procs[2].process.poll()}):\n"
             + "".join(procs[2].log[-40:]))
     finally:
+        assert router.stop() == 0, "".join(router.log)
+
+
+def test_a_paused_instance_gets_no_new_requests_and_keeps_its_stream(instances):
+    """A probe missed (an instance paused, as a loaded machine or a long GC pauses it) keeps new
+    requests away while the others serve, and does not eject it: its stream waits and continues
+    there, without a failover. --probe-failures 1000 and --stall-timeout 600: however slow the
+    machine, no pause in this test reaches them."""
+    ports, procs = instances
+    router = start_router(ports, "round_robin", "--probe-timeout", "0.3",
+                          "--probe-failures", "1000", "--stall-timeout", "600")
+
+    def engines():
+        return json.loads(http_get(router.url + "/admin/engines")[1])["engines"]
+
+    def wait_for(predicate):
+        deadline = time.time() + 60
+        while not predicate() and time.time() < deadline:
+            time.sleep(0.05)
+        return predicate()
+
+    paused = None
+    try:
+        client = client_for(router)
+        assert wait_for(lambda: all(e["healthy"] for e in engines()))
+        args = dict(model="sy-test", prompt="ROMEO:", max_tokens=300, temperature=0,
+                    extra_body={"ignore_eos": True})
+        reference = client.completions.create(**args).choices[0].text
+        chunks = iter(client.completions.create(stream=True, **args))
+        text = "".join(next(chunks).choices[0].text for _ in range(5))
+        holder = next(i for i, e in enumerate(engines()) if e["in_flight"] == 1)
+        paused = procs[holder].process
+        paused.send_signal(signal.SIGSTOP)
+        assert wait_for(lambda: engines()[holder]["missed_probes"] >= 1), "".join(router.log)
+        routed = engines()[holder]["routed_total"]
+        for i in range(6):
+            out = client.completions.create(model="sy-test", prompt=f"Meanwhile {i}",
+                                            max_tokens=3, extra_body={"ignore_eos": True})
+            assert out.usage.completion_tokens == 3
+        assert engines()[holder]["routed_total"] == routed  # all went to the other two
+        paused.send_signal(signal.SIGCONT)
+        paused = None
+        rest = list(chunks)
+        assert text + "".join(c.choices[0].text for c in rest) == reference
+        assert rest[-1].choices[0].finish_reason == "length"
+        state = engines()[holder]
+        assert state["failovers_from"] == 0 and state["healthy"], state
+        assert "ejected" not in "".join(router.log)
+        assert "missed a probe" in "".join(router.log)
+        # Its probes answer again: it takes requests again.
+        assert wait_for(lambda: engines()[holder]["missed_probes"] == 0)
+        for i in range(6):
+            client.completions.create(model="sy-test", prompt=f"Back {i}", max_tokens=3)
+        assert engines()[holder]["routed_total"] > routed
+    finally:
+        if paused is not None:
+            paused.send_signal(signal.SIGCONT)
         assert router.stop() == 0, "".join(router.log)
 
 
