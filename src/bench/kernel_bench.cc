@@ -340,7 +340,8 @@ std::string KernelResultsJson(const MachinePeaks& peaks, const std::vector<Kerne
                   {"threads", peaks.threads},
                   {"llc_bytes", peaks.llc_bytes},
                   {"stream_bytes", peaks.stream_bytes},
-                  {"max_isa", kernels::IsaLevelName(kernels::MaxIsaLevel())}};
+                  {"max_isa", kernels::IsaLevelName(kernels::MaxIsaLevel())},
+                  {"amx", kernels::Amx().detail}};
   j["results"] = nlohmann::json::array();
   for (const auto& r : results) {
     j["results"].push_back({{"kernel", r.kernel},
@@ -365,10 +366,10 @@ std::string KernelResultsTable(const MachinePeaks& peaks,
   std::string out = fmt::format(
       "machine: read {:.1f} GB/s, triad {:.1f} GB/s, bf16 {:.1f} GFLOP/s, f32 {:.1f} GFLOP/s, "
       "int8 {:.1f} GOP/s, {} threads; last-level cache {} MiB, {} MiB streamed per array; "
-      "--max-isa {}\n\n",
+      "--max-isa {}; AMX: {}\n\n",
       peaks.read_gbps, peaks.triad_gbps, peaks.bf16_gflops, peaks.f32_gflops, peaks.int8_gops,
       peaks.threads, peaks.llc_bytes >> 20, peaks.stream_bytes >> 20,
-      kernels::IsaLevelName(kernels::MaxIsaLevel()));
+      kernels::IsaLevelName(kernels::MaxIsaLevel()), kernels::Amx().detail);
   out += fmt::format(
       "{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10} {:>8} {:>9} {:>9} {:>10}\n", "kernel",
       "dtype", "path", "m", "n", "k", "groups", "µs", "GB/s", "GFLOP/s", "roofline", "vs onednn");

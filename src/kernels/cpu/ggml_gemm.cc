@@ -675,15 +675,6 @@ void TileAny(int64_t count, const int8_t* x, int64_t x_stride, const float* xs, 
 #undef SY_TILE
 }
 
-bool CpuHasAvx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-}
-
-bool CpuHasVnni() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
 #endif
 
 }  // namespace
@@ -691,7 +682,7 @@ bool CpuHasVnni() {
 GgmlKernel ActiveGgmlKernel() {
   GgmlKernel best = GgmlKernel::kPortable;
 #if defined(__x86_64__)
-  static const bool avx2 = CpuHasAvx2(), vnni = avx2 && CpuHasVnni();
+  const bool avx2 = CpuHasAvx2Fma(), vnni = avx2 && CpuHasAvx512Vnni();
   if (avx2 && IsaAllows(IsaLevel::kAvx2)) best = GgmlKernel::kAvx2;
   if (vnni && IsaAllows(IsaLevel::kAvx512)) best = GgmlKernel::kAvx512Vnni;
 #endif

@@ -212,11 +212,6 @@ void RangeVnniFast(const uint8_t* x, int64_t x_stride, const float* xs, int64_t 
   });
 }
 
-bool CpuHasAvx512Vnni() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
-
 // A column range of two groups (the second short, as a matrix's last group may be) for every
 // tile height, on fixed codes spanning the whole range (weights ±63, activations 1..255, so the
 // int16 pairs of the AVX2 path would be at their largest): the VNNI kernel's state must equal
@@ -298,8 +293,7 @@ SY_INT8_TARGET float LargestAvx2(const float* row, int64_t count, bool* finite) 
 Int8Kernel BestInt8Kernel() {
 #if defined(__x86_64__)
   static const Int8Kernel best = [] {
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-      return Int8Kernel::kPortable;
+    if (!CpuHasAvx2Fma()) return Int8Kernel::kPortable;
     if (!CpuHasAvx512Vnni()) return Int8Kernel::kAvx2;
     if (VnniGivesThePortableBits()) return Int8Kernel::kAvx512Vnni;
     std::fprintf(stderr,

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace sy::kernels {
@@ -31,5 +32,33 @@ void SetMaxIsaLevel(IsaLevel level);
 
 std::optional<IsaLevel> ParseIsaLevel(std::string_view name);
 const char* IsaLevelName(IsaLevel level);
+
+// What the CPU has, asked once (the kernels' own checks: each also asks IsaAllows).
+bool CpuHasAvx2Fma();     // AVX2, FMA and F16C
+bool CpuHasAvx512Vnni();  // AVX-512 F/BW/VL and VNNI
+
+// AMX (Intel since Sapphire Rapids): the CPU's tile instructions, the OS's tile state in XCR0,
+// and Linux's permission for this process to use the tiles' 8 KiB of data. A process must ask
+// for it (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16 and later) before its first tile
+// instruction, or that instruction kills it with SIGILL; a kernel or sandbox may refuse. Where
+// AMX is not ready, its kernels are not used and the AVX-512 or AVX2 ones run instead.
+enum class AmxState : uint8_t {
+  kAbsent,     // the CPU has no AMX tiles with BF16 and INT8
+  kNoOsState,  // the CPU has them; the OS does not enable their state (XCR0 bits 17, 18)
+  kRefused,    // the OS has the state; the permission request failed
+  kReady,      // permitted for this process
+};
+struct AmxStatus {
+  AmxState state = AmxState::kAbsent;
+  std::string detail;  // why, in words ("permitted", "arch_prctl: Invalid argument", ...)
+};
+// The CPU, the OS and the permission, asked once per process (the permission is the process's
+// and is never given back).
+AmxStatus Amx();
+// Whether AMX kernels may run: Amx() ready and --max-isa native.
+bool AmxAllowed();
+// The decision from its inputs (tests): CPUID's amx_tile, amx_bf16 and amx_int8 together, XCR0's
+// tile bits, and the permission request's errno (0: granted; not asked unless the rest hold).
+AmxStatus DecideAmx(bool cpu_has_amx, bool os_has_tile_state, int permission_errno);
 
 }  // namespace sy::kernels
