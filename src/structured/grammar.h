@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "base/utf8.h"  // AppendUtf8, DecodeUtf8
 
 namespace sy::structured {
 
@@ -97,10 +98,6 @@ class CodepointSet {
 
 // The UTF-8 encodings of the code points in `set` (surrogates never), as byte-set sequences.
 Expr Utf8(const CodepointSet& set);
-// Appends the UTF-8 encoding of a scalar value.
-void AppendUtf8(uint32_t cp, std::string* out);
-// Decodes one UTF-8 scalar value at text[*pos], advancing *pos; false on invalid UTF-8.
-bool DecodeUtf8(std::string_view text, size_t* pos, uint32_t* cp);
 
 struct Rule {
   std::string name;

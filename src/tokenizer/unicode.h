@@ -7,10 +7,9 @@
 #include <string>
 #include <string_view>
 
-namespace sy {
+#include "base/utf8.h"  // AppendUtf8
 
-// Appends the UTF-8 encoding of a code point (assumed a valid scalar value).
-void AppendUtf8(uint32_t code_point, std::string* out);
+namespace sy {
 
 // Decodes the code point at `text[*pos]` and advances `*pos`; the text must be valid UTF-8.
 uint32_t NextCodePoint(std::string_view text, size_t* pos);

@@ -4,7 +4,7 @@
 # bounded time. Usage: run_structured_fuzzer.sh SOURCE_DIR BUILD_DIR SECONDS
 source "$(dirname "$0")/fuzz_common.sh"
 fuzz_begin structured "$@"
-fuzz_build "$src"/src/structured/*.cc \
+fuzz_build "$src"/src/structured/*.cc "$src/src/base/utf8.cc" \
   -lfmt
 # Seeds: schemas from the JSON Schema Test Suite when installed, regexes, GBNF grammars, choices.
 python3 - "$corpus" <<'PY'

@@ -11,7 +11,7 @@ fuzz_build \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/unicode.cc" "$src/src/tokenizer/gguf_tokenizer.cc" \
   "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" "$src/src/tensor/dtype.cc" \
-  "$src/src/base/mapped_file.cc" \
+  "$src/src/base/mapped_file.cc" "$src/src/base/utf8.cc" \
   $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt
 # Seeds: a small tokenizer.json (mode 0), corpus texts (1), ids (2), conversations (3).
 python3 - "$src" "$corpus" <<'PY'
