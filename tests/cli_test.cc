@@ -217,6 +217,10 @@ TEST(CliTest, BadInputGivesOneLineAndNonZeroExit) {
       {"logits --model /nonexistent --tokens '1' --out " + out, "/nonexistent"},
       {"generate --model " + model + " --prompt-tokens '1,-2'", "'-2'"},
       {"generate --model " + model + " --prompt-tokens '4096'", "token id 4096"},
+      {"quantize --model /nonexistent --out " + out, "/nonexistent"},
+      {"quantize --model " + model + " --out " + out, model + "/tokenizer.json"},
+      {"quantize --model " + std::string(SY_SOURCE_DIR) + "/models/default --out /nonexistent/x",
+       "/nonexistent/x"},
   };
   for (const auto& call : calls) {
     std::string output;
@@ -241,6 +245,25 @@ TEST(CliTest, InitModelWritesALoadableDefault) {
   ASSERT_EQ(RunCommand(Binary() + " init-model --out " + dir + "/n", &output), 0) << output;
   EXPECT_EQ(testing::ReadFile(dir + "/m/model.safetensors"),
             testing::ReadFile(dir + "/n/model.safetensors"));
+}
+
+// quantize writes a GGUF that the other verbs load (gguf_export_test checks its bytes against
+// the gguf-py converter's): the default model in Q4_K_M generates.
+TEST(CliTest, QuantizeWritesAGgufTheVerbsLoad) {
+  const std::string dir = testing::TempDirectory("cli_quantize");
+  std::string output;
+  ASSERT_EQ(RunCommand(Binary() + " quantize --model " + SY_SOURCE_DIR +
+                           "/models/default --to q4_k_m --out " + dir + "/m.gguf",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("wrote " + dir + "/m.gguf (q4_k_m)"), std::string::npos) << output;
+  ASSERT_EQ(RunCommand(Binary() + " generate --model " + dir +
+                           "/m.gguf --prompt 'ROMEO:' --max-tokens 4 --ignore-eos",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("generated 4 tokens"), std::string::npos) << output;
 }
 
 // Writes `lines` to a file and runs `command < file`.

@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
   sy::AddServeVerb(app);
   sy::AddRouteVerb(app);
   sy::AddEplbVerb(app);
+  sy::AddQuantizeVerb(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -15,6 +15,7 @@ void AddTokenizeVerb(CLI::App& app);
 void AddServeVerb(CLI::App& app);
 void AddRouteVerb(CLI::App& app);
 void AddEplbVerb(CLI::App& app);
+void AddQuantizeVerb(CLI::App& app);
 // `bench layer` and `bench decode`, registered under `bench`.
 void AddBenchLayerCommand(CLI::App& bench);
 void AddBenchDecodeCommand(CLI::App& bench);

@@ -284,6 +284,25 @@ constexpr NameRule kExpertNames[] = {
     {"ffn_down_exps.weight", "down_proj"},
 };
 
+}  // namespace
+
+std::string GgufTensorName(const std::string& hf) {
+  for (const NameRule& rule : kGlobalNames)
+    if (hf == rule.hf) return std::string(rule.gguf);
+  if (!hf.starts_with("model.layers.")) return "";
+  const size_t dot = hf.find('.', 13);
+  if (dot == std::string::npos) return "";
+  const std::string layer = hf.substr(13, dot - 13), rest = hf.substr(dot + 1);
+  for (const NameRule& rule : kLayerNames)
+    if (rest == rule.hf) return fmt::format("blk.{}.{}", layer, rule.gguf);
+  for (const NameRule& rule : kExpertNames)
+    if (rest == fmt::format("mlp.experts.{}.weight", rule.hf))
+      return fmt::format("blk.{}.{}", layer, rule.gguf);
+  return "";
+}
+
+namespace {
+
 class GgufConverter {
  public:
   GgufConverter(const GgufShards& shards, const ModelConfig& config,

@@ -80,4 +80,10 @@ Result<Checkpoint> GgufCheckpoint(const GgufShards& shards, const ModelConfig& c
                                   const ExpertFilter& keep_expert = {});
 Result<Checkpoint> GgufCheckpoint(const GgufFile& file, const ModelConfig& config);
 
+// The GGUF name llama.cpp's converter gives a Hugging Face tensor (the table GgufCheckpoint reads
+// the other way): "lm_head.weight" → "output.weight", "model.layers.3.self_attn.q_a_proj.weight"
+// → "blk.3.attn_q_a.weight", and the routed experts stacked, "model.layers.3.mlp.experts.
+// gate_proj.weight" → "blk.3.ffn_gate_exps.weight". Empty for a name it has none for.
+std::string GgufTensorName(const std::string& hf_name);
+
 }  // namespace sy

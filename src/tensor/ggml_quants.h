@@ -81,6 +81,13 @@ inline std::optional<GgmlTypeTraits> GgmlTypeInfo(GgmlType type) {
 // blocks; the bytes themselves are never invalid.
 Status DequantizeGgml(GgmlType type, const uint8_t* source, int64_t elements, float* out);
 
+// Encodes `elements` values (whole blocks) as `type`'s blocks into `out`: Q8_0 and Q5_0 as
+// gguf-py quantizes them (ggml's reference encoders), Q4_K and Q6_K by round to nearest
+// (tools/gguf/make_default_gguf.py's encoder; llama.cpp searches each sub-block's scale and min
+// instead, which costs less accuracy). Bit for bit those encoders' output on every CPU. An error
+// names a type without an encoder here or a count that is not whole blocks.
+Status EncodeGgml(GgmlType type, const float* source, int64_t elements, uint8_t* out);
+
 // A block in integer form, for kernels that multiply with the codes (kernels/cpu/ggml_gemm.h):
 // element e is d · sc[j] · q[e] − dmin · mn[j], j = e / sub_size, q unsigned — the same values as
 // DequantizeGgml's up to float rounding (it rounds d · sc to float first; this form keeps the

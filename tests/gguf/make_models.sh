@@ -25,6 +25,8 @@ make default-f32-both-kv-b.gguf --type f32 --kv-b both
 make default-bf16.gguf --type bf16
 make default-q8_0.gguf --type q8_0
 make default-q4_k_mix.gguf --type q4_k_mix
+make default-q4_k_m.gguf --type q4_k_m
+make default-f16.gguf --type f16
 # Three shards (split.no/split.count), as the large published files come.
 if [ ! -f "$out/split/default-f32-00003-of-00003.gguf" ] ||
    [ "$src/tools/gguf/make_default_gguf.py" -nt "$out/split/default-f32-00003-of-00003.gguf" ]; then
