@@ -5,6 +5,7 @@ model, gRPC on free ports, one process or an mpirun job) and the router itself."
 import concurrent.futures
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -186,15 +187,20 @@ def assert_sigterm_drains(server, max_tokens):
 
 def free_port(count=1):
     """A free port P with P + 1 … P + count - 1 free too (an mpirun job serves DP group g's gRPC
-    on P + g)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65536:
-            continue
+    on P + g). Chosen below the kernel's ephemeral range: a port the kernel handed out and this
+    function closed again could be taken by any client's outgoing connection before the server
+    binds it (CI once lost a start that way), one below the range only by another bind."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    low = 10000 if ephemeral_low > 12000 else 1024
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(low, max(low + 1, ephemeral_low - count))
         try:
-            for port in range(base + 1, base + count):
+            for port in range(base, base + count):
                 with socket.socket() as t:
                     t.bind(("127.0.0.1", port))
             return base
@@ -216,16 +222,23 @@ def start_instance(grpc_port=None, *extra, role=None, ranks=1, tp=1, env=None):
     The serving default (no --batch-invariant): a failover's recomputation gives the text the
     stream had (one answer per request)."""
     groups = ranks // tp
-    port = grpc_port or free_port(groups)
-    command = [BINARY, "--threads", "1", "serve", "--model", TRAINED, "--port", "0",
-               "--grpc-port", str(port), "--kv-cache-tokens", "16384",
-               "--served-model-name", "sy-test", *(["--role", role] if role else []),
-               *(["--tp", str(tp)] if tp > 1 else []), *extra]
-    if env:
-        command = ["env", *[f"{k}={v}" for k, v in env.items()], *command]
-    server = Server(None, command=command, ranks=ranks)
-    server.grpc = [f"127.0.0.1:{port + g}" for g in range(groups)]
-    return server
+    for attempt in range(3):
+        port = grpc_port or free_port(groups)
+        command = [BINARY, "--threads", "1", "serve", "--model", TRAINED, "--port", "0",
+                   "--grpc-port", str(port), "--kv-cache-tokens", "16384",
+                   "--served-model-name", "sy-test", *(["--role", role] if role else []),
+                   *(["--tp", str(tp)] if tp > 1 else []), *extra]
+        if env:
+            command = ["env", *[f"{k}={v}" for k, v in env.items()], *command]
+        try:
+            server = Server(None, command=command, ranks=ranks)
+        except AssertionError as e:
+            # A port of our choosing taken between the choice and the bind: choose again.
+            if grpc_port or attempt == 2 or "cannot serve gRPC" not in str(e):
+                raise
+            continue
+        server.grpc = [f"127.0.0.1:{port + g}" for g in range(groups)]
+        return server
 
 
 def start_router(engines=(), policy=None, *extra, prefill=(), decode=()):
