@@ -235,17 +235,6 @@ Result<std::vector<float>> ReadF32(const Checkpoint& ckpt, const ModelConfig& co
   return out;
 }
 
-// A decimal index in a tensor name (the N of model.layers.N.), or -1.
-int64_t IndexOf(const std::string& text) {
-  if (text.empty() || text.size() > 9) return -1;
-  int64_t n = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return -1;
-    n = n * 10 + (c - '0');
-  }
-  return n;
-}
-
 // One GGUF tensor: its name, numpy-order shape, and how to make its float32 values.
 // Stacked experts come in slices, one expert each, encoded one at a time: DeepSeek-V3's stack of
 // 256 is 15 GB in float32, one expert 59 MB.
@@ -280,7 +269,7 @@ GgmlType ChooseType(const std::string& name, const std::vector<int64_t>& shape,
       if (name == "output.weight") target = GgmlType::kQ6_K;
       if (name.starts_with("blk.") && (name.find("ffn_down") != std::string::npos ||
                                        name.find(".attn_v") != std::string::npos)) {
-        const int64_t i = IndexOf(name.substr(4, name.find('.', 4) - 4));
+        const int64_t i = ParseNameIndex(name.substr(4, name.find('.', 4) - 4));
         // use_more_bits: the first and last eighth of the layers, and every third between.
         if (i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2)
           target = GgmlType::kQ6_K;
@@ -310,7 +299,7 @@ Status Encode(GgmlType type, const std::vector<float>& v, uint8_t* out) {
       // Blocks are independent: spread them over the pool (a DeepSeek-V3 tensor is GBs).
       const auto traits = *GgmlTypeInfo(type);
       const int64_t blocks = static_cast<int64_t>(v.size()) / traits.block_size;
-      std::vector<Status> failed(1);
+      Status failed;
       std::mutex mutex;
       ThreadPool::Global().ParallelForIf(
           v.size() >= (1 << 16), static_cast<size_t>(blocks), [&](size_t begin, size_t end) {
@@ -318,9 +307,9 @@ Status Encode(GgmlType type, const std::vector<float>& v, uint8_t* out) {
                                   static_cast<int64_t>(end - begin) * traits.block_size,
                                   out + begin * traits.block_bytes);
             std::lock_guard<std::mutex> lock(mutex);
-            if (!s.ok() && failed[0].ok()) failed[0] = s;
+            if (!s.ok() && failed.ok()) failed = s;
           });
-      return failed[0];
+      return failed;
     }
   }
 }
@@ -373,7 +362,7 @@ Status ExportGguf(const std::string& model_dir, const std::string& out,
     if (hf.ends_with("_scale_inv")) continue;
     int64_t layer = -1;
     if (hf.starts_with("model.layers.")) {
-      layer = IndexOf(hf.substr(13, hf.find('.', 13) - 13));
+      layer = ParseNameIndex(hf.substr(13, hf.find('.', 13) - 13));
       if (layer < 0) return Status::Errorf("{}: tensor '{}' names no layer", model_dir, hf);
       if (layer >= config.num_hidden_layers) continue;  // MTP: the converter leaves them out
     }
@@ -383,7 +372,7 @@ Status ExportGguf(const std::string& model_dir, const std::string& out,
     const std::string h = hf;
     if (const size_t at = hf.find(".mlp.experts."); at != std::string::npos) {
       const size_t e0 = at + 13, e1 = hf.find('.', e0);
-      const int64_t expert = e1 == std::string::npos ? -1 : IndexOf(hf.substr(e0, e1 - e0));
+      const int64_t expert = e1 == std::string::npos ? -1 : ParseNameIndex(hf.substr(e0, e1 - e0));
       if (expert < 0 || expert >= config.n_routed_experts)
         return Status::Errorf("{}: tensor '{}' names no expert of {}", model_dir, hf,
                               config.n_routed_experts);

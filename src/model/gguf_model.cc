@@ -286,6 +286,16 @@ constexpr NameRule kExpertNames[] = {
 
 }  // namespace
 
+int64_t ParseNameIndex(std::string_view digits) {
+  if (digits.empty() || digits.size() > 6) return -1;
+  int64_t value = 0;
+  for (char ch : digits) {
+    if (ch < '0' || ch > '9') return -1;
+    value = value * 10 + (ch - '0');
+  }
+  return value;
+}
+
 std::string GgufTensorName(const std::string& hf) {
   for (const NameRule& rule : kGlobalNames)
     if (hf == rule.hf) return std::string(rule.gguf);
@@ -337,7 +347,7 @@ class GgufConverter {
       }
       const size_t dot = name.find('.', 4);
       int64_t layer = -1;
-      if (dot != std::string::npos) layer = ParseLayer(name.substr(4, dot - 4));
+      if (dot != std::string::npos) layer = ParseNameIndex(name.substr(4, dot - 4));
       if (layer < 0) return Error(tensor, "is not named blk.<layer>.<tensor>");
       if (layer >= config_.num_hidden_layers) {
         if (layer < config_.num_hidden_layers + mtp_layers) continue;  // MTP: not loaded
@@ -347,16 +357,6 @@ class GgufConverter {
       SY_RETURN_IF_ERROR(Layer(tensor, layer, name.substr(dot + 1)));
     }
     return Status::Ok();
-  }
-
-  static int64_t ParseLayer(const std::string& digits) {
-    if (digits.empty() || digits.size() > 6) return -1;
-    int64_t value = 0;
-    for (char ch : digits) {
-      if (ch < '0' || ch > '9') return -1;
-      value = value * 10 + (ch - '0');
-    }
-    return value;
   }
 
   Status Error(const GgufTensorInfo& tensor, const std::string& what) const {

@@ -85,5 +85,8 @@ Result<Checkpoint> GgufCheckpoint(const GgufFile& file, const ModelConfig& confi
 // → "blk.3.attn_q_a.weight", and the routed experts stacked, "model.layers.3.mlp.experts.
 // gate_proj.weight" → "blk.3.ffn_gate_exps.weight". Empty for a name it has none for.
 std::string GgufTensorName(const std::string& hf_name);
+// A layer or expert number in a tensor name (the N of "blk.N." or "model.layers.N."): up to six
+// decimal digits, else -1.
+int64_t ParseNameIndex(std::string_view digits);
 
 }  // namespace sy

@@ -59,7 +59,7 @@ void GgufWriter::AddStrings(std::string key, std::vector<std::string> values) {
 void GgufWriter::AddInt32s(std::string key, std::vector<int32_t> values) {
   Value v{GgufValueType::kArray};
   v.ints = std::move(values);
-  v.text = "i32";
+  v.element = GgufValueType::kInt32;
   metadata_.emplace_back(std::move(key), std::move(v));
 }
 
@@ -104,13 +104,12 @@ Status GgufWriter::Write(const std::string& path,
         head.Put<uint8_t>(static_cast<uint8_t>(v.bits));
         break;
       case GgufValueType::kArray:
-        if (v.text == "i32") {
-          head.Put<uint32_t>(static_cast<uint32_t>(GgufValueType::kInt32));
+        head.Put<uint32_t>(static_cast<uint32_t>(v.element));
+        if (v.element == GgufValueType::kInt32) {
           head.Put<uint64_t>(v.ints.size());
           for (int32_t i : v.ints)
             head.Put<int32_t>(i);
         } else {
-          head.Put<uint32_t>(static_cast<uint32_t>(GgufValueType::kString));
           head.Put<uint64_t>(v.strings.size());
           for (const auto& s : v.strings)
             head.PutString(s);

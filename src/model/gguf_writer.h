@@ -35,12 +35,11 @@ class GgufWriter {
   Status Write(const std::string& path,
                const std::function<void(size_t, size_t, uint64_t)>& on_tensor = {}) const;
 
-  uint64_t data_bytes() const { return data_bytes_; }
-
  private:
   struct Value {
     GgufValueType type;
-    uint64_t bits = 0;  // u32, f32 (its bits) or bool
+    uint64_t bits = 0;                               // u32, f32 (its bits) or bool
+    GgufValueType element = GgufValueType::kString;  // arrays: strings or ints
     std::string text;
     std::vector<std::string> strings;
     std::vector<int32_t> ints;
