@@ -266,6 +266,32 @@ TEST(CliTest, QuantizeWritesAGgufTheVerbsLoad) {
   EXPECT_NE(output.find("generated 4 tokens"), std::string::npos) << output;
 }
 
+// quantize --to awq-int4 writes a checkpoint directory the verbs load (int4_export_test checks
+// its codes through the int4 loader).
+TEST(CliTest, QuantizeWritesAnAwqCheckpointTheVerbsLoad) {
+  const std::string dir = testing::TempDirectory("cli_quantize_awq");
+  std::string output;
+  ASSERT_EQ(RunCommand(Binary() + " quantize --model " + SY_SOURCE_DIR +
+                           "/models/default --to awq-int4 --out " + dir + "/awq",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("wrote " + dir + "/awq (awq-int4)"), std::string::npos) << output;
+  ASSERT_EQ(RunCommand(Binary() + " generate --model " + dir +
+                           "/awq --prompt 'ROMEO:' --max-tokens 4 --ignore-eos",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("generated 4 tokens"), std::string::npos) << output;
+  // Again into the same directory: refused, the checkpoint kept.
+  EXPECT_NE(RunCommand(Binary() + " quantize --model " + SY_SOURCE_DIR +
+                           "/models/default --to awq-int4 --out " + dir + "/awq",
+                       &output),
+            0);
+  EXPECT_NE(output.find("not an empty directory"), std::string::npos) << output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/awq/model.safetensors"));
+}
+
 // Writes `lines` to a file and runs `command < file`.
 int RunWithInput(const std::string& command, const std::string& input, std::string* output) {
   const std::string path = testing::TempDirectory("cli_stdin") + "/in.jsonl";

@@ -14,6 +14,7 @@
 
 #include "base/thread_pool.h"
 #include "model/config.h"
+#include "model/export_common.h"
 #include "model/gguf_model.h"
 #include "model/gguf_writer.h"
 #include "model/safetensors.h"
@@ -23,20 +24,7 @@
 namespace sy {
 namespace {
 
-using nlohmann::json;
-
-Result<json> ReadJson(const std::string& path, bool required) {
-  std::ifstream in(path);
-  if (!in) {
-    if (!required) return json();
-    return Status::Errorf("{}: cannot open", path);
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Status::Errorf("{}: not a JSON object", path);
-  return j;
-}
+using json = nlohmann::ordered_json;
 
 // llama.cpp's token types (llama_token_type) and file types (llama_ftype).
 enum TokenType : int32_t { kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5 };
@@ -46,8 +34,8 @@ enum TokenType : int32_t { kNormal = 1, kControl = 3, kUserDefined = 4, kUnused 
 // [PADn], unused), token types, merges as "a b", the special ids tokenizer_config.json names (by
 // their added token's content) or config.json gives, the add_*_token flags and the chat template.
 Status AddTokenizer(const std::string& dir, const json& config, int64_t vocab_size, GgufWriter& w) {
-  SY_ASSIGN_OR_RETURN(json tok, ReadJson(dir + "/tokenizer.json", true));
-  SY_ASSIGN_OR_RETURN(json tc, ReadJson(dir + "/tokenizer_config.json", false));
+  SY_ASSIGN_OR_RETURN(json tok, ReadJsonObject(dir + "/tokenizer.json", true));
+  SY_ASSIGN_OR_RETURN(json tc, ReadJsonObject(dir + "/tokenizer_config.json", false));
   const json* vocab = tok.contains("model") ? &tok["model"] : nullptr;
   if (vocab == nullptr || !vocab->contains("vocab") || !(*vocab)["vocab"].is_object())
     return Status::Errorf("{}/tokenizer.json: no model.vocab object", dir);
@@ -193,48 +181,6 @@ Status AddParameters(const json& c, const ModelConfig& m, GgufWriter& w) {
   return Status::Ok();
 }
 
-// A checkpoint tensor decoded to float32 (fp8 times its block's scale, as float32 products).
-Result<std::vector<float>> ReadF32(const Checkpoint& ckpt, const ModelConfig& config,
-                                   const std::string& name) {
-  const CheckpointTensor* t = ckpt.Find(name);
-  if (t == nullptr) return Status::Errorf("{}: tensor '{}' is missing", ckpt.directory(), name);
-  const auto& shape = t->entry->shape;
-  const int64_t cols = shape.empty() ? 1 : shape.back();
-  const int64_t rows = cols == 0 ? 0 : t->entry->NumElements() / cols;
-  Matrix m;
-  m.dtype = t->entry->dtype;
-  m.rows = rows;
-  m.cols = cols;
-  m.data = t->data;
-  std::vector<float> scales;
-  if (m.dtype == DType::kF8E4M3) {
-    const CheckpointTensor* s = ckpt.Find(name + "_scale_inv");
-    if (s == nullptr || s->entry->dtype != DType::kF32 || shape.size() != 2)
-      return Status::Errorf("{}: fp8 tensor '{}' needs a 2-D weight and an F32 {}_scale_inv",
-                            *t->file, name, name);
-    m.block_rows = config.weight_block_rows;
-    m.block_cols = config.weight_block_cols;
-    m.scale_cols = (cols + m.block_cols - 1) / m.block_cols;
-    const int64_t scale_rows = (rows + m.block_rows - 1) / m.block_rows;
-    if (s->entry->NumElements() != scale_rows * m.scale_cols)
-      return Status::Errorf("{}: '{}_scale_inv' has {} values, not {} x {}", *s->file, name,
-                            s->entry->NumElements(), scale_rows, m.scale_cols);
-    scales.resize(static_cast<size_t>(scale_rows * m.scale_cols));
-    std::memcpy(scales.data(), s->data, scales.size() * sizeof(float));
-    m.block_scales = scales.data();
-  } else if (m.dtype != DType::kF32 && m.dtype != DType::kBF16 && m.dtype != DType::kF16) {
-    return Status::Errorf("{}: tensor '{}' is {}; quantize reads F32, BF16, F16 and F8_E4M3",
-                          *t->file, name, DTypeName(m.dtype));
-  }
-  std::vector<float> out(static_cast<size_t>(rows * cols));
-  ThreadPool::Global().ParallelForIf(
-      rows * cols >= (1 << 16), static_cast<size_t>(rows), [&](size_t begin, size_t end) {
-        for (size_t r = begin; r < end; ++r)
-          m.DecodeRow(static_cast<int64_t>(r), out.data() + r * cols);
-      });
-  return out;
-}
-
 // One GGUF tensor: its name, numpy-order shape, and how to make its float32 values.
 // Stacked experts come in slices, one expert each, encoded one at a time: DeepSeek-V3's stack of
 // 256 is 15 GB in float32, one expert 59 MB.
@@ -324,7 +270,7 @@ Status ExportGguf(const std::string& model_dir, const std::string& out,
                           options.type);
   if (options.kv_b != "split" && options.kv_b != "fused" && options.kv_b != "both")
     return Status::Errorf("--kv-b {}: not one of split, fused, both", options.kv_b);
-  SY_ASSIGN_OR_RETURN(json raw, ReadJson(model_dir + "/config.json", true));
+  SY_ASSIGN_OR_RETURN(json raw, ReadJsonObject(model_dir + "/config.json", true));
   SY_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir + "/config.json"));
   if (config.int4.enabled())
     return Status::Errorf("{}: an int4 checkpoint; quantize reads fp8, bf16 and f32 ones",
@@ -390,7 +336,7 @@ Status ExportGguf(const std::string& model_dir, const std::string& out,
       plan.push_back({prefix + "attn_k_b.weight",
                       {H, r, dn},
                       [&ckpt, &config, h, H, dn, dv, r](int64_t) -> Result<std::vector<float>> {
-                        SY_ASSIGN_OR_RETURN(auto kv, ReadF32(ckpt, config, h));
+                        SY_ASSIGN_OR_RETURN(auto kv, ReadTensorF32(ckpt, config, h));
                         std::vector<float> k(static_cast<size_t>(H * r * dn));
                         for (int64_t head = 0; head < H; ++head)
                           for (int64_t i = 0; i < dn; ++i)
@@ -401,7 +347,7 @@ Status ExportGguf(const std::string& model_dir, const std::string& out,
       plan.push_back({prefix + "attn_v_b.weight",
                       {H, dv, r},
                       [&ckpt, &config, h, H, dn, dv, r](int64_t) -> Result<std::vector<float>> {
-                        SY_ASSIGN_OR_RETURN(auto kv, ReadF32(ckpt, config, h));
+                        SY_ASSIGN_OR_RETURN(auto kv, ReadTensorF32(ckpt, config, h));
                         std::vector<float> v(static_cast<size_t>(H * dv * r));
                         for (int64_t head = 0; head < H; ++head)
                           std::copy_n(kv.data() + (head * (dn + dv) + dn) * r, dv * r,
@@ -413,7 +359,7 @@ Status ExportGguf(const std::string& model_dir, const std::string& out,
     const std::string gguf = GgufTensorName(hf);
     if (gguf.empty()) return Status::Errorf("{}: no GGUF name for tensor '{}'", model_dir, hf);
     plan.push_back(
-        {gguf, shape, [&ckpt, &config, h](int64_t) { return ReadF32(ckpt, config, h); }});
+        {gguf, shape, [&ckpt, &config, h](int64_t) { return ReadTensorF32(ckpt, config, h); }});
   }
   for (const auto& [key, list] : experts) {
     const auto& [layer, proj] = key;
@@ -430,9 +376,10 @@ Status ExportGguf(const std::string& model_dir, const std::string& out,
     for (const std::string& e : list)
       if (ckpt.Find(e)->entry->shape != ckpt.Find(list.front())->entry->shape)
         return Status::Errorf("{}: '{}' is not the shape of '{}'", model_dir, e, list.front());
-    plan.push_back({gguf, shape,
-                    [&ckpt, &config, list](int64_t e) { return ReadF32(ckpt, config, list[e]); },
-                    config.n_routed_experts});
+    plan.push_back(
+        {gguf, shape,
+         [&ckpt, &config, list](int64_t e) { return ReadTensorF32(ckpt, config, list[e]); },
+         config.n_routed_experts});
   }
   for (Planned& p : plan) {
     const GgmlType type = ChooseType(p.name, p.shape, options.type, config.num_hidden_layers);

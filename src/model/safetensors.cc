@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 
+#include "model/safetensors_writer.h"
+
 namespace sy {
 namespace {
 
@@ -209,29 +211,22 @@ const CheckpointTensor* Checkpoint::Find(const std::string& name) const {
 }
 
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
-  json header = json::object();
-  uint64_t offset = 0;
+  SafetensorsWriter writer;
   for (const auto& tensor : tensors) {
-    header[tensor.name] = {{"dtype", std::string(DTypeName(tensor.dtype))},
-                           {"shape", tensor.shape},
-                           {"data_offsets", {offset, offset + tensor.bytes.size()}}};
-    offset += tensor.bytes.size();
+    const std::vector<uint8_t>* bytes = &tensor.bytes;
+    int64_t elements = 1;
+    for (int64_t d : tensor.shape)
+      elements *= d;
+    if (bytes->size() != static_cast<size_t>(elements) * DTypeSize(tensor.dtype))
+      return Status::Errorf("{}: {} bytes for {} elements of {}", tensor.name, bytes->size(),
+                            elements, DTypeName(tensor.dtype));
+    SY_RETURN_IF_ERROR(
+        writer.AddTensor(tensor.name, tensor.dtype, tensor.shape, [bytes](uint8_t* out) {
+          std::copy(bytes->begin(), bytes->end(), out);
+          return Status::Ok();
+        }));
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // keep the data section 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return Status::Errorf("{}: cannot create", path);
-  uint64_t length = text.size();
-  uint8_t length_bytes[8];
-  for (int i = 0; i < 8; ++i)
-    length_bytes[i] = static_cast<uint8_t>(length >> (8 * i));
-  out.write(reinterpret_cast<const char*>(length_bytes), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const auto& tensor : tensors)
-    out.write(reinterpret_cast<const char*>(tensor.bytes.data()),
-              static_cast<std::streamsize>(tensor.bytes.size()));
-  if (!out) return Status::Errorf("{}: write failed", path);
-  return Status::Ok();
+  return writer.WriteFile(path);
 }
 
 }  // namespace sy

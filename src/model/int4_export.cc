@@ -1,0 +1,405 @@
+#include "model/int4_export.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/thread_pool.h"
+#include "model/config.h"
+#include "model/export_common.h"
+#include "model/safetensors.h"
+#include "model/safetensors_writer.h"
+#include "tensor/dtype.h"
+
+namespace sy {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+// The linear layers of DeepSeek-V2/V3 the formats quantize (the router, `mlp.gate`, is kept).
+constexpr const char* kLinearSuffixes[] = {
+    "q_a_proj.weight",           "q_b_proj.weight",  "q_proj.weight",
+    "kv_a_proj_with_mqa.weight", "kv_b_proj.weight", "o_proj.weight",
+    "gate_proj.weight",          "up_proj.weight",   "down_proj.weight"};
+
+bool IsLinear(const std::string& name) {
+  for (const char* suffix : kLinearSuffixes)
+    if (name.ends_with(suffix)) return true;
+  return false;
+}
+
+// Nearest integer, ties to even (numpy's and torch's round), of a float32 quotient.
+inline float RoundEven(float x) {
+  return std::nearbyint(x);
+}
+
+uint16_t ScaleBits(float s, bool f16) {
+  return f16 ? F32ToF16(s) : F32ToBF16(s);
+}
+float ScaleValue(uint16_t bits, bool f16) {
+  return f16 ? F16ToF32(bits) : BF16ToF32(bits);
+}
+
+void QuantizeGroup(const float* w, Int4Scheme scheme, uint8_t* q, uint8_t* z, uint16_t* scale) {
+  float lo = 0, hi = 0;  // the range always holds 0, as the tools' observers make it
+  for (int64_t i = 0; i < kInt4Group; ++i) {
+    lo = std::min(lo, w[i]);
+    hi = std::max(hi, w[i]);
+  }
+  float s;
+  int zero;  // as an unsigned nibble
+  if (scheme == Int4Scheme::kCtSym) {
+    *scale = ScaleBits(std::max(-lo, hi) / 7.5f, false);
+    if (ScaleValue(*scale, false) == 0) *scale = ScaleBits(1.0f, false);
+    s = ScaleValue(*scale, false);
+    zero = 8;
+  } else if (scheme == Int4Scheme::kCtAsym) {
+    *scale = ScaleBits((hi - lo) / 15.0f, false);
+    if (ScaleValue(*scale, false) == 0) *scale = ScaleBits(1.0f, false);
+    s = ScaleValue(*scale, false);
+    zero = static_cast<int>(std::clamp(RoundEven(-8.0f - lo / s), -8.0f, 7.0f)) + 8;
+  } else {
+    *scale = ScaleBits(std::max(hi - lo, 1e-5f) / 15.0f, true);
+    s = ScaleValue(*scale, true);
+    zero = static_cast<int>(std::clamp(RoundEven(-lo / s), 0.0f, 15.0f));
+    if (scheme == Int4Scheme::kGptq && zero == 0) {
+      // Stored as z − 1, a zero of 0 would read back as 16: use z = 1 and a scale that reaches
+      // max at code 15.
+      *scale = ScaleBits(std::max(hi, 1e-5f) / 14.0f, true);
+      s = ScaleValue(*scale, true);
+      zero = 1;
+    }
+  }
+  *z = static_cast<uint8_t>(zero);
+  const float offset = static_cast<float>(zero);
+  for (int64_t i = 0; i < kInt4Group; ++i)
+    q[i] = static_cast<uint8_t>(std::clamp(RoundEven(w[i] / s) + offset, 0.0f, 15.0f));
+}
+
+// The tensors of a module being written, made once for all of them.
+struct PackedModule {
+  std::string module;
+  std::vector<std::vector<uint8_t>> bytes;  // in PackedLayout's order
+};
+
+struct PackedTensor {
+  const char* suffix;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+
+// The tensors a [rows (out), cols (in)] linear layer is stored as, in `scheme`'s format.
+std::vector<PackedTensor> PackedLayout(Int4Scheme scheme, int64_t rows, int64_t cols) {
+  const int64_t groups = cols / kInt4Group;
+  switch (scheme) {
+    case Int4Scheme::kAwq:
+      return {{".qweight", DType::kI32, {cols, rows / 8}},
+              {".qzeros", DType::kI32, {groups, rows / 8}},
+              {".scales", DType::kF16, {groups, rows}}};
+    case Int4Scheme::kGptq:
+      return {{".qweight", DType::kI32, {cols / 8, rows}},
+              {".qzeros", DType::kI32, {groups, rows / 8}},
+              {".scales", DType::kF16, {groups, rows}},
+              {".g_idx", DType::kI32, {cols}}};
+    case Int4Scheme::kCtSym:
+      return {{".weight_packed", DType::kI32, {rows, cols / 8}},
+              {".weight_scale", DType::kBF16, {rows, groups}},
+              {".weight_shape", DType::kI64, {2}}};
+    case Int4Scheme::kCtAsym:
+      return {{".weight_packed", DType::kI32, {rows, cols / 8}},
+              {".weight_scale", DType::kBF16, {rows, groups}},
+              {".weight_shape", DType::kI64, {2}},
+              {".weight_zero_point", DType::kI32, {rows / 8, groups}}};
+  }
+  return {};
+}
+
+void PutWord(std::vector<uint8_t>& bytes, size_t word, uint32_t value) {
+  std::memcpy(bytes.data() + 4 * word, &value, 4);
+}
+
+std::vector<uint8_t> ScaleBytes(const std::vector<uint16_t>& scales, int64_t rows, int64_t groups,
+                                bool transpose) {
+  std::vector<uint8_t> bytes(scales.size() * 2);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const size_t at = transpose ? g * rows + r : r * groups + g;
+      std::memcpy(bytes.data() + 2 * at, &scales[r * groups + g], 2);
+    }
+  return bytes;
+}
+
+std::vector<std::vector<uint8_t>> Pack(const Int4Codes& c, int64_t rows, int64_t cols,
+                                       Int4Scheme scheme) {
+  const int64_t groups = cols / kInt4Group;
+  std::vector<std::vector<uint8_t>> p;
+  auto qv = [&](int64_t r, int64_t col) -> uint32_t { return c.q[r * cols + col]; };
+  auto zv = [&](int64_t r, int64_t g) -> uint32_t { return c.z[r * groups + g]; };
+  if (scheme == Int4Scheme::kAwq) {
+    // qweight [in, out/8]: nibble k of word (i, w) is output 8w + order[k]; qzeros likewise.
+    static constexpr int kOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+    std::vector<uint8_t> qweight(cols * rows / 2), qzeros(groups * rows / 2);
+    for (int64_t i = 0; i < cols; ++i)
+      for (int64_t w = 0; w < rows / 8; ++w) {
+        uint32_t word = 0;
+        for (int k = 0; k < 8; ++k)
+          word |= qv(8 * w + kOrder[k], i) << (4 * k);
+        PutWord(qweight, i * (rows / 8) + w, word);
+      }
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t w = 0; w < rows / 8; ++w) {
+        uint32_t word = 0;
+        for (int k = 0; k < 8; ++k)
+          word |= zv(8 * w + kOrder[k], g) << (4 * k);
+        PutWord(qzeros, g * (rows / 8) + w, word);
+      }
+    p.push_back(std::move(qweight));
+    p.push_back(std::move(qzeros));
+    p.push_back(ScaleBytes(c.scales, rows, groups, true));
+  } else if (scheme == Int4Scheme::kGptq) {
+    // qweight [in/8, out]: nibble k of word (r, o) is input 8r + k; qzeros [in/g, out/8]: nibble
+    // k of word (g, w) is output 8w + k, stored minus one; g_idx [in] = i / g.
+    std::vector<uint8_t> qweight(cols * rows / 2), qzeros(groups * rows / 2), g_idx(cols * 4);
+    for (int64_t r8 = 0; r8 < cols / 8; ++r8)
+      for (int64_t o = 0; o < rows; ++o) {
+        uint32_t word = 0;
+        for (int k = 0; k < 8; ++k)
+          word |= qv(o, 8 * r8 + k) << (4 * k);
+        PutWord(qweight, r8 * rows + o, word);
+      }
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t w = 0; w < rows / 8; ++w) {
+        uint32_t word = 0;
+        for (int k = 0; k < 8; ++k)
+          word |= ((zv(8 * w + k, g) - 1) & 15u) << (4 * k);
+        PutWord(qzeros, g * (rows / 8) + w, word);
+      }
+    for (int64_t i = 0; i < cols; ++i)
+      PutWord(g_idx, i, static_cast<uint32_t>(i / kInt4Group));
+    p.push_back(std::move(qweight));
+    p.push_back(std::move(qzeros));
+    p.push_back(ScaleBytes(c.scales, rows, groups, true));
+    p.push_back(std::move(g_idx));
+  } else {
+    // weight_packed [out, in/8]: nibble k of word (o, w) is input 8w + k; weight_scale [out,
+    // in/g]; weight_zero_point [out/8, in/g] (asymmetric): nibble k of word (r, g) is output
+    // 8r + k; weight_shape [out, in].
+    std::vector<uint8_t> packed(cols * rows / 2), shape(16);
+    for (int64_t o = 0; o < rows; ++o)
+      for (int64_t w = 0; w < cols / 8; ++w) {
+        uint32_t word = 0;
+        for (int k = 0; k < 8; ++k)
+          word |= qv(o, 8 * w + k) << (4 * k);
+        PutWord(packed, o * (cols / 8) + w, word);
+      }
+    p.push_back(std::move(packed));
+    p.push_back(ScaleBytes(c.scales, rows, groups, false));
+    const int64_t dims[2] = {rows, cols};
+    std::memcpy(shape.data(), dims, 16);
+    p.push_back(std::move(shape));
+    if (scheme == Int4Scheme::kCtAsym) {
+      std::vector<uint8_t> zeros(groups * rows / 2);
+      for (int64_t r8 = 0; r8 < rows / 8; ++r8)
+        for (int64_t g = 0; g < groups; ++g) {
+          uint32_t word = 0;
+          for (int k = 0; k < 8; ++k)
+            word |= zv(8 * r8 + k, g) << (4 * k);
+          PutWord(zeros, r8 * groups + g, word);
+        }
+      p.push_back(std::move(zeros));
+    }
+  }
+  return p;
+}
+
+struct TypeInfo {
+  const char* name;
+  Int4Scheme scheme;
+};
+constexpr TypeInfo kTypes[] = {{"awq-int4", Int4Scheme::kAwq},
+                               {"gptq-int4", Int4Scheme::kGptq},
+                               {"ct-w4a16", Int4Scheme::kCtSym},
+                               {"ct-w4a16-asym", Int4Scheme::kCtAsym}};
+
+// The quantization_config the format's own tools write, with the modules left as they were.
+json QuantizationConfig(Int4Scheme scheme, const std::set<std::string>& skipped) {
+  json not_converted = skipped.empty() ? json(nullptr) : json(skipped);
+  switch (scheme) {
+    case Int4Scheme::kAwq:
+      return {{"quant_method", "awq"},    {"bits", 4},
+              {"group_size", kInt4Group}, {"zero_point", true},
+              {"version", "gemm"},        {"modules_to_not_convert", not_converted}};
+    case Int4Scheme::kGptq:
+      return {{"quant_method", "gptq"},
+              {"bits", 4},
+              {"group_size", kInt4Group},
+              {"desc_act", false},
+              {"sym", false},
+              {"checkpoint_format", "gptq"},
+              {"modules_to_not_convert", not_converted}};
+    default: {
+      json ignore = {"lm_head", "re:.*mlp.gate$"};
+      for (const std::string& module : skipped)
+        ignore.push_back(fmt::format("re:.*{}$", module));
+      const bool symmetric = scheme == Int4Scheme::kCtSym;
+      return {{"quant_method", "compressed-tensors"},
+              {"format", "pack-quantized"},
+              {"quantization_status", "compressed"},
+              {"kv_cache_scheme", nullptr},
+              {"ignore", ignore},
+              {"config_groups",
+               {{"group_0",
+                 {{"targets", {"Linear"}},
+                  {"format", "pack-quantized"},
+                  {"weights",
+                   {{"num_bits", 4},
+                    {"type", "int"},
+                    {"symmetric", symmetric},
+                    {"strategy", "group"},
+                    {"group_size", kInt4Group},
+                    {"actorder", nullptr},
+                    {"dynamic", false},
+                    {"observer", "minmax"}}},
+                  {"input_activations", nullptr},
+                  {"output_activations", nullptr}}}}}};
+    }
+  }
+}
+
+}  // namespace
+
+Int4Codes QuantizeInt4(const float* w, int64_t rows, int64_t cols, Int4Scheme scheme) {
+  const int64_t groups = cols / kInt4Group;
+  Int4Codes c;
+  c.q.resize(static_cast<size_t>(rows * cols));
+  c.z.resize(static_cast<size_t>(rows * groups));
+  c.scales.resize(static_cast<size_t>(rows * groups));
+  ThreadPool::Global().ParallelForIf(
+      rows * cols >= (1 << 16), static_cast<size_t>(rows), [&](size_t begin, size_t end) {
+        for (size_t r = begin; r < end; ++r)
+          for (int64_t g = 0; g < groups; ++g)
+            QuantizeGroup(w + r * cols + g * kInt4Group, scheme,
+                          c.q.data() + r * cols + g * kInt4Group, &c.z[r * groups + g],
+                          &c.scales[r * groups + g]);
+      });
+  return c;
+}
+
+Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out_dir,
+                            const Int4ExportOptions& options) {
+  const TypeInfo* type = nullptr;
+  for (const TypeInfo& t : kTypes)
+    if (options.type == t.name) type = &t;
+  if (type == nullptr)
+    return Status::Errorf("--to {}: not one of awq-int4, gptq-int4, ct-w4a16, ct-w4a16-asym",
+                          options.type);
+  const Int4Scheme scheme = type->scheme;
+  std::error_code error;
+  if (fs::exists(out_dir, error) &&
+      (!fs::is_directory(out_dir, error) || !fs::is_empty(out_dir, error)))
+    return Status::Errorf("{}: exists and is not an empty directory; name a new one", out_dir);
+  SY_ASSIGN_OR_RETURN(json raw, ReadJsonObject(model_dir + "/config.json", true));
+  SY_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir + "/config.json"));
+  if (config.int4.enabled())
+    return Status::Errorf("{}: an int4 checkpoint already; quantize reads fp8, bf16 and f32 ones",
+                          model_dir);
+  SY_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(model_dir));
+
+  SafetensorsWriter writer;
+  std::set<std::string> skipped;  // short module names left unquantized
+  // The packed tensors of the module being written: made when its first tensor is written, the
+  // others taken from here (the writer asks for them in order).
+  auto current = std::make_shared<PackedModule>();
+  for (const auto& [name, tensor] : ckpt.tensors()) {
+    if (name.ends_with("_scale_inv")) continue;
+    const SafetensorsEntry& entry = *tensor.entry;
+    const std::string h = name;
+    const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+    const std::string short_name = module.substr(module.find_last_of('.') + 1);
+    if (IsLinear(name)) {
+      if (entry.shape.size() != 2)
+        return Status::Errorf("{}: '{}' is not a matrix", *tensor.file, name);
+      const int64_t rows = entry.shape[0], cols = entry.shape[1];
+      if (cols % kInt4Group == 0 && rows % 8 == 0 && rows > 0 && cols > 0) {
+        const std::vector<PackedTensor> layout = PackedLayout(scheme, rows, cols);
+        for (size_t i = 0; i < layout.size(); ++i)
+          SY_RETURN_IF_ERROR(writer.AddTensor(
+              module + layout[i].suffix, layout[i].dtype, layout[i].shape,
+              [&ckpt, &config, h, module, rows, cols, scheme, current, i](uint8_t* out) -> Status {
+                if (current->module != module) {
+                  SY_ASSIGN_OR_RETURN(std::vector<float> w, ReadTensorF32(ckpt, config, h));
+                  *current = {module,
+                              Pack(QuantizeInt4(w.data(), rows, cols, scheme), rows, cols, scheme)};
+                }
+                std::memcpy(out, current->bytes[i].data(), current->bytes[i].size());
+                return Status::Ok();
+              }));
+        continue;
+      }
+      skipped.insert(short_name);
+    } else if (name.ends_with("eh_proj.weight")) {
+      skipped.insert("eh_proj");  // the MTP projection: vLLM keeps it a plain linear layer
+    }
+    // Kept as it is; fp8 decoded (times its block scales) to bf16.
+    const DType dtype = entry.dtype == DType::kF8E4M3 ? DType::kBF16 : entry.dtype;
+    const CheckpointTensor* source = &tensor;
+    SY_RETURN_IF_ERROR(writer.AddTensor(
+        name, dtype, entry.shape, [&ckpt, &config, h, source, dtype](uint8_t* out) -> Status {
+          if (source->entry->dtype == dtype) {
+            std::memcpy(out, source->data, source->entry->data_end - source->entry->data_begin);
+            return Status::Ok();
+          }
+          SY_ASSIGN_OR_RETURN(std::vector<float> v, ReadTensorF32(ckpt, config, h));
+          for (size_t i = 0; i < v.size(); ++i) {
+            const uint16_t bits = F32ToBF16(v[i]);
+            std::memcpy(out + 2 * i, &bits, 2);
+          }
+          return Status::Ok();
+        }));
+  }
+  raw["quantization_config"] = QuantizationConfig(scheme, skipped);
+
+  // Everything goes into OUT.partial, renamed when whole: a failed or stopped run leaves no
+  // directory a loader would take for a checkpoint.
+  const std::string temporary = out_dir + ".partial";
+  fs::remove_all(temporary, error);
+  if (!fs::create_directories(temporary, error))
+    return Status::Errorf("{}: cannot create: {}", temporary, error.message());
+  auto write = [&]() -> Status {
+    SY_RETURN_IF_ERROR(writer.WriteDirectory(temporary, options.max_shard_bytes, options.progress));
+    {
+      std::ofstream out(temporary + "/config.json", std::ios::trunc);
+      out << raw.dump(2) << "\n";
+      if (!out) return Status::Errorf("{}/config.json: write failed", temporary);
+    }
+    // The tokenizer, generation config, chat template, model code...: every other file.
+    for (const auto& file : fs::directory_iterator(model_dir, error)) {
+      const std::string base = file.path().filename().string();
+      if (!file.is_regular_file() || base == "config.json" || base.ends_with(".safetensors") ||
+          base == "model.safetensors.index.json")
+        continue;
+      if (!fs::copy_file(file.path(), temporary + "/" + base, error))
+        return Status::Errorf("{}: cannot copy to {}: {}", file.path().string(), temporary,
+                              error.message());
+    }
+    if (error) return Status::Errorf("{}: cannot list: {}", model_dir, error.message());
+    fs::remove(out_dir, error);  // empty, if there
+    fs::rename(temporary, out_dir, error);
+    if (error)
+      return Status::Errorf("{}: cannot rename to {}: {}", temporary, out_dir, error.message());
+    return Status::Ok();
+  };
+  Status s = write();
+  if (!s.ok()) fs::remove_all(temporary, error);
+  return s;
+}
+
+}  // namespace sy
