@@ -281,7 +281,7 @@ TEST(Int4ExportTest, BadCallsAreClearErrorsAndLeaveNothing) {
 
   ASSERT_TRUE(ExportInt4Checkpoint(kDefaultModel, root + "/awq", options).ok());
   s = ExportInt4Checkpoint(root + "/awq", root + "/again", options);
-  EXPECT_NE(s.message().find("an int4 checkpoint already"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("an int4 checkpoint"), std::string::npos) << s.message();
 
   // A source whose fp8 tensor lost its scales fails while writing: the error names the tensor and
   // neither the output nor its .partial directory is left.

@@ -22,6 +22,16 @@ Result<nlohmann::ordered_json> ReadJsonObject(const std::string& path, bool requ
   return j;
 }
 
+Result<ExportSource> OpenExportSource(const std::string& model_dir) {
+  SY_ASSIGN_OR_RETURN(nlohmann::ordered_json raw, ReadJsonObject(model_dir + "/config.json", true));
+  SY_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir + "/config.json"));
+  if (config.int4.enabled())
+    return Status::Errorf("{}: an int4 checkpoint; quantize reads fp8, bf16 and f32 ones",
+                          model_dir);
+  SY_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(model_dir));
+  return ExportSource{std::move(raw), std::move(config), std::move(ckpt)};
+}
+
 Result<std::vector<float>> ReadTensorF32(const Checkpoint& ckpt, const ModelConfig& config,
                                          const std::string& name) {
   const CheckpointTensor* t = ckpt.Find(name);

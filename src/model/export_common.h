@@ -13,6 +13,15 @@
 
 namespace sy {
 
+// A checkpoint an exporter reads: config.json as written and parsed, and its tensors. An int4
+// checkpoint is refused (the exporters read fp8, bf16 and f32).
+struct ExportSource {
+  nlohmann::ordered_json raw_config;
+  ModelConfig config;
+  Checkpoint checkpoint;
+};
+Result<ExportSource> OpenExportSource(const std::string& model_dir);
+
 // The JSON object in `path`; an empty value when the file is absent and not `required`. Not an
 // object, or not JSON: an error naming the file.
 Result<nlohmann::ordered_json> ReadJsonObject(const std::string& path, bool required);

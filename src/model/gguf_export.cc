@@ -270,12 +270,10 @@ Status ExportGguf(const std::string& model_dir, const std::string& out,
                           options.type);
   if (options.kv_b != "split" && options.kv_b != "fused" && options.kv_b != "both")
     return Status::Errorf("--kv-b {}: not one of split, fused, both", options.kv_b);
-  SY_ASSIGN_OR_RETURN(json raw, ReadJsonObject(model_dir + "/config.json", true));
-  SY_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir + "/config.json"));
-  if (config.int4.enabled())
-    return Status::Errorf("{}: an int4 checkpoint; quantize reads fp8, bf16 and f32 ones",
-                          model_dir);
-  SY_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(model_dir));
+  SY_ASSIGN_OR_RETURN(ExportSource source, OpenExportSource(model_dir));
+  json& raw = source.raw_config;
+  const ModelConfig& config = source.config;
+  const Checkpoint& ckpt = source.checkpoint;
 
   GgufWriter w;
   w.AddString("general.architecture", "deepseek2");

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "base/partial_file.h"
+
 namespace sy {
 namespace {
 
@@ -129,31 +131,19 @@ Status GgufWriter::Write(const std::string& path,
   }
   head.data().resize(Align(head.data().size()), 0);
 
-  const std::string temporary = path + ".partial";
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(temporary.c_str(), "wb"), std::fclose);
-  if (!file) return Status::Errorf("{}: cannot create: {}", temporary, std::strerror(errno));
-  auto put = [&](const void* bytes, size_t n) -> Status {
-    if (n != 0 && std::fwrite(bytes, 1, n, file.get()) != n)
-      return Status::Errorf("{}: write failed: {}", temporary, std::strerror(errno));
-    return Status::Ok();
-  };
-  SY_RETURN_IF_ERROR(put(head.data().data(), head.data().size()));
+  SY_ASSIGN_OR_RETURN(PartialFile file, PartialFile::Create(path));
+  SY_RETURN_IF_ERROR(file.Put(head.data().data(), head.data().size()));
   std::vector<uint8_t> buffer;
   uint64_t written = 0;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const Tensor& t = tensors_[i];
     buffer.assign(static_cast<size_t>(Align(t.bytes)), 0);
     if (Status s = t.fill(buffer.data()); !s.ok()) return s.WithContext(t.name);
-    SY_RETURN_IF_ERROR(put(buffer.data(), buffer.size()));
+    SY_RETURN_IF_ERROR(file.Put(buffer.data(), buffer.size()));
     written += t.bytes;
     if (on_tensor) on_tensor(i + 1, tensors_.size(), written);
   }
-  if (std::fflush(file.get()) != 0)
-    return Status::Errorf("{}: write failed: {}", temporary, std::strerror(errno));
-  file.reset();
-  if (std::rename(temporary.c_str(), path.c_str()) != 0)
-    return Status::Errorf("{}: cannot rename to {}: {}", temporary, path, std::strerror(errno));
-  return Status::Ok();
+  return file.Commit();
 }
 
 }  // namespace sy

@@ -40,16 +40,16 @@ class GgufWriter {
     GgufValueType type;
     uint64_t bits = 0;                               // u32, f32 (its bits) or bool
     GgufValueType element = GgufValueType::kString;  // arrays: strings or ints
-    std::string text;
-    std::vector<std::string> strings;
-    std::vector<int32_t> ints;
+    std::string text{};
+    std::vector<std::string> strings{};
+    std::vector<int32_t> ints{};
   };
   struct Tensor {
     std::string name;
     std::vector<int64_t> dims;
     GgmlType type;
     uint64_t offset = 0, bytes = 0;
-    Fill fill;
+    Fill fill{};
   };
   std::vector<std::pair<std::string, Value>> metadata_;
   std::vector<Tensor> tensors_;

@@ -306,12 +306,10 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
   if (fs::exists(out_dir, error) &&
       (!fs::is_directory(out_dir, error) || !fs::is_empty(out_dir, error)))
     return Status::Errorf("{}: exists and is not an empty directory; name a new one", out_dir);
-  SY_ASSIGN_OR_RETURN(json raw, ReadJsonObject(model_dir + "/config.json", true));
-  SY_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir + "/config.json"));
-  if (config.int4.enabled())
-    return Status::Errorf("{}: an int4 checkpoint already; quantize reads fp8, bf16 and f32 ones",
-                          model_dir);
-  SY_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(model_dir));
+  SY_ASSIGN_OR_RETURN(ExportSource source, OpenExportSource(model_dir));
+  json& raw = source.raw_config;
+  const ModelConfig& config = source.config;
+  const Checkpoint& ckpt = source.checkpoint;
 
   SafetensorsWriter writer;
   std::set<std::string> skipped;  // short module names left unquantized

@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/partial_file.h"
+
 namespace sy {
 
 using nlohmann::json;
@@ -46,38 +48,22 @@ Status SafetensorsWriter::WriteRange(const std::string& path, size_t begin, size
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned, as the spec asks
-  const std::string temporary = path + ".partial";
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(temporary.c_str(), "wb"), std::fclose);
-  if (!file) return Status::Errorf("{}: cannot create: {}", temporary, std::strerror(errno));
-  auto put = [&](const void* bytes, size_t n) -> Status {
-    if (n != 0 && std::fwrite(bytes, 1, n, file.get()) != n)
-      return Status::Errorf("{}: write failed: {}", temporary, std::strerror(errno));
-    return Status::Ok();
-  };
+  SY_ASSIGN_OR_RETURN(PartialFile file, PartialFile::Create(path));
   uint8_t length[8];
   for (int i = 0; i < 8; ++i)
     length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-  SY_RETURN_IF_ERROR(put(length, 8));
-  SY_RETURN_IF_ERROR(put(text.data(), text.size()));
+  SY_RETURN_IF_ERROR(file.Put(length, 8));
+  SY_RETURN_IF_ERROR(file.Put(text.data(), text.size()));
   std::vector<uint8_t> buffer;
   for (size_t i = begin; i < end; ++i) {
     const Tensor& t = tensors_[i];
     buffer.assign(static_cast<size_t>(t.bytes), 0);
-    if (Status s = t.fill(buffer.data()); !s.ok()) {
-      file.reset();
-      std::remove(temporary.c_str());
-      return s.WithContext(t.name);
-    }
-    SY_RETURN_IF_ERROR(put(buffer.data(), buffer.size()));
+    if (Status s = t.fill(buffer.data()); !s.ok()) return s.WithContext(t.name);
+    SY_RETURN_IF_ERROR(file.Put(buffer.data(), buffer.size()));
     written += t.bytes;
     if (progress) progress(++done, tensors_.size(), written);
   }
-  if (std::fflush(file.get()) != 0)
-    return Status::Errorf("{}: write failed: {}", temporary, std::strerror(errno));
-  file.reset();
-  if (std::rename(temporary.c_str(), path.c_str()) != 0)
-    return Status::Errorf("{}: cannot rename to {}: {}", temporary, path, std::strerror(errno));
-  return Status::Ok();
+  return file.Commit();
 }
 
 Status SafetensorsWriter::WriteFile(const std::string& path, const Progress& progress) const {
