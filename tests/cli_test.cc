@@ -292,6 +292,47 @@ TEST(CliTest, QuantizeWritesAnAwqCheckpointTheVerbsLoad) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/awq/model.safetensors"));
 }
 
+// quantize --calibrate runs the model on a text first (plain, or .jsonl of {"text": ...}), then
+// writes the checkpoint; the calibration's bad calls are errors naming what is wrong.
+TEST(CliTest, QuantizeCalibratesOnATextFirst) {
+  const std::string dir = testing::TempDirectory("cli_quantize_calibrate");
+  testing::WriteFile(dir + "/text.txt",
+                     "ROMEO: But soft, what light through yonder window breaks?\n"
+                     "It is the east, and Juliet is the sun.\n");
+  const std::string quantize =
+      Binary() + " quantize --model " + SY_SOURCE_DIR + "/models/default --to ct-w4a16 ";
+  std::string output;
+  ASSERT_EQ(RunCommand(quantize + "--out " + dir + "/a --calibrate " + dir +
+                           "/text.txt --calibrate-length 8",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("linear layers measured"), std::string::npos) << output;
+  ASSERT_EQ(RunCommand(quantize + "--out " + dir + "/b --calibrate-tokens 300 --calibrate " +
+                           SY_SOURCE_DIR + "/configs/bench/heldout-prompts.jsonl",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("calibrated on 300 tokens"), std::string::npos) << output;
+  ASSERT_EQ(RunCommand(Binary() + " generate --model " + dir +
+                           "/a --prompt 'ROMEO:' --max-tokens 4 --ignore-eos",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("generated 4 tokens"), std::string::npos) << output;
+
+  EXPECT_NE(
+      RunCommand(quantize + "--out " + dir + "/c --calibrate " + dir + "/missing.txt", &output), 0);
+  EXPECT_NE(output.find(dir + "/missing.txt: cannot open"), std::string::npos) << output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/c"));
+  EXPECT_NE(RunCommand(Binary() + " quantize --model " + SY_SOURCE_DIR +
+                           "/models/default --to q8_0 --out " + dir + "/d.gguf --calibrate " + dir +
+                           "/text.txt",
+                       &output),
+            0);
+  EXPECT_NE(output.find("--calibrate: for the int4 formats"), std::string::npos) << output;
+}
+
 // Writes `lines` to a file and runs `command < file`.
 int RunWithInput(const std::string& command, const std::string& input, std::string* output) {
   const std::string path = testing::TempDirectory("cli_stdin") + "/in.jsonl";

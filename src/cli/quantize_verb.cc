@@ -5,11 +5,18 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
 
 #include "base/clock.h"
+#include "bench/mtp_bench.h"
+#include "cli/common.h"
 #include "cli/verbs.h"
+#include "model/calibration.h"
 #include "model/gguf_export.h"
 #include "model/int4_export.h"
+#include "model/model.h"
 
 namespace sy {
 namespace {
@@ -20,7 +27,59 @@ struct QuantizeArgs {
   std::string to = "q4_k_m";
   std::string kv_b = "split";
   double max_shard_gb = 5;
+  std::string calibrate;        // text file (or .jsonl of {"text": ...}) to measure importance on
+  std::string calibrate_model;  // the model run on it (default: --model)
+  int64_t calibrate_tokens = 32768;
+  int64_t calibrate_length = 512;
 };
+
+// Runs the calibration text through the model (the source, or --calibrate-model) and returns what
+// each linear layer's inputs weigh (model/calibration.h).
+Importance Calibrate(const QuantizeArgs& args) {
+  const std::string path = args.calibrate_model.empty() ? args.model : args.calibrate_model;
+  const double start = NowSeconds();
+  TextCodec codec = LoadTextCodecOrFail(path);
+  std::vector<std::vector<int32_t>> windows;
+  int64_t budget = args.calibrate_tokens;
+  auto add = [&](const std::vector<int32_t>& ids) {
+    for (auto& w : CalibrationWindows(ids, args.calibrate_length, budget)) {
+      budget -= static_cast<int64_t>(w.size());
+      windows.push_back(std::move(w));
+    }
+  };
+  if (args.calibrate.ends_with(".jsonl")) {
+    auto passages = bench::LoadPrompts(args.calibrate, codec);
+    if (!passages.ok()) FailVerb(passages.status().message());
+    for (const auto& ids : passages.value())
+      if (budget > 0) add(ids);
+  } else {
+    std::ifstream in(args.calibrate, std::ios::binary);
+    if (!in) FailVerb(args.calibrate + ": cannot open the calibration text");
+    std::stringstream text;
+    text << in.rdbuf();
+    auto ids = codec.EncodePrompt(text.str());
+    if (!ids.ok()) FailVerb(args.calibrate + ": " + ids.status().message());
+    add(ids.value());
+  }
+  if (windows.empty()) FailVerb(args.calibrate + ": no text to calibrate on (two tokens at least)");
+  std::unique_ptr<Model> model = LoadModelOrFail(path);
+  for (const auto& w : windows)
+    if (static_cast<int64_t>(w.size()) > model->config().max_position_embeddings)
+      FailVerb(fmt::format("--calibrate-length {} exceeds the model's context of {}",
+                           args.calibrate_length, model->config().max_position_embeddings));
+  const bool terminal = isatty(fileno(stderr));
+  auto importance = CollectImportance(*model, windows, [&](size_t done, size_t total) {
+    if (terminal || done == total)
+      std::fprintf(stderr, "%scalibrate: %zu of %zu windows%s", terminal ? "\r" : "", done, total,
+                   terminal && done != total ? "" : "\n");
+  });
+  if (!importance.ok()) FailVerb(importance.status().message());
+  std::fprintf(stderr,
+               "calibrated on %lld tokens of %s with %s: %zu linear layers measured, %.1f s\n",
+               static_cast<long long>(importance.value().tokens), args.calibrate.c_str(),
+               path.c_str(), importance.value().mean_squares.size(), NowSeconds() - start);
+  return std::move(importance).value();
+}
 
 bool IsHfInt4(const std::string& to) {
   return to == "awq-int4" || to == "gptq-int4" || to == "ct-w4a16" || to == "ct-w4a16-asym";
@@ -29,6 +88,8 @@ bool IsHfInt4(const std::string& to) {
 void RunQuantize(const QuantizeArgs& args) {
   if (!std::filesystem::is_directory(args.model))
     FailVerb(args.model + ": not a checkpoint directory (config.json and safetensors)");
+  if (!args.calibrate.empty() && !IsHfInt4(args.to))
+    FailVerb("--calibrate: for the int4 formats (awq-int4, gptq-int4, ct-w4a16, ct-w4a16-asym)");
   const double start = NowSeconds();
   // A line per tensor on a terminal (carriage return), every tenth of them elsewhere.
   const bool terminal = isatty(fileno(stderr));
@@ -42,7 +103,10 @@ void RunQuantize(const QuantizeArgs& args) {
   };
   Status s;
   if (IsHfInt4(args.to)) {
+    std::optional<Importance> importance;
+    if (!args.calibrate.empty()) importance = Calibrate(args);
     Int4ExportOptions options;
+    options.importance = importance ? &*importance : nullptr;
     options.type = args.to;
     options.max_shard_bytes = static_cast<uint64_t>(args.max_shard_gb * 1e9);
     options.progress = progress;
@@ -87,6 +151,20 @@ void AddQuantizeVerb(CLI::App& app) {
                    "Int4 formats: safetensors shards of at most this many GB (1e9 bytes), as "
                    "save_pretrained's max_shard_size")
       ->check(CLI::PositiveNumber);
+  verb->add_option("--calibrate", args->calibrate,
+                   "Int4 formats: a text file (or .jsonl of {\"text\": ...} lines) to run the "
+                   "model on first; each group's clipping is then chosen to minimize the error "
+                   "weighted by its input columns' mean square activations (llama.cpp's "
+                   "importance matrix, AutoAWQ's clip grid) instead of rounding to nearest");
+  verb->add_option(
+      "--calibrate-model", args->calibrate_model,
+      "The model run on the calibration text (default: --model); any switchyard loads, "
+      "e.g. a 4-bit copy of a model too large for memory in fp8");
+  verb->add_option("--calibrate-tokens", args->calibrate_tokens, "Calibration tokens at most")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
+  verb->add_option("--calibrate-length", args->calibrate_length,
+                   "Tokens per calibration window (each a prefill of its own)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   verb->callback([args] { RunQuantize(*args); });
 }
 

@@ -10,6 +10,7 @@
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
 #include "kernels/cpu/router.h"
+#include "model/calibration.h"
 
 namespace sy {
 
@@ -25,6 +26,8 @@ void FeedForward(const FeedForwardWeights& w, const float* x, int64_t tokens, fl
   const int64_t width = w.gate_proj.rows;
   auto gate = UninitializedArray<float>(tokens * width),
        up = UninitializedArray<float>(tokens * width);
+  ObserveLinearInput(w.gate_proj, x, tokens, w.gate_proj.cols, w.gate_proj.cols);
+  ObserveLinearInput(w.up_proj, x, tokens, w.up_proj.cols, w.up_proj.cols);
   kernels::LinearAuto(x, tokens, w.gate_proj, gate.get());
   kernels::LinearAuto(x, tokens, w.up_proj, up.get());
   const int64_t count = tokens * width;
@@ -32,6 +35,7 @@ void FeedForward(const FeedForwardWeights& w, const float* x, int64_t tokens, fl
       count >= kParallelElements, static_cast<size_t>(count), [&](size_t begin, size_t end) {
         kernels::SiluMul(gate.get() + begin, up.get() + begin, static_cast<int64_t>(end - begin));
       });
+  ObserveLinearInput(w.down_proj, gate.get(), tokens, width, width);
   kernels::LinearAuto(gate.get(), tokens, w.down_proj, out);
 }
 
@@ -83,7 +87,7 @@ ExpertRouting RouteTokens(const ModelConfig& c, const MoeWeights& w, const float
 
 bool SharedExpertJoinsGroup(const MoeWeights& w) {
   const FeedForwardWeights& shared = w.shared_experts;
-  if (shared.empty()) return false;
+  if (shared.empty() || ObservingLinearInputs()) return false;
   for (const Matrix* m : {&shared.gate_proj, &shared.up_proj, &shared.down_proj})
     if (!m->packed || m->packed->dtype != DType::kGgml) return false;
   for (const FeedForwardWeights& routed : w.experts)
@@ -107,7 +111,8 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
                                      static_cast<size_t>(slots), gather);
   if (with_shared) std::copy_n(x, shared_rows * hidden, inputs.get() + slots * hidden);
   std::vector<kernels::ExpertPanels> panels(w.experts.size());
-  bool packed = true;
+  // A calibration (model/calibration.h) sees each expert's inputs on the per-expert path.
+  bool packed = !ObservingLinearInputs();
   for (size_t e = 0; e < w.experts.size(); ++e) {
     const FeedForwardWeights& ff = w.experts[e];
     if (ff.empty()) continue;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/thread_pool.h"
+#include "model/calibration.h"
 #include "model/config.h"
 #include "model/export_common.h"
 #include "model/safetensors.h"
@@ -48,7 +49,42 @@ float ScaleValue(uint16_t bits, bool f16) {
   return f16 ? F16ToF32(bits) : BF16ToF32(bits);
 }
 
-void QuantizeGroup(const float* w, Int4Scheme scheme, uint8_t* q, uint8_t* z, uint16_t* scale) {
+// The scale and zero point `scheme` gives a group whose range is [lo, hi] (lo <= 0 <= hi).
+void GroupScale(float lo, float hi, Int4Scheme scheme, uint16_t* scale, float* s, int* zero) {
+  if (scheme == Int4Scheme::kCtSym) {
+    *scale = ScaleBits(std::max(-lo, hi) / 7.5f, false);
+    if (ScaleValue(*scale, false) == 0) *scale = ScaleBits(1.0f, false);
+    *s = ScaleValue(*scale, false);
+    *zero = 8;
+  } else if (scheme == Int4Scheme::kCtAsym) {
+    *scale = ScaleBits((hi - lo) / 15.0f, false);
+    if (ScaleValue(*scale, false) == 0) *scale = ScaleBits(1.0f, false);
+    *s = ScaleValue(*scale, false);
+    *zero = static_cast<int>(std::clamp(RoundEven(-8.0f - lo / *s), -8.0f, 7.0f)) + 8;
+  } else {
+    *scale = ScaleBits(std::max(hi - lo, 1e-5f) / 15.0f, true);
+    *s = ScaleValue(*scale, true);
+    *zero = static_cast<int>(std::clamp(RoundEven(-lo / *s), 0.0f, 15.0f));
+    if (scheme == Int4Scheme::kGptq && *zero == 0) {
+      // Stored as z − 1, a zero of 0 would read back as 16: use z = 1 and a scale that reaches
+      // max at code 15.
+      *scale = ScaleBits(std::max(hi, 1e-5f) / 14.0f, true);
+      *s = ScaleValue(*scale, true);
+      *zero = 1;
+    }
+  }
+}
+
+inline uint8_t Code(float w, float s, int zero) {
+  return static_cast<uint8_t>(std::clamp(RoundEven(w / s) + static_cast<float>(zero), 0.0f, 15.0f));
+}
+
+// Clipping ranges tried under calibration: the group's largest magnitude times 1, 0.975, ...,
+// 0.525 (AutoAWQ's auto_clip grid); the first is round-to-nearest itself.
+constexpr int kClipSteps = 20;
+
+void QuantizeGroup(const float* w, const float* importance, Int4Scheme scheme, uint8_t* q,
+                   uint8_t* z, uint16_t* scale) {
   float lo = 0, hi = 0;  // the range always holds 0, as the tools' observers make it
   for (int64_t i = 0; i < kInt4Group; ++i) {
     lo = std::min(lo, w[i]);
@@ -56,32 +92,40 @@ void QuantizeGroup(const float* w, Int4Scheme scheme, uint8_t* q, uint8_t* z, ui
   }
   float s;
   int zero;  // as an unsigned nibble
-  if (scheme == Int4Scheme::kCtSym) {
-    *scale = ScaleBits(std::max(-lo, hi) / 7.5f, false);
-    if (ScaleValue(*scale, false) == 0) *scale = ScaleBits(1.0f, false);
-    s = ScaleValue(*scale, false);
-    zero = 8;
-  } else if (scheme == Int4Scheme::kCtAsym) {
-    *scale = ScaleBits((hi - lo) / 15.0f, false);
-    if (ScaleValue(*scale, false) == 0) *scale = ScaleBits(1.0f, false);
-    s = ScaleValue(*scale, false);
-    zero = static_cast<int>(std::clamp(RoundEven(-8.0f - lo / s), -8.0f, 7.0f)) + 8;
-  } else {
-    *scale = ScaleBits(std::max(hi - lo, 1e-5f) / 15.0f, true);
-    s = ScaleValue(*scale, true);
-    zero = static_cast<int>(std::clamp(RoundEven(-lo / s), 0.0f, 15.0f));
-    if (scheme == Int4Scheme::kGptq && zero == 0) {
-      // Stored as z − 1, a zero of 0 would read back as 16: use z = 1 and a scale that reaches
-      // max at code 15.
-      *scale = ScaleBits(std::max(hi, 1e-5f) / 14.0f, true);
-      s = ScaleValue(*scale, true);
-      zero = 1;
+  GroupScale(lo, hi, scheme, scale, &s, &zero);
+  if (importance != nullptr) {
+    // The clip that leaves the least importance-weighted squared error, Σ h_j (w_j − ŵ_j)².
+    auto error = [&](float scale_value, int zero_point) {
+      double sum = 0;
+      for (int64_t i = 0; i < kInt4Group; ++i) {
+        const float back =
+            scale_value * static_cast<float>(int{Code(w[i], scale_value, zero_point)} - zero_point);
+        const double d = static_cast<double>(w[i]) - back;
+        sum += importance[i] * d * d;
+      }
+      return sum;
+    };
+    double best = error(s, zero);
+    const float largest = std::max(-lo, hi);
+    for (int step = 1; step < kClipSteps; ++step) {
+      const float limit = largest * (1.0f - static_cast<float>(step) / (2 * kClipSteps));
+      uint16_t candidate_bits;
+      float candidate;
+      int candidate_zero;
+      GroupScale(std::max(lo, -limit), std::min(hi, limit), scheme, &candidate_bits, &candidate,
+                 &candidate_zero);
+      const double e = error(candidate, candidate_zero);
+      if (e < best) {
+        best = e;
+        *scale = candidate_bits;
+        s = candidate;
+        zero = candidate_zero;
+      }
     }
   }
   *z = static_cast<uint8_t>(zero);
-  const float offset = static_cast<float>(zero);
   for (int64_t i = 0; i < kInt4Group; ++i)
-    q[i] = static_cast<uint8_t>(std::clamp(RoundEven(w[i] / s) + offset, 0.0f, 15.0f));
+    q[i] = Code(w[i], s, zero);
 }
 
 // The tensors of a module being written, made once for all of them.
@@ -220,6 +264,21 @@ std::vector<std::vector<uint8_t>> Pack(const Int4Codes& c, int64_t rows, int64_t
   return p;
 }
 
+// `weight`'s importance with every column floored at 1% of the mean; empty without one.
+std::vector<float> FlooredImportance(const Importance* importance, const std::string& weight,
+                                     int64_t cols) {
+  const std::vector<float>* found = importance == nullptr ? nullptr : importance->Find(weight);
+  if (found == nullptr || static_cast<int64_t>(found->size()) != cols) return {};
+  double mean = 0;
+  for (float v : *found)
+    mean += v;
+  mean /= static_cast<double>(cols);
+  std::vector<float> out(*found);
+  for (float& v : out)
+    v = std::max(v, static_cast<float>(0.01 * mean));
+  return out;
+}
+
 struct TypeInfo {
   const char* name;
   Int4Scheme scheme;
@@ -276,7 +335,8 @@ json QuantizationConfig(Int4Scheme scheme, const std::set<std::string>& skipped)
 
 }  // namespace
 
-Int4Codes QuantizeInt4(const float* w, int64_t rows, int64_t cols, Int4Scheme scheme) {
+Int4Codes QuantizeInt4(const float* w, int64_t rows, int64_t cols, Int4Scheme scheme,
+                       const float* importance) {
   const int64_t groups = cols / kInt4Group;
   Int4Codes c;
   c.q.resize(static_cast<size_t>(rows * cols));
@@ -286,7 +346,8 @@ Int4Codes QuantizeInt4(const float* w, int64_t rows, int64_t cols, Int4Scheme sc
       rows * cols >= (1 << 16), static_cast<size_t>(rows), [&](size_t begin, size_t end) {
         for (size_t r = begin; r < end; ++r)
           for (int64_t g = 0; g < groups; ++g)
-            QuantizeGroup(w + r * cols + g * kInt4Group, scheme,
+            QuantizeGroup(w + r * cols + g * kInt4Group,
+                          importance == nullptr ? nullptr : importance + g * kInt4Group, scheme,
                           c.q.data() + r * cols + g * kInt4Group, &c.z[r * groups + g],
                           &c.scales[r * groups + g]);
       });
@@ -331,11 +392,16 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
         for (size_t i = 0; i < layout.size(); ++i)
           SY_RETURN_IF_ERROR(writer.AddTensor(
               module + layout[i].suffix, layout[i].dtype, layout[i].shape,
-              [&ckpt, &config, h, module, rows, cols, scheme, current, i](uint8_t* out) -> Status {
+              [&ckpt, &config, &options, h, module, rows, cols, scheme, current,
+               i](uint8_t* out) -> Status {
                 if (current->module != module) {
                   SY_ASSIGN_OR_RETURN(std::vector<float> w, ReadTensorF32(ckpt, config, h));
+                  const std::vector<float> importance =
+                      FlooredImportance(options.importance, h, cols);
                   *current = {module,
-                              Pack(QuantizeInt4(w.data(), rows, cols, scheme), rows, cols, scheme)};
+                              Pack(QuantizeInt4(w.data(), rows, cols, scheme,
+                                                importance.empty() ? nullptr : importance.data()),
+                                   rows, cols, scheme)};
                 }
                 std::memcpy(out, current->bytes[i].data(), current->bytes[i].size());
                 return Status::Ok();

@@ -45,12 +45,23 @@ struct Int4Codes {
 
 constexpr int64_t kInt4Group = 128;
 
-// `w` is [rows, cols] row-major, cols a multiple of kInt4Group.
-Int4Codes QuantizeInt4(const float* w, int64_t rows, int64_t cols, Int4Scheme scheme);
+// `w` is [rows, cols] row-major, cols a multiple of kInt4Group. With `importance` ([cols], each
+// input column's mean square activation: model/calibration.h), each group's range is clipped to
+// the one of AutoAWQ's auto_clip grid (its largest magnitude times 1, 0.975, ..., 0.525) that
+// leaves the least Σ_j importance_j · (w_j − ŵ_j)²; the first candidate is round-to-nearest, so
+// the result is never worse by that measure.
+Int4Codes QuantizeInt4(const float* w, int64_t rows, int64_t cols, Int4Scheme scheme,
+                       const float* importance = nullptr);
+
+struct Importance;  // model/calibration.h
 
 struct Int4ExportOptions {
   std::string type = "awq-int4";             // awq-int4, gptq-int4, ct-w4a16, ct-w4a16-asym
   uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default, "5GB"
+  // When set, each layer it has a measure for is quantized with it (QuantizeInt4's importance,
+  // each column's floored at 1% of the layer's mean so that columns calibration never exercised
+  // keep some weight); the others round to nearest.
+  const Importance* importance = nullptr;
   // After each tensor: (tensors done, of all, bytes written).
   std::function<void(size_t, size_t, uint64_t)> progress;
 };

@@ -11,6 +11,7 @@
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/mla_decode.h"
+#include "model/calibration.h"
 
 namespace sy {
 namespace {
@@ -178,12 +179,16 @@ void MlaProject(const ModelConfig& c, const RopeParams& rope, const AttentionWei
     if (c.q_lora_rank) {
       const int64_t rq = *c.q_lora_rank;
       std::vector<float> cq(static_cast<size_t>(T * rq));
+      ObserveLinearInput(w.q_a_proj, x, T, c.hidden_size, c.hidden_size);
       kernels::LinearAuto(x, T, w.q_a_proj, cq.data());
       kernels::RmsNorm(cq.data(), T, rq, w.q_a_layernorm.data(), kLatentNormEps, cq.data());
+      ObserveLinearInput(w.q_b_proj, cq.data(), T, rq, rq);
       kernels::LinearAuto(cq.data(), T, w.q_b_proj, q);
     } else {
+      ObserveLinearInput(w.q_proj, x, T, c.hidden_size, c.hidden_size);
       kernels::LinearAuto(x, T, w.q_proj, q);
     }
+    ObserveLinearInput(w.kv_a_proj_with_mqa, x, T, c.hidden_size, c.hidden_size);
     kernels::LinearAuto(x, T, w.kv_a_proj_with_mqa, latent_rows);
   }
   // Per token: the latent's norm, and one cos/sin table for its rope part and every head's.
@@ -199,6 +204,8 @@ void MlaProject(const ModelConfig& c, const RopeParams& rope, const AttentionWei
         kernels::ApplyRope(q + (t * H + h) * dqk + c.qk_nope_head_dim, dr, cos_sin.data());
     }
   });
+  // kv_b_proj multiplies the normalized latent (either form: expanded, or absorbed into q and o).
+  ObserveLinearInput(w.kv_b_proj, latent_rows, T, latent, row);
 }
 
 void MlaWriteCache(const ModelConfig& c, int64_t layer, const ForwardBatch& batch,
@@ -276,6 +283,7 @@ void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWei
   auto heads_out = UninitializedArray<float>(T * H * c.v_head_dim);
   MlaAttend(c, rope, w, layer, batch, positions, cache, form, q.get(), heads_out.get());
   ScopedStage gemm(Stage::kGemm);
+  ObserveLinearInput(w.o_proj, heads_out.get(), T, H * c.v_head_dim, H * c.v_head_dim);
   if (T > 0) kernels::LinearAuto(heads_out.get(), T, w.o_proj, out);
 }
 

@@ -1,0 +1,182 @@
+// Calibration (model/calibration.h): what the forward pass reports to an observer, named by
+// weight; and the importance-weighted clipping it feeds (model/int4_export.h).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "model/calibration.h"
+#include "model/export_common.h"
+#include "model/int4_export.h"
+#include "model/model.h"
+#include "tensor/dtype.h"
+
+namespace sy {
+namespace {
+
+const std::string kDefaultModel = std::string(SY_SOURCE_DIR) + "/models/default";
+
+TEST(CalibrationTest, SquareSumsAddWhatEachMatrixMultiplied) {
+  Matrix a, b;
+  SquareSums sums;
+  // Two rows of three values, five apart: 1 2 3 | 4 5 6.
+  const float x[] = {1, 2, 3, 9, 9, 4, 5, 6, 9, 9};
+  sums.Observe(a, x, 2, 3, 5);
+  sums.Observe(a, x, 1, 3, 5);
+  sums.Observe(b, x + 5, 1, 2, 5);
+  ASSERT_EQ(sums.sums().size(), 2u);
+  const auto& sa = sums.sums().at(&a);
+  EXPECT_EQ(sa.rows, 3);
+  EXPECT_EQ(sa.squares, (std::vector<double>{1 + 16 + 1, 4 + 25 + 4, 9 + 36 + 9}));
+  EXPECT_EQ(sums.sums().at(&b).squares, (std::vector<double>{16, 25}));
+}
+
+TEST(CalibrationTest, WindowsCutTheTextAndKeepTheBudget) {
+  std::vector<int32_t> ids(10);
+  for (int i = 0; i < 10; ++i)
+    ids[i] = i;
+  auto w = CalibrationWindows(ids, 4, 100);
+  ASSERT_EQ(w.size(), 3u);
+  EXPECT_EQ(w[2], (std::vector<int32_t>{8, 9}));
+  w = CalibrationWindows(ids, 4, 9);  // 0..3, 4..7, and one token left: dropped
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_EQ(CalibrationWindows(ids, 4, 1).size(), 0u);
+}
+
+// The default model run over a few windows: every linear layer of the main layers measured, with
+// the row counts routing implies, the same inputs where layers share them, and layer 0's
+// attention input equal to RMSNorm of the embeddings computed here from the checkpoint.
+TEST(CalibrationTest, TheForwardPassReportsEveryLinearLayersInputs) {
+  auto loaded = Model::Load(kDefaultModel);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  Model& model = *loaded.value();
+  const ModelConfig& c = model.config();
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> token(2, static_cast<int32_t>(c.vocab_size - 1));
+  std::vector<std::vector<int32_t>> windows = {std::vector<int32_t>(40), std::vector<int32_t>(23)};
+  for (auto& w : windows)
+    for (int32_t& t : w)
+      t = token(rng);
+  const int64_t tokens = 63;
+  size_t calls = 0;
+  auto result = CollectImportance(model, windows, [&](size_t done, size_t total) {
+    EXPECT_EQ(done, ++calls);
+    EXPECT_EQ(total, 2u);
+  });
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  EXPECT_FALSE(ObservingLinearInputs());
+  const Importance& imp = result.value();
+  EXPECT_EQ(imp.tokens, tokens);
+
+  // 5 attention projections a layer (q_lora), a dense MLP in layer 0, 32 experts and a shared one
+  // in the others; an expert no token chose is absent.
+  int64_t experts_seen = 0;
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const std::string p = fmt::format("model.layers.{}.", layer);
+    for (const char* m : {"q_a_proj", "kv_a_proj_with_mqa", "q_b_proj", "kv_b_proj", "o_proj"}) {
+      const std::string name = p + "self_attn." + m + ".weight";
+      ASSERT_NE(imp.Find(name), nullptr) << name;
+      EXPECT_EQ(imp.rows.at(name), tokens) << name;
+      for (float v : *imp.Find(name))
+        EXPECT_TRUE(std::isfinite(v) && v >= 0) << name;
+    }
+    EXPECT_EQ(imp.Find(p + "self_attn.kv_b_proj.weight")->size(),
+              static_cast<size_t>(c.kv_lora_rank));
+    // q_a_proj and kv_a_proj_with_mqa multiply the same rows.
+    EXPECT_EQ(*imp.Find(p + "self_attn.q_a_proj.weight"),
+              *imp.Find(p + "self_attn.kv_a_proj_with_mqa.weight"));
+    if (!c.IsMoeLayer(layer)) {
+      EXPECT_EQ(imp.rows.at(p + "mlp.down_proj.weight"), tokens);
+      EXPECT_EQ(imp.Find(p + "mlp.down_proj.weight")->size(),
+                static_cast<size_t>(c.intermediate_size));
+      continue;
+    }
+    EXPECT_EQ(imp.rows.at(p + "mlp.shared_experts.gate_proj.weight"), tokens);
+    int64_t rows = 0;
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      const std::string ex = fmt::format("{}mlp.experts.{}.", p, e);
+      if (imp.Find(ex + "gate_proj.weight") == nullptr) continue;
+      ++experts_seen;
+      rows += imp.rows.at(ex + "gate_proj.weight");
+      EXPECT_EQ(*imp.Find(ex + "gate_proj.weight"), *imp.Find(ex + "up_proj.weight"));
+      EXPECT_EQ(imp.rows.at(ex + "down_proj.weight"), imp.rows.at(ex + "gate_proj.weight"));
+    }
+    EXPECT_EQ(rows, tokens * c.num_experts_per_tok) << "layer " << layer;  // top-k each
+  }
+  EXPECT_GT(experts_seen, c.n_routed_experts);  // more than one layer's worth
+
+  // Layer 0's attention input: RMSNorm(embedding) · input_layernorm, in double here.
+  auto ckpt = Checkpoint::Open(kDefaultModel);
+  ASSERT_TRUE(ckpt.ok());
+  auto embed = ReadTensorF32(ckpt.value(), c, "model.embed_tokens.weight");
+  auto norm = ReadTensorF32(ckpt.value(), c, "model.layers.0.input_layernorm.weight");
+  ASSERT_TRUE(embed.ok() && norm.ok());
+  const int64_t D = c.hidden_size;
+  std::vector<double> want(static_cast<size_t>(D), 0.0);
+  for (const auto& w : windows)
+    for (int32_t t : w) {
+      const float* e = embed.value().data() + static_cast<int64_t>(t) * D;
+      double ms = 0;
+      for (int64_t i = 0; i < D; ++i)
+        ms += static_cast<double>(e[i]) * e[i];
+      const double inv = 1.0 / std::sqrt(ms / D + c.rms_norm_eps);
+      for (int64_t i = 0; i < D; ++i) {
+        const double v = e[i] * inv * norm.value()[i];
+        want[i] += v * v / tokens;
+      }
+    }
+  const std::vector<float>& got = *imp.Find("model.layers.0.self_attn.q_a_proj.weight");
+  for (int64_t i = 0; i < D; ++i)  // float RMSNorm against double: a few ulps of each square
+    EXPECT_NEAR(got[i], want[i], 1e-5 * want[i] + 1e-12) << i;
+}
+
+double WeightedError(const float* w, const float* importance, const Int4Codes& c, int64_t cols,
+                     int64_t row, Int4Scheme scheme, int64_t group) {
+  const bool half = scheme == Int4Scheme::kAwq || scheme == Int4Scheme::kGptq;
+  const int64_t g = row * (cols / kInt4Group) + group;
+  const float s = half ? F16ToF32(c.scales[g]) : BF16ToF32(c.scales[g]);
+  double sum = 0;
+  for (int64_t i = group * kInt4Group; i < (group + 1) * kInt4Group; ++i) {
+    const double d = w[row * cols + i] - s * (int{c.q[row * cols + i]} - int{c.z[g]});
+    sum += importance[i] * d * d;
+  }
+  return sum;
+}
+
+// Round to nearest is the first clip tried, so the importance-weighted error of every group is
+// at most round-to-nearest's; on weights with outliers some groups are clipped and do better.
+TEST(CalibrationTest, WeightedClippingIsNeverWorseThanRoundToNearest) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  const int64_t rows = 16, cols = 4 * kInt4Group;
+  std::vector<float> w(rows * cols), importance(cols);
+  for (float& v : w)
+    v = normal(rng) * (uniform(rng) < 0.01f ? 8.0f : 1.0f);
+  for (float& h : importance)
+    h = std::exp(3.0f * normal(rng));  // activations spanning orders of magnitude
+  for (Int4Scheme scheme :
+       {Int4Scheme::kAwq, Int4Scheme::kGptq, Int4Scheme::kCtSym, Int4Scheme::kCtAsym}) {
+    const Int4Codes rtn = QuantizeInt4(w.data(), rows, cols, scheme);
+    const Int4Codes clipped = QuantizeInt4(w.data(), rows, cols, scheme, importance.data());
+    int better = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < cols / kInt4Group; ++g) {
+        const double a = WeightedError(w.data(), importance.data(), rtn, cols, r, scheme, g);
+        const double b = WeightedError(w.data(), importance.data(), clipped, cols, r, scheme, g);
+        EXPECT_LE(b, a) << "row " << r << " group " << g;
+        better += b < a;
+      }
+    EXPECT_GT(better, rows) << static_cast<int>(scheme);
+    if (scheme == Int4Scheme::kGptq) {
+      EXPECT_GE(*std::min_element(clipped.z.begin(), clipped.z.end()), 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sy
