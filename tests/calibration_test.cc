@@ -35,6 +35,14 @@ TEST(CalibrationTest, SquareSumsAddWhatEachMatrixMultiplied) {
   EXPECT_EQ(sums.sums().at(&b).squares, (std::vector<double>{16, 25}));
 }
 
+TEST(CalibrationTest, WeightsAreFlooredAtAHundredthOfTheMean) {
+  Importance imp;
+  imp.mean_squares["w"] = {0.0f, 1.0f, 299.0f};  // mean 100
+  EXPECT_EQ(imp.Weights("w", 3), (std::vector<float>{1.0f, 1.0f, 299.0f}));
+  EXPECT_TRUE(imp.Weights("w", 4).empty());  // not this matrix's width
+  EXPECT_TRUE(imp.Weights("v", 3).empty());
+}
+
 TEST(CalibrationTest, WindowsCutTheTextAndKeepTheBudget) {
   std::vector<int32_t> ids(10);
   for (int i = 0; i < 10; ++i)

@@ -35,6 +35,19 @@ const std::vector<float>* Importance::Find(const std::string& weight) const {
   return it == mean_squares.end() ? nullptr : &it->second;
 }
 
+std::vector<float> Importance::Weights(const std::string& weight, int64_t cols) const {
+  const std::vector<float>* found = Find(weight);
+  if (found == nullptr || static_cast<int64_t>(found->size()) != cols || cols == 0) return {};
+  double mean = 0;
+  for (float v : *found)
+    mean += v;
+  mean /= static_cast<double>(cols);
+  std::vector<float> out(*found);
+  for (float& v : out)
+    v = std::max(v, static_cast<float>(0.01 * mean));
+  return out;
+}
+
 namespace {
 
 // Every linear layer of the main layers, with its checkpoint name.

@@ -71,6 +71,10 @@ struct Importance {
   int64_t tokens = 0;
   // Null when `weight` was not observed (or saw no rows).
   const std::vector<float>* Find(const std::string& weight) const;
+  // What the quantizers weigh `weight`'s columns by: its mean squares, each floored at 1% of
+  // their mean so that columns the calibration text never exercised keep some weight. Empty when
+  // not observed or not `cols` long.
+  std::vector<float> Weights(const std::string& weight, int64_t cols) const;
 };
 
 // Runs `model` over `sequences` (each a prefill of its own) with a SquareSums observing, then names

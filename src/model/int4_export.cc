@@ -264,21 +264,6 @@ std::vector<std::vector<uint8_t>> Pack(const Int4Codes& c, int64_t rows, int64_t
   return p;
 }
 
-// `weight`'s importance with every column floored at 1% of the mean; empty without one.
-std::vector<float> FlooredImportance(const Importance* importance, const std::string& weight,
-                                     int64_t cols) {
-  const std::vector<float>* found = importance == nullptr ? nullptr : importance->Find(weight);
-  if (found == nullptr || static_cast<int64_t>(found->size()) != cols) return {};
-  double mean = 0;
-  for (float v : *found)
-    mean += v;
-  mean /= static_cast<double>(cols);
-  std::vector<float> out(*found);
-  for (float& v : out)
-    v = std::max(v, static_cast<float>(0.01 * mean));
-  return out;
-}
-
 struct TypeInfo {
   const char* name;
   Int4Scheme scheme;
@@ -396,8 +381,9 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
                i](uint8_t* out) -> Status {
                 if (current->module != module) {
                   SY_ASSIGN_OR_RETURN(std::vector<float> w, ReadTensorF32(ckpt, config, h));
-                  const std::vector<float> importance =
-                      FlooredImportance(options.importance, h, cols);
+                  const std::vector<float> importance = options.importance
+                                                            ? options.importance->Weights(h, cols)
+                                                            : std::vector<float>();
                   *current = {module,
                               Pack(QuantizeInt4(w.data(), rows, cols, scheme,
                                                 importance.empty() ? nullptr : importance.data()),

@@ -58,9 +58,8 @@ struct Importance;  // model/calibration.h
 struct Int4ExportOptions {
   std::string type = "awq-int4";             // awq-int4, gptq-int4, ct-w4a16, ct-w4a16-asym
   uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default, "5GB"
-  // When set, each layer it has a measure for is quantized with it (QuantizeInt4's importance,
-  // each column's floored at 1% of the layer's mean so that columns calibration never exercised
-  // keep some weight); the others round to nearest.
+  // When set, each layer it has a measure for is quantized with it (QuantizeInt4's importance:
+  // Importance::Weights); the others round to nearest.
   const Importance* importance = nullptr;
   // After each tensor: (tensors done, of all, bytes written).
   std::function<void(size_t, size_t, uint64_t)> progress;
