@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -82,6 +83,8 @@ inline uint8_t Code(float w, float s, int zero) {
 // Clipping ranges tried under calibration: the group's largest magnitude times 1, 0.975, ...,
 // 0.525 (AutoAWQ's auto_clip grid); the first is round-to-nearest itself.
 constexpr int kClipSteps = 20;
+// Per-column scales tried under calibration: AWQ's grid of exponents α = 0, 0.05, ..., 0.95.
+constexpr int kScaleSteps = 20;
 
 void QuantizeGroup(const float* w, const float* importance, Int4Scheme scheme, uint8_t* q,
                    uint8_t* z, uint16_t* scale) {
@@ -339,6 +342,48 @@ Int4Codes QuantizeInt4(const float* w, int64_t rows, int64_t cols, Int4Scheme sc
   return c;
 }
 
+std::vector<float> SearchInt4Scales(const float* w, int64_t rows, int64_t cols,
+                                    const float* importance, Int4Scheme scheme) {
+  std::vector<float> best(static_cast<size_t>(cols), 1.0f), s(static_cast<size_t>(cols));
+  std::vector<float> scaled(static_cast<size_t>(rows * cols));
+  double best_error = -1;
+  for (int step = 0; step < kScaleSteps; ++step) {
+    // s_j = sqrt(h_j)^α (the root mean square of column j's inputs), centred so that
+    // max · min = 1: α = 0 is round to nearest itself.
+    const float alpha = static_cast<float>(step) / kScaleSteps;
+    float largest = 0, smallest = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      s[c] = std::max(std::pow(std::sqrt(importance[c]), alpha), 1e-4f);
+      largest = c == 0 ? s[c] : std::max(largest, s[c]);
+      smallest = c == 0 ? s[c] : std::min(smallest, s[c]);
+    }
+    const float centre = std::sqrt(largest * smallest);
+    for (float& v : s)
+      v /= centre;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        scaled[r * cols + c] = w[r * cols + c] * s[c];
+    const Int4Codes codes = QuantizeInt4(scaled.data(), rows, cols, scheme);
+    const bool half = scheme == Int4Scheme::kAwq || scheme == Int4Scheme::kGptq;
+    const int64_t groups = cols / kInt4Group;
+    double error = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t g = r * groups + c / kInt4Group;
+        const float scale = ScaleValue(codes.scales[g], half);
+        const float back =
+            scale * static_cast<float>(int{codes.q[r * cols + c]} - int{codes.z[g]}) / s[c];
+        const double d = static_cast<double>(w[r * cols + c]) - back;
+        error += importance[c] * d * d;
+      }
+    if (best_error < 0 || error < best_error) {
+      best_error = error;
+      best = s;
+    }
+  }
+  return best;
+}
+
 Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out_dir,
                             const Int4ExportOptions& options) {
   const TypeInfo* type = nullptr;
@@ -362,6 +407,29 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
   // The packed tensors of the module being written: made when its first tensor is written, the
   // others taken from here (the writer asks for them in order).
   auto current = std::make_shared<PackedModule>();
+  auto fits = [](const SafetensorsEntry& e) {
+    return e.shape.size() == 2 && e.shape[0] > 0 && e.shape[1] > 0 &&
+           e.shape[1] % kInt4Group == 0 && e.shape[0] % 8 == 0;
+  };
+  // Calibrated: AWQ's scales between each MLP's up and down projections, found before anything
+  // is written (down_proj's columns are multiplied by them, up_proj's rows divided).
+  std::map<std::string, std::vector<float>> column_scales, row_divisors;
+  if (options.importance != nullptr) {
+    for (const auto& [name, tensor] : ckpt.tensors()) {
+      if (!name.ends_with(".down_proj.weight") || !fits(*tensor.entry)) continue;
+      const std::string up = name.substr(0, name.size() - 16) + "up_proj.weight";
+      const CheckpointTensor* u = ckpt.Find(up);
+      const int64_t rows = tensor.entry->shape[0], cols = tensor.entry->shape[1];
+      if (u == nullptr || !fits(*u->entry) || u->entry->shape[0] != cols) continue;
+      const std::vector<float> h = options.importance->Weights(name, cols);
+      if (h.empty()) continue;
+      SY_ASSIGN_OR_RETURN(std::vector<float> w, ReadTensorF32(ckpt, config, name));
+      std::vector<float> s = SearchInt4Scales(w.data(), rows, cols, h.data(), scheme);
+      if (std::all_of(s.begin(), s.end(), [](float v) { return v == 1.0f; })) continue;
+      column_scales[name] = s;
+      row_divisors[up] = std::move(s);
+    }
+  }
   for (const auto& [name, tensor] : ckpt.tensors()) {
     if (name.ends_with("_scale_inv")) continue;
     const SafetensorsEntry& entry = *tensor.entry;
@@ -372,18 +440,30 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
       if (entry.shape.size() != 2)
         return Status::Errorf("{}: '{}' is not a matrix", *tensor.file, name);
       const int64_t rows = entry.shape[0], cols = entry.shape[1];
-      if (cols % kInt4Group == 0 && rows % 8 == 0 && rows > 0 && cols > 0) {
+      if (fits(entry)) {
         const std::vector<PackedTensor> layout = PackedLayout(scheme, rows, cols);
         for (size_t i = 0; i < layout.size(); ++i)
           SY_RETURN_IF_ERROR(writer.AddTensor(
               module + layout[i].suffix, layout[i].dtype, layout[i].shape,
-              [&ckpt, &config, &options, h, module, rows, cols, scheme, current,
-               i](uint8_t* out) -> Status {
+              [&ckpt, &config, &options, &column_scales, &row_divisors, h, module, rows, cols,
+               scheme, current, i](uint8_t* out) -> Status {
                 if (current->module != module) {
                   SY_ASSIGN_OR_RETURN(std::vector<float> w, ReadTensorF32(ckpt, config, h));
-                  const std::vector<float> importance = options.importance
-                                                            ? options.importance->Weights(h, cols)
-                                                            : std::vector<float>();
+                  std::vector<float> importance = options.importance
+                                                      ? options.importance->Weights(h, cols)
+                                                      : std::vector<float>();
+                  if (auto it = column_scales.find(h); it != column_scales.end()) {
+                    const std::vector<float>& s = it->second;
+                    for (int64_t r = 0; r < rows; ++r)
+                      for (int64_t c = 0; c < cols; ++c)
+                        w[r * cols + c] *= s[c];
+                    for (int64_t c = 0; c < cols && !importance.empty(); ++c)
+                      importance[c] /= s[c] * s[c];  // its inputs are divided by s
+                  }
+                  if (auto it = row_divisors.find(h); it != row_divisors.end())
+                    for (int64_t r = 0; r < rows; ++r)
+                      for (int64_t c = 0; c < cols; ++c)
+                        w[r * cols + c] /= it->second[r];
                   *current = {module,
                               Pack(QuantizeInt4(w.data(), rows, cols, scheme,
                                                 importance.empty() ? nullptr : importance.data()),

@@ -53,13 +53,24 @@ constexpr int64_t kInt4Group = 128;
 Int4Codes QuantizeInt4(const float* w, int64_t rows, int64_t cols, Int4Scheme scheme,
                        const float* importance = nullptr);
 
+// AWQ's per-input-channel scales for a matrix whose inputs have mean squares `importance`
+// ([cols]): s_j = sqrt(importance_j)^α, centred so that max(s) · min(s) = 1, with α from the grid
+// 0, 0.05, ..., 0.95 that minimizes Σ_j importance_j · (w_j − Q(w · s)_j / s_j)² (round to nearest
+// in `scheme`). The layer then stores w · s (quantized) and whatever produces its input divides
+// by s. α = 0 (all ones, round to nearest) is a candidate, so it is never worse by that measure.
+std::vector<float> SearchInt4Scales(const float* w, int64_t rows, int64_t cols,
+                                    const float* importance, Int4Scheme scheme);
+
 struct Importance;  // model/calibration.h
 
 struct Int4ExportOptions {
   std::string type = "awq-int4";             // awq-int4, gptq-int4, ct-w4a16, ct-w4a16-asym
   uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default, "5GB"
   // When set, each layer it has a measure for is quantized with it (QuantizeInt4's importance:
-  // Importance::Weights); the others round to nearest.
+  // Importance::Weights); the others round to nearest. And every MLP's down projection (routed
+  // experts, shared, dense) whose up projection is quantized too gets AWQ's per-channel scales
+  // (SearchInt4Scales): down_proj stores W · s, up_proj's rows are divided by s, so
+  // down(silu(gate x) · up x) is unchanged before quantization.
   const Importance* importance = nullptr;
   // After each tensor: (tensors done, of all, bytes written).
   std::function<void(size_t, size_t, uint64_t)> progress;

@@ -8,8 +8,6 @@
 #include <set>
 #include <sstream>
 
-#include "model/safetensors_writer.h"
-
 namespace sy {
 namespace {
 
@@ -208,25 +206,6 @@ Checkpoint Checkpoint::FromMemory(const std::string& name, std::vector<TensorToW
 const CheckpointTensor* Checkpoint::Find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;
-}
-
-Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
-  SafetensorsWriter writer;
-  for (const auto& tensor : tensors) {
-    const std::vector<uint8_t>* bytes = &tensor.bytes;
-    int64_t elements = 1;
-    for (int64_t d : tensor.shape)
-      elements *= d;
-    if (bytes->size() != static_cast<size_t>(elements) * DTypeSize(tensor.dtype))
-      return Status::Errorf("{}: {} bytes for {} elements of {}", tensor.name, bytes->size(),
-                            elements, DTypeName(tensor.dtype));
-    SY_RETURN_IF_ERROR(
-        writer.AddTensor(tensor.name, tensor.dtype, tensor.shape, [bytes](uint8_t* out) {
-          std::copy(bytes->begin(), bytes->end(), out);
-          return Status::Ok();
-        }));
-  }
-  return writer.WriteFile(path);
 }
 
 }  // namespace sy

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/partial_file.h"
+#include "model/safetensors.h"
 
 namespace sy {
 
@@ -104,6 +105,27 @@ Status SafetensorsWriter::WriteDirectory(const std::string& directory, uint64_t 
   out << index.dump(2) << "\n";
   if (!out) return Status::Errorf("{}: write failed", path);
   return Status::Ok();
+}
+
+// Declared in model/safetensors.h (beside TensorToWrite); defined here, with the writer, so that
+// the reader builds alone (the fuzzers link it without the writer).
+Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+  SafetensorsWriter writer;
+  for (const auto& tensor : tensors) {
+    const std::vector<uint8_t>* bytes = &tensor.bytes;
+    int64_t elements = 1;
+    for (int64_t d : tensor.shape)
+      elements *= d;
+    if (bytes->size() != static_cast<size_t>(elements) * DTypeSize(tensor.dtype))
+      return Status::Errorf("{}: {} bytes for {} elements of {}", tensor.name, bytes->size(),
+                            elements, DTypeName(tensor.dtype));
+    SY_RETURN_IF_ERROR(
+        writer.AddTensor(tensor.name, tensor.dtype, tensor.shape, [bytes](uint8_t* out) {
+          std::copy(bytes->begin(), bytes->end(), out);
+          return Status::Ok();
+        }));
+  }
+  return writer.WriteFile(path);
 }
 
 }  // namespace sy
