@@ -83,8 +83,6 @@ inline uint8_t Code(float w, float s, int zero) {
 // Clipping ranges tried under calibration: the group's largest magnitude times 1, 0.975, ...,
 // 0.525 (AutoAWQ's auto_clip grid); the first is round-to-nearest itself.
 constexpr int kClipSteps = 20;
-// Per-column scales tried under calibration: AWQ's grid of exponents α = 0, 0.05, ..., 0.95.
-constexpr int kScaleSteps = 20;
 
 void QuantizeGroup(const float* w, const float* importance, Int4Scheme scheme, uint8_t* q,
                    uint8_t* z, uint16_t* scale) {
@@ -267,6 +265,83 @@ std::vector<std::vector<uint8_t>> Pack(const Int4Codes& c, int64_t rows, int64_t
   return p;
 }
 
+// A calibration's scales on one tensor [rows, cols] (a norm: one row): columns multiplied by its
+// column scales, rows (or a norm's elements) divided by its row divisors; `importance` (the
+// columns' input mean squares) divided by s² with the columns, since their inputs are.
+void ApplyScales(std::vector<float>& w, int64_t rows, int64_t cols,
+                 const std::map<std::string, std::vector<float>>& column_scales,
+                 const std::map<std::string, std::vector<float>>& row_divisors,
+                 const std::string& name, std::vector<float>* importance) {
+  if (auto it = column_scales.find(name); it != column_scales.end()) {
+    const std::vector<float>& s = it->second;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        w[r * cols + c] *= s[c];
+    if (importance != nullptr)
+      for (int64_t c = 0; c < cols; ++c)
+        (*importance)[c] /= s[c] * s[c];
+  }
+  if (auto it = row_divisors.find(name); it != row_divisors.end()) {
+    const std::vector<float>& s = it->second;
+    if (rows == 1) {  // a norm's weights: element j makes input column j
+      for (int64_t c = 0; c < cols; ++c)
+        w[c] /= s[c];
+    } else {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          w[r * cols + c] /= s[r];
+    }
+  }
+}
+
+// The projections that share an input, with what produces it (AWQ's scaling groups for
+// DeepSeek's layers): input_layernorm → q_a_proj (or q_proj), kv_a_proj_with_mqa;
+// q_a_layernorm → q_b_proj; kv_a_layernorm → kv_b_proj; post_attention_layernorm → every gate
+// and up projection of the MLP (routed experts, shared, dense) and the router; each up_proj →
+// its down_proj. Only tensors present, main layers only (MTP is not calibrated).
+struct ScaleGroup {
+  std::string producer;
+  std::vector<std::string> members;
+};
+Result<std::vector<ScaleGroup>> ScaleGroups(const Checkpoint& ckpt, const ModelConfig& config) {
+  std::vector<ScaleGroup> groups;
+  auto add = [&](const std::string& producer, std::vector<std::string> members) {
+    if (ckpt.Find(producer) == nullptr) return;
+    std::erase_if(members, [&](const std::string& m) { return ckpt.Find(m) == nullptr; });
+    if (!members.empty()) groups.push_back({producer, std::move(members)});
+  };
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    const std::string p = fmt::format("model.layers.{}.", layer);
+    add(p + "input_layernorm.weight",
+        {p + "self_attn.q_a_proj.weight", p + "self_attn.q_proj.weight",
+         p + "self_attn.kv_a_proj_with_mqa.weight"});
+    add(p + "self_attn.q_a_layernorm.weight", {p + "self_attn.q_b_proj.weight"});
+    add(p + "self_attn.kv_a_layernorm.weight", {p + "self_attn.kv_b_proj.weight"});
+    std::vector<std::string> mlp_inputs = {p + "mlp.gate.weight"};
+    for (auto it = ckpt.tensors().lower_bound(p + "mlp.");
+         it != ckpt.tensors().end() && it->first.starts_with(p + "mlp."); ++it) {
+      const std::string& name = it->first;
+      if (name.ends_with(".gate_proj.weight") || name.ends_with(".up_proj.weight"))
+        mlp_inputs.push_back(name);
+      if (name.ends_with(".down_proj.weight"))
+        add(name.substr(0, name.size() - 16) + "up_proj.weight", {name});
+    }
+    add(p + "post_attention_layernorm.weight", std::move(mlp_inputs));
+  }
+  // A member's columns must be the producer's width (a norm's elements, an up_proj's rows).
+  for (const ScaleGroup& g : groups) {
+    const auto& ps = ckpt.Find(g.producer)->entry->shape;
+    const int64_t width = ps.empty() ? 1 : ps[0];
+    for (const std::string& m : g.members) {
+      const auto& ms = ckpt.Find(m)->entry->shape;
+      if (ms.size() != 2 || ms[1] != width)
+        return Status::Errorf("{}: '{}' does not take '{}' ({} values) as its input",
+                              ckpt.directory(), m, g.producer, width);
+    }
+  }
+  return groups;
+}
+
 struct TypeInfo {
   const char* name;
   Int4Scheme scheme;
@@ -342,30 +417,36 @@ Int4Codes QuantizeInt4(const float* w, int64_t rows, int64_t cols, Int4Scheme sc
   return c;
 }
 
-std::vector<float> SearchInt4Scales(const float* w, int64_t rows, int64_t cols,
-                                    const float* importance, Int4Scheme scheme) {
-  std::vector<float> best(static_cast<size_t>(cols), 1.0f), s(static_cast<size_t>(cols));
+std::vector<float> Int4ChannelScales(const float* basis, int64_t cols, int step) {
+  // s_j = sqrt(basis_j)^α (the root mean square of column j's inputs), centred so that
+  // max · min = 1: α = 0 is all ones.
+  const float alpha = static_cast<float>(step) / kInt4ScaleSteps;
+  std::vector<float> s(static_cast<size_t>(cols));
+  float largest = 0, smallest = 0;
+  for (int64_t c = 0; c < cols; ++c) {
+    s[c] = std::max(std::pow(std::sqrt(basis[c]), alpha), 1e-4f);
+    largest = c == 0 ? s[c] : std::max(largest, s[c]);
+    smallest = c == 0 ? s[c] : std::min(smallest, s[c]);
+  }
+  const float centre = std::sqrt(largest * smallest);
+  for (float& v : s)
+    v /= centre;
+  return s;
+}
+
+std::vector<double> Int4ScaleErrors(const float* w, int64_t rows, int64_t cols,
+                                    const float* importance, const float* basis,
+                                    Int4Scheme scheme) {
+  std::vector<double> errors(kInt4ScaleSteps, 0.0);
   std::vector<float> scaled(static_cast<size_t>(rows * cols));
-  double best_error = -1;
-  for (int step = 0; step < kScaleSteps; ++step) {
-    // s_j = sqrt(h_j)^α (the root mean square of column j's inputs), centred so that
-    // max · min = 1: α = 0 is round to nearest itself.
-    const float alpha = static_cast<float>(step) / kScaleSteps;
-    float largest = 0, smallest = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      s[c] = std::max(std::pow(std::sqrt(importance[c]), alpha), 1e-4f);
-      largest = c == 0 ? s[c] : std::max(largest, s[c]);
-      smallest = c == 0 ? s[c] : std::min(smallest, s[c]);
-    }
-    const float centre = std::sqrt(largest * smallest);
-    for (float& v : s)
-      v /= centre;
+  const bool half = scheme == Int4Scheme::kAwq || scheme == Int4Scheme::kGptq;
+  const int64_t groups = cols / kInt4Group;
+  for (int step = 0; step < kInt4ScaleSteps; ++step) {
+    const std::vector<float> s = Int4ChannelScales(basis, cols, step);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
         scaled[r * cols + c] = w[r * cols + c] * s[c];
     const Int4Codes codes = QuantizeInt4(scaled.data(), rows, cols, scheme);
-    const bool half = scheme == Int4Scheme::kAwq || scheme == Int4Scheme::kGptq;
-    const int64_t groups = cols / kInt4Group;
     double error = 0;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) {
@@ -376,12 +457,17 @@ std::vector<float> SearchInt4Scales(const float* w, int64_t rows, int64_t cols,
         const double d = static_cast<double>(w[r * cols + c]) - back;
         error += importance[c] * d * d;
       }
-    if (best_error < 0 || error < best_error) {
-      best_error = error;
-      best = s;
-    }
+    errors[step] = error;
   }
-  return best;
+  return errors;
+}
+
+std::vector<float> SearchInt4Scales(const float* w, int64_t rows, int64_t cols,
+                                    const float* importance, Int4Scheme scheme) {
+  const std::vector<double> errors = Int4ScaleErrors(w, rows, cols, importance, importance, scheme);
+  const int best =
+      static_cast<int>(std::min_element(errors.begin(), errors.end()) - errors.begin());
+  return Int4ChannelScales(importance, cols, best);
 }
 
 Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out_dir,
@@ -411,23 +497,50 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
     return e.shape.size() == 2 && e.shape[0] > 0 && e.shape[1] > 0 &&
            e.shape[1] % kInt4Group == 0 && e.shape[0] % 8 == 0;
   };
-  // Calibrated: AWQ's scales between each MLP's up and down projections, found before anything
-  // is written (down_proj's columns are multiplied by them, up_proj's rows divided).
+  // Calibrated: AWQ's per-channel scales, found before anything is written. Each group is the
+  // projections one producer feeds — a norm, or an MLP's up_proj for its down_proj — sharing one
+  // s: the members' columns are multiplied by s (the quantized ones stored so, an unquantized one
+  // such as the MoE router exactly), the producer's elements (a norm) or rows (up_proj) divided.
   std::map<std::string, std::vector<float>> column_scales, row_divisors;
   if (options.importance != nullptr) {
-    for (const auto& [name, tensor] : ckpt.tensors()) {
-      if (!name.ends_with(".down_proj.weight") || !fits(*tensor.entry)) continue;
-      const std::string up = name.substr(0, name.size() - 16) + "up_proj.weight";
-      const CheckpointTensor* u = ckpt.Find(up);
-      const int64_t rows = tensor.entry->shape[0], cols = tensor.entry->shape[1];
-      if (u == nullptr || !fits(*u->entry) || u->entry->shape[0] != cols) continue;
-      const std::vector<float> h = options.importance->Weights(name, cols);
-      if (h.empty()) continue;
-      SY_ASSIGN_OR_RETURN(std::vector<float> w, ReadTensorF32(ckpt, config, name));
-      std::vector<float> s = SearchInt4Scales(w.data(), rows, cols, h.data(), scheme);
-      if (std::all_of(s.begin(), s.end(), [](float v) { return v == 1.0f; })) continue;
-      column_scales[name] = s;
-      row_divisors[up] = std::move(s);
+    SY_ASSIGN_OR_RETURN(auto groups, ScaleGroups(ckpt, config));
+    for (const ScaleGroup& group : groups) {
+      // The basis: the shared input as the member that saw every token measured it.
+      const std::vector<float>* basis = nullptr;
+      int64_t basis_rows = 0;
+      for (const std::string& m : group.members) {
+        auto it = options.importance->rows.find(m);
+        if (it != options.importance->rows.end() && it->second > basis_rows) {
+          basis = options.importance->Find(m);
+          basis_rows = it->second;
+        }
+      }
+      if (basis == nullptr) continue;
+      const int64_t cols = static_cast<int64_t>(basis->size());
+      std::vector<float> floored = options.importance->Weights(
+          *std::find_if(group.members.begin(), group.members.end(),
+                        [&](const std::string& m) { return options.importance->Find(m) == basis; }),
+          cols);
+      std::vector<double> errors(kInt4ScaleSteps, 0.0);
+      bool any = false;
+      for (const std::string& m : group.members) {
+        const SafetensorsEntry& e = *ckpt.Find(m)->entry;
+        const std::vector<float> h = options.importance->Weights(m, cols);
+        if (!fits(e) || e.shape[1] != cols || h.empty()) continue;
+        SY_ASSIGN_OR_RETURN(std::vector<float> w, ReadTensorF32(ckpt, config, m));
+        const std::vector<double> e_m =
+            Int4ScaleErrors(w.data(), e.shape[0], cols, h.data(), floored.data(), scheme);
+        for (int k = 0; k < kInt4ScaleSteps; ++k)
+          errors[k] += e_m[k];
+        any = true;
+      }
+      const int best =
+          static_cast<int>(std::min_element(errors.begin(), errors.end()) - errors.begin());
+      if (!any || best == 0) continue;
+      std::vector<float> scales = Int4ChannelScales(floored.data(), cols, best);
+      for (const std::string& m : group.members)
+        column_scales[m] = scales;
+      row_divisors[group.producer] = std::move(scales);
     }
   }
   for (const auto& [name, tensor] : ckpt.tensors()) {
@@ -452,18 +565,8 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
                   std::vector<float> importance = options.importance
                                                       ? options.importance->Weights(h, cols)
                                                       : std::vector<float>();
-                  if (auto it = column_scales.find(h); it != column_scales.end()) {
-                    const std::vector<float>& s = it->second;
-                    for (int64_t r = 0; r < rows; ++r)
-                      for (int64_t c = 0; c < cols; ++c)
-                        w[r * cols + c] *= s[c];
-                    for (int64_t c = 0; c < cols && !importance.empty(); ++c)
-                      importance[c] /= s[c] * s[c];  // its inputs are divided by s
-                  }
-                  if (auto it = row_divisors.find(h); it != row_divisors.end())
-                    for (int64_t r = 0; r < rows; ++r)
-                      for (int64_t c = 0; c < cols; ++c)
-                        w[r * cols + c] /= it->second[r];
+                  ApplyScales(w, rows, cols, column_scales, row_divisors, h,
+                              importance.empty() ? nullptr : &importance);
                   *current = {module,
                               Pack(QuantizeInt4(w.data(), rows, cols, scheme,
                                                 importance.empty() ? nullptr : importance.data()),
@@ -478,11 +581,26 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
     } else if (name.ends_with("eh_proj.weight")) {
       skipped.insert("eh_proj");  // the MTP projection: vLLM keeps it a plain linear layer
     }
-    // Kept as it is; fp8 decoded (times its block scales) to bf16.
-    const DType dtype = entry.dtype == DType::kF8E4M3 ? DType::kBF16 : entry.dtype;
+    // Kept as it is; fp8 decoded (times its block scales) to bf16. A norm, router or dense
+    // projection a calibration rescaled is written in f32, its scales applied.
+    const bool rescaled = column_scales.count(name) != 0 || row_divisors.count(name) != 0;
+    const DType dtype = rescaled                        ? DType::kF32
+                        : entry.dtype == DType::kF8E4M3 ? DType::kBF16
+                                                        : entry.dtype;
     const CheckpointTensor* source = &tensor;
     SY_RETURN_IF_ERROR(writer.AddTensor(
-        name, dtype, entry.shape, [&ckpt, &config, h, source, dtype](uint8_t* out) -> Status {
+        name, dtype, entry.shape,
+        [&ckpt, &config, &column_scales, &row_divisors, h, source, dtype,
+         rescaled](uint8_t* out) -> Status {
+          if (rescaled) {
+            SY_ASSIGN_OR_RETURN(std::vector<float> v, ReadTensorF32(ckpt, config, h));
+            const auto& shape = source->entry->shape;
+            const int64_t cols = shape.empty() ? 1 : shape.back();
+            ApplyScales(v, static_cast<int64_t>(v.size()) / cols, cols, column_scales, row_divisors,
+                        h, nullptr);
+            std::memcpy(out, v.data(), v.size() * 4);
+            return Status::Ok();
+          }
           if (source->entry->dtype == dtype) {
             std::memcpy(out, source->data, source->entry->data_end - source->entry->data_begin);
             return Status::Ok();

@@ -61,6 +61,15 @@ Int4Codes QuantizeInt4(const float* w, int64_t rows, int64_t cols, Int4Scheme sc
 std::vector<float> SearchInt4Scales(const float* w, int64_t rows, int64_t cols,
                                     const float* importance, Int4Scheme scheme);
 
+// The pieces, for scales shared by several matrices (all the projections one norm feeds): the
+// grid's exponents α = step / kInt4ScaleSteps; the scales a basis (the shared input's mean
+// squares) gives at one step; and one matrix's weighted error (with its own inputs' importance)
+// at every step, to be summed over the matrices before choosing.
+constexpr int kInt4ScaleSteps = 20;
+std::vector<float> Int4ChannelScales(const float* basis, int64_t cols, int step);
+std::vector<double> Int4ScaleErrors(const float* w, int64_t rows, int64_t cols,
+                                    const float* importance, const float* basis, Int4Scheme scheme);
+
 struct Importance;  // model/calibration.h
 
 struct Int4ExportOptions {

@@ -14,7 +14,11 @@ codes through switchyard's own loader):
             points unpacked, [out, groups], while the library's compress() and vLLM store them
             packed, [out / 8, groups], as switchyard writes them.)
 
-Usage: check_export.py SWITCHYARD MODEL_DIR WORK_DIR
+  With a fourth argument, a calibration text, ct-w4a16 is also written with --calibrate (AWQ's
+  scales folded into norms, up projections and the router, which stay dense in f32) and checked
+  the same way: transformers must read those tensors as switchyard does.
+
+Usage: check_export.py SWITCHYARD MODEL_DIR WORK_DIR [CALIBRATION_TEXT]
 """
 import json
 import os
@@ -31,9 +35,9 @@ SEQUENCES = [[5, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 33, 44, 55, 
              [9, 8, 7, 6, 5, 4, 3, 2, 1000, 2000, 3000]]
 
 
-def quantize(switchyard, model, to, out):
+def quantize(switchyard, model, to, out, extra=()):
     shutil.rmtree(out, ignore_errors=True)
-    subprocess.run([switchyard, "quantize", "--model", model, "--to", to, "--out", out],
+    subprocess.run([switchyard, "quantize", "--model", model, "--to", to, "--out", out, *extra],
                    check=True, stderr=subprocess.DEVNULL)
 
 
@@ -56,13 +60,14 @@ def check_awq(switchyard, model, work):
     print(f"awq-int4: {len(a)} tensors and config.json identical to quantize_checkpoint.py's")
 
 
-def check_ct(switchyard, model, work, to):
+def check_ct(switchyard, model, work, to, extra=(), label=None):
     from compressed_tensors.compressors import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
-    out = os.path.join(work, to)
-    quantize(switchyard, model, to, out)
+    label = label or to
+    out = os.path.join(work, label)
+    quantize(switchyard, model, to, out, extra)
     config = json.load(open(os.path.join(out, "config.json")))
     weights = QuantizationArgs(**config["quantization_config"]["config_groups"]["group_0"]["weights"])
     scheme = QuantizationScheme(targets=["Linear"], weights=weights)
@@ -86,7 +91,7 @@ def check_ct(switchyard, model, work, to):
     for i, ids in enumerate(SEQUENCES):
         with torch.no_grad():
             ref = hf(torch.tensor([ids])).logits[0].float().numpy()
-        path = os.path.join(work, f"{to}-{i}.bin")
+        path = os.path.join(work, f"{label}-{i}.bin")
         subprocess.run([switchyard, "--gguf-dequantize", "logits", "--model", out, "--tokens",
                         ",".join(map(str, ids)), "--out", path], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -94,7 +99,7 @@ def check_ct(switchyard, model, work, to):
         worst = max(worst, float(np.abs(got - ref).max() / np.abs(ref).max()))
         agree += int((got.argmax(1) == ref.argmax(1)).sum())
         rows += ref.shape[0]
-    print(f"{to}: {len(modules)} modules; transformers on the library's decompression against switchyard, max |diff| / max |logit| "
+    print(f"{label}: {len(modules)} modules; transformers on the library's decompression against switchyard, max |diff| / max |logit| "
           f"{worst:.2e}, argmax {agree}/{rows}")
     assert worst < 1e-4 and agree == rows
 
@@ -106,6 +111,9 @@ def main():
     check_awq(switchyard, model, work)
     for to in ("ct-w4a16", "ct-w4a16-asym"):
         check_ct(switchyard, model, work, to)
+    if len(sys.argv) > 4:
+        check_ct(switchyard, model, work, "ct-w4a16", ("--calibrate", sys.argv[4]),
+                 "ct-w4a16-calibrated")
 
 
 if __name__ == "__main__":
