@@ -249,6 +249,36 @@ TEST(CalibrationTest, ACalibratedExportKeepsTheModelsPredictions) {
   auto quantized = Model::Load(out);
   ASSERT_TRUE(quantized.ok()) << quantized.status().message();
 
+  // Where a norm was rescaled (written in f32), the router it feeds was rescaled the other way:
+  // norm_j · router_ej is the source's, to float rounding (the dense half of each fold, exact).
+  auto source = Checkpoint::Open(kDefaultModel);
+  auto written = Checkpoint::Open(out);
+  ASSERT_TRUE(source.ok() && written.ok());
+  const ModelConfig& c = loaded.value()->config();
+  int rescaled = 0;
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const std::string norm = fmt::format("model.layers.{}.post_attention_layernorm.weight", layer);
+    const std::string router = fmt::format("model.layers.{}.mlp.gate.weight", layer);
+    if (written.value().Find(norm)->entry->dtype != DType::kF32 || !c.IsMoeLayer(layer)) continue;
+    ++rescaled;
+    ASSERT_EQ(written.value().Find(router)->entry->dtype, DType::kF32);
+    auto n0 = ReadTensorF32(source.value(), c, norm), r0 = ReadTensorF32(source.value(), c, router);
+    auto n1 = ReadTensorF32(written.value(), c, norm),
+         r1 = ReadTensorF32(written.value(), c, router);
+    ASSERT_TRUE(n0.ok() && r0.ok() && n1.ok() && r1.ok());
+    const int64_t D = c.hidden_size;
+    bool scaled = false;
+    for (int64_t e = 0; e < c.n_routed_experts; ++e)
+      for (int64_t j = 0; j < D; ++j) {
+        const double want = double{n0.value()[j]} * r0.value()[e * D + j];
+        const double got = double{n1.value()[j]} * r1.value()[e * D + j];
+        EXPECT_NEAR(got, want, 4e-7 * std::abs(want)) << layer << " " << e << " " << j;
+        scaled = scaled || n1.value()[j] != n0.value()[j];
+      }
+    EXPECT_TRUE(scaled);
+  }
+  EXPECT_GT(rescaled, 0);
+
   // One of the calibration windows (random ids): every position's distribution compared.
   const std::vector<int32_t>& ids = windows[0];
   auto logits = [&](Model& model) {
