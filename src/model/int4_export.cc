@@ -437,28 +437,42 @@ std::vector<float> Int4ChannelScales(const float* basis, int64_t cols, int step)
 std::vector<double> Int4ScaleErrors(const float* w, int64_t rows, int64_t cols,
                                     const float* importance, const float* basis,
                                     Int4Scheme scheme) {
-  std::vector<double> errors(kInt4ScaleSteps, 0.0);
-  std::vector<float> scaled(static_cast<size_t>(rows * cols));
   const bool half = scheme == Int4Scheme::kAwq || scheme == Int4Scheme::kGptq;
-  const int64_t groups = cols / kInt4Group;
-  for (int step = 0; step < kInt4ScaleSteps; ++step) {
-    const std::vector<float> s = Int4ChannelScales(basis, cols, step);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        scaled[r * cols + c] = w[r * cols + c] * s[c];
-    const Int4Codes codes = QuantizeInt4(scaled.data(), rows, cols, scheme);
-    double error = 0;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) {
-        const int64_t g = r * groups + c / kInt4Group;
-        const float scale = ScaleValue(codes.scales[g], half);
-        const float back =
-            scale * static_cast<float>(int{codes.q[r * cols + c]} - int{codes.z[g]}) / s[c];
-        const double d = static_cast<double>(w[r * cols + c]) - back;
-        error += importance[c] * d * d;
-      }
-    errors[step] = error;
-  }
+  std::vector<std::vector<float>> scales(kInt4ScaleSteps);
+  for (int step = 0; step < kInt4ScaleSteps; ++step)
+    scales[step] = Int4ChannelScales(basis, cols, step);
+  // Each row's error at every step, then summed in row order: the same on any thread count.
+  std::vector<double> row_errors(static_cast<size_t>(rows * kInt4ScaleSteps), 0.0);
+  ThreadPool::Global().ParallelForIf(
+      rows * cols >= (1 << 14), static_cast<size_t>(rows), [&](size_t begin, size_t end) {
+        std::vector<float> scaled(static_cast<size_t>(cols));
+        uint8_t q[kInt4Group], z;
+        uint16_t bits;
+        for (size_t r = begin; r < end; ++r) {
+          const float* row = w + r * cols;
+          for (int step = 0; step < kInt4ScaleSteps; ++step) {
+            const std::vector<float>& s = scales[step];
+            for (int64_t c = 0; c < cols; ++c)
+              scaled[c] = row[c] * s[c];
+            double error = 0;
+            for (int64_t g = 0; g < cols / kInt4Group; ++g) {
+              QuantizeGroup(scaled.data() + g * kInt4Group, nullptr, scheme, q, &z, &bits);
+              const float scale = ScaleValue(bits, half);
+              for (int64_t i = 0; i < kInt4Group; ++i) {
+                const int64_t c = g * kInt4Group + i;
+                const float back = scale * static_cast<float>(int{q[i]} - int{z}) / s[c];
+                const double d = static_cast<double>(row[c]) - back;
+                error += importance[c] * d * d;
+              }
+            }
+            row_errors[r * kInt4ScaleSteps + step] = error;
+          }
+        }
+      });
+  std::vector<double> errors(kInt4ScaleSteps, 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int step = 0; step < kInt4ScaleSteps; ++step)
+      errors[step] += row_errors[r * kInt4ScaleSteps + step];
   return errors;
 }
 
