@@ -282,14 +282,10 @@ TEST(CalibrationTest, ACalibratedExportKeepsTheModelsPredictions) {
   // One of the calibration windows (random ids): every position's distribution compared.
   const std::vector<int32_t>& ids = windows[0];
   auto logits = [&](Model& model) {
-    LatentCache cache = model.NewCache(static_cast<int64_t>(ids.size()), 1, DType::kF32);
-    SequenceCache sequence;
-    ForwardBatch batch;
-    batch.Add(ids.data(), static_cast<int64_t>(ids.size()), &sequence);
     ForwardOptions fo;
     fo.logit_rows = LogitRows::kAll;
     std::vector<float> out;
-    EXPECT_TRUE(model.Forward(batch, cache, fo, &out).ok());
+    EXPECT_TRUE(model.ForwardSequence(ids, fo, &out).ok());
     return out;
   };
   const std::vector<float> a = logits(*loaded.value()), b = logits(*quantized.value());

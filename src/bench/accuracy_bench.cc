@@ -19,17 +19,13 @@ Result<std::vector<std::vector<float>>> PassageLogits(
   SY_ASSIGN_OR_RETURN(auto model, Model::Load(directory));
   std::vector<std::vector<float>> out;
   for (const auto& ids : passages) {
-    LatentCache cache = model->NewCache(static_cast<int64_t>(ids.size()), 1, DType::kF32);
-    SequenceCache sequence;
-    ForwardBatch batch;
-    batch.Add(ids.data(), static_cast<int64_t>(ids.size()), &sequence);
     ForwardOptions options;
     options.logit_rows = LogitRows::kAll;
     // The form every generated token takes (prompts may take the expanded one): under
     // --int8-products it multiplies by the per-head absorbed matrices in int8 too.
     options.attention = AttentionForm::kAbsorbed;
     std::vector<float> logits;
-    SY_RETURN_IF_ERROR(model->Forward(batch, cache, options, &logits));
+    SY_RETURN_IF_ERROR(model->ForwardSequence(ids, options, &logits));
     out.push_back(std::move(logits));
   }
   return out;

@@ -93,14 +93,10 @@ Result<Importance> CollectImportance(Model& model,
   for (size_t s = 0; s < sequences.size() && status.ok(); ++s) {
     const std::vector<int32_t>& ids = sequences[s];
     if (ids.empty()) continue;
-    LatentCache cache = model.NewCache(static_cast<int64_t>(ids.size()), 1, DType::kF32);
-    SequenceCache sequence;
-    ForwardBatch batch;
-    batch.Add(ids.data(), static_cast<int64_t>(ids.size()), &sequence);
     ForwardOptions options;
     options.logit_rows = LogitRows::kLast;
     std::vector<float> logits;
-    status = model.Forward(batch, cache, options, &logits);
+    status = model.ForwardSequence(ids, options, &logits);
     importance.tokens += static_cast<int64_t>(ids.size());
     if (progress) progress(s + 1, sequences.size());
   }

@@ -331,6 +331,15 @@ void Model::Head(const ForwardBatch& batch, const ForwardOptions& options,
   kernels::LinearAuto(final_rows.data(), R, head, logits->data());
 }
 
+Status Model::ForwardSequence(const std::vector<int32_t>& ids, const ForwardOptions& options,
+                              std::vector<float>* logits) const {
+  LatentCache cache = NewCache(static_cast<int64_t>(ids.size()), 1, DType::kF32);
+  SequenceCache sequence;
+  ForwardBatch batch;
+  batch.Add(ids.data(), static_cast<int64_t>(ids.size()), &sequence);
+  return Forward(batch, cache, options, logits);
+}
+
 Status Model::Forward(const ForwardBatch& batch, LatentCache& cache, const ForwardOptions& options,
                       std::vector<float>* logits, std::vector<float>* final_hidden) const {
   SY_RETURN_IF_ERROR(CheckBatch(batch, /*mtp=*/false));

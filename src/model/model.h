@@ -65,6 +65,9 @@ class Model {
   // what the MTP module drafts from.
   Status Forward(const ForwardBatch& batch, LatentCache& cache, const ForwardOptions& options,
                  std::vector<float>* logits, std::vector<float>* final_hidden = nullptr) const;
+  // One sequence as a prefill of its own, in a fresh f32 cache (scoring, calibration, tests).
+  Status ForwardSequence(const std::vector<int32_t>& ids, const ForwardOptions& options,
+                         std::vector<float>* logits) const;
 
   // Runs the MTP module (spec 8; the DeepSeek-V3 report's MTP): for each token row t,
   //   u = eh_proj([enorm(embed(batch.tokens[t])); hnorm(main_hidden[t])]),
