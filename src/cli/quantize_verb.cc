@@ -101,9 +101,12 @@ void RunQuantize(const QuantizeArgs& args) {
   const double start = NowSeconds();
   // A line per tensor on a terminal (carriage return), every tenth of them elsewhere.
   const bool terminal = isatty(fileno(stderr));
+  // Rate and time left from when writing began (after any calibration and scale search).
+  double writing = -1;
   auto progress = [&](size_t done, size_t total, uint64_t bytes) {
+    if (writing < 0) writing = NowSeconds();
     if (!terminal && done % std::max<size_t>(1, total / 10) != 0 && done != total) return;
-    const double seconds = NowSeconds() - start;
+    const double seconds = NowSeconds() - writing;
     std::fprintf(
         stderr, "%squantize: %zu of %zu tensors, %.1f MB written, %.1f MB/s, %.0f s left%s",
         terminal ? "\r" : "", done, total, bytes / 1e6, bytes / 1e6 / std::max(seconds, 1e-9),
