@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -75,5 +76,16 @@ class ThreadPool {
   std::atomic<int> sleeping_{0};
   std::atomic<bool> stop_{false};
 };
+
+// body(i) for each i in [0, count) over the global pool when there are at least 64, else on the
+// caller: for loops whose iterations each write their own output (packing a matrix row by row),
+// so the bytes are the serial loop's.
+inline void ParallelRows(int64_t count, const std::function<void(int64_t)>& body) {
+  ThreadPool::Global().ParallelForIf(count >= 64, static_cast<size_t>(count),
+                                     [&](size_t begin, size_t end) {
+                                       for (size_t i = begin; i < end; ++i)
+                                         body(static_cast<int64_t>(i));
+                                     });
+}
 
 }  // namespace sy

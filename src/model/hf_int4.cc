@@ -121,17 +121,6 @@ const CheckpointTensor* Maybe(const Checkpoint& checkpoint, const std::string& n
   return tensor;
 }
 
-// body(row) for rows [0, count) over the thread pool: each row's output bytes are written by one
-// call only, so the bytes are the serial loop's. (The loader calls this from its own thread, as
-// PackGgml, which runs next on the same matrix.)
-void ParallelRows(int64_t count, const std::function<void(int64_t)>& body) {
-  ThreadPool::Global().ParallelForIf(count >= 64, static_cast<size_t>(count),
-                                     [&](size_t begin, size_t end) {
-                                       for (size_t r = begin; r < end; ++r)
-                                         body(static_cast<int64_t>(r));
-                                     });
-}
-
 // A g_idx (GPTQ's, or compressed-tensors' weight_g_idx): only the plain order, i / group_size.
 Status CheckGroupIndex(const Tensor& g_idx, int64_t cols, int64_t group_size) {
   SY_RETURN_IF_ERROR(g_idx.Expect({DType::kI32, DType::kI64}, {cols}));

@@ -188,16 +188,6 @@ std::vector<uint8_t> ScaleBytes(const std::vector<uint16_t>& scales, int64_t row
   return bytes;
 }
 
-// body(i) for i in [0, count), over the thread pool when the matrix is worth it (a DeepSeek-V3
-// export packs some 45,000 matrices).
-void Rows(int64_t count, const std::function<void(int64_t)>& body) {
-  ThreadPool::Global().ParallelForIf(count >= 64, static_cast<size_t>(count),
-                                     [&](size_t begin, size_t end) {
-                                       for (size_t i = begin; i < end; ++i)
-                                         body(static_cast<int64_t>(i));
-                                     });
-}
-
 std::vector<std::vector<uint8_t>> Pack(const Int4Codes& c, int64_t rows, int64_t cols,
                                        Int4Scheme scheme) {
   const int64_t groups = cols / kInt4Group;
@@ -208,7 +198,7 @@ std::vector<std::vector<uint8_t>> Pack(const Int4Codes& c, int64_t rows, int64_t
     // qweight [in, out/8]: nibble k of word (i, w) is output 8w + order[k]; qzeros likewise.
     static constexpr int kOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
     std::vector<uint8_t> qweight(cols * rows / 2), qzeros(groups * rows / 2);
-    Rows(cols, [&](int64_t i) {
+    ParallelRows(cols, [&](int64_t i) {
       for (int64_t w = 0; w < rows / 8; ++w) {
         uint32_t word = 0;
         for (int k = 0; k < 8; ++k)
@@ -230,7 +220,7 @@ std::vector<std::vector<uint8_t>> Pack(const Int4Codes& c, int64_t rows, int64_t
     // qweight [in/8, out]: nibble k of word (r, o) is input 8r + k; qzeros [in/g, out/8]: nibble
     // k of word (g, w) is output 8w + k, stored minus one; g_idx [in] = i / g.
     std::vector<uint8_t> qweight(cols * rows / 2), qzeros(groups * rows / 2), g_idx(cols * 4);
-    Rows(cols / 8, [&](int64_t r8) {
+    ParallelRows(cols / 8, [&](int64_t r8) {
       for (int64_t o = 0; o < rows; ++o) {
         uint32_t word = 0;
         for (int k = 0; k < 8; ++k)
@@ -256,7 +246,7 @@ std::vector<std::vector<uint8_t>> Pack(const Int4Codes& c, int64_t rows, int64_t
     // in/g]; weight_zero_point [out/8, in/g] (asymmetric): nibble k of word (r, g) is output
     // 8r + k; weight_shape [out, in].
     std::vector<uint8_t> packed(cols * rows / 2), shape(16);
-    Rows(rows, [&](int64_t o) {
+    ParallelRows(rows, [&](int64_t o) {
       for (int64_t w = 0; w < cols / 8; ++w) {
         uint32_t word = 0;
         for (int k = 0; k < 8; ++k)
@@ -538,22 +528,18 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
   if (options.importance != nullptr) {
     SY_ASSIGN_OR_RETURN(auto groups, ScaleGroups(ckpt, config));
     for (const ScaleGroup& group : groups) {
-      // The basis: the shared input as the member that saw every token measured it.
-      const std::vector<float>* basis = nullptr;
+      // The basis: the shared input as the member that saw the most rows (every token) has it.
+      std::string basis;
       int64_t basis_rows = 0;
-      for (const std::string& m : group.members) {
-        auto it = options.importance->rows.find(m);
-        if (it != options.importance->rows.end() && it->second > basis_rows) {
-          basis = options.importance->Find(m);
+      for (const std::string& m : group.members)
+        if (auto it = options.importance->rows.find(m);
+            it != options.importance->rows.end() && it->second > basis_rows) {
+          basis = m;
           basis_rows = it->second;
         }
-      }
-      if (basis == nullptr) continue;
-      const int64_t cols = static_cast<int64_t>(basis->size());
-      std::vector<float> floored = options.importance->Weights(
-          *std::find_if(group.members.begin(), group.members.end(),
-                        [&](const std::string& m) { return options.importance->Find(m) == basis; }),
-          cols);
+      if (basis.empty()) continue;
+      const int64_t cols = static_cast<int64_t>(options.importance->Find(basis)->size());
+      const std::vector<float> floored = options.importance->Weights(basis, cols);
       std::vector<double> errors(kInt4ScaleSteps, 0.0);
       bool any = false;
       for (const std::string& m : group.members) {
