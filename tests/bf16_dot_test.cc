@@ -16,83 +16,11 @@
 namespace sy {
 namespace {
 
-struct OwnedMatrix {
-  std::vector<uint8_t> bytes;
-  std::vector<float> scales;
-  Matrix view;
-};
-
-OwnedMatrix MakeMatrix(DType dtype, int64_t rows, int64_t cols, int64_t block,
-                       const std::function<float(int64_t, int64_t)>& value) {
-  OwnedMatrix m;
-  m.bytes.resize(static_cast<size_t>(rows * cols) * DTypeSize(dtype));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const size_t i = static_cast<size_t>(r * cols + c);
-      if (dtype == DType::kF8E4M3) {
-        m.bytes[i] = F32ToF8E4M3(value(r, c));
-      } else {
-        const uint16_t b = F32ToBF16(value(r, c));
-        std::memcpy(&m.bytes[2 * i], &b, 2);
-      }
-    }
-  m.view.dtype = dtype;
-  m.view.rows = rows;
-  m.view.cols = cols;
-  m.view.data = m.bytes.data();
-  if (dtype == DType::kF8E4M3) {
-    m.view.block_rows = m.view.block_cols = block;
-    m.view.scale_cols = (cols + block - 1) / block;
-    m.scales.resize(static_cast<size_t>((rows + block - 1) / block * m.view.scale_cols));
-    for (size_t i = 0; i < m.scales.size(); ++i)
-      m.scales[i] = 0.002f * static_cast<float>(1 + i % 7);
-    m.view.block_scales = m.scales.data();
-  }
-  return m;
-}
-
-OwnedMatrix RandomMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed, int64_t block) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  return MakeMatrix(dtype, rows, cols, block, [&](int64_t, int64_t) {
-    return normal(rng) * (dtype == DType::kBF16 ? 1 : 60);
-  });
-}
-
-std::vector<float> RandomRows(int64_t m, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(m * cols));
-  for (float& v : x)
-    v = normal(rng);
-  return x;
-}
-
-// Σ over blocks of scale · Σ_c bf16(x) · w, in double: what the kernel computes up to f32
-// rounding of its sums.
-std::vector<double> Expected(const OwnedMatrix& w, const std::vector<float>& x, int64_t m) {
-  const Matrix& v = w.view;
-  std::vector<double> y(static_cast<size_t>(m * v.rows), 0.0);
-  for (int64_t t = 0; t < m; ++t)
-    for (int64_t r = 0; r < v.rows; ++r) {
-      double sum = 0;
-      for (int64_t c = 0; c < v.cols; ++c) {
-        const double xv = BF16ToF32(F32ToBF16(x[t * v.cols + c]));
-        double wv;
-        if (v.dtype == DType::kF8E4M3) {
-          wv = F8E4M3ToF32(w.bytes[r * v.cols + c]) *
-               w.scales[(r / v.block_rows) * v.scale_cols + c / v.block_cols];
-        } else {
-          uint16_t b;
-          std::memcpy(&b, &w.bytes[2 * (r * v.cols + c)], 2);
-          wv = BF16ToF32(b);
-        }
-        sum += xv * wv;
-      }
-      y[t * v.rows + r] = sum;
-    }
-  return y;
-}
+using testing::Bf16ProductReference;
+using testing::RandomRows;
+using OwnedMatrix = testing::TestMatrix;
+using testing::MakeTestMatrix;
+using testing::RandomTestMatrix;
 
 class Bf16DotTest : public ::testing::Test {
  protected:
@@ -104,7 +32,8 @@ class Bf16DotTest : public ::testing::Test {
 TEST_F(Bf16DotTest, EveryFp8ValueConvertsExactly) {
   // Row r, column c holds fp8 byte (16·c + r) mod 256: all 256 bytes, NaNs replaced by zero.
   const int64_t rows = 16, cols = 16, block = 16;
-  OwnedMatrix w = MakeMatrix(DType::kF8E4M3, rows, cols, block, [](int64_t, int64_t) { return 0; });
+  OwnedMatrix w =
+      MakeTestMatrix(DType::kF8E4M3, rows, cols, block, [](int64_t, int64_t) { return 0; });
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       uint8_t byte = static_cast<uint8_t>(16 * c + r);
@@ -142,14 +71,14 @@ TEST_F(Bf16DotTest, MatchesDoublePrecisionSumOverTheSameOperands) {
              {130, 512, 37, 128},  // several tiles, odd panel count
          }) {
       OwnedMatrix w =
-          RandomMatrix(dtype, rows, cols, static_cast<uint32_t>(rows * 3 + cols), block);
+          RandomTestMatrix(dtype, rows, cols, static_cast<uint32_t>(rows * 3 + cols), block);
       ASSERT_TRUE(CanPack(w.view));
       auto packed = Pack(w.view);
       ASSERT_TRUE(kernels::Bf16DotApplies(*packed));
       auto x = RandomRows(m, cols, 5);
       std::vector<float> y(static_cast<size_t>(m * rows), -1);
       kernels::LinearPacked(x.data(), m, *packed, y.data());
-      const auto want = Expected(w, x, m);
+      const auto want = Bf16ProductReference(w, x, m);
       double scale = 1e-30, diff = 0;
       for (size_t i = 0; i < y.size(); ++i) {
         scale = std::max(scale, std::fabs(want[i]));
@@ -166,7 +95,7 @@ TEST_F(Bf16DotTest, MatchesDoublePrecisionSumOverTheSameOperands) {
 TEST_F(Bf16DotTest, RowsAreTheSameBitsAtEveryBatchSize) {
   for (DType dtype : {DType::kF8E4M3, DType::kBF16}) {
     const int64_t rows = 90, cols = 384;
-    OwnedMatrix w = RandomMatrix(dtype, rows, cols, 17, 128);
+    OwnedMatrix w = RandomTestMatrix(dtype, rows, cols, 17, 128);
     auto packed = Pack(w.view);
     const int64_t most = 41;
     auto x = RandomRows(most, cols, 23);
@@ -190,8 +119,8 @@ TEST_F(Bf16DotTest, GroupedExpertsGiveTheRowsOfPlainProducts) {
   std::vector<std::shared_ptr<const PackedMatrix>> packed;
   for (int64_t i = 0; i < 3 * experts; ++i) {
     const bool down = i % 3 == 2;
-    storage.push_back(RandomMatrix(DType::kF8E4M3, down ? hidden : width, down ? width : hidden,
-                                   static_cast<uint32_t>(40 + i), 128));
+    storage.push_back(RandomTestMatrix(DType::kF8E4M3, down ? hidden : width, down ? width : hidden,
+                                       static_cast<uint32_t>(40 + i), 128));
     packed.push_back(Pack(storage.back().view));
   }
   std::vector<kernels::ExpertPanels> panels;

@@ -140,6 +140,69 @@ TEST(CliTest, Int8ProductsStayNearTheReferenceAndBatchInvariant) {
   EXPECT_EQ(line(batched, "sequence 1:"), line(single, "sequence 0:"));
 }
 
+// The AMX kernels through the binary, on the emulator where the CPU has no AMX tiles
+// (SWITCHYARD_AMX_EMULATE=1). int8 products give the vector kernels' logits bit for bit (a
+// 40-token prompt: the products of its prefill take AMX from one tile of rows up);
+// --amx-bf16 stays at the bf16 bar and keeps greedy tokens batch-invariant; where no AMX runs
+// at all, --amx-bf16 says it has no effect.
+TEST(CliTest, AmxKernelsThroughTheBinary) {
+  auto fixture = testing::LoadFixture("tiny-v3-fp8");
+  std::string tokens;
+  for (int i = 0; i < 40; ++i)
+    tokens += (i ? "," : "") + std::to_string(3 + i * 37 % 900);
+  const std::string dir = testing::TempDirectory("cli_amx");
+  auto logits = [&](const std::string& env, const std::string& flags, const std::string& name) {
+    std::string output;
+    const std::string out = dir + "/" + name + ".bin";
+    EXPECT_EQ(
+        RunCommand(env + " " + Binary() + " " + flags + " logits --model " + fixture.directory +
+                       " --tokens '" + tokens + "' --out " + out + " 2>&1",
+                   &output),
+        0)
+        << output;
+    return testing::ReadFile(out);
+  };
+  const std::string vector_kernels = logits("SWITCHYARD_AMX_EMULATE=0", "--int8-products", "v");
+  const std::string amx = logits("SWITCHYARD_AMX_EMULATE=1", "--int8-products", "a");
+  ASSERT_FALSE(amx.empty());
+  EXPECT_TRUE(amx == vector_kernels) << "the AMX int8 kernel changed the logits";
+  const std::string f32 = logits("", "--f32-products", "f");
+  const std::string bf16 = logits("SWITCHYARD_AMX_EMULATE=1", "--amx-bf16", "b");
+  ASSERT_EQ(bf16.size(), f32.size());
+  EXPECT_TRUE(bf16 != f32) << "activations rounded to bf16: the AMX kernel did not run";
+  std::vector<float> reference(f32.size() / 4), got(reference.size());
+  std::memcpy(reference.data(), f32.data(), f32.size());
+  std::memcpy(got.data(), bf16.data(), bf16.size());
+  auto comparison = testing::CompareLogits(reference, got, fixture.vocab);
+  EXPECT_EQ(comparison.argmax_mismatches, 0);
+  const int64_t rows = static_cast<int64_t>(comparison.row_max_diff.size());
+  EXPECT_LE(comparison.RowsOver(1e-2), std::max<int64_t>(2, rows / 20));
+
+  std::string batched, single;
+  const std::string generate = "SWITCHYARD_AMX_EMULATE=1 " + Binary() +
+                               " --amx-bf16 generate --model " + fixture.directory +
+                               " --max-tokens 8 --ignore-eos --prompt-tokens ";
+  ASSERT_EQ(RunCommand(generate + "'5,6,7;8,9;10,11,12,13'", &batched), 0) << batched;
+  ASSERT_EQ(RunCommand(generate + "'8,9'", &single), 0) << single;
+  auto line = [](const std::string& text, const std::string& prefix) {
+    size_t at = text.find(prefix);
+    return at == std::string::npos
+               ? std::string()
+               : text.substr(at + prefix.size(), text.find('\n', at) - at - prefix.size());
+  };
+  EXPECT_FALSE(line(single, "sequence 0:").empty()) << single;
+  EXPECT_EQ(line(batched, "sequence 1:"), line(single, "sequence 0:"));
+
+  std::string output;
+  ASSERT_EQ(RunCommand("SWITCHYARD_AMX_EMULATE=0 " + Binary() +
+                           " --max-isa avx512 --amx-bf16 logits --model " + fixture.directory +
+                           " --tokens '5,6' --out " + dir + "/n.bin 2>&1",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("--amx-bf16 has no effect here"), std::string::npos) << output;
+}
+
 // --prefill-gemm through the binary: a 300-token prompt (every product 300 rows) through oneDNN's
 // matmul stays as close to the f32 reference (--f32-products, our kernels) as our own kernels do,
 // and really ran elsewhere than our kernels. Where oneDNN runs bf16 it rounds the weights to bf16

@@ -11,11 +11,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
 
 #include "cli/token_lists.h"
+#include "tensor/dtype.h"
 
 namespace sy::testing {
 
@@ -199,6 +201,80 @@ std::vector<double> AbsorbedAttentionReference(const std::vector<float>& q_laten
       }
     }
   return out;
+}
+
+TestMatrix MakeTestMatrix(DType dtype, int64_t rows, int64_t cols, int64_t block,
+                          const std::function<float(int64_t, int64_t)>& value) {
+  TestMatrix m;
+  m.bytes.resize(static_cast<size_t>(rows * cols) * DTypeSize(dtype));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = static_cast<size_t>(r * cols + c);
+      if (dtype == DType::kF8E4M3) {
+        m.bytes[i] = F32ToF8E4M3(value(r, c));
+      } else {
+        const uint16_t b = F32ToBF16(value(r, c));
+        std::memcpy(&m.bytes[2 * i], &b, 2);
+      }
+    }
+  m.view.dtype = dtype;
+  m.view.rows = rows;
+  m.view.cols = cols;
+  m.view.data = m.bytes.data();
+  if (dtype == DType::kF8E4M3) {
+    m.view.block_rows = m.view.block_cols = block;
+    m.view.scale_cols = (cols + block - 1) / block;
+    m.scales.resize(static_cast<size_t>((rows + block - 1) / block * m.view.scale_cols));
+    for (size_t i = 0; i < m.scales.size(); ++i)
+      m.scales[i] = 0.002f * static_cast<float>(1 + i % 7);
+    m.view.block_scales = m.scales.data();
+  }
+  return m;
+}
+
+TestMatrix RandomTestMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed, int64_t block) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  return MakeTestMatrix(dtype, rows, cols, block, [&](int64_t, int64_t) {
+    return normal(rng) * (dtype == DType::kBF16 ? 1 : 60);
+  });
+}
+
+std::vector<float> RandomRows(int64_t m, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m * cols));
+  for (float& v : x)
+    v = normal(rng);
+  return x;
+}
+
+std::vector<double> Bf16ProductReference(const TestMatrix& w, const std::vector<float>& x,
+                                         int64_t m, std::vector<double>* magnitudes) {
+  const Matrix& v = w.view;
+  std::vector<double> y(static_cast<size_t>(m * v.rows), 0.0);
+  if (magnitudes != nullptr) magnitudes->assign(y.size(), 0.0);
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t r = 0; r < v.rows; ++r) {
+      double sum = 0, magnitude = 0;
+      for (int64_t c = 0; c < v.cols; ++c) {
+        const double xv = BF16ToF32(F32ToBF16(x[t * v.cols + c]));
+        double wv;
+        if (v.dtype == DType::kF8E4M3) {
+          wv = F8E4M3ToF32(w.bytes[r * v.cols + c]) *
+               w.scales[(r / v.block_rows) * v.scale_cols + c / v.block_cols];
+        } else {
+          uint16_t b;
+          std::memcpy(&b, &w.bytes[2 * (r * v.cols + c)], 2);
+          wv = BF16ToF32(b);
+        }
+        sum += xv * wv;
+        magnitude += std::fabs(xv * wv);
+      }
+      y[t * v.rows + r] = sum;
+      if (magnitudes != nullptr) (*magnitudes)[t * v.rows + r] = magnitude;
+    }
+  return y;
 }
 
 }  // namespace sy::testing

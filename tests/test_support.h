@@ -2,8 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "tensor/matrix.h"
 
 namespace sy::testing {
 
@@ -57,5 +60,23 @@ std::vector<double> AbsorbedAttentionReference(const std::vector<float>& q_laten
                                                const std::vector<float>& rows,
                                                const std::vector<int64_t>& positions, int64_t heads,
                                                int64_t latent, int64_t rope, double scale);
+
+// Weights for the bf16 product kernels (bf16 dot, AMX): an fp8 matrix (scale blocks of
+// block × block, scales 0.002 · (1 + i mod 7)) or a bf16 one, owning its bytes.
+struct TestMatrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+  Matrix view;
+};
+TestMatrix MakeTestMatrix(DType dtype, int64_t rows, int64_t cols, int64_t block,
+                          const std::function<float(int64_t, int64_t)>& value);
+// Normal values (× 60 for fp8, whose codes reach 448).
+TestMatrix RandomTestMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed, int64_t block);
+// m × cols normal values.
+std::vector<float> RandomRows(int64_t m, int64_t cols, uint32_t seed);
+// y = x · wᵀ in double over the bf16 kernels' operands: x rounded to bf16, w exact (fp8 times its
+// block scale). With `magnitudes`, also Σ_c |bf16(x) · w| per output, for error bounds.
+std::vector<double> Bf16ProductReference(const TestMatrix& w, const std::vector<float>& x,
+                                         int64_t m, std::vector<double>* magnitudes = nullptr);
 
 }  // namespace sy::testing

@@ -9,6 +9,7 @@
 #include "base/allocator.h"
 #include "base/thread_pool.h"
 #include "cli/verbs.h"
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/onednn_linear.h"
@@ -42,6 +43,13 @@ int main(int argc, char** argv) {
                "and 128 columns; the router stays exact) and multiply them by activations "
                "quantized per row to 8 bits: about twice the f32 rate on CPUs without AVX-512 "
                "BF16, lossy (docs/benchmarks.md gives its accuracy); batch-invariant");
+  bool amx_bf16 = false;
+  app.add_flag("--amx-bf16", amx_bf16,
+               "fp8 and bf16 weights take Intel AMX's bf16 tiles (TDPBF16PS) at every batch size "
+               "where the CPU has AMX, instead of the bf16 dot-product kernel: batch-invariant, "
+               "not yet measured against it, so off by default. (int8 products take AMX tiles "
+               "wherever the CPU has them: the same bits as the vector kernels.)")
+      ->envname("SWITCHYARD_AMX_BF16");
   bool gguf_dequantize = false;
   app.add_flag("--gguf-dequantize", gguf_dequantize,
                "Decode a GGUF's quantized weights to f32 at load and multiply in f32 (exact "
@@ -73,6 +81,14 @@ int main(int argc, char** argv) {
     sy::kernels::SetMaxIsaLevel(*sy::kernels::ParseIsaLevel(max_isa));
     sy::ThreadPool::ConfigureGlobal(threads);
     if (f32_products) sy::kernels::GlobalKernelOptions().bf16_dot = false;
+    if (amx_bf16 && !f32_products) {
+      sy::kernels::GlobalKernelOptions().amx_bf16 = true;
+      if (sy::kernels::ActiveAmxBackend() == sy::kernels::AmxBackend::kNone)
+        std::fprintf(stderr, "switchyard: note: --amx-bf16 has no effect here: %s\n",
+                     sy::kernels::Amx().state == sy::kernels::AmxState::kReady
+                         ? "--max-isa keeps AMX off"
+                         : sy::kernels::Amx().detail.c_str());
+    }
     if (int8_products) sy::GlobalWeightPacking() = sy::WeightPacking::kInt8;
     if (gguf_dequantize) sy::GlobalGgufWeights() = sy::GgufWeights::kDequantized;
     if (prefill_gemm != "own") sy::kernels::GlobalKernelOptions().allow_bf16_gemm = true;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include "base/thread_pool.h"
 
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/ggml_gemm.h"
@@ -35,6 +36,7 @@ bool UseBf16Dot(const PackedMatrix& w) {
 
 bool UseBf16Gemm(int64_t m, const PackedMatrix& w) {
   const KernelOptions& options = GlobalKernelOptions();
+  if (UseAmxBf16(w)) return false;
   // Where the dot kernel runs, f32 weights (the router) keep f32 products at every row count,
   // so rows stay independent of the batch.
   if (options.bf16_dot && HasBf16Dot()) return false;
@@ -44,8 +46,13 @@ bool UseBf16Gemm(int64_t m, const PackedMatrix& w) {
 }
 
 const char* KernelPathName(int64_t m, const PackedMatrix& w) {
-  if (w.dtype == DType::kI8) return Int8KernelName(ActiveInt8Kernel());
+  const bool emulated = ActiveAmxBackend() == AmxBackend::kEmulated;
+  if (w.dtype == DType::kI8) {
+    if (UseAmxInt8(m, w)) return emulated ? "int8-amx-emulated" : "int8-amx";
+    return Int8KernelName(ActiveInt8Kernel());
+  }
   if (w.dtype == DType::kGgml) return GgmlKernelName(ActiveGgmlKernel());
+  if (UseAmxBf16(w)) return emulated ? "amx-bf16-emulated" : "amx-bf16";
   if (UseBf16Dot(w)) return "bf16-dot";
   return UseBf16Gemm(m, w) ? "avx512-bf16" : "panel-f32";
 }
@@ -135,6 +142,16 @@ static void LinearPackedOwn(const float* x, int64_t m, const PackedMatrix& w, fl
     QuantizeRowsQ8(x, m, w, buffers);
     ThreadPool::Global().ParallelFor(static_cast<size_t>(w.panels), [&](size_t begin, size_t end) {
       GgmlPanels(*rows, 0, m, w, static_cast<int64_t>(begin), static_cast<int64_t>(end), y);
+    });
+    return;
+  }
+  if (UseAmxBf16(w)) {
+    const AmxBackend backend = ActiveAmxBackend();
+    std::vector<uint16_t> x_bf16(static_cast<size_t>(m * w.cols));
+    AmxToBf16Rows(backend, x, m, w.cols, x_bf16.data());
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(w.panels), [&](size_t begin, size_t end) {
+      AmxBf16Panels(backend, x_bf16.data(), m, w, static_cast<int64_t>(begin),
+                    static_cast<int64_t>(end), y);
     });
     return;
   }

@@ -23,6 +23,9 @@ struct KernelOptions {
   // fp8 and bf16 weights take the bf16 dot-product kernel (bf16_dot.h) at every row count
   // where the CPU has it: twice the f32 FMA's work per instruction, and batch-invariant.
   bool bf16_dot = true;
+  // fp8 and bf16 weights take the AMX bf16 kernel (amx_kernels.h) at every row count where AMX
+  // runs, before the dot kernel (`--amx-bf16`). Off by default until measured on an AMX CPU.
+  bool amx_bf16 = false;
 };
 KernelOptions& GlobalKernelOptions();
 
@@ -56,7 +59,8 @@ void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const Packe
 bool UseBf16Gemm(int64_t m, const PackedMatrix& w);
 // Whether products against `w` take Bf16DotPanels (with activations from ToBf16RowsForDot).
 bool UseBf16Dot(const PackedMatrix& w);
-// Which kernel a product of m rows against `w` runs: "bf16-dot", "avx512-bf16" or "panel-f32".
+// Which kernel a product of m rows against `w` runs: "amx-bf16", "bf16-dot", "avx512-bf16",
+// "panel-f32", an int8 or a GGML kernel's name (AMX ones ending "-emulated" on the emulator).
 const char* KernelPathName(int64_t m, const PackedMatrix& w);
 
 }  // namespace sy::kernels

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "base/thread_pool.h"
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/elementwise.h"
@@ -21,9 +22,9 @@ struct WorkItem {
   int32_t panel, panel_end;  // the item's panels [panel, panel_end)
 };
 
-// How one expert's products run: the bf16 dot kernel, the bf16 GEMM, the f32 panel kernel, or
-// the int8 kernel (weights packed as int8).
-enum class Path : uint8_t { kF32, kBf16Gemm, kDot, kInt8, kGgml };
+// How one expert's products run: the AMX bf16 kernel, the bf16 dot kernel, the bf16 GEMM, the
+// f32 panel kernel, or the int8 kernel (weights packed as int8).
+enum class Path : uint8_t { kF32, kBf16Gemm, kDot, kAmx, kInt8, kGgml };
 
 // Weights one decode-sized GGML item streams per matrix. Each item starts its streams afresh
 // (gate's and up's, or down's), so small items pay that start many times a layer; large ones
@@ -36,7 +37,7 @@ constexpr int64_t kDecodeItemBytes = 256 << 10;
 // for decode-sized experts on GGML blocks, four for them on the f32 kernel (it streams four
 // panels side by side for one or two rows), else one.
 int64_t PanelsPerItem(Path path, int64_t rows, const PackedMatrix& w) {
-  if (path == Path::kDot) return Bf16DotPanelUnit(rows);
+  if (path == Path::kDot || path == Path::kAmx) return Bf16DotPanelUnit(rows);
   if (path == Path::kBf16Gemm) return 2;
   if (rows > 2) return 1;
   if (path != Path::kGgml) return 4;
@@ -59,6 +60,8 @@ void Product(Path path, const float* x, const uint16_t* x_bf16, const Int8Rows& 
     }
   } else if (path == Path::kInt8) {
     Int8Panels(x_int8.Codes(first), x_int8.stride, x_int8.Scales(first), rows, w, p, p_end, y);
+  } else if (path == Path::kAmx) {
+    AmxBf16Panels(ActiveAmxBackend(), x_bf16, rows, w, p, p_end, y);
   } else if (path == Path::kDot) {
     Bf16DotPanels(x_bf16, rows, w, p, p_end, y);
   } else {
@@ -156,6 +159,7 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     if (count == 0 || experts[e].gate == nullptr) return Path::kF32;
     if (w.dtype == DType::kI8) return Path::kInt8;
     if (w.dtype == DType::kGgml) return Path::kGgml;
+    if (UseAmxBf16(w)) return Path::kAmx;
     if (UseBf16Dot(w)) return Path::kDot;
     return UseBf16Gemm(count, w) ? Path::kBf16Gemm : Path::kF32;
   };
@@ -185,6 +189,9 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     } else if (path[e] == Path::kDot) {
       x_bf16[e].resize(static_cast<size_t>(count * cols));
       ToBf16RowsForDot(source + offsets[e] * cols, count, cols, x_bf16[e].data());
+    } else if (path[e] == Path::kAmx) {
+      x_bf16[e].resize(static_cast<size_t>(count * cols));
+      AmxToBf16Rows(ActiveAmxBackend(), source + offsets[e] * cols, count, cols, x_bf16[e].data());
     } else if (path[e] == Path::kBf16Gemm) {
       x_bf16[e] = ToBf16Rows(source + offsets[e] * cols, count, cols);
     }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/row_tiles.h"
 
@@ -397,9 +398,19 @@ void QuantizeRowsInt8(const float* x, int64_t m, int64_t cols, Int8Rows& out) {
 void Int8Panels(const uint8_t* codes, int64_t stride, const float* scales, int64_t m,
                 const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y) {
   if (m <= 0) return;
+  if (UseAmxInt8(m, w)) {
+    AmxInt8Panels(ActiveAmxBackend(), codes, stride, scales, m, w, panel_begin, panel_end, y);
+    return;
+  }
+  Int8PanelsOn(ActiveInt8Kernel(), codes, stride, scales, m, w, panel_begin, panel_end, y);
+}
+
+void Int8PanelsOn(Int8Kernel kernel, const uint8_t* codes, int64_t stride, const float* scales,
+                  int64_t m, const PackedMatrix& w, int64_t panel_begin, int64_t panel_end,
+                  float* y) {
+  if (m <= 0) return;
   thread_local std::vector<float> state;
   state.resize(static_cast<size_t>(m * kPanelRows));
-  const Int8Kernel kernel = ActiveInt8Kernel();
   const int64_t max_rows = kernel == Int8Kernel::kAvx512Vnni ? kMaxTileRowsVnni : kMaxTileRows;
   const int64_t per_panel = w.groups * kPanelRows;
   // The tiles are the same for every panel and range: split the rows once.

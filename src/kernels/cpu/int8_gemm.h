@@ -39,6 +39,7 @@ void QuantizeRowsInt8(const float* x, int64_t m, int64_t cols, Int8Rows& out);
 // y[m, w.rows] = x · wᵀ for panels [panel_begin, panel_end); one thread. `codes` and `scales`
 // point at the first of m rows of an Int8Rows (row strides `stride` and w.groups; its cols equal
 // w.cols). w.dtype is kI8.
+// From one tile of rows up it takes the AMX kernel where that runs (amx_kernels.h): the same bits.
 void Int8Panels(const uint8_t* codes, int64_t stride, const float* scales, int64_t m,
                 const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y);
 
@@ -56,5 +57,9 @@ Int8Kernel ActiveInt8Kernel();
 // Tests: use at most `kernel` (kAvx512Vnni lifts the limit).
 void LimitInt8Kernel(Int8Kernel kernel);
 const char* Int8KernelName(Int8Kernel kernel);  // "int8", "int8-avx2", "int8-avx512vnni"
+// Int8Panels on one vector kernel (this CPU must run it), never AMX: the AMX kernel's check.
+void Int8PanelsOn(Int8Kernel kernel, const uint8_t* codes, int64_t stride, const float* scales,
+                  int64_t m, const PackedMatrix& w, int64_t panel_begin, int64_t panel_end,
+                  float* y);
 
 }  // namespace sy::kernels

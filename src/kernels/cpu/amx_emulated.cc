@@ -1,0 +1,53 @@
+// The AMX kernels (amx_kernels_body.h) on amx_tiles.h's emulated tiles, with a portable weight
+// conversion: the same tiling, configuration and packing as on hardware, on any CPU.
+#include <cstdint>
+
+#include "kernels/cpu/amx_kernels.h"
+#include "kernels/cpu/amx_tiles.h"
+#include "tensor/dtype.h"
+
+#define SY_AMX_KERNEL
+
+namespace sy::kernels {
+namespace {
+
+// Columns [c0, c1) of a panel as TDPBF16PS weight rows, one weight at a time (fp8 through a
+// table of its 256 codes in bf16: exact, e4m3's 4 significant bits fit bf16's 8).
+void ConvertPairsPortable(const PackedMatrix& w, int64_t panel, int64_t c0, int64_t c1,
+                          uint16_t* out) {
+  static const auto* table = [] {
+    auto* t = new uint16_t[256];
+    for (int v = 0; v < 256; ++v)
+      t[v] = F32ToBF16(F8E4M3ToF32(static_cast<uint8_t>(v)));
+    return t;
+  }();
+  const uint8_t* base = w.Panel(panel);
+  const bool fp8 = w.dtype == DType::kF8E4M3;
+  for (int64_t c = c0; c < c1; ++c) {
+    uint16_t* row = out + (c - c0) / 2 * 2 * kPanelRows;
+    for (int64_t r = 0; r < kPanelRows; ++r) {
+      const int64_t at = c * kPanelRows + r;
+      row[2 * r + (c - c0) % 2] =
+          fp8 ? table[base[at]] : reinterpret_cast<const uint16_t*>(base)[at];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sy::kernels
+
+#include "kernels/cpu/amx_kernels_body.h"
+
+namespace sy::kernels::amx_detail {
+
+void Int8PanelsEmulated(const uint8_t* codes, int64_t stride, const float* scales, int64_t m,
+                        const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y) {
+  Int8PanelsBody<EmulatedTiles>(codes, stride, scales, m, w, panel_begin, panel_end, y);
+}
+
+void Bf16PanelsEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, float* y) {
+  Bf16PanelsBody<EmulatedTiles>(x_bf16, m, w, panel_begin, panel_end, y, ConvertPairsPortable);
+}
+
+}  // namespace sy::kernels::amx_detail

@@ -1,0 +1,108 @@
+// The AMX kernels (amx_kernels_body.h) on the CPU's tiles. Used only where AmxAllowed(): the
+// CPU has AMX-TILE, -INT8 and -BF16, the OS saves the tile state, and Linux granted this process
+// the tile data (isa_level.cc asks).
+#include "kernels/cpu/amx_kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/amx_tiles.h"
+#include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/bf16_pairs.h"
+
+// Every CPU with AMX (Sapphire Rapids on) has AVX-512 with BF16 and VBMI as well: the weights'
+// conversion and the sums' flush use them.
+#define SY_AMX_KERNEL \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,fma,f16c")))
+
+namespace sy::kernels {
+namespace {
+
+// The tile instructions as inline assembly, not GCC's intrinsics: those paste the tile number
+// into the instruction text by stringizing their argument (so it cannot be a template
+// parameter), and declare no memory effects (so a compiler may move a TILESTORED's readers
+// before it). Here the number is an immediate operand ("n", printed bare by %c) and loads and
+// stores clobber memory. AT&T order: sources first, the destination tile last.
+struct HardwareTiles {
+  static void Configure(const TileConfig& config) {
+    asm volatile("ldtilecfg %0" : : "m"(config) : "memory");
+  }
+  static void Release() { asm volatile("tilerelease" ::: "memory"); }
+  template <int T>
+  static void Zero() {
+    asm volatile("tilezero %%tmm%c0" : : "n"(T));
+  }
+  template <int T>
+  static void Load(const void* base, int64_t stride) {
+    asm volatile("tileloadd (%0,%1,1), %%tmm%c2" : : "r"(base), "r"(stride), "n"(T) : "memory");
+  }
+  template <int T>
+  static void Store(void* base, int64_t stride) {
+    asm volatile("tilestored %%tmm%c2, (%0,%1,1)" : : "r"(base), "r"(stride), "n"(T) : "memory");
+  }
+  template <int C, int A, int B>
+  static void DotUnsignedSigned() {
+    asm volatile("tdpbusd %%tmm%c2, %%tmm%c1, %%tmm%c0" : : "n"(C), "n"(A), "n"(B));
+  }
+  template <int C, int A, int B>
+  static void DotBf16() {
+    asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" : : "n"(C), "n"(A), "n"(B));
+  }
+};
+
+// Columns [c0, c1) of a panel as TDPBF16PS weight rows: bf16_pairs.h's quad conversion, each
+// pair vector stored as one row.
+SY_AMX_KERNEL void ConvertPairsAvx512(const PackedMatrix& w, int64_t panel, int64_t c0, int64_t c1,
+                                      uint16_t* out) {
+  const Converter k = MakeConverter();
+  const uint8_t* base = w.Panel(panel);
+  const bool fp8 = w.dtype == DType::kF8E4M3;
+  for (int64_t c = c0; c < c1; c += 4) {
+    __m512i first, second;
+    if (fp8) {
+      ConvertQuad<true>(k, base, c, first, second);
+    } else {
+      ConvertQuad<false>(k, base, c, first, second);
+    }
+    uint16_t* row = out + (c - c0) / 2 * 2 * kPanelRows;
+    _mm512_storeu_si512(row, first);
+    _mm512_storeu_si512(row + 2 * kPanelRows, second);
+  }
+}
+
+}  // namespace
+}  // namespace sy::kernels
+
+#include "kernels/cpu/amx_kernels_body.h"
+
+namespace sy::kernels::amx_detail {
+
+void Int8PanelsHardware(const uint8_t* codes, int64_t stride, const float* scales, int64_t m,
+                        const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y) {
+  Int8PanelsBody<HardwareTiles>(codes, stride, scales, m, w, panel_begin, panel_end, y);
+}
+
+void Bf16PanelsHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, float* y) {
+  Bf16PanelsBody<HardwareTiles>(x_bf16, m, w, panel_begin, panel_end, y, ConvertPairsAvx512);
+}
+
+void ToBf16RowsHardware(const float* x, int64_t m, int64_t cols, uint16_t* out) {
+  ToBf16RowsForDot(x, m, cols, out);  // AVX-512 BF16's rounding, as the dot kernel's
+}
+
+}  // namespace sy::kernels::amx_detail
+
+#else  // no AMX off x86-64: ActiveAmxBackend() never answers kHardware there
+
+namespace sy::kernels::amx_detail {
+void Int8PanelsHardware(const uint8_t*, int64_t, const float*, int64_t, const PackedMatrix&,
+                        int64_t, int64_t, float*) {}
+void Bf16PanelsHardware(const uint16_t*, int64_t, const PackedMatrix&, int64_t, int64_t, float*) {}
+void ToBf16RowsHardware(const float*, int64_t, int64_t, uint16_t*) {}
+}  // namespace sy::kernels::amx_detail
+
+#endif

@@ -1,0 +1,152 @@
+#include "kernels/cpu/amx_kernels.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/fast_linear.h"
+#include "kernels/cpu/int8_gemm.h"
+#include "kernels/cpu/isa_level.h"
+#include "tensor/dtype.h"
+
+namespace sy::kernels {
+
+AmxBackend ActiveAmxBackend() {
+  if (AmxAllowed()) return AmxBackend::kHardware;
+  static const bool emulate = [] {
+    const char* value = std::getenv("SWITCHYARD_AMX_EMULATE");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  return emulate ? AmxBackend::kEmulated : AmxBackend::kNone;
+}
+
+const char* AmxBackendName(AmxBackend backend) {
+  switch (backend) {
+    case AmxBackend::kHardware:
+      return "hardware";
+    case AmxBackend::kEmulated:
+      return "emulated";
+    case AmxBackend::kNone:
+      break;
+  }
+  return "none";
+}
+
+bool AmxInt8Applies(const PackedMatrix& w) {
+  return w.dtype == DType::kI8 && w.cols > 0 && w.cols % 64 == 0;
+}
+
+void AmxInt8Panels(AmxBackend backend, const uint8_t* codes, int64_t stride, const float* scales,
+                   int64_t m, const PackedMatrix& w, int64_t panel_begin, int64_t panel_end,
+                   float* y) {
+  if (backend == AmxBackend::kHardware) {
+    amx_detail::Int8PanelsHardware(codes, stride, scales, m, w, panel_begin, panel_end, y);
+  } else {
+    amx_detail::Int8PanelsEmulated(codes, stride, scales, m, w, panel_begin, panel_end, y);
+  }
+}
+
+namespace {
+
+std::atomic<bool> amx_int8_enabled{true};
+
+// A product that crosses every case of the kernel — three panels, the last partial; a full
+// group of 128 columns and a short one of 64; 37 rows, tiles of two heights (13, 12, 12) — on
+// codes spanning their whole range: the AMX kernel must give the portable kernel's bits. Built
+// by hand, without the thread pool: the first product to ask may be running on a pool worker.
+bool AmxInt8GivesThePortableBits(AmxBackend backend) {
+  constexpr int64_t kRows = 40, kCols = 192, kM = 37, kStride = 192 + 64;
+  uint32_t seed = 2024;
+  auto next = [&] { return seed = seed * 1664525u + 1013904223u, seed >> 8; };
+  PackedMatrix w;
+  w.dtype = DType::kI8;
+  w.rows = kRows;
+  w.cols = kCols;
+  w.panels = (kRows + kPanelRows - 1) / kPanelRows;
+  w.groups = (kCols + kInt8GroupCols - 1) / kInt8GroupCols;
+  const size_t codes = static_cast<size_t>(w.panels * kCols * kPanelRows);
+  w.data = AllocatePanels(codes);
+  for (size_t i = 0; i < codes; ++i)
+    w.data.get()[i] = static_cast<uint8_t>(static_cast<int>(next() % 127) - kInt8WeightMax);
+  w.row_scales.resize(static_cast<size_t>(w.panels * w.groups * kPanelRows));
+  w.row_offsets.resize(w.row_scales.size());
+  for (size_t i = 0; i < w.row_scales.size(); ++i) {
+    w.row_scales[i] = static_cast<float>(next() % 1000 + 1) * 1e-3f;
+    w.row_offsets[i] = static_cast<int32_t>(next() % 20000) - 10000;
+  }
+  std::vector<uint8_t> x(static_cast<size_t>(kM * kStride));
+  for (auto& v : x)
+    v = static_cast<uint8_t>(1 + next() % 255);
+  std::vector<float> x_scales(static_cast<size_t>(kM * w.groups));
+  for (auto& v : x_scales)
+    v = static_cast<float>(next() % 1000 + 1) * 1e-4f;
+  std::vector<float> want(static_cast<size_t>(kM * kRows)), got(want.size(), -1.0f);
+  Int8PanelsOn(Int8Kernel::kPortable, x.data(), kStride, x_scales.data(), kM, w, 0, w.panels,
+               want.data());
+  AmxInt8Panels(backend, x.data(), kStride, x_scales.data(), kM, w, 0, w.panels, got.data());
+  return std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0;
+}
+
+bool AmxInt8Checked(AmxBackend backend) {
+  auto check = [](AmxBackend b) {
+    if (AmxInt8GivesThePortableBits(b)) return true;
+    std::fprintf(stderr,
+                 "warning: the AMX int8 kernel (%s) disagreed with the portable kernel on its "
+                 "check; not using it\n",
+                 AmxBackendName(b));
+    return false;
+  };
+  if (backend == AmxBackend::kHardware) {
+    static const bool ok = check(AmxBackend::kHardware);
+    return ok;
+  }
+  static const bool ok = check(AmxBackend::kEmulated);
+  return ok;
+}
+
+}  // namespace
+
+bool UseAmxInt8(int64_t m, const PackedMatrix& w) {
+  if (m < kAmxInt8MinRows || !amx_int8_enabled.load(std::memory_order_relaxed) ||
+      !AmxInt8Applies(w))
+    return false;
+  const AmxBackend backend = ActiveAmxBackend();
+  return backend != AmxBackend::kNone && AmxInt8Checked(backend);
+}
+
+void EnableAmxInt8(bool enabled) {
+  amx_int8_enabled.store(enabled, std::memory_order_relaxed);
+}
+
+bool AmxBf16Applies(const PackedMatrix& w) {
+  if (w.cols <= 0 || w.cols % 32 != 0) return false;
+  if (w.dtype == DType::kF8E4M3) return w.block_cols > 0 && w.block_cols % 32 == 0;
+  return w.dtype == DType::kBF16;
+}
+
+void AmxToBf16Rows(AmxBackend backend, const float* x, int64_t m, int64_t cols, uint16_t* out) {
+  if (backend == AmxBackend::kHardware) {
+    amx_detail::ToBf16RowsHardware(x, m, cols, out);
+    return;
+  }
+  for (int64_t i = 0; i < m * cols; ++i)
+    out[i] = F32ToBF16(x[i]);
+}
+
+void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                   int64_t panel_begin, int64_t panel_end, float* y) {
+  if (backend == AmxBackend::kHardware) {
+    amx_detail::Bf16PanelsHardware(x_bf16, m, w, panel_begin, panel_end, y);
+  } else {
+    amx_detail::Bf16PanelsEmulated(x_bf16, m, w, panel_begin, panel_end, y);
+  }
+}
+
+bool UseAmxBf16(const PackedMatrix& w) {
+  return GlobalKernelOptions().amx_bf16 && AmxBf16Applies(w) &&
+         ActiveAmxBackend() != AmxBackend::kNone;
+}
+
+}  // namespace sy::kernels

@@ -1,0 +1,73 @@
+// Products on Intel AMX tiles (Sapphire Rapids and later): TDPBUSD for int8 weights
+// (`--int8-products`), TDPBF16PS for fp8 and bf16 weights (`--amx-bf16`). One tile multiply does
+// 16 rows × 16 outputs × 64 bytes of products, eight to sixteen times an AVX-512 instruction's.
+//
+// Each kernel is written once (amx_kernels_body.h) and built twice: on the hardware's tiles and
+// on the emulator of amx_tiles.h, so its tiling and packing are tested on CPUs without AMX.
+//
+// int8: the same arithmetic as int8_gemm.h, bit for bit — each 128-column group's integer sums
+// are exact whatever the tile shape, and the group's term is added to a row's result as the
+// portable kernel adds it. So it may take any batch at any size without a row's bits moving, and
+// Int8Panels uses it from one tile of rows up.
+//
+// fp8 and bf16: activations rounded to bf16 once per row; the weights of a panel converted to
+// bf16 pairs (exact) one scale block at a time; for each block, TDPBF16PS sums its columns into
+// a zeroed tile 32 columns at a time, and each row's result is fma(block sum, block scale,
+// result so far). A row's tile row never sees another row, so its bits do not depend on the
+// batch; they do differ from the bf16 dot kernel's (another order of sums), so the choice is
+// one for all row counts, made before a model runs (KernelOptions::amx_bf16).
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/packed_matrix.h"
+
+namespace sy::kernels {
+
+// Where the AMX kernels run: the CPU's tiles (isa_level.h's AmxAllowed()), the emulator
+// (environment SWITCHYARD_AMX_EMULATE=1 on a CPU without them: slow, for testing the kernels'
+// use end to end), or nowhere.
+enum class AmxBackend : uint8_t { kNone, kEmulated, kHardware };
+AmxBackend ActiveAmxBackend();
+const char* AmxBackendName(AmxBackend backend);
+
+// int8 weights the kernel takes: kI8 with columns a multiple of 64 (one tile's depth).
+bool AmxInt8Applies(const PackedMatrix& w);
+// Int8Panels's contract (int8_gemm.h), on `backend`'s tiles.
+void AmxInt8Panels(AmxBackend backend, const uint8_t* codes, int64_t stride, const float* scales,
+                   int64_t m, const PackedMatrix& w, int64_t panel_begin, int64_t panel_end,
+                   float* y);
+// Whether Int8Panels takes the AMX kernel for m rows against `w`: a backend runs, the kernel
+// gave the portable kernel's bits on a fixed problem the first time this was asked (else a
+// warning on stderr and never), tests have not switched it off, m fills a tile (below that the
+// vector kernels do the same work with less), and w applies.
+bool UseAmxInt8(int64_t m, const PackedMatrix& w);
+inline constexpr int64_t kAmxInt8MinRows = 16;
+// Tests: whether UseAmxInt8 may say yes (on by default).
+void EnableAmxInt8(bool enabled);
+
+// fp8 (scale blocks of a multiple of 32 columns) or bf16 weights with columns a multiple of 32.
+bool AmxBf16Applies(const PackedMatrix& w);
+// Rows of x rounded to bf16 (nearest even) for AmxBf16Panels, [m][cols].
+void AmxToBf16Rows(AmxBackend backend, const float* x, int64_t m, int64_t cols, uint16_t* out);
+// y[m, w.rows] = x · wᵀ for panels [panel_begin, panel_end); one thread.
+void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                   int64_t panel_begin, int64_t panel_end, float* y);
+// Whether fp8 and bf16 products take the AMX bf16 kernel: KernelOptions::amx_bf16, a backend,
+// and w applies.
+bool UseAmxBf16(const PackedMatrix& w);
+
+// One backend's kernels, for the dispatch above (amx_emulated.cc, amx_hardware.cc).
+namespace amx_detail {
+void Int8PanelsEmulated(const uint8_t* codes, int64_t stride, const float* scales, int64_t m,
+                        const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y);
+void Int8PanelsHardware(const uint8_t* codes, int64_t stride, const float* scales, int64_t m,
+                        const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y);
+void Bf16PanelsEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, float* y);
+void Bf16PanelsHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, float* y);
+void ToBf16RowsHardware(const float* x, int64_t m, int64_t cols, uint16_t* out);
+}  // namespace amx_detail
+
+}  // namespace sy::kernels

@@ -1,0 +1,179 @@
+// The AMX kernels of amx_kernels.h, written once against a Tiles type (amx_tiles.h's interface)
+// and a ConvertPairs function (a panel's columns [c0, c1) as TDPBF16PS weight rows). Included
+// only by amx_emulated.cc and amx_hardware.cc, each after defining SY_AMX_KERNEL: the target
+// attribute its kernels compile for (empty for the emulator). Per function, not per file: the
+// library templates they instantiate (std::vector's) stay compiled for every CPU, where a file
+// compiled for AMX could hand the linker an AVX-512 copy of them for the whole program.
+// Everything here has internal linkage, so the two copies never merge either.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/amx_tiles.h"
+#include "kernels/cpu/row_tiles.h"
+#include "tensor/packed_matrix.h"
+
+namespace sy::kernels {
+namespace {
+
+// Tile roles. Rows split into near-equal tiles of at most 16 (row_tiles.h), so a product has at
+// most two tile heights: C and A tiles for each, and one weight tile B. Either multiply reads
+// 64 bytes of each A row (64 int8 columns or 32 bf16) against 16 rows of B (quads of int8
+// columns, pairs of bf16 ones), 64 bytes each: 16 outputs of a panel.
+constexpr int kC0 = 0, kA0 = 1, kB = 2, kC1 = 3, kA1 = 4;
+constexpr int kTileBytes = kAmxMaxColsBytes;
+constexpr int64_t kTileCols8 = 64;   // int8 columns per tile multiply
+constexpr int64_t kTileCols16 = 32;  // bf16 columns per tile multiply
+static_assert(kPanelRows * 4 == kTileBytes, "a panel's 16 outputs are one tile row of f32/int32");
+
+struct RowTile {
+  int64_t row, count;
+};
+
+// Splits m rows into tiles and configures the tiles for their heights; returns the first
+// height (tiles of another height use kC1 and kA1).
+template <class Tiles>
+SY_AMX_KERNEL int64_t ConfigureRowTiles(int64_t m, std::vector<RowTile>& tiles) {
+  tiles.clear();
+  ForEachRowTile(m, kAmxMaxRows, [&](int64_t, int64_t row, int64_t count) {
+    tiles.push_back({row, count});
+  });
+  const int64_t first = tiles.front().count;
+  TileConfig config;
+  config.Set(kC0, static_cast<int>(first), kTileBytes);
+  config.Set(kA0, static_cast<int>(first), kTileBytes);
+  config.Set(kB, kAmxMaxRows, kTileBytes);
+  for (const RowTile& t : tiles) {
+    if (t.count != first) {
+      config.Set(kC1, static_cast<int>(t.count), kTileBytes);
+      config.Set(kA1, static_cast<int>(t.count), kTileBytes);
+    }
+  }
+  Tiles::Configure(config);
+  return first;
+}
+
+// One group of int8 columns for one row tile: the exact int32 sums of its `steps` 64-column
+// steps, stored [row][16].
+template <class Tiles, int C, int A>
+SY_AMX_KERNEL inline void Int8GroupSums(const uint8_t* x, int64_t x_stride, const int8_t* w,
+                                        int64_t steps, int32_t* sums) {
+  Tiles::template Zero<C>();
+  for (int64_t s = 0; s < steps; ++s) {
+    Tiles::template Load<A>(x + s * kTileCols8, x_stride);
+    // 64 columns of a panel, [16 quads][16 rows][4]: the B tile as it lies in memory.
+    Tiles::template Load<kB>(w + s * kTileCols8 * kPanelRows, kTileBytes);
+    Tiles::template DotUnsignedSigned<C, A, kB>();
+  }
+  Tiles::template Store<C>(sums, kTileBytes);
+}
+
+template <class Tiles>
+SY_AMX_KERNEL void Int8PanelsBody(const uint8_t* codes, int64_t stride, const float* scales,
+                                  int64_t m, const PackedMatrix& w, int64_t panel_begin,
+                                  int64_t panel_end, float* y) {
+  if (m <= 0 || panel_begin >= panel_end) return;
+  thread_local std::vector<RowTile> tiles;
+  thread_local std::vector<float> state;
+  const int64_t first = ConfigureRowTiles<Tiles>(m, tiles);
+  state.resize(static_cast<size_t>(m * kPanelRows));
+  alignas(64) int32_t sums[kAmxMaxRows * kPanelRows];
+  const int64_t per_panel = w.groups * kPanelRows;
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    std::fill(state.begin(), state.end(), 0.0f);
+    const auto* panel = reinterpret_cast<const int8_t*>(w.Panel(p));
+    for (int64_t g = 0; g < w.groups; ++g) {
+      const int64_t c0 = g * kInt8GroupCols;
+      const int64_t steps = (std::min(w.cols, c0 + kInt8GroupCols) - c0) / kTileCols8;
+      const float* w_scale = w.row_scales.data() + p * per_panel + g * kPanelRows;
+      const int32_t* w_offset = w.row_offsets.data() + p * per_panel + g * kPanelRows;
+      for (const RowTile& t : tiles) {
+        const uint8_t* x = codes + t.row * stride + c0;
+        if (t.count == first) {
+          Int8GroupSums<Tiles, kC0, kA0>(x, stride, panel + c0 * kPanelRows, steps, sums);
+        } else {
+          Int8GroupSums<Tiles, kC1, kA1>(x, stride, panel + c0 * kPanelRows, steps, sums);
+        }
+        // The group's term, as int8_gemm.cc's portable kernel adds it.
+        for (int64_t r = 0; r < t.count; ++r) {
+          const float xs = scales[(t.row + r) * w.groups + g];
+          float* out = state.data() + (t.row + r) * kPanelRows;
+          for (int64_t i = 0; i < kPanelRows; ++i) {
+            const float term =
+                static_cast<float>(sums[r * kPanelRows + i] - w_offset[i]) * w_scale[i];
+            out[i] = __builtin_fmaf(term, xs, out[i]);
+          }
+        }
+      }
+    }
+    const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
+    for (int64_t r = 0; r < m; ++r)
+      std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
+  }
+  Tiles::Release();
+}
+
+// One scale block for one row tile: the f32 sums of its `steps` 32-column steps, [row][16].
+template <class Tiles, int C, int A>
+SY_AMX_KERNEL inline void Bf16BlockSums(const uint16_t* x, int64_t x_stride_bytes,
+                                        const uint16_t* pairs, int64_t steps, float* sums) {
+  Tiles::template Zero<C>();
+  for (int64_t s = 0; s < steps; ++s) {
+    Tiles::template Load<A>(x + s * kTileCols16, x_stride_bytes);
+    // 16 column pairs × 16 outputs × 2 bf16 = 1 KiB per step.
+    Tiles::template Load<kB>(pairs + s * kTileCols16 * kPanelRows, kTileBytes);
+    Tiles::template DotBf16<C, A, kB>();
+  }
+  Tiles::template Store<C>(sums, kTileBytes);
+}
+
+// ConvertPairs(w, panel, c0, c1, out): columns [c0, c1) of the panel as (c1 - c0) / 2 rows of
+// 16 bf16 pairs: out[(c - c0) / 2][r] = (w[r][c], w[r][c + 1]).
+template <class Tiles, typename ConvertPairs>
+SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                                  int64_t panel_begin, int64_t panel_end, float* y,
+                                  ConvertPairs convert) {
+  if (m <= 0 || panel_begin >= panel_end) return;
+  thread_local std::vector<RowTile> tiles;
+  thread_local std::vector<float> state;
+  thread_local std::vector<uint16_t> pairs;
+  const int64_t first = ConfigureRowTiles<Tiles>(m, tiles);
+  const bool fp8 = w.dtype == DType::kF8E4M3;
+  const int64_t block = fp8 ? w.block_cols : kInt8GroupCols;  // bf16: any fixed block
+  state.resize(static_cast<size_t>(m * kPanelRows));
+  pairs.resize(static_cast<size_t>(block * kPanelRows));
+  alignas(64) float sums[kAmxMaxRows * kPanelRows];
+  const int64_t x_stride = w.cols * 2;
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    std::fill(state.begin(), state.end(), 0.0f);
+    const float* block_scales = fp8 ? w.PanelScales(p) : nullptr;
+    for (int64_t b0 = 0; b0 < w.cols; b0 += block) {
+      const int64_t b1 = std::min(w.cols, b0 + block);
+      convert(w, p, b0, b1, pairs.data());
+      const float scale = fp8 ? block_scales[b0 / w.block_cols] : 1.0f;
+      const int64_t steps = (b1 - b0) / kTileCols16;
+      for (const RowTile& t : tiles) {
+        const uint16_t* x = x_bf16 + t.row * w.cols + b0;
+        if (t.count == first) {
+          Bf16BlockSums<Tiles, kC0, kA0>(x, x_stride, pairs.data(), steps, sums);
+        } else {
+          Bf16BlockSums<Tiles, kC1, kA1>(x, x_stride, pairs.data(), steps, sums);
+        }
+        for (int64_t r = 0; r < t.count; ++r) {
+          float* out = state.data() + (t.row + r) * kPanelRows;
+          for (int64_t i = 0; i < kPanelRows; ++i)
+            out[i] = __builtin_fmaf(sums[r * kPanelRows + i], scale, out[i]);
+        }
+      }
+    }
+    const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
+    for (int64_t r = 0; r < m; ++r)
+      std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
+  }
+  Tiles::Release();
+}
+
+}  // namespace
+}  // namespace sy::kernels

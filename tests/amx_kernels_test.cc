@@ -1,0 +1,429 @@
+// The AMX tile machine's emulator (kernels/cpu/amx_tiles.h) against the SDM's rules and
+// arithmetic, and the AMX kernels (kernels/cpu/amx_kernels.h) on it — and, where this CPU has
+// AMX, on its tiles: int8 products give the vector kernels' bits, bf16 products stay within the
+// rounding bound of their f32 sums and give every row the same bits at every batch size.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "kernels/cpu/amx_kernels.h"
+#include "kernels/cpu/amx_tiles.h"
+#include "kernels/cpu/fast_linear.h"
+#include "kernels/cpu/grouped_ffn.h"
+#include "kernels/cpu/int8_gemm.h"
+#include "kernels/cpu/isa_level.h"
+#include "model/model.h"
+#include "tensor/packed_matrix.h"
+#include "test_support.h"
+
+namespace sy {
+namespace {
+
+using kernels::AmxBackend;
+using kernels::EmulatedTiles;
+using kernels::TileConfig;
+
+// On a CPU without AMX the products in this file run on the emulator (before the first
+// ActiveAmxBackend(), which reads it once).
+const bool kEmulate = [] {
+  setenv("SWITCHYARD_AMX_EMULATE", "1", 1);
+  return true;
+}();
+
+// The backends this CPU runs the kernels on: the emulator everywhere, the tiles where allowed.
+std::vector<AmxBackend> Backends() {
+  std::vector<AmxBackend> backends = {AmxBackend::kEmulated};
+  if (kernels::AmxAllowed()) backends.push_back(AmxBackend::kHardware);
+  return backends;
+}
+
+TileConfig ThreeTiles(int rows, int a_bytes) {
+  TileConfig config;
+  config.Set(0, rows, 64);
+  config.Set(1, rows, a_bytes);
+  config.Set(2, a_bytes / 4, 64);
+  return config;
+}
+
+TEST(EmulatedTilesTest, ConfigurationIsCheckedAsLdtilecfgChecksIt) {
+  EXPECT_NO_THROW(EmulatedTiles::Configure(ThreeTiles(16, 64)));
+  TileConfig bad = ThreeTiles(16, 64);
+  bad.palette = 2;
+  EXPECT_THROW(EmulatedTiles::Configure(bad), std::logic_error);
+  bad = ThreeTiles(16, 64);
+  bad.rows[0] = 17;
+  EXPECT_THROW(EmulatedTiles::Configure(bad), std::logic_error);
+  bad = ThreeTiles(16, 64);
+  bad.colsb[1] = 68;
+  EXPECT_THROW(EmulatedTiles::Configure(bad), std::logic_error);
+  bad = ThreeTiles(16, 64);
+  bad.rows[9] = 1, bad.colsb[9] = 4;  // palette 1 has tiles 0-7
+  EXPECT_THROW(EmulatedTiles::Configure(bad), std::logic_error);
+  bad = ThreeTiles(16, 64);
+  bad.colsb[5] = 64;  // bytes without rows
+  EXPECT_THROW(EmulatedTiles::Configure(bad), std::logic_error);
+  bad = ThreeTiles(16, 64);
+  bad.reserved0[3] = 1;
+  EXPECT_THROW(EmulatedTiles::Configure(bad), std::logic_error);
+  EmulatedTiles::Release();
+}
+
+TEST(EmulatedTilesTest, TilesOutsideTheConfigurationAndMismatchedShapesFault) {
+  EmulatedTiles::Release();
+  alignas(64) uint8_t buffer[1024] = {};
+  EXPECT_THROW(EmulatedTiles::Load<0>(buffer, 64), std::logic_error);  // nothing configured
+  EmulatedTiles::Configure(ThreeTiles(8, 64));
+  EXPECT_THROW(EmulatedTiles::Zero<5>(), std::logic_error);  // tile 5 not configured
+  EXPECT_NO_THROW((EmulatedTiles::DotUnsignedSigned<0, 1, 2>()));
+  TileConfig config = ThreeTiles(8, 64);
+  config.rows[1] = 7;  // A's rows differ from C's
+  EmulatedTiles::Configure(config);
+  EXPECT_THROW((EmulatedTiles::DotUnsignedSigned<0, 1, 2>()), std::logic_error);
+  config = ThreeTiles(8, 64);
+  config.rows[2] = 15;  // B's rows are not A's bytes / 4
+  EmulatedTiles::Configure(config);
+  EXPECT_THROW((EmulatedTiles::DotBf16<0, 1, 2>()), std::logic_error);
+  EmulatedTiles::Release();
+}
+
+TEST(EmulatedTilesTest, LoadsAndStoresFollowTheStrideAndZeroTheRest) {
+  EmulatedTiles::Configure(ThreeTiles(3, 8));  // tile 1: 3 rows of 8 bytes
+  std::vector<uint8_t> source(200);
+  for (size_t i = 0; i < source.size(); ++i)
+    source[i] = static_cast<uint8_t>(i + 1);
+  EmulatedTiles::Load<1>(source.data(), 50);
+  std::vector<uint8_t> out(200, 0xee);
+  EmulatedTiles::Store<1>(out.data(), 60);
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 60; ++c)
+      EXPECT_EQ(out[r * 60 + c], c < 8 ? source[r * 50 + c] : 0xee) << r << " " << c;
+  EmulatedTiles::Zero<1>();
+  EmulatedTiles::Store<1>(out.data(), 60);
+  EXPECT_EQ(out[0], 0);
+  EmulatedTiles::Release();
+}
+
+TEST(EmulatedTilesTest, Tdpbusd_SumsUnsignedBySignedBytesExactly) {
+  for (int rows : {16, 5}) {
+    for (int a_bytes : {64, 12}) {
+      EmulatedTiles::Configure(ThreeTiles(rows, a_bytes));
+      std::mt19937 rng(static_cast<uint32_t>(rows * 100 + a_bytes));
+      std::vector<uint8_t> a(16 * 64), b(16 * 64);
+      for (auto& v : a)
+        v = static_cast<uint8_t>(rng());
+      for (auto& v : b)
+        v = static_cast<uint8_t>(rng());
+      a[0] = 255, b[0] = 0x80;  // the extremes: 255 · −128
+      std::vector<int32_t> c(16 * 16);
+      for (size_t i = 0; i < c.size(); ++i)
+        c[i] = static_cast<int32_t>(i) - 100;
+      const std::vector<int32_t> before = c;
+      EmulatedTiles::Load<0>(c.data(), 64);
+      EmulatedTiles::Load<1>(a.data(), 64);
+      EmulatedTiles::Load<2>(b.data(), 64);
+      EmulatedTiles::DotUnsignedSigned<0, 1, 2>();
+      EmulatedTiles::Store<0>(c.data(), 64);
+      for (int m = 0; m < rows; ++m)
+        for (int n = 0; n < 16; ++n) {
+          int64_t want = before[m * 16 + n];
+          for (int k = 0; k < a_bytes; ++k)
+            want += int64_t{a[m * 64 + k]} * static_cast<int8_t>(b[(k / 4) * 64 + 4 * n + k % 4]);
+          EXPECT_EQ(c[m * 16 + n], want) << m << " " << n;
+        }
+    }
+  }
+  EmulatedTiles::Release();
+}
+
+// Small integers: every partial sum is exact in f32, whatever the order, so the tile's result is
+// the exact one. Then random values: within the bound of its additions' rounding.
+TEST(EmulatedTilesTest, Tdpbf16ps_AddsTheProductsOfPairsIntoF32) {
+  EmulatedTiles::Configure(ThreeTiles(16, 64));
+  std::mt19937 rng(7);
+  for (bool integers : {true, false}) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto value = [&] {
+      return integers ? static_cast<float>(static_cast<int>(rng() % 33) - 16) : normal(rng);
+    };
+    std::vector<uint16_t> a(16 * 32), b(16 * 32);
+    for (auto& v : a)
+      v = F32ToBF16(value());
+    for (auto& v : b)
+      v = F32ToBF16(value());
+    std::vector<float> c(16 * 16);
+    for (auto& v : c)
+      v = integers ? 3.0f : value();
+    const std::vector<float> before = c;
+    EmulatedTiles::Load<0>(c.data(), 64);
+    EmulatedTiles::Load<1>(a.data(), 64);
+    EmulatedTiles::Load<2>(b.data(), 64);
+    EmulatedTiles::DotBf16<0, 1, 2>();
+    EmulatedTiles::Store<0>(c.data(), 64);
+    for (int m = 0; m < 16; ++m)
+      for (int n = 0; n < 16; ++n) {
+        double want = before[m * 16 + n], magnitude = std::fabs(want);
+        for (int k = 0; k < 32; ++k) {
+          const double p =
+              double{BF16ToF32(a[m * 32 + k])} * BF16ToF32(b[(k / 2) * 32 + 2 * n + k % 2]);
+          want += p;
+          magnitude += std::fabs(p);
+        }
+        // 18 roundings at most on any path: 16 per chain, the chains' sum, the add into C.
+        const double bound = integers ? 0.0 : 18 * std::ldexp(1.0, -24) * magnitude;
+        EXPECT_LE(std::fabs(c[m * 16 + n] - want), bound) << m << " " << n;
+      }
+  }
+  EmulatedTiles::Release();
+}
+
+// --- int8 ---
+
+struct Int8Case {
+  int64_t rows, cols, m;
+};
+
+TEST(AmxInt8Test, GivesThePortableKernelsBitsOnEveryBackend) {
+  for (AmxBackend backend : Backends()) {
+    for (Int8Case c : std::vector<Int8Case>{{16, 64, 1},
+                                            {40, 192, 37},  // partial panel, short group
+                                            {33, 256, 16},  // one full tile
+                                            {70, 704, 17},  // tiles 9 + 8
+                                            {128, 128, 50}}) {
+      testing::TestMatrix w = testing::RandomTestMatrix(
+          DType::kBF16, c.rows, c.cols, static_cast<uint32_t>(c.rows + c.cols), 128);
+      auto packed = PackInt8(w.view);
+      ASSERT_TRUE(kernels::AmxInt8Applies(*packed));
+      auto x = testing::RandomRows(c.m, c.cols, 3);
+      kernels::Int8Rows rows;
+      kernels::QuantizeRowsInt8(x.data(), c.m, c.cols, rows);
+      std::vector<float> want(static_cast<size_t>(c.m * c.rows)), got(want.size(), -1.0f);
+      kernels::Int8PanelsOn(kernels::Int8Kernel::kPortable, rows.codes.data(), rows.stride,
+                            rows.scales.data(), c.m, *packed, 0, packed->panels, want.data());
+      kernels::AmxInt8Panels(backend, rows.codes.data(), rows.stride, rows.scales.data(), c.m,
+                             *packed, 0, packed->panels, got.data());
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+          << kernels::AmxBackendName(backend) << " " << c.rows << "x" << c.cols << " m " << c.m;
+      // A range of panels writes those panels' outputs and no others.
+      if (packed->panels > 2) {
+        std::vector<float> part(want.size(), -1.0f);
+        kernels::AmxInt8Panels(backend, rows.codes.data(), rows.stride, rows.scales.data(), c.m,
+                               *packed, 1, 2, part.data());
+        for (int64_t t = 0; t < c.m; ++t)
+          for (int64_t r = 0; r < c.rows; ++r) {
+            const size_t i = static_cast<size_t>(t * c.rows + r);
+            EXPECT_EQ(part[i], r / kPanelRows == 1 ? want[i] : -1.0f) << t << " " << r;
+          }
+      }
+    }
+  }
+}
+
+// Through LinearPacked, which takes AMX from a tile of rows up: the path says so, and rows have
+// the same bits as on the vector kernels at any batch.
+TEST(AmxInt8Test, ProductsTakeItFromATileOfRowsWithTheSameBits) {
+  testing::TestMatrix w = testing::RandomTestMatrix(DType::kF8E4M3, 90, 640, 21, 128);
+  auto packed = PackInt8(w.view);
+  constexpr int64_t kRows = 41;
+  auto x = testing::RandomRows(kRows, 640, 9);
+  std::vector<float> vector_kernels(static_cast<size_t>(kRows * 90)), amx(vector_kernels.size());
+  kernels::EnableAmxInt8(false);
+  EXPECT_EQ(std::string(kernels::KernelPathName(kRows, *packed)).find("amx"), std::string::npos);
+  kernels::LinearPacked(x.data(), kRows, *packed, vector_kernels.data());
+  kernels::EnableAmxInt8(true);
+  EXPECT_NE(std::string(kernels::KernelPathName(kRows, *packed)).find("int8-amx"),
+            std::string::npos);
+  EXPECT_EQ(std::string(kernels::KernelPathName(15, *packed)).find("amx"), std::string::npos);
+  kernels::LinearPacked(x.data(), kRows, *packed, amx.data());
+  EXPECT_EQ(std::memcmp(amx.data(), vector_kernels.data(), amx.size() * sizeof(float)), 0);
+  for (int64_t m : {1, 15, 16, 17, 33}) {
+    std::vector<float> some(static_cast<size_t>(m * 90));
+    kernels::LinearPacked(x.data() + (kRows - m) * 640, m, *packed, some.data());
+    EXPECT_EQ(std::memcmp(some.data(), amx.data() + (kRows - m) * 90, some.size() * sizeof(float)),
+              0)
+        << "m " << m;
+  }
+}
+
+// --- bf16 ---
+
+struct Bf16Case {
+  int64_t rows, cols, m, block;
+};
+
+std::vector<float> AmxBf16Product(AmxBackend backend, const PackedMatrix& w,
+                                  const std::vector<float>& x, int64_t m, int64_t first_panel,
+                                  int64_t end_panel) {
+  std::vector<uint16_t> xb(static_cast<size_t>(m * w.cols));
+  kernels::AmxToBf16Rows(backend, x.data(), m, w.cols, xb.data());
+  std::vector<float> y(static_cast<size_t>(m * w.rows), -1.0f);
+  kernels::AmxBf16Panels(backend, xb.data(), m, w, first_panel, end_panel, y.data());
+  return y;
+}
+
+// Each output against the double-precision sum over the same operands. Per block the tile adds
+// the block's products in chains of at most the block's length plus the chains' sum and the add
+// into the tile (block + 2 roundings); the blocks' fmas add one each. So the error is within
+// (cols + 3 · blocks) · 2^-24 · Σ|x · w|.
+TEST(AmxBf16Test, StaysWithinTheRoundingOfItsF32Sums) {
+  for (AmxBackend backend : Backends()) {
+    for (DType dtype : {DType::kF8E4M3, DType::kBF16}) {
+      for (Bf16Case c : std::vector<Bf16Case>{{16, 32, 1, 32},
+                                              {17, 96, 2, 32},     // partial panel, 3 blocks
+                                              {70, 256, 16, 128},  // one full tile
+                                              {47, 320, 13, 64},   // a short last block
+                                              {130, 512, 37, 128}}) {
+        testing::TestMatrix w = testing::RandomTestMatrix(
+            dtype, c.rows, c.cols, static_cast<uint32_t>(c.rows * 3 + c.cols), c.block);
+        auto packed = Pack(w.view);
+        ASSERT_TRUE(kernels::AmxBf16Applies(*packed));
+        auto x = testing::RandomRows(c.m, c.cols, 5);
+        std::vector<double> magnitude;
+        const auto want = testing::Bf16ProductReference(w, x, c.m, &magnitude);
+        const auto got = AmxBf16Product(backend, *packed, x, c.m, 0, packed->panels);
+        const int64_t blocks = (c.cols + 127) / 128 + (c.cols + c.block - 1) / c.block;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const double bound =
+              static_cast<double>(c.cols + 3 * blocks) * std::ldexp(1.0, -24) * magnitude[i];
+          ASSERT_LE(std::fabs(got[i] - want[i]), bound)
+              << kernels::AmxBackendName(backend) << " " << DTypeName(dtype) << " " << c.rows << "x"
+              << c.cols << " m " << c.m << " output " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(AmxBf16Test, EveryFp8ValueConvertsExactly) {
+  // Row r, column c holds fp8 byte (16·c + r) mod 256 over 32 columns: every byte twice, NaNs
+  // replaced by zero; one-hot rows of x pick each column in turn.
+  const int64_t rows = 16, cols = 32;
+  testing::TestMatrix w = testing::MakeTestMatrix(DType::kF8E4M3, rows, cols, 32,
+                                                  [](int64_t, int64_t) { return 0.0f; });
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      uint8_t byte = static_cast<uint8_t>(16 * c + r);
+      if ((byte & 0x7f) == 0x7f) byte = 0;
+      w.bytes[r * cols + c] = byte;
+    }
+  w.scales = {1.0f};
+  w.view.block_scales = w.scales.data();
+  auto packed = Pack(w.view);
+  for (AmxBackend backend : Backends()) {
+    for (int64_t c = 0; c < cols; ++c) {
+      std::vector<float> x(static_cast<size_t>(cols), 0.0f);
+      x[c] = 1.0f;
+      const auto y = AmxBf16Product(backend, *packed, x, 1, 0, packed->panels);
+      for (int64_t r = 0; r < rows; ++r)
+        EXPECT_EQ(y[r], F8E4M3ToF32(w.bytes[r * cols + c]))
+            << kernels::AmxBackendName(backend) << " byte 0x" << std::hex
+            << int{w.bytes[r * cols + c]};
+    }
+  }
+}
+
+// Each row alone, then among others (tiles of other heights, other rows beside it): the same
+// bits. On hardware as well: TDPBF16PS computes each tile row on its own.
+TEST(AmxBf16Test, RowsAreTheSameBitsAtEveryBatchSize) {
+  for (AmxBackend backend : Backends()) {
+    for (DType dtype : {DType::kF8E4M3, DType::kBF16}) {
+      const int64_t rows = 90, cols = 384;
+      testing::TestMatrix w = testing::RandomTestMatrix(dtype, rows, cols, 17, 128);
+      auto packed = Pack(w.view);
+      const int64_t most = 41;
+      auto x = testing::RandomRows(most, cols, 23);
+      const auto all = AmxBf16Product(backend, *packed, x, most, 0, packed->panels);
+      for (int64_t m : {1, 2, 13, 16, 17, 33}) {
+        const int64_t first = most - m;
+        std::vector<float> rows_x(x.begin() + first * cols, x.begin() + most * cols);
+        const auto some = AmxBf16Product(backend, *packed, rows_x, m, 0, packed->panels);
+        EXPECT_EQ(0, std::memcmp(some.data(), all.data() + first * rows, some.size() * 4))
+            << kernels::AmxBackendName(backend) << " " << DTypeName(dtype) << " m " << m;
+      }
+    }
+  }
+}
+
+// With --amx-bf16, plain and grouped expert products take the kernel: a row of an expert's
+// batch has the bits of that row's plain products (the SiLU as the kernel computes it).
+TEST(AmxBf16Test, LinearAndGroupedExpertsTakeItWhenAsked) {
+  kernels::GlobalKernelOptions().amx_bf16 = true;
+  const AmxBackend backend = kernels::ActiveAmxBackend();
+  ASSERT_NE(backend, AmxBackend::kNone);
+  const int64_t hidden = 256, width = 128, experts = 3;
+  std::vector<testing::TestMatrix> storage;
+  std::vector<std::shared_ptr<const PackedMatrix>> packed;
+  for (int64_t i = 0; i < 3 * experts; ++i) {
+    const bool down = i % 3 == 2;
+    storage.push_back(testing::RandomTestMatrix(DType::kF8E4M3, down ? hidden : width,
+                                                down ? width : hidden,
+                                                static_cast<uint32_t>(40 + i), 128));
+    packed.push_back(Pack(storage.back().view));
+  }
+  EXPECT_NE(std::string(kernels::KernelPathName(1, *packed[0])).find("amx-bf16"),
+            std::string::npos);
+  std::vector<kernels::ExpertPanels> panels;
+  for (int64_t e = 0; e < experts; ++e)
+    panels.push_back({packed[3 * e].get(), packed[3 * e + 1].get(), packed[3 * e + 2].get()});
+  const std::vector<int64_t> offsets = {0, 1, 3, 20};  // 1, 2 and 17 rows
+  auto x = testing::RandomRows(offsets.back(), hidden, 31);
+  std::vector<float> grouped(x.size(), -1.0f);
+  kernels::GroupedExpertFfn(x.data(), offsets, panels, hidden, grouped.data());
+  // Each row alone through plain products: gate, up, SiLU(gate)·up, down.
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t t = offsets[e]; t < offsets[e + 1]; ++t) {
+      std::vector<float> gate(width), up(width), out(hidden);
+      kernels::LinearPacked(x.data() + t * hidden, 1, *packed[3 * e], gate.data());
+      kernels::LinearPacked(x.data() + t * hidden, 1, *packed[3 * e + 1], up.data());
+      for (int64_t i = 0; i < width; ++i)
+        gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+      kernels::LinearPacked(gate.data(), 1, *packed[3 * e + 2], out.data());
+      EXPECT_EQ(0, std::memcmp(out.data(), grouped.data() + t * hidden, hidden * sizeof(float)))
+          << "expert " << e << " row " << t;
+    }
+  kernels::GlobalKernelOptions().amx_bf16 = false;
+}
+
+// The model with --amx-bf16 against Hugging Face transformers, at the bar of the bf16 dot kernel
+// (conformance_test.cc's Bf16DotPathMeetsTheBar): every tiny fixture and the default model.
+TEST(AmxBf16Test, TheModelMeetsTheBf16Bar) {
+  kernels::GlobalKernelOptions().amx_bf16 = true;
+  auto run = [](const Model& model, const testing::Fixture& fixture) {
+    std::vector<float> all;
+    for (const auto& ids : fixture.tokens) {
+      const int64_t T = static_cast<int64_t>(ids.size());
+      LatentCache cache = model.NewCache(T, 1, DType::kBF16);
+      SequenceCache seq;
+      ForwardBatch batch;
+      batch.Add(ids.data(), T, &seq);
+      std::vector<float> logits;
+      EXPECT_TRUE(model.Forward(batch, cache, ForwardOptions{}, &logits).ok());
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    return all;
+  };
+  for (const auto& name : testing::FixtureNames()) {
+    testing::Fixture fixture = testing::LoadFixture(name);
+    auto model = Model::Load(fixture.directory);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    auto comparison =
+        testing::CompareLogits(fixture.logits, run(*model.value(), fixture), fixture.vocab);
+    EXPECT_EQ(comparison.argmax_mismatches, 0) << name;
+    const int64_t rows = static_cast<int64_t>(comparison.row_max_diff.size());
+    EXPECT_LE(comparison.RowsOver(1e-2), std::max<int64_t>(2, rows / 20)) << name;
+  }
+  testing::Fixture fixture = testing::LoadFixture("default-model");
+  auto model = Model::Load(std::string(SY_SOURCE_DIR) + "/models/default");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto comparison =
+      testing::CompareLogits(fixture.logits, run(*model.value(), fixture), fixture.vocab);
+  EXPECT_EQ(comparison.argmax_mismatches, 0);
+  EXPECT_LE(comparison.max_abs_diff, 2e-2 * comparison.max_abs_reference);
+  EXPECT_GT(comparison.max_abs_diff, 0.0);  // bf16 activations: not the f32 path's bits
+  kernels::GlobalKernelOptions().amx_bf16 = false;
+}
+
+}  // namespace
+}  // namespace sy
