@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/ggml_gemm.h"
@@ -26,6 +27,13 @@ namespace sy {
 namespace {
 
 using kernels::GgmlKernel;
+
+// Products of a tile of rows and more take the AMX kernel (kernels/cpu/amx_kernels.h): on this
+// CPU's tiles where it has them, else on the emulator (read once, before the first product).
+const bool kEmulateAmx = [] {
+  setenv("SWITCHYARD_AMX_EMULATE", "1", 1);
+  return true;
+}();
 
 // Where each type keeps its half-precision scales (ggml-common.h's block structs).
 std::vector<int> HalfOffsets(GgmlType type) {
@@ -114,9 +122,11 @@ std::vector<GgmlKernel> Kernels() {
   return all;
 }
 
-// x [m][w.cols] times w on every kernel this CPU runs: the portable kernel's bits on each.
+// x [m][w.cols] times w on every kernel this CPU runs: the portable kernel's bits on each, the
+// AMX kernel's included from a tile of rows up.
 void ExpectEveryKernelGivesThePortableBits(const std::vector<float>& x, int64_t m,
                                            const PackedMatrix& w) {
+  kernels::EnableAmxGgml(false);
   kernels::LimitGgmlKernel(GgmlKernel::kPortable);
   const std::vector<float> want = Product(x, m, w);
   for (GgmlKernel kernel : Kernels()) {
@@ -124,6 +134,13 @@ void ExpectEveryKernelGivesThePortableBits(const std::vector<float>& x, int64_t 
     const std::vector<float> got = Product(x, m, w);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
         << kernels::GgmlKernelName(kernel) << ", " << m << " rows";
+  }
+  kernels::EnableAmxGgml(true);
+  if (m >= kernels::kAmxInt8MinRows) {
+    EXPECT_NE(std::string(kernels::KernelPathName(m, w)).find("ggml-amx"), std::string::npos);
+    const std::vector<float> got = Product(x, m, w);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << "AMX, " << m << " rows";
   }
 }
 
@@ -198,7 +215,7 @@ TEST_P(GgmlGemmTest, EveryKernelGivesThePortableBits) {
   const int64_t cols = 2 * GgmlTypeInfo(type)->block_size, rows = 45;
   RandomGgml w = MakeRandom(type, rows, cols, 99);
   auto packed = PackGgml(w.matrix);
-  for (int64_t m : {1, 11}) {
+  for (int64_t m : {1, 11, 37}) {
     const std::vector<float> x = RandomRows(m, cols, 5);
     ExpectEveryKernelGivesThePortableBits(x, m, *packed);
   }
@@ -222,7 +239,7 @@ TEST_P(GgmlGemmTest, LargestCodesAndActivationsGiveThePortableBits) {
     if (!half) w.bytes[i] = 0xff;
   }
   auto packed = PackGgml(w.matrix);
-  for (int64_t m : {1, 2, 4, 11}) {
+  for (int64_t m : {1, 2, 4, 11, 16}) {
     // Row r: all +1 (r % 3 == 0), all −1 (r % 3 == 1), or +1 and −1 by column pair.
     std::vector<float> x(static_cast<size_t>(m * cols));
     for (int64_t r = 0; r < m; ++r)

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/fast_linear.h"
 #include "model/feed_forward.h"
 #include "model/gguf.h"
@@ -528,6 +529,32 @@ std::string GoldenTokensText() {
 // Q8_0, as in a Q4_K_M), committed with the script that made them
 // (tools/llama_cpp/make_llama_fixture.sh, llama-cpp-python 0.3.36), so every run compares with
 // llama.cpp without building it. Each file must be the one they were made on (its SHA-256).
+// A prompt's prefill products of a tile of rows and more take the AMX GGML kernel (on this CPU's
+// tiles, else on its emulator): the logits of the vector kernels, bit for bit, on both files.
+const bool kEmulateAmx = [] {  // read once, before the first product asks for a backend
+  setenv("SWITCHYARD_AMX_EMULATE", "1", 1);
+  return true;
+}();
+
+TEST(GgufModelTest, AmxKernelGivesTheVectorKernelsLogits) {
+  ASSERT_NE(kernels::ActiveAmxBackend(), kernels::AmxBackend::kNone);
+  int64_t tokens = 0;
+  for (const auto& sequence : GoldenTokens())
+    tokens += static_cast<int64_t>(sequence.size());
+  ASSERT_GE(tokens, kernels::kAmxInt8MinRows);  // the prefill's products fill tiles
+  for (const char* file : {"default-q8_0.gguf", "default-q4_k_mix.gguf"}) {
+    SCOPED_TRACE(file);
+    auto model = LoadOrFail(kModels + "/" + file);
+    ASSERT_TRUE(model);
+    kernels::EnableAmxGgml(false);
+    const auto vector_kernels = RunLogits(*model, GoldenTokens());
+    kernels::EnableAmxGgml(true);
+    const auto amx = RunLogits(*model, GoldenTokens());
+    ASSERT_EQ(amx.size(), vector_kernels.size());
+    EXPECT_EQ(std::memcmp(amx.data(), vector_kernels.data(), amx.size() * sizeof(float)), 0);
+  }
+}
+
 TEST(GgufModelTest, LogitsMatchLlamaCppOnTheSameFile) {
   const std::string fixtures = std::string(SY_FIXTURES_DIR) + "/gguf";
   for (const std::string& name : {std::string("q8_0"), std::string("q4_k_mix")}) {

@@ -45,6 +45,11 @@ void Int8PanelsEmulated(const uint8_t* codes, int64_t stride, const float* scale
   Int8PanelsBody<EmulatedTiles>(codes, stride, scales, m, w, panel_begin, panel_end, y);
 }
 
+void GgmlPanelsEmulated(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, float* y) {
+  GgmlPanelsBody<EmulatedTiles>(x, first, m, w, panel_begin, panel_end, y);
+}
+
 void Bf16PanelsEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                         int64_t panel_begin, int64_t panel_end, float* y) {
   Bf16PanelsBody<EmulatedTiles>(x_bf16, m, w, panel_begin, panel_end, y, ConvertPairsPortable);

@@ -48,6 +48,10 @@ struct HardwareTiles {
     asm volatile("tdpbusd %%tmm%c2, %%tmm%c1, %%tmm%c0" : : "n"(C), "n"(A), "n"(B));
   }
   template <int C, int A, int B>
+  static void DotSignedUnsigned() {
+    asm volatile("tdpbsud %%tmm%c2, %%tmm%c1, %%tmm%c0" : : "n"(C), "n"(A), "n"(B));
+  }
+  template <int C, int A, int B>
   static void DotBf16() {
     asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" : : "n"(C), "n"(A), "n"(B));
   }
@@ -85,6 +89,11 @@ void Int8PanelsHardware(const uint8_t* codes, int64_t stride, const float* scale
   Int8PanelsBody<HardwareTiles>(codes, stride, scales, m, w, panel_begin, panel_end, y);
 }
 
+void GgmlPanelsHardware(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, float* y) {
+  GgmlPanelsBody<HardwareTiles>(x, first, m, w, panel_begin, panel_end, y);
+}
+
 void Bf16PanelsHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                         int64_t panel_begin, int64_t panel_end, float* y) {
   Bf16PanelsBody<HardwareTiles>(x_bf16, m, w, panel_begin, panel_end, y, ConvertPairsAvx512);
@@ -101,6 +110,8 @@ void ToBf16RowsHardware(const float* x, int64_t m, int64_t cols, uint16_t* out) 
 namespace sy::kernels::amx_detail {
 void Int8PanelsHardware(const uint8_t*, int64_t, const float*, int64_t, const PackedMatrix&,
                         int64_t, int64_t, float*) {}
+void GgmlPanelsHardware(const Q8Rows&, int64_t, int64_t, const PackedMatrix&, int64_t, int64_t,
+                        float*) {}
 void Bf16PanelsHardware(const uint16_t*, int64_t, const PackedMatrix&, int64_t, int64_t, float*) {}
 void ToBf16RowsHardware(const float*, int64_t, int64_t, uint16_t*) {}
 }  // namespace sy::kernels::amx_detail

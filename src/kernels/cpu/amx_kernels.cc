@@ -6,10 +6,12 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/isa_level.h"
 #include "tensor/dtype.h"
+#include "tensor/ggml_quants.h"
 
 namespace sy::kernels {
 
@@ -50,6 +52,25 @@ void AmxInt8Panels(AmxBackend backend, const uint8_t* codes, int64_t stride, con
 
 namespace {
 
+// Whether `gives_the_bits` held on `backend`, asked once per backend; a warning where not.
+template <typename Check>
+bool CheckedOnce(AmxBackend backend, const char* kernel, Check gives_the_bits) {
+  auto check = [&](AmxBackend b) {
+    if (gives_the_bits(b)) return true;
+    std::fprintf(stderr,
+                 "warning: the AMX %s kernel (%s) disagreed with the portable kernel on its "
+                 "check; not using it\n",
+                 kernel, AmxBackendName(b));
+    return false;
+  };
+  if (backend == AmxBackend::kHardware) {
+    static const bool ok = check(AmxBackend::kHardware);
+    return ok;
+  }
+  static const bool ok = check(AmxBackend::kEmulated);
+  return ok;
+}
+
 std::atomic<bool> amx_int8_enabled{true};
 
 // A product that crosses every case of the kernel — three panels, the last partial; a full
@@ -89,23 +110,6 @@ bool AmxInt8GivesThePortableBits(AmxBackend backend) {
   return std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0;
 }
 
-bool AmxInt8Checked(AmxBackend backend) {
-  auto check = [](AmxBackend b) {
-    if (AmxInt8GivesThePortableBits(b)) return true;
-    std::fprintf(stderr,
-                 "warning: the AMX int8 kernel (%s) disagreed with the portable kernel on its "
-                 "check; not using it\n",
-                 AmxBackendName(b));
-    return false;
-  };
-  if (backend == AmxBackend::kHardware) {
-    static const bool ok = check(AmxBackend::kHardware);
-    return ok;
-  }
-  static const bool ok = check(AmxBackend::kEmulated);
-  return ok;
-}
-
 }  // namespace
 
 bool UseAmxInt8(int64_t m, const PackedMatrix& w) {
@@ -113,11 +117,105 @@ bool UseAmxInt8(int64_t m, const PackedMatrix& w) {
       !AmxInt8Applies(w))
     return false;
   const AmxBackend backend = ActiveAmxBackend();
-  return backend != AmxBackend::kNone && AmxInt8Checked(backend);
+  return backend != AmxBackend::kNone &&
+         CheckedOnce(backend, "int8", [](AmxBackend b) { return AmxInt8GivesThePortableBits(b); });
 }
 
 void EnableAmxInt8(bool enabled) {
   amx_int8_enabled.store(enabled, std::memory_order_relaxed);
+}
+
+bool AmxGgmlApplies(const PackedMatrix& w) {
+  return w.dtype == DType::kGgml && w.sub_cols > 0 && w.sub_cols % 4 == 0 &&
+         w.sub_cols <= kAmxMaxColsBytes && w.super_cols % w.sub_cols == 0 &&
+         (w.code_bits == 4 || w.code_bits == 6 || w.code_bits == 8);
+}
+
+void AmxGgmlPanels(AmxBackend backend, const Q8Rows& x, int64_t first, int64_t m,
+                   const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y) {
+  if (backend == AmxBackend::kHardware) {
+    amx_detail::GgmlPanelsHardware(x, first, m, w, panel_begin, panel_end, y);
+  } else {
+    amx_detail::GgmlPanelsEmulated(x, first, m, w, panel_begin, panel_end, y);
+  }
+}
+
+namespace {
+
+std::atomic<bool> amx_ggml_enabled{true};
+
+// As AmxInt8GivesThePortableBits, for one GGML type's panel layout: 40 rows (the last panel
+// partial) and two blocks of random codes, scales and minimums; 37 rows of activations.
+bool AmxGgmlGivesThePortableBits(AmxBackend backend, GgmlType type) {
+  constexpr int64_t kRows = 40, kM = 37;
+  uint32_t seed = 99 + static_cast<uint32_t>(type);
+  auto next = [&] { return seed = seed * 1664525u + 1013904223u, seed >> 8; };
+  PackedMatrix w;
+  w.dtype = DType::kGgml;
+  if (!SetGgmlPanelLayout(type, w)) return false;
+  w.rows = kRows;
+  w.cols = 2 * w.super_cols;
+  w.panels = (kRows + kPanelRows - 1) / kPanelRows;
+  const int64_t subs = w.cols / w.sub_cols, blocks = w.cols / w.super_cols;
+  const size_t bytes = static_cast<size_t>(w.panels * w.cols) * w.PanelColumnBytes();
+  w.data = AllocatePanels(bytes);
+  for (size_t i = 0; i < bytes; ++i)
+    w.data.get()[i] = static_cast<uint8_t>(next());
+  auto half = [&] {
+    return F32ToF16(static_cast<float>(static_cast<int>(next() % 2001) - 1000) * 1e-5f);
+  };
+  const size_t per_sub = static_cast<size_t>(w.panels * subs * kPanelRows);
+  const size_t per_block = static_cast<size_t>(w.panels * blocks * kPanelRows);
+  if (!w.unit_scales) {
+    for (size_t i = 0; i < per_sub; ++i)
+      w.sub_scales.push_back(static_cast<int8_t>(next() % 64));
+    if (!w.shared_d)
+      for (size_t i = 0; i < per_sub; ++i)
+        w.sub_mins.push_back(static_cast<int8_t>(next() % 64));
+  }
+  for (size_t i = 0; i < per_block; ++i)
+    w.super_d.push_back(half());
+  if (!w.shared_d)
+    for (size_t i = 0; i < per_block; ++i)
+      w.super_dmin.push_back(half());
+  Q8Rows x;
+  x.cols = w.cols;
+  x.stride = w.cols + 64;
+  x.block_cols = w.super_cols;
+  x.sub_cols = w.sub_cols;
+  x.blocks = blocks;
+  x.subs = subs;
+  x.offset = Q8Rows::ActivationOffset(w);
+  x.codes.resize(static_cast<size_t>(kM * x.stride));
+  for (auto& v : x.codes)
+    v = static_cast<int8_t>(static_cast<int>(next() % 255) - 127);
+  for (int64_t i = 0; i < kM * blocks; ++i)
+    x.scales.push_back(static_cast<float>(next() % 1000 + 1) * 1e-4f);
+  for (int64_t i = 0; i < kM * subs; ++i)
+    x.sums.push_back(static_cast<int32_t>(next() % 8001) - 4000);
+  std::vector<float> want(static_cast<size_t>(kM * kRows)), got(want.size(), -1.0f);
+  GgmlPanelsOn(GgmlKernel::kPortable, x, 0, kM, w, 0, w.panels, want.data());
+  AmxGgmlPanels(backend, x, 0, kM, w, 0, w.panels, got.data());
+  return std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+bool UseAmxGgml(int64_t m, const PackedMatrix& w) {
+  if (m < kAmxInt8MinRows || !amx_ggml_enabled.load(std::memory_order_relaxed) ||
+      !AmxGgmlApplies(w))
+    return false;
+  const AmxBackend backend = ActiveAmxBackend();
+  return backend != AmxBackend::kNone && CheckedOnce(backend, "GGML", [](AmxBackend b) {
+           // 4-bit codes with separate minimums, 6-bit with a shared offset, bytes.
+           return AmxGgmlGivesThePortableBits(b, GgmlType::kQ4_K) &&
+                  AmxGgmlGivesThePortableBits(b, GgmlType::kQ6_K) &&
+                  AmxGgmlGivesThePortableBits(b, GgmlType::kQ8_0);
+         });
+}
+
+void EnableAmxGgml(bool enabled) {
+  amx_ggml_enabled.store(enabled, std::memory_order_relaxed);
 }
 
 bool AmxBf16Applies(const PackedMatrix& w) {

@@ -1,14 +1,15 @@
 // Products on Intel AMX tiles (Sapphire Rapids and later): TDPBUSD for int8 weights
-// (`--int8-products`), TDPBF16PS for fp8 and bf16 weights (`--amx-bf16`). One tile multiply does
+// (`--int8-products`), TDPBSUD for GGML blocks (a GGUF's Q4_K..Q8_0), TDPBF16PS for fp8 and bf16
+// weights (`--amx-bf16`). One tile multiply does
 // 16 rows × 16 outputs × 64 bytes of products, eight to sixteen times an AVX-512 instruction's.
 //
 // Each kernel is written once (amx_kernels_body.h) and built twice: on the hardware's tiles and
 // on the emulator of amx_tiles.h, so its tiling and packing are tested on CPUs without AMX.
 //
-// int8: the same arithmetic as int8_gemm.h, bit for bit — each 128-column group's integer sums
-// are exact whatever the tile shape, and the group's term is added to a row's result as the
-// portable kernel adds it. So it may take any batch at any size without a row's bits moving, and
-// Int8Panels uses it from one tile of rows up.
+// int8 and GGML: the same arithmetic as int8_gemm.h and ggml_gemm.h, bit for bit — each 128-column
+// group's integer sums are exact whatever the tile shape, and the group's term is added to a row's
+// result as the portable kernel adds it (GGML: each sub-block's). So it may take any batch at any
+// size without a row's bits moving, and Int8Panels and GgmlPanels use it from one tile of rows up.
 //
 // fp8 and bf16: activations rounded to bf16 once per row; the weights of a panel converted to
 // bf16 pairs (exact) one scale block at a time; for each block, TDPBF16PS sums its columns into
@@ -20,6 +21,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/ggml_gemm.h"
 #include "tensor/packed_matrix.h"
 
 namespace sy::kernels {
@@ -46,6 +48,18 @@ inline constexpr int64_t kAmxInt8MinRows = 16;
 // Tests: whether UseAmxInt8 may say yes (on by default).
 void EnableAmxInt8(bool enabled);
 
+// GGML blocks kept quantized (ggml_gemm.h) with sub-blocks of at most 64 columns: every type
+// PackGgml keeps.
+bool AmxGgmlApplies(const PackedMatrix& w);
+// GgmlPanels's contract, on `backend`'s tiles: TDPBSUD sums each sub-block's signed activation
+// codes times its unsigned weight codes (unpacked from nibbles and top bits into bytes), and the
+// sub-block and block arithmetic is ggml_gemm.h's, so the bits are the vector kernels'.
+void AmxGgmlPanels(AmxBackend backend, const Q8Rows& x, int64_t first, int64_t m,
+                   const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y);
+// As UseAmxInt8, for GgmlPanels (its check: Q4_K, Q6_K and Q8_0 layouts).
+bool UseAmxGgml(int64_t m, const PackedMatrix& w);
+void EnableAmxGgml(bool enabled);
+
 // fp8 (scale blocks of a multiple of 32 columns) or bf16 weights with columns a multiple of 32.
 bool AmxBf16Applies(const PackedMatrix& w);
 // Rows of x rounded to bf16 (nearest even) for AmxBf16Panels, [m][cols].
@@ -63,6 +77,10 @@ void Int8PanelsEmulated(const uint8_t* codes, int64_t stride, const float* scale
                         const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y);
 void Int8PanelsHardware(const uint8_t* codes, int64_t stride, const float* scales, int64_t m,
                         const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y);
+void GgmlPanelsEmulated(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, float* y);
+void GgmlPanelsHardware(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, float* y);
 void Bf16PanelsEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                         int64_t panel_begin, int64_t panel_end, float* y);
 void Bf16PanelsHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,

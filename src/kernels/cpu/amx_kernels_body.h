@@ -12,16 +12,19 @@
 #include <vector>
 
 #include "kernels/cpu/amx_tiles.h"
+#include "kernels/cpu/ggml_gemm.h"
 #include "kernels/cpu/row_tiles.h"
+#include "tensor/ggml_quants.h"
 #include "tensor/packed_matrix.h"
 
 namespace sy::kernels {
 namespace {
 
 // Tile roles. Rows split into near-equal tiles of at most 16 (row_tiles.h), so a product has at
-// most two tile heights: C and A tiles for each, and one weight tile B. Either multiply reads
-// 64 bytes of each A row (64 int8 columns or 32 bf16) against 16 rows of B (quads of int8
-// columns, pairs of bf16 ones), 64 bytes each: 16 outputs of a panel.
+// most two tile heights: C and A tiles for each, and one weight tile B. A multiply reads 64 bytes
+// of each A row (64 int8 columns or 32 bf16; a GGML sub-block's 16 or 32) against a B row per 4
+// of those bytes (quads of int8 columns, pairs of bf16 ones), 64 bytes each: 16 outputs of a
+// panel.
 constexpr int kC0 = 0, kA0 = 1, kB = 2, kC1 = 3, kA1 = 4;
 constexpr int kTileBytes = kAmxMaxColsBytes;
 constexpr int64_t kTileCols8 = 64;   // int8 columns per tile multiply
@@ -35,7 +38,8 @@ struct RowTile {
 // Splits m rows into tiles and configures the tiles for their heights; returns the first
 // height (tiles of another height use kC1 and kA1).
 template <class Tiles>
-SY_AMX_KERNEL int64_t ConfigureRowTiles(int64_t m, std::vector<RowTile>& tiles) {
+SY_AMX_KERNEL int64_t ConfigureRowTiles(int64_t m, std::vector<RowTile>& tiles,
+                                        int a_bytes = kTileBytes) {
   tiles.clear();
   ForEachRowTile(m, kAmxMaxRows, [&](int64_t, int64_t row, int64_t count) {
     tiles.push_back({row, count});
@@ -43,12 +47,12 @@ SY_AMX_KERNEL int64_t ConfigureRowTiles(int64_t m, std::vector<RowTile>& tiles) 
   const int64_t first = tiles.front().count;
   TileConfig config;
   config.Set(kC0, static_cast<int>(first), kTileBytes);
-  config.Set(kA0, static_cast<int>(first), kTileBytes);
-  config.Set(kB, kAmxMaxRows, kTileBytes);
+  config.Set(kA0, static_cast<int>(first), a_bytes);
+  config.Set(kB, a_bytes / 4, kTileBytes);
   for (const RowTile& t : tiles) {
     if (t.count != first) {
       config.Set(kC1, static_cast<int>(t.count), kTileBytes);
-      config.Set(kA1, static_cast<int>(t.count), kTileBytes);
+      config.Set(kA1, static_cast<int>(t.count), a_bytes);
     }
   }
   Tiles::Configure(config);
@@ -105,6 +109,119 @@ SY_AMX_KERNEL void Int8PanelsBody(const uint8_t* codes, int64_t stride, const fl
                 static_cast<float>(sums[r * kPanelRows + i] - w_offset[i]) * w_scale[i];
             out[i] = __builtin_fmaf(term, xs, out[i]);
           }
+        }
+      }
+    }
+    const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
+    for (int64_t r = 0; r < m; ++r)
+      std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
+  }
+  Tiles::Release();
+}
+
+// Columns [c0, c0 + count) of a GGML panel (count a multiple of 4) as TDPBSUD B rows: per quad
+// of columns, 16 rows × 4 unsigned codes, each code a byte (ggml_gemm.cc's CodeAt, 64 at once).
+SY_AMX_KERNEL inline void UnpackGgmlQuads(const PackedMatrix& w, const uint8_t* codes, int64_t c0,
+                                          int64_t count, uint8_t* out) {
+  for (int64_t q = 0; q < count / 4; ++q) {
+    const int64_t quad = c0 / 4 + q;
+    uint8_t* row = out + q * kTileBytes;
+    if (w.code_bits == 8) {  // int8's layout: the quad's row as it lies
+      std::copy_n(codes + quad * kTileBytes, kTileBytes, row);
+      continue;
+    }
+    const uint8_t* nibbles = codes + GgmlNibbleUnitOffset(w, quad / 2);
+    const int shift = quad % 2 ? 4 : 0;
+    for (int i = 0; i < kTileBytes; ++i)
+      row[i] = static_cast<uint8_t>((nibbles[i] >> shift) & 15);
+    if (w.code_bits == 6) {
+      const uint8_t* top = codes + GgmlTopBitsOffset(quad / 4);
+      const int top_shift = 2 * static_cast<int>(quad % 4);
+      for (int i = 0; i < kTileBytes; ++i)
+        row[i] = static_cast<uint8_t>(row[i] | ((top[i] >> top_shift) & 3) << 4);
+    }
+  }
+}
+
+// One sub-block for one row tile: each row's int32 sums of activation codes times weight codes.
+template <class Tiles, int C, int A>
+SY_AMX_KERNEL inline void GgmlSubSums(const int8_t* x, int64_t x_stride, const uint8_t* quads,
+                                      int32_t* sums) {
+  Tiles::template Zero<C>();
+  Tiles::template Load<A>(x, x_stride);
+  Tiles::template Load<kB>(quads, kTileBytes);
+  Tiles::template DotSignedUnsigned<C, A, kB>();
+  Tiles::template Store<C>(sums, kTileBytes);
+}
+
+// ggml_gemm.cc's RowPortable for every row at once: the same integer sums per sub-block, the
+// same float steps per block, so the same bits.
+template <class Tiles>
+SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w,
+                                  int64_t panel_begin, int64_t panel_end, float* y) {
+  if (m <= 0 || panel_begin >= panel_end) return;
+  thread_local std::vector<RowTile> tiles;
+  thread_local std::vector<float> state;
+  thread_local std::vector<int32_t> acc, mins;
+  thread_local std::vector<uint8_t> quads;
+  const int64_t sub = w.sub_cols;
+  const int64_t first_height = ConfigureRowTiles<Tiles>(m, tiles, static_cast<int>(sub));
+  state.resize(static_cast<size_t>(m * kPanelRows));
+  acc.resize(state.size());
+  mins.resize(state.size());
+  quads.resize(static_cast<size_t>(sub / 4 * kTileBytes));
+  alignas(64) int32_t sums[kAmxMaxRows * kPanelRows];
+  const int64_t subs = w.cols / sub, blocks = w.cols / w.super_cols;
+  const int64_t per_block = w.super_cols / sub;
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    std::fill(state.begin(), state.end(), 0.0f);
+    const uint8_t* codes = w.Panel(p);
+    for (int64_t b = 0; b < blocks; ++b) {
+      std::fill(acc.begin(), acc.end(), 0);
+      std::fill(mins.begin(), mins.end(), 0);
+      for (int64_t j = b * per_block; j < (b + 1) * per_block; ++j) {
+        UnpackGgmlQuads(w, codes, j * sub, sub, quads.data());
+        const size_t at = static_cast<size_t>((p * subs + j) * kPanelRows);
+        for (const RowTile& t : tiles) {
+          const int8_t* xr = x.Codes(first + t.row) + j * sub;
+          if (t.count == first_height) {
+            GgmlSubSums<Tiles, kC0, kA0>(xr, x.stride, quads.data(), sums);
+          } else {
+            GgmlSubSums<Tiles, kC1, kA1>(xr, x.stride, quads.data(), sums);
+          }
+          for (int64_t r = 0; r < t.count; ++r) {
+            const int64_t row = t.row + r;
+            const int32_t x_sum = x.Sums(first + row)[j];
+            int32_t* a = acc.data() + row * kPanelRows;
+            int32_t* mn = mins.data() + row * kPanelRows;
+            for (int64_t i = 0; i < kPanelRows; ++i) {
+              const int32_t sc = w.unit_scales ? 1 : w.sub_scales[at + i];
+              const int32_t s = sums[r * kPanelRows + i];
+              if (w.shared_d) {
+                a[i] += sc * (s - x_sum);
+              } else {
+                a[i] += sc * s;
+                mn[i] += (w.unit_scales ? 1 : w.sub_mins[at + i]) * x_sum;
+              }
+            }
+          }
+        }
+      }
+      const size_t at = static_cast<size_t>((p * blocks + b) * kPanelRows);
+      for (int64_t row = 0; row < m; ++row) {
+        const float xs = x.Scales(first + row)[b];
+        float* out = state.data() + row * kPanelRows;
+        for (int64_t i = 0; i < kPanelRows; ++i) {
+          const float d = GgmlHalfToF32(w.super_d[at + i]);
+          const float a = static_cast<float>(acc[row * kPanelRows + i]);
+          float t;
+          if (w.shared_d) {
+            t = d * a;
+          } else {
+            const float dmin = GgmlHalfToF32(w.super_dmin[at + i]);
+            t = __builtin_fmaf(d, a, -(dmin * static_cast<float>(mins[row * kPanelRows + i])));
+          }
+          out[i] = __builtin_fmaf(t, xs, out[i]);
         }
       }
     }

@@ -83,19 +83,12 @@ class EmulatedTiles {
   // TDPBUSD: C[m][n] += Σ_k Σ_i u8(A[m][4k + i]) · s8(B[k][4n + i]), int32, wrapping.
   template <int C, int A, int B>
   static void DotUnsignedSigned() {
-    CheckDotShapes<C, A, B>("TDPBUSD");
-    Tile &c = state().tiles[C], &a = state().tiles[A], &b = state().tiles[B];
-    for (int m = 0; m < Rows(C); ++m) {
-      for (int n = 0; n < ColsBytes(C) / 4; ++n) {
-        uint32_t sum;
-        std::memcpy(&sum, c.bytes[m] + 4 * n, 4);
-        for (int k = 0; k < ColsBytes(A) / 4; ++k)
-          for (int i = 0; i < 4; ++i)
-            sum += static_cast<uint32_t>(static_cast<int32_t>(a.bytes[m][4 * k + i]) *
-                                         static_cast<int8_t>(b.bytes[k][4 * n + i]));
-        std::memcpy(c.bytes[m] + 4 * n, &sum, 4);
-      }
-    }
+    DotBytes<C, A, B, uint8_t, int8_t>("TDPBUSD");
+  }
+  // TDPBSUD: the same with A signed and B unsigned.
+  template <int C, int A, int B>
+  static void DotSignedUnsigned() {
+    DotBytes<C, A, B, int8_t, uint8_t>("TDPBSUD");
   }
 
   // TDPBF16PS as the SDM writes it: per output, the even and the odd products of the pairs
@@ -157,6 +150,23 @@ class EmulatedTiles {
            std::to_string(ColsBytes(C)) + ", A " + std::to_string(Rows(A)) + "x" +
            std::to_string(ColsBytes(A)) + ", B " + std::to_string(Rows(B)) + "x" +
            std::to_string(ColsBytes(B)));
+  }
+  template <int C, int A, int B, typename AByte, typename BByte>
+  static void DotBytes(const char* name) {
+    CheckDotShapes<C, A, B>(name);
+    Tile &c = state().tiles[C], &a = state().tiles[A], &b = state().tiles[B];
+    for (int m = 0; m < Rows(C); ++m) {
+      for (int n = 0; n < ColsBytes(C) / 4; ++n) {
+        uint32_t sum;
+        std::memcpy(&sum, c.bytes[m] + 4 * n, 4);
+        for (int k = 0; k < ColsBytes(A) / 4; ++k)
+          for (int i = 0; i < 4; ++i)
+            sum += static_cast<uint32_t>(
+                static_cast<int32_t>(static_cast<AByte>(a.bytes[m][4 * k + i])) *
+                static_cast<BByte>(b.bytes[k][4 * n + i]));
+        std::memcpy(c.bytes[m] + 4 * n, &sum, 4);
+      }
+    }
   }
   static float Bf16(const uint8_t* row, int index) {
     uint16_t bits;

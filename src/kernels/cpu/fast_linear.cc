@@ -51,7 +51,10 @@ const char* KernelPathName(int64_t m, const PackedMatrix& w) {
     if (UseAmxInt8(m, w)) return emulated ? "int8-amx-emulated" : "int8-amx";
     return Int8KernelName(ActiveInt8Kernel());
   }
-  if (w.dtype == DType::kGgml) return GgmlKernelName(ActiveGgmlKernel());
+  if (w.dtype == DType::kGgml) {
+    if (UseAmxGgml(m, w)) return emulated ? "ggml-amx-emulated" : "ggml-amx";
+    return GgmlKernelName(ActiveGgmlKernel());
+  }
   if (UseAmxBf16(w)) return emulated ? "amx-bf16-emulated" : "amx-bf16";
   if (UseBf16Dot(w)) return "bf16-dot";
   return UseBf16Gemm(m, w) ? "avx512-bf16" : "panel-f32";

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "base/thread_pool.h"
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/ggml_quantize.h"
 #include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/row_tiles.h"
@@ -746,9 +747,18 @@ void QuantizeRowsQ8(const float* x, int64_t m, const PackedMatrix& w, Q8Rows& ou
 void GgmlPanels(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w,
                 int64_t panel_begin, int64_t panel_end, float* y) {
   if (m <= 0) return;
+  if (UseAmxGgml(m, w)) {
+    AmxGgmlPanels(ActiveAmxBackend(), x, first, m, w, panel_begin, panel_end, y);
+    return;
+  }
+  GgmlPanelsOn(ActiveGgmlKernel(), x, first, m, w, panel_begin, panel_end, y);
+}
+
+void GgmlPanelsOn(GgmlKernel kernel, const Q8Rows& x, int64_t first, int64_t m,
+                  const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y) {
+  if (m <= 0) return;
   thread_local std::vector<float> state;
   state.resize(static_cast<size_t>(m * kPanelRows));
-  const GgmlKernel kernel = ActiveGgmlKernel();
   for (int64_t p = panel_begin; p < panel_end; ++p) {
     std::fill(state.begin(), state.end(), 0.0f);
 #if defined(__x86_64__)

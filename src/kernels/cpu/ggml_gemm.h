@@ -60,7 +60,8 @@ void QuantizeRowsQ8(const float* x, int64_t m, const PackedMatrix& w, Q8Rows& ou
                     bool parallel = true);
 
 // y[m, w.rows] = x · wᵀ for panels [panel_begin, panel_end), rows [first, first + m) of `x`; one
-// thread.
+// thread. From one tile of rows up it takes the AMX kernel where that runs (amx_kernels.h): the
+// same bits.
 void GgmlPanels(const Q8Rows& x, int64_t first, int64_t m, const PackedMatrix& w,
                 int64_t panel_begin, int64_t panel_end, float* y);
 
@@ -71,5 +72,8 @@ enum class GgmlKernel : uint8_t { kPortable, kAvx2, kAvx512Vnni };
 GgmlKernel ActiveGgmlKernel();            // the best this CPU and --max-isa allow, or the limit
 void LimitGgmlKernel(GgmlKernel kernel);  // tests: use at most `kernel`
 const char* GgmlKernelName(GgmlKernel kernel);  // "ggml", "ggml-avx2", "ggml-avx512vnni"
+// GgmlPanels on one vector kernel (this CPU must run it), never AMX: the AMX kernel's check.
+void GgmlPanelsOn(GgmlKernel kernel, const Q8Rows& x, int64_t first, int64_t m,
+                  const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y);
 
 }  // namespace sy::kernels
