@@ -179,6 +179,15 @@ TEST(EmulatedTilesTest, Tdpbf16ps_AddsTheProductsOfPairsIntoF32) {
   EmulatedTiles::Release();
 }
 
+// bench kernels' peak loop: as many tile multiplies as asked, on every backend here.
+TEST(AmxPeakTest, TheLoopRunsItsRounds) {
+  for (AmxBackend backend : Backends()) {
+    EXPECT_EQ(kernels::AmxPeakLoop(backend, true, 3), 3 * 32.0) << kernels::AmxBackendName(backend);
+    EXPECT_EQ(kernels::AmxPeakLoop(backend, false, 5), 5 * 64.0)
+        << kernels::AmxBackendName(backend);
+  }
+}
+
 // --- int8 ---
 
 struct Int8Case {

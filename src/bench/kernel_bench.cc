@@ -11,6 +11,7 @@
 #include "base/thread_pool.h"
 #include "bench/onednn_matmul.h"
 #include "bench/random_weights.h"
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
 #include "kernels/cpu/isa_level.h"
@@ -48,6 +49,9 @@ std::vector<float> RandomActivations(size_t count) {
 
 // The compute peak a kernel path is judged by.
 double PathPeak(const MachinePeaks& peaks, const std::string& path) {
+  // AMX paths against the tile multiply's peak ("amx-bf16"; "int8-amx", "ggml-amx").
+  if (path.rfind("amx-bf16", 0) == 0 && peaks.amx_bf16_gflops > 0) return peaks.amx_bf16_gflops;
+  if (path.find("-amx") != std::string::npos && peaks.amx_int8_gops > 0) return peaks.amx_int8_gops;
   if (path.rfind("int8", 0) == 0 || path.rfind("ggml", 0) == 0)
     return peaks.int8_gops > 0 ? peaks.int8_gops : peaks.f32_gflops;
   return path != "panel-f32" ? peaks.bf16_gflops : peaks.f32_gflops;
@@ -293,6 +297,16 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
   for (const auto& shape : shapes)
     BenchLinear(peaks, options, shape, decode_m, out);
   BenchLinear(peaks, options, shapes[0], prefill_m, out);
+  // Where AMX runs: the fp8 products again on its bf16 tiles (--amx-bf16), beside the rows above.
+  // (int8 and GGML products take AMX tiles by themselves from 16 rows.)
+  const bool amx = kernels::ActiveAmxBackend() == kernels::AmxBackend::kHardware;
+  if (amx) {
+    kernels::GlobalKernelOptions().amx_bf16 = true;
+    for (size_t i = 0; i < 2; ++i)
+      BenchLinear(peaks, options, shapes[i], decode_m, out);
+    BenchLinear(peaks, options, shapes[0], prefill_m, out);
+    kernels::GlobalKernelOptions().amx_bf16 = false;
+  }
   if (!options.quick)
     BenchLinear(peaks, options, {"o_proj_bf16", kHidden, kHeads * 128, DType::kBF16}, prefill_m,
                 out);
@@ -306,6 +320,11 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
     rows.push_back(batch * kTopK);
   BenchGrouped(peaks, options, groups, rows, out);
   BenchGrouped(peaks, options, groups, {groups * 256}, out);  // prefill: 256 rows per expert
+  if (amx) {
+    kernels::GlobalKernelOptions().amx_bf16 = true;
+    BenchGrouped(peaks, options, groups, {groups * 16, groups * 256}, out);
+    kernels::GlobalKernelOptions().amx_bf16 = false;
+  }
   for (const auto& shape : ggml_shapes)
     BenchLinear(peaks, options, shape, ggml_m, out);
 
@@ -337,6 +356,8 @@ std::string KernelResultsJson(const MachinePeaks& peaks, const std::vector<Kerne
                   {"bf16_gflops", peaks.bf16_gflops},
                   {"f32_gflops", peaks.f32_gflops},
                   {"int8_gops", peaks.int8_gops},
+                  {"amx_bf16_gflops", peaks.amx_bf16_gflops},
+                  {"amx_int8_gops", peaks.amx_int8_gops},
                   {"threads", peaks.threads},
                   {"llc_bytes", peaks.llc_bytes},
                   {"stream_bytes", peaks.stream_bytes},
@@ -365,11 +386,12 @@ std::string KernelResultsTable(const MachinePeaks& peaks,
                                const std::vector<KernelResult>& results) {
   std::string out = fmt::format(
       "machine: read {:.1f} GB/s, triad {:.1f} GB/s, bf16 {:.1f} GFLOP/s, f32 {:.1f} GFLOP/s, "
-      "int8 {:.1f} GOP/s, {} threads; last-level cache {} MiB, {} MiB streamed per array; "
-      "--max-isa {}; AMX: {}\n\n",
+      "int8 {:.1f} GOP/s, AMX bf16 {:.1f} GFLOP/s, AMX int8 {:.1f} GOP/s, {} threads; "
+      "last-level cache {} MiB, {} MiB streamed per array; --max-isa {}; AMX: {}\n\n",
       peaks.read_gbps, peaks.triad_gbps, peaks.bf16_gflops, peaks.f32_gflops, peaks.int8_gops,
-      peaks.threads, peaks.llc_bytes >> 20, peaks.stream_bytes >> 20,
-      kernels::IsaLevelName(kernels::MaxIsaLevel()), kernels::Amx().detail);
+      peaks.amx_bf16_gflops, peaks.amx_int8_gops, peaks.threads, peaks.llc_bytes >> 20,
+      peaks.stream_bytes >> 20, kernels::IsaLevelName(kernels::MaxIsaLevel()),
+      kernels::Amx().detail);
   out += fmt::format(
       "{:<13} {:<5} {:<28} {:>6} {:>6} {:>6} {:>6} {:>10} {:>8} {:>9} {:>9} {:>10}\n", "kernel",
       "dtype", "path", "m", "n", "k", "groups", "µs", "GB/s", "GFLOP/s", "roofline", "vs onednn");

@@ -16,6 +16,7 @@
 
 #include "base/clock.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "tensor/packed_matrix.h"
@@ -312,7 +313,7 @@ MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions) {
   const int threads = pool.size();
   auto slice = [&](int t) { return Slice(floats, t); };
 
-  std::vector<double> read, triad, f32, bf16, int8;
+  std::vector<double> read, triad, f32, bf16, int8, amx_bf16, amx_int8;
   for (int r = 0; r < repetitions; ++r) {
     read.push_back(ReadOnce(a, floats));
     double seconds = TimeOnAllThreads([&](int t) {
@@ -342,12 +343,25 @@ MachinePeaks MeasureMachine(int64_t buffer_bytes, int repetitions) {
       int8.push_back(iterations * 12.0 * 64 * threads / seconds / 1e9);
     }
 #endif
+    if (kernels::ActiveAmxBackend() == kernels::AmxBackend::kHardware) {
+      constexpr int64_t kRounds = 1'000'000;  // 4 tile multiplies of 16 cycles each a round
+      for (bool tile_bf16 : {true, false}) {
+        seconds = TimeOnAllThreads([&](int) {
+          g_sink = static_cast<float>(
+              kernels::AmxPeakLoop(kernels::AmxBackend::kHardware, tile_bf16, kRounds));
+        });
+        (tile_bf16 ? amx_bf16 : amx_int8)
+            .push_back(kRounds * kernels::AmxOpsPerRound(tile_bf16) * threads / seconds / 1e9);
+      }
+    }
   }
   peaks.read_gbps = Median(read);
   peaks.triad_gbps = Median(triad);
   peaks.f32_gflops = Median(f32);
   peaks.bf16_gflops = bf16.empty() ? peaks.f32_gflops : Median(bf16);
   peaks.int8_gops = int8.empty() ? 0 : Median(int8);
+  peaks.amx_bf16_gflops = amx_bf16.empty() ? 0 : Median(amx_bf16);
+  peaks.amx_int8_gops = amx_int8.empty() ? 0 : Median(amx_int8);
   return peaks;
 }
 

@@ -18,6 +18,10 @@ struct MachinePeaks {
   // Byte products the int8 kernel's way (AVX-512 VNNI's VPDPBUSD where the kernel uses it, else
   // VPMADDUBSW + VPMADDWD + VPADDD; 2 ops per product); 0 where the CPU has no AVX2.
   double int8_gops = 0;
+  // Intel AMX's tile multiplies (TDPBF16PS, TDPBUSD) on four independent accumulator tiles a
+  // thread; 0 where AMX does not run on this CPU.
+  double amx_bf16_gflops = 0;
+  double amx_int8_gops = 0;
   int threads = 0;
   int64_t llc_bytes = 0;     // the last-level cache the OS reports (LastLevelCacheBytes)
   int64_t stream_bytes = 0;  // each array the bandwidth figures streamed

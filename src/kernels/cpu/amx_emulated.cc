@@ -50,6 +50,10 @@ void GgmlPanelsEmulated(const Q8Rows& x, int64_t first, int64_t m, const PackedM
   GgmlPanelsBody<EmulatedTiles>(x, first, m, w, panel_begin, panel_end, y);
 }
 
+double PeakLoopEmulated(bool bf16, int64_t iterations) {
+  return PeakLoopBody<EmulatedTiles>(bf16, iterations);
+}
+
 void Bf16PanelsEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                         int64_t panel_begin, int64_t panel_end, float* y) {
   Bf16PanelsBody<EmulatedTiles>(x_bf16, m, w, panel_begin, panel_end, y, ConvertPairsPortable);

@@ -94,6 +94,10 @@ void GgmlPanelsHardware(const Q8Rows& x, int64_t first, int64_t m, const PackedM
   GgmlPanelsBody<HardwareTiles>(x, first, m, w, panel_begin, panel_end, y);
 }
 
+double PeakLoopHardware(bool bf16, int64_t iterations) {
+  return PeakLoopBody<HardwareTiles>(bf16, iterations);
+}
+
 void Bf16PanelsHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                         int64_t panel_begin, int64_t panel_end, float* y) {
   Bf16PanelsBody<HardwareTiles>(x_bf16, m, w, panel_begin, panel_end, y, ConvertPairsAvx512);
@@ -113,6 +117,9 @@ void Int8PanelsHardware(const uint8_t*, int64_t, const float*, int64_t, const Pa
 void GgmlPanelsHardware(const Q8Rows&, int64_t, int64_t, const PackedMatrix&, int64_t, int64_t,
                         float*) {}
 void Bf16PanelsHardware(const uint16_t*, int64_t, const PackedMatrix&, int64_t, int64_t, float*) {}
+double PeakLoopHardware(bool, int64_t) {
+  return 0;
+}
 void ToBf16RowsHardware(const float*, int64_t, int64_t, uint16_t*) {}
 }  // namespace sy::kernels::amx_detail
 

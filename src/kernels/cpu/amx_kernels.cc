@@ -247,4 +247,9 @@ bool UseAmxBf16(const PackedMatrix& w) {
          ActiveAmxBackend() != AmxBackend::kNone;
 }
 
+double AmxPeakLoop(AmxBackend backend, bool bf16, int64_t iterations) {
+  return backend == AmxBackend::kHardware ? amx_detail::PeakLoopHardware(bf16, iterations)
+                                          : amx_detail::PeakLoopEmulated(bf16, iterations);
+}
+
 }  // namespace sy::kernels

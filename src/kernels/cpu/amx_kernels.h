@@ -71,6 +71,16 @@ void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const 
 // and w applies.
 bool UseAmxBf16(const PackedMatrix& w);
 
+// The tile multiplies' peak, for `bench kernels`: `iterations` rounds of four independent
+// TDPBF16PS (bf16) or TDPBUSD (int8) on a 2 × 2 block of 16 × 16 output tiles, every operand 1.
+// Returns output [0][0] of the first tile — iterations · 32 (bf16, exact below 2^24) or · 64 —
+// so that the work is seen to be done.
+double AmxPeakLoop(AmxBackend backend, bool bf16, int64_t iterations);
+// Operations (2 per multiply-add) per round of AmxPeakLoop.
+inline double AmxOpsPerRound(bool bf16) {
+  return 4.0 * 16 * 16 * (bf16 ? 32 : 64) * 2;
+}
+
 // One backend's kernels, for the dispatch above (amx_emulated.cc, amx_hardware.cc).
 namespace amx_detail {
 void Int8PanelsEmulated(const uint8_t* codes, int64_t stride, const float* scales, int64_t m,
@@ -86,6 +96,8 @@ void Bf16PanelsEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w
 void Bf16PanelsHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                         int64_t panel_begin, int64_t panel_end, float* y);
 void ToBf16RowsHardware(const float* x, int64_t m, int64_t cols, uint16_t* out);
+double PeakLoopEmulated(bool bf16, int64_t iterations);
+double PeakLoopHardware(bool bf16, int64_t iterations);
 }  // namespace amx_detail
 
 }  // namespace sy::kernels

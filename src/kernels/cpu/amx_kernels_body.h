@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/amx_tiles.h"
@@ -290,6 +291,44 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
       std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
   }
   Tiles::Release();
+}
+
+// AmxPeakLoop: tiles 0-3 accumulate, 4-5 are A (16 rows), 6-7 B.
+template <class Tiles>
+SY_AMX_KERNEL double PeakLoopBody(bool bf16, int64_t iterations) {
+  TileConfig config;
+  for (int t = 0; t < kAmxTiles; ++t)
+    config.Set(t, kAmxMaxRows, kTileBytes);
+  Tiles::Configure(config);
+  alignas(64) uint8_t ones[kAmxMaxRows * kTileBytes];
+  for (int i = 0; i < kAmxMaxRows * kTileBytes; i += 2) {
+    ones[i] = bf16 ? 0x80 : 1;  // bf16 1.0 is 0x3f80; int8 pairs of bytes 1
+    ones[i + 1] = bf16 ? 0x3f : 1;
+  }
+  Tiles::template Zero<0>(), Tiles::template Zero<1>(), Tiles::template Zero<2>(),
+      Tiles::template Zero<3>();
+  Tiles::template Load<4>(ones, kTileBytes), Tiles::template Load<5>(ones, kTileBytes);
+  Tiles::template Load<6>(ones, kTileBytes), Tiles::template Load<7>(ones, kTileBytes);
+  for (int64_t i = 0; i < iterations; ++i) {
+    if (bf16) {
+      Tiles::template DotBf16<0, 4, 6>(), Tiles::template DotBf16<1, 4, 7>();
+      Tiles::template DotBf16<2, 5, 6>(), Tiles::template DotBf16<3, 5, 7>();
+    } else {
+      Tiles::template DotUnsignedSigned<0, 4, 6>(), Tiles::template DotUnsignedSigned<1, 4, 7>();
+      Tiles::template DotUnsignedSigned<2, 5, 6>(), Tiles::template DotUnsignedSigned<3, 5, 7>();
+    }
+  }
+  alignas(64) uint8_t out[kAmxMaxRows * kTileBytes];
+  Tiles::template Store<0>(out, kTileBytes);
+  Tiles::Release();
+  if (bf16) {
+    float v;
+    std::memcpy(&v, out, 4);
+    return v;
+  }
+  int32_t v;
+  std::memcpy(&v, out, 4);
+  return v;
 }
 
 }  // namespace
