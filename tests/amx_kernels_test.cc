@@ -306,19 +306,9 @@ TEST(AmxBf16Test, StaysWithinTheRoundingOfItsF32Sums) {
 }
 
 TEST(AmxBf16Test, EveryFp8ValueConvertsExactly) {
-  // Row r, column c holds fp8 byte (16·c + r) mod 256 over 32 columns: every byte twice, NaNs
-  // replaced by zero; one-hot rows of x pick each column in turn.
+  // Every fp8 byte twice, NaNs replaced by zero; one-hot rows of x pick each column in turn.
   const int64_t rows = 16, cols = 32;
-  testing::TestMatrix w = testing::MakeTestMatrix(DType::kF8E4M3, rows, cols, 32,
-                                                  [](int64_t, int64_t) { return 0.0f; });
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      uint8_t byte = static_cast<uint8_t>(16 * c + r);
-      if ((byte & 0x7f) == 0x7f) byte = 0;
-      w.bytes[r * cols + c] = byte;
-    }
-  w.scales = {1.0f};
-  w.view.block_scales = w.scales.data();
+  testing::TestMatrix w = testing::EveryFp8ByteMatrix(cols);
   auto packed = Pack(w.view);
   for (AmxBackend backend : Backends()) {
     for (int64_t c = 0; c < cols; ++c) {

@@ -30,18 +30,9 @@ class Bf16DotTest : public ::testing::Test {
 };
 
 TEST_F(Bf16DotTest, EveryFp8ValueConvertsExactly) {
-  // Row r, column c holds fp8 byte (16·c + r) mod 256: all 256 bytes, NaNs replaced by zero.
-  const int64_t rows = 16, cols = 16, block = 16;
-  OwnedMatrix w =
-      MakeTestMatrix(DType::kF8E4M3, rows, cols, block, [](int64_t, int64_t) { return 0; });
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      uint8_t byte = static_cast<uint8_t>(16 * c + r);
-      if ((byte & 0x7f) == 0x7f) byte = 0;
-      w.bytes[r * cols + c] = byte;
-    }
-  w.scales = {1.0f};
-  w.view.block_scales = w.scales.data();
+  // Every fp8 byte, NaNs replaced by zero.
+  const int64_t rows = 16, cols = 16;
+  OwnedMatrix w = testing::EveryFp8ByteMatrix(cols);
   auto packed = Pack(w.view);
   ASSERT_TRUE(kernels::Bf16DotApplies(*packed));
   // One-hot rows of x pick each column in turn: y is the weight itself.

@@ -20,6 +20,24 @@ std::string Binary() {
   return testing::kBinary;
 }
 
+// The text after `prefix` on its line of `text` ("" where absent).
+std::string LineAfter(const std::string& text, const std::string& prefix) {
+  const size_t at = text.find(prefix);
+  return at == std::string::npos
+             ? std::string()
+             : text.substr(at + prefix.size(), text.find('\n', at) - at - prefix.size());
+}
+
+// `generate` (a command line up to --prompt-tokens) gives prompt 8,9 the same greedy tokens
+// second in a batch of three as alone.
+void ExpectBatchInvariantGeneration(const std::string& generate) {
+  std::string batched, single;
+  ASSERT_EQ(RunCommand(generate + "'5,6,7;8,9;10,11,12,13'", &batched), 0) << batched;
+  ASSERT_EQ(RunCommand(generate + "'8,9'", &single), 0) << single;
+  EXPECT_FALSE(LineAfter(single, "sequence 0:").empty()) << single;
+  EXPECT_EQ(LineAfter(batched, "sequence 1:"), LineAfter(single, "sequence 0:"));
+}
+
 TEST(CliTest, LogitsDecodeFromMatchesTheReference) {
   auto fixture = testing::LoadFixture("tiny-v3-fp8");
   std::string out = testing::TempDirectory("cli_logits") + "/logits.bin";
@@ -51,15 +69,9 @@ TEST(CliTest, GenerateIsDeterministicAndBatchInvariant) {
                        &single),
             0)
       << single;
-  auto line = [](const std::string& text, const std::string& prefix) {
-    size_t at = text.find(prefix);
-    return at == std::string::npos
-               ? std::string()
-               : text.substr(at + prefix.size(), text.find('\n', at) - at - prefix.size());
-  };
-  std::string second = line(batched, "sequence 1:");
+  std::string second = LineAfter(batched, "sequence 1:");
   EXPECT_EQ(std::count(second.begin(), second.end(), ' '), 6) << batched;
-  EXPECT_EQ(second, line(single, "sequence 0:"));
+  EXPECT_EQ(second, LineAfter(single, "sequence 0:"));
   EXPECT_NE(batched.find("tok/s"), std::string::npos);
 }
 
@@ -125,19 +137,9 @@ TEST(CliTest, Int8ProductsStayNearTheReferenceAndBatchInvariant) {
   EXPECT_GT(comparison.max_abs_diff, 1e-4 * comparison.max_abs_reference);  // int8 really ran
   EXPECT_LE(comparison.argmax_mismatches, comparison.argmax_checked / 8);
 
-  std::string batched, single;
-  const std::string generate = Binary() + " --int8-products generate --model " + fixture.directory +
-                               " --max-tokens 8 --ignore-eos --prompt-tokens ";
-  ASSERT_EQ(RunCommand(generate + "'5,6,7;8,9;10,11,12,13'", &batched), 0) << batched;
-  ASSERT_EQ(RunCommand(generate + "'8,9'", &single), 0) << single;
-  auto line = [](const std::string& text, const std::string& prefix) {
-    size_t at = text.find(prefix);
-    return at == std::string::npos
-               ? std::string()
-               : text.substr(at + prefix.size(), text.find('\n', at) - at - prefix.size());
-  };
-  EXPECT_FALSE(line(single, "sequence 0:").empty()) << single;
-  EXPECT_EQ(line(batched, "sequence 1:"), line(single, "sequence 0:"));
+  ExpectBatchInvariantGeneration(Binary() + " --int8-products generate --model " +
+                                 fixture.directory +
+                                 " --max-tokens 8 --ignore-eos --prompt-tokens ");
 }
 
 // The AMX kernels through the binary, on the emulator where the CPU has no AMX tiles
@@ -178,20 +180,9 @@ TEST(CliTest, AmxKernelsThroughTheBinary) {
   const int64_t rows = static_cast<int64_t>(comparison.row_max_diff.size());
   EXPECT_LE(comparison.RowsOver(1e-2), std::max<int64_t>(2, rows / 20));
 
-  std::string batched, single;
-  const std::string generate = "SWITCHYARD_AMX_EMULATE=1 " + Binary() +
-                               " --amx-bf16 generate --model " + fixture.directory +
-                               " --max-tokens 8 --ignore-eos --prompt-tokens ";
-  ASSERT_EQ(RunCommand(generate + "'5,6,7;8,9;10,11,12,13'", &batched), 0) << batched;
-  ASSERT_EQ(RunCommand(generate + "'8,9'", &single), 0) << single;
-  auto line = [](const std::string& text, const std::string& prefix) {
-    size_t at = text.find(prefix);
-    return at == std::string::npos
-               ? std::string()
-               : text.substr(at + prefix.size(), text.find('\n', at) - at - prefix.size());
-  };
-  EXPECT_FALSE(line(single, "sequence 0:").empty()) << single;
-  EXPECT_EQ(line(batched, "sequence 1:"), line(single, "sequence 0:"));
+  ExpectBatchInvariantGeneration("SWITCHYARD_AMX_EMULATE=1 " + Binary() +
+                                 " --amx-bf16 generate --model " + fixture.directory +
+                                 " --max-tokens 8 --ignore-eos --prompt-tokens ");
 
   std::string output;
   ASSERT_EQ(RunCommand("SWITCHYARD_AMX_EMULATE=0 " + Binary() +

@@ -232,6 +232,20 @@ TestMatrix MakeTestMatrix(DType dtype, int64_t rows, int64_t cols, int64_t block
   return m;
 }
 
+TestMatrix EveryFp8ByteMatrix(int64_t cols) {
+  TestMatrix w =
+      MakeTestMatrix(DType::kF8E4M3, 16, cols, cols, [](int64_t, int64_t) { return 0.0f; });
+  for (int64_t r = 0; r < 16; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      uint8_t byte = static_cast<uint8_t>(16 * c + r);
+      if ((byte & 0x7f) == 0x7f) byte = 0;
+      w.bytes[r * cols + c] = byte;
+    }
+  w.scales = {1.0f};
+  w.view.block_scales = w.scales.data();
+  return w;
+}
+
 TestMatrix RandomTestMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed, int64_t block) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);

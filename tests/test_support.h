@@ -70,6 +70,9 @@ struct TestMatrix {
 };
 TestMatrix MakeTestMatrix(DType dtype, int64_t rows, int64_t cols, int64_t block,
                           const std::function<float(int64_t, int64_t)>& value);
+// 16 rows × cols of fp8 holding byte (16·c + r) mod 256 at row r, column c — every byte once in
+// each 16 columns, NaNs replaced by zero — in one scale block of scale 1.
+TestMatrix EveryFp8ByteMatrix(int64_t cols);
 // Normal values (× 60 for fp8, whose codes reach 448).
 TestMatrix RandomTestMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed, int64_t block);
 // m × cols normal values.

@@ -36,6 +36,15 @@ struct RowTile {
   int64_t row, count;
 };
 
+// A panel's outputs from the kernels' [m][16] state into y [m][w.rows] (a last, partial panel:
+// its valid rows only).
+inline void WritePanelOutputs(const float* state, int64_t m, const PackedMatrix& w, int64_t panel,
+                              float* y) {
+  const int64_t valid = std::min(kPanelRows, w.rows - panel * kPanelRows);
+  for (int64_t r = 0; r < m; ++r)
+    std::copy_n(state + r * kPanelRows, valid, y + r * w.rows + panel * kPanelRows);
+}
+
 // Splits m rows into tiles and configures the tiles for their heights; returns the first
 // height (tiles of another height use kC1 and kA1).
 template <class Tiles>
@@ -113,9 +122,7 @@ SY_AMX_KERNEL void Int8PanelsBody(const uint8_t* codes, int64_t stride, const fl
         }
       }
     }
-    const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
-    for (int64_t r = 0; r < m; ++r)
-      std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
+    WritePanelOutputs(state.data(), m, w, p, y);
   }
   Tiles::Release();
 }
@@ -226,9 +233,7 @@ SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, con
         }
       }
     }
-    const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
-    for (int64_t r = 0; r < m; ++r)
-      std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
+    WritePanelOutputs(state.data(), m, w, p, y);
   }
   Tiles::Release();
 }
@@ -286,9 +291,7 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
         }
       }
     }
-    const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
-    for (int64_t r = 0; r < m; ++r)
-      std::copy_n(state.data() + r * kPanelRows, valid, y + r * w.rows + p * kPanelRows);
+    WritePanelOutputs(state.data(), m, w, p, y);
   }
   Tiles::Release();
 }
