@@ -385,6 +385,57 @@ TEST(AmxBf16Test, LinearAndGroupedExpertsTakeItWhenAsked) {
   kernels::GlobalKernelOptions().amx_bf16 = false;
 }
 
+// --- MLA ---
+
+// Absorbed attention with heads as tile rows, against the double-precision softmax (the bound of
+// the bf16 MLA kernel's test: bf16 queries and probabilities), on head counts over and under a
+// tile, a width that is not whole tiles (48 + 8) and keys over several chunks; and the same bits
+// in head blocks of 5 and 16 and for each token alone.
+TEST(AmxMlaTest, MatchesTheSoftmaxAndDoesNotDependOnItsNeighbours) {
+  const int64_t latent = 48, rope = 8, page = 7, width = latent + rope;
+  ASSERT_TRUE(kernels::AmxMlaApplies(DType::kBF16, latent, rope));
+  for (AmxBackend backend : Backends()) {
+    for (int64_t heads : {int64_t{21}, int64_t{3}}) {
+      for (int64_t keys : {int64_t{1}, int64_t{37}, int64_t{70}}) {
+        for (int64_t tokens : {int64_t{1}, int64_t{3}}) {
+          if (tokens > keys) continue;
+          const testing::TestLatentCache cache =
+              testing::MakeTestLatentCache(keys, width, page, 11);
+          auto q_latent = testing::RandomRows(tokens * heads, latent, 12);
+          auto q_pe = testing::RandomRows(tokens * heads, rope, 13);
+          std::vector<int64_t> positions;
+          for (int64_t t = 0; t < tokens; ++t)
+            positions.push_back(keys - tokens + t);
+          const float scale = 0.3f;
+          auto run = [&](int64_t t0, int64_t count, int64_t h0, int64_t h1, float* out) {
+            kernels::AmxMlaDecode(backend, q_latent.data() + t0 * heads * latent,
+                                  q_pe.data() + t0 * heads * rope, count, positions.data() + t0,
+                                  cache.view, keys, heads, h0, h1, latent, rope, scale,
+                                  out + t0 * heads * latent);
+          };
+          std::vector<float> whole(static_cast<size_t>(tokens * heads * latent));
+          run(0, tokens, 0, heads, whole.data());
+          std::vector<float> blocks(whole.size(), -1.0f), alone(whole.size(), -1.0f);
+          for (int64_t h0 = 0; h0 < heads; h0 += 5)
+            run(0, tokens, h0, std::min(heads, h0 + 5), blocks.data());
+          for (int64_t t = 0; t < tokens; ++t)
+            for (int64_t h0 = 0; h0 < heads; h0 += 16)
+              run(t, 1, h0, std::min(heads, h0 + 16), alone.data());
+          const std::string where = std::string(kernels::AmxBackendName(backend)) + " heads " +
+                                    std::to_string(heads) + " keys " + std::to_string(keys) +
+                                    " tokens " + std::to_string(tokens);
+          EXPECT_EQ(0, std::memcmp(blocks.data(), whole.data(), whole.size() * 4)) << where;
+          EXPECT_EQ(0, std::memcmp(alone.data(), whole.data(), whole.size() * 4)) << where;
+          const auto want = testing::AbsorbedAttentionReference(
+              q_latent, q_pe, cache.rows, positions, heads, latent, rope, scale);
+          for (size_t i = 0; i < want.size(); ++i)
+            ASSERT_NEAR(whole[i], want[i], 2e-2) << where << " at " << i;
+        }
+      }
+    }
+  }
+}
+
 // The model with --amx-bf16 against Hugging Face transformers, at the bar of the bf16 dot kernel
 // (conformance_test.cc's Bf16DotPathMeetsTheBar): every tiny fixture and the default model.
 TEST(AmxBf16Test, TheModelMeetsTheBf16Bar) {

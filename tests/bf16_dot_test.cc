@@ -144,20 +144,9 @@ TEST_F(Bf16DotTest, MlaDecodeMatchesTheSoftmaxAndDoesNotDependOnItsNeighbours) {
   for (int64_t keys : {int64_t{1}, int64_t{37}, int64_t{70}}) {
     for (int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{3}}) {
       if (tokens > keys) continue;
-      const int64_t pages = (keys + page - 1) / page;
-      std::vector<int32_t> table(static_cast<size_t>(pages));
-      for (int64_t p = 0; p < pages; ++p)
-        table[p] = static_cast<int32_t>(pages - 1 - p);  // out of order in the pool
-      std::vector<float> rows = RandomRows(keys, width, 11);
-      std::vector<uint16_t> pool(static_cast<size_t>(pages * page * width));
-      for (int64_t j = 0; j < keys; ++j)
-        for (int64_t d = 0; d < width; ++d) {
-          const uint16_t bits = F32ToBF16(rows[j * width + d]);
-          rows[j * width + d] = BF16ToF32(bits);
-          pool[(table[j / page] * page + j % page) * width + d] = bits;
-        }
-      const kernels::LatentPages view{reinterpret_cast<const uint8_t*>(pool.data()), DType::kBF16,
-                                      page, width, table.data()};
+      const testing::TestLatentCache cache = testing::MakeTestLatentCache(keys, width, page, 11);
+      const kernels::LatentPages& view = cache.view;
+      const std::vector<float>& rows = cache.rows;
       ASSERT_TRUE(kernels::MlaDecodeBf16Applies(view.dtype, latent, rope));
       auto q_latent = RandomRows(tokens * heads, latent, 12);
       auto q_pe = RandomRows(tokens * heads, rope, 13);

@@ -145,7 +145,8 @@ TEST(CliTest, Int8ProductsStayNearTheReferenceAndBatchInvariant) {
 // The AMX kernels through the binary, on the emulator where the CPU has no AMX tiles
 // (SWITCHYARD_AMX_EMULATE=1). int8 products give the vector kernels' logits bit for bit (a
 // 40-token prompt: the products of its prefill take AMX from one tile of rows up);
-// --amx-bf16 stays at the bf16 bar and keeps greedy tokens batch-invariant; where no AMX runs
+// --amx-bf16 stays at the bf16 bar, prefill and decode steps (MLA on tiles), and keeps greedy
+// tokens batch-invariant; where no AMX runs
 // at all, --amx-bf16 says it has no effect.
 TEST(CliTest, AmxKernelsThroughTheBinary) {
   auto fixture = testing::LoadFixture("tiny-v3-fp8");
@@ -153,12 +154,14 @@ TEST(CliTest, AmxKernelsThroughTheBinary) {
   for (int i = 0; i < 40; ++i)
     tokens += (i ? "," : "") + std::to_string(3 + i * 37 % 900);
   const std::string dir = testing::TempDirectory("cli_amx");
-  auto logits = [&](const std::string& env, const std::string& flags, const std::string& name) {
+  auto logits = [&](const std::string& env, const std::string& flags, const std::string& name,
+                    const std::string& token_text = "", const std::string& after = "") {
     std::string output;
     const std::string out = dir + "/" + name + ".bin";
     EXPECT_EQ(
         RunCommand(env + " " + Binary() + " " + flags + " logits --model " + fixture.directory +
-                       " --tokens '" + tokens + "' --out " + out + " 2>&1",
+                       " --tokens '" + (token_text.empty() ? tokens : token_text) + "' --out " +
+                       out + " " + after + " 2>&1",
                    &output),
         0)
         << output;
@@ -179,6 +182,17 @@ TEST(CliTest, AmxKernelsThroughTheBinary) {
   EXPECT_EQ(comparison.argmax_mismatches, 0);
   const int64_t rows = static_cast<int64_t>(comparison.row_max_diff.size());
   EXPECT_LE(comparison.RowsOver(1e-2), std::max<int64_t>(2, rows / 20));
+
+  // Decode steps from the fifth position: absorbed attention on AMX tiles (heads as tile rows),
+  // against transformers at the same bar.
+  const std::string decoded = logits("SWITCHYARD_AMX_EMULATE=1", "--amx-bf16", "d",
+                                     fixture.tokens_text, "--decode-from 4 --kv-dtype bf16");
+  std::vector<float> decoded_logits(decoded.size() / 4);
+  std::memcpy(decoded_logits.data(), decoded.data(), decoded.size());
+  auto decode_comparison = testing::CompareLogits(fixture.logits, decoded_logits, fixture.vocab);
+  EXPECT_EQ(decode_comparison.argmax_mismatches, 0);
+  EXPECT_LE(decode_comparison.RowsOver(1e-2),
+            std::max<int64_t>(2, static_cast<int64_t>(decode_comparison.row_max_diff.size()) / 20));
 
   ExpectBatchInvariantGeneration("SWITCHYARD_AMX_EMULATE=1 " + Binary() +
                                  " --amx-bf16 generate --model " + fixture.directory +

@@ -232,6 +232,25 @@ TestMatrix MakeTestMatrix(DType dtype, int64_t rows, int64_t cols, int64_t block
   return m;
 }
 
+TestLatentCache MakeTestLatentCache(int64_t keys, int64_t width, int64_t page, uint32_t seed) {
+  TestLatentCache c;
+  const int64_t pages = (keys + page - 1) / page;
+  c.table.resize(static_cast<size_t>(pages));
+  for (int64_t p = 0; p < pages; ++p)
+    c.table[p] = static_cast<int32_t>(pages - 1 - p);  // out of order in the pool
+  c.rows = RandomRows(keys, width, seed);
+  c.pool.resize(static_cast<size_t>(pages * page * width));
+  for (int64_t j = 0; j < keys; ++j)
+    for (int64_t d = 0; d < width; ++d) {
+      const uint16_t bits = F32ToBF16(c.rows[j * width + d]);
+      c.rows[j * width + d] = BF16ToF32(bits);
+      c.pool[(c.table[j / page] * page + j % page) * width + d] = bits;
+    }
+  c.view = {reinterpret_cast<const uint8_t*>(c.pool.data()), DType::kBF16, page, width,
+            c.table.data()};
+  return c;
+}
+
 TestMatrix EveryFp8ByteMatrix(int64_t cols) {
   TestMatrix w =
       MakeTestMatrix(DType::kF8E4M3, 16, cols, cols, [](int64_t, int64_t) { return 0.0f; });

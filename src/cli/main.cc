@@ -45,8 +45,9 @@ int main(int argc, char** argv) {
                "BF16, lossy (docs/benchmarks.md gives its accuracy); batch-invariant");
   bool amx_bf16 = false;
   app.add_flag("--amx-bf16", amx_bf16,
-               "fp8 and bf16 weights take Intel AMX's bf16 tiles (TDPBF16PS) at every batch size "
-               "where the CPU has AMX, instead of the bf16 dot-product kernel: batch-invariant, "
+               "fp8 and bf16 weights, and absorbed MLA attention on a bf16 cache, take Intel AMX's "
+               "bf16 tiles (TDPBF16PS) at every batch size where the CPU has AMX, instead of the "
+               "bf16 dot-product kernels: batch-invariant, "
                "not yet measured against it, so off by default. (int8 products take AMX tiles "
                "wherever the CPU has them: the same bits as the vector kernels.)")
       ->envname("SWITCHYARD_AMX_BF16");

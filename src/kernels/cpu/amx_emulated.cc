@@ -50,6 +50,14 @@ void GgmlPanelsEmulated(const Q8Rows& x, int64_t first, int64_t m, const PackedM
   GgmlPanelsBody<EmulatedTiles>(x, first, m, w, panel_begin, panel_end, y);
 }
 
+void MlaDecodeEmulated(const float* q_latent, const float* q_pe, int64_t tokens,
+                       const int64_t* positions, const LatentPages& cache, int64_t keys,
+                       int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
+                       int64_t rope, float softmax_scale, float* o_latent) {
+  MlaDecodeBody<EmulatedTiles>(q_latent, q_pe, tokens, positions, cache, keys, heads, head_begin,
+                               head_end, latent, rope, softmax_scale, o_latent);
+}
+
 double PeakLoopEmulated(bool bf16, int64_t iterations) {
   return PeakLoopBody<EmulatedTiles>(bf16, iterations);
 }

@@ -94,6 +94,14 @@ void GgmlPanelsHardware(const Q8Rows& x, int64_t first, int64_t m, const PackedM
   GgmlPanelsBody<HardwareTiles>(x, first, m, w, panel_begin, panel_end, y);
 }
 
+void MlaDecodeHardware(const float* q_latent, const float* q_pe, int64_t tokens,
+                       const int64_t* positions, const LatentPages& cache, int64_t keys,
+                       int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
+                       int64_t rope, float softmax_scale, float* o_latent) {
+  MlaDecodeBody<HardwareTiles>(q_latent, q_pe, tokens, positions, cache, keys, heads, head_begin,
+                               head_end, latent, rope, softmax_scale, o_latent);
+}
+
 double PeakLoopHardware(bool bf16, int64_t iterations) {
   return PeakLoopBody<HardwareTiles>(bf16, iterations);
 }
@@ -120,6 +128,8 @@ void Bf16PanelsHardware(const uint16_t*, int64_t, const PackedMatrix&, int64_t, 
 double PeakLoopHardware(bool, int64_t) {
   return 0;
 }
+void MlaDecodeHardware(const float*, const float*, int64_t, const int64_t*, const LatentPages&,
+                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float*) {}
 void ToBf16RowsHardware(const float*, int64_t, int64_t, uint16_t*) {}
 }  // namespace sy::kernels::amx_detail
 

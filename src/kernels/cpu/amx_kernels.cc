@@ -247,6 +247,28 @@ bool UseAmxBf16(const PackedMatrix& w) {
          ActiveAmxBackend() != AmxBackend::kNone;
 }
 
+bool AmxMlaApplies(DType cache_dtype, int64_t latent, int64_t rope) {
+  return cache_dtype == DType::kBF16 && latent > 0 && latent % 16 == 0 && rope >= 0;
+}
+
+void AmxMlaDecode(AmxBackend backend, const float* q_latent, const float* q_pe, int64_t tokens,
+                  const int64_t* positions, const LatentPages& cache, int64_t keys, int64_t heads,
+                  int64_t head_begin, int64_t head_end, int64_t latent, int64_t rope,
+                  float softmax_scale, float* o_latent) {
+  if (backend == AmxBackend::kHardware) {
+    amx_detail::MlaDecodeHardware(q_latent, q_pe, tokens, positions, cache, keys, heads, head_begin,
+                                  head_end, latent, rope, softmax_scale, o_latent);
+  } else {
+    amx_detail::MlaDecodeEmulated(q_latent, q_pe, tokens, positions, cache, keys, heads, head_begin,
+                                  head_end, latent, rope, softmax_scale, o_latent);
+  }
+}
+
+bool UseAmxMla(DType cache_dtype, int64_t latent, int64_t rope) {
+  return GlobalKernelOptions().amx_bf16 && AmxMlaApplies(cache_dtype, latent, rope) &&
+         ActiveAmxBackend() != AmxBackend::kNone;
+}
+
 double AmxPeakLoop(AmxBackend backend, bool bf16, int64_t iterations) {
   return backend == AmxBackend::kHardware ? amx_detail::PeakLoopHardware(bf16, iterations)
                                           : amx_detail::PeakLoopEmulated(bf16, iterations);

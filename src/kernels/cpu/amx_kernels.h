@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/ggml_gemm.h"
+#include "kernels/cpu/mla_decode.h"
 #include "tensor/packed_matrix.h"
 
 namespace sy::kernels {
@@ -71,6 +72,17 @@ void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const 
 // and w applies.
 bool UseAmxBf16(const PackedMatrix& w);
 
+// Absorbed MLA attention (mla_decode.h's MlaDecodeAttention) with heads as tile rows: a bf16
+// latent cache, latent a multiple of 16 (any rope width: the dims are zero-padded to tiles).
+bool AmxMlaApplies(DType cache_dtype, int64_t latent, int64_t rope);
+void AmxMlaDecode(AmxBackend backend, const float* q_latent, const float* q_pe, int64_t tokens,
+                  const int64_t* positions, const LatentPages& cache, int64_t keys, int64_t heads,
+                  int64_t head_begin, int64_t head_end, int64_t latent, int64_t rope,
+                  float softmax_scale, float* o_latent);
+// Whether MlaDecodeAttention takes it: KernelOptions::amx_bf16 (the products' flag: prompts and
+// decode steps take the same kernel either way), a backend, and it applies.
+bool UseAmxMla(DType cache_dtype, int64_t latent, int64_t rope);
+
 // The tile multiplies' peak, for `bench kernels`: `iterations` rounds of four independent
 // TDPBF16PS (bf16) or TDPBUSD (int8) on a 2 × 2 block of 16 × 16 output tiles, every operand 1.
 // Returns output [0][0] of the first tile — iterations · 32 (bf16, exact below 2^24) or · 64 —
@@ -97,6 +109,14 @@ void Bf16PanelsHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w
                         int64_t panel_begin, int64_t panel_end, float* y);
 void ToBf16RowsHardware(const float* x, int64_t m, int64_t cols, uint16_t* out);
 double PeakLoopEmulated(bool bf16, int64_t iterations);
+void MlaDecodeEmulated(const float* q_latent, const float* q_pe, int64_t tokens,
+                       const int64_t* positions, const LatentPages& cache, int64_t keys,
+                       int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
+                       int64_t rope, float softmax_scale, float* o_latent);
+void MlaDecodeHardware(const float* q_latent, const float* q_pe, int64_t tokens,
+                       const int64_t* positions, const LatentPages& cache, int64_t keys,
+                       int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
+                       int64_t rope, float softmax_scale, float* o_latent);
 double PeakLoopHardware(bool bf16, int64_t iterations);
 }  // namespace amx_detail
 

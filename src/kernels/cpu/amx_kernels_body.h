@@ -10,11 +10,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/ggml_gemm.h"
+#include "kernels/cpu/mla_decode.h"
 #include "kernels/cpu/row_tiles.h"
+#include "tensor/dtype.h"
 #include "tensor/ggml_quants.h"
 #include "tensor/packed_matrix.h"
 
@@ -294,6 +297,195 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     WritePanelOutputs(state.data(), m, w, p, y);
   }
   Tiles::Release();
+}
+
+// --- Absorbed MLA attention on the latent cache (AmxMlaDecode) ---
+
+constexpr int64_t kMlaChunk = 32;  // keys per step: one A tile of probabilities (32 bf16)
+
+// e^x for x ≤ 0, as mla_decode_bf16.cc's ExpNonPositive (2^n · p(r), the degree-7 Taylor
+// polynomial), written for any compiler to vectorize: n rounded to nearest by adding and taking
+// away 1.5 · 2^23, 2^n made from its bits.
+SY_AMX_KERNEL inline float ExpNonPositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  float r = __builtin_fmaf(-n, 0.693145752f, x);
+  r = __builtin_fmaf(-n, 1.42860677e-6f, r);
+  float p = 1.0f / 5040;
+  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = __builtin_fmaf(p, r, c);
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, 4);
+  return p * two_n;
+}
+
+template <class Tiles, int C, int A>
+SY_AMX_KERNEL inline void MlaScoreTile(const uint16_t* q, int64_t q_stride_bytes,
+                                       const uint16_t* keys_t, int64_t steps, float* out) {
+  Tiles::template Zero<C>();
+  for (int64_t s = 0; s < steps; ++s) {
+    Tiles::template Load<A>(q + s * kTileCols16, q_stride_bytes);
+    Tiles::template Load<kB>(keys_t + s * kTileCols16 * kPanelRows, kTileBytes);
+    Tiles::template DotBf16<C, A, kB>();
+  }
+  Tiles::template Store<C>(out, kTileBytes);
+}
+
+template <class Tiles, int C, int A>
+SY_AMX_KERNEL inline void MlaValueTile(const uint16_t* probs, const uint16_t* values, float* out) {
+  Tiles::template Zero<C>();
+  Tiles::template Load<A>(probs, kMlaChunk * 2);
+  Tiles::template Load<kB>(values, kTileBytes);
+  Tiles::template DotBf16<C, A, kB>();
+  Tiles::template Store<C>(out, kTileBytes);
+}
+
+// MlaDecodeAttention's contract (mla_decode.h) on a bf16 cache, latent a multiple of 16: the
+// flash-decoding walk of mla_decode_bf16.cc with heads as tile rows. Per chunk of 32 keys, the
+// keys are laid out once as TDPBF16PS weight tiles (dims in pairs × 16 keys, for the scores;
+// key pairs × 16 latent dims, for P·V) shared by every token and head; per token, each tile of
+// up to 16 heads gets its scores from the tiles, an online softmax in f32, probabilities rounded
+// to bf16, and o = fma(o, correction, P·V). A head's row never meets another's, and its chains
+// run in key order, so its result depends on nothing beside it.
+template <class Tiles>
+SY_AMX_KERNEL void MlaDecodeBody(const float* q_latent, const float* q_pe, int64_t tokens,
+                                 const int64_t* positions, const LatentPages& cache, int64_t keys,
+                                 int64_t heads, int64_t head_begin, int64_t head_end,
+                                 int64_t latent, int64_t rope, float scale, float* o_latent) {
+  const int64_t count_heads = head_end - head_begin;
+  if (tokens <= 0 || count_heads <= 0) return;
+  const int64_t width = latent + rope;
+  const int64_t padded = (width + kTileCols16 - 1) / kTileCols16 * kTileCols16;
+  const int64_t steps = padded / kTileCols16, dim_tiles = latent / kPanelRows;
+  thread_local std::vector<RowTile> tiles;
+  thread_local std::vector<uint16_t> q, keys_t, values, probs;
+  thread_local std::vector<float> scores, chunk, run_max, run_sum, correction;
+  const int64_t first = ConfigureRowTiles<Tiles>(count_heads, tiles);
+  // Queries in bf16, [token][head][padded dims], zero past the width.
+  q.assign(static_cast<size_t>(tokens * count_heads * padded), 0);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < count_heads; ++h) {
+      uint16_t* row = q.data() + (t * count_heads + h) * padded;
+      const int64_t at = t * heads + head_begin + h;
+      for (int64_t d = 0; d < latent; ++d)
+        row[d] = F32ToBF16(q_latent[at * latent + d]);
+      for (int64_t d = 0; d < rope; ++d)
+        row[latent + d] = F32ToBF16(q_pe[at * rope + d]);
+    }
+  keys_t.resize(static_cast<size_t>(2 * steps * kTileBytes * kAmxMaxRows / 2));
+  values.resize(static_cast<size_t>(dim_tiles * kTileBytes * kAmxMaxRows / 2));
+  probs.resize(static_cast<size_t>(count_heads * kMlaChunk));
+  scores.resize(static_cast<size_t>(count_heads * kMlaChunk));
+  chunk.resize(static_cast<size_t>(kAmxMaxRows * kPanelRows));
+  run_max.assign(static_cast<size_t>(tokens * count_heads),
+                 -std::numeric_limits<float>::infinity());
+  run_sum.assign(run_max.size(), 0.0f);
+  correction.resize(static_cast<size_t>(count_heads));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = head_begin; h < head_end; ++h)
+      std::fill_n(o_latent + (t * heads + h) * latent, latent, 0.0f);
+  int64_t last_visible = 0;
+  for (int64_t t = 0; t < tokens; ++t)
+    last_visible = std::max(last_visible, std::min(keys, positions[t] + 1));
+  // Tile elements per B tile: 16 rows × 32 bf16.
+  constexpr int64_t kTileElements = kAmxMaxRows * kTileCols16;
+
+  for (int64_t start = 0; start < last_visible; start += kMlaChunk) {
+    const int64_t count = std::min(kMlaChunk, last_visible - start);
+    const uint16_t* rows[kMlaChunk] = {};
+    for (int64_t j = 0; j < count; ++j)
+      rows[j] = reinterpret_cast<const uint16_t*>(cache.Row(start + j));
+    // Scores' weight tiles, keys 16·g + n: tile (g, s) row i = dims (32s + 2i, 32s + 2i + 1).
+    for (int64_t g = 0; g < 2; ++g)
+      for (int64_t s = 0; s < steps; ++s) {
+        uint16_t* tile = keys_t.data() + (g * steps + s) * kTileElements;
+        for (int64_t i = 0; i < kAmxMaxRows; ++i)
+          for (int64_t n = 0; n < kPanelRows; ++n)
+            for (int64_t e = 0; e < 2; ++e) {
+              const int64_t key = 16 * g + n, d = kTileCols16 * s + 2 * i + e;
+              tile[(i * kPanelRows + n) * 2 + e] =
+                  key < count && d < width ? rows[key][d] : uint16_t{0};
+            }
+      }
+    // P·V's weight tiles: tile dt row jj = keys (2jj, 2jj + 1) of latent dims 16·dt + n.
+    for (int64_t dt = 0; dt < dim_tiles; ++dt) {
+      uint16_t* tile = values.data() + dt * kTileElements;
+      for (int64_t jj = 0; jj < kAmxMaxRows; ++jj)
+        for (int64_t n = 0; n < kPanelRows; ++n)
+          for (int64_t e = 0; e < 2; ++e) {
+            const int64_t key = 2 * jj + e;
+            tile[(jj * kPanelRows + n) * 2 + e] =
+                key < count ? rows[key][kPanelRows * dt + n] : uint16_t{0};
+          }
+    }
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t visible = std::min(keys, positions[t] + 1) - start;
+      if (visible <= 0) continue;
+      const int64_t used = std::min(count, visible);
+      const uint16_t* qt = q.data() + t * count_heads * padded;
+      for (const RowTile& tile : tiles) {
+        for (int64_t g = 0; g < 2; ++g) {
+          const uint16_t* a = qt + tile.row * padded;
+          const uint16_t* b = keys_t.data() + g * steps * kTileElements;
+          if (tile.count == first) {
+            MlaScoreTile<Tiles, kC0, kA0>(a, padded * 2, b, steps, chunk.data());
+          } else {
+            MlaScoreTile<Tiles, kC1, kA1>(a, padded * 2, b, steps, chunk.data());
+          }
+          for (int64_t r = 0; r < tile.count; ++r)
+            for (int64_t n = 0; n < kPanelRows; ++n)
+              scores[(tile.row + r) * kMlaChunk + 16 * g + n] = chunk[r * kPanelRows + n] * scale;
+        }
+      }
+      // Online softmax per head; keys past `used` get probability 0.
+      for (int64_t h = 0; h < count_heads; ++h) {
+        float* sc = scores.data() + h * kMlaChunk;
+        float chunk_max = sc[0];
+        for (int64_t j = 1; j < used; ++j)
+          chunk_max = std::max(chunk_max, sc[j]);
+        float& old_max = run_max[t * count_heads + h];
+        const float new_max = std::max(old_max, chunk_max);
+        const float c = ExpNonPositive(old_max - new_max);
+        float sum = 0;
+        for (int64_t j = 0; j < kMlaChunk; ++j) {
+          const float p = j < used ? ExpNonPositive(sc[j] - new_max) : 0.0f;
+          sum += p;
+          probs[h * kMlaChunk + j] = F32ToBF16(p);
+        }
+        float& total = run_sum[t * count_heads + h];
+        total = __builtin_fmaf(total, c, sum);
+        old_max = new_max;
+        correction[h] = c;
+      }
+      for (const RowTile& tile : tiles) {
+        for (int64_t dt = 0; dt < dim_tiles; ++dt) {
+          const uint16_t* a = probs.data() + tile.row * kMlaChunk;
+          const uint16_t* b = values.data() + dt * kTileElements;
+          if (tile.count == first) {
+            MlaValueTile<Tiles, kC0, kA0>(a, b, chunk.data());
+          } else {
+            MlaValueTile<Tiles, kC1, kA1>(a, b, chunk.data());
+          }
+          for (int64_t r = 0; r < tile.count; ++r) {
+            const int64_t h = tile.row + r;
+            float* o = o_latent + (t * heads + head_begin + h) * latent + kPanelRows * dt;
+            for (int64_t n = 0; n < kPanelRows; ++n)
+              o[n] = __builtin_fmaf(o[n], correction[h], chunk[r * kPanelRows + n]);
+          }
+        }
+      }
+    }
+  }
+  Tiles::Release();
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < count_heads; ++h) {
+      const float total = run_sum[t * count_heads + h];
+      const float inverse = total > 0 ? 1.0f / total : 0.0f;
+      float* o = o_latent + (t * heads + head_begin + h) * latent;
+      for (int64_t d = 0; d < latent; ++d)
+        o[d] *= inverse;
+    }
 }
 
 // AmxPeakLoop: tiles 0-3 accumulate, 4-5 are A (16 rows), 6-7 B.

@@ -24,7 +24,8 @@ struct KernelOptions {
   // where the CPU has it: twice the f32 FMA's work per instruction, and batch-invariant.
   bool bf16_dot = true;
   // fp8 and bf16 weights take the AMX bf16 kernel (amx_kernels.h) at every row count where AMX
-  // runs, before the dot kernel (`--amx-bf16`). Off by default until measured on an AMX CPU.
+  // runs, before the dot kernel, and absorbed MLA attention its AMX kernel (`--amx-bf16`). Off by
+  // default until measured on an AMX CPU.
   bool amx_bf16 = false;
 };
 KernelOptions& GlobalKernelOptions();

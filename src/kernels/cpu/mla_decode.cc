@@ -1,5 +1,7 @@
 #include "kernels/cpu/mla_decode.h"
 
+#include "kernels/cpu/amx_kernels.h"
+
 #include "kernels/cpu/fast_linear.h"
 
 #include <hwy/cache_control.h>
@@ -305,6 +307,11 @@ void MlaDecodeAttention(const float* q_latent, const float* q_pe, int64_t tokens
                         const int64_t* positions, const LatentPages& cache, int64_t keys,
                         int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
                         int64_t rope, float softmax_scale, float* o_latent) {
+  if (UseAmxMla(cache.dtype, latent, rope)) {
+    AmxMlaDecode(ActiveAmxBackend(), q_latent, q_pe, tokens, positions, cache, keys, heads,
+                 head_begin, head_end, latent, rope, softmax_scale, o_latent);
+    return;
+  }
   if (GlobalKernelOptions().bf16_dot && MlaDecodeBf16Applies(cache.dtype, latent, rope)) {
     MlaDecodeAttentionBf16(q_latent, q_pe, tokens, positions, cache, keys, heads, head_begin,
                            head_end, latent, rope, softmax_scale, o_latent);
