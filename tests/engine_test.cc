@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include "chat_output/tool_choice.h"
 #include "engine/engine.h"
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/onednn_linear.h"
@@ -296,6 +297,13 @@ TEST(EngineTest, PreemptionOnTheBf16DotPathLosesNothing) {
 // hit, with its prompt in small chunks beside other requests, preempted and recomputed, and
 // resumed from its own output (failover). A later request that has this one's output in its
 // prompt does not reuse the pages holding that output (they were computed as decode steps).
+// AMX kernels run on the emulator where this CPU has no tiles (read once, before the first
+// product asks for a backend), for the --amx-bf16 test below; no other test here asks for them.
+const bool kEmulateAmx = [] {
+  setenv("SWITCHYARD_AMX_EMULATE", "1", 1);
+  return true;
+}();
+
 struct DefaultServing {
   DefaultServing() {
     DefaultModel();
@@ -441,6 +449,19 @@ TEST(EngineTest, OneAnswerPerRequestInTheDefaultMode) {
   // absorbed); 400: past it, where the bf16 MLA kernel runs the prompt's last rows are absorbed.
   ExpectOneAnswer(100);
   ExpectOneAnswer(400);
+}
+
+// The same with --amx-bf16: products, grouped experts and absorbed attention on AMX tiles keep
+// the one answer. (On the emulator where this CPU has no tiles, so a 100-token prompt only:
+// the emulated tiles are some thirty times slower. Named apart from the *OneAnswer* tests that
+// CTest repeats at every instruction-set level: the emulator's arithmetic does not change with it.)
+TEST(EngineTest, AmxTilesGiveTheSameBitsCachedChunkedOrResumed) {
+  ASSERT_NE(kernels::ActiveAmxBackend(), kernels::AmxBackend::kNone);
+  DefaultServing serving;
+  kernels::GlobalKernelOptions().amx_bf16 = true;
+  ExpectOneAnswer(100);
+  if (kernels::ActiveAmxBackend() == kernels::AmxBackend::kHardware) ExpectOneAnswer(400);
+  kernels::GlobalKernelOptions().amx_bf16 = false;
 }
 
 // Preemption in the serving default: every request recomputed after losing its pages gives the
