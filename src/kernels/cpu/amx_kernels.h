@@ -1,7 +1,7 @@
 // Products on Intel AMX tiles (Sapphire Rapids and later): TDPBUSD for int8 weights
-// (`--int8-products`), TDPBSUD for GGML blocks (a GGUF's Q4_K..Q8_0), TDPBF16PS for fp8 and bf16
-// weights (`--amx-bf16`). One tile multiply does
-// 16 rows × 16 outputs × 64 bytes of products, eight to sixteen times an AVX-512 instruction's.
+// (`--int8-products`), TDPBSUD for GGML blocks (a GGUF's Q2_K..Q8_0), TDPBF16PS for fp8 and bf16
+// weights and for absorbed MLA attention (`--amx-bf16`). One tile multiply does 16 rows × 16
+// outputs × 64 bytes of products, eight to sixteen times an AVX-512 instruction's.
 //
 // Each kernel is written once (amx_kernels_body.h) and built twice: on the hardware's tiles and
 // on the emulator of amx_tiles.h, so its tiling and packing are tested on CPUs without AMX.

@@ -1,5 +1,5 @@
-// The AMX kernels of amx_kernels.h, written once against a Tiles type (amx_tiles.h's interface)
-// and a ConvertPairs function (a panel's columns [c0, c1) as TDPBF16PS weight rows). Included
+// The AMX kernels of amx_kernels.h, written once against a Tiles type (amx_tiles.h's interface;
+// the bf16 products also take a ConvertPairs function: a panel's columns as weight rows). Included
 // only by amx_emulated.cc and amx_hardware.cc, each after defining SY_AMX_KERNEL: the target
 // attribute its kernels compile for (empty for the emulator). Per function, not per file: the
 // library templates they instantiate (std::vector's) stay compiled for every CPU, where a file
