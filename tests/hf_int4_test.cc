@@ -9,6 +9,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/ggml_gemm.h"
 #include "model/config.h"
@@ -30,6 +31,11 @@ const bool kDotKernelOff = [] {
 }();
 
 const std::vector<std::string> kFormats = {"awq", "gptq", "ct-sym", "ct-asym"};
+
+const bool kEmulateAmx = [] {  // read once, before the first product asks for a backend
+  setenv("SWITCHYARD_AMX_EMULATE", "1", 1);
+  return true;
+}();
 
 std::string FormatDir(const std::string& format) {
   return std::string(testing::kFixturesDir) + "/hf-int4/" + format;
@@ -168,6 +174,33 @@ TEST(HfInt4Test, ProductsWithinTheActivationRoundingBound) {
       EXPECT_LE(std::fabs(first[r * w.rows + o] - exact), bound * 1.01 + 1e-5)
           << "row " << r << " output " << o;
     }
+}
+
+// From a tile of rows up the products take AMX tiles (the emulator's where this CPU has none),
+// two TDPBSUD a 128-column group: the vector kernels' bits.
+TEST(HfInt4Test, AmxTilesGiveTheVectorKernelsBits) {
+  const std::string dir = FormatDir("awq");
+  auto config = LoadModelConfig(dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  auto checkpoint = Checkpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok());
+  auto m = LoadInt4Matrix(checkpoint.value(), config.value().int4, "model.layers.0.mlp.down_proj",
+                          256, 256);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  auto packed = PackGgml(m.value());
+  const int64_t rows = 37;
+  std::vector<float> x(static_cast<size_t>(rows * packed->cols));
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = std::cos(0.11f * static_cast<float>(i)) * (1.0f + static_cast<float>(i % 5));
+  std::vector<float> vector_kernels(static_cast<size_t>(rows * packed->rows)), amx;
+  kernels::EnableAmxGgml(false);
+  kernels::LinearPacked(x.data(), rows, *packed, vector_kernels.data());
+  kernels::EnableAmxGgml(true);
+  EXPECT_NE(std::string(kernels::KernelPathName(rows, *packed)).find("ggml-amx"),
+            std::string::npos);
+  amx.resize(vector_kernels.size());
+  kernels::LinearPacked(x.data(), rows, *packed, amx.data());
+  EXPECT_EQ(std::memcmp(amx.data(), vector_kernels.data(), amx.size() * sizeof(float)), 0);
 }
 
 // The model on the int4 checkpoint against transformers on its dequantized weights. The weights

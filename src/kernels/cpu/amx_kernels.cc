@@ -127,7 +127,8 @@ void EnableAmxInt8(bool enabled) {
 
 bool AmxGgmlApplies(const PackedMatrix& w) {
   return w.dtype == DType::kGgml && w.sub_cols > 0 && w.sub_cols % 4 == 0 &&
-         w.sub_cols <= kAmxMaxColsBytes && w.super_cols % w.sub_cols == 0 &&
+         (w.sub_cols <= kAmxMaxColsBytes || w.sub_cols % kAmxMaxColsBytes == 0) &&
+         w.super_cols % w.sub_cols == 0 &&
          (w.code_bits == 4 || w.code_bits == 6 || w.code_bits == 8);
 }
 
@@ -207,8 +208,10 @@ bool UseAmxGgml(int64_t m, const PackedMatrix& w) {
     return false;
   const AmxBackend backend = ActiveAmxBackend();
   return backend != AmxBackend::kNone && CheckedOnce(backend, "GGML", [](AmxBackend b) {
-           // 4-bit codes with separate minimums, 6-bit with a shared offset, bytes.
+           // 4-bit codes with separate minimums, 6-bit with a shared offset, bytes, and HF int4's
+           // 128-column groups (two multiplies a group).
            return AmxGgmlGivesThePortableBits(b, GgmlType::kQ4_K) &&
+                  AmxGgmlGivesThePortableBits(b, GgmlType::kHfInt4) &&
                   AmxGgmlGivesThePortableBits(b, GgmlType::kQ6_K) &&
                   AmxGgmlGivesThePortableBits(b, GgmlType::kQ8_0);
          });

@@ -49,15 +49,15 @@ inline constexpr int64_t kAmxInt8MinRows = 16;
 // Tests: whether UseAmxInt8 may say yes (on by default).
 void EnableAmxInt8(bool enabled);
 
-// GGML blocks kept quantized (ggml_gemm.h) with sub-blocks of at most 64 columns: every type
-// PackGgml keeps.
+// GGML blocks kept quantized (ggml_gemm.h) with sub-blocks of at most 64 columns or whole
+// multiples of 64: every type PackGgml keeps, HF int4's 128-column groups included.
 bool AmxGgmlApplies(const PackedMatrix& w);
 // GgmlPanels's contract, on `backend`'s tiles: TDPBSUD sums each sub-block's signed activation
 // codes times its unsigned weight codes (unpacked from nibbles and top bits into bytes), and the
 // sub-block and block arithmetic is ggml_gemm.h's, so the bits are the vector kernels'.
 void AmxGgmlPanels(AmxBackend backend, const Q8Rows& x, int64_t first, int64_t m,
                    const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y);
-// As UseAmxInt8, for GgmlPanels (its check: Q4_K, Q6_K and Q8_0 layouts).
+// As UseAmxInt8, for GgmlPanels (its check: Q4_K, HF int4, Q6_K and Q8_0 layouts).
 bool UseAmxGgml(int64_t m, const PackedMatrix& w);
 void EnableAmxGgml(bool enabled);
 

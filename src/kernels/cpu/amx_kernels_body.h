@@ -154,14 +154,17 @@ SY_AMX_KERNEL inline void UnpackGgmlQuads(const PackedMatrix& w, const uint8_t* 
   }
 }
 
-// One sub-block for one row tile: each row's int32 sums of activation codes times weight codes.
+// One sub-block for one row tile: each row's int32 sums of activation codes times weight codes,
+// in `steps` multiplies of `step` columns (the sub-block, or 64 of a wider one: HF int4's 128).
 template <class Tiles, int C, int A>
 SY_AMX_KERNEL inline void GgmlSubSums(const int8_t* x, int64_t x_stride, const uint8_t* quads,
-                                      int32_t* sums) {
+                                      int64_t steps, int64_t step, int32_t* sums) {
   Tiles::template Zero<C>();
-  Tiles::template Load<A>(x, x_stride);
-  Tiles::template Load<kB>(quads, kTileBytes);
-  Tiles::template DotSignedUnsigned<C, A, kB>();
+  for (int64_t s = 0; s < steps; ++s) {
+    Tiles::template Load<A>(x + s * step, x_stride);
+    Tiles::template Load<kB>(quads + s * step / 4 * kTileBytes, kTileBytes);
+    Tiles::template DotSignedUnsigned<C, A, kB>();
+  }
   Tiles::template Store<C>(sums, kTileBytes);
 }
 
@@ -176,7 +179,8 @@ SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, con
   thread_local std::vector<int32_t> acc, mins;
   thread_local std::vector<uint8_t> quads;
   const int64_t sub = w.sub_cols;
-  const int64_t first_height = ConfigureRowTiles<Tiles>(m, tiles, static_cast<int>(sub));
+  const int64_t step = std::min<int64_t>(sub, kTileCols8), steps = sub / step;
+  const int64_t first_height = ConfigureRowTiles<Tiles>(m, tiles, static_cast<int>(step));
   state.resize(static_cast<size_t>(m * kPanelRows));
   acc.resize(state.size());
   mins.resize(state.size());
@@ -196,9 +200,9 @@ SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, con
         for (const RowTile& t : tiles) {
           const int8_t* xr = x.Codes(first + t.row) + j * sub;
           if (t.count == first_height) {
-            GgmlSubSums<Tiles, kC0, kA0>(xr, x.stride, quads.data(), sums);
+            GgmlSubSums<Tiles, kC0, kA0>(xr, x.stride, quads.data(), steps, step, sums);
           } else {
-            GgmlSubSums<Tiles, kC1, kA1>(xr, x.stride, quads.data(), sums);
+            GgmlSubSums<Tiles, kC1, kA1>(xr, x.stride, quads.data(), steps, step, sums);
           }
           for (int64_t r = 0; r < t.count; ++r) {
             const int64_t row = t.row + r;
