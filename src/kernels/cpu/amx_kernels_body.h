@@ -72,19 +72,40 @@ SY_AMX_KERNEL int64_t ConfigureRowTiles(int64_t m, std::vector<RowTile>& tiles,
   return first;
 }
 
-// One group of int8 columns for one row tile: the exact int32 sums of its `steps` 64-column
-// steps, stored [row][16].
-template <class Tiles, int C, int A>
-SY_AMX_KERNEL inline void Int8GroupSums(const uint8_t* x, int64_t x_stride, const int8_t* w,
-                                        int64_t steps, int32_t* sums) {
+// The tile multiplies the kernels use: unsigned × signed bytes (TDPBUSD), signed × unsigned
+// (TDPBSUD), bf16 pairs (TDPBF16PS).
+enum class TileDot : uint8_t { kUnsignedSigned, kSignedUnsigned, kBf16 };
+
+template <class Tiles, TileDot kDot, int C, int A>
+SY_AMX_KERNEL inline void TileSums(const void* a, int64_t a_stride, const void* b, int64_t steps,
+                                   void* out) {
   Tiles::template Zero<C>();
   for (int64_t s = 0; s < steps; ++s) {
-    Tiles::template Load<A>(x + s * kTileCols8, x_stride);
-    // 64 columns of a panel, [16 quads][16 rows][4]: the B tile as it lies in memory.
-    Tiles::template Load<kB>(w + s * kTileCols8 * kPanelRows, kTileBytes);
-    Tiles::template DotUnsignedSigned<C, A, kB>();
+    Tiles::template Load<A>(static_cast<const uint8_t*>(a) + s * kTileBytes, a_stride);
+    Tiles::template Load<kB>(static_cast<const uint8_t*>(b) + s * kAmxMaxRows * kTileBytes,
+                             kTileBytes);
+    if constexpr (kDot == TileDot::kUnsignedSigned) {
+      Tiles::template DotUnsignedSigned<C, A, kB>();
+    } else if constexpr (kDot == TileDot::kSignedUnsigned) {
+      Tiles::template DotSignedUnsigned<C, A, kB>();
+    } else {
+      Tiles::template DotBf16<C, A, kB>();
+    }
   }
-  Tiles::template Store<C>(sums, kTileBytes);
+  Tiles::template Store<C>(out, kTileBytes);
+}
+
+// One row tile's sums over `steps` multiplies: A from `a` (rows a_stride bytes apart, 64 bytes
+// further each step), B the 1 KiB tiles one after another from `b`; stored [row][16] (int32 or
+// f32) at `out`. The tile's height picks its C and A tiles (ConfigureRowTiles).
+template <class Tiles, TileDot kDot>
+SY_AMX_KERNEL inline void RowTileSums(bool first_height, const void* a, int64_t a_stride,
+                                      const void* b, int64_t steps, void* out) {
+  if (first_height) {
+    TileSums<Tiles, kDot, kC0, kA0>(a, a_stride, b, steps, out);
+  } else {
+    TileSums<Tiles, kDot, kC1, kA1>(a, a_stride, b, steps, out);
+  }
 }
 
 template <class Tiles>
@@ -108,11 +129,9 @@ SY_AMX_KERNEL void Int8PanelsBody(const uint8_t* codes, int64_t stride, const fl
       const int32_t* w_offset = w.row_offsets.data() + p * per_panel + g * kPanelRows;
       for (const RowTile& t : tiles) {
         const uint8_t* x = codes + t.row * stride + c0;
-        if (t.count == first) {
-          Int8GroupSums<Tiles, kC0, kA0>(x, stride, panel + c0 * kPanelRows, steps, sums);
-        } else {
-          Int8GroupSums<Tiles, kC1, kA1>(x, stride, panel + c0 * kPanelRows, steps, sums);
-        }
+        // 64 columns of a panel, [16 quads][16 rows][4], are a B tile as it lies in memory.
+        RowTileSums<Tiles, TileDot::kUnsignedSigned>(t.count == first, x, stride,
+                                                     panel + c0 * kPanelRows, steps, sums);
         // The group's term, as int8_gemm.cc's portable kernel adds it.
         for (int64_t r = 0; r < t.count; ++r) {
           const float xs = scales[(t.row + r) * w.groups + g];
@@ -154,20 +173,6 @@ SY_AMX_KERNEL inline void UnpackGgmlQuads(const PackedMatrix& w, const uint8_t* 
   }
 }
 
-// One sub-block for one row tile: each row's int32 sums of activation codes times weight codes,
-// in `steps` multiplies of `step` columns (the sub-block, or 64 of a wider one: HF int4's 128).
-template <class Tiles, int C, int A>
-SY_AMX_KERNEL inline void GgmlSubSums(const int8_t* x, int64_t x_stride, const uint8_t* quads,
-                                      int64_t steps, int64_t step, int32_t* sums) {
-  Tiles::template Zero<C>();
-  for (int64_t s = 0; s < steps; ++s) {
-    Tiles::template Load<A>(x + s * step, x_stride);
-    Tiles::template Load<kB>(quads + s * step / 4 * kTileBytes, kTileBytes);
-    Tiles::template DotSignedUnsigned<C, A, kB>();
-  }
-  Tiles::template Store<C>(sums, kTileBytes);
-}
-
 // ggml_gemm.cc's RowPortable for every row at once: the same integer sums per sub-block, the
 // same float steps per block, so the same bits.
 template <class Tiles>
@@ -199,11 +204,8 @@ SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, con
         const size_t at = static_cast<size_t>((p * subs + j) * kPanelRows);
         for (const RowTile& t : tiles) {
           const int8_t* xr = x.Codes(first + t.row) + j * sub;
-          if (t.count == first_height) {
-            GgmlSubSums<Tiles, kC0, kA0>(xr, x.stride, quads.data(), steps, step, sums);
-          } else {
-            GgmlSubSums<Tiles, kC1, kA1>(xr, x.stride, quads.data(), steps, step, sums);
-          }
+          RowTileSums<Tiles, TileDot::kSignedUnsigned>(t.count == first_height, xr, x.stride,
+                                                       quads.data(), steps, sums);
           for (int64_t r = 0; r < t.count; ++r) {
             const int64_t row = t.row + r;
             const int32_t x_sum = x.Sums(first + row)[j];
@@ -245,20 +247,6 @@ SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, con
   Tiles::Release();
 }
 
-// One scale block for one row tile: the f32 sums of its `steps` 32-column steps, [row][16].
-template <class Tiles, int C, int A>
-SY_AMX_KERNEL inline void Bf16BlockSums(const uint16_t* x, int64_t x_stride_bytes,
-                                        const uint16_t* pairs, int64_t steps, float* sums) {
-  Tiles::template Zero<C>();
-  for (int64_t s = 0; s < steps; ++s) {
-    Tiles::template Load<A>(x + s * kTileCols16, x_stride_bytes);
-    // 16 column pairs × 16 outputs × 2 bf16 = 1 KiB per step.
-    Tiles::template Load<kB>(pairs + s * kTileCols16 * kPanelRows, kTileBytes);
-    Tiles::template DotBf16<C, A, kB>();
-  }
-  Tiles::template Store<C>(sums, kTileBytes);
-}
-
 // ConvertPairs(w, panel, c0, c1, out): columns [c0, c1) of the panel as (c1 - c0) / 2 rows of
 // 16 bf16 pairs: out[(c - c0) / 2][r] = (w[r][c], w[r][c + 1]).
 template <class Tiles, typename ConvertPairs>
@@ -286,11 +274,8 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
       const int64_t steps = (b1 - b0) / kTileCols16;
       for (const RowTile& t : tiles) {
         const uint16_t* x = x_bf16 + t.row * w.cols + b0;
-        if (t.count == first) {
-          Bf16BlockSums<Tiles, kC0, kA0>(x, x_stride, pairs.data(), steps, sums);
-        } else {
-          Bf16BlockSums<Tiles, kC1, kA1>(x, x_stride, pairs.data(), steps, sums);
-        }
+        RowTileSums<Tiles, TileDot::kBf16>(t.count == first, x, x_stride, pairs.data(), steps,
+                                           sums);
         for (int64_t r = 0; r < t.count; ++r) {
           float* out = state.data() + (t.row + r) * kPanelRows;
           for (int64_t i = 0; i < kPanelRows; ++i)
@@ -322,27 +307,6 @@ SY_AMX_KERNEL inline float ExpNonPositive(float x) {
   float two_n;
   std::memcpy(&two_n, &bits, 4);
   return p * two_n;
-}
-
-template <class Tiles, int C, int A>
-SY_AMX_KERNEL inline void MlaScoreTile(const uint16_t* q, int64_t q_stride_bytes,
-                                       const uint16_t* keys_t, int64_t steps, float* out) {
-  Tiles::template Zero<C>();
-  for (int64_t s = 0; s < steps; ++s) {
-    Tiles::template Load<A>(q + s * kTileCols16, q_stride_bytes);
-    Tiles::template Load<kB>(keys_t + s * kTileCols16 * kPanelRows, kTileBytes);
-    Tiles::template DotBf16<C, A, kB>();
-  }
-  Tiles::template Store<C>(out, kTileBytes);
-}
-
-template <class Tiles, int C, int A>
-SY_AMX_KERNEL inline void MlaValueTile(const uint16_t* probs, const uint16_t* values, float* out) {
-  Tiles::template Zero<C>();
-  Tiles::template Load<A>(probs, kMlaChunk * 2);
-  Tiles::template Load<kB>(values, kTileBytes);
-  Tiles::template DotBf16<C, A, kB>();
-  Tiles::template Store<C>(out, kTileBytes);
 }
 
 // MlaDecodeAttention's contract (mla_decode.h) on a bf16 cache, latent a multiple of 16: the
@@ -432,11 +396,8 @@ SY_AMX_KERNEL void MlaDecodeBody(const float* q_latent, const float* q_pe, int64
         for (int64_t g = 0; g < 2; ++g) {
           const uint16_t* a = qt + tile.row * padded;
           const uint16_t* b = keys_t.data() + g * steps * kTileElements;
-          if (tile.count == first) {
-            MlaScoreTile<Tiles, kC0, kA0>(a, padded * 2, b, steps, chunk.data());
-          } else {
-            MlaScoreTile<Tiles, kC1, kA1>(a, padded * 2, b, steps, chunk.data());
-          }
+          RowTileSums<Tiles, TileDot::kBf16>(tile.count == first, a, padded * 2, b, steps,
+                                             chunk.data());
           for (int64_t r = 0; r < tile.count; ++r)
             for (int64_t n = 0; n < kPanelRows; ++n)
               scores[(tile.row + r) * kMlaChunk + 16 * g + n] = chunk[r * kPanelRows + n] * scale;
@@ -466,11 +427,8 @@ SY_AMX_KERNEL void MlaDecodeBody(const float* q_latent, const float* q_pe, int64
         for (int64_t dt = 0; dt < dim_tiles; ++dt) {
           const uint16_t* a = probs.data() + tile.row * kMlaChunk;
           const uint16_t* b = values.data() + dt * kTileElements;
-          if (tile.count == first) {
-            MlaValueTile<Tiles, kC0, kA0>(a, b, chunk.data());
-          } else {
-            MlaValueTile<Tiles, kC1, kA1>(a, b, chunk.data());
-          }
+          RowTileSums<Tiles, TileDot::kBf16>(tile.count == first, a, kMlaChunk * 2, b, 1,
+                                             chunk.data());
           for (int64_t r = 0; r < tile.count; ++r) {
             const int64_t h = tile.row + r;
             float* o = o_latent + (t * heads + head_begin + h) * latent + kPanelRows * dt;
