@@ -350,12 +350,8 @@ SY_AMX_KERNEL void MlaDecodeBody(const float* q_latent, const float* q_pe, int64
                  -std::numeric_limits<float>::infinity());
   run_sum.assign(run_max.size(), 0.0f);
   correction.resize(static_cast<size_t>(count_heads));
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t h = head_begin; h < head_end; ++h)
-      std::fill_n(o_latent + (t * heads + h) * latent, latent, 0.0f);
-  int64_t last_visible = 0;
-  for (int64_t t = 0; t < tokens; ++t)
-    last_visible = std::max(last_visible, std::min(keys, positions[t] + 1));
+  const int64_t last_visible =
+      BeginMlaDecode(positions, tokens, keys, heads, head_begin, head_end, latent, o_latent);
   // Tile elements per B tile: 16 rows × 32 bf16.
   constexpr int64_t kTileElements = kAmxMaxRows * kTileCols16;
 

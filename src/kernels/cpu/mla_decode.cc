@@ -171,12 +171,8 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
   std::vector<float> rows(static_cast<size_t>(kChunk * width));        // chunk rows, f32, key-major
   std::vector<float> transposed(static_cast<size_t>(width * kChunk));  // [dim][key] for scores
   std::vector<float> scores(kChunk * kGroup);
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t h = head_begin; h < head_end; ++h)
-      std::fill_n(o_latent + (t * heads + h) * latent, latent, 0.0f);
-  int64_t last_visible = 0;
-  for (int64_t t = 0; t < tokens; ++t)
-    last_visible = std::max(last_visible, std::min(keys, positions[t] + 1));
+  const int64_t last_visible =
+      BeginMlaDecode(positions, tokens, keys, heads, head_begin, head_end, latent, o_latent);
 
   for (int64_t start = 0; start < last_visible; start += kChunk) {
     const int64_t count = std::min(kChunk, last_visible - start);

@@ -3,6 +3,7 @@
 // heads × keys is materialized and the cache is read once per head block.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "tensor/dtype.h"
@@ -33,6 +34,21 @@ void MlaDecodeAttention(const float* q_latent, const float* q_pe, int64_t tokens
                         const int64_t* positions, const LatentPages& cache, int64_t keys,
                         int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
                         int64_t rope, float softmax_scale, float* o_latent);
+
+// What every MlaDecodeAttention kernel does first: zeroes the outputs of heads [head_begin,
+// head_end) of every token, and returns how many keys the furthest-seeing token sees (the keys
+// the walk visits).
+inline int64_t BeginMlaDecode(const int64_t* positions, int64_t tokens, int64_t keys, int64_t heads,
+                              int64_t head_begin, int64_t head_end, int64_t latent,
+                              float* o_latent) {
+  int64_t last_visible = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::fill(o_latent + (t * heads + head_begin) * latent,
+              o_latent + (t * heads + head_end) * latent, 0.0f);
+    last_visible = std::max(last_visible, std::min(keys, positions[t] + 1));
+  }
+  return last_visible;
+}
 
 // The bf16 dot-product version (mla_decode_bf16.cc), which MlaDecodeAttention runs when this
 // holds (a bf16 cache, AVX-512 BF16, latent a multiple of 16) and the dot kernel is enabled.
