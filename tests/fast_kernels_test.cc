@@ -16,6 +16,7 @@
 #include "kernels/cpu/grouped_ffn.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/mla_decode.h"
 #include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/panel_gemm.h"
@@ -596,6 +597,85 @@ namespace {
 TEST_P(PerTargetMla, MlaDecodeMatchesReferenceOverPages) {
   CheckMlaDecodeAgainstDirectSums();
 }
+
+// The expanded flash kernel over several kv_b super-blocks (many heads make them 64-256 keys), with
+// queries whose groups straddle chunk ends: equal to the whole-sequence form, and each row the same
+// bits computed alone, in another split of the slice, or behind a cached prefix — a request's
+// answer must not depend on how its prompt was chunked or batched.
+TEST_P(PerTargetMla, ExpandedAttentionRowsAreTheSameBitsHoweverTheSliceIsCut) {
+  kernels::MlaDims d{40, 24, 8, 20, 32, 0.2f};
+  const int64_t keys = 600, tokens = 37;
+  const int64_t width = d.nope + d.rope;
+  auto q = RandomVector(static_cast<size_t>(tokens * d.heads * width), 26);
+  auto latents = RandomVector(static_cast<size_t>(keys * (d.latent + d.rope)), 27);
+  OwnedMatrix kv_b = RandomMatrix(DType::kF8E4M3, d.heads * (d.nope + d.v), d.latent, 28, 8);
+  std::vector<int64_t> positions;
+  for (int64_t t = 0; t < tokens; ++t)  // a chunk on top of a cached prefix, one gap
+    positions.push_back(keys - tokens - 5 + t + (t >= 20 ? 5 : 0));
+  const size_t out_row = static_cast<size_t>(d.heads * d.v);
+  std::vector<float> whole(tokens * out_row), tiled(whole.size());
+  kernels::MlaAttendExpanded(q.data(), tokens, positions.data(), latents.data(), keys, kv_b.view, d,
+                             whole.data());
+  kernels::MlaAttendExpandedTiled(q.data(), tokens, positions.data(), latents.data(), keys,
+                                  kv_b.view, d, tiled.data());
+  for (size_t i = 0; i < whole.size(); ++i)
+    ASSERT_NEAR(tiled[i], whole[i], 1e-4) << i;
+  // Every row alone; and the slice cut at 3 and 22 (groups and blocks fall elsewhere).
+  std::vector<float> part(tokens * out_row);
+  for (int64_t t = 0; t < tokens; ++t)
+    kernels::MlaAttendExpandedTiled(q.data() + t * d.heads * width, 1, positions.data() + t,
+                                    latents.data(), keys, kv_b.view, d, part.data() + t * out_row);
+  EXPECT_EQ(std::memcmp(part.data(), tiled.data(), part.size() * sizeof(float)), 0);
+  for (auto [from, to] : {std::pair<int64_t, int64_t>{0, 3}, {3, 22}, {22, tokens}})
+    kernels::MlaAttendExpandedTiled(q.data() + from * d.heads * width, to - from,
+                                    positions.data() + from, latents.data(), keys, kv_b.view, d,
+                                    part.data() + from * out_row);
+  EXPECT_EQ(std::memcmp(part.data(), tiled.data(), part.size() * sizeof(float)), 0);
+  // Fewer keys in the call (only those the slice sees) change nothing either.
+  kernels::MlaAttendExpandedTiled(q.data(), 20, positions.data(), latents.data(), positions[19] + 1,
+                                  kv_b.view, d, part.data());
+  EXPECT_EQ(std::memcmp(part.data(), tiled.data(), 20 * out_row * sizeof(float)), 0);
+}
+// The absorbed kernel as prompts use it (model/mla.cc: items of a block of queries and a block
+// of heads): each (query, head) row the same bits in one call for everything, or cut into other
+// query and head blocks. Latent 43 takes the scalar tail of the value sums as well.
+TEST_P(PerTargetMla, AbsorbedRowsAreTheSameBitsHoweverTheItemIsCut) {
+  const int64_t heads = 11, latent = 43, rope = 6, page = 16, keys = 300, tokens = 37;
+  const int64_t width = latent + rope, pages = (keys + page - 1) / page;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    std::vector<int32_t> table(static_cast<size_t>(pages));
+    for (int64_t p = 0; p < pages; ++p)
+      table[p] = static_cast<int32_t>(p);
+    auto rows = RandomVector(static_cast<size_t>(pages * page * width), 41);
+    std::vector<uint8_t> pool(rows.size() * DTypeSize(dtype));
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (dtype == DType::kBF16) {
+        const uint16_t b = F32ToBF16(rows[i]);
+        std::memcpy(&pool[i * 2], &b, 2);
+      } else {
+        std::memcpy(&pool[i * 4], &rows[i], 4);
+      }
+    }
+    const kernels::LatentPages view{pool.data(), dtype, page, width, table.data()};
+    auto q_latent = RandomVector(static_cast<size_t>(tokens * heads * latent), 42);
+    auto q_pe = RandomVector(static_cast<size_t>(tokens * heads * rope), 43);
+    std::vector<int64_t> positions;
+    for (int64_t t = 0; t < tokens; ++t)
+      positions.push_back(keys - tokens + t);
+    std::vector<float> whole(static_cast<size_t>(tokens * heads * latent)), cut(whole.size());
+    kernels::MlaDecodeAttention(q_latent.data(), q_pe.data(), tokens, positions.data(), view, keys,
+                                heads, 0, heads, latent, rope, 0.3f, whole.data());
+    for (auto [t0, t1] : {std::pair<int64_t, int64_t>{0, 1}, {1, 9}, {9, 32}, {32, tokens}})
+      for (auto [h0, h1] : {std::pair<int64_t, int64_t>{0, 3}, {3, 4}, {4, heads}})
+        kernels::MlaDecodeAttention(q_latent.data() + t0 * heads * latent,
+                                    q_pe.data() + t0 * heads * rope, t1 - t0, positions.data() + t0,
+                                    view, positions[t1 - 1] + 1, heads, h0, h1, latent, rope, 0.3f,
+                                    cut.data() + t0 * heads * latent);
+    EXPECT_EQ(std::memcmp(whole.data(), cut.data(), whole.size() * sizeof(float)), 0)
+        << DTypeName(dtype);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Targets, PerTargetMla, ::testing::ValuesIn(kernels::PanelGemmTargets()),
                          [](const ::testing::TestParamInfo<int64_t>& info) {
                            return std::string(kernels::TargetName(info.param));

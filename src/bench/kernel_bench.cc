@@ -17,6 +17,10 @@
 #include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/mla_decode.h"
 #include "kernels/cpu/onednn_linear.h"
+#include "model/latent_cache.h"
+#include "model/mla.h"
+#include "model/rope.h"
+#include "model/synthetic.h"
 #include "tensor/ggml_quants.h"
 
 namespace sy::bench {
@@ -215,6 +219,68 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
   out.push_back(r);
 }
 
+// MLA attention of one prompt chunk of `tokens` queries behind `prefix` cached keys, run by the
+// model's own MlaAttend in the two forms it can give prompt rows (model/mla.h): expanded (kv_b
+// expands every key the chunk sees, then flash attention per head) and absorbed (q·W_UK per
+// head, the flash-decode kernel over the bf16 latent cache, then W_UV), each timed whole and
+// scored by its own FLOPs. Their times side by side are what the choice between the forms rests
+// on: expansion costs in the cached keys, the absorbed form in queries × keys.
+void BenchMlaPrefill(const MachinePeaks& peaks, const KernelBenchOptions& options, int64_t prefix,
+                     int64_t tokens, std::vector<KernelResult>& out) {
+  const ModelConfig c = DeepSeekV3Config();
+  const RopeParams rope = ComputeRopeParams(c);
+  const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim;
+  const int64_t latent = c.kv_lora_rank, width = c.latent_cache_width(), keys = prefix + tokens;
+  AttentionWeights w;  // kv_b and its per-head split, as PackWeights makes them from fp8
+  w.kv_b_proj = RandomPackedMatrix(DType::kF8E4M3, H * (nope + v), latent, 31);
+  for (int64_t h = 0; h < H; ++h) {
+    w.w_uk_t.push_back(RandomPackedMatrix(DType::kF8E4M3, latent, nope, 100 + h));
+    w.w_uv.push_back(RandomPackedMatrix(DType::kF8E4M3, v, latent, 400 + h));
+  }
+  LatentCache cache(1, width, 64, (keys + 63) / 64, DType::kBF16);
+  SequenceCache sequence;
+  (void)cache.Reserve(sequence, keys);
+  const auto rows = RandomActivations(static_cast<size_t>(keys * width));
+  for (int64_t p = 0; p < keys; ++p)
+    cache.Write(0, sequence, p, rows.data() + p * width);
+  sequence.length = keys;
+  sequence.prompt_end = keys;
+  SequenceCache before = sequence;  // the chunk's view: the prefix cached, its rows written
+  before.length = prefix;
+  ForwardBatch batch;
+  const std::vector<int32_t> ids(static_cast<size_t>(tokens), 7);
+  batch.Add(ids.data(), tokens, &before);
+  std::vector<int64_t> positions;
+  for (int64_t t = 0; t < tokens; ++t)
+    positions.push_back(prefix + t);
+  const auto q = RandomActivations(static_cast<size_t>(tokens * H * c.qk_head_dim()));
+  std::vector<float> heads_out(static_cast<size_t>(tokens * H * v));
+  const double causal_pairs = static_cast<double>(tokens) * prefix + tokens * (tokens + 1) / 2.0;
+  const bool bf16 = kernels::GlobalKernelOptions().bf16_dot &&
+                    kernels::MlaDecodeBf16Applies(DType::kBF16, latent, c.qk_rope_head_dim);
+  for (AttentionForm form : {AttentionForm::kExpanded, AttentionForm::kAbsorbed}) {
+    KernelResult r;
+    r.seconds = MedianTime(options.repetitions, [&] {
+      MlaAttend(c, rope, w, 0, batch, positions, cache, form, q.data(), heads_out.data());
+    });
+    const bool expanded = form == AttentionForm::kExpanded;
+    r.flops =
+        expanded
+            ? 2.0 * keys * H * (nope + v) * latent + 2.0 * causal_pairs * H * (c.qk_head_dim() + v)
+            : 2.0 * tokens * H * (nope + v) * latent + 2.0 * causal_pairs * H * (width + latent);
+    r.path = fmt::format("{}{} p{}+{}", !expanded && bf16 ? "bf16-dot " : "",
+                         expanded ? "expanded" : "absorbed", prefix, tokens);
+    r.kernel = "mla_prefill";
+    r.weight_dtype = "fp8";
+    r.m = tokens;
+    r.n = H;
+    r.k = keys;
+    r.groups = 1;
+    Score(r, peaks, !expanded && bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
+    out.push_back(r);
+  }
+}
+
 // oneDNN's bf16 matmul (f32 where the CPU has no bf16 one) on the same shape and row counts,
 // scored against the matching peak; each of our rows with that shape and m gets the ratio of its
 // GFLOP/s to oneDNN's.
@@ -346,6 +412,13 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
       BenchMlaDecode(peaks, options, batch, 5000, q, out);
     }
   }
+  // Prompt chunks: a fresh prompt, and a short suffix after a cached prefix (a chat's next turn).
+  const std::vector<std::pair<int64_t, int64_t>> prefill_chunks =
+      options.quick ? std::vector<std::pair<int64_t, int64_t>>{{0, 512}, {1024, 32}}
+                    : std::vector<std::pair<int64_t, int64_t>>{
+                          {0, 512}, {0, 2048}, {1024, 32}, {4096, 32}, {4096, 256}};
+  for (auto [prefix, tokens] : prefill_chunks)
+    BenchMlaPrefill(peaks, options, prefix, tokens, out);
   return out;
 }
 

@@ -109,15 +109,29 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
           std::copy_n(absorbed + t * latent, latent, q_latent.get() + (t * H + h) * latent);
       });
   // Work items: (sequence, block of heads) for decode-sized sequences, so a lone sequence still
-  // splits over the threads; (sequence, block of kPromptTokens tokens, every head) for prompts,
-  // ordered first, last, second, second to last… so equal shares of the list carry equal causal
-  // work. A row's result does not depend on the item it falls in.
+  // splits over the threads; (sequence, block of kPromptTokens tokens, block of heads) for longer
+  // slices, the token blocks ordered first, last, second, second to last… so equal shares of the
+  // list carry equal causal work. A row's result does not depend on the item it falls in.
   constexpr int64_t kPromptTokens = 32;
   // Each item decodes and transposes its keys once for all its heads: split heads only where
   // there are too few sequences to share out.
   const int64_t threads = ThreadPool::Global().size();
   const int64_t head_block =
       static_cast<int64_t>(members.size()) >= 2 * threads ? H : std::max<int64_t>(1, H / threads);
+  // Longer slices: at most kPromptHeads heads an item, fewer where the slices have too few token
+  // blocks for every thread. With every head in one item, a 32-token suffix ran on one thread,
+  // and DeepSeek-V3's 128 heads' queries and outputs (16 MiB a block) spilled out of L2:
+  // splitting them took the bench's V3-shaped absorbed prompt chunks 1.2x (512 fresh tokens) and
+  // 2.8x (32 after 1,024 cached) faster on Zen 3 (docs/benchmarks.md).
+  constexpr int64_t kPromptHeads = 16;
+  int64_t prompt_blocks = 0;
+  for (size_t s : members) {
+    const int64_t count = batch.sequences[s].token_count;
+    if (count > kAbsorbedMaxQueries) prompt_blocks += (count + kPromptTokens - 1) / kPromptTokens;
+  }
+  const int64_t prompt_head_block = std::clamp<int64_t>(
+      (H * std::max<int64_t>(1, prompt_blocks) + 2 * threads - 1) / (2 * threads), 1,
+      std::min(H, kPromptHeads));
   struct Item {
     size_t member;
     int64_t first_token;  // in the compacted arrays
@@ -135,9 +149,16 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
       std::vector<Item> blocks;
       for (int64_t t = 0; t < count; t += kPromptTokens)
         blocks.push_back({m, first, t, std::min(kPromptTokens, count - t), 0, H});
+      const auto push = [&](Item block) {
+        for (int64_t h = 0; h < H; h += prompt_head_block) {
+          block.head_begin = h;
+          block.head_end = std::min(H, h + prompt_head_block);
+          items.push_back(block);
+        }
+      };
       for (size_t lo = 0, hi = blocks.size(); lo < hi; ++lo) {
-        items.push_back(blocks[lo]);
-        if (lo < --hi) items.push_back(blocks[hi]);
+        push(blocks[lo]);
+        if (lo < --hi) push(blocks[hi]);
       }
     }
     first += count;

@@ -1,6 +1,8 @@
 #include "kernels/cpu/mla_attention.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "base/thread_pool.h"
@@ -8,10 +10,155 @@
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/linear.h"
 
-#include <cmath>
-#include <limits>
+// Highway's per-target re-inclusion needs this order.
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/mla_attention.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
 
+#include "kernels/cpu/attention_chunk-inl.h"
+// clang-format on
+
+HWY_BEFORE_NAMESPACE();
+namespace sy::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The expanded form as flash attention. Keys are expanded with kv_b a super-block at a time (one
+// product for many keys), then laid out per head and chunk of kChunk keys: keys transposed
+// [nope + rope][kChunk] (for the scores, keys in lanes) and values [kChunk][v]. Work items are
+// (block of kTokenBlock queries, head): an item's keys and values for one chunk (~10-20 KiB) stay
+// in L1 while every group of kGroup queries reads them, where the old loop over (query, head)
+// streamed the whole expanded block from L3 for every query (docs/benchmarks.md).
+//
+// A row's bits depend only on its query and the keys it sees: chunks start at multiples of kChunk
+// from key 0 whatever the super-block, expansion rows do not depend on the rows beside them, and
+// a query's scores, softmax and sums are the same whichever queries share its group.
+void MlaAttendExpandedImpl(const float* q, int64_t tokens, const int64_t* positions,
+                           const float* latents, int64_t keys, const Matrix& kv_b, const MlaDims& d,
+                           float* out) {
+  const DF df;
+  constexpr int64_t kTokenBlock = 16;
+  const int64_t H = d.heads, qk = d.nope + d.rope, kv_width = d.nope + d.v;
+  const int64_t row = d.latent + d.rope, key_dims = d.nope + d.rope;
+  // Keys per kv_b product: up to 256, fewer where heads are many, so the expanded block and its
+  // layout stay near 8 MiB each (DeepSeek-V3's 128 heads: 64 keys).
+  const int64_t super = std::clamp<int64_t>((int64_t{1} << 21) / (H * kv_width) / kChunk * kChunk,
+                                            kChunk, 256 / kChunk * kChunk);
+  const int64_t chunks_per_super = super / kChunk;
+  const int64_t chunk_floats = key_dims * kChunk + kChunk * d.v;  // one head's chunk
+  const int64_t items = tokens * H;
+  std::vector<float> running_max(static_cast<size_t>(items),
+                                 -std::numeric_limits<float>::infinity());
+  std::vector<float> running_sum(static_cast<size_t>(items), 0.0f);
+  std::fill_n(out, items * d.v, 0.0f);
+  int64_t last = 0;
+  for (int64_t t = 0; t < tokens; ++t)
+    last = std::max(last, std::min(keys, positions[t] + 1));
+  std::vector<float> latent_only(static_cast<size_t>(super * d.latent));
+  std::vector<float> kv(static_cast<size_t>(super * H * kv_width));
+  std::vector<float> layout(static_cast<size_t>(H * chunks_per_super * chunk_floats));
+
+  // (token block, head) items, blocks ordered first, last, second, second to last…, so equal
+  // contiguous shares of the list carry equal causal work.
+  const int64_t blocks = (tokens + kTokenBlock - 1) / kTokenBlock;
+  std::vector<int64_t> block_order;
+  for (int64_t lo = 0, hi = blocks; lo < hi; ++lo) {
+    block_order.push_back(lo);
+    if (lo < --hi) block_order.push_back(hi);
+  }
+
+  for (int64_t start = 0; start < last; start += super) {
+    const int64_t count = std::min(super, last - start);
+    const int64_t chunks = (count + kChunk - 1) / kChunk;
+    for (int64_t j = 0; j < count; ++j)
+      std::copy_n(latents + (start + j) * row, d.latent, latent_only.begin() + j * d.latent);
+    LinearAuto(latent_only.data(), count, kv_b, kv.data());  // [count, H·(nope + v)]
+    // Keys past the end of the last chunk score (and weigh) zero.
+    std::fill(kv.begin() + count * H * kv_width, kv.begin() + chunks * kChunk * H * kv_width, 0.0f);
+    ThreadPool::Global().ParallelFor(
+        static_cast<size_t>(H * chunks), [&](size_t begin, size_t end) {
+          std::vector<float> rope_rows(static_cast<size_t>(kChunk * d.rope), 0.0f);
+          for (size_t index = begin; index < end; ++index) {
+            const int64_t h = static_cast<int64_t>(index) / chunks;
+            const int64_t c = static_cast<int64_t>(index) % chunks;
+            float* target = layout.data() + (h * chunks_per_super + c) * chunk_floats;
+            const float* first = kv.data() + (c * kChunk * H + h) * kv_width;
+            TransposeChunk(df, first, H * kv_width, d.nope, target);
+            const int64_t valid = std::min(kChunk, count - c * kChunk);
+            for (int64_t j = 0; j < kChunk; ++j)
+              for (int64_t i = 0; i < d.rope; ++i)
+                rope_rows[j * d.rope + i] =
+                    j < valid ? latents[(start + c * kChunk + j) * row + d.latent + i] : 0.0f;
+            TransposeChunk(df, rope_rows.data(), d.rope, d.rope, target + d.nope * kChunk);
+            float* values = target + key_dims * kChunk;
+            for (int64_t j = 0; j < kChunk; ++j)
+              std::copy_n(first + j * H * kv_width + d.nope, d.v, values + j * d.v);
+          }
+        });
+    ThreadPool::Global().ParallelFor(static_cast<size_t>(blocks * H), [&](size_t begin,
+                                                                          size_t end) {
+      HWY_ALIGN float scores[kGroup * kChunk];
+      for (size_t index = begin; index < end; ++index) {
+        const int64_t block = block_order[static_cast<size_t>(index) / H];
+        const int64_t h = static_cast<int64_t>(index) % H;
+        const int64_t t_begin = block * kTokenBlock;
+        const int64_t t_end = std::min(tokens, t_begin + kTokenBlock);
+        for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t chunk_start = start + c * kChunk;
+          const float* columns = layout.data() + (h * chunks_per_super + c) * chunk_floats;
+          const float* values = columns + key_dims * kChunk;
+          for (int64_t t0 = t_begin; t0 < t_end; t0 += kGroup) {
+            const int64_t group = std::min(kGroup, t_end - t0);
+            int64_t used[kGroup] = {};
+            int64_t group_used = 0;
+            const float* q_nope[kGroup];
+            const float* q_pe[kGroup];
+            for (int64_t g = 0; g < kGroup; ++g) {
+              const int64_t t = t0 + std::min(g, group - 1);  // pad with the last query
+              if (g < group)
+                used[g] = std::clamp<int64_t>(std::min(keys, positions[t] + 1) - chunk_start, 0,
+                                              std::min(kChunk, count - c * kChunk));
+              group_used = std::max(group_used, used[g]);
+              q_nope[g] = q + (t * H + h) * qk;
+              q_pe[g] = q_nope[g] + d.nope;
+            }
+            if (group_used == 0) continue;
+            ScoreChunk(df, columns, d.nope, d.rope, q_nope, q_pe, d.softmax_scale, scores);
+            float correction[kGroup];
+            float* o_group[kGroup];
+            for (int64_t g = 0; g < kGroup; ++g) {
+              o_group[g] = nullptr;
+              correction[g] = 1.0f;
+              float* s = scores + g * kChunk;
+              if (used[g] == 0) {  // padding, or a query that sees none of this chunk
+                std::fill_n(s, kChunk, 0.0f);
+                continue;
+              }
+              const int64_t item = (t0 + g) * H + h;
+              correction[g] = SoftmaxChunk(df, s, used[g], running_max[static_cast<size_t>(item)],
+                                           running_sum[static_cast<size_t>(item)]);
+              o_group[g] = out + item * d.v;
+            }
+            AccumulateGroup(df, values, d.v, d.v, group_used, scores, correction, o_group);
+          }
+        }
+      }
+    });
+  }
+  for (int64_t item = 0; item < items; ++item) {
+    const float inverse = running_sum[item] > 0 ? 1.0f / running_sum[item] : 0.0f;
+    for (int64_t i = 0; i < d.v; ++i)
+      out[item * d.v + i] *= inverse;
+  }
+}
+
+}  // namespace sy::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 namespace sy::kernels {
+HWY_EXPORT(MlaAttendExpandedImpl);
 
 void MlaAttendExpanded(const float* q, int64_t tokens, const int64_t* positions,
                        const float* latents, int64_t keys, const Matrix& kv_b, const MlaDims& d,
@@ -55,62 +202,7 @@ void MlaAttendExpandedTiled(const float* q, int64_t tokens, const int64_t* posit
                             const float* latents, int64_t keys, const Matrix& kv_b,
                             const MlaDims& d, float* out) {
   if (tokens == 0) return;
-  constexpr int64_t kBlock = 64;
-  const int64_t row = d.latent + d.rope, qk = d.nope + d.rope, kv_width = d.nope + d.v;
-  const int64_t items = tokens * d.heads;
-  std::vector<float> running_max(static_cast<size_t>(items),
-                                 -std::numeric_limits<float>::infinity());
-  std::vector<float> running_sum(static_cast<size_t>(items), 0.0f);
-  std::fill_n(out, items * d.v, 0.0f);
-  int64_t last = 0;
-  for (int64_t t = 0; t < tokens; ++t)
-    last = std::max(last, std::min(keys, positions[t] + 1));
-  std::vector<float> block_latent(static_cast<size_t>(kBlock * d.latent));
-  std::vector<float> kv(static_cast<size_t>(kBlock * d.heads * kv_width));
-  for (int64_t start = 0; start < last; start += kBlock) {
-    const int64_t count = std::min(kBlock, last - start);
-    for (int64_t j = 0; j < count; ++j)
-      std::copy_n(latents + (start + j) * row, d.latent, block_latent.begin() + j * d.latent);
-    LinearAuto(block_latent.data(), count, kv_b, kv.data());  // [count, H·(dn + dv)]
-    ThreadPool::Global().ParallelFor(static_cast<size_t>(items), [&](size_t begin, size_t end) {
-      float scores[kBlock];
-      for (size_t item = begin; item < end; ++item) {
-        const int64_t t = static_cast<int64_t>(item) / d.heads,
-                      h = static_cast<int64_t>(item) % d.heads;
-        const int64_t used = std::min(count, std::min(keys, positions[t] + 1) - start);
-        if (used <= 0) continue;
-        const float* query = q + (t * d.heads + h) * qk;
-        float block_max = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < used; ++j) {
-          const float* key_nope = kv.data() + (j * d.heads + h) * kv_width;
-          const float* key_pe = latents + (start + j) * row + d.latent;
-          scores[j] = (Dot(query, key_nope, d.nope) + Dot(query + d.nope, key_pe, d.rope)) *
-                      d.softmax_scale;
-          block_max = std::max(block_max, scores[j]);
-        }
-        const float new_max = std::max(running_max[item], block_max);
-        const float correction = std::exp(running_max[item] - new_max);
-        float sum = 0;
-        for (int64_t j = 0; j < used; ++j)
-          sum += (scores[j] = std::exp(scores[j] - new_max));
-        running_sum[item] = running_sum[item] * correction + sum;
-        running_max[item] = new_max;
-        float* target = out + item * d.v;
-        for (int64_t i = 0; i < d.v; ++i)
-          target[i] *= correction;
-        for (int64_t j = 0; j < used; ++j) {
-          const float* value = kv.data() + (j * d.heads + h) * kv_width + d.nope;
-          for (int64_t i = 0; i < d.v; ++i)
-            target[i] += scores[j] * value[i];
-        }
-      }
-    });
-  }
-  for (int64_t item = 0; item < items; ++item) {
-    const float inverse = running_sum[item] > 0 ? 1.0f / running_sum[item] : 0.0f;
-    for (int64_t i = 0; i < d.v; ++i)
-      out[item * d.v + i] *= inverse;
-  }
+  HWY_DYNAMIC_DISPATCH(MlaAttendExpandedImpl)(q, tokens, positions, latents, keys, kv_b, d, out);
 }
 
 void MlaAttendAbsorbed(const float* q, int64_t tokens, const int64_t* positions,
@@ -172,3 +264,4 @@ void MlaAttendAbsorbed(const float* q, int64_t tokens, const int64_t* positions,
 }
 
 }  // namespace sy::kernels
+#endif  // HWY_ONCE
