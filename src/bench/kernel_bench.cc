@@ -373,9 +373,9 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
     BenchLinear(peaks, options, shapes[0], prefill_m, out);
     kernels::GlobalKernelOptions().amx_bf16 = false;
   }
-  if (!options.quick)
-    BenchLinear(peaks, options, {"o_proj_bf16", kHidden, kHeads * 128, DType::kBF16}, prefill_m,
-                out);
+  if (!options.quick)  // every fp8 shape at the prefill row counts, o_proj's bf16 twin too
+    for (const auto& shape : shapes)
+      if (&shape != &shapes[0]) BenchLinear(peaks, options, shape, prefill_m, out);
   kernels::GlobalPrefillGemm() = prefill_gemm;
 
   // The routed experts of one EP rank: 8 local experts (EP32) quick, 32 (EP8) in full.
@@ -404,7 +404,16 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
     if (GlobalWeightPacking() == WeightPacking::kExact)  // int8 packing has no oneDNN form
       BenchLinear(peaks, options, shapes[0], prefill_m, out, /*onednn_blocks=*/true);
     BenchOnednn(peaks, options, shapes[0], onednn_m, out);
-    BenchOnednn(peaks, options, shapes[1], {decode_m.back()}, out);
+    // The other shapes: the largest decode batch quick; in full, batched decode at 32 and 128
+    // rows and every prefill row count (each m streams its own copies of the weights in f32 or
+    // bf16, so every m on the dense MLP's shape would take many minutes).
+    std::vector<int64_t> other_m = {decode_m.back()};
+    if (!options.quick) {
+      other_m = {32, 128};
+      other_m.insert(other_m.end(), prefill_m.begin(), prefill_m.end());
+    }
+    for (size_t i = 1; i < shapes.size(); ++i)
+      BenchOnednn(peaks, options, shapes[i], other_m, out);
   }
 
   for (int64_t q : {1, 2}) {

@@ -50,7 +50,8 @@ void AddBenchVerb(CLI::App& app) {
   auto kernels = std::make_shared<BenchKernelsArgs>();
   CLI::App* k = verb->add_subcommand(
       "kernels", "Kernels at DeepSeek-V3 shapes: bandwidth, FLOP/s, roofline fraction");
-  k->add_flag("--quick", kernels->quick, "Fewer shapes and repetitions (under two minutes)");
+  k->add_flag("--quick", kernels->quick,
+              "Fewer shapes and repetitions (about three minutes on 2 cores)");
   k->add_flag("--json", kernels->json, "Print one JSON object");
   k->add_flag(
       "--onednn,!--no-onednn", kernels->onednn,
