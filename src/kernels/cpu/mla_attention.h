@@ -30,10 +30,11 @@ void MlaAttendExpanded(const float* q, int64_t tokens, const int64_t* positions,
                        const float* latents, int64_t keys, const Matrix& kv_b, const MlaDims& dims,
                        float* out);
 
-// The expanded form tiled for long prefills: keys are expanded with kv_b a block of 64 at a time
-// and folded in with an online softmax, so memory stays O(block · heads) instead of
-// O(keys · heads), and each expanded block is reused by every query. Same result as
-// MlaAttendExpanded up to rounding.
+// The expanded form as flash attention, for prefill: keys are expanded with kv_b up to 256 at a
+// time (fewer where heads are many) and folded in with an online softmax, so memory stays
+// O(block · heads) instead of O(keys · heads), and each expanded block is reused by every query.
+// Same result as MlaAttendExpanded up to rounding; a row's bits depend only on its query and the
+// keys it sees, never on the other rows of the call.
 void MlaAttendExpandedTiled(const float* q, int64_t tokens, const int64_t* positions,
                             const float* latents, int64_t keys, const Matrix& kv_b,
                             const MlaDims& dims, float* out);
