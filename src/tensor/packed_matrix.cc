@@ -37,6 +37,15 @@ uint8_t* MapHugeRaw(size_t bytes, size_t* mapped) {
   return reinterpret_cast<uint8_t*>(aligned);
 }
 
+// One source row into its place in a [cols][kPanelRows] panel. Typed, so each element is one
+// load and one store: a memcpy of a run-time size per element made loading a model spend most of
+// its time in memmove calls.
+template <typename T>
+void ScatterPanelRow(const T* source, int64_t cols, int64_t row_in_panel, T* panel) {
+  T* out = panel + row_in_panel;
+  for (int64_t c = 0; c < cols; ++c) out[c * kPanelRows] = source[c];
+}
+
 std::shared_ptr<uint8_t> MapHuge(size_t bytes) {
   size_t size = 0;
   uint8_t* base = MapHugeRaw(bytes, &size);
@@ -213,14 +222,21 @@ std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
       for (int64_t r = 0; r < kPanelRows; ++r) {
         const int64_t source_row = static_cast<int64_t>(panel) * kPanelRows + r;
         if (source_row >= m.rows) break;
-        const uint8_t* source = m.data + static_cast<size_t>(source_row) * m.RowBytes();
         if (decode) {
           m.DecodeRow(source_row, row.data());
-          for (int64_t c = 0; c < m.cols; ++c)
-            std::memcpy(target + (c * kPanelRows + r) * element, &row[c], element);
-        } else {
-          for (int64_t c = 0; c < m.cols; ++c)
-            std::memcpy(target + (c * kPanelRows + r) * element, source + c * element, element);
+          ScatterPanelRow(row.data(), m.cols, r, reinterpret_cast<float*>(target));
+          continue;
+        }
+        const uint8_t* source = m.data + static_cast<size_t>(source_row) * m.RowBytes();
+        switch (element) {
+          case 1: ScatterPanelRow(source, m.cols, r, target); break;
+          case 2:
+            ScatterPanelRow(reinterpret_cast<const uint16_t*>(source), m.cols, r,
+                            reinterpret_cast<uint16_t*>(target));
+            break;
+          default:
+            ScatterPanelRow(reinterpret_cast<const uint32_t*>(source), m.cols, r,
+                            reinterpret_cast<uint32_t*>(target));
         }
       }
     }
