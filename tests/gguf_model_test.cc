@@ -7,6 +7,8 @@
 // - F32: the GGUF holds fp8 · scale rounded once to f32, the very weights the reference ran on,
 //   and switchyard computes in f32: the bar of the f32 path, 1e-4 · max|logit| (conformance_test).
 //   The fused attn_kv_b file must give the same bits as the split one (the join is a permutation).
+// - F16: 11 significant bits, 2^-11 of each weight at most (weights under f16's 6e-5 normal
+//   limit move by at most 2^-25, nothing against the logits): a quarter of BF16's bar, 2.5e-3.
 // - BF16: every weight rounded to 8 significant bits moves by at most 2^-9 of itself; through
 //   4 layers the logits move by a few times that relative to the largest one: the bar
 //   1e-2 · max|logit| on 95% of rows (a near-tie expert choice may flip a row), top-1 unchanged
@@ -241,6 +243,36 @@ TEST(GgufModelTest, F32MatchesTransformersAndTheSafetensorsModel) {
   }
 }
 
+// F32, F16 and BF16 tensors are the file's own bytes: the checkpoint points into the mapped file
+// rather than holding a copy, which stayed resident beside the packed weights (a BF16 file at
+// twice its size, an F16 one decoded to float32 at four times).
+TEST(GgufModelTest, PlainTypesAreReadInPlace) {
+  for (const auto& [name, dtype] :
+       {std::pair{"default-f32.gguf", DType::kF32}, std::pair{"default-f16.gguf", DType::kF16},
+        std::pair{"default-bf16.gguf", DType::kBF16}}) {
+    SCOPED_TRACE(name);
+    auto file = GgufFile::Open(kModels + "/" + name);
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    auto config = GgufModelConfig(file.value());
+    ASSERT_TRUE(config.ok());
+    const uint8_t* begin = file->mapping()->data();
+    const uint8_t* end = begin + file->mapping()->size();
+    auto shards = GgufShards::Single(file.value());
+    ASSERT_TRUE(shards.ok());
+    auto checkpoint = GgufCheckpoint(shards.value(), config.value());
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().message();
+    // The embedding (whole), one expert cut from a stacked tensor, a dense MLP matrix.
+    for (const char* tensor :
+         {"model.embed_tokens.weight", "model.layers.1.mlp.experts.5.down_proj.weight",
+          "model.layers.0.mlp.gate_proj.weight"}) {
+      const CheckpointTensor* t = checkpoint->Find(tensor);
+      ASSERT_NE(t, nullptr) << tensor;
+      EXPECT_EQ(t->entry->dtype, dtype) << tensor;
+      EXPECT_TRUE(t->data >= begin && t->data < end) << tensor << " is a copy";
+    }
+  }
+}
+
 // Under expert parallelism a rank decodes only the experts it holds.
 TEST(GgufModelTest, ARankDecodesOnlyItsExperts) {
   WeightLoadOptions options;
@@ -348,8 +380,8 @@ TEST(GgufModelTest, QuantizedFilesMeetTheirBars) {
   // Where every logit moves by at most bar × max|logit|, top-1 can only change on rows whose
   // margin is under twice that; it is checked on the others.
   for (const Case& c :
-       {Case{"default-bf16.gguf", 1e-2, 0.0033}, Case{"default-q8_0.gguf", 2e-2, 0.0033},
-        Case{"default-q4_k_mix.gguf", 0.15, 0.30}}) {
+       {Case{"default-f16.gguf", 2.5e-3, 0.0033}, Case{"default-bf16.gguf", 1e-2, 0.0033},
+        Case{"default-q8_0.gguf", 2e-2, 0.0033}, Case{"default-q4_k_mix.gguf", 0.15, 0.30}}) {
     SCOPED_TRACE(c.file);
     // The weights' rounding alone: dequantized at load, f32 products (the native products'
     // activation rounding is measured against this path below).

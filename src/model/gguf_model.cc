@@ -247,6 +247,20 @@ GgufShards::Located GgufShards::FindTensor(std::string_view name) const {
 
 namespace {
 
+// The GGML types whose bytes are a plain little-endian array of one switchyard dtype.
+std::optional<DType> RawDType(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32:
+      return DType::kF32;
+    case GgmlType::kF16:
+      return DType::kF16;
+    case GgmlType::kBF16:
+      return DType::kBF16;
+    default:
+      return std::nullopt;
+  }
+}
+
 // GGUF tensor names (after "blk.N.", or whole) → Hugging Face names (after "model.layers.N.").
 struct NameRule {
   std::string_view gguf;
@@ -372,8 +386,8 @@ class GgufConverter {
                                      traits->name));
   }
 
-  // Rows [first, first + count) of `tensor` (rows of dims[0] elements): BF16 bytes as they are,
-  // anything else decoded to float32.
+  // Rows [first, first + count) of `tensor` (rows of dims[0] elements): F32, F16 and BF16 bytes
+  // as they are, anything else decoded to float32.
   // Quantized types with an integer form stay GGML blocks where `keep_blocks` (and the global
   // mode) allow.
   Result<TensorToWrite> Rows(const GgufTensorInfo& tensor, int64_t first, int64_t count,
@@ -399,9 +413,19 @@ class GgufConverter {
       }
       return out;
     }
-    if (tensor.type == GgmlType::kBF16) {
-      out.dtype = DType::kBF16;
-      out.bytes.assign(source, source + count * row_bytes);
+    if (const std::optional<DType> raw = RawDType(tensor.type)) {
+      // BF16, F16 and F32 are the checkpoint's own layout: read in place like the blocks above,
+      // so packing gives the file's pages back (a copy here stayed resident beside the packed
+      // weights: twice a BF16 file, four times an F16 one decoded to float32).
+      out.dtype = *raw;
+      const size_t bytes = static_cast<size_t>(count * row_bytes);
+      if (FileOf(tensor).mapping()) {
+        out.external = source;
+        out.external_bytes = bytes;
+        out.external_owner = FileOf(tensor).mapping();
+      } else {
+        out.bytes.assign(source, source + bytes);
+      }
       return out;
     }
     out.dtype = DType::kF32;
@@ -428,14 +452,15 @@ class GgufConverter {
   Result<std::vector<float>> Floats(const GgufTensorInfo& tensor) const {
     SY_ASSIGN_OR_RETURN(TensorToWrite rows, Rows(tensor, 0, tensor.elements / tensor.dims[0]));
     std::vector<float> values(static_cast<size_t>(tensor.elements));
-    if (rows.dtype == DType::kBF16) {
-      for (size_t i = 0; i < values.size(); ++i) {
-        uint16_t bits;
-        std::memcpy(&bits, rows.bytes.data() + 2 * i, 2);
-        values[i] = BF16ToF32(bits);
+    const uint8_t* bytes = rows.external ? rows.external : rows.bytes.data();
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (rows.dtype == DType::kF32) {
+        std::memcpy(&values[i], bytes + 4 * i, 4);
+        continue;
       }
-    } else {
-      std::memcpy(values.data(), rows.bytes.data(), rows.bytes.size());
+      uint16_t bits;
+      std::memcpy(&bits, bytes + 2 * i, 2);
+      values[i] = rows.dtype == DType::kBF16 ? BF16ToF32(bits) : F16ToF32(bits);
     }
     return values;
   }

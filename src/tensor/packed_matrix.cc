@@ -43,7 +43,8 @@ uint8_t* MapHugeRaw(size_t bytes, size_t* mapped) {
 template <typename T>
 void ScatterPanelRow(const T* source, int64_t cols, int64_t row_in_panel, T* panel) {
   T* out = panel + row_in_panel;
-  for (int64_t c = 0; c < cols; ++c) out[c * kPanelRows] = source[c];
+  for (int64_t c = 0; c < cols; ++c)
+    out[c * kPanelRows] = source[c];
 }
 
 std::shared_ptr<uint8_t> MapHuge(size_t bytes) {
@@ -229,7 +230,9 @@ std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
         }
         const uint8_t* source = m.data + static_cast<size_t>(source_row) * m.RowBytes();
         switch (element) {
-          case 1: ScatterPanelRow(source, m.cols, r, target); break;
+          case 1:
+            ScatterPanelRow(source, m.cols, r, target);
+            break;
           case 2:
             ScatterPanelRow(reinterpret_cast<const uint16_t*>(source), m.cols, r,
                             reinterpret_cast<uint16_t*>(target));
