@@ -38,17 +38,6 @@ bool IsLinear(const std::string& name) {
   return false;
 }
 
-// Nearest integer, ties to even (numpy's and torch's round), of a float32 quotient. Adding and
-// subtracting 1.5 · 2^23 rounds to an integer in the default mode, exactly as nearbyint does for
-// |x| < 2^22 — every quotient here is a weight over a scale at least its range / 15 (or a zero
-// point from such), so far below — without nearbyint's library call on baseline x86-64 (it was
-// a fifth of the export's time).
-inline float RoundEven(float x) {
-  constexpr float kMagic = 12582912.0f;                        // 1.5 · 2^23
-  if (!(std::fabs(x) < 4194304.0f)) return std::nearbyint(x);  // 2^22 and beyond, NaN
-  return (x + kMagic) - kMagic;
-}
-
 uint16_t ScaleBits(float s, bool f16) {
   return f16 ? F32ToF16(s) : F32ToBF16(s);
 }

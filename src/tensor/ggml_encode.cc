@@ -90,7 +90,7 @@ void EncodeQ4_K(const float* x, uint8_t* out) {
     const float step = d * static_cast<float>(sc[j]);
     const float offset = dmin * static_cast<float>(mn[j]);
     for (int i = 0; i < 32; ++i) {
-      const float v = step > 0 ? std::nearbyint((x[32 * j + i] + offset) / step) : 0.0f;
+      const float v = step > 0 ? RoundEven((x[32 * j + i] + offset) / step) : 0.0f;
       q[32 * j + i] = static_cast<uint8_t>(std::clamp(v, 0.0f, 15.0f));
     }
   }
@@ -127,7 +127,7 @@ void EncodeQ6_K(const float* x, uint8_t* out) {
         std::clamp(d > 0 ? std::nearbyint(scale[j] / d) : 0.0f, -128.0f, 127.0f));
     const float step = d * static_cast<float>(sc[j]);
     for (int i = 0; i < 16; ++i) {
-      const float v = step != 0 ? std::nearbyint(x[16 * j + i] / step) : 0.0f;
+      const float v = step != 0 ? RoundEven(x[16 * j + i] / step) : 0.0f;
       q[16 * j + i] = static_cast<uint8_t>(std::clamp(v, -32.0f, 31.0f) + 32.0f);
     }
   }

@@ -296,7 +296,7 @@ std::shared_ptr<const PackedMatrix> PackInt8(const Matrix& m) {
           int32_t sum = 0;
           for (int64_t c = c0; c < c1; ++c) {
             const int q = static_cast<int>(std::clamp(
-                std::nearbyint(row[c] * inverse), -1.0f * kInt8WeightMax, 1.0f * kInt8WeightMax));
+                RoundEven(row[c] * inverse), -1.0f * kInt8WeightMax, 1.0f * kInt8WeightMax));
             target[((c / kInt8QuadCols) * kPanelRows + r) * kInt8QuadCols + c % kInt8QuadCols] =
                 static_cast<int8_t>(q);
             sum += q;
