@@ -80,6 +80,8 @@ TEST(ConfigTest, UnsupportedValuesAreRejectedByName) {
       {[](auto& j) { j["tie_word_embeddings"] = true; }, "tie_word_embeddings"},
       {[](auto& j) { j["model_type"] = "llama"; }, "model_type"},
       {[](auto& j) { j["rope_interleave"] = false; }, "rope_interleave"},
+      // A count that would be walked layer by layer (the GGUF fuzzer's block_count of 2^40 hung).
+      {[](auto& j) { j["num_hidden_layers"] = int64_t{1} << 40; }, "num_hidden_layers"},
   };
   for (const auto& e : edits) {
     auto config = ParseEdited(e.edit);

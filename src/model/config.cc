@@ -7,10 +7,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include <fmt/format.h>
+
 namespace sy {
 namespace {
 
 using nlohmann::json;
+
+constexpr int64_t kMaxHiddenLayers = 65536;
 
 // Field readers: each names the field and what was wrong with it.
 class FieldReader {
@@ -134,7 +138,11 @@ Status Check(bool condition, const std::string& source, const std::string& field
 Status Validate(const ModelConfig& c, const std::string& s) {
   SY_RETURN_IF_ERROR(Check(c.vocab_size > 0, s, "vocab_size", "must be positive"));
   SY_RETURN_IF_ERROR(Check(c.hidden_size > 0, s, "hidden_size", "must be positive"));
-  SY_RETURN_IF_ERROR(Check(c.num_hidden_layers > 0, s, "num_hidden_layers", "must be positive"));
+  // Bounded before anything walks the layers: a count from a damaged file must not become a loop
+  // of 2^40 steps (the GGUF fuzzer's block_count). DeepSeek-V3 has 61.
+  SY_RETURN_IF_ERROR(Check(c.num_hidden_layers > 0 && c.num_hidden_layers <= kMaxHiddenLayers, s,
+                           "num_hidden_layers",
+                           fmt::format("must be in [1, {}]", kMaxHiddenLayers)));
   SY_RETURN_IF_ERROR(
       Check(c.num_attention_heads > 0, s, "num_attention_heads", "must be positive"));
   SY_RETURN_IF_ERROR(Check(c.num_key_value_heads == c.num_attention_heads, s, "num_key_value_heads",

@@ -28,5 +28,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const auto& [key, value] : file.metadata())
     (void)value.AsFloat();
+  (void)sy::GgufTokenizerJson(file);
+  (void)sy::GgufTokenizerConfig(file);
+  auto config = sy::GgufModelConfig(file);
+  if (config.ok()) (void)sy::GgufCheckpoint(file, config.value());
   return 0;
 }
