@@ -403,14 +403,7 @@ class GgufConverter {
       // (tensor/ggml_panels.h), reading the mapped file in place.
       out.dtype = DType::kGgml;
       out.ggml_type = tensor.type;
-      const size_t bytes = static_cast<size_t>(count * row_bytes);
-      if (FileOf(tensor).mapping()) {
-        out.external = source;
-        out.external_bytes = bytes;
-        out.external_owner = FileOf(tensor).mapping();
-      } else {
-        out.bytes.assign(source, source + bytes);
-      }
+      InPlace(tensor, source, static_cast<size_t>(count * row_bytes), out);
       return out;
     }
     if (const std::optional<DType> raw = RawDType(tensor.type)) {
@@ -418,14 +411,7 @@ class GgufConverter {
       // so packing gives the file's pages back (a copy here stayed resident beside the packed
       // weights: twice a BF16 file, four times an F16 one decoded to float32).
       out.dtype = *raw;
-      const size_t bytes = static_cast<size_t>(count * row_bytes);
-      if (FileOf(tensor).mapping()) {
-        out.external = source;
-        out.external_bytes = bytes;
-        out.external_owner = FileOf(tensor).mapping();
-      } else {
-        out.bytes.assign(source, source + bytes);
-      }
+      InPlace(tensor, source, static_cast<size_t>(count * row_bytes), out);
       return out;
     }
     out.dtype = DType::kF32;
@@ -446,6 +432,19 @@ class GgufConverter {
                                        static_cast<size_t>(count), decode);
     if (!failure.ok()) return Error(tensor, failure.message());
     return out;
+  }
+
+  // `bytes` of `tensor`'s data from `source` as `out`'s: pointing into the mapped file, or a copy
+  // where the file is not mapped (one parsed from memory).
+  void InPlace(const GgufTensorInfo& tensor, const uint8_t* source, size_t bytes,
+               TensorToWrite& out) const {
+    if (FileOf(tensor).mapping()) {
+      out.external = source;
+      out.external_bytes = bytes;
+      out.external_owner = FileOf(tensor).mapping();
+    } else {
+      out.bytes.assign(source, source + bytes);
+    }
   }
 
   // Every value as float32 (never blocks).
