@@ -39,12 +39,13 @@ uint8_t* MapHugeRaw(size_t bytes, size_t* mapped) {
 
 // One source row into its place in a [cols][kPanelRows] panel. Typed, so each element is one
 // load and one store: a memcpy of a run-time size per element made loading a model spend most of
-// its time in memmove calls.
+// its time in memmove calls. The source is read through memcpy because a checkpoint's tensors
+// need not be aligned to their element (safetensors offsets, a GGUF with alignment 1).
 template <typename T>
-void ScatterPanelRow(const T* source, int64_t cols, int64_t row_in_panel, T* panel) {
+void ScatterPanelRow(const uint8_t* source, int64_t cols, int64_t row_in_panel, T* panel) {
   T* out = panel + row_in_panel;
   for (int64_t c = 0; c < cols; ++c)
-    out[c * kPanelRows] = source[c];
+    std::memcpy(&out[c * kPanelRows], source + c * sizeof(T), sizeof(T));
 }
 
 std::shared_ptr<uint8_t> MapHuge(size_t bytes) {
@@ -225,7 +226,8 @@ std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
         if (source_row >= m.rows) break;
         if (decode) {
           m.DecodeRow(source_row, row.data());
-          ScatterPanelRow(row.data(), m.cols, r, reinterpret_cast<float*>(target));
+          ScatterPanelRow(reinterpret_cast<const uint8_t*>(row.data()), m.cols, r,
+                          reinterpret_cast<float*>(target));
           continue;
         }
         const uint8_t* source = m.data + static_cast<size_t>(source_row) * m.RowBytes();
@@ -234,12 +236,10 @@ std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
             ScatterPanelRow(source, m.cols, r, target);
             break;
           case 2:
-            ScatterPanelRow(reinterpret_cast<const uint16_t*>(source), m.cols, r,
-                            reinterpret_cast<uint16_t*>(target));
+            ScatterPanelRow(source, m.cols, r, reinterpret_cast<uint16_t*>(target));
             break;
           default:
-            ScatterPanelRow(reinterpret_cast<const uint32_t*>(source), m.cols, r,
-                            reinterpret_cast<uint32_t*>(target));
+            ScatterPanelRow(source, m.cols, r, reinterpret_cast<uint32_t*>(target));
         }
       }
     }
