@@ -82,6 +82,8 @@ TEST(ConfigTest, UnsupportedValuesAreRejectedByName) {
       {[](auto& j) { j["rope_interleave"] = false; }, "rope_interleave"},
       // A count that would be walked layer by layer (the GGUF fuzzer's block_count of 2^40 hung).
       {[](auto& j) { j["num_hidden_layers"] = int64_t{1} << 40; }, "num_hidden_layers"},
+      {[](auto& j) { j["num_nextn_predict_layers"] = int64_t{1} << 40; },
+       "num_nextn_predict_layers"},
   };
   for (const auto& e : edits) {
     auto config = ParseEdited(e.edit);

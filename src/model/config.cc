@@ -138,8 +138,9 @@ Status Check(bool condition, const std::string& source, const std::string& field
 Status Validate(const ModelConfig& c, const std::string& s) {
   SY_RETURN_IF_ERROR(Check(c.vocab_size > 0, s, "vocab_size", "must be positive"));
   SY_RETURN_IF_ERROR(Check(c.hidden_size > 0, s, "hidden_size", "must be positive"));
-  // Bounded before anything walks the layers: a count from a damaged file must not become a loop
-  // of 2^40 steps (the GGUF fuzzer's block_count). DeepSeek-V3 has 61.
+  // Layer counts are bounded before anything walks the layers: a count from a damaged file must
+  // not become a loop of 2^40 steps (the GGUF fuzzer's block_count; a checkpoint without its MTP
+  // module is looked for layer by layer). DeepSeek-V3 has 61 and 1.
   SY_RETURN_IF_ERROR(Check(c.num_hidden_layers > 0 && c.num_hidden_layers <= kMaxHiddenLayers, s,
                            "num_hidden_layers",
                            fmt::format("must be in [1, {}]", kMaxHiddenLayers)));
@@ -159,8 +160,9 @@ Status Validate(const ModelConfig& c, const std::string& s) {
   SY_RETURN_IF_ERROR(
       Check(c.first_k_dense_replace >= 0, s, "first_k_dense_replace", "must not be negative"));
   SY_RETURN_IF_ERROR(Check(c.moe_layer_freq >= 1, s, "moe_layer_freq", "must be at least 1"));
-  SY_RETURN_IF_ERROR(Check(c.num_nextn_predict_layers >= 0, s, "num_nextn_predict_layers",
-                           "must not be negative"));
+  SY_RETURN_IF_ERROR(
+      Check(c.num_nextn_predict_layers >= 0 && c.num_nextn_predict_layers <= kMaxHiddenLayers, s,
+            "num_nextn_predict_layers", fmt::format("must be in [0, {}]", kMaxHiddenLayers)));
   bool any_dense = false;
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer)
     any_dense |= !c.IsMoeLayer(layer);
