@@ -75,6 +75,32 @@ TEST(CliTest, GenerateIsDeterministicAndBatchInvariant) {
   EXPECT_NE(batched.find("tok/s"), std::string::npos);
 }
 
+// `bench decode`: a row per batch against the bandwidth bound, then memory and the load: its
+// seconds, the checkpoint's bytes over them, and that rate against the read bandwidth of the run.
+TEST(CliTest, BenchDecodeReportsTheLoad) {
+  const std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-bf16";
+  std::string out;
+  ASSERT_EQ(RunCommand(Binary() + " --threads 1 bench decode --model " + model +
+                           " --batches 1 --steps 2 --prompt-len 3",
+                       &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("resident after load"), std::string::npos) << out;
+  const size_t at = out.find("load: ");
+  ASSERT_NE(at, std::string::npos) << out;
+  std::istringstream line(out.substr(at + 6));
+  double seconds = -1, gbps = -1, ratio = -1;
+  std::string unit, rate_unit, of, checkpoint;
+  ASSERT_TRUE(line >> seconds >> unit >> gbps >> rate_unit >> of >> checkpoint) << out;
+  char paren = 0;
+  ASSERT_TRUE(line >> paren >> ratio) << out;
+  EXPECT_EQ(paren, '(') << out;
+  EXPECT_GT(seconds, 0) << out;
+  EXPECT_EQ(rate_unit, "GB/s") << out;
+  EXPECT_GT(gbps, 0) << out;
+  EXPECT_GT(ratio, 0) << out;
+}
+
 // `bench decode --against`: both checkpoints in one process, a row per batch with both rates, the
 // paired ratio and its quartiles over the asked steps; a missing checkpoint is named.
 TEST(CliTest, BenchDecodeAgainstPairsTheSteps) {

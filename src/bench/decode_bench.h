@@ -21,6 +21,7 @@ struct DecodeResult {
   // Memory: the checkpoint's files, resident memory right after loading, and after this batch
   // ran (the latent cache for its tokens allocated and in use).
   double checkpoint_bytes = 0;
+  double load_seconds = 0;  // Model::Load, with the page cache as the run found it
   double rss_after_load_bytes = 0;
   double rss_after_batch_bytes = 0;
   double cache_bytes = 0;
