@@ -6,10 +6,10 @@
 // the engine is unchanged: quantized types with an integer form stay GGML blocks pointing into
 // the mapped file (DType::kGgml; packed for the native kernels, kernels/cpu/ggml_gemm.h), F32,
 // F16 and BF16 also point into the file as they are, and the other types become float32 (every
-// quantized type under GgufWeights::kDequantized). The expert tensors stacked per layer (ffn_*_exps, [E, rows, cols])
-// are cut into experts; attn_k_b (per head, transposed) and attn_v_b are joined back into
-// kv_b_proj (float32, for the expanded attention form) and also kept as blocks, head by head the
-// absorbed form's matrices; the older fused attn_kv_b is taken as it is.
+// quantized type under GgufWeights::kDequantized). The expert tensors stacked per layer
+// (ffn_*_exps, [E, rows, cols]) are cut into experts; attn_k_b (per head, transposed) and attn_v_b
+// are joined back into kv_b_proj (float32, for the expanded attention form) and also kept as
+// blocks, head by head the absorbed form's matrices; the older fused attn_kv_b is taken as it is.
 //
 // MTP layers are not in GGUF files (the converter leaves them out), so a GGUF model has none.
 // An architecture, tensor or type this code does not know is an error naming it.
