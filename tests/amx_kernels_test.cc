@@ -265,7 +265,7 @@ struct Bf16Case {
 std::vector<float> AmxBf16Product(AmxBackend backend, const PackedMatrix& w,
                                   const std::vector<float>& x, int64_t m, int64_t first_panel,
                                   int64_t end_panel) {
-  std::vector<uint16_t> xb(static_cast<size_t>(m * w.cols));
+  std::vector<uint16_t> xb(static_cast<size_t>(kernels::AmxBf16Elements(m, w.cols)), 0xffff);
   kernels::AmxToBf16Rows(backend, x.data(), m, w.cols, xb.data());
   std::vector<float> y(static_cast<size_t>(m * w.rows), -1.0f);
   kernels::AmxBf16Panels(backend, xb.data(), m, w, first_panel, end_panel, y.data());
@@ -283,7 +283,9 @@ TEST(AmxBf16Test, StaysWithinTheRoundingOfItsF32Sums) {
                                               {17, 96, 2, 32},     // partial panel, 3 blocks
                                               {70, 256, 16, 128},  // one full tile
                                               {47, 320, 13, 64},   // a short last block
-                                              {130, 512, 37, 128}}) {
+                                              {130, 512, 37, 128},
+                                              // column chunks of 512 and row chunks of 256
+                                              {40, 1280, 300, 128}}) {
         testing::TestMatrix w = testing::RandomTestMatrix(
             dtype, c.rows, c.cols, static_cast<uint32_t>(c.rows * 3 + c.cols), c.block);
         auto packed = Pack(w.view);
@@ -328,19 +330,26 @@ TEST(AmxBf16Test, EveryFp8ValueConvertsExactly) {
 TEST(AmxBf16Test, RowsAreTheSameBitsAtEveryBatchSize) {
   for (AmxBackend backend : Backends()) {
     for (DType dtype : {DType::kF8E4M3, DType::kBF16}) {
-      const int64_t rows = 90, cols = 384;
+      // Two column chunks; the whole batch crosses a row chunk (256 rows).
+      const int64_t rows = 90, cols = 640;
       testing::TestMatrix w = testing::RandomTestMatrix(dtype, rows, cols, 17, 128);
       auto packed = Pack(w.view);
-      const int64_t most = 41;
+      const int64_t most = 270;
       auto x = testing::RandomRows(most, cols, 23);
       const auto all = AmxBf16Product(backend, *packed, x, most, 0, packed->panels);
-      for (int64_t m : {1, 2, 13, 16, 17, 33}) {
+      for (int64_t m : {1, 2, 13, 16, 17, 33, 259}) {
         const int64_t first = most - m;
         std::vector<float> rows_x(x.begin() + first * cols, x.begin() + most * cols);
         const auto some = AmxBf16Product(backend, *packed, rows_x, m, 0, packed->panels);
         EXPECT_EQ(0, std::memcmp(some.data(), all.data() + first * rows, some.size() * 4))
             << kernels::AmxBackendName(backend) << " " << DTypeName(dtype) << " m " << m;
       }
+      // Panels from the second on (an odd count, paired from another start): the same bits.
+      const auto part = AmxBf16Product(backend, *packed, x, most, 1, packed->panels);
+      for (int64_t r = 0; r < most; ++r)
+        ASSERT_EQ(0, std::memcmp(part.data() + r * rows + kPanelRows,
+                                 all.data() + r * rows + kPanelRows, (rows - kPanelRows) * 4))
+            << kernels::AmxBackendName(backend) << " " << DTypeName(dtype) << " row " << r;
     }
   }
 }

@@ -168,6 +168,19 @@ TEST(CliTest, Int8ProductsStayNearTheReferenceAndBatchInvariant) {
                                  " --max-tokens 8 --ignore-eos --prompt-tokens ");
 }
 
+// `bench kernels --amx-only` where no AMX tiles may run (capped below native here, so on every
+// CPU): a clear error before anything is measured.
+TEST(CliTest, BenchKernelsAmxOnlyNeedsTheTiles) {
+  std::string output;
+  EXPECT_NE(RunCommand("SWITCHYARD_AMX_EMULATE=0 " + Binary() +
+                           " --max-isa avx512 bench kernels --quick --amx-only 2>&1",
+                       &output),
+            0);
+  EXPECT_NE(output.find("--amx-only: this process cannot use AMX tiles"), std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("machine:"), std::string::npos) << output;
+}
+
 // The AMX kernels through the binary, on the emulator where the CPU has no AMX tiles
 // (SWITCHYARD_AMX_EMULATE=1). int8 products give the vector kernels' logits bit for bit (a
 // 40-token prompt: the products of its prefill take AMX from one tile of rows up);
@@ -193,7 +206,8 @@ TEST(CliTest, AmxKernelsThroughTheBinary) {
         << output;
     return testing::ReadFile(out);
   };
-  const std::string vector_kernels = logits("SWITCHYARD_AMX_EMULATE=0", "--int8-products", "v");
+  const std::string vector_kernels =
+      logits("SWITCHYARD_AMX_EMULATE=0", "--max-isa avx512 --int8-products", "v");
   const std::string amx = logits("SWITCHYARD_AMX_EMULATE=1", "--int8-products", "a");
   ASSERT_FALSE(amx.empty());
   EXPECT_TRUE(amx == vector_kernels) << "the AMX int8 kernel changed the logits";

@@ -28,8 +28,9 @@ namespace {
 
 using kernels::GgmlKernel;
 
-// Products of a tile of rows and more take the AMX kernel (kernels/cpu/amx_kernels.h): on this
-// CPU's tiles where it has them, else on the emulator (read once, before the first product).
+// Products of a tile of rows and more take the AMX kernel (kernels/cpu/amx_kernels.h) where it
+// is enabled (off by default: slower than the vector kernels where measured): on this CPU's tiles
+// where it has them, else on the emulator (read once, before the first product).
 const bool kEmulateAmx = [] {
   setenv("SWITCHYARD_AMX_EMULATE", "1", 1);
   return true;

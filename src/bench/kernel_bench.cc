@@ -6,6 +6,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
 
 #include "base/clock.h"
 #include "base/thread_pool.h"
@@ -360,37 +361,54 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
   // Our kernels' rows are ours at every m (no --prefill-gemm choice); oneDNN has its own rows.
   const kernels::PrefillGemm prefill_gemm = kernels::GlobalPrefillGemm();
   kernels::GlobalPrefillGemm() = kernels::PrefillGemm::kOwn;
-  for (const auto& shape : shapes)
-    BenchLinear(peaks, options, shape, decode_m, out);
-  BenchLinear(peaks, options, shapes[0], prefill_m, out);
   // Where AMX runs: the fp8 products again on its bf16 tiles (--amx-bf16), beside the rows above.
   // (int8 and GGML products take AMX tiles by themselves from 16 rows.)
   const bool amx = kernels::ActiveAmxBackend() == kernels::AmxBackend::kHardware;
-  if (amx) {
+  auto amx_rows = [&] {
     kernels::GlobalKernelOptions().amx_bf16 = true;
     for (size_t i = 0; i < 2; ++i)
       BenchLinear(peaks, options, shapes[i], decode_m, out);
     BenchLinear(peaks, options, shapes[0], prefill_m, out);
     kernels::GlobalKernelOptions().amx_bf16 = false;
+  };
+  const int64_t groups = options.quick ? 8 : 32;  // one EP rank's experts: EP32 quick, EP8 full
+  auto amx_grouped_rows = [&] {
+    kernels::GlobalKernelOptions().amx_bf16 = true;
+    BenchGrouped(peaks, options, groups, {groups * 16, groups * 256}, out);
+    kernels::GlobalKernelOptions().amx_bf16 = false;
+  };
+  if (options.amx_only) {
+    if (!amx)
+      throw std::runtime_error(
+          fmt::format("bench kernels --amx-only: this process cannot use AMX tiles (AMX: {})",
+                      kernels::Amx().detail));
+    amx_rows();
+    amx_grouped_rows();
+    std::vector<int64_t> onednn_m;
+    for (int64_t m : decode_m)
+      if (m >= 8) onednn_m.push_back(m);
+    onednn_m.insert(onednn_m.end(), prefill_m.begin(), prefill_m.end());
+    if (options.onednn) BenchOnednn(peaks, options, shapes[0], onednn_m, out);
+    kernels::GlobalPrefillGemm() = prefill_gemm;
+    return out;
   }
+  for (const auto& shape : shapes)
+    BenchLinear(peaks, options, shape, decode_m, out);
+  BenchLinear(peaks, options, shapes[0], prefill_m, out);
+  if (amx) amx_rows();
   if (!options.quick)  // every fp8 shape at the prefill row counts, o_proj's bf16 twin too
     for (const auto& shape : shapes)
       if (&shape != &shapes[0]) BenchLinear(peaks, options, shape, prefill_m, out);
   kernels::GlobalPrefillGemm() = prefill_gemm;
 
-  // The routed experts of one EP rank: 8 local experts (EP32) quick, 32 (EP8) in full.
-  const int64_t groups = options.quick ? 8 : 32;
+  // The routed experts of one EP rank.
   std::vector<int64_t> rows;
   for (int64_t batch :
        options.quick ? std::vector<int64_t>{1, 16, 128} : std::vector<int64_t>{1, 4, 16, 64, 128})
     rows.push_back(batch * kTopK);
   BenchGrouped(peaks, options, groups, rows, out);
   BenchGrouped(peaks, options, groups, {groups * 256}, out);  // prefill: 256 rows per expert
-  if (amx) {
-    kernels::GlobalKernelOptions().amx_bf16 = true;
-    BenchGrouped(peaks, options, groups, {groups * 16, groups * 256}, out);
-    kernels::GlobalKernelOptions().amx_bf16 = false;
-  }
+  if (amx) amx_grouped_rows();
   for (const auto& shape : ggml_shapes)
     BenchLinear(peaks, options, shape, ggml_m, out);
 

@@ -30,6 +30,7 @@ struct KernelBenchOptions {
   int64_t stream_bytes = 1ll << 30;  // weights cycled per shape: 4× even a 260 MB last-level cache
   bool onednn = true;                // oneDNN's bf16 matmul beside ours
   bool ggml_only = false;            // only the GGML (GGUF Q4_K, Q6_K) products
+  bool amx_only = false;             // only the AMX bf16 products, and oneDNN's o_proj beside them
 };
 
 std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,

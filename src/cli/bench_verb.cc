@@ -6,6 +6,8 @@
 #include "bench/machine_peaks.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
+#include "kernels/cpu/amx_kernels.h"
+#include "kernels/cpu/isa_level.h"
 
 namespace sy {
 namespace {
@@ -15,6 +17,7 @@ struct BenchKernelsArgs {
   bool json = false;
   bool onednn = true;
   bool ggml_only = false;
+  bool amx_only = false;
   int64_t stream_mib = 0;
   int repetitions = 5;
 };
@@ -25,6 +28,12 @@ bench::MachinePeaks MeasurePeaks(bool quick) {
 }
 
 void RunBenchKernels(const BenchKernelsArgs& args) {
+  if (args.amx_only && kernels::ActiveAmxBackend() != kernels::AmxBackend::kHardware) {
+    const kernels::AmxStatus amx = kernels::Amx();
+    FailVerb("bench kernels --amx-only: this process cannot use AMX tiles (AMX: " + amx.detail +
+             (amx.state == kernels::AmxState::kReady ? ", but --max-isa is below native" : "") +
+             ")");
+  }
   bench::MachinePeaks peaks = MeasurePeaks(args.quick);
   bench::KernelBenchOptions options;
   options.quick = args.quick;
@@ -34,6 +43,7 @@ void RunBenchKernels(const BenchKernelsArgs& args) {
   options.repetitions = args.repetitions;
   options.onednn = args.onednn;
   options.ggml_only = args.ggml_only;
+  options.amx_only = args.amx_only;
   if (args.stream_mib > 0) options.stream_bytes = args.stream_mib << 20;
   auto results = bench::BenchKernels(peaks, options);
   std::fputs((args.json ? bench::KernelResultsJson(peaks, results)
@@ -58,6 +68,9 @@ void AddBenchVerb(CLI::App& app) {
       "oneDNN's bf16 matmul beside ours on the batched-decode and prefill shapes (default)");
   k->add_flag("--ggml-only", kernels->ggml_only,
               "Only the GGUF Q4_K and Q6_K products (kernels/cpu/ggml_gemm.h)");
+  k->add_flag("--amx-only", kernels->amx_only,
+              "Only the fp8 products on AMX bf16 tiles (--amx-bf16), plain and grouped, and "
+              "oneDNN's o_proj beside them; where the CPU has AMX");
   k->add_option("--stream-mib", kernels->stream_mib,
                 "Weights cycled per shape, MiB (default: the rule above). Small: the kernels "
                 "from cache, their compute rate")

@@ -10,6 +10,9 @@
 # env:   THREADS (2)   LLAMA_OMP_WAIT_POLICY (unset: OpenMP's default, threads spin while they
 #        wait; PASSIVE for llama.cpp alone on a shared, oversubscribed machine, where a spinning
 #        thread whose partner is descheduled stalls every graph node — docs/benchmarks.md)
+#        LLAMA_EXTRA_BUFTS (1: llama.cpp's default buffer types, weights repacked for its AMX and
+#        AVX-512 kernels; 0: plain CPU buffers, for the Xeon with AMX, where 0.3.36's AMX buffer
+#        aborts on this file — tools/llama_cpp/run_llama.py)
 #
 # llama.cpp comes from llama-cpp-python 0.3.36 built with GGML_NATIVE (as compare.sh; about 20
 # minutes of two cores when its venv is not there yet). build/switchyard is used as it is: copied
@@ -45,7 +48,7 @@ gguf="$work/bench-q4_k_m-llama.gguf"
   echo "git $(git -C "$root" rev-parse HEAD 2>/dev/null || echo '?') (uncommitted files in src/: $(git -C "$root" status --short -- src | wc -l))"
   echo "cpu $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; flags: $(grep -o -w -E 'avx2|avx512f|avx512bw|avx512_vnni|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
   echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "llama-cpp-python $("$work/llama-venv/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)') (GGML_NATIVE), OMP_WAIT_POLICY for it: ${LLAMA_OMP_WAIT_POLICY:-default}"
+  echo "llama-cpp-python $("$work/llama-venv/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)') (GGML_NATIVE), OMP_WAIT_POLICY for it: ${LLAMA_OMP_WAIT_POLICY:-default}, extra buffer types (repacking): ${LLAMA_EXTRA_BUFTS:-1}"
   echo "file $gguf: $(stat -c %s "$gguf") bytes, sha256 $(sha256sum "$gguf" | cut -c1-16)"
 }
 "$work/llama-venv/bin/python" "$root/tools/llama_cpp/compare.py" --switchyard "$sy" \

@@ -4,10 +4,15 @@ second for one prompt, and greedy decode tokens per second with N sequences step
 in one batch — the same work `switchyard generate` does.
 
 usage: run_llama.py MODEL.gguf SEQUENCES PROMPT_LEN GENERATE THREADS
+env:   LLAMA_EXTRA_BUFTS: 1 (llama.cpp's default: its extra CPU buffer types, which repack
+       weights for its AMX and AVX-512 kernels) or 0 (plain CPU buffers). On an Intel Xeon with
+       AMX, llama.cpp 0.3.36's AMX buffer aborts on the bench GGUF while scheduling the graph
+       (GGML_ASSERT(*cur_backend_id != -1)); 0 runs it without them.
 prints one JSON line: {"sequences", "prefill_tok_s", "decode_tok_s"}
 """
 import ctypes
 import json
+import os
 import sys
 import time
 
@@ -19,6 +24,7 @@ def main():
     path, sequences, prompt_len, generate, threads = sys.argv[1], *map(int, sys.argv[2:6])
     llama_cpp.llama_backend_init()
     model_params = llama_cpp.llama_model_default_params()
+    model_params.use_extra_bufts = os.environ.get("LLAMA_EXTRA_BUFTS", "1") != "0"
     model = llama_cpp.llama_model_load_from_file(path.encode(), model_params)
     if not model:
         raise SystemExit(f"llama.cpp could not load {path}")

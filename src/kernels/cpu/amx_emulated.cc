@@ -11,24 +11,27 @@
 namespace sy::kernels {
 namespace {
 
-// Columns [c0, c1) of a panel as TDPBF16PS weight rows, one weight at a time (fp8 through a
-// table of its 256 codes in bf16: exact, e4m3's 4 significant bits fit bf16's 8).
-void ConvertPairsPortable(const PackedMatrix& w, int64_t panel, int64_t c0, int64_t c1,
-                          uint16_t* out) {
+// Columns [c0, c1) of panels [panel, panel + count) as TDPBF16PS weight rows (panel j's at
+// out + j · out_stride), one weight at a time (fp8 through a table of its 256 codes in bf16:
+// exact, e4m3's 4 significant bits fit bf16's 8).
+void ConvertPairsPortable(const PackedMatrix& w, int64_t panel, int64_t count, int64_t c0,
+                          int64_t c1, uint16_t* out, int64_t out_stride) {
   static const auto* table = [] {
     auto* t = new uint16_t[256];
     for (int v = 0; v < 256; ++v)
       t[v] = F32ToBF16(F8E4M3ToF32(static_cast<uint8_t>(v)));
     return t;
   }();
-  const uint8_t* base = w.Panel(panel);
   const bool fp8 = w.dtype == DType::kF8E4M3;
-  for (int64_t c = c0; c < c1; ++c) {
-    uint16_t* row = out + (c - c0) / 2 * 2 * kPanelRows;
-    for (int64_t r = 0; r < kPanelRows; ++r) {
-      const int64_t at = c * kPanelRows + r;
-      row[2 * r + (c - c0) % 2] =
-          fp8 ? table[base[at]] : reinterpret_cast<const uint16_t*>(base)[at];
+  for (int64_t j = 0; j < count; ++j) {
+    const uint8_t* base = w.Panel(panel + j);
+    for (int64_t c = c0; c < c1; ++c) {
+      uint16_t* row = out + j * out_stride + (c - c0) / 2 * 2 * kPanelRows;
+      for (int64_t r = 0; r < kPanelRows; ++r) {
+        const int64_t at = c * kPanelRows + r;
+        row[2 * r + (c - c0) % 2] =
+            fp8 ? table[base[at]] : reinterpret_cast<const uint16_t*>(base)[at];
+      }
     }
   }
 }

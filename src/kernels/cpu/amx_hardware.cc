@@ -57,23 +57,35 @@ struct HardwareTiles {
   }
 };
 
-// Columns [c0, c1) of a panel as TDPBF16PS weight rows: bf16_pairs.h's quad conversion, each
-// pair vector stored as one row.
-SY_AMX_KERNEL void ConvertPairsAvx512(const PackedMatrix& w, int64_t panel, int64_t c0, int64_t c1,
-                                      uint16_t* out) {
+// Software prefetch distance in each panel's stream, in columns (4 KiB of fp8). The weights are
+// read once, in runs of a chunk of columns; at decode's few rows nothing else hides the latency.
+constexpr int64_t kConvertPrefetchColumns = 256;
+
+// Columns [c0, c1) of panels [panel, panel + count) as TDPBF16PS weight rows, panel j's at
+// out + j · out_stride: bf16_pairs.h's quad conversion, each pair vector stored as one row. The
+// panels are walked side by side, so their streams are in flight together.
+SY_AMX_KERNEL void ConvertPairsAvx512(const PackedMatrix& w, int64_t panel, int64_t count,
+                                      int64_t c0, int64_t c1, uint16_t* out, int64_t out_stride) {
   const Converter k = MakeConverter();
-  const uint8_t* base = w.Panel(panel);
   const bool fp8 = w.dtype == DType::kF8E4M3;
+  const int64_t column_bytes = kPanelRows * (fp8 ? 1 : 2);
+  const uint8_t* base[2] = {w.Panel(panel), w.Panel(panel + count - 1)};
   for (int64_t c = c0; c < c1; c += 4) {
-    __m512i first, second;
-    if (fp8) {
-      ConvertQuad<true>(k, base, c, first, second);
-    } else {
-      ConvertQuad<false>(k, base, c, first, second);
+    for (int64_t j = 0; j < count; ++j) {
+      const char* ahead =
+          reinterpret_cast<const char*>(base[j] + (c + kConvertPrefetchColumns) * column_bytes);
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      if (!fp8) _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      __m512i first, second;
+      if (fp8) {
+        ConvertQuad<true>(k, base[j], c, first, second);
+      } else {
+        ConvertQuad<false>(k, base[j], c, first, second);
+      }
+      uint16_t* row = out + j * out_stride + (c - c0) / 2 * 2 * kPanelRows;
+      _mm512_storeu_si512(row, first);
+      _mm512_storeu_si512(row + 2 * kPanelRows, second);
     }
-    uint16_t* row = out + (c - c0) / 2 * 2 * kPanelRows;
-    _mm512_storeu_si512(row, first);
-    _mm512_storeu_si512(row + 2 * kPanelRows, second);
   }
 }
 

@@ -143,7 +143,15 @@ void AmxGgmlPanels(AmxBackend backend, const Q8Rows& x, int64_t first, int64_t m
 
 namespace {
 
-std::atomic<bool> amx_ggml_enabled{true};
+// Off unless asked for (SWITCHYARD_AMX_GGML=1, or EnableAmxGgml): measured on an Intel Xeon with
+// AMX (2 cores, 2026-12-05, docs/benchmarks.md), the tile kernel made a Q4_K_M model's 32-sequence
+// decode 3.3x slower and its prefill 5x slower than the AVX-512 VNNI kernel. It spends one
+// TDPBSUD of 16 or 32 columns per sub-block and then stores and recombines the sums, so the tiles
+// wait on each other; the vector kernel keeps its sums in registers. The bits are the same.
+std::atomic<bool> amx_ggml_enabled{[] {
+  const char* value = std::getenv("SWITCHYARD_AMX_GGML");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}()};
 
 // As AmxInt8GivesThePortableBits, for one GGML type's panel layout: 40 rows (the last panel
 // partial) and two blocks of random codes, scales and minimums; 37 rows of activations.
@@ -228,12 +236,16 @@ bool AmxBf16Applies(const PackedMatrix& w) {
 }
 
 void AmxToBf16Rows(AmxBackend backend, const float* x, int64_t m, int64_t cols, uint16_t* out) {
-  if (backend == AmxBackend::kHardware) {
-    amx_detail::ToBf16RowsHardware(x, m, cols, out);
-    return;
+  const int64_t stride = AmxBf16RowStride(cols);
+  std::fill(out, out + AmxBf16Elements(m, cols), uint16_t{0});
+  for (int64_t r = 0; r < m; ++r) {
+    if (backend == AmxBackend::kHardware) {
+      amx_detail::ToBf16RowsHardware(x + r * cols, 1, cols, out + r * stride);
+    } else {
+      for (int64_t c = 0; c < cols; ++c)
+        out[r * stride + c] = F32ToBF16(x[r * cols + c]);
+    }
   }
-  for (int64_t i = 0; i < m * cols; ++i)
-    out[i] = F32ToBF16(x[i]);
 }
 
 void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,

@@ -57,15 +57,28 @@ bool AmxGgmlApplies(const PackedMatrix& w);
 // sub-block and block arithmetic is ggml_gemm.h's, so the bits are the vector kernels'.
 void AmxGgmlPanels(AmxBackend backend, const Q8Rows& x, int64_t first, int64_t m,
                    const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, float* y);
-// As UseAmxInt8, for GgmlPanels (its check: Q4_K, HF int4, Q6_K and Q8_0 layouts).
+// As UseAmxInt8, for GgmlPanels (its check: Q4_K, HF int4, Q6_K and Q8_0 layouts), but off
+// unless enabled: slower than the AVX-512 VNNI kernel where measured (amx_kernels.cc).
 bool UseAmxGgml(int64_t m, const PackedMatrix& w);
+// Whether UseAmxGgml may say yes: SWITCHYARD_AMX_GGML=1 at start, or tests.
 void EnableAmxGgml(bool enabled);
 
 // fp8 (scale blocks of a multiple of 32 columns) or bf16 weights with columns a multiple of 32.
 bool AmxBf16Applies(const PackedMatrix& w);
-// Rows of x rounded to bf16 (nearest even) for AmxBf16Panels, [m][cols].
+// x as AmxBf16Panels reads it: whole tiles of 16 rows (those past m zero), each row a cache line
+// longer than its columns, so that the 16 or 32 rows a tile load reads do not all fall in one L1
+// set (a row of 2^n bf16 is a multiple of 4 KiB).
+inline int64_t AmxBf16RowStride(int64_t cols) {
+  return cols + 32;
+}
+inline int64_t AmxBf16Elements(int64_t m, int64_t cols) {
+  return (m + 15) / 16 * 16 * AmxBf16RowStride(cols);
+}
+// Rows of x rounded to bf16 (nearest even) for AmxBf16Panels, AmxBf16Elements(m, cols) of them
+// at `out`.
 void AmxToBf16Rows(AmxBackend backend, const float* x, int64_t m, int64_t cols, uint16_t* out);
-// y[m, w.rows] = x · wᵀ for panels [panel_begin, panel_end); one thread.
+// y[m, w.rows] = x · wᵀ for panels [panel_begin, panel_end); one thread. x_bf16 as
+// AmxToBf16Rows writes it.
 void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                    int64_t panel_begin, int64_t panel_end, float* y);
 // Whether fp8 and bf16 products take the AMX bf16 kernel: KernelOptions::amx_bf16, a backend,

@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/ggml_gemm.h"
 #include "kernels/cpu/mla_decode.h"
@@ -247,43 +248,153 @@ SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, con
   Tiles::Release();
 }
 
-// ConvertPairs(w, panel, c0, c1, out): columns [c0, c1) of the panel as (c1 - c0) / 2 rows of
-// 16 bf16 pairs: out[(c - c0) / 2][r] = (w[r][c], w[r][c + 1]).
+// --- fp8 and bf16 products (AmxBf16Panels) ---
+//
+// A blocked GEMM on 16-row tiles: every tile is 16 rows × 64 bytes, tiles 0-3 accumulate a 2 × 2
+// block of outputs (two 16-row tiles of x by two panels), 4-5 hold x, 6-7 the panels' weights.
+// Each A tile loaded serves two multiplies and each B tile two, four independent accumulation
+// chains hide TDPBF16PS's latency, and the loops are blocked so that what is reused stays close:
+// a panel pair's columns [k0, k0 + kBf16ChunkCols) are converted to bf16 pairs once (in L1) for
+// all rows of a row chunk, and that chunk's x columns (≤ kBf16ChunkRows rows) are read from L2 by
+// every panel of the thread's range. A row's arithmetic is unchanged by any of it: per scale
+// block, a zeroed tile row sums the block 32 columns at a time, and the row's result is
+// fma(block sum, block scale, result so far), blocks in column order. x comes zero-padded to a
+// whole tile of rows (AmxBf16Elements); the padding rows are computed and dropped. Below 16 rows
+// the tiles are m rows high.
+constexpr int kBf16C = 0, kBf16A = 4, kBf16B = 6;
+constexpr int64_t kBf16ChunkCols = 512;  // columns of weights converted at a time, per panel
+constexpr int64_t kBf16ChunkRows = 256;  // rows of x walked by every panel before the next ones
+constexpr int64_t kBf16RowsInL2Bytes = 1 << 20;  // x up to this size is read again per panel pair
+constexpr int64_t kBf16TileElems = kAmxMaxRows * kTileCols16;  // bf16 per A or B tile
+
+// A unit of the walk: panels [p, p + 2) (or the last one) against columns [k0, k0 + 512).
+struct Bf16Unit {
+  int64_t p, k0;
+};
+
+// NR tiles of x rows (a[0], a[1]) by NP panels' weight pairs (b[0], b[1]) over `steps` multiplies
+// of 32 columns; the sums of tile (r, p) stored [16 rows][16] at out + (2r + p) · 256.
+template <class Tiles, int NR, int NP>
+SY_AMX_KERNEL inline void Bf16Block(const uint16_t* const* a, int64_t a_stride,
+                                    const uint16_t* const* b, int64_t steps, float* out) {
+  Tiles::template Zero<kBf16C + 0>();
+  if constexpr (NP == 2) Tiles::template Zero<kBf16C + 1>();
+  if constexpr (NR == 2) Tiles::template Zero<kBf16C + 2>();
+  if constexpr (NR == 2 && NP == 2) Tiles::template Zero<kBf16C + 3>();
+  for (int64_t s = 0; s < steps; ++s) {
+    Tiles::template Load<kBf16B + 0>(b[0] + s * kBf16TileElems, kTileBytes);
+    if constexpr (NP == 2) Tiles::template Load<kBf16B + 1>(b[1] + s * kBf16TileElems, kTileBytes);
+    Tiles::template Load<kBf16A + 0>(a[0] + s * kTileCols16, a_stride);
+    Tiles::template DotBf16<kBf16C + 0, kBf16A + 0, kBf16B + 0>();
+    if constexpr (NP == 2) Tiles::template DotBf16<kBf16C + 1, kBf16A + 0, kBf16B + 1>();
+    if constexpr (NR == 2) {
+      Tiles::template Load<kBf16A + 1>(a[1] + s * kTileCols16, a_stride);
+      Tiles::template DotBf16<kBf16C + 2, kBf16A + 1, kBf16B + 0>();
+      if constexpr (NP == 2) Tiles::template DotBf16<kBf16C + 3, kBf16A + 1, kBf16B + 1>();
+    }
+  }
+  constexpr int64_t kTileFloats = kAmxMaxRows * kPanelRows;
+  Tiles::template Store<kBf16C + 0>(out, kTileBytes);
+  if constexpr (NP == 2) Tiles::template Store<kBf16C + 1>(out + kTileFloats, kTileBytes);
+  if constexpr (NR == 2) Tiles::template Store<kBf16C + 2>(out + 2 * kTileFloats, kTileBytes);
+  if constexpr (NR == 2 && NP == 2)
+    Tiles::template Store<kBf16C + 3>(out + 3 * kTileFloats, kTileBytes);
+}
+
+// ConvertPairs(w, panel, count, c0, c1, out, out_stride): columns [c0, c1) of panels [panel,
+// panel + count) as (c1 - c0) / 2 rows of 16 bf16 pairs each: for panel j, out[j · out_stride +
+// (c - c0) / 2 · 32 + 2r + c % 2] = w[r][c].
 template <class Tiles, typename ConvertPairs>
 SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                                   int64_t panel_begin, int64_t panel_end, float* y,
                                   ConvertPairs convert) {
   if (m <= 0 || panel_begin >= panel_end) return;
-  thread_local std::vector<RowTile> tiles;
   thread_local std::vector<float> state;
   thread_local std::vector<uint16_t> pairs;
-  const int64_t first = ConfigureRowTiles<Tiles>(m, tiles);
+  thread_local std::vector<Bf16Unit> units;
+  // Tiles of x rows (and of sums) are 16 high, or m high where m < 16.
+  const int64_t height = std::min<int64_t>(m, kAmxMaxRows);
+  TileConfig config;
+  for (int t = 0; t < kAmxTiles; ++t)
+    config.Set(t, t >= kBf16B ? kAmxMaxRows : static_cast<int>(height), kTileBytes);
+  Tiles::Configure(config);
   const bool fp8 = w.dtype == DType::kF8E4M3;
   const int64_t block = fp8 ? w.block_cols : kInt8GroupCols;  // bf16: any fixed block
-  state.resize(static_cast<size_t>(m * kPanelRows));
-  pairs.resize(static_cast<size_t>(block * kPanelRows));
-  alignas(64) float sums[kAmxMaxRows * kPanelRows];
-  const int64_t x_stride = w.cols * 2;
-  for (int64_t p = panel_begin; p < panel_end; ++p) {
-    std::fill(state.begin(), state.end(), 0.0f);
-    const float* block_scales = fp8 ? w.PanelScales(p) : nullptr;
-    for (int64_t b0 = 0; b0 < w.cols; b0 += block) {
-      const int64_t b1 = std::min(w.cols, b0 + block);
-      convert(w, p, b0, b1, pairs.data());
-      const float scale = fp8 ? block_scales[b0 / w.block_cols] : 1.0f;
-      const int64_t steps = (b1 - b0) / kTileCols16;
-      for (const RowTile& t : tiles) {
-        const uint16_t* x = x_bf16 + t.row * w.cols + b0;
-        RowTileSums<Tiles, TileDot::kBf16>(t.count == first, x, x_stride, pairs.data(), steps,
-                                           sums);
-        for (int64_t r = 0; r < t.count; ++r) {
-          float* out = state.data() + (t.row + r) * kPanelRows;
-          for (int64_t i = 0; i < kPanelRows; ++i)
-            out[i] = __builtin_fmaf(sums[r * kPanelRows + i], scale, out[i]);
+  const int64_t chunk_cols = block * std::max<int64_t>(1, kBf16ChunkCols / block);
+  const int64_t panels = panel_end - panel_begin;
+  pairs.resize(static_cast<size_t>(2 * 2 * chunk_cols * kPanelRows));  // two units' panel pairs
+  const int64_t row_stride = AmxBf16RowStride(w.cols), x_stride = row_stride * 2;
+  alignas(64) float sums[4 * kAmxMaxRows * kPanelRows];
+  for (int64_t r0 = 0; r0 < m; r0 += kBf16ChunkRows) {
+    const int64_t rows = std::min(kBf16ChunkRows, m - r0);
+    const int64_t row_tiles = (rows + height - 1) / height;
+    const int64_t padded = row_tiles * height;
+    auto tile_rows = [&](int64_t t) { return x_bf16 + (r0 + t * height) * row_stride; };
+    state.assign(static_cast<size_t>(panels * padded * kPanelRows), 0.0f);
+    auto buffer = [&](int64_t i) { return pairs.data() + (i % 2) * 2 * chunk_cols * kPanelRows; };
+    auto convert_unit = [&](const Bf16Unit& u, uint16_t* b) {
+      convert(w, u.p, std::min<int64_t>(2, panel_end - u.p), u.k0,
+              std::min(w.cols, u.k0 + chunk_cols), b, chunk_cols * kPanelRows);
+    };
+    auto compute_unit = [&](const Bf16Unit& u, const uint16_t* b0_pairs) {
+      const int64_t p = u.p, k0 = u.k0, k1 = std::min(w.cols, k0 + chunk_cols);
+      const int64_t np = std::min<int64_t>(2, panel_end - p);
+      const uint16_t* b[2] = {b0_pairs, b0_pairs + chunk_cols * kPanelRows};
+      for (int64_t b0 = k0; b0 < k1; b0 += block) {
+        const int64_t steps = (std::min(k1, b0 + block) - b0) / kTileCols16;
+        float scale[2] = {1.0f, 1.0f};
+        for (int64_t j = 0; j < np && fp8; ++j)
+          scale[j] = w.PanelScales(p + j)[b0 / w.block_cols];
+        const uint16_t* bb[2] = {b[0] + (b0 - k0) * kPanelRows, b[1] + (b0 - k0) * kPanelRows};
+        for (int64_t t = 0; t < row_tiles; t += 2) {
+          const int64_t nr = std::min<int64_t>(2, row_tiles - t);
+          const uint16_t* a[2] = {tile_rows(t) + b0, nr == 2 ? tile_rows(t + 1) + b0 : nullptr};
+          if (nr == 2 && np == 2) {
+            Bf16Block<Tiles, 2, 2>(a, x_stride, bb, steps, sums);
+          } else if (nr == 2) {
+            Bf16Block<Tiles, 2, 1>(a, x_stride, bb, steps, sums);
+          } else if (np == 2) {
+            Bf16Block<Tiles, 1, 2>(a, x_stride, bb, steps, sums);
+          } else {
+            Bf16Block<Tiles, 1, 1>(a, x_stride, bb, steps, sums);
+          }
+          for (int64_t r = 0; r < nr; ++r)
+            for (int64_t j = 0; j < np; ++j) {
+              const float* in = sums + (2 * r + j) * kAmxMaxRows * kPanelRows;
+              float* out =
+                  state.data() + ((p - panel_begin + j) * padded + (t + r) * height) * kPanelRows;
+              for (int64_t i = 0; i < height * kPanelRows; ++i)
+                out[i] = __builtin_fmaf(in[i], scale[j], out[i]);
+            }
         }
       }
+    };
+    // Where the chunk's rows of x fit in L2 (decode batches), each panel pair walks all its
+    // columns before the next, so its weights stream from memory in long runs; else the columns
+    // are the outer loop, so that a slice of x stays in L2 for every panel.
+    units.clear();
+    if (rows * x_stride <= kBf16RowsInL2Bytes) {
+      for (int64_t p = panel_begin; p < panel_end; p += 2)
+        for (int64_t k0 = 0; k0 < w.cols; k0 += chunk_cols)
+          units.push_back({p, k0});
+    } else {
+      for (int64_t k0 = 0; k0 < w.cols; k0 += chunk_cols)
+        for (int64_t p = panel_begin; p < panel_end; p += 2)
+          units.push_back({p, k0});
     }
-    WritePanelOutputs(state.data(), m, w, p, y);
+    // Converted one unit ahead into the other buffer: a unit's tile loads read weights stored a
+    // unit earlier, not the stores just issued, which they would have to wait for.
+    convert_unit(units[0], buffer(0));
+    for (size_t i = 0; i < units.size(); ++i) {
+      if (i + 1 < units.size()) convert_unit(units[i + 1], buffer(static_cast<int64_t>(i) + 1));
+      compute_unit(units[i], buffer(static_cast<int64_t>(i)));
+    }
+    for (int64_t p = panel_begin; p < panel_end; ++p) {
+      const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
+      const float* in = state.data() + (p - panel_begin) * padded * kPanelRows;
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy_n(in + r * kPanelRows, valid, y + (r0 + r) * w.rows + p * kPanelRows);
+    }
   }
   Tiles::Release();
 }

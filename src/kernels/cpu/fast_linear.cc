@@ -150,7 +150,7 @@ static void LinearPackedOwn(const float* x, int64_t m, const PackedMatrix& w, fl
   }
   if (UseAmxBf16(w)) {
     const AmxBackend backend = ActiveAmxBackend();
-    std::vector<uint16_t> x_bf16(static_cast<size_t>(m * w.cols));
+    std::vector<uint16_t> x_bf16(static_cast<size_t>(AmxBf16Elements(m, w.cols)));
     AmxToBf16Rows(backend, x, m, w.cols, x_bf16.data());
     ThreadPool::Global().ParallelFor(static_cast<size_t>(w.panels), [&](size_t begin, size_t end) {
       AmxBf16Panels(backend, x_bf16.data(), m, w, static_cast<int64_t>(begin),

@@ -190,7 +190,7 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       x_bf16[e].resize(static_cast<size_t>(count * cols));
       ToBf16RowsForDot(source + offsets[e] * cols, count, cols, x_bf16[e].data());
     } else if (path[e] == Path::kAmx) {
-      x_bf16[e].resize(static_cast<size_t>(count * cols));
+      x_bf16[e].resize(static_cast<size_t>(AmxBf16Elements(count, cols)));
       AmxToBf16Rows(ActiveAmxBackend(), source + offsets[e] * cols, count, cols, x_bf16[e].data());
     } else if (path[e] == Path::kBf16Gemm) {
       x_bf16[e] = ToBf16Rows(source + offsets[e] * cols, count, cols);
