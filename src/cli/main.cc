@@ -47,9 +47,11 @@ int main(int argc, char** argv) {
   app.add_flag("--amx-bf16", amx_bf16,
                "fp8 and bf16 weights, and absorbed MLA attention on a bf16 cache, take Intel AMX's "
                "bf16 tiles (TDPBF16PS) at every batch size where the CPU has AMX, instead of the "
-               "bf16 dot-product kernels: batch-invariant, "
-               "not yet measured against it, so off by default. (int8 products take AMX tiles "
-               "wherever the CPU has them: the same bits as the vector kernels.)")
+               "bf16 dot-product kernels: batch-invariant. On a Xeon with AMX it made prompts "
+               "1.8-2.5x and 32-sequence decode 1.2x faster, but one-sequence decode 1.5x slower "
+               "(docs/benchmarks.md), so it is off by default. (int8 products take AMX tiles from "
+               "16 rows wherever the CPU has them: the same bits as the vector kernels; GGUF and "
+               "HF int4 ones only with SWITCHYARD_AMX_GGML=1, slower where measured.)")
       ->envname("SWITCHYARD_AMX_BF16");
   bool gguf_dequantize = false;
   app.add_flag("--gguf-dequantize", gguf_dequantize,
