@@ -319,7 +319,9 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     config.Set(t, t >= kBf16B ? kAmxMaxRows : static_cast<int>(height), kTileBytes);
   Tiles::Configure(config);
   const bool fp8 = w.dtype == DType::kF8E4M3;
-  const int64_t block = fp8 ? w.block_cols : kInt8GroupCols;  // bf16: any fixed block
+  // fp8: the scale block ends a tile's chain of sums. bf16 weights have no scale, so a chain runs
+  // through a whole unit of columns and is added to the row's result once per unit.
+  const int64_t block = fp8 ? w.block_cols : kBf16ChunkCols;
   const int64_t chunk_cols = block * std::max<int64_t>(1, kBf16ChunkCols / block);
   const int64_t panels = panel_end - panel_begin;
   pairs.resize(static_cast<size_t>(2 * 2 * chunk_cols * kPanelRows));  // two units' panel pairs
@@ -392,8 +394,15 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     for (int64_t p = panel_begin; p < panel_end; ++p) {
       const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
       const float* in = state.data() + (p - panel_begin) * padded * kPanelRows;
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy_n(in + r * kPanelRows, valid, y + (r0 + r) * w.rows + p * kPanelRows);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* out = y + (r0 + r) * w.rows + p * kPanelRows;
+        if (valid == kPanelRows) {  // a fixed-size copy: one vector, not a call to memmove
+          for (int64_t i = 0; i < kPanelRows; ++i)
+            out[i] = in[r * kPanelRows + i];
+        } else {
+          std::copy_n(in + r * kPanelRows, valid, out);
+        }
+      }
     }
   }
   Tiles::Release();
