@@ -256,9 +256,10 @@ SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, con
 // chains hide TDPBF16PS's latency, and the loops are blocked so that what is reused stays close:
 // a panel pair's columns [k0, k0 + kBf16ChunkCols) are converted to bf16 pairs once (in L1) for
 // all rows of a row chunk, and that chunk's x columns (≤ kBf16ChunkRows rows) are read from L2 by
-// every panel of the thread's range. A row's arithmetic is unchanged by any of it: per scale
-// block, a zeroed tile row sums the block 32 columns at a time, and the row's result is
-// fma(block sum, block scale, result so far), blocks in column order. x comes zero-padded to a
+// every panel of the thread's range. A row's arithmetic does not depend on any of it: per scale
+// block (bf16 weights: per 512-column unit), a zeroed tile row sums the block 32 columns at a
+// time, and the row's result is fma(block sum, block scale, result so far), blocks in column
+// order. x comes zero-padded to a
 // whole tile of rows (AmxBf16Elements); the padding rows are computed and dropped. Below 16 rows
 // the tiles are m rows high.
 constexpr int kBf16C = 0, kBf16A = 4, kBf16B = 6;
