@@ -3,6 +3,8 @@
 # llama-cpp-python package on PyPI (pinned), makes the bench checkpoint, converts it to Q8_0 with
 # llama.cpp's converter and the gguf package, and times both engines side by side.
 # usage: tools/llama_cpp/compare.sh [WORK_DIR]   (about 20 minutes on 2 cores, most of it building)
+# env:   LLAMA_EXTRA_BUFTS=0 runs llama.cpp without its repacked AMX/AVX-512 buffers, which abort
+#        on this model on a Xeon with AMX (tools/llama_cpp/run_llama.py)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 work="${1:-$root/build/llama-compare}"
