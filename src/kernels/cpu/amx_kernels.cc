@@ -237,9 +237,7 @@ bool AmxBf16Applies(const PackedMatrix& w) {
 
 void AmxToBf16Rows(AmxBackend backend, const float* x, int64_t m, int64_t cols, uint16_t* out) {
   const int64_t stride = AmxBf16RowStride(cols);
-  // Only what the rows leave: each row's padding, and the rows past m.
-  for (int64_t r = 0; r < m; ++r)
-    std::fill(out + r * stride + cols, out + (r + 1) * stride, uint16_t{0});
+  // The rows past m, which tile loads read (a row's own padding past cols is never read).
   std::fill(out + m * stride, out + AmxBf16Elements(m, cols), uint16_t{0});
   for (int64_t r = 0; r < m; ++r) {
     if (backend == AmxBackend::kHardware) {

@@ -45,8 +45,15 @@ struct RowTile {
 inline void WritePanelOutputs(const float* state, int64_t m, const PackedMatrix& w, int64_t panel,
                               float* y) {
   const int64_t valid = std::min(kPanelRows, w.rows - panel * kPanelRows);
-  for (int64_t r = 0; r < m; ++r)
-    std::copy_n(state + r * kPanelRows, valid, y + r * w.rows + panel * kPanelRows);
+  for (int64_t r = 0; r < m; ++r) {
+    float* out = y + r * w.rows + panel * kPanelRows;
+    if (valid == kPanelRows) {  // a fixed-size copy: one vector, not a call to memmove
+      for (int64_t i = 0; i < kPanelRows; ++i)
+        out[i] = state[r * kPanelRows + i];
+    } else {
+      std::copy_n(state + r * kPanelRows, valid, out);
+    }
+  }
 }
 
 // Splits m rows into tiles and configures the tiles for their heights; returns the first
@@ -392,19 +399,9 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
       if (i + 1 < units.size()) convert_unit(units[i + 1], buffer(static_cast<int64_t>(i) + 1));
       compute_unit(units[i], buffer(static_cast<int64_t>(i)));
     }
-    for (int64_t p = panel_begin; p < panel_end; ++p) {
-      const int64_t valid = std::min(kPanelRows, w.rows - p * kPanelRows);
-      const float* in = state.data() + (p - panel_begin) * padded * kPanelRows;
-      for (int64_t r = 0; r < rows; ++r) {
-        float* out = y + (r0 + r) * w.rows + p * kPanelRows;
-        if (valid == kPanelRows) {  // a fixed-size copy: one vector, not a call to memmove
-          for (int64_t i = 0; i < kPanelRows; ++i)
-            out[i] = in[r * kPanelRows + i];
-        } else {
-          std::copy_n(in + r * kPanelRows, valid, out);
-        }
-      }
-    }
+    for (int64_t p = panel_begin; p < panel_end; ++p)
+      WritePanelOutputs(state.data() + (p - panel_begin) * padded * kPanelRows, rows, w, p,
+                        y + r0 * w.rows);
   }
   Tiles::Release();
 }
