@@ -15,6 +15,7 @@
 #include "kernels/cpu/grouped_ffn.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/isa_level.h"
+#include "kernels/cpu/panel_gemm.h"
 #include "model/model.h"
 #include "tensor/packed_matrix.h"
 #include "test_support.h"
@@ -353,6 +354,88 @@ TEST(AmxBf16Test, RowsAreTheSameBitsAtEveryBatchSize) {
             << kernels::AmxBackendName(backend) << " " << DTypeName(dtype) << " row " << r;
     }
   }
+}
+
+// bf16 weights laid out as the tiles at load (--amx-bf16: PackedMatrix::bf16_pairs): the same
+// bits as the column panels converted per product, across column and row chunks and from an odd
+// first panel; the layout converts both ways exactly; and every other reader of the panels (a
+// library's matmul, the per-head products) sees the same weights.
+TEST(AmxBf16Test, PanelsOfPairsGiveTheBitsOfColumnPanels) {
+  struct Case {
+    int64_t rows, cols, m, first_panel;
+  };
+  for (AmxBackend backend : Backends()) {
+    for (Case c : std::vector<Case>{{16, 32, 1, 0},
+                                    {17, 96, 2, 0},
+                                    {47, 320, 13, 1},
+                                    {130, 512, 37, 0},
+                                    {40, 1280, 300, 0},
+                                    {90, 640, 270, 1}}) {
+      testing::TestMatrix w = testing::RandomTestMatrix(
+          DType::kBF16, c.rows, c.cols, static_cast<uint32_t>(c.rows + 7 * c.cols), 32);
+      auto columns = Pack(w.view);
+      GlobalBf16Pairs() = true;
+      auto pairs = Pack(w.view);
+      GlobalBf16Pairs() = false;
+      ASSERT_FALSE(columns->bf16_pairs);
+      ASSERT_TRUE(pairs->bf16_pairs);
+      const std::string what = std::string(kernels::AmxBackendName(backend)) + " " +
+                               std::to_string(c.rows) + "x" + std::to_string(c.cols) + " m " +
+                               std::to_string(c.m);
+      // Laid out as documented: weight (r, c) of each panel at Bf16PairIndex(r, c).
+      const auto* bits = reinterpret_cast<const uint16_t*>(pairs->Panel(1));
+      for (int64_t col : {int64_t{0}, int64_t{1}, c.cols - 1})
+        for (int64_t r : {0, 5, 15})
+          if (kPanelRows + r < c.rows)
+            ASSERT_EQ(
+                bits[Bf16PairIndex(r, col)],
+                reinterpret_cast<const uint16_t*>(w.view.data)[(kPanelRows + r) * c.cols + col])
+                << what << " weight " << r << "," << col;
+      auto x = testing::RandomRows(c.m, c.cols, 9);
+      const auto want = AmxBf16Product(backend, *columns, x, c.m, c.first_panel, columns->panels);
+      const auto got = AmxBf16Product(backend, *pairs, x, c.m, c.first_panel, pairs->panels);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what;
+      // Both ways in place: the bytes Pack lays out.
+      PackedMatrix round = *pairs;
+      round.data = AllocatePanels(pairs->Bytes());
+      std::memcpy(round.data.get(), pairs->data.get(), pairs->Bytes());
+      SetBf16Pairs(round, false);
+      ASSERT_FALSE(round.bf16_pairs);
+      ASSERT_EQ(0, std::memcmp(round.data.get(), columns->data.get(), columns->Bytes())) << what;
+      SetBf16Pairs(round, true);
+      ASSERT_EQ(0, std::memcmp(round.data.get(), pairs->data.get(), pairs->Bytes())) << what;
+      // oneDNN's blocks read the same weights.
+      for (bool f32 : {true, false}) {
+        const size_t n = static_cast<size_t>(c.cols * c.rows);
+        std::vector<float> fa(f32 ? n : 0, -1.0f), fb(fa);
+        std::vector<uint16_t> ba(f32 ? 0 : n, 1), bb(ba);
+        if (f32) {
+          kernels::DequantizePanels(*columns, 0, columns->panels, 0, fa.data(), c.rows);
+          kernels::DequantizePanels(*pairs, 0, pairs->panels, 0, fb.data(), c.rows);
+          ASSERT_EQ(0, std::memcmp(fa.data(), fb.data(), n * sizeof(float))) << what;
+        } else {
+          kernels::DequantizePanels(*columns, 0, columns->panels, 0, ba.data(), c.rows);
+          kernels::DequantizePanels(*pairs, 0, pairs->panels, 0, bb.data(), c.rows);
+          ASSERT_EQ(0, std::memcmp(ba.data(), bb.data(), n * sizeof(uint16_t))) << what;
+        }
+      }
+    }
+  }
+  // Nothing but the AMX kernel reads pairs: products take it without --amx-bf16 (on the
+  // emulator where the tiles are not here), the single-threaded ones included, with its bits.
+  testing::TestMatrix w = testing::RandomTestMatrix(DType::kBF16, 48, 256, 3, 32);
+  GlobalBf16Pairs() = true;
+  auto pairs = Pack(w.view);
+  GlobalBf16Pairs() = false;
+  ASSERT_FALSE(kernels::GlobalKernelOptions().amx_bf16);
+  EXPECT_TRUE(kernels::UseAmxBf16(*pairs));
+  auto x = testing::RandomRows(5, 256, 4);
+  const auto want = AmxBf16Product(kernels::ActiveAmxBackend(), *pairs, x, 5, 0, pairs->panels);
+  std::vector<float> plain(want.size(), -1.0f), single(want.size(), -1.0f);
+  kernels::LinearPacked(x.data(), 5, *pairs, plain.data());
+  kernels::LinearPanels(x.data(), nullptr, 5, *pairs, 0, pairs->panels, single.data());
+  EXPECT_EQ(0, std::memcmp(want.data(), plain.data(), want.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(want.data(), single.data(), want.size() * sizeof(float)));
 }
 
 // With --amx-bf16, plain and grouped expert products take the kernel: a row of an expert's

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "model/model.h"
+#include "tensor/packed_matrix.h"
 #include "test_support.h"
 
 namespace sy {
@@ -126,6 +127,40 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, ExpertWireForm,
                          [](const ::testing::TestParamInfo<WireCase>& info) {
                            return info.param.name;
                          });
+
+// bf16 experts laid out as AMX tiles (PackedMatrix::bf16_pairs, --amx-bf16) travel with their
+// layout and arrive in the receiver's: a process that packs columns gets columns, one that packs
+// pairs gets pairs, and either way the bytes of a fresh load there.
+TEST(ExpertWireForm, Bf16PairsArriveInTheReceiversLayout) {
+  for (bool sender_pairs : {true, false}) {
+    GlobalBf16Pairs() = sender_pairs;
+    auto model = Model::Load(std::string(testing::kFixturesDir) + "/tiny-v3-bf16");
+    GlobalBf16Pairs() = false;
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    const ModelConfig& config = model.value()->config();
+    int64_t layer = 0;
+    while (!config.IsMoeLayer(layer))
+      ++layer;
+    const FeedForwardWeights* held = model.value()->RoutedExpert(layer, 1);
+    ASSERT_NE(held, nullptr);
+    ASSERT_NE(held->gate_proj.packed, nullptr);
+    EXPECT_EQ(held->gate_proj.packed->bf16_pairs, sender_pairs);
+    EXPECT_EQ(held->down_proj.packed->bf16_pairs, sender_pairs);
+    const std::vector<uint8_t> bytes = SerializeExpert(*held);
+    for (bool receiver_pairs : {true, false}) {
+      GlobalBf16Pairs() = receiver_pairs;
+      auto arrived = DeserializeExpert(bytes, config.moe_intermediate_size, config.hidden_size);
+      auto fresh = model.value()->LoadRoutedExpert(layer, 1);
+      GlobalBf16Pairs() = false;
+      ASSERT_TRUE(arrived.ok()) << arrived.status().message();
+      ASSERT_TRUE(fresh.ok()) << fresh.status().message();
+      EXPECT_EQ(arrived.value().up_proj.packed->bf16_pairs, receiver_pairs);
+      const Status same = SameExpertBytes(arrived.value(), fresh.value());
+      EXPECT_TRUE(same.ok()) << "sent pairs " << sender_pairs << ", received pairs "
+                             << receiver_pairs << ": " << same.message();
+    }
+  }
+}
 
 // The GGML block type travels with a quantized expert: one this build does not know, or one whose
 // blocks do not fit the expert's columns, is refused by name.

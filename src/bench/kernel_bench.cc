@@ -64,6 +64,7 @@ double PathPeak(const MachinePeaks& peaks, const std::string& path) {
 
 const char* WeightName(const PackedMatrix& w) {
   if (w.dtype == DType::kGgml) return w.ggml_type == GgmlType::kQ6_K ? "q6_k" : "q4_k";
+  if (w.bf16_pairs) return "bf16-pairs";
   return w.dtype == DType::kI8 ? "int8" : w.dtype == DType::kF8E4M3 ? "fp8" : "bf16";
 }
 
@@ -125,13 +126,14 @@ void BenchLinear(const MachinePeaks& peaks, const KernelBenchOptions& options, c
 }
 
 void BenchGrouped(const MachinePeaks& peaks, const KernelBenchOptions& options, int64_t groups,
-                  const std::vector<int64_t>& row_counts, std::vector<KernelResult>& out) {
+                  const std::vector<int64_t>& row_counts, std::vector<KernelResult>& out,
+                  DType dtype = DType::kF8E4M3) {
   std::vector<Matrix> gate, up, down;
   std::vector<kernels::ExpertPanels> experts;
   for (int64_t e = 0; e < groups; ++e) {
-    gate.push_back(RandomPackedMatrix(DType::kF8E4M3, kExpertWidth, kHidden, 1000 + 3 * e));
-    up.push_back(RandomPackedMatrix(DType::kF8E4M3, kExpertWidth, kHidden, 1001 + 3 * e));
-    down.push_back(RandomPackedMatrix(DType::kF8E4M3, kHidden, kExpertWidth, 1002 + 3 * e));
+    gate.push_back(RandomPackedMatrix(dtype, kExpertWidth, kHidden, 1000 + 3 * e));
+    up.push_back(RandomPackedMatrix(dtype, kExpertWidth, kHidden, 1001 + 3 * e));
+    down.push_back(RandomPackedMatrix(dtype, kHidden, kExpertWidth, 1002 + 3 * e));
   }
   for (int64_t e = 0; e < groups; ++e)
     experts.push_back({gate[e].packed.get(), up[e].packed.get(), down[e].packed.get()});
@@ -364,17 +366,26 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
   // Where AMX runs: the fp8 products again on its bf16 tiles (--amx-bf16), beside the rows above.
   // (int8 and GGML products take AMX tiles by themselves from 16 rows.)
   const bool amx = kernels::ActiveAmxBackend() == kernels::AmxBackend::kHardware;
+  // bf16 weights as --amx-bf16 loads them: laid out as the tiles (PackedMatrix::bf16_pairs).
+  const Shape o_proj_pairs = {"o_proj_bf16", kHidden, kHeads * 128, DType::kBF16};
   auto amx_rows = [&] {
     kernels::GlobalKernelOptions().amx_bf16 = true;
     for (size_t i = 0; i < 2; ++i)
       BenchLinear(peaks, options, shapes[i], decode_m, out);
     BenchLinear(peaks, options, shapes[0], prefill_m, out);
+    GlobalBf16Pairs() = true;
+    BenchLinear(peaks, options, o_proj_pairs, decode_m, out);
+    BenchLinear(peaks, options, o_proj_pairs, prefill_m, out);
+    GlobalBf16Pairs() = false;
     kernels::GlobalKernelOptions().amx_bf16 = false;
   };
   const int64_t groups = options.quick ? 8 : 32;  // one EP rank's experts: EP32 quick, EP8 full
   auto amx_grouped_rows = [&] {
     kernels::GlobalKernelOptions().amx_bf16 = true;
     BenchGrouped(peaks, options, groups, {groups * 16, groups * 256}, out);
+    GlobalBf16Pairs() = true;
+    BenchGrouped(peaks, options, groups, {groups * 16, groups * 256}, out, DType::kBF16);
+    GlobalBf16Pairs() = false;
     kernels::GlobalKernelOptions().amx_bf16 = false;
   };
   if (options.amx_only) {

@@ -86,6 +86,8 @@ int main(int argc, char** argv) {
     if (f32_products) sy::kernels::GlobalKernelOptions().bf16_dot = false;
     if (amx_bf16 && !f32_products) {
       sy::kernels::GlobalKernelOptions().amx_bf16 = true;
+      // bf16 weights laid out as the tiles at load: no conversion per product.
+      sy::GlobalBf16Pairs() = sy::kernels::ActiveAmxBackend() != sy::kernels::AmxBackend::kNone;
       if (sy::kernels::ActiveAmxBackend() == sy::kernels::AmxBackend::kNone)
         std::fprintf(stderr, "switchyard: note: --amx-bf16 has no effect here: %s\n",
                      sy::kernels::Amx().state == sy::kernels::AmxState::kReady

@@ -102,6 +102,7 @@ void WriteMatrix(const Matrix& m, Writer& w) {
   if (p != nullptr) {
     w.Put<uint8_t>(kPanels);
     w.Put<uint8_t>(static_cast<uint8_t>(p->dtype));
+    w.Put<uint8_t>(p->bf16_pairs ? 1 : 0);
     for (int64_t v :
          {p->rows, p->cols, p->panels, p->block_rows, p->block_cols, p->scale_cols, p->groups})
       w.Put<int64_t>(v);
@@ -173,6 +174,11 @@ Result<Matrix> ReadMatrix(Reader& r, int64_t rows, int64_t cols) {
     if (packed_dtype > static_cast<uint8_t>(DType::kGgml) ||
         !(Travels(p->dtype) || p->dtype == DType::kI8 || (ggml_panels && ggml)))
       return Status::Errorf("{}: panels of element type {}", r.where(), packed_dtype);
+    SY_ASSIGN_OR_RETURN(const uint8_t pairs, r.Get<uint8_t>());
+    if (pairs > 1 || (pairs == 1 && p->dtype != DType::kBF16))
+      return Status::Errorf("{}: panel layout {} for element type {}", r.where(), pairs,
+                            packed_dtype);
+    p->bf16_pairs = pairs == 1;
     if (ggml_panels && !SetGgmlPanelLayout(m.ggml_type, *p))
       return Status::Errorf("{}: GGML block type {} has no panel form", r.where(),
                             static_cast<uint32_t>(m.ggml_type));
@@ -183,6 +189,9 @@ Result<Matrix> ReadMatrix(Reader& r, int64_t rows, int64_t cols) {
     if (p->rows != rows || p->cols != cols || p->panels != CeilDiv(rows, kPanelRows))
       return Status::Errorf("{}: panels of {}×{} in {} panels where {}×{} was due", r.where(),
                             p->rows, p->cols, p->panels, rows, cols);
+    if (p->bf16_pairs && cols % 32 != 0)
+      return Status::Errorf("{}: bf16 pairs of {} columns (not whole tiles of 32)", r.where(),
+                            cols);
     SY_ASSIGN_OR_RETURN(const uint64_t bytes, r.Get<uint64_t>());
     if (bytes != p->Bytes())
       return Status::Errorf("{}: {} bytes of panels where {} were due", r.where(), bytes,
@@ -215,6 +224,9 @@ Result<Matrix> ReadMatrix(Reader& r, int64_t rows, int64_t cols) {
       SY_ASSIGN_OR_RETURN(p->super_dmin, r.PanelScales<uint16_t>(p->shared_d ? 0 : supers,
                                                                  "the block scales dmin"));
     }
+    // In this process's layout: the sender may pack bf16 the other way (`--amx-bf16` on one
+    // machine with AMX and one without).
+    SetBf16Pairs(*p, Bf16PairsWanted(p->dtype, p->cols));
     // The panels carry everything a product reads; no rows travel with them (the kernels read
     // an expert's panels only).
     m.packed = std::move(p);
@@ -254,7 +266,8 @@ Status SameMatrixBytes(const Matrix& a, const Matrix& b, std::string_view name) 
   if ((p == nullptr) != (q == nullptr)) return Status::Errorf("{}: one is packed", name);
   if (p != nullptr) {
     if (p->dtype != q->dtype || p->panels != q->panels || p->Bytes() != q->Bytes() ||
-        p->block_rows != q->block_rows || p->block_cols != q->block_cols || p->groups != q->groups)
+        p->block_rows != q->block_rows || p->block_cols != q->block_cols ||
+        p->groups != q->groups || p->bf16_pairs != q->bf16_pairs)
       return Status::Errorf("{}: the panels' layout differs", name);
     if (p->Bytes() > 0 && std::memcmp(p->data.get(), q->data.get(), p->Bytes()) != 0)
       return Status::Errorf("{}: the panels differ", name);

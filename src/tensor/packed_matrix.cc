@@ -198,6 +198,35 @@ bool CanPack(const Matrix& m) {
   }
 }
 
+bool& GlobalBf16Pairs() {
+  static bool pairs = false;
+  return pairs;
+}
+
+bool Bf16PairsWanted(DType dtype, int64_t cols) {
+  return GlobalBf16Pairs() && dtype == DType::kBF16 && cols > 0 && cols % 32 == 0;
+}
+
+void SetBf16Pairs(PackedMatrix& p, bool pairs) {
+  if (p.bf16_pairs == pairs || p.dtype != DType::kBF16) return;
+  const int64_t stride = p.panel_stride ? p.panel_stride : p.cols;
+  std::vector<uint16_t> panel(static_cast<size_t>(stride * kPanelRows));
+  for (int64_t q = 0; q < p.panels; ++q) {
+    auto* target = reinterpret_cast<uint16_t*>(p.data.get()) + q * stride * kPanelRows;
+    std::copy_n(target, panel.size(), panel.begin());
+    for (int64_t c = 0; c < stride; ++c)
+      for (int64_t r = 0; r < kPanelRows; ++r) {
+        const int64_t columns = c * kPanelRows + r, paired = Bf16PairIndex(r, c);
+        if (pairs) {
+          target[paired] = panel[static_cast<size_t>(columns)];
+        } else {
+          target[columns] = panel[static_cast<size_t>(paired)];
+        }
+      }
+  }
+  p.bf16_pairs = pairs;
+}
+
 std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
   auto packed = std::make_shared<PackedMatrix>();
   PackedMatrix& p = *packed;
@@ -216,6 +245,7 @@ std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
     const float* first = m.block_scales + (m.first_row / m.block_rows) * m.scale_cols;
     p.scales.assign(first, first + row_blocks * m.scale_cols);
   }
+  p.bf16_pairs = Bf16PairsWanted(p.dtype, p.cols);
   const size_t element = p.ElementBytes();
   ThreadPool::Global().ParallelFor(static_cast<size_t>(p.panels), [&](size_t begin, size_t end) {
     std::vector<float> row(static_cast<size_t>(m.cols));
@@ -236,7 +266,13 @@ std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
             ScatterPanelRow(source, m.cols, r, target);
             break;
           case 2:
-            ScatterPanelRow(source, m.cols, r, reinterpret_cast<uint16_t*>(target));
+            if (p.bf16_pairs) {
+              auto* out = reinterpret_cast<uint16_t*>(target);
+              for (int64_t c = 0; c < m.cols; ++c)
+                std::memcpy(&out[Bf16PairIndex(r, c)], source + 2 * c, 2);
+            } else {
+              ScatterPanelRow(source, m.cols, r, reinterpret_cast<uint16_t*>(target));
+            }
             break;
           default:
             ScatterPanelRow(source, m.cols, r, reinterpret_cast<uint32_t*>(target));

@@ -57,6 +57,12 @@ struct PackedMatrix {
   int64_t block_rows = 0;
   int64_t block_cols = 0;
   int64_t scale_cols = 0;
+  // bf16 panels whose columns come in pairs: inside a panel [cols / 2][kPanelRows][2], columns
+  // 2k and 2k + 1 of a row side by side, so 32 columns of a panel are one TDPBF16PS weight tile
+  // as it lies and the AMX kernel loads its tiles straight from the panels (no conversion per
+  // product). Only kernels/cpu/amx_kernels.h reads them; Bf16PairsWanted says when Pack lays
+  // them out.
+  bool bf16_pairs = false;
   // A column-range view (ColumnRange) keeps the full matrix's panel stride and scale columns.
   int64_t panel_stride = 0;      // columns between panels; 0 means `cols`
   int64_t scale_col_offset = 0;  // first scale column of the view
@@ -145,6 +151,21 @@ PackedMatrix ColumnRange(const PackedMatrix& m, int64_t begin, int64_t end);
 bool CanPack(const Matrix& m);
 // Re-lays out `m` (CanPack must hold). Parallel over panels.
 std::shared_ptr<const PackedMatrix> Pack(const Matrix& m);
+
+// Whether Pack lays bf16 weights out in column pairs (PackedMatrix::bf16_pairs): set once, before a
+// model loads, where the AMX bf16 kernel runs them (`--amx-bf16` on a CPU with AMX, or its
+// emulator).
+bool& GlobalBf16Pairs();
+// Whether a bf16 matrix of `cols` columns is packed in pairs: GlobalBf16Pairs() and whole tiles
+// of 32 columns (the AMX kernel's own condition).
+bool Bf16PairsWanted(DType dtype, int64_t cols);
+// Index of weight (row r of the panel, column c) in a panel of bf16 pairs.
+inline int64_t Bf16PairIndex(int64_t r, int64_t c) {
+  return (c / 2) * 2 * kPanelRows + 2 * r + c % 2;
+}
+// Re-lays out `p`'s bf16 panels in place to pairs or back to columns (panels that arrive from a
+// process that packs the other way).
+void SetBf16Pairs(PackedMatrix& p, bool pairs);
 
 // How the loader packs fp8 and bf16 weights: as they are, or re-quantized to int8 (lossy,
 // `--int8-products`; kernels/cpu/int8_gemm.h). Set once, before a model loads.

@@ -82,7 +82,7 @@ void AmxToBf16Rows(AmxBackend backend, const float* x, int64_t m, int64_t cols, 
 void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                    int64_t panel_begin, int64_t panel_end, float* y);
 // Whether fp8 and bf16 products take the AMX bf16 kernel: KernelOptions::amx_bf16, a backend,
-// and w applies.
+// and w applies; always for panels of bf16 pairs (no other kernel reads them).
 bool UseAmxBf16(const PackedMatrix& w);
 
 // Absorbed MLA attention (mla_decode.h's MlaDecodeAttention) with heads as tile rows: a bf16

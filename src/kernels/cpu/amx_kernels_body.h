@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/amx_kernels.h"
@@ -42,14 +43,13 @@ struct RowTile {
 
 // A panel's outputs from the kernels' [m][16] state into y [m][w.rows] (a last, partial panel:
 // its valid rows only).
-inline void WritePanelOutputs(const float* state, int64_t m, const PackedMatrix& w, int64_t panel,
-                              float* y) {
+SY_AMX_KERNEL inline void WritePanelOutputs(const float* state, int64_t m, const PackedMatrix& w,
+                                            int64_t panel, float* y) {
   const int64_t valid = std::min(kPanelRows, w.rows - panel * kPanelRows);
   for (int64_t r = 0; r < m; ++r) {
     float* out = y + r * w.rows + panel * kPanelRows;
-    if (valid == kPanelRows) {  // a fixed-size copy: one vector, not a call to memmove
-      for (int64_t i = 0; i < kPanelRows; ++i)
-        out[i] = state[r * kPanelRows + i];
+    if (valid == kPanelRows) {  // a fixed-size copy: one cache line, not a call to memmove
+      std::memcpy(out, state + r * kPanelRows, kPanelRows * sizeof(float));
     } else {
       std::copy_n(state + r * kPanelRows, valid, out);
     }
@@ -262,13 +262,15 @@ SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, con
 // Each A tile loaded serves two multiplies and each B tile two, four independent accumulation
 // chains hide TDPBF16PS's latency, and the loops are blocked so that what is reused stays close:
 // a panel pair's columns [k0, k0 + kBf16ChunkCols) are converted to bf16 pairs once (in L1) for
-// all rows of a row chunk, and that chunk's x columns (≤ kBf16ChunkRows rows) are read from L2 by
-// every panel of the thread's range. A row's arithmetic does not depend on any of it: per scale
-// block (bf16 weights: per 512-column unit), a zeroed tile row sums the block 32 columns at a
-// time, and the row's result is fma(block sum, block scale, result so far), blocks in column
-// order. x comes zero-padded to a
-// whole tile of rows (AmxBf16Elements); the padding rows are computed and dropped. Below 16 rows
-// the tiles are m rows high.
+// all rows of a row chunk (panels of bf16 pairs, PackedMatrix::bf16_pairs, are the tiles as they
+// lie: nothing to convert), and that chunk's x columns (≤ kBf16ChunkRows rows) are read from L2
+// by every panel of the thread's range. A row's arithmetic does not depend on any of it:
+// - fp8: per scale block, a zeroed tile row sums the block 32 columns at a time, and the row's
+//   result is fma(block sum, block scale, result so far), blocks in column order;
+// - bf16: one chain of tile multiplies from zero over all columns in order, stored between units
+//   and loaded back (exact), so the bits are the same in either panel layout.
+// x comes zero-padded to a whole tile of rows (AmxBf16Elements); the padding rows are computed
+// and dropped. Below 16 rows the tiles are m rows high.
 constexpr int kBf16C = 0, kBf16A = 4, kBf16B = 6;
 constexpr int64_t kBf16ChunkCols = 512;  // columns of weights converted at a time, per panel
 constexpr int64_t kBf16ChunkRows = 256;  // rows of x walked by every panel before the next ones
@@ -281,14 +283,24 @@ struct Bf16Unit {
 };
 
 // NR tiles of x rows (a[0], a[1]) by NP panels' weight pairs (b[0], b[1]) over `steps` multiplies
-// of 32 columns; the sums of tile (r, p) stored [16 rows][16] at out + (2r + p) · 256.
-template <class Tiles, int NR, int NP>
+// of 32 columns, tile (r, p)'s sums at c[2r + p] ([rows][16] f32, 64 bytes a row): from zero, or
+// (kGoOn) continuing the sums stored there — a tile store and load are exact, so a chain may
+// stop and go on without its bits moving.
+template <class Tiles, int NR, int NP, bool kGoOn>
 SY_AMX_KERNEL inline void Bf16Block(const uint16_t* const* a, int64_t a_stride,
-                                    const uint16_t* const* b, int64_t steps, float* out) {
-  Tiles::template Zero<kBf16C + 0>();
-  if constexpr (NP == 2) Tiles::template Zero<kBf16C + 1>();
-  if constexpr (NR == 2) Tiles::template Zero<kBf16C + 2>();
-  if constexpr (NR == 2 && NP == 2) Tiles::template Zero<kBf16C + 3>();
+                                    const uint16_t* const* b, int64_t steps, float* const* c) {
+  auto start = [&](auto tile, int i) {
+    constexpr int kTile = decltype(tile)::value;
+    if constexpr (kGoOn) {
+      Tiles::template Load<kTile>(c[i], kTileBytes);
+    } else {
+      Tiles::template Zero<kTile>();
+    }
+  };
+  start(std::integral_constant<int, kBf16C + 0>(), 0);
+  if constexpr (NP == 2) start(std::integral_constant<int, kBf16C + 1>(), 1);
+  if constexpr (NR == 2) start(std::integral_constant<int, kBf16C + 2>(), 2);
+  if constexpr (NR == 2 && NP == 2) start(std::integral_constant<int, kBf16C + 3>(), 3);
   for (int64_t s = 0; s < steps; ++s) {
     Tiles::template Load<kBf16B + 0>(b[0] + s * kBf16TileElems, kTileBytes);
     if constexpr (NP == 2) Tiles::template Load<kBf16B + 1>(b[1] + s * kBf16TileElems, kTileBytes);
@@ -301,12 +313,25 @@ SY_AMX_KERNEL inline void Bf16Block(const uint16_t* const* a, int64_t a_stride,
       if constexpr (NP == 2) Tiles::template DotBf16<kBf16C + 3, kBf16A + 1, kBf16B + 1>();
     }
   }
-  constexpr int64_t kTileFloats = kAmxMaxRows * kPanelRows;
-  Tiles::template Store<kBf16C + 0>(out, kTileBytes);
-  if constexpr (NP == 2) Tiles::template Store<kBf16C + 1>(out + kTileFloats, kTileBytes);
-  if constexpr (NR == 2) Tiles::template Store<kBf16C + 2>(out + 2 * kTileFloats, kTileBytes);
-  if constexpr (NR == 2 && NP == 2)
-    Tiles::template Store<kBf16C + 3>(out + 3 * kTileFloats, kTileBytes);
+  Tiles::template Store<kBf16C + 0>(c[0], kTileBytes);
+  if constexpr (NP == 2) Tiles::template Store<kBf16C + 1>(c[1], kTileBytes);
+  if constexpr (NR == 2) Tiles::template Store<kBf16C + 2>(c[2], kTileBytes);
+  if constexpr (NR == 2 && NP == 2) Tiles::template Store<kBf16C + 3>(c[3], kTileBytes);
+}
+
+template <class Tiles, bool kGoOn>
+SY_AMX_KERNEL inline void Bf16Blocks(int64_t nr, int64_t np, const uint16_t* const* a,
+                                     int64_t a_stride, const uint16_t* const* b, int64_t steps,
+                                     float* const* c) {
+  if (nr == 2 && np == 2) {
+    Bf16Block<Tiles, 2, 2, kGoOn>(a, a_stride, b, steps, c);
+  } else if (nr == 2) {
+    Bf16Block<Tiles, 2, 1, kGoOn>(a, a_stride, b, steps, c);
+  } else if (np == 2) {
+    Bf16Block<Tiles, 1, 2, kGoOn>(a, a_stride, b, steps, c);
+  } else {
+    Bf16Block<Tiles, 1, 1, kGoOn>(a, a_stride, b, steps, c);
+  }
 }
 
 // ConvertPairs(w, panel, count, c0, c1, out, out_stride): columns [c0, c1) of panels [panel,
@@ -327,22 +352,29 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     config.Set(t, t >= kBf16B ? kAmxMaxRows : static_cast<int>(height), kTileBytes);
   Tiles::Configure(config);
   const bool fp8 = w.dtype == DType::kF8E4M3;
-  // fp8: the scale block ends a tile's chain of sums. bf16 weights have no scale, so a chain runs
-  // through a whole unit of columns and is added to the row's result once per unit.
+  // fp8: the scale block ends a tile's chain of sums. bf16 weights have no scale: one chain.
   const int64_t block = fp8 ? w.block_cols : kBf16ChunkCols;
   const int64_t chunk_cols = block * std::max<int64_t>(1, kBf16ChunkCols / block);
   const int64_t panels = panel_end - panel_begin;
   pairs.resize(static_cast<size_t>(2 * 2 * chunk_cols * kPanelRows));  // two units' panel pairs
   const int64_t row_stride = AmxBf16RowStride(w.cols), x_stride = row_stride * 2;
-  alignas(64) float sums[4 * kAmxMaxRows * kPanelRows];
+  constexpr int64_t kTileFloats = kAmxMaxRows * kPanelRows;
+  alignas(64) float sums[4 * kTileFloats];
   for (int64_t r0 = 0; r0 < m; r0 += kBf16ChunkRows) {
     const int64_t rows = std::min(kBf16ChunkRows, m - r0);
     const int64_t row_tiles = (rows + height - 1) / height;
     const int64_t padded = row_tiles * height;
     auto tile_rows = [&](int64_t t) { return x_bf16 + (r0 + t * height) * row_stride; };
-    state.assign(static_cast<size_t>(panels * padded * kPanelRows), 0.0f);
+    // fp8 adds each block into its rows' state; bf16's chains start from zero tiles.
+    const size_t state_size = static_cast<size_t>(panels * padded * kPanelRows);
+    if (fp8) {
+      state.assign(state_size, 0.0f);
+    } else {
+      state.resize(std::max(state.size(), state_size));
+    }
     auto buffer = [&](int64_t i) { return pairs.data() + (i % 2) * 2 * chunk_cols * kPanelRows; };
     auto convert_unit = [&](const Bf16Unit& u, uint16_t* b) {
+      if (w.bf16_pairs) return;  // the panels are the tiles
       convert(w, u.p, std::min<int64_t>(2, panel_end - u.p), u.k0,
               std::min(w.cols, u.k0 + chunk_cols), b, chunk_cols * kPanelRows);
     };
@@ -350,29 +382,44 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
       const int64_t p = u.p, k0 = u.k0, k1 = std::min(w.cols, k0 + chunk_cols);
       const int64_t np = std::min<int64_t>(2, panel_end - p);
       const uint16_t* b[2] = {b0_pairs, b0_pairs + chunk_cols * kPanelRows};
+      if (w.bf16_pairs)
+        for (int64_t j = 0; j < np; ++j)
+          b[j] = reinterpret_cast<const uint16_t*>(w.Panel(p + j)) + k0 * kPanelRows;
+      auto state_tile = [&](int64_t t, int64_t j) {
+        return state.data() + ((p - panel_begin + j) * padded + t * height) * kPanelRows;
+      };
+      if (!fp8) {  // one chain per row over all columns: the sums go on from the state
+        const int64_t steps = (k1 - k0) / kTileCols16;
+        for (int64_t t = 0; t < row_tiles; t += 2) {
+          const int64_t nr = std::min<int64_t>(2, row_tiles - t);
+          const uint16_t* a[2] = {tile_rows(t) + k0, nr == 2 ? tile_rows(t + 1) + k0 : nullptr};
+          float* const c[4] = {state_tile(t, 0), np == 2 ? state_tile(t, 1) : nullptr,
+                               nr == 2 ? state_tile(t + 1, 0) : nullptr,
+                               nr == 2 && np == 2 ? state_tile(t + 1, 1) : nullptr};
+          if (k0 == 0) {
+            Bf16Blocks<Tiles, false>(nr, np, a, x_stride, b, steps, c);
+          } else {
+            Bf16Blocks<Tiles, true>(nr, np, a, x_stride, b, steps, c);
+          }
+        }
+        return;
+      }
+      float* const c[4] = {sums, sums + kTileFloats, sums + 2 * kTileFloats,
+                           sums + 3 * kTileFloats};
       for (int64_t b0 = k0; b0 < k1; b0 += block) {
         const int64_t steps = (std::min(k1, b0 + block) - b0) / kTileCols16;
         float scale[2] = {1.0f, 1.0f};
-        for (int64_t j = 0; j < np && fp8; ++j)
+        for (int64_t j = 0; j < np; ++j)
           scale[j] = w.PanelScales(p + j)[b0 / w.block_cols];
         const uint16_t* bb[2] = {b[0] + (b0 - k0) * kPanelRows, b[1] + (b0 - k0) * kPanelRows};
         for (int64_t t = 0; t < row_tiles; t += 2) {
           const int64_t nr = std::min<int64_t>(2, row_tiles - t);
           const uint16_t* a[2] = {tile_rows(t) + b0, nr == 2 ? tile_rows(t + 1) + b0 : nullptr};
-          if (nr == 2 && np == 2) {
-            Bf16Block<Tiles, 2, 2>(a, x_stride, bb, steps, sums);
-          } else if (nr == 2) {
-            Bf16Block<Tiles, 2, 1>(a, x_stride, bb, steps, sums);
-          } else if (np == 2) {
-            Bf16Block<Tiles, 1, 2>(a, x_stride, bb, steps, sums);
-          } else {
-            Bf16Block<Tiles, 1, 1>(a, x_stride, bb, steps, sums);
-          }
+          Bf16Blocks<Tiles, false>(nr, np, a, x_stride, bb, steps, c);
           for (int64_t r = 0; r < nr; ++r)
             for (int64_t j = 0; j < np; ++j) {
-              const float* in = sums + (2 * r + j) * kAmxMaxRows * kPanelRows;
-              float* out =
-                  state.data() + ((p - panel_begin + j) * padded + (t + r) * height) * kPanelRows;
+              const float* in = c[2 * r + j];
+              float* out = state_tile(t + r, j);
               for (int64_t i = 0; i < height * kPanelRows; ++i)
                 out[i] = __builtin_fmaf(in[i], scale[j], out[i]);
             }
@@ -445,7 +492,7 @@ SY_AMX_KERNEL void MlaDecodeBody(const float* q_latent, const float* q_pe, int64
   const int64_t padded = (width + kTileCols16 - 1) / kTileCols16 * kTileCols16;
   const int64_t steps = padded / kTileCols16, dim_tiles = latent / kPanelRows;
   thread_local std::vector<RowTile> tiles;
-  thread_local std::vector<uint16_t> q, keys_t, values, probs;
+  thread_local std::vector<uint16_t> q, keys_t, values, probs, zero_row;
   thread_local std::vector<float> scores, chunk, run_max, run_sum, correction;
   const int64_t first = ConfigureRowTiles<Tiles>(count_heads, tiles);
   // Queries in bf16, [token][head][padded dims], zero past the width.
@@ -478,28 +525,40 @@ SY_AMX_KERNEL void MlaDecodeBody(const float* q_latent, const float* q_pe, int64
     const uint16_t* rows[kMlaChunk] = {};
     for (int64_t j = 0; j < count; ++j)
       rows[j] = reinterpret_cast<const uint16_t*>(cache.Row(start + j));
-    // Scores' weight tiles, keys 16·g + n: tile (g, s) row i = dims (32s + 2i, 32s + 2i + 1).
-    for (int64_t g = 0; g < 2; ++g)
-      for (int64_t s = 0; s < steps; ++s) {
-        uint16_t* tile = keys_t.data() + (g * steps + s) * kTileElements;
-        for (int64_t i = 0; i < kAmxMaxRows; ++i)
-          for (int64_t n = 0; n < kPanelRows; ++n)
-            for (int64_t e = 0; e < 2; ++e) {
-              const int64_t key = 16 * g + n, d = kTileCols16 * s + 2 * i + e;
-              tile[(i * kPanelRows + n) * 2 + e] =
-                  key < count && d < width ? rows[key][d] : uint16_t{0};
-            }
+    // Scores' weight tiles, keys 16·g + n: tile (g, s) row i = dims (32s + 2i, 32s + 2i + 1), so
+    // a key's dims 2w, 2w + 1 are one 32-bit pair at pair (w / 16) · 256 + (w % 16) · 16 + n of
+    // its group's tiles. Walked key by key along its row, without a branch per element (this
+    // re-layout was most of the kernel's time at 32-sequence decode); absent keys and dims past
+    // the width are zero.
+    for (int64_t key = 0; key < kMlaChunk; ++key) {
+      uint16_t* group = keys_t.data() + (key / 16) * steps * kTileElements + 2 * (key % 16);
+      auto at = [&](int64_t w) { return group + 2 * ((w / 16) * 256 + (w % 16) * 16); };
+      int64_t w = 0;
+      if (key < count) {
+        const uint16_t* row = rows[key];
+        for (; w < width / 2; ++w)
+          std::memcpy(at(w), row + 2 * w, 4);
+        if (width % 2 != 0) {  // the last dim alone, beside a zero
+          const uint16_t last[2] = {row[2 * w], 0};
+          std::memcpy(at(w++), last, 4);
+        }
       }
-    // P·V's weight tiles: tile dt row jj = keys (2jj, 2jj + 1) of latent dims 16·dt + n.
-    for (int64_t dt = 0; dt < dim_tiles; ++dt) {
-      uint16_t* tile = values.data() + dt * kTileElements;
-      for (int64_t jj = 0; jj < kAmxMaxRows; ++jj)
-        for (int64_t n = 0; n < kPanelRows; ++n)
-          for (int64_t e = 0; e < 2; ++e) {
-            const int64_t key = 2 * jj + e;
-            tile[(jj * kPanelRows + n) * 2 + e] =
-                key < count ? rows[key][kPanelRows * dt + n] : uint16_t{0};
-          }
+      for (; w < steps * kTileCols16 / 2; ++w)
+        std::memset(at(w), 0, 4);
+    }
+    // P·V's weight tiles: tile dt row jj = keys (2jj, 2jj + 1) of latent dims 16·dt + n: per key
+    // pair and 16 dims, 16 adjacent (key 2jj, key 2jj + 1) pairs.
+    zero_row.assign(static_cast<size_t>(latent), 0);
+    for (int64_t jj = 0; jj < kAmxMaxRows; ++jj) {
+      const uint16_t* r0 = 2 * jj < count ? rows[2 * jj] : zero_row.data();
+      const uint16_t* r1 = 2 * jj + 1 < count ? rows[2 * jj + 1] : zero_row.data();
+      for (int64_t dt = 0; dt < dim_tiles; ++dt) {
+        uint16_t* out = values.data() + dt * kTileElements + jj * 2 * kPanelRows;
+        for (int64_t n = 0; n < kPanelRows; ++n) {
+          out[2 * n] = r0[kPanelRows * dt + n];
+          out[2 * n + 1] = r1[kPanelRows * dt + n];
+        }
+      }
     }
     for (int64_t t = 0; t < tokens; ++t) {
       const int64_t visible = std::min(keys, positions[t] + 1) - start;

@@ -23,7 +23,7 @@ bool HasBf16Dot() {
 }
 
 bool Bf16DotApplies(const PackedMatrix& w) {
-  if (w.cols <= 0 || w.cols % 4 != 0) return false;
+  if (w.bf16_pairs || w.cols <= 0 || w.cols % 4 != 0) return false;
   if (w.dtype == DType::kF8E4M3) return w.block_cols > 0 && w.block_cols % 4 == 0;
   return w.dtype == DType::kBF16;
 }

@@ -68,6 +68,13 @@ void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const Packe
     GgmlPanels(rows, 0, m, w, panel_begin, panel_end, y);
     return;
   }
+  if (w.bf16_pairs) {  // only the AMX kernel reads them; one thread, as the others here
+    thread_local std::vector<uint16_t> rows;
+    rows.resize(std::max(rows.size(), static_cast<size_t>(AmxBf16Elements(m, w.cols))));
+    AmxToBf16Rows(ActiveAmxBackend(), x, m, w.cols, rows.data());
+    AmxBf16Panels(ActiveAmxBackend(), rows.data(), m, w, panel_begin, panel_end, y);
+    return;
+  }
   if (x_bf16 != nullptr) {
     Bf16Gemm(x_bf16, m, w, panel_begin, panel_end, y);
   } else {
@@ -154,7 +161,16 @@ static void LinearPackedOwn(const float* x, int64_t m, const PackedMatrix& w, fl
     thread_local std::vector<uint16_t> buffer;
     buffer.resize(std::max(buffer.size(), static_cast<size_t>(AmxBf16Elements(m, w.cols))));
     const uint16_t* x_bf16 = buffer.data();
-    AmxToBf16Rows(backend, x, m, w.cols, buffer.data());
+    uint16_t* rows = buffer.data();
+    // Whole tiles of rows per thread (a range's own padding rows are then only the last one's).
+    // A prompt's rows converted on one thread were a few percent of its prefill.
+    const int64_t tiles = (m + 15) / 16, stride = AmxBf16RowStride(w.cols);
+    ThreadPool::Global().ParallelForIf(
+        m * w.cols >= 65536, static_cast<size_t>(tiles), [&](size_t begin, size_t end) {
+          const int64_t r0 = static_cast<int64_t>(begin) * 16;
+          const int64_t r1 = std::min(m, static_cast<int64_t>(end) * 16);
+          AmxToBf16Rows(backend, x + r0 * w.cols, r1 - r0, w.cols, rows + r0 * stride);
+        });
     ThreadPool::Global().ParallelFor(static_cast<size_t>(w.panels), [&](size_t begin, size_t end) {
       AmxBf16Panels(backend, x_bf16, m, w, static_cast<int64_t>(begin), static_cast<int64_t>(end),
                     y);

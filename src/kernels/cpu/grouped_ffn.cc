@@ -4,7 +4,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 
+#include "base/allocator.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/bf16_dot.h"
@@ -141,11 +143,20 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     if (e.gate) width = e.gate->rows;
   if (width == 0) return;
   const int64_t rows = offsets[experts_count];
-  std::vector<float> hidden_rows(static_cast<size_t>(rows * width));
-  std::vector<float> up_rows(hidden_rows.size());
+  // Every row of an expert held here is written before it is read: no zero fill (at a prompt's
+  // thousands of rows, tens of megabytes on one thread while the others wait). The rows of an
+  // expert not held here are zeroed, so that a whole-batch quantization reads numbers.
+  auto hidden_rows = UninitializedArray<float>(rows * width);
+  auto up_rows = UninitializedArray<float>(rows * width);
+  for (int64_t e = 0; e < experts_count; ++e)
+    if (experts[e].gate == nullptr)
+      std::fill(hidden_rows.get() + offsets[e] * width, hidden_rows.get() + offsets[e + 1] * width,
+                0.0f);
   // Experts on the dot kernel, or with enough rows for the bf16 GEMM, take their rows rounded
   // to bf16 once.
   std::vector<std::vector<uint16_t>> x_bf16(static_cast<size_t>(experts_count));
+  // The AMX kernel's rows: written whole by AmxToBf16Rows (no zero fill).
+  std::vector<std::unique_ptr<uint16_t[]>> x_amx(static_cast<size_t>(experts_count));
   // Experts with GGML blocks: their rows quantized for their weights' block layout, all in
   // x_ggml_all where every such expert has the same layout (one call for the batch: at one
   // token the per-expert calls were most of the setup between the layer's two phases), else
@@ -154,6 +165,9 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
   Q8Rows x_ggml_all;
   bool ggml_all = false;
   std::vector<Path> path(static_cast<size_t>(experts_count), Path::kF32);
+  auto rows_bf16 = [&](int64_t e) -> const uint16_t* {
+    return path[e] == Path::kAmx ? x_amx[e].get() : x_bf16[e].data();
+  };
   auto choose = [&](int64_t e, const PackedMatrix& w) {
     const int64_t count = offsets[e + 1] - offsets[e];
     if (count == 0 || experts[e].gate == nullptr) return Path::kF32;
@@ -190,8 +204,8 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       x_bf16[e].resize(static_cast<size_t>(count * cols));
       ToBf16RowsForDot(source + offsets[e] * cols, count, cols, x_bf16[e].data());
     } else if (path[e] == Path::kAmx) {
-      x_bf16[e].resize(static_cast<size_t>(AmxBf16Elements(count, cols)));
-      AmxToBf16Rows(ActiveAmxBackend(), source + offsets[e] * cols, count, cols, x_bf16[e].data());
+      x_amx[e] = UninitializedArray<uint16_t>(AmxBf16Elements(count, cols));
+      AmxToBf16Rows(ActiveAmxBackend(), source + offsets[e] * cols, count, cols, x_amx[e].get());
     } else if (path[e] == Path::kBf16Gemm) {
       x_bf16[e] = ToBf16Rows(source + offsets[e] * cols, count, cols);
     }
@@ -250,9 +264,9 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     const int64_t e = items[i].expert, p = items[i].panel, p_end = items[i].panel_end;
     const int64_t first = offsets[e], count = offsets[e + 1] - first;
     const ExpertPanels& w = experts[e];
-    const uint16_t* xb = x_bf16[e].data();
-    float* gate = hidden_rows.data() + first * width;
-    float* up = up_rows.data() + first * width;
+    const uint16_t* xb = rows_bf16(e);
+    float* gate = hidden_rows.get() + first * width;
+    float* up = up_rows.get() + first * width;
     const Q8Rows& xq = ggml_all ? x_ggml_all : x_ggml[e];
     const int64_t q_first = ggml_all ? first : 0;
     Product(path[e], x + first * hidden, xb, x_int8, xq, q_first, first, count, *w.gate, p, p_end,
@@ -267,16 +281,19 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
   // Phase 2: down.
   for (int64_t e = 0; e < experts_count; ++e)
     path[e] = experts[e].gate ? choose(e, *experts[e].down) : Path::kF32;
-  quantize_ggml_all(hidden_rows.data(), true);
-  for (int64_t e = 0; e < experts_count; ++e)
-    round_rows(hidden_rows.data(), e, width, true);
-  quantize_all(hidden_rows.data(), width);
+  quantize_ggml_all(hidden_rows.get(), true);
+  ThreadPool::Global().ParallelForIf(
+      rows * width >= 65536, static_cast<size_t>(experts_count), [&](size_t begin, size_t end) {
+        for (size_t e = begin; e < end; ++e)
+          round_rows(hidden_rows.get(), static_cast<int64_t>(e), width, true);
+      });
+  quantize_all(hidden_rows.get(), width);
   items = build_items(true);
   BalancedFor(items.size(), item_cost, [&](size_t i) {
     const int64_t e = items[i].expert, p = items[i].panel, p_end = items[i].panel_end;
     const int64_t first = offsets[e], count = offsets[e + 1] - first;
     const PackedMatrix& down = *experts[e].down;
-    Product(path[e], hidden_rows.data() + first * width, x_bf16[e].data(), x_int8,
+    Product(path[e], hidden_rows.get() + first * width, rows_bf16(e), x_int8,
             ggml_all ? x_ggml_all : x_ggml[e], ggml_all ? first : 0, first, count, down, p, p_end,
             out + first * hidden);
   });

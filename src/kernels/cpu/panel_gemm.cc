@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/row_tiles.h"
@@ -699,12 +700,35 @@ void PanelGemm(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_b
 HWY_EXPORT(DequantizePanelsF32);
 HWY_EXPORT(DequantizePanelsBf16);
 
+// Panels of bf16 pairs (PackedMatrix::bf16_pairs), one weight at a time: only a library's matmul
+// (`--prefill-gemm` with `--amx-bf16`) and the bench read them this way, once per block.
+template <typename Out>
+static void DequantizePairs(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end,
+                            int64_t row0, Out* out, int64_t out_stride) {
+  for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
+    const auto* base = reinterpret_cast<const uint16_t*>(w.Panel(panel));
+    const int64_t first = panel * kPanelRows;
+    const int64_t valid = std::min<int64_t>(kPanelRows, w.rows - first);
+    for (int64_t c = 0; c < w.cols; ++c)
+      for (int64_t r = 0; r < valid; ++r) {
+        const uint16_t bits = base[Bf16PairIndex(r, c)];
+        if constexpr (std::is_same_v<Out, float>) {
+          out[c * out_stride + first + r - row0] = BF16ToF32(bits);
+        } else {
+          out[c * out_stride + first + r - row0] = bits;
+        }
+      }
+  }
+}
+
 void DequantizePanels(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, int64_t row0,
                       float* out, int64_t out_stride) {
+  if (w.bf16_pairs) return DequantizePairs(w, panel_begin, panel_end, row0, out, out_stride);
   HWY_DYNAMIC_DISPATCH(DequantizePanelsF32)(w, panel_begin, panel_end, row0, out, out_stride);
 }
 void DequantizePanels(const PackedMatrix& w, int64_t panel_begin, int64_t panel_end, int64_t row0,
                       uint16_t* out, int64_t out_stride) {
+  if (w.bf16_pairs) return DequantizePairs(w, panel_begin, panel_end, row0, out, out_stride);
   HWY_DYNAMIC_DISPATCH(DequantizePanelsBf16)(w, panel_begin, panel_end, row0, out, out_stride);
 }
 
