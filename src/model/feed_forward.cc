@@ -101,15 +101,19 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
   // Gather the rows in expert order (the sort of init routing), then one grouped pass.
   const int64_t slots = static_cast<int64_t>(routing.sorted_slots.size());
   const int64_t shared_rows = with_shared ? routing.tokens : 0;
-  auto inputs = UninitializedArray<float>((slots + shared_rows) * hidden);
+  // Kept from call to call (MoeForwardRouted says why); by pointer for the workers.
+  thread_local std::vector<float> input_buffer;
+  if (input_buffer.size() < static_cast<size_t>((slots + shared_rows) * hidden))
+    input_buffer.resize(static_cast<size_t>((slots + shared_rows) * hidden));
+  float* const inputs = input_buffer.data();
   auto gather = [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i)
       std::copy_n(x + (routing.sorted_slots[i] / routing.top_k) * hidden, hidden,
-                  inputs.get() + i * hidden);
+                  inputs + i * hidden);
   };
   ThreadPool::Global().ParallelForIf(slots * hidden >= kParallelElements,
                                      static_cast<size_t>(slots), gather);
-  if (with_shared) std::copy_n(x, shared_rows * hidden, inputs.get() + slots * hidden);
+  if (with_shared) std::copy_n(x, shared_rows * hidden, inputs + slots * hidden);
   std::vector<kernels::ExpertPanels> panels(w.experts.size());
   // A calibration (model/calibration.h) sees each expert's inputs on the per-expert path.
   bool packed = !ObservingLinearInputs();
@@ -126,13 +130,13 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
         {ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()});
     std::vector<int64_t> offsets = routing.expert_offsets;
     offsets.push_back(slots + shared_rows);
-    kernels::GroupedExpertFfn(inputs.get(), offsets, panels, hidden, expert_rows);
+    kernels::GroupedExpertFfn(inputs, offsets, panels, hidden, expert_rows);
     return;
   }
   if (packed) {
-    kernels::GroupedExpertFfn(inputs.get(), routing.expert_offsets, panels, hidden, expert_rows);
+    kernels::GroupedExpertFfn(inputs, routing.expert_offsets, panels, hidden, expert_rows);
   } else {
-    RunExpertsReference(w, routing, inputs.get(), hidden, expert_rows);
+    RunExpertsReference(w, routing, inputs, hidden, expert_rows);
   }
   if (with_shared) FeedForward(w.shared_experts, x, shared_rows, expert_rows + slots * hidden);
 }
@@ -187,16 +191,28 @@ void MoeForwardRouted(const ModelConfig& c, const MoeWeights& w, const ExpertRou
                       const float* x, float* out) {
   const int64_t D = c.hidden_size, tokens = routing.tokens, slots = tokens * routing.top_k;
   const bool joined = SharedExpertJoinsGroup(w);
-  std::vector<float> expert_rows(static_cast<size_t>((slots + (joined ? tokens : 0)) * D));
-  RunExperts(w, routing, x, D, expert_rows.data(), joined);
+  // Kept from call to call: at a prompt's thousands of rows this and RunExperts' inputs are tens
+  // of megabytes each, past glibc's largest mmap threshold (32 MiB), so fresh ones were mapped,
+  // zeroed, faulted in page by page and unmapped again in every MoE layer (a sixth of a 32 ×
+  // 64-token prefill of the bf16 bench checkpoint on a Xeon). Every row RunExperts computes is
+  // written; the rows of experts without weights here are zeroed, as FinalizeRouting adds them.
+  thread_local std::vector<float> rows_buffer;
+  const size_t needed = static_cast<size_t>((slots + (joined ? tokens : 0)) * D);
+  if (rows_buffer.size() < needed) rows_buffer.resize(needed);
+  float* const expert_rows = rows_buffer.data();
+  for (size_t e = 0; e < w.experts.size(); ++e)
+    if (w.experts[e].empty())
+      std::fill(expert_rows + routing.expert_offsets[e] * D,
+                expert_rows + routing.expert_offsets[e + 1] * D, 0.0f);
+  RunExperts(w, routing, x, D, expert_rows, joined);
   std::vector<float> shared;
-  const float* shared_rows = joined ? expert_rows.data() + slots * D : nullptr;
+  const float* shared_rows = joined ? expert_rows + slots * D : nullptr;
   if (!joined && !w.shared_experts.empty()) {
     shared.resize(static_cast<size_t>(tokens * D));
     FeedForward(w.shared_experts, x, tokens, shared.data());
     shared_rows = shared.data();
   }
-  FinalizeRouting(routing, expert_rows.data(), shared_rows, D, out);
+  FinalizeRouting(routing, expert_rows, shared_rows, D, out);
 }
 
 }  // namespace sy
