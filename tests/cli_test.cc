@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/isa_level.h"
 #include "test_support.h"
 
 namespace sy {
@@ -208,7 +209,8 @@ TEST(CliTest, AmxKernelsThroughTheBinary) {
   };
   const std::string vector_kernels =
       logits("SWITCHYARD_AMX_EMULATE=0", "--max-isa avx512 --int8-products", "v");
-  const std::string amx = logits("SWITCHYARD_AMX_EMULATE=1", "--int8-products", "a");
+  // (--no-amx-bf16: on a CPU with AMX the bf16 matrices kept exact would take its bf16 tiles.)
+  const std::string amx = logits("SWITCHYARD_AMX_EMULATE=1", "--int8-products --no-amx-bf16", "a");
   ASSERT_FALSE(amx.empty());
   EXPECT_TRUE(amx == vector_kernels) << "the AMX int8 kernel changed the logits";
   const std::string f32 = logits("", "--f32-products", "f");
@@ -246,6 +248,56 @@ TEST(CliTest, AmxKernelsThroughTheBinary) {
             0)
       << output;
   EXPECT_NE(output.find("--amx-bf16 has no effect here"), std::string::npos) << output;
+}
+
+// bf16 weights laid out as AMX tiles at load (PackedMatrix::bf16_pairs), through the binary:
+// with --amx-bf16 on the emulator, at the bf16 bar against transformers in prefill and in decode
+// steps, greedy tokens batch-invariant. Without a flag they take the tiles only where this CPU
+// has them (the default), and --no-amx-bf16 keeps the dot kernel's logits.
+TEST(CliTest, Bf16WeightsOnAmxTilesThroughTheBinary) {
+  auto fixture = testing::LoadFixture("tiny-v3-bf16");
+  const std::string dir = testing::TempDirectory("cli_amx_pairs");
+  auto logits = [&](const std::string& env, const std::string& flags, const std::string& name,
+                    const std::string& after = "") {
+    std::string output;
+    const std::string out = dir + "/" + name + ".bin";
+    EXPECT_EQ(RunCommand(env + " " + Binary() + " " + flags + " logits --model " +
+                             fixture.directory + " --tokens '" + fixture.tokens_text + "' --out " +
+                             out + " " + after + " 2>&1",
+                         &output),
+              0)
+        << output;
+    const std::string bytes = testing::ReadFile(out);
+    std::vector<float> values(bytes.size() / 4);
+    std::memcpy(values.data(), bytes.data(), values.size() * 4);
+    return values;
+  };
+  auto at_the_bar = [&](const std::vector<float>& got, const char* what) {
+    ASSERT_EQ(got.size(), fixture.logits.size()) << what;
+    auto comparison = testing::CompareLogits(fixture.logits, got, fixture.vocab);
+    EXPECT_EQ(comparison.argmax_mismatches, 0) << what;
+    EXPECT_LE(comparison.RowsOver(1e-2),
+              std::max<int64_t>(2, static_cast<int64_t>(comparison.row_max_diff.size()) / 20))
+        << what;
+  };
+  const auto tiles = logits("SWITCHYARD_AMX_EMULATE=1", "--amx-bf16", "t");
+  at_the_bar(tiles, "prefill");
+  at_the_bar(
+      logits("SWITCHYARD_AMX_EMULATE=1", "--amx-bf16", "d", "--decode-from 4 --kv-dtype bf16"),
+      "decode steps");
+  const auto dot = logits("SWITCHYARD_AMX_EMULATE=1", "--no-amx-bf16", "n");
+  EXPECT_TRUE(dot != tiles) << "--amx-bf16 did not change the logits: its kernel did not run";
+  EXPECT_TRUE(logits("SWITCHYARD_AMX_EMULATE=0", "--max-isa avx512", "v") == dot);
+  const auto plain = logits("SWITCHYARD_AMX_EMULATE=0", "", "p");
+  if (kernels::AmxAllowed()) {
+    at_the_bar(plain, "default, on this CPU's tiles");
+    EXPECT_TRUE(plain != dot) << "the default did not take this CPU's AMX tiles";
+  } else {
+    EXPECT_TRUE(plain == dot) << "the default took AMX tiles on a CPU without them";
+  }
+  ExpectBatchInvariantGeneration("SWITCHYARD_AMX_EMULATE=1 " + Binary() +
+                                 " --amx-bf16 generate --model " + fixture.directory +
+                                 " --max-tokens 8 --ignore-eos --prompt-tokens ");
 }
 
 // --prefill-gemm through the binary: a 300-token prompt (every product 300 rows) through oneDNN's

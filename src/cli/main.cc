@@ -43,16 +43,23 @@ int main(int argc, char** argv) {
                "and 128 columns; the router stays exact) and multiply them by activations "
                "quantized per row to 8 bits: about twice the f32 rate on CPUs without AVX-512 "
                "BF16, lossy (docs/benchmarks.md gives its accuracy); batch-invariant");
-  bool amx_bf16 = false;
-  app.add_flag("--amx-bf16", amx_bf16,
-               "fp8 and bf16 weights, and absorbed MLA attention on a bf16 cache, take Intel AMX's "
-               "bf16 tiles (TDPBF16PS) at every batch size where the CPU has AMX, instead of the "
-               "bf16 dot-product kernels: batch-invariant. On a Xeon with AMX it made prompts "
-               "1.8-2.5x and 32-sequence decode 1.2x faster, but one-sequence decode 1.5x slower "
-               "(docs/benchmarks.md), so it is off by default. (int8 products take AMX tiles from "
-               "16 rows wherever the CPU has them: the same bits as the vector kernels; GGUF and "
-               "HF int4 ones only with SWITCHYARD_AMX_GGML=1, slower where measured.)")
-      ->envname("SWITCHYARD_AMX_BF16");
+  bool amx_bf16_all = false, amx_bf16_none = false;  // neither: bf16 weights, on the CPU's tiles
+  auto* amx_all =
+      app.add_flag(
+             "--amx-bf16", amx_bf16_all,
+             "Where the CPU has Intel AMX: fp8 and bf16 weights, and absorbed MLA attention on a "
+             "bf16 cache, take AMX's bf16 tiles (TDPBF16PS) at every batch size, instead of the "
+             "bf16 dot-product kernels; batch-invariant. By default only bf16 weights do (laid "
+             "out as the tiles at load): on a Xeon with AMX that made a bf16 checkpoint's "
+             "prompts 2.5-4.5x and 32-sequence decode 1.9x faster, one-sequence decode the same "
+             "(docs/benchmarks.md); fp8 weights, converted per product, lose at one sequence, "
+             "hence opt-in. --no-amx-bf16: none. (int8 products take AMX tiles from 16 rows "
+             "wherever the CPU has them: the same bits as the vector kernels; GGUF and HF int4 "
+             "ones only with SWITCHYARD_AMX_GGML=1, slower where measured.)")
+          ->envname("SWITCHYARD_AMX_BF16");
+  app.add_flag("--no-amx-bf16", amx_bf16_none,
+               "No products on AMX's bf16 tiles, bf16 weights included (see --amx-bf16)")
+      ->excludes(amx_all);
   bool gguf_dequantize = false;
   app.add_flag("--gguf-dequantize", gguf_dequantize,
                "Decode a GGUF's quantized weights to f32 at load and multiply in f32 (exact "
@@ -84,11 +91,15 @@ int main(int argc, char** argv) {
     sy::kernels::SetMaxIsaLevel(*sy::kernels::ParseIsaLevel(max_isa));
     sy::ThreadPool::ConfigureGlobal(threads);
     if (f32_products) sy::kernels::GlobalKernelOptions().bf16_dot = false;
-    if (amx_bf16 && !f32_products) {
+    // bf16 weights laid out as the tiles at load (no conversion per product): with --amx-bf16
+    // wherever a backend runs them (the emulator included), and by default on the CPU's tiles.
+    const sy::kernels::AmxBackend backend = sy::kernels::ActiveAmxBackend();
+    if (!amx_bf16_all && !amx_bf16_none && !f32_products)
+      sy::GlobalBf16Pairs() = backend == sy::kernels::AmxBackend::kHardware;
+    if (amx_bf16_all && !f32_products) {
       sy::kernels::GlobalKernelOptions().amx_bf16 = true;
-      // bf16 weights laid out as the tiles at load: no conversion per product.
-      sy::GlobalBf16Pairs() = sy::kernels::ActiveAmxBackend() != sy::kernels::AmxBackend::kNone;
-      if (sy::kernels::ActiveAmxBackend() == sy::kernels::AmxBackend::kNone)
+      sy::GlobalBf16Pairs() = backend != sy::kernels::AmxBackend::kNone;
+      if (backend == sy::kernels::AmxBackend::kNone)
         std::fprintf(stderr, "switchyard: note: --amx-bf16 has no effect here: %s\n",
                      sy::kernels::Amx().state == sy::kernels::AmxState::kReady
                          ? "--max-isa keeps AMX off"

@@ -262,7 +262,10 @@ void PackFeedForward(FeedForwardWeights& ff) {
 // like the checkpoint's matrices.
 void PackAbsorbed(Matrix& m) {
   const bool int8 = GlobalWeightPacking() == WeightPacking::kInt8 && m.cols % kInt8QuadCols == 0;
-  m.packed = int8 ? PackInt8(m) : Pack(m);
+  // Never bf16 pairs: these products keep f32 activations (LinearPanels' f32 kernel). q·W_UK
+  // feeds the softmax, where bf16-rounded activations moved a logit by 2.5 at one decode step of
+  // the bf16 test checkpoint.
+  m.packed = int8 ? PackInt8(m) : Pack(m, /*allow_pairs=*/false);
   m.data = nullptr;
   m.block_scales = nullptr;
   m.owner.reset();

@@ -227,7 +227,7 @@ void SetBf16Pairs(PackedMatrix& p, bool pairs) {
   p.bf16_pairs = pairs;
 }
 
-std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
+std::shared_ptr<const PackedMatrix> Pack(const Matrix& m, bool allow_pairs) {
   auto packed = std::make_shared<PackedMatrix>();
   PackedMatrix& p = *packed;
   const bool decode = m.dtype == DType::kF16 || m.dtype == DType::kGgml;
@@ -245,7 +245,7 @@ std::shared_ptr<const PackedMatrix> Pack(const Matrix& m) {
     const float* first = m.block_scales + (m.first_row / m.block_rows) * m.scale_cols;
     p.scales.assign(first, first + row_blocks * m.scale_cols);
   }
-  p.bf16_pairs = Bf16PairsWanted(p.dtype, p.cols);
+  p.bf16_pairs = allow_pairs && Bf16PairsWanted(p.dtype, p.cols);
   const size_t element = p.ElementBytes();
   ThreadPool::Global().ParallelFor(static_cast<size_t>(p.panels), [&](size_t begin, size_t end) {
     std::vector<float> row(static_cast<size_t>(m.cols));

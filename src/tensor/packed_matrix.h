@@ -149,8 +149,9 @@ PackedMatrix ColumnRange(const PackedMatrix& m, int64_t begin, int64_t end);
 
 // Whether `m` can be packed: fp8 blocks must hold whole panels (DeepSeek's 128 rows do).
 bool CanPack(const Matrix& m);
-// Re-lays out `m` (CanPack must hold). Parallel over panels.
-std::shared_ptr<const PackedMatrix> Pack(const Matrix& m);
+// Re-lays out `m` (CanPack must hold); bf16 in pairs where Bf16PairsWanted and allow_pairs.
+// Parallel over panels.
+std::shared_ptr<const PackedMatrix> Pack(const Matrix& m, bool allow_pairs = true);
 
 // Whether Pack lays bf16 weights out in column pairs (PackedMatrix::bf16_pairs): set once, before a
 // model loads, where the AMX bf16 kernel runs them (`--amx-bf16` on a CPU with AMX, or its
