@@ -80,6 +80,14 @@ struct WireCase {
   bool pack;
 };
 
+// The first MoE layer of a model (experts start after its dense layers).
+int64_t FirstMoeLayer(const ModelConfig& config) {
+  int64_t layer = 0;
+  while (!config.IsMoeLayer(layer))
+    ++layer;
+  return layer;
+}
+
 class ExpertWireForm : public ::testing::TestWithParam<WireCase> {};
 
 // An expert, packed (panels travel) or not (rows and block scales travel): what arrives is the
@@ -93,9 +101,7 @@ TEST_P(ExpertWireForm, AnExpertArrivesAsTheSameBytes) {
   auto model = Model::Load(std::string(testing::kFixturesDir) + "/" + c.checkpoint, options);
   ASSERT_TRUE(model.ok()) << model.status().message();
   const ModelConfig& config = model.value()->config();
-  int64_t layer = 0;
-  while (!config.IsMoeLayer(layer))
-    ++layer;
+  const int64_t layer = FirstMoeLayer(config);
   const FeedForwardWeights* held = model.value()->RoutedExpert(layer, 1);
   ASSERT_NE(held, nullptr);
   EXPECT_EQ(held->gate_proj.packed != nullptr, c.pack);
@@ -138,9 +144,7 @@ TEST(ExpertWireForm, Bf16PairsArriveInTheReceiversLayout) {
     GlobalBf16Pairs() = false;
     ASSERT_TRUE(model.ok()) << model.status().message();
     const ModelConfig& config = model.value()->config();
-    int64_t layer = 0;
-    while (!config.IsMoeLayer(layer))
-      ++layer;
+    const int64_t layer = FirstMoeLayer(config);
     const FeedForwardWeights* held = model.value()->RoutedExpert(layer, 1);
     ASSERT_NE(held, nullptr);
     ASSERT_NE(held->gate_proj.packed, nullptr);
@@ -168,9 +172,7 @@ TEST(ExpertWireForm, AnUnknownBlockTypeIsRefused) {
   auto model = Model::Load(std::string(testing::kFixturesDir) + "/hf-int4/awq");
   ASSERT_TRUE(model.ok()) << model.status().message();
   const ModelConfig& c = model.value()->config();
-  int64_t layer = 0;
-  while (!c.IsMoeLayer(layer))
-    ++layer;
+  const int64_t layer = FirstMoeLayer(c);
   std::vector<uint8_t> bytes = SerializeExpert(*model.value()->RoutedExpert(layer, 0));
   // gate_proj: magic (4), element type (1), five sizes (40), then the block type.
   const size_t type_at = 4 + 1 + 5 * 8;
@@ -192,9 +194,7 @@ TEST(ExpertWireForm, MalformedMessagesAreRefusedWithTheirReason) {
   auto model = Model::Load(fixture.directory);
   ASSERT_TRUE(model.ok()) << model.status().message();
   const ModelConfig& c = model.value()->config();
-  int64_t layer = 0;
-  while (!c.IsMoeLayer(layer))
-    ++layer;
+  const int64_t layer = FirstMoeLayer(c);
   const std::vector<uint8_t> bytes = SerializeExpert(*model.value()->RoutedExpert(layer, 0));
   const int64_t W = c.moe_intermediate_size, D = c.hidden_size;
   auto refused = [&](const std::vector<uint8_t>& message, int64_t w, int64_t d,
