@@ -11,12 +11,14 @@
 // result as the portable kernel adds it (GGML: each sub-block's). So it may take any batch at any
 // size without a row's bits moving, and Int8Panels and GgmlPanels use it from one tile of rows up.
 //
-// fp8 and bf16: activations rounded to bf16 once per row; the weights of a panel converted to
+// fp8 and bf16: activations rounded to bf16 once per row. fp8 weights: a panel's converted to
 // bf16 pairs (exact) one scale block at a time; for each block, TDPBF16PS sums its columns into
 // a zeroed tile 32 columns at a time, and each row's result is fma(block sum, block scale,
-// result so far). A row's tile row never sees another row, so its bits do not depend on the
-// batch; they do differ from the bf16 dot kernel's (another order of sums), so the choice is
-// one for all row counts, made before a model runs (KernelOptions::amx_bf16).
+// result so far). bf16 weights: one chain of TDPBF16PS over all columns, from panels converted
+// per product or laid out as the tiles at load (PackedMatrix::bf16_pairs), the same bits either
+// way. A row's tile row never sees another row, so its bits do not depend on the batch; they do
+// differ from the bf16 dot kernel's (another order of sums), so the choice is one for all row
+// counts, made before a model runs (KernelOptions::amx_bf16, or bf16 pairs at load).
 #pragma once
 
 #include <cstdint>
