@@ -366,7 +366,8 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
   // Where AMX runs: the fp8 products again on its bf16 tiles (--amx-bf16), beside the rows above.
   // (int8 and GGML products take AMX tiles by themselves from 16 rows.)
   const bool amx = kernels::ActiveAmxBackend() == kernels::AmxBackend::kHardware;
-  // bf16 weights as --amx-bf16 loads them: laid out as the tiles (PackedMatrix::bf16_pairs).
+  // bf16 weights as the loader lays them out where AMX runs: as the tiles
+  // (PackedMatrix::bf16_pairs).
   const Shape o_proj_pairs = {"o_proj_bf16", kHidden, kHeads * 128, DType::kBF16};
   auto amx_rows = [&] {
     kernels::GlobalKernelOptions().amx_bf16 = true;

@@ -69,9 +69,9 @@ void AddBenchVerb(CLI::App& app) {
   k->add_flag("--ggml-only", kernels->ggml_only,
               "Only the GGUF Q4_K and Q6_K products (kernels/cpu/ggml_gemm.h)");
   k->add_flag("--amx-only", kernels->amx_only,
-              "Only the products on AMX bf16 tiles (--amx-bf16), plain and grouped: fp8, and "
-              "bf16 laid out as the tiles (as --amx-bf16 loads it), with oneDNN's o_proj beside "
-              "them; where the CPU has AMX");
+              "Only the products on AMX bf16 tiles, plain and grouped: fp8 (--amx-bf16), and "
+              "bf16 laid out as the tiles (as the loader lays it out where the CPU has AMX), with "
+              "oneDNN's o_proj beside them; where the CPU has AMX");
   k->add_option("--stream-mib", kernels->stream_mib,
                 "Weights cycled per shape, MiB (default: the rule above). Small: the kernels "
                 "from cache, their compute rate")

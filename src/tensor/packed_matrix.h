@@ -154,8 +154,8 @@ bool CanPack(const Matrix& m);
 std::shared_ptr<const PackedMatrix> Pack(const Matrix& m, bool allow_pairs = true);
 
 // Whether Pack lays bf16 weights out in column pairs (PackedMatrix::bf16_pairs): set once, before a
-// model loads, where the AMX bf16 kernel runs them (`--amx-bf16` on a CPU with AMX, or its
-// emulator).
+// model loads, where the AMX bf16 kernel runs them (by default on a CPU with AMX; with
+// `--amx-bf16` on its emulator too).
 bool& GlobalBf16Pairs();
 // Whether a bf16 matrix of `cols` columns is packed in pairs: GlobalBf16Pairs() and whole tiles
 // of 32 columns (the AMX kernel's own condition).

@@ -3,7 +3,8 @@
 #   fuzz_build SOURCES-AND-FLAGS...  tests/fuzz/NAME_fuzzer.cc and the sources it tests, built
 #                                    by clang with libFuzzer, AddressSanitizer and UBSan
 #   (the script writes its seeds into $corpus)
-#   fuzz_run MAX_LEN                 runs for SECONDS; a crash fails the script
+#   fuzz_run MAX_LEN                 runs for SECONDS; a crash fails the script and leaves its
+#                                    input in BUILD_DIR (NAME_crash-…), never in the source tree
 set -euo pipefail
 
 fuzz_begin() {
@@ -33,5 +34,6 @@ fuzz_build() {
 
 fuzz_run() {
   "$build/${fuzz_name}_fuzzer" -max_total_time="$seconds" -max_len="$1" -timeout=10 \
+    -artifact_prefix="$build/${fuzz_name}_" \
     -rss_limit_mb=4096 -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
 }
