@@ -11,11 +11,13 @@
 
 #include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/amx_tiles.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/panel_gemm.h"
+#include "model/feed_forward.h"
 #include "model/model.h"
 #include "tensor/packed_matrix.h"
 #include "test_support.h"
@@ -436,6 +438,132 @@ TEST(AmxBf16Test, PanelsOfPairsGiveTheBitsOfColumnPanels) {
   kernels::LinearPanels(x.data(), nullptr, 5, *pairs, 0, pairs->panels, single.data());
   EXPECT_EQ(0, std::memcmp(want.data(), plain.data(), want.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(want.data(), single.data(), want.size() * sizeof(float)));
+}
+
+// Gate and up walked as pairs of panels, SiLU·up and the rounding for down in the kernel's
+// copy-out: the bits of the two products, SiluMul on the item's columns and AmxToBf16Rows, at
+// widths that end in a partial panel, over the 256-row chunk, for part of the panels; the rest
+// of each row is left as it was.
+TEST(AmxBf16Test, FusedGateAndUpGiveTheBitsOfTheProductsOneAfterAnother) {
+  struct Case {
+    int64_t width, hidden, m, first_panel, end_panel;
+  };
+  for (AmxBackend backend : Backends()) {
+    for (Case c : std::vector<Case>{{16, 32, 1, 0, 1},
+                                    {40, 96, 5, 0, 3},
+                                    {72, 320, 17, 1, 4},
+                                    {128, 64, 300, 2, 8},
+                                    {48, 1088, 33, 0, 3}}) {
+      testing::TestMatrix g = testing::RandomTestMatrix(
+          DType::kBF16, c.width, c.hidden, static_cast<uint32_t>(c.width + c.hidden), 32);
+      testing::TestMatrix u = testing::RandomTestMatrix(
+          DType::kBF16, c.width, c.hidden, static_cast<uint32_t>(3 * c.width + c.m), 32);
+      GlobalBf16Pairs() = true;
+      auto gate = Pack(g.view), up = Pack(u.view);
+      GlobalBf16Pairs() = false;
+      ASSERT_TRUE(kernels::AmxGateUpFuses(*gate, *up));
+      const std::string what = std::string(kernels::AmxBackendName(backend)) + " " +
+                               std::to_string(c.width) + "x" + std::to_string(c.hidden) + " m " +
+                               std::to_string(c.m);
+      auto x = testing::RandomRows(c.m, c.hidden, 17);
+      std::vector<uint16_t> xb(static_cast<size_t>(kernels::AmxBf16Elements(c.m, c.hidden)));
+      kernels::AmxToBf16Rows(backend, x.data(), c.m, c.hidden, xb.data());
+      const size_t out_size = static_cast<size_t>(kernels::AmxBf16Elements(c.m, c.width));
+      std::vector<uint16_t> got(out_size, 0xabcd);
+      kernels::AmxBf16GateUpPanels(backend, xb.data(), c.m, *gate, *up, c.first_panel, c.end_panel,
+                                   got.data());
+      // One after another: both products whole, SiluMul on the columns, then the rounding.
+      auto y_gate = AmxBf16Product(backend, *gate, x, c.m, 0, gate->panels);
+      auto y_up = AmxBf16Product(backend, *up, x, c.m, 0, up->panels);
+      const int64_t c0 = c.first_panel * kPanelRows;
+      const int64_t c1 = std::min(c.width, c.end_panel * kPanelRows);
+      for (int64_t r = 0; r < c.m; ++r)
+        kernels::SiluMul(y_gate.data() + r * c.width + c0, y_up.data() + r * c.width + c0, c1 - c0);
+      std::vector<uint16_t> want(out_size, 0);
+      kernels::AmxToBf16Rows(backend, y_gate.data(), c.m, c.width, want.data());
+      const int64_t stride = kernels::AmxBf16RowStride(c.width);
+      for (int64_t r = 0; r < c.m; ++r)
+        for (int64_t col = 0; col < stride; ++col) {
+          const size_t at = static_cast<size_t>(r * stride + col);
+          const uint16_t expected = col >= c0 && col < c1 ? want[at] : uint16_t{0xabcd};
+          ASSERT_EQ(expected, got[at]) << what << " row " << r << " column " << col;
+        }
+    }
+  }
+}
+
+// A SiLU·up value's bits do not depend on where the call's range ends (the tail takes the
+// vector arithmetic): every split of a row gives the bits of the whole row.
+TEST(AmxBf16Test, SiluMulGivesTheSameBitsWhereverARangeEnds) {
+  auto gate = testing::RandomRows(1, 75, 5), up = testing::RandomRows(1, 75, 6);
+  for (float& g : gate)
+    g *= 8.0f;
+  std::vector<float> whole = gate;
+  kernels::SiluMul(whole.data(), up.data(), 75);
+  for (int64_t split : {1, 3, 7, 8, 13, 16, 31, 74}) {
+    std::vector<float> parts = gate;
+    kernels::SiluMul(parts.data(), up.data(), split);
+    kernels::SiluMul(parts.data() + split, up.data() + split, 75 - split);
+    ASSERT_EQ(0, std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(float)))
+        << "split at " << split;
+  }
+}
+
+// Experts and a dense feed-forward on panels of bf16 pairs take the fused gate and up, with the
+// bits of the same weights in column panels through the unfused path of the same kernel.
+TEST(AmxBf16Test, GroupedExpertsOnPairsGiveTheBitsOfTheUnfusedPath) {
+  const int64_t hidden = 256, width = 96, experts = 3;
+  std::vector<testing::TestMatrix> storage;
+  std::vector<std::shared_ptr<const PackedMatrix>> columns, pairs;
+  for (int64_t i = 0; i < 3 * experts; ++i) {
+    const bool down = i % 3 == 2;
+    storage.push_back(testing::RandomTestMatrix(DType::kBF16, down ? hidden : width,
+                                                down ? width : hidden,
+                                                static_cast<uint32_t>(70 + i), 32));
+    columns.push_back(Pack(storage.back().view));
+    GlobalBf16Pairs() = true;
+    pairs.push_back(Pack(storage.back().view));
+    GlobalBf16Pairs() = false;
+    ASSERT_TRUE(pairs.back()->bf16_pairs);
+  }
+  std::vector<kernels::ExpertPanels> on_columns, on_pairs;
+  for (int64_t e = 0; e < experts; ++e) {
+    on_columns.push_back(
+        {columns[3 * e].get(), columns[3 * e + 1].get(), columns[3 * e + 2].get()});
+    on_pairs.push_back({pairs[3 * e].get(), pairs[3 * e + 1].get(), pairs[3 * e + 2].get()});
+  }
+  for (const std::vector<int64_t>& offsets :
+       {std::vector<int64_t>{0, 1, 3, 20}, std::vector<int64_t>{0, 0, 290, 300}}) {
+    auto x = testing::RandomRows(offsets.back(), hidden, 32);
+    std::vector<float> want(x.size(), -1.0f), got(x.size(), -2.0f);
+    kernels::GlobalKernelOptions().amx_bf16 = true;  // column panels on the same kernel
+    kernels::GroupedExpertFfn(x.data(), offsets, on_columns, hidden, want.data());
+    kernels::GlobalKernelOptions().amx_bf16 = false;
+    kernels::GroupedExpertFfn(x.data(), offsets, on_pairs, hidden, got.data());
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+        << offsets.back() << " rows";
+  }
+  // The dense feed-forward: on pairs, one group of the fused pass; on column panels, its three
+  // products and SiluMul one after another.
+  auto weights = [&](const std::vector<std::shared_ptr<const PackedMatrix>>& packed) {
+    FeedForwardWeights w;
+    Matrix* m[3] = {&w.gate_proj, &w.up_proj, &w.down_proj};
+    for (int i = 0; i < 3; ++i) {
+      *m[i] = storage[i].view;
+      m[i]->packed = packed[i];
+    }
+    return w;
+  };
+  for (int64_t tokens : {1, 7, 40}) {
+    auto x = testing::RandomRows(tokens, hidden, 33);
+    std::vector<float> want(x.size(), -1.0f), got(x.size(), -2.0f);
+    kernels::GlobalKernelOptions().amx_bf16 = true;
+    FeedForward(weights(columns), x.data(), tokens, want.data());
+    kernels::GlobalKernelOptions().amx_bf16 = false;
+    FeedForward(weights(pairs), x.data(), tokens, got.data());
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+        << tokens << " tokens";
+  }
 }
 
 // With --amx-bf16, plain and grouped expert products take the kernel: a row of an expert's

@@ -42,8 +42,9 @@ ExpertRouting RouteTokens(const ModelConfig& config, const MoeWeights& w, const 
 void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* x, int64_t hidden,
                 float* expert_rows, bool with_shared = false);
 // Whether the shared expert can run in the routed experts' grouped pass with the same bits as
-// FeedForward: GGML blocks (each row's products depend on its own activations only, on either
-// path) and the routed experts' width.
+// FeedForward: GGML blocks or bf16 pairs (each row's products depend on its own activations
+// only, on either path; pairs take the grouped pass in FeedForward too) and the routed experts'
+// width.
 bool SharedExpertJoinsGroup(const MoeWeights& w);
 
 // out[t] = Σ_k weight(t,k) · expert_rows[position of slot (t,k)] + shared[t] (shared may be null).

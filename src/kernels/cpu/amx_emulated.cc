@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/amx_tiles.h"
+#include "kernels/cpu/elementwise.h"
 #include "tensor/dtype.h"
 
 #define SY_AMX_KERNEL
@@ -34,6 +35,12 @@ void ConvertPairsPortable(const PackedMatrix& w, int64_t panel, int64_t count, i
       }
     }
   }
+}
+
+// AmxToBf16Rows's rounding off the tiles.
+void ToBf16RowsPortable(const float* x, int64_t m, int64_t cols, uint16_t* out) {
+  for (int64_t i = 0; i < m * cols; ++i)
+    out[i] = F32ToBF16(x[i]);
 }
 
 }  // namespace
@@ -68,6 +75,14 @@ double PeakLoopEmulated(bool bf16, int64_t iterations) {
 void Bf16PanelsEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                         int64_t panel_begin, int64_t panel_end, float* y) {
   Bf16PanelsBody<EmulatedTiles>(x_bf16, m, w, panel_begin, panel_end, y, ConvertPairsPortable);
+}
+
+void Bf16GateUpEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& gate,
+                        const PackedMatrix& up, int64_t panel_begin, int64_t panel_end,
+                        uint16_t* out) {
+  Bf16GateUp fused{&up, out, AmxBf16RowStride(gate.rows), SiluMul, ToBf16RowsPortable};
+  Bf16PanelsBody<EmulatedTiles>(x_bf16, m, gate, panel_begin, panel_end, nullptr,
+                                ConvertPairsPortable, &fused);
 }
 
 }  // namespace sy::kernels::amx_detail

@@ -12,6 +12,7 @@
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/bf16_pairs.h"
+#include "kernels/cpu/elementwise.h"
 
 // Every CPU with AMX (Sapphire Rapids on) has AVX-512 with BF16 and VBMI as well: the weights'
 // conversion and the sums' flush use them.
@@ -123,6 +124,14 @@ void Bf16PanelsHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w
   Bf16PanelsBody<HardwareTiles>(x_bf16, m, w, panel_begin, panel_end, y, ConvertPairsAvx512);
 }
 
+void Bf16GateUpHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& gate,
+                        const PackedMatrix& up, int64_t panel_begin, int64_t panel_end,
+                        uint16_t* out) {
+  Bf16GateUp fused{&up, out, AmxBf16RowStride(gate.rows), SiluMul, ToBf16RowsForDot};
+  Bf16PanelsBody<HardwareTiles>(x_bf16, m, gate, panel_begin, panel_end, nullptr,
+                                ConvertPairsAvx512, &fused);
+}
+
 void ToBf16RowsHardware(const float* x, int64_t m, int64_t cols, uint16_t* out) {
   ToBf16RowsForDot(x, m, cols, out);  // AVX-512 BF16's rounding, as the dot kernel's
 }
@@ -137,6 +146,8 @@ void Int8PanelsHardware(const uint8_t*, int64_t, const float*, int64_t, const Pa
 void GgmlPanelsHardware(const Q8Rows&, int64_t, int64_t, const PackedMatrix&, int64_t, int64_t,
                         float*) {}
 void Bf16PanelsHardware(const uint16_t*, int64_t, const PackedMatrix&, int64_t, int64_t, float*) {}
+void Bf16GateUpHardware(const uint16_t*, int64_t, const PackedMatrix&, const PackedMatrix&, int64_t,
+                        int64_t, uint16_t*) {}
 double PeakLoopHardware(bool, int64_t) {
   return 0;
 }

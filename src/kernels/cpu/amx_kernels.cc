@@ -239,13 +239,16 @@ void AmxToBf16Rows(AmxBackend backend, const float* x, int64_t m, int64_t cols, 
   const int64_t stride = AmxBf16RowStride(cols);
   // The rows past m, which tile loads read (a row's own padding past cols is never read).
   std::fill(out + m * stride, out + AmxBf16Elements(m, cols), uint16_t{0});
-  for (int64_t r = 0; r < m; ++r) {
-    if (backend == AmxBackend::kHardware) {
-      amx_detail::ToBf16RowsHardware(x + r * cols, 1, cols, out + r * stride);
-    } else {
-      for (int64_t c = 0; c < cols; ++c)
-        out[r * stride + c] = F32ToBF16(x[r * cols + c]);
-    }
+  for (int64_t r = 0; r < m; ++r)
+    AmxToBf16Row(backend, x + r * cols, cols, out + r * stride);
+}
+
+void AmxToBf16Row(AmxBackend backend, const float* x, int64_t cols, uint16_t* out) {
+  if (backend == AmxBackend::kHardware) {
+    amx_detail::ToBf16RowsHardware(x, 1, cols, out);
+  } else {
+    for (int64_t c = 0; c < cols; ++c)
+      out[c] = F32ToBF16(x[c]);
   }
 }
 
@@ -255,6 +258,21 @@ void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const 
     amx_detail::Bf16PanelsHardware(x_bf16, m, w, panel_begin, panel_end, y);
   } else {
     amx_detail::Bf16PanelsEmulated(x_bf16, m, w, panel_begin, panel_end, y);
+  }
+}
+
+bool AmxGateUpFuses(const PackedMatrix& gate, const PackedMatrix& up) {
+  return gate.bf16_pairs && up.bf16_pairs && gate.dtype == DType::kBF16 &&
+         up.dtype == DType::kBF16 && gate.rows == up.rows && gate.cols == up.cols;
+}
+
+void AmxBf16GateUpPanels(AmxBackend backend, const uint16_t* x_bf16, int64_t m,
+                         const PackedMatrix& gate, const PackedMatrix& up, int64_t panel_begin,
+                         int64_t panel_end, uint16_t* out) {
+  if (backend == AmxBackend::kHardware) {
+    amx_detail::Bf16GateUpHardware(x_bf16, m, gate, up, panel_begin, panel_end, out);
+  } else {
+    amx_detail::Bf16GateUpEmulated(x_bf16, m, gate, up, panel_begin, panel_end, out);
   }
 }
 

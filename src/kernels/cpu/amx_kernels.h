@@ -79,10 +79,24 @@ inline int64_t AmxBf16Elements(int64_t m, int64_t cols) {
 // Rows of x rounded to bf16 (nearest even) for AmxBf16Panels, AmxBf16Elements(m, cols) of them
 // at `out`.
 void AmxToBf16Rows(AmxBackend backend, const float* x, int64_t m, int64_t cols, uint16_t* out);
+// One row as AmxToBf16Rows rounds it: `cols` values at out (no rows of zeros after it).
+void AmxToBf16Row(AmxBackend backend, const float* x, int64_t cols, uint16_t* out);
 // y[m, w.rows] = x · wᵀ for panels [panel_begin, panel_end); one thread. x_bf16 as
 // AmxToBf16Rows writes it.
 void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                    int64_t panel_begin, int64_t panel_end, float* y);
+// Whether AmxBf16GateUpPanels takes gate and up: both panels of bf16 pairs, of one shape.
+bool AmxGateUpFuses(const PackedMatrix& gate, const PackedMatrix& up);
+// An expert's first half for down's product: SiLU(x·gateᵀ)·(x·upᵀ) at gate's and up's panels
+// [panel_begin, panel_end), each row's values rounded to bf16 at columns [16 · panel_begin,
+// min(gate.rows, 16 · panel_end)) of `out`'s rows (AmxBf16RowStride(gate.rows) apart: down's x as
+// AmxToBf16Rows writes it, but for the zero rows past m, which are the caller's). The bits of
+// AmxBf16Panels for gate and for up, SiluMul on those columns of each row, then AmxToBf16Rows,
+// with no f32 rows written: gate's and up's panels are walked as pairs, so each tile of x loaded
+// serves both. One thread; AmxGateUpFuses(gate, up).
+void AmxBf16GateUpPanels(AmxBackend backend, const uint16_t* x_bf16, int64_t m,
+                         const PackedMatrix& gate, const PackedMatrix& up, int64_t panel_begin,
+                         int64_t panel_end, uint16_t* out);
 // Whether fp8 and bf16 products take the AMX bf16 kernel: KernelOptions::amx_bf16, a backend,
 // and w applies; always for panels of bf16 pairs (no other kernel reads them).
 bool UseAmxBf16(const PackedMatrix& w);
@@ -122,6 +136,12 @@ void Bf16PanelsEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w
                         int64_t panel_begin, int64_t panel_end, float* y);
 void Bf16PanelsHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                         int64_t panel_begin, int64_t panel_end, float* y);
+void Bf16GateUpEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& gate,
+                        const PackedMatrix& up, int64_t panel_begin, int64_t panel_end,
+                        uint16_t* out);
+void Bf16GateUpHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& gate,
+                        const PackedMatrix& up, int64_t panel_begin, int64_t panel_end,
+                        uint16_t* out);
 void ToBf16RowsHardware(const float* x, int64_t m, int64_t cols, uint16_t* out);
 double PeakLoopEmulated(bool bf16, int64_t iterations);
 void MlaDecodeEmulated(const float* q_latent, const float* q_pe, int64_t tokens,

@@ -277,7 +277,7 @@ constexpr int64_t kBf16ChunkRows = 256;  // rows of x walked by every panel befo
 constexpr int64_t kBf16RowsInL2Bytes = 1 << 20;  // x up to this size is read again per panel pair
 constexpr int64_t kBf16TileElems = kAmxMaxRows * kTileCols16;  // bf16 per A or B tile
 
-// A unit of the walk: panels [p, p + 2) (or the last one) against columns [k0, k0 + 512).
+// A unit of the walk: its panels [p, p + 2) (or the last one) against columns [k0, k0 + 512).
 struct Bf16Unit {
   int64_t p, k0;
 };
@@ -334,17 +334,30 @@ SY_AMX_KERNEL inline void Bf16Blocks(int64_t nr, int64_t np, const uint16_t* con
   }
 }
 
+// Bf16PanelsBody's fused gate and up (AmxBf16GateUpPanels): w is gate, and the walk takes gate's
+// panel j and up's panel j as one pair of panels (its panels 2j and 2j + 1), so each tile of x
+// loaded serves both. Each row's SiLU(gate)·up goes through silu_mul and to_bf16 (one row of the
+// item's columns at a time) into `out`, rows out_stride apart, from column 16 · panel_begin.
+struct Bf16GateUp {
+  const PackedMatrix* up = nullptr;
+  uint16_t* out = nullptr;
+  int64_t out_stride = 0;
+  void (*silu_mul)(float* gate, const float* up, int64_t count) = nullptr;
+  void (*to_bf16)(const float* x, int64_t m, int64_t cols, uint16_t* out) = nullptr;
+};
+
 // ConvertPairs(w, panel, count, c0, c1, out, out_stride): columns [c0, c1) of panels [panel,
 // panel + count) as (c1 - c0) / 2 rows of 16 bf16 pairs each: for panel j, out[j · out_stride +
 // (c - c0) / 2 · 32 + 2r + c % 2] = w[r][c].
 template <class Tiles, typename ConvertPairs>
 SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                                   int64_t panel_begin, int64_t panel_end, float* y,
-                                  ConvertPairs convert) {
+                                  ConvertPairs convert, const Bf16GateUp* gate_up = nullptr) {
   if (m <= 0 || panel_begin >= panel_end) return;
   thread_local std::vector<float> state;
   thread_local std::vector<uint16_t> pairs;
   thread_local std::vector<Bf16Unit> units;
+  thread_local std::vector<float> row_gate, row_up;
   // Tiles of x rows (and of sums) are 16 high, or m high where m < 16.
   const int64_t height = std::min<int64_t>(m, kAmxMaxRows);
   TileConfig config;
@@ -355,7 +368,14 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
   // fp8: the scale block ends a tile's chain of sums. bf16 weights have no scale: one chain.
   const int64_t block = fp8 ? w.block_cols : kBf16ChunkCols;
   const int64_t chunk_cols = block * std::max<int64_t>(1, kBf16ChunkCols / block);
+  // The walk's panels, v in [0, walked): w's panel panel_begin + v, or (fused) gate's and up's
+  // panel panel_begin + v / 2 in turn. Both are panels of pairs there: nothing is converted.
   const int64_t panels = panel_end - panel_begin;
+  const int64_t walked = gate_up != nullptr ? 2 * panels : panels;
+  auto panel_of = [&](int64_t v) -> const uint8_t* {
+    if (gate_up == nullptr) return w.Panel(panel_begin + v);
+    return (v % 2 == 0 ? w : *gate_up->up).Panel(panel_begin + v / 2);
+  };
   pairs.resize(static_cast<size_t>(2 * 2 * chunk_cols * kPanelRows));  // two units' panel pairs
   const int64_t row_stride = AmxBf16RowStride(w.cols), x_stride = row_stride * 2;
   constexpr int64_t kTileFloats = kAmxMaxRows * kPanelRows;
@@ -366,7 +386,7 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     const int64_t padded = row_tiles * height;
     auto tile_rows = [&](int64_t t) { return x_bf16 + (r0 + t * height) * row_stride; };
     // fp8 adds each block into its rows' state; bf16's chains start from zero tiles.
-    const size_t state_size = static_cast<size_t>(panels * padded * kPanelRows);
+    const size_t state_size = static_cast<size_t>(walked * padded * kPanelRows);
     if (fp8) {
       state.assign(state_size, 0.0f);
     } else {
@@ -375,18 +395,19 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     auto buffer = [&](int64_t i) { return pairs.data() + (i % 2) * 2 * chunk_cols * kPanelRows; };
     auto convert_unit = [&](const Bf16Unit& u, uint16_t* b) {
       if (w.bf16_pairs) return;  // the panels are the tiles
-      convert(w, u.p, std::min<int64_t>(2, panel_end - u.p), u.k0,
+      convert(w, panel_begin + u.p, std::min<int64_t>(2, walked - u.p), u.k0,
               std::min(w.cols, u.k0 + chunk_cols), b, chunk_cols * kPanelRows);
     };
+    // Unit u: the walk's panels [u.p, u.p + 2) against columns [u.k0, u.k0 + chunk_cols).
     auto compute_unit = [&](const Bf16Unit& u, const uint16_t* b0_pairs) {
-      const int64_t p = u.p, k0 = u.k0, k1 = std::min(w.cols, k0 + chunk_cols);
-      const int64_t np = std::min<int64_t>(2, panel_end - p);
+      const int64_t v = u.p, k0 = u.k0, k1 = std::min(w.cols, k0 + chunk_cols);
+      const int64_t np = std::min<int64_t>(2, walked - v);
       const uint16_t* b[2] = {b0_pairs, b0_pairs + chunk_cols * kPanelRows};
       if (w.bf16_pairs)
         for (int64_t j = 0; j < np; ++j)
-          b[j] = reinterpret_cast<const uint16_t*>(w.Panel(p + j)) + k0 * kPanelRows;
+          b[j] = reinterpret_cast<const uint16_t*>(panel_of(v + j)) + k0 * kPanelRows;
       auto state_tile = [&](int64_t t, int64_t j) {
-        return state.data() + ((p - panel_begin + j) * padded + t * height) * kPanelRows;
+        return state.data() + ((v + j) * padded + t * height) * kPanelRows;
       };
       if (!fp8) {  // one chain per row over all columns: the sums go on from the state
         const int64_t steps = (k1 - k0) / kTileCols16;
@@ -410,7 +431,7 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
         const int64_t steps = (std::min(k1, b0 + block) - b0) / kTileCols16;
         float scale[2] = {1.0f, 1.0f};
         for (int64_t j = 0; j < np; ++j)
-          scale[j] = w.PanelScales(p + j)[b0 / w.block_cols];
+          scale[j] = w.PanelScales(panel_begin + v + j)[b0 / w.block_cols];
         const uint16_t* bb[2] = {b[0] + (b0 - k0) * kPanelRows, b[1] + (b0 - k0) * kPanelRows};
         for (int64_t t = 0; t < row_tiles; t += 2) {
           const int64_t nr = std::min<int64_t>(2, row_tiles - t);
@@ -431,13 +452,13 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     // are the outer loop, so that a slice of x stays in L2 for every panel.
     units.clear();
     if (rows * x_stride <= kBf16RowsInL2Bytes) {
-      for (int64_t p = panel_begin; p < panel_end; p += 2)
+      for (int64_t v = 0; v < walked; v += 2)
         for (int64_t k0 = 0; k0 < w.cols; k0 += chunk_cols)
-          units.push_back({p, k0});
+          units.push_back({v, k0});
     } else {
       for (int64_t k0 = 0; k0 < w.cols; k0 += chunk_cols)
-        for (int64_t p = panel_begin; p < panel_end; p += 2)
-          units.push_back({p, k0});
+        for (int64_t v = 0; v < walked; v += 2)
+          units.push_back({v, k0});
     }
     // Converted one unit ahead into the other buffer: a unit's tile loads read weights stored a
     // unit earlier, not the stores just issued, which they would have to wait for.
@@ -450,6 +471,24 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     // went to a new line of y per row, each a read for ownership the copy waited on (at 256 rows,
     // a third of the kernel's time). (Tiles stored straight into y instead were slower still.)
     const int64_t last_valid = std::min(kPanelRows, w.rows - (panel_end - 1) * kPanelRows);
+    const int64_t valid = (panels - 1) * kPanelRows + last_valid;
+    if (gate_up != nullptr) {  // SiLU(gate)·up, rounded to bf16: down's input
+      row_gate.resize(static_cast<size_t>(panels * kPanelRows));
+      row_up.resize(row_gate.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* in = state.data() + r * kPanelRows;
+        for (int64_t p = 0; p < panels; ++p) {
+          std::memcpy(row_gate.data() + p * kPanelRows, in + 2 * p * padded * kPanelRows,
+                      kPanelRows * sizeof(float));
+          std::memcpy(row_up.data() + p * kPanelRows, in + (2 * p + 1) * padded * kPanelRows,
+                      kPanelRows * sizeof(float));
+        }
+        gate_up->silu_mul(row_gate.data(), row_up.data(), valid);
+        gate_up->to_bf16(row_gate.data(), 1, valid,
+                         gate_up->out + (r0 + r) * gate_up->out_stride + panel_begin * kPanelRows);
+      }
+      continue;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       float* out = y + (r0 + r) * w.rows + panel_begin * kPanelRows;
       const float* in = state.data() + r * kPanelRows;

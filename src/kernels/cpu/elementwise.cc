@@ -63,15 +63,25 @@ void SiluMulImpl(float* gate, const float* up, int64_t count) {
   const hn::ScalableTag<float> df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   const auto one = hn::Set(df, 1.0f), cap = hn::Set(df, 88.0f);
-  int64_t i = 0;
-  for (; i + n <= count; i += n) {
-    const auto g = hn::LoadU(df, gate + i);
+  auto silu_mul = [&](const float* g_in, const float* u_in, float* g_out) {
+    const auto g = hn::LoadU(df, g_in);
     const auto e = hn::Exp(df, hn::Min(hn::Neg(g), cap));
-    hn::StoreU(hn::Mul(hn::Div(g, hn::Add(one, e)), hn::LoadU(df, up + i)), df, gate + i);
-  }
-  for (; i < count; ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + std::exp(std::min(-g, 88.0f))) * up[i];
+    hn::StoreU(hn::Mul(hn::Div(g, hn::Add(one, e)), hn::LoadU(df, u_in)), df, g_out);
+  };
+  int64_t i = 0;
+  for (; i + n <= count; i += n)
+    silu_mul(gate + i, up + i, gate + i);
+  // The tail through the same vector arithmetic (copied into a whole vector), so that a value's
+  // bits do not depend on where a call's range ends: callers split rows by columns, items and
+  // threads.
+  if (i < count) {
+    constexpr int64_t kMaxLanes = 64;
+    static_assert(hn::MaxLanes(hn::ScalableTag<float>()) <= kMaxLanes);
+    alignas(64) float g[kMaxLanes] = {}, u[kMaxLanes] = {};
+    std::copy(gate + i, gate + count, g);
+    std::copy(up + i, up + count, u);
+    silu_mul(g, u, g);
+    std::copy(g, g + (count - i), gate + i);
   }
 }
 

@@ -136,13 +136,17 @@ constexpr double kStreamRows = 3;
 }  // namespace
 
 void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
-                      const std::vector<ExpertPanels>& experts, int64_t hidden, float* out) {
+                      const std::vector<ExpertPanels>& experts, int64_t hidden, float* out,
+                      const int64_t* source_rows) {
   const int64_t experts_count = static_cast<int64_t>(experts.size());
   int64_t width = 0;
   for (const auto& e : experts)
     if (e.gate) width = e.gate->rows;
   if (width == 0) return;
   const int64_t rows = offsets[experts_count];
+  auto source_row = [&](int64_t i) {
+    return x + (source_rows != nullptr ? source_rows[i] : i) * hidden;
+  };
   // Every row of an expert held here is written before it is read: no zero fill (at a prompt's
   // thousands of rows, tens of megabytes on one thread while the others wait). The rows of an
   // expert not held here are zeroed, so that a whole-batch quantization reads numbers.
@@ -205,7 +209,16 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       ToBf16RowsForDot(source + offsets[e] * cols, count, cols, x_bf16[e].data());
     } else if (path[e] == Path::kAmx) {
       x_amx[e] = UninitializedArray<uint16_t>(AmxBf16Elements(count, cols));
-      AmxToBf16Rows(ActiveAmxBackend(), source + offsets[e] * cols, count, cols, x_amx[e].get());
+      if (source_rows != nullptr && !down) {  // the source rows themselves, and the zero rows
+        const int64_t stride = AmxBf16RowStride(cols);
+        for (int64_t r = 0; r < count; ++r)
+          AmxToBf16Row(ActiveAmxBackend(), source_row(offsets[e] + r), cols,
+                       x_amx[e].get() + r * stride);
+        std::fill(x_amx[e].get() + count * stride, x_amx[e].get() + AmxBf16Elements(count, cols),
+                  uint16_t{0});
+      } else {
+        AmxToBf16Rows(ActiveAmxBackend(), source + offsets[e] * cols, count, cols, x_amx[e].get());
+      }
     } else if (path[e] == Path::kBf16Gemm) {
       x_bf16[e] = ToBf16Rows(source + offsets[e] * cols, count, cols);
     }
@@ -227,6 +240,34 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
 
   for (int64_t e = 0; e < experts_count; ++e)
     if (experts[e].gate) path[e] = choose(e, *experts[e].gate);
+  // Where every expert with rows has gate and up as panels of bf16 pairs and takes the AMX
+  // kernel for down too, phase 1 writes down's bf16 rows itself (AmxBf16GateUpPanels): no f32
+  // rows of gate and up, no SiLU pass and no rounding pass over them (at a 32 × 64-token prompt
+  // of the bf16 bench model, 100 MB written and read again per layer), the same bits. Its
+  // experts' rows are rounded to bf16 straight from the source rows: no f32 copy in expert order.
+  bool fused = false;
+  for (int64_t e = 0; e < experts_count; ++e) {
+    if (offsets[e + 1] == offsets[e] || experts[e].gate == nullptr) continue;
+    fused = path[e] == Path::kAmx && AmxGateUpFuses(*experts[e].gate, *experts[e].up) &&
+            choose(e, *experts[e].down) == Path::kAmx;
+    if (!fused) break;
+  }
+  if (source_rows != nullptr && !fused) {
+    // The other paths read f32 rows in expert order. Kept from call to call (a prompt's
+    // thousands of rows are tens of megabytes: MoeForwardRouted says why); by pointer for the
+    // workers.
+    thread_local std::vector<float> gathered;
+    if (gathered.size() < static_cast<size_t>(rows * hidden))
+      gathered.resize(static_cast<size_t>(rows * hidden));
+    float* const to = gathered.data();
+    ThreadPool::Global().ParallelForIf(
+        rows * hidden >= 65536, static_cast<size_t>(rows), [&](size_t begin, size_t end) {
+          for (size_t i = begin; i < end; ++i)
+            std::copy_n(source_row(static_cast<int64_t>(i)), hidden, to + i * hidden);
+        });
+    x = to;
+    source_rows = nullptr;
+  }
   // Int8 experts take the whole batch quantized once (rows are quantized independently).
   Int8Rows x_int8;
   auto quantize_all = [&](const float* source, int64_t cols) {
@@ -260,6 +301,31 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     return static_cast<double>(items[i].panel_end - items[i].panel) *
            (static_cast<double>(offsets[e + 1] - offsets[e]) + kStreamRows);
   };
+  if (fused) {
+    std::vector<std::unique_ptr<uint16_t[]>> x_down(static_cast<size_t>(experts_count));
+    const int64_t stride = AmxBf16RowStride(width);
+    for (int64_t e = 0; e < experts_count; ++e) {
+      const int64_t count = offsets[e + 1] - offsets[e];
+      if (count == 0 || experts[e].gate == nullptr) continue;
+      x_down[e] = UninitializedArray<uint16_t>(AmxBf16Elements(count, width));
+      // The rows past count that tile loads read (AmxToBf16Rows zeroes them as well).
+      std::fill(x_down[e].get() + count * stride, x_down[e].get() + AmxBf16Elements(count, width),
+                uint16_t{0});
+    }
+    BalancedFor(items.size(), item_cost, [&](size_t i) {
+      const int64_t e = items[i].expert;
+      AmxBf16GateUpPanels(ActiveAmxBackend(), x_amx[e].get(), offsets[e + 1] - offsets[e],
+                          *experts[e].gate, *experts[e].up, items[i].panel, items[i].panel_end,
+                          x_down[e].get());
+    });
+    items = build_items(true);
+    BalancedFor(items.size(), item_cost, [&](size_t i) {
+      const int64_t e = items[i].expert, first = offsets[e];
+      AmxBf16Panels(ActiveAmxBackend(), x_down[e].get(), offsets[e + 1] - first, *experts[e].down,
+                    items[i].panel, items[i].panel_end, out + first * hidden);
+    });
+    return;
+  }
   BalancedFor(items.size(), item_cost, [&](size_t i) {
     const int64_t e = items[i].expert, p = items[i].panel, p_end = items[i].panel_end;
     const int64_t first = offsets[e], count = offsets[e + 1] - first;

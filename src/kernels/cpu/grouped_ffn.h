@@ -17,11 +17,16 @@ struct ExpertPanels {
   const PackedMatrix* down = nullptr;  // [hidden, width]
 };
 
-// x:       [rows, hidden] sorted by expert
+// x:       [rows, hidden] sorted by expert, or with source_rows, the rows they come from
 // offsets: [experts + 1]   rows of expert e are [offsets[e], offsets[e+1])
 // experts: [experts]       null gate for experts not held here (their rows are left untouched)
 // out:     [rows, hidden]
+// source_rows: [rows]      null, or row i of the batch is x's row source_rows[i] (a token's row
+//                          for each of its experts, unsorted): the f32 rows are then copied in
+//                          expert order only where a path reads them (the AMX path rounds each
+//                          to bf16 straight from x).
 void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
-                      const std::vector<ExpertPanels>& experts, int64_t hidden, float* out);
+                      const std::vector<ExpertPanels>& experts, int64_t hidden, float* out,
+                      const int64_t* source_rows = nullptr);
 
 }  // namespace sy::kernels
