@@ -542,6 +542,23 @@ TEST(AmxBf16Test, GroupedExpertsOnPairsGiveTheBitsOfTheUnfusedPath) {
     kernels::GroupedExpertFfn(x.data(), offsets, on_pairs, hidden, got.data());
     EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
         << offsets.back() << " rows";
+    // The rows taken from their source rows (in reverse here) instead of copied in order: the
+    // fused path rounds them from there, the other one copies them first.
+    std::vector<float> sources(x.size());
+    std::vector<int64_t> source_rows(static_cast<size_t>(offsets.back()));
+    for (int64_t i = 0; i < offsets.back(); ++i) {
+      source_rows[i] = offsets.back() - 1 - i;
+      std::copy_n(x.data() + i * hidden, hidden, sources.data() + source_rows[i] * hidden);
+    }
+    for (bool fused : {true, false}) {
+      std::vector<float> from_sources(x.size(), -3.0f);
+      kernels::GlobalKernelOptions().amx_bf16 = !fused;
+      kernels::GroupedExpertFfn(sources.data(), offsets, fused ? on_pairs : on_columns, hidden,
+                                from_sources.data(), source_rows.data());
+      kernels::GlobalKernelOptions().amx_bf16 = false;
+      EXPECT_EQ(0, std::memcmp(want.data(), from_sources.data(), want.size() * sizeof(float)))
+          << offsets.back() << " rows from their sources, fused " << fused;
+    }
   }
   // The dense feed-forward: on pairs, one group of the fused pass; on column panels, its three
   // products and SiluMul one after another.

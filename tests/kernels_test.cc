@@ -2,12 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/router.h"
+#include "kernels/cpu/weighted_sum.h"
 
 namespace sy {
 namespace {
@@ -154,6 +156,43 @@ TEST(ElementwiseTest, SiluMulMatchesDoubleAndKeepsNaN) {
   EXPECT_TRUE(std::isnan(gate[3]));
   EXPECT_TRUE(std::isnan(gate[16]));
   EXPECT_FALSE(std::isnan(gate[4]));
+}
+
+// The routing sum: every product rounded, then every sum, in order, as the plain loop (this
+// file is built without fused multiply-adds) — whatever the vector width, with and without the
+// shared row, for widths that end in a partial vector.
+TEST(ElementwiseTest, WeightedRowSumHasTheBitsOfThePlainLoop) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int64_t n : {1, 7, 16, 37, 2048})
+    for (int64_t count : {1, 4, 8})
+      for (bool with_extra : {false, true}) {
+        std::vector<std::vector<float>> rows(static_cast<size_t>(count),
+                                             std::vector<float>(static_cast<size_t>(n)));
+        std::vector<const float*> pointers;
+        std::vector<float> weights, extra(static_cast<size_t>(n));
+        for (auto& row : rows) {
+          for (float& v : row)
+            v = normal(rng);
+          pointers.push_back(row.data());
+          weights.push_back(normal(rng) * 0.3f);
+        }
+        for (float& v : extra)
+          v = normal(rng);
+        std::vector<float> want(static_cast<size_t>(n)), got(want.size(), -1.0f);
+        for (int64_t i = 0; i < n; ++i) {
+          float sum = 0.0f;
+          for (int64_t k = 0; k < count; ++k) {
+            const float product = weights[k] * rows[k][i];
+            sum = sum + product;
+          }
+          want[i] = with_extra ? sum + extra[i] : sum;
+        }
+        kernels::WeightedRowSum(pointers.data(), weights.data(), count,
+                                with_extra ? extra.data() : nullptr, n, got.data());
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+            << n << " values, " << count << " rows, extra " << with_extra;
+      }
 }
 
 TEST(ElementwiseTest, RopeRotatesConsecutivePairs) {
