@@ -199,12 +199,12 @@ void MlaProject(const ModelConfig& c, const RopeParams& rope, const AttentionWei
     ScopedStage gemm(Stage::kGemm);
     if (c.q_lora_rank) {
       const int64_t rq = *c.q_lora_rank;
-      std::vector<float> cq(static_cast<size_t>(T * rq));
+      auto cq = UninitializedArray<float>(T * rq);  // written whole by the product
       ObserveLinearInput(w.q_a_proj, x, T, c.hidden_size, c.hidden_size);
-      kernels::LinearAuto(x, T, w.q_a_proj, cq.data());
-      kernels::RmsNorm(cq.data(), T, rq, w.q_a_layernorm.data(), kLatentNormEps, cq.data());
-      ObserveLinearInput(w.q_b_proj, cq.data(), T, rq, rq);
-      kernels::LinearAuto(cq.data(), T, w.q_b_proj, q);
+      kernels::LinearAuto(x, T, w.q_a_proj, cq.get());
+      kernels::RmsNorm(cq.get(), T, rq, w.q_a_layernorm.data(), kLatentNormEps, cq.get());
+      ObserveLinearInput(w.q_b_proj, cq.get(), T, rq, rq);
+      kernels::LinearAuto(cq.get(), T, w.q_b_proj, q);
     } else {
       ObserveLinearInput(w.q_proj, x, T, c.hidden_size, c.hidden_size);
       kernels::LinearAuto(x, T, w.q_proj, q);

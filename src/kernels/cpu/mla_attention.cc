@@ -43,8 +43,15 @@ void MlaAttendExpandedImpl(const float* q, int64_t tokens, const int64_t* positi
   const int64_t row = d.latent + d.rope, key_dims = d.nope + d.rope;
   // Keys per kv_b product: up to 256, fewer where heads are many, so the expanded block and its
   // layout stay near 8 MiB each (DeepSeek-V3's 128 heads: 64 keys).
-  const int64_t super = std::clamp<int64_t>((int64_t{1} << 21) / (H * kv_width) / kChunk * kChunk,
-                                            kChunk, 256 / kChunk * kChunk);
+  int64_t last = 0;
+  for (int64_t t = 0; t < tokens; ++t)
+    last = std::max(last, std::min(keys, positions[t] + 1));
+  // And no more than the keys seen: chunks start at multiples of kChunk from key 0 whatever the
+  // super-block, so its size changes no bit.
+  const int64_t super =
+      std::min(std::clamp<int64_t>((int64_t{1} << 21) / (H * kv_width) / kChunk * kChunk, kChunk,
+                                   256 / kChunk * kChunk),
+               std::max<int64_t>(kChunk, (last + kChunk - 1) / kChunk * kChunk));
   const int64_t chunks_per_super = super / kChunk;
   const int64_t chunk_floats = key_dims * kChunk + kChunk * d.v;  // one head's chunk
   const int64_t items = tokens * H;
@@ -57,12 +64,17 @@ void MlaAttendExpandedImpl(const float* q, int64_t tokens, const int64_t* positi
   ThreadPool::Global().ParallelForIf(spread, static_cast<size_t>(items), [&](size_t b, size_t e) {
     std::fill(out + static_cast<int64_t>(b) * d.v, out + static_cast<int64_t>(e) * d.v, 0.0f);
   });
-  int64_t last = 0;
-  for (int64_t t = 0; t < tokens; ++t)
-    last = std::max(last, std::min(keys, positions[t] + 1));
-  std::vector<float> latent_only(static_cast<size_t>(super * d.latent));
-  std::vector<float> kv(static_cast<size_t>(super * H * kv_width));
-  std::vector<float> layout(static_cast<size_t>(H * chunks_per_super * chunk_floats));
+  // Kept from call to call, never zeroed: every element read is written first (the rows past a
+  // super-block's keys are zeroed below). Zero-filled anew, they were megabytes per sequence
+  // and layer on one thread (a 32 × 64-token prefill: a few percent). By pointer for the workers.
+  thread_local std::vector<float> latent_buffer, kv_buffer, layout_buffer;
+  auto at_least = [](std::vector<float>& v, int64_t n) {
+    if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+    return v.data();
+  };
+  float* const latent_only = at_least(latent_buffer, super * d.latent);
+  float* const kv = at_least(kv_buffer, super * H * kv_width);
+  float* const layout = at_least(layout_buffer, H * chunks_per_super * chunk_floats);
 
   // (token block, head) items, blocks ordered first, last, second, second to last…, so equal
   // contiguous shares of the list carry equal causal work.
@@ -77,18 +89,18 @@ void MlaAttendExpandedImpl(const float* q, int64_t tokens, const int64_t* positi
     const int64_t count = std::min(super, last - start);
     const int64_t chunks = (count + kChunk - 1) / kChunk;
     for (int64_t j = 0; j < count; ++j)
-      std::copy_n(latents + (start + j) * row, d.latent, latent_only.begin() + j * d.latent);
-    LinearAuto(latent_only.data(), count, kv_b, kv.data());  // [count, H·(nope + v)]
+      std::copy_n(latents + (start + j) * row, d.latent, latent_only + j * d.latent);
+    LinearAuto(latent_only, count, kv_b, kv);  // [count, H·(nope + v)]
     // Keys past the end of the last chunk score (and weigh) zero.
-    std::fill(kv.begin() + count * H * kv_width, kv.begin() + chunks * kChunk * H * kv_width, 0.0f);
+    std::fill(kv + count * H * kv_width, kv + chunks * kChunk * H * kv_width, 0.0f);
     ThreadPool::Global().ParallelFor(
         static_cast<size_t>(H * chunks), [&](size_t begin, size_t end) {
           std::vector<float> rope_rows(static_cast<size_t>(kChunk * d.rope), 0.0f);
           for (size_t index = begin; index < end; ++index) {
             const int64_t h = static_cast<int64_t>(index) / chunks;
             const int64_t c = static_cast<int64_t>(index) % chunks;
-            float* target = layout.data() + (h * chunks_per_super + c) * chunk_floats;
-            const float* first = kv.data() + (c * kChunk * H + h) * kv_width;
+            float* target = layout + (h * chunks_per_super + c) * chunk_floats;
+            const float* first = kv + (c * kChunk * H + h) * kv_width;
             TransposeChunk(df, first, H * kv_width, d.nope, target);
             const int64_t valid = std::min(kChunk, count - c * kChunk);
             for (int64_t j = 0; j < kChunk; ++j)
@@ -111,7 +123,7 @@ void MlaAttendExpandedImpl(const float* q, int64_t tokens, const int64_t* positi
         const int64_t t_end = std::min(tokens, t_begin + kTokenBlock);
         for (int64_t c = 0; c < chunks; ++c) {
           const int64_t chunk_start = start + c * kChunk;
-          const float* columns = layout.data() + (h * chunks_per_super + c) * chunk_floats;
+          const float* columns = layout + (h * chunks_per_super + c) * chunk_floats;
           const float* values = columns + key_dims * kChunk;
           for (int64_t t0 = t_begin; t0 < t_end; t0 += kGroup) {
             const int64_t group = std::min(kGroup, t_end - t0);
