@@ -17,6 +17,7 @@
 #include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/panel_gemm.h"
+#include "kernels/cpu/weighted_sum.h"
 #include "model/feed_forward.h"
 #include "model/model.h"
 #include "tensor/packed_matrix.h"
@@ -581,6 +582,71 @@ TEST(AmxBf16Test, GroupedExpertsOnPairsGiveTheBitsOfTheUnfusedPath) {
     EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
         << tokens << " tokens";
   }
+}
+
+// The routing sum in the down products' copy-out: experts in ascending order over each thread's
+// columns, each row weighted into its token's row, from zero at the token's first term — the bits
+// of the expert rows summed one term at a time in that order (FinalizeRouting's arithmetic), the
+// last group (a shared expert) at weight 1.
+TEST(AmxBf16Test, DownProductsSummedIntoTheirTokensGiveTheBitsOfTheRowsSummed) {
+  const int64_t hidden = 256, width = 96, experts = 3, tokens = 7;
+  std::vector<testing::TestMatrix> storage;
+  std::vector<std::shared_ptr<const PackedMatrix>> pairs;
+  for (int64_t i = 0; i < 3 * experts; ++i) {
+    const bool down = i % 3 == 2;
+    storage.push_back(testing::RandomTestMatrix(DType::kBF16, down ? hidden : width,
+                                                down ? width : hidden,
+                                                static_cast<uint32_t>(90 + i), 32));
+    GlobalBf16Pairs() = true;
+    pairs.push_back(Pack(storage.back().view));
+    GlobalBf16Pairs() = false;
+  }
+  std::vector<kernels::ExpertPanels> group;
+  for (int64_t e = 0; e < experts; ++e)
+    group.push_back({pairs[3 * e].get(), pairs[3 * e + 1].get(), pairs[3 * e + 2].get()});
+  // Expert 0: tokens 1, 4; expert 1: tokens 0, 1, 5, 6; the last (shared): every token.
+  const std::vector<int64_t> offsets = {0, 2, 6, 6 + tokens};
+  std::vector<int64_t> token = {1, 4, 0, 1, 5, 6};
+  std::vector<float> weight = {0.75f, -1.5f, 2.0f, 0.3f, -0.6f, 1.25f};
+  for (int64_t t = 0; t < tokens; ++t) {
+    token.push_back(t);
+    weight.push_back(1.0f);
+  }
+  std::vector<uint8_t> first(token.size()), seen(tokens, 0);
+  for (size_t i = 0; i < token.size(); ++i) {
+    first[i] = seen[token[i]] == 0;
+    seen[token[i]] = 1;
+  }
+  auto x = testing::RandomRows(tokens, hidden, 44);
+  const int64_t rows = offsets.back();
+  std::vector<float> expert_rows(static_cast<size_t>(rows * hidden), -1.0f);
+  EXPECT_FALSE(kernels::GroupedExpertFfn(x.data(), offsets, group, hidden, expert_rows.data(),
+                                         token.data()));
+  std::vector<float> want(static_cast<size_t>(tokens * hidden), -2.0f);
+  for (int64_t i = 0; i < rows; ++i)
+    kernels::AddWeightedRow(want.data() + token[i] * hidden, expert_rows.data() + i * hidden,
+                            weight[i], hidden, first[i] != 0);
+  // The terms one at a time are WeightedRowSum's bits (0 + w·r, then + w·r, ...).
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<const float*> terms;
+    std::vector<float> term_weights;
+    for (int64_t i = 0; i < rows; ++i)
+      if (token[i] == t) {
+        terms.push_back(expert_rows.data() + i * hidden);
+        term_weights.push_back(weight[i]);
+      }
+    std::vector<float> sum(hidden);
+    kernels::WeightedRowSum(terms.data(), term_weights.data(), static_cast<int64_t>(terms.size()),
+                            nullptr, hidden, sum.data());
+    ASSERT_EQ(0, std::memcmp(sum.data(), want.data() + t * hidden, hidden * sizeof(float)))
+        << "token " << t;
+  }
+  std::vector<float> got(want.size(), -3.0f), untouched(expert_rows.size(), -4.0f);
+  const kernels::AmxRoutedRows sum{token.data(), weight.data(), first.data(), got.data(), hidden};
+  EXPECT_TRUE(kernels::GroupedExpertFfn(x.data(), offsets, group, hidden, untouched.data(),
+                                        token.data(), &sum));
+  EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+  EXPECT_EQ(untouched, std::vector<float>(expert_rows.size(), -4.0f));
 }
 
 // With --amx-bf16, plain and grouped expert products take the kernel: a row of an expert's

@@ -117,8 +117,8 @@ bool SharedExpertJoinsGroup(const MoeWeights& w) {
   return false;
 }
 
-void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* x, int64_t hidden,
-                float* expert_rows, bool with_shared) {
+bool RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* x, int64_t hidden,
+                float* expert_rows, bool with_shared, float* summed_out) {
   ScopedStage stage(Stage::kGroupedGemm);
   // The rows in expert order (the sort of init routing), then one grouped pass.
   const int64_t slots = static_cast<int64_t>(routing.sorted_slots.size());
@@ -146,8 +146,28 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
           {ff.gate_proj.packed.get(), ff.up_proj.packed.get(), ff.down_proj.packed.get()});
       offsets.push_back(slots + shared_rows);
     }
-    kernels::GroupedExpertFfn(x, offsets, panels, hidden, expert_rows, source.data());
-    return;
+    bool all_held = true;
+    for (const FeedForwardWeights& ff : w.experts)
+      all_held = all_held && !ff.empty();
+    if (summed_out == nullptr || !all_held || (!with_shared && !w.shared_experts.empty()))
+      return kernels::GroupedExpertFfn(x, offsets, panels, hidden, expert_rows, source.data());
+    // Each row's weight (the shared expert's 1: 1 · v is v, so its term is FinalizeRouting's
+    // plain add) and whether it is its token's first term: rows are in ascending expert order,
+    // the shared expert's last, as FinalizeRouting adds them.
+    const int64_t rows = slots + shared_rows;
+    std::vector<float> weights(static_cast<size_t>(rows), 1.0f);
+    std::vector<uint8_t> first(static_cast<size_t>(rows), 0);
+    std::vector<uint8_t> seen(static_cast<size_t>(routing.tokens), 0);
+    for (int64_t i = 0; i < rows; ++i) {
+      if (i < slots) weights[i] = routing.weights[routing.sorted_slots[i]];
+      first[i] = seen[source[i]] == 0;
+      seen[source[i]] = 1;
+    }
+    if (std::find(seen.begin(), seen.end(), uint8_t{0}) != seen.end())
+      return kernels::GroupedExpertFfn(x, offsets, panels, hidden, expert_rows, source.data());
+    const kernels::AmxRoutedRows sum{source.data(), weights.data(), first.data(), summed_out,
+                                     hidden};
+    return kernels::GroupedExpertFfn(x, offsets, panels, hidden, expert_rows, source.data(), &sum);
   }
   // Kept from call to call (MoeForwardRouted says why); by pointer for the workers.
   thread_local std::vector<float> input_buffer;
@@ -163,6 +183,7 @@ void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* 
                                      static_cast<size_t>(slots), gather);
   RunExpertsReference(w, routing, inputs, hidden, expert_rows);
   if (with_shared) FeedForward(w.shared_experts, x, shared_rows, expert_rows + slots * hidden);
+  return false;
 }
 
 void RunExpertsReference(const MoeWeights& w, const ExpertRouting& routing, const float* sorted_x,
@@ -228,7 +249,7 @@ void MoeForwardRouted(const ModelConfig& c, const MoeWeights& w, const ExpertRou
     if (w.experts[e].empty())
       std::fill(expert_rows + routing.expert_offsets[e] * D,
                 expert_rows + routing.expert_offsets[e + 1] * D, 0.0f);
-  RunExperts(w, routing, x, D, expert_rows, joined);
+  if (RunExperts(w, routing, x, D, expert_rows, joined, out)) return;  // summed in the pass
   std::vector<float> shared;
   const float* shared_rows = joined ? expert_rows + slots * D : nullptr;
   if (!joined && !w.shared_experts.empty()) {

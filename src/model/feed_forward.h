@@ -39,8 +39,12 @@ ExpertRouting RouteTokens(const ModelConfig& config, const MoeWeights& w, const 
 // x's rows, in the same grouped pass: one pool loop for the shared and routed gate and up, one
 // for their down, instead of three more loops (and one quantization of x fewer: FeedForward
 // quantizes it for gate and again for up).
-void RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* x, int64_t hidden,
-                float* expert_rows, bool with_shared = false);
+// With summed_out ([T, D]), where every routed expert is held here and the shared expert is in
+// the pass (or there is none), the grouped pass may add the rows into their tokens' sums itself
+// (FinalizeRouting's result and bits, the shared expert included) and leave expert_rows
+// unwritten: returns whether it did.
+bool RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* x, int64_t hidden,
+                float* expert_rows, bool with_shared = false, float* summed_out = nullptr);
 // Whether the shared expert can run in the routed experts' grouped pass with the same bits as
 // FeedForward: GGML blocks or bf16 pairs (each row's products depend on its own activations
 // only, on either path; pairs take the grouped pass in FeedForward too) and the routed experts'

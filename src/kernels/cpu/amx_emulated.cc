@@ -85,4 +85,10 @@ void Bf16GateUpEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& g
                                 ConvertPairsPortable, &fused);
 }
 
+void Bf16RoutedEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, const AmxRoutedRows& rows) {
+  Bf16PanelsBody<EmulatedTiles>(x_bf16, m, w, panel_begin, panel_end, nullptr, ConvertPairsPortable,
+                                nullptr, &rows);
+}
+
 }  // namespace sy::kernels::amx_detail

@@ -132,6 +132,12 @@ void Bf16GateUpHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& g
                                 ConvertPairsAvx512, &fused);
 }
 
+void Bf16RoutedHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, const AmxRoutedRows& rows) {
+  Bf16PanelsBody<HardwareTiles>(x_bf16, m, w, panel_begin, panel_end, nullptr, ConvertPairsAvx512,
+                                nullptr, &rows);
+}
+
 void ToBf16RowsHardware(const float* x, int64_t m, int64_t cols, uint16_t* out) {
   ToBf16RowsForDot(x, m, cols, out);  // AVX-512 BF16's rounding, as the dot kernel's
 }
@@ -148,6 +154,8 @@ void GgmlPanelsHardware(const Q8Rows&, int64_t, int64_t, const PackedMatrix&, in
 void Bf16PanelsHardware(const uint16_t*, int64_t, const PackedMatrix&, int64_t, int64_t, float*) {}
 void Bf16GateUpHardware(const uint16_t*, int64_t, const PackedMatrix&, const PackedMatrix&, int64_t,
                         int64_t, uint16_t*) {}
+void Bf16RoutedHardware(const uint16_t*, int64_t, const PackedMatrix&, int64_t, int64_t,
+                        const AmxRoutedRows&) {}
 double PeakLoopHardware(bool, int64_t) {
   return 0;
 }

@@ -276,6 +276,16 @@ void AmxBf16GateUpPanels(AmxBackend backend, const uint16_t* x_bf16, int64_t m,
   }
 }
 
+void AmxBf16RoutedPanels(AmxBackend backend, const uint16_t* x_bf16, int64_t m,
+                         const PackedMatrix& w, int64_t panel_begin, int64_t panel_end,
+                         const AmxRoutedRows& rows) {
+  if (backend == AmxBackend::kHardware) {
+    amx_detail::Bf16RoutedHardware(x_bf16, m, w, panel_begin, panel_end, rows);
+  } else {
+    amx_detail::Bf16RoutedEmulated(x_bf16, m, w, panel_begin, panel_end, rows);
+  }
+}
+
 bool UseAmxBf16(const PackedMatrix& w) {
   // Panels of bf16 pairs have no other reader: where the tiles went away since they were laid
   // out (tests, `--max-isa`), AmxBf16Panels runs them on the emulator.

@@ -97,6 +97,23 @@ bool AmxGateUpFuses(const PackedMatrix& gate, const PackedMatrix& up);
 void AmxBf16GateUpPanels(AmxBackend backend, const uint16_t* x_bf16, int64_t m,
                          const PackedMatrix& gate, const PackedMatrix& up, int64_t panel_begin,
                          int64_t panel_end, uint16_t* out);
+// An expert's down products summed into its tokens' rows (the routing sum of
+// model/feed_forward.h's FinalizeRouting, done in the kernel's copy-out): row r of the call adds
+// weight[r] · its outputs into out's row token[r] (out_stride apart), from zero where first[r] —
+// AddWeightedRow's arithmetic, so called expert by expert in ascending order for a range of
+// columns, each token's sum has FinalizeRouting's bits.
+struct AmxRoutedRows {
+  const int64_t* token = nullptr;
+  const float* weight = nullptr;
+  const uint8_t* first = nullptr;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+};
+// AmxBf16Panels's products for panels [panel_begin, panel_end), added into rows.out at those
+// columns instead of written to y. One thread.
+void AmxBf16RoutedPanels(AmxBackend backend, const uint16_t* x_bf16, int64_t m,
+                         const PackedMatrix& w, int64_t panel_begin, int64_t panel_end,
+                         const AmxRoutedRows& rows);
 // Whether fp8 and bf16 products take the AMX bf16 kernel: KernelOptions::amx_bf16, a backend,
 // and w applies; always for panels of bf16 pairs (no other kernel reads them).
 bool UseAmxBf16(const PackedMatrix& w);
@@ -136,6 +153,10 @@ void Bf16PanelsEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w
                         int64_t panel_begin, int64_t panel_end, float* y);
 void Bf16PanelsHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                         int64_t panel_begin, int64_t panel_end, float* y);
+void Bf16RoutedEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, const AmxRoutedRows& rows);
+void Bf16RoutedHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
+                        int64_t panel_begin, int64_t panel_end, const AmxRoutedRows& rows);
 void Bf16GateUpEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& gate,
                         const PackedMatrix& up, int64_t panel_begin, int64_t panel_end,
                         uint16_t* out);

@@ -19,6 +19,7 @@
 #include "kernels/cpu/ggml_gemm.h"
 #include "kernels/cpu/mla_decode.h"
 #include "kernels/cpu/row_tiles.h"
+#include "kernels/cpu/weighted_sum.h"
 #include "tensor/dtype.h"
 #include "tensor/ggml_quants.h"
 #include "tensor/packed_matrix.h"
@@ -352,7 +353,8 @@ struct Bf16GateUp {
 template <class Tiles, typename ConvertPairs>
 SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                                   int64_t panel_begin, int64_t panel_end, float* y,
-                                  ConvertPairs convert, const Bf16GateUp* gate_up = nullptr) {
+                                  ConvertPairs convert, const Bf16GateUp* gate_up = nullptr,
+                                  const AmxRoutedRows* routed = nullptr) {
   if (m <= 0 || panel_begin >= panel_end) return;
   thread_local std::vector<float> state;
   thread_local std::vector<uint16_t> pairs;
@@ -486,6 +488,30 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
         gate_up->silu_mul(row_gate.data(), row_up.data(), valid);
         gate_up->to_bf16(row_gate.data(), 1, valid,
                          gate_up->out + (r0 + r) * gate_up->out_stride + panel_begin * kPanelRows);
+      }
+      continue;
+    }
+    if (routed != nullptr) {  // each row weighted into its token's sum
+      row_gate.resize(static_cast<size_t>(panels * kPanelRows));
+      constexpr int64_t kAhead = 2;  // rows whose sums are fetched ahead of their turn
+      auto fetch = [&](int64_t row) {
+        const float* sums =
+            routed->out + routed->token[row] * routed->out_stride + panel_begin * kPanelRows;
+        for (int64_t i = 0; i < valid; i += kPanelRows)
+          __builtin_prefetch(sums + i, 1);
+      };
+      for (int64_t r = 0; r < std::min(kAhead, rows); ++r)
+        fetch(r0 + r);
+      for (int64_t r = 0; r < rows; ++r) {
+        if (r + kAhead < rows) fetch(r0 + r + kAhead);
+        const float* in = state.data() + r * kPanelRows;
+        for (int64_t p = 0; p < panels; ++p)
+          std::memcpy(row_gate.data() + p * kPanelRows, in + p * padded * kPanelRows,
+                      kPanelRows * sizeof(float));
+        const int64_t row = r0 + r;
+        AddWeightedRow(
+            routed->out + routed->token[row] * routed->out_stride + panel_begin * kPanelRows,
+            row_gate.data(), routed->weight[row], valid, routed->first[row] != 0);
       }
       continue;
     }

@@ -135,14 +135,14 @@ constexpr double kStreamRows = 3;
 
 }  // namespace
 
-void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
+bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
                       const std::vector<ExpertPanels>& experts, int64_t hidden, float* out,
-                      const int64_t* source_rows) {
+                      const int64_t* source_rows, const AmxRoutedRows* routed_sum) {
   const int64_t experts_count = static_cast<int64_t>(experts.size());
   int64_t width = 0;
   for (const auto& e : experts)
     if (e.gate) width = e.gate->rows;
-  if (width == 0) return;
+  if (width == 0) return false;
   const int64_t rows = offsets[experts_count];
   auto source_row = [&](int64_t i) {
     return x + (source_rows != nullptr ? source_rows[i] : i) * hidden;
@@ -318,13 +318,40 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
                           *experts[e].gate, *experts[e].up, items[i].panel, items[i].panel_end,
                           x_down[e].get());
     });
+    if (routed_sum != nullptr) {
+      // Each thread its share of down's columns for every expert, experts in ascending order,
+      // adding into the tokens' sums: each token's terms come in FinalizeRouting's order, and
+      // the expert rows are never written (at a prompt's thousands of rows, 80 MB a layer
+      // written and read back). Every expert has down's shape, so equal shares are equal work.
+      int64_t panels = 0;
+      for (const auto& e : experts)
+        if (e.down) panels = e.down->panels;
+      const size_t threads = static_cast<size_t>(ThreadPool::Global().size());
+      ThreadPool::Global().ParallelFor(threads, [&](size_t begin, size_t end) {
+        for (size_t t = begin; t < end; ++t) {
+          const int64_t p0 = panels * static_cast<int64_t>(t) / static_cast<int64_t>(threads);
+          const int64_t p1 = panels * static_cast<int64_t>(t + 1) / static_cast<int64_t>(threads);
+          for (int64_t e = 0; e < experts_count && p0 < p1; ++e) {
+            const int64_t first = offsets[e], count = offsets[e + 1] - first;
+            if (count == 0 || experts[e].gate == nullptr) continue;
+            AmxRoutedRows rows = *routed_sum;
+            rows.token += first;
+            rows.weight += first;
+            rows.first += first;
+            AmxBf16RoutedPanels(ActiveAmxBackend(), x_down[e].get(), count, *experts[e].down, p0,
+                                p1, rows);
+          }
+        }
+      });
+      return true;
+    }
     items = build_items(true);
     BalancedFor(items.size(), item_cost, [&](size_t i) {
       const int64_t e = items[i].expert, first = offsets[e];
       AmxBf16Panels(ActiveAmxBackend(), x_down[e].get(), offsets[e + 1] - first, *experts[e].down,
                     items[i].panel, items[i].panel_end, out + first * hidden);
     });
-    return;
+    return false;
   }
   BalancedFor(items.size(), item_cost, [&](size_t i) {
     const int64_t e = items[i].expert, p = items[i].panel, p_end = items[i].panel_end;
@@ -363,6 +390,7 @@ void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
             ggml_all ? x_ggml_all : x_ggml[e], ggml_all ? first : 0, first, count, down, p, p_end,
             out + first * hidden);
   });
+  return false;
 }
 
 }  // namespace sy::kernels

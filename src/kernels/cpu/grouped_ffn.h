@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/amx_kernels.h"
 #include "tensor/packed_matrix.h"
 
 namespace sy::kernels {
@@ -25,8 +26,14 @@ struct ExpertPanels {
 //                          for each of its experts, unsorted): the f32 rows are then copied in
 //                          expert order only where a path reads them (the AMX path rounds each
 //                          to bf16 straight from x).
-void GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
+// routed_sum: null, or where the batch's rows are summed per token (AmxRoutedRows, over the
+//                          whole batch: row i weighs weight[i] into out's row token[i]): on the
+//                          fused AMX path the down products add themselves there, expert by
+//                          expert in ascending order over each thread's columns, and `out` is not
+//                          written. Returns whether it did (else `out` holds the rows).
+bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
                       const std::vector<ExpertPanels>& experts, int64_t hidden, float* out,
-                      const int64_t* source_rows = nullptr);
+                      const int64_t* source_rows = nullptr,
+                      const AmxRoutedRows* routed_sum = nullptr);
 
 }  // namespace sy::kernels

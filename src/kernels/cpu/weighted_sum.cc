@@ -36,6 +36,19 @@ void WeightedRowSumImpl(const float* const* rows, const float* weights, int64_t 
   }
 }
 
+void AddWeightedRowImpl(float* acc, const float* row, float weight, int64_t n, bool first) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto w = hn::Set(df, weight);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto sum = first ? hn::Zero(df) : hn::LoadU(df, acc + i);
+    hn::StoreU(hn::Add(sum, hn::Mul(w, hn::LoadU(df, row + i))), df, acc + i);
+  }
+  for (; i < n; ++i)
+    acc[i] = (first ? 0.0f : acc[i]) + weight * row[i];
+}
+
 }  // namespace sy::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -43,10 +56,15 @@ HWY_AFTER_NAMESPACE();
 namespace sy::kernels {
 
 HWY_EXPORT(WeightedRowSumImpl);
+HWY_EXPORT(AddWeightedRowImpl);
 
 void WeightedRowSum(const float* const* rows, const float* weights, int64_t count,
                     const float* extra, int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(WeightedRowSumImpl)(rows, weights, count, extra, n, out);
+}
+
+void AddWeightedRow(float* acc, const float* row, float weight, int64_t n, bool first) {
+  HWY_DYNAMIC_DISPATCH(AddWeightedRowImpl)(acc, row, weight, n, first);
 }
 
 }  // namespace sy::kernels

@@ -11,4 +11,8 @@ namespace sy::kernels {
 void WeightedRowSum(const float* const* rows, const float* weights, int64_t count,
                     const float* extra, int64_t n, float* out);
 
+// One term of that sum for n values: acc[i] = (first ? 0 : acc[i]) + weight·row[i], the product
+// rounded, then the sum — WeightedRowSum's steps one term at a time, with its bits.
+void AddWeightedRow(float* acc, const float* row, float weight, int64_t n, bool first);
+
 }  // namespace sy::kernels
