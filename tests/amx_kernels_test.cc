@@ -510,29 +510,48 @@ TEST(AmxBf16Test, SiluMulGivesTheSameBitsWhereverARangeEnds) {
   }
 }
 
+// `experts` experts' random gate, up and down ([width, hidden], [width, hidden], [hidden,
+// width]), in that order, and the same packed (bf16 weights as tile pairs where `pairs`).
+struct TestExperts {
+  std::vector<testing::TestMatrix> storage;
+  std::vector<std::shared_ptr<const PackedMatrix>> packed;
+
+  TestExperts(DType dtype, int64_t experts, int64_t hidden, int64_t width, uint32_t seed,
+              int64_t block) {
+    for (int64_t i = 0; i < 3 * experts; ++i) {
+      const bool down = i % 3 == 2;
+      storage.push_back(testing::RandomTestMatrix(dtype, down ? hidden : width,
+                                                  down ? width : hidden,
+                                                  seed + static_cast<uint32_t>(i), block));
+    }
+  }
+  std::vector<std::shared_ptr<const PackedMatrix>> Packed(bool pairs) const {
+    std::vector<std::shared_ptr<const PackedMatrix>> out;
+    GlobalBf16Pairs() = pairs;
+    for (const auto& m : storage)
+      out.push_back(Pack(m.view));
+    GlobalBf16Pairs() = false;
+    return out;
+  }
+  static std::vector<kernels::ExpertPanels> Groups(
+      const std::vector<std::shared_ptr<const PackedMatrix>>& packed) {
+    std::vector<kernels::ExpertPanels> groups;
+    for (size_t e = 0; e + 2 < packed.size(); e += 3)
+      groups.push_back({packed[e].get(), packed[e + 1].get(), packed[e + 2].get()});
+    return groups;
+  }
+};
+
 // Experts and a dense feed-forward on panels of bf16 pairs take the fused gate and up, with the
 // bits of the same weights in column panels through the unfused path of the same kernel.
 TEST(AmxBf16Test, GroupedExpertsOnPairsGiveTheBitsOfTheUnfusedPath) {
   const int64_t hidden = 256, width = 96, experts = 3;
-  std::vector<testing::TestMatrix> storage;
-  std::vector<std::shared_ptr<const PackedMatrix>> columns, pairs;
-  for (int64_t i = 0; i < 3 * experts; ++i) {
-    const bool down = i % 3 == 2;
-    storage.push_back(testing::RandomTestMatrix(DType::kBF16, down ? hidden : width,
-                                                down ? width : hidden,
-                                                static_cast<uint32_t>(70 + i), 32));
-    columns.push_back(Pack(storage.back().view));
-    GlobalBf16Pairs() = true;
-    pairs.push_back(Pack(storage.back().view));
-    GlobalBf16Pairs() = false;
-    ASSERT_TRUE(pairs.back()->bf16_pairs);
-  }
-  std::vector<kernels::ExpertPanels> on_columns, on_pairs;
-  for (int64_t e = 0; e < experts; ++e) {
-    on_columns.push_back(
-        {columns[3 * e].get(), columns[3 * e + 1].get(), columns[3 * e + 2].get()});
-    on_pairs.push_back({pairs[3 * e].get(), pairs[3 * e + 1].get(), pairs[3 * e + 2].get()});
-  }
+  const TestExperts weights(DType::kBF16, experts, hidden, width, 70, 32);
+  const auto& storage = weights.storage;
+  const auto columns = weights.Packed(false), pairs = weights.Packed(true);
+  for (const auto& p : pairs)
+    ASSERT_TRUE(p->bf16_pairs);
+  const auto on_columns = TestExperts::Groups(columns), on_pairs = TestExperts::Groups(pairs);
   for (const std::vector<int64_t>& offsets :
        {std::vector<int64_t>{0, 1, 3, 20}, std::vector<int64_t>{0, 0, 290, 300}}) {
     auto x = testing::RandomRows(offsets.back(), hidden, 32);
@@ -563,7 +582,7 @@ TEST(AmxBf16Test, GroupedExpertsOnPairsGiveTheBitsOfTheUnfusedPath) {
   }
   // The dense feed-forward: on pairs, one group of the fused pass; on column panels, its three
   // products and SiluMul one after another.
-  auto weights = [&](const std::vector<std::shared_ptr<const PackedMatrix>>& packed) {
+  auto dense = [&](const std::vector<std::shared_ptr<const PackedMatrix>>& packed) {
     FeedForwardWeights w;
     Matrix* m[3] = {&w.gate_proj, &w.up_proj, &w.down_proj};
     for (int i = 0; i < 3; ++i) {
@@ -576,9 +595,9 @@ TEST(AmxBf16Test, GroupedExpertsOnPairsGiveTheBitsOfTheUnfusedPath) {
     auto x = testing::RandomRows(tokens, hidden, 33);
     std::vector<float> want(x.size(), -1.0f), got(x.size(), -2.0f);
     kernels::GlobalKernelOptions().amx_bf16 = true;
-    FeedForward(weights(columns), x.data(), tokens, want.data());
+    FeedForward(dense(columns), x.data(), tokens, want.data());
     kernels::GlobalKernelOptions().amx_bf16 = false;
-    FeedForward(weights(pairs), x.data(), tokens, got.data());
+    FeedForward(dense(pairs), x.data(), tokens, got.data());
     EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
         << tokens << " tokens";
   }
@@ -590,20 +609,9 @@ TEST(AmxBf16Test, GroupedExpertsOnPairsGiveTheBitsOfTheUnfusedPath) {
 // last group (a shared expert) at weight 1.
 TEST(AmxBf16Test, DownProductsSummedIntoTheirTokensGiveTheBitsOfTheRowsSummed) {
   const int64_t hidden = 256, width = 96, experts = 3, tokens = 7;
-  std::vector<testing::TestMatrix> storage;
-  std::vector<std::shared_ptr<const PackedMatrix>> pairs;
-  for (int64_t i = 0; i < 3 * experts; ++i) {
-    const bool down = i % 3 == 2;
-    storage.push_back(testing::RandomTestMatrix(DType::kBF16, down ? hidden : width,
-                                                down ? width : hidden,
-                                                static_cast<uint32_t>(90 + i), 32));
-    GlobalBf16Pairs() = true;
-    pairs.push_back(Pack(storage.back().view));
-    GlobalBf16Pairs() = false;
-  }
-  std::vector<kernels::ExpertPanels> group;
-  for (int64_t e = 0; e < experts; ++e)
-    group.push_back({pairs[3 * e].get(), pairs[3 * e + 1].get(), pairs[3 * e + 2].get()});
+  const TestExperts weights(DType::kBF16, experts, hidden, width, 90, 32);
+  const auto pairs = weights.Packed(true);
+  const auto group = TestExperts::Groups(pairs);
   // Expert 0: tokens 1, 4; expert 1: tokens 0, 1, 5, 6; the last (shared): every token.
   const std::vector<int64_t> offsets = {0, 2, 6, 6 + tokens};
   std::vector<int64_t> token = {1, 4, 0, 1, 5, 6};
@@ -656,20 +664,11 @@ TEST(AmxBf16Test, LinearAndGroupedExpertsTakeItWhenAsked) {
   const AmxBackend backend = kernels::ActiveAmxBackend();
   ASSERT_NE(backend, AmxBackend::kNone);
   const int64_t hidden = 256, width = 128, experts = 3;
-  std::vector<testing::TestMatrix> storage;
-  std::vector<std::shared_ptr<const PackedMatrix>> packed;
-  for (int64_t i = 0; i < 3 * experts; ++i) {
-    const bool down = i % 3 == 2;
-    storage.push_back(testing::RandomTestMatrix(DType::kF8E4M3, down ? hidden : width,
-                                                down ? width : hidden,
-                                                static_cast<uint32_t>(40 + i), 128));
-    packed.push_back(Pack(storage.back().view));
-  }
+  const TestExperts weights(DType::kF8E4M3, experts, hidden, width, 40, 128);
+  const auto packed = weights.Packed(false);
   EXPECT_NE(std::string(kernels::KernelPathName(1, *packed[0])).find("amx-bf16"),
             std::string::npos);
-  std::vector<kernels::ExpertPanels> panels;
-  for (int64_t e = 0; e < experts; ++e)
-    panels.push_back({packed[3 * e].get(), packed[3 * e + 1].get(), packed[3 * e + 2].get()});
+  const auto panels = TestExperts::Groups(packed);
   const std::vector<int64_t> offsets = {0, 1, 3, 20};  // 1, 2 and 17 rows
   auto x = testing::RandomRows(offsets.back(), hidden, 31);
   std::vector<float> grouped(x.size(), -1.0f);
