@@ -449,48 +449,60 @@ TEST(AmxBf16Test, FusedGateAndUpGiveTheBitsOfTheProductsOneAfterAnother) {
   struct Case {
     int64_t width, hidden, m, first_panel, end_panel;
   };
-  for (AmxBackend backend : Backends()) {
-    for (Case c : std::vector<Case>{{16, 32, 1, 0, 1},
-                                    {40, 96, 5, 0, 3},
-                                    {72, 320, 17, 1, 4},
-                                    {128, 64, 300, 2, 8},
-                                    {48, 1088, 33, 0, 3}}) {
-      testing::TestMatrix g = testing::RandomTestMatrix(
-          DType::kBF16, c.width, c.hidden, static_cast<uint32_t>(c.width + c.hidden), 32);
-      testing::TestMatrix u = testing::RandomTestMatrix(
-          DType::kBF16, c.width, c.hidden, static_cast<uint32_t>(3 * c.width + c.m), 32);
-      GlobalBf16Pairs() = true;
-      auto gate = Pack(g.view), up = Pack(u.view);
-      GlobalBf16Pairs() = false;
-      ASSERT_TRUE(kernels::AmxGateUpFuses(*gate, *up));
-      const std::string what = std::string(kernels::AmxBackendName(backend)) + " " +
-                               std::to_string(c.width) + "x" + std::to_string(c.hidden) + " m " +
-                               std::to_string(c.m);
-      auto x = testing::RandomRows(c.m, c.hidden, 17);
-      std::vector<uint16_t> xb(static_cast<size_t>(kernels::AmxBf16Elements(c.m, c.hidden)));
-      kernels::AmxToBf16Rows(backend, x.data(), c.m, c.hidden, xb.data());
-      const size_t out_size = static_cast<size_t>(kernels::AmxBf16Elements(c.m, c.width));
-      std::vector<uint16_t> got(out_size, 0xabcd);
-      kernels::AmxBf16GateUpPanels(backend, xb.data(), c.m, *gate, *up, c.first_panel, c.end_panel,
-                                   got.data());
-      // One after another: both products whole, SiluMul on the columns, then the rounding.
-      auto y_gate = AmxBf16Product(backend, *gate, x, c.m, 0, gate->panels);
-      auto y_up = AmxBf16Product(backend, *up, x, c.m, 0, up->panels);
-      const int64_t c0 = c.first_panel * kPanelRows;
-      const int64_t c1 = std::min(c.width, c.end_panel * kPanelRows);
-      for (int64_t r = 0; r < c.m; ++r)
-        kernels::SiluMul(y_gate.data() + r * c.width + c0, y_up.data() + r * c.width + c0, c1 - c0);
-      std::vector<uint16_t> want(out_size, 0);
-      kernels::AmxToBf16Rows(backend, y_gate.data(), c.m, c.width, want.data());
-      const int64_t stride = kernels::AmxBf16RowStride(c.width);
-      for (int64_t r = 0; r < c.m; ++r)
-        for (int64_t col = 0; col < stride; ++col) {
-          const size_t at = static_cast<size_t>(r * stride + col);
-          const uint16_t expected = col >= c0 && col < c1 ? want[at] : uint16_t{0xabcd};
-          ASSERT_EQ(expected, got[at]) << what << " row " << r << " column " << col;
-        }
-    }
-  }
+  // bf16 laid out as the tiles, bf16 in column panels and fp8 (both converted a unit at a time,
+  // fp8 with 64- and 128-column scale blocks).
+  struct Weights {
+    DType dtype;
+    bool pairs;
+    int64_t block;
+  };
+  for (AmxBackend backend : Backends())
+    for (Weights kind : {Weights{DType::kBF16, true, 32}, Weights{DType::kBF16, false, 32},
+                         Weights{DType::kF8E4M3, false, 64}, Weights{DType::kF8E4M3, false, 128}})
+      for (Case c : std::vector<Case>{{16, 128, 1, 0, 1},
+                                      {40, 256, 5, 0, 3},
+                                      {72, 384, 17, 1, 4},
+                                      {128, 128, 300, 2, 8},
+                                      {48, 1152, 33, 0, 3}}) {
+        testing::TestMatrix g = testing::RandomTestMatrix(
+            kind.dtype, c.width, c.hidden, static_cast<uint32_t>(c.width + c.hidden), kind.block);
+        testing::TestMatrix u = testing::RandomTestMatrix(
+            kind.dtype, c.width, c.hidden, static_cast<uint32_t>(3 * c.width + c.m), kind.block);
+        for (float& scale : u.scales)  // not gate's (the test matrices' scales follow the index)
+          scale *= 1.75f;
+        GlobalBf16Pairs() = kind.pairs;
+        auto gate = Pack(g.view), up = Pack(u.view);
+        GlobalBf16Pairs() = false;
+        ASSERT_TRUE(kernels::AmxGateUpFuses(*gate, *up));
+        const std::string what = std::string(kernels::AmxBackendName(backend)) + " " +
+                                 std::string(DTypeName(kind.dtype)) +
+                                 (kind.pairs ? " pairs " : " ") + std::to_string(c.width) + "x" +
+                                 std::to_string(c.hidden) + " m " + std::to_string(c.m);
+        auto x = testing::RandomRows(c.m, c.hidden, 17);
+        std::vector<uint16_t> xb(static_cast<size_t>(kernels::AmxBf16Elements(c.m, c.hidden)));
+        kernels::AmxToBf16Rows(backend, x.data(), c.m, c.hidden, xb.data());
+        const size_t out_size = static_cast<size_t>(kernels::AmxBf16Elements(c.m, c.width));
+        std::vector<uint16_t> got(out_size, 0xabcd);
+        kernels::AmxBf16GateUpPanels(backend, xb.data(), c.m, *gate, *up, c.first_panel,
+                                     c.end_panel, got.data());
+        // One after another: both products whole, SiluMul on the columns, then the rounding.
+        auto y_gate = AmxBf16Product(backend, *gate, x, c.m, 0, gate->panels);
+        auto y_up = AmxBf16Product(backend, *up, x, c.m, 0, up->panels);
+        const int64_t c0 = c.first_panel * kPanelRows;
+        const int64_t c1 = std::min(c.width, c.end_panel * kPanelRows);
+        for (int64_t r = 0; r < c.m; ++r)
+          kernels::SiluMul(y_gate.data() + r * c.width + c0, y_up.data() + r * c.width + c0,
+                           c1 - c0);
+        std::vector<uint16_t> want(out_size, 0);
+        kernels::AmxToBf16Rows(backend, y_gate.data(), c.m, c.width, want.data());
+        const int64_t stride = kernels::AmxBf16RowStride(c.width);
+        for (int64_t r = 0; r < c.m; ++r)
+          for (int64_t col = 0; col < stride; ++col) {
+            const size_t at = static_cast<size_t>(r * stride + col);
+            const uint16_t expected = col >= c0 && col < c1 ? want[at] : uint16_t{0xabcd};
+            ASSERT_EQ(expected, got[at]) << what << " row " << r << " column " << col;
+          }
+      }
 }
 
 // A SiLU·up value's bits do not depend on where the call's range ends (the tail takes the
@@ -523,6 +535,8 @@ struct TestExperts {
       storage.push_back(testing::RandomTestMatrix(dtype, down ? hidden : width,
                                                   down ? width : hidden,
                                                   seed + static_cast<uint32_t>(i), block));
+      for (float& scale : storage.back().scales)  // each matrix its own fp8 scales
+        scale *= 1.0f + 0.25f * static_cast<float>(i);
     }
   }
   std::vector<std::shared_ptr<const PackedMatrix>> Packed(bool pairs) const {
@@ -542,64 +556,82 @@ struct TestExperts {
   }
 };
 
-// Experts and a dense feed-forward on panels of bf16 pairs take the fused gate and up, with the
-// bits of the same weights in column panels through the unfused path of the same kernel.
-TEST(AmxBf16Test, GroupedExpertsOnPairsGiveTheBitsOfTheUnfusedPath) {
+// Experts and a dense feed-forward on the AMX kernel (bf16 pairs; fp8 and bf16 column panels
+// under --amx-bf16) take the fused gate and up, with the bits of each row's plain products one
+// after another: gate, up, SiluMul, down (a row's bits do not depend on its batch). Rows taken
+// from their source rows give the same bits, on the fused path (rounded from there) and on one
+// that copies them first (the dot kernel's).
+TEST(AmxBf16Test, GroupedExpertsOnTheTilesGiveTheBitsOfTheirPlainProducts) {
   const int64_t hidden = 256, width = 96, experts = 3;
-  const TestExperts weights(DType::kBF16, experts, hidden, width, 70, 32);
-  const auto& storage = weights.storage;
-  const auto columns = weights.Packed(false), pairs = weights.Packed(true);
-  for (const auto& p : pairs)
-    ASSERT_TRUE(p->bf16_pairs);
-  const auto on_columns = TestExperts::Groups(columns), on_pairs = TestExperts::Groups(pairs);
-  for (const std::vector<int64_t>& offsets :
-       {std::vector<int64_t>{0, 1, 3, 20}, std::vector<int64_t>{0, 0, 290, 300}}) {
-    auto x = testing::RandomRows(offsets.back(), hidden, 32);
-    std::vector<float> want(x.size(), -1.0f), got(x.size(), -2.0f);
-    kernels::GlobalKernelOptions().amx_bf16 = true;  // column panels on the same kernel
-    kernels::GroupedExpertFfn(x.data(), offsets, on_columns, hidden, want.data());
-    kernels::GlobalKernelOptions().amx_bf16 = false;
-    kernels::GroupedExpertFfn(x.data(), offsets, on_pairs, hidden, got.data());
-    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
-        << offsets.back() << " rows";
-    // The rows taken from their source rows (in reverse here) instead of copied in order: the
-    // fused path rounds them from there, the other one copies them first.
-    std::vector<float> sources(x.size());
-    std::vector<int64_t> source_rows(static_cast<size_t>(offsets.back()));
-    for (int64_t i = 0; i < offsets.back(); ++i) {
-      source_rows[i] = offsets.back() - 1 - i;
-      std::copy_n(x.data() + i * hidden, hidden, sources.data() + source_rows[i] * hidden);
-    }
-    for (bool fused : {true, false}) {
+  struct Weights {
+    DType dtype;
+    bool pairs;
+    int64_t block;
+  };
+  for (Weights kind : {Weights{DType::kBF16, true, 32}, Weights{DType::kF8E4M3, false, 128},
+                       Weights{DType::kBF16, false, 32}}) {
+    kernels::GlobalKernelOptions().amx_bf16 = !kind.pairs;
+    const TestExperts weights(kind.dtype, experts, hidden, width, 70, kind.block);
+    const auto packed = weights.Packed(kind.pairs);
+    ASSERT_TRUE(kernels::UseAmxBf16(*packed[0]));
+    const auto group = TestExperts::Groups(packed);
+    const std::string what = std::string(DTypeName(kind.dtype)) + (kind.pairs ? " pairs" : "");
+    auto plain = [&](int64_t e, const float* row, float* out) {
+      std::vector<float> gate(width), up(width);
+      kernels::LinearPacked(row, 1, *packed[3 * e], gate.data());
+      kernels::LinearPacked(row, 1, *packed[3 * e + 1], up.data());
+      kernels::SiluMul(gate.data(), up.data(), width);
+      kernels::LinearPacked(gate.data(), 1, *packed[3 * e + 2], out);
+    };
+    for (const std::vector<int64_t>& offsets :
+         {std::vector<int64_t>{0, 1, 3, 20}, std::vector<int64_t>{0, 0, 290, 300}}) {
+      auto x = testing::RandomRows(offsets.back(), hidden, 32);
+      std::vector<float> want(x.size(), -1.0f), got(x.size(), -2.0f);
+      for (int64_t e = 0; e < experts; ++e)
+        for (int64_t t = offsets[e]; t < offsets[e + 1]; ++t)
+          plain(e, x.data() + t * hidden, want.data() + t * hidden);
+      kernels::GroupedExpertFfn(x.data(), offsets, group, hidden, got.data());
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+          << what << ", " << offsets.back() << " rows";
+      std::vector<float> sources(x.size());
+      std::vector<int64_t> source_rows(static_cast<size_t>(offsets.back()));
+      for (int64_t i = 0; i < offsets.back(); ++i) {
+        source_rows[i] = offsets.back() - 1 - i;
+        std::copy_n(x.data() + i * hidden, hidden, sources.data() + source_rows[i] * hidden);
+      }
       std::vector<float> from_sources(x.size(), -3.0f);
-      kernels::GlobalKernelOptions().amx_bf16 = !fused;
-      kernels::GroupedExpertFfn(sources.data(), offsets, fused ? on_pairs : on_columns, hidden,
-                                from_sources.data(), source_rows.data());
-      kernels::GlobalKernelOptions().amx_bf16 = false;
+      kernels::GroupedExpertFfn(sources.data(), offsets, group, hidden, from_sources.data(),
+                                source_rows.data());
       EXPECT_EQ(0, std::memcmp(want.data(), from_sources.data(), want.size() * sizeof(float)))
-          << offsets.back() << " rows from their sources, fused " << fused;
+          << what << ", " << offsets.back() << " rows from their sources";
+      if (kind.dtype == DType::kBF16 && !kind.pairs) {  // the dot kernel: rows copied first
+        kernels::GlobalKernelOptions().amx_bf16 = false;
+        std::vector<float> copied(x.size(), -4.0f), in_order(x.size(), -5.0f);
+        kernels::GroupedExpertFfn(x.data(), offsets, group, hidden, in_order.data());
+        kernels::GroupedExpertFfn(sources.data(), offsets, group, hidden, copied.data(),
+                                  source_rows.data());
+        EXPECT_EQ(0, std::memcmp(in_order.data(), copied.data(), x.size() * sizeof(float)))
+            << offsets.back() << " rows copied from their sources";
+        kernels::GlobalKernelOptions().amx_bf16 = true;
+      }
     }
-  }
-  // The dense feed-forward: on pairs, one group of the fused pass; on column panels, its three
-  // products and SiluMul one after another.
-  auto dense = [&](const std::vector<std::shared_ptr<const PackedMatrix>>& packed) {
-    FeedForwardWeights w;
-    Matrix* m[3] = {&w.gate_proj, &w.up_proj, &w.down_proj};
+    // The dense feed-forward: one group of the fused pass.
+    FeedForwardWeights dense;
+    Matrix* m[3] = {&dense.gate_proj, &dense.up_proj, &dense.down_proj};
     for (int i = 0; i < 3; ++i) {
-      *m[i] = storage[i].view;
+      *m[i] = weights.storage[i].view;
       m[i]->packed = packed[i];
     }
-    return w;
-  };
-  for (int64_t tokens : {1, 7, 40}) {
-    auto x = testing::RandomRows(tokens, hidden, 33);
-    std::vector<float> want(x.size(), -1.0f), got(x.size(), -2.0f);
-    kernels::GlobalKernelOptions().amx_bf16 = true;
-    FeedForward(dense(columns), x.data(), tokens, want.data());
+    for (int64_t tokens : {1, 7, 40}) {
+      auto x = testing::RandomRows(tokens, hidden, 33);
+      std::vector<float> want(x.size(), -1.0f), got(x.size(), -2.0f);
+      for (int64_t t = 0; t < tokens; ++t)
+        plain(0, x.data() + t * hidden, want.data() + t * hidden);
+      FeedForward(dense, x.data(), tokens, got.data());
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+          << what << ", " << tokens << " tokens";
+    }
     kernels::GlobalKernelOptions().amx_bf16 = false;
-    FeedForward(dense(pairs), x.data(), tokens, got.data());
-    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
-        << tokens << " tokens";
   }
 }
 

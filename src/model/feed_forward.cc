@@ -6,6 +6,7 @@
 #include "base/allocator.h"
 #include "base/stage_timer.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
@@ -24,12 +25,12 @@ constexpr int64_t kParallelElements = 16384;
 
 namespace {
 
-// Whether gate, up and down are all panels of bf16 pairs, which only the AMX kernel reads, for
-// any rows: as one group of GroupedExpertFfn they take the fused gate and up
-// (AmxBf16GateUpPanels) with the bits of the three products one after another.
-bool AllBf16Pairs(const FeedForwardWeights& w) {
+// Whether gate, up and down all take the AMX bf16 kernel at every row count (bf16 pairs, or
+// fp8 and bf16 weights under --amx-bf16): as one group of GroupedExpertFfn they take the fused
+// gate and up (AmxBf16GateUpPanels) with the bits of the three products one after another.
+bool AllOnAmxBf16(const FeedForwardWeights& w) {
   for (const Matrix* m : {&w.gate_proj, &w.up_proj, &w.down_proj})
-    if (!m->packed || !m->packed->bf16_pairs) return false;
+    if (!m->packed || !kernels::UseAmxBf16(*m->packed)) return false;
   return true;
 }
 
@@ -37,7 +38,7 @@ bool AllBf16Pairs(const FeedForwardWeights& w) {
 
 void FeedForward(const FeedForwardWeights& w, const float* x, int64_t tokens, float* out) {
   ScopedStage stage(Stage::kGemm);
-  if (AllBf16Pairs(w) && !ObservingLinearInputs()) {
+  if (AllOnAmxBf16(w) && !ObservingLinearInputs()) {
     const std::vector<kernels::ExpertPanels> group = {
         {w.gate_proj.packed.get(), w.up_proj.packed.get(), w.down_proj.packed.get()}};
     kernels::GroupedExpertFfn(x, {0, tokens}, group, w.gate_proj.cols, out);
@@ -111,7 +112,7 @@ bool SharedExpertJoinsGroup(const MoeWeights& w) {
   bool ggml = true;
   for (const Matrix* m : {&shared.gate_proj, &shared.up_proj, &shared.down_proj})
     if (!m->packed || m->packed->dtype != DType::kGgml) ggml = false;
-  if (!ggml && !AllBf16Pairs(shared)) return false;
+  if (!ggml && !AllOnAmxBf16(shared)) return false;
   for (const FeedForwardWeights& routed : w.experts)
     if (!routed.empty()) return routed.gate_proj.rows == shared.gate_proj.rows;
   return false;

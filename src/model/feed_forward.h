@@ -46,9 +46,9 @@ ExpertRouting RouteTokens(const ModelConfig& config, const MoeWeights& w, const 
 bool RunExperts(const MoeWeights& w, const ExpertRouting& routing, const float* x, int64_t hidden,
                 float* expert_rows, bool with_shared = false, float* summed_out = nullptr);
 // Whether the shared expert can run in the routed experts' grouped pass with the same bits as
-// FeedForward: GGML blocks or bf16 pairs (each row's products depend on its own activations
-// only, on either path; pairs take the grouped pass in FeedForward too) and the routed experts'
-// width.
+// FeedForward: GGML blocks or weights on the AMX bf16 kernel (each row's products depend on its
+// own activations only, on either path; AMX weights take the grouped pass in FeedForward too)
+// and the routed experts' width.
 bool SharedExpertJoinsGroup(const MoeWeights& w);
 
 // out[t] = Σ_k weight(t,k) · expert_rows[position of slot (t,k)] + shared[t] (shared may be null).

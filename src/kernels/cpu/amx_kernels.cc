@@ -262,8 +262,9 @@ void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const 
 }
 
 bool AmxGateUpFuses(const PackedMatrix& gate, const PackedMatrix& up) {
-  return gate.bf16_pairs && up.bf16_pairs && gate.dtype == DType::kBF16 &&
-         up.dtype == DType::kBF16 && gate.rows == up.rows && gate.cols == up.cols;
+  return AmxBf16Applies(gate) && gate.dtype == up.dtype && gate.bf16_pairs == up.bf16_pairs &&
+         gate.rows == up.rows && gate.cols == up.cols &&
+         (gate.dtype != DType::kF8E4M3 || gate.block_cols == up.block_cols);
 }
 
 void AmxBf16GateUpPanels(AmxBackend backend, const uint16_t* x_bf16, int64_t m,

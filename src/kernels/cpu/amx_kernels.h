@@ -85,7 +85,8 @@ void AmxToBf16Row(AmxBackend backend, const float* x, int64_t cols, uint16_t* ou
 // AmxToBf16Rows writes it.
 void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                    int64_t panel_begin, int64_t panel_end, float* y);
-// Whether AmxBf16GateUpPanels takes gate and up: both panels of bf16 pairs, of one shape.
+// Whether AmxBf16GateUpPanels takes gate and up: weights the kernel applies to (fp8 or bf16),
+// both of one dtype, layout, shape and (fp8) block size.
 bool AmxGateUpFuses(const PackedMatrix& gate, const PackedMatrix& up);
 // An expert's first half for down's product: SiLU(x·gateᵀ)·(x·upᵀ) at gate's and up's panels
 // [panel_begin, panel_end), each row's values rounded to bf16 at columns [16 · panel_begin,
@@ -93,7 +94,8 @@ bool AmxGateUpFuses(const PackedMatrix& gate, const PackedMatrix& up);
 // AmxToBf16Rows writes it, but for the zero rows past m, which are the caller's). The bits of
 // AmxBf16Panels for gate and for up, SiluMul on those columns of each row, then AmxToBf16Rows,
 // with no f32 rows written: gate's and up's panels are walked as pairs, so each tile of x loaded
-// serves both. One thread; AmxGateUpFuses(gate, up).
+// serves both (fp8 panels are converted a unit at a time, each its own matrix's). One thread;
+// AmxGateUpFuses(gate, up).
 void AmxBf16GateUpPanels(AmxBackend backend, const uint16_t* x_bf16, int64_t m,
                          const PackedMatrix& gate, const PackedMatrix& up, int64_t panel_begin,
                          int64_t panel_end, uint16_t* out);

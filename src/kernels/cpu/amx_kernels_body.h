@@ -371,13 +371,13 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
   const int64_t block = fp8 ? w.block_cols : kBf16ChunkCols;
   const int64_t chunk_cols = block * std::max<int64_t>(1, kBf16ChunkCols / block);
   // The walk's panels, v in [0, walked): w's panel panel_begin + v, or (fused) gate's and up's
-  // panel panel_begin + v / 2 in turn. Both are panels of pairs there: nothing is converted.
+  // panel panel_begin + v / 2 in turn (both of one layout and, for fp8, one block size).
   const int64_t panels = panel_end - panel_begin;
   const int64_t walked = gate_up != nullptr ? 2 * panels : panels;
-  auto panel_of = [&](int64_t v) -> const uint8_t* {
-    if (gate_up == nullptr) return w.Panel(panel_begin + v);
-    return (v % 2 == 0 ? w : *gate_up->up).Panel(panel_begin + v / 2);
+  auto matrix_of = [&](int64_t v) -> const PackedMatrix& {
+    return gate_up != nullptr && v % 2 == 1 ? *gate_up->up : w;
   };
+  auto panel_index = [&](int64_t v) { return panel_begin + (gate_up != nullptr ? v / 2 : v); };
   pairs.resize(static_cast<size_t>(2 * 2 * chunk_cols * kPanelRows));  // two units' panel pairs
   const int64_t row_stride = AmxBf16RowStride(w.cols), x_stride = row_stride * 2;
   constexpr int64_t kTileFloats = kAmxMaxRows * kPanelRows;
@@ -397,8 +397,15 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     auto buffer = [&](int64_t i) { return pairs.data() + (i % 2) * 2 * chunk_cols * kPanelRows; };
     auto convert_unit = [&](const Bf16Unit& u, uint16_t* b) {
       if (w.bf16_pairs) return;  // the panels are the tiles
-      convert(w, panel_begin + u.p, std::min<int64_t>(2, walked - u.p), u.k0,
-              std::min(w.cols, u.k0 + chunk_cols), b, chunk_cols * kPanelRows);
+      const int64_t k1 = std::min(w.cols, u.k0 + chunk_cols);
+      if (gate_up == nullptr) {
+        convert(w, panel_begin + u.p, std::min<int64_t>(2, walked - u.p), u.k0, k1, b,
+                chunk_cols * kPanelRows);
+        return;
+      }
+      for (int64_t j = 0; j < 2; ++j)  // gate's panel, then up's
+        convert(matrix_of(u.p + j), panel_index(u.p + j), 1, u.k0, k1,
+                b + j * chunk_cols * kPanelRows, chunk_cols * kPanelRows);
     };
     // Unit u: the walk's panels [u.p, u.p + 2) against columns [u.k0, u.k0 + chunk_cols).
     auto compute_unit = [&](const Bf16Unit& u, const uint16_t* b0_pairs) {
@@ -407,7 +414,8 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
       const uint16_t* b[2] = {b0_pairs, b0_pairs + chunk_cols * kPanelRows};
       if (w.bf16_pairs)
         for (int64_t j = 0; j < np; ++j)
-          b[j] = reinterpret_cast<const uint16_t*>(panel_of(v + j)) + k0 * kPanelRows;
+          b[j] = reinterpret_cast<const uint16_t*>(matrix_of(v + j).Panel(panel_index(v + j))) +
+                 k0 * kPanelRows;
       auto state_tile = [&](int64_t t, int64_t j) {
         return state.data() + ((v + j) * padded + t * height) * kPanelRows;
       };
@@ -433,7 +441,7 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
         const int64_t steps = (std::min(k1, b0 + block) - b0) / kTileCols16;
         float scale[2] = {1.0f, 1.0f};
         for (int64_t j = 0; j < np; ++j)
-          scale[j] = w.PanelScales(panel_begin + v + j)[b0 / w.block_cols];
+          scale[j] = matrix_of(v + j).PanelScales(panel_index(v + j))[b0 / w.block_cols];
         const uint16_t* bb[2] = {b[0] + (b0 - k0) * kPanelRows, b[1] + (b0 - k0) * kPanelRows};
         for (int64_t t = 0; t < row_tiles; t += 2) {
           const int64_t nr = std::min<int64_t>(2, row_tiles - t);
