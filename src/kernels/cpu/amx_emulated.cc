@@ -4,7 +4,6 @@
 
 #include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/amx_tiles.h"
-#include "kernels/cpu/elementwise.h"
 #include "tensor/dtype.h"
 
 #define SY_AMX_KERNEL
@@ -80,7 +79,7 @@ void Bf16PanelsEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w
 void Bf16GateUpEmulated(const uint16_t* x_bf16, int64_t m, const PackedMatrix& gate,
                         const PackedMatrix& up, int64_t panel_begin, int64_t panel_end,
                         uint16_t* out) {
-  Bf16GateUp fused{&up, out, AmxBf16RowStride(gate.rows), SiluMul, ToBf16RowsPortable};
+  Bf16GateUp fused{&up, out, ToBf16RowsPortable};
   Bf16PanelsBody<EmulatedTiles>(x_bf16, m, gate, panel_begin, panel_end, nullptr,
                                 ConvertPairsPortable, &fused);
 }

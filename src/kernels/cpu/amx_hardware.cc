@@ -12,7 +12,6 @@
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/bf16_pairs.h"
-#include "kernels/cpu/elementwise.h"
 
 // Every CPU with AMX (Sapphire Rapids on) has AVX-512 with BF16 and VBMI as well: the weights'
 // conversion and the sums' flush use them.
@@ -127,7 +126,7 @@ void Bf16PanelsHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w
 void Bf16GateUpHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& gate,
                         const PackedMatrix& up, int64_t panel_begin, int64_t panel_end,
                         uint16_t* out) {
-  Bf16GateUp fused{&up, out, AmxBf16RowStride(gate.rows), SiluMul, ToBf16RowsForDot};
+  Bf16GateUp fused{&up, out, ToBf16RowsForDot};
   Bf16PanelsBody<HardwareTiles>(x_bf16, m, gate, panel_begin, panel_end, nullptr,
                                 ConvertPairsAvx512, &fused);
 }

@@ -16,6 +16,7 @@
 
 #include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/amx_tiles.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/ggml_gemm.h"
 #include "kernels/cpu/mla_decode.h"
 #include "kernels/cpu/row_tiles.h"
@@ -337,13 +338,12 @@ SY_AMX_KERNEL inline void Bf16Blocks(int64_t nr, int64_t np, const uint16_t* con
 
 // Bf16PanelsBody's fused gate and up (AmxBf16GateUpPanels): w is gate, and the walk takes gate's
 // panel j and up's panel j as one pair of panels (its panels 2j and 2j + 1), so each tile of x
-// loaded serves both. Each row's SiLU(gate)·up goes through silu_mul and to_bf16 (one row of the
-// item's columns at a time) into `out`, rows out_stride apart, from column 16 · panel_begin.
+// loaded serves both. Each row's SiLU(gate)·up (SiluMul) is rounded by to_bf16, the backend's
+// AmxToBf16Rows rounding, into `out`'s rows (AmxBf16RowStride(w.rows) apart) from column
+// 16 · panel_begin.
 struct Bf16GateUp {
   const PackedMatrix* up = nullptr;
   uint16_t* out = nullptr;
-  int64_t out_stride = 0;
-  void (*silu_mul)(float* gate, const float* up, int64_t count) = nullptr;
   void (*to_bf16)(const float* x, int64_t m, int64_t cols, uint16_t* out) = nullptr;
 };
 
@@ -482,25 +482,26 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     // a third of the kernel's time). (Tiles stored straight into y instead were slower still.)
     const int64_t last_valid = std::min(kPanelRows, w.rows - (panel_end - 1) * kPanelRows);
     const int64_t valid = (panels - 1) * kPanelRows + last_valid;
+    // Row r's outputs of the walk's panels first, first + step, ... into one contiguous row.
+    auto gather_row = [&](int64_t r, int64_t first, int64_t step, std::vector<float>& to) {
+      to.resize(static_cast<size_t>(panels * kPanelRows));
+      const float* in = state.data() + r * kPanelRows;
+      for (int64_t p = 0; p < panels; ++p)
+        std::memcpy(to.data() + p * kPanelRows, in + (first + step * p) * padded * kPanelRows,
+                    kPanelRows * sizeof(float));
+    };
     if (gate_up != nullptr) {  // SiLU(gate)·up, rounded to bf16: down's input
-      row_gate.resize(static_cast<size_t>(panels * kPanelRows));
-      row_up.resize(row_gate.size());
+      const int64_t out_stride = AmxBf16RowStride(w.rows);
       for (int64_t r = 0; r < rows; ++r) {
-        const float* in = state.data() + r * kPanelRows;
-        for (int64_t p = 0; p < panels; ++p) {
-          std::memcpy(row_gate.data() + p * kPanelRows, in + 2 * p * padded * kPanelRows,
-                      kPanelRows * sizeof(float));
-          std::memcpy(row_up.data() + p * kPanelRows, in + (2 * p + 1) * padded * kPanelRows,
-                      kPanelRows * sizeof(float));
-        }
-        gate_up->silu_mul(row_gate.data(), row_up.data(), valid);
+        gather_row(r, 0, 2, row_gate);
+        gather_row(r, 1, 2, row_up);
+        SiluMul(row_gate.data(), row_up.data(), valid);
         gate_up->to_bf16(row_gate.data(), 1, valid,
-                         gate_up->out + (r0 + r) * gate_up->out_stride + panel_begin * kPanelRows);
+                         gate_up->out + (r0 + r) * out_stride + panel_begin * kPanelRows);
       }
       continue;
     }
-    if (routed != nullptr) {  // each row weighted into its token's sum
-      row_gate.resize(static_cast<size_t>(panels * kPanelRows));
+    if (routed != nullptr) {         // each row weighted into its token's sum
       constexpr int64_t kAhead = 2;  // rows whose sums are fetched ahead of their turn
       auto fetch = [&](int64_t row) {
         const float* sums =
@@ -512,10 +513,7 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
         fetch(r0 + r);
       for (int64_t r = 0; r < rows; ++r) {
         if (r + kAhead < rows) fetch(r0 + r + kAhead);
-        const float* in = state.data() + r * kPanelRows;
-        for (int64_t p = 0; p < panels; ++p)
-          std::memcpy(row_gate.data() + p * kPanelRows, in + p * padded * kPanelRows,
-                      kPanelRows * sizeof(float));
+        gather_row(r, 0, 1, row_gate);
         const int64_t row = r0 + r;
         AddWeightedRow(
             routed->out + routed->token[row] * routed->out_stride + panel_begin * kPanelRows,

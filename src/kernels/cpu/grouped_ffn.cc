@@ -147,15 +147,6 @@ bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
   auto source_row = [&](int64_t i) {
     return x + (source_rows != nullptr ? source_rows[i] : i) * hidden;
   };
-  // Every row of an expert held here is written before it is read: no zero fill (at a prompt's
-  // thousands of rows, tens of megabytes on one thread while the others wait). The rows of an
-  // expert not held here are zeroed, so that a whole-batch quantization reads numbers.
-  auto hidden_rows = UninitializedArray<float>(rows * width);
-  auto up_rows = UninitializedArray<float>(rows * width);
-  for (int64_t e = 0; e < experts_count; ++e)
-    if (experts[e].gate == nullptr)
-      std::fill(hidden_rows.get() + offsets[e] * width, hidden_rows.get() + offsets[e + 1] * width,
-                0.0f);
   // Experts on the dot kernel, or with enough rows for the bf16 GEMM, take their rows rounded
   // to bf16 once.
   std::vector<std::vector<uint16_t>> x_bf16(static_cast<size_t>(experts_count));
@@ -353,6 +344,16 @@ bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     });
     return false;
   }
+  // The unfused path's f32 gate and up rows. Every row of an expert held here is written before
+  // it is read: no zero fill (at a prompt's thousands of rows, tens of megabytes on one thread
+  // while the others wait). The rows of an expert not held here are zeroed, so that a
+  // whole-batch quantization reads numbers.
+  auto hidden_rows = UninitializedArray<float>(rows * width);
+  auto up_rows = UninitializedArray<float>(rows * width);
+  for (int64_t e = 0; e < experts_count; ++e)
+    if (experts[e].gate == nullptr)
+      std::fill(hidden_rows.get() + offsets[e] * width, hidden_rows.get() + offsets[e + 1] * width,
+                0.0f);
   BalancedFor(items.size(), item_cost, [&](size_t i) {
     const int64_t e = items[i].expert, p = items[i].panel, p_end = items[i].panel_end;
     const int64_t first = offsets[e], count = offsets[e + 1] - first;
