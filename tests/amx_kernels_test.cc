@@ -373,7 +373,10 @@ TEST(AmxBf16Test, PanelsOfPairsGiveTheBitsOfColumnPanels) {
                                     {47, 320, 13, 1},
                                     {130, 512, 37, 0},
                                     {40, 1280, 300, 0},
-                                    {90, 640, 270, 1}}) {
+                                    {90, 640, 270, 1},
+                                    // units of 2048 columns on pairs, of 512 on columns
+                                    {20, 2560, 40, 0},
+                                    {20, 2560, 300, 1}}) {
       testing::TestMatrix w = testing::RandomTestMatrix(
           DType::kBF16, c.rows, c.cols, static_cast<uint32_t>(c.rows + 7 * c.cols), 32);
       auto columns = Pack(w.view);
@@ -722,53 +725,69 @@ TEST(AmxBf16Test, LinearAndGroupedExpertsTakeItWhenAsked) {
 
 // --- MLA ---
 
-// Absorbed attention with heads as tile rows, against the double-precision softmax (the bound of
-// the bf16 MLA kernel's test: bf16 queries and probabilities), on head counts over and under a
-// tile, a width that is not whole tiles (48 + 8) and keys over several chunks; and the same bits
-// in head blocks of 5 and 16 and for each token alone.
+// Absorbed attention on tiles, against the double-precision softmax (the bound of the bf16 MLA
+// kernel's test: bf16 queries and probabilities), on head counts over and under a tile's 16, and
+// the same bits in head blocks of 5 and 16 and for each token alone. Two caches: a width that is
+// not whole tiles (48 + 8, every key tile copied) on pages of 7; and one that is (48 + 16) on
+// pages of 24 laid out in reverse, so that tiles of 16 keys within a page are loaded in place and
+// those across two pages copied, with keys over several softmax chunks of 128.
 TEST(AmxMlaTest, MatchesTheSoftmaxAndDoesNotDependOnItsNeighbours) {
-  const int64_t latent = 48, rope = 8, page = 7, width = latent + rope;
-  ASSERT_TRUE(kernels::AmxMlaApplies(DType::kBF16, latent, rope));
-  for (AmxBackend backend : Backends()) {
-    for (int64_t heads : {int64_t{21}, int64_t{3}}) {
-      for (int64_t keys : {int64_t{1}, int64_t{37}, int64_t{70}}) {
-        for (int64_t tokens : {int64_t{1}, int64_t{3}}) {
-          if (tokens > keys) continue;
-          const testing::TestLatentCache cache =
-              testing::MakeTestLatentCache(keys, width, page, 11);
-          auto q_latent = testing::RandomRows(tokens * heads, latent, 12);
-          auto q_pe = testing::RandomRows(tokens * heads, rope, 13);
-          std::vector<int64_t> positions;
-          for (int64_t t = 0; t < tokens; ++t)
-            positions.push_back(keys - tokens + t);
-          const float scale = 0.3f;
-          auto run = [&](int64_t t0, int64_t count, int64_t h0, int64_t h1, float* out) {
-            kernels::AmxMlaDecode(backend, q_latent.data() + t0 * heads * latent,
-                                  q_pe.data() + t0 * heads * rope, count, positions.data() + t0,
-                                  cache.view, keys, heads, h0, h1, latent, rope, scale,
-                                  out + t0 * heads * latent);
-          };
-          std::vector<float> whole(static_cast<size_t>(tokens * heads * latent));
-          run(0, tokens, 0, heads, whole.data());
-          std::vector<float> blocks(whole.size(), -1.0f), alone(whole.size(), -1.0f);
-          for (int64_t h0 = 0; h0 < heads; h0 += 5)
-            run(0, tokens, h0, std::min(heads, h0 + 5), blocks.data());
-          for (int64_t t = 0; t < tokens; ++t)
-            for (int64_t h0 = 0; h0 < heads; h0 += 16)
-              run(t, 1, h0, std::min(heads, h0 + 16), alone.data());
-          const std::string where = std::string(kernels::AmxBackendName(backend)) + " heads " +
-                                    std::to_string(heads) + " keys " + std::to_string(keys) +
-                                    " tokens " + std::to_string(tokens);
-          EXPECT_EQ(0, std::memcmp(blocks.data(), whole.data(), whole.size() * 4)) << where;
-          EXPECT_EQ(0, std::memcmp(alone.data(), whole.data(), whole.size() * 4)) << where;
-          const auto want = testing::AbsorbedAttentionReference(
-              q_latent, q_pe, cache.rows, positions, heads, latent, rope, scale);
-          for (size_t i = 0; i < want.size(); ++i)
-            ASSERT_NEAR(whole[i], want[i], 2e-2) << where << " at " << i;
+  struct Shape {
+    int64_t latent, rope, page;
+    std::vector<int64_t> keys;
+  };
+  for (const Shape& shape : {Shape{48, 8, 7, {1, 37, 70}}, Shape{48, 16, 24, {150, 300}}})
+    for (AmxBackend backend : Backends()) {
+      const int64_t latent = shape.latent, rope = shape.rope, page = shape.page;
+      const int64_t width = latent + rope;
+      ASSERT_TRUE(kernels::AmxMlaApplies(DType::kBF16, latent, rope));
+      for (int64_t heads : {int64_t{21}, int64_t{3}}) {
+        for (int64_t keys : shape.keys) {
+          for (int64_t tokens : {int64_t{1}, int64_t{3}}) {
+            if (tokens > keys) continue;
+            const testing::TestLatentCache cache =
+                testing::MakeTestLatentCache(keys, width, page, 11);
+            auto q_latent = testing::RandomRows(tokens * heads, latent, 12);
+            auto q_pe = testing::RandomRows(tokens * heads, rope, 13);
+            std::vector<int64_t> positions;
+            for (int64_t t = 0; t < tokens; ++t)
+              positions.push_back(keys - tokens + t);
+            const float scale = 0.3f;
+            auto run = [&](int64_t t0, int64_t count, int64_t h0, int64_t h1, float* out) {
+              kernels::AmxMlaDecode(backend, q_latent.data() + t0 * heads * latent,
+                                    q_pe.data() + t0 * heads * rope, count, positions.data() + t0,
+                                    cache.view, keys, heads, h0, h1, latent, rope, scale,
+                                    out + t0 * heads * latent);
+            };
+            std::vector<float> whole(static_cast<size_t>(tokens * heads * latent));
+            run(0, tokens, 0, heads, whole.data());
+            std::vector<float> blocks(whole.size(), -1.0f), alone(whole.size(), -1.0f);
+            for (int64_t h0 = 0; h0 < heads; h0 += 5)
+              run(0, tokens, h0, std::min(heads, h0 + 5), blocks.data());
+            for (int64_t t = 0; t < tokens; ++t)
+              for (int64_t h0 = 0; h0 < heads; h0 += 16)
+                run(t, 1, h0, std::min(heads, h0 + 16), alone.data());
+            const std::string where = std::string(kernels::AmxBackendName(backend)) + " width " +
+                                      std::to_string(width) + " heads " + std::to_string(heads) +
+                                      " keys " + std::to_string(keys) + " tokens " +
+                                      std::to_string(tokens);
+            EXPECT_EQ(0, std::memcmp(blocks.data(), whole.data(), whole.size() * 4)) << where;
+            EXPECT_EQ(0, std::memcmp(alone.data(), whole.data(), whole.size() * 4)) << where;
+            if (backend == AmxBackend::kHardware) {  // the emulator gives the tiles' bits
+              std::vector<float> emulated(whole.size(), -1.0f);
+              kernels::AmxMlaDecode(AmxBackend::kEmulated, q_latent.data(), q_pe.data(), tokens,
+                                    positions.data(), cache.view, keys, heads, 0, heads, latent,
+                                    rope, scale, emulated.data());
+              EXPECT_EQ(0, std::memcmp(emulated.data(), whole.data(), whole.size() * 4)) << where;
+            }
+            const auto want = testing::AbsorbedAttentionReference(
+                q_latent, q_pe, cache.rows, positions, heads, latent, rope, scale);
+            for (size_t i = 0; i < want.size(); ++i)
+              ASSERT_NEAR(whole[i], want[i], 2e-2) << where << " at " << i;
+          }
         }
       }
     }
-  }
 }
 
 // The model with --amx-bf16 against Hugging Face transformers, at the bar of the bf16 dot kernel

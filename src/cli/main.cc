@@ -49,11 +49,12 @@ int main(int argc, char** argv) {
              "--amx-bf16", amx_bf16_all,
              "Where the CPU has Intel AMX: fp8 and bf16 weights, and absorbed MLA attention on a "
              "bf16 cache, take AMX's bf16 tiles (TDPBF16PS) at every batch size, instead of the "
-             "bf16 dot-product kernels; batch-invariant. By default only bf16 weights do (laid "
-             "out as the tiles at load): on a Xeon with AMX that made a bf16 checkpoint's "
-             "prompts 2.5-4.5x and 32-sequence decode 1.9x faster, one-sequence decode the same "
-             "(docs/benchmarks.md); fp8 weights, converted per product, lose at one sequence, "
-             "hence opt-in. --no-amx-bf16: none. (int8 products take AMX tiles from 16 rows "
+             "bf16 dot-product kernels; batch-invariant. By default only bf16 weights (laid out "
+             "as the tiles at load) and the attention do: on a Xeon with AMX that made a bf16 "
+             "checkpoint's prompts 2.5-4.5x and 32-sequence decode 1.9x faster, one-sequence "
+             "decode the same (docs/benchmarks.md); fp8 weights, converted per product, lose at "
+             "one sequence, hence opt-in. --no-amx-bf16: none. (int8 products take AMX tiles "
+             "from 16 rows "
              "wherever the CPU has them: the same bits as the vector kernels; GGUF and HF int4 "
              "ones only with SWITCHYARD_AMX_GGML=1, slower where measured.)")
           ->envname("SWITCHYARD_AMX_BF16");
@@ -94,8 +95,10 @@ int main(int argc, char** argv) {
     // bf16 weights laid out as the tiles at load (no conversion per product): with --amx-bf16
     // wherever a backend runs them (the emulator included), and by default on the CPU's tiles.
     const sy::kernels::AmxBackend backend = sy::kernels::ActiveAmxBackend();
-    if (!amx_bf16_all && !amx_bf16_none && !f32_products)
+    if (!amx_bf16_all && !amx_bf16_none && !f32_products) {
       sy::GlobalBf16Pairs() = backend == sy::kernels::AmxBackend::kHardware;
+      sy::kernels::GlobalKernelOptions().amx_mla = backend == sy::kernels::AmxBackend::kHardware;
+    }
     if (amx_bf16_all && !f32_products) {
       sy::kernels::GlobalKernelOptions().amx_bf16 = true;
       sy::GlobalBf16Pairs() = backend != sy::kernels::AmxBackend::kNone;

@@ -1,6 +1,7 @@
 // The AMX kernels (amx_kernels_body.h) on amx_tiles.h's emulated tiles, with a portable weight
 // conversion: the same tiling, configuration and packing as on hardware, on any CPU.
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/amx_tiles.h"
@@ -42,6 +43,16 @@ void ToBf16RowsPortable(const float* x, int64_t m, int64_t cols, uint16_t* out) 
     out[i] = F32ToBF16(x[i]);
 }
 
+void PairRowsPortable(const uint8_t* r0, const uint8_t* r1, int64_t latent, uint16_t* out,
+                      int64_t tile_stride) {
+  for (int64_t d = 0; d < latent; ++d) {
+    uint16_t pair[2] = {0, 0};
+    std::memcpy(&pair[0], r0 + 2 * d, 2);
+    if (r1 != nullptr) std::memcpy(&pair[1], r1 + 2 * d, 2);
+    std::memcpy(out + (d / kPanelRows) * tile_stride + 2 * (d % kPanelRows), pair, 4);
+  }
+}
+
 }  // namespace
 }  // namespace sy::kernels
 
@@ -64,7 +75,8 @@ void MlaDecodeEmulated(const float* q_latent, const float* q_pe, int64_t tokens,
                        int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
                        int64_t rope, float softmax_scale, float* o_latent) {
   MlaDecodeBody<EmulatedTiles>(q_latent, q_pe, tokens, positions, cache, keys, heads, head_begin,
-                               head_end, latent, rope, softmax_scale, o_latent);
+                               head_end, latent, rope, softmax_scale, o_latent, PairRowsPortable,
+                               ToBf16RowsPortable);
 }
 
 double PeakLoopEmulated(bool bf16, int64_t iterations) {

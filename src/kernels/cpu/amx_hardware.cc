@@ -89,6 +89,23 @@ SY_AMX_KERNEL void ConvertPairsAvx512(const PackedMatrix& w, int64_t panel, int6
   }
 }
 
+// Keys r0 and r1 as one row of P·V's weight tiles (MlaDecodeBody's PairRows): per 16 dims, the
+// two rows' halves interleaved by one permute.
+SY_AMX_KERNEL void PairRowsAvx512(const uint8_t* r0, const uint8_t* r1, int64_t latent,
+                                  uint16_t* out, int64_t tile_stride) {
+  const __m512i index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t dt = 0; dt < latent / kPanelRows; ++dt) {
+    const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + 32 * dt));
+    const __m256i high = r1 != nullptr
+                             ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + 32 * dt))
+                             : _mm256_setzero_si256();
+    _mm512_storeu_si512(
+        out + dt * tile_stride,
+        _mm512_permutexvar_epi16(index, _mm512_inserti64x4(_mm512_zextsi256_si512(low), high, 1)));
+  }
+}
+
 }  // namespace
 }  // namespace sy::kernels
 
@@ -111,7 +128,8 @@ void MlaDecodeHardware(const float* q_latent, const float* q_pe, int64_t tokens,
                        int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
                        int64_t rope, float softmax_scale, float* o_latent) {
   MlaDecodeBody<HardwareTiles>(q_latent, q_pe, tokens, positions, cache, keys, heads, head_begin,
-                               head_end, latent, rope, softmax_scale, o_latent);
+                               head_end, latent, rope, softmax_scale, o_latent, PairRowsAvx512,
+                               ToBf16RowsForDot);
 }
 
 double PeakLoopHardware(bool bf16, int64_t iterations) {

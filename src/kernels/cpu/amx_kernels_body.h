@@ -265,8 +265,9 @@ SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, con
 // chains hide TDPBF16PS's latency, and the loops are blocked so that what is reused stays close:
 // a panel pair's columns [k0, k0 + kBf16ChunkCols) are converted to bf16 pairs once (in L1) for
 // all rows of a row chunk (panels of bf16 pairs, PackedMatrix::bf16_pairs, are the tiles as they
-// lie: nothing to convert), and that chunk's x columns (≤ kBf16ChunkRows rows) are read from L2
-// by every panel of the thread's range. A row's arithmetic does not depend on any of it:
+// lie: nothing to convert, and their units are kBf16PairsChunkCols long), and that chunk's x
+// columns (≤ kBf16ChunkRows rows) are read from L2 by every panel of the thread's range. A row's
+// arithmetic does not depend on any of it:
 // - fp8: per scale block, a zeroed tile row sums the block 32 columns at a time, and the row's
 //   result is fma(block sum, block scale, result so far), blocks in column order;
 // - bf16: one chain of tile multiplies from zero over all columns in order, stored between units
@@ -275,6 +276,11 @@ SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, con
 // and dropped. Below 16 rows the tiles are m rows high.
 constexpr int kBf16C = 0, kBf16A = 4, kBf16B = 6;
 constexpr int64_t kBf16ChunkCols = 512;  // columns of weights converted at a time, per panel
+// Columns of a unit on panels of bf16 pairs, which need no conversion buffer in L1. Each unit
+// ends with its four tiles of sums stored (and the next begins by loading them), which waits for
+// the multiplies in flight to drain: measured here on 256 × 2048 × 1536 (Xeon with AMX, one
+// core), units of 512 columns ran at 0.94 TFLOP/s, of 2048 at 1.18.
+constexpr int64_t kBf16PairsChunkCols = 2048;
 constexpr int64_t kBf16ChunkRows = 256;  // rows of x walked by every panel before the next ones
 constexpr int64_t kBf16RowsInL2Bytes = 1 << 20;  // x up to this size is read again per panel pair
 constexpr int64_t kBf16TileElems = kAmxMaxRows * kTileCols16;  // bf16 per A or B tile
@@ -369,7 +375,8 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
   const bool fp8 = w.dtype == DType::kF8E4M3;
   // fp8: the scale block ends a tile's chain of sums. bf16 weights have no scale: one chain.
   const int64_t block = fp8 ? w.block_cols : kBf16ChunkCols;
-  const int64_t chunk_cols = block * std::max<int64_t>(1, kBf16ChunkCols / block);
+  const int64_t chunk_cols =
+      w.bf16_pairs ? kBf16PairsChunkCols : block * std::max<int64_t>(1, kBf16ChunkCols / block);
   // The walk's panels, v in [0, walked): w's panel panel_begin + v, or (fused) gate's and up's
   // panel panel_begin + v / 2 in turn (both of one layout and, for fp8, one block size).
   const int64_t panels = panel_end - panel_begin;
@@ -378,7 +385,8 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     return gate_up != nullptr && v % 2 == 1 ? *gate_up->up : w;
   };
   auto panel_index = [&](int64_t v) { return panel_begin + (gate_up != nullptr ? v / 2 : v); };
-  pairs.resize(static_cast<size_t>(2 * 2 * chunk_cols * kPanelRows));  // two units' panel pairs
+  if (!w.bf16_pairs)  // two units' panel pairs, converted
+    pairs.resize(static_cast<size_t>(2 * 2 * chunk_cols * kPanelRows));
   const int64_t row_stride = AmxBf16RowStride(w.cols), x_stride = row_stride * 2;
   constexpr int64_t kTileFloats = kAmxMaxRows * kPanelRows;
   alignas(64) float sums[4 * kTileFloats];
@@ -394,7 +402,10 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     } else {
       state.resize(std::max(state.size(), state_size));
     }
-    auto buffer = [&](int64_t i) { return pairs.data() + (i % 2) * 2 * chunk_cols * kPanelRows; };
+    auto buffer = [&](int64_t i) -> uint16_t* {
+      if (w.bf16_pairs) return nullptr;  // the panels are the tiles
+      return pairs.data() + (i % 2) * 2 * chunk_cols * kPanelRows;
+    };
     auto convert_unit = [&](const Bf16Unit& u, uint16_t* b) {
       if (w.bf16_pairs) return;  // the panels are the tiles
       const int64_t k1 = std::min(w.cols, u.k0 + chunk_cols);
@@ -411,7 +422,8 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
     auto compute_unit = [&](const Bf16Unit& u, const uint16_t* b0_pairs) {
       const int64_t v = u.p, k0 = u.k0, k1 = std::min(w.cols, k0 + chunk_cols);
       const int64_t np = std::min<int64_t>(2, walked - v);
-      const uint16_t* b[2] = {b0_pairs, b0_pairs + chunk_cols * kPanelRows};
+      const uint16_t* b[2] = {b0_pairs, nullptr};
+      if (!w.bf16_pairs) b[1] = b0_pairs + chunk_cols * kPanelRows;
       if (w.bf16_pairs)
         for (int64_t j = 0; j < np; ++j)
           b[j] = reinterpret_cast<const uint16_t*>(matrix_of(v + j).Panel(panel_index(v + j))) +
@@ -539,158 +551,245 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
 
 // --- Absorbed MLA attention on the latent cache (AmxMlaDecode) ---
 
-constexpr int64_t kMlaChunk = 32;  // keys per step: one A tile of probabilities (32 bf16)
+constexpr int64_t kMlaChunk = 128;                            // keys per online-softmax step
+constexpr int64_t kMlaKeyTiles = kMlaChunk / kAmxMaxRows;     // score tiles of 16 keys
+constexpr int64_t kMlaKeySteps = kMlaChunk / kTileCols16;     // P·V multiplies of 32 keys
+constexpr int64_t kMlaTileElems = kAmxMaxRows * kTileCols16;  // bf16 per A or B tile
 
 // e^x for x ≤ 0, as mla_decode_bf16.cc's ExpNonPositive (2^n · p(r), the degree-7 Taylor
 // polynomial), written for any compiler to vectorize: n rounded to nearest by adding and taking
 // away 1.5 · 2^23, 2^n made from its bits.
 SY_AMX_KERNEL inline float ExpNonPositive(float x) {
   x = std::max(x, -87.0f);
-  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  // One fma, spelled out: a compiler free to contract would round differently per target.
+  const float n = __builtin_fmaf(x, 1.44269504f, 12582912.0f) - 12582912.0f;
   float r = __builtin_fmaf(-n, 0.693145752f, x);
   r = __builtin_fmaf(-n, 1.42860677e-6f, r);
-  float p = 1.0f / 5040;
-  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
-    p = __builtin_fmaf(p, r, c);
+  float p = __builtin_fmaf(1.0f / 5040, r, 1.0f / 720);  // unrolled: a loop kept it scalar
+  p = __builtin_fmaf(p, r, 1.0f / 120);
+  p = __builtin_fmaf(p, r, 1.0f / 24);
+  p = __builtin_fmaf(p, r, 1.0f / 6);
+  p = __builtin_fmaf(p, r, 0.5f);
+  p = __builtin_fmaf(p, r, 1.0f);
+  p = __builtin_fmaf(p, r, 1.0f);
   const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float two_n;
   std::memcpy(&two_n, &bits, 4);
   return p * two_n;
 }
 
+// The softmax's passes over a chunk's scores, rows of 16 heads, each a loop over the 16 lanes
+// for a compiler to vectorize (no aliasing, constant trip count).
+// Scores of keys [0, used) scaled in place, and each head's maximum.
+SY_AMX_KERNEL inline void MlaChunkMax(float* __restrict scores, int64_t used, float scale,
+                                      float* __restrict chunk_max) {
+  for (int64_t n = 0; n < kPanelRows; ++n)
+    chunk_max[n] = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < used; ++j)
+    for (int64_t n = 0; n < kPanelRows; ++n) {
+      const float v = scores[j * kPanelRows + n] * scale;
+      scores[j * kPanelRows + n] = v;
+      chunk_max[n] = std::max(chunk_max[n], v);
+    }
+}
+// Scores of keys [0, keys) replaced by their probabilities e^(s − max) (0 from `used` on), and
+// each head's sum of them in key order.
+SY_AMX_KERNEL inline void MlaChunkProbabilities(float* __restrict scores, int64_t used,
+                                                int64_t keys, const float* __restrict max,
+                                                float* __restrict sum) {
+  for (int64_t n = 0; n < kPanelRows; ++n)
+    sum[n] = 0.0f;
+  for (int64_t j = 0; j < keys; ++j)
+    for (int64_t n = 0; n < kPanelRows; ++n) {
+      const float p = j < used ? ExpNonPositive(scores[j * kPanelRows + n] - max[n]) : 0.0f;
+      scores[j * kPanelRows + n] = p;
+      sum[n] += p;
+    }
+}
+// o = fma(o, c, in) over 16 dims.
+SY_AMX_KERNEL inline void MlaScaleAdd(float* __restrict o, float c, const float* __restrict in) {
+  for (int64_t n = 0; n < kPanelRows; ++n)
+    o[n] = __builtin_fmaf(o[n], c, in[n]);
+}
+
+// PairRows(r0, r1, latent, out, tile_stride): keys r0 and r1 (bf16 cache rows; r1 may be null:
+// zeros) as one row of P·V's weight tiles: out[dt · tile_stride + 2n + h] = (h ? r1 : r0)[16dt + n]
+// for each dim tile dt < latent / 16.
+//
 // MlaDecodeAttention's contract (mla_decode.h) on a bf16 cache, latent a multiple of 16: the
-// flash-decoding walk of mla_decode_bf16.cc with heads as tile rows. Per chunk of 32 keys, the
-// keys are laid out once as TDPBF16PS weight tiles (dims in pairs × 16 keys, for the scores;
-// key pairs × 16 latent dims, for P·V) shared by every token and head; per token, each tile of
-// up to 16 heads gets its scores from the tiles, an online softmax in f32, probabilities rounded
-// to bf16, and o = fma(o, correction, P·V). A head's row never meets another's, and its chains
-// run in key order, so its result depends on nothing beside it.
-template <class Tiles>
-SY_AMX_KERNEL void MlaDecodeBody(const float* q_latent, const float* q_pe, int64_t tokens,
-                                 const int64_t* positions, const LatentPages& cache, int64_t keys,
-                                 int64_t heads, int64_t head_begin, int64_t head_end,
-                                 int64_t latent, int64_t rope, float scale, float* o_latent) {
+// flash-decoding walk over chunks of kMlaChunk keys, on tiles both ways.
+// - Scores transposed, Sᵀ = K·Qᵀ: the A tiles are 16 cache rows as they lie (32 dims each), so
+//   the keys are never re-laid; the B tile is a head group's queries in dim pairs (16 heads),
+//   made once per token. Each output is one key's 16 heads: heads in lanes for the softmax.
+// - Online softmax per head in f32, in key order; probabilities rounded to bf16 as P's A tiles
+//   (16 heads × 32 keys).
+// - P·V against the chunk's values in key pairs (PairRows, once per chunk for every token and
+//   head), a chain over the chunk per 16 latent dims; o = fma(o, correction, P·V) per chunk.
+// A head's outputs meet no other head's or token's, and the chunks start at fixed keys, so its
+// result depends on nothing beside it.
+template <class Tiles, typename PairRows>
+SY_AMX_KERNEL void MlaDecodeBody(
+    const float* q_latent, const float* q_pe, int64_t tokens, const int64_t* positions,
+    const LatentPages& cache, int64_t keys, int64_t heads, int64_t head_begin, int64_t head_end,
+    int64_t latent, int64_t rope, float scale, float* o_latent, PairRows pair_rows,
+    void (*to_bf16)(const float* x, int64_t m, int64_t cols, uint16_t* out)) {
   const int64_t count_heads = head_end - head_begin;
   if (tokens <= 0 || count_heads <= 0) return;
   const int64_t width = latent + rope;
   const int64_t padded = (width + kTileCols16 - 1) / kTileCols16 * kTileCols16;
   const int64_t steps = padded / kTileCols16, dim_tiles = latent / kPanelRows;
-  thread_local std::vector<RowTile> tiles;
-  thread_local std::vector<uint16_t> q, keys_t, values, probs, zero_row;
-  thread_local std::vector<float> scores, chunk, run_max, run_sum, correction;
-  const int64_t first = ConfigureRowTiles<Tiles>(count_heads, tiles);
-  // Queries in bf16, [token][head][padded dims], zero past the width.
-  q.assign(static_cast<size_t>(tokens * count_heads * padded), 0);
+  const int64_t groups = (count_heads + kPanelRows - 1) / kPanelRows;
+  const int64_t row_bytes = cache.row_width * 2;
+  thread_local std::vector<uint16_t> q_tiles, q_bf16, staged, values, probs;
+  thread_local std::vector<float> q_row, scores, pv, run_max, run_sum;
+  TileConfig config;
+  for (int t = 0; t < kAmxTiles; ++t)
+    config.Set(t, kAmxMaxRows, kTileBytes);
+  Tiles::Configure(config);
+  // Queries as the scores' B tiles, per token and group of 16 heads: tile s row i = dims
+  // (32s + 2i, 32s + 2i + 1) of each head; zero past the width and the heads. A head's row is
+  // rounded in one pass (to_bf16), then its pairs are placed.
+  q_tiles.assign(static_cast<size_t>(tokens * groups * steps * kMlaTileElems), 0);
+  q_row.resize(static_cast<size_t>(padded));
+  q_bf16.assign(static_cast<size_t>(padded), 0);
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t h = 0; h < count_heads; ++h) {
-      uint16_t* row = q.data() + (t * count_heads + h) * padded;
       const int64_t at = t * heads + head_begin + h;
-      for (int64_t d = 0; d < latent; ++d)
-        row[d] = F32ToBF16(q_latent[at * latent + d]);
-      for (int64_t d = 0; d < rope; ++d)
-        row[latent + d] = F32ToBF16(q_pe[at * rope + d]);
+      std::copy_n(q_latent + at * latent, latent, q_row.begin());
+      std::copy_n(q_pe + at * rope, rope, q_row.begin() + latent);
+      to_bf16(q_row.data(), 1, width, q_bf16.data());
+      uint32_t* group = reinterpret_cast<uint32_t*>(q_tiles.data()) +
+                        (t * groups + h / kPanelRows) * steps * kMlaTileElems / 2 + h % kPanelRows;
+      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(q_bf16.data());
+      for (int64_t i = 0; i < padded / 2; ++i)  // pair i: tile i / 16, row i % 16
+        group[(i / kPanelRows) * kMlaTileElems / 2 + (i % kPanelRows) * kPanelRows] = pairs[i];
     }
-  keys_t.resize(static_cast<size_t>(2 * steps * kTileBytes * kAmxMaxRows / 2));
-  values.resize(static_cast<size_t>(dim_tiles * kTileBytes * kAmxMaxRows / 2));
-  probs.resize(static_cast<size_t>(count_heads * kMlaChunk));
-  scores.resize(static_cast<size_t>(count_heads * kMlaChunk));
-  chunk.resize(static_cast<size_t>(kAmxMaxRows * kPanelRows));
-  run_max.assign(static_cast<size_t>(tokens * count_heads),
+  staged.resize(static_cast<size_t>(kMlaKeyTiles * kAmxMaxRows * padded));
+  values.resize(static_cast<size_t>(kMlaKeySteps * dim_tiles * kMlaTileElems));
+  probs.resize(static_cast<size_t>(kMlaKeySteps * kMlaTileElems));
+  scores.resize(static_cast<size_t>(kMlaChunk * kPanelRows));
+  pv.resize(static_cast<size_t>(kAmxMaxRows * kPanelRows));
+  run_max.assign(static_cast<size_t>(tokens * groups * kPanelRows),
                  -std::numeric_limits<float>::infinity());
   run_sum.assign(run_max.size(), 0.0f);
-  correction.resize(static_cast<size_t>(count_heads));
   const int64_t last_visible =
       BeginMlaDecode(positions, tokens, keys, heads, head_begin, head_end, latent, o_latent);
-  // Tile elements per B tile: 16 rows × 32 bf16.
-  constexpr int64_t kTileElements = kAmxMaxRows * kTileCols16;
 
   for (int64_t start = 0; start < last_visible; start += kMlaChunk) {
     const int64_t count = std::min(kMlaChunk, last_visible - start);
-    const uint16_t* rows[kMlaChunk] = {};
-    for (int64_t j = 0; j < count; ++j)
-      rows[j] = reinterpret_cast<const uint16_t*>(cache.Row(start + j));
-    // Scores' weight tiles, keys 16·g + n: tile (g, s) row i = dims (32s + 2i, 32s + 2i + 1), so
-    // a key's dims 2w, 2w + 1 are one 32-bit pair at pair (w / 16) · 256 + (w % 16) · 16 + n of
-    // its group's tiles. Walked key by key along its row, without a branch per element (this
-    // re-layout was most of the kernel's time at 32-sequence decode); absent keys and dims past
-    // the width are zero.
-    for (int64_t key = 0; key < kMlaChunk; ++key) {
-      uint16_t* group = keys_t.data() + (key / 16) * steps * kTileElements + 2 * (key % 16);
-      auto at = [&](int64_t w) { return group + 2 * ((w / 16) * 256 + (w % 16) * 16); };
-      int64_t w = 0;
-      if (key < count) {
-        const uint16_t* row = rows[key];
-        for (; w < width / 2; ++w)
-          std::memcpy(at(w), row + 2 * w, 4);
-        if (width % 2 != 0) {  // the last dim alone, beside a zero
-          const uint16_t last[2] = {row[2 * w], 0};
-          std::memcpy(at(w++), last, 4);
-        }
+    const int64_t key_tiles = (count + kAmxMaxRows - 1) / kAmxMaxRows;
+    const int64_t key_steps = (count + kTileCols16 - 1) / kTileCols16;
+    // The scores' A tiles: 16 keys in place where they lie one row apart (one page, or pages
+    // side by side) and a row is whole tiles; else copied, zero past the keys and the width.
+    const uint16_t* key_tile[kMlaKeyTiles];
+    int64_t key_stride[kMlaKeyTiles];
+    for (int64_t kt = 0; kt < key_tiles; ++kt) {
+      const int64_t first = start + kt * kAmxMaxRows;
+      const int64_t n = std::min<int64_t>(kAmxMaxRows, count - kt * kAmxMaxRows);
+      const uint8_t* row0 = cache.Row(first);
+      if (n == kAmxMaxRows && width == padded &&
+          cache.Row(first + n - 1) == row0 + (n - 1) * row_bytes) {
+        key_tile[kt] = reinterpret_cast<const uint16_t*>(row0);
+        key_stride[kt] = row_bytes;
+        continue;
       }
-      for (; w < steps * kTileCols16 / 2; ++w)
-        std::memset(at(w), 0, 4);
+      uint16_t* to = staged.data() + kt * kAmxMaxRows * padded;
+      std::fill(to, to + kAmxMaxRows * padded, uint16_t{0});
+      for (int64_t r = 0; r < n; ++r)
+        std::memcpy(to + r * padded, cache.Row(first + r), static_cast<size_t>(width) * 2);
+      key_tile[kt] = to;
+      key_stride[kt] = padded * 2;
     }
-    // P·V's weight tiles: tile dt row jj = keys (2jj, 2jj + 1) of latent dims 16·dt + n: per key
-    // pair and 16 dims, 16 adjacent (key 2jj, key 2jj + 1) pairs.
-    zero_row.assign(static_cast<size_t>(latent), 0);
-    for (int64_t jj = 0; jj < kAmxMaxRows; ++jj) {
-      const uint16_t* r0 = 2 * jj < count ? rows[2 * jj] : zero_row.data();
-      const uint16_t* r1 = 2 * jj + 1 < count ? rows[2 * jj + 1] : zero_row.data();
-      for (int64_t dt = 0; dt < dim_tiles; ++dt) {
-        uint16_t* out = values.data() + dt * kTileElements + jj * 2 * kPanelRows;
-        for (int64_t n = 0; n < kPanelRows; ++n) {
-          out[2 * n] = r0[kPanelRows * dt + n];
-          out[2 * n + 1] = r1[kPanelRows * dt + n];
-        }
+    // P·V's B tiles: tile (ks, dt) row jj = keys 32ks + 2jj and + 1 over dims 16dt...16dt + 15.
+    for (int64_t pair = 0; pair < key_steps * kAmxMaxRows; ++pair) {
+      const int64_t k0 = 2 * pair, k1 = k0 + 1;
+      uint16_t* out = values.data() + (pair / kAmxMaxRows) * dim_tiles * kMlaTileElems +
+                      (pair % kAmxMaxRows) * 2 * kPanelRows;
+      if (k0 >= count) {
+        for (int64_t dt = 0; dt < dim_tiles; ++dt)
+          std::fill_n(out + dt * kMlaTileElems, 2 * kPanelRows, uint16_t{0});
+        continue;
       }
+      pair_rows(cache.Row(start + k0), k1 < count ? cache.Row(start + k1) : nullptr, latent, out,
+                kMlaTileElems);
     }
     for (int64_t t = 0; t < tokens; ++t) {
       const int64_t visible = std::min(keys, positions[t] + 1) - start;
       if (visible <= 0) continue;
       const int64_t used = std::min(count, visible);
-      const uint16_t* qt = q.data() + t * count_heads * padded;
-      for (const RowTile& tile : tiles) {
-        for (int64_t g = 0; g < 2; ++g) {
-          const uint16_t* a = qt + tile.row * padded;
-          const uint16_t* b = keys_t.data() + g * steps * kTileElements;
-          RowTileSums<Tiles, TileDot::kBf16>(tile.count == first, a, padded * 2, b, steps,
-                                             chunk.data());
-          for (int64_t r = 0; r < tile.count; ++r)
-            for (int64_t n = 0; n < kPanelRows; ++n)
-              scores[(tile.row + r) * kMlaChunk + 16 * g + n] = chunk[r * kPanelRows + n] * scale;
+      const int64_t used_tiles = (used + kAmxMaxRows - 1) / kAmxMaxRows;
+      const int64_t used_steps = (used + kTileCols16 - 1) / kTileCols16;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint16_t* q = q_tiles.data() + (t * groups + g) * steps * kMlaTileElems;
+        // Sᵀ, two tiles of 16 keys at a time: tiles 0-1 sum, 4-5 hold keys, 6 the queries.
+        for (int64_t kt = 0; kt < used_tiles; kt += 2) {
+          const bool two = kt + 1 < used_tiles;
+          Tiles::template Zero<0>();
+          if (two) Tiles::template Zero<1>();
+          for (int64_t s = 0; s < steps; ++s) {
+            Tiles::template Load<6>(q + s * kMlaTileElems, kTileBytes);
+            Tiles::template Load<4>(key_tile[kt] + s * kTileCols16, key_stride[kt]);
+            Tiles::template DotBf16<0, 4, 6>();
+            if (two) {
+              Tiles::template Load<5>(key_tile[kt + 1] + s * kTileCols16, key_stride[kt + 1]);
+              Tiles::template DotBf16<1, 5, 6>();
+            }
+          }
+          Tiles::template Store<0>(scores.data() + kt * kAmxMaxRows * kPanelRows, kTileBytes);
+          if (two)
+            Tiles::template Store<1>(scores.data() + (kt + 1) * kAmxMaxRows * kPanelRows,
+                                     kTileBytes);
         }
-      }
-      // Online softmax per head; keys past `used` get probability 0.
-      for (int64_t h = 0; h < count_heads; ++h) {
-        float* sc = scores.data() + h * kMlaChunk;
-        float chunk_max = sc[0];
-        for (int64_t j = 1; j < used; ++j)
-          chunk_max = std::max(chunk_max, sc[j]);
-        float& old_max = run_max[t * count_heads + h];
-        const float new_max = std::max(old_max, chunk_max);
-        const float c = ExpNonPositive(old_max - new_max);
-        float sum = 0;
-        for (int64_t j = 0; j < kMlaChunk; ++j) {
-          const float p = j < used ? ExpNonPositive(sc[j] - new_max) : 0.0f;
-          sum += p;
-          probs[h * kMlaChunk + j] = F32ToBF16(p);
+        // Online softmax, a key's 16 heads in a row; keys past `used` get probability 0.
+        float* run_mx = run_max.data() + (t * groups + g) * kPanelRows;
+        float* run_sm = run_sum.data() + (t * groups + g) * kPanelRows;
+        alignas(64) float chunk_max[kPanelRows], correction[kPanelRows], sum[kPanelRows];
+        MlaChunkMax(scores.data(), used, scale, chunk_max);
+        for (int64_t n = 0; n < kPanelRows; ++n) {
+          const float new_max = std::max(run_mx[n], chunk_max[n]);
+          correction[n] = ExpNonPositive(run_mx[n] - new_max);
+          run_mx[n] = new_max;
         }
-        float& total = run_sum[t * count_heads + h];
-        total = __builtin_fmaf(total, c, sum);
-        old_max = new_max;
-        correction[h] = c;
-      }
-      for (const RowTile& tile : tiles) {
+        MlaChunkProbabilities(scores.data(), used, used_steps * kTileCols16, run_mx, sum);
+        for (int64_t n = 0; n < kPanelRows; ++n)
+          run_sm[n] = __builtin_fmaf(run_sm[n], correction[n], sum[n]);
+        // P's A tiles, 16 heads × 32 keys each, rounded to bf16.
+        for (int64_t ks = 0; ks < used_steps; ++ks)
+          for (int64_t n = 0; n < kPanelRows; ++n) {
+            const float* column = scores.data() + ks * kTileCols16 * kPanelRows + n;
+            uint16_t* row = probs.data() + ks * kMlaTileElems + n * kTileCols16;
+            for (int64_t j = 0; j < kTileCols16; ++j)
+              row[j] = F32ToBF16(column[j * kPanelRows]);
+          }
+        // P·V: tiles 0-3 hold P's key steps; per 16 latent dims, tile 4 sums them from zero.
+        Tiles::template Load<0>(probs.data(), kTileBytes);
+        if (used_steps > 1) Tiles::template Load<1>(probs.data() + kMlaTileElems, kTileBytes);
+        if (used_steps > 2) Tiles::template Load<2>(probs.data() + 2 * kMlaTileElems, kTileBytes);
+        if (used_steps > 3) Tiles::template Load<3>(probs.data() + 3 * kMlaTileElems, kTileBytes);
+        const int64_t group_heads = std::min<int64_t>(kPanelRows, count_heads - g * kPanelRows);
         for (int64_t dt = 0; dt < dim_tiles; ++dt) {
-          const uint16_t* a = probs.data() + tile.row * kMlaChunk;
-          const uint16_t* b = values.data() + dt * kTileElements;
-          RowTileSums<Tiles, TileDot::kBf16>(tile.count == first, a, kMlaChunk * 2, b, 1,
-                                             chunk.data());
-          for (int64_t r = 0; r < tile.count; ++r) {
-            const int64_t h = tile.row + r;
-            float* o = o_latent + (t * heads + head_begin + h) * latent + kPanelRows * dt;
-            for (int64_t n = 0; n < kPanelRows; ++n)
-              o[n] = __builtin_fmaf(o[n], correction[h], chunk[r * kPanelRows + n]);
+          const uint16_t* v = values.data() + dt * kMlaTileElems;
+          const int64_t vs = dim_tiles * kMlaTileElems;  // from one key step to the next
+          Tiles::template Zero<4>();
+          Tiles::template Load<6>(v, kTileBytes);
+          Tiles::template DotBf16<4, 0, 6>();
+          if (used_steps > 1) {
+            Tiles::template Load<7>(v + vs, kTileBytes);
+            Tiles::template DotBf16<4, 1, 7>();
+          }
+          if (used_steps > 2) {
+            Tiles::template Load<6>(v + 2 * vs, kTileBytes);
+            Tiles::template DotBf16<4, 2, 6>();
+          }
+          if (used_steps > 3) {
+            Tiles::template Load<7>(v + 3 * vs, kTileBytes);
+            Tiles::template DotBf16<4, 3, 7>();
+          }
+          Tiles::template Store<4>(pv.data(), kTileBytes);
+          for (int64_t r = 0; r < group_heads; ++r) {
+            float* o =
+                o_latent + (t * heads + head_begin + g * kPanelRows + r) * latent + dt * kPanelRows;
+            MlaScaleAdd(o, correction[r], pv.data() + r * kPanelRows);
           }
         }
       }
@@ -699,7 +798,7 @@ SY_AMX_KERNEL void MlaDecodeBody(const float* q_latent, const float* q_pe, int64
   Tiles::Release();
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t h = 0; h < count_heads; ++h) {
-      const float total = run_sum[t * count_heads + h];
+      const float total = run_sum[(t * groups + h / kPanelRows) * kPanelRows + h % kPanelRows];
       const float inverse = total > 0 ? 1.0f / total : 0.0f;
       float* o = o_latent + (t * heads + head_begin + h) * latent;
       for (int64_t d = 0; d < latent; ++d)
