@@ -5,7 +5,9 @@
 #include <cstring>
 #include <random>
 
+#include "base/allocator.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/int8_gemm.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/router.h"
@@ -193,6 +195,22 @@ TEST(ElementwiseTest, WeightedRowSumHasTheBitsOfThePlainLoop) {
         ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
             << n << " values, " << count << " rows, extra " << with_extra;
       }
+}
+
+// Rows that AMX tile loads read start on 64-byte lines, whatever malloc's alignment: every size,
+// every growth, and the activations' int8 codes.
+TEST(AllocatorTest, TileRowsStartOnCacheLines) {
+  for (int64_t count : {1, 3, 17, 1000, 100000}) {
+    CacheLineVector<uint16_t> v(static_cast<size_t>(count));
+    EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(v.data()) % 64) << count;
+    v.resize(static_cast<size_t>(3 * count + 5));
+    EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(v.data()) % 64) << count;
+    auto a = UninitializedCacheLineArray<float>(count);
+    EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(a.get()) % 64) << count;
+  }
+  kernels::Int8Rows rows;
+  rows.codes.resize(77);
+  EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(rows.codes.data()) % 64);
 }
 
 TEST(ElementwiseTest, RopeRotatesConsecutivePairs) {

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "base/allocator.h"
 #include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/elementwise.h"
@@ -192,7 +193,7 @@ SY_AMX_KERNEL void GgmlPanelsBody(const Q8Rows& x, int64_t first, int64_t m, con
   thread_local std::vector<RowTile> tiles;
   thread_local std::vector<float> state;
   thread_local std::vector<int32_t> acc, mins;
-  thread_local std::vector<uint8_t> quads;
+  thread_local CacheLineVector<uint8_t> quads;
   const int64_t sub = w.sub_cols;
   const int64_t step = std::min<int64_t>(sub, kTileCols8), steps = sub / step;
   const int64_t first_height = ConfigureRowTiles<Tiles>(m, tiles, static_cast<int>(step));
@@ -382,8 +383,8 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
                                   ConvertPairs convert, const Bf16GateUp* gate_up = nullptr,
                                   const AmxRoutedRows* routed = nullptr) {
   if (m <= 0 || panel_begin >= panel_end) return;
-  thread_local std::vector<float> state;
-  thread_local std::vector<uint16_t> pairs;
+  thread_local CacheLineVector<float> state;
+  thread_local CacheLineVector<uint16_t> pairs;  // tile loads read it: on 64-byte lines
   thread_local std::vector<Bf16Unit> units;
   thread_local std::vector<float> row_gate, row_up;
   // Tiles of x rows (and of sums) are 16 high, or m high where m < 16.
@@ -662,8 +663,10 @@ SY_AMX_KERNEL void MlaDecodeBody(
   const int64_t steps = padded / kTileCols16, dim_tiles = latent / kPanelRows;
   const int64_t groups = (count_heads + kPanelRows - 1) / kPanelRows;
   const int64_t row_bytes = cache.row_width * 2;
-  thread_local std::vector<uint16_t> q_tiles, q_bf16, staged, values, probs;
-  thread_local std::vector<float> q_row, scores, pv, run_max, run_sum;
+  thread_local CacheLineVector<uint16_t> q_tiles, staged, values, probs;  // tile loads read them
+  thread_local CacheLineVector<float> scores, pv;
+  thread_local std::vector<uint16_t> q_bf16;
+  thread_local std::vector<float> q_row, run_max, run_sum;
   TileConfig config;
   for (int t = 0; t < kAmxTiles; ++t)
     config.Set(t, kAmxMaxRows, kTileBytes);

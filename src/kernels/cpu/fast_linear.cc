@@ -1,6 +1,7 @@
 #include "kernels/cpu/fast_linear.h"
 
 #include <algorithm>
+#include "base/allocator.h"
 #include "base/thread_pool.h"
 
 #include "kernels/cpu/amx_kernels.h"
@@ -69,7 +70,7 @@ void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const Packe
     return;
   }
   if (w.bf16_pairs) {  // only the AMX kernel reads them; one thread, as the others here
-    thread_local std::vector<uint16_t> rows;
+    thread_local CacheLineVector<uint16_t> rows;
     rows.resize(std::max(rows.size(), static_cast<size_t>(AmxBf16Elements(m, w.cols))));
     AmxToBf16Rows(ActiveAmxBackend(), x, m, w.cols, rows.data());
     AmxBf16Panels(ActiveAmxBackend(), rows.data(), m, w, panel_begin, panel_end, y);
@@ -158,7 +159,7 @@ static void LinearPackedOwn(const float* x, int64_t m, const PackedMatrix& w, fl
   if (UseAmxBf16(w)) {
     const AmxBackend backend = ActiveAmxBackend();
     // Reused, by pointer, as the int8 and GGML rows above: no page faults or zeroing per product.
-    thread_local std::vector<uint16_t> buffer;
+    thread_local CacheLineVector<uint16_t> buffer;
     buffer.resize(std::max(buffer.size(), static_cast<size_t>(AmxBf16Elements(m, w.cols))));
     const uint16_t* x_bf16 = buffer.data();
     uint16_t* rows = buffer.data();

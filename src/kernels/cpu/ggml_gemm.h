@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/allocator.h"
 #include "tensor/packed_matrix.h"
 
 namespace sy::kernels {
@@ -28,7 +29,7 @@ namespace sy::kernels {
 // Activation rows quantized for one weight layout: codes [m][stride] (int8), scales
 // [m][blocks], code sums [m][subs] (times the weights' offset for shared-d types).
 struct Q8Rows {
-  std::vector<int8_t> codes;
+  CacheLineVector<int8_t> codes;  // tile loads read the rows (AMX GGML)
   std::vector<float> scales;
   std::vector<int32_t> sums;
   int64_t cols = 0, stride = 0;

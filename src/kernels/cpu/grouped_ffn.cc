@@ -151,7 +151,7 @@ bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
   // to bf16 once.
   std::vector<std::vector<uint16_t>> x_bf16(static_cast<size_t>(experts_count));
   // The AMX kernel's rows: written whole by AmxToBf16Rows (no zero fill).
-  std::vector<std::unique_ptr<uint16_t[]>> x_amx(static_cast<size_t>(experts_count));
+  std::vector<CacheLineArray<uint16_t>> x_amx(static_cast<size_t>(experts_count));
   // Experts with GGML blocks: their rows quantized for their weights' block layout, all in
   // x_ggml_all where every such expert has the same layout (one call for the batch: at one
   // token the per-expert calls were most of the setup between the layer's two phases), else
@@ -199,7 +199,7 @@ bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       x_bf16[e].resize(static_cast<size_t>(count * cols));
       ToBf16RowsForDot(source + offsets[e] * cols, count, cols, x_bf16[e].data());
     } else if (path[e] == Path::kAmx) {
-      x_amx[e] = UninitializedArray<uint16_t>(AmxBf16Elements(count, cols));
+      x_amx[e] = UninitializedCacheLineArray<uint16_t>(AmxBf16Elements(count, cols));
       if (source_rows != nullptr && !down) {  // the source rows themselves, and the zero rows
         const int64_t stride = AmxBf16RowStride(cols);
         for (int64_t r = 0; r < count; ++r)
@@ -293,12 +293,12 @@ bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
            (static_cast<double>(offsets[e + 1] - offsets[e]) + kStreamRows);
   };
   if (fused) {
-    std::vector<std::unique_ptr<uint16_t[]>> x_down(static_cast<size_t>(experts_count));
+    std::vector<CacheLineArray<uint16_t>> x_down(static_cast<size_t>(experts_count));
     const int64_t stride = AmxBf16RowStride(width);
     for (int64_t e = 0; e < experts_count; ++e) {
       const int64_t count = offsets[e + 1] - offsets[e];
       if (count == 0 || experts[e].gate == nullptr) continue;
-      x_down[e] = UninitializedArray<uint16_t>(AmxBf16Elements(count, width));
+      x_down[e] = UninitializedCacheLineArray<uint16_t>(AmxBf16Elements(count, width));
       // The rows past count that tile loads read (AmxToBf16Rows zeroes them as well).
       std::fill(x_down[e].get() + count * stride, x_down[e].get() + AmxBf16Elements(count, width),
                 uint16_t{0});

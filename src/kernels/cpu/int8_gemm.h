@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/allocator.h"
 #include "tensor/packed_matrix.h"
 
 namespace sy::kernels {
@@ -22,7 +23,7 @@ namespace sy::kernels {
 // columns of every row at once, and with a stride of a multiple of 4 KiB (or 2 KiB: cols 2048)
 // those lines would all fall in one or two L1 sets and evict each other.
 struct Int8Rows {
-  std::vector<uint8_t> codes;
+  CacheLineVector<uint8_t> codes;  // tile loads read the rows (AMX int8)
   std::vector<float> scales;
   int64_t cols = 0;
   int64_t stride = 0;
