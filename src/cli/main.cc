@@ -43,23 +43,25 @@ int main(int argc, char** argv) {
                "and 128 columns; the router stays exact) and multiply them by activations "
                "quantized per row to 8 bits: about twice the f32 rate on CPUs without AVX-512 "
                "BF16, lossy (docs/benchmarks.md gives its accuracy); batch-invariant");
-  bool amx_bf16_all = false, amx_bf16_none = false;  // neither: bf16 weights, on the CPU's tiles
+  bool amx_bf16_all = false, amx_bf16_none = false;  // neither: on the CPU's tiles, if any
   auto* amx_all =
       app.add_flag(
              "--amx-bf16", amx_bf16_all,
-             "Where the CPU has Intel AMX: fp8 and bf16 weights, and absorbed MLA attention on a "
-             "bf16 cache, take AMX's bf16 tiles (TDPBF16PS) at every batch size, instead of the "
-             "bf16 dot-product kernels; batch-invariant. By default only bf16 weights (laid out "
-             "as the tiles at load) and the attention do: on a Xeon with AMX that made a bf16 "
-             "checkpoint's prompts 2.5-4.5x and 32-sequence decode 1.9x faster, one-sequence "
-             "decode the same (docs/benchmarks.md); fp8 weights, converted per product, lose at "
-             "one sequence, hence opt-in. --no-amx-bf16: none. (int8 products take AMX tiles "
-             "from 16 rows "
-             "wherever the CPU has them: the same bits as the vector kernels; GGUF and HF int4 "
-             "ones only with SWITCHYARD_AMX_GGML=1, slower where measured.)")
+             "fp8 and bf16 weights, and absorbed MLA attention on a bf16 cache, take AMX's bf16 "
+             "tiles (TDPBF16PS) at every batch size instead of the bf16 dot-product kernels "
+             "(bf16 weights laid out as the tiles at load; fp8 converted a block at a time); "
+             "batch-invariant. The default where the CPU has Intel AMX; this flag also runs it "
+             "on the emulator (SWITCHYARD_AMX_EMULATE). On a Xeon with AMX the tiles made a bf16 "
+             "checkpoint's prompts 2.5-4.5x and 32-sequence decode 1.9x faster, and an fp8 "
+             "checkpoint's 32 x 64 prompts 5.6x and 32-sequence decode 1.9x faster, but its "
+             "one-sequence decode 0.68x the dot kernel's (docs/benchmarks.md). --no-amx-bf16: "
+             "none. (int8 products take AMX tiles from 16 rows wherever the CPU has them: the "
+             "same bits as the vector kernels; GGUF and HF int4 ones only with "
+             "SWITCHYARD_AMX_GGML=1, slower where measured.)")
           ->envname("SWITCHYARD_AMX_BF16");
   app.add_flag("--no-amx-bf16", amx_bf16_none,
-               "No products on AMX's bf16 tiles, bf16 weights included (see --amx-bf16)")
+               "No products or attention on AMX's bf16 tiles (see --amx-bf16): the AVX-512 BF16 "
+               "dot kernels, faster for one fp8 sequence's decode")
       ->excludes(amx_all);
   bool gguf_dequantize = false;
   app.add_flag("--gguf-dequantize", gguf_dequantize,
@@ -92,12 +94,14 @@ int main(int argc, char** argv) {
     sy::kernels::SetMaxIsaLevel(*sy::kernels::ParseIsaLevel(max_isa));
     sy::ThreadPool::ConfigureGlobal(threads);
     if (f32_products) sy::kernels::GlobalKernelOptions().bf16_dot = false;
-    // bf16 weights laid out as the tiles at load (no conversion per product): with --amx-bf16
-    // wherever a backend runs them (the emulator included), and by default on the CPU's tiles.
+    // Products and attention on the tiles, bf16 weights laid out as the tiles at load (no
+    // conversion per product): by default on the CPU's tiles, and with --amx-bf16 wherever a
+    // backend runs them (the emulator included).
     const sy::kernels::AmxBackend backend = sy::kernels::ActiveAmxBackend();
-    if (!amx_bf16_all && !amx_bf16_none && !f32_products) {
-      sy::GlobalBf16Pairs() = backend == sy::kernels::AmxBackend::kHardware;
-      sy::kernels::GlobalKernelOptions().amx_mla = backend == sy::kernels::AmxBackend::kHardware;
+    if (!amx_bf16_all && !amx_bf16_none && !f32_products &&
+        backend == sy::kernels::AmxBackend::kHardware) {
+      sy::kernels::GlobalKernelOptions().amx_bf16 = true;
+      sy::GlobalBf16Pairs() = true;
     }
     if (amx_bf16_all && !f32_products) {
       sy::kernels::GlobalKernelOptions().amx_bf16 = true;

@@ -313,8 +313,7 @@ void AmxMlaDecode(AmxBackend backend, const float* q_latent, const float* q_pe, 
 }
 
 bool UseAmxMla(DType cache_dtype, int64_t latent, int64_t rope) {
-  const KernelOptions& options = GlobalKernelOptions();
-  return (options.amx_bf16 || options.amx_mla) && AmxMlaApplies(cache_dtype, latent, rope) &&
+  return GlobalKernelOptions().amx_bf16 && AmxMlaApplies(cache_dtype, latent, rope) &&
          ActiveAmxBackend() != AmxBackend::kNone;
 }
 

@@ -127,8 +127,9 @@ void AmxMlaDecode(AmxBackend backend, const float* q_latent, const float* q_pe, 
                   const int64_t* positions, const LatentPages& cache, int64_t keys, int64_t heads,
                   int64_t head_begin, int64_t head_end, int64_t latent, int64_t rope,
                   float softmax_scale, float* o_latent);
-// Whether MlaDecodeAttention takes it: KernelOptions::amx_bf16 or amx_mla (one choice per
-// process: prompts and decode steps take the same kernel either way), a backend, and it applies.
+// Whether MlaDecodeAttention takes it: KernelOptions::amx_bf16 (the products' flag, one choice
+// per process: prompts and decode steps take the same kernel either way), a backend, and it
+// applies.
 bool UseAmxMla(DType cache_dtype, int64_t latent, int64_t rope);
 
 // The tile multiplies' peak, for `bench kernels`: `iterations` rounds of four independent

@@ -24,13 +24,9 @@ struct KernelOptions {
   // where the CPU has it: twice the f32 FMA's work per instruction, and batch-invariant.
   bool bf16_dot = true;
   // fp8 and bf16 weights take the AMX bf16 kernel (amx_kernels.h) at every row count where AMX
-  // runs, before the dot kernel, and absorbed MLA attention its AMX kernel (`--amx-bf16`). Off by
-  // default: fp8 converted per product loses to the dot kernel at one sequence.
+  // runs, before the dot kernel, and absorbed MLA attention its AMX kernel. The command line
+  // turns it on where the CPU has the tiles (`--no-amx-bf16`: off); off here, for the tests.
   bool amx_bf16 = false;
-  // Absorbed MLA attention on a bf16 cache takes its AMX kernel where AMX runs (amx_bf16 implies
-  // it). The command line turns it on where the CPU has the tiles, as it lays bf16 weights out
-  // as tiles: 2.7x the bf16 dot kernel at 112 keys on a Xeon with AMX (docs/benchmarks.md).
-  bool amx_mla = false;
 };
 KernelOptions& GlobalKernelOptions();
 
