@@ -683,11 +683,11 @@ SY_AMX_KERNEL void MlaDecodeBody(
       std::copy_n(q_latent + at * latent, latent, q_row.begin());
       std::copy_n(q_pe + at * rope, rope, q_row.begin() + latent);
       to_bf16(q_row.data(), 1, width, q_bf16.data());
-      uint32_t* group = reinterpret_cast<uint32_t*>(q_tiles.data()) +
-                        (t * groups + h / kPanelRows) * steps * kMlaTileElems / 2 + h % kPanelRows;
-      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(q_bf16.data());
+      uint16_t* group = q_tiles.data() + (t * groups + h / kPanelRows) * steps * kMlaTileElems +
+                        2 * (h % kPanelRows);
       for (int64_t i = 0; i < padded / 2; ++i)  // pair i: tile i / 16, row i % 16
-        group[(i / kPanelRows) * kMlaTileElems / 2 + (i % kPanelRows) * kPanelRows] = pairs[i];
+        std::memcpy(group + (i / kPanelRows) * kMlaTileElems + (i % kPanelRows) * 2 * kPanelRows,
+                    q_bf16.data() + 2 * i, 4);
     }
   staged.resize(static_cast<size_t>(kMlaKeyTiles * kAmxMaxRows * padded));
   values.resize(static_cast<size_t>(kMlaKeySteps * dim_tiles * kMlaTileElems));
