@@ -466,7 +466,9 @@ TEST(AmxBf16Test, FusedGateAndUpGiveTheBitsOfTheProductsOneAfterAnother) {
                                       {40, 256, 5, 0, 3},
                                       {72, 384, 17, 1, 4},
                                       {128, 128, 300, 2, 8},
-                                      {48, 1152, 33, 0, 3}}) {
+                                      {48, 1152, 33, 0, 3},
+                                      // x past L2: column slices outer, two units on pairs
+                                      {24, 2560, 300, 0, 2}}) {
         testing::TestMatrix g = testing::RandomTestMatrix(
             kind.dtype, c.width, c.hidden, static_cast<uint32_t>(c.width + c.hidden), kind.block);
         testing::TestMatrix u = testing::RandomTestMatrix(
