@@ -279,8 +279,9 @@ constexpr int kBf16C = 0, kBf16A = 4, kBf16B = 6;
 constexpr int64_t kBf16ChunkCols = 512;  // columns of weights converted at a time, per panel
 // Columns of a unit on panels of bf16 pairs, which need no conversion buffer in L1. Each unit
 // ends with its four tiles of sums stored (and the next begins by loading them), which waits for
-// the multiplies in flight to drain: measured here on 256 × 2048 × 1536 (Xeon with AMX, one
-// core), units of 512 columns ran at 0.94 TFLOP/s, of 2048 at 1.18.
+// the multiplies in flight to drain: measured on 256 × 2048 × 1536 (Xeon with AMX, one core),
+// units of 512 columns ran at 0.94 TFLOP/s, of 2048 at 1.18 while x sat 16 bytes off a line;
+// once on lines (CacheLineVector), 1.27 and 1.31.
 constexpr int64_t kBf16PairsChunkCols = 2048;
 constexpr int64_t kBf16ChunkRows = 256;  // rows of x walked by every panel before the next ones
 constexpr int64_t kBf16RowsInL2Bytes = 1 << 20;  // x up to this size is read again per panel pair
