@@ -77,6 +77,30 @@ TEST(CliTest, GenerateIsDeterministicAndBatchInvariant) {
   EXPECT_NE(batched.find("tok/s"), std::string::npos);
 }
 
+// `generate --warmup N` runs the batch N times untimed first: the measured run prints the same
+// tokens, and the recorded expert load is the measured run's alone (warm-up routing cleared).
+TEST(CliTest, GenerateWarmupKeepsTheOutputAndTheLoadOfTheMeasuredRun) {
+  const std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-bf16";
+  const std::string dir = testing::TempDirectory("cli_warmup");
+  const std::string generate = Binary() + " --threads 2 generate --model " + model +
+                               " --prompt-tokens '5,6,7;8,9' --max-tokens 5 --ignore-eos" +
+                               " --record-expert-load " + dir;
+  std::string cold, warm;
+  ASSERT_EQ(RunCommand(generate + "/cold.json", &cold), 0) << cold;
+  ASSERT_EQ(RunCommand(generate + "/warm.json --warmup 2", &warm), 0) << warm;
+  for (const char* key : {"sequence 0:", "sequence 1:"}) {
+    EXPECT_FALSE(LineAfter(cold, key).empty()) << cold;
+    EXPECT_EQ(LineAfter(cold, key), LineAfter(warm, key)) << warm;
+  }
+  const auto a = nlohmann::json::parse(testing::ReadFile(dir + "/cold.json"));
+  const auto b = nlohmann::json::parse(testing::ReadFile(dir + "/warm.json"));
+  ASSERT_TRUE(a.contains("window")) << a.dump();
+  EXPECT_GT(a["window"]["tokens"].get<int64_t>(), 0);
+  EXPECT_EQ(a["window"], b["window"]);
+  std::string refused;
+  EXPECT_NE(RunCommand(generate + "/x.json --warmup -1", &refused), 0) << refused;
+}
+
 // `bench decode`: a row per batch against the bandwidth bound, then memory and the load: its
 // seconds, the checkpoint's bytes over them, and that rate against the read bandwidth of the run.
 TEST(CliTest, BenchDecodeReportsTheLoad) {

@@ -23,6 +23,7 @@ struct GenerateArgs {
   bool chat = false;
   bool json = false;
   int64_t max_tokens = 16;
+  int64_t warmup = 0;  // untimed runs of the whole batch before the measured one
   bool ignore_eos = false;
   std::string kv_dtype = "bf16";
   SpeculativeArgs speculative;
@@ -97,6 +98,12 @@ void RunGenerate(const GenerateArgs& args) {
   ForwardOptions invariant;
   ApplyBatchInvariant(args.batch_invariant, invariant);
   decode_options.attention = invariant.attention;
+  // Warm-up runs: the measured run then finds its buffers allocated and their pages mapped, as a
+  // serving process does after its first requests (and as tools/vllm/run_vllm.py measures vLLM).
+  // Their routing is cleared from the recorded expert load.
+  for (int64_t i = 0; i < args.warmup; ++i)
+    BatchDecode(run, prompts, decode_options);
+  if (args.warmup > 0 && run.load) run.load->Clear();
   const BatchDecodeResult result = BatchDecode(run, prompts, decode_options);
   const std::vector<std::vector<int32_t>>& generated = result.generated;
   const int64_t decode_steps = result.decode_steps;
@@ -193,6 +200,11 @@ void AddGenerateVerb(CLI::App& app) {
                    "Prompt token ids: '1,2,3;4,5' is two prompts");
   verb->add_flag("--json", args->json, "Print one JSON object: outputs, timings");
   verb->add_option("--max-tokens", args->max_tokens, "Tokens to generate per prompt")
+      ->check(CLI::NonNegativeNumber);
+  verb->add_option("--warmup", args->warmup,
+                   "Run the whole batch this many times untimed before the measured run (first "
+                   "calls' page faults and allocations out of the timings); the output is the "
+                   "measured run's")
       ->check(CLI::NonNegativeNumber);
   verb->add_flag("--ignore-eos", args->ignore_eos,
                  "Keep generating past the end-of-sequence token");

@@ -4,7 +4,10 @@ token-id prompts: PROMPT_LEN-token prompts, GENERATE greedy tokens with ignore_e
 sequences, median of --repetitions. One engine at a time (switchyard's runs, then vLLM's), each
 after a wait for a quiet machine. Per engine and batch size: decode tok/s (tokens after the first
 over the decode time), prefill seconds for the batch, peak RSS; then the switchyard/vLLM ratios
-and whether the greedy tokens agree (informative: a random-weight model has near-ties).
+and whether the greedy tokens agree (informative: a random-weight model has near-ties). Both
+engines are timed warm: vLLM's process runs each batch once untimed before its timed runs
+(run_vllm.py), and each switchyard process does the same (`generate --warmup 1`), so neither
+pays its first calls' allocations and page faults in the figures.
 
 usage: compare.py --switchyard BIN --model DIR --vllm-python PYTHON --results DIR
        [--threads 2] [--repetitions 3] [--sizes 1,32] [--quiet-load 1.0] [--quiet-wait 1200]
@@ -42,8 +45,8 @@ def wait_quiet(label, quiet_load, max_wait, log):
 
 def run_switchyard(binary, flags, model, ids, threads):
     prompt_tokens = ";".join(",".join(map(str, p)) for p in ids)
-    proc = subprocess.Popen([binary, "--threads", str(threads), *flags, "generate", "--model", model, "--prompt-tokens",
-                             prompt_tokens, "--max-tokens", str(GENERATE), "--ignore-eos", "--json"],
+    proc = subprocess.Popen([binary, "--threads", str(threads), *flags, "generate", "--warmup", "1", "--model", model,
+                             "--prompt-tokens", prompt_tokens, "--max-tokens", str(GENERATE), "--ignore-eos", "--json"],
                             stdout=subprocess.PIPE, text=True)
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage: ru_maxrss is its VmHWM (KiB)

