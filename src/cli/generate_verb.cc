@@ -100,7 +100,8 @@ void RunGenerate(const GenerateArgs& args) {
   decode_options.attention = invariant.attention;
   // Warm-up runs: the measured run then finds its buffers allocated and their pages mapped, as a
   // serving process does after its first requests (and as tools/vllm/run_vllm.py measures vLLM).
-  // Their routing is cleared from the recorded expert load.
+  // Their routing counts are cleared from the recorded expert load (the exchange sample behind
+  // the imbalance keeps theirs: the same batch, so the same proportions).
   for (int64_t i = 0; i < args.warmup; ++i)
     BatchDecode(run, prompts, decode_options);
   if (args.warmup > 0 && run.load) run.load->Clear();
