@@ -470,6 +470,11 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
         convert(matrix_of(u.p + j), panel_index(u.p + j), 1, u.k0, k1,
                 b + j * chunk_cols * kPanelRows, chunk_cols * kPanelRows);
     };
+    // The walk's panel v from column k0 on, where panels are bf16 pairs (the tiles as they lie).
+    auto pairs_from = [&](int64_t v, int64_t k0) {
+      return reinterpret_cast<const uint16_t*>(matrix_of(v).Panel(panel_index(v))) +
+             k0 * kPanelRows;
+    };
     // Unit u: the walk's panels [u.p, u.p + 2) against columns [u.k0, u.k0 + chunk_cols).
     // (`next`: the unit after this one, whose weights it asks memory for; `first`: the walk's
     // first unit, which asks for its own.)
@@ -481,8 +486,7 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
       if (!w.bf16_pairs) b[1] = b0_pairs + chunk_cols * kPanelRows;
       if (w.bf16_pairs)
         for (int64_t j = 0; j < np; ++j)
-          b[j] = reinterpret_cast<const uint16_t*>(matrix_of(v + j).Panel(panel_index(v + j))) +
-                 k0 * kPanelRows;
+          b[j] = pairs_from(v + j, k0);
       auto state_tile = [&](int64_t t, int64_t j) {
         return state.data() + ((v + j) * padded + t * height) * kPanelRows;
       };
@@ -497,10 +501,7 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
           const int64_t slice = (next_k1 - next->k0) * kPanelRows * 2;  // bytes of each panel
           spread.next_bytes = ((slice + blocks * steps - 1) / (blocks * steps) + 63) / 64 * 64;
           for (int64_t j = 0; j < std::min<int64_t>(2, walked - next->p); ++j)
-            spread.next[j] = reinterpret_cast<const char*>(
-                reinterpret_cast<const uint16_t*>(
-                    matrix_of(next->p + j).Panel(panel_index(next->p + j))) +
-                next->k0 * kPanelRows);
+            spread.next[j] = reinterpret_cast<const char*>(pairs_from(next->p + j, next->k0));
         }
         for (int64_t t = 0; t < row_tiles; t += 2) {
           const int64_t nr = std::min<int64_t>(2, row_tiles - t);
