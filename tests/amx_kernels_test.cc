@@ -444,6 +444,80 @@ TEST(AmxBf16Test, PanelsOfPairsGiveTheBitsOfColumnPanels) {
   EXPECT_EQ(0, std::memcmp(want.data(), single.data(), want.size() * sizeof(float)));
 }
 
+// f32 rows through the tiles as three bf16 parts (LinearPanelsF32, the absorbed MLA's per-head
+// products): a weight of 1 passes each value through with every one of its 24 significant bits
+// (one bf16 rounding, or two parts, would lose the lower ones); random weights stay within the
+// rounding of f32 sums of exact products; a row's bits do not depend on the rows beside it; and
+// panels laid out by columns take the f32 kernel, as LinearPanels does.
+TEST(AmxBf16Test, F32RowsInThreeBf16PartsKeepEveryBitOfF32) {
+  auto pack_pairs = [](const Matrix& view) {
+    GlobalBf16Pairs() = true;
+    auto packed = Pack(view);
+    GlobalBf16Pairs() = false;
+    return packed;
+  };
+  for (int64_t m : {1, 5, 6, 37}) {  // 3m rows: one short tile to several, a partial last one
+    // Output r picks column (7r) mod 64, three panels (the last partial).
+    const int64_t rows = 40, cols = 64;
+    testing::TestMatrix pick = testing::MakeTestMatrix(
+        DType::kBF16, rows, cols, 32,
+        [&](int64_t r, int64_t c) { return c == 7 * r % cols ? 1.0f : 0.0f; });
+    auto packed = pack_pairs(pick.view);
+    ASSERT_TRUE(packed->bf16_pairs);
+    auto x = testing::RandomRows(m, cols, 31);
+    for (float& v : x)
+      v *= 1.0f + std::ldexp(1.0f, -20);  // low bits set in every value
+    std::vector<float> y(static_cast<size_t>(m * rows), -1.0f);
+    kernels::LinearPanelsF32(x.data(), m, *packed, 0, packed->panels, y.data());
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t r = 0; r < rows; ++r)
+        ASSERT_EQ(y[t * rows + r], x[t * cols + 7 * r % cols]) << "m " << m << " row " << t;
+  }
+  struct Case {
+    int64_t rows, cols, m;
+  };
+  // The bench model's per-head shapes (W_UKᵀ 512 × 64, W_UV 64 × 512) and a partial panel.
+  for (Case c : std::vector<Case>{{512, 64, 32}, {64, 512, 32}, {40, 96, 3}}) {
+    testing::TestMatrix w = testing::RandomTestMatrix(DType::kBF16, c.rows, c.cols,
+                                                      static_cast<uint32_t>(c.rows + c.cols), 32);
+    auto pairs = pack_pairs(w.view);
+    auto columns = Pack(w.view);
+    ASSERT_TRUE(pairs->bf16_pairs);
+    ASSERT_FALSE(columns->bf16_pairs);
+    const auto x = testing::RandomRows(c.m, c.cols, 8);
+    std::vector<float> got(static_cast<size_t>(c.m * c.rows), -1.0f);
+    kernels::LinearPanelsF32(x.data(), c.m, *pairs, 0, pairs->panels, got.data());
+    const auto* bits = reinterpret_cast<const uint16_t*>(w.bytes.data());
+    for (int64_t t = 0; t < c.m; ++t)
+      for (int64_t r = 0; r < c.rows; ++r) {
+        double want = 0, magnitude = 0;
+        for (int64_t k = 0; k < c.cols; ++k) {
+          const double term =
+              static_cast<double>(x[t * c.cols + k]) * BF16ToF32(bits[r * c.cols + k]);
+          want += term;
+          magnitude += std::fabs(term);
+        }
+        // f32 sums of exact products: the three parts' chains of cols terms and two adds.
+        const double bound = static_cast<double>(c.cols + 2) * std::ldexp(1.0, -24) * magnitude;
+        ASSERT_LE(std::fabs(got[t * c.rows + r] - want), bound)
+            << c.rows << "x" << c.cols << " row " << t << " output " << r;
+      }
+    // The last row alone: its bits among the others.
+    std::vector<float> alone(static_cast<size_t>(c.rows), -1.0f);
+    kernels::LinearPanelsF32(x.data() + (c.m - 1) * c.cols, 1, *pairs, 0, pairs->panels,
+                             alone.data());
+    EXPECT_EQ(
+        0, std::memcmp(alone.data(), got.data() + (c.m - 1) * c.rows, alone.size() * sizeof(float)))
+        << c.rows << "x" << c.cols;
+    // Panels by columns: LinearPanels' f32 kernel, its bits.
+    std::vector<float> f32(got.size(), -1.0f), want(got.size(), -2.0f);
+    kernels::LinearPanelsF32(x.data(), c.m, *columns, 0, columns->panels, f32.data());
+    kernels::LinearPanels(x.data(), nullptr, c.m, *columns, 0, columns->panels, want.data());
+    EXPECT_EQ(0, std::memcmp(f32.data(), want.data(), f32.size() * sizeof(float)))
+        << c.rows << "x" << c.cols;
+  }
+}
+
 // Gate and up walked as pairs of panels, SiLU·up and the rounding for down in the kernel's
 // copy-out: the bits of the two products, SiluMul on the item's columns and AmxToBf16Rows, at
 // widths that end in a partial panel, over the 256-row chunk, for part of the panels; the rest

@@ -34,7 +34,7 @@ void PerHeadProducts(const std::vector<Matrix>& w, int64_t T, Gather gather, Sca
       for (size_t h = begin; h < end; ++h) {
         gather(static_cast<int64_t>(h), in.data());
         const PackedMatrix& m = *w[h].packed;
-        kernels::LinearPanels(in.data(), nullptr, T, m, 0, m.panels, out.data());
+        kernels::LinearPanelsF32(in.data(), T, m, 0, m.panels, out.data());
         scatter(static_cast<int64_t>(h), out.data());
       }
     });

@@ -494,14 +494,18 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
         const int64_t steps = (k1 - k0) / kTileCols16;
         // Panels of bf16 pairs stream from memory: each block asks for its share of the next
         // unit's weights, a whole number of lines a step.
-        Bf16Prefetch spread;
+        // (Scalars here, and each block's Bf16Prefetch written field by field: copying a struct
+        // the compiler had zeroed in part with a 16-byte store read it back with a 32-byte load,
+        // which cannot be forwarded and so waited for the last block's tile stores to drain.)
+        const char* next_base[2] = {nullptr, nullptr};
+        int64_t next_bytes = 0;
         const int64_t blocks = (row_tiles + 1) / 2;
         if (w.bf16_pairs && next != nullptr && blocks > 1) {
           const int64_t next_k1 = std::min(w.cols, next->k0 + chunk_cols);
           const int64_t slice = (next_k1 - next->k0) * kPanelRows * 2;  // bytes of each panel
-          spread.next_bytes = ((slice + blocks * steps - 1) / (blocks * steps) + 63) / 64 * 64;
+          next_bytes = ((slice + blocks * steps - 1) / (blocks * steps) + 63) / 64 * 64;
           for (int64_t j = 0; j < std::min<int64_t>(2, walked - next->p); ++j)
-            spread.next[j] = reinterpret_cast<const char*>(pairs_from(next->p + j, next->k0));
+            next_base[j] = reinterpret_cast<const char*>(pairs_from(next->p + j, next->k0));
         }
         for (int64_t t = 0; t < row_tiles; t += 2) {
           const int64_t nr = std::min<int64_t>(2, row_tiles - t);
@@ -510,9 +514,11 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
                                nr == 2 ? state_tile(t + 1, 0) : nullptr,
                                nr == 2 && np == 2 ? state_tile(t + 1, 1) : nullptr};
           // The unit's first row tiles read its weights from memory; the rest, from L2.
-          Bf16Prefetch prefetch = spread;
+          Bf16Prefetch prefetch;
+          prefetch.next_bytes = next_bytes;
           for (int64_t j = 0; j < 2; ++j)
-            if (prefetch.next[j] != nullptr) prefetch.next[j] += t / 2 * steps * spread.next_bytes;
+            prefetch.next[j] =
+                next_base[j] != nullptr ? next_base[j] + t / 2 * steps * next_bytes : nullptr;
           if (w.bf16_pairs && (first || blocks == 1) && t == 0)
             for (int64_t j = 0; j < np; ++j)
               prefetch.own[j] =

@@ -83,6 +83,45 @@ void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const Packe
   }
 }
 
+void LinearPanelsF32(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
+                     int64_t panel_end, float* y) {
+  if (!w.bf16_pairs || m <= 0) return LinearPanels(x, nullptr, m, w, panel_begin, panel_end, y);
+  const AmxBackend backend = ActiveAmxBackend();
+  const int64_t cols = w.cols, stride = AmxBf16RowStride(cols);
+  // Parts [0, m): each value rounded to bf16; [m, 2m): what that left, rounded; [2m, 3m): the
+  // rest, which bf16 holds exactly (at most 8 significant bits remain). Thread-local: a worker's
+  // per-head products call this once a head.
+  thread_local CacheLineVector<uint16_t> parts;
+  thread_local std::vector<float> left, sums;
+  parts.resize(std::max(parts.size(), static_cast<size_t>(AmxBf16Elements(3 * m, cols))));
+  left.resize(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * cols;
+    uint16_t* part = parts.data() + r * stride;
+    AmxToBf16Row(backend, row, cols, part);
+    for (int64_t c = 0; c < cols; ++c)
+      left[c] = row[c] - BF16ToF32(part[c]);
+    part += m * stride;
+    AmxToBf16Row(backend, left.data(), cols, part);
+    for (int64_t c = 0; c < cols; ++c)
+      left[c] -= BF16ToF32(part[c]);
+    AmxToBf16Row(backend, left.data(), cols, part + m * stride);
+  }
+  // The rows past 3m that tile loads read.
+  std::fill(parts.data() + 3 * m * stride, parts.data() + AmxBf16Elements(3 * m, cols),
+            uint16_t{0});
+  sums.resize(std::max(sums.size(), static_cast<size_t>(3 * m * w.rows)));
+  AmxBf16Panels(backend, parts.data(), 3 * m, w, panel_begin, panel_end, sums.data());
+  const int64_t c0 = panel_begin * kPanelRows, c1 = std::min(w.rows, panel_end * kPanelRows);
+  for (int64_t r = 0; r < m; ++r) {
+    const float* hi = sums.data() + r * w.rows;
+    const float* mid = hi + m * w.rows;
+    const float* lo = mid + m * w.rows;
+    for (int64_t c = c0; c < c1; ++c)
+      y[r * w.rows + c] = (hi[c] + mid[c]) + lo[c];
+  }
+}
+
 // Split-K: a matrix with too few panels to keep the threads busy (a router: DeepSeek-V3's has 16
 // panels, the bench model's one) has its columns split into fixed chunks, each summed into its own
 // buffer by whichever thread takes it, and the chunks added in order. Whether and where to split

@@ -57,6 +57,14 @@ void LinearAuto(const float* x, int64_t m, const Matrix& w, float* y);
 // Single-threaded versions, for callers that split work themselves (grouped experts).
 void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                   int64_t panel_begin, int64_t panel_end, float* y);
+// The same with x kept to f32 accuracy, for products whose inputs bf16 would round too far (the
+// absorbed MLA's per-head products). On panels of bf16 pairs each row of x is split into three
+// bf16 parts that add up to it exactly (a float's 24 significant bits, 8 at a time), the 3m rows
+// go through the tile kernel together and each row's three results are added: f32 products and
+// sums, the f32 kernel's accuracy at the tiles' rate. Else LinearPanels' f32 kernel. A row's
+// result depends on that row alone.
+void LinearPanelsF32(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
+                     int64_t panel_end, float* y);
 bool UseBf16Gemm(int64_t m, const PackedMatrix& w);
 // Whether products against `w` take Bf16DotPanels (with activations from ToBf16RowsForDot).
 bool UseBf16Dot(const PackedMatrix& w);
