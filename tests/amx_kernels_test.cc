@@ -359,6 +359,30 @@ TEST(AmxBf16Test, RowsAreTheSameBitsAtEveryBatchSize) {
   }
 }
 
+// A matrix of fewer panels than threads (a router's 16 experts) splits a batch's rows over the
+// threads in whole tiles instead of its panels: each row keeps the bits it has alone.
+TEST(AmxBf16Test, OnePanelSplitsItsRowsAndKeepsEachRowsBits) {
+  if (kernels::ActiveAmxBackend() == AmxBackend::kNone) GTEST_SKIP() << "no AMX backend";
+  kernels::GlobalKernelOptions().amx_bf16 = true;
+  for (bool pairs : {true, false}) {
+    const int64_t rows = 16, cols = 256, m = 300;
+    testing::TestMatrix w = testing::RandomTestMatrix(DType::kBF16, rows, cols, 19, 32);
+    auto packed = Pack(w.view, pairs);
+    ASSERT_EQ(packed->panels, 1);
+    ASSERT_TRUE(kernels::UseAmxBf16(*packed));
+    const auto x = testing::RandomRows(m, cols, 29);
+    std::vector<float> all(static_cast<size_t>(m * rows), -1.0f);
+    kernels::LinearPacked(x.data(), m, *packed, all.data());
+    for (int64_t r = 0; r < m; ++r) {
+      std::vector<float> one(static_cast<size_t>(rows), -2.0f);
+      kernels::LinearPacked(x.data() + r * cols, 1, *packed, one.data());
+      ASSERT_EQ(0, std::memcmp(one.data(), all.data() + r * rows, rows * sizeof(float)))
+          << (pairs ? "pairs" : "column panels") << ", row " << r;
+    }
+  }
+  kernels::GlobalKernelOptions().amx_bf16 = false;
+}
+
 // bf16 weights laid out as the tiles at load (--amx-bf16: PackedMatrix::bf16_pairs): the same
 // bits as the column panels converted per product, across column and row chunks and from an odd
 // first panel; the layout converts both ways exactly; and every other reader of the panels (a
@@ -694,6 +718,27 @@ TEST(AmxBf16Test, GroupedExpertsOnTheTilesGiveTheBitsOfTheirPlainProducts) {
         kernels::GlobalKernelOptions().amx_bf16 = true;
       }
     }
+    {
+      // Rows that share a source (a token's several experts), at a prompt's size, where each
+      // source row is rounded once for all its expert rows; the odd sources feed no row.
+      const std::vector<int64_t> offsets = {0, 120, 250, 300};
+      const int64_t rows = offsets.back(), sources_count = 140;
+      const auto sources = testing::RandomRows(sources_count, hidden, 34);
+      std::vector<int64_t> source_rows(static_cast<size_t>(rows));
+      std::vector<float> x(static_cast<size_t>(rows * hidden));
+      for (int64_t i = 0; i < rows; ++i) {
+        source_rows[i] = (i * 37) % 65 * 2;
+        std::copy_n(sources.data() + source_rows[i] * hidden, hidden, x.data() + i * hidden);
+      }
+      std::vector<float> want(x.size(), -1.0f), got(x.size(), -2.0f);
+      for (int64_t e = 0; e < experts; ++e)
+        for (int64_t t = offsets[e]; t < offsets[e + 1]; ++t)
+          plain(e, x.data() + t * hidden, want.data() + t * hidden);
+      kernels::GroupedExpertFfn(sources.data(), offsets, group, hidden, got.data(),
+                                source_rows.data());
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+          << what << ", rows sharing sources";
+    }
     // The dense feed-forward: one group of the fused pass.
     FeedForwardWeights dense;
     Matrix* m[3] = {&dense.gate_proj, &dense.up_proj, &dense.down_proj};
@@ -701,7 +746,7 @@ TEST(AmxBf16Test, GroupedExpertsOnTheTilesGiveTheBitsOfTheirPlainProducts) {
       *m[i] = weights.storage[i].view;
       m[i]->packed = packed[i];
     }
-    for (int64_t tokens : {1, 7, 40}) {
+    for (int64_t tokens : {1, 7, 40, 300}) {
       auto x = testing::RandomRows(tokens, hidden, 33);
       std::vector<float> want(x.size(), -1.0f), got(x.size(), -2.0f);
       for (int64_t t = 0; t < tokens; ++t)

@@ -12,6 +12,7 @@
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/router.h"
 #include "kernels/cpu/weighted_sum.h"
+#include "tensor/dtype.h"
 
 namespace sy {
 namespace {
@@ -290,6 +291,48 @@ TEST(RouterTest, SoftmaxGreedyWithoutRenormalization) {
   EXPECT_EQ(ids[0], 3);
   EXPECT_NEAR(weights[0], 2 * std::exp(3.0) / z, 1e-6);
   EXPECT_NEAR(weights[1], 2 * std::exp(2.0) / z, 1e-6);
+}
+
+// A prompt's tokens are routed over the threads: every token gets what it gets routed alone.
+TEST(RouterTest, ManyTokensAreEachRoutedAsAlone) {
+  const auto p = V3Params();
+  const int64_t tokens = 1000;
+  const auto logits = Random(static_cast<size_t>(tokens * p.experts), 15, 2.0f);
+  const auto bias = Random(static_cast<size_t>(p.experts), 16, 0.1f);
+  std::vector<int32_t> ids(static_cast<size_t>(tokens * p.top_k), -1);
+  std::vector<float> weights(ids.size(), -1.0f);
+  kernels::Route(logits.data(), tokens, bias.data(), p, ids.data(), weights.data());
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> one_ids(static_cast<size_t>(p.top_k));
+    std::vector<float> one_weights(one_ids.size());
+    kernels::Route(logits.data() + t * p.experts, 1, bias.data(), p, one_ids.data(),
+                   one_weights.data());
+    for (int64_t k = 0; k < p.top_k; ++k) {
+      ASSERT_EQ(ids[t * p.top_k + k], one_ids[k]) << "token " << t;
+      ASSERT_EQ(weights[t * p.top_k + k], one_weights[k]) << "token " << t;
+    }
+  }
+}
+
+// The vector rounding to bf16 is F32ToBF16 bit for bit: ties to even both ways, the largest
+// finite values rounding up to infinity, subnormals kept (the CPUs' own conversions flush them),
+// NaNs quieted with their sign and payload's top bits, in the vector body and in the tail.
+TEST(ElementwiseTest, RoundToBf16GivesTheBitsOfTheScalarRounding) {
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f808001u,
+                                0x3f817fffu, 0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u, 0x7f800000u,
+                                0xff800000u, 0x7f800001u, 0xffc00000u, 0x7fbfffffu, 0x00000001u,
+                                0x80008000u, 0x00018000u, 0x007fffffu, 0x807fffffu, 0x00800000u};
+  std::mt19937 rng(17);
+  for (int i = 0; i < 5000; ++i)
+    bits.push_back(static_cast<uint32_t>(rng()));
+  for (size_t count : {bits.size(), size_t{3}, size_t{17}}) {
+    std::vector<float> x(count);
+    std::memcpy(x.data(), bits.data(), count * sizeof(float));
+    std::vector<uint16_t> got(count, 0x1234);
+    kernels::RoundToBf16(x.data(), static_cast<int64_t>(count), got.data());
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_EQ(got[i], F32ToBF16(x[i])) << "bits " << std::hex << bits[i] << ", count " << count;
+  }
 }
 
 // The two MLA forms are the same function: compare them on random data with query offsets.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/allocator.h"
 #include "base/stage_timer.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/elementwise.h"
@@ -55,8 +56,8 @@ class LayerRunner {
         sequence_parallel_(group_ != nullptr && group_->size() > 1 &&
                            options.attention_split == AttentionSplit::kSequence) {
     for (size_t p = 0; p < parts.size(); ++p) {
-      normed_[p].resize(static_cast<size_t>(parts[p].rows * c_.hidden_size));
-      delta_[p].resize(normed_[p].size());
+      normed_[p] = UninitializedArray<float>(parts[p].rows * c_.hidden_size);
+      delta_[p] = UninitializedArray<float>(parts[p].rows * c_.hidden_size);
     }
   }
 
@@ -67,32 +68,32 @@ class LayerRunner {
     const int64_t D = c_.hidden_size;
     const float eps = static_cast<float>(c_.rms_norm_eps);
     kernels::RmsNorm(mb.hidden, mb.rows, D, layer.self_attn.input_layernorm.data(), eps,
-                     normed_[p].data());
+                     normed_[p].get());
     if (sequence_parallel_) {
-      AttendSequenceParallel(mb, l, normed_[p].data(), delta_[p].data());
+      AttendSequenceParallel(mb, l, normed_[p].get(), delta_[p].get());
     } else {
       MlaForward(attention_c_, *context_.rope, layer.self_attn, l, mb.batch, mb.positions,
-                 *context_.cache, options_.attention, normed_[p].data(), delta_[p].data());
-      if (group_ != nullptr) group_->Sum(delta_[p].data(), mb.rows * D);
+                 *context_.cache, options_.attention, normed_[p].get(), delta_[p].get());
+      if (group_ != nullptr) group_->Sum(delta_[p].get(), mb.rows * D);
     }
     // The residual and the post-attention norm in one pass over each row, on every thread.
     AddDelta(p, layer.post_attention_layernorm.data());
   }
 
   void Dense(int p, int64_t l) {
-    FeedForward(Layer(l).mlp, normed_[p].data(), parts_[p].rows, delta_[p].data());
+    FeedForward(Layer(l).mlp, normed_[p].get(), parts_[p].rows, delta_[p].get());
     AddDelta(p);
   }
   void MoeWhole(int p, int64_t l) {
-    moe_.Run(c_, Layer(l).moe, l, normed_[p].data(), parts_[p].rows, delta_[p].data());
+    moe_.Run(c_, Layer(l).moe, l, normed_[p].get(), parts_[p].rows, delta_[p].get());
     AddDelta(p);
   }
   void MoeBegin(int p, int64_t l) {
-    moe_.Begin(c_, Layer(l).moe, l, normed_[p].data(), parts_[p].rows, p);
+    moe_.Begin(c_, Layer(l).moe, l, normed_[p].get(), parts_[p].rows, p);
   }
   void MoeMiddle(int p) { moe_.Middle(p); }
   void MoeEnd(int p) {
-    moe_.End(p, delta_[p].data());
+    moe_.End(p, delta_[p].get());
     AddDelta(p);
   }
 
@@ -104,8 +105,8 @@ class LayerRunner {
   // prefill while the other threads waited.
   void AddDelta(int p, const float* norm = nullptr) {
     float* h = parts_[p].hidden;
-    const float* d = delta_[p].data();
-    float* normed = normed_[p].data();
+    const float* d = delta_[p].get();
+    float* normed = normed_[p].get();
     const int64_t D = c_.hidden_size, rows = parts_[p].rows;
     const float eps = static_cast<float>(c_.rms_norm_eps);
     ThreadPool::Global().ParallelForIf(
@@ -189,7 +190,9 @@ class LayerRunner {
   MoeExecutor& moe_;
   AttentionGroup* group_;
   bool sequence_parallel_;
-  std::vector<float> normed_[MoeExecutor::kSlots], delta_[MoeExecutor::kSlots];
+  // Each written whole before it is read (every layer's attention and feed-forward write all of
+  // delta): no zero fill, which at a prompt's thousands of rows was 32 MB on one thread.
+  std::unique_ptr<float[]> normed_[MoeExecutor::kSlots], delta_[MoeExecutor::kSlots];
 };
 
 }  // namespace

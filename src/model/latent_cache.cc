@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu/elementwise.h"
 #include "tensor/packed_matrix.h"
 
 namespace sy {
@@ -59,10 +60,8 @@ void LatentCache::Write(int64_t layer, const SequenceCache& sequence, int64_t po
     std::memcpy(target, row, static_cast<size_t>(row_width_) * sizeof(float));
     return;
   }
-  for (int64_t i = 0; i < row_width_; ++i) {
-    uint16_t bits = F32ToBF16(row[i]);
-    std::memcpy(target + 2 * i, &bits, 2);
-  }
+  // A bf16 row starts on an even byte: pages and rows are whole multiples of 2 bytes.
+  kernels::RoundToBf16(row, row_width_, reinterpret_cast<uint16_t*>(target));
 }
 
 void LatentCache::CopyRows(int64_t layer, const SequenceCache& sequence, int64_t first,

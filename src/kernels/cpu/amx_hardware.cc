@@ -159,6 +159,17 @@ void ToBf16RowsHardware(const float* x, int64_t m, int64_t cols, uint16_t* out) 
   ToBf16RowsForDot(x, m, cols, out);  // AVX-512 BF16's rounding, as the dot kernel's
 }
 
+SY_AMX_KERNEL void ToBf16RowFanOutHardware(const float* x, int64_t cols, uint16_t* const* outs,
+                                           int64_t count) {
+  for (int64_t c = 0; c < cols; c += 32) {
+    const __m512i both = reinterpret_cast<__m512i>(
+        _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + c + 16), _mm512_loadu_ps(x + c)));
+    for (int64_t i = 0; i < count; ++i)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(outs[i] + c), both);
+  }
+  _mm_sfence();
+}
+
 }  // namespace sy::kernels::amx_detail
 
 #else  // no AMX off x86-64: ActiveAmxBackend() never answers kHardware there
@@ -179,6 +190,7 @@ double PeakLoopHardware(bool, int64_t) {
 void MlaDecodeHardware(const float*, const float*, int64_t, const int64_t*, const LatentPages&,
                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float*) {}
 void ToBf16RowsHardware(const float*, int64_t, int64_t, uint16_t*) {}
+void ToBf16RowFanOutHardware(const float*, int64_t, uint16_t* const*, int64_t) {}
 }  // namespace sy::kernels::amx_detail
 
 #endif

@@ -252,6 +252,17 @@ void AmxToBf16Row(AmxBackend backend, const float* x, int64_t cols, uint16_t* ou
   }
 }
 
+void AmxToBf16RowFanOut(AmxBackend backend, const float* x, int64_t cols, uint16_t* const* outs,
+                        int64_t count) {
+  if (backend == AmxBackend::kHardware) {
+    amx_detail::ToBf16RowFanOutHardware(x, cols, outs, count);
+  } else {
+    for (int64_t i = 0; i < count; ++i)
+      for (int64_t c = 0; c < cols; ++c)
+        outs[i][c] = F32ToBF16(x[c]);
+  }
+}
+
 void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                    int64_t panel_begin, int64_t panel_end, float* y) {
   if (backend == AmxBackend::kHardware) {

@@ -81,6 +81,10 @@ inline int64_t AmxBf16Elements(int64_t m, int64_t cols) {
 void AmxToBf16Rows(AmxBackend backend, const float* x, int64_t m, int64_t cols, uint16_t* out);
 // One row as AmxToBf16Rows rounds it: `cols` values at out (no rows of zeros after it).
 void AmxToBf16Row(AmxBackend backend, const float* x, int64_t cols, uint16_t* out);
+// One row rounded as AmxToBf16Row into each of outs[0, count) (64-byte aligned; cols a multiple
+// of 32), written past the caches: for copies nothing reads before they have left them.
+void AmxToBf16RowFanOut(AmxBackend backend, const float* x, int64_t cols, uint16_t* const* outs,
+                        int64_t count);
 // y[m, w.rows] = x · wᵀ for panels [panel_begin, panel_end); one thread. x_bf16 as
 // AmxToBf16Rows writes it.
 void AmxBf16Panels(AmxBackend backend, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
@@ -167,6 +171,7 @@ void Bf16GateUpHardware(const uint16_t* x_bf16, int64_t m, const PackedMatrix& g
                         const PackedMatrix& up, int64_t panel_begin, int64_t panel_end,
                         uint16_t* out);
 void ToBf16RowsHardware(const float* x, int64_t m, int64_t cols, uint16_t* out);
+void ToBf16RowFanOutHardware(const float* x, int64_t cols, uint16_t* const* outs, int64_t count);
 double PeakLoopEmulated(bool bf16, int64_t iterations);
 void MlaDecodeEmulated(const float* q_latent, const float* q_pe, int64_t tokens,
                        const int64_t* positions, const LatentPages& cache, int64_t keys,

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/thread_pool.h"
+#include "tensor/dtype.h"
 
 // Highway's per-target re-inclusion needs this order.
 // clang-format off
@@ -85,6 +86,28 @@ void SiluMulImpl(float* gate, const float* up, int64_t count) {
   }
 }
 
+// F32ToBF16 (tensor/dtype.h) lane by lane, in integer arithmetic as it is written: nearest, ties
+// to even, subnormals kept, NaN quieted. (The CPUs' own conversions flush subnormals.)
+void RoundToBf16Impl(const float* x, int64_t count, uint16_t* out) {
+  const hn::ScalableTag<uint32_t> du;
+  const hn::Rebind<uint16_t, decltype(du)> du16;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(du));
+  const auto magnitude = hn::Set(du, 0x7fffffffu), infinity = hn::Set(du, 0x7f800000u);
+  const auto half = hn::Set(du, 0x7fffu), one = hn::Set(du, 1u), quiet = hn::Set(du, 0x40u);
+  auto round = [&](const float* in, uint16_t* to) {
+    const auto bits = hn::LoadU(du, reinterpret_cast<const uint32_t*>(in));
+    const auto high = hn::ShiftRight<16>(bits);
+    const auto nearest = hn::ShiftRight<16>(hn::Add(bits, hn::Add(half, hn::And(high, one))));
+    const auto nan = hn::Gt(hn::And(bits, magnitude), infinity);
+    hn::StoreU(hn::TruncateTo(du16, hn::IfThenElse(nan, hn::Or(high, quiet), nearest)), du16, to);
+  };
+  int64_t i = 0;
+  for (; i + n <= count; i += n)
+    round(x + i, out + i);
+  for (; i < count; ++i)
+    out[i] = F32ToBF16(x[i]);
+}
+
 }  // namespace sy::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -93,6 +116,11 @@ namespace sy::kernels {
 
 HWY_EXPORT(RmsNormRowsImpl);
 HWY_EXPORT(SiluMulImpl);
+HWY_EXPORT(RoundToBf16Impl);
+
+void RoundToBf16(const float* x, int64_t count, uint16_t* out) {
+  HWY_DYNAMIC_DISPATCH(RoundToBf16Impl)(x, count, out);
+}
 
 void RmsNorm(const float* x, int64_t rows, int64_t width, const float* weight, float eps,
              float* out) {

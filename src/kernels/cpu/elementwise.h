@@ -28,6 +28,9 @@ void RopeTable(int64_t dim, int64_t position, const float* inv_freq, float atten
                float* cos_sin);
 void ApplyRope(float* vector, int64_t dim, const float* cos_sin);
 
+// out[i] = F32ToBF16(x[i]) (tensor/dtype.h) for `count` values: the same bits, vectorized.
+void RoundToBf16(const float* x, int64_t count, uint16_t* out);
+
 // In-place softmax of `count` values, computed in f32 with the maximum subtracted.
 void Softmax(float* values, int64_t count);
 

@@ -24,6 +24,7 @@ struct RouterParams {
 // bias:    [experts] or null   e_score_correction_bias, used for selection only
 // ids:     [tokens, top_k]     chosen experts, best first; ties go to the lower index
 // weights: [tokens, top_k]     their routing weights
+// Many tokens are spread over the thread pool (not from inside a pool task).
 void Route(const float* logits, int64_t tokens, const float* bias, const RouterParams& params,
            int32_t* ids, float* weights);
 
