@@ -258,8 +258,7 @@ void AmxToBf16RowFanOut(AmxBackend backend, const float* x, int64_t cols, uint16
     amx_detail::ToBf16RowFanOutHardware(x, cols, outs, count);
   } else {
     for (int64_t i = 0; i < count; ++i)
-      for (int64_t c = 0; c < cols; ++c)
-        outs[i][c] = F32ToBF16(x[c]);
+      AmxToBf16Row(backend, x, cols, outs[i]);
   }
 }
 
