@@ -396,9 +396,11 @@ TEST(AmxBf16Test, PanelsOfPairsGiveTheBitsOfColumnPanels) {
                                     {17, 96, 2, 0},
                                     {47, 320, 13, 1},
                                     {130, 512, 37, 0},
+                                    // from 256 rows, units of 256 columns on pairs (the
+                                    // chains go on across them), of 512 on columns
                                     {40, 1280, 300, 0},
                                     {90, 640, 270, 1},
-                                    // units of 2048 columns on pairs, of 512 on columns
+                                    // on pairs, units of 2048 columns at m 40, of 256 at 300
                                     {20, 2560, 40, 0},
                                     {20, 2560, 300, 1}}) {
       testing::TestMatrix w = testing::RandomTestMatrix(

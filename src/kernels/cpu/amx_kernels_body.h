@@ -283,6 +283,14 @@ constexpr int64_t kBf16ChunkCols = 512;  // columns of weights converted at a ti
 // units of 512 columns ran at 0.94 TFLOP/s, of 2048 at 1.18 while x sat 16 bytes off a line;
 // once on lines (CacheLineVector), 1.27 and 1.31.
 constexpr int64_t kBf16PairsChunkCols = 2048;
+// ... except where a unit is walked by a whole chunk of rows (kBf16ChunkRows: 8 blocks) and the
+// walk is one matrix: then units of 256 columns, whose panel pair (16 KiB) stays in L1 for all
+// the unit's blocks, and only x's tiles come from L2. Measured (Xeon with AMX, 2 threads, bf16
+// pairs, medians of 7, 3 alternated runs): 2048 rows × 2048 outputs at 768, 1024 and 2048
+// columns 1.09-1.19×, 1.05-1.10× and 1.03-1.07× the rate of 2048-column units; an expert's
+// 512 rows of down (2048 × 768) 1.10-1.16×; at 512 columns and below 256 rows, no better. The
+// fused gate and up walk (two matrices' panels a unit) ran no faster, and keeps long units.
+constexpr int64_t kBf16PairsShortChunkCols = 256;
 constexpr int64_t kBf16ChunkRows = 256;  // rows of x walked by every panel before the next ones
 constexpr int64_t kBf16RowsInL2Bytes = 1 << 20;  // x up to this size is read again per panel pair
 constexpr int64_t kBf16TileElems = kAmxMaxRows * kTileCols16;  // bf16 per A or B tile
@@ -446,8 +454,10 @@ SY_AMX_KERNEL void Bf16PanelsBody(const uint16_t* x_bf16, int64_t m, const Packe
   const bool fp8 = w.dtype == DType::kF8E4M3;
   // fp8: the scale block ends a tile's chain of sums. bf16 weights have no scale: one chain.
   const int64_t block = fp8 ? w.block_cols : kBf16ChunkCols;
+  const int64_t pairs_chunk_cols =
+      gate_up == nullptr && m >= kBf16ChunkRows ? kBf16PairsShortChunkCols : kBf16PairsChunkCols;
   const int64_t chunk_cols =
-      w.bf16_pairs ? kBf16PairsChunkCols : block * std::max<int64_t>(1, kBf16ChunkCols / block);
+      w.bf16_pairs ? pairs_chunk_cols : block * std::max<int64_t>(1, kBf16ChunkCols / block);
   // The walk's panels, v in [0, walked): w's panel panel_begin + v, or (fused) gate's and up's
   // panel panel_begin + v / 2 in turn (both of one layout and, for fp8, one block size).
   const int64_t panels = panel_end - panel_begin;
