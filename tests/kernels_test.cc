@@ -335,6 +335,47 @@ TEST(ElementwiseTest, RoundToBf16GivesTheBitsOfTheScalarRounding) {
   }
 }
 
+TEST(ElementwiseTest, WidenBf16GivesEveryValuesBitsInF32) {
+  std::vector<uint16_t> bits(65536);
+  for (size_t i = 0; i < bits.size(); ++i)
+    bits[i] = static_cast<uint16_t>(i);
+  for (size_t count : {bits.size(), size_t{3}, size_t{17}}) {
+    std::vector<float> got(count, -1.0f);
+    kernels::WidenBf16(bits.data() + 1, static_cast<int64_t>(count - 1), got.data());
+    for (size_t i = 0; i + 1 < count; ++i) {
+      uint32_t want = static_cast<uint32_t>(bits[i + 1]) << 16, have = 0;
+      std::memcpy(&have, &got[i], 4);
+      ASSERT_EQ(have, want) << "bf16 " << std::hex << bits[i + 1] << ", count " << count;
+    }
+    ASSERT_EQ(got[count - 1], -1.0f) << "wrote past the end, count " << count;
+  }
+}
+
+// The rotation a prompt's tokens take (one table per token, applied to every head) has the bits of
+// RopePairwise, the one-step form, for every width: whole vectors and the pairs after them.
+TEST(ElementwiseTest, RopeTableThenApplyRopeGiveRopePairwisesBits) {
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> value(-40.0f, 40.0f);
+  for (int64_t dim : {2, 6, 16, 18, 34, 64, 66, 128}) {
+    std::vector<float> inv_freq(static_cast<size_t>(dim / 2));
+    for (size_t i = 0; i < inv_freq.size(); ++i)
+      inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(dim));
+    for (int64_t position : {0, 1, 7, 4095, 163839}) {
+      std::vector<float> x(static_cast<size_t>(dim));
+      for (float& v : x)
+        v = value(rng);
+      x[0] = 3.4e38f;       // a product past f32's range: inf, as in the scalar form
+      x[dim - 1] = 1e-40f;  // subnormal
+      std::vector<float> want = x, got = x, table(static_cast<size_t>(dim));
+      kernels::RopePairwise(want.data(), dim, position, inv_freq.data(), 1.25f);
+      kernels::RopeTable(dim, position, inv_freq.data(), 1.25f, table.data());
+      kernels::ApplyRope(got.data(), dim, table.data());
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), x.size() * sizeof(float)))
+          << "dim " << dim << ", position " << position;
+    }
+  }
+}
+
 // The two MLA forms are the same function: compare them on random data with query offsets.
 TEST(MlaAttentionTest, AbsorbedEqualsExpanded) {
   kernels::MlaDims d{3, 10, 6, 7, 11, 0.3f};

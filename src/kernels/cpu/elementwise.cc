@@ -108,6 +108,20 @@ void RoundToBf16Impl(const float* x, int64_t count, uint16_t* out) {
     out[i] = F32ToBF16(x[i]);
 }
 
+// bf16 → f32 is exact: each value's bits moved to the top half.
+void WidenBf16Impl(const uint16_t* x, int64_t count, float* out) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint16_t, decltype(du)> du16;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + n <= count; i += n)
+    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(du16, x + i)))), df,
+               out + i);
+  for (; i < count; ++i)
+    out[i] = BF16ToF32(x[i]);
+}
+
 }  // namespace sy::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -117,6 +131,11 @@ namespace sy::kernels {
 HWY_EXPORT(RmsNormRowsImpl);
 HWY_EXPORT(SiluMulImpl);
 HWY_EXPORT(RoundToBf16Impl);
+HWY_EXPORT(WidenBf16Impl);
+
+void WidenBf16(const uint16_t* x, int64_t count, float* out) {
+  HWY_DYNAMIC_DISPATCH(WidenBf16Impl)(x, count, out);
+}
 
 void RoundToBf16(const float* x, int64_t count, uint16_t* out) {
   HWY_DYNAMIC_DISPATCH(RoundToBf16Impl)(x, count, out);
@@ -143,36 +162,6 @@ void RmsNormRows(const float* x, int64_t begin, int64_t end, int64_t width, cons
 
 void SiluMul(float* gate, const float* up, int64_t count) {
   HWY_DYNAMIC_DISPATCH(SiluMulImpl)(gate, up, count);
-}
-
-void RopePairwise(float* vector, int64_t dim, int64_t position, const float* inv_freq,
-                  float attention_factor) {
-  for (int64_t i = 0; i < dim / 2; ++i) {
-    // The angle in f32 as HF computes it: position (as float) times the f32 frequency.
-    float angle = static_cast<float>(position) * inv_freq[i];
-    float c = std::cos(angle) * attention_factor, s = std::sin(angle) * attention_factor;
-    float a = vector[2 * i], b = vector[2 * i + 1];
-    vector[2 * i] = a * c - b * s;
-    vector[2 * i + 1] = a * s + b * c;
-  }
-}
-
-void RopeTable(int64_t dim, int64_t position, const float* inv_freq, float attention_factor,
-               float* cos_sin) {
-  for (int64_t i = 0; i < dim / 2; ++i) {
-    const float angle = static_cast<float>(position) * inv_freq[i];
-    cos_sin[2 * i] = std::cos(angle) * attention_factor;
-    cos_sin[2 * i + 1] = std::sin(angle) * attention_factor;
-  }
-}
-
-void ApplyRope(float* vector, int64_t dim, const float* cos_sin) {
-  for (int64_t i = 0; i < dim / 2; ++i) {
-    const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
-    const float a = vector[2 * i], b = vector[2 * i + 1];
-    vector[2 * i] = a * c - b * s;
-    vector[2 * i + 1] = a * s + b * c;
-  }
 }
 
 void Softmax(float* values, int64_t count) {

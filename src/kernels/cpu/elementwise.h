@@ -16,7 +16,7 @@ void RmsNormRows(const float* x, int64_t begin, int64_t end, int64_t width, cons
 // gate[i] = silu(gate[i]) * up[i], the SwiGLU product, in place over `count` elements.
 void SiluMul(float* gate, const float* up, int64_t count);
 
-// DeepSeek's pairwise rotary embedding of one vector of `dim` elements at `position`:
+// DeepSeek's pairwise rotary embedding (rope.cc) of one vector of `dim` elements at `position`:
 // each pair (2i, 2i+1) is rotated by position·inv_freq[i], cos/sin scaled by
 // attention_factor (YaRN's mscale ratio; 1 for DeepSeek-V3).
 void RopePairwise(float* vector, int64_t dim, int64_t position, const float* inv_freq,
@@ -30,6 +30,8 @@ void ApplyRope(float* vector, int64_t dim, const float* cos_sin);
 
 // out[i] = F32ToBF16(x[i]) (tensor/dtype.h) for `count` values: the same bits, vectorized.
 void RoundToBf16(const float* x, int64_t count, uint16_t* out);
+// out[i] = BF16ToF32(x[i]) for `count` values (exact), vectorized.
+void WidenBf16(const uint16_t* x, int64_t count, float* out);
 
 // In-place softmax of `count` values, computed in f32 with the maximum subtracted.
 void Softmax(float* values, int64_t count);
