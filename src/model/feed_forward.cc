@@ -242,10 +242,18 @@ void MoeForwardRouted(const ModelConfig& c, const MoeWeights& w, const ExpertRou
   // zeroed, faulted in page by page and unmapped again in every MoE layer (a sixth of a 32 ×
   // 64-token prefill of the bf16 bench checkpoint on a Xeon). Every row RunExperts computes is
   // written; the rows of experts without weights here are zeroed, as FinalizeRouting adds them.
-  thread_local std::vector<float> rows_buffer;
+  // Not zero-filled either: where the grouped pass sums the rows into `out` itself, none is
+  // written, and the pages of a buffer never written are never made resident (a 32 × 64-token
+  // prompt's would be 84 MB).
+  thread_local std::unique_ptr<float[]> rows_buffer;
+  thread_local size_t rows_capacity = 0;
   const size_t needed = static_cast<size_t>((slots + (joined ? tokens : 0)) * D);
-  if (rows_buffer.size() < needed) rows_buffer.resize(needed);
-  float* const expert_rows = rows_buffer.data();
+  if (rows_capacity < needed) {
+    rows_buffer.reset();
+    rows_buffer = UninitializedArray<float>(static_cast<int64_t>(needed));
+    rows_capacity = needed;
+  }
+  float* const expert_rows = rows_buffer.get();
   for (size_t e = 0; e < w.experts.size(); ++e)
     if (w.experts[e].empty())
       std::fill(expert_rows + routing.expert_offsets[e] * D,
