@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include <sys/mman.h>
@@ -620,12 +621,14 @@ TEST_P(PerTargetMla, ExpandedAttentionRowsAreTheSameBitsHoweverTheSliceIsCut) {
                                   kv_b.view, d, tiled.data());
   for (size_t i = 0; i < whole.size(); ++i)
     ASSERT_NEAR(tiled[i], whole[i], 1e-4) << i;
-  // Every row alone; and the slice cut at 3 and 22 (groups and blocks fall elsewhere).
-  std::vector<float> part(tokens * out_row);
+  // Every row alone; and the slice cut at 3 and 22 (groups and blocks fall elsewhere). The
+  // outputs need no initial values: NaN there before the calls.
+  std::vector<float> part(tokens * out_row, std::numeric_limits<float>::quiet_NaN());
   for (int64_t t = 0; t < tokens; ++t)
     kernels::MlaAttendExpandedTiled(q.data() + t * d.heads * width, 1, positions.data() + t,
                                     latents.data(), keys, kv_b.view, d, part.data() + t * out_row);
   EXPECT_EQ(std::memcmp(part.data(), tiled.data(), part.size() * sizeof(float)), 0);
+  std::fill(part.begin(), part.end(), std::numeric_limits<float>::quiet_NaN());
   for (auto [from, to] : {std::pair<int64_t, int64_t>{0, 3}, {3, 22}, {22, tokens}})
     kernels::MlaAttendExpandedTiled(q.data() + from * d.heads * width, to - from,
                                     positions.data() + from, latents.data(), keys, kv_b.view, d,

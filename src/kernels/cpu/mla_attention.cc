@@ -58,12 +58,12 @@ void MlaAttendExpandedImpl(const float* q, int64_t tokens, const int64_t* positi
   std::vector<float> running_max(static_cast<size_t>(items),
                                  -std::numeric_limits<float>::infinity());
   std::vector<float> running_sum(static_cast<size_t>(items), 0.0f);
-  // The outputs' zeroing and final scaling over the threads: a prompt's are megabytes (16 MB for
-  // 2,048 tokens of 16 heads), a few percent of its prefill on one thread while the others wait.
-  const bool spread = items * d.v >= (int64_t{1} << 16);
-  ThreadPool::Global().ParallelForIf(spread, static_cast<size_t>(items), [&](size_t b, size_t e) {
-    std::fill(out + static_cast<int64_t>(b) * d.v, out + static_cast<int64_t>(e) * d.v, 0.0f);
-  });
+  // The outputs are zeroed and finally scaled by the threads that attend them, item by item, in
+  // the first and last super-blocks' passes: a prompt's are megabytes (16 MB for 2,048 tokens of
+  // 16 heads), a few percent of its prefill on one thread while the others wait, and two loops
+  // of their own per sequence and layer were 640 more of the pool's waits in a 32 × 64-token
+  // prompt.
+  if (last == 0) std::fill(out, out + items * d.v, 0.0f);  // no keys: no pass
   // Kept from call to call, never zeroed: every element read is written first (the rows past a
   // super-block's keys are zeroed below). Zero-filled anew, they were megabytes per sequence
   // and layer on one thread (a 32 × 64-token prefill: a few percent). By pointer for the workers.
@@ -113,6 +113,7 @@ void MlaAttendExpandedImpl(const float* q, int64_t tokens, const int64_t* positi
               std::copy_n(first + j * H * kv_width + d.nope, d.v, values + j * d.v);
           }
         });
+    const bool first_pass = start == 0, last_pass = start + super >= last;
     ThreadPool::Global().ParallelFor(static_cast<size_t>(blocks * H), [&](size_t begin,
                                                                           size_t end) {
       HWY_ALIGN float scores[kGroup * kChunk];
@@ -121,6 +122,9 @@ void MlaAttendExpandedImpl(const float* q, int64_t tokens, const int64_t* positi
         const int64_t h = static_cast<int64_t>(index) % H;
         const int64_t t_begin = block * kTokenBlock;
         const int64_t t_end = std::min(tokens, t_begin + kTokenBlock);
+        if (first_pass)
+          for (int64_t t = t_begin; t < t_end; ++t)
+            std::fill_n(out + (t * H + h) * d.v, d.v, 0.0f);
         for (int64_t c = 0; c < chunks; ++c) {
           const int64_t chunk_start = start + c * kChunk;
           const float* columns = layout + (h * chunks_per_super + c) * chunk_floats;
@@ -160,16 +164,16 @@ void MlaAttendExpandedImpl(const float* q, int64_t tokens, const int64_t* positi
             AccumulateGroup(df, values, d.v, d.v, group_used, scores, correction, o_group);
           }
         }
+        if (last_pass)  // the block's rows of this head are whole: divide by their sums
+          for (int64_t t = t_begin; t < t_end; ++t) {
+            const int64_t item = t * H + h;
+            const float inverse = running_sum[item] > 0 ? 1.0f / running_sum[item] : 0.0f;
+            for (int64_t i = 0; i < d.v; ++i)
+              out[item * d.v + i] *= inverse;
+          }
       }
     });
   }
-  ThreadPool::Global().ParallelForIf(spread, static_cast<size_t>(items), [&](size_t b, size_t e) {
-    for (int64_t item = static_cast<int64_t>(b); item < static_cast<int64_t>(e); ++item) {
-      const float inverse = running_sum[item] > 0 ? 1.0f / running_sum[item] : 0.0f;
-      for (int64_t i = 0; i < d.v; ++i)
-        out[item * d.v + i] *= inverse;
-    }
-  });
 }
 
 }  // namespace sy::kernels::HWY_NAMESPACE
