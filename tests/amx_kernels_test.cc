@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "base/thread_pool.h"
 #include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/elementwise.h"
@@ -813,6 +814,60 @@ TEST(AmxBf16Test, DownProductsSummedIntoTheirTokensGiveTheBitsOfTheRowsSummed) {
                                         token.data(), &sum));
   EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
   EXPECT_EQ(untouched, std::vector<float>(expert_rows.size(), -4.0f));
+}
+
+// At prompt sizes (1,024 rows and more) the threads' shares of down's columns are sized by their
+// earlier speed: however unequal they come out, each token's sum keeps the bits of its rows
+// summed in order.
+TEST(AmxBf16Test, DownSharesOfAnySizeGiveTheSameSums) {
+  const int64_t hidden = 256, width = 64, tokens = 600;
+  const TestExperts weights(DType::kBF16, 3, hidden, width, 95, 32);
+  const auto pairs = weights.Packed(true);
+  const auto group = TestExperts::Groups(pairs);
+  // Expert 0 takes the even tokens, expert 1 every third, the last (shared) every token.
+  std::vector<int64_t> offsets = {0}, token;
+  std::vector<float> weight;
+  for (int64_t e = 0; e < 3; ++e) {
+    for (int64_t t = 0; t < tokens; ++t)
+      if (e == 2 || t % (e + 2) == 0) {
+        token.push_back(t);
+        weight.push_back(e == 2 ? 1.0f : 0.25f + 0.01f * static_cast<float>(t % 7));
+      }
+    offsets.push_back(static_cast<int64_t>(token.size()));
+  }
+  const int64_t rows = offsets.back();
+  ASSERT_GE(rows, 1024);
+  std::vector<uint8_t> first(token.size()), seen(tokens, 0);
+  for (size_t i = 0; i < token.size(); ++i) {
+    first[i] = seen[token[i]] == 0;
+    seen[token[i]] = 1;
+  }
+  auto x = testing::RandomRows(tokens, hidden, 46);
+  std::vector<float> expert_rows(static_cast<size_t>(rows * hidden));
+  ASSERT_FALSE(kernels::GroupedExpertFfn(x.data(), offsets, group, hidden, expert_rows.data(),
+                                         token.data()));
+  std::vector<float> want(static_cast<size_t>(tokens * hidden));
+  for (int64_t i = 0; i < rows; ++i)
+    kernels::AddWeightedRow(want.data() + token[i] * hidden, expert_rows.data() + i * hidden,
+                            weight[i], hidden, first[i] != 0);
+  const size_t threads = static_cast<size_t>(ThreadPool::Global().size());
+  std::vector<std::vector<double>> costs = {std::vector<double>(threads, 1.0)};
+  if (threads > 1) {
+    costs.push_back(std::vector<double>(threads, 2.0 / 3.0));
+    costs.back()[0] = 2.0;  // share 0 slow: the least columns
+    costs.push_back(std::vector<double>(threads, 2.0));
+    costs.back()[0] = 2.0 / 3.0;  // share 0 fast: the most
+  }
+  for (const auto& cost : costs) {
+    kernels::SetRoutedShareCostsForTesting(cost);
+    std::vector<float> got(want.size(), -3.0f);
+    const kernels::AmxRoutedRows sum{token.data(), weight.data(), first.data(), got.data(), hidden};
+    ASSERT_TRUE(kernels::GroupedExpertFfn(x.data(), offsets, group, hidden, expert_rows.data(),
+                                          token.data(), &sum));
+    ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+        << "share 0's cost " << cost[0];
+  }
+  kernels::SetRoutedShareCostsForTesting({});
 }
 
 // With --amx-bf16, plain and grouped expert products take the kernel: a row of an expert's

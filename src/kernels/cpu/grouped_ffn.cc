@@ -5,8 +5,11 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "base/allocator.h"
+#include "base/clock.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/amx_kernels.h"
 #include "kernels/cpu/bf16_dot.h"
@@ -130,6 +133,70 @@ void BalancedFor(size_t count, Cost cost, Body body) {
   });
 }
 
+// The routed down pass's column shares at prompt sizes, sized by the speed each ran at before.
+// Every expert has down's shape, yet equal shares were not equal work: in a 32 × 64-token prompt
+// of the bf16 bench model (Xeon with AMX, 2 threads) the thread with the upper half of the
+// columns finished ~9% of the loop later, every layer (those columns lie in the last third of
+// each matrix, which is in 4 KiB pages where the rest is in huge ones). Each share's cost per
+// panel relative to the call's mean is smoothed from call to call, and the panels split in
+// inverse proportion, each share within [1/2, 3/2] of the equal one. Which thread takes which
+// columns changes no bit: a column's sums over the experts are its own, in ascending order.
+class RoutedShares {
+ public:
+  // Panels [bounds[t], bounds[t + 1]) for share t of `threads`.
+  std::vector<int64_t> Bounds(int64_t panels, size_t threads) {
+    std::lock_guard lock(mutex_);
+    if (cost_.size() != threads) cost_.assign(threads, 1.0);
+    double total = 0;
+    for (double c : cost_)
+      total += 1.0 / c;
+    std::vector<int64_t> bounds(threads + 1, 0);
+    double at = 0;
+    for (size_t t = 0; t < threads; ++t) {
+      at += 1.0 / cost_[t] / total;
+      bounds[t + 1] = t + 1 == threads ? panels : static_cast<int64_t>(std::lround(at * panels));
+      bounds[t + 1] = std::clamp(bounds[t + 1], bounds[t], panels);
+    }
+    return bounds;
+  }
+  // The seconds each share of `bounds` took.
+  void Update(const std::vector<int64_t>& bounds, const std::vector<double>& seconds) {
+    const size_t threads = seconds.size();
+    std::vector<double> per_panel(threads, 0.0);
+    double mean = 0;
+    size_t counted = 0;
+    for (size_t t = 0; t < threads; ++t) {
+      const int64_t count = bounds[t + 1] - bounds[t];
+      if (count <= 0 || seconds[t] <= 0) return;  // nothing to compare
+      per_panel[t] = seconds[t] / static_cast<double>(count);
+      mean += per_panel[t];
+      ++counted;
+    }
+    mean /= static_cast<double>(counted);
+    std::lock_guard lock(mutex_);
+    if (cost_.size() != threads) return;
+    for (size_t t = 0; t < threads; ++t)
+      cost_[t] = std::clamp(0.5 * cost_[t] + 0.5 * per_panel[t] / mean, 2.0 / 3.0, 2.0);
+  }
+  void Set(const std::vector<double>& costs) {
+    std::lock_guard lock(mutex_);
+    cost_ = costs;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<double> cost_;  // per share: cost per panel relative to the shares' mean
+};
+
+RoutedShares& PromptRoutedShares() {
+  static RoutedShares shares;
+  return shares;
+}
+
+// Rows from which the routed down pass sizes its shares by speed (a prompt's): below, equal
+// shares, as decode steps' few rows take the weights' streaming time, not their own.
+constexpr int64_t kMeasuredShareRows = 1024;
+
 // An item's cost in row-panels, with streaming the panel's weights worth a few rows.
 constexpr double kStreamRows = 3;
 
@@ -177,6 +244,10 @@ void RoundRowsForExperts(const float* x, int64_t hidden, const std::vector<int64
 }
 
 }  // namespace
+
+void SetRoutedShareCostsForTesting(const std::vector<double>& costs) {
+  PromptRoutedShares().Set(costs);
+}
 
 bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
                       const std::vector<ExpertPanels>& experts, int64_t hidden, float* out,
@@ -364,15 +435,25 @@ bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
       // Each thread its share of down's columns for every expert, experts in ascending order,
       // adding into the tokens' sums: each token's terms come in FinalizeRouting's order, and
       // the expert rows are never written (at a prompt's thousands of rows, 80 MB a layer
-      // written and read back). Every expert has down's shape, so equal shares are equal work.
+      // written and read back). Every expert has down's shape: equal shares, or at prompt sizes
+      // shares sized by their speed (RoutedShares).
       int64_t panels = 0;
       for (const auto& e : experts)
         if (e.down) panels = e.down->panels;
       const size_t threads = static_cast<size_t>(ThreadPool::Global().size());
+      const bool measured = rows >= kMeasuredShareRows && threads > 1;
+      std::vector<int64_t> bounds(threads + 1, 0);
+      if (measured) {
+        bounds = PromptRoutedShares().Bounds(panels, threads);
+      } else {
+        for (size_t t = 0; t <= threads; ++t)
+          bounds[t] = panels * static_cast<int64_t>(t) / static_cast<int64_t>(threads);
+      }
+      std::vector<double> seconds(threads, 0.0);
       ThreadPool::Global().ParallelFor(threads, [&](size_t begin, size_t end) {
         for (size_t t = begin; t < end; ++t) {
-          const int64_t p0 = panels * static_cast<int64_t>(t) / static_cast<int64_t>(threads);
-          const int64_t p1 = panels * static_cast<int64_t>(t + 1) / static_cast<int64_t>(threads);
+          const double start = NowSeconds();
+          const int64_t p0 = bounds[t], p1 = bounds[t + 1];
           for (int64_t e = 0; e < experts_count && p0 < p1; ++e) {
             const int64_t first = offsets[e], count = offsets[e + 1] - first;
             if (count == 0 || experts[e].gate == nullptr) continue;
@@ -383,8 +464,10 @@ bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
             AmxBf16RoutedPanels(ActiveAmxBackend(), x_down[e].get(), count, *experts[e].down, p0,
                                 p1, rows);
           }
+          seconds[t] = NowSeconds() - start;
         }
       });
+      if (measured) PromptRoutedShares().Update(bounds, seconds);
       return true;
     }
     items = build_items(true);

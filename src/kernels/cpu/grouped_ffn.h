@@ -30,10 +30,17 @@ struct ExpertPanels {
 //                          whole batch: row i weighs weight[i] into out's row token[i]): on the
 //                          fused AMX path the down products add themselves there, expert by
 //                          expert in ascending order over each thread's columns, and `out` is not
-//                          written. Returns whether it did (else `out` holds the rows).
+//                          written. Returns whether it did (else `out` holds the rows). From
+//                          1,024 rows the threads' column shares are sized by the speed each
+//                          ran at in earlier calls (grouped_ffn.cc); the bits never depend on
+//                          them.
 bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
                       const std::vector<ExpertPanels>& experts, int64_t hidden, float* out,
                       const int64_t* source_rows = nullptr,
                       const AmxRoutedRows* routed_sum = nullptr);
+
+// Tests: the routed pass's measured costs per share (relative; one per thread), as if earlier
+// calls had found them, so that its shares come out unequal.
+void SetRoutedShareCostsForTesting(const std::vector<double>& costs);
 
 }  // namespace sy::kernels
