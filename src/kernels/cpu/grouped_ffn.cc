@@ -136,8 +136,8 @@ void BalancedFor(size_t count, Cost cost, Body body) {
 // The routed down pass's column shares at prompt sizes, sized by the speed each ran at before.
 // Every expert has down's shape, yet equal shares were not equal work: in a 32 × 64-token prompt
 // of the bf16 bench model (Xeon with AMX, 2 threads) the thread with the upper half of the
-// columns finished ~9% of the loop later, every layer (those columns lie in the last third of
-// each matrix, which is in 4 KiB pages where the rest is in huge ones). Each share's cost per
+// columns finished ~9% of the loop later, every layer (each 3 MiB matrix has its last third in
+// 4 KiB pages, the rest in a huge page: the likely cause). Each share's cost per
 // panel relative to the call's mean is smoothed from call to call, and the panels split in
 // inverse proportion, each share within [1/2, 3/2] of the equal one. Which thread takes which
 // columns changes no bit: a column's sums over the experts are its own, in ascending order.
