@@ -164,15 +164,12 @@ class RoutedShares {
     const size_t threads = seconds.size();
     std::vector<double> per_panel(threads, 0.0);
     double mean = 0;
-    size_t counted = 0;
     for (size_t t = 0; t < threads; ++t) {
       const int64_t count = bounds[t + 1] - bounds[t];
       if (count <= 0 || seconds[t] <= 0) return;  // nothing to compare
       per_panel[t] = seconds[t] / static_cast<double>(count);
-      mean += per_panel[t];
-      ++counted;
+      mean += per_panel[t] / static_cast<double>(threads);
     }
-    mean /= static_cast<double>(counted);
     std::lock_guard lock(mutex_);
     if (cost_.size() != threads) return;
     for (size_t t = 0; t < threads; ++t)
