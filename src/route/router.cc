@@ -52,7 +52,49 @@ struct Router::Target {
   double ejected_until = 0;
   pb::HealthResponse health;
   pb::LoadResponse load;
-  int64_t sent_since_load = 0;          // tokens routed here since the last Load (not in it yet)
+  // Work queued here (tokens: prompt to compute, output to generate) as the router sees it: the
+  // last Load, as old as the probe that asked for it, corrected for what the router did since.
+  // Requests routed here since that probe are not in it (`sent`); requests that ended since,
+  // having been routed before it, may still be (`done`, taken off). Without `done` a request that
+  // had ended still weighed on its instance until the next probe, so cache-aware routing sent a
+  // prefix's next request to its holder or elsewhere depending on when the probes fell.
+  struct Correction {
+    uint64_t epoch = 0;  // the Load request it corrects (probes asked for so far, then)
+    int64_t sent = 0, done = 0;
+    void Ended(int64_t tokens, uint64_t sent_in_epoch) {
+      if (sent_in_epoch >= epoch)
+        sent -= tokens;
+      else
+        done += tokens;
+    }
+  };
+  Correction applied, asking;  // for `load`; for the Load being asked for
+  bool load_asked = false;
+  uint64_t load_epochs = 0;  // Load requests so far
+  int64_t Queued() const {
+    return std::max<int64_t>(0, load.queued_tokens() - applied.done) + applied.sent;
+  }
+  // A request's tokens routed here: returns the epoch to pass to Ended.
+  uint64_t Routed(int64_t tokens) {
+    applied.sent += tokens;
+    if (load_asked) asking.sent += tokens;
+    return load_epochs;
+  }
+  void Ended(int64_t tokens, uint64_t sent_in_epoch) {
+    applied.Ended(tokens, sent_in_epoch);
+    if (load_asked) asking.Ended(tokens, sent_in_epoch);
+  }
+  void LoadAsked() {
+    asking = {++load_epochs, 0, 0};
+    load_asked = true;
+  }
+  void LoadAnswered(const pb::LoadResponse* answer) {  // null: the probe failed
+    if (answer) {
+      load = *answer;
+      applied = asking;
+    }
+    load_asked = false;
+  }
   std::unordered_set<uint64_t> cached;  // the mirror of its prefix cache
   // Pages of requests just routed here, until their stored events arrive (or 5 s pass): a burst
   // of requests sharing a prefix follows the first instead of racing its prefill.
@@ -225,6 +267,10 @@ void Router::Probe(Target& target) {
                       target.pool.empty() ? "--engines" : "--" + wanted + "-engines", wanted));
     else if (h.ok() && target.pool == "decode" && health.transfer_address().empty())
       h = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "gives no transfer address");
+    if (h.ok()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      target.LoadAsked();
+    }
     grpc::Status l = h.ok() ? target.stub->Load(&load_context, {}, &load) : h;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -277,9 +323,8 @@ void Router::Probe(Target& target) {
         changed_.notify_all();
       }
       if (h.ok()) target.health = health;
+      if (h.ok()) target.LoadAnswered(l.ok() ? &load : nullptr);
       if (l.ok()) {
-        target.load = load;
-        target.sent_since_load = 0;
         if (load.steps_total() != target.last_steps || load.running() + load.waiting() == 0) {
           target.last_steps = load.steps_total();
           target.steps_changed_at = NowSeconds();
@@ -388,7 +433,7 @@ int Router::Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int a
   if (healthy.empty()) return -1;
   auto queued = [&](int i) {
     const Target& t = *targets_[i];
-    return t.load.queued_tokens() + t.sent_since_load;
+    return t.Queued();
   };
   const uint64_t turn = rotation_[pool]++;
   switch (pool == "decode" ? Policy::kLeastLoad : options_.policy) {
@@ -574,6 +619,9 @@ void Router::Fly(Flight& flight) {
     attempt.resumed_tokens = static_cast<int64_t>(flight.generated.size());
     grpc::ClientContext context, decode_context;
     int chosen = -1, decode = -1;
+    // The tokens this attempt adds to each instance's queue, and the epochs Routed gave them.
+    int64_t queued = 0, decode_queued = 0;
+    uint64_t epoch = 0, decode_epoch = 0;
     // The prompt's page hashes, outside the lock.
     std::vector<uint64_t> hashes;
     uint64_t hash = 0;
@@ -606,7 +654,8 @@ void Router::Fly(Flight& flight) {
         // (a prefill instance's: one token).
         const int64_t output =
             disaggregated() ? 1 : request.params.max_tokens - attempt.resumed_tokens;
-        t.sent_since_load += n - CachedTokens(t, hashes) + output;
+        queued = n - CachedTokens(t, hashes) + output;
+        epoch = t.Routed(queued);
         const double now = NowSeconds();
         if (t.pending.size() > 65536)  // drop the expired
           for (auto it = t.pending.begin(); it != t.pending.end();)
@@ -619,7 +668,8 @@ void Router::Fly(Flight& flight) {
           Target& d = *targets_[decode];
           ++d.in_flight;
           ++d.routed_total;
-          d.sent_since_load += request.params.max_tokens - attempt.resumed_tokens;
+          decode_queued = request.params.max_tokens - attempt.resumed_tokens;
+          decode_epoch = d.Routed(decode_queued);
           send_to = d.health.transfer_address();
           flight.decode_context = &decode_context;
           flight.decode_target = decode;
@@ -642,6 +692,10 @@ void Router::Fly(Flight& flight) {
     auto after_call = [&](Target& t, const StreamEnd& end, bool was_decode) {
       std::lock_guard<std::mutex> lock(mutex_);
       --t.in_flight;
+      if (was_decode)
+        t.Ended(decode_queued, decode_epoch);
+      else
+        t.Ended(queued, epoch);
       if (was_decode) {
         flight.decode_context = nullptr;
         flight.decode_target = -1;
@@ -665,6 +719,7 @@ void Router::Fly(Flight& flight) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         --target.in_flight;
+        target.Ended(queued, epoch);
         flight.context = nullptr;
         flight.target = -1;
         if (!end.finished && !flight.aborted && !stopping_ &&

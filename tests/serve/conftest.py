@@ -241,12 +241,12 @@ def start_instance(grpc_port=None, *extra, role=None, ranks=1, tp=1, env=None):
         return server
 
 
-def start_router(engines=(), policy=None, *extra, prefill=(), decode=()):
+def start_router(engines=(), policy=None, *extra, prefill=(), decode=(), probe_interval=0.1):
     """`route` over colocated `engines` (gRPC ports or host:port addresses), or over a prefill and
-    a decode pool; probes every 0.1 s."""
+    a decode pool; probes every `probe_interval` seconds."""
     def addresses(items):
         return ",".join(e if isinstance(e, str) else f"127.0.0.1:{e}" for e in items)
-    args = ["route", "--port", "0", "--served-model-name", "sy-test", "--probe-interval", "0.1",
+    args = ["route", "--port", "0", "--served-model-name", "sy-test", "--probe-interval", str(probe_interval),
             *(["--policy", policy] if policy else []), *extra]
     if engines:
         args += ["--engines", addresses(engines)]
