@@ -1007,5 +1007,108 @@ TEST(AmxBf16Test, TheModelMeetsTheBf16Bar) {
   kernels::GlobalKernelOptions().amx_bf16 = false;
 }
 
+// The MoE router's product keeps f32 activations on every kernel (kernels::LinearF32; HF runs
+// the router in f32). Against double sums of the checkpoint's bf16 weights, every logit is within
+// what f32 sums of exact products round, (D + 2)·2⁻²⁴ of its terms' magnitude: on column panels
+// with the bf16 dot kernel or AMX allowed or not (the f32 kernel's bits every time), and on bf16
+// laid out as AMX tiles (three bf16 parts a row). Through LinearAuto the dot kernel and the tiles
+// rounded x to bf16, 2⁻⁹ of each term. RouteTokens takes it: the same routing whatever kernels
+// are allowed, and on the tiles the same experts with weights within what the bound allows.
+TEST(AmxBf16Test, TheRouterKeepsF32ActivationsOnEveryKernel) {
+  const std::string dir = std::string(testing::kFixturesDir) + "/tiny-v3-bf16";
+  auto columns = Model::Load(dir);
+  ASSERT_TRUE(columns.ok()) << columns.status().message();
+  GlobalBf16Pairs() = true;  // bf16 laid out as the tiles, as the loader does where AMX runs
+  auto pairs = Model::Load(dir);
+  GlobalBf16Pairs() = false;
+  ASSERT_TRUE(pairs.ok()) << pairs.status().message();
+  const ModelConfig& c = columns.value()->config();
+  const int64_t D = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
+  const bool dot_default = kernels::GlobalKernelOptions().bf16_dot;
+  int moe_layers = 0;
+  for (size_t l = 0; l < columns.value()->weights().layers.size(); ++l) {
+    if (!columns.value()->weights().layers[l].is_moe) continue;
+    ++moe_layers;
+    const MoeWeights& by_columns = columns.value()->weights().layers[l].moe;
+    const MoeWeights& by_pairs = pairs.value()->weights().layers[l].moe;
+    const PackedMatrix& gate = *by_columns.gate.packed;
+    ASSERT_EQ(gate.dtype, DType::kBF16);
+    ASSERT_FALSE(gate.bf16_pairs);
+    ASSERT_TRUE(by_pairs.gate.packed->bf16_pairs);
+    auto weight = [&](int64_t e, int64_t k) {  // column panels: [cols][16] a panel
+      return static_cast<double>(BF16ToF32(reinterpret_cast<const uint16_t*>(
+          gate.Panel(e / kPanelRows))[k * kPanelRows + e % kPanelRows]));
+    };
+    for (int64_t tokens : {1, 70}) {  // 70: two blocks of rows
+      SCOPED_TRACE(::testing::Message() << "layer " << l << ", " << tokens << " tokens");
+      auto x = testing::RandomRows(tokens, D, static_cast<uint32_t>(l * 100 + tokens));
+      for (float& v : x)
+        v *= 1.0f + std::ldexp(1.0f, -20);  // low bits set in every value
+      std::vector<double> bound(static_cast<size_t>(tokens * E)), want(bound.size());
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t e = 0; e < E; ++e) {
+          double sum = 0, magnitude = 0;
+          for (int64_t k = 0; k < D; ++k) {
+            const double term = static_cast<double>(x[t * D + k]) * weight(e, k);
+            sum += term;
+            magnitude += std::fabs(term);
+          }
+          want[t * E + e] = sum;
+          bound[t * E + e] = static_cast<double>(D + 2) * std::ldexp(1.0, -24) * magnitude;
+        }
+      auto logits = [&](const Matrix& gate_matrix) {
+        std::vector<float> y(static_cast<size_t>(tokens * E), -1.0f);
+        kernels::LinearF32(x.data(), tokens, gate_matrix, y.data());
+        for (size_t i = 0; i < y.size(); ++i)
+          EXPECT_LE(std::fabs(y[i] - want[i]), bound[i]) << "logit " << i;
+        return y;
+      };
+      kernels::GlobalKernelOptions().bf16_dot = false;
+      const auto f32 = logits(by_columns.gate);
+      const ExpertRouting f32_routing = RouteTokens(c, by_columns, x.data(), tokens);
+      kernels::GlobalKernelOptions().bf16_dot = true;
+      const auto dot = logits(by_columns.gate);
+      const ExpertRouting dot_routing = RouteTokens(c, by_columns, x.data(), tokens);
+      kernels::GlobalKernelOptions().bf16_dot = dot_default;
+      kernels::GlobalKernelOptions().amx_bf16 = true;  // column panels on the tiles (converted)
+      const auto amx = logits(by_columns.gate);
+      const ExpertRouting amx_routing = RouteTokens(c, by_columns, x.data(), tokens);
+      kernels::GlobalKernelOptions().amx_bf16 = false;
+      for (const auto* other : {&dot, &amx})
+        EXPECT_EQ(0, std::memcmp(f32.data(), other->data(), f32.size() * sizeof(float)));
+      for (const auto* other : {&dot_routing, &amx_routing}) {
+        EXPECT_EQ(f32_routing.expert_ids, other->expert_ids);
+        EXPECT_EQ(f32_routing.weights, other->weights);
+      }
+
+      kernels::GlobalKernelOptions().amx_bf16 = true;
+      logits(by_pairs.gate);
+      const ExpertRouting tiles = RouteTokens(c, by_pairs, x.data(), tokens);
+      kernels::GlobalKernelOptions().amx_bf16 = false;
+      ASSERT_EQ(tiles.expert_ids, f32_routing.expert_ids);
+      // weight_i = scale · s_i / S over the chosen experts (s = sigmoid(logit), S = Σ s): with
+      // every logit off by at most b, s' ≤ 1/4 moves it by at most scale · b · (K + 1) / (4 S),
+      // plus a few roundings of the weight itself.
+      for (int64_t t = 0; t < tokens; ++t) {
+        double S = 0, b = 0;
+        for (int64_t j = 0; j < K; ++j) {
+          const int64_t e = f32_routing.expert_ids[t * K + j];
+          S += 1.0 / (1.0 + std::exp(-want[t * E + e]));
+        }
+        for (int64_t e = 0; e < E; ++e)
+          b = std::max(b, 2 * bound[t * E + e]);  // both logits within the bound of the exact one
+        for (int64_t j = 0; j < K; ++j) {
+          const double w = f32_routing.weights[t * K + j];
+          const double slack =
+              c.routed_scaling_factor * b * (K + 1) / (4 * S) + 8 * std::ldexp(std::fabs(w), -24);
+          EXPECT_LE(std::fabs(tiles.weights[t * K + j] - w), slack)
+              << "token " << t << " slot " << j;
+        }
+      }
+    }
+  }
+  EXPECT_GT(moe_layers, 0);
+}
+
 }  // namespace
 }  // namespace sy

@@ -81,7 +81,7 @@ ExpertRouting RouteTokens(const ModelConfig& c, const MoeWeights& w, const float
   routing.tokens = tokens;
   routing.top_k = K;
   std::vector<float> logits(static_cast<size_t>(tokens * E));
-  kernels::LinearAuto(x, tokens, w.gate, logits.data());  // HF runs the router in f32
+  kernels::LinearF32(x, tokens, w.gate, logits.data());  // HF runs the router in f32
 
   kernels::RouterParams params;
   params.experts = E;

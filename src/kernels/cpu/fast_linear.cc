@@ -155,6 +155,36 @@ static bool SplitK(const float* x, int64_t m, const PackedMatrix& w, float* y) {
   return true;
 }
 
+void LinearF32(const float* x, int64_t m, const Matrix& w, float* y) {
+  if (m == 0) return;
+  if (!w.packed) {
+    Linear(x, m, w, y);
+    return;
+  }
+  const PackedMatrix& p = *w.packed;
+  // Rows a call at most: on bf16 pairs LinearPanelsF32 keeps three bf16 parts of each row in a
+  // thread's buffer (3 · 64 rows of DeepSeek-V3's 7,168 columns: 2.6 MiB).
+  constexpr int64_t kRows = 64;
+  const int64_t blocks = (m + kRows - 1) / kRows;
+  auto run = [&](int64_t block_begin, int64_t block_end, int64_t panel_begin, int64_t panel_end) {
+    for (int64_t b = block_begin; b < block_end; ++b) {
+      const int64_t r0 = b * kRows;
+      LinearPanelsF32(x + r0 * p.cols, std::min(kRows, m - r0), p, panel_begin, panel_end,
+                      y + r0 * p.rows);
+    }
+  };
+  ThreadPool& pool = ThreadPool::Global();
+  if (p.panels >= pool.size() && blocks < pool.size()) {
+    pool.ParallelFor(static_cast<size_t>(p.panels), [&](size_t begin, size_t end) {
+      run(0, blocks, static_cast<int64_t>(begin), static_cast<int64_t>(end));
+    });
+  } else {
+    pool.ParallelForIf(blocks > 1, static_cast<size_t>(blocks), [&](size_t begin, size_t end) {
+      run(static_cast<int64_t>(begin), static_cast<int64_t>(end), 0, p.panels);
+    });
+  }
+}
+
 bool& SplitKEnabled() {
   static bool enabled = true;
   return enabled;

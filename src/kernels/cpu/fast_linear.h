@@ -65,6 +65,14 @@ void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const Packe
 // result depends on that row alone.
 void LinearPanelsF32(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
                      int64_t panel_end, float* y);
+// y[m, w.rows] = x · wᵀ with x kept to f32 accuracy whatever the CPU and the weights' layout:
+// LinearPanelsF32 over the pool (panels split, or blocks of rows where the matrix has fewer
+// panels than the pool has threads); unpacked matrices take Linear. The MoE router's product,
+// which HF runs in f32: through LinearAuto it rounded x to bf16 where the bf16 dot kernel or
+// AMX runs, so a near tie between experts went one way there and the other way on CPUs without
+// them. A row's result depends on that row alone. (Quantized weights, a GGUF's, take their own
+// kernel, as in LinearPanels.)
+void LinearF32(const float* x, int64_t m, const Matrix& w, float* y);
 bool UseBf16Gemm(int64_t m, const PackedMatrix& w);
 // Whether products against `w` take Bf16DotPanels (with activations from ToBf16RowsForDot).
 bool UseBf16Dot(const PackedMatrix& w);
