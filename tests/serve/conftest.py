@@ -246,8 +246,9 @@ def start_router(engines=(), policy=None, *extra, prefill=(), decode=(), probe_i
     a decode pool; probes every `probe_interval` seconds."""
     def addresses(items):
         return ",".join(e if isinstance(e, str) else f"127.0.0.1:{e}" for e in items)
-    args = ["route", "--port", "0", "--served-model-name", "sy-test", "--probe-interval", str(probe_interval),
-            *(["--policy", policy] if policy else []), *extra]
+    args = ["route", "--port", "0", "--served-model-name", "sy-test",
+            "--probe-interval", str(probe_interval), *(["--policy", policy] if policy else []),
+            *extra]
     if engines:
         args += ["--engines", addresses(engines)]
     else:

@@ -162,6 +162,10 @@ void LinearF32(const float* x, int64_t m, const Matrix& w, float* y) {
     return;
   }
   const PackedMatrix& p = *w.packed;
+  if (p.dtype == DType::kI8) {  // only the int8 kernel reads these (a router never is: exact)
+    LinearPacked(x, m, p, y);
+    return;
+  }
   // Rows a call at most: on bf16 pairs LinearPanelsF32 keeps three bf16 parts of each row in a
   // thread's buffer (3 · 64 rows of DeepSeek-V3's 7,168 columns: 2.6 MiB).
   constexpr int64_t kRows = 64;
