@@ -454,16 +454,24 @@ TEST(AmxBf16Test, PanelsOfPairsGiveTheBitsOfColumnPanels) {
       }
     }
   }
-  // Nothing but the AMX kernel reads pairs: products take it without --amx-bf16 (on the
-  // emulator where the tiles are not here), the single-threaded ones included, with its bits.
+  // Without --amx-bf16, pairs are read by the AVX-512 BF16 dot kernel where it runs (with the
+  // bits it has on columns), else by the tiles (on the emulator where they are not here): the
+  // single-threaded products included.
   testing::TestMatrix w = testing::RandomTestMatrix(DType::kBF16, 48, 256, 3, 32);
+  auto columns = Pack(w.view);
   GlobalBf16Pairs() = true;
   auto pairs = Pack(w.view);
   GlobalBf16Pairs() = false;
   ASSERT_FALSE(kernels::GlobalKernelOptions().amx_bf16);
-  EXPECT_TRUE(kernels::UseAmxBf16(*pairs));
   auto x = testing::RandomRows(5, 256, 4);
-  const auto want = AmxBf16Product(kernels::ActiveAmxBackend(), *pairs, x, 5, 0, pairs->panels);
+  std::vector<float> want(5 * 48, -2.0f);
+  if (kernels::UseBf16Dot(*pairs)) {
+    EXPECT_FALSE(kernels::UseAmxBf16(*pairs));
+    kernels::LinearPacked(x.data(), 5, *columns, want.data());
+  } else {
+    EXPECT_TRUE(kernels::UseAmxBf16(*pairs));
+    want = AmxBf16Product(kernels::ActiveAmxBackend(), *pairs, x, 5, 0, pairs->panels);
+  }
   std::vector<float> plain(want.size(), -1.0f), single(want.size(), -1.0f);
   kernels::LinearPacked(x.data(), 5, *pairs, plain.data());
   kernels::LinearPanels(x.data(), nullptr, 5, *pairs, 0, pairs->panels, single.data());
@@ -667,6 +675,13 @@ struct TestExperts {
 // after another: gate, up, SiluMul, down (a row's bits do not depend on its batch). Rows taken
 // from their source rows give the same bits, on the fused path (rounded from there) and on one
 // that copies them first (the dot kernel's).
+// `--amx-bf16` for one test: pairs go to the tiles (where neither it is on nor the tiles run,
+// the dot kernel reads them).
+struct TilesOn {
+  TilesOn() { kernels::GlobalKernelOptions().amx_bf16 = true; }
+  ~TilesOn() { kernels::GlobalKernelOptions().amx_bf16 = false; }
+};
+
 TEST(AmxBf16Test, GroupedExpertsOnTheTilesGiveTheBitsOfTheirPlainProducts) {
   const int64_t hidden = 256, width = 96, experts = 3;
   struct Weights {
@@ -676,7 +691,7 @@ TEST(AmxBf16Test, GroupedExpertsOnTheTilesGiveTheBitsOfTheirPlainProducts) {
   };
   for (Weights kind : {Weights{DType::kBF16, true, 32}, Weights{DType::kF8E4M3, false, 128},
                        Weights{DType::kBF16, false, 32}}) {
-    kernels::GlobalKernelOptions().amx_bf16 = !kind.pairs;
+    kernels::GlobalKernelOptions().amx_bf16 = true;
     const TestExperts weights(kind.dtype, experts, hidden, width, 70, kind.block);
     const auto packed = weights.Packed(kind.pairs);
     ASSERT_TRUE(kernels::UseAmxBf16(*packed[0]));
@@ -767,6 +782,7 @@ TEST(AmxBf16Test, GroupedExpertsOnTheTilesGiveTheBitsOfTheirPlainProducts) {
 // of the expert rows summed one term at a time in that order (FinalizeRouting's arithmetic), the
 // last group (a shared expert) at weight 1.
 TEST(AmxBf16Test, DownProductsSummedIntoTheirTokensGiveTheBitsOfTheRowsSummed) {
+  const TilesOn tiles;
   const int64_t hidden = 256, width = 96, experts = 3, tokens = 7;
   const TestExperts weights(DType::kBF16, experts, hidden, width, 90, 32);
   const auto pairs = weights.Packed(true);
@@ -820,6 +836,7 @@ TEST(AmxBf16Test, DownProductsSummedIntoTheirTokensGiveTheBitsOfTheRowsSummed) {
 // earlier speed: however unequal they come out, each token's sum keeps the bits of its rows
 // summed in order.
 TEST(AmxBf16Test, DownSharesOfAnySizeGiveTheSameSums) {
+  const TilesOn tiles;
   const int64_t hidden = 256, width = 64, tokens = 600;
   const TestExperts weights(DType::kBF16, 3, hidden, width, 95, 32);
   const auto pairs = weights.Packed(true);

@@ -137,6 +137,64 @@ TEST_F(Bf16DotTest, AHintOfTheNextProductChangesNoBit) {
   }
 }
 
+// bf16 weights laid out in pairs at load (PackedMatrix::bf16_pairs, as `switchyard` does where
+// this kernel runs) are read in place: the bits of the converted columns, at every row count and
+// through the grouped experts; the f32 products (LinearPanelsF32, the router's LinearF32) stay
+// f32-accurate on them.
+TEST_F(Bf16DotTest, PairsLaidOutAtLoadGiveTheBitsOfColumns) {
+  const int64_t rows = 150, cols = 640;  // 10 panels: a group and a pair; two column ranges
+  OwnedMatrix w = RandomTestMatrix(DType::kBF16, rows, cols, 19, 128);
+  auto columns = Pack(w.view);
+  GlobalBf16Pairs() = true;
+  auto pairs = Pack(w.view);
+  GlobalBf16Pairs() = false;
+  ASSERT_TRUE(pairs->bf16_pairs);
+  ASSERT_FALSE(columns->bf16_pairs);
+  ASSERT_TRUE(kernels::UseBf16Dot(*pairs));
+  ASSERT_FALSE(kernels::UseAmxBf16(*pairs));
+  {
+    // A weight of 1 passes each value through with all 24 of its significant bits (one bf16
+    // part, or two, would lose the lower ones).
+    const int64_t n = 64;
+    OwnedMatrix one = MakeTestMatrix(DType::kBF16, n, n, 32,
+                                     [](int64_t r, int64_t c) { return r == c ? 1.0f : 0.0f; });
+    GlobalBf16Pairs() = true;
+    auto one_pairs = Pack(one.view);
+    GlobalBf16Pairs() = false;
+    auto x = RandomRows(5, n, 8);
+    for (float& v : x)
+      v *= 1.0f + 0x1.0p-20f;  // low bits set
+    std::vector<float> y(x.size(), -1.0f);
+    kernels::LinearPanelsF32(x.data(), 5, *one_pairs, 0, one_pairs->panels, y.data());
+    EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float)));
+  }
+  for (int64_t m : {1, 2, 3, 8, 12, 13, 37, 200}) {
+    auto x = RandomRows(m, cols, static_cast<uint32_t>(70 + m));
+    std::vector<float> want(static_cast<size_t>(m * rows)), got(want.size(), -1.0f);
+    kernels::LinearPacked(x.data(), m, *columns, want.data());
+    kernels::LinearPacked(x.data(), m, *pairs, got.data());
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << "m " << m;
+    // f32 activations: within the f32 sum's rounding of the double-precision product.
+    std::vector<float> f32(want.size(), -1.0f);
+    kernels::LinearPanelsF32(x.data(), m, *pairs, 0, pairs->panels, f32.data());
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t r = 0; r < rows; ++r) {
+        double sum = 0, magnitude = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double term =
+              static_cast<double>(x[i * cols + c]) *
+              BF16ToF32(reinterpret_cast<const uint16_t*>(w.view.data)[r * cols + c]);
+          sum += term;
+          magnitude += std::fabs(term);
+        }
+        // Three parts' products of exact terms, each summed in f32 (a chain per 128 columns,
+        // then the blocks), the parts added: (cols + 4)·2^-24 of the terms' magnitude bounds it.
+        EXPECT_NEAR(f32[i * rows + r], sum, (cols + 4) * std::ldexp(magnitude, -24))
+            << "m " << m << " row " << i << " column " << r;
+      }
+  }
+}
+
 // The grouped expert kernel runs the same arithmetic: an expert's row alone equals that row
 // inside a batch of experts with many rows, and equals the plain products.
 TEST_F(Bf16DotTest, GroupedExpertsGiveTheRowsOfPlainProducts) {

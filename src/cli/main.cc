@@ -10,6 +10,7 @@
 #include "base/thread_pool.h"
 #include "cli/verbs.h"
 #include "kernels/cpu/amx_kernels.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/onednn_linear.h"
@@ -112,6 +113,10 @@ int main(int argc, char** argv) {
                          ? "--max-isa keeps AMX off"
                          : sy::kernels::Amx().detail.c_str());
     }
+    // bf16 weights in pairs for the AVX-512 BF16 dot kernel as well: its operands as stored, read
+    // in place instead of converted per product (bf16_dot.cc).
+    if (!f32_products && sy::kernels::GlobalKernelOptions().bf16_dot && sy::kernels::HasBf16Dot())
+      sy::GlobalBf16DotPairs() = true;
     if (int8_products) sy::GlobalWeightPacking() = sy::WeightPacking::kInt8;
     if (gguf_dequantize) sy::GlobalGgufWeights() = sy::GgufWeights::kDequantized;
     if (prefill_gemm != "own") sy::kernels::GlobalKernelOptions().allow_bf16_gemm = true;

@@ -233,10 +233,10 @@ Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelCo
 // Packs `m` and gives back its mapped checkpoint pages: the kernels read only the packed copy,
 // so resident memory holds the weights once.
 // `exact` keeps the layout of the checkpoint's type even under --int8-products (the router: its
-// choices are discrete, and its matrix is small).
+// choices are discrete, and its matrix is small), and packs for its f32 product.
 void PackMatrix(Matrix& m, bool exact = false) {
   if (!CanPack(m)) return;
-  m.packed = exact ? Pack(m) : PackForLoad(m);
+  m.packed = exact ? PackForF32Products(m) : PackForLoad(m);
   MappedFile::ReleaseRange(m.data, static_cast<size_t>(m.rows) * m.RowBytes());
 }
 
@@ -264,10 +264,10 @@ void PackAbsorbed(Matrix& m) {
   const bool int8 = GlobalWeightPacking() == WeightPacking::kInt8 && m.cols % kInt8QuadCols == 0;
   // These products keep f32 activations (LinearPanelsF32): q·W_UK feeds the softmax, where
   // bf16-rounded activations moved a logit by 2.5 at one decode step of the bf16 test checkpoint.
-  // bf16 in pairs where the tiles run (Bf16PairsWanted): each row goes through them as three
+  // bf16 in pairs where the tiles run (PackForF32Products): each row goes through them as three
   // exact bf16 parts. At 32 decode rows of the bench model, 4.9% of a step on the f32 kernel,
   // 3.8% so (Xeon with AMX; a K of 64 keeps the tiles far from their peak).
-  m.packed = int8 ? PackInt8(m) : Pack(m);
+  m.packed = int8 ? PackInt8(m) : PackForF32Products(m);
   m.data = nullptr;
   m.block_scales = nullptr;
   m.owner.reset();

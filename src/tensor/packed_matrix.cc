@@ -203,8 +203,14 @@ bool& GlobalBf16Pairs() {
   return pairs;
 }
 
+bool& GlobalBf16DotPairs() {
+  static bool pairs = false;
+  return pairs;
+}
+
 bool Bf16PairsWanted(DType dtype, int64_t cols) {
-  return GlobalBf16Pairs() && dtype == DType::kBF16 && cols > 0 && cols % 32 == 0;
+  return (GlobalBf16Pairs() || GlobalBf16DotPairs()) && dtype == DType::kBF16 && cols > 0 &&
+         cols % 32 == 0;
 }
 
 void SetBf16Pairs(PackedMatrix& p, bool pairs) {
@@ -429,6 +435,10 @@ std::shared_ptr<const PackedMatrix> PackGgml(const Matrix& m) {
     }
   });
   return packed;
+}
+
+std::shared_ptr<const PackedMatrix> PackForF32Products(const Matrix& m) {
+  return Pack(m, /*allow_pairs=*/GlobalBf16Pairs());
 }
 
 std::shared_ptr<const PackedMatrix> PackForLoad(const Matrix& m) {

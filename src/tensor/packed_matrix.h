@@ -60,8 +60,9 @@ struct PackedMatrix {
   // bf16 panels whose columns come in pairs: inside a panel [cols / 2][kPanelRows][2], columns
   // 2k and 2k + 1 of a row side by side, so 32 columns of a panel are one TDPBF16PS weight tile
   // as it lies and the AMX kernel loads its tiles straight from the panels (no conversion per
-  // product). Only kernels/cpu/amx_kernels.h reads them; Bf16PairsWanted says when Pack lays
-  // them out.
+  // product), and each pair of columns is one VDPBF16PS operand, which the AVX-512 BF16 dot
+  // kernel (kernels/cpu/bf16_dot.h) reads in place. Bf16PairsWanted says when Pack lays them
+  // out.
   bool bf16_pairs = false;
   // A column-range view (ColumnRange) keeps the full matrix's panel stride and scale columns.
   int64_t panel_stride = 0;      // columns between panels; 0 means `cols`
@@ -152,13 +153,22 @@ bool CanPack(const Matrix& m);
 // Re-lays out `m` (CanPack must hold); bf16 in pairs where Bf16PairsWanted and allow_pairs.
 // Parallel over panels.
 std::shared_ptr<const PackedMatrix> Pack(const Matrix& m, bool allow_pairs = true);
+// Pack for a matrix whose products keep f32 activations (the MoE router, the absorbed MLA's
+// per-head matrices: kernels::LinearPanelsF32): bf16 in pairs only where the tiles run
+// (GlobalBf16Pairs). The dot kernel's pairs would take them through three bf16 parts of each
+// row; the f32 kernel keeps the bits they had before pairs were laid out for it.
+std::shared_ptr<const PackedMatrix> PackForF32Products(const Matrix& m);
 
-// Whether Pack lays bf16 weights out in column pairs (PackedMatrix::bf16_pairs): set once, before a
-// model loads, where the AMX bf16 kernel runs them (by default on a CPU with AMX; with
+// Whether Pack lays every bf16 matrix out in column pairs (PackedMatrix::bf16_pairs): set once,
+// before a model loads, where the AMX bf16 kernel runs them (by default on a CPU with AMX; with
 // `--amx-bf16` on its emulator too).
 bool& GlobalBf16Pairs();
-// Whether a bf16 matrix of `cols` columns is packed in pairs: GlobalBf16Pairs() and whole tiles
-// of 32 columns (the AMX kernel's own condition).
+// Whether Pack lays out in pairs the bf16 matrices multiplied by bf16 activations (all but
+// PackForF32Products'): set once, before a model loads, where the AVX-512 BF16 dot kernel runs
+// them (`switchyard` on such a CPU, unless --f32-products).
+bool& GlobalBf16DotPairs();
+// Whether a bf16 matrix of `cols` columns is packed in pairs: GlobalBf16Pairs() or
+// GlobalBf16DotPairs(), and whole tiles of 32 columns (the AMX kernel's own condition).
 bool Bf16PairsWanted(DType dtype, int64_t cols);
 // Index of weight (row r of the panel, column c) in a panel of bf16 pairs.
 inline int64_t Bf16PairIndex(int64_t r, int64_t c) {

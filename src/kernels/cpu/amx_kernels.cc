@@ -298,11 +298,12 @@ void AmxBf16RoutedPanels(AmxBackend backend, const uint16_t* x_bf16, int64_t m,
 }
 
 bool UseAmxBf16(const PackedMatrix& w) {
-  // Panels of bf16 pairs have no other reader: where the tiles went away since they were laid
-  // out (tests, `--max-isa`), AmxBf16Panels runs them on the emulator.
-  if (w.bf16_pairs) return true;
-  return GlobalKernelOptions().amx_bf16 && AmxBf16Applies(w) &&
-         ActiveAmxBackend() != AmxBackend::kNone;
+  const bool tiles = GlobalKernelOptions().amx_bf16 && ActiveAmxBackend() != AmxBackend::kNone;
+  // Panels of bf16 pairs are read by the tiles where they run, else by the AVX-512 BF16 dot
+  // kernel where it runs; with neither (tests, `--max-isa` lowered after the weights were laid
+  // out), AmxBf16Panels runs them on the emulator.
+  if (w.bf16_pairs) return tiles || !UseBf16Dot(w);
+  return tiles && AmxBf16Applies(w);
 }
 
 bool AmxMlaApplies(DType cache_dtype, int64_t latent, int64_t rope) {

@@ -23,7 +23,7 @@ bool HasBf16Dot() {
 }
 
 bool Bf16DotApplies(const PackedMatrix& w) {
-  if (w.bf16_pairs || w.cols <= 0 || w.cols % 4 != 0) return false;
+  if (w.cols <= 0 || w.cols % 4 != 0) return false;
   if (w.dtype == DType::kF8E4M3) return w.block_cols > 0 && w.block_cols % 4 == 0;
   return w.dtype == DType::kBF16;
 }
@@ -62,9 +62,23 @@ inline __mmask16 ValidRows(const PackedMatrix& w, int64_t panel) {
   return static_cast<__mmask16>((1u << valid) - 1);
 }
 
+// Columns c..c+3 of a panel as the operands (c, c+1) and (c+2, c+3): converted, or, for bf16
+// weights laid out in pairs at load (PackedMatrix::bf16_pairs), the two vectors as stored.
+template <bool kFp8, bool kPairs>
+SY_DOT_TARGET inline void LoadQuad(const Converter& k, const uint8_t* panel, int64_t c,
+                                   __m512i& first, __m512i& second) {
+  if constexpr (kPairs) {
+    const __m512i* pairs = reinterpret_cast<const __m512i*>(panel) + c / 2;
+    first = _mm512_loadu_si512(pairs);
+    second = _mm512_loadu_si512(pairs + 1);
+  } else {
+    ConvertQuad<kFp8>(k, panel, c, first, second);
+  }
+}
+
 // One or two rows, memory-bound: kPanels panels streamed side by side (more misses in flight
 // than one stream gets), weights converted in registers.
-template <bool kFp8, int kPanels, int kRows>
+template <bool kFp8, bool kPairs, int kPanels, int kRows>
 SY_DOT_TARGET void StreamTile(const uint16_t* x, const PackedMatrix& w, int64_t panel, float* y) {
   const Converter k = MakeConverter();
   const uint8_t* base[kPanels];
@@ -95,7 +109,7 @@ SY_DOT_TARGET void StreamTile(const uint16_t* x, const PackedMatrix& w, int64_t 
                                                                  (kFp8 ? 1 : 2)),
                      _MM_HINT_T0);
         __m512i w01, w23;
-        ConvertQuad<kFp8>(k, base[q], c, w01, w23);
+        LoadQuad<kFp8, kPairs>(k, base[q], c, w01, w23);
         for (int r = 0; r < kRows; ++r) {
           chain[q][r] = Dot(chain[q][r], x01[r], w01);
           chain[q][r] = Dot(chain[q][r], x23[r], w23);
@@ -151,11 +165,19 @@ struct Prefetch {
   int64_t lines = 0;  // per panel
 };
 
-// kRows rows against kPanels converted panels over columns [k0, k1) (whole scale blocks):
+// Where a tile reads its panels' operands: for columns (c, c + 1), panel q's vector is
+// base[((c - k0) / 2) · step + q · panel] (converted into scratch: step kPanels, panel 1; laid
+// out in pairs at load: the panels themselves, step 1).
+struct Operands {
+  const __m512i* base;
+  int64_t step, panel;
+};
+
+// kRows rows against kPanels panels' operands over columns [k0, k1) (whole scale blocks):
 // acc[r · acc_stride + q · 16 + lane] carries each row's result from one column range to the
 // next (zero before the first). Spilled between blocks, the arithmetic is StreamTile's.
 template <int kRows, int kPanels>
-SY_DOT_TARGET void ScratchTile(const uint16_t* x, const PackedMatrix& w, const __m512i* scratch,
+SY_DOT_TARGET void ScratchTile(const uint16_t* x, const PackedMatrix& w, const Operands& operands,
                                int64_t k0, int64_t k1, const float* const* scales, float* acc,
                                int64_t acc_stride, const Prefetch& prefetch) {
   const bool fp8 = w.dtype == DType::kF8E4M3;
@@ -173,7 +195,7 @@ SY_DOT_TARGET void ScratchTile(const uint16_t* x, const PackedMatrix& w, const _
           _mm_prefetch(reinterpret_cast<const char*>(prefetch.panel[q] + step * 64), _MM_HINT_T1);
       __m512i weights[kPanels];
       for (int q = 0; q < kPanels; ++q)
-        weights[q] = _mm512_load_si512(scratch + ((c - k0) / 2) * kPanels + q);
+        weights[q] = _mm512_loadu_si512(operands.base + step * operands.step + q * operands.panel);
       for (int r = 0; r < kRows; ++r) {
         const __m512bh pair = BroadcastPair(x + r * w.cols + c);
         for (int q = 0; q < kPanels; ++q)
@@ -190,7 +212,7 @@ SY_DOT_TARGET void ScratchTile(const uint16_t* x, const PackedMatrix& w, const _
   }
 }
 
-using ScratchTileFn = void (*)(const uint16_t*, const PackedMatrix&, const __m512i*, int64_t,
+using ScratchTileFn = void (*)(const uint16_t*, const PackedMatrix&, const Operands&, int64_t,
                                int64_t, const float* const*, float*, int64_t, const Prefetch&);
 template <int kPanels>
 constexpr ScratchTileFn kScratchTiles[kMaxTileRows + 1] = {nullptr,
@@ -207,21 +229,21 @@ constexpr ScratchTileFn kScratchTiles[kMaxTileRows + 1] = {nullptr,
                                                            ScratchTile<11, kPanels>,
                                                            ScratchTile<12, kPanels>};
 
-template <bool kFp8, int kRows>
+template <bool kFp8, bool kPairs, int kRows>
 SY_DOT_TARGET void StreamPanels(const uint16_t* x, const PackedMatrix& w, int64_t panel_begin,
                                 int64_t panel_end, float* y) {
   int64_t p = panel_begin;
   for (; p + 4 <= panel_end; p += 4)
-    StreamTile<kFp8, 4, kRows>(x, w, p, y);
+    StreamTile<kFp8, kPairs, 4, kRows>(x, w, p, y);
   switch (panel_end - p) {
     case 3:
-      StreamTile<kFp8, 3, kRows>(x, w, p, y);
+      StreamTile<kFp8, kPairs, 3, kRows>(x, w, p, y);
       break;
     case 2:
-      StreamTile<kFp8, 2, kRows>(x, w, p, y);
+      StreamTile<kFp8, kPairs, 2, kRows>(x, w, p, y);
       break;
     case 1:
-      StreamTile<kFp8, 1, kRows>(x, w, p, y);
+      StreamTile<kFp8, kPairs, 1, kRows>(x, w, p, y);
       break;
     default:
       break;
@@ -231,6 +253,10 @@ SY_DOT_TARGET void StreamPanels(const uint16_t* x, const PackedMatrix& w, int64_
 // Three rows and more. Columns go in ranges that fit L1 once converted (kColumnRange: 32 KiB per
 // panel pair), up to kMostPairs panel pairs at a time: each range of up to kMostPairs pairs is
 // converted once, then every tile of 12 rows runs over it, its x columns reused by every pair.
+// bf16 weights laid out in pairs at load (kPairs) are the operands already: the tiles read them
+// in place, and the range, fetched into L2 while the range before it computes, is never copied
+// (8 rows against a bf16 expert matrix on Zen 4: 0.70 of the read rate converted, 0.96 in
+// place; 12 rows 1.3x, 32 rows 1.13x faster; the same bits).
 constexpr int64_t kColumnRange = 512, kMostPairs = 4, kRowBlock = 192;
 
 // The first column range of pair g of the group at panel `group` of w (up to `range` columns):
@@ -247,7 +273,7 @@ Prefetch FirstRange(const PackedMatrix& w, int64_t group, int64_t group_end, int
   return fetch;
 }
 
-template <bool kFp8>
+template <bool kFp8, bool kPairs>
 SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix& w,
                                int64_t panel_begin, int64_t panel_end, float* y,
                                const NextPanels& after) {
@@ -280,7 +306,7 @@ SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix&
       std::fill_n(acc, block_rows * acc_stride, 0.0f);
       for (int64_t k0 = 0; k0 < w.cols; k0 += range) {
         const int64_t k1 = std::min(w.cols, k0 + range);
-        ConvertGroup<kFp8>(w, group, group_end, k0, k1, scratch, range);
+        if (!kPairs) ConvertGroup<kFp8>(w, group, group_end, k0, k1, scratch, range);
         for (int64_t r0 = 0; r0 < block_rows; r0 += kMaxTileRows) {
           const int64_t rows = std::min<int64_t>(kMaxTileRows, block_rows - r0);
           const uint16_t* xr = x + (block0 + r0) * w.cols;
@@ -308,12 +334,17 @@ SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix&
                                   std::min(after.end, after.begin + 2 * most_pairs), g, range);
               }
             }
+            Operands operands{scratch + g * range, two ? 2 : 1, 1};
+            if (kPairs) {
+              const auto* first = reinterpret_cast<const __m512i*>(w.Panel(group + 2 * g));
+              operands = {
+                  first + k0 / 2, 1,
+                  two ? reinterpret_cast<const __m512i*>(w.Panel(group + 2 * g + 1)) - first : 0};
+            }
             if (two) {
-              kScratchTiles<2>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile,
-                                     acc_stride, next);
+              kScratchTiles<2>[rows](xr, w, operands, k0, k1, scales[g], tile, acc_stride, next);
             } else {
-              kScratchTiles<1>[rows](xr, w, scratch + g * range, k0, k1, scales[g], tile,
-                                     acc_stride, next);
+              kScratchTiles<1>[rows](xr, w, operands, k0, k1, scales[g], tile, acc_stride, next);
             }
           }
         }
@@ -346,20 +377,26 @@ void Bf16DotPanels(const uint16_t* x_bf16, int64_t m, const PackedMatrix& w, int
                    int64_t panel_end, float* y, const NextPanels& next) {
   if (m <= 0 || panel_begin >= panel_end) return;
   const bool fp8 = w.dtype == DType::kF8E4M3;
+  const bool pairs = w.bf16_pairs;
   if (m <= 2) {
     if (fp8) {
-      m == 1 ? StreamPanels<true, 1>(x_bf16, w, panel_begin, panel_end, y)
-             : StreamPanels<true, 2>(x_bf16, w, panel_begin, panel_end, y);
+      m == 1 ? StreamPanels<true, false, 1>(x_bf16, w, panel_begin, panel_end, y)
+             : StreamPanels<true, false, 2>(x_bf16, w, panel_begin, panel_end, y);
+    } else if (pairs) {
+      m == 1 ? StreamPanels<false, true, 1>(x_bf16, w, panel_begin, panel_end, y)
+             : StreamPanels<false, true, 2>(x_bf16, w, panel_begin, panel_end, y);
     } else {
-      m == 1 ? StreamPanels<false, 1>(x_bf16, w, panel_begin, panel_end, y)
-             : StreamPanels<false, 2>(x_bf16, w, panel_begin, panel_end, y);
+      m == 1 ? StreamPanels<false, false, 1>(x_bf16, w, panel_begin, panel_end, y)
+             : StreamPanels<false, false, 2>(x_bf16, w, panel_begin, panel_end, y);
     }
     return;
   }
   if (fp8) {
-    TiledPanels<true>(x_bf16, m, w, panel_begin, panel_end, y, next);
+    TiledPanels<true, false>(x_bf16, m, w, panel_begin, panel_end, y, next);
+  } else if (pairs) {
+    TiledPanels<false, true>(x_bf16, m, w, panel_begin, panel_end, y, next);
   } else {
-    TiledPanels<false>(x_bf16, m, w, panel_begin, panel_end, y, next);
+    TiledPanels<false, false>(x_bf16, m, w, panel_begin, panel_end, y, next);
   }
 }
 

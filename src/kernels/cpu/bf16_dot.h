@@ -10,6 +10,9 @@
 // GEMM-sized one (panel pairs converted a column range at a time, tiles of up to 12 rows)
 // follow it to the bit, so a row's output never depends on how many rows share its product:
 // decoding is batch-invariant, and a prompt recomputed after preemption gets decode's exact rows.
+// bf16 weights laid out in pairs at load (PackedMatrix::bf16_pairs; `switchyard` does so where
+// this kernel runs) are VDPBF16PS's operands as stored: both kernels read them in place, with
+// the same bits.
 #pragma once
 
 #include <cstdint>

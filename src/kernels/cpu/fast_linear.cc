@@ -61,6 +61,45 @@ const char* KernelPathName(int64_t m, const PackedMatrix& w) {
   return UseBf16Gemm(m, w) ? "avx512-bf16" : "panel-f32";
 }
 
+namespace {
+
+// x to f32 accuracy against panels of bf16 pairs through the dot kernel: each row split into
+// three bf16 parts that add up to it exactly, as for the tiles (LinearPanelsF32), the 3m rows
+// multiplied together and each row's three results added. (The dot instruction takes a part
+// below bf16's normal range, |x| < 2^-126 of a float, as zero.)
+void PairsF32ThroughTheDotKernel(const float* x, int64_t m, const PackedMatrix& w,
+                                 int64_t panel_begin, int64_t panel_end, float* y) {
+  const int64_t cols = w.cols;
+  thread_local std::vector<uint16_t> parts;
+  thread_local std::vector<float> left, sums;
+  parts.resize(std::max(parts.size(), static_cast<size_t>(3 * m * cols)));
+  left.resize(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * cols;
+    uint16_t* part = parts.data() + r * cols;
+    ToBf16RowsForDot(row, 1, cols, part);
+    for (int64_t c = 0; c < cols; ++c)
+      left[c] = row[c] - BF16ToF32(part[c]);
+    part += m * cols;
+    ToBf16RowsForDot(left.data(), 1, cols, part);
+    for (int64_t c = 0; c < cols; ++c)
+      left[c] -= BF16ToF32(part[c]);
+    ToBf16RowsForDot(left.data(), 1, cols, part + m * cols);
+  }
+  sums.resize(std::max(sums.size(), static_cast<size_t>(3 * m * w.rows)));
+  Bf16DotPanels(parts.data(), 3 * m, w, panel_begin, panel_end, sums.data());
+  const int64_t c0 = panel_begin * kPanelRows, c1 = std::min(w.rows, panel_end * kPanelRows);
+  for (int64_t r = 0; r < m; ++r) {
+    const float* hi = sums.data() + r * w.rows;
+    const float* mid = hi + m * w.rows;
+    const float* lo = mid + m * w.rows;
+    for (int64_t c = c0; c < c1; ++c)
+      y[r * w.rows + c] = (hi[c] + mid[c]) + lo[c];
+  }
+}
+
+}  // namespace
+
 void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const PackedMatrix& w,
                   int64_t panel_begin, int64_t panel_end, float* y) {
   if (w.dtype == DType::kGgml) {  // quantized here, for callers with few rows (per-head products)
@@ -69,7 +108,16 @@ void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const Packe
     GgmlPanels(rows, 0, m, w, panel_begin, panel_end, y);
     return;
   }
-  if (w.bf16_pairs) {  // only the AMX kernel reads them; one thread, as the others here
+  if (w.bf16_pairs && !UseAmxBf16(w)) {  // the dot kernel's: bf16 activations, as on the tiles
+    thread_local std::vector<uint16_t> rows;
+    if (x_bf16 == nullptr) {
+      rows.resize(static_cast<size_t>(m * w.cols));
+      ToBf16RowsForDot(x, m, w.cols, rows.data());
+      x_bf16 = rows.data();
+    }
+    return Bf16DotPanels(x_bf16, m, w, panel_begin, panel_end, y);
+  }
+  if (w.bf16_pairs) {  // the AMX kernel's; one thread, as the others here
     thread_local CacheLineVector<uint16_t> rows;
     rows.resize(std::max(rows.size(), static_cast<size_t>(AmxBf16Elements(m, w.cols))));
     AmxToBf16Rows(ActiveAmxBackend(), x, m, w.cols, rows.data());
@@ -86,6 +134,7 @@ void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const Packe
 void LinearPanelsF32(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
                      int64_t panel_end, float* y) {
   if (!w.bf16_pairs || m <= 0) return LinearPanels(x, nullptr, m, w, panel_begin, panel_end, y);
+  if (!UseAmxBf16(w)) return PairsF32ThroughTheDotKernel(x, m, w, panel_begin, panel_end, y);
   const AmxBackend backend = ActiveAmxBackend();
   const int64_t cols = w.cols, stride = AmxBf16RowStride(cols);
   // Parts [0, m): each value rounded to bf16; [m, 2m): what that left, rounded; [2m, 3m): the

@@ -61,7 +61,8 @@ void LinearPanels(const float* x, const uint16_t* x_bf16, int64_t m, const Packe
 // absorbed MLA's per-head products). On panels of bf16 pairs each row of x is split into three
 // bf16 parts that add up to it exactly (a float's 24 significant bits, 8 at a time), the 3m rows
 // go through the tile kernel together and each row's three results are added: f32 products and
-// sums, the f32 kernel's accuracy at the tiles' rate. Else LinearPanels' f32 kernel. A row's
+// sums, the f32 kernel's accuracy at the tiles' rate (where the tiles do not run, the three parts
+// go through the AVX-512 BF16 dot kernel the same way). Else LinearPanels' f32 kernel. A row's
 // result depends on that row alone.
 void LinearPanelsF32(const float* x, int64_t m, const PackedMatrix& w, int64_t panel_begin,
                      int64_t panel_end, float* y);
