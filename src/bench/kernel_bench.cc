@@ -13,6 +13,7 @@
 #include "bench/onednn_matmul.h"
 #include "bench/random_weights.h"
 #include "kernels/cpu/amx_kernels.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/fast_linear.h"
 #include "kernels/cpu/grouped_ffn.h"
 #include "kernels/cpu/isa_level.h"
@@ -421,6 +422,18 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
   BenchGrouped(peaks, options, groups, rows, out);
   BenchGrouped(peaks, options, groups, {groups * 256}, out);  // prefill: 256 rows per expert
   if (amx) amx_grouped_rows();
+  // bf16 experts where the AVX-512 BF16 dot kernel runs: as columns (converted per product) and
+  // as switchyard lays them out there (pairs, read in place), side by side. Each set is allocated
+  // after the one before it is freed: on a fragmented VM the second may get fewer huge pages,
+  // which the memory-bound rows (one row an expert) show and the others hardly.
+  if (!amx && kernels::GlobalKernelOptions().bf16_dot && kernels::HasBf16Dot()) {
+    const bool dot_pairs = GlobalBf16DotPairs();
+    for (bool pairs : {false, true}) {
+      GlobalBf16DotPairs() = pairs;
+      BenchGrouped(peaks, options, groups, rows, out, DType::kBF16);
+    }
+    GlobalBf16DotPairs() = dot_pairs;
+  }
   for (const auto& shape : ggml_shapes)
     BenchLinear(peaks, options, shape, ggml_m, out);
 

@@ -155,8 +155,9 @@ bool CanPack(const Matrix& m);
 std::shared_ptr<const PackedMatrix> Pack(const Matrix& m, bool allow_pairs = true);
 // Pack for a matrix whose products keep f32 activations (the MoE router, the absorbed MLA's
 // per-head matrices: kernels::LinearPanelsF32): bf16 in pairs only where the tiles run
-// (GlobalBf16Pairs). The dot kernel's pairs would take them through three bf16 parts of each
-// row; the f32 kernel keeps the bits they had before pairs were laid out for it.
+// (GlobalBf16Pairs). Where only the dot kernel would read pairs they stay in columns, for the f32
+// kernel's sums: three bf16 parts through the dot kernel are as accurate but other bits, and the
+// router's near ties on the random bench model went the other way with them.
 std::shared_ptr<const PackedMatrix> PackForF32Products(const Matrix& m);
 
 // Whether Pack lays every bf16 matrix out in column pairs (PackedMatrix::bf16_pairs): set once,
