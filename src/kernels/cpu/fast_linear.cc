@@ -63,6 +63,20 @@ const char* KernelPathName(int64_t m, const PackedMatrix& w) {
 
 namespace {
 
+// y's columns of panels [panel_begin, panel_end) from the products of three bf16 parts of each
+// of m rows (sums: [3m][w.rows], the high parts' rows first): (hi + mid) + lo.
+void AddThreeParts(const float* sums, int64_t m, const PackedMatrix& w, int64_t panel_begin,
+                   int64_t panel_end, float* y) {
+  const int64_t c0 = panel_begin * kPanelRows, c1 = std::min(w.rows, panel_end * kPanelRows);
+  for (int64_t r = 0; r < m; ++r) {
+    const float* hi = sums + r * w.rows;
+    const float* mid = hi + m * w.rows;
+    const float* lo = mid + m * w.rows;
+    for (int64_t c = c0; c < c1; ++c)
+      y[r * w.rows + c] = (hi[c] + mid[c]) + lo[c];
+  }
+}
+
 // x to f32 accuracy against panels of bf16 pairs through the dot kernel: each row split into
 // three bf16 parts that add up to it exactly, as for the tiles (LinearPanelsF32), the 3m rows
 // multiplied together and each row's three results added. (The dot instruction takes a part
@@ -88,14 +102,7 @@ void PairsF32ThroughTheDotKernel(const float* x, int64_t m, const PackedMatrix& 
   }
   sums.resize(std::max(sums.size(), static_cast<size_t>(3 * m * w.rows)));
   Bf16DotPanels(parts.data(), 3 * m, w, panel_begin, panel_end, sums.data());
-  const int64_t c0 = panel_begin * kPanelRows, c1 = std::min(w.rows, panel_end * kPanelRows);
-  for (int64_t r = 0; r < m; ++r) {
-    const float* hi = sums.data() + r * w.rows;
-    const float* mid = hi + m * w.rows;
-    const float* lo = mid + m * w.rows;
-    for (int64_t c = c0; c < c1; ++c)
-      y[r * w.rows + c] = (hi[c] + mid[c]) + lo[c];
-  }
+  AddThreeParts(sums.data(), m, w, panel_begin, panel_end, y);
 }
 
 }  // namespace
@@ -161,14 +168,7 @@ void LinearPanelsF32(const float* x, int64_t m, const PackedMatrix& w, int64_t p
             uint16_t{0});
   sums.resize(std::max(sums.size(), static_cast<size_t>(3 * m * w.rows)));
   AmxBf16Panels(backend, parts.data(), 3 * m, w, panel_begin, panel_end, sums.data());
-  const int64_t c0 = panel_begin * kPanelRows, c1 = std::min(w.rows, panel_end * kPanelRows);
-  for (int64_t r = 0; r < m; ++r) {
-    const float* hi = sums.data() + r * w.rows;
-    const float* mid = hi + m * w.rows;
-    const float* lo = mid + m * w.rows;
-    for (int64_t c = c0; c < c1; ++c)
-      y[r * w.rows + c] = (hi[c] + mid[c]) + lo[c];
-  }
+  AddThreeParts(sums.data(), m, w, panel_begin, panel_end, y);
 }
 
 // Split-K: a matrix with too few panels to keep the threads busy (a router: DeepSeek-V3's has 16
