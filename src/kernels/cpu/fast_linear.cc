@@ -63,6 +63,29 @@ const char* KernelPathName(int64_t m, const PackedMatrix& w) {
 
 namespace {
 
+// Each of m rows of x as three bf16 parts that add up to it exactly: part p of row r at
+// parts + (p · m + r) · stride, each value rounded by round(values, cols, out) (the kernel's own
+// rounding), then what it left, then the rest, which bf16 holds exactly (at most 8 significant
+// bits remain).
+template <typename Round>
+void SplitIntoThreeParts(const float* x, int64_t m, int64_t cols, int64_t stride, Round round,
+                         uint16_t* parts) {
+  thread_local std::vector<float> left;
+  left.resize(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * cols;
+    uint16_t* part = parts + r * stride;
+    round(row, cols, part);
+    for (int64_t c = 0; c < cols; ++c)
+      left[c] = row[c] - BF16ToF32(part[c]);
+    part += m * stride;
+    round(left.data(), cols, part);
+    for (int64_t c = 0; c < cols; ++c)
+      left[c] -= BF16ToF32(part[c]);
+    round(left.data(), cols, part + m * stride);
+  }
+}
+
 // y's columns of panels [panel_begin, panel_end) from the products of three bf16 parts of each
 // of m rows (sums: [3m][w.rows], the high parts' rows first): (hi + mid) + lo.
 void AddThreeParts(const float* sums, int64_t m, const PackedMatrix& w, int64_t panel_begin,
@@ -85,21 +108,12 @@ void PairsF32ThroughTheDotKernel(const float* x, int64_t m, const PackedMatrix& 
                                  int64_t panel_begin, int64_t panel_end, float* y) {
   const int64_t cols = w.cols;
   thread_local std::vector<uint16_t> parts;
-  thread_local std::vector<float> left, sums;
+  thread_local std::vector<float> sums;
   parts.resize(std::max(parts.size(), static_cast<size_t>(3 * m * cols)));
-  left.resize(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < m; ++r) {
-    const float* row = x + r * cols;
-    uint16_t* part = parts.data() + r * cols;
-    ToBf16RowsForDot(row, 1, cols, part);
-    for (int64_t c = 0; c < cols; ++c)
-      left[c] = row[c] - BF16ToF32(part[c]);
-    part += m * cols;
-    ToBf16RowsForDot(left.data(), 1, cols, part);
-    for (int64_t c = 0; c < cols; ++c)
-      left[c] -= BF16ToF32(part[c]);
-    ToBf16RowsForDot(left.data(), 1, cols, part + m * cols);
-  }
+  SplitIntoThreeParts(
+      x, m, cols, cols,
+      [](const float* v, int64_t n, uint16_t* out) { ToBf16RowsForDot(v, 1, n, out); },
+      parts.data());
   sums.resize(std::max(sums.size(), static_cast<size_t>(3 * m * w.rows)));
   Bf16DotPanels(parts.data(), 3 * m, w, panel_begin, panel_end, sums.data());
   AddThreeParts(sums.data(), m, w, panel_begin, panel_end, y);
@@ -144,25 +158,15 @@ void LinearPanelsF32(const float* x, int64_t m, const PackedMatrix& w, int64_t p
   if (!UseAmxBf16(w)) return PairsF32ThroughTheDotKernel(x, m, w, panel_begin, panel_end, y);
   const AmxBackend backend = ActiveAmxBackend();
   const int64_t cols = w.cols, stride = AmxBf16RowStride(cols);
-  // Parts [0, m): each value rounded to bf16; [m, 2m): what that left, rounded; [2m, 3m): the
-  // rest, which bf16 holds exactly (at most 8 significant bits remain). Thread-local: a worker's
-  // per-head products call this once a head.
+  // Parts [0, m), [m, 2m), [2m, 3m) as tile rows. Thread-local: a worker's per-head products
+  // call this once a head.
   thread_local CacheLineVector<uint16_t> parts;
-  thread_local std::vector<float> left, sums;
+  thread_local std::vector<float> sums;
   parts.resize(std::max(parts.size(), static_cast<size_t>(AmxBf16Elements(3 * m, cols))));
-  left.resize(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < m; ++r) {
-    const float* row = x + r * cols;
-    uint16_t* part = parts.data() + r * stride;
-    AmxToBf16Row(backend, row, cols, part);
-    for (int64_t c = 0; c < cols; ++c)
-      left[c] = row[c] - BF16ToF32(part[c]);
-    part += m * stride;
-    AmxToBf16Row(backend, left.data(), cols, part);
-    for (int64_t c = 0; c < cols; ++c)
-      left[c] -= BF16ToF32(part[c]);
-    AmxToBf16Row(backend, left.data(), cols, part + m * stride);
-  }
+  SplitIntoThreeParts(
+      x, m, cols, stride,
+      [backend](const float* v, int64_t n, uint16_t* out) { AmxToBf16Row(backend, v, n, out); },
+      parts.data());
   // The rows past 3m that tile loads read.
   std::fill(parts.data() + 3 * m * stride, parts.data() + AmxBf16Elements(3 * m, cols),
             uint16_t{0});
