@@ -213,6 +213,74 @@ SY_DOT_TARGET void ScratchTile(const uint16_t* x, const PackedMatrix& w, const O
   }
 }
 
+// kRows rows against kPanels fp8 panels over columns [k0, k1), each quad of columns converted in
+// registers as it is used: where one tile of rows covers the product, a converted range would be
+// read once, so converting it into scratch first only stored and reloaded it, and kept the
+// conversion from overlapping the tile's arithmetic. panel[q] points at panel q's column k0.
+// ScratchTile's arithmetic to the bit: each chain sums its block's columns in order.
+template <int kRows, int kPanels>
+SY_DOT_TARGET void Fp8InRegistersTile(const uint16_t* x, const PackedMatrix& w,
+                                      const uint8_t* const* panel, int64_t k0, int64_t k1,
+                                      const float* const* scales, float* acc, int64_t acc_stride,
+                                      const Prefetch& prefetch) {
+  const Converter k = MakeConverter();
+  for (int64_t b0 = k0; b0 < k1; b0 += w.block_cols) {
+    const int64_t b1 = std::min(k1, b0 + w.block_cols);
+    __m512 chain[kRows][kPanels];
+    for (int r = 0; r < kRows; ++r)
+      for (int q = 0; q < kPanels; ++q)
+        chain[r][q] = _mm512_setzero_ps();
+    for (int64_t c = b0; c < b1; c += 4) {
+      const int64_t step = (c - k0) / 4;  // one 64-byte line of each panel per quad
+      if (step < prefetch.lines)
+        for (int q = 0; q < kPanels; ++q)
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch.panel[q] + step * 64), _MM_HINT_T1);
+      __m512i w01[kPanels], w23[kPanels];
+      for (int q = 0; q < kPanels; ++q)
+        ConvertQuad<true>(k, panel[q], c - k0, w01[q], w23[q]);
+      for (int r = 0; r < kRows; ++r) {
+        const __m512bh x01 = BroadcastPair(x + r * w.cols + c);
+        for (int q = 0; q < kPanels; ++q)
+          chain[r][q] = Dot(chain[r][q], x01, w01[q]);
+        const __m512bh x23 = BroadcastPair(x + r * w.cols + c + 2);
+        for (int q = 0; q < kPanels; ++q)
+          chain[r][q] = Dot(chain[r][q], x23, w23[q]);
+      }
+    }
+    for (int q = 0; q < kPanels; ++q) {
+      const __m512 scale = _mm512_set1_ps(scales[q][b0 / w.block_cols]);
+      for (int r = 0; r < kRows; ++r) {
+        float* out = acc + r * acc_stride + q * kPanelRows;
+        _mm512_store_ps(out, _mm512_fmadd_ps(chain[r][q], scale, _mm512_load_ps(out)));
+      }
+    }
+  }
+}
+
+// Products of up to this many rows convert fp8 weights in the tiles, each tile of rows again,
+// rather than into scratch once a range (Zen 4, against the read probe in one process, a 768 ×
+// 2048 expert matrix: 3 rows 1.47x, 8 rows 1.41x, 12 rows 1.35x, 16 rows 1.14x faster; 24 and
+// 32 rows the same either way).
+constexpr int64_t kFp8InRegistersRows = 16;
+using Fp8InRegistersTileFn = void (*)(const uint16_t*, const PackedMatrix&, const uint8_t* const*,
+                                      int64_t, int64_t, const float* const*, float*, int64_t,
+                                      const Prefetch&);
+template <int kPanels>
+constexpr Fp8InRegistersTileFn kFp8InRegistersTiles[kMaxTileRows + 1] = {
+    nullptr,
+    Fp8InRegistersTile<1, kPanels>,
+    Fp8InRegistersTile<2, kPanels>,
+    Fp8InRegistersTile<3, kPanels>,
+    Fp8InRegistersTile<4, kPanels>,
+    Fp8InRegistersTile<5, kPanels>,
+    Fp8InRegistersTile<6, kPanels>,
+    Fp8InRegistersTile<7, kPanels>,
+    Fp8InRegistersTile<8, kPanels>,
+    Fp8InRegistersTile<9, kPanels>,
+    Fp8InRegistersTile<10, kPanels>,
+    Fp8InRegistersTile<11, kPanels>,
+    Fp8InRegistersTile<12, kPanels>};
+
 using ScratchTileFn = void (*)(const uint16_t*, const PackedMatrix&, const Operands&, int64_t,
                                int64_t, const float* const*, float*, int64_t, const Prefetch&);
 template <int kPanels>
@@ -291,6 +359,7 @@ SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix&
   acc_storage.resize(static_cast<size_t>(std::min(m, kRowBlock) * acc_stride + 16));
   float* const acc = reinterpret_cast<float*>(
       (reinterpret_cast<uintptr_t>(acc_storage.data()) + 63) & ~static_cast<uintptr_t>(63));
+  const bool in_registers = kFp8 && m <= kFp8InRegistersRows;
   for (int64_t group = panel_begin; group < panel_end; group += 2 * most_pairs) {
     const int64_t group_end = std::min(panel_end, group + 2 * most_pairs);
     const int64_t pairs = (group_end - group + 1) / 2;
@@ -307,7 +376,8 @@ SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix&
       std::fill_n(acc, block_rows * acc_stride, 0.0f);
       for (int64_t k0 = 0; k0 < w.cols; k0 += range) {
         const int64_t k1 = std::min(w.cols, k0 + range);
-        if (!kPairs) ConvertGroup<kFp8>(w, group, group_end, k0, k1, scratch, range);
+        if (!kPairs && !in_registers)
+          ConvertGroup<kFp8>(w, group, group_end, k0, k1, scratch, range);
         for (int64_t r0 = 0; r0 < block_rows; r0 += kMaxTileRows) {
           const int64_t rows = std::min<int64_t>(kMaxTileRows, block_rows - r0);
           const uint16_t* xr = x + (block0 + r0) * w.cols;
@@ -341,6 +411,19 @@ SY_DOT_TARGET void TiledPanels(const uint16_t* x, int64_t m, const PackedMatrix&
               operands = {
                   first + k0 / 2, 1,
                   two ? reinterpret_cast<const __m512i*>(w.Panel(group + 2 * g + 1)) - first : 0};
+            }
+            if (in_registers) {
+              const uint8_t* panels[2] = {
+                  w.Panel(group + 2 * g) + k0 * kPanelRows,
+                  two ? w.Panel(group + 2 * g + 1) + k0 * kPanelRows : nullptr};
+              if (two) {
+                kFp8InRegistersTiles<2>[rows](xr, w, panels, k0, k1, scales[g], tile, acc_stride,
+                                              next);
+              } else {
+                kFp8InRegistersTiles<1>[rows](xr, w, panels, k0, k1, scales[g], tile, acc_stride,
+                                              next);
+              }
+              continue;
             }
             if (two) {
               kScratchTiles<2>[rows](xr, w, operands, k0, k1, scales[g], tile, acc_stride, next);

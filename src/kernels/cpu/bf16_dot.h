@@ -7,12 +7,12 @@
 // block of columns one chain of VDPBF16PS in column order sums the block, and the row's result
 // is fma(block sum, block scale, result so far), block by block. The decode-sized kernel (one or
 // two rows, weights converted in registers, four panels streamed side by side) and the
-// GEMM-sized one (panel pairs converted a column range at a time, tiles of up to 12 rows)
-// follow it to the bit, so a row's output never depends on how many rows share its product:
-// decoding is batch-invariant, and a prompt recomputed after preemption gets decode's exact rows.
-// bf16 weights laid out in pairs at load (PackedMatrix::bf16_pairs; `switchyard` does so where
-// this kernel runs) are VDPBF16PS's operands as stored: both kernels read them in place, with
-// the same bits.
+// GEMM-sized one (panel pairs converted a column range at a time, tiles of up to 12 rows; fp8
+// products of up to 16 rows converted in the tiles' registers instead) follow it to the bit, so a
+// row's output never depends on how many rows share its product: decoding is batch-invariant, and a
+// prompt recomputed after preemption gets decode's exact rows. bf16 weights laid out in pairs at
+// load (PackedMatrix::bf16_pairs; `switchyard` does so where this kernel runs) are VDPBF16PS's
+// operands as stored: both kernels read them in place, with the same bits.
 #pragma once
 
 #include <cstdint>
