@@ -231,10 +231,11 @@ TEST_F(Bf16DotTest, GroupedExpertsGiveTheRowsOfPlainProducts) {
 
 // MLA decode with bf16 dot products on a bf16 cache: against a double-precision softmax over the
 // same cache rows (queries and probabilities are rounded to bf16: within 1% of the output's
-// range), and every (token, head) row the same bits however heads and tokens are grouped.
+// range), and every (token, head) row the same bits however heads and tokens are grouped. 600
+// keys span three of the kernel's key steps (256), the last one partial and odd.
 TEST_F(Bf16DotTest, MlaDecodeMatchesTheSoftmaxAndDoesNotDependOnItsNeighbours) {
   const int64_t heads = 21, latent = 48, rope = 8, page = 7, width = latent + rope;
-  for (int64_t keys : {int64_t{1}, int64_t{37}, int64_t{70}}) {
+  for (int64_t keys : {int64_t{1}, int64_t{37}, int64_t{70}, int64_t{600}}) {
     for (int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{3}}) {
       if (tokens > keys) continue;
       const testing::TestLatentCache cache = testing::MakeTestLatentCache(keys, width, page, 11);
