@@ -413,6 +413,74 @@ TEST(ForcedToolCalls, NamedFunctionAndGateAfterThink) {
   EXPECT_FALSE(fresh.AcceptToken(*tokenizer->TokenToId("<")).ok());
 }
 
+// tool_choice "auto" with a JSON answer format: one grammar that takes the answer's JSON or
+// calls of the tools (their arguments following the schemas), nothing else; other answer formats,
+// forced calls and tool schemas the compiler refuses keep the answer's format alone.
+TEST(ToolRequest, AnswerOrCallsTakesEitherAndNothingElse) {
+  using structured::GrammarSpec;
+  const json automatic = "auto";
+  const json no = false;
+  auto read = ReadToolRequest(&kTools, &automatic, &no, ToolCallFormat::kDeepSeekV3, true);
+  ASSERT_FALSE(read.error) << read.error->message;
+  ASSERT_FALSE(read.request->grammar);  // auto alone leaves the model free
+  const GrammarSpec answer{GrammarSpec::Kind::kJsonSchema,
+                           R"({"type": "object", "properties": {"sky": {"enum": ["sunny"]}},
+                               "required": ["sky"], "additionalProperties": false})"};
+  auto either = AnswerOrCalls(ToolCallFormat::kDeepSeekV3, *read.request, answer);
+  ASSERT_TRUE(either.has_value());
+  EXPECT_EQ(either->kind, GrammarSpec::Kind::kStructural);
+  const std::string path = std::string(SY_SOURCE_DIR) + "/configs/tokenizer/default/tokenizer.json";
+  structured::GrammarCompiler compiler(LoadVocabulary(path));
+  auto tokenizer = Tokenizer::Load(path);
+  ASSERT_TRUE(tokenizer.ok());
+  auto compiled = compiler.Compile(*either);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().message();
+  auto accepts = [&](const std::string& text) {
+    structured::GrammarMatcher m(*compiled);
+    auto ids = tokenizer->Encode(text);
+    if (!ids.ok()) return false;
+    for (int32_t id : *ids)
+      if (!m.AcceptToken(id).ok()) return false;
+    return m.IsComplete();
+  };
+  const std::string one_call = std::string(kCallBegin) + "function" + std::string(kToolSep) +
+                               "add\n```json\n{\"a\": 2, \"b\": 40}\n```" + std::string(kCallEnd);
+  const std::string call = std::string(kCallsBegin) + one_call + std::string(kCallsEnd);
+  EXPECT_TRUE(accepts(R"({"sky": "sunny"})"));
+  EXPECT_TRUE(accepts(call));
+  EXPECT_FALSE(accepts(R"({"sky": "rainy"})"));  // the answer's schema holds
+  EXPECT_FALSE(accepts("It is sunny."));
+  EXPECT_FALSE(accepts(R"({"sky": "sunny"})" + call));
+  // parallel_tool_calls false: one call.
+  EXPECT_FALSE(
+      accepts(std::string(kCallsBegin) + one_call + "\n" + one_call + std::string(kCallsEnd)));
+  std::string bad_arguments = call;  // the tool's schema holds: b is at most 99
+  bad_arguments.replace(bad_arguments.find("40"), 2, "400");
+  EXPECT_FALSE(accepts(bad_arguments));
+
+  const GrammarSpec object{GrammarSpec::Kind::kJsonObject, ""};
+  auto any_object = AnswerOrCalls(ToolCallFormat::kDeepSeekV3, *read.request, object);
+  ASSERT_TRUE(any_object.has_value());
+  compiled = compiler.Compile(*any_object);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().message();
+  EXPECT_TRUE(accepts(R"({"anything": [1, 2]})"));
+  EXPECT_TRUE(accepts(call));
+  EXPECT_FALSE(accepts("[1, 2]"));
+
+  EXPECT_FALSE(AnswerOrCalls(ToolCallFormat::kDeepSeekV3, *read.request,
+                             GrammarSpec{GrammarSpec::Kind::kRegex, "[a-z]+"}));
+  const json required = "required";
+  auto forced = ReadToolRequest(&kTools, &required, &no, ToolCallFormat::kDeepSeekV3, true);
+  ASSERT_FALSE(forced.error) << forced.error->message;
+  EXPECT_FALSE(AnswerOrCalls(ToolCallFormat::kDeepSeekV3, *forced.request, answer));
+  // A tool schema the compiler refuses ("not"): auto never required it to compile.
+  const json odd = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters":
+      {"type": "object", "properties": {"x": {"not": {"minLength": 3}}}}}}])");
+  auto odd_read = ReadToolRequest(&odd, &automatic, &no, ToolCallFormat::kDeepSeekV3, true);
+  ASSERT_FALSE(odd_read.error) << odd_read.error->message;
+  EXPECT_FALSE(AnswerOrCalls(ToolCallFormat::kDeepSeekV3, *odd_read.request, answer));
+}
+
 // The tools as vLLM hands them to the chat template: its pydantic models' field order (type,
 // function: name, description, parameters), absent ones null, extra fields after them, and every
 // schema in the client's key order.

@@ -50,6 +50,29 @@ json ToolCallGrammar(ToolCallFormat format, const std::vector<FunctionTool>& fun
   return {{"type", "sequence"}, {"elements", {Token(kCallsBegin), repeat, Token(kCallsEnd)}}};
 }
 
+std::optional<structured::GrammarSpec> AnswerOrCalls(ToolCallFormat format,
+                                                     const ToolRequest& request,
+                                                     const structured::GrammarSpec& answer) {
+  using Kind = structured::GrammarSpec::Kind;
+  if (request.choice != ToolChoice::kAuto || request.functions.empty()) return std::nullopt;
+  json schema;
+  if (answer.kind == Kind::kJsonObject) {
+    schema = {{"type", "object"}};  // AnyJsonObjectGrammar's schema
+  } else if (answer.kind == Kind::kJsonSchema) {
+    schema = json::parse(answer.text, nullptr, false);
+    if (schema.is_discarded()) return std::nullopt;
+  } else {
+    return std::nullopt;
+  }
+  const json either = {{"type", "alternatives"},
+                       {"elements",
+                        {{{"type", "json_schema"}, {"schema", std::move(schema)}},
+                         ToolCallGrammar(format, request.functions, request.max_calls())}}};
+  structured::GrammarSpec spec{Kind::kStructural, either.dump(), {}, ""};
+  if (!structured::CheckCompiles(spec).ok()) return std::nullopt;
+  return spec;
+}
+
 json ToolsForTemplate(const json& tools) {
   json out = json::array();
   for (const json& tool : tools) {

@@ -5,7 +5,8 @@
 //
 //   none      the tools are shown to the model (rendered into the prompt); nothing is parsed
 //   auto      the model may call; its output is parsed (needs --enable-auto-tool-choice, as in
-//             vLLM); the schemas are not compiled (the model is free)
+//             vLLM); the schemas are not compiled (the model is free) unless the request also
+//             asks for a JSON answer (AnswerOrCalls below)
 //   required  one call or more (exactly one when parallel_tool_calls is false) of any function
 //   named     {"type": "function", "function": {"name": N}}: calls of N only
 //
@@ -70,5 +71,17 @@ nlohmann::ordered_json ToolsForTemplate(const nlohmann::ordered_json& tools);
 // list and nothing else, `max_calls` calls at most (-1: any number, at least one).
 nlohmann::ordered_json ToolCallGrammar(ToolCallFormat format,
                                        const std::vector<FunctionTool>& functions, int max_calls);
+
+// tool_choice "auto" with a JSON answer format (response_format json_schema or json_object, what
+// agent frameworks send for a typed final output): the answer is either that JSON or a call list
+// of the request's tools (arguments following their schemas), one grammar. OpenAI lets the model
+// call tools in such a request; applying the answer's schema to the whole output (vLLM) would make
+// every call impossible. Absent for other answer formats (a regex, a choice, a GBNF grammar: the
+// model answers in that form and cannot call), and where the combined grammar does not compile
+// (a tool schema the compiler refuses; auto never required one to compile): then the answer's
+// format alone applies, as before.
+std::optional<structured::GrammarSpec> AnswerOrCalls(ToolCallFormat format,
+                                                     const ToolRequest& request,
+                                                     const structured::GrammarSpec& answer);
 
 }  // namespace sy::chat_output

@@ -225,13 +225,14 @@ bool ReadTools(Reader& r, GenerationPlan& plan, const ServingLimits& limits, Cha
   plan.tools = std::move(read.request);
   if (!plan.tools) return true;
   if (plan.tools->grammar) {
-    if (plan.params.grammar) {
-      *error = Invalid("tool_choice",
-                       "a forced tool call (\"required\" or a named function) cannot be combined "
-                       "with a structured output constraint");
-      return false;
-    }
+    // A forced call leaves no answer for a structured output constraint to shape: the call's
+    // grammar applies (vLLM's precedence too). Agent frameworks send both — a typed final output
+    // with tool_choice "required" on the turns that must call.
     plan.params.grammar = plan.tools->grammar;
+  } else if (plan.params.grammar) {
+    if (auto either =
+            chat_output::AnswerOrCalls(*limits.tool_format, *plan.tools, *plan.params.grammar))
+      plan.params.grammar = std::move(either);
   }
   const bool excluded = plan.tools->choice == chat_output::ToolChoice::kNone &&
                         limits.exclude_tools_when_tool_choice_none;

@@ -226,6 +226,19 @@ def test_required_function_calls_equal_chat(tools_client):
         (c.function.name, c.function.arguments) for c in chat.tool_calls]
 
 
+def test_required_calls_with_a_text_format_equal_without(tools_client):
+    """A typed output (text.format) beside tool_choice "required", as agent frameworks send it:
+    the forced call applies, the same call as without the format."""
+    args = dict(model="sy-test", input=ASK, tools=FLAT_TOOLS, tool_choice="required",
+                max_output_tokens=300, temperature=0, parallel_tool_calls=False)
+    plain = check_function_calls(tools_client.responses.create(**args).output)
+    typed = tools_client.responses.create(**args, text={"format": {
+        "type": "json_schema", "name": "person", "schema": PERSON}})
+    assert typed.status == "completed"
+    assert [(c.name, c.arguments) for c in check_function_calls(typed.output)] == [
+        (c.name, c.arguments) for c in plain]
+
+
 def test_function_call_streamed_equals_whole(tools_client):
     args = dict(model="sy-test", input=ASK, tools=FLAT_TOOLS, max_output_tokens=300,
                 temperature=0, parallel_tool_calls=False,

@@ -190,8 +190,10 @@ def test_tool_results_in_a_follow_up_turn(tools_client):
      "tools[0].function.name", "characters"),
     ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type", "function"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "must be"),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
-     "tool_choice", "cannot be combined"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"x": {"not": {"minLength": 3}}}}}}},
+     "response_format", "'not'"),
     ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
 ])
 def test_bad_tools_are_refused_by_name(tool_server, tools_client, body, param, words):
@@ -205,6 +207,76 @@ def test_bad_tools_are_refused_by_name(tool_server, tools_client, body, param, w
                                                extra_body={"ignore_eos": True})
     assert out.choices[0].finish_reason == "length"
     assert out.usage.completion_tokens == 3
+
+
+FORECAST = {"type": "object",
+            "properties": {"sky": {"enum": ["sunny", "rainy"]}, "warm": {"type": "boolean"}},
+            "required": ["sky", "warm"], "additionalProperties": False}
+AS_FORECAST = {"type": "json_schema", "json_schema": {"name": "forecast", "schema": FORECAST}}
+
+
+def calls_begin(tool_server):
+    status, out, _ = tool_server.request("POST", "/tokenize", {
+        "prompt": "<｜tool▁calls▁begin｜>", "add_special_tokens": False})
+    assert status == 200 and len(out["tokens"]) == 1, out
+    return out["tokens"][0]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+def test_a_forced_call_takes_precedence_over_the_answer_format(tools_client, choice):
+    """Agent frameworks send a typed final output (response_format) with tool_choice "required"
+    on the turns that must call: the call's grammar applies (vLLM's precedence), the same call as
+    without the format."""
+    args = dict(model="sy-test", messages=CHAT, tools=TOOLS, tool_choice=choice,
+                max_tokens=BUDGET, temperature=0, parallel_tool_calls=False)
+    plain = tools_client.chat.completions.create(**args).choices[0]
+    typed = tools_client.chat.completions.create(**args, response_format=AS_FORECAST).choices[0]
+    assert typed.finish_reason == "tool_calls" and typed.message.content is None
+    check_calls(typed.message)
+    assert [(c.function.name, c.function.arguments) for c in typed.message.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in plain.message.tool_calls]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_with_a_json_answer_format_may_call_or_answer(tool_server, tools_client, stream):
+    """tool_choice "auto" and a JSON answer format: one grammar, the answer's JSON or calls. A
+    bias on the calls' first token decides which (the tiny model's own choice differs with the
+    CPU's rounding): toward it, a call whose arguments follow its schema; against it, JSON that
+    the answer's schema validates. A format over the whole output (vLLM's) allows no call."""
+    begin = calls_begin(tool_server)
+    for fmt in (AS_FORECAST, {"type": "json_object"}):
+        args = dict(model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=BUDGET,
+                    temperature=0, parallel_tool_calls=False, response_format=fmt)
+        for bias in (100, -100):
+            out = tools_client.chat.completions.create(**args, logit_bias={str(begin): bias},
+                                                       stream=stream)
+            if stream:
+                calls, content, finish = reassemble(out)
+            else:
+                choice = out.choices[0]
+                calls = [{"name": c.function.name, "arguments": c.function.arguments}
+                         for c in choice.message.tool_calls or []]
+                content, finish = choice.message.content, choice.finish_reason
+            if bias > 0:
+                assert finish == "tool_calls" and not content and len(calls) == 1, (fmt, out)
+                jsonschema.validate(json.loads(calls[0]["arguments"]),
+                                    SCHEMAS[calls[0]["name"]])
+            elif fmt is AS_FORECAST:
+                assert finish == "stop" and calls == [], (fmt, out)
+                jsonschema.validate(json.loads(content), FORECAST)
+            else:  # any object: the tiny model may go on until the budget
+                assert calls == [] and content.lstrip().startswith("{"), (fmt, out)
+
+
+def test_auto_with_other_answer_formats_answers_in_them(tool_server, tools_client):
+    """A regex or a choice has no place beside calls: it shapes the whole answer, as before."""
+    begin = calls_begin(tool_server)
+    out = tools_client.chat.completions.create(
+        model="sy-test", messages=CHAT, tools=TOOLS, max_tokens=20, temperature=0,
+        logit_bias={str(begin): 100}, extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert out.choices[0].message.content in ("yes", "no")
+    assert not out.choices[0].message.tool_calls
 
 
 def test_auto_needs_the_flag(server, client):

@@ -1,0 +1,116 @@
+"""An agent framework against the server: the OpenAI Agents SDK (openai-agents) running agents
+on the default model through both of its model classes — the Responses API and Chat
+Completions —, streamed and not: a function tool called with arguments its pydantic signature
+accepts, the tool's output sent back, a typed final output (output_type) parsed from the answer,
+and a handoff from one agent to another. The SDK sends a typed output's schema with every turn,
+tool_choice "required" included, and "auto" once a tool has run."""
+import asyncio
+from typing import Literal
+
+import pytest
+from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel,
+                    Runner, function_tool, set_tracing_disabled)
+from agents.items import HandoffCallItem, MessageOutputItem, ToolCallItem, ToolCallOutputItem
+from openai import AsyncOpenAI
+from pydantic import BaseModel
+
+from conftest import Server
+
+# The SDK sends traces to OpenAI's servers by default; there is no network here.
+set_tracing_disabled(True)
+
+MODELS = {"responses": OpenAIResponsesModel, "chat": OpenAIChatCompletionsModel}
+
+
+class Forecast(BaseModel):
+    sky: Literal["sunny", "rainy"]
+    warm: bool
+
+
+@pytest.fixture(scope="module")
+def agent_server(model_dir):
+    s = Server(model_dir, "--kv-cache-tokens", "16384", "--enable-auto-tool-choice",
+               "--tool-call-parser", "deepseek_v3")
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+def model(server, kind):
+    client = AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    return MODELS[kind](model="sy-test", openai_client=client)
+
+
+def settings(**extra):
+    # One call a turn: a greedy tiny model free to call again repeats calls until its budget.
+    return ModelSettings(temperature=0, max_tokens=300, parallel_tool_calls=False, **extra)
+
+
+def run(agent, question, stream, max_turns=4):
+    async def go():
+        if not stream:
+            return await Runner.run(agent, question, max_turns=max_turns)
+        result = Runner.run_streamed(agent, question, max_turns=max_turns)
+        events = [event async for event in result.stream_events()]
+        assert events, "the stream sent no events"
+        return result
+    return asyncio.run(go())
+
+
+def weather_tool(calls, once):
+    """get_weather, recording its calls; with `once`, offered only until it has been called (the
+    second turn then has only the typed answer to give)."""
+    @function_tool(is_enabled=(lambda ctx, agent: not calls) if once else True)
+    def get_weather(city: Literal["Paris", "Rome"], unit: Literal["celsius", "fahrenheit"]) -> str:
+        """The weather in a city."""
+        calls.append((city, unit))
+        return f"sunny, 25 degrees {unit}"
+    return get_weather
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("kind", ["responses", "chat"])
+def test_a_tool_call_then_a_typed_answer(agent_server, kind, stream):
+    calls = []
+    agent = Agent(name="forecaster", instructions="Answer briefly.", model=model(agent_server, kind),
+                  tools=[weather_tool(calls, once=True)], output_type=Forecast,
+                  model_settings=settings(tool_choice="required"))
+    result = run(agent, "What is the weather in Paris?", stream)
+    assert len(calls) == 1, calls  # the SDK ran the tool with arguments its signature accepts
+    assert [type(item) for item in result.new_items] == [
+        ToolCallItem, ToolCallOutputItem, MessageOutputItem], result.new_items
+    assert result.new_items[1].output.startswith("sunny")  # not the SDK's error text
+    assert isinstance(result.final_output, Forecast), result.final_output
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tools_stay_offered_beside_the_typed_answer(agent_server, stream):
+    """After the forced first call the SDK asks with tool_choice "auto" and the answer's schema:
+    the grammar allows both. A bias against the calls' first token (Chat Completions' logit_bias;
+    the tiny model's own choice differs with the CPU's rounding) makes it answer."""
+    status, out, _ = agent_server.request("POST", "/tokenize", {
+        "prompt": "<｜tool▁calls▁begin｜>", "add_special_tokens": False})
+    assert status == 200 and len(out["tokens"]) == 1, out
+    calls = []
+    agent = Agent(name="forecaster", instructions="Answer briefly.",
+                  model=model(agent_server, "chat"), tools=[weather_tool(calls, once=False)],
+                  output_type=Forecast,
+                  model_settings=settings(tool_choice="required",
+                                          extra_body={"logit_bias": {str(out["tokens"][0]): -100}}))
+    result = run(agent, "What is the weather in Rome?", stream)
+    assert len(calls) == 1, calls
+    assert isinstance(result.final_output, Forecast), result.final_output
+
+
+@pytest.mark.parametrize("kind", ["responses", "chat"])
+def test_a_handoff_to_a_typed_agent(agent_server, kind):
+    forecaster = Agent(name="forecaster", instructions="Give the forecast.",
+                       model=model(agent_server, kind), output_type=Forecast,
+                       model_settings=settings())
+    # The handoff is a tool of the triage agent; "required" makes it take it.
+    triage = Agent(name="triage", instructions="Hand weather questions over.",
+                   model=model(agent_server, kind), handoffs=[forecaster],
+                   model_settings=settings(tool_choice="required"))
+    result = run(triage, "Will it rain in Paris?", stream=False)
+    assert result.last_agent is forecaster
+    assert isinstance(result.new_items[0], HandoffCallItem), result.new_items
+    assert isinstance(result.final_output, Forecast), result.final_output
