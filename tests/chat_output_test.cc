@@ -54,8 +54,9 @@ void Add(const OutputDelta& d, Assembled* a) {
   }
 }
 
+// `budget_cut`: the output ended on its token budget (finish_reason "length").
 Assembled Stream(const ChatOutputOptions& options, const std::string& text,
-                 const std::vector<size_t>& cuts) {
+                 const std::vector<size_t>& cuts, bool budget_cut = false) {
   ChatOutputParser parser(options);
   Assembled a;
   size_t at = 0;
@@ -64,7 +65,7 @@ Assembled Stream(const ChatOutputOptions& options, const std::string& text,
     at = cut;
   }
   Add(parser.Feed(std::string_view(text).substr(at)), &a);
-  Add(parser.Finish(), &a);
+  Add(parser.Finish(budget_cut), &a);
   return a;
 }
 
@@ -80,25 +81,27 @@ void ExpectSame(const Assembled& a, const Assembled& b, const std::string& what)
 
 // Every split into two, three random ones per length, and byte by byte give the same deltas in
 // total as one chunk; for a well-formed output that equals the whole-output message.
-void CheckSplits(const ChatOutputOptions& options, const std::string& text) {
-  const Assembled whole = Stream(options, text, {});
+void CheckSplits(const ChatOutputOptions& options, const std::string& text,
+                 bool budget_cut = false) {
+  const Assembled whole = Stream(options, text, {}, budget_cut);
   for (size_t cut = 0; cut <= text.size(); ++cut)
-    ExpectSame(Stream(options, text, {cut}), whole, "cut at " + std::to_string(cut));
+    ExpectSame(Stream(options, text, {cut}, budget_cut), whole, "cut at " + std::to_string(cut));
   std::vector<size_t> bytes;
   for (size_t i = 1; i < text.size(); ++i)
     bytes.push_back(i);
-  ExpectSame(Stream(options, text, bytes), whole, "byte by byte");
+  ExpectSame(Stream(options, text, bytes, budget_cut), whole, "byte by byte");
   std::mt19937 rng(7);
   for (int trial = 0; trial < 50; ++trial) {
     std::vector<size_t> cuts;
     for (size_t i = 1; i < text.size(); ++i)
       if (rng() % 5 == 0) cuts.push_back(i);
-    ExpectSame(Stream(options, text, cuts), whole, "random cuts " + std::to_string(trial));
+    ExpectSame(Stream(options, text, cuts, budget_cut), whole,
+               "random cuts " + std::to_string(trial));
   }
-  const ChatMessage m = ParseChatOutput(options, text);
+  const ChatMessage m = ParseChatOutput(options, text, budget_cut);
   ChatOutputParser probe(options);
   probe.Feed(text);
-  probe.Finish();
+  probe.Finish(budget_cut);
   if (probe.CalledTools() || options.reasoning) {
     EXPECT_EQ(m.reasoning.value_or(""), whole.reasoning);
     if (!m.tool_calls.empty()) {
@@ -143,7 +146,7 @@ TEST(ToolParser, NoCallsIsContent) {
 
 TEST(ToolParser, MalformedOutputIsAllContent) {
   const std::string cases[] = {
-      // unterminated call (max_tokens)
+      // unterminated call (the model stopped there: a stop string, end-of-sequence)
       "x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": 1",
       // arguments that are not JSON
       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{a: 1}\n```"
@@ -169,6 +172,60 @@ TEST(ToolParser, MalformedOutputIsAllContent) {
   }
   const std::string v31 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": tru";
   EXPECT_TRUE(ParseToolCalls(ToolCallFormat::kDeepSeekV31, v31).calls.empty());
+}
+
+// Cut by its token budget, an unfinished call is a call: the arguments written before the cut
+// (what the stream sent), a header that was not whole dropped; text where a call should begin is
+// still malformed.
+TEST(ToolParser, AnOutputCutByItsBudgetKeepsItsCalls) {
+  ChatOutputOptions v3;
+  v3.tool_format = ToolCallFormat::kDeepSeekV3;
+  const std::string mid_arguments =
+      "x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": 1";
+  ParsedToolCalls p = ParseToolCalls(ToolCallFormat::kDeepSeekV3, mid_arguments, true);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.content.value_or(""), "x");
+  EXPECT_EQ(p.calls[0].name, "f");
+  EXPECT_EQ(p.calls[0].arguments, "{\"a\": 1");
+  EXPECT_TRUE(p.calls[0].id.starts_with("call_"));
+  ChatMessage m = ParseChatOutput(v3, mid_arguments, true);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.content.value_or(""), "x");
+  EXPECT_EQ(m.tool_calls[0].arguments, "{\"a\": 1");
+  CheckSplits(v3, mid_arguments, true);
+  // Not cut (the model stopped there on its own): malformed, all content.
+  EXPECT_TRUE(ParseToolCalls(ToolCallFormat::kDeepSeekV3, mid_arguments).calls.empty());
+
+  const size_t second = kV3Two.find("get_time");
+  // Cut in the second call's name, in its type's separator, in the marker that begins it.
+  const size_t call_begin = kV3Two.find("<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time");
+  for (const size_t end : {second + 3, second - 5, call_begin + 4}) {
+    const std::string text = kV3Two.substr(0, end);
+    m = ParseChatOutput(v3, text, true);
+    ASSERT_EQ(m.tool_calls.size(), 1u) << text;
+    EXPECT_EQ(m.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(m.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+    EXPECT_EQ(m.content.value_or(""), "Let me check.");
+    CheckSplits(v3, text, true);
+  }
+  // The list opened and nothing in it yet.
+  m = ParseChatOutput(v3, "Hi<｜tool▁calls▁begin｜><｜tool▁ca", true);
+  EXPECT_TRUE(m.tool_calls.empty());
+  EXPECT_EQ(m.content.value_or(""), "Hi");
+  // Text where a call should begin: malformed, cut or not.
+  const std::string junk = "<｜tool▁calls▁begin｜>oops, no call";
+  m = ParseChatOutput(v3, junk, true);
+  EXPECT_TRUE(m.tool_calls.empty());
+  EXPECT_EQ(m.content.value_or(""), junk);
+  CheckSplits(v3, junk, true);
+
+  const std::string v31 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": tru";
+  p = ParseToolCalls(ToolCallFormat::kDeepSeekV31, v31, true);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments, "{\"a\": tru");
+  ChatOutputOptions v31_options;
+  v31_options.tool_format = ToolCallFormat::kDeepSeekV31;
+  CheckSplits(v31_options, v31, true);
 }
 
 TEST(ToolParser, StreamedEqualsWholeInEverySplit) {

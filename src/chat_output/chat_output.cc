@@ -7,7 +7,7 @@ ChatOutputParser::ChatOutputParser(const ChatOutputOptions& options) : options_(
   if (options_.tool_format) tools_.emplace(*options_.tool_format);
 }
 
-void ChatOutputParser::Pass(OutputDelta& delta, bool final) {
+void ChatOutputParser::Pass(OutputDelta& delta, bool final, bool cut) {
   // What the reasoning parser left as answer goes on to the tool-call parser.
   std::string answer = std::move(delta.content);
   delta.content.clear();
@@ -17,7 +17,7 @@ void ChatOutputParser::Pass(OutputDelta& delta, bool final) {
     delta.content = std::move(answer);
   } else {
     tools_->Feed(answer, &delta);
-    if (final) tools_->Finish(&delta);
+    if (final) tools_->Finish(&delta, cut);
     if (options_.max_calls >= 0)
       std::erase_if(delta.tool_calls,
                     [&](const ToolCallDelta& d) { return d.index >= options_.max_calls; });
@@ -32,14 +32,14 @@ OutputDelta ChatOutputParser::Feed(std::string_view text) {
   } else {
     delta.content = std::string(text);
   }
-  Pass(delta, false);
+  Pass(delta, false, false);
   return delta;
 }
 
-OutputDelta ChatOutputParser::Finish() {
+OutputDelta ChatOutputParser::Finish(bool cut) {
   OutputDelta delta;
   if (reasoning_) reasoning_->Finish(&delta);
-  Pass(delta, true);
+  Pass(delta, true, cut);
   return delta;
 }
 
@@ -63,10 +63,10 @@ bool ChatOutputParser::CalledTools() const {
   return tools_ && !tools_->malformed() && !tools_->calls().empty();
 }
 
-ChatMessage ParseChatOutput(const ChatOutputOptions& options, std::string_view text) {
+ChatMessage ParseChatOutput(const ChatOutputOptions& options, std::string_view text, bool cut) {
   ChatOutputParser parser(options);
   parser.Feed(text);
-  parser.Finish();
+  parser.Finish(cut);
   return parser.Message();
 }
 

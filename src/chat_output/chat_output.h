@@ -32,7 +32,9 @@ class ChatOutputParser {
   explicit ChatOutputParser(const ChatOutputOptions& options);
 
   OutputDelta Feed(std::string_view text);
-  OutputDelta Finish();
+  // `cut`: the output was cut by its token budget (finish_reason "length"): an unfinished call is
+  // a call, not malformed output (tool_parser.h).
+  OutputDelta Finish(bool cut = false);
 
   // After Finish. A malformed tool-call section makes the whole answer content (tool_parser.h).
   ChatMessage Message() const;
@@ -40,7 +42,7 @@ class ChatOutputParser {
   bool CalledTools() const;
 
  private:
-  void Pass(OutputDelta& delta, bool final);
+  void Pass(OutputDelta& delta, bool final, bool cut);
 
   ChatOutputOptions options_;
   std::optional<ReasoningParser> reasoning_;
@@ -50,6 +52,7 @@ class ChatOutputParser {
 };
 
 // The whole output at once (a non-streamed response).
-ChatMessage ParseChatOutput(const ChatOutputOptions& options, std::string_view text);
+ChatMessage ParseChatOutput(const ChatOutputOptions& options, std::string_view text,
+                            bool cut = false);
 
 }  // namespace sy::chat_output

@@ -49,11 +49,11 @@ void ToolCallParser::Feed(std::string_view text, OutputDelta* out) {
   Run(out, false);
 }
 
-void ToolCallParser::Finish(OutputDelta* out) {
-  Run(out, true);
+void ToolCallParser::Finish(OutputDelta* out, bool cut) {
+  Run(out, true, cut);
 }
 
-void ToolCallParser::Run(OutputDelta* out, bool final) {
+void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
   const bool v3 = format_ == ToolCallFormat::kDeepSeekV3;
   auto junk = [&] {  // from here on the output is not a tool call
     malformed_ = true;
@@ -92,12 +92,15 @@ void ToolCallParser::Run(OutputDelta* out, bool final) {
         }
         if (buffer_.empty()) {
           // The list may end without its closing token (the output stopped right after a call).
-          if (final && calls_.empty()) malformed_ = true;
+          if (final && calls_.empty() && !cut) malformed_ = true;
           return;
         }
         const bool may_become = std::string_view(kCallBegin).starts_with(buffer_) ||
                                 std::string_view(kCallsEnd).starts_with(buffer_);
-        if (may_become && !final) return;
+        if (may_become && (!final || cut)) {
+          if (final) buffer_.clear();  // a marker the budget cut
+          return;
+        }
         junk();
         continue;
       }
@@ -106,9 +109,13 @@ void ToolCallParser::Run(OutputDelta* out, bool final) {
         const std::string_view end = state_ == State::kType ? kToolSep : v3 ? kV3NameEnd : kToolSep;
         const size_t at = buffer_.find(end);
         if (at == std::string::npos) {
-          if (final) junk();
-          if (final) continue;
-          return;
+          if (!final) return;
+          if (cut) {  // the budget cut the call's header: nothing of it was sent
+            buffer_.clear();
+            return;
+          }
+          junk();
+          continue;
         }
         if (state_ == State::kType) {
           buffer_.erase(0, at + end.size());
@@ -147,7 +154,12 @@ void ToolCallParser::Run(OutputDelta* out, bool final) {
           buffer_.erase(0, take);
         }
         if (at == std::string::npos) {
-          if (final) malformed_ = true;  // the call never ended
+          if (final && cut) {
+            calls_.push_back(std::move(current_));  // the arguments written before the cut
+            current_ = ToolCall{};
+          } else if (final) {
+            malformed_ = true;  // the call never ended
+          }
           return;
         }
         buffer_.erase(0, end.size());
@@ -168,11 +180,11 @@ void ToolCallParser::Run(OutputDelta* out, bool final) {
   }
 }
 
-ParsedToolCalls ParseToolCalls(ToolCallFormat format, std::string_view text) {
+ParsedToolCalls ParseToolCalls(ToolCallFormat format, std::string_view text, bool cut) {
   ToolCallParser parser(format);
   OutputDelta delta;
   parser.Feed(text, &delta);
-  parser.Finish(&delta);
+  parser.Finish(&delta, cut);
   ParsedToolCalls out;
   if (parser.malformed()) {
     if (!text.empty()) out.content = std::string(text);

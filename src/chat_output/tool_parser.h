@@ -19,6 +19,12 @@
 // should begin — is, whole, returned as content with no tool calls (vLLM returns the model output
 // as content when its parser fails). A stream cannot take back what it sent: there, the calls
 // sent stay, and the rest of the text from the point it went wrong is sent as content.
+//
+// An output cut by its token budget (finish_reason "length") is not malformed for being
+// unfinished: its calls are the ones read, the last with the arguments written before the cut —
+// what the stream sent, and what OpenAI returns (arguments that may not parse) — and a call whose
+// name was not whole is dropped (the stream sent none of it). Raw format tokens as content would
+// be no answer at all, and a forced call cut short would read differently streamed and whole.
 #pragma once
 
 #include <optional>
@@ -71,8 +77,9 @@ class ToolCallParser {
 
   // More output text; what it decides is appended to `out`.
   void Feed(std::string_view text, OutputDelta* out);
-  // The end of the output: releases what was held back.
-  void Finish(OutputDelta* out);
+  // The end of the output: releases what was held back. `cut`: the output was cut by its token
+  // budget (see above).
+  void Finish(OutputDelta* out, bool cut = false);
 
   // After Finish: the calls read (whole ones), whether the output was malformed, and all the
   // content in order (as streamed).
@@ -81,7 +88,7 @@ class ToolCallParser {
 
  private:
   enum class State { kContent, kBetween, kType, kName, kArguments, kDone, kJunk };
-  void Run(OutputDelta* out, bool final);
+  void Run(OutputDelta* out, bool final, bool cut = false);
   std::string NewId();
 
   ToolCallFormat format_;
@@ -98,6 +105,6 @@ struct ParsedToolCalls {
   std::optional<std::string> content;
   std::vector<ToolCall> calls;
 };
-ParsedToolCalls ParseToolCalls(ToolCallFormat format, std::string_view text);
+ParsedToolCalls ParseToolCalls(ToolCallFormat format, std::string_view text, bool cut = false);
 
 }  // namespace sy::chat_output

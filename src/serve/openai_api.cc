@@ -814,7 +814,7 @@ ChatChoice FinishedChatChoice(const GenerationPlan& plan, const ChoiceResult& ch
   ChatChoice out;
   chat_output::ChatOutputParser parser(plan.output);
   parser.Feed(choice.text);
-  parser.Finish();
+  parser.Finish(choice.finish_reason == "length");
   out.message = parser.Message();
   out.finish_reason =
       choice.finish_reason == "stop" && parser.CalledTools() ? "tool_calls" : choice.finish_reason;
@@ -908,7 +908,7 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
         so_far.output = std::make_shared<chat_output::ChatOutputParser>(plan.output);
       chat_output::OutputDelta parsed = so_far.output->Feed(event.text);
       if (event.finish_reason) {
-        chat_output::OutputDelta rest = so_far.output->Finish();
+        chat_output::OutputDelta rest = so_far.output->Finish(*event.finish_reason == "length");
         parsed.reasoning += rest.reasoning;
         parsed.content += rest.content;
         for (auto& d : rest.tool_calls) {

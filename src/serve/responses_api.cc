@@ -393,9 +393,14 @@ json OutputItems(const ResponsesPlan& plan, const std::string& id, const ChoiceR
     items.push_back(MessageItem(ItemId("msg", id, items.size()), &text, status,
                                 AnswerLogprobs(plan, r, codec)));
   }
-  for (const auto& call : m.tool_calls)
+  // The last item shares the response's fate, as the stream's (Close): a call the budget cut
+  // is incomplete.
+  for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+    const auto& call = m.tool_calls[i];
     items.push_back(FunctionCallItem(ItemId("fc", id, items.size()), call.id, call.name,
-                                     call.arguments, "completed"));
+                                     call.arguments,
+                                     i + 1 == m.tool_calls.size() ? status : "completed"));
+  }
   return items;
 }
 
@@ -617,7 +622,7 @@ std::string ResponsesStream::Close(const ChoiceResult* finished) {
     done["arguments"] = text_;
     out += Event("response.function_call_arguments.done", std::move(done));
     item["arguments"] = text_;
-    item["status"] = "completed";
+    item["status"] = status;
   }
   out += Event("response.output_item.done", {{"output_index", index}, {"item", item}});
   open_ = Kind::kNone;
@@ -642,7 +647,7 @@ std::string ResponsesStream::OnEvent(const RequestEvent& event, const ChoiceResu
   if (parser_) {
     delta = parser_->Feed(event.text);
     if (event.finish_reason) {
-      chat_output::OutputDelta rest = parser_->Finish();
+      chat_output::OutputDelta rest = parser_->Finish(*event.finish_reason == "length");
       delta.reasoning += rest.reasoning;
       delta.content += rest.content;
       for (auto& d : rest.tool_calls)

@@ -209,6 +209,65 @@ def test_bad_tools_are_refused_by_name(tool_server, tools_client, body, param, w
     assert out.usage.completion_tokens == 3
 
 
+def cut_in_the_arguments(tools_client, args):
+    """(max_tokens, the arguments written by then) for a budget that cuts the greedy call a few
+    characters into its arguments: found from the whole call's tokens, since how the forced
+    header is spelled in tokens is the model's choice."""
+    full = tools_client.chat.completions.create(**args, max_tokens=BUDGET,
+                                                logprobs=True).choices[0]
+    assert full.finish_reason == "tool_calls", full.message
+    text = ""
+    for k, entry in enumerate(full.logprobs.content):
+        text += entry.token
+        if "```json\n" in text and len(text.split("```json\n", 1)[1]) >= 3:
+            arguments = text.split("```json\n", 1)[1]
+            assert full.message.tool_calls[0].function.arguments.startswith(arguments)
+            return k + 1, arguments
+    raise AssertionError(text)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_by_its_budget(tools_client, stream):
+    """max_tokens ending inside a call: the call with the arguments written so far and
+    finish_reason "length" (OpenAI's shape), streamed and whole alike; ending inside the call's
+    header: no call and no content (the format's raw tokens are no answer)."""
+    args = dict(model="sy-test", messages=CHAT, tools=TOOLS, temperature=0,
+                parallel_tool_calls=False,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    budget, arguments = cut_in_the_arguments(tools_client, args)
+    for max_tokens, expected in ((budget, [{"name": "get_weather", "arguments": arguments}]),
+                                 (3, [])):
+        out = tools_client.chat.completions.create(**args, max_tokens=max_tokens, stream=stream)
+        if stream:
+            calls, content, finish = reassemble(out)
+        else:
+            choice = out.choices[0]
+            calls = [{"name": c.function.name, "arguments": c.function.arguments}
+                     for c in choice.message.tool_calls or []]
+            content, finish = choice.message.content, choice.finish_reason
+        assert finish == "length" and not content, out
+        assert calls == expected
+
+
+def test_a_function_call_cut_by_its_budget_is_incomplete(tools_client):
+    args = dict(model="sy-test", messages=CHAT, tools=TOOLS, temperature=0,
+                parallel_tool_calls=False,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    budget, arguments = cut_in_the_arguments(tools_client, args)
+    flat = [{"type": "function", **t["function"]} for t in TOOLS]
+    ask = dict(model="sy-test", input=CHAT, tools=flat, temperature=0, parallel_tool_calls=False,
+               tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=budget)
+    whole = tools_client.responses.create(**ask)
+    assert whole.status == "incomplete"
+    assert [(o.type, o.name, o.arguments, o.status) for o in whole.output] == [
+        ("function_call", "get_weather", arguments, "incomplete")]
+    events = list(tools_client.responses.create(**ask, stream=True))
+    assert events[-1].type == "response.incomplete"
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(o.type, o.arguments, o.status) for o in done] == [
+        ("function_call", arguments, "incomplete")]
+
+
 FORECAST = {"type": "object",
             "properties": {"sky": {"enum": ["sunny", "rainy"]}, "warm": {"type": "boolean"}},
             "required": ["sky", "warm"], "additionalProperties": False}
