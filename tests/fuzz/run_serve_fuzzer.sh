@@ -23,6 +23,8 @@ seed body-format $'\x02{"messages":[{"role":"user","content":"hi"}],"response_fo
 seed body-responses $'\x04{"model":"fuzz","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}],"instructions":"be brief","max_output_tokens":9,"text":{"format":{"type":"json_schema","name":"n","schema":{"enum":["x","y"]}}}}'
 seed body-responses-text $'\x0c{"input":"hi","stream":true,"temperature":0.3,"top_p":0.9,"store":false,"metadata":{"a":"b"}}'
 seed body-tools $'\x02{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}}],"tool_choice":"required","parallel_tool_calls":false}'
+seed body-tools-format $'\x02{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"enum":[1,2]}}}}}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object","properties":{"b":{"type":"boolean"}}}}},"parallel_tool_calls":false}'
+seed body-forced-format $'\x02{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required","response_format":{"type":"json_object"}}'
 seed body-named $'\x0a{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}},"stream":true}'
 seed output-v3 $'\x04ok</think>x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
 seed output-v31 $'\x04<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'

@@ -36,7 +36,7 @@ struct Assembled {
 };
 
 Assembled Stream(const sy::chat_output::ChatOutputOptions& options, std::string_view text,
-                 uint8_t seed) {
+                 uint8_t seed, bool budget_cut) {
   sy::chat_output::ChatOutputParser parser(options);
   Assembled a;
   auto add = [&](const sy::chat_output::OutputDelta& d) {
@@ -51,22 +51,23 @@ Assembled Stream(const sy::chat_output::ChatOutputOptions& options, std::string_
     add(parser.Feed(text.substr(at, n)));
     at += n;
   }
-  add(parser.Finish());
+  add(parser.Finish(budget_cut));
   // Call boundaries differ between splits; compare per-call text only.
   return a;
 }
 
 void CheckChatOutput(std::string_view text, uint8_t seed) {
   using namespace sy::chat_output;
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 8; ++variant) {
     ChatOutputOptions options;
     options.tool_format = variant & 1 ? ToolCallFormat::kDeepSeekV31 : ToolCallFormat::kDeepSeekV3;
     options.reasoning = variant & 2;
     options.starts_in_reasoning = variant & 2;
-    const Assembled whole = Stream(options, text, 0);
-    const Assembled split = Stream(options, text, seed | 1);
+    const bool budget_cut = variant & 4;  // finish_reason "length"
+    const Assembled whole = Stream(options, text, 0, budget_cut);
+    const Assembled split = Stream(options, text, seed | 1, budget_cut);
     if (whole.reasoning != split.reasoning || whole.content != split.content) std::abort();
-    (void)ParseChatOutput(options, text);
+    (void)ParseChatOutput(options, text, budget_cut);
   }
 }
 

@@ -8,11 +8,13 @@ mpirun group."""
 import json
 import os
 import shutil
+from typing import Literal
 
 import jsonschema
 import openai
 import pytest
 from openai import OpenAI
+from pydantic import BaseModel
 
 from conftest import TMP, Server
 
@@ -326,6 +328,33 @@ def test_auto_with_a_json_answer_format_may_call_or_answer(tool_server, tools_cl
                 jsonschema.validate(json.loads(content), FORECAST)
             else:  # any object: the tiny model may go on until the budget
                 assert calls == [] and content.lstrip().startswith("{"), (fmt, out)
+
+
+def test_parse_with_pydantic_function_tools(tool_server, tools_client):
+    """The openai client's parse() with strict tools made from Pydantic models: parsed_arguments,
+    whole and through the stream helper; and a Pydantic answer format beside them."""
+    class Weather(BaseModel):
+        city: Literal["Paris", "Rome"]
+        unit: Literal["celsius", "fahrenheit"]
+
+    class Sky(BaseModel):
+        sky: Literal["sunny", "rainy"]
+        warm: bool
+
+    args = dict(model="sy-test", messages=CHAT, tools=[openai.pydantic_function_tool(Weather)],
+                tool_choice="required", max_tokens=BUDGET, temperature=0,
+                parallel_tool_calls=False)
+    (call,) = tools_client.chat.completions.parse(**args).choices[0].message.tool_calls
+    assert isinstance(call.function.parsed_arguments, Weather)
+    with tools_client.chat.completions.stream(**args) as stream:
+        for _ in stream:
+            pass
+        (streamed,) = stream.get_final_completion().choices[0].message.tool_calls
+    assert streamed.function.parsed_arguments == call.function.parsed_arguments
+    answer = tools_client.chat.completions.parse(
+        **{**args, "tool_choice": "auto"}, response_format=Sky,
+        logit_bias={str(calls_begin(tool_server)): -100}).choices[0]
+    assert isinstance(answer.message.parsed, Sky) and not answer.message.tool_calls
 
 
 def test_auto_with_other_answer_formats_answers_in_them(tool_server, tools_client):
