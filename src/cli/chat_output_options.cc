@@ -19,14 +19,22 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
                    "Split <think>...</think> into reasoning_content: deepseek_r1 or deepseek_v3 "
                    "(default: off)")
       ->check(CLI::IsMember({"deepseek_r1", "deepseek_v3"}));
+  verb->add_option("--responses-store-mb", args.responses_store_mb,
+                   "Memory for stored Responses API responses (store, previous_response_id, "
+                   "GET /v1/responses/{id}); the least recently used go first. 0: keep none, "
+                   "and refuse store: true and previous_response_id (default 256)")
+      ->check(CLI::Range(0.0, 1e6));
 }
 
 void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,
-                           serve::ServingLimits* limits) {
+                           serve::ServerOptions* options) {
   Status s = serve::ConfigureChatOutput(args.tool_call_parser, args.enable_auto_tool_choice,
-                                        args.reasoning_parser, codec, limits);
+                                        args.reasoning_parser, codec, &options->limits);
   if (!s.ok()) FailVerb(s.message());
-  limits->exclude_tools_when_tool_choice_none = args.exclude_tools_when_tool_choice_none;
+  options->limits.exclude_tools_when_tool_choice_none = args.exclude_tools_when_tool_choice_none;
+  if (args.responses_store_mb > 0)
+    options->responses_store = std::make_shared<serve::ResponsesStore>(
+        static_cast<size_t>(args.responses_store_mb * (1 << 20)));
 }
 
 }  // namespace sy

@@ -1,12 +1,13 @@
-// The chat output flags serve and route share (vLLM's names): --enable-auto-tool-choice,
-// --exclude-tools-when-tool-choice-none, --tool-call-parser, --reasoning-parser.
+// The OpenAI front's flags serve and route share: the chat output's (vLLM's names)
+// --enable-auto-tool-choice, --exclude-tools-when-tool-choice-none, --tool-call-parser,
+// --reasoning-parser; and the Responses API's store, --responses-store-mb.
 #pragma once
 
 #include <string>
 
 #include <CLI/CLI.hpp>
 
-#include "serve/openai_api.h"
+#include "serve/http_server.h"
 #include "tokenizer/text_codec.h"
 
 namespace sy {
@@ -14,12 +15,14 @@ namespace sy {
 struct ChatOutputArgs {
   bool enable_auto_tool_choice = false;
   bool exclude_tools_when_tool_choice_none = false;
-  std::string tool_call_parser;  // "": the chat template's format
-  std::string reasoning_parser;  // "": none
+  std::string tool_call_parser;     // "": the chat template's format
+  std::string reasoning_parser;     // "": none
+  double responses_store_mb = 256;  // 0: the Responses API keeps nothing
 };
 void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args);
-// Sets the server's chat output limits; fails the verb on an unknown parser.
+// Sets the server's chat output limits and its Responses store; fails the verb on an unknown
+// parser.
 void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,
-                           serve::ServingLimits* limits);
+                           serve::ServerOptions* options);
 
 }  // namespace sy

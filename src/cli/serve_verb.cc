@@ -156,7 +156,7 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   Disaggregation disaggregation;
   serve::ClusterServing cluster(engine, comm, run.tp, engine_config.max_waiting);
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
-  ApplyChatOutputOrFail(args.chat_output, codec, &options.limits);
+  ApplyChatOutputOrFail(args.chat_output, codec, &options);
   std::unique_ptr<serve::OpenAiServer> server;
   // gRPC: DP group g on --grpc-port + g (each port 0 when it is 0), so a router chooses the group.
   std::vector<std::unique_ptr<serve::GroupFrontend>> groups;
@@ -259,7 +259,7 @@ void RunServe(const ServeArgs& args) {
   if (Status s = StartDisaggregation(args, &disaggregation); !s.ok()) FailVerb(s.message());
 
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
-  ApplyChatOutputOrFail(args.chat_output, codec, &options.limits);
+  ApplyChatOutputOrFail(args.chat_output, codec, &options);
   serve::OpenAiServer server(engine, codec, options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
   WarnIfExposed(serve::HttpExposureWarning(args.host, server.port(), options.tls.enabled(),

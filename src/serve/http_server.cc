@@ -280,11 +280,13 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     }
     if (path == "/v1/responses" && post) {
       ParsedResponsesRequest parsed =
-          ParseResponsesRequest(request.body(), server_.codec_, server_.options_.limits);
+          ParseResponsesRequest(request.body(), server_.codec_, server_.options_.limits,
+                                server_.options_.responses_store.get());
       if (!parsed.plan) return SendError(parsed.error, version, keep_alive);
       GenerationPlan plan = parsed.plan->chat;
       return StartGeneration(std::move(plan), version, keep_alive, std::move(parsed.plan));
     }
+    if (path.starts_with("/v1/responses/")) return StoredResponseRequest(request, path, target);
     const bool known = path == "/health" || path == "/metrics" || path == "/v1/models" ||
                        path == "/tokenize" || path == "/detokenize" || path == "/v1/completions" ||
                        path == "/v1/chat/completions" || path == "/v1/responses";
@@ -295,6 +297,59 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
           version, keep_alive);
     SendError({404, fmt::format("no such endpoint: {}", path), "", "not_found"}, version,
               keep_alive);
+  }
+
+  // GET /v1/responses/{id}, DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items.
+  void StoredResponseRequest(const http::request<http::string_body>& request,
+                             const std::string& path, const std::string& target) {
+    const unsigned version = request.version();
+    const bool keep_alive = request.keep_alive();
+    ResponsesStore* store = server_.options_.responses_store.get();
+    std::string id = path.substr(std::string_view("/v1/responses/").size());
+    const bool input_items = id.ends_with("/input_items");
+    if (input_items) id.resize(id.size() - std::string_view("/input_items").size());
+    const auto method = request.method();
+    const bool allowed =
+        method == http::verb::get || (method == http::verb::delete_ && !input_items);
+    if (id.empty() || id.find('/') != std::string::npos)
+      return SendError({404, fmt::format("no such endpoint: {}", path), "", "not_found"}, version,
+                       keep_alive);
+    if (!allowed)
+      return SendError(
+          {405, fmt::format("{} does not accept {}", path, std::string(request.method_string())),
+           "", "method_not_allowed"},
+          version, keep_alive);
+    if (!store)
+      return SendError({404,
+                        "this server keeps no responses (--responses-store-mb 0): nothing to "
+                        "retrieve",
+                        "", "not_found"},
+                       version, keep_alive);
+    const ApiError missing{404,
+                           fmt::format("no stored response '{}' (never stored, deleted, or evicted "
+                                       "from the store)",
+                                       id),
+                           "response_id", "not_found"};
+    if (method == http::verb::delete_) {
+      if (!store->Erase(id)) return SendError(missing, version, keep_alive);
+      const nlohmann::ordered_json deleted = {
+          {"id", id}, {"object", "response"}, {"deleted", true}};
+      return Send(
+          MakeResponse(http::status::ok, deleted.dump(), "application/json", version, keep_alive));
+    }
+    auto stored = store->Get(id);
+    if (!stored) return SendError(missing, version, keep_alive);
+    if (!input_items)
+      return Send(MakeResponse(
+          http::status::ok,
+          stored->response.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace),
+          "application/json", version, keep_alive));
+    const size_t q = target.find('?');
+    ApiError error;
+    std::string body =
+        InputItemsBody(*stored, q == std::string::npos ? "" : target.substr(q + 1), &error);
+    if (body.empty()) return SendError(error, version, keep_alive);
+    Send(MakeResponse(http::status::ok, std::move(body), "application/json", version, keep_alive));
   }
 
   static Response MakeResponse(http::status status, std::string body, const char* type,
@@ -539,6 +594,11 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     generation_.reset();
     --server_.active_generations_;
     if (client_gone_) return Close();
+    ResponsesStore* store = server_.options_.responses_store.get();
+    if (g->responses_stream && g->responses->store && store &&
+        !g->responses_stream->final_response().is_null())
+      store->Put(g->id,
+                 ResponseToStore(*g->responses, g->id, g->responses_stream->final_response()));
     if (g->plan.stream) {
       if (g->plan.include_usage)
         Queue(StreamUsageChunk(g->plan, g->results, g->id, g->created, server_.codec_,
@@ -552,11 +612,19 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       if (r.finish_reason == "error")
         return SendError({500, "generation failed: " + r.error, "", "internal_error"}, g->version,
                          g->keep_alive);
+    if (g->responses) {
+      nlohmann::ordered_json object = ResponsesObject(
+          *g->responses, g->results[0], g->id, g->created, server_.codec_, server_.options_.limits);
+      std::string body =
+          object.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+      if (g->responses->store && store)
+        store->Put(g->id, ResponseToStore(*g->responses, g->id, std::move(object)));
+      return Send(MakeResponse(http::status::ok, std::move(body), "application/json", g->version,
+                               g->keep_alive));
+    }
     Send(MakeResponse(http::status::ok,
-                      g->responses ? ResponsesBody(*g->responses, g->results[0], g->id, g->created,
-                                                   server_.codec_, server_.options_.limits)
-                                   : ResponseBody(g->plan, g->results, g->id, g->created,
-                                                  server_.codec_, server_.options_.limits),
+                      ResponseBody(g->plan, g->results, g->id, g->created, server_.codec_,
+                                   server_.options_.limits),
                       "application/json", g->version, g->keep_alive));
   }
 

@@ -12,6 +12,7 @@
 #include "base/status.h"
 #include "engine/engine.h"
 #include "serve/openai_api.h"
+#include "serve/responses_store.h"
 #include "serve/tls_context.h"
 #include "tokenizer/text_codec.h"
 
@@ -26,6 +27,9 @@ struct ServerOptions {
   int io_threads = 2;
   size_t max_body_bytes = 32u << 20;
   ServingLimits limits;
+  // The Responses API's store (store, previous_response_id, GET/DELETE /v1/responses/{id});
+  // null: the API is stateless.
+  std::shared_ptr<ResponsesStore> responses_store;
   // Answers /admin/* (after the API key check) when set: (method, path, body) → (HTTP status,
   // JSON body). The router's drain and resume live here.
   std::function<std::pair<int, std::string>(const std::string&, const std::string&,

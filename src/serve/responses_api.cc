@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
+#include <vector>
 
 namespace sy::serve {
 namespace {
@@ -26,7 +28,7 @@ const json* Get(const json& body, const char* key) {
 // Fields that would change the output or need state this server does not keep: refused with the
 // reason. (Identifiers that change nothing — user, safety_identifier, prompt_cache_key — are
 // accepted.)
-std::optional<ApiError> RefuseUnsupported(const json& body) {
+std::optional<ApiError> RefuseUnsupported(const json& body, bool stored) {
   static const char* const kKnown[] = {"model",
                                        "input",
                                        "instructions",
@@ -58,16 +60,22 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
       known = known || key == k;
     if (!known) return Invalid(key, "is not supported by this server's Responses API");
   }
-  if (Get(body, "previous_response_id"))
+  if (!stored && Get(body, "previous_response_id"))
     return Invalid("previous_response_id",
-                   "this server keeps no state: send the whole conversation as input");
-  if (const json* store = Get(body, "store"); store && *store != false)
+                   "this server keeps no state (--responses-store-mb 0): send the whole "
+                   "conversation as input");
+  if (const json* store = Get(body, "store"); store && !store->is_boolean())
+    return Invalid("store", "must be true or false");
+  if (const json* store = Get(body, "store"); !stored && store && *store != false)
     return Invalid("store",
-                   "this server keeps no state: store must be false (send the whole "
-                   "conversation as input)");
+                   "this server keeps no state (--responses-store-mb 0): store must be false "
+                   "(send the whole conversation as input)");
+  if (const json* id = Get(body, "previous_response_id"); id && !id->is_string())
+    return Invalid("previous_response_id", "must be a string");
   if (Get(body, "conversation"))
     return Invalid("conversation",
-                   "this server keeps no state: send the whole conversation as input");
+                   "conversations are not kept: chain turns with previous_response_id, or send "
+                   "the whole conversation as input");
   if (const json* b = Get(body, "background"); b && *b != false)
     return Invalid("background", "background responses need stored state; not supported");
   if (const json* t = Get(body, "truncation"); t && *t != "disabled")
@@ -132,12 +140,21 @@ std::optional<ApiError> MessageText(const json& content, const std::string& wher
   return std::nullopt;
 }
 
-// instructions and input as chat messages.
-std::optional<ApiError> Messages(const json& body, json* messages) {
+// One input item (a message, an earlier function call or its output, reasoning) appended to the
+// chat messages; `where` names it in errors.
+std::optional<ApiError> AddInputItem(const json& item, const std::string& where, json* messages);
+
+// instructions, then `prior` (a stored conversation's items: previous_response_id), then input,
+// as chat messages.
+std::optional<ApiError> Messages(const json& body, const json& prior, json* messages) {
   if (const json* instructions = Get(body, "instructions")) {
     if (!instructions->is_string()) return Invalid("instructions", "must be a string");
     messages->push_back({{"role", "system"}, {"content", *instructions}});
   }
+  for (size_t i = 0; i < prior.size(); ++i)
+    if (auto error =
+            AddInputItem(prior[i], fmt::format("previous_response_id's item {}", i), messages))
+      return error;
   const json* input = Get(body, "input");
   if (!input) return Invalid("input", "is required");
   if (input->is_string()) {
@@ -146,57 +163,59 @@ std::optional<ApiError> Messages(const json& body, json* messages) {
   }
   if (!input->is_array() || input->empty())
     return Invalid("input", "must be a string or a non-empty list of input items");
-  for (size_t i = 0; i < input->size(); ++i) {
-    const json& item = (*input)[i];
-    const std::string where = fmt::format("input[{}]", i);
-    if (!item.is_object()) return Invalid(where, "must be an object");
-    const std::string type = item.contains("type") && item["type"].is_string()
-                                 ? item["type"].get<std::string>()
-                                 : "message";
-    if (item.contains("type") && !item["type"].is_string())
-      return Invalid(where + ".type", "must be a string");
-    if (type == "reasoning") continue;  // the chat templates drop earlier turns' reasoning
-    if (type == "function_call") {
-      // An earlier call: a tool call of the assistant message it follows, or of a new one.
-      for (const char* key : {"call_id", "name", "arguments"})
-        if (!item.contains(key) || !item[key].is_string())
-          return Invalid(where + "." + key, "must be a string");
-      const json call = {{"id", item["call_id"]},
-                         {"type", "function"},
-                         {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}};
-      if (messages->empty() || messages->back()["role"] != "assistant")
-        messages->push_back({{"role", "assistant"}, {"tool_calls", json::array()}});
-      json& last = messages->back();
-      if (!last.contains("tool_calls")) last["tool_calls"] = json::array();
-      last["tool_calls"].push_back(call);
-      continue;
-    }
-    if (type == "function_call_output") {
-      if (!item.contains("call_id") || !item["call_id"].is_string())
-        return Invalid(where + ".call_id", "must be a string");
-      auto output = item.find("output");
-      if (output == item.end()) return Invalid(where + ".output", "is required");
-      std::string text;
-      if (auto error = MessageText(*output, where + ".output", &text)) return error;
-      messages->push_back({{"role", "tool"}, {"tool_call_id", item["call_id"]}, {"content", text}});
-      continue;
-    }
-    if (type != "message")
-      return Invalid(where + ".type", fmt::format("'{}' input items are not supported", type));
-    auto role = item.find("role");
-    if (role == item.end() || !role->is_string())
-      return Invalid(where + ".role", "must be one of user, system, developer, assistant");
-    const std::string r = role->get<std::string>();
-    if (r != "user" && r != "system" && r != "developer" && r != "assistant")
-      return Invalid(where + ".role",
-                     fmt::format("unknown role '{}' (user, system, developer, assistant)", r));
-    auto content = item.find("content");
-    if (content == item.end()) return Invalid(where + ".content", "is required");
-    std::string text;
-    if (auto error = MessageText(*content, where + ".content", &text)) return error;
-    messages->push_back({{"role", r == "developer" ? "system" : r}, {"content", text}});
-  }
+  for (size_t i = 0; i < input->size(); ++i)
+    if (auto error = AddInputItem((*input)[i], fmt::format("input[{}]", i), messages)) return error;
   if (messages->empty()) return Invalid("input", "holds no message");
+  return std::nullopt;
+}
+
+std::optional<ApiError> AddInputItem(const json& item, const std::string& where, json* messages) {
+  if (!item.is_object()) return Invalid(where, "must be an object");
+  const std::string type = item.contains("type") && item["type"].is_string()
+                               ? item["type"].get<std::string>()
+                               : "message";
+  if (item.contains("type") && !item["type"].is_string())
+    return Invalid(where + ".type", "must be a string");
+  if (type == "reasoning") return std::nullopt;  // the chat templates drop earlier turns' reasoning
+  if (type == "function_call") {
+    // An earlier call: a tool call of the assistant message it follows, or of a new one.
+    for (const char* key : {"call_id", "name", "arguments"})
+      if (!item.contains(key) || !item[key].is_string())
+        return Invalid(where + "." + key, "must be a string");
+    const json call = {{"id", item["call_id"]},
+                       {"type", "function"},
+                       {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}};
+    if (messages->empty() || messages->back()["role"] != "assistant")
+      messages->push_back({{"role", "assistant"}, {"tool_calls", json::array()}});
+    json& last = messages->back();
+    if (!last.contains("tool_calls")) last["tool_calls"] = json::array();
+    last["tool_calls"].push_back(call);
+    return std::nullopt;
+  }
+  if (type == "function_call_output") {
+    if (!item.contains("call_id") || !item["call_id"].is_string())
+      return Invalid(where + ".call_id", "must be a string");
+    auto output = item.find("output");
+    if (output == item.end()) return Invalid(where + ".output", "is required");
+    std::string text;
+    if (auto error = MessageText(*output, where + ".output", &text)) return error;
+    messages->push_back({{"role", "tool"}, {"tool_call_id", item["call_id"]}, {"content", text}});
+    return std::nullopt;
+  }
+  if (type != "message")
+    return Invalid(where + ".type", fmt::format("'{}' input items are not supported", type));
+  auto role = item.find("role");
+  if (role == item.end() || !role->is_string())
+    return Invalid(where + ".role", "must be one of user, system, developer, assistant");
+  const std::string r = role->get<std::string>();
+  if (r != "user" && r != "system" && r != "developer" && r != "assistant")
+    return Invalid(where + ".role",
+                   fmt::format("unknown role '{}' (user, system, developer, assistant)", r));
+  auto content = item.find("content");
+  if (content == item.end()) return Invalid(where + ".content", "is required");
+  std::string text;
+  if (auto error = MessageText(*content, where + ".content", &text)) return error;
+  messages->push_back({{"role", r == "developer" ? "system" : r}, {"content", text}});
   return std::nullopt;
 }
 
@@ -433,8 +452,27 @@ json FinishedResponse(const ResponsesPlan& plan, const std::string& id, int64_t 
   return out;
 }
 
+// This request's input as stored items: a string becomes a user message, a message's string
+// content becomes its text part, every item gets its type (ids come at storing time).
+json NormalizedInput(const json& input) {
+  if (input.is_string())
+    return json::array({{{"type", "message"},
+                         {"role", "user"},
+                         {"content", json::array({{{"type", "input_text"}, {"text", input}}})}}});
+  json items = json::array();
+  for (json item : input) {
+    if (!item.contains("type")) item["type"] = "message";
+    if (item["type"] == "message" && item["content"].is_string()) {
+      const char* part = item["role"] == "assistant" ? "output_text" : "input_text";
+      item["content"] = json::array({{{"type", part}, {"text", item["content"]}}});
+    }
+    items.push_back(std::move(item));
+  }
+  return items;
+}
+
 ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& codec,
-                                    const ServingLimits& limits) {
+                                    const ServingLimits& limits, ResponsesStore* store) {
   ParsedResponsesRequest out;
   json root = json::parse(body, nullptr, false);
   if (root.is_discarded()) {
@@ -448,8 +486,28 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
   json chat = json::object();
   json messages = json::array();
   json format;
-  std::optional<ApiError> error = RefuseUnsupported(root);
-  if (!error) error = Messages(root, &messages);
+  std::optional<ApiError> error = RefuseUnsupported(root, store != nullptr);
+  // previous_response_id: the stored turn's context and output come before this input.
+  json prior = json::array();
+  std::string previous_id;
+  if (!error && store) {
+    if (const json* id = Get(root, "previous_response_id")) {
+      previous_id = id->get<std::string>();
+      auto previous = store->Get(previous_id);
+      if (!previous) {
+        out.error = {404,
+                     fmt::format("previous_response_id: no stored response '{}' (never stored, "
+                                 "deleted, or evicted from the store)",
+                                 previous_id),
+                     "previous_response_id", "not_found"};
+        return out;
+      }
+      prior = previous->context;
+      for (const json& item : previous->response.value("output", json::array()))
+        prior.push_back(item);
+    }
+  }
+  if (!error) error = Messages(root, prior, &messages);
   if (!error) error = TextFormat(root, &chat, &format);
   if (!error) error = Tools(root, &chat);
   const json* max_output = Get(root, "max_output_tokens");
@@ -493,6 +551,13 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
   ResponsesPlan plan;
   plan.chat = std::move(*parsed.plan);
   plan.output_logprobs = output_logprobs;
+  // OpenAI's default: stored, where the server keeps a store.
+  plan.store = store && (!Get(root, "store") || root["store"] == true);
+  if (plan.store) {
+    plan.context = std::move(prior);
+    for (json& item : NormalizedInput(root["input"]))
+      plan.context.push_back(std::move(item));
+  }
   const SamplingParams& p = plan.chat.params;
   plan.echo = {{"instructions", root.value("instructions", json())},
                {"max_output_tokens", max_output ? *max_output : json()},
@@ -507,7 +572,9 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
                {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
                {"truncation", "disabled"},
                {"service_tier", "default"},
-               {"user", root.value("user", json())}};
+               {"user", root.value("user", json())},
+               {"store", plan.store},
+               {"previous_response_id", previous_id.empty() ? json() : json(previous_id)}};
   if (plan.echo["tool_choice"].is_null()) plan.echo["tool_choice"] = "auto";
   if (plan.echo["parallel_tool_calls"].is_null()) plan.echo["parallel_tool_calls"] = true;
   if (plan.echo["metadata"].is_null()) plan.echo["metadata"] = json::object();
@@ -519,9 +586,9 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
 }  // namespace
 
 ParsedResponsesRequest ParseResponsesRequest(const std::string& body, const TextCodec& codec,
-                                             const ServingLimits& limits) {
+                                             const ServingLimits& limits, ResponsesStore* store) {
   try {
-    return ParseChecked(body, codec, limits);
+    return ParseChecked(body, codec, limits, store);
   } catch (const json::exception& e) {  // a value of an unexpected type deep in the body
     ParsedResponsesRequest out;
     out.error = {400, fmt::format("malformed request: {}", e.what()), "", "invalid_value"};
@@ -529,11 +596,91 @@ ParsedResponsesRequest ParseResponsesRequest(const std::string& body, const Text
   }
 }
 
+json ResponsesObject(const ResponsesPlan& plan, const ChoiceResult& result, const std::string& id,
+                     int64_t created, const TextCodec& codec, const ServingLimits& limits) {
+  return FinishedResponse(plan, id, created, codec, limits, result,
+                          OutputItems(plan, id, result, codec));
+}
+
 std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
                           const std::string& id, int64_t created, const TextCodec& codec,
                           const ServingLimits& limits) {
-  return Dump(FinishedResponse(plan, id, created, codec, limits, result,
-                               OutputItems(plan, id, result, codec)));
+  return Dump(ResponsesObject(plan, result, id, created, codec, limits));
+}
+
+StoredResponse ResponseToStore(const ResponsesPlan& plan, const std::string& id, json response) {
+  StoredResponse stored;
+  stored.response = std::move(response);
+  stored.context = plan.context;
+  const std::string suffix = id.substr(id.find('_') + 1);
+  for (size_t i = 0; i < stored.context.size(); ++i) {
+    json& item = stored.context[i];
+    if (item.contains("id")) continue;
+    const std::string type = item.value("type", "message");
+    const char* prefix = type == "message"                ? "msg"
+                         : type == "function_call"        ? "fc"
+                         : type == "function_call_output" ? "fco"
+                                                          : "item";
+    item["id"] = fmt::format("{}_{}_in{}", prefix, suffix, i);
+  }
+  return stored;
+}
+
+std::string InputItemsBody(const StoredResponse& stored, const std::string& query,
+                           ApiError* error) {
+  size_t limit = 20;
+  bool ascending = false;
+  std::string after;
+  for (size_t at = 0; at < query.size();) {
+    size_t end = query.find('&', at);
+    if (end == std::string::npos) end = query.size();
+    const std::string pair = query.substr(at, end - at);
+    at = end + 1;
+    const size_t eq = pair.find('=');
+    const std::string key = pair.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : pair.substr(eq + 1);
+    if (key == "limit") {
+      char* rest = nullptr;
+      const long n = std::strtol(value.c_str(), &rest, 10);
+      if (value.empty() || *rest != '\0' || n < 1 || n > 100) {
+        *error = Invalid("limit", "must be an integer in [1, 100]");
+        return "";
+      }
+      limit = static_cast<size_t>(n);
+    } else if (key == "order") {
+      if (value != "asc" && value != "desc") {
+        *error = Invalid("order", "must be \"asc\" or \"desc\"");
+        return "";
+      }
+      ascending = value == "asc";
+    } else if (key == "after") {
+      after = value;
+    }  // include[] and others change nothing here
+  }
+  std::vector<const json*> items;
+  for (const json& item : stored.context)
+    items.push_back(&item);
+  if (!ascending) std::reverse(items.begin(), items.end());
+  size_t begin = 0;
+  if (!after.empty()) {
+    while (begin < items.size() && items[begin]->value("id", "") != after)
+      ++begin;
+    if (begin == items.size()) {
+      *error = Invalid("after", fmt::format("no input item '{}' in this response", after));
+      return "";
+    }
+    ++begin;
+  }
+  json data = json::array();
+  for (size_t i = begin; i < items.size() && data.size() < limit; ++i)
+    data.push_back(*items[i]);
+  const bool more = begin + data.size() < items.size();
+  json out = {{"object", "list"},
+              {"data", data},
+              {"first_id", data.empty() ? json() : data.front()["id"]},
+              {"last_id", data.empty() ? json() : data.back()["id"]},
+              {"has_more", more}};
+  return Dump(out);
 }
 
 ResponsesStream::ResponsesStream(const ResponsesPlan& plan, std::string id, int64_t created,
@@ -676,9 +823,8 @@ std::string ResponsesStream::OnEvent(const RequestEvent& event, const ChoiceResu
   if (items_.empty()) out += Open(Kind::kMessage, "", "");  // an empty answer is an empty message
   out += Close(&so_far);
   const bool incomplete = Incomplete(so_far);
-  out += Event(
-      incomplete ? "response.incomplete" : "response.completed",
-      {{"response", FinishedResponse(plan_, id_, created_, codec_, limits_, so_far, items_)}});
+  final_ = FinishedResponse(plan_, id_, created_, codec_, limits_, so_far, items_);
+  out += Event(incomplete ? "response.incomplete" : "response.completed", {{"response", final_}});
   return out;
 }
 
@@ -687,6 +833,7 @@ std::string ResponsesStream::Failed(const std::string& message, const ChoiceResu
   response["error"] = {{"code", "server_error"}, {"message", message}};
   response["output"] = items_;
   response["usage"] = Usage(plan_, so_far, codec_);
+  final_ = response;
   return Event("response.failed", {{"response", response}});
 }
 

@@ -1,9 +1,12 @@
-// OpenAI's Responses API (/v1/responses), stateless: a request is planned as the chat request it
-// amounts to (instructions and input items become messages; text.format becomes response_format)
-// and run by the chat path; results are written back as a Response object or as the API's typed
-// server-sent events. Nothing is stored: previous_response_id and store: true are refused, as is
-// every field this server does not implement (named, never ignored). Pure functions and a small
-// stream writer — the HTTP layer and the fuzzer both call them.
+// OpenAI's Responses API (/v1/responses): a request is planned as the chat request it amounts to
+// (instructions and input items become messages; text.format becomes response_format) and run
+// by the chat path; results are written back as a Response object or as the API's typed
+// server-sent events. With a store (serve/responses_store.h) a response is kept unless the
+// request says store: false (OpenAI's default), and previous_response_id continues a stored one:
+// its context and output come before the new input (its instructions do not). Without one the
+// API is stateless and refuses both. Every field this server does not implement is refused by
+// name, never ignored. Pure functions and a small stream writer — the HTTP layer and the fuzzer
+// both call them.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "serve/openai_api.h"
+#include "serve/responses_store.h"
 
 namespace sy::serve {
 
@@ -24,6 +28,10 @@ struct ResponsesPlan {
   // include: ["message.output_text.logprobs"]: the message's output_text carries the answer's
   // token log-probabilities (top_logprobs alternatives each), streamed with its deltas.
   bool output_logprobs = false;
+  // Whether the finished response is stored, and the input items it is stored with (the
+  // previous turns' context and output, then this input; StoredResponse::context).
+  bool store = false;
+  nlohmann::ordered_json context;
 };
 
 struct ParsedResponsesRequest {
@@ -31,10 +39,16 @@ struct ParsedResponsesRequest {
   ApiError error;
 };
 
+// `store`: the server's store (null: stateless). previous_response_id is looked up in it (404
+// when it is not there).
 ParsedResponsesRequest ParseResponsesRequest(const std::string& body, const TextCodec& codec,
-                                             const ServingLimits& limits);
+                                             const ServingLimits& limits,
+                                             ResponsesStore* store = nullptr);
 
 // The Response object of a finished (non-streaming) request. `created`: seconds since the epoch.
+nlohmann::ordered_json ResponsesObject(const ResponsesPlan& plan, const ChoiceResult& result,
+                                       const std::string& id, int64_t created,
+                                       const TextCodec& codec, const ServingLimits& limits);
 std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
                           const std::string& id, int64_t created, const TextCodec& codec,
                           const ServingLimits& limits);
@@ -47,6 +61,16 @@ std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
 //   (….done, response.content_part.done, response.output_item.done); at the end
 //   response.completed (or response.incomplete when max_output_tokens cut it short; a failed
 //   generation ends with response.failed).
+// What a finished response (plan.store) is kept as: the Response object, and the context with
+// an id for each of this request's input items.
+StoredResponse ResponseToStore(const ResponsesPlan& plan, const std::string& id,
+                               nlohmann::ordered_json response);
+
+// GET /v1/responses/{id}/input_items: the list object of the stored context, newest first unless
+// order=asc, `limit` (1-100, default 20) from after the item `after`. `query`: the URL's query
+// string. An empty result and *error on a bad parameter.
+std::string InputItemsBody(const StoredResponse& stored, const std::string& query, ApiError* error);
+
 class ResponsesStream {
  public:
   ResponsesStream(const ResponsesPlan& plan, std::string id, int64_t created,
@@ -57,6 +81,8 @@ class ResponsesStream {
   std::string OnEvent(const RequestEvent& event, const ChoiceResult& so_far);
   // The generation failed: response.failed.
   std::string Failed(const std::string& message, const ChoiceResult& so_far);
+  // The Response object the last event carried (completed, incomplete or failed); null before.
+  const nlohmann::ordered_json& final_response() const { return final_; }
   ~ResponsesStream();
 
  private:
@@ -89,6 +115,7 @@ class ResponsesStream {
   Kind open_ = Kind::kNone;
   std::string text_;     // the open item's text or arguments so far
   int call_index_ = -1;  // the open call's index in the parser's deltas
+  nlohmann::ordered_json final_;
 };
 
 }  // namespace sy::serve

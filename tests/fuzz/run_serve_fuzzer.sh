@@ -9,7 +9,7 @@ fuzz_build \
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" "$src"/src/structured/*.cc \
-  "$src"/src/chat_output/*.cc \
+  "$src"/src/chat_output/*.cc "$src/src/serve/responses_store.cc" \
   "$src/src/tokenizer/gguf_tokenizer.cc" "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" \
   "$src/src/tensor/dtype.cc" "$src/src/base/mapped_file.cc" "$src/src/base/utf8.cc" \
   $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt
@@ -25,6 +25,9 @@ seed body-responses-text $'\x0c{"input":"hi","stream":true,"temperature":0.3,"to
 seed body-tools $'\x02{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}}],"tool_choice":"required","parallel_tool_calls":false}'
 seed body-tools-format $'\x02{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"enum":[1,2]}}}}}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object","properties":{"b":{"type":"boolean"}}}}},"parallel_tool_calls":false}'
 seed body-forced-format $'\x02{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required","response_format":{"type":"json_object"}}'
+seed body-responses-chain $'\x24{"input":[{"type":"function_call_output","call_id":"call_1","output":"ok"}],"previous_response_id":"resp_1","instructions":"x"}'
+seed body-responses-store $'\x24{"input":"hi","store":false,"previous_response_id":"resp_9"}'
+seed query-items $'\x24limit=2&order=asc&after=msg_1_in0'
 seed body-named $'\x0a{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}},"stream":true}'
 seed output-v3 $'\x04ok</think>x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
 seed output-v31 $'\x04<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'

@@ -4,7 +4,9 @@
 // must give a result or a clean error — no crash, no undefined behaviour, no invalid UTF-8 in a
 // response. Inputs whose first byte has bit 2 set are also model output for the chat output
 // parsers (tool calls in both formats, reasoning): split at points the input picks, the streamed
-// deltas must add up to the same result as one chunk.
+// deltas must add up to the same result as one chunk. With bit 5 the Responses API runs with a
+// store holding "resp_1" (previous_response_id, the stored response written back), and the input
+// is also an input-items query string.
 #include <boost/beast/http.hpp>
 #include <cstdint>
 #include <cstdlib>
@@ -28,6 +30,26 @@ const sy::TextCodec& Codec() {
 
 void CheckUtf8(const std::string& text) {
   if (sy::FindInvalidUtf8(text) != std::string_view::npos) std::abort();
+}
+
+// A store with one response in it, "resp_1": a user message and the assistant's answer.
+sy::serve::ResponsesStore& Store() {
+  static sy::serve::ResponsesStore* store = [] {
+    auto* s = new sy::serve::ResponsesStore(1 << 20);
+    sy::serve::StoredResponse stored;
+    stored.context = nlohmann::ordered_json::parse(
+        R"([{"id": "msg_1_in0", "type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "hi"}]}])");
+    stored.response = nlohmann::ordered_json::parse(
+        R"({"id": "resp_1", "object": "response", "output": [{"id": "msg_1_0", "type": "message",
+            "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": "hello", "annotations": []}]},
+           {"id": "fc_1_1", "type": "function_call", "call_id": "call_1", "name": "f",
+            "arguments": "{}", "status": "completed"}]})");
+    s->Put("resp_1", std::move(stored));
+    return s;
+  }();
+  return *store;
 }
 
 struct Assembled {
@@ -100,8 +122,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const sy::TextCodec& codec = Codec();
   if (data[0] & 4) {
     // The Responses API: its parser, the Response object and the typed events.
+    sy::serve::ResponsesStore* store = (data[0] & 32) ? &Store() : nullptr;
+    if (store) {
+      sy::serve::ApiError error;
+      CheckUtf8(sy::serve::InputItemsBody(*store->Get("resp_1"), input, &error));
+    }
     sy::serve::ParsedResponsesRequest responses =
-        sy::serve::ParseResponsesRequest(body, codec, limits);
+        sy::serve::ParseResponsesRequest(body, codec, limits, store);
     if (!responses.plan) {
       CheckUtf8(sy::serve::ErrorBody(responses.error));
       if (responses.error.status < 400 || responses.error.status > 599) std::abort();
@@ -116,7 +143,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     sy::RequestEvent event;
     event.text = result.text;
     event.finish_reason = result.finish_reason;
-    CheckUtf8(sy::serve::ResponsesBody(*responses.plan, result, "resp_1", 0, codec, limits));
+    CheckUtf8(sy::serve::ResponsesBody(*responses.plan, result, "resp_2", 0, codec, limits));
+    if (responses.plan->store)
+      CheckUtf8(
+          sy::serve::ResponseToStore(
+              *responses.plan, "resp_2",
+              sy::serve::ResponsesObject(*responses.plan, result, "resp_2", 0, codec, limits))
+              .context.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     sy::serve::ResponsesStream stream(*responses.plan, "resp_1", 0, codec, limits);
     CheckUtf8(stream.Start() + stream.OnEvent(event, result) + stream.Failed("x", result));
     return 0;

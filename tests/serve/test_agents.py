@@ -82,6 +82,25 @@ def test_a_tool_call_then_a_typed_answer(agent_server, kind, stream):
     assert isinstance(result.final_output, Forecast), result.final_output
 
 
+def test_turns_chained_on_the_servers_store(agent_server):
+    """auto_previous_response_id: the SDK sends each later turn as previous_response_id and only
+    the new items (the tool's output), the conversation kept by the server's store."""
+    calls = []
+    agent = Agent(name="forecaster", instructions="Answer briefly.",
+                  model=model(agent_server, "responses"),
+                  tools=[weather_tool(calls, once=True)], output_type=Forecast,
+                  model_settings=settings(tool_choice="required"))
+
+    async def go():
+        return await Runner.run(agent, "What is the weather in Paris?", max_turns=4,
+                                auto_previous_response_id=True)
+    result = asyncio.run(go())
+    assert len(calls) == 1 and isinstance(result.final_output, Forecast), result.new_items
+    first, last = result.raw_responses[0].response_id, result.raw_responses[-1].response_id
+    status, stored, _ = agent_server.request("GET", f"/v1/responses/{last}")
+    assert status == 200 and stored["previous_response_id"] == first, stored
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_tools_stay_offered_beside_the_typed_answer(agent_server, stream):
     """After the forced first call the SDK asks with tool_choice "auto" and the answer's schema:

@@ -12,6 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from conftest import Server
 from test_structured_outputs import PERSON
 
 # The order the official API sends its events in, for one message output.
@@ -144,9 +145,9 @@ def test_json_schema_and_json_object_formats(client):
 
 
 @pytest.mark.parametrize("body,param,words", [
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "keeps no state"),
-    ({"store": True}, "store", "keeps no state"),
-    ({"conversation": "conv_1"}, "conversation", "keeps no state"),
+    ({"previous_response_id": 5}, "previous_response_id", "string"),
+    ({"store": "yes"}, "store", "true or false"),
+    ({"conversation": "conv_1"}, "conversation", "not kept"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice",
      "--enable-auto-tool-choice"),
     ({"top_logprobs": 3}, "top_logprobs", "message.output_text.logprobs"),
@@ -190,6 +191,99 @@ def test_malformed_bodies(server, client):
         client.responses.create(model="another-model", input="x")
     got, _, _ = server.request("GET", "/v1/responses")
     assert got == 405
+
+
+# ---- stored responses (serve/responses_store.h; the default --responses-store-mb 256) ----
+
+def test_previous_response_id_continues_a_stored_response(client):
+    first = client.responses.create(model="sy-test", input="Hello there", instructions="Be brief.",
+                                     max_output_tokens=8, temperature=0)
+    assert first.store is True and first.previous_response_id is None
+    second = client.responses.create(model="sy-test", input="And then?",
+                                     previous_response_id=first.id, max_output_tokens=8,
+                                     temperature=0)
+    assert second.previous_response_id == first.id
+    # The same as sending the conversation whole: the first turn's input and output, then the
+    # new input; the first turn's instructions are not carried over (OpenAI's rule).
+    whole = [{"role": "user", "content": "Hello there"}]
+    whole += [item.model_dump(exclude_none=True) for item in first.output]
+    whole += [{"role": "user", "content": "And then?"}]
+    stateless = client.responses.create(model="sy-test", input=whole, max_output_tokens=8,
+                                        temperature=0, store=False)
+    assert stateless.store is False
+    assert second.output_text == stateless.output_text
+    assert second.usage.input_tokens == stateless.usage.input_tokens
+    # A third turn on the second: the whole chain.
+    third = client.responses.create(model="sy-test", input="Go on.", previous_response_id=second.id,
+                                    max_output_tokens=4, temperature=0)
+    items = client.responses.input_items.list(third.id, order="asc").data
+    assert [(i.type, i.role) for i in items] == [("message", "user"), ("message", "assistant"),
+                                                ("message", "user"), ("message", "assistant"),
+                                                ("message", "user")]
+    assert items[1].id == first.output[0].id and items[3].id == second.output[0].id
+    assert [i.id for i in client.responses.input_items.list(third.id).data] == [
+        i.id for i in reversed(items)]  # newest first by default
+    page = client.responses.input_items.list(third.id, order="asc", limit=2, after=items[0].id)
+    assert [i.id for i in page.data] == [items[1].id, items[2].id] and page.has_more
+
+
+def test_retrieve_and_delete(server, client):
+    made = client.responses.create(model="sy-test", input="Keep this", max_output_tokens=4,
+                                   temperature=0)
+    assert client.responses.retrieve(made.id).model_dump() == made.model_dump()
+    events = list(client.responses.create(model="sy-test", input="Stream this",
+                                          max_output_tokens=4, temperature=0, stream=True))
+    assert events[-1].type == "response.incomplete"  # stored as it ended: the budget cut it
+    streamed = events[-1].response
+    assert client.responses.retrieve(streamed.id).model_dump() == streamed.model_dump()
+    client.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(made.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(made.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model="sy-test", input="x", previous_response_id=made.id)
+    assert e.value.body["param"] == "previous_response_id"
+    unstored = client.responses.create(model="sy-test", input="x", max_output_tokens=2,
+                                       store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    got, _, _ = server.request("POST", f"/v1/responses/{streamed.id}")
+    assert got == 405
+    got, _, _ = server.request("DELETE", f"/v1/responses/{streamed.id}/input_items")
+    assert got == 405
+    got, error, _ = server.request("GET", f"/v1/responses/{streamed.id}/input_items?limit=500")
+    assert got == 400 and error["error"]["param"] == "limit"
+
+
+def test_the_store_keeps_its_budget_and_can_be_off(model_dir):
+    """--responses-store-mb: the least recently used go first; 0 keeps nothing and refuses
+    store: true and previous_response_id by name."""
+    small = Server(model_dir, "--responses-store-mb", "0.004")  # about two Response objects
+    try:
+        c = openai.OpenAI(base_url=small.url + "/v1", api_key="x", max_retries=0)
+        made = [c.responses.create(model="sy-test", input=f"turn {i}", max_output_tokens=2)
+                for i in range(6)]
+        c.responses.retrieve(made[-1].id)
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(made[0].id)
+    finally:
+        assert small.stop() == 0, "".join(small.log)
+    off = Server(model_dir, "--responses-store-mb", "0")
+    try:
+        c = openai.OpenAI(base_url=off.url + "/v1", api_key="x", max_retries=0)
+        out = c.responses.create(model="sy-test", input="x", max_output_tokens=2)
+        assert out.store is False
+        for body, param in (({"store": True}, "store"),
+                            ({"previous_response_id": out.id}, "previous_response_id")):
+            got, error, _ = off.request("POST", "/v1/responses",
+                                        {"model": "sy-test", "input": "x", **body})
+            assert got == 400 and error["error"]["param"] == param, error
+            assert "keeps no state" in error["error"]["message"]
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(out.id)
+    finally:
+        assert off.stop() == 0, "".join(off.log)
 
 
 # ---- tools and reasoning (the chat path's parsers and forcing grammars, chat_output/) ----

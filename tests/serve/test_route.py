@@ -201,6 +201,31 @@ def test_bad_input_through_the_router_gets_the_servers_errors(instances):
         assert router.stop() == 0, "".join(router.log)
 
 
+def test_stored_responses_live_in_the_router(instances):
+    """The Responses store belongs to the HTTP front: through the router (round robin, so each
+    turn goes to another instance) a previous_response_id chain continues, the same as the
+    conversation sent whole, and the stored response is retrieved from the router."""
+    ports, _ = instances
+    router = start_router(ports, "round_robin")
+    try:
+        client = client_for(router)
+        first = client.responses.create(model="sy-test", input="Tell me of the king.",
+                                         max_output_tokens=6, temperature=0)
+        second = client.responses.create(model="sy-test", input="And the queen?",
+                                          previous_response_id=first.id, max_output_tokens=6,
+                                          temperature=0)
+        whole = [{"role": "user", "content": "Tell me of the king."}]
+        whole += [item.model_dump(exclude_none=True) for item in first.output]
+        whole += [{"role": "user", "content": "And the queen?"}]
+        stateless = client.responses.create(model="sy-test", input=whole, max_output_tokens=6,
+                                            temperature=0, store=False)
+        assert second.output_text == stateless.output_text
+        assert second.usage.input_tokens == stateless.usage.input_tokens
+        assert client.responses.retrieve(second.id).model_dump() == second.model_dump()
+    finally:
+        router.stop()
+
+
 def test_a_hung_instance_is_ejected_its_streams_move_and_it_comes_back(instances):
     ports, procs = instances
     router = start_router(ports, "round_robin")

@@ -1,0 +1,54 @@
+#include "serve/responses_store.h"
+
+namespace sy::serve {
+
+void ResponsesStore::Put(const std::string& id, StoredResponse entry) {
+  // The size of the entry's JSON text: what it costs to keep, near enough.
+  const size_t bytes = id.size() + entry.response.dump().size() + entry.context.dump().size();
+  std::lock_guard lock(mutex_);
+  if (auto it = by_id_.find(id); it != by_id_.end()) {
+    bytes_ -= it->second->bytes;
+    order_.erase(it->second);
+    by_id_.erase(it);
+  }
+  if (bytes > max_bytes_) return;
+  order_.push_front({id, std::make_shared<const StoredResponse>(std::move(entry)), bytes});
+  by_id_[id] = order_.begin();
+  bytes_ += bytes;
+  while (bytes_ > max_bytes_) {
+    const Entry& last = order_.back();
+    bytes_ -= last.bytes;
+    by_id_.erase(last.id);
+    order_.pop_back();
+  }
+}
+
+std::shared_ptr<const StoredResponse> ResponsesStore::Get(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return nullptr;
+  order_.splice(order_.begin(), order_, it->second);
+  return it->second->value;
+}
+
+bool ResponsesStore::Erase(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return false;
+  bytes_ -= it->second->bytes;
+  order_.erase(it->second);
+  by_id_.erase(it);
+  return true;
+}
+
+size_t ResponsesStore::bytes() const {
+  std::lock_guard lock(mutex_);
+  return bytes_;
+}
+
+size_t ResponsesStore::size() const {
+  std::lock_guard lock(mutex_);
+  return order_.size();
+}
+
+}  // namespace sy::serve

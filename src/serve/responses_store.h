@@ -1,0 +1,60 @@
+// Stored responses for the Responses API (store, previous_response_id, GET/DELETE
+// /v1/responses/{id}, GET /v1/responses/{id}/input_items): each finished response that asked to
+// be stored, with the input items the model saw, kept in memory under a byte budget; the least
+// recently used go first. Written here because it is a map and a list: no library's cache fits
+// better than the thirty lines below.
+//
+// The store belongs to the HTTP front (serve, or route in front of its instances): a follow-up
+// turn works whichever instance ran the one before. It does not outlive the process, and several
+// routers do not share one (a client with more than one front keeps sending whole inputs).
+#pragma once
+
+#include <cstddef>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+namespace sy::serve {
+
+struct StoredResponse {
+  nlohmann::ordered_json response;  // the Response object as it was returned (finished)
+  // The input items the model saw, without the instructions (which a follow-up does not carry
+  // over): the earlier turns of a previous_response_id chain, then this request's input, each
+  // with an id. A follow-up turn's context is this, then response["output"].
+  nlohmann::ordered_json context;
+};
+
+class ResponsesStore {
+ public:
+  explicit ResponsesStore(size_t max_bytes) : max_bytes_(max_bytes) {}
+
+  // Keeps `entry` under `id`, evicting the least recently used entries beyond the budget. An
+  // entry larger than the whole budget is not kept (Get then finds nothing).
+  void Put(const std::string& id, StoredResponse entry);
+  // The entry, now the most recently used; null when never stored, evicted or deleted.
+  std::shared_ptr<const StoredResponse> Get(const std::string& id);
+  // Whether there was one to delete.
+  bool Erase(const std::string& id);
+
+  size_t bytes() const;
+  size_t size() const;
+  size_t max_bytes() const { return max_bytes_; }
+
+ private:
+  struct Entry {
+    std::string id;
+    std::shared_ptr<const StoredResponse> value;
+    size_t bytes = 0;
+  };
+  const size_t max_bytes_;
+  mutable std::mutex mutex_;
+  std::list<Entry> order_;  // most recently used first
+  std::unordered_map<std::string, std::list<Entry>::iterator> by_id_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace sy::serve

@@ -1,0 +1,82 @@
+// The Responses API's store: least-recently-used eviction within its byte budget, replacement,
+// deletion, and the input-items list's order, paging and parameter errors. No model.
+#include "serve/responses_store.h"
+
+#include <gtest/gtest.h>
+
+#include "serve/responses_api.h"
+
+namespace sy::serve {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+StoredResponse Entry(size_t text_bytes) {
+  return {{{"id", "r"}, {"text", std::string(text_bytes, 'x')}}, json::array()};
+}
+
+TEST(ResponsesStore, EvictsTheLeastRecentlyUsedBeyondItsBudget) {
+  ResponsesStore store(3000);
+  store.Put("a", Entry(900));
+  store.Put("b", Entry(900));
+  store.Put("c", Entry(900));
+  EXPECT_EQ(store.size(), 3u);
+  EXPECT_LE(store.bytes(), 3000u);
+  ASSERT_NE(store.Get("a"), nullptr);  // now a is the most recently used: b goes first
+  store.Put("d", Entry(900));
+  EXPECT_EQ(store.Get("b"), nullptr);
+  EXPECT_NE(store.Get("a"), nullptr);
+  EXPECT_NE(store.Get("c"), nullptr);
+  EXPECT_NE(store.Get("d"), nullptr);
+  EXPECT_LE(store.bytes(), 3000u);
+  // Replacing an entry frees the old one's bytes.
+  const size_t before = store.bytes();
+  store.Put("d", Entry(100));
+  EXPECT_EQ(store.bytes(), before - 800);
+  EXPECT_EQ(store.Get("d")->response["text"].get<std::string>().size(), 100u);
+  // An entry larger than the whole budget is not kept, and evicts nothing.
+  store.Put("huge", Entry(5000));
+  EXPECT_EQ(store.Get("huge"), nullptr);
+  EXPECT_EQ(store.size(), 3u);
+  EXPECT_TRUE(store.Erase("a"));
+  EXPECT_FALSE(store.Erase("a"));
+  EXPECT_EQ(store.Get("a"), nullptr);
+  EXPECT_EQ(store.size(), 2u);
+  // What a reader holds outlives its eviction.
+  auto held = store.Get("c");
+  store.Put("e", Entry(2500));
+  EXPECT_EQ(store.Get("c"), nullptr);
+  EXPECT_EQ(held->response["text"].get<std::string>().size(), 900u);
+}
+
+TEST(ResponsesStore, InputItemsListNewestFirstInPages) {
+  StoredResponse stored;
+  stored.context = json::array();
+  for (int i = 0; i < 5; ++i)
+    stored.context.push_back({{"id", "msg_" + std::to_string(i)}, {"type", "message"}});
+  auto ids = [](const std::string& body) {
+    const json list = json::parse(body);
+    std::string out;
+    for (const json& item : list["data"])
+      out += item["id"].get<std::string>().substr(4);
+    return out + (list["has_more"] == true ? "+" : "");
+  };
+  ApiError error;
+  EXPECT_EQ(ids(InputItemsBody(stored, "", &error)), "43210");
+  EXPECT_EQ(ids(InputItemsBody(stored, "order=asc&limit=2", &error)), "01+");
+  EXPECT_EQ(ids(InputItemsBody(stored, "order=asc&limit=2&after=msg_1", &error)), "23+");
+  EXPECT_EQ(ids(InputItemsBody(stored, "limit=3&after=msg_2", &error)), "10");
+  const json first = json::parse(InputItemsBody(stored, "limit=1", &error));
+  EXPECT_EQ(first["object"], "list");
+  EXPECT_EQ(first["first_id"], "msg_4");
+  EXPECT_EQ(first["last_id"], "msg_4");
+  for (const char* bad : {"limit=0", "limit=101", "limit=x", "order=up", "after=msg_9"}) {
+    error = {};
+    EXPECT_EQ(InputItemsBody(stored, bad, &error), "") << bad;
+    EXPECT_EQ(error.status, 400) << bad;
+    EXPECT_EQ(error.param, std::string(bad).substr(0, std::string(bad).find('='))) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace sy::serve
