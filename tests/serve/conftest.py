@@ -150,6 +150,25 @@ def model_dir():
 
 
 @pytest.fixture(scope="session")
+def tool_server(model_dir):
+    """The default model with tool_choice "auto" allowed and DeepSeek-V3's call format: the tool
+    calling, Responses, Agents SDK and LangChain tests share it."""
+    s = Server(model_dir, "--kv-cache-tokens", "16384", "--enable-auto-tool-choice",
+               "--tool-call-parser", "deepseek_v3")
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+def calls_begin(server):
+    """The id of the token that opens DeepSeek-V3's tool calls, "<｜tool▁calls▁begin｜>": a logit
+    bias on it decides between calling and answering where the grammar allows both."""
+    status, out, _ = server.request("POST", "/tokenize", {
+        "prompt": "<｜tool▁calls▁begin｜>", "add_special_tokens": False})
+    assert status == 200 and len(out["tokens"]) == 1, out
+    return out["tokens"][0]
+
+
+@pytest.fixture(scope="session")
 def server(model_dir):
     s = Server(model_dir, "--kv-cache-tokens", "32768", "--max-waiting", "4096")
     yield s

@@ -14,7 +14,7 @@ from agents.items import HandoffCallItem, MessageOutputItem, ToolCallItem, ToolC
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
-from conftest import Server
+from conftest import calls_begin
 
 # The SDK sends traces to OpenAI's servers by default; there is no network here.
 set_tracing_disabled(True)
@@ -25,14 +25,6 @@ MODELS = {"responses": OpenAIResponsesModel, "chat": OpenAIChatCompletionsModel}
 class Forecast(BaseModel):
     sky: Literal["sunny", "rainy"]
     warm: bool
-
-
-@pytest.fixture(scope="module")
-def agent_server(model_dir):
-    s = Server(model_dir, "--kv-cache-tokens", "16384", "--enable-auto-tool-choice",
-               "--tool-call-parser", "deepseek_v3")
-    yield s
-    assert s.stop() == 0, "".join(s.log)
 
 
 def model(server, kind):
@@ -69,9 +61,9 @@ def weather_tool(calls, once):
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("kind", ["responses", "chat"])
-def test_a_tool_call_then_a_typed_answer(agent_server, kind, stream):
+def test_a_tool_call_then_a_typed_answer(tool_server, kind, stream):
     calls = []
-    agent = Agent(name="forecaster", instructions="Answer briefly.", model=model(agent_server, kind),
+    agent = Agent(name="forecaster", instructions="Answer briefly.", model=model(tool_server, kind),
                   tools=[weather_tool(calls, once=True)], output_type=Forecast,
                   model_settings=settings(tool_choice="required"))
     result = run(agent, "What is the weather in Paris?", stream)
@@ -82,12 +74,12 @@ def test_a_tool_call_then_a_typed_answer(agent_server, kind, stream):
     assert isinstance(result.final_output, Forecast), result.final_output
 
 
-def test_turns_chained_on_the_servers_store(agent_server):
+def test_turns_chained_on_the_servers_store(tool_server):
     """auto_previous_response_id: the SDK sends each later turn as previous_response_id and only
     the new items (the tool's output), the conversation kept by the server's store."""
     calls = []
     agent = Agent(name="forecaster", instructions="Answer briefly.",
-                  model=model(agent_server, "responses"),
+                  model=model(tool_server, "responses"),
                   tools=[weather_tool(calls, once=True)], output_type=Forecast,
                   model_settings=settings(tool_choice="required"))
 
@@ -97,37 +89,34 @@ def test_turns_chained_on_the_servers_store(agent_server):
     result = asyncio.run(go())
     assert len(calls) == 1 and isinstance(result.final_output, Forecast), result.new_items
     first, last = result.raw_responses[0].response_id, result.raw_responses[-1].response_id
-    status, stored, _ = agent_server.request("GET", f"/v1/responses/{last}")
+    status, stored, _ = tool_server.request("GET", f"/v1/responses/{last}")
     assert status == 200 and stored["previous_response_id"] == first, stored
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_tools_stay_offered_beside_the_typed_answer(agent_server, stream):
+def test_tools_stay_offered_beside_the_typed_answer(tool_server, stream):
     """After the forced first call the SDK asks with tool_choice "auto" and the answer's schema:
     the grammar allows both. A bias against the calls' first token (Chat Completions' logit_bias;
     the tiny model's own choice differs with the CPU's rounding) makes it answer."""
-    status, out, _ = agent_server.request("POST", "/tokenize", {
-        "prompt": "<｜tool▁calls▁begin｜>", "add_special_tokens": False})
-    assert status == 200 and len(out["tokens"]) == 1, out
     calls = []
+    against_calls = {"logit_bias": {str(calls_begin(tool_server)): -100}}
     agent = Agent(name="forecaster", instructions="Answer briefly.",
-                  model=model(agent_server, "chat"), tools=[weather_tool(calls, once=False)],
+                  model=model(tool_server, "chat"), tools=[weather_tool(calls, once=False)],
                   output_type=Forecast,
-                  model_settings=settings(tool_choice="required",
-                                          extra_body={"logit_bias": {str(out["tokens"][0]): -100}}))
+                  model_settings=settings(tool_choice="required", extra_body=against_calls))
     result = run(agent, "What is the weather in Rome?", stream)
     assert len(calls) == 1, calls
     assert isinstance(result.final_output, Forecast), result.final_output
 
 
 @pytest.mark.parametrize("kind", ["responses", "chat"])
-def test_a_handoff_to_a_typed_agent(agent_server, kind):
+def test_a_handoff_to_a_typed_agent(tool_server, kind):
     forecaster = Agent(name="forecaster", instructions="Give the forecast.",
-                       model=model(agent_server, kind), output_type=Forecast,
+                       model=model(tool_server, kind), output_type=Forecast,
                        model_settings=settings())
     # The handoff is a tool of the triage agent; "required" makes it take it.
     triage = Agent(name="triage", instructions="Hand weather questions over.",
-                   model=model(agent_server, kind), handoffs=[forecaster],
+                   model=model(tool_server, kind), handoffs=[forecaster],
                    model_settings=settings(tool_choice="required"))
     result = run(triage, "Will it rain in Paris?", stream=False)
     assert result.last_agent is forecaster

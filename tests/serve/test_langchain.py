@@ -11,7 +11,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-from conftest import Server
+from conftest import calls_begin
 
 
 class Forecast(BaseModel):
@@ -26,31 +26,16 @@ def get_weather(city: Literal["Paris", "Rome"], unit: Literal["celsius", "fahren
     return f"sunny, 25 degrees {unit}"
 
 
-@pytest.fixture(scope="module")
-def lc_server(model_dir):
-    s = Server(model_dir, "--kv-cache-tokens", "16384", "--enable-auto-tool-choice",
-               "--tool-call-parser", "deepseek_v3")
-    yield s
-    assert s.stop() == 0, "".join(s.log)
-
-
 def chat_model(server, responses, **extra):
     return ChatOpenAI(model="sy-test", base_url=server.url + "/v1", api_key="x", temperature=0,
                       max_tokens=300, max_retries=0, timeout=300,
                       use_responses_api=responses, **extra)
 
 
-def calls_begin(server):
-    status, out, _ = server.request("POST", "/tokenize", {
-        "prompt": "<｜tool▁calls▁begin｜>", "add_special_tokens": False})
-    assert status == 200 and len(out["tokens"]) == 1, out
-    return out["tokens"][0]
-
-
 @pytest.mark.parametrize("responses", [False, True])
-def test_bound_tools_are_called_whole_and_streamed(lc_server, responses):
+def test_bound_tools_are_called_whole_and_streamed(tool_server, responses):
     # strict: additionalProperties false, so the tiny model cannot add keys until its budget.
-    llm = chat_model(lc_server, responses).bind_tools(
+    llm = chat_model(tool_server, responses).bind_tools(
         [get_weather], tool_choice="get_weather", parallel_tool_calls=False, strict=True)
     whole = llm.invoke("What is the weather in Paris?")
     assert not whole.invalid_tool_calls, whole
@@ -65,8 +50,8 @@ def test_bound_tools_are_called_whole_and_streamed(lc_server, responses):
 
 
 @pytest.mark.parametrize("responses", [False, True])
-def test_the_tool_loop(lc_server, responses):
-    llm = chat_model(lc_server, responses)
+def test_the_tool_loop(tool_server, responses):
+    llm = chat_model(tool_server, responses)
     ask = HumanMessage("What is the weather in Rome?")
     first = llm.bind_tools([get_weather], tool_choice="any", parallel_tool_calls=False,
                            strict=True).invoke([ask])
@@ -83,21 +68,21 @@ def test_the_tool_loop(lc_server, responses):
 
 @pytest.mark.parametrize("responses", [False, True])
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
-def test_typed_outputs(lc_server, responses, method):
-    llm = chat_model(lc_server, responses)
+def test_typed_outputs(tool_server, responses, method):
+    llm = chat_model(tool_server, responses)
     out = llm.with_structured_output(Forecast, method=method, include_raw=True).invoke(
         "Will it rain tomorrow?")
     assert out["parsing_error"] is None, out
     assert isinstance(out["parsed"], Forecast)
 
 
-def test_a_typed_answer_with_tools_beside_it(lc_server):
+def test_a_typed_answer_with_tools_beside_it(tool_server):
     """with_structured_output(tools=...): tools (auto) and the answer's schema in one request;
     a bias on the calls' first token decides between them (the tiny model's own choice differs
     with the CPU's rounding)."""
-    begin = calls_begin(lc_server)
+    begin = calls_begin(tool_server)
     for bias, called in ((100, True), (-100, False)):
-        llm = chat_model(lc_server, False, logit_bias={begin: bias},
+        llm = chat_model(tool_server, False, logit_bias={begin: bias},
                          model_kwargs={"parallel_tool_calls": False})
         out = llm.with_structured_output(
             Forecast, tools=[get_weather], strict=True, include_raw=True).invoke(

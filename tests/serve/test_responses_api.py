@@ -289,7 +289,7 @@ def test_the_store_keeps_its_budget_and_can_be_off(model_dir):
 # ---- tools and reasoning (the chat path's parsers and forcing grammars, chat_output/) ----
 
 from test_tool_calling import (ADD, SCHEMAS, TOOLS, r1_client,  # noqa: E402,F401
-                               tool_server, tools_client)
+                               tools_client)
 
 # Responses function tools are flat: {"type": "function", "name", "parameters", ...}.
 FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]

@@ -16,7 +16,7 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel
 
-from conftest import TMP, Server
+from conftest import TMP, Server, calls_begin
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
@@ -50,14 +50,6 @@ SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 # this bounds a single call; where parallel calls are allowed it only leaves room for several.
 BUDGET = 1000
 CHAT = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 40?"}]
-
-
-@pytest.fixture(scope="module")
-def tool_server(model_dir):
-    s = Server(model_dir, "--kv-cache-tokens", "16384", "--enable-auto-tool-choice",
-               "--tool-call-parser", "deepseek_v3")
-    yield s
-    assert s.stop() == 0, "".join(s.log)
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +104,17 @@ def reassemble(stream):
                     assert d.id is None and not d.function.name, d
                 calls[d.index]["arguments"] += d.function.arguments or ""
     return [calls[i] for i in sorted(calls)], content, finish
+
+
+def answer_of(out, stream):
+    """(calls as {name, arguments}, content, finish_reason) of a one-choice answer, whole or
+    streamed."""
+    if stream:
+        return reassemble(out)
+    choice = out.choices[0]
+    calls = [{"name": c.function.name, "arguments": c.function.arguments}
+             for c in choice.message.tool_calls or []]
+    return calls, choice.message.content, choice.finish_reason
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function",
@@ -211,6 +214,11 @@ def test_bad_tools_are_refused_by_name(tool_server, tools_client, body, param, w
     assert out.usage.completion_tokens == 3
 
 
+FORCED_WEATHER = dict(model="sy-test", messages=CHAT, tools=TOOLS, temperature=0,
+                      parallel_tool_calls=False,
+                      tool_choice={"type": "function", "function": {"name": "get_weather"}})
+
+
 def cut_in_the_arguments(tools_client, args):
     """(max_tokens, the arguments written by then) for a budget that cuts the greedy call a few
     characters into its arguments: found from the whole call's tokens, since how the forced
@@ -233,28 +241,18 @@ def test_a_forced_call_cut_by_its_budget(tools_client, stream):
     """max_tokens ending inside a call: the call with the arguments written so far and
     finish_reason "length" (OpenAI's shape), streamed and whole alike; ending inside the call's
     header: no call and no content (the format's raw tokens are no answer)."""
-    args = dict(model="sy-test", messages=CHAT, tools=TOOLS, temperature=0,
-                parallel_tool_calls=False,
-                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    args = FORCED_WEATHER
     budget, arguments = cut_in_the_arguments(tools_client, args)
     for max_tokens, expected in ((budget, [{"name": "get_weather", "arguments": arguments}]),
                                  (3, [])):
         out = tools_client.chat.completions.create(**args, max_tokens=max_tokens, stream=stream)
-        if stream:
-            calls, content, finish = reassemble(out)
-        else:
-            choice = out.choices[0]
-            calls = [{"name": c.function.name, "arguments": c.function.arguments}
-                     for c in choice.message.tool_calls or []]
-            content, finish = choice.message.content, choice.finish_reason
+        calls, content, finish = answer_of(out, stream)
         assert finish == "length" and not content, out
         assert calls == expected
 
 
 def test_a_function_call_cut_by_its_budget_is_incomplete(tools_client):
-    args = dict(model="sy-test", messages=CHAT, tools=TOOLS, temperature=0,
-                parallel_tool_calls=False,
-                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    args = FORCED_WEATHER
     budget, arguments = cut_in_the_arguments(tools_client, args)
     flat = [{"type": "function", **t["function"]} for t in TOOLS]
     ask = dict(model="sy-test", input=CHAT, tools=flat, temperature=0, parallel_tool_calls=False,
@@ -274,13 +272,6 @@ FORECAST = {"type": "object",
             "properties": {"sky": {"enum": ["sunny", "rainy"]}, "warm": {"type": "boolean"}},
             "required": ["sky", "warm"], "additionalProperties": False}
 AS_FORECAST = {"type": "json_schema", "json_schema": {"name": "forecast", "schema": FORECAST}}
-
-
-def calls_begin(tool_server):
-    status, out, _ = tool_server.request("POST", "/tokenize", {
-        "prompt": "<｜tool▁calls▁begin｜>", "add_special_tokens": False})
-    assert status == 200 and len(out["tokens"]) == 1, out
-    return out["tokens"][0]
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function",
@@ -312,13 +303,7 @@ def test_auto_with_a_json_answer_format_may_call_or_answer(tool_server, tools_cl
         for bias in (100, -100):
             out = tools_client.chat.completions.create(**args, logit_bias={str(begin): bias},
                                                        stream=stream)
-            if stream:
-                calls, content, finish = reassemble(out)
-            else:
-                choice = out.choices[0]
-                calls = [{"name": c.function.name, "arguments": c.function.arguments}
-                         for c in choice.message.tool_calls or []]
-                content, finish = choice.message.content, choice.finish_reason
+            calls, content, finish = answer_of(out, stream)
             if bias > 0:
                 assert finish == "tool_calls" and not content and len(calls) == 1, (fmt, out)
                 jsonschema.validate(json.loads(calls[0]["arguments"]),
