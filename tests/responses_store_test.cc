@@ -29,6 +29,7 @@ TEST(ResponsesStore, EvictsTheLeastRecentlyUsedBeyondItsBudget) {
   EXPECT_NE(store.Get("c"), nullptr);
   EXPECT_NE(store.Get("d"), nullptr);
   EXPECT_LE(store.bytes(), 3000u);
+  EXPECT_EQ(store.evictions(), 1);
   // Replacing an entry frees the old one's bytes.
   const size_t before = store.bytes();
   store.Put("d", Entry(100));

@@ -229,10 +229,11 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                                "text/plain", version, keep_alive));
     }
     if (path == "/metrics" && get) {
-      return Send(MakeResponse(
-          http::status::ok,
-          PrometheusText(server_.engine_.Metrics(), server_.options_.limits.model_name),
-          "text/plain; version=0.0.4; charset=utf-8", version, keep_alive));
+      return Send(
+          MakeResponse(http::status::ok,
+                       PrometheusText(server_.engine_.Metrics(), server_.options_.limits.model_name,
+                                      server_.options_.responses_store.get()),
+                       "text/plain; version=0.0.4; charset=utf-8", version, keep_alive));
     }
     if (!server_.options_.api_key.empty()) {
       const auto auth = request[http::field::authorization];

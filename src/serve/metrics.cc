@@ -55,7 +55,8 @@ void HistogramText(std::string& out, const char* name, const char* help, const s
 
 }  // namespace
 
-std::string PrometheusText(const EngineMetrics& m, const std::string& model_name) {
+std::string PrometheusText(const EngineMetrics& m, const std::string& model_name,
+                           const ResponsesStore* responses) {
   std::string escaped;
   for (char c : model_name) {
     if (c == '\\' || c == '"') escaped += '\\';
@@ -140,6 +141,16 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
              "Transfer messages refused (checksum, token) and transfers that failed.", l,
              static_cast<double>(stats.refused));
     }
+  }
+  if (responses) {
+    Metric(out, "responses_stored", "gauge", "Responses API responses kept in the store.", labels,
+           static_cast<double>(responses->size()));
+    Metric(out, "responses_store_bytes", "gauge",
+           "Bytes the stored responses take (their JSON), against --responses-store-mb.", labels,
+           static_cast<double>(responses->bytes()));
+    Metric(out, "responses_store_evictions_total", "counter",
+           "Stored responses dropped, least recently used first, to keep the store's budget.",
+           labels, static_cast<double>(responses->evictions()));
   }
   ExpertImbalanceGauge& gauge = PublishedImbalance();
   std::lock_guard<std::mutex> lock(gauge.mutex);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "serve/responses_store.h"
 
 namespace sy::transfer {
 class Sender;
@@ -15,7 +16,10 @@ class Receiver;
 
 namespace sy::serve {
 
-std::string PrometheusText(const EngineMetrics& metrics, const std::string& model_name);
+// `responses`: the Responses API's store, when the server keeps one (responses_stored,
+// responses_store_bytes, responses_store_evictions_total).
+std::string PrometheusText(const EngineMetrics& metrics, const std::string& model_name,
+                           const ResponsesStore* responses = nullptr);
 
 // The expert-parallel imbalance over the last completed window of `serve --record-expert-load`
 // (busiest rank's routed rows over the mean rank's, summed over layers and steps), and per MoE

@@ -20,6 +20,7 @@ void ResponsesStore::Put(const std::string& id, StoredResponse entry) {
     bytes_ -= last.bytes;
     by_id_.erase(last.id);
     order_.pop_back();
+    ++evictions_;
   }
 }
 
@@ -44,6 +45,11 @@ bool ResponsesStore::Erase(const std::string& id) {
 size_t ResponsesStore::bytes() const {
   std::lock_guard lock(mutex_);
   return bytes_;
+}
+
+int64_t ResponsesStore::evictions() const {
+  std::lock_guard lock(mutex_);
+  return evictions_;
 }
 
 size_t ResponsesStore::size() const {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -42,6 +43,7 @@ class ResponsesStore {
 
   size_t bytes() const;
   size_t size() const;
+  int64_t evictions() const;  // entries dropped for the budget, since the start
   size_t max_bytes() const { return max_bytes_; }
 
  private:
@@ -55,6 +57,7 @@ class ResponsesStore {
   std::list<Entry> order_;  // most recently used first
   std::unordered_map<std::string, std::list<Entry>::iterator> by_id_;
   size_t bytes_ = 0;
+  int64_t evictions_ = 0;
 };
 
 }  // namespace sy::serve

@@ -267,6 +267,13 @@ def test_the_store_keeps_its_budget_and_can_be_off(model_dir):
         c.responses.retrieve(made[-1].id)
         with pytest.raises(openai.NotFoundError):
             c.responses.retrieve(made[0].id)
+        got, text, _ = small.request("GET", "/metrics")
+        metrics = {line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+                   for line in text.splitlines() if line.startswith("switchyard:responses_")}
+        assert 1 <= metrics["switchyard:responses_stored"] < 6, metrics
+        assert 0 < metrics["switchyard:responses_store_bytes"] <= 0.004 * 2 ** 20, metrics
+        assert metrics["switchyard:responses_store_evictions_total"] == (
+            6 - metrics["switchyard:responses_stored"]), metrics
     finally:
         assert small.stop() == 0, "".join(small.log)
     off = Server(model_dir, "--responses-store-mb", "0")
