@@ -142,33 +142,6 @@ std::optional<ApiError> MessageText(const json& content, const std::string& wher
 
 // One input item (a message, an earlier function call or its output, reasoning) appended to the
 // chat messages; `where` names it in errors.
-std::optional<ApiError> AddInputItem(const json& item, const std::string& where, json* messages);
-
-// instructions, then `prior` (a stored conversation's items: previous_response_id), then input,
-// as chat messages.
-std::optional<ApiError> Messages(const json& body, const json& prior, json* messages) {
-  if (const json* instructions = Get(body, "instructions")) {
-    if (!instructions->is_string()) return Invalid("instructions", "must be a string");
-    messages->push_back({{"role", "system"}, {"content", *instructions}});
-  }
-  for (size_t i = 0; i < prior.size(); ++i)
-    if (auto error =
-            AddInputItem(prior[i], fmt::format("previous_response_id's item {}", i), messages))
-      return error;
-  const json* input = Get(body, "input");
-  if (!input) return Invalid("input", "is required");
-  if (input->is_string()) {
-    messages->push_back({{"role", "user"}, {"content", *input}});
-    return std::nullopt;
-  }
-  if (!input->is_array() || input->empty())
-    return Invalid("input", "must be a string or a non-empty list of input items");
-  for (size_t i = 0; i < input->size(); ++i)
-    if (auto error = AddInputItem((*input)[i], fmt::format("input[{}]", i), messages)) return error;
-  if (messages->empty()) return Invalid("input", "holds no message");
-  return std::nullopt;
-}
-
 std::optional<ApiError> AddInputItem(const json& item, const std::string& where, json* messages) {
   if (!item.is_object()) return Invalid(where, "must be an object");
   const std::string type = item.contains("type") && item["type"].is_string()
@@ -216,6 +189,31 @@ std::optional<ApiError> AddInputItem(const json& item, const std::string& where,
   std::string text;
   if (auto error = MessageText(*content, where + ".content", &text)) return error;
   messages->push_back({{"role", r == "developer" ? "system" : r}, {"content", text}});
+  return std::nullopt;
+}
+
+// instructions, then `prior` (a stored conversation's items: previous_response_id), then input,
+// as chat messages.
+std::optional<ApiError> Messages(const json& body, const json& prior, json* messages) {
+  if (const json* instructions = Get(body, "instructions")) {
+    if (!instructions->is_string()) return Invalid("instructions", "must be a string");
+    messages->push_back({{"role", "system"}, {"content", *instructions}});
+  }
+  for (size_t i = 0; i < prior.size(); ++i)
+    if (auto error =
+            AddInputItem(prior[i], fmt::format("previous_response_id's item {}", i), messages))
+      return error;
+  const json* input = Get(body, "input");
+  if (!input) return Invalid("input", "is required");
+  if (input->is_string()) {
+    messages->push_back({{"role", "user"}, {"content", *input}});
+    return std::nullopt;
+  }
+  if (!input->is_array() || input->empty())
+    return Invalid("input", "must be a string or a non-empty list of input items");
+  for (size_t i = 0; i < input->size(); ++i)
+    if (auto error = AddInputItem((*input)[i], fmt::format("input[{}]", i), messages)) return error;
+  if (messages->empty()) return Invalid("input", "holds no message");
   return std::nullopt;
 }
 
