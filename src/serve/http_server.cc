@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <map>
+#include <optional>
 #include <random>
 #include <thread>
 #include <type_traits>
@@ -40,6 +42,25 @@ int64_t UnixSeconds() {
 std::string RandomId() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   return fmt::format("{:016x}{:016x}", rng(), rng());
+}
+
+// One engine event added to its choice's result; true when it finished the choice.
+bool AddEvent(ChoiceResult& r, const RequestEvent& e) {
+  r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
+  r.text += e.text;
+  for (const auto& lp : e.logprobs)
+    r.logprobs.push_back(lp);
+  if (e.first) {
+    r.prompt_tokens = e.prompt_tokens;
+    r.cached_tokens = e.cached_tokens;
+    r.prompt_logprobs = e.prompt_logprobs;
+  }
+  if (!e.finish_reason) return false;
+  r.finish_reason = *e.finish_reason;
+  r.error = e.error;
+  r.stop_string = e.stop_string;
+  r.stop_token = e.stop_token;
+  return true;
 }
 
 }  // namespace
@@ -75,9 +96,32 @@ class OpenAiServer::Impl {
   std::atomic<bool> shutting_down_{false};
   std::thread drainer_;
 
+  // background: true — Responses requests the server runs on its own. Their state is in the
+  // store: "queued" when accepted, "in_progress" from the first token, the finished Response
+  // object (or "cancelled") at the end; GET polls it.
+  // Submits `plan` and stores it as queued; the queued object's body, or an error.
+  std::optional<ApiError> StartBackground(ResponsesPlan plan, std::string* body);
+  // POST /v1/responses/{id}/cancel: aborts a running one and gives the cancelled object's body;
+  // 404 when there is no such response, 400 when it is not a background one still running.
+  std::optional<ApiError> CancelBackground(const std::string& id, std::string* body);
+
  private:
   void Accept();
   void WaitForReload();
+  struct BackgroundRun {
+    explicit BackgroundRun(net::io_context& io) : strand(net::make_strand(io)) {}
+    ResponsesPlan plan;
+    std::string id, request_id;
+    int64_t created = 0;
+    std::shared_ptr<RequestStream> stream;
+    ChoiceResult result;
+    bool started = false;
+    std::atomic<bool> cancelled{false};
+    net::strand<net::io_context::executor_type> strand;  // one pump at a time
+  };
+  void PumpBackground(const std::shared_ptr<BackgroundRun>& run);
+  std::mutex background_mutex_;
+  std::map<std::string, std::shared_ptr<BackgroundRun>> background_;
   std::mutex log_mutex_;
   int64_t log_second_ = 0;
   int logged_this_second_ = 0;
@@ -284,6 +328,13 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
           ParseResponsesRequest(request.body(), server_.codec_, server_.options_.limits,
                                 server_.options_.responses_store.get());
       if (!parsed.plan) return SendError(parsed.error, version, keep_alive);
+      if (parsed.plan->background) {
+        std::string body;
+        if (auto refused = server_.StartBackground(std::move(*parsed.plan), &body))
+          return SendError(*refused, version, keep_alive);
+        return Send(MakeResponse(http::status::ok, std::move(body), "application/json", version,
+                                 keep_alive));
+      }
       GenerationPlan plan = parsed.plan->chat;
       return StartGeneration(std::move(plan), version, keep_alive, std::move(parsed.plan));
     }
@@ -310,6 +361,14 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     const bool input_items = id.ends_with("/input_items");
     if (input_items) id.resize(id.size() - std::string_view("/input_items").size());
     const auto method = request.method();
+    if (id.ends_with("/cancel") && method == http::verb::post) {
+      id.resize(id.size() - std::string_view("/cancel").size());
+      std::string body;
+      if (auto refused = server_.CancelBackground(id, &body))
+        return SendError(*refused, version, keep_alive);
+      return Send(
+          MakeResponse(http::status::ok, std::move(body), "application/json", version, keep_alive));
+    }
     const bool allowed =
         method == http::verb::get || (method == http::verb::delete_ && !input_items);
     if (id.empty() || id.find('/') != std::string::npos)
@@ -555,22 +614,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       g->streams[i]->Drain(&events);
       ChoiceResult& r = g->results[i];
       for (RequestEvent& e : events) {
-        r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
-        r.text += e.text;
-        for (auto& lp : e.logprobs)
-          r.logprobs.push_back(lp);
-        if (e.first) {
-          r.prompt_tokens = e.prompt_tokens;
-          r.cached_tokens = e.cached_tokens;
-          r.prompt_logprobs = e.prompt_logprobs;
-        }
-        if (e.finish_reason) {
-          r.finish_reason = *e.finish_reason;
-          r.error = e.error;
-          r.stop_string = e.stop_string;
-          r.stop_token = e.stop_token;
-          g->done[i] = true;
-        }
+        if (AddEvent(r, e)) g->done[i] = true;
         if (g->responses_stream && !client_gone_) {
           Queue(e.finish_reason && *e.finish_reason == "error"
                     ? g->responses_stream->Failed("generation failed: " + e.error, r)
@@ -762,6 +806,103 @@ void OpenAiServer::Impl::Accept() {
     }
     Accept();
   });
+}
+
+std::optional<ApiError> OpenAiServer::Impl::StartBackground(ResponsesPlan plan, std::string* body) {
+  auto run = std::make_shared<BackgroundRun>(io_);
+  run->id = "resp_" + RandomId();
+  run->request_id = run->id + "-0";
+  run->created = UnixSeconds();
+  run->plan = std::move(plan);
+  EngineRequest request;
+  request.id = run->request_id;
+  request.prompt = run->plan.chat.prompts[0];
+  request.params = run->plan.chat.params;
+  SubmitError why;
+  std::vector<EngineRequest> requests;
+  requests.push_back(std::move(request));
+  auto streams = engine_.SubmitAll(std::move(requests), &why);
+  if (!streams.ok()) {
+    if (why == SubmitError::kQueueFull)
+      return ApiError{503, streams.status().message(), "", "server_overloaded"};
+    if (why == SubmitError::kStopping)
+      return ApiError{503, streams.status().message(), "", "shutting_down"};
+    return ApiError{400, streams.status().message(), "", "invalid_value"};
+  }
+  run->stream = std::move(streams.value()[0]);
+  const nlohmann::ordered_json queued =
+      PendingResponse(run->plan, run->id, run->created, options_.limits, "queued");
+  options_.responses_store->Put(run->id, ResponseToStore(run->plan, run->id, queued));
+  *body = queued.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  ++active_generations_;
+  {
+    std::lock_guard lock(background_mutex_);
+    background_[run->id] = run;
+  }
+  std::weak_ptr<BackgroundRun> weak = run;
+  run->stream->SetNotifier([this, weak] {
+    if (auto r = weak.lock()) net::post(r->strand, [this, r] { PumpBackground(r); });
+  });
+  net::post(run->strand, [this, run] { PumpBackground(run); });  // events before the notifier
+  return std::nullopt;
+}
+
+void OpenAiServer::Impl::PumpBackground(const std::shared_ptr<BackgroundRun>& run) {
+  std::vector<RequestEvent> events;
+  run->stream->Drain(&events);
+  bool finished = false;
+  for (const RequestEvent& e : events)
+    finished = AddEvent(run->result, e) || finished;
+  ResponsesStore& store = *options_.responses_store;
+  if (!finished) {
+    if (!events.empty() && !run->started && !run->cancelled) {
+      run->started = true;
+      store.Put(run->id, ResponseToStore(run->plan, run->id,
+                                         PendingResponse(run->plan, run->id, run->created,
+                                                         options_.limits, "in_progress")));
+    }
+    return;
+  }
+  nlohmann::ordered_json done;
+  if (run->result.finish_reason == "error") {
+    done = PendingResponse(run->plan, run->id, run->created, options_.limits, "failed");
+    done["error"] = {{"code", "server_error"},
+                     {"message", "generation failed: " + run->result.error}};
+  } else {
+    done = ResponsesObject(run->plan, run->result, run->id, run->created, codec_, options_.limits);
+    if (run->cancelled) done["status"] = "cancelled";
+  }
+  store.Put(run->id, ResponseToStore(run->plan, run->id, std::move(done)));
+  {
+    std::lock_guard lock(background_mutex_);
+    background_.erase(run->id);
+  }
+  run->stream->SetNotifier(nullptr);
+  --active_generations_;
+}
+
+std::optional<ApiError> OpenAiServer::Impl::CancelBackground(const std::string& id,
+                                                             std::string* body) {
+  std::shared_ptr<BackgroundRun> run;
+  {
+    std::lock_guard lock(background_mutex_);
+    if (auto it = background_.find(id); it != background_.end()) run = it->second;
+  }
+  ResponsesStore* store = options_.responses_store.get();
+  if (!run) {
+    if (store && store->Get(id))
+      return ApiError{400,
+                      fmt::format("response '{}' is not a background response in progress", id),
+                      "response_id", "invalid_value"};
+    return ApiError{404, fmt::format("no stored response '{}'", id), "response_id", "not_found"};
+  }
+  run->cancelled = true;
+  engine_.Abort(run->request_id);
+  const nlohmann::ordered_json cancelled =
+      PendingResponse(run->plan, run->id, run->created, options_.limits, "cancelled");
+  store->Put(id, ResponseToStore(run->plan, id, cancelled));
+  *body = cancelled.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  return std::nullopt;
 }
 
 void OpenAiServer::Impl::Shutdown() {

@@ -76,8 +76,18 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool stored) {
     return Invalid("conversation",
                    "conversations are not kept: chain turns with previous_response_id, or send "
                    "the whole conversation as input");
-  if (const json* b = Get(body, "background"); b && *b != false)
-    return Invalid("background", "background responses need stored state; not supported");
+  if (const json* b = Get(body, "background"); b && *b != false) {
+    if (!b->is_boolean()) return Invalid("background", "must be true or false");
+    if (!stored)
+      return Invalid("background",
+                     "background responses live in the store, and this server keeps none "
+                     "(--responses-store-mb 0)");
+    if (const json* s = Get(body, "store"); s && *s == false)
+      return Invalid("store", "a background response is stored: store cannot be false");
+    if (const json* s = Get(body, "stream"); s && *s == true)
+      return Invalid("stream",
+                     "background responses are not streamed here: poll GET /v1/responses/{id}");
+  }
   if (const json* t = Get(body, "truncation"); t && *t != "disabled")
     return Invalid("truncation",
                    "only \"disabled\" is supported (a prompt longer than the "
@@ -551,6 +561,7 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
   plan.output_logprobs = output_logprobs;
   // OpenAI's default: stored, where the server keeps a store.
   plan.store = store && (!Get(root, "store") || root["store"] == true);
+  plan.background = Get(root, "background") && root["background"] == true;
   if (plan.store) {
     plan.context = std::move(prior);
     for (json& item : NormalizedInput(root["input"]))
@@ -572,6 +583,7 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
                {"service_tier", "default"},
                {"user", root.value("user", json())},
                {"store", plan.store},
+               {"background", plan.background},
                {"previous_response_id", previous_id.empty() ? json() : json(previous_id)}};
   if (plan.echo["tool_choice"].is_null()) plan.echo["tool_choice"] = "auto";
   if (plan.echo["parallel_tool_calls"].is_null()) plan.echo["parallel_tool_calls"] = true;
@@ -604,6 +616,11 @@ std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
                           const std::string& id, int64_t created, const TextCodec& codec,
                           const ServingLimits& limits) {
   return Dump(ResponsesObject(plan, result, id, created, codec, limits));
+}
+
+json PendingResponse(const ResponsesPlan& plan, const std::string& id, int64_t created,
+                     const ServingLimits& limits, const char* status) {
+  return ResponseObject(plan, id, created, limits, status);
 }
 
 StoredResponse ResponseToStore(const ResponsesPlan& plan, const std::string& id, json response) {

@@ -3,8 +3,9 @@
 // by the chat path; results are written back as a Response object or as the API's typed
 // server-sent events. With a store (serve/responses_store.h) a response is kept unless the
 // request says store: false (OpenAI's default), and previous_response_id continues a stored one:
-// its context and output come before the new input (its instructions do not). Without one the
-// API is stateless and refuses both. Every field this server does not implement is refused by
+// its context and output come before the new input (its instructions do not); background: true
+// runs it without the client (the HTTP front answers "queued" and keeps the state in the store).
+// Without a store the API is stateless and refuses all three. Every field this server does not implement is refused by
 // name, never ignored. Pure functions and a small stream writer — the HTTP layer and the fuzzer
 // both call them.
 #pragma once
@@ -32,6 +33,8 @@ struct ResponsesPlan {
   // previous turns' context and output, then this input; StoredResponse::context).
   bool store = false;
   nlohmann::ordered_json context;
+  // background: true — the server runs it on its own (needs the store; not streamed).
+  bool background = false;
 };
 
 struct ParsedResponsesRequest {
@@ -61,6 +64,12 @@ std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
 //   (….done, response.content_part.done, response.output_item.done); at the end
 //   response.completed (or response.incomplete when max_output_tokens cut it short; a failed
 //   generation ends with response.failed).
+// The Response object of a request not finished yet (a background one): `status` "queued",
+// "in_progress" or "cancelled", no output, no usage.
+nlohmann::ordered_json PendingResponse(const ResponsesPlan& plan, const std::string& id,
+                                       int64_t created, const ServingLimits& limits,
+                                       const char* status);
+
 // What a finished response (plan.store) is kept as: the Response object, and the context with
 // an id for each of this request's input items.
 StoredResponse ResponseToStore(const ResponsesPlan& plan, const std::string& id,

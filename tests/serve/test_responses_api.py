@@ -5,6 +5,7 @@ and json_object formats, max_output_tokens → incomplete, usage, and bad reques
 while the server goes on serving; function tools (function_call items, streamed arguments,
 function_call_output in a follow-up turn) and reasoning items through the chat path's parsers."""
 import json
+import time
 from typing import Literal
 
 import jsonschema
@@ -256,6 +257,44 @@ def test_retrieve_and_delete(server, client):
     assert got == 400 and error["error"]["param"] == "limit"
 
 
+def wait_for(client, response_id, done):
+    """Polls GET /v1/responses/{id} until done(response) (a generous deadline: a failing run
+    hangs no test)."""
+    deadline = time.time() + 120
+    while True:
+        got = client.responses.retrieve(response_id)
+        if done(got) or time.time() > deadline:
+            return got
+        time.sleep(0.02)
+
+
+def test_background_responses(client):
+    """background: true answers at once with status queued; GET polls it to the finished object,
+    the same answer as in the foreground; cancel aborts a running one."""
+    args = dict(model="sy-test", input="Tell a story", max_output_tokens=24, temperature=0)
+    queued = client.responses.create(**args, background=True)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    done = wait_for(client, queued.id, lambda r: r.status not in ("queued", "in_progress"))
+    assert done.status == "incomplete" and done.usage.output_tokens == 24
+    assert done.output_text == client.responses.create(**args).output_text
+    # A long one, cancelled once it runs: its last object says cancelled, with what it wrote.
+    long = client.responses.create(model="sy-test", input="Tell a long story", background=True,
+                                   max_output_tokens=20000, temperature=0)
+    wait_for(client, long.id, lambda r: r.status == "in_progress")
+    assert client.responses.cancel(long.id).status == "cancelled"
+    final = wait_for(client, long.id, lambda r: r.usage is not None)
+    assert final.status == "cancelled" and 0 < final.usage.output_tokens < 20000
+    with pytest.raises(openai.BadRequestError):  # nothing running to cancel
+        client.responses.cancel(long.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_none")
+    for extra, param in (({"stream": True}, "stream"), ({"store": False}, "store"),
+                         ({"background": "yes"}, "background")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(**{**args, "background": True, **extra})
+        assert e.value.body["param"] == param
+
+
 def test_the_store_keeps_its_budget_and_can_be_off(model_dir):
     """--responses-store-mb: the least recently used go first; 0 keeps nothing and refuses
     store: true and previous_response_id by name."""
@@ -282,11 +321,13 @@ def test_the_store_keeps_its_budget_and_can_be_off(model_dir):
         out = c.responses.create(model="sy-test", input="x", max_output_tokens=2)
         assert out.store is False
         for body, param in (({"store": True}, "store"),
-                            ({"previous_response_id": out.id}, "previous_response_id")):
+                            ({"previous_response_id": out.id}, "previous_response_id"),
+                            ({"background": True}, "background")):
             got, error, _ = off.request("POST", "/v1/responses",
                                         {"model": "sy-test", "input": "x", **body})
             assert got == 400 and error["error"]["param"] == param, error
-            assert "keeps no state" in error["error"]["message"]
+            assert "keeps no state" in error["error"]["message"] or "keeps none" in error[
+                "error"]["message"], error
         with pytest.raises(openai.NotFoundError):
             c.responses.retrieve(out.id)
     finally:
