@@ -268,7 +268,15 @@ def wait_for(client, response_id, done):
         time.sleep(0.02)
 
 
-def test_background_responses(client):
+def aborted_requests(server):
+    got, text, _ = server.request("GET", "/metrics")
+    assert got == 200
+    (line,) = [l for l in text.splitlines()
+               if l.startswith("switchyard:request_success_total") and '"abort"' in l]
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_background_responses(server, client):
     """background: true answers at once with status queued; GET polls it to the finished object,
     the same answer as in the foreground; cancel aborts a running one."""
     args = dict(model="sy-test", input="Tell a story", max_output_tokens=24, temperature=0)
@@ -281,9 +289,11 @@ def test_background_responses(client):
     long = client.responses.create(model="sy-test", input="Tell a long story", background=True,
                                    max_output_tokens=20000, temperature=0)
     wait_for(client, long.id, lambda r: r.status == "in_progress")
+    aborted = aborted_requests(server)
     assert client.responses.cancel(long.id).status == "cancelled"
     final = wait_for(client, long.id, lambda r: r.usage is not None)
     assert final.status == "cancelled" and 0 < final.usage.output_tokens < 20000
+    assert aborted_requests(server) == aborted + 1  # the engine stopped it
     with pytest.raises(openai.BadRequestError):  # nothing running to cancel
         client.responses.cancel(long.id)
     with pytest.raises(openai.NotFoundError):
