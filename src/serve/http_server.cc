@@ -44,6 +44,13 @@ std::string RandomId() {
   return fmt::format("{:016x}{:016x}", rng(), rng());
 }
 
+// The answer to a submission the engine refused: 503 when full or stopping, else 400.
+ApiError SubmitRefusal(const Status& status, SubmitError why) {
+  if (why == SubmitError::kQueueFull) return {503, status.message(), "", "server_overloaded"};
+  if (why == SubmitError::kStopping) return {503, status.message(), "", "shutting_down"};
+  return {400, status.message(), "", "invalid_value"};
+}
+
 // One engine event added to its choice's result; true when it finished the choice.
 bool AddEvent(ChoiceResult& r, const RequestEvent& e) {
   r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
@@ -400,10 +407,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     auto stored = store->Get(id);
     if (!stored) return SendError(missing, version, keep_alive);
     if (!input_items)
-      return Send(MakeResponse(
-          http::status::ok,
-          stored->response.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace),
-          "application/json", version, keep_alive));
+      return Send(MakeResponse(http::status::ok, DumpJson(stored->response), "application/json",
+                               version, keep_alive));
     const size_t q = target.find('?');
     ApiError error;
     std::string body =
@@ -506,14 +511,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     // All of the request's sequences or none: a refusal leaves nothing running.
     SubmitError why;
     auto streams = server_.engine_.SubmitAll(std::move(requests), &why);
-    if (!streams.ok()) {
-      ApiError error{400, streams.status().message(), "", "invalid_value"};
-      if (why == SubmitError::kQueueFull)
-        error = {503, streams.status().message(), "", "server_overloaded"};
-      if (why == SubmitError::kStopping)
-        error = {503, streams.status().message(), "", "shutting_down"};
-      return SendError(error, version, keep_alive);
-    }
+    if (!streams.ok()) return SendError(SubmitRefusal(streams.status(), why), version, keep_alive);
     g->streams = std::move(streams.value());
     generation_ = g;
     ++server_.active_generations_;
@@ -660,8 +658,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     if (g->responses) {
       nlohmann::ordered_json object = ResponsesObject(
           *g->responses, g->results[0], g->id, g->created, server_.codec_, server_.options_.limits);
-      std::string body =
-          object.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+      std::string body = DumpJson(object);
       if (g->responses->store && store)
         store->Put(g->id, ResponseToStore(*g->responses, g->id, std::move(object)));
       return Send(MakeResponse(http::status::ok, std::move(body), "application/json", g->version,
@@ -822,18 +819,12 @@ std::optional<ApiError> OpenAiServer::Impl::StartBackground(ResponsesPlan plan, 
   std::vector<EngineRequest> requests;
   requests.push_back(std::move(request));
   auto streams = engine_.SubmitAll(std::move(requests), &why);
-  if (!streams.ok()) {
-    if (why == SubmitError::kQueueFull)
-      return ApiError{503, streams.status().message(), "", "server_overloaded"};
-    if (why == SubmitError::kStopping)
-      return ApiError{503, streams.status().message(), "", "shutting_down"};
-    return ApiError{400, streams.status().message(), "", "invalid_value"};
-  }
+  if (!streams.ok()) return SubmitRefusal(streams.status(), why);
   run->stream = std::move(streams.value()[0]);
   const nlohmann::ordered_json queued =
       PendingResponse(run->plan, run->id, run->created, options_.limits, "queued");
   options_.responses_store->Put(run->id, ResponseToStore(run->plan, run->id, queued));
-  *body = queued.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  *body = DumpJson(queued);
   ++active_generations_;
   {
     std::lock_guard lock(background_mutex_);
@@ -901,7 +892,7 @@ std::optional<ApiError> OpenAiServer::Impl::CancelBackground(const std::string& 
   const nlohmann::ordered_json cancelled =
       PendingResponse(run->plan, run->id, run->created, options_.limits, "cancelled");
   store->Put(id, ResponseToStore(run->plan, id, cancelled));
-  *body = cancelled.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  *body = DumpJson(cancelled);
   return std::nullopt;
 }
 

@@ -32,10 +32,6 @@ ApiError Invalid(std::string param, std::string message) {
   return {400, param.empty() ? message : param + ": " + message, param, "invalid_value"};
 }
 
-std::string Dump(const json& value) {
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 // Typed field readers: absent (or null) keeps the default; a wrong type or range is an error
 // naming the field.
 struct Reader {
@@ -132,7 +128,7 @@ void ReadStructuredOutput(Reader& r, GenerationPlan& plan) {
     if (kind == Kind::kJsonSchema) {
       if (!value.is_object() && !value.is_boolean() && !value.is_string())
         return r.Fail(name.c_str(), "must be a JSON schema (an object)");
-      spec->text = value.is_string() ? value.get<std::string>() : Dump(value);
+      spec->text = value.is_string() ? value.get<std::string>() : DumpJson(value);
     } else if (kind == Kind::kChoice) {
       if (!value.is_array() || value.empty())
         return r.Fail(name.c_str(), "must be a non-empty list of strings");
@@ -408,12 +404,16 @@ void ReadSampling(Reader& r, GenerationPlan& plan, int64_t vocab) {
 
 }  // namespace
 
+std::string DumpJson(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string ErrorBody(const ApiError& error) {
-  return Dump(json{{"error",
-                    {{"message", error.message},
-                     {"type", ErrorType(error.status)},
-                     {"param", error.param.empty() ? json(nullptr) : json(error.param)},
-                     {"code", error.code.empty() ? json(nullptr) : json(error.code)}}}});
+  return DumpJson(json{{"error",
+                        {{"message", error.message},
+                         {"type", ErrorType(error.status)},
+                         {"param", error.param.empty() ? json(nullptr) : json(error.param)},
+                         {"code", error.code.empty() ? json(nullptr) : json(error.code)}}}});
 }
 
 namespace {
@@ -862,7 +862,7 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
                              {"stop_reason", StopReason(c.stop_string, c.stop_token)}});
     }
   }
-  return Dump(
+  return DumpJson(
       {{"id", id},
        {"object", plan.endpoint == Endpoint::kCompletions ? "text_completion" : "chat.completion"},
        {"created", created},
@@ -951,7 +951,7 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
                 {"model", limits.model_name},
                 {"choices", json::array({choice})}};
   if (plan.include_usage) chunk["usage"] = nullptr;
-  return "data: " + Dump(chunk) + "\n\n";
+  return "data: " + DumpJson(chunk) + "\n\n";
 }
 
 Status ConfigureChatOutput(const std::string& tool_call_parser, bool enable_auto_tool_choice,
@@ -987,7 +987,7 @@ std::string StreamUsageChunk(const GenerationPlan& plan, const std::vector<Choic
                 {"model", limits.model_name},
                 {"choices", json::array()},
                 {"usage", Usage(plan, choices, codec)}};
-  return "data: " + Dump(chunk) + "\n\n";
+  return "data: " + DumpJson(chunk) + "\n\n";
 }
 
 std::string StreamError(const ApiError& error) {
@@ -1057,7 +1057,7 @@ std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
     *error = Invalid("prompt", ids.status().message());
     return "";
   }
-  return Dump(
+  return DumpJson(
       {{"count", ids->size()}, {"max_model_len", limits.max_model_len}, {"tokens", ids.value()}});
 } catch (const json::exception& e) {
   *error = Invalid("", fmt::format("malformed request: {}", e.what()));
@@ -1083,20 +1083,20 @@ std::string DetokenizeResponse(const std::string& body, const TextCodec& codec,
     ids.push_back(static_cast<int32_t>(tokens[i].get<int64_t>()));
   }
   auto text = codec.tokenizer->Decode(ids);
-  return Dump({{"prompt", text.value()}});
+  return DumpJson({{"prompt", text.value()}});
 } catch (const json::exception& e) {
   *error = Invalid("", fmt::format("malformed request: {}", e.what()));
   return "";
 }
 
 std::string ModelsResponse(const ServingLimits& limits, int64_t created) {
-  return Dump({{"object", "list"},
-               {"data", json::array({{{"id", limits.model_name},
-                                      {"object", "model"},
-                                      {"created", created},
-                                      {"owned_by", "switchyard"},
-                                      {"root", limits.model_name},
-                                      {"max_model_len", limits.max_model_len}}})}});
+  return DumpJson({{"object", "list"},
+                   {"data", json::array({{{"id", limits.model_name},
+                                          {"object", "model"},
+                                          {"created", created},
+                                          {"owned_by", "switchyard"},
+                                          {"root", limits.model_name},
+                                          {"max_model_len", limits.max_model_len}}})}});
 }
 
 }  // namespace sy::serve

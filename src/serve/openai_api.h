@@ -30,6 +30,9 @@ struct ApiError {
 // {"error": {"message", "type", "param", "code"}} — OpenAI's shape.
 std::string ErrorBody(const ApiError& error);
 
+// A response body's JSON text: compact, invalid UTF-8 (a token cut mid-character) replaced.
+std::string DumpJson(const nlohmann::ordered_json& value);
+
 enum class Endpoint { kCompletions, kChat };
 
 // What the server knows when it validates a request.

@@ -16,10 +16,6 @@ ApiError Invalid(const std::string& param, const std::string& message) {
   return {400, param + ": " + message, param, "invalid_value"};
 }
 
-std::string Dump(const json& value) {
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 const json* Get(const json& body, const char* key) {
   auto it = body.find(key);
   return it == body.end() || it->is_null() ? nullptr : &*it;
@@ -615,7 +611,7 @@ json ResponsesObject(const ResponsesPlan& plan, const ChoiceResult& result, cons
 std::string ResponsesBody(const ResponsesPlan& plan, const ChoiceResult& result,
                           const std::string& id, int64_t created, const TextCodec& codec,
                           const ServingLimits& limits) {
-  return Dump(ResponsesObject(plan, result, id, created, codec, limits));
+  return DumpJson(ResponsesObject(plan, result, id, created, codec, limits));
 }
 
 json PendingResponse(const ResponsesPlan& plan, const std::string& id, int64_t created,
@@ -695,7 +691,7 @@ std::string InputItemsBody(const StoredResponse& stored, const std::string& quer
               {"first_id", data.empty() ? json() : data.front()["id"]},
               {"last_id", data.empty() ? json() : data.back()["id"]},
               {"has_more", more}};
-  return Dump(out);
+  return DumpJson(out);
 }
 
 ResponsesStream::ResponsesStream(const ResponsesPlan& plan, std::string id, int64_t created,
@@ -710,7 +706,7 @@ ResponsesStream::~ResponsesStream() = default;
 std::string ResponsesStream::Event(const char* type, json body) {
   body["type"] = type;
   body["sequence_number"] = sequence_++;
-  return fmt::format("event: {}\ndata: {}\n\n", type, Dump(body));
+  return fmt::format("event: {}\ndata: {}\n\n", type, DumpJson(body));
 }
 
 std::string ResponsesStream::Start() {

@@ -5,9 +5,9 @@
 // request says store: false (OpenAI's default), and previous_response_id continues a stored one:
 // its context and output come before the new input (its instructions do not); background: true
 // runs it without the client (the HTTP front answers "queued" and keeps the state in the store).
-// Without a store the API is stateless and refuses all three. Every field this server does not implement is refused by
-// name, never ignored. Pure functions and a small stream writer — the HTTP layer and the fuzzer
-// both call them.
+// Without a store the API is stateless and refuses all three. Every field this server does not
+// implement is refused by name, never ignored. Pure functions and a small stream writer — the
+// HTTP layer and the fuzzer both call them.
 #pragma once
 
 #include <cstdint>
