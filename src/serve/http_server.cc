@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "serve/access.h"
+#include "serve/messages_api.h"
 #include "serve/metrics.h"
 #include "serve/responses_api.h"
 #include "serve/tls_context.h"
@@ -190,6 +191,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     // /v1/responses: the request as it came, and its typed event stream when streaming.
     std::optional<ResponsesPlan> responses;
     std::unique_ptr<ResponsesStream> responses_stream;
+    // /v1/messages (Anthropic's shapes), and its event stream when streaming.
+    bool anthropic = false;
+    std::unique_ptr<MessagesStream> messages_stream;
     bool keep_alive = true;
     unsigned version = 11;
   };
@@ -240,6 +244,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void OnRead(beast::error_code ec) {
+    anthropic_ = false;
     if (ec == http::error::end_of_stream || ec == net::error::eof ||
         ec == net::error::connection_reset || ec == beast::error::timeout || IsTlsError(ec)) {
       return Close();
@@ -274,6 +279,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     const unsigned version = request.version();
     const bool get = request.method() == http::verb::get;
     const bool post = request.method() == http::verb::post;
+    // Anthropic's API answers errors in its own shape.
+    anthropic_ = path == "/v1/messages" || path == "/v1/messages/count_tokens";
     if (path == "/health" && get) {
       const bool healthy = server_.engine_.Metrics().healthy && !server_.shutting_down_;
       return Send(MakeResponse(healthy ? http::status::ok : http::status::service_unavailable, "",
@@ -287,11 +294,15 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                        "text/plain; version=0.0.4; charset=utf-8", version, keep_alive));
     }
     if (!server_.options_.api_key.empty()) {
+      // OpenAI's clients send "Authorization: Bearer KEY", Anthropic's "x-api-key: KEY".
       const auto auth = request[http::field::authorization];
-      if (!ApiKeyMatches(std::string_view(auth.data(), auth.size()), server_.options_.api_key))
-        return SendError(
-            {401, "missing or wrong API key (Authorization: Bearer KEY)", "", "invalid_api_key"},
-            version, keep_alive);
+      const auto x_api_key = request["x-api-key"];
+      const std::string bearer =
+          auth.empty() ? "Bearer " + std::string(x_api_key) : std::string(auth);
+      if (!ApiKeyMatches(bearer, server_.options_.api_key))
+        return SendError({401, "missing or wrong API key (Authorization: Bearer KEY, or x-api-key)",
+                          "", "invalid_api_key"},
+                         version, keep_alive);
     }
     ApiError error;
     if (server_.options_.admin && path.rfind("/admin/", 0) == 0) {
@@ -346,9 +357,21 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return StartGeneration(std::move(plan), version, keep_alive, std::move(parsed.plan));
     }
     if (path.starts_with("/v1/responses/")) return StoredResponseRequest(request, path, target);
+    if (path == "/v1/messages" && post) {
+      ParsedRequest parsed =
+          ParseMessagesRequest(request.body(), server_.codec_, server_.options_.limits);
+      if (!parsed.plan) return SendError(parsed.error, version, keep_alive);
+      return StartGeneration(std::move(*parsed.plan), version, keep_alive, std::nullopt, true);
+    }
+    if (path == "/v1/messages/count_tokens" && post) {
+      std::string body =
+          CountTokensBody(request.body(), server_.codec_, server_.options_.limits, &error);
+      if (body.empty()) return SendError(error, version, keep_alive);
+      return Send(MakeResponse(http::status::ok, body, "application/json", version, keep_alive));
+    }
     const bool known = path == "/health" || path == "/metrics" || path == "/v1/models" ||
                        path == "/tokenize" || path == "/detokenize" || path == "/v1/completions" ||
-                       path == "/v1/chat/completions" || path == "/v1/responses";
+                       path == "/v1/chat/completions" || path == "/v1/responses" || anthropic_;
     if (known)
       return SendError(
           {405, fmt::format("{} does not accept {}", path, std::string(request.method_string())),
@@ -429,7 +452,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void SendError(const ApiError& error, unsigned version, bool keep_alive) {
-    Response response = MakeResponse(static_cast<http::status>(error.status), ErrorBody(error),
+    Response response = MakeResponse(static_cast<http::status>(error.status),
+                                     anthropic_ ? MessagesErrorBody(error) : ErrorBody(error),
                                      "application/json", version, keep_alive);
     if (error.status == 503 || error.status == 429) response.set(http::field::retry_after, "1");
     Send(std::move(response));
@@ -482,13 +506,17 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   // ---- generation ----
 
+  // `responses`: a Responses API request; `anthropic`: a Messages API one.
   void StartGeneration(GenerationPlan plan, unsigned version, bool keep_alive,
-                       std::optional<ResponsesPlan> responses = std::nullopt) {
+                       std::optional<ResponsesPlan> responses = std::nullopt,
+                       bool anthropic = false) {
     auto g = std::make_shared<Generation>();
     g->plan = std::move(plan);
     g->responses = std::move(responses);
-    g->id = g->responses
-                ? "resp_" + RandomId()
+    g->anthropic = anthropic;
+    g->id = g->responses ? "resp_" + RandomId()
+            : anthropic
+                ? "msg_" + RandomId()
                 : (g->plan.endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + RandomId();
     g->created = UnixSeconds();
     g->keep_alive = keep_alive;
@@ -533,6 +561,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
             *g->responses, g->id, g->created, server_.codec_, server_.options_.limits);
         Queue(g->responses_stream->Start());
       }
+      if (g->anthropic)
+        g->messages_stream =
+            std::make_unique<MessagesStream>(g->plan, g->id, server_.options_.limits);
       writing_ = true;
       http::async_write_header(stream_, *serializer_,
                                [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -613,12 +644,15 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       ChoiceResult& r = g->results[i];
       for (RequestEvent& e : events) {
         if (AddEvent(r, e)) g->done[i] = true;
-        if (g->responses_stream && !client_gone_) {
-          Queue(e.finish_reason && *e.finish_reason == "error"
-                    ? g->responses_stream->Failed("generation failed: " + e.error, r)
-                    : g->responses_stream->OnEvent(e, r));
+        const bool failed = e.finish_reason && *e.finish_reason == "error";
+        if (g->messages_stream && !client_gone_) {
+          Queue(failed ? g->messages_stream->Failed("generation failed: " + e.error)
+                       : g->messages_stream->OnEvent(e, r));
+        } else if (g->responses_stream && !client_gone_) {
+          Queue(failed ? g->responses_stream->Failed("generation failed: " + e.error, r)
+                       : g->responses_stream->OnEvent(e, r));
         } else if (g->plan.stream && !client_gone_) {
-          if (e.finish_reason && *e.finish_reason == "error") {
+          if (failed) {
             Queue(StreamError({500, "generation failed: " + e.error, "", "internal_error"}));
           } else {
             Queue(StreamChunk(g->plan, static_cast<int64_t>(i), e, r, !g->started[i], g->id,
@@ -646,7 +680,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       if (g->plan.include_usage)
         Queue(StreamUsageChunk(g->plan, g->results, g->id, g->created, server_.codec_,
                                server_.options_.limits));
-      if (!g->responses) Queue(kStreamDone);  // the Responses API ends with its last event
+      // The Responses and Messages APIs end with their last event.
+      if (!g->responses && !g->anthropic) Queue(kStreamDone);
       finishing_ = true;
       keep_alive_after_stream_ = g->keep_alive;
       return FlushWrites();
@@ -655,6 +690,11 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       if (r.finish_reason == "error")
         return SendError({500, "generation failed: " + r.error, "", "internal_error"}, g->version,
                          g->keep_alive);
+    if (g->anthropic)
+      return Send(MakeResponse(
+          http::status::ok,
+          DumpJson(MessageObject(g->plan, g->results[0], g->id, server_.options_.limits)),
+          "application/json", g->version, g->keep_alive));
     if (g->responses) {
       nlohmann::ordered_json object = ResponsesObject(
           *g->responses, g->results[0], g->id, g->created, server_.codec_, server_.options_.limits);
@@ -714,6 +754,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<Generation> generation_;
+  bool anthropic_ = false;  // the request being answered is Anthropic's (its error shape)
   std::unique_ptr<http::response<http::empty_body>> header_;
   std::unique_ptr<http::response_serializer<http::empty_body>> serializer_;
   std::deque<std::shared_ptr<std::string>> pending_;

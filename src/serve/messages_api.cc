@@ -1,0 +1,702 @@
+#include "serve/messages_api.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+#include <vector>
+
+namespace sy::serve {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+ApiError Invalid(const std::string& param, const std::string& message) {
+  return {400, param + ": " + message, param, "invalid_value"};
+}
+
+const json* Get(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+// Top-level fields. Those that change nothing here are accepted (metadata, cache_control:
+// prefix caching is automatic; service_tier); those that would change the output and are not
+// implemented are refused with the reason.
+std::optional<ApiError> RefuseUnsupported(const json& body, bool count_tokens) {
+  static const char* const kKnown[] = {
+      "model",         "messages",      "system",        "max_tokens",  "stop_sequences",
+      "temperature",   "top_p",         "top_k",         "stream",      "tools",
+      "tool_choice",   "thinking",      "output_config", "metadata",    "service_tier",
+      "cache_control", "inference_geo", "speed",         "diagnostics", "user_profile_id",
+      "workspace_id"};
+  for (const auto& [key, value] : body.items()) {
+    bool known = false;
+    for (const char* k : kKnown)
+      known = known || key == k;
+    if (!known) {
+      if (key == "container" || key == "mcp_servers")
+        return Invalid(key, "server-side tools are not run by this server");
+      return Invalid(key, "is not supported by this server's Messages API");
+    }
+  }
+  if (Get(body, "diagnostics"))
+    return Invalid("diagnostics", "is not supported (no prompt-cache diagnostics are kept)");
+  for (const char* key : {"user_profile_id", "workspace_id", "inference_geo"})
+    if (const json* v = Get(body, key); v && !v->is_string())
+      return Invalid(key, "must be a string");
+  if (count_tokens)
+    for (const char* key : {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
+                            "stream", "metadata", "service_tier"})
+      if (Get(body, key)) return Invalid(key, "is not a count_tokens field");
+  if (const json* tier = Get(body, "service_tier");
+      tier && *tier != "auto" && *tier != "standard_only")
+    return Invalid("service_tier", "must be \"auto\" or \"standard_only\"");
+  if (const json* speed = Get(body, "speed"); speed && *speed != "standard")
+    return Invalid("speed", "only \"standard\" is supported");
+  if (const json* metadata = Get(body, "metadata")) {
+    if (!metadata->is_object()) return Invalid("metadata", "must be an object");
+    for (const auto& [key, value] : metadata->items())
+      if (key != "user_id") return Invalid("metadata." + key, "is not a metadata field");
+  }
+  return std::nullopt;
+}
+
+// A text block's text: {"type": "text", "text": ...} (cache_control and citations change
+// nothing here).
+std::optional<ApiError> TextOfBlock(const json& block, const std::string& where,
+                                    std::string* text) {
+  for (const auto& [key, value] : block.items())
+    if (key != "type" && key != "text" && key != "cache_control" && key != "citations")
+      return Invalid(where + "." + key, "is not a text block field");
+  const json* t = Get(block, "text");
+  if (!t || !t->is_string()) return Invalid(where + ".text", "must be a string");
+  *text = t->get<std::string>();
+  return std::nullopt;
+}
+
+std::string BlockType(const json& block) {
+  return block.is_object() && block.contains("type") && block["type"].is_string()
+             ? block["type"].get<std::string>()
+             : "";
+}
+
+// A refusal for a block type this server cannot read, naming it.
+ApiError UnsupportedBlock(const std::string& where, const std::string& type, const char* allowed) {
+  if (type == "image" || type == "document" || type == "search_result")
+    return Invalid(where + ".type",
+                   fmt::format("'{}' blocks are not supported: this model reads text only", type));
+  if (type.empty()) return Invalid(where, "must be an object with a string \"type\"");
+  return Invalid(where + ".type",
+                 fmt::format("'{}' blocks are not supported here (only {})", type, allowed));
+}
+
+// Text blocks joined by newlines, as vLLM joins a message's text parts for templates that take
+// a string (the DeepSeek ones).
+std::optional<ApiError> JoinedText(const json& content, const std::string& where,
+                                   std::string* text) {
+  if (content.is_string()) {
+    *text = content.get<std::string>();
+    return std::nullopt;
+  }
+  if (!content.is_array()) return Invalid(where, "must be a string or a list of text blocks");
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string at = fmt::format("{}[{}]", where, i);
+    if (BlockType(content[i]) != "text") return UnsupportedBlock(at, BlockType(content[i]), "text");
+    std::string t;
+    if (auto error = TextOfBlock(content[i], at, &t)) return error;
+    texts.push_back(std::move(t));
+  }
+  *text = fmt::format("{}", fmt::join(texts, "\n"));
+  return std::nullopt;
+}
+
+// A user turn's blocks: each tool_result a tool message (in order), the text blocks one user
+// message after them.
+std::optional<ApiError> AddUserTurn(const json& content, const std::string& where, json* messages) {
+  if (content.is_string()) {
+    messages->push_back({{"role", "user"}, {"content", content}});
+    return std::nullopt;
+  }
+  if (!content.is_array() || content.empty())
+    return Invalid(where, "must be a string or a non-empty list of content blocks");
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& block = content[i];
+    const std::string at = fmt::format("{}[{}]", where, i);
+    const std::string type = BlockType(block);
+    if (type == "text") {
+      std::string t;
+      if (auto error = TextOfBlock(block, at, &t)) return error;
+      texts.push_back(std::move(t));
+    } else if (type == "tool_result") {
+      for (const auto& [key, value] : block.items())
+        if (key != "type" && key != "tool_use_id" && key != "content" && key != "is_error" &&
+            key != "cache_control")
+          return Invalid(at + "." + key, "is not a tool_result field");
+      const json* id = Get(block, "tool_use_id");
+      if (!id || !id->is_string()) return Invalid(at + ".tool_use_id", "must be a string");
+      const json* is_error = Get(block, "is_error");
+      if (is_error && !is_error->is_boolean())
+        return Invalid(at + ".is_error", "must be a boolean");
+      std::string result;
+      if (const json* c = Get(block, "content"))
+        if (auto error = JoinedText(*c, at + ".content", &result)) return error;
+      messages->push_back({{"role", "tool"}, {"tool_call_id", *id}, {"content", result}});
+    } else {
+      return UnsupportedBlock(at, type, "text and tool_result");
+    }
+  }
+  if (!texts.empty())
+    messages->push_back({{"role", "user"}, {"content", fmt::format("{}", fmt::join(texts, "\n"))}});
+  return std::nullopt;
+}
+
+// An assistant turn's blocks: text its content, each tool_use a tool call (its input as the
+// arguments' JSON text). Thinking blocks are dropped: the chat templates keep no earlier turn's
+// reasoning.
+std::optional<ApiError> AddAssistantTurn(const json& content, const std::string& where,
+                                         json* messages) {
+  if (content.is_string()) {
+    messages->push_back({{"role", "assistant"}, {"content", content}});
+    return std::nullopt;
+  }
+  if (!content.is_array()) return Invalid(where, "must be a string or a list of content blocks");
+  std::vector<std::string> texts;
+  json calls = json::array();
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& block = content[i];
+    const std::string at = fmt::format("{}[{}]", where, i);
+    const std::string type = BlockType(block);
+    if (type == "text") {
+      std::string t;
+      if (auto error = TextOfBlock(block, at, &t)) return error;
+      texts.push_back(std::move(t));
+    } else if (type == "tool_use") {
+      for (const char* key : {"id", "name"})
+        if (!block.contains(key) || !block[key].is_string())
+          return Invalid(at + "." + key, "must be a string");
+      const json* input = Get(block, "input");
+      if (!input || !input->is_object()) return Invalid(at + ".input", "must be an object");
+      calls.push_back({{"id", block["id"]},
+                       {"type", "function"},
+                       {"function", {{"name", block["name"]}, {"arguments", DumpJson(*input)}}}});
+    } else if (type != "thinking" && type != "redacted_thinking") {
+      return UnsupportedBlock(at, type, "text, tool_use and thinking");
+    }
+  }
+  json message = {{"role", "assistant"}};
+  message["content"] =
+      texts.empty() && !calls.empty() ? json() : json(fmt::format("{}", fmt::join(texts, "\n")));
+  if (!calls.empty()) message["tool_calls"] = std::move(calls);
+  messages->push_back(std::move(message));
+  return std::nullopt;
+}
+
+// system, then messages, as chat messages.
+std::optional<ApiError> ChatMessages(const json& body, json* messages) {
+  if (const json* system = Get(body, "system")) {
+    // Blocks joined as they come, as vLLM joins them.
+    std::string text;
+    if (system->is_string()) {
+      text = system->get<std::string>();
+    } else if (system->is_array()) {
+      for (size_t i = 0; i < system->size(); ++i) {
+        const std::string at = fmt::format("system[{}]", i);
+        if (BlockType((*system)[i]) != "text")
+          return UnsupportedBlock(at, BlockType((*system)[i]), "text");
+        std::string t;
+        if (auto error = TextOfBlock((*system)[i], at, &t)) return error;
+        text += t;
+      }
+    } else {
+      return Invalid("system", "must be a string or a list of text blocks");
+    }
+    messages->push_back({{"role", "system"}, {"content", text}});
+  }
+  const json* list = Get(body, "messages");
+  if (!list || !list->is_array() || list->empty())
+    return Invalid("messages", "must be a non-empty list");
+  for (size_t i = 0; i < list->size(); ++i) {
+    const json& m = (*list)[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object()) return Invalid(where, "must be an object");
+    for (const auto& [key, value] : m.items())
+      if (key != "role" && key != "content")
+        return Invalid(where + "." + key, "is not a message field (role, content)");
+    const json* role = Get(m, "role");
+    const json* content = Get(m, "content");
+    if (!content) return Invalid(where + ".content", "is required");
+    if (role && *role == "user") {
+      if (auto error = AddUserTurn(*content, where + ".content", messages)) return error;
+    } else if (role && *role == "assistant") {
+      if (i + 1 == list->size())
+        return Invalid(where,
+                       "a final assistant message (prefill) is not supported: end with a user "
+                       "message");
+      if (auto error = AddAssistantTurn(*content, where + ".content", messages)) return error;
+    } else if (role && *role == "system") {
+      // Not in Anthropic's schema, but some clients send system reminders inline; the DeepSeek
+      // templates gather every system message into the system prompt.
+      std::string text;
+      if (auto error = JoinedText(*content, where + ".content", &text)) return error;
+      messages->push_back({{"role", "system"}, {"content", text}});
+    } else {
+      return Invalid(where + ".role", "must be \"user\" or \"assistant\"");
+    }
+  }
+  return std::nullopt;
+}
+
+// tools (client tools: name, description, input_schema) and tool_choice as the chat path's.
+std::optional<ApiError> Tools(const json& body, json* chat) {
+  if (const json* tools = Get(body, "tools")) {
+    if (!tools->is_array()) return Invalid("tools", "must be a list of tools");
+    json list = json::array();
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& tool = (*tools)[i];
+      const std::string where = fmt::format("tools[{}]", i);
+      if (!tool.is_object()) return Invalid(where, "must be an object");
+      if (const json* type = Get(tool, "type"); type && *type != "custom")
+        return Invalid(where + ".type",
+                       fmt::format("{} is a server tool, and this server runs none (only client "
+                                   "tools: name, description, input_schema)",
+                                   type->dump()));
+      json function = json::object();
+      for (const auto& [key, value] : tool.items()) {
+        if (key == "type" || key == "cache_control") continue;
+        if (key == "name" || key == "description" || key == "strict") {
+          function[key] = value;
+        } else if (key == "input_schema") {
+          function["parameters"] = value;
+        } else {
+          return Invalid(where + "." + key, "is not a tool field");
+        }
+      }
+      if (!function.contains("parameters")) return Invalid(where + ".input_schema", "is required");
+      list.push_back({{"type", "function"}, {"function", std::move(function)}});
+    }
+    if (!list.empty()) (*chat)["tools"] = std::move(list);
+  }
+  if (const json* choice = Get(body, "tool_choice")) {
+    if (!choice->is_object() || !choice->contains("type") || !(*choice)["type"].is_string())
+      return Invalid("tool_choice", "must be an object with a string \"type\"");
+    for (const auto& [key, value] : choice->items())
+      if (key != "type" && key != "name" && key != "disable_parallel_tool_use")
+        return Invalid("tool_choice." + key, "is not a tool_choice field");
+    const std::string type = (*choice)["type"].get<std::string>();
+    if (type == "auto") {
+      (*chat)["tool_choice"] = "auto";
+    } else if (type == "any") {
+      (*chat)["tool_choice"] = "required";
+    } else if (type == "none") {
+      (*chat)["tool_choice"] = "none";
+    } else if (type == "tool") {
+      const json* name = Get(*choice, "name");
+      if (!name || !name->is_string()) return Invalid("tool_choice.name", "must be a string");
+      (*chat)["tool_choice"] = {{"type", "function"}, {"function", {{"name", *name}}}};
+    } else {
+      return Invalid("tool_choice.type", "must be \"auto\", \"any\", \"tool\" or \"none\"");
+    }
+    if (const json* one = Get(*choice, "disable_parallel_tool_use")) {
+      if (!one->is_boolean())
+        return Invalid("tool_choice.disable_parallel_tool_use", "must be a boolean");
+      (*chat)["parallel_tool_calls"] = !one->get<bool>();
+    }
+  }
+  return std::nullopt;
+}
+
+// thinking: V3.1's template switch (enabled: think; disabled: answer directly; adaptive: the
+// template's default). The other templates decide themselves (R1 always thinks). budget_tokens
+// is checked as Anthropic checks it; max_tokens bounds the whole output, thinking included.
+std::optional<ApiError> Thinking(const json& body, int64_t max_tokens, json* chat) {
+  const json* thinking = Get(body, "thinking");
+  if (!thinking) return std::nullopt;
+  if (!thinking->is_object() || !thinking->contains("type") || !(*thinking)["type"].is_string())
+    return Invalid("thinking", "must be an object with a string \"type\"");
+  const std::string type = (*thinking)["type"].get<std::string>();
+  for (const auto& [key, value] : thinking->items())
+    if (key != "type" && key != "budget_tokens" && key != "display")
+      return Invalid("thinking." + key, "is not a thinking field");
+  if (const json* display = Get(*thinking, "display"); display && *display != "summarized")
+    return Invalid("thinking.display",
+                   "only \"summarized\" (the thinking as written) is supported");
+  if (type == "enabled") {
+    const json* budget = Get(*thinking, "budget_tokens");
+    if (!budget || !budget->is_number_integer() || *budget < 1024)
+      return Invalid("thinking.budget_tokens", "must be an integer of at least 1024");
+    if (max_tokens > 0 && budget->get<int64_t>() >= max_tokens)
+      return Invalid("thinking.budget_tokens", "must be less than max_tokens");
+    (*chat)["chat_template_kwargs"] = {{"thinking", true}};
+  } else if (type == "disabled") {
+    (*chat)["chat_template_kwargs"] = {{"thinking", false}};
+  } else if (type != "adaptive") {
+    return Invalid("thinking.type", "must be \"enabled\", \"disabled\" or \"adaptive\"");
+  }
+  return std::nullopt;
+}
+
+// output_config.format (a JSON schema) as the chat path's response_format.
+std::optional<ApiError> OutputConfig(const json& body, json* chat) {
+  const json* config = Get(body, "output_config");
+  if (!config) return std::nullopt;
+  if (!config->is_object()) return Invalid("output_config", "must be an object");
+  for (const auto& [key, value] : config->items()) {
+    if (value.is_null() || key == "format") continue;
+    if (key == "effort")
+      return Invalid("output_config.effort", "is not supported (the model's template decides)");
+    return Invalid("output_config." + key, "is not an output_config field");
+  }
+  const json* format = Get(*config, "format");
+  if (!format) return std::nullopt;
+  if (!format->is_object() || format->value("type", json()) != "json_schema")
+    return Invalid("output_config.format",
+                   "must be {\"type\": \"json_schema\", \"schema\": {...}}");
+  for (const auto& [key, value] : format->items())
+    if (key != "type" && key != "schema")
+      return Invalid("output_config.format." + key, "is not a format field");
+  const json* schema = Get(*format, "schema");
+  if (!schema || !schema->is_object())
+    return Invalid("output_config.format.schema", "must be an object");
+  (*chat)["response_format"] = {{"type", "json_schema"},
+                                {"json_schema", {{"name", "output"}, {"schema", *schema}}}};
+  return std::nullopt;
+}
+
+// An error the chat path reports about a field this request named differently.
+ApiError Renamed(ApiError error) {
+  static const std::pair<const char*, const char*> kNames[] = {
+      {"stop", "stop_sequences"},
+      {"response_format", "output_config.format"},
+      {"chat_template_kwargs", "thinking"}};
+  for (const auto& [chat, ours] : kNames) {
+    const std::string from = chat;
+    if (error.param != from && error.param.rfind(from + ".", 0) != 0 &&
+        error.param.rfind(from + "[", 0) != 0)
+      continue;
+    error.param = ours + error.param.substr(from.size());
+    if (error.message.rfind(from, 0) == 0) error.message = ours + error.message.substr(from.size());
+    break;
+  }
+  // tools[i].function.parameters → tools[i].input_schema.
+  if (error.param.rfind("tools[", 0) == 0) {
+    for (const auto& [chat, ours] :
+         {std::pair<const char*, const char*>{"].function.parameters", "].input_schema"},
+          {"].function", "]"}}) {
+      const size_t at = error.param.find(chat);
+      if (at == std::string::npos) continue;
+      const std::string before = error.param;
+      error.param.replace(at, std::string_view(chat).size(), ours);
+      if (error.message.rfind(before, 0) == 0)
+        error.message = error.param + error.message.substr(before.size());
+      break;
+    }
+  }
+  return error;
+}
+
+// The chat request a Messages body amounts to; `count_tokens`: max_tokens is not needed (one
+// token is planned, so a prompt that fills the context still counts).
+ParsedRequest PlanChat(const json& root, const TextCodec& codec, const ServingLimits& limits,
+                       bool count_tokens) {
+  ParsedRequest out;
+  if (!root.is_object()) {
+    out.error = {400, "the body must be a JSON object", "", "invalid_value"};
+    return out;
+  }
+  json chat = json::object();
+  json messages = json::array();
+  std::optional<ApiError> error = RefuseUnsupported(root, count_tokens);
+  const json* max_tokens = Get(root, "max_tokens");
+  if (!error && !count_tokens) {
+    if (!max_tokens) {
+      error = Invalid("max_tokens", "is required");
+    } else if (!max_tokens->is_number_integer() || *max_tokens < 1) {
+      error = Invalid("max_tokens", "must be a positive integer");
+    }
+  }
+  if (!error && !Get(root, "model")) error = Invalid("model", "is required");
+  if (!error) error = ChatMessages(root, &messages);
+  if (!error) error = Tools(root, &chat);
+  if (!error)
+    error = Thinking(root,
+                     max_tokens && max_tokens->is_number_integer() ? max_tokens->get<int64_t>() : 0,
+                     &chat);
+  if (!error) error = OutputConfig(root, &chat);
+  if (error) {
+    out.error = *error;
+    return out;
+  }
+  chat["messages"] = std::move(messages);
+  for (const char* key : {"model", "temperature", "top_p", "top_k", "stream"})
+    if (const json* v = Get(root, key)) chat[key] = *v;
+  chat["max_tokens"] = count_tokens ? json(1) : *max_tokens;
+  if (const json* stop = Get(root, "stop_sequences")) {
+    if (!stop->is_array()) {
+      out.error = Invalid("stop_sequences", "must be a list of strings");
+      return out;
+    }
+    chat["stop"] = *stop;
+  }
+  out = PlanGenerationRequest(Endpoint::kChat, chat, codec, limits);
+  if (!out.plan) out.error = Renamed(out.error);
+  return out;
+}
+
+json ParseOrError(const std::string& body, ApiError* error) {
+  json root = json::parse(body, nullptr, false);
+  if (root.is_discarded()) *error = {400, "the body is not valid JSON", "", "invalid_value"};
+  return root;
+}
+
+// Where the output stopped, in Anthropic's words.
+struct StopReason {
+  const char* reason;
+  json sequence;
+};
+StopReason StopOf(const ChoiceResult& r, bool called) {
+  if (r.finish_reason == "length") return {"max_tokens", nullptr};
+  if (called) return {"tool_use", nullptr};
+  if (r.stop_string) return {"stop_sequence", *r.stop_string};
+  return {"end_turn", nullptr};
+}
+
+// Anthropic counts input as input_tokens + cache_read_input_tokens (+ cache creation, which
+// this server does not charge for).
+json Usage(const ChoiceResult& r) {
+  return {{"input_tokens", r.prompt_tokens - r.cached_tokens},
+          {"cache_creation_input_tokens", 0},
+          {"cache_read_input_tokens", r.cached_tokens},
+          {"output_tokens", static_cast<int64_t>(r.tokens.size())}};
+}
+
+// A thinking block's signature: Anthropic's verifies that a client sends the thinking back
+// unchanged. This server drops earlier turns' thinking (the templates do), so it only names
+// where the block came from.
+std::string Signature(const std::string& message_id, int index) {
+  return fmt::format("{}/{}", message_id, index);
+}
+
+// A tool_use block's input: the arguments' JSON object; a call the budget cut short (not JSON
+// yet) has an empty one, and the message's stop_reason says max_tokens.
+json ToolInput(const std::string& arguments) {
+  json input = json::parse(arguments, nullptr, false);
+  return input.is_object() ? input : json::object();
+}
+
+}  // namespace
+
+ParsedRequest ParseMessagesRequest(const std::string& body, const TextCodec& codec,
+                                   const ServingLimits& limits) {
+  ParsedRequest out;
+  try {
+    json root = ParseOrError(body, &out.error);
+    if (root.is_discarded()) return out;
+    out = PlanChat(root, codec, limits, false);
+  } catch (const json::exception& e) {  // a value of an unexpected type deep in the body
+    out.error = {400, fmt::format("malformed request: {}", e.what()), "", "invalid_value"};
+  }
+  return out;
+}
+
+std::string CountTokensBody(const std::string& body, const TextCodec& codec,
+                            const ServingLimits& limits, ApiError* error) {
+  try {
+    json root = ParseOrError(body, error);
+    if (root.is_discarded()) return "";
+    ParsedRequest parsed = PlanChat(root, codec, limits, true);
+    if (!parsed.plan) {
+      *error = parsed.error;
+      return "";
+    }
+    return DumpJson({{"input_tokens", parsed.plan->prompts[0].size()}});
+  } catch (const json::exception& e) {
+    *error = {400, fmt::format("malformed request: {}", e.what()), "", "invalid_value"};
+    return "";
+  }
+}
+
+std::string MessagesErrorBody(const ApiError& error) {
+  const char* type = "api_error";
+  switch (error.status) {
+    case 400:
+      type = "invalid_request_error";
+      break;
+    case 401:
+      type = "authentication_error";
+      break;
+    case 403:
+      type = "permission_error";
+      break;
+    case 404:
+      type = "not_found_error";
+      break;
+    case 405:
+      type = "invalid_request_error";
+      break;
+    case 413:
+      type = "request_too_large";
+      break;
+    case 429:
+      type = "rate_limit_error";
+      break;
+    case 503:
+    case 529:
+      type = "overloaded_error";
+      break;
+    default:
+      break;
+  }
+  return DumpJson({{"type", "error"}, {"error", {{"type", type}, {"message", error.message}}}});
+}
+
+json MessageObject(const GenerationPlan& plan, const ChoiceResult& result, const std::string& id,
+                   const ServingLimits& limits) {
+  chat_output::ChatMessage m;
+  if (plan.parse_output) {
+    m = FinishedChatChoice(plan, result).message;
+  } else {
+    m.content = result.text;
+  }
+  json content = json::array();
+  if (m.reasoning)
+    content.push_back({{"type", "thinking"},
+                       {"thinking", *m.reasoning},
+                       {"signature", Signature(id, static_cast<int>(content.size()))}});
+  if (m.content && !m.content->empty()) content.push_back({{"type", "text"}, {"text", *m.content}});
+  for (const auto& call : m.tool_calls)
+    content.push_back({{"type", "tool_use"},
+                       {"id", call.id},
+                       {"name", call.name},
+                       {"input", ToolInput(call.arguments)}});
+  const StopReason stop = StopOf(result, !m.tool_calls.empty());
+  return {{"id", id},
+          {"type", "message"},
+          {"role", "assistant"},
+          {"model", limits.model_name},
+          {"content", std::move(content)},
+          {"stop_reason", stop.reason},
+          {"stop_sequence", stop.sequence},
+          {"usage", Usage(result)}};
+}
+
+MessagesStream::MessagesStream(const GenerationPlan& plan, std::string id,
+                               const ServingLimits& limits)
+    : plan_(plan), id_(std::move(id)), model_(limits.model_name) {
+  if (plan_.parse_output) parser_ = std::make_unique<chat_output::ChatOutputParser>(plan_.output);
+}
+
+MessagesStream::~MessagesStream() = default;
+
+namespace {
+std::string Event(const char* type, json body) {
+  json out = {{"type", type}};
+  out.update(body);
+  return fmt::format("event: {}\ndata: {}\n\n", type, DumpJson(out));
+}
+}  // namespace
+
+std::string MessagesStream::Open(Kind kind, const std::string& id, const std::string& name) {
+  std::string out = Close();
+  json block;
+  if (kind == Kind::kThinking) block = {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}};
+  if (kind == Kind::kText) block = {{"type", "text"}, {"text", ""}};
+  if (kind == Kind::kToolUse) {
+    block = {{"type", "tool_use"}, {"id", id}, {"name", name}, {"input", json::object()}};
+    called_ = true;
+  }
+  out += Event("content_block_start", {{"index", blocks_}, {"content_block", std::move(block)}});
+  ++blocks_;
+  open_ = kind;
+  thinking_.clear();
+  return out;
+}
+
+std::string MessagesStream::Append(const std::string& piece) {
+  if (piece.empty()) return "";
+  json delta;
+  if (open_ == Kind::kThinking) {
+    thinking_ += piece;
+    delta = {{"type", "thinking_delta"}, {"thinking", piece}};
+  } else if (open_ == Kind::kText) {
+    delta = {{"type", "text_delta"}, {"text", piece}};
+  } else {
+    delta = {{"type", "input_json_delta"}, {"partial_json", piece}};
+  }
+  return Event("content_block_delta", {{"index", blocks_ - 1}, {"delta", std::move(delta)}});
+}
+
+std::string MessagesStream::Close() {
+  if (open_ == Kind::kNone) return "";
+  std::string out;
+  const int index = blocks_ - 1;
+  if (open_ == Kind::kThinking)
+    out += Event("content_block_delta",
+                 {{"index", index},
+                  {"delta", {{"type", "signature_delta"}, {"signature", Signature(id_, index)}}}});
+  out += Event("content_block_stop", {{"index", index}});
+  open_ = Kind::kNone;
+  return out;
+}
+
+std::string MessagesStream::OnEvent(const RequestEvent& event, const ChoiceResult& so_far) {
+  std::string out;
+  if (!started_) {
+    started_ = true;
+    json usage = Usage(so_far);
+    usage["output_tokens"] = 0;
+    out += Event("message_start", {{"message",
+                                    {{"id", id_},
+                                     {"type", "message"},
+                                     {"role", "assistant"},
+                                     {"model", model_},
+                                     {"content", json::array()},
+                                     {"stop_reason", nullptr},
+                                     {"stop_sequence", nullptr},
+                                     {"usage", std::move(usage)}}}});
+    out += Event("ping", json::object());
+  }
+  chat_output::OutputDelta delta;
+  if (parser_) {
+    delta = parser_->Feed(event.text);
+    if (event.finish_reason) {
+      chat_output::OutputDelta rest = parser_->Finish(*event.finish_reason == "length");
+      delta.reasoning += rest.reasoning;
+      delta.content += rest.content;
+      for (auto& d : rest.tool_calls)
+        delta.tool_calls.push_back(std::move(d));
+    }
+  } else {
+    delta.content = event.text;
+  }
+  if (!delta.reasoning.empty()) {
+    if (open_ != Kind::kThinking) out += Open(Kind::kThinking, "", "");
+    out += Append(delta.reasoning);
+  }
+  if (!delta.content.empty()) {
+    if (open_ != Kind::kText) out += Open(Kind::kText, "", "");
+    out += Append(delta.content);
+  }
+  for (const auto& d : delta.tool_calls) {
+    if (d.id || open_ != Kind::kToolUse || d.index != call_index_) {
+      out += Open(Kind::kToolUse, d.id.value_or(""), d.name.value_or(""));
+      call_index_ = d.index;
+    }
+    out += Append(d.arguments);
+  }
+  if (!event.finish_reason) return out;
+  out += Close();
+  const StopReason stop = StopOf(so_far, called_);
+  out += Event("message_delta",
+               {{"delta", {{"stop_reason", stop.reason}, {"stop_sequence", stop.sequence}}},
+                {"usage", Usage(so_far)}});
+  out += Event("message_stop", json::object());
+  return out;
+}
+
+std::string MessagesStream::Failed(const std::string& message) {
+  return Event("error", {{"error", {{"type", "api_error"}, {"message", message}}}});
+}
+
+}  // namespace sy::serve

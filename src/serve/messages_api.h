@@ -1,0 +1,77 @@
+// Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens), so the tools written for
+// it (the anthropic SDK, Claude Code, agent frameworks) can be pointed at switchyard. Like the
+// Responses API, a request is planned as the chat request it amounts to — system and messages
+// become chat messages (tool_use blocks become tool calls, tool_result blocks tool messages),
+// tools and tool_choice the chat path's, output_config.format a JSON-schema response format —
+// and run by the chat path; the result is written back as a Message object or as the API's
+// server-sent events (message_start, content_block_start/delta/stop, message_delta,
+// message_stop). Reasoning (a reasoning parser) comes back as thinking blocks. Errors take
+// Anthropic's shape ({"type": "error", "error": {"type", "message"}}). Fields that would change
+// the output and are not implemented here (images, server tools, effort, a final assistant
+// message's prefill) are refused by name, never ignored. Pure functions and a small stream
+// writer — the HTTP layer and the fuzzer both call them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "serve/openai_api.h"
+
+namespace sy::serve {
+
+// The chat request a Messages body amounts to (one choice).
+ParsedRequest ParseMessagesRequest(const std::string& body, const TextCodec& codec,
+                                   const ServingLimits& limits);
+
+// POST /v1/messages/count_tokens: {"input_tokens": N}, the prompt the same body would run
+// (max_tokens not needed); "" and *error when the body is refused.
+std::string CountTokensBody(const std::string& body, const TextCodec& codec,
+                            const ServingLimits& limits, ApiError* error);
+
+// An error in Anthropic's shape; its type follows the HTTP status (invalid_request_error,
+// authentication_error, not_found_error, request_too_large, overloaded_error, api_error, ...).
+std::string MessagesErrorBody(const ApiError& error);
+
+// The Message object of a finished (non-streaming) request.
+nlohmann::ordered_json MessageObject(const GenerationPlan& plan, const ChoiceResult& result,
+                                     const std::string& id, const ServingLimits& limits);
+
+// The events of a streaming request: message_start (with the first engine event, which knows
+// how much of the prompt came from the cache) and a ping; per content block (thinking, text,
+// each tool_use, in the order the model writes them) content_block_start, its deltas
+// (thinking_delta, text_delta, input_json_delta) and content_block_stop (a thinking block's
+// signature_delta before it); then message_delta (stop_reason, stop_sequence, the usage) and
+// message_stop. A failed generation ends with an error event.
+class MessagesStream {
+ public:
+  // `plan` must outlive the stream.
+  MessagesStream(const GenerationPlan& plan, std::string id, const ServingLimits& limits);
+  ~MessagesStream();
+  // The events for one engine event; `so_far` already includes it.
+  std::string OnEvent(const RequestEvent& event, const ChoiceResult& so_far);
+  // The generation failed: an error event.
+  std::string Failed(const std::string& message);
+
+ private:
+  enum class Kind { kNone, kThinking, kText, kToolUse };
+  // Closes the open block and opens one of `kind` (a tool_use with its id and name).
+  std::string Open(Kind kind, const std::string& id, const std::string& name);
+  std::string Append(const std::string& piece);
+  std::string Close();
+
+  const GenerationPlan& plan_;
+  std::string id_;
+  std::string model_;
+  std::unique_ptr<chat_output::ChatOutputParser> parser_;  // with tools or reasoning
+  bool started_ = false;
+  int blocks_ = 0;  // content blocks opened so far
+  Kind open_ = Kind::kNone;
+  std::string thinking_;  // the open thinking block's text, for its signature
+  int call_index_ = -1;   // the open tool_use's index in the parser's deltas
+  bool called_ = false;   // a tool_use block was written
+};
+
+}  // namespace sy::serve
