@@ -285,6 +285,7 @@ bool FlattenMessages(const json* messages, json& flat, ApiError* error) {
       copy["content"] = nullptr;
     auto content = m.find("content");
     if (content != m.end() && content->is_array()) {
+      // Parts joined by newlines, as vLLM joins them for templates that take a string.
       std::string text;
       for (const auto& part : *content) {
         if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
@@ -292,6 +293,7 @@ bool FlattenMessages(const json* messages, json& flat, ApiError* error) {
           *error = Invalid(where + ".content", "only text parts are supported");
           return false;
         }
+        if (&part != &content->front()) text += '\n';
         text += part["text"].get<std::string>();
       }
       copy["content"] = text;

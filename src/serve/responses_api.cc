@@ -122,7 +122,7 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool stored) {
 }
 
 // One message's content: a string, or a list of text parts (input_text; output_text for what an
-// assistant said before) joined.
+// assistant said before) joined by newlines, as the chat path joins them.
 std::optional<ApiError> MessageText(const json& content, const std::string& where,
                                     std::string* text) {
   if (content.is_string()) {
@@ -141,6 +141,7 @@ std::optional<ApiError> MessageText(const json& content, const std::string& wher
                      fmt::format("'{}' is not supported (only input_text and output_text)", type));
     auto t = part.find("text");
     if (t == part.end() || !t->is_string()) return Invalid(at + ".text", "must be a string");
+    if (i > 0) *text += '\n';
     *text += t->get<std::string>();
   }
   return std::nullopt;
