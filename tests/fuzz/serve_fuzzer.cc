@@ -6,13 +6,15 @@
 // parsers (tool calls in both formats, reasoning): split at points the input picks, the streamed
 // deltas must add up to the same result as one chunk. With bit 5 the Responses API runs with a
 // store holding "resp_1" (previous_response_id, the stored response written back), and the input
-// is also an input-items query string.
+// is also an input-items query string. With bit 6 the body goes to Anthropic's Messages API
+// (the request, count_tokens, the Message object and its events, the error body).
 #include <boost/beast/http.hpp>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include "chat_output/chat_output.h"
+#include "serve/messages_api.h"
 #include "serve/openai_api.h"
 #include "serve/responses_api.h"
 #include "tokenizer/unicode.h"
@@ -120,6 +122,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     body = parser.get().body();
   }
   const sy::TextCodec& codec = Codec();
+  if (data[0] & 64) {
+    sy::serve::ApiError error;
+    CheckUtf8(sy::serve::CountTokensBody(body, codec, limits, &error));
+    sy::serve::ParsedRequest messages = sy::serve::ParseMessagesRequest(body, codec, limits);
+    if (!messages.plan) {
+      CheckUtf8(sy::serve::MessagesErrorBody(messages.error));
+      if (messages.error.status < 400 || messages.error.status > 599) std::abort();
+      return 0;
+    }
+    if (messages.plan->choices() != 1) std::abort();
+    sy::serve::ChoiceResult result;
+    result.tokens = {5, 300};
+    result.text =
+        "ok</think>x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\xF0\x9F";
+    result.finish_reason = (data[0] & 8) ? "length" : "stop";
+    result.prompt_tokens = 3;
+    CheckUtf8(sy::serve::DumpJson(sy::serve::MessageObject(*messages.plan, result, "msg_1", limits)));
+    sy::serve::MessagesStream stream(*messages.plan, "msg_1", limits);
+    sy::RequestEvent event;
+    event.text = result.text;
+    event.first = true;
+    event.finish_reason = result.finish_reason;
+    CheckUtf8(stream.OnEvent(event, result) + stream.Failed("x"));
+    return 0;
+  }
   if (data[0] & 4) {
     // The Responses API: its parser, the Response object and the typed events.
     sy::serve::ResponsesStore* store = (data[0] & 32) ? &Store() : nullptr;

@@ -211,6 +211,15 @@ def test_tokenize_and_detokenize(server):
     status, chat, _ = server.request("POST", "/tokenize",
                                      {"messages": [{"role": "user", "content": "Hi"}]})
     assert status == 200 and chat["tokens"][0] == 0
+    # A message's text parts are joined by newlines, as vLLM joins them for the DeepSeek
+    # templates (which take a string).
+    def tokens(content):
+        status, out, _ = server.request("POST", "/tokenize",
+                                        {"messages": [{"role": "user", "content": content}]})
+        assert status == 200, out
+        return out["tokens"]
+    assert tokens([{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]) == \
+        tokens("Hi\nthere") != tokens("Hithere")
 
 
 BAD_REQUESTS = [

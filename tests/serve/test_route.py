@@ -226,6 +226,33 @@ def test_stored_responses_live_in_the_router(instances):
         router.stop()
 
 
+def test_anthropic_messages_through_the_router(instances):
+    """The router's front is the same HTTP server: Anthropic's Messages API through it, whole and
+    streamed, gives the instances' answer, and its errors keep Anthropic's shape."""
+    import anthropic
+    ports, _ = instances
+    router = start_router(ports, "round_robin")
+    try:
+        claude = anthropic.Anthropic(base_url=router.url, api_key="x", max_retries=0,
+                                     timeout=300)
+        args = dict(model="sy-test", max_tokens=8, extra_body={"temperature": 0},
+                    messages=[{"role": "user", "content": "Tell me of the king."}])
+        whole = claude.messages.create(**args)
+        with claude.messages.stream(**args) as stream:
+            final = stream.get_final_message()
+        assert final.content[0].text == whole.content[0].text
+        assert whole.stop_reason == final.stop_reason == "max_tokens"
+        chat = client_for(router).chat.completions.create(
+            model="sy-test", max_tokens=8, temperature=0,
+            messages=[{"role": "user", "content": "Tell me of the king."}])
+        assert chat.choices[0].message.content == whole.content[0].text
+        with pytest.raises(anthropic.NotFoundError) as info:
+            claude.messages.create(**{**args, "model": "claude-opus"})
+        assert info.value.body["error"]["type"] == "not_found_error"
+    finally:
+        assert router.stop() == 0, "".join(router.log)
+
+
 def test_a_hung_instance_is_ejected_its_streams_move_and_it_comes_back(instances):
     ports, procs = instances
     router = start_router(ports, "round_robin")
