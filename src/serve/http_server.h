@@ -1,5 +1,6 @@
 // The OpenAI-compatible HTTP front of an engine: /v1/completions and /v1/chat/completions
-// (JSON or server-sent events), /v1/models, /tokenize, /detokenize, /health, /metrics.
+// (JSON or server-sent events), /v1/responses, /v1/models, /tokenize, /detokenize, /health,
+// /metrics; and Anthropic's /v1/messages (serve/messages_api.h).
 // Boost.Beast over Asio (Debian's Boost): asynchronous connections on a small fixed pool of I/O
 // threads, so hundreds of open streams cost sockets and buffers, not threads; the engine's step
 // loop hands events over without waiting for any reader.
