@@ -135,10 +135,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     sy::serve::ChoiceResult result;
     result.tokens = {5, 300};
     result.text =
-        "ok</think>x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\xF0\x9F";
+        "ok</"
+        "think>x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"
+        "\xF0\x9F";
     result.finish_reason = (data[0] & 8) ? "length" : "stop";
     result.prompt_tokens = 3;
-    CheckUtf8(sy::serve::DumpJson(sy::serve::MessageObject(*messages.plan, result, "msg_1", limits)));
+    CheckUtf8(
+        sy::serve::DumpJson(sy::serve::MessageObject(*messages.plan, result, "msg_1", limits)));
     sy::serve::MessagesStream stream(*messages.plan, "msg_1", limits);
     sy::RequestEvent event;
     event.text = result.text;
