@@ -128,6 +128,36 @@ TEST(MessagesApiTest, BlocksBecomeTheChatConversationTheyAmountTo) {
   EXPECT_EQ(json::parse(counted)["input_tokens"], expected.value().size());
 }
 
+TEST(MessagesApiTest, AFinalAssistantMessageIsContinued) {
+  // Anthropic's prefill: the prompt ends where the assistant's text does (transformers'
+  // continue_final_message), with no end of turn and no new assistant tag.
+  const json body = {
+      {"model", "sy-test"},
+      {"max_tokens", 8},
+      {"messages",
+       json::array(
+           {{{"role", "user"}, {"content", "Pick (A) or (B)"}},
+            {{"role", "assistant"},
+             {"content", json::array({{{"type", "text"}, {"text", "The answer is ("}}})}}})}};
+  const GenerationPlan plan = Plan(body);
+  ChatOptions options;
+  options.add_generation_prompt = false;
+  options.continue_final_message = true;
+  const json messages = {{{"role", "user"}, {"content", "Pick (A) or (B)"}},
+                         {{"role", "assistant"}, {"content", "The answer is ("}}};
+  auto rendered = Codec().RenderChat(messages, options);
+  ASSERT_TRUE(rendered.ok()) << rendered.status().message();
+  EXPECT_TRUE(rendered->ends_with("<｜Assistant｜>The answer is (")) << *rendered;
+  EXPECT_EQ(plan.prompts[0], Codec().tokenizer->Encode(*rendered).value());
+  // With a reasoning parser, a prefill that opened a think block continues inside it.
+  ServingLimits limits = Limits();
+  limits.reasoning = chat_output::ReasoningFormat::kDeepSeekR1;
+  json thinking = body;
+  thinking["messages"][1]["content"] = "<think>Let me see";
+  EXPECT_TRUE(Plan(thinking, limits).output.starts_in_reasoning);
+  EXPECT_FALSE(Plan(body, limits).output.starts_in_reasoning);
+}
+
 TEST(MessagesApiTest, ToolChoiceAndSamplingMapToTheChatPath) {
   json body = {{"model", "sy-test"},
                {"max_tokens", 8},
@@ -198,10 +228,14 @@ TEST(MessagesApiTest, RefusalsNameTheFieldInAnthropicsShape) {
                                               {"source", {{"type", "url"}, {"url", "x"}}}}})}}})));
   EXPECT_EQ(image.param, "messages[0].content[0].type");
   EXPECT_NE(image.message.find("text only"), std::string::npos);
-  const ApiError prefill =
-      Refusal(with("messages", json::array({{{"role", "user"}, {"content", "hi"}},
-                                            {{"role", "assistant"}, {"content", "The"}}})));
-  EXPECT_EQ(prefill.param, "messages[1]");
+  const ApiError prefilled_call = Refusal(
+      with("messages", json::array({{{"role", "user"}, {"content", "hi"}},
+                                    {{"role", "assistant"},
+                                     {"content", json::array({{{"type", "tool_use"},
+                                                               {"id", "t"},
+                                                               {"name", "f"},
+                                                               {"input", json::object()}}})}}})));
+  EXPECT_EQ(prefilled_call.param, "messages[1].content");
   EXPECT_EQ(Refusal(with("messages", json::array({{{"role", "robot"}, {"content", "hi"}}}))).param,
             "messages[0].role");
   EXPECT_EQ(ParseMessagesRequest("{", Codec(), Limits()).error.status, 400);

@@ -297,6 +297,7 @@ TEST_P(ChatTemplateTest, RendersLikeTransformers) {
     const json extra = cases[i].value("extra", json::object());
     // The template reads `thinking`, or `enable_thinking` when `thinking` is not given.
     options.thinking = extra.value("thinking", extra.value("enable_thinking", false));
+    options.continue_final_message = extra.value("continue_final_message", false);
     auto rendered = chat->Render(cases[i]["messages"], options);
     if (expected[i].contains("error")) {
       EXPECT_FALSE(rendered.ok()) << name << ": jinja2 raised " << expected[i]["error"]

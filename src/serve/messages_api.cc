@@ -193,8 +193,8 @@ std::optional<ApiError> AddAssistantTurn(const json& content, const std::string&
   return std::nullopt;
 }
 
-// system, then messages, as chat messages.
-std::optional<ApiError> ChatMessages(const json& body, json* messages) {
+// system, then messages, as chat messages; *prefill: the last is the assistant's, to continue.
+std::optional<ApiError> ChatMessages(const json& body, json* messages, bool* prefill) {
   if (const json* system = Get(body, "system")) {
     // Blocks joined as they come, as vLLM joins them.
     std::string text;
@@ -230,11 +230,12 @@ std::optional<ApiError> ChatMessages(const json& body, json* messages) {
     if (role && *role == "user") {
       if (auto error = AddUserTurn(*content, where + ".content", messages)) return error;
     } else if (role && *role == "assistant") {
-      if (i + 1 == list->size())
-        return Invalid(where,
-                       "a final assistant message (prefill) is not supported: end with a user "
-                       "message");
       if (auto error = AddAssistantTurn(*content, where + ".content", messages)) return error;
+      // A final assistant message is a prefill: the answer continues its text.
+      *prefill = i + 1 == list->size();
+      if (*prefill && messages->back().contains("tool_calls"))
+        return Invalid(where + ".content",
+                       "a final assistant message (a prefill) may hold only text to continue");
     } else if (role && *role == "system") {
       // Not in Anthropic's schema, but some clients send system reminders inline; the DeepSeek
       // templates gather every system message into the system prompt.
@@ -417,7 +418,8 @@ ParsedRequest PlanChat(const json& root, const TextCodec& codec, const ServingLi
     }
   }
   if (!error && !Get(root, "model")) error = Invalid("model", "is required");
-  if (!error) error = ChatMessages(root, &messages);
+  bool prefill = false;
+  if (!error) error = ChatMessages(root, &messages, &prefill);
   if (!error) error = Tools(root, &chat);
   if (!error)
     error = Thinking(root,
@@ -429,6 +431,10 @@ ParsedRequest PlanChat(const json& root, const TextCodec& codec, const ServingLi
     return out;
   }
   chat["messages"] = std::move(messages);
+  if (prefill) {
+    chat["continue_final_message"] = true;
+    chat["add_generation_prompt"] = false;
+  }
   for (const char* key : {"model", "temperature", "top_p", "top_k", "stream"})
     if (const json* v = Get(root, key)) chat[key] = *v;
   chat["max_tokens"] = count_tokens ? json(1) : *max_tokens;

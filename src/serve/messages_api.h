@@ -6,9 +6,10 @@
 // and run by the chat path; the result is written back as a Message object or as the API's
 // server-sent events (message_start, content_block_start/delta/stop, message_delta,
 // message_stop). Reasoning (a reasoning parser) comes back as thinking blocks. Errors take
-// Anthropic's shape ({"type": "error", "error": {"type", "message"}}). Fields that would change
-// the output and are not implemented here (images, server tools, effort, a final assistant
-// message's prefill) are refused by name, never ignored. Pure functions and a small stream
+// Anthropic's shape ({"type": "error", "error": {"type", "message"}}). A final assistant message
+// is a prefill: the answer continues its text (the chat path's continue_final_message). Fields
+// that would change the output and are not implemented here (images, server tools, effort) are
+// refused by name, never ignored. Pure functions and a small stream
 // writer — the HTTP layer and the fuzzer both call them.
 #pragma once
 

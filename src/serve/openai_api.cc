@@ -101,8 +101,6 @@ void RefuseUnimplemented(Reader& r, Endpoint endpoint) {
   }
   if (const json* echo = r.Get("echo"); echo && *echo != false)
     r.Fail("echo", "is not supported for chat");
-  if (const json* open = r.Get("continue_final_message"); open && *open != false)
-    r.Fail("continue_final_message", "is not supported");
   if (r.Get("chat_template"))
     r.Fail("chat_template", "is not supported (the model's template is used)");
 }
@@ -243,10 +241,14 @@ bool ReadTools(Reader& r, GenerationPlan& plan, const ServingLimits& limits, Cha
   return true;
 }
 
-// The chat-template fields a chat request and /tokenize share: add_generation_prompt and
-// chat_template_kwargs (`thinking`, or `enable_thinking`).
+// The chat-template fields a chat request and /tokenize share: add_generation_prompt,
+// continue_final_message and chat_template_kwargs (`thinking`, or `enable_thinking`).
 void ReadChatTemplateOptions(Reader& r, ChatOptions& options) {
   r.Bool("add_generation_prompt", &options.add_generation_prompt);
+  r.Bool("continue_final_message", &options.continue_final_message);
+  if (options.continue_final_message && options.add_generation_prompt)
+    r.Fail("continue_final_message",
+           "cannot be combined with add_generation_prompt (send add_generation_prompt: false)");
   if (const json* kwargs = r.Get("chat_template_kwargs")) {
     if (!kwargs->is_object()) return r.Fail("chat_template_kwargs", "must be an object");
     for (const char* key : {"thinking", "enable_thinking"}) {
@@ -315,14 +317,25 @@ bool FlattenMessages(const json* messages, json& flat, ApiError* error) {
 // (R1's "<think>\n", V3.1's thinking "<think>") or — deepseek_r1, as vLLM's — whenever the prompt
 // did not close it (V3.1 without thinking ends in "</think>"). A grammar (structured output or a
 // forced tool call) then applies only after "</think>".
-void ChooseOutputParsing(const std::string& prompt, const ServingLimits& limits,
-                         GenerationPlan& plan) {
+void ChooseOutputParsing(const std::string& prompt, const ChatOptions& options,
+                         const ServingLimits& limits, GenerationPlan& plan) {
   if (limits.reasoning) {
-    const bool opened = prompt.ends_with("<think>") || prompt.ends_with("<think>\n");
-    const bool closed = prompt.ends_with("</think>");
     plan.output.reasoning = true;
-    plan.output.starts_in_reasoning =
-        opened || (*limits.reasoning == chat_output::ReasoningFormat::kDeepSeekR1 && !closed);
+    if (options.continue_final_message) {
+      // The output continues the final message: it is inside the reasoning when that turn
+      // (from the last assistant tag) opened a think block and did not close it.
+      const size_t turn = prompt.rfind("<｜Assistant｜>");
+      const std::string_view tail =
+          std::string_view(prompt).substr(turn == std::string::npos ? 0 : turn);
+      const size_t open = tail.rfind("<think>"), close = tail.rfind("</think>");
+      plan.output.starts_in_reasoning =
+          open != std::string_view::npos && (close == std::string_view::npos || open > close);
+    } else {
+      const bool opened = prompt.ends_with("<think>") || prompt.ends_with("<think>\n");
+      const bool closed = prompt.ends_with("</think>");
+      plan.output.starts_in_reasoning =
+          opened || (*limits.reasoning == chat_output::ReasoningFormat::kDeepSeekR1 && !closed);
+    }
     if (plan.params.grammar && plan.output.starts_in_reasoning)
       plan.params.grammar->begin_after = std::string(chat_output::kThinkEnd);
   }
@@ -577,7 +590,7 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
       out.error = Invalid("messages", rendered.status().message());
       return out;
     }
-    ChooseOutputParsing(*rendered, limits, plan);
+    ChooseOutputParsing(*rendered, options, limits, plan);
     auto ids = codec.tokenizer->Encode(*rendered);
     if (!ids.ok()) {
       out.error = Invalid("messages", ids.status().message());
@@ -1022,7 +1035,7 @@ std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
     Reader r{root, std::nullopt};
     ChatOptions options;
     ReadChatTemplateOptions(r, options);
-    for (const char* name : {"continue_final_message", "chat_template", "return_token_strs"})
+    for (const char* name : {"chat_template", "return_token_strs"})
       if (const json* v = r.Get(name); v && *v != false) r.Fail(name, "is not supported");
     if (r.error) {
       *error = *r.error;

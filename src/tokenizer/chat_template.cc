@@ -452,11 +452,63 @@ std::string_view ChatTemplate::name() const {
   return "unknown";
 }
 
+namespace {
+
+// transformers' (4.57) continue_final_message, step for step: the final message's text gets a
+// marker appended, the conversation is rendered, and the prompt is cut where the marker begins
+// (and trailing whitespace trimmed when the template trimmed the marker's). A template that
+// drops part of the final message (the V3 family keeps only what follows "</think>") is an
+// error, as there.
+constexpr std::string_view kContinueTag = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+std::string_view StripAsciiSpace(std::string_view s) {
+  constexpr std::string_view kSpace = " \t\n\r\f\v";
+  const size_t begin = s.find_first_not_of(kSpace);
+  if (begin == std::string_view::npos) return {};
+  return s.substr(begin, s.find_last_not_of(kSpace) - begin + 1);
+}
+
+}  // namespace
+
 Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
                                          const ChatOptions& options) const {
   if (!messages.is_array()) return Status::Error("messages must be a list");
   for (size_t i = 0; i < messages.size(); ++i)
     if (!messages[i].is_object()) return Status::Errorf("messages[{}] must be an object", i);
+  if (!options.continue_final_message) return RenderKind(messages, options);
+  if (options.add_generation_prompt)
+    return Status::Error(
+        "continue_final_message and add_generation_prompt cannot both be set: one continues the "
+        "final message, the other starts a new assistant message");
+  if (messages.empty()) return Status::Error("continue_final_message needs a final message");
+  const size_t last = messages.size() - 1;
+  auto content = messages[last].find("content");
+  if (content == messages[last].end() || !content->is_string())
+    return Status::Errorf("messages[{}]: continue_final_message needs the final message's text",
+                          last);
+  const std::string final_text = content->get<std::string>();
+  nlohmann::ordered_json tagged = messages;
+  tagged[last]["content"] = final_text + std::string(kContinueTag);
+  SY_ASSIGN_OR_RETURN(std::string rendered, RenderKind(tagged, options));
+  const std::string_view marker = StripAsciiSpace(kContinueTag);
+  if (rendered.find(StripAsciiSpace(final_text)) == std::string::npos ||
+      rendered.find(marker) == std::string::npos)
+    return Status::Errorf(
+        "messages[{}]: continue_final_message is set but the chat template drops part of the "
+        "final message (the DeepSeek-V3 family keeps only what follows \"</think>\")",
+        last);
+  const size_t at = rendered.rfind(marker);
+  if (rendered.compare(at, kContinueTag.size(), kContinueTag) == 0) {
+    rendered.resize(at);
+  } else {
+    rendered = std::string(rendered.substr(0, at));
+    rendered.resize(rendered.find_last_not_of(" \t\n\r\f\v") + 1);
+  }
+  return rendered;
+}
+
+Result<std::string> ChatTemplate::RenderKind(const nlohmann::ordered_json& messages,
+                                             const ChatOptions& options) const {
   switch (kind_) {
     case ChatTemplateKind::kDeepSeekV3:
       return RenderV3(messages, options, bos_, false);

@@ -25,6 +25,10 @@ enum class ChatTemplateKind {
 
 struct ChatOptions {
   bool add_generation_prompt = true;
+  // transformers' continue_final_message: the prompt ends inside the last message, where its
+  // text ends, so the model continues it (an assistant message given as a prefix: vLLM's
+  // continue_final_message, Anthropic's prefill). Not with add_generation_prompt.
+  bool continue_final_message = false;
   // V3.1's `thinking` template argument; ignored by the other variants.
   bool thinking = false;
   // The request's tools (OpenAI's list of {"type": "function", "function": {...}}), or null. The
@@ -53,6 +57,9 @@ class ChatTemplate {
 
  private:
   ChatTemplate(ChatTemplateKind kind, std::string bos) : kind_(kind), bos_(std::move(bos)) {}
+  // The variant's rendering of the conversation as given.
+  Result<std::string> RenderKind(const nlohmann::ordered_json& messages,
+                                 const ChatOptions& options) const;
   ChatTemplateKind kind_;
   std::string bos_;
 };

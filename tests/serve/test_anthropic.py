@@ -1,7 +1,7 @@
 """Anthropic's Messages API through the official anthropic client (pinned in requirements.txt):
 a message whole and streamed, and the same text as the chat request it amounts to (sent through
-the openai client); stop sequences and max_tokens as stop reasons; a forced tool call, streamed
-and not, and the tool loop (tool_use and tool_result blocks give the prompt the chat messages
+the openai client); a prefill continued; stop sequences and max_tokens as stop reasons; a forced
+tool call, streamed and not, and the tool loop (tool_use and tool_result blocks give the prompt the chat messages
 give); structured output with messages.parse; count_tokens and the prefix cache in usage;
 thinking blocks from a reasoning parser; refusals in Anthropic's error shape, the x-api-key
 header. The router's front runs the same code (test_route.py sends a message through it)."""
@@ -152,6 +152,24 @@ def test_forced_tool_use_streamed_and_not_and_the_tool_loop(claude, chat):
         (t.function.name, t.function.arguments) for t in message.tool_calls or []]
 
 
+def test_a_prefill_is_continued(claude, chat):
+    """A final assistant message is continued (the chat path's continue_final_message): the
+    answer is the rest of it, the same as chat's."""
+    prefilled = ASK + [{"role": "assistant", "content": "The weather in Paris is"}]
+    out = claude.messages.create(model="sy-test", max_tokens=8, messages=prefilled,
+                                 extra_body=GREEDY)
+    same = chat.chat.completions.create(
+        model="sy-test", max_tokens=8, temperature=0, messages=prefilled,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert text_of(out) == same.choices[0].message.content
+    assert out.usage.input_tokens + out.usage.cache_read_input_tokens == same.usage.prompt_tokens
+    # Not the answer to the question asked afresh.
+    fresh = claude.messages.create(model="sy-test", max_tokens=8, messages=ASK,
+                                   extra_body=GREEDY)
+    assert (fresh.usage.input_tokens + fresh.usage.cache_read_input_tokens <
+            same.usage.prompt_tokens)
+
+
 class Forecast(BaseModel):
     city: Literal["Paris", "Oslo"]
     sky: Literal["sunny", "rainy"]
@@ -188,8 +206,9 @@ def test_refusals_in_anthropics_shape_and_the_server_goes_on(claude, tool_server
                                      "data": "iVBORw0KGgo="}}]}])
     assert image["type"] == "invalid_request_error"
     assert image["message"].startswith("messages[0].content[0].type:")
-    prefill = refused(anthropic.BadRequestError,
-                      messages=ASK + [{"role": "assistant", "content": "The weather"}])
+    prefill = refused(anthropic.BadRequestError, messages=ASK + [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "get_weather",
+                                           "input": {}}]}])
     assert "prefill" in prefill["message"]
     assert refused(anthropic.BadRequestError,
                    tools=[{"type": "web_search_20250305", "name": "web_search"}]

@@ -222,6 +222,25 @@ def test_tokenize_and_detokenize(server):
         tokens("Hi\nthere") != tokens("Hithere")
 
 
+def test_continue_final_message_continues_the_assistant(server, client):
+    """vLLM's continue_final_message: the prompt ends inside the last message (transformers'
+    rendering, checked against it in tokenizer_test), so the answer continues its text."""
+    messages = [{"role": "user", "content": "Tell me a tale."},
+                {"role": "assistant", "content": "Once upon a"}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    status, tok, _ = server.request("POST", "/tokenize", {"messages": messages, **extra})
+    assert status == 200, tok
+    status, text, _ = server.request("POST", "/detokenize", {"tokens": tok["tokens"]})
+    assert text["prompt"].endswith("<｜Assistant｜>Once upon a"), text
+    out = client.chat.completions.create(model="sy-test", messages=messages, max_tokens=8,
+                                         temperature=0,
+                                         extra_body={**extra, "ignore_eos": True})
+    same = client.completions.create(model="sy-test", prompt=tok["tokens"], max_tokens=8,
+                                     **GREEDY)
+    assert out.choices[0].message.content == same.choices[0].text
+    assert out.usage.prompt_tokens == len(tok["tokens"])
+
+
 BAD_REQUESTS = [
     ("/v1/completions", b"{not json", 400, None),
     ("/v1/completions", b"[1, 2]", 400, None),

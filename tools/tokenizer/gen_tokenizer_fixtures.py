@@ -465,6 +465,22 @@ def build_conversations():
     add("v31_tool_flow_thinking",
         [S("You can call tools."), U("Weather in Paris?"), ATC(None, [weather]),
          T('{"temperature": 18}'), A("18 °C."), U("Thanks")], True, {"thinking": True})
+    # continue_final_message (vLLM's, Anthropic's prefill): the prompt ends inside the last
+    # message. transformers cuts at a marker appended to its text.
+    cont = {"continue_final_message": True}
+    add("continue_assistant", [U("Pick one: (A) Sol (B) Helios"), A("The best answer is (")],
+        False, cont)
+    add("continue_trailing_space", [S("Be brief."), U("Hi"), A("Hello, I am ")], False, cont)
+    add("continue_after_tool_output",
+        [U("Weather in Paris?"), ATC(None, [weather]), T('{"temperature": 18}'),
+         A("It is 18")], False, cont)
+    add("continue_multi_turn", [U("Hi"), A("Hello!"), U("Count to three."), A("One, two,")],
+        False, cont)
+    add("continue_user_message", [U("Finish this senten")], False, cont)
+    add("continue_v31_thinking", [U("Write a haiku."), A("Autumn")], False,
+        {**cont, "thinking": True})
+    add("continue_reasoning_in_prefix", [U("q"), A("<think>a</think>b")], False, cont)
+    add("error_continue_with_generation_prompt", [U("Hi"), A("Hello")], True, cont)
     add("tool_calls_null_key", [U("Hi"), {"role": "assistant", "content": "Plain answer.", "tool_calls": None},
                                 U("ok")], True)
     add("error_user_content_null", [U(None)], True)
