@@ -294,7 +294,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                        "text/plain; version=0.0.4; charset=utf-8", version, keep_alive));
     }
     if (!server_.options_.api_key.empty()) {
-      // OpenAI's clients send "Authorization: Bearer KEY", Anthropic's "x-api-key: KEY".
+      // OpenAI's clients send "Authorization: Bearer KEY"; Anthropic's API takes "x-api-key: KEY"
+      // (Claude Code and older anthropic SDKs send that).
       const auto auth = request[http::field::authorization];
       const auto x_api_key = request["x-api-key"];
       const std::string bearer =

@@ -232,11 +232,17 @@ def test_the_api_key_as_anthropics_clients_send_it(model_dir):
             anthropic.Anthropic(base_url=s.url, api_key="wrong", max_retries=0).messages.create(
                 model="sy-test", max_tokens=2, messages=ASK)
         assert info.value.body["error"]["type"] == "authentication_error"
+        # This SDK sends the key as "Authorization: Bearer"; Anthropic's API, Claude Code and
+        # older SDKs send "x-api-key".
         good = anthropic.Anthropic(base_url=s.url, api_key="sekrit", max_retries=0)
         assert good.messages.create(model="sy-test", max_tokens=2, messages=ASK).usage
-        # auth_token= sends "Authorization: Bearer", as OpenAI's clients do.
-        bearer = anthropic.Anthropic(base_url=s.url, auth_token="sekrit", max_retries=0)
-        assert bearer.messages.count_tokens(model="sy-test", messages=ASK).input_tokens > 0
+        header = anthropic.Anthropic(base_url=s.url, api_key=None, max_retries=0,
+                                     default_headers={"x-api-key": "sekrit"})
+        assert header.messages.count_tokens(model="sy-test", messages=ASK).input_tokens > 0
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(base_url=s.url, api_key=None, max_retries=0,
+                                default_headers={"x-api-key": "wrong"}).messages.create(
+                model="sy-test", max_tokens=2, messages=ASK)
     finally:
         assert s.stop() == 0, "".join(s.log)
 
