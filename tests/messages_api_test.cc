@@ -42,13 +42,13 @@ const json kTool = json::parse(R"({"name": "get_weather", "description": "The we
                    "required": ["city"]}})");
 
 GenerationPlan Plan(const json& body, const ServingLimits& limits = Limits()) {
-  ParsedRequest parsed = ParseMessagesRequest(body.dump(), Codec(), limits);
+  ParsedMessagesRequest parsed = ParseMessagesRequest(body.dump(), Codec(), limits);
   EXPECT_TRUE(parsed.plan) << parsed.error.message;
-  return parsed.plan ? *parsed.plan : GenerationPlan{};
+  return parsed.plan ? parsed.plan->chat : GenerationPlan{};
 }
 
-ApiError Refusal(const json& body) {
-  ParsedRequest parsed = ParseMessagesRequest(body.dump(), Codec(), Limits());
+ApiError Refusal(const json& body, ResponsesStore* store = nullptr) {
+  ParsedMessagesRequest parsed = ParseMessagesRequest(body.dump(), Codec(), Limits(), store);
   EXPECT_FALSE(parsed.plan) << body.dump();
   return parsed.error;
 }
@@ -389,15 +389,15 @@ TEST(MessagesApiTest, StreamedEventsAddUpToTheMessage) {
   // Reasoning comes back as a thinking block, signed, before the answer.
   ServingLimits limits = Limits();
   limits.reasoning = chat_output::ReasoningFormat::kDeepSeekR1;
-  ParsedRequest parsed = ParseMessagesRequest(body.dump(), Codec(), limits);
+  ParsedMessagesRequest parsed = ParseMessagesRequest(body.dump(), Codec(), limits);
   ASSERT_TRUE(parsed.plan) << parsed.error.message;
   const std::string reasoned = "Cities have weather.</think>" + text;
   for (size_t step : {2, 5, 1000})
-    CheckStream(*parsed.plan, reasoned, step, "stop");
+    CheckStream(parsed.plan->chat, reasoned, step, "stop");
   ChoiceResult reasoned_result;
   reasoned_result.text = reasoned;
   reasoned_result.finish_reason = "stop";
-  const json whole = MessageObject(*parsed.plan, reasoned_result, "msg_1", limits);
+  const json whole = MessageObject(parsed.plan->chat, reasoned_result, "msg_1", limits);
   ASSERT_EQ(whole["content"].size(), 3u) << whole.dump();
   EXPECT_EQ(whole["content"][0]["type"], "thinking");
   EXPECT_EQ(whole["content"][0]["thinking"], "Cities have weather.");
@@ -410,6 +410,62 @@ TEST(MessagesApiTest, StreamedEventsAddUpToTheMessage) {
   ASSERT_EQ(failed.size(), 1u);
   EXPECT_EQ(failed[0], json::parse(R"({"type": "error", "error": {"type": "api_error",
                                         "message": "generation failed: x"}})"));
+}
+
+TEST(MessagesApiTest, AThreadContinuedIsTheConversationSentWhole) {
+  ResponsesStore store(1 << 20);
+  const json system = "Be brief.";
+  const json first = {{"model", "sy-test"},
+                      {"max_tokens", 8},
+                      {"system", system},
+                      {"tools", json::array({kTool})},
+                      {"thread", {{"type", "create"}}},
+                      {"messages", json::array({{{"role", "user"}, {"content", "Weather?"}}})}};
+  ParsedMessagesRequest created = ParseMessagesRequest(first.dump(), Codec(), Limits(), &store);
+  ASSERT_TRUE(created.plan) << created.error.message;
+  EXPECT_TRUE(created.plan->thread);
+  EXPECT_TRUE(created.plan->continues.empty());
+  ChoiceResult r;
+  r.text = std::string("Checking.") + kCallText;
+  r.finish_reason = "stop";
+  const json reply = MessageObject(created.plan->chat, r, "msg_a", Limits());
+  store.Put("msg_a", MessageToStore(*created.plan, reply));
+  // The next turn sends only its new message; system and tools come from the thread.
+  const json result = {{"role", "user"},
+                       {"content", json::array({{{"type", "tool_result"},
+                                                 {"tool_use_id", reply["content"][1]["id"]},
+                                                 {"content", "Sunny"}}})}};
+  json next = {{"model", "sy-test"},
+               {"max_tokens", 8},
+               {"thread", {{"type", "continue"}, {"previous_message_id", "msg_a"}}},
+               {"messages", json::array({result})}};
+  ParsedMessagesRequest continued = ParseMessagesRequest(next.dump(), Codec(), Limits(), &store);
+  ASSERT_TRUE(continued.plan) << continued.error.message;
+  EXPECT_EQ(continued.plan->continues, "msg_a");
+  json whole = first;
+  whole.erase("thread");
+  whole["messages"].push_back({{"role", "assistant"}, {"content", reply["content"]}});
+  whole["messages"].push_back(result);
+  EXPECT_EQ(continued.plan->chat.prompts, Plan(whole).prompts);
+  EXPECT_EQ(continued.plan->context["messages"], whole["messages"]);
+  EXPECT_EQ(continued.plan->context["system"], system);
+  // Repeating system and tools is allowed; changing them is not.
+  next["system"] = system;
+  EXPECT_TRUE(ParseMessagesRequest(next.dump(), Codec(), Limits(), &store).plan);
+  next["system"] = "Be verbose.";
+  ApiError changed = Refusal(next, &store);
+  EXPECT_EQ(changed.code, "thread_fingerprint_mismatch");
+  EXPECT_EQ(json::parse(MessagesErrorBody(changed))["error"]["details"]["error_code"],
+            "thread_fingerprint_mismatch");
+  next.erase("system");
+  next["thread"]["previous_message_id"] = "msg_gone";
+  const ApiError missing = Refusal(next, &store);
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.code, "thread_not_found");
+  // Without a store the client is told to go on without threads.
+  const json unsupported = json::parse(MessagesErrorBody(Refusal(first)));
+  EXPECT_EQ(unsupported["error"]["details"],
+            json::parse(R"({"error_code": "thread_unsupported_request", "unsupported": []})"));
 }
 
 }  // namespace

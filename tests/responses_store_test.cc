@@ -80,4 +80,22 @@ TEST(ResponsesStore, InputItemsListNewestFirstInPages) {
 }
 
 }  // namespace
+TEST(ResponsesStoreTest, AThreadReplyIsContinuedOnce) {
+  ResponsesStore store(1 << 20);
+  EXPECT_EQ(store.ClaimContinuation("msg_a"), ResponsesStore::Claim::kNotFound);
+  store.Put("msg_a", StoredResponse{});
+  EXPECT_EQ(store.ClaimContinuation("msg_a"), ResponsesStore::Claim::kClaimed);
+  EXPECT_EQ(store.ClaimContinuation("msg_a"), ResponsesStore::Claim::kInFlight);
+  // A failed continuation frees it for another try; a finished one closes it.
+  store.ReleaseContinuation("msg_a", false);
+  EXPECT_EQ(store.ClaimContinuation("msg_a"), ResponsesStore::Claim::kClaimed);
+  store.ReleaseContinuation("msg_a", true);
+  EXPECT_EQ(store.ClaimContinuation("msg_a"), ResponsesStore::Claim::kContinued);
+  // Deleted or evicted, it is gone, claims and all.
+  store.Erase("msg_a");
+  EXPECT_EQ(store.ClaimContinuation("msg_a"), ResponsesStore::Claim::kNotFound);
+  store.Put("msg_a", StoredResponse{});
+  EXPECT_EQ(store.ClaimContinuation("msg_a"), ResponsesStore::Claim::kClaimed);
+}
+
 }  // namespace sy::serve

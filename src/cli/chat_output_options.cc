@@ -21,8 +21,9 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
       ->check(CLI::IsMember({"deepseek_r1", "deepseek_v3"}));
   verb->add_option("--responses-store-mb", args.responses_store_mb,
                    "Memory for stored Responses API responses (store, previous_response_id, "
-                   "GET /v1/responses/{id}); the least recently used go first. 0: keep none, "
-                   "and refuse store: true and previous_response_id (default 256)")
+                   "GET /v1/responses/{id}) and Anthropic message threads; the least recently "
+                   "used go first. 0: keep none, and refuse store: true, previous_response_id "
+                   "and thread (default 256)")
       ->check(CLI::Range(0.0, 1e6));
 }
 

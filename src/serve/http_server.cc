@@ -192,7 +192,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     std::optional<ResponsesPlan> responses;
     std::unique_ptr<ResponsesStream> responses_stream;
     // /v1/messages (Anthropic's shapes), and its event stream when streaming.
-    bool anthropic = false;
+    std::optional<MessagesPlan> messages;
     std::unique_ptr<MessagesStream> messages_stream;
     bool keep_alive = true;
     unsigned version = 11;
@@ -359,10 +359,16 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     }
     if (path.starts_with("/v1/responses/")) return StoredResponseRequest(request, path, target);
     if (path == "/v1/messages" && post) {
-      ParsedRequest parsed =
-          ParseMessagesRequest(request.body(), server_.codec_, server_.options_.limits);
+      ResponsesStore* store = server_.options_.responses_store.get();
+      ParsedMessagesRequest parsed =
+          ParseMessagesRequest(request.body(), server_.codec_, server_.options_.limits, store);
       if (!parsed.plan) return SendError(parsed.error, version, keep_alive);
-      return StartGeneration(std::move(*parsed.plan), version, keep_alive, std::nullopt, true);
+      if (!parsed.plan->continues.empty())
+        if (auto refused = ClaimThread(*store, parsed.plan->continues))
+          return SendError(*refused, version, keep_alive);
+      GenerationPlan plan = parsed.plan->chat;
+      return StartGeneration(std::move(plan), version, keep_alive, std::nullopt,
+                             std::move(parsed.plan));
     }
     if (path == "/v1/messages/count_tokens" && post) {
       std::string body =
@@ -507,16 +513,54 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   // ---- generation ----
 
-  // `responses`: a Responses API request; `anthropic`: a Messages API one.
+  // A thread's reply is continued by one request at a time, and once.
+  static std::optional<ApiError> ClaimThread(ResponsesStore& store, const std::string& id) {
+    switch (store.ClaimContinuation(id)) {
+      case ResponsesStore::Claim::kClaimed:
+        return std::nullopt;
+      case ResponsesStore::Claim::kNotFound:
+        return ApiError{404,
+                        fmt::format("thread.previous_message_id: '{}' is no longer stored: "
+                                    "replay the conversation with thread {{\"type\": \"create\"}}",
+                                    id),
+                        "thread.previous_message_id", "thread_not_found"};
+      case ResponsesStore::Claim::kInFlight:
+        return ApiError{400,
+                        fmt::format("thread.previous_message_id: another request is continuing "
+                                    "'{}': continue from its reply when it ends",
+                                    id),
+                        "thread.previous_message_id", "thread_continue_in_flight"};
+      case ResponsesStore::Claim::kContinued:
+        break;
+    }
+    return ApiError{400,
+                    fmt::format("thread.previous_message_id: '{}' has been continued already (a "
+                                "reply is continued once): continue from the thread's latest reply",
+                                id),
+                    "thread.previous_message_id", "thread_already_continued"};
+  }
+
+  // At a Messages request's end: a thread keeps its finished reply (`ok`), and the reply it
+  // continued is marked continued, or released for another try when this one failed.
+  void FinishThread(const Generation& g, bool ok) {
+    if (!g.messages || !g.messages->thread) return;
+    ResponsesStore* store = server_.options_.responses_store.get();
+    if (ok)
+      store->Put(g.id, MessageToStore(*g.messages, MessageObject(g.plan, g.results[0], g.id,
+                                                                 server_.options_.limits)));
+    if (!g.messages->continues.empty()) store->ReleaseContinuation(g.messages->continues, ok);
+  }
+
+  // `responses`: a Responses API request; `messages`: a Messages API one.
   void StartGeneration(GenerationPlan plan, unsigned version, bool keep_alive,
                        std::optional<ResponsesPlan> responses = std::nullopt,
-                       bool anthropic = false) {
+                       std::optional<MessagesPlan> messages = std::nullopt) {
     auto g = std::make_shared<Generation>();
     g->plan = std::move(plan);
     g->responses = std::move(responses);
-    g->anthropic = anthropic;
+    g->messages = std::move(messages);
     g->id = g->responses ? "resp_" + RandomId()
-            : anthropic
+            : g->messages
                 ? "msg_" + RandomId()
                 : (g->plan.endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + RandomId();
     g->created = UnixSeconds();
@@ -540,7 +584,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     // All of the request's sequences or none: a refusal leaves nothing running.
     SubmitError why;
     auto streams = server_.engine_.SubmitAll(std::move(requests), &why);
-    if (!streams.ok()) return SendError(SubmitRefusal(streams.status(), why), version, keep_alive);
+    if (!streams.ok()) {
+      FinishThread(*g, false);
+      return SendError(SubmitRefusal(streams.status(), why), version, keep_alive);
+    }
     g->streams = std::move(streams.value());
     generation_ = g;
     ++server_.active_generations_;
@@ -562,7 +609,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
             *g->responses, g->id, g->created, server_.codec_, server_.options_.limits);
         Queue(g->responses_stream->Start());
       }
-      if (g->anthropic)
+      if (g->messages)
         g->messages_stream =
             std::make_unique<MessagesStream>(g->plan, g->id, server_.options_.limits);
       writing_ = true;
@@ -671,6 +718,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     // Every choice has finished.
     generation_.reset();
     --server_.active_generations_;
+    bool failed = client_gone_;
+    for (const ChoiceResult& r : g->results)
+      failed = failed || r.finish_reason == "error" || r.finish_reason == "abort";
+    FinishThread(*g, !failed);
     if (client_gone_) return Close();
     ResponsesStore* store = server_.options_.responses_store.get();
     if (g->responses_stream && g->responses->store && store &&
@@ -682,7 +733,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
         Queue(StreamUsageChunk(g->plan, g->results, g->id, g->created, server_.codec_,
                                server_.options_.limits));
       // The Responses and Messages APIs end with their last event.
-      if (!g->responses && !g->anthropic) Queue(kStreamDone);
+      if (!g->responses && !g->messages) Queue(kStreamDone);
       finishing_ = true;
       keep_alive_after_stream_ = g->keep_alive;
       return FlushWrites();
@@ -691,7 +742,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       if (r.finish_reason == "error")
         return SendError({500, "generation failed: " + r.error, "", "internal_error"}, g->version,
                          g->keep_alive);
-    if (g->anthropic)
+    if (g->messages)
       return Send(MakeResponse(
           http::status::ok,
           DumpJson(MessageObject(g->plan, g->results[0], g->id, server_.options_.limits)),

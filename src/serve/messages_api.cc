@@ -28,7 +28,7 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool count_tokens) {
       "temperature",   "top_p",         "top_k",         "stream",      "tools",
       "tool_choice",   "thinking",      "output_config", "metadata",    "service_tier",
       "cache_control", "inference_geo", "speed",         "diagnostics", "user_profile_id",
-      "workspace_id"};
+      "workspace_id",  "thread"};
   for (const auto& [key, value] : body.items()) {
     bool known = false;
     for (const char* k : kKnown)
@@ -46,7 +46,7 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool count_tokens) {
       return Invalid(key, "must be a string");
   if (count_tokens)
     for (const char* key : {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
-                            "stream", "metadata", "service_tier"})
+                            "stream", "metadata", "service_tier", "thread"})
       if (Get(body, key)) return Invalid(key, "is not a count_tokens field");
   if (const json* tier = Get(body, "service_tier");
       tier && *tier != "auto" && *tier != "standard_only")
@@ -491,15 +491,105 @@ json ToolInput(const std::string& arguments) {
   return input.is_object() ? input : json::object();
 }
 
+// thread: {"type": "create"} keeps this conversation; {"type": "continue",
+// "previous_message_id"} puts the stored thread's messages and reply before this request's, and
+// takes its system and tools. `root` becomes the whole request.
+std::optional<ApiError> ResolveThread(json& root, ResponsesStore* store, MessagesPlan& plan) {
+  const json& thread = root["thread"];
+  if (!store)
+    return ApiError{400,
+                    "thread: this server keeps no conversation state (--responses-store-mb 0): "
+                    "send the whole conversation without thread",
+                    "thread", "thread_unsupported_request"};
+  const json type = thread.is_object() ? thread.value("type", json()) : json();
+  if (type == "create") {
+    for (const auto& [key, value] : thread.items())
+      if (key != "type") return Invalid("thread." + key, "is not a create field");
+  } else if (type == "continue") {
+    for (const auto& [key, value] : thread.items())
+      if (key != "type" && key != "previous_message_id")
+        return Invalid("thread." + key, "is not a continue field");
+    const json* id = Get(thread, "previous_message_id");
+    if (!id || !id->is_string()) return Invalid("thread.previous_message_id", "must be a string");
+    plan.continues = id->get<std::string>();
+    auto stored = store->Get(plan.continues);
+    if (!stored || !stored->context.is_object() || !stored->context.contains("messages"))
+      return ApiError{404,
+                      fmt::format("thread.previous_message_id: no stored thread reply '{}' (never "
+                                  "stored, or evicted): replay the conversation with thread "
+                                  "{{\"type\": \"create\"}}",
+                                  plan.continues),
+                      "thread.previous_message_id", "thread_not_found"};
+    // system and tools are the thread's: a request may repeat them, not change them.
+    std::vector<std::string> changed;
+    for (const char* key : {"system", "tools"}) {
+      const json* given = Get(root, key);
+      const json kept = stored->context.value(key, json());
+      if (given && *given != kept) changed.push_back(key);
+      if (kept.is_null()) {
+        root.erase(key);
+      } else {
+        root[key] = kept;
+      }
+    }
+    if (!changed.empty())
+      return ApiError{400,
+                      fmt::format("{}: differ from the thread's (a thread keeps those it was "
+                                  "created with): send them unchanged or leave them out, or "
+                                  "replay the conversation with thread {{\"type\": \"create\"}}",
+                                  fmt::join(changed, ", ")),
+                      changed[0], "thread_fingerprint_mismatch"};
+    const json* given = Get(root, "messages");
+    if (given && !given->is_array()) return Invalid("messages", "must be a list");
+    json messages = stored->context["messages"];
+    messages.push_back(
+        {{"role", "assistant"}, {"content", stored->response.value("content", json::array())}});
+    if (given)
+      for (const json& m : *given)
+        messages.push_back(m);
+    root["messages"] = std::move(messages);
+  } else {
+    return Invalid("thread",
+                   "must be {\"type\": \"create\"} or {\"type\": \"continue\", "
+                   "\"previous_message_id\": ...}");
+  }
+  root.erase("thread");
+  plan.thread = true;
+  plan.context = {{"system", root.value("system", json())},
+                  {"tools", root.value("tools", json())},
+                  {"messages", root.value("messages", json::array())}};
+  return std::nullopt;
+}
+
 }  // namespace
 
-ParsedRequest ParseMessagesRequest(const std::string& body, const TextCodec& codec,
-                                   const ServingLimits& limits) {
-  ParsedRequest out;
+StoredResponse MessageToStore(const MessagesPlan& plan, json message) {
+  StoredResponse stored;
+  stored.response = std::move(message);
+  stored.context = plan.context;
+  return stored;
+}
+
+ParsedMessagesRequest ParseMessagesRequest(const std::string& body, const TextCodec& codec,
+                                           const ServingLimits& limits, ResponsesStore* store) {
+  ParsedMessagesRequest out;
   try {
     json root = ParseOrError(body, &out.error);
     if (root.is_discarded()) return out;
-    out = PlanChat(root, codec, limits, false);
+    MessagesPlan plan;
+    if (root.is_object() && Get(root, "thread")) {
+      if (auto error = ResolveThread(root, store, plan)) {
+        out.error = *error;
+        return out;
+      }
+    }
+    ParsedRequest chat = PlanChat(root, codec, limits, false);
+    if (!chat.plan) {
+      out.error = chat.error;
+      return out;
+    }
+    plan.chat = std::move(*chat.plan);
+    out.plan = std::move(plan);
   } catch (const json::exception& e) {  // a value of an unexpected type deep in the body
     out.error = {400, fmt::format("malformed request: {}", e.what()), "", "invalid_value"};
   }
@@ -554,7 +644,14 @@ std::string MessagesErrorBody(const ApiError& error) {
     default:
       break;
   }
-  return DumpJson({{"type", "error"}, {"error", {{"type", type}, {"message", error.message}}}});
+  json body = {{"type", "error"}, {"error", {{"type", type}, {"message", error.message}}}};
+  if (error.code.starts_with("thread_")) {
+    body["error"]["details"] = {{"error_code", error.code}};
+    // Nothing the request named: this server keeps no threads at all.
+    if (error.code == "thread_unsupported_request")
+      body["error"]["details"]["unsupported"] = json::array();
+  }
+  return DumpJson(body);
 }
 
 json MessageObject(const GenerationPlan& plan, const ChoiceResult& result, const std::string& id,

@@ -20,12 +20,37 @@
 #include <nlohmann/json.hpp>
 
 #include "serve/openai_api.h"
+#include "serve/responses_store.h"
 
 namespace sy::serve {
 
-// The chat request a Messages body amounts to (one choice).
-ParsedRequest ParseMessagesRequest(const std::string& body, const TextCodec& codec,
-                                   const ServingLimits& limits);
+struct MessagesPlan {
+  GenerationPlan chat;  // what the engine runs (one choice)
+  // Anthropic's message threads (`thread`): the reply is kept in the store under its id with the
+  // thread's state — `context`, {"system", "tools", "messages"}: the create-only fields and every
+  // message up to this request's — so a later request continues it with only its new messages.
+  bool thread = false;
+  std::string continues;  // the previous_message_id this request continues ("" for a create)
+  nlohmann::ordered_json context;
+};
+
+struct ParsedMessagesRequest {
+  std::optional<MessagesPlan> plan;
+  ApiError error;
+};
+
+// The chat request a Messages body amounts to. `store`: the front's store, where threads live
+// (null: `thread` is refused as Anthropic refuses what threads cannot hold, with error_code
+// thread_unsupported_request, so a client goes on without). A continue whose reply is not
+// stored is a 404 (thread_not_found); one that sends a `system` or `tools` other than the
+// thread's a 400 (thread_fingerprint_mismatch). Claiming the reply (each is continued once) is
+// the caller's: ResponsesStore::ClaimContinuation.
+ParsedMessagesRequest ParseMessagesRequest(const std::string& body, const TextCodec& codec,
+                                           const ServingLimits& limits,
+                                           ResponsesStore* store = nullptr);
+
+// What a thread's finished reply is kept as: the Message object, and the thread's state.
+StoredResponse MessageToStore(const MessagesPlan& plan, nlohmann::ordered_json message);
 
 // POST /v1/messages/count_tokens: {"input_tokens": N}, the prompt the same body would run
 // (max_tokens not needed); "" and *error when the body is refused.
@@ -34,6 +59,7 @@ std::string CountTokensBody(const std::string& body, const TextCodec& codec,
 
 // An error in Anthropic's shape; its type follows the HTTP status (invalid_request_error,
 // authentication_error, not_found_error, request_too_large, overloaded_error, api_error, ...).
+// A thread error (code thread_…) carries details.error_code, which clients act on.
 std::string MessagesErrorBody(const ApiError& error);
 
 // The Message object of a finished (non-streaming) request.

@@ -19,6 +19,7 @@ void ResponsesStore::Put(const std::string& id, StoredResponse entry) {
     const Entry& last = order_.back();
     bytes_ -= last.bytes;
     by_id_.erase(last.id);
+    continued_.erase(last.id);
     order_.pop_back();
     ++evictions_;
   }
@@ -39,7 +40,27 @@ bool ResponsesStore::Erase(const std::string& id) {
   bytes_ -= it->second->bytes;
   order_.erase(it->second);
   by_id_.erase(it);
+  continued_.erase(id);
   return true;
+}
+
+ResponsesStore::Claim ResponsesStore::ClaimContinuation(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  if (!by_id_.contains(id)) return Claim::kNotFound;
+  auto [it, inserted] = continued_.try_emplace(id, false);
+  if (inserted) return Claim::kClaimed;
+  return it->second ? Claim::kContinued : Claim::kInFlight;
+}
+
+void ResponsesStore::ReleaseContinuation(const std::string& id, bool continued) {
+  std::lock_guard lock(mutex_);
+  auto it = continued_.find(id);
+  if (it == continued_.end()) return;
+  if (continued && by_id_.contains(id)) {
+    it->second = true;
+  } else {
+    continued_.erase(it);
+  }
 }
 
 size_t ResponsesStore::bytes() const {

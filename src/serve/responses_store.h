@@ -1,8 +1,10 @@
 // Stored responses for the Responses API (store, previous_response_id, GET/DELETE
 // /v1/responses/{id}, GET /v1/responses/{id}/input_items): each finished response that asked to
 // be stored, with the input items the model saw, kept in memory under a byte budget; the least
-// recently used go first. Written here because it is a map and a list: no library's cache fits
-// better than the thirty lines below.
+// recently used go first. Anthropic's message threads (serve/messages_api.h) keep their replies
+// here too, under their msg_ ids, and each of those is continued at most once (the claims below).
+// Written here because it is a map and a list: no library's cache fits better than the thirty lines
+// below.
 //
 // The store belongs to the HTTP front (serve, or route in front of its instances): a follow-up
 // turn works whichever instance ran the one before. It does not outlive the process, and several
@@ -41,6 +43,13 @@ class ResponsesStore {
   // Whether there was one to delete.
   bool Erase(const std::string& id);
 
+  // A thread's reply is continued once: the first request to continue it claims it until it
+  // finishes (kInFlight for others meanwhile); a finished continuation leaves it kContinued, a
+  // failed one unclaimed. An id not stored (or evicted) is kNotFound.
+  enum class Claim { kClaimed, kNotFound, kInFlight, kContinued };
+  Claim ClaimContinuation(const std::string& id);
+  void ReleaseContinuation(const std::string& id, bool continued);
+
   size_t bytes() const;
   size_t size() const;
   int64_t evictions() const;  // entries dropped for the budget, since the start
@@ -58,6 +67,8 @@ class ResponsesStore {
   std::unordered_map<std::string, std::list<Entry>::iterator> by_id_;
   size_t bytes_ = 0;
   int64_t evictions_ = 0;
+  // Claimed ids: false while the continuation runs, true once it finished.
+  std::unordered_map<std::string, bool> continued_;
 };
 
 }  // namespace sy::serve

@@ -7,7 +7,8 @@
 // deltas must add up to the same result as one chunk. With bit 5 the Responses API runs with a
 // store holding "resp_1" (previous_response_id, the stored response written back), and the input
 // is also an input-items query string. With bit 6 the body goes to Anthropic's Messages API
-// (the request, count_tokens, the Message object and its events, the error body).
+// (the request, count_tokens, the Message object and its events, the error body); with bit 5
+// as well, a thread reply "msg_1" is stored to continue.
 #include <boost/beast/http.hpp>
 #include <cstdint>
 #include <cstdlib>
@@ -49,6 +50,16 @@ sy::serve::ResponsesStore& Store() {
            {"id": "fc_1_1", "type": "function_call", "call_id": "call_1", "name": "f",
             "arguments": "{}", "status": "completed"}]})");
     s->Put("resp_1", std::move(stored));
+    // An Anthropic thread's reply, "msg_1": the thread's system, tools and messages.
+    sy::serve::StoredResponse thread;
+    thread.context = nlohmann::ordered_json::parse(
+        R"({"system": "s", "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": "hi"}]})");
+    thread.response = nlohmann::ordered_json::parse(
+        R"({"id": "msg_1", "type": "message", "role": "assistant", "content": [
+            {"type": "text", "text": "hello"},
+            {"type": "tool_use", "id": "call_1", "name": "f", "input": {}}]})");
+    s->Put("msg_1", std::move(thread));
     return s;
   }();
   return *store;
@@ -125,13 +136,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (data[0] & 64) {
     sy::serve::ApiError error;
     CheckUtf8(sy::serve::CountTokensBody(body, codec, limits, &error));
-    sy::serve::ParsedRequest messages = sy::serve::ParseMessagesRequest(body, codec, limits);
+    sy::serve::ParsedMessagesRequest messages =
+        sy::serve::ParseMessagesRequest(body, codec, limits, (data[0] & 32) ? &Store() : nullptr);
     if (!messages.plan) {
       CheckUtf8(sy::serve::MessagesErrorBody(messages.error));
       if (messages.error.status < 400 || messages.error.status > 599) std::abort();
       return 0;
     }
-    if (messages.plan->choices() != 1) std::abort();
+    if (messages.plan->chat.choices() != 1) std::abort();
     sy::serve::ChoiceResult result;
     result.tokens = {5, 300};
     result.text =
@@ -140,9 +152,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         "\xF0\x9F";
     result.finish_reason = (data[0] & 8) ? "length" : "stop";
     result.prompt_tokens = 3;
-    CheckUtf8(
-        sy::serve::DumpJson(sy::serve::MessageObject(*messages.plan, result, "msg_1", limits)));
-    sy::serve::MessagesStream stream(*messages.plan, "msg_1", limits);
+    CheckUtf8(sy::serve::DumpJson(
+        sy::serve::MessageObject(messages.plan->chat, result, "msg_1", limits)));
+    if (messages.plan->thread)
+      CheckUtf8(
+          sy::serve::MessageToStore(*messages.plan, nlohmann::ordered_json::object())
+              .context.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+    sy::serve::MessagesStream stream(messages.plan->chat, "msg_1", limits);
     sy::RequestEvent event;
     event.text = result.text;
     event.first = true;

@@ -3,12 +3,15 @@ a message whole and streamed, and the same text as the chat request it amounts t
 the openai client); a prefill continued; stop sequences and max_tokens as stop reasons; a forced
 tool call, streamed and not, and the tool loop (tool_use and tool_result blocks give the prompt the chat messages
 give); structured output with messages.parse; count_tokens and the prefix cache in usage;
-thinking blocks from a reasoning parser; refusals in Anthropic's error shape, the x-api-key
+thinking blocks from a reasoning parser; message threads (the SDK's tool runner threads its
+turns: the same replies as unthreaded; a reply continued once; the errors clients act on, and
+the fallback where the server keeps no state); refusals in Anthropic's error shape, the x-api-key
 header. The router's front runs the same code (test_route.py sends a message through it)."""
 import json
 from typing import Literal
 
 import anthropic
+from anthropic import beta_tool
 import jsonschema
 import pytest
 from openai import OpenAI
@@ -272,5 +275,93 @@ def test_thinking_blocks_from_the_reasoning_parser(model_dir):
         assert "budget_tokens" in info.value.body["error"]["message"]
         enabled = c.messages.create(**{**args, "max_tokens": 1025, "thinking": thinking})
         assert enabled.content[0].type == "thinking" and enabled.usage.output_tokens <= 1025
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+def weather_runner(client, thread=True):
+    """The SDK's tool runner over one forced tool, two turns; the calls the tool got."""
+    calls = []
+
+    @beta_tool
+    def get_weather(city: Literal["Paris", "Oslo", "Lima"],
+                    unit: Literal["celsius", "fahrenheit"]) -> str:
+        """Weather in a city."""
+        calls.append((city, unit))
+        return f"Sunny in {city}"
+
+    args = dict(model="sy-test", max_tokens=400, tools=[get_weather], messages=ASK,
+                tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                max_iterations=2, extra_body=GREEDY)
+    if not thread:
+        args["thread"] = False
+    replies = list(client.beta.messages.tool_runner(**args))
+    return replies, calls
+
+
+def test_the_sdks_tool_runner_threads_its_turns(claude, tool_server):
+    """The tool runner sends `thread` by default: the first turn creates one, the second sends
+    only the tool result. Its replies are those of the runner that sends the whole history."""
+    stored = tool_server.metric("responses_stored")
+    threaded, calls = weather_runner(claude)
+    assert tool_server.metric("responses_stored") == stored + 2
+    unthreaded, same_calls = weather_runner(claude, thread=False)
+    assert len(threaded) == 2 and calls == same_calls and len(calls) == 2
+    assert [tool_uses(m) for m in threaded] == [tool_uses(m) for m in unthreaded]
+    assert [m.usage.input_tokens + m.usage.cache_read_input_tokens for m in threaded] == [
+        m.usage.input_tokens + m.usage.cache_read_input_tokens for m in unthreaded]
+
+
+def test_thread_rules_and_their_errors(claude):
+    create = dict(model="sy-test", max_tokens=400, system="Be brief.", tools=TOOLS,
+                  tool_choice={"type": "tool", "name": "get_weather"}, messages=ASK,
+                  extra_body=GREEDY)
+    first = claude.beta.messages.create(**create, thread={"type": "create"})
+    use = next(b for b in first.content if b.type == "tool_use")
+    result = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                            "content": "Sunny"}]}]
+    follow = dict(model="sy-test", max_tokens=6, messages=result, extra_body=GREEDY)
+    second = claude.beta.messages.create(
+        **follow, thread={"type": "continue", "previous_message_id": first.id})
+    # The same as the conversation sent whole.
+    whole = claude.messages.create(
+        model="sy-test", max_tokens=6, system="Be brief.", tools=TOOLS, extra_body=GREEDY,
+        messages=ASK + [{"role": "assistant",
+                         "content": [b.model_dump(exclude_none=True) for b in first.content]}]
+        + result)
+    assert text_of(second) == text_of(whole) and tool_uses(second) == tool_uses(whole)
+    assert (second.usage.input_tokens + second.usage.cache_read_input_tokens ==
+            whole.usage.input_tokens + whole.usage.cache_read_input_tokens)
+    # A reply is continued once.
+    with pytest.raises(anthropic.BadRequestError) as info:
+        claude.beta.messages.create(
+            **follow, thread={"type": "continue", "previous_message_id": first.id})
+    assert info.value.error_code == "thread_already_continued"
+    with pytest.raises(anthropic.NotFoundError) as info:
+        claude.beta.messages.create(
+            **follow, thread={"type": "continue", "previous_message_id": "msg_nowhere"})
+    assert info.value.error_code == "thread_not_found"
+    with pytest.raises(anthropic.BadRequestError) as info:
+        claude.beta.messages.create(
+            **follow, system="Be verbose.",
+            thread={"type": "continue", "previous_message_id": second.id})
+    assert info.value.error_code == "thread_fingerprint_mismatch"
+    assert "system" in info.value.body["error"]["message"]
+    # That refusal did not use the reply up.
+    assert claude.beta.messages.create(
+        **follow, thread={"type": "continue", "previous_message_id": second.id}).id
+
+
+def test_without_a_store_the_tool_runner_goes_on_unthreaded(model_dir):
+    s = Server(model_dir, "--responses-store-mb", "0", "--kv-cache-tokens", "8192",
+               "--enable-auto-tool-choice")
+    try:
+        c = anthropic.Anthropic(base_url=s.url, api_key="x", max_retries=0, timeout=300)
+        with pytest.raises(anthropic.BadRequestError) as info:
+            c.beta.messages.create(model="sy-test", max_tokens=2, messages=ASK,
+                                   thread={"type": "create"})
+        assert info.value.error_code == "thread_unsupported_request"
+        replies, calls = weather_runner(c)
+        assert len(replies) == 2 and len(calls) == 2
     finally:
         assert s.stop() == 0, "".join(s.log)
