@@ -249,6 +249,13 @@ def test_anthropic_messages_through_the_router(instances):
         with pytest.raises(anthropic.NotFoundError) as info:
             claude.messages.create(**{**args, "model": "claude-opus"})
         assert info.value.body["error"]["type"] == "not_found_error"
+        # Threads live in the router's front: the tool runner's second turn continues the
+        # first whichever instance ran it, and gives the unthreaded runner's replies.
+        from test_anthropic import tool_uses, weather_runner
+        threaded, calls = weather_runner(claude)
+        unthreaded, same_calls = weather_runner(claude, thread=False)
+        assert len(calls) == 2 and calls == same_calls
+        assert [tool_uses(m) for m in threaded] == [tool_uses(m) for m in unthreaded]
     finally:
         assert router.stop() == 0, "".join(router.log)
 
