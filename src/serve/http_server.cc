@@ -100,6 +100,7 @@ class OpenAiServer::Impl {
   net::signal_set reload_signal_;          // SIGHUP: re-read the TLS files
   std::unique_ptr<ServerTlsContext> tls_;  // null: plain HTTP
   int port_ = 0;
+  const int64_t started_ = UnixSeconds();  // the models' `created`
   std::atomic<int64_t> active_generations_{0};
   std::atomic<bool> shutting_down_{false};
   std::thread drainer_;
@@ -321,8 +322,15 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     }
     if (path == "/v1/models" && get)
       return Send(MakeResponse(http::status::ok,
-                               ModelsResponse(server_.options_.limits, UnixSeconds()),
+                               ModelsResponse(server_.options_.limits, server_.started_),
                                "application/json", version, keep_alive));
+    if (path.starts_with("/v1/models/") && get) {
+      std::string body =
+          ModelResponse(server_.options_.limits, server_.started_,
+                        path.substr(std::string_view("/v1/models/").size()), &error);
+      if (body.empty()) return SendError(error, version, keep_alive);
+      return Send(MakeResponse(http::status::ok, body, "application/json", version, keep_alive));
+    }
     if (path == "/tokenize" && post) {
       std::string body =
           TokenizeResponse(request.body(), server_.codec_, server_.options_.limits, &error);

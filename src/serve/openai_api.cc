@@ -1,5 +1,7 @@
 #include "serve/openai_api.h"
 
+#include <fmt/chrono.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -1104,14 +1106,41 @@ std::string DetokenizeResponse(const std::string& body, const TextCodec& codec,
   return "";
 }
 
+namespace {
+// The served model in OpenAI's shape (vLLM's fields) and Anthropic's (type, display_name,
+// created_at, max_input_tokens, max_tokens) at once: each client reads its own fields.
+json ModelObject(const ServingLimits& limits, int64_t created) {
+  return {{"id", limits.model_name},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "switchyard"},
+          {"root", limits.model_name},
+          {"max_model_len", limits.max_model_len},
+          {"type", "model"},
+          {"display_name", limits.model_name},
+          {"created_at", fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(std::time_t{created}))},
+          {"max_input_tokens", limits.max_model_len},
+          {"max_tokens", limits.max_model_len}};
+}
+}  // namespace
+
 std::string ModelsResponse(const ServingLimits& limits, int64_t created) {
   return DumpJson({{"object", "list"},
-                   {"data", json::array({{{"id", limits.model_name},
-                                          {"object", "model"},
-                                          {"created", created},
-                                          {"owned_by", "switchyard"},
-                                          {"root", limits.model_name},
-                                          {"max_model_len", limits.max_model_len}}})}});
+                   {"data", json::array({ModelObject(limits, created)})},
+                   {"has_more", false},
+                   {"first_id", limits.model_name},
+                   {"last_id", limits.model_name}});
+}
+
+std::string ModelResponse(const ServingLimits& limits, int64_t created, const std::string& id,
+                          ApiError* error) {
+  if (id != limits.model_name) {
+    *error = {404, fmt::format("the model '{}' does not exist (this server serves '{}')", id,
+                               limits.model_name),
+              "model", "model_not_found"};
+    return "";
+  }
+  return DumpJson(ModelObject(limits, created));
 }
 
 }  // namespace sy::serve

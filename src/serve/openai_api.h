@@ -150,10 +150,13 @@ nlohmann::ordered_json ChatLogprobEntry(const TextCodec& codec, const TokenLogpr
 std::string StreamError(const ApiError& error);
 constexpr const char* kStreamDone = "data: [DONE]\n\n";
 
-// /tokenize and /detokenize (vLLM's shapes); /v1/models.
+// /tokenize and /detokenize (vLLM's shapes); /v1/models and /v1/models/{id}, each model in
+// OpenAI's shape and Anthropic's at once (a 404 for another id).
 std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
                              const ServingLimits& limits, ApiError* error);
 std::string DetokenizeResponse(const std::string& body, const TextCodec& codec, ApiError* error);
 std::string ModelsResponse(const ServingLimits& limits, int64_t created);
+std::string ModelResponse(const ServingLimits& limits, int64_t created, const std::string& id,
+                          ApiError* error);
 
 }  // namespace sy::serve

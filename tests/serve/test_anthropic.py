@@ -48,6 +48,16 @@ def text_of(message):
     return "".join(b.text for b in message.content if b.type == "text")
 
 
+def test_the_model_list_in_anthropics_shape(claude):
+    page = claude.models.list()
+    assert [m.id for m in page.data] == ["sy-test"] and page.has_more is False
+    model = claude.models.retrieve("sy-test")
+    assert model.type == "model" and model.display_name == "sy-test"
+    assert model.created_at is not None and model.max_input_tokens > 0
+    with pytest.raises(anthropic.NotFoundError):
+        claude.models.retrieve("claude-opus")
+
+
 def test_a_message_whole_and_streamed_is_the_chat_answer(claude, chat):
     args = dict(model="sy-test", max_tokens=12, system="You are terse.",
                 messages=[{"role": "user", "content": [{"type": "text", "text": "Who art"},

@@ -18,6 +18,9 @@ GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 def test_models_lists_the_served_model(server, client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["sy-test"]
+    assert client.models.retrieve("sy-test") == models.data[0]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
     status, body, _ = server.request("GET", "/health")
     assert status == 200
 
