@@ -325,9 +325,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                                ModelsResponse(server_.options_.limits, server_.started_),
                                "application/json", version, keep_alive));
     if (path.starts_with("/v1/models/") && get) {
-      std::string body =
-          ModelResponse(server_.options_.limits, server_.started_,
-                        path.substr(std::string_view("/v1/models/").size()), &error);
+      std::string body = ModelResponse(server_.options_.limits, server_.started_,
+                                       path.substr(std::string_view("/v1/models/").size()), &error);
       if (body.empty()) return SendError(error, version, keep_alive);
       return Send(MakeResponse(http::status::ok, body, "application/json", version, keep_alive));
     }
