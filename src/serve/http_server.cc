@@ -71,6 +71,21 @@ bool AddEvent(ChoiceResult& r, const RequestEvent& e) {
   return true;
 }
 
+// The value of `key` in a URL's query string (no percent-decoding: the values read here are
+// plain words and numbers); nothing when absent.
+std::optional<std::string> QueryValue(const std::string& query, std::string_view key) {
+  for (size_t at = 0; at <= query.size();) {
+    size_t end = query.find('&', at);
+    if (end == std::string::npos) end = query.size();
+    const std::string_view pair = std::string_view(query).substr(at, end - at);
+    const size_t eq = pair.find('=');
+    if (pair.substr(0, eq) == key)
+      return std::string(eq == std::string_view::npos ? "" : pair.substr(eq + 1));
+    at = end + 1;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 class OpenAiServer::Impl {
@@ -109,7 +124,14 @@ class OpenAiServer::Impl {
   // store: "queued" when accepted, "in_progress" from the first token, the finished Response
   // object (or "cancelled") at the end; GET polls it.
   // Submits `plan` and stores it as queued; the queued object's body, or an error.
-  std::optional<ApiError> StartBackground(ResponsesPlan plan, std::string* body);
+  std::optional<ApiError> StartBackground(ResponsesPlan plan, std::string* body, std::string* id);
+  // A background response's events from the `from`-th on (one server-sent event each; the index
+  // is the sequence_number), live or stored: false when `id` has none (not a background
+  // response, or no longer stored). `*done`: no more will come.
+  bool ReadEvents(const std::string& id, size_t from, std::vector<std::string>* out, bool* done);
+  // Calls `wake` whenever the running background response `id` has more events (nothing when it
+  // is not running).
+  void WatchEvents(const std::string& id, std::function<void()> wake);
   // POST /v1/responses/{id}/cancel: aborts a running one and gives the cancelled object's body;
   // 404 when there is no such response, 400 when it is not a background one still running.
   std::optional<ApiError> CancelBackground(const std::string& id, std::string* body);
@@ -127,8 +149,17 @@ class OpenAiServer::Impl {
     bool started = false;
     std::atomic<bool> cancelled{false};
     net::strand<net::io_context::executor_type> strand;  // one pump at a time
+    // Its events as streamed, for the clients that stream it (kept in the store at the end);
+    // `watchers` are woken when more come, until `done`.
+    std::unique_ptr<ResponsesStream> writer;
+    std::mutex log_mutex;
+    std::vector<std::string> log;
+    bool done = false;
+    std::vector<std::function<void()>> watchers;
   };
   void PumpBackground(const std::shared_ptr<BackgroundRun>& run);
+  // Appends `events` (server-sent events back to back) to the run's log, and wakes its watchers.
+  static void Log(BackgroundRun& run, const std::string& events, bool done);
   std::mutex background_mutex_;
   std::map<std::string, std::shared_ptr<BackgroundRun>> background_;
   std::mutex log_mutex_;
@@ -355,9 +386,11 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                                 server_.options_.responses_store.get());
       if (!parsed.plan) return SendError(parsed.error, version, keep_alive);
       if (parsed.plan->background) {
-        std::string body;
-        if (auto refused = server_.StartBackground(std::move(*parsed.plan), &body))
+        const bool stream = parsed.plan->chat.stream;
+        std::string body, id;
+        if (auto refused = server_.StartBackground(std::move(*parsed.plan), &body, &id))
           return SendError(*refused, version, keep_alive);
+        if (stream) return StartFollow(std::move(id), 0, version, keep_alive);
         return Send(MakeResponse(http::status::ok, std::move(body), "application/json", version,
                                  keep_alive));
       }
@@ -441,15 +474,40 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return Send(
           MakeResponse(http::status::ok, deleted.dump(), "application/json", version, keep_alive));
     }
+    const size_t q = target.find('?');
+    const std::string query = q == std::string::npos ? "" : target.substr(q + 1);
+    if (!input_items && QueryValue(query, "stream") == "true") {
+      // A background response's events again, after `starting_after` (a sequence_number).
+      size_t from = 0;
+      if (auto after = QueryValue(query, "starting_after")) {
+        char* rest = nullptr;
+        const long long n = std::strtoll(after->c_str(), &rest, 10);
+        if (after->empty() || *rest != '\0' || n < -1)
+          return SendError({400, "starting_after: must be an event's sequence_number",
+                            "starting_after", "invalid_value"},
+                           version, keep_alive);
+        from = static_cast<size_t>(n + 1);
+      }
+      std::vector<std::string> probe;
+      bool done = false;
+      if (!server_.ReadEvents(id, from, &probe, &done)) {
+        if (!store->Get(id)) return SendError(missing, version, keep_alive);
+        return SendError({400,
+                          fmt::format("response '{}' did not run in the background: only "
+                                      "background responses are streamed again",
+                                      id),
+                          "stream", "invalid_value"},
+                         version, keep_alive);
+      }
+      return StartFollow(id, from, version, keep_alive);
+    }
     auto stored = store->Get(id);
     if (!stored) return SendError(missing, version, keep_alive);
     if (!input_items)
       return Send(MakeResponse(http::status::ok, DumpJson(stored->response), "application/json",
                                version, keep_alive));
-    const size_t q = target.find('?');
     ApiError error;
-    std::string body =
-        InputItemsBody(*stored, q == std::string::npos ? "" : target.substr(q + 1), &error);
+    std::string body = InputItemsBody(*stored, query, &error);
     if (body.empty()) return SendError(error, version, keep_alive);
     Send(MakeResponse(http::status::ok, std::move(body), "application/json", version, keep_alive));
   }
@@ -604,13 +662,6 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
         if (auto self = weak.lock()) self->SchedulePump();
       });
     if (g->plan.stream) {
-      header_ = std::make_unique<http::response<http::empty_body>>(http::status::ok, version);
-      header_->set(http::field::server, "switchyard");
-      header_->set(http::field::content_type, "text/event-stream");
-      header_->set(http::field::cache_control, "no-cache");
-      header_->keep_alive(keep_alive);
-      header_->chunked(true);
-      serializer_ = std::make_unique<http::response_serializer<http::empty_body>>(*header_);
       if (g->responses) {
         g->responses_stream = std::make_unique<ResponsesStream>(
             *g->responses, g->id, g->created, server_.codec_, server_.options_.limits);
@@ -619,16 +670,61 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       if (g->messages)
         g->messages_stream =
             std::make_unique<MessagesStream>(g->plan, g->id, server_.options_.limits);
-      writing_ = true;
-      http::async_write_header(stream_, *serializer_,
-                               [self = shared_from_this()](beast::error_code ec, size_t) {
-                                 self->writing_ = false;
-                                 if (ec) return self->ClientGone();
-                                 self->FlushWrites();
-                               });
+      WriteEventStreamHeader(version, keep_alive);
     }
     WatchForHangUp();
     SchedulePump();
+  }
+
+  // The header of a server-sent-event response (chunked); what is queued follows it.
+  void WriteEventStreamHeader(unsigned version, bool keep_alive) {
+    header_ = std::make_unique<http::response<http::empty_body>>(http::status::ok, version);
+    header_->set(http::field::server, "switchyard");
+    header_->set(http::field::content_type, "text/event-stream");
+    header_->set(http::field::cache_control, "no-cache");
+    header_->keep_alive(keep_alive);
+    header_->chunked(true);
+    serializer_ = std::make_unique<http::response_serializer<http::empty_body>>(*header_);
+    writing_ = true;
+    http::async_write_header(stream_, *serializer_,
+                             [self = shared_from_this()](beast::error_code ec, size_t) {
+                               self->writing_ = false;
+                               if (ec) return self->ClientGone();
+                               self->FlushWrites();
+                             });
+  }
+
+  // Streams a background response's events from the `from`-th to its end (POST with background
+  // and stream, or GET /v1/responses/{id}?stream=true): the response runs on if the client goes.
+  void StartFollow(std::string id, size_t from, unsigned version, bool keep_alive) {
+    follow_ = std::make_unique<Follow>(Follow{std::move(id), from, keep_alive});
+    WriteEventStreamHeader(version, keep_alive);
+    std::weak_ptr<Session> weak = shared_from_this();
+    server_.WatchEvents(follow_->id, [weak] {
+      if (auto self = weak.lock()) self->SchedulePump();
+    });
+    WatchForHangUp();
+    SchedulePump();
+  }
+
+  void PumpFollow() {
+    if (client_gone_) {
+      follow_.reset();
+      return Close();
+    }
+    std::vector<std::string> events;
+    bool done = false;
+    // A log no longer stored (evicted meanwhile) ends the stream.
+    if (!server_.ReadEvents(follow_->id, follow_->next, &events, &done)) done = true;
+    follow_->next += events.size();
+    for (std::string& event : events)
+      Queue(std::move(event));
+    if (done) {
+      keep_alive_after_stream_ = follow_->keep_alive;
+      follow_.reset();
+      finishing_ = true;
+    }
+    FlushWrites();
   }
 
   void SchedulePump() {
@@ -650,7 +746,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       hang_up_timer_ = std::make_unique<net::steady_timer>(stream_.get_executor());
     hang_up_timer_->expires_after(std::chrono::milliseconds(100));
     hang_up_timer_->async_wait([self = shared_from_this()](beast::error_code ec) {
-      if (ec || !self->generation_ || self->client_gone_) return;
+      if (ec || (!self->generation_ && !self->follow_) || self->client_gone_) return;
       char byte;
       const ssize_t n = ::recv(self->Socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return self->ClientGone();
@@ -669,7 +765,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                               self->probe_reading_ = false;
                               if (ec) {
                                 if (ec == net::error::operation_aborted) return;
-                                if (self->generation_) return self->ClientGone();
+                                if (self->generation_ || self->follow_) return self->ClientGone();
                                 return self->CloseSocket();
                               }
                               self->buffer_.commit(n);
@@ -689,6 +785,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void Pump() {
+    if (follow_) return PumpFollow();
     auto g = generation_;
     if (!g) return;
     std::vector<RequestEvent> events;
@@ -813,6 +910,13 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<Generation> generation_;
+  // A background response being streamed: its id, the next event to send.
+  struct Follow {
+    std::string id;
+    size_t next = 0;
+    bool keep_alive = true;
+  };
+  std::unique_ptr<Follow> follow_;
   bool anthropic_ = false;  // the request being answered is Anthropic's (its error shape)
   std::unique_ptr<http::response<http::empty_body>> header_;
   std::unique_ptr<http::response_serializer<http::empty_body>> serializer_;
@@ -905,7 +1009,8 @@ void OpenAiServer::Impl::Accept() {
   });
 }
 
-std::optional<ApiError> OpenAiServer::Impl::StartBackground(ResponsesPlan plan, std::string* body) {
+std::optional<ApiError> OpenAiServer::Impl::StartBackground(ResponsesPlan plan, std::string* body,
+                                                            std::string* id) {
   auto run = std::make_shared<BackgroundRun>(io_);
   run->id = "resp_" + RandomId();
   run->request_id = run->id + "-0";
@@ -925,6 +1030,10 @@ std::optional<ApiError> OpenAiServer::Impl::StartBackground(ResponsesPlan plan, 
       PendingResponse(run->plan, run->id, run->created, options_.limits, "queued");
   options_.responses_store->Put(run->id, ResponseToStore(run->plan, run->id, queued));
   *body = DumpJson(queued);
+  *id = run->id;
+  run->writer =
+      std::make_unique<ResponsesStream>(run->plan, run->id, run->created, codec_, options_.limits);
+  Log(*run, run->writer->Queued(), false);
   ++active_generations_;
   {
     std::lock_guard lock(background_mutex_);
@@ -938,20 +1047,81 @@ std::optional<ApiError> OpenAiServer::Impl::StartBackground(ResponsesPlan plan, 
   return std::nullopt;
 }
 
+void OpenAiServer::Impl::Log(BackgroundRun& run, const std::string& events, bool done) {
+  std::vector<std::function<void()>> wake;
+  {
+    std::lock_guard lock(run.log_mutex);
+    // One entry per event: an event ends with a blank line, and its JSON holds no raw newline.
+    for (size_t at = 0; at < events.size();) {
+      size_t end = events.find("\n\n", at);
+      end = end == std::string::npos ? events.size() : end + 2;
+      run.log.push_back(events.substr(at, end - at));
+      at = end;
+    }
+    run.done = done;
+    wake = done ? std::move(run.watchers) : run.watchers;
+  }
+  for (auto& w : wake)
+    w();
+}
+
+bool OpenAiServer::Impl::ReadEvents(const std::string& id, size_t from,
+                                    std::vector<std::string>* out, bool* done) {
+  std::shared_ptr<BackgroundRun> run;
+  {
+    std::lock_guard lock(background_mutex_);
+    if (auto it = background_.find(id); it != background_.end()) run = it->second;
+  }
+  if (run) {
+    std::lock_guard lock(run->log_mutex);
+    for (size_t i = from; i < run->log.size(); ++i)
+      out->push_back(run->log[i]);
+    *done = run->done;
+    return true;
+  }
+  auto stored = options_.responses_store ? options_.responses_store->Get(id) : nullptr;
+  if (!stored || !stored->events) return false;
+  for (size_t i = from; i < stored->events->size(); ++i)
+    out->push_back((*stored->events)[i]);
+  *done = true;
+  return true;
+}
+
+void OpenAiServer::Impl::WatchEvents(const std::string& id, std::function<void()> wake) {
+  std::shared_ptr<BackgroundRun> run;
+  {
+    std::lock_guard lock(background_mutex_);
+    if (auto it = background_.find(id); it != background_.end()) run = it->second;
+  }
+  if (!run) return;
+  std::lock_guard lock(run->log_mutex);
+  if (!run->done) run->watchers.push_back(std::move(wake));
+}
+
 void OpenAiServer::Impl::PumpBackground(const std::shared_ptr<BackgroundRun>& run) {
   std::vector<RequestEvent> events;
   run->stream->Drain(&events);
+  if (events.empty()) return;
   bool finished = false;
-  for (const RequestEvent& e : events)
+  std::string streamed;
+  const bool first = !run->started;
+  if (first) {
+    run->started = true;
+    streamed += run->writer->InProgress();
+  }
+  for (const RequestEvent& e : events) {
     finished = AddEvent(run->result, e) || finished;
+    streamed += e.finish_reason && *e.finish_reason == "error"
+                    ? run->writer->Failed("generation failed: " + e.error, run->result)
+                    : run->writer->OnEvent(e, run->result);
+  }
   ResponsesStore& store = *options_.responses_store;
   if (!finished) {
-    if (!events.empty() && !run->started && !run->cancelled) {
-      run->started = true;
+    Log(*run, streamed, false);
+    if (first && !run->cancelled)
       store.Put(run->id, ResponseToStore(run->plan, run->id,
                                          PendingResponse(run->plan, run->id, run->created,
                                                          options_.limits, "in_progress")));
-    }
     return;
   }
   nlohmann::ordered_json done;
@@ -963,7 +1133,13 @@ void OpenAiServer::Impl::PumpBackground(const std::shared_ptr<BackgroundRun>& ru
     done = ResponsesObject(run->plan, run->result, run->id, run->created, codec_, options_.limits);
     if (run->cancelled) done["status"] = "cancelled";
   }
-  store.Put(run->id, ResponseToStore(run->plan, run->id, std::move(done)));
+  StoredResponse kept = ResponseToStore(run->plan, run->id, std::move(done));
+  Log(*run, streamed, true);
+  {
+    std::lock_guard lock(run->log_mutex);
+    kept.events = std::make_shared<const std::vector<std::string>>(run->log);
+  }
+  store.Put(run->id, std::move(kept));
   {
     std::lock_guard lock(background_mutex_);
     background_.erase(run->id);

@@ -143,7 +143,8 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
     }
   }
   if (responses) {
-    Metric(out, "responses_stored", "gauge", "Responses API responses and Anthropic thread replies kept in the store.", labels,
+    Metric(out, "responses_stored", "gauge",
+           "Responses API responses and Anthropic thread replies kept in the store.", labels,
            static_cast<double>(responses->size()));
     Metric(out, "responses_store_bytes", "gauge",
            "Bytes the stored responses take (their JSON), against --responses-store-mb.", labels,

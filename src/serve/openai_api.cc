@@ -1135,8 +1135,9 @@ std::string ModelsResponse(const ServingLimits& limits, int64_t created) {
 std::string ModelResponse(const ServingLimits& limits, int64_t created, const std::string& id,
                           ApiError* error) {
   if (id != limits.model_name) {
-    *error = {404, fmt::format("the model '{}' does not exist (this server serves '{}')", id,
-                               limits.model_name),
+    *error = {404,
+              fmt::format("the model '{}' does not exist (this server serves '{}')", id,
+                          limits.model_name),
               "model", "model_not_found"};
     return "";
   }

@@ -80,9 +80,6 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool stored) {
                      "(--responses-store-mb 0)");
     if (const json* s = Get(body, "store"); s && *s == false)
       return Invalid("store", "a background response is stored: store cannot be false");
-    if (const json* s = Get(body, "stream"); s && *s == true)
-      return Invalid("stream",
-                     "background responses are not streamed here: poll GET /v1/responses/{id}");
   }
   if (const json* t = Get(body, "truncation"); t && *t != "disabled")
     return Invalid("truncation",
@@ -717,6 +714,18 @@ std::string ResponsesStream::Start() {
   return out;
 }
 
+std::string ResponsesStream::Queued() {
+  const json response = ResponseObject(plan_, id_, created_, limits_, "queued");
+  std::string out = Event("response.created", {{"response", response}});
+  out += Event("response.queued", {{"response", response}});
+  return out;
+}
+
+std::string ResponsesStream::InProgress() {
+  return Event("response.in_progress",
+               {{"response", ResponseObject(plan_, id_, created_, limits_, "in_progress")}});
+}
+
 std::string ResponsesStream::Open(Kind kind, const std::string& call_id, const std::string& name) {
   std::string out = Close(nullptr);
   const size_t index = items_.size();
@@ -832,6 +841,12 @@ std::string ResponsesStream::OnEvent(const RequestEvent& event, const ChoiceResu
     out += Append(d.arguments);
   }
   if (!event.finish_reason) return out;
+  if (*event.finish_reason == "abort") {
+    out += Close(nullptr);
+    final_ = FinishedResponse(plan_, id_, created_, codec_, limits_, so_far, items_);
+    final_["status"] = "cancelled";
+    return out;
+  }
   if (items_.empty()) out += Open(Kind::kMessage, "", "");  // an empty answer is an empty message
   out += Close(&so_far);
   const bool incomplete = Incomplete(so_far);

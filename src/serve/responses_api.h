@@ -33,7 +33,8 @@ struct ResponsesPlan {
   // previous turns' context and output, then this input; StoredResponse::context).
   bool store = false;
   nlohmann::ordered_json context;
-  // background: true — the server runs it on its own (needs the store; not streamed).
+  // background: true — the server runs it on its own (needs the store); streamed, its events are
+  // kept so a client can read them again (GET /v1/responses/{id}?stream=true&starting_after=N).
   bool background = false;
 };
 
@@ -86,7 +87,13 @@ class ResponsesStream {
                   const TextCodec& codec, const ServingLimits& limits);
   // The opening events.
   std::string Start();
-  // The events for one engine event; `so_far` already includes it.
+  // A background response's opening events instead: response.created and response.queued
+  // (status queued); InProgress() is response.in_progress, when its first token comes.
+  std::string Queued();
+  std::string InProgress();
+  // The events for one engine event; `so_far` already includes it. An aborted request (a
+  // cancelled background response) closes its open item and ends without a lifecycle event;
+  // final_response() then has status "cancelled".
   std::string OnEvent(const RequestEvent& event, const ChoiceResult& so_far);
   // The generation failed: response.failed.
   std::string Failed(const std::string& message, const ChoiceResult& so_far);

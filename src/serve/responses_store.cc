@@ -4,7 +4,10 @@ namespace sy::serve {
 
 void ResponsesStore::Put(const std::string& id, StoredResponse entry) {
   // The size of the entry's JSON text: what it costs to keep, near enough.
-  const size_t bytes = id.size() + entry.response.dump().size() + entry.context.dump().size();
+  size_t bytes = id.size() + entry.response.dump().size() + entry.context.dump().size();
+  if (entry.events)
+    for (const std::string& event : *entry.events)
+      bytes += event.size();
   std::lock_guard lock(mutex_);
   if (auto it = by_id_.find(id); it != by_id_.end()) {
     bytes_ -= it->second->bytes;

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -29,6 +30,9 @@ struct StoredResponse {
   // over): the earlier turns of a previous_response_id chain, then this request's input, each
   // with an id. A follow-up turn's context is this, then response["output"].
   nlohmann::ordered_json context;
+  // A background response's events as streamed (one server-sent event each, sequence_number its
+  // index), so GET ?stream=true replays them; null for the others.
+  std::shared_ptr<const std::vector<std::string>> events;
 };
 
 class ResponsesStore {

@@ -197,7 +197,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
               sy::serve::ResponsesObject(*responses.plan, result, "resp_2", 0, codec, limits))
               .context.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     sy::serve::ResponsesStream stream(*responses.plan, "resp_1", 0, codec, limits);
-    CheckUtf8(stream.Start() + stream.OnEvent(event, result) + stream.Failed("x", result));
+    CheckUtf8(stream.Start() + stream.Queued() + stream.InProgress() +
+              stream.OnEvent(event, result) + stream.Failed("x", result));
     return 0;
   }
   const auto endpoint =

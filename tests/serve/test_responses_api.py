@@ -298,11 +298,62 @@ def test_background_responses(server, client):
         client.responses.cancel(long.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.cancel("resp_none")
-    for extra, param in (({"stream": True}, "stream"), ({"store": False}, "store"),
-                         ({"background": "yes"}, "background")):
+    for extra, param in (({"store": False}, "store"), ({"background": "yes"}, "background")):
         with pytest.raises(openai.BadRequestError) as e:
             client.responses.create(**{**args, "background": True, **extra})
         assert e.value.body["param"] == param
+
+
+def test_background_responses_stream_and_resume(server, client):
+    """background with stream: the events stream while the server runs the response; a client
+    that breaks off resumes after the last sequence_number it saw (the SDK's
+    responses.stream(response_id=…, starting_after=…)), and once finished the events are kept
+    and streamed again whole. A client that leaves does not stop a background response."""
+    args = dict(model="sy-test", input="Tell a story", max_output_tokens=24, temperature=0)
+    foreground = client.responses.create(**args)
+    first = []
+    with client.responses.stream(**args, background=True) as stream:
+        for event in stream:
+            first.append(event)
+            if event.sequence_number == 6:
+                break
+    rid = first[0].response.id
+    assert [e.type for e in first[:3]] == ["response.created", "response.queued",
+                                           "response.in_progress"]
+    assert first[0].response.status == "queued" and first[0].response.background is True
+    with client.responses.stream(response_id=rid, starting_after=6) as stream:
+        rest = list(stream)
+    assert rest[0].sequence_number == 7 and rest[-1].type == "response.incomplete"
+    assert rest[-1].response.output_text == foreground.output_text
+    # Finished: all of it again, numbered from 0, the same text in its deltas.
+    replay = list(client.responses.retrieve(rid, stream=True))
+    assert [e.sequence_number for e in replay] == list(range(len(replay)))
+    assert [e.type for e in replay[7:]] == [e.type for e in rest]
+    assert "".join(e.delta for e in replay if e.type == "response.output_text.delta") == \
+        foreground.output_text
+    got, body, _ = server.request("GET", f"/v1/responses/{foreground.id}?stream=true")
+    assert got == 400 and body["error"]["param"] == "stream", body
+    got, body, _ = server.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=x")
+    assert got == 400 and body["error"]["param"] == "starting_after", body
+    # A long one whose client leaves: it runs on; a second reader follows it to its cancel.
+    aborted = aborted_requests(server)
+    with client.responses.stream(model="sy-test", input="Tell a long story", background=True,
+                                 max_output_tokens=20000, temperature=0) as stream:
+        for event in stream:
+            if event.type == "response.created":
+                long_id = event.response.id
+            if event.sequence_number == 5:
+                break
+    running = wait_for(client, long_id, lambda r: r.status != "queued")
+    assert running.status == "in_progress" and aborted_requests(server) == aborted
+    follower = client.responses.retrieve(long_id, stream=True, starting_after=3)
+    seen = next(iter(follower))
+    assert seen.sequence_number == 4
+    assert client.responses.cancel(long_id).status == "cancelled"
+    tail = list(follower)  # ends once the cancelled run has stopped
+    assert all(e.type != "response.completed" for e in tail)
+    final = wait_for(client, long_id, lambda r: r.usage is not None)
+    assert final.status == "cancelled" and aborted_requests(server) == aborted + 1
 
 
 def test_the_store_keeps_its_budget_and_can_be_off(model_dir):
