@@ -12,7 +12,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 StoredResponse Entry(size_t text_bytes) {
-  return {{{"id", "r"}, {"text", std::string(text_bytes, 'x')}}, json::array()};
+  return {{{"id", "r"}, {"text", std::string(text_bytes, 'x')}}, json::array(), nullptr};
 }
 
 TEST(ResponsesStore, EvictsTheLeastRecentlyUsedBeyondItsBudget) {

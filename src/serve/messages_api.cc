@@ -10,14 +10,9 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-ApiError Invalid(const std::string& param, const std::string& message) {
-  return {400, param + ": " + message, param, "invalid_value"};
-}
-
-const json* Get(const json& body, const char* key) {
-  auto it = body.find(key);
-  return it == body.end() || it->is_null() ? nullptr : &*it;
-}
+// The shared body readers (openai_api.h), by short names.
+constexpr auto& Invalid = InvalidField;
+constexpr auto& Get = NonNullField;
 
 // Top-level fields. Those that change nothing here are accepted (metadata, cache_control:
 // prefix caching is automatic; service_tier); those that would change the output and are not
@@ -367,34 +362,11 @@ std::optional<ApiError> OutputConfig(const json& body, json* chat) {
 
 // An error the chat path reports about a field this request named differently.
 ApiError Renamed(ApiError error) {
-  static const std::pair<const char*, const char*> kNames[] = {
-      {"stop", "stop_sequences"},
-      {"response_format", "output_config.format"},
-      {"chat_template_kwargs", "thinking"}};
-  for (const auto& [chat, ours] : kNames) {
-    const std::string from = chat;
-    if (error.param != from && error.param.rfind(from + ".", 0) != 0 &&
-        error.param.rfind(from + "[", 0) != 0)
-      continue;
-    error.param = ours + error.param.substr(from.size());
-    if (error.message.rfind(from, 0) == 0) error.message = ours + error.message.substr(from.size());
-    break;
-  }
-  // tools[i].function.parameters → tools[i].input_schema.
-  if (error.param.rfind("tools[", 0) == 0) {
-    for (const auto& [chat, ours] :
-         {std::pair<const char*, const char*>{"].function.parameters", "].input_schema"},
-          {"].function", "]"}}) {
-      const size_t at = error.param.find(chat);
-      if (at == std::string::npos) continue;
-      const std::string before = error.param;
-      error.param.replace(at, std::string_view(chat).size(), ours);
-      if (error.message.rfind(before, 0) == 0)
-        error.message = error.param + error.message.substr(before.size());
-      break;
-    }
-  }
-  return error;
+  return RenameFields(std::move(error),
+                      {{"stop", "stop_sequences"},
+                       {"response_format", "output_config.format"},
+                       {"chat_template_kwargs", "thinking"}},
+                      {{"].function.parameters", "].input_schema"}, {"].function", "]"}});
 }
 
 // The chat request a Messages body amounts to; `count_tokens`: max_tokens is not needed (one
@@ -686,9 +658,7 @@ json MessageObject(const GenerationPlan& plan, const ChoiceResult& result, const
 
 MessagesStream::MessagesStream(const GenerationPlan& plan, std::string id,
                                const ServingLimits& limits)
-    : plan_(plan), id_(std::move(id)), model_(limits.model_name) {
-  if (plan_.parse_output) parser_ = std::make_unique<chat_output::ChatOutputParser>(plan_.output);
-}
+    : id_(std::move(id)), model_(limits.model_name), output_(plan) {}
 
 MessagesStream::~MessagesStream() = default;
 
@@ -703,24 +673,22 @@ std::string Event(const char* type, json body) {
 std::string MessagesStream::Open(Kind kind, const std::string& id, const std::string& name) {
   std::string out = Close();
   json block;
-  if (kind == Kind::kThinking) block = {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}};
+  if (kind == Kind::kReasoning) block = {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}};
   if (kind == Kind::kText) block = {{"type", "text"}, {"text", ""}};
-  if (kind == Kind::kToolUse) {
+  if (kind == Kind::kCall) {
     block = {{"type", "tool_use"}, {"id", id}, {"name", name}, {"input", json::object()}};
     called_ = true;
   }
   out += Event("content_block_start", {{"index", blocks_}, {"content_block", std::move(block)}});
   ++blocks_;
   open_ = kind;
-  thinking_.clear();
   return out;
 }
 
 std::string MessagesStream::Append(const std::string& piece) {
   if (piece.empty()) return "";
   json delta;
-  if (open_ == Kind::kThinking) {
-    thinking_ += piece;
+  if (open_ == Kind::kReasoning) {
     delta = {{"type", "thinking_delta"}, {"thinking", piece}};
   } else if (open_ == Kind::kText) {
     delta = {{"type", "text_delta"}, {"text", piece}};
@@ -734,7 +702,7 @@ std::string MessagesStream::Close() {
   if (open_ == Kind::kNone) return "";
   std::string out;
   const int index = blocks_ - 1;
-  if (open_ == Kind::kThinking)
+  if (open_ == Kind::kReasoning)
     out += Event("content_block_delta",
                  {{"index", index},
                   {"delta", {{"type", "signature_delta"}, {"signature", Signature(id_, index)}}}});
@@ -760,34 +728,12 @@ std::string MessagesStream::OnEvent(const RequestEvent& event, const ChoiceResul
                                      {"usage", std::move(usage)}}}});
     out += Event("ping", json::object());
   }
-  chat_output::OutputDelta delta;
-  if (parser_) {
-    delta = parser_->Feed(event.text);
-    if (event.finish_reason) {
-      chat_output::OutputDelta rest = parser_->Finish(*event.finish_reason == "length");
-      delta.reasoning += rest.reasoning;
-      delta.content += rest.content;
-      for (auto& d : rest.tool_calls)
-        delta.tool_calls.push_back(std::move(d));
-    }
-  } else {
-    delta.content = event.text;
-  }
-  if (!delta.reasoning.empty()) {
-    if (open_ != Kind::kThinking) out += Open(Kind::kThinking, "", "");
-    out += Append(delta.reasoning);
-  }
-  if (!delta.content.empty()) {
-    if (open_ != Kind::kText) out += Open(Kind::kText, "", "");
-    out += Append(delta.content);
-  }
-  for (const auto& d : delta.tool_calls) {
-    if (d.id || open_ != Kind::kToolUse || d.index != call_index_) {
-      out += Open(Kind::kToolUse, d.id.value_or(""), d.name.value_or(""));
-      call_index_ = d.index;
-    }
-    out += Append(d.arguments);
-  }
+  out += output_.Feed(
+      event, open_,
+      [this](Kind kind, const std::string& call_id, const std::string& name) {
+        return Open(kind, call_id, name);
+      },
+      [this](const std::string& piece) { return Append(piece); });
   if (!event.finish_reason) return out;
   out += Close();
   const StopReason stop = StopOf(so_far, called_);

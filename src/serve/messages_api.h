@@ -74,7 +74,6 @@ nlohmann::ordered_json MessageObject(const GenerationPlan& plan, const ChoiceRes
 // message_stop. A failed generation ends with an error event.
 class MessagesStream {
  public:
-  // `plan` must outlive the stream.
   MessagesStream(const GenerationPlan& plan, std::string id, const ServingLimits& limits);
   ~MessagesStream();
   // The events for one engine event; `so_far` already includes it.
@@ -83,22 +82,19 @@ class MessagesStream {
   std::string Failed(const std::string& message);
 
  private:
-  enum class Kind { kNone, kThinking, kText, kToolUse };
+  using Kind = OutputBlocks::Kind;  // thinking, text, tool_use
   // Closes the open block and opens one of `kind` (a tool_use with its id and name).
   std::string Open(Kind kind, const std::string& id, const std::string& name);
   std::string Append(const std::string& piece);
   std::string Close();
 
-  const GenerationPlan& plan_;
   std::string id_;
   std::string model_;
-  std::unique_ptr<chat_output::ChatOutputParser> parser_;  // with tools or reasoning
+  OutputBlocks output_;
   bool started_ = false;
   int blocks_ = 0;  // content blocks opened so far
   Kind open_ = Kind::kNone;
-  std::string thinking_;  // the open thinking block's text, for its signature
-  int call_index_ = -1;   // the open tool_use's index in the parser's deltas
-  bool called_ = false;   // a tool_use block was written
+  bool called_ = false;  // a tool_use block was written
 };
 
 }  // namespace sy::serve

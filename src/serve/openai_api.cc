@@ -30,8 +30,8 @@ std::string ErrorType(int status) {
   }
 }
 
-ApiError Invalid(std::string param, std::string message) {
-  return {400, param.empty() ? message : param + ": " + message, param, "invalid_value"};
+ApiError Invalid(const std::string& param, const std::string& message) {
+  return InvalidField(param, message);
 }
 
 // Typed field readers: absent (or null) keeps the default; a wrong type or range is an error
@@ -1142,6 +1142,81 @@ std::string ModelResponse(const ServingLimits& limits, int64_t created, const st
     return "";
   }
   return DumpJson(ModelObject(limits, created));
+}
+
+ApiError InvalidField(const std::string& param, const std::string& message) {
+  return {400, param.empty() ? message : param + ": " + message, param, "invalid_value"};
+}
+
+const json* NonNullField(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+ApiError RenameFields(ApiError error, std::initializer_list<FieldRename> fields,
+                      std::initializer_list<FieldRename> infixes) {
+  const std::string before = error.param;
+  for (const auto& [from, to] : fields) {
+    const std::string_view f = from;
+    if (!error.param.starts_with(f)) continue;
+    const char next = error.param.size() > f.size() ? error.param[f.size()] : '\0';
+    if (next != '\0' && next != '.' && next != '[') continue;
+    error.param = to + error.param.substr(f.size());
+    break;
+  }
+  for (const auto& [from, to] : infixes) {
+    const size_t at = error.param.find(from);
+    if (at == std::string::npos) continue;
+    error.param.replace(at, std::string_view(from).size(), to);
+    break;
+  }
+  if (error.param != before && error.message.starts_with(before))
+    error.message = error.param + error.message.substr(before.size());
+  return error;
+}
+
+OutputBlocks::OutputBlocks(const GenerationPlan& plan) {
+  if (plan.parse_output) parser_ = std::make_unique<chat_output::ChatOutputParser>(plan.output);
+}
+
+OutputBlocks::~OutputBlocks() = default;
+
+std::string OutputBlocks::Feed(const RequestEvent& event, Kind open_kind, const OpenFn& open,
+                               const AppendFn& append) {
+  chat_output::OutputDelta delta;
+  if (parser_) {
+    delta = parser_->Feed(event.text);
+    if (event.finish_reason) {
+      chat_output::OutputDelta rest = parser_->Finish(*event.finish_reason == "length");
+      delta.reasoning += rest.reasoning;
+      delta.content += rest.content;
+      for (auto& d : rest.tool_calls)
+        delta.tool_calls.push_back(std::move(d));
+    }
+  } else {
+    delta.content = event.text;
+  }
+  std::string out;
+  auto start = [&](Kind kind, const std::string& call_id, const std::string& name) {
+    out += open(kind, call_id, name);
+    open_kind = kind;
+  };
+  if (!delta.reasoning.empty()) {
+    if (open_kind != Kind::kReasoning) start(Kind::kReasoning, "", "");
+    out += append(delta.reasoning);
+  }
+  if (!delta.content.empty()) {
+    if (open_kind != Kind::kText) start(Kind::kText, "", "");
+    out += append(delta.content);
+  }
+  for (const auto& d : delta.tool_calls) {
+    if (d.id || open_kind != Kind::kCall || d.index != call_index_) {
+      start(Kind::kCall, d.id.value_or(""), d.name.value_or(""));
+      call_index_ = d.index;
+    }
+    out += append(d.arguments);
+  }
+  return out;
 }
 
 }  // namespace sy::serve

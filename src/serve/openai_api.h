@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +31,21 @@ struct ApiError {
 
 // {"error": {"message", "type", "param", "code"}} — OpenAI's shape.
 std::string ErrorBody(const ApiError& error);
+
+// What the Responses and Messages APIs share with the chat path when reading a body:
+// a 400 naming the field ("param: message"; the message alone without a field),
+ApiError InvalidField(const std::string& param, const std::string& message);
+// body[key], unless it is absent or null,
+const nlohmann::ordered_json* NonNullField(const nlohmann::ordered_json& body, const char* key);
+// and an error the chat path reported, under the API's own field names: `fields` rename a
+// leading field and what hangs off it ("stop[0]" → "stop_sequences[0]"), `infixes` a piece
+// inside the path ("].function" → "]"); the message, which starts with the path, follows.
+struct FieldRename {
+  const char* from;
+  const char* to;
+};
+ApiError RenameFields(ApiError error, std::initializer_list<FieldRename> fields,
+                      std::initializer_list<FieldRename> infixes);
 
 // A response body's JSON text: compact, invalid UTF-8 (a token cut mid-character) replaced.
 std::string DumpJson(const nlohmann::ordered_json& value);
@@ -144,6 +161,29 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
 std::string StreamUsageChunk(const GenerationPlan& plan, const std::vector<ChoiceResult>& choices,
                              const std::string& id, int64_t created, const TextCodec& codec,
                              const ServingLimits& limits);
+// A streamed choice's output as the Responses and Messages APIs write it: a sequence of blocks —
+// reasoning, text, one per tool call — in the order the model writes them. Feed() splits an
+// engine event with the chat path's output parser (all text when the plan parses nothing; at the
+// finish, what the parser still held), calls `open` when a block starts (a writer closes the
+// block it had open first) and `append` with each piece of the block's text or arguments, and
+// returns what they wrote.
+class OutputBlocks {
+ public:
+  enum class Kind { kNone, kReasoning, kText, kCall };
+  using OpenFn = std::function<std::string(Kind kind, const std::string& call_id,
+                                           const std::string& call_name)>;
+  using AppendFn = std::function<std::string(const std::string& piece)>;
+  explicit OutputBlocks(const GenerationPlan& plan);
+  ~OutputBlocks();
+  // `open_kind`: the block the writer has open.
+  std::string Feed(const RequestEvent& event, Kind open_kind, const OpenFn& open,
+                   const AppendFn& append);
+
+ private:
+  std::unique_ptr<chat_output::ChatOutputParser> parser_;
+  int call_index_ = -1;  // the open call's index in the parser's deltas
+};
+
 // One chat log-probability entry: {token, logprob, bytes, top_logprobs: [...]} (the Responses
 // API's output_text logprobs take the same shape).
 nlohmann::ordered_json ChatLogprobEntry(const TextCodec& codec, const TokenLogprob& logprob);

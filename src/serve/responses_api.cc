@@ -12,14 +12,9 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-ApiError Invalid(const std::string& param, const std::string& message) {
-  return {400, param + ": " + message, param, "invalid_value"};
-}
-
-const json* Get(const json& body, const char* key) {
-  auto it = body.find(key);
-  return it == body.end() || it->is_null() ? nullptr : &*it;
-}
+// The shared body readers (openai_api.h), by short names.
+constexpr auto& Invalid = InvalidField;
+constexpr auto& Get = NonNullField;
 
 // Fields that would change the output or need state this server does not keep: refused with the
 // reason. (Identifiers that change nothing — user, safety_identifier, prompt_cache_key — are
@@ -306,30 +301,15 @@ std::optional<ApiError> Tools(const json& body, json* chat) {
   return std::nullopt;
 }
 
-// An error the chat path reports about a field this request named differently.
+// An error the chat path reports about a field this request named differently (function tools
+// are flat here: tools[i].function.parameters is tools[i].parameters).
 ApiError Renamed(ApiError error) {
-  static const std::pair<const char*, const char*> kNames[] = {{"messages", "input"},
-                                                               {"prompt", "input"},
-                                                               {"max_tokens", "max_output_tokens"},
-                                                               {"response_format", "text.format"}};
-  for (const auto& [chat, ours] : kNames) {
-    const std::string from = chat;
-    if (error.param.rfind(from, 0) != 0) continue;
-    error.param = ours + error.param.substr(from.size());
-    if (error.message.rfind(from, 0) == 0) error.message = ours + error.message.substr(from.size());
-    break;
-  }
-  // tools[i].function.parameters → tools[i].parameters (function tools are flat here).
-  if (error.param.rfind("tools[", 0) == 0) {
-    const size_t at = error.param.find("].function");
-    if (at != std::string::npos) {
-      const std::string chat = error.param;
-      error.param.erase(at + 1, 9);
-      if (error.message.rfind(chat, 0) == 0)
-        error.message = error.param + error.message.substr(chat.size());
-    }
-  }
-  return error;
+  return RenameFields(std::move(error),
+                      {{"messages", "input"},
+                       {"prompt", "input"},
+                       {"max_tokens", "max_output_tokens"},
+                       {"response_format", "text.format"}},
+                      {{"].function", "]"}});
 }
 
 json Usage(const ResponsesPlan& plan, const ChoiceResult& r, const TextCodec& codec) {
@@ -694,10 +674,12 @@ std::string InputItemsBody(const StoredResponse& stored, const std::string& quer
 
 ResponsesStream::ResponsesStream(const ResponsesPlan& plan, std::string id, int64_t created,
                                  const TextCodec& codec, const ServingLimits& limits)
-    : plan_(plan), id_(std::move(id)), created_(created), codec_(codec), limits_(limits) {
-  if (plan_.chat.parse_output)
-    parser_ = std::make_unique<chat_output::ChatOutputParser>(plan_.chat.output);
-}
+    : plan_(plan),
+      id_(std::move(id)),
+      created_(created),
+      codec_(codec),
+      limits_(limits),
+      blocks_(plan.chat) {}
 
 ResponsesStream::~ResponsesStream() = default;
 
@@ -732,11 +714,11 @@ std::string ResponsesStream::Open(Kind kind, const std::string& call_id, const s
   json item;
   if (kind == Kind::kReasoning)
     item = ReasoningItem(ItemId("rs", id_, index), nullptr, "in_progress");
-  if (kind == Kind::kMessage) item = MessageItem(ItemId("msg", id_, index), nullptr, "in_progress");
+  if (kind == Kind::kText) item = MessageItem(ItemId("msg", id_, index), nullptr, "in_progress");
   if (kind == Kind::kCall)
     item = FunctionCallItem(ItemId("fc", id_, index), call_id, name, "", "in_progress");
   out += Event("response.output_item.added", {{"output_index", index}, {"item", item}});
-  if (kind == Kind::kMessage)
+  if (kind == Kind::kText)
     out += Event("response.content_part.added", {{"item_id", item["id"]},
                                                  {"output_index", index},
                                                  {"content_index", 0},
@@ -768,7 +750,7 @@ std::string ResponsesStream::Close(const ChoiceResult* finished) {
   // An item closed because another began is whole; the last one shares the response's fate.
   const char* status = finished ? ItemStatus(*finished) : "completed";
   std::string out;
-  if (open_ == Kind::kMessage) {
+  if (open_ == Kind::kText) {
     json done = where;
     done["content_index"] = 0;
     done["text"] = text_;
@@ -811,35 +793,12 @@ void ResponsesStream::TakeLogprobs(const ChoiceResult& so_far) {
 
 std::string ResponsesStream::OnEvent(const RequestEvent& event, const ChoiceResult& so_far) {
   TakeLogprobs(so_far);
-  chat_output::OutputDelta delta;
-  if (parser_) {
-    delta = parser_->Feed(event.text);
-    if (event.finish_reason) {
-      chat_output::OutputDelta rest = parser_->Finish(*event.finish_reason == "length");
-      delta.reasoning += rest.reasoning;
-      delta.content += rest.content;
-      for (auto& d : rest.tool_calls)
-        delta.tool_calls.push_back(std::move(d));
-    }
-  } else {
-    delta.content = event.text;
-  }
-  std::string out;
-  if (!delta.reasoning.empty()) {
-    if (open_ != Kind::kReasoning) out += Open(Kind::kReasoning, "", "");
-    out += Append(delta.reasoning);
-  }
-  if (!delta.content.empty()) {
-    if (open_ != Kind::kMessage) out += Open(Kind::kMessage, "", "");
-    out += Append(delta.content);
-  }
-  for (const auto& d : delta.tool_calls) {
-    if (d.id || open_ != Kind::kCall || d.index != call_index_) {
-      out += Open(Kind::kCall, d.id.value_or(""), d.name.value_or(""));
-      call_index_ = d.index;
-    }
-    out += Append(d.arguments);
-  }
+  std::string out = blocks_.Feed(
+      event, open_,
+      [this](Kind kind, const std::string& call_id, const std::string& name) {
+        return Open(kind, call_id, name);
+      },
+      [this](const std::string& piece) { return Append(piece); });
   if (!event.finish_reason) return out;
   if (*event.finish_reason == "abort") {
     out += Close(nullptr);
@@ -847,7 +806,7 @@ std::string ResponsesStream::OnEvent(const RequestEvent& event, const ChoiceResu
     final_["status"] = "cancelled";
     return out;
   }
-  if (items_.empty()) out += Open(Kind::kMessage, "", "");  // an empty answer is an empty message
+  if (items_.empty()) out += Open(Kind::kText, "", "");  // an empty answer is an empty message
   out += Close(&so_far);
   const bool incomplete = Incomplete(so_far);
   final_ = FinishedResponse(plan_, id_, created_, codec_, limits_, so_far, items_);

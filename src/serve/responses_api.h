@@ -102,8 +102,8 @@ class ResponsesStream {
   ~ResponsesStream();
 
  private:
-  // The output item being written: reasoning, the message, or a function call.
-  enum class Kind { kNone, kReasoning, kMessage, kCall };
+  // The output item being written: reasoning, the message (kText), or a function call.
+  using Kind = OutputBlocks::Kind;
   std::string Event(const char* type, nlohmann::ordered_json body);
   // Closes the open item and opens a new one (output_item.added; content_part.added for text).
   std::string Open(Kind kind, const std::string& call_id, const std::string& name);
@@ -124,13 +124,11 @@ class ResponsesStream {
   nlohmann::ordered_json message_logprobs_ = nlohmann::ordered_json::array();
   nlohmann::ordered_json pending_logprobs_ = nlohmann::ordered_json::array();
   size_t logprobs_seen_ = 0;  // tokens whose log-probabilities have been looked at
-  // With tool calls or reasoning to split out (plan.chat.parse_output), the chat path's parser.
-  std::unique_ptr<chat_output::ChatOutputParser> parser_;
+  OutputBlocks blocks_;
   nlohmann::ordered_json items_ =
       nlohmann::ordered_json::array();  // the output so far, the open item last
   Kind open_ = Kind::kNone;
-  std::string text_;     // the open item's text or arguments so far
-  int call_index_ = -1;  // the open call's index in the parser's deltas
+  std::string text_;  // the open item's text or arguments so far
   nlohmann::ordered_json final_;
 };
 
