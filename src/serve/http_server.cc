@@ -117,6 +117,7 @@ class OpenAiServer::Impl {
   int port_ = 0;
   const int64_t started_ = UnixSeconds();  // the models' `created`
   std::atomic<int64_t> active_generations_{0};
+  HttpRequestCounts http_counts_;  // http_requests_total
   std::atomic<bool> shutting_down_{false};
   std::thread drainer_;
 
@@ -277,6 +278,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   void OnRead(beast::error_code ec) {
     anthropic_ = false;
+    route_ = "other";
+    method_ = "unknown";
     if (ec == http::error::end_of_stream || ec == net::error::eof ||
         ec == net::error::connection_reset || ec == beast::error::timeout || IsTlsError(ec)) {
       return Close();
@@ -313,17 +316,19 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     const bool post = request.method() == http::verb::post;
     // Anthropic's API answers errors in its own shape.
     anthropic_ = path == "/v1/messages" || path == "/v1/messages/count_tokens";
+    route_ = HttpRequestCounts::Route(path);
+    method_ = std::string(request.method_string());
     if (path == "/health" && get) {
       const bool healthy = server_.engine_.Metrics().healthy && !server_.shutting_down_;
       return Send(MakeResponse(healthy ? http::status::ok : http::status::service_unavailable, "",
                                "text/plain", version, keep_alive));
     }
     if (path == "/metrics" && get) {
-      return Send(
-          MakeResponse(http::status::ok,
-                       PrometheusText(server_.engine_.Metrics(), server_.options_.limits.model_name,
-                                      server_.options_.responses_store.get()),
-                       "text/plain; version=0.0.4; charset=utf-8", version, keep_alive));
+      return Send(MakeResponse(
+          http::status::ok,
+          PrometheusText(server_.engine_.Metrics(), server_.options_.limits.model_name,
+                         server_.options_.responses_store.get(), &server_.http_counts_),
+          "text/plain; version=0.0.4; charset=utf-8", version, keep_alive));
     }
     if (!server_.options_.api_key.empty()) {
       // OpenAI's clients send "Authorization: Bearer KEY"; Anthropic's API takes "x-api-key: KEY"
@@ -532,6 +537,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void Send(Response response) {
+    server_.http_counts_.Count(route_, method_, response.result_int());
     auto shared = std::make_shared<Response>(std::move(response));
     const bool linger = shared->result() == http::status::payload_too_large;
     http::async_write(stream_, *shared,
@@ -678,6 +684,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   // The header of a server-sent-event response (chunked); what is queued follows it.
   void WriteEventStreamHeader(unsigned version, bool keep_alive) {
+    server_.http_counts_.Count(route_, method_, 200);
     header_ = std::make_unique<http::response<http::empty_body>>(http::status::ok, version);
     header_->set(http::field::server, "switchyard");
     header_->set(http::field::content_type, "text/event-stream");
@@ -918,6 +925,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   };
   std::unique_ptr<Follow> follow_;
   bool anthropic_ = false;  // the request being answered is Anthropic's (its error shape)
+  // The request being answered, as http_requests_total counts it.
+  std::string route_ = "other", method_ = "unknown";
   std::unique_ptr<http::response<http::empty_body>> header_;
   std::unique_ptr<http::response_serializer<http::empty_body>> serializer_;
   std::deque<std::shared_ptr<std::string>> pending_;

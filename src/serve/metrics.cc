@@ -55,8 +55,45 @@ void HistogramText(std::string& out, const char* name, const char* help, const s
 
 }  // namespace
 
+std::string HttpRequestCounts::Route(const std::string& path) {
+  static const char* const kExact[] = {"/health",
+                                       "/metrics",
+                                       "/tokenize",
+                                       "/detokenize",
+                                       "/v1/models",
+                                       "/v1/completions",
+                                       "/v1/chat/completions",
+                                       "/v1/responses",
+                                       "/v1/messages",
+                                       "/v1/messages/count_tokens"};
+  for (const char* route : kExact)
+    if (path == route) return route;
+  if (path.starts_with("/v1/models/")) return "/v1/models/{id}";
+  if (path.starts_with("/v1/responses/")) {
+    for (const char* tail : {"/input_items", "/cancel"})
+      if (path.ends_with(tail)) return std::string("/v1/responses/{id}") + tail;
+    return "/v1/responses/{id}";
+  }
+  if (path.starts_with("/admin/")) return "/admin";
+  return "other";
+}
+
+void HttpRequestCounts::Count(const std::string& route, const std::string& method, int status) {
+  const std::string status_class = fmt::format("{}xx", status / 100);
+  std::lock_guard lock(mutex_);
+  ++counts_[{route, method, status_class}];
+}
+
+std::vector<HttpRequestCounts::Row> HttpRequestCounts::Rows() const {
+  std::lock_guard lock(mutex_);
+  std::vector<Row> rows;
+  for (const auto& [key, count] : counts_)
+    rows.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), count});
+  return rows;
+}
+
 std::string PrometheusText(const EngineMetrics& m, const std::string& model_name,
-                           const ResponsesStore* responses) {
+                           const ResponsesStore* responses, const HttpRequestCounts* http) {
   std::string escaped;
   for (char c : model_name) {
     if (c == '\\' || c == '"') escaped += '\\';
@@ -141,6 +178,15 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
              "Transfer messages refused (checksum, token) and transfers that failed.", l,
              static_cast<double>(stats.refused));
     }
+  }
+  if (http) {
+    out +=
+        "# HELP switchyard:http_requests_total HTTP requests answered, by endpoint, method and "
+        "status class.\n# TYPE switchyard:http_requests_total counter\n";
+    for (const auto& row : http->Rows())
+      out += fmt::format(
+          "switchyard:http_requests_total{{{},handler=\"{}\",method=\"{}\",status=\"{}\"}} {}\n",
+          labels, row.route, row.method, row.status_class, row.count);
   }
   if (responses) {
     Metric(out, "responses_stored", "gauge",

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -16,10 +19,30 @@ class Receiver;
 
 namespace sy::serve {
 
+// The HTTP front's answers: how many, by endpoint (its route, ids left out: "/v1/responses/{id}"),
+// method and status class ("2xx", "4xx", ...), as http_requests_total. Thread-safe.
+class HttpRequestCounts {
+ public:
+  // The route `path` is counted under: a known endpoint, its template, or "other" (so unknown
+  // paths cannot grow the label set).
+  static std::string Route(const std::string& path);
+  void Count(const std::string& route, const std::string& method, int status);
+  struct Row {
+    std::string route, method, status_class;
+    int64_t count = 0;
+  };
+  std::vector<Row> Rows() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::tuple<std::string, std::string, std::string>, int64_t> counts_;
+};
+
 // `responses`: the Responses API's store, when the server keeps one (responses_stored,
-// responses_store_bytes, responses_store_evictions_total).
+// responses_store_bytes, responses_store_evictions_total); `http`: the front's answers.
 std::string PrometheusText(const EngineMetrics& metrics, const std::string& model_name,
-                           const ResponsesStore* responses = nullptr);
+                           const ResponsesStore* responses = nullptr,
+                           const HttpRequestCounts* http = nullptr);
 
 // The expert-parallel imbalance over the last completed window of `serve --record-expert-load`
 // (busiest rank's routed rows over the mean rank's, summed over layers and steps), and per MoE

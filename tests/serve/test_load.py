@@ -189,6 +189,14 @@ def test_prometheus_scrapes_metrics(server):
                 pass
             time.sleep(0.5)
         assert value and value > 0, "Prometheus never saw a finished request"
+        # A labelled counter of the HTTP front, as a dashboard would query it.
+        query = urllib.parse.quote(
+            'switchyard:http_requests_total{job="switchyard",handler="/v1/completions",'
+            'method="POST",status="2xx"}')
+        with urllib.request.urlopen(
+                f"http://127.0.0.1:{web_port}/api/v1/query?query={query}", timeout=5) as r:
+            data = json.loads(r.read())
+        assert float(data["data"]["result"][0]["value"][1]) >= 1, data
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -225,6 +225,29 @@ def test_tokenize_and_detokenize(server):
         tokens("Hi\nthere") != tokens("Hithere")
 
 
+def test_http_requests_are_counted_by_route_method_and_status(server, client):
+    """http_requests_total: each answer under its endpoint (ids folded into a template, unknown
+    paths as "other"), method and status class."""
+    def count(handler, method, status):
+        return server.metrics().get(
+            f'switchyard:http_requests_total{{model_name="sy-test",handler="{handler}",'
+            f'method="{method}",status="{status}"}}', 0)
+    before = [count("/v1/chat/completions", "POST", "2xx"),
+              count("/v1/chat/completions", "POST", "4xx"),
+              count("/v1/responses/{id}", "GET", "4xx"), count("other", "GET", "4xx")]
+    client.chat.completions.create(model="sy-test", messages=[{"role": "user", "content": "x"}],
+                                   max_tokens=1)
+    list(client.chat.completions.create(model="sy-test", max_tokens=1, stream=True,
+                                        messages=[{"role": "user", "content": "x"}]))
+    server.request("POST", "/v1/chat/completions", {"messages": []})
+    server.request("GET", "/v1/responses/resp_nowhere")
+    server.request("GET", "/no/such/path/42")
+    assert [count("/v1/chat/completions", "POST", "2xx"),
+            count("/v1/chat/completions", "POST", "4xx"),
+            count("/v1/responses/{id}", "GET", "4xx"), count("other", "GET", "4xx")] == [
+        before[0] + 2, before[1] + 1, before[2] + 1, before[3] + 1]
+
+
 def test_continue_final_message_continues_the_assistant(server, client):
     """vLLM's continue_final_message: the prompt ends inside the last message (transformers'
     rendering, checked against it in tokenizer_test), so the answer continues its text."""
