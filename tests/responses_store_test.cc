@@ -1,5 +1,6 @@
-// The Responses API's store: least-recently-used eviction within its byte budget, replacement,
-// deletion, and the input-items list's order, paging and parameter errors. No model.
+// The front's store: least-recently-used eviction within its byte budget, replacement, updates,
+// deletion, thread claims, and the input-items list's order, paging and parameter errors. No
+// model.
 #include "serve/responses_store.h"
 
 #include <gtest/gtest.h>
@@ -80,7 +81,32 @@ TEST(ResponsesStore, InputItemsListNewestFirstInPages) {
 }
 
 }  // namespace
-TEST(ResponsesStoreTest, AThreadReplyIsContinuedOnce) {
+TEST(ResponsesStore, UpdateChangesAnEntryInPlaceAndKeepsTheBudget) {
+  ResponsesStore store(3000);
+  store.Put("a", Entry(900));
+  store.Put("b", Entry(900));
+  EXPECT_FALSE(store.Update("none", [](StoredResponse&) {}));
+  // A conversation's items appended: the bytes follow, and a reader keeps the old value.
+  auto before = store.Get("a");
+  ASSERT_TRUE(store.Update("a", [](StoredResponse& e) { e.context.push_back("one more"); }));
+  EXPECT_EQ(before->context.size(), 0u);
+  EXPECT_EQ(store.Get("a")->context.size(), 1u);
+  EXPECT_EQ(store.bytes(),
+            2 * (Entry(900).response.dump().size() + 3) + 10);  // "[]" → ["one more"]
+  // Grown beyond the budget, it evicts the least recently used other first.
+  ASSERT_TRUE(
+      store.Update("a", [](StoredResponse& e) { e.response["text"] = std::string(2500, 'y'); }));
+  EXPECT_EQ(store.Get("b"), nullptr);
+  EXPECT_NE(store.Get("a"), nullptr);
+  EXPECT_LE(store.bytes(), 3000u);
+  // Beyond the whole budget, it goes as well (as Put would not keep it).
+  ASSERT_TRUE(
+      store.Update("a", [](StoredResponse& e) { e.response["text"] = std::string(4000, 'z'); }));
+  EXPECT_EQ(store.Get("a"), nullptr);
+  EXPECT_EQ(store.bytes(), 0u);
+}
+
+TEST(ResponsesStore, AThreadReplyIsContinuedOnce) {
   ResponsesStore store(1 << 20);
   EXPECT_EQ(store.ClaimContinuation("msg_a"), ResponsesStore::Claim::kNotFound);
   store.Put("msg_a", StoredResponse{});

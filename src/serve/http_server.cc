@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "serve/access.h"
+#include "serve/conversations_api.h"
 #include "serve/messages_api.h"
 #include "serve/metrics.h"
 #include "serve/responses_api.h"
@@ -403,6 +404,24 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return StartGeneration(std::move(plan), version, keep_alive, std::move(parsed.plan));
     }
     if (path.starts_with("/v1/responses/")) return StoredResponseRequest(request, path, target);
+    if (path == "/v1/conversations" || path.starts_with("/v1/conversations/")) {
+      ResponsesStore* store = server_.options_.responses_store.get();
+      if (!store)
+        return SendError({404,
+                          "this server keeps no conversations (--responses-store-mb 0): send "
+                          "the whole conversation as input",
+                          "", "not_found"},
+                         version, keep_alive);
+      const size_t q = target.find('?');
+      ConversationsReply reply =
+          ConversationsRequest(*store, std::string(request.method_string()),
+                               path.substr(std::string_view("/v1/conversations").size()),
+                               q == std::string::npos ? "" : target.substr(q + 1), request.body(),
+                               "conv_" + RandomId(), UnixSeconds());
+      if (reply.status != 200) return SendError(reply.error, version, keep_alive);
+      return Send(MakeResponse(http::status::ok, std::move(reply.body), "application/json", version,
+                               keep_alive));
+    }
     if (path == "/v1/messages" && post) {
       ResponsesStore* store = server_.options_.responses_store.get();
       ParsedMessagesRequest parsed =
@@ -835,10 +854,11 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     FinishThread(*g, !failed);
     if (client_gone_) return Close();
     ResponsesStore* store = server_.options_.responses_store.get();
-    if (g->responses_stream && g->responses->store && store &&
-        !g->responses_stream->final_response().is_null())
-      store->Put(g->id,
-                 ResponseToStore(*g->responses, g->id, g->responses_stream->final_response()));
+    if (g->responses_stream && store && !g->responses_stream->final_response().is_null()) {
+      const nlohmann::ordered_json& final = g->responses_stream->final_response();
+      AppendToConversation(*store, *g->responses, g->id, final);
+      if (g->responses->store) store->Put(g->id, ResponseToStore(*g->responses, g->id, final));
+    }
     if (g->plan.stream) {
       if (g->plan.include_usage)
         Queue(StreamUsageChunk(g->plan, g->results, g->id, g->created, server_.codec_,
@@ -862,6 +882,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       nlohmann::ordered_json object = ResponsesObject(
           *g->responses, g->results[0], g->id, g->created, server_.codec_, server_.options_.limits);
       std::string body = DumpJson(object);
+      if (store) AppendToConversation(*store, *g->responses, g->id, object);
       if (g->responses->store && store)
         store->Put(g->id, ResponseToStore(*g->responses, g->id, std::move(object)));
       return Send(MakeResponse(http::status::ok, std::move(body), "application/json", g->version,
@@ -1142,6 +1163,7 @@ void OpenAiServer::Impl::PumpBackground(const std::shared_ptr<BackgroundRun>& ru
     done = ResponsesObject(run->plan, run->result, run->id, run->created, codec_, options_.limits);
     if (run->cancelled) done["status"] = "cancelled";
   }
+  AppendToConversation(store, run->plan, run->id, done);
   StoredResponse kept = ResponseToStore(run->plan, run->id, std::move(done));
   Log(*run, streamed, true);
   {

@@ -74,6 +74,13 @@ std::string HttpRequestCounts::Route(const std::string& path) {
       if (path.ends_with(tail)) return std::string("/v1/responses/{id}") + tail;
     return "/v1/responses/{id}";
   }
+  if (path == "/v1/conversations") return path;
+  if (path.starts_with("/v1/conversations/")) {
+    const size_t items = path.find("/items");
+    if (items == std::string::npos) return "/v1/conversations/{id}";
+    return path.size() > items + 6 ? "/v1/conversations/{id}/items/{item_id}"
+                                   : "/v1/conversations/{id}/items";
+  }
   if (path.starts_with("/admin/")) return "/admin";
   return "other";
 }

@@ -63,10 +63,18 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool stored) {
                    "(send the whole conversation as input)");
   if (const json* id = Get(body, "previous_response_id"); id && !id->is_string())
     return Invalid("previous_response_id", "must be a string");
-  if (Get(body, "conversation"))
-    return Invalid("conversation",
-                   "conversations are not kept: chain turns with previous_response_id, or send "
-                   "the whole conversation as input");
+  if (const json* conversation = Get(body, "conversation")) {
+    if (!stored)
+      return Invalid("conversation",
+                     "this server keeps no state (--responses-store-mb 0): send the whole "
+                     "conversation as input");
+    if (Get(body, "previous_response_id"))
+      return Invalid("conversation", "cannot be combined with previous_response_id");
+    const bool id = conversation->is_string() ||
+                    (conversation->is_object() && conversation->contains("id") &&
+                     (*conversation)["id"].is_string() && conversation->size() == 1);
+    if (!id) return Invalid("conversation", "must be a conversation id or {\"id\": ...}");
+  }
   if (const json* b = Get(body, "background"); b && *b != false) {
     if (!b->is_boolean()) return Invalid("background", "must be true or false");
     if (!stored)
@@ -471,7 +479,7 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
   std::optional<ApiError> error = RefuseUnsupported(root, store != nullptr);
   // previous_response_id: the stored turn's context and output come before this input.
   json prior = json::array();
-  std::string previous_id;
+  std::string previous_id, conversation_id;
   if (!error && store) {
     if (const json* id = Get(root, "previous_response_id")) {
       previous_id = id->get<std::string>();
@@ -487,6 +495,20 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
       prior = previous->context;
       for (const json& item : previous->response.value("output", json::array()))
         prior.push_back(item);
+    }
+    // conversation: its items come before this input, and this turn is added to it.
+    if (const json* conversation = Get(root, "conversation")) {
+      conversation_id = conversation->is_string() ? conversation->get<std::string>()
+                                                  : (*conversation)["id"].get<std::string>();
+      auto stored = store->Get(conversation_id);
+      if (!stored || stored->response.value("object", "") != "conversation") {
+        out.error = {404,
+                     fmt::format("conversation: no conversation '{}' (never made, or deleted)",
+                                 conversation_id),
+                     "conversation", "not_found"};
+        return out;
+      }
+      prior = stored->context;
     }
   }
   if (!error) error = Messages(root, prior, &messages);
@@ -536,6 +558,8 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
   // OpenAI's default: stored, where the server keeps a store.
   plan.store = store && (!Get(root, "store") || root["store"] == true);
   plan.background = Get(root, "background") && root["background"] == true;
+  plan.conversation = conversation_id;
+  if (!conversation_id.empty()) plan.conversation_items = NormalizedInput(root["input"]);
   if (plan.store) {
     plan.context = std::move(prior);
     for (json& item : NormalizedInput(root["input"]))
@@ -558,6 +582,7 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
                {"user", root.value("user", json())},
                {"store", plan.store},
                {"background", plan.background},
+               {"conversation", conversation_id.empty() ? json() : json({{"id", conversation_id}})},
                {"previous_response_id", previous_id.empty() ? json() : json(previous_id)}};
   if (plan.echo["tool_choice"].is_null()) plan.echo["tool_choice"] = "auto";
   if (plan.echo["parallel_tool_calls"].is_null()) plan.echo["parallel_tool_calls"] = true;
@@ -597,22 +622,51 @@ json PendingResponse(const ResponsesPlan& plan, const std::string& id, int64_t c
   return ResponseObject(plan, id, created, limits, status);
 }
 
-StoredResponse ResponseToStore(const ResponsesPlan& plan, const std::string& id, json response) {
-  StoredResponse stored;
-  stored.response = std::move(response);
-  stored.context = plan.context;
-  const std::string suffix = id.substr(id.find('_') + 1);
-  for (size_t i = 0; i < stored.context.size(); ++i) {
-    json& item = stored.context[i];
+json WithItemIds(json items, const std::string& owner_id, const char* tag) {
+  const std::string suffix = owner_id.substr(owner_id.find('_') + 1);
+  for (size_t i = 0; i < items.size(); ++i) {
+    json& item = items[i];
     if (item.contains("id")) continue;
     const std::string type = item.value("type", "message");
     const char* prefix = type == "message"                ? "msg"
                          : type == "function_call"        ? "fc"
                          : type == "function_call_output" ? "fco"
                                                           : "item";
-    item["id"] = fmt::format("{}_{}_in{}", prefix, suffix, i);
+    item["id"] = fmt::format("{}_{}_{}{}", prefix, suffix, tag, i);
   }
+  return items;
+}
+
+StoredResponse ResponseToStore(const ResponsesPlan& plan, const std::string& id, json response) {
+  StoredResponse stored;
+  stored.response = std::move(response);
+  stored.context = WithItemIds(plan.context, id, "in");
   return stored;
+}
+
+void AppendToConversation(ResponsesStore& store, const ResponsesPlan& plan,
+                          const std::string& response_id, const json& response) {
+  // A failed or cancelled turn is not added: the conversation holds whole turns.
+  const std::string status = response.value("status", "");
+  if (plan.conversation.empty() || (status != "completed" && status != "incomplete")) return;
+  store.Update(plan.conversation, [&](StoredResponse& conversation) {
+    for (json& item : WithItemIds(plan.conversation_items, response_id, "in"))
+      conversation.context.push_back(std::move(item));
+    for (const json& item : response.value("output", json::array()))
+      conversation.context.push_back(item);
+  });
+}
+
+std::optional<ApiError> CheckInputItems(const json& items, const std::string& where) {
+  json messages = json::array();
+  for (size_t i = 0; i < items.size(); ++i)
+    if (auto error = AddInputItem(items[i], fmt::format("{}[{}]", where, i), &messages))
+      return error;
+  return std::nullopt;
+}
+
+json NormalizedInputItems(const json& items) {
+  return NormalizedInput(items);
 }
 
 std::string InputItemsBody(const StoredResponse& stored, const std::string& query,

@@ -33,6 +33,10 @@ struct ResponsesPlan {
   // previous turns' context and output, then this input; StoredResponse::context).
   bool store = false;
   nlohmann::ordered_json context;
+  // conversation: the stored conversation whose items come before the input; when the response
+  // finishes, this request's input items (`conversation_items`) and its output are added to it.
+  std::string conversation;
+  nlohmann::ordered_json conversation_items;
   // background: true — the server runs it on its own (needs the store); streamed, its events are
   // kept so a client can read them again (GET /v1/responses/{id}?stream=true&starting_after=N).
   bool background = false;
@@ -75,6 +79,21 @@ nlohmann::ordered_json PendingResponse(const ResponsesPlan& plan, const std::str
 // an id for each of this request's input items.
 StoredResponse ResponseToStore(const ResponsesPlan& plan, const std::string& id,
                                nlohmann::ordered_json response);
+
+// Gives the items without an id one: their kind's prefix, the owner's id, `tag` and the index
+// ("msg_<owner>_in0").
+nlohmann::ordered_json WithItemIds(nlohmann::ordered_json items, const std::string& owner_id,
+                                   const char* tag);
+// A finished response's turn added to its conversation (plan.conversation), if it has one, the
+// response completed (or ran out of tokens), and the conversation is still stored.
+void AppendToConversation(ResponsesStore& store, const ResponsesPlan& plan,
+                          const std::string& response_id, const nlohmann::ordered_json& response);
+// Input items as the Responses API reads them (messages, function calls and their outputs,
+// reasoning): an error naming `where[i]` for the first it cannot read.
+std::optional<ApiError> CheckInputItems(const nlohmann::ordered_json& items,
+                                        const std::string& where);
+// Items as they are stored: each with its type, a message's string content as its text part.
+nlohmann::ordered_json NormalizedInputItems(const nlohmann::ordered_json& items);
 
 // GET /v1/responses/{id}/input_items: the list object of the stored context, newest first unless
 // order=asc, `limit` (1-100, default 20) from after the item `after`. `query`: the URL's query

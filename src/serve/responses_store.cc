@@ -1,13 +1,32 @@
 #include "serve/responses_store.h"
 
 namespace sy::serve {
+namespace {
 
-void ResponsesStore::Put(const std::string& id, StoredResponse entry) {
-  // The size of the entry's JSON text: what it costs to keep, near enough.
+// The size of an entry's JSON text (and events): what it costs to keep, near enough.
+size_t EntryBytes(const std::string& id, const StoredResponse& entry) {
   size_t bytes = id.size() + entry.response.dump().size() + entry.context.dump().size();
   if (entry.events)
     for (const std::string& event : *entry.events)
       bytes += event.size();
+  return bytes;
+}
+
+}  // namespace
+
+void ResponsesStore::EvictBeyondBudget() {
+  while (bytes_ > max_bytes_ && !order_.empty()) {
+    const Entry& last = order_.back();
+    bytes_ -= last.bytes;
+    by_id_.erase(last.id);
+    continued_.erase(last.id);
+    order_.pop_back();
+    ++evictions_;
+  }
+}
+
+void ResponsesStore::Put(const std::string& id, StoredResponse entry) {
+  const size_t bytes = EntryBytes(id, entry);
   std::lock_guard lock(mutex_);
   if (auto it = by_id_.find(id); it != by_id_.end()) {
     bytes_ -= it->second->bytes;
@@ -18,14 +37,7 @@ void ResponsesStore::Put(const std::string& id, StoredResponse entry) {
   order_.push_front({id, std::make_shared<const StoredResponse>(std::move(entry)), bytes});
   by_id_[id] = order_.begin();
   bytes_ += bytes;
-  while (bytes_ > max_bytes_) {
-    const Entry& last = order_.back();
-    bytes_ -= last.bytes;
-    by_id_.erase(last.id);
-    continued_.erase(last.id);
-    order_.pop_back();
-    ++evictions_;
-  }
+  EvictBeyondBudget();
 }
 
 std::shared_ptr<const StoredResponse> ResponsesStore::Get(const std::string& id) {
@@ -44,6 +56,22 @@ bool ResponsesStore::Erase(const std::string& id) {
   order_.erase(it->second);
   by_id_.erase(it);
   continued_.erase(id);
+  return true;
+}
+
+bool ResponsesStore::Update(const std::string& id,
+                            const std::function<void(StoredResponse&)>& change) {
+  std::lock_guard lock(mutex_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return false;
+  StoredResponse copy = *it->second->value;
+  change(copy);
+  const size_t bytes = EntryBytes(id, copy);
+  bytes_ = bytes_ - it->second->bytes + bytes;
+  it->second->value = std::make_shared<const StoredResponse>(std::move(copy));
+  it->second->bytes = bytes;
+  order_.splice(order_.begin(), order_, it->second);
+  EvictBeyondBudget();  // the entry grown past the whole budget goes too, as Put would not keep it
   return true;
 }
 

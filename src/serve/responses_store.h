@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -46,6 +47,9 @@ class ResponsesStore {
   std::shared_ptr<const StoredResponse> Get(const std::string& id);
   // Whether there was one to delete.
   bool Erase(const std::string& id);
+  // Replaces the entry with `change` applied to a copy of it, at once for concurrent callers (a
+  // conversation's items appended by two responses); false when there is no such entry.
+  bool Update(const std::string& id, const std::function<void(StoredResponse&)>& change);
 
   // A thread's reply is continued once: the first request to continue it claims it until it
   // finishes (kInFlight for others meanwhile); a finished continuation leaves it kContinued, a
@@ -60,6 +64,7 @@ class ResponsesStore {
   size_t max_bytes() const { return max_bytes_; }
 
  private:
+  void EvictBeyondBudget();  // least recently used first; with mutex_ held
   struct Entry {
     std::string id;
     std::shared_ptr<const StoredResponse> value;

@@ -6,7 +6,8 @@ fuzz_begin serve "$@"
 fuzz_build \
   -DSY_FUZZ_TOKENIZER_DIR="\"$src/configs/tokenizer/default\"" \
   "$src/src/serve/openai_api.cc" "$src/src/serve/responses_api.cc" \
-  "$src/src/serve/messages_api.cc" "$src/src/engine/sampling.cc" \
+  "$src/src/serve/messages_api.cc" "$src/src/serve/conversations_api.cc" \
+  "$src/src/engine/sampling.cc" \
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" "$src"/src/structured/*.cc \
@@ -29,6 +30,7 @@ seed body-forced-format $'\x02{"messages":[{"role":"user","content":"hi"}],"tool
 seed body-responses-chain $'\x24{"input":[{"type":"function_call_output","call_id":"call_1","output":"ok"}],"previous_response_id":"resp_1","instructions":"x"}'
 seed body-responses-store $'\x24{"input":"hi","store":false,"previous_response_id":"resp_9"}'
 seed query-items $'\x24limit=2&order=asc&after=msg_1_in0'
+seed body-conversation $'\x24{"items":[{"role":"user","content":"hi"},{"type":"function_call_output","call_id":"c","output":"ok"}],"metadata":{"a":"b"}}'
 seed body-messages $'\x40{"model":"fuzz","max_tokens":9,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":"s"},{"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"},{"type":"text","text":"and?"}]}],"tools":[{"name":"f","input_schema":{"type":"object","properties":{"a":{"type":"integer"}}}}],"tool_choice":{"type":"any","disable_parallel_tool_use":true},"stop_sequences":["x"]}'
 seed body-messages-prefill $'\x40{"model":"fuzz","max_tokens":9,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"text","text":"<think>So"}]}]}'
 seed body-chat-continue $'\x0a{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Once"}],"continue_final_message":true,"add_generation_prompt":false}'

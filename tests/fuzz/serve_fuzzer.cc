@@ -6,15 +6,16 @@
 // parsers (tool calls in both formats, reasoning): split at points the input picks, the streamed
 // deltas must add up to the same result as one chunk. With bit 5 the Responses API runs with a
 // store holding "resp_1" (previous_response_id, the stored response written back), and the input
-// is also an input-items query string. With bit 6 the body goes to Anthropic's Messages API
-// (the request, count_tokens, the Message object and its events, the error body); with bit 5
-// as well, a thread reply "msg_1" is stored to continue.
+// is also an input-items query string, and the body goes through the Conversations API. With bit 6
+// the body goes to Anthropic's Messages API (the request, count_tokens, the Message object and its
+// events, the error body); with bit 5 as well, a thread reply "msg_1" is stored to continue.
 #include <boost/beast/http.hpp>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include "chat_output/chat_output.h"
+#include "serve/conversations_api.h"
 #include "serve/messages_api.h"
 #include "serve/openai_api.h"
 #include "serve/responses_api.h"
@@ -60,6 +61,14 @@ sy::serve::ResponsesStore& Store() {
             {"type": "text", "text": "hello"},
             {"type": "tool_use", "id": "call_1", "name": "f", "input": {}}]})");
     s->Put("msg_1", std::move(thread));
+    // A conversation, "conv_1", with one item.
+    sy::serve::StoredResponse conversation;
+    conversation.response = nlohmann::ordered_json::parse(
+        R"({"id": "conv_1", "object": "conversation", "created_at": 0, "metadata": {}})");
+    conversation.context = nlohmann::ordered_json::parse(
+        R"([{"id": "msg_1_in0", "type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "hi"}]}])");
+    s->Put("conv_1", std::move(conversation));
     return s;
   }();
   return *store;
@@ -172,6 +181,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (store) {
       sy::serve::ApiError error;
       CheckUtf8(sy::serve::InputItemsBody(*store->Get("resp_1"), input, &error));
+      // The Conversations API: the body as a create, an items create and an update, the input
+      // as an items query. Each answers or refuses with a 4xx.
+      for (const auto& [method, path] : {std::pair<const char*, const char*>{"POST", ""},
+                                         {"POST", "/conv_1/items"},
+                                         {"POST", "/conv_1"},
+                                         {"GET", "/conv_1/items"},
+                                         {"GET", "/conv_1/items/msg_1_in0"}}) {
+        const sy::serve::ConversationsReply reply =
+            sy::serve::ConversationsRequest(*store, method, path, input, body, "conv_2", 0);
+        if (reply.status != 200 && (reply.status < 400 || reply.status > 499)) std::abort();
+        CheckUtf8(reply.status == 200 ? reply.body : sy::serve::ErrorBody(reply.error));
+      }
     }
     sy::serve::ParsedResponsesRequest responses =
         sy::serve::ParseResponsesRequest(body, codec, limits, store);

@@ -93,6 +93,46 @@ def test_turns_chained_on_the_servers_store(tool_server):
     assert status == 200 and stored["previous_response_id"] == first, stored
 
 
+def test_a_conversation_on_the_server_and_a_session_kept_there(tool_server):
+    """conversation_id: the SDK sends each turn with the server's conversation, which then holds
+    the whole run; OpenAIConversationsSession keeps a session's history in a server-side
+    conversation (items listed, added and popped through the Conversations API)."""
+    from agents.memory import OpenAIConversationsSession
+    calls, session_calls = [], []
+    agent = Agent(name="forecaster", instructions="Answer briefly.",
+                  model=model(tool_server, "responses"),
+                  tools=[weather_tool(calls, once=True)], output_type=Forecast,
+                  model_settings=settings(tool_choice="required"))
+    remembering = Agent(name="forecaster", instructions="Answer briefly.",
+                        model=model(tool_server, "responses"),
+                        tools=[weather_tool(session_calls, once=True)], output_type=Forecast,
+                        model_settings=settings(tool_choice="required"))
+
+    async def go():
+        client = AsyncOpenAI(base_url=tool_server.url + "/v1", api_key="x", max_retries=0,
+                             timeout=300)
+        conversation = await client.conversations.create()
+        result = await Runner.run(agent, "What is the weather in Paris?", max_turns=4,
+                                  conversation_id=conversation.id)
+        items = [item async for item in client.conversations.items.list(conversation.id,
+                                                                        order="asc")]
+        session = OpenAIConversationsSession(openai_client=client)
+        await Runner.run(remembering, "What is the weather in Paris?", session=session,
+                         max_turns=4)
+        kept = await session.get_items()
+        popped = await session.pop_item()
+        return result, items, kept, popped, await session.get_items()
+    result, items, kept, popped, after = asyncio.run(go())
+    assert len(calls) == 1 and isinstance(result.final_output, Forecast), result.new_items
+    # The question, the call, its output, the answer: each turn's input and output, once.
+    assert [item.type for item in items] == [
+        "message", "function_call", "function_call_output", "message"], items
+    assert items[1].call_id == items[2].call_id
+    assert len(session_calls) == 1
+    assert kept[0]["role"] == "user" and len(after) == len(kept) - 1
+    assert popped == kept[-1]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_tools_stay_offered_beside_the_typed_answer(tool_server, stream):
     """After the forced first call the SDK asks with tool_choice "auto" and the answer's schema:

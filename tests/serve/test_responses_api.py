@@ -148,7 +148,9 @@ def test_json_schema_and_json_object_formats(client):
 @pytest.mark.parametrize("body,param,words", [
     ({"previous_response_id": 5}, "previous_response_id", "string"),
     ({"store": "yes"}, "store", "true or false"),
-    ({"conversation": "conv_1"}, "conversation", "not kept"),
+    ({"conversation": {"id": 7}}, "conversation", "conversation id"),
+    ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation",
+     "previous_response_id"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice",
      "--enable-auto-tool-choice"),
     ({"top_logprobs": 3}, "top_logprobs", "message.output_text.logprobs"),
@@ -356,6 +358,61 @@ def test_background_responses_stream_and_resume(server, client):
     assert final.status == "cancelled" and aborted_requests(server) == aborted + 1
 
 
+def test_conversations_hold_turns_and_their_items(server, client):
+    """The Conversations API: a conversation made with items and metadata; responses that name it
+    read its items first and add their turn (the same answer as the conversation sent whole);
+    its items listed in pages, retrieved and deleted; metadata updated; deleted, it is gone."""
+    conv = client.conversations.create(items=[{"role": "system", "content": "Be brief."}],
+                                       metadata={"topic": "kings"})
+    assert conv.object == "conversation" and conv.metadata == {"topic": "kings"}
+    first = client.responses.create(model="sy-test", input="Tell me of the king.",
+                                    conversation=conv.id, max_output_tokens=6, temperature=0)
+    second = client.responses.create(model="sy-test", input="And the queen?",
+                                     conversation={"id": conv.id}, max_output_tokens=6,
+                                     temperature=0, store=False)
+    assert second.conversation.id == conv.id
+    whole = [{"role": "system", "content": "Be brief."},
+             {"role": "user", "content": "Tell me of the king."}]
+    whole += [item.model_dump(exclude_none=True) for item in first.output]
+    whole += [{"role": "user", "content": "And the queen?"}]
+    alone = client.responses.create(model="sy-test", input=whole, max_output_tokens=6,
+                                    temperature=0, store=False)
+    assert second.output_text == alone.output_text
+    assert second.usage.input_tokens == alone.usage.input_tokens
+    items = list(client.conversations.items.list(conv.id, order="asc"))
+    assert [(i.type, i.role) for i in items] == [
+        ("message", "system"), ("message", "user"), ("message", "assistant"),
+        ("message", "user"), ("message", "assistant")]
+    assert items[2].id == first.output[0].id  # output items keep their ids
+    assert len({i.id for i in items}) == 5
+    # Pages, newest first by default.
+    page = client.conversations.items.list(conv.id, limit=2)
+    assert [i.id for i in page.data] == [items[4].id, items[3].id] and page.has_more
+    # Items added by hand join the list; one retrieved and deleted.
+    added = client.conversations.items.create(
+        conv.id, items=[{"type": "message", "role": "user", "content": "Go on."}])
+    assert added.data[0].role == "user" and added.data[0].id not in {i.id for i in items}
+    got = client.conversations.items.retrieve(items[1].id, conversation_id=conv.id)
+    assert got.id == items[1].id and got.content[0].text == "Tell me of the king."
+    client.conversations.items.delete(items[1].id, conversation_id=conv.id)
+    assert len(list(client.conversations.items.list(conv.id))) == 5
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.items.retrieve(items[1].id, conversation_id=conv.id)
+    assert client.conversations.update(conv.id, metadata={"topic": "queens"}).metadata == {
+        "topic": "queens"}
+    assert client.conversations.delete(conv.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conv.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model="sy-test", input="x", conversation=conv.id)
+    assert e.value.body["param"] == "conversation"
+    for body, param in (({"items": "x"}, "items"), ({"metadata": {"k": 1}}, "metadata.k"),
+                        ({"items": [{"role": "wizard", "content": "x"}]}, "items[0].role"),
+                        ({"frob": 1}, "frob")):
+        got, error, _ = server.request("POST", "/v1/conversations", body)
+        assert got == 400 and error["error"]["param"] == param, error
+
+
 def test_the_store_keeps_its_budget_and_can_be_off(model_dir):
     """--responses-store-mb: the least recently used go first; 0 keeps nothing and refuses
     store: true and previous_response_id by name."""
@@ -383,7 +440,8 @@ def test_the_store_keeps_its_budget_and_can_be_off(model_dir):
         assert out.store is False
         for body, param in (({"store": True}, "store"),
                             ({"previous_response_id": out.id}, "previous_response_id"),
-                            ({"background": True}, "background")):
+                            ({"background": True}, "background"),
+                            ({"conversation": "conv_1"}, "conversation")):
             got, error, _ = off.request("POST", "/v1/responses",
                                         {"model": "sy-test", "input": "x", **body})
             assert got == 400 and error["error"]["param"] == param, error
