@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP front of an engine: /v1/completions and /v1/chat/completions
-// (JSON or server-sent events), /v1/responses, /v1/models, /tokenize, /detokenize, /health,
-// /metrics; and Anthropic's /v1/messages (serve/messages_api.h).
+// (JSON or server-sent events), /v1/responses (stored, background, streamed again),
+// /v1/conversations, /v1/models, /tokenize, /detokenize, /health, /metrics; and Anthropic's
+// /v1/messages (serve/messages_api.h).
 // Boost.Beast over Asio (Debian's Boost): asynchronous connections on a small fixed pool of I/O
 // threads, so hundreds of open streams cost sockets and buffers, not threads; the engine's step
 // loop hands events over without waiting for any reader.
@@ -28,8 +29,8 @@ struct ServerOptions {
   int io_threads = 2;
   size_t max_body_bytes = 32u << 20;
   ServingLimits limits;
-  // The Responses API's store (store, previous_response_id, GET/DELETE /v1/responses/{id});
-  // null: the API is stateless.
+  // The front's store: stored and background responses, conversations, Anthropic message
+  // threads; null: all of them are refused (the APIs are stateless).
   std::shared_ptr<ResponsesStore> responses_store;
   // Answers /admin/* (after the API key check) when set: (method, path, body) → (HTTP status,
   // JSON body). The router's drain and resume live here.
