@@ -67,9 +67,9 @@ ConversationsReply Create(ResponsesStore& store, const std::string& body, const 
   std::optional<ApiError> error;
   const json root = ParseBody(body, &error);
   if (error) return Error(*error);
-  for (const auto& [key, value] : root.items())
-    if (key != "items" && key != "metadata")
-      return Error(Invalid(key, "is not a conversation field (items, metadata)"));
+  if (auto bad = UnknownField(root, "", {"items", "metadata"},
+                              "is not a conversation field (items, metadata)"))
+    return Error(*bad);
   const json* metadata = Get(root, "metadata");
   if (metadata)
     if (auto bad = CheckMetadata(*metadata)) return Error(*bad);
@@ -135,8 +135,8 @@ ConversationsReply ConversationsRequest(ResponsesStore& store, const std::string
       // Update: the metadata, replaced whole.
       const json root = ParseBody(body, &error);
       if (error) return Error(*error);
-      for (const auto& [key, value] : root.items())
-        if (key != "metadata") return Error(Invalid(key, "is not an updatable field (metadata)"));
+      if (auto bad = UnknownField(root, "", {"metadata"}, "is not an updatable field (metadata)"))
+        return Error(*bad);
       const json* metadata = Get(root, "metadata");
       if (!metadata) return Error(Invalid("metadata", "is required"));
       if (auto bad = CheckMetadata(*metadata)) return Error(*bad);
@@ -159,8 +159,8 @@ ConversationsReply ConversationsRequest(ResponsesStore& store, const std::string
                       "method_not_allowed"});
       const json root = ParseBody(body, &error);
       if (error) return Error(*error);
-      for (const auto& [key, value] : root.items())
-        if (key != "items") return Error(Invalid(key, "is not an items field (items)"));
+      if (auto bad = UnknownField(root, "", {"items"}, "is not an items field (items)"))
+        return Error(*bad);
       const json* added = Get(root, "items");
       if (auto bad = CheckItems(added, false)) return Error(*bad);
       json made;

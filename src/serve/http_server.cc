@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -70,21 +71,6 @@ bool AddEvent(ChoiceResult& r, const RequestEvent& e) {
   r.stop_string = e.stop_string;
   r.stop_token = e.stop_token;
   return true;
-}
-
-// The value of `key` in a URL's query string (no percent-decoding: the values read here are
-// plain words and numbers); nothing when absent.
-std::optional<std::string> QueryValue(const std::string& query, std::string_view key) {
-  for (size_t at = 0; at <= query.size();) {
-    size_t end = query.find('&', at);
-    if (end == std::string::npos) end = query.size();
-    const std::string_view pair = std::string_view(query).substr(at, end - at);
-    const size_t eq = pair.find('=');
-    if (pair.substr(0, eq) == key)
-      return std::string(eq == std::string_view::npos ? "" : pair.substr(eq + 1));
-    at = end + 1;
-  }
-  return std::nullopt;
 }
 
 }  // namespace
@@ -512,9 +498,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                            version, keep_alive);
         from = static_cast<size_t>(n + 1);
       }
-      std::vector<std::string> probe;
+      // Whether it has events at all (reading from past the end copies none).
+      std::vector<std::string> none;
       bool done = false;
-      if (!server_.ReadEvents(id, from, &probe, &done)) {
+      if (!server_.ReadEvents(id, std::numeric_limits<size_t>::max(), &none, &done)) {
         if (!store->Get(id)) return SendError(missing, version, keep_alive);
         return SendError({400,
                           fmt::format("response '{}' did not run in the background: only "

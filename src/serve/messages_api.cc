@@ -50,8 +50,8 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool count_tokens) {
     return Invalid("speed", "only \"standard\" is supported");
   if (const json* metadata = Get(body, "metadata")) {
     if (!metadata->is_object()) return Invalid("metadata", "must be an object");
-    for (const auto& [key, value] : metadata->items())
-      if (key != "user_id") return Invalid("metadata." + key, "is not a metadata field");
+    if (auto bad = UnknownField(*metadata, "metadata.", {"user_id"}, "is not a metadata field"))
+      return bad;
   }
   return std::nullopt;
 }
@@ -60,9 +60,9 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool count_tokens) {
 // nothing here).
 std::optional<ApiError> TextOfBlock(const json& block, const std::string& where,
                                     std::string* text) {
-  for (const auto& [key, value] : block.items())
-    if (key != "type" && key != "text" && key != "cache_control" && key != "citations")
-      return Invalid(where + "." + key, "is not a text block field");
+  if (auto bad = UnknownField(block, where + ".", {"type", "text", "cache_control", "citations"},
+                              "is not a text block field"))
+    return bad;
   const json* t = Get(block, "text");
   if (!t || !t->is_string()) return Invalid(where + ".text", "must be a string");
   *text = t->get<std::string>();
@@ -125,10 +125,10 @@ std::optional<ApiError> AddUserTurn(const json& content, const std::string& wher
       if (auto error = TextOfBlock(block, at, &t)) return error;
       texts.push_back(std::move(t));
     } else if (type == "tool_result") {
-      for (const auto& [key, value] : block.items())
-        if (key != "type" && key != "tool_use_id" && key != "content" && key != "is_error" &&
-            key != "cache_control")
-          return Invalid(at + "." + key, "is not a tool_result field");
+      if (auto bad = UnknownField(block, at + ".",
+                                  {"type", "tool_use_id", "content", "is_error", "cache_control"},
+                                  "is not a tool_result field"))
+        return bad;
       const json* id = Get(block, "tool_use_id");
       if (!id || !id->is_string()) return Invalid(at + ".tool_use_id", "must be a string");
       const json* is_error = Get(block, "is_error");
@@ -216,9 +216,9 @@ std::optional<ApiError> ChatMessages(const json& body, json* messages, bool* pre
     const json& m = (*list)[i];
     const std::string where = fmt::format("messages[{}]", i);
     if (!m.is_object()) return Invalid(where, "must be an object");
-    for (const auto& [key, value] : m.items())
-      if (key != "role" && key != "content")
-        return Invalid(where + "." + key, "is not a message field (role, content)");
+    if (auto bad = UnknownField(m, where + ".", {"role", "content"},
+                                "is not a message field (role, content)"))
+      return bad;
     const json* role = Get(m, "role");
     const json* content = Get(m, "content");
     if (!content) return Invalid(where + ".content", "is required");
@@ -277,9 +277,10 @@ std::optional<ApiError> Tools(const json& body, json* chat) {
   if (const json* choice = Get(body, "tool_choice")) {
     if (!choice->is_object() || !choice->contains("type") || !(*choice)["type"].is_string())
       return Invalid("tool_choice", "must be an object with a string \"type\"");
-    for (const auto& [key, value] : choice->items())
-      if (key != "type" && key != "name" && key != "disable_parallel_tool_use")
-        return Invalid("tool_choice." + key, "is not a tool_choice field");
+    if (auto bad =
+            UnknownField(*choice, "tool_choice.", {"type", "name", "disable_parallel_tool_use"},
+                         "is not a tool_choice field"))
+      return bad;
     const std::string type = (*choice)["type"].get<std::string>();
     if (type == "auto") {
       (*chat)["tool_choice"] = "auto";
@@ -312,9 +313,9 @@ std::optional<ApiError> Thinking(const json& body, int64_t max_tokens, json* cha
   if (!thinking->is_object() || !thinking->contains("type") || !(*thinking)["type"].is_string())
     return Invalid("thinking", "must be an object with a string \"type\"");
   const std::string type = (*thinking)["type"].get<std::string>();
-  for (const auto& [key, value] : thinking->items())
-    if (key != "type" && key != "budget_tokens" && key != "display")
-      return Invalid("thinking." + key, "is not a thinking field");
+  if (auto bad = UnknownField(*thinking, "thinking.", {"type", "budget_tokens", "display"},
+                              "is not a thinking field"))
+    return bad;
   if (const json* display = Get(*thinking, "display"); display && *display != "summarized")
     return Invalid("thinking.display",
                    "only \"summarized\" (the thinking as written) is supported");
@@ -349,9 +350,9 @@ std::optional<ApiError> OutputConfig(const json& body, json* chat) {
   if (!format->is_object() || format->value("type", json()) != "json_schema")
     return Invalid("output_config.format",
                    "must be {\"type\": \"json_schema\", \"schema\": {...}}");
-  for (const auto& [key, value] : format->items())
-    if (key != "type" && key != "schema")
-      return Invalid("output_config.format." + key, "is not a format field");
+  if (auto bad = UnknownField(*format, "output_config.format.", {"type", "schema"},
+                              "is not a format field"))
+    return bad;
   const json* schema = Get(*format, "schema");
   if (!schema || !schema->is_object())
     return Invalid("output_config.format.schema", "must be an object");
@@ -475,12 +476,11 @@ std::optional<ApiError> ResolveThread(json& root, ResponsesStore* store, Message
                     "thread", "thread_unsupported_request"};
   const json type = thread.is_object() ? thread.value("type", json()) : json();
   if (type == "create") {
-    for (const auto& [key, value] : thread.items())
-      if (key != "type") return Invalid("thread." + key, "is not a create field");
+    if (auto bad = UnknownField(thread, "thread.", {"type"}, "is not a create field")) return bad;
   } else if (type == "continue") {
-    for (const auto& [key, value] : thread.items())
-      if (key != "type" && key != "previous_message_id")
-        return Invalid("thread." + key, "is not a continue field");
+    if (auto bad = UnknownField(thread, "thread.", {"type", "previous_message_id"},
+                                "is not a continue field"))
+      return bad;
     const json* id = Get(thread, "previous_message_id");
     if (!id || !id->is_string()) return Invalid("thread.previous_message_id", "must be a string");
     plan.continues = id->get<std::string>();

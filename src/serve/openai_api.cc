@@ -1153,6 +1153,36 @@ const json* NonNullField(const json& body, const char* key) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
+std::optional<ApiError> UnknownField(const json& object, const std::string& prefix,
+                                     std::initializer_list<std::string_view> allowed,
+                                     const std::string& message) {
+  for (const auto& [key, value] : object.items())
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+      return InvalidField(prefix + key, message);
+  return std::nullopt;
+}
+
+void ForEachQueryPair(std::string_view query,
+                      const std::function<bool(std::string_view, std::string_view)>& visit) {
+  for (size_t at = 0; at < query.size();) {
+    size_t end = query.find('&', at);
+    if (end == std::string_view::npos) end = query.size();
+    const std::string_view pair = query.substr(at, end - at);
+    at = end + 1;
+    const size_t eq = pair.find('=');
+    if (!visit(pair.substr(0, eq), eq == std::string_view::npos ? "" : pair.substr(eq + 1))) return;
+  }
+}
+
+std::optional<std::string> QueryValue(std::string_view query, std::string_view key) {
+  std::optional<std::string> found;
+  ForEachQueryPair(query, [&](std::string_view k, std::string_view v) {
+    if (k == key) found = std::string(v);
+    return true;
+  });
+  return found;
+}
+
 ApiError RenameFields(ApiError error, std::initializer_list<FieldRename> fields,
                       std::initializer_list<FieldRename> infixes) {
   const std::string before = error.param;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +41,19 @@ const nlohmann::ordered_json* NonNullField(const nlohmann::ordered_json& body, c
 // and an error the chat path reported, under the API's own field names: `fields` rename a
 // leading field and what hangs off it ("stop[0]" → "stop_sequences[0]"), `infixes` a piece
 // inside the path ("].function" → "]"); the message, which starts with the path, follows.
+// The first member of `object` whose key is not in `allowed`, as a 400 naming `prefix + key`
+// with `message` ("is not a tool_result field").
+std::optional<ApiError> UnknownField(const nlohmann::ordered_json& object,
+                                     const std::string& prefix,
+                                     std::initializer_list<std::string_view> allowed,
+                                     const std::string& message);
+// The key=value pairs of a URL's query string, in order (no percent-decoding: the values read
+// here are plain words, numbers and ids); `visit` returns false to stop.
+void ForEachQueryPair(
+    std::string_view query,
+    const std::function<bool(std::string_view key, std::string_view value)>& visit);
+// The value of `key`'s last occurrence in a query string; nothing when absent.
+std::optional<std::string> QueryValue(std::string_view query, std::string_view key);
 struct FieldRename {
   const char* from;
   const char* to;

@@ -674,31 +674,31 @@ std::string InputItemsBody(const StoredResponse& stored, const std::string& quer
   size_t limit = 20;
   bool ascending = false;
   std::string after;
-  for (size_t at = 0; at < query.size();) {
-    size_t end = query.find('&', at);
-    if (end == std::string::npos) end = query.size();
-    const std::string pair = query.substr(at, end - at);
-    at = end + 1;
-    const size_t eq = pair.find('=');
-    const std::string key = pair.substr(0, eq);
-    const std::string value = eq == std::string::npos ? "" : pair.substr(eq + 1);
+  std::optional<ApiError> bad;
+  ForEachQueryPair(query, [&](std::string_view key, std::string_view v) {
+    const std::string value(v);
     if (key == "limit") {
       char* rest = nullptr;
       const long n = std::strtol(value.c_str(), &rest, 10);
       if (value.empty() || *rest != '\0' || n < 1 || n > 100) {
-        *error = Invalid("limit", "must be an integer in [1, 100]");
-        return "";
+        bad = Invalid("limit", "must be an integer in [1, 100]");
+        return false;
       }
       limit = static_cast<size_t>(n);
     } else if (key == "order") {
       if (value != "asc" && value != "desc") {
-        *error = Invalid("order", "must be \"asc\" or \"desc\"");
-        return "";
+        bad = Invalid("order", "must be \"asc\" or \"desc\"");
+        return false;
       }
       ascending = value == "asc";
     } else if (key == "after") {
       after = value;
     }  // include[] and others change nothing here
+    return true;
+  });
+  if (bad) {
+    *error = *bad;
+    return "";
   }
   std::vector<const json*> items;
   for (const json& item : stored.context)
