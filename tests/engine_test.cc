@@ -17,6 +17,7 @@
 #include "structured/matcher.h"
 #include "test_support.h"
 #include "tokenizer/embedded_tokenizers.h"
+#include "tokenizer/unicode.h"
 
 namespace sy {
 namespace {
@@ -778,6 +779,49 @@ TEST_P(MtpEngineTest, GatedGrammarIsUnchangedByDrafting) {
   }
 }
 
+// The reasoning budget with drafts: the drafter proposes "</think>" where the budget forces it
+// and verification forces it there too, so greedy output is the undrafted one — with a grammar
+// behind the reasoning gate as well (the forced "</think>" opens it).
+TEST_P(MtpEngineTest, ReasoningBudgetIsUnchangedByDrafting) {
+  const Tokenizer& tokenizer = *TrainedModel().tokenizer;
+  const int32_t begin = *tokenizer.TokenToId("<think>"), end = *tokenizer.TokenToId("</think>");
+  std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
+  prompt.push_back(begin);
+  for (bool gated : {false, true}) {
+    SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = gated ? 120 : 30;
+    params.ignore_eos = !gated;
+    params.logit_bias[end] = -100;  // only the budget closes the section
+    params.thinking_token_budget = 9;
+    if (gated) {
+      params.grammar = PersonSchema();
+      params.grammar->begin_after = "</think>";
+    }
+    Harness plain(4096, EngineConfig{}, TrainedModel());
+    auto expected = plain.Submit("plain", prompt, params);
+    plain.RunToIdle();
+    const Collected want = Collect(*expected);
+    ASSERT_GT(want.tokens.size(), 10u);
+    EXPECT_EQ(want.tokens[9], end) << "gated " << gated;
+    EXPECT_EQ(std::ranges::count(want.tokens, end), 1);
+    EngineConfig config;
+    config.num_speculative_tokens = GetParam();
+    Harness h(4096, config, TrainedModel());
+    auto stream = h.Submit("drafted", prompt, params);
+    h.RunToIdle();
+    const Collected got = Collect(*stream);
+    EXPECT_EQ(got.tokens, want.tokens) << "gated " << gated;
+    EXPECT_EQ(got.finish, want.finish);
+    if (gated) {
+      auto answer = tokenizer.Decode(std::span(got.tokens).subspan(10), true);
+      ASSERT_TRUE(answer.ok());
+      EXPECT_TRUE(InLanguage(*params.grammar, *answer, got.finish == "stop")) << *answer;
+    }
+    EXPECT_GT(h.engine.Metrics().spec_accepted_tokens_total, 0);
+  }
+}
+
 // Under page pressure requests are preempted and recomputed; drafts are dropped, never lost
 // tokens, and greedy output still equals the model's own.
 TEST_P(MtpEngineTest, PreemptionWithDraftsLosesNothing) {
@@ -875,6 +919,115 @@ TEST(EngineTest, ResumedRequestContinuesAsIfUninterrupted) {
   auto refused = h.engine.Submit(bad, &error);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("resumed_tokens"), std::string::npos);
+}
+
+// The reasoning budget (thinking_token_budget): a thinking section that holds the budget's tokens
+// is closed by "</think>". Generated tokens count, resumed ones included; the output starts inside
+// a section after a prompt's "<think>" or on the chat path's word; each section has its own.
+// "</think>" is biased away, so every one in the output is the budget's.
+TEST(EngineTest, ReasoningBudgetClosesTheThinkingSection) {
+  const Tokenizer& tokenizer = *DefaultModel().tokenizer;
+  const int32_t begin = *tokenizer.TokenToId("<think>"), end = *tokenizer.TokenToId("</think>");
+  auto run = [&](const std::vector<int32_t>& prompt, std::optional<int64_t> budget,
+                 bool starts_inside = false, int64_t resumed = 0, double begin_bias = 0) {
+    Harness h(1024, EngineConfig{});
+    SamplingParams params = Greedy(12);
+    params.logit_bias[end] = -100;
+    if (begin_bias != 0) params.logit_bias[begin] = begin_bias;
+    params.thinking_token_budget = budget;
+    params.starts_in_thinking = starts_inside;
+    EngineRequest request{"r", prompt, params};
+    request.resumed_tokens = resumed;
+    SubmitError error;
+    auto stream = h.engine.Submit(request, &error);
+    EXPECT_TRUE(stream.ok()) << stream.status().message();
+    if (!stream.ok()) return std::vector<int32_t>{};
+    h.RunToIdle();
+    return Collect(*stream.value()).tokens;
+  };
+  const std::vector<int32_t> base = Prompt(10, 3);
+  auto with = [&](std::vector<int32_t> tail) {
+    std::vector<int32_t> prompt = base;
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    return prompt;
+  };
+  auto ends = [&](const std::vector<int32_t>& tokens) { return std::ranges::count(tokens, end); };
+  auto head = [](const std::vector<int32_t>& tokens, size_t from, size_t to) {
+    return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + to);
+  };
+
+  const std::vector<int32_t> free = run(with({begin}), std::nullopt);
+  ASSERT_EQ(free.size(), 12u);
+  ASSERT_EQ(ends(free), 0);
+  const std::vector<int32_t> five = run(with({begin}), 5);
+  ASSERT_EQ(five.size(), 12u);
+  EXPECT_EQ(head(five, 0, 5), head(free, 0, 5));
+  EXPECT_EQ(five[5], end);
+  EXPECT_EQ(ends(five), 1);  // the answer after it is not cut again
+  EXPECT_EQ(run(with({begin}), 0)[0], end);
+  // Prompt tokens after "<think>" (R1's template writes "<think>\n") are not counted.
+  const std::vector<int32_t> after = run(with({begin, 40, 41, 42}), 5);
+  EXPECT_EQ(after[5], end);
+  EXPECT_EQ(ends(after), 1);
+  // A prompt that opens no section: no budget applies unless the output starts inside one.
+  EXPECT_EQ(ends(run(base, 2)), 0);
+  const std::vector<int32_t> inside = run(base, 2, true);
+  EXPECT_EQ(inside[2], end);
+  EXPECT_EQ(ends(inside), 1);
+  // A section the prompt closed leaves nothing to close.
+  EXPECT_EQ(ends(run(with({begin, 40, end}), 0)), 0);
+  // Resumed output counts: 2 of the 5 used before this instance's first token.
+  const std::vector<int32_t> resumed = run(with({begin, free[0], free[1]}), 5, false, 2);
+  ASSERT_EQ(resumed.size(), 10u);
+  EXPECT_EQ(head(resumed, 0, 3), head(free, 2, 5));
+  EXPECT_EQ(resumed[3], end);
+  // Each section gets the whole budget: an output that keeps opening them ("<think>" biased up;
+  // a "<think>" inside a section is one of its tokens) has sections of 2 + the opening marker.
+  const std::vector<int32_t> sections = run(base, 2, false, 0, 100);
+  EXPECT_EQ(sections, (std::vector<int32_t>{begin, begin, begin, end, begin, begin, begin, end,
+                                            begin, begin, begin, end}));
+  // A negative budget is refused by name.
+  Harness h(1024, EngineConfig{});
+  SamplingParams negative = Greedy(2);
+  negative.thinking_token_budget = -1;
+  SubmitError error;
+  auto refused = h.engine.Submit({"neg", base, negative}, &error);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("thinking_token_budget"), std::string::npos);
+}
+
+// A tokenizer without "<think>" and "</think>" has no sections to count: a budget is refused,
+// saying so; requests without one are served.
+TEST(EngineTest, ReasoningBudgetNeedsTheThinkingTokens) {
+  nlohmann::json vocab = nlohmann::json::object();  // the 256 bytes, nothing added
+  for (int b = 0; b < 256; ++b) {
+    std::string symbol;
+    AppendUtf8(ByteLevelAlphabet::Get().CodePointOf(static_cast<uint8_t>(b)), &symbol);
+    vocab[symbol] = b;
+  }
+  const nlohmann::json root = {{"version", "1.0"},
+                               {"added_tokens", nlohmann::json::array()},
+                               {"normalizer", nullptr},
+                               {"pre_tokenizer", nullptr},
+                               {"decoder", {{"type", "ByteLevel"}}},
+                               {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  auto tokenizer = Tokenizer::FromJson(root.dump(), "bytes");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().message();
+  const Model& model = *DefaultModel().model;
+  LatentCache cache = model.NewCache(1024, 1, DType::kF32);
+  Engine engine(model, cache, *tokenizer, ForwardOptions{}, EngineConfig{});
+  SamplingParams params = Greedy(3);
+  params.thinking_token_budget = 8;
+  SubmitError error;
+  auto refused = engine.Submit({"budget", {40, 41, 42}, params}, &error);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("\"</think>\""), std::string::npos)
+      << refused.status().message();
+  auto served = engine.Submit({"plain", {40, 41, 42}, Greedy(3)}, &error);
+  ASSERT_TRUE(served.ok()) << served.status().message();
+  for (int i = 0; i < 100 && engine.StepOnce(); ++i) {
+  }
+  EXPECT_EQ(Collect(*served.value()).finish, "length");
 }
 
 // Structured output: every token the grammar forbids is masked, so the text is in the grammar's

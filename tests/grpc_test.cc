@@ -162,6 +162,18 @@ TEST(GrpcTest, GrammarsCrossTheWire) {
   EXPECT_EQ(back.params.grammar->begin_after, "</think>");
 }
 
+// The reasoning budget crosses the wire, unset staying unset (0 is a budget).
+TEST(GrpcTest, ReasoningBudgetsCrossTheWire) {
+  EngineRequest request{"budget", {1, 2, 3}, {}};
+  EXPECT_FALSE(serve::RequestFromProto(serve::RequestToProto(request))
+                   .params.thinking_token_budget.has_value());
+  request.params.thinking_token_budget = 0;
+  request.params.starts_in_thinking = true;
+  const EngineRequest back = serve::RequestFromProto(serve::RequestToProto(request));
+  EXPECT_EQ(back.params.thinking_token_budget, 0);
+  EXPECT_TRUE(back.params.starts_in_thinking);
+}
+
 TEST(GrpcTest, GenerateStreamsWhatTheEngineGives) {
   for (double temperature : {0.0, 0.8}) {
     EngineRequest request{

@@ -51,6 +51,9 @@ struct Engine::Sequence {
   // (grammar_drafts of them), rolled back once the drafts are made.
   std::unique_ptr<structured::GrammarMatcher> grammar;
   int64_t grammar_drafts = 0;
+  // The reasoning budget's count after the generated tokens (SamplingParams::
+  // thinking_token_budget; unused without one).
+  ThinkingCount thinking;
   // Disaggregation, prefill side: rows [0, exported) went to the sink; handoff: the first token
   // is out and the request leaves once this step's rows (the MTP layer's too) are sent.
   int64_t exported = 0;
@@ -252,6 +255,13 @@ Result<std::unique_ptr<Engine::Sequence>> Engine::Prepare(EngineRequest request)
       Status status = seq->grammar->AcceptToken(request.prompt[static_cast<size_t>(i)]);
       if (!status.ok()) return status.WithContext("the resumed output does not fit its grammar");
     }
+  }
+  if (request.params.thinking_token_budget) {
+    SY_ASSIGN_OR_RETURN(const ThinkTokens think, ThinkMarkers());
+    seq->thinking = PromptThinking(seq->tokens, seq->prompt_length, think,
+                                   request.params.starts_in_thinking);
+    for (int64_t i = seq->prompt_length; i < static_cast<int64_t>(seq->tokens.size()); ++i)
+      seq->thinking.Add(seq->tokens[static_cast<size_t>(i)], think);
   }
   seq->arrival = NowSeconds();
   seq->request = std::move(request);
@@ -478,11 +488,30 @@ std::vector<int32_t> Engine::BlockedTokens(const Sequence& seq) const {
   return blocked;
 }
 
+Result<ThinkTokens> Engine::ThinkMarkers() {
+  std::call_once(think_once_, [&] {
+    const auto begin = tokenizer_.TokenToId("<think>"), end = tokenizer_.TokenToId("</think>");
+    if (begin && end) think_ = ThinkTokens{*begin, *end};
+  });
+  if (!think_)
+    return Status::Error(
+        "thinking_token_budget: this model's tokenizer has no \"<think>\" and \"</think>\" "
+        "tokens to count a reasoning section by");
+  return *think_;
+}
+
+bool Engine::ThinkingSpent(const Sequence& seq, const ThinkingCount& count) const {
+  const std::optional<int64_t>& budget = seq.request.params.thinking_token_budget;
+  // A grammar past its reasoning gate (or without one) decides every token itself.
+  return budget && count.open && count.used >= *budget && (!seq.grammar || seq.grammar->IsFree());
+}
+
 std::string Engine::EmitToken(Sequence& seq, int32_t token, const float* row, double now,
                               RequestEvent& event, bool& stopped_by_string) {
   const int64_t vocab = model_.config().vocab_size;
   const SamplingParams& params = seq.request.params;
   seq.tokens.push_back(token);
+  if (params.thinking_token_budget) seq.thinking.Add(token, *think_);
   if (seq.grammar) {
     Status status = seq.grammar->AcceptToken(token);
     if (!status.ok()) {  // the mask makes this unreachable; never emit text outside the grammar
@@ -564,9 +593,11 @@ void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, doub
   bool stopped_by_string = false;
   std::string reason;
   if (params.max_tokens > 0) {
-    const int32_t token = SampleToken(last, vocab, params, seq.penalties, seq.generated(),
-                                      BlockedTokens(seq), scratch_)
-                              .token;
+    const int32_t token = ThinkingSpent(seq, seq.thinking)
+                              ? think_->end
+                              : SampleToken(last, vocab, params, seq.penalties, seq.generated(),
+                                            BlockedTokens(seq), scratch_)
+                                    .token;
     reason = EmitToken(seq, token, last, now, event, stopped_by_string);
   } else {
     reason = "length";
@@ -655,7 +686,10 @@ void Engine::ProcessVerification(Sequence& seq, int64_t drafts, const float* row
     const float* row = GrammarRow(seq, rows + j * vocab);
     const int64_t step = seq.generated();
     const TokenDistribution p =
-        ProcessedDistribution(row, vocab, params, seq.penalties, BlockedTokens(seq), scratch_);
+        ThinkingSpent(seq, seq.thinking)
+            ? TokenDistribution{{think_->end}, {1.0}}
+            : ProcessedDistribution(row, vocab, params, seq.penalties, BlockedTokens(seq),
+                                    scratch_);
     int32_t token;
     bool kept = false;
     if (j < drafts) {
@@ -744,8 +778,15 @@ void Engine::Draft(const std::vector<std::pair<Sequence*, int64_t>>& scheduled,
         }
         row = GrammarRow(seq, row);
       }
+      ThinkingCount thinking = seq.thinking;  // at the state after the drafts so far
+      if (params.thinking_token_budget)
+        for (int32_t d : seq.drafts)
+          thinking.Add(d, *think_);
       TokenDistribution q =
-          ProcessedDistribution(row, vocab, params, seq.penalties, BlockedTokens(seq), scratch_);
+          ThinkingSpent(seq, thinking)
+              ? TokenDistribution{{think_->end}, {1.0}}
+              : ProcessedDistribution(row, vocab, params, seq.penalties, BlockedTokens(seq),
+                                      scratch_);
       const int32_t draft =
           q.tokens.size() == 1
               ? q.tokens[0]

@@ -188,6 +188,10 @@ class Engine : public RequestFrontend {
   void Deliver(Sequence& seq, RequestEvent event, const std::string& reason,
                bool stopped_by_string);
   std::vector<int32_t> BlockedTokens(const Sequence& seq) const;
+  // The reasoning budget: the tokenizer's "<think>"/"</think>" ids (an error where it has none),
+  // and whether a sequence at `count` must close its thinking section now.
+  Result<ThinkTokens> ThinkMarkers();
+  bool ThinkingSpent(const Sequence& seq, const ThinkingCount& count) const;
   // Runs the MTP module over the rows this step made valid and drafts the next tokens.
   void Draft(const std::vector<std::pair<Sequence*, int64_t>>& scheduled,
              const std::vector<int64_t>& first_positions, const ForwardBatch& batch);
@@ -228,7 +232,8 @@ class Engine : public RequestFrontend {
   std::vector<float> masked_row_;
   std::vector<uint64_t> grammar_mask_;
   SideThread mask_thread_;  // masks_beside_forward
-  std::once_flag grammars_once_;
+  std::once_flag grammars_once_, think_once_;
+  std::optional<ThinkTokens> think_;
   std::unique_ptr<structured::GrammarCompiler> grammars_;
 
   mutable std::mutex metrics_mutex_;

@@ -43,7 +43,18 @@ Status SamplingParams::Validate(int64_t vocab_size) const {
     return Status::Errorf("logprobs must be in [0, 20], got {}", *logprobs);
   if (prompt_logprobs && (*prompt_logprobs < 0 || *prompt_logprobs > 20))
     return Status::Errorf("prompt_logprobs must be in [0, 20], got {}", *prompt_logprobs);
+  if (thinking_token_budget && *thinking_token_budget < 0)
+    return Status::Errorf("thinking_token_budget must be at least 0, got {}",
+                          *thinking_token_budget);
   return Status::Ok();
+}
+
+ThinkingCount PromptThinking(const std::vector<int32_t>& tokens, int64_t prompt_length,
+                             const ThinkTokens& think, bool starts_in_thinking) {
+  ThinkingCount count;
+  for (int64_t i = 0; i < prompt_length; ++i)
+    count.Add(tokens[static_cast<size_t>(i)], think);
+  return {count.open || starts_in_thinking, 0};
 }
 
 void LogSoftmaxInPlace(float* row, int64_t size) {

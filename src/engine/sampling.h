@@ -36,10 +36,45 @@ struct SamplingParams {
   // Structured output: the generated text must be in this grammar's language (the engine
   // compiles it against its vocabulary and masks every token the grammar does not allow).
   std::optional<structured::GrammarSpec> grammar;
+  // The reasoning budget (vLLM's thinking_token_budget; Anthropic's thinking.budget_tokens): at
+  // most this many generated tokens inside each thinking section ("<think>" … "</think>"). Where
+  // a section has used it, the next token is "</think>" whatever the model would sample, and the
+  // output goes on to its answer. Prompt tokens are not counted (R1's template writes "<think>\n"
+  // into the prompt; a continued message's thinking was not generated under this budget).
+  std::optional<int64_t> thinking_token_budget;
+  // The output starts inside a thinking section that its prompt does not open (DeepSeek-R1's
+  // first template, whose generation prompt leaves "<think>" to the model; the chat path knows).
+  // Otherwise the prompt tells: inside when its last "<think>" follows its last "</think>".
+  bool starts_in_thinking = false;
 
   // Ranges as vLLM checks them; the message names the field.
   Status Validate(int64_t vocab_size) const;
 };
+
+// The reasoning budget's bookkeeping: the marker tokens, and where a sequence stands.
+struct ThinkTokens {
+  int32_t begin = 0, end = 0;  // "<think>", "</think>"
+};
+struct ThinkingCount {
+  bool open = false;  // inside a thinking section
+  int64_t used = 0;   // its tokens so far (neither marker counted)
+  // Past one more token: "</think>" closes the section, "<think>" opens one (a second inside an
+  // open section is just another of its tokens), any other token inside it counts.
+  void Add(int32_t token, const ThinkTokens& think) {
+    if (token == think.end) {
+      *this = {};
+    } else if (!open && token == think.begin) {
+      open = true;
+      used = 0;
+    } else if (open) {
+      ++used;
+    }
+  }
+};
+// Where an output starts: inside when `starts_in_thinking` or when the prompt's first
+// `prompt_length` tokens end inside a section; nothing used yet.
+ThinkingCount PromptThinking(const std::vector<int32_t>& tokens, int64_t prompt_length,
+                             const ThinkTokens& think, bool starts_in_thinking);
 
 // One sampled token and what the request asked to know about it.
 struct SampledToken {

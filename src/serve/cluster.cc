@@ -45,7 +45,10 @@ json ParamsToJson(const SamplingParams& p) {
           {"logprobs", p.logprobs ? json(*p.logprobs) : json(nullptr)},
           {"prompt_logprobs", p.prompt_logprobs ? json(*p.prompt_logprobs) : json(nullptr)},
           {"skip_special_tokens", p.skip_special_tokens},
-          {"include_stop_str_in_output", p.include_stop_str_in_output}};
+          {"include_stop_str_in_output", p.include_stop_str_in_output},
+          {"thinking_token_budget",
+           p.thinking_token_budget ? json(*p.thinking_token_budget) : json(nullptr)},
+          {"starts_in_thinking", p.starts_in_thinking}};
 }
 
 SamplingParams ParamsFromJson(const json& j) {
@@ -69,6 +72,9 @@ SamplingParams ParamsFromJson(const json& j) {
   if (!j["prompt_logprobs"].is_null()) p.prompt_logprobs = j["prompt_logprobs"].get<int64_t>();
   p.skip_special_tokens = j["skip_special_tokens"];
   p.include_stop_str_in_output = j["include_stop_str_in_output"];
+  if (!j["thinking_token_budget"].is_null())
+    p.thinking_token_budget = j["thinking_token_budget"].get<int64_t>();
+  p.starts_in_thinking = j["starts_in_thinking"];
   if (!j["grammar"].is_null())
     p.grammar = structured::GrammarSpec{
         static_cast<structured::GrammarSpec::Kind>(j["grammar"]["kind"].get<int>()),

@@ -89,6 +89,8 @@ EngineRequest RequestFromProto(const pb::GenerateRequest& request) {
   if (p.has_prompt_logprobs()) s.prompt_logprobs = p.prompt_logprobs();
   if (p.has_skip_special_tokens()) s.skip_special_tokens = p.skip_special_tokens();
   s.include_stop_str_in_output = p.include_stop_str_in_output();
+  if (p.has_thinking_token_budget()) s.thinking_token_budget = p.thinking_token_budget();
+  s.starts_in_thinking = p.starts_in_thinking();
   if (p.has_grammar()) {
     structured::GrammarSpec spec;
     spec.kind = static_cast<structured::GrammarSpec::Kind>(p.grammar().kind());
@@ -127,6 +129,8 @@ pb::GenerateRequest RequestToProto(const EngineRequest& request) {
   if (s.prompt_logprobs) p->set_prompt_logprobs(*s.prompt_logprobs);
   p->set_skip_special_tokens(s.skip_special_tokens);
   p->set_include_stop_str_in_output(s.include_stop_str_in_output);
+  if (s.thinking_token_budget) p->set_thinking_token_budget(*s.thinking_token_budget);
+  p->set_starts_in_thinking(s.starts_in_thinking);
   if (s.grammar) {
     pb::Grammar* g = p->mutable_grammar();
     g->set_kind(static_cast<pb::Grammar::Kind>(s.grammar->kind));

@@ -306,7 +306,9 @@ std::optional<ApiError> Tools(const json& body, json* chat) {
 
 // thinking: V3.1's template switch (enabled: think; disabled: answer directly; adaptive: the
 // template's default). The other templates decide themselves (R1 always thinks). budget_tokens
-// is checked as Anthropic checks it; max_tokens bounds the whole output, thinking included.
+// is checked as Anthropic checks it and enforced as the reasoning budget (thinking_token_budget:
+// "</think>" comes at the latest after that many thinking tokens); max_tokens bounds the whole
+// output, thinking included.
 std::optional<ApiError> Thinking(const json& body, int64_t max_tokens, json* chat) {
   const json* thinking = Get(body, "thinking");
   if (!thinking) return std::nullopt;
@@ -326,6 +328,7 @@ std::optional<ApiError> Thinking(const json& body, int64_t max_tokens, json* cha
     if (max_tokens > 0 && budget->get<int64_t>() >= max_tokens)
       return Invalid("thinking.budget_tokens", "must be less than max_tokens");
     (*chat)["chat_template_kwargs"] = {{"thinking", true}};
+    (*chat)["thinking_token_budget"] = *budget;
   } else if (type == "disabled") {
     (*chat)["chat_template_kwargs"] = {{"thinking", false}};
   } else if (type != "adaptive") {

@@ -340,6 +340,8 @@ void ChooseOutputParsing(const std::string& prompt, const ChatOptions& options,
     }
     if (plan.params.grammar && plan.output.starts_in_reasoning)
       plan.params.grammar->begin_after = std::string(chat_output::kThinkEnd);
+    // The reasoning budget counts from where the output starts, "<think>" in the prompt or not.
+    plan.params.starts_in_thinking = plan.output.starts_in_reasoning;
   }
   plan.parse_output = plan.output.tool_format.has_value() || plan.output.reasoning;
   // The format's tokens must reach the parser as text (they are special in some tokenizers).
@@ -367,6 +369,10 @@ void ReadSampling(Reader& r, GenerationPlan& plan, int64_t vocab) {
   r.Integer("min_tokens", &p.min_tokens, 0, 1 << 30);
   r.Bool("skip_special_tokens", &p.skip_special_tokens);
   r.Bool("include_stop_str_in_output", &p.include_stop_str_in_output);
+  // vLLM's reasoning budget: tokens inside each thinking section (-1: none).
+  int64_t budget = -1;
+  r.Integer("thinking_token_budget", &budget, -1, int64_t{1} << 30);
+  if (budget >= 0) p.thinking_token_budget = budget;
   r.TokenList("stop_token_ids", &p.stop_token_ids, vocab);
   if (const json* stop = r.Get("stop")) {
     if (stop->is_string()) {

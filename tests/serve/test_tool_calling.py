@@ -422,6 +422,38 @@ def test_reasoning_content_streamed_equals_whole(r1_client):
     assert plain.message.content is None and plain.message.model_extra["reasoning_content"]
 
 
+def test_thinking_token_budget_closes_the_reasoning(r1_client):
+    """vLLM's thinking_token_budget: the tiny model never closes its thinking unaided; with a
+    budget the engine writes "</think>" after that many reasoning tokens and the answer follows,
+    the reasoning being the unbudgeted output's first tokens. Streamed as whole; 0 answers at
+    once; bad budgets are refused by name."""
+    args = dict(model="sy-test", messages=CHAT, max_tokens=16, temperature=0, logprobs=True)
+    free = r1_client.chat.completions.create(**args).choices[0]
+    assert free.message.content is None
+    budget = r1_client.chat.completions.create(
+        **args, extra_body={"thinking_token_budget": 5}).choices[0]
+    tokens = [t.token for t in budget.logprobs.content]
+    assert tokens[5] == "</think>" and tokens.count("</think>") == 1, tokens
+    assert tokens[:5] == [t.token for t in free.logprobs.content[:5]]
+    assert budget.message.model_extra["reasoning_content"] == "".join(tokens[:5])
+    assert budget.message.content == "".join(tokens[6:]) and budget.finish_reason == "length"
+    del args["logprobs"]
+    streamed = stream_reasoning(r1_client.chat.completions.create(
+        **args, stream=True, extra_body={"thinking_token_budget": 5}))
+    assert streamed == (budget.message.model_extra["reasoning_content"], budget.message.content,
+                        "length")
+    at_once = r1_client.chat.completions.create(
+        **args, extra_body={"thinking_token_budget": 0}).choices[0]
+    assert not at_once.message.model_extra.get("reasoning_content") and at_once.message.content
+    unlimited = r1_client.chat.completions.create(
+        **args, extra_body={"thinking_token_budget": -1}).choices[0]
+    assert unlimited.message.content is None
+    for bad in (-2, 1.5, "5"):
+        with pytest.raises(openai.BadRequestError) as info:
+            r1_client.chat.completions.create(**args, extra_body={"thinking_token_budget": bad})
+        assert "thinking_token_budget" in str(info.value), info.value
+
+
 def test_structured_output_constrains_only_the_answer(r1_client):
     """With the reasoning parser, the grammar applies after </think>: the reasoning is free text,
     the content validates."""
