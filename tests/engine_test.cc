@@ -1005,12 +1005,13 @@ TEST(EngineTest, ReasoningBudgetNeedsTheThinkingTokens) {
     AppendUtf8(ByteLevelAlphabet::Get().CodePointOf(static_cast<uint8_t>(b)), &symbol);
     vocab[symbol] = b;
   }
-  const nlohmann::json root = {{"version", "1.0"},
-                               {"added_tokens", nlohmann::json::array()},
-                               {"normalizer", nullptr},
-                               {"pre_tokenizer", nullptr},
-                               {"decoder", {{"type", "ByteLevel"}}},
-                               {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  const nlohmann::json root = {
+      {"version", "1.0"},
+      {"added_tokens", nlohmann::json::array()},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
   auto tokenizer = Tokenizer::FromJson(root.dump(), "bytes");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().message();
   const Model& model = *DefaultModel().model;

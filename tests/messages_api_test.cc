@@ -191,6 +191,17 @@ TEST(MessagesApiTest, ToolChoiceAndSamplingMapToTheChatPath) {
   EXPECT_EQ(plan.params.grammar->kind, structured::GrammarSpec::Kind::kJsonSchema);
 }
 
+// thinking.budget_tokens is the reasoning budget the engine enforces (vLLM maps it the same way).
+TEST(MessagesApiTest, ThinkingBudgetBecomesTheReasoningBudget) {
+  json body = {{"model", "sy-test"},
+               {"max_tokens", 2000},
+               {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+               {"thinking", {{"type", "enabled"}, {"budget_tokens", 1500}}}};
+  EXPECT_EQ(Plan(body).params.thinking_token_budget, 1500);
+  body["thinking"] = {{"type", "adaptive"}};
+  EXPECT_FALSE(Plan(body).params.thinking_token_budget.has_value());
+}
+
 TEST(MessagesApiTest, RefusalsNameTheFieldInAnthropicsShape) {
   const json base = {{"model", "sy-test"},
                      {"max_tokens", 8},

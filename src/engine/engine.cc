@@ -258,8 +258,8 @@ Result<std::unique_ptr<Engine::Sequence>> Engine::Prepare(EngineRequest request)
   }
   if (request.params.thinking_token_budget) {
     SY_ASSIGN_OR_RETURN(const ThinkTokens think, ThinkMarkers());
-    seq->thinking = PromptThinking(seq->tokens, seq->prompt_length, think,
-                                   request.params.starts_in_thinking);
+    seq->thinking =
+        PromptThinking(seq->tokens, seq->prompt_length, think, request.params.starts_in_thinking);
     for (int64_t i = seq->prompt_length; i < static_cast<int64_t>(seq->tokens.size()); ++i)
       seq->thinking.Add(seq->tokens[static_cast<size_t>(i)], think);
   }
@@ -685,11 +685,10 @@ void Engine::ProcessVerification(Sequence& seq, int64_t drafts, const float* row
   for (int64_t j = 0; j <= drafts && reason.empty(); ++j) {
     const float* row = GrammarRow(seq, rows + j * vocab);
     const int64_t step = seq.generated();
-    const TokenDistribution p =
-        ThinkingSpent(seq, seq.thinking)
-            ? TokenDistribution{{think_->end}, {1.0}}
-            : ProcessedDistribution(row, vocab, params, seq.penalties, BlockedTokens(seq),
-                                    scratch_);
+    const TokenDistribution p = ThinkingSpent(seq, seq.thinking)
+                                    ? TokenDistribution{{think_->end}, {1.0}}
+                                    : ProcessedDistribution(row, vocab, params, seq.penalties,
+                                                            BlockedTokens(seq), scratch_);
     int32_t token;
     bool kept = false;
     if (j < drafts) {
@@ -782,11 +781,10 @@ void Engine::Draft(const std::vector<std::pair<Sequence*, int64_t>>& scheduled,
       if (params.thinking_token_budget)
         for (int32_t d : seq.drafts)
           thinking.Add(d, *think_);
-      TokenDistribution q =
-          ThinkingSpent(seq, thinking)
-              ? TokenDistribution{{think_->end}, {1.0}}
-              : ProcessedDistribution(row, vocab, params, seq.penalties, BlockedTokens(seq),
-                                      scratch_);
+      TokenDistribution q = ThinkingSpent(seq, thinking)
+                                ? TokenDistribution{{think_->end}, {1.0}}
+                                : ProcessedDistribution(row, vocab, params, seq.penalties,
+                                                        BlockedTokens(seq), scratch_);
       const int32_t draft =
           q.tokens.size() == 1
               ? q.tokens[0]

@@ -511,7 +511,16 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
     int64_t logprobs = -1;
     r.Integer("logprobs", &logprobs, 0, 20);
     if (logprobs >= 0) plan.params.logprobs = logprobs;
-    if (r.Get("suffix")) r.Fail("suffix", "is not supported");
+    // Fill in the middle: each text prompt is the prefix (TextCodec::EncodeFim).
+    std::optional<std::string> suffix;
+    if (const json* s = r.Get("suffix")) {
+      if (!s->is_string()) {
+        r.Fail("suffix", "must be a string");
+      } else {
+        suffix = s->get<std::string>();
+        if (plan.echo) r.Fail("suffix", "cannot be combined with echo");
+      }
+    }
     if (r.error) {
       out.error = *r.error;
       return out;
@@ -522,9 +531,9 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
       return out;
     }
     auto add_text = [&](const std::string& text) -> bool {
-      auto ids = codec.EncodePrompt(text);
+      auto ids = suffix ? codec.EncodeFim(text, *suffix) : codec.EncodePrompt(text);
       if (!ids.ok()) {
-        out.error = Invalid("prompt", ids.status().message());
+        out.error = Invalid(suffix ? "suffix" : "prompt", ids.status().message());
         return false;
       }
       plan.prompts.push_back(std::move(ids).value());
@@ -532,6 +541,10 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
       return true;
     };
     auto add_ids = [&](const json& list, const std::string& where) -> bool {
+      if (suffix) {
+        out.error = Invalid("suffix", "needs a text prompt (the prefix), not token ids");
+        return false;
+      }
       std::vector<int32_t> ids;
       for (size_t i = 0; i < list.size(); ++i) {
         const json& t = list[i];

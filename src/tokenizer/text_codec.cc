@@ -42,6 +42,19 @@ Result<std::vector<int32_t>> TextCodec::EncodePrompt(const std::string& text,
   return ids;
 }
 
+Result<std::vector<int32_t>> TextCodec::EncodeFim(const std::string& prefix,
+                                                  const std::string& suffix) const {
+  static constexpr const char* kMarkers[] = {"<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"};
+  for (const char* marker : kMarkers)
+    if (!tokenizer->TokenToId(marker))
+      return Status::Errorf(
+          "this model's tokenizer has no fill-in-the-middle token \"{}\" (DeepSeek-V3's has)",
+          marker);
+  // One string, so the ids are what the tokenizer gives the whole FIM prompt (the markers are
+  // added tokens: they split the text as they would written anywhere).
+  return EncodePrompt(std::string(kMarkers[0]) + prefix + kMarkers[1] + suffix + kMarkers[2]);
+}
+
 Result<std::string> TextCodec::RenderChat(const nlohmann::ordered_json& messages,
                                           const ChatOptions& options) const {
   if (!chat) return chat_status;

@@ -29,6 +29,11 @@ struct TextCodec {
   // Plain text → prompt ids (BOS first when add_special_tokens and the config asks for it).
   Result<std::vector<int32_t>> EncodePrompt(const std::string& text,
                                             bool add_special_tokens = true) const;
+  // Fill in the middle (DeepSeek's FIM, as its API's completions with `suffix`): the prompt
+  // "<｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>", after which the model writes what
+  // goes between. An error where the tokenizer has no FIM tokens (the default model's has none).
+  Result<std::vector<int32_t>> EncodeFim(const std::string& prefix,
+                                         const std::string& suffix) const;
   // Messages (OpenAI shape) rendered through the chat template, then tokenized (the template
   // writes BOS itself).
   Result<std::string> RenderChat(const nlohmann::ordered_json& messages,

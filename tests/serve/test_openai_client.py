@@ -280,6 +280,10 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
     ("/v1/completions", {"prompt": "x", "logprobs": 50}, 400, "logprobs"),
     ("/v1/completions", {"prompt": [1, 2, 99999]}, 400, "prompt"),
+    # Fill in the middle needs DeepSeek's FIM tokens, which the default tokenizer lacks.
+    ("/v1/completions", {"prompt": "def f():", "suffix": "    return 1"}, 400, "suffix"),
+    ("/v1/completions", {"prompt": "x", "thinking_token_budget": -3}, 400,
+     "thinking_token_budget"),
     ("/v1/completions", {"prompt": [1, -2]}, 400, "prompt"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 1000}}, 400, "logit_bias"),

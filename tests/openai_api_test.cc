@@ -1,0 +1,128 @@
+// OpenAI request planning (serve/openai_api.h) without a model: what a completions or chat body
+// becomes for the engine, and how what is refused is named. The wire behaviour against the
+// official openai client is tests/serve/test_openai_client.py and its neighbours.
+#include "serve/openai_api.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace sy::serve {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+const std::string kV3 = std::string(SY_FIXTURES_DIR) + "/tokenizer/deepseek-v3";
+
+const TextCodec& Codec(const std::string& dir = kV3) {
+  static std::map<std::string, TextCodec> loaded;
+  auto it = loaded.find(dir);
+  if (it == loaded.end()) {
+    auto c = TextCodec::Load(dir);
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    it = loaded.emplace(dir, std::move(c).value()).first;
+  }
+  return it->second;
+}
+
+ServingLimits Limits() {
+  ServingLimits limits;
+  limits.model_name = "sy-test";
+  limits.max_model_len = 4096;
+  limits.cache_tokens = 8192;
+  return limits;
+}
+
+ParsedRequest Parse(Endpoint endpoint, const json& body, const ServingLimits& limits = Limits(),
+                    const TextCodec& codec = Codec()) {
+  return ParseGenerationRequest(endpoint, body.dump(), codec, limits);
+}
+
+// The ids HF tokenizers gives a corpus line (tests/fixtures/tokenizer, tools/tokenizer).
+std::vector<int32_t> ExpectedIds(const std::string& name) {
+  std::ifstream in(kV3 + "/expected.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const json entry = json::parse(line);
+    if (entry["name"] == name) return entry["ids"].get<std::vector<int32_t>>();
+  }
+  ADD_FAILURE() << "no corpus line " << name;
+  return {};
+}
+
+// DeepSeek's fill in the middle (its API's completions with `suffix`): each text prompt is the
+// prefix of "<｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>", tokenized as HF tokenizers
+// tokenizes that string (the corpus's special_fim line), with BOS where the config asks for it as
+// for any completions prompt (V3's does not: add_bos_token false).
+TEST(OpenAiApiTest, SuffixMakesAFillInTheMiddlePrompt) {
+  std::vector<int32_t> want = ExpectedIds("special_fim");
+  ASSERT_FALSE(want.empty());
+  if (Codec().config.add_bos_token) want.insert(want.begin(), *Codec().bos_id);
+  const ParsedRequest fim = Parse(
+      Endpoint::kCompletions,
+      {{"prompt", {"def f():", "def f():"}}, {"suffix", "\n    return 1"}, {"max_tokens", 8}});
+  ASSERT_TRUE(fim.plan) << fim.error.message;
+  ASSERT_EQ(fim.plan->prompts.size(), 2u);
+  EXPECT_EQ(fim.plan->prompts[0], want);
+  EXPECT_EQ(fim.plan->prompts[1], want);
+  // Refused by name: a suffix that is not a string, with echo (what would it echo?), with token
+  // id prompts, and where the tokenizer has no FIM tokens.
+  const std::vector<std::pair<json, std::string>> refused = {
+      {{{"prompt", "x"}, {"suffix", 3}}, "must be a string"},
+      {{{"prompt", "x"}, {"suffix", "y"}, {"echo", true}}, "echo"},
+      {{{"prompt", {1, 2}}, {"suffix", "y"}}, "token ids"},
+  };
+  for (const auto& [body, words] : refused) {
+    const ParsedRequest out = Parse(Endpoint::kCompletions, body);
+    ASSERT_FALSE(out.plan) << body.dump();
+    EXPECT_EQ(out.error.param, "suffix") << body.dump();
+    EXPECT_NE(out.error.message.find(words), std::string::npos) << out.error.message;
+  }
+  const ParsedRequest none = Parse(Endpoint::kCompletions, {{"prompt", "x"}, {"suffix", "y"}},
+                                   Limits(), Codec(std::string(SY_SOURCE_DIR) + "/models/default"));
+  ASSERT_FALSE(none.plan);
+  EXPECT_EQ(none.error.param, "suffix");
+  EXPECT_NE(none.error.message.find("fill-in-the-middle"), std::string::npos) << none.error.message;
+  // Without a suffix the prompt is the text itself.
+  const ParsedRequest plain = Parse(Endpoint::kCompletions, {{"prompt", "def f():"}});
+  ASSERT_TRUE(plain.plan) << plain.error.message;
+  EXPECT_EQ(plain.plan->prompts[0], *Codec().EncodePrompt("def f():"));
+}
+
+// vLLM's thinking_token_budget: read on both endpoints (-1 is none), refused out of range; on
+// the chat path the output starts inside the thinking where the reasoning parser says it does
+// (R1's: whenever the prompt did not close it), which the engine cannot see in the prompt.
+TEST(OpenAiApiTest, ThinkingTokenBudgetIsReadAndPlaced) {
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChat}) {
+    json body = endpoint == Endpoint::kChat ? chat : json{{"prompt", "hi"}};
+    body["thinking_token_budget"] = 12;
+    ParsedRequest out = Parse(endpoint, body);
+    ASSERT_TRUE(out.plan) << out.error.message;
+    EXPECT_EQ(out.plan->params.thinking_token_budget, 12);
+    EXPECT_FALSE(out.plan->params.starts_in_thinking);  // no reasoning parser
+    body["thinking_token_budget"] = -1;
+    out = Parse(endpoint, body);
+    ASSERT_TRUE(out.plan) << out.error.message;
+    EXPECT_FALSE(out.plan->params.thinking_token_budget.has_value());
+    for (const json& bad : {json(-2), json(2.5), json("3")}) {
+      body["thinking_token_budget"] = bad;
+      out = Parse(endpoint, body);
+      ASSERT_FALSE(out.plan) << bad.dump();
+      EXPECT_EQ(out.error.param, "thinking_token_budget");
+    }
+  }
+  ServingLimits r1 = Limits();
+  r1.reasoning = chat_output::ReasoningFormat::kDeepSeekR1;
+  json body = chat;
+  body["thinking_token_budget"] = 0;
+  const ParsedRequest out = Parse(Endpoint::kChat, body, r1);
+  ASSERT_TRUE(out.plan) << out.error.message;
+  EXPECT_TRUE(out.plan->params.starts_in_thinking);
+  EXPECT_EQ(out.plan->params.thinking_token_budget, 0);
+}
+
+}  // namespace
+}  // namespace sy::serve
