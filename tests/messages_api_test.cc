@@ -200,6 +200,13 @@ TEST(MessagesApiTest, ThinkingBudgetBecomesTheReasoningBudget) {
   EXPECT_EQ(Plan(body).params.thinking_token_budget, 1500);
   body["thinking"] = {{"type", "adaptive"}};
   EXPECT_FALSE(Plan(body).params.thinking_token_budget.has_value());
+  // output_config.effort is the chat path's reasoning_effort; budget_tokens rules over it.
+  ServingLimits limits = Limits();
+  limits.effort_budgets["low"] = 300;
+  body["output_config"] = {{"effort", "low"}};
+  EXPECT_EQ(Plan(body, limits).params.thinking_token_budget, 300);
+  body["thinking"] = {{"type", "enabled"}, {"budget_tokens", 1500}};
+  EXPECT_EQ(Plan(body, limits).params.thinking_token_budget, 1500);
 }
 
 TEST(MessagesApiTest, RefusalsNameTheFieldInAnthropicsShape) {
@@ -217,7 +224,7 @@ TEST(MessagesApiTest, RefusalsNameTheFieldInAnthropicsShape) {
   EXPECT_EQ(Refusal(with("max_tokens", 0)).param, "max_tokens");
   EXPECT_EQ(Refusal(with("frequency_penalty", 1)).param, "frequency_penalty");
   EXPECT_EQ(Refusal(with("mcp_servers", json::array())).param, "mcp_servers");
-  EXPECT_EQ(Refusal(with("output_config", {{"effort", "high"}})).param, "output_config.effort");
+  EXPECT_EQ(Refusal(with("output_config", {{"effort", "extreme"}})).param, "output_config.effort");
   EXPECT_EQ(Refusal(with("stop_sequences", "END")).param, "stop_sequences");
   EXPECT_EQ(Refusal(with("thinking", {{"type", "enabled"}, {"budget_tokens", 100}})).param,
             "thinking.budget_tokens");

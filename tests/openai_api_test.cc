@@ -124,5 +124,45 @@ TEST(OpenAiApiTest, ThinkingTokenBudgetIsReadAndPlaced) {
   EXPECT_EQ(out.plan->params.thinking_token_budget, 0);
 }
 
+// reasoning_effort (chat) is its level's thinking budget: none is 0 and the others unbounded by
+// default, --reasoning-effort-budgets sets levels; an explicit thinking_token_budget rules.
+TEST(OpenAiApiTest, ReasoningEffortIsALevelsThinkingBudget) {
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  auto budget = [&](const json& extra, const ServingLimits& limits = Limits()) {
+    json body = chat;
+    body.update(extra);
+    const ParsedRequest out = Parse(Endpoint::kChat, body, limits);
+    EXPECT_TRUE(out.plan) << out.error.message;
+    return out.plan ? out.plan->params.thinking_token_budget : std::nullopt;
+  };
+  EXPECT_EQ(budget({{"reasoning_effort", "none"}}), 0);
+  EXPECT_EQ(budget({{"reasoning_effort", "high"}}), std::nullopt);
+  EXPECT_EQ(budget({{"reasoning_effort", "none"}, {"thinking_token_budget", -1}}), std::nullopt);
+  EXPECT_EQ(budget({{"reasoning_effort", "none"}, {"thinking_token_budget", 9}}), 9);
+  ServingLimits set = Limits();
+  ASSERT_TRUE(ParseEffortBudgets("low=64,high=4096,none=-1", &set.effort_budgets).ok());
+  EXPECT_EQ(budget({{"reasoning_effort", "low"}}, set), 64);
+  EXPECT_EQ(budget({{"reasoning_effort", "high"}}, set), 4096);
+  EXPECT_EQ(budget({{"reasoning_effort", "medium"}}, set), std::nullopt);  // still the default
+  EXPECT_EQ(budget({{"reasoning_effort", "none"}}, set), std::nullopt);
+  for (const json& bad : {json("extreme"), json(3)}) {
+    json body = chat;
+    body["reasoning_effort"] = bad;
+    const ParsedRequest out = Parse(Endpoint::kChat, body);
+    ASSERT_FALSE(out.plan) << bad.dump();
+    EXPECT_EQ(out.error.param, "reasoning_effort");
+    EXPECT_NE(out.error.message.find("high, low, max, medium, minimal, none, xhigh"),
+              std::string::npos)
+        << out.error.message;
+  }
+  // Bad flag entries are named.
+  for (const char* text : {"low", "=3", "low=", "low=x", "low=3x", "low=-2", "low=1,", ""}) {
+    std::map<std::string, int64_t> budgets;
+    const Status s = ParseEffortBudgets(text, &budgets);
+    EXPECT_FALSE(s.ok()) << text;
+    EXPECT_NE(s.message().find("--reasoning-effort-budgets"), std::string::npos) << s.message();
+  }
+}
+
 }  // namespace
 }  // namespace sy::serve

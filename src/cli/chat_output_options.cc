@@ -19,6 +19,10 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
                    "Split <think>...</think> into reasoning_content: deepseek_r1 or deepseek_v3 "
                    "(default: off)")
       ->check(CLI::IsMember({"deepseek_r1", "deepseek_v3"}));
+  verb->add_option("--reasoning-effort-budgets", args.effort_budgets,
+                   "Thinking budgets (tokens, -1: none) for the reasoning effort levels a request "
+                   "may ask for (reasoning_effort, reasoning.effort, output_config.effort), e.g. "
+                   "low=1024,medium=4096,high=16384 (default: none=0, the others unbounded)");
   verb->add_option("--responses-store-mb", args.responses_store_mb,
                    "Memory for stored Responses API responses (store, previous_response_id, "
                    "GET /v1/responses/{id}) and Anthropic message threads; the least recently "
@@ -33,6 +37,10 @@ void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,
                                         args.reasoning_parser, codec, &options->limits);
   if (!s.ok()) FailVerb(s.message());
   options->limits.exclude_tools_when_tool_choice_none = args.exclude_tools_when_tool_choice_none;
+  if (!args.effort_budgets.empty()) {
+    s = serve::ParseEffortBudgets(args.effort_budgets, &options->limits.effort_budgets);
+    if (!s.ok()) FailVerb(s.message());
+  }
   if (args.responses_store_mb > 0)
     options->responses_store = std::make_shared<serve::ResponsesStore>(
         static_cast<size_t>(args.responses_store_mb * (1 << 20)));

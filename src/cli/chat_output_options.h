@@ -1,6 +1,7 @@
 // The OpenAI front's flags serve and route share: the chat output's (vLLM's names)
 // --enable-auto-tool-choice, --exclude-tools-when-tool-choice-none, --tool-call-parser,
-// --reasoning-parser; and the Responses API's store, --responses-store-mb.
+// --reasoning-parser; --reasoning-effort-budgets; and the Responses API's store,
+// --responses-store-mb.
 #pragma once
 
 #include <string>
@@ -17,6 +18,7 @@ struct ChatOutputArgs {
   bool exclude_tools_when_tool_choice_none = false;
   std::string tool_call_parser;     // "": the chat template's format
   std::string reasoning_parser;     // "": none
+  std::string effort_budgets;       // "": the defaults (serve::DefaultEffortBudgets)
   double responses_store_mb = 256;  // 0: the Responses API keeps nothing
 };
 void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args);

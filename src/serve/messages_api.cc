@@ -337,15 +337,18 @@ std::optional<ApiError> Thinking(const json& body, int64_t max_tokens, json* cha
   return std::nullopt;
 }
 
-// output_config.format (a JSON schema) as the chat path's response_format.
+// output_config.format (a JSON schema) as the chat path's response_format, output_config.effort
+// as its reasoning_effort.
 std::optional<ApiError> OutputConfig(const json& body, json* chat) {
   const json* config = Get(body, "output_config");
   if (!config) return std::nullopt;
   if (!config->is_object()) return Invalid("output_config", "must be an object");
   for (const auto& [key, value] : config->items()) {
     if (value.is_null() || key == "format") continue;
-    if (key == "effort")
-      return Invalid("output_config.effort", "is not supported (the model's template decides)");
+    if (key == "effort") {  // the chat path's reasoning_effort: a thinking budget
+      (*chat)["reasoning_effort"] = value;
+      continue;
+    }
     return Invalid("output_config." + key, "is not an output_config field");
   }
   const json* format = Get(*config, "format");
@@ -369,7 +372,8 @@ ApiError Renamed(ApiError error) {
   return RenameFields(std::move(error),
                       {{"stop", "stop_sequences"},
                        {"response_format", "output_config.format"},
-                       {"chat_template_kwargs", "thinking"}},
+                       {"chat_template_kwargs", "thinking"},
+                       {"reasoning_effort", "output_config.effort"}},
                       {{"].function.parameters", "].input_schema"}, {"].function", "]"}});
 }
 

@@ -596,6 +596,19 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
     if (r.Get("top_logprobs") && !plan.chat_logprobs)
       r.Fail("top_logprobs", "needs logprobs: true");
     if (plan.chat_logprobs) plan.params.logprobs = top;
+    // reasoning_effort as the level's thinking budget; thinking_token_budget, if given, rules.
+    if (const json* effort = r.Get("reasoning_effort")) {
+      auto level = effort->is_string() ? limits.effort_budgets.find(effort->get<std::string>())
+                                       : limits.effort_budgets.end();
+      if (level == limits.effort_budgets.end()) {
+        std::string names;
+        for (const auto& [name, tokens] : limits.effort_budgets)
+          names += (names.empty() ? "" : ", ") + name;
+        r.Fail("reasoning_effort", fmt::format("must be one of: {}", names));
+      } else if (level->second >= 0 && !r.Get("thinking_token_budget")) {
+        plan.params.thinking_token_budget = level->second;
+      }
+    }
     ChatOptions options;
     ReadChatTemplateOptions(r, options);
     if (r.error) {
@@ -988,6 +1001,38 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
                 {"choices", json::array({choice})}};
   if (plan.include_usage) chunk["usage"] = nullptr;
   return "data: " + DumpJson(chunk) + "\n\n";
+}
+
+std::map<std::string, int64_t> DefaultEffortBudgets() {
+  return {{"none", 0},  {"minimal", -1}, {"low", -1}, {"medium", -1},
+          {"high", -1}, {"xhigh", -1},   {"max", -1}};
+}
+
+Status ParseEffortBudgets(const std::string& text, std::map<std::string, int64_t>* budgets) {
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string entry = text.substr(at, comma - at);
+    const size_t eq = entry.find('=');
+    int64_t tokens = 0;
+    size_t used = 0;
+    bool number = false;
+    if (eq != std::string::npos && eq > 0 && eq + 1 < entry.size()) {
+      try {
+        tokens = std::stoll(entry.substr(eq + 1), &used);
+        number = used == entry.size() - eq - 1;
+      } catch (...) {
+      }
+    }
+    if (!number || tokens < -1)
+      return Status::Errorf(
+          "--reasoning-effort-budgets: '{}' is not level=tokens (tokens at least 0, or -1 for "
+          "no budget)",
+          entry);
+    (*budgets)[entry.substr(0, eq)] = tokens;
+    at = comma + 1;
+  }
+  return Status::Ok();
 }
 
 Status ConfigureChatOutput(const std::string& tool_call_parser, bool enable_auto_tool_choice,

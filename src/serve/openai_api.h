@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,13 @@ std::string DumpJson(const nlohmann::ordered_json& value);
 
 enum class Endpoint { kCompletions, kChat };
 
+// "none" answers without thinking (a budget of 0); minimal, low, medium, high, xhigh and max
+// leave the thinking to the model (no budget) until an operator says how long each may be.
+std::map<std::string, int64_t> DefaultEffortBudgets();
+// Reads "level=tokens,..." (tokens ≥ 0, or -1 for none) over `budgets`; the error names the
+// entry.
+Status ParseEffortBudgets(const std::string& text, std::map<std::string, int64_t>* budgets);
+
 // What the server knows when it validates a request.
 struct ServingLimits {
   std::string model_name;
@@ -82,6 +90,11 @@ struct ServingLimits {
   // the prompt; by default they are rendered (the model sees them but its output is not parsed).
   bool exclude_tools_when_tool_choice_none = false;
   std::optional<chat_output::ReasoningFormat> reasoning;
+  // Reasoning effort (chat's reasoning_effort, the Responses API's reasoning.effort, Anthropic's
+  // output_config.effort) as a thinking budget in tokens, -1 for none: DeepSeek's templates have
+  // no effort levels, so the engine's budget gives them one. --reasoning-effort-budgets sets
+  // levels over the defaults (DefaultEffortBudgets).
+  std::map<std::string, int64_t> effort_budgets = DefaultEffortBudgets();
 };
 
 // Sets `limits`' chat output fields from the serve/route flags (empty strings: not given) and

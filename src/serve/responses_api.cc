@@ -96,11 +96,19 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool stored) {
                                               "\"message.output_text.logprobs\")",
                                               item.dump()));
   }
+  // reasoning.effort is the chat path's reasoning_effort (a thinking budget). A summary is
+  // accepted and none is written: the reasoning item carries the reasoning text itself.
   if (const json* reasoning = Get(body, "reasoning")) {
     if (!reasoning->is_object()) return Invalid("reasoning", "must be an object");
-    for (const auto& [key, value] : reasoning->items())
-      if (!value.is_null())
-        return Invalid("reasoning." + key, "is not supported (the model's chat template decides)");
+    for (const auto& [key, value] : reasoning->items()) {
+      if (value.is_null() || key == "effort") continue;
+      if (key == "summary" || key == "generate_summary") {
+        if (value != "auto" && value != "concise" && value != "detailed")
+          return Invalid("reasoning." + key, "must be \"auto\", \"concise\" or \"detailed\"");
+        continue;
+      }
+      return Invalid("reasoning." + key, "is not a reasoning field");
+    }
   }
   if (const json* tier = Get(body, "service_tier"); tier && *tier != "auto" && *tier != "default")
     return Invalid("service_tier", "only \"auto\" and \"default\" are supported");
@@ -316,7 +324,8 @@ ApiError Renamed(ApiError error) {
                       {{"messages", "input"},
                        {"prompt", "input"},
                        {"max_tokens", "max_output_tokens"},
-                       {"response_format", "text.format"}},
+                       {"response_format", "text.format"},
+                       {"reasoning_effort", "reasoning.effort"}},
                       {{"].function", "]"}});
 }
 
@@ -524,6 +533,12 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
   chat["messages"] = std::move(messages);
   for (const char* key : {"model", "temperature", "top_p", "stream"})
     if (const json* v = Get(root, key)) chat[key] = *v;
+  json effort, summary;  // echoed in the response
+  if (const json* reasoning = Get(root, "reasoning")) {
+    effort = reasoning->value("effort", json());
+    summary = reasoning->value("summary", json());
+    if (!effort.is_null()) chat["reasoning_effort"] = effort;
+  }
   if (max_output) chat["max_tokens"] = *max_output;
   // Log-probabilities as vLLM's Responses API: with include's message.output_text.logprobs,
   // top_logprobs (0 to 20, default 0) alternatives per token; top_logprobs alone returns none,
@@ -576,7 +591,7 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
                {"tool_choice", root.value("tool_choice", json("auto"))},
                {"parallel_tool_calls", root.value("parallel_tool_calls", json(true))},
                {"metadata", root.value("metadata", json::object())},
-               {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
+               {"reasoning", {{"effort", effort}, {"summary", summary}}},
                {"truncation", "disabled"},
                {"service_tier", "default"},
                {"user", root.value("user", json())},

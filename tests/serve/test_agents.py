@@ -12,6 +12,7 @@ from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResp
                     Runner, function_tool, set_tracing_disabled)
 from agents.items import HandoffCallItem, MessageOutputItem, ToolCallItem, ToolCallOutputItem
 from openai import AsyncOpenAI
+from openai.types.shared import Reasoning
 from pydantic import BaseModel
 
 from conftest import calls_begin
@@ -62,10 +63,13 @@ def weather_tool(calls, once):
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("kind", ["responses", "chat"])
 def test_a_tool_call_then_a_typed_answer(tool_server, kind, stream):
+    # A reasoning effort as agents set it for reasoning models (reasoning_effort on chat,
+    # reasoning.effort and .summary on Responses): accepted, a thinking budget by level.
     calls = []
     agent = Agent(name="forecaster", instructions="Answer briefly.", model=model(tool_server, kind),
                   tools=[weather_tool(calls, once=True)], output_type=Forecast,
-                  model_settings=settings(tool_choice="required"))
+                  model_settings=settings(tool_choice="required",
+                                          reasoning=Reasoning(effort="low", summary="auto")))
     result = run(agent, "What is the weather in Paris?", stream)
     assert len(calls) == 1, calls  # the SDK ran the tool with arguments its signature accepts
     assert [type(item) for item in result.new_items] == [

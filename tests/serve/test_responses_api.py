@@ -159,7 +159,8 @@ def test_json_schema_and_json_object_formats(client):
     ({"frobnicate": 1}, "frobnicate", "not supported"),
     ({"include": ["reasoning.encrypted_content"]}, "include", "not supported"),
     ({"truncation": "auto"}, "truncation", "disabled"),
-    ({"reasoning": {"effort": "high"}}, "reasoning.effort", "not supported"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "must be one of"),
+    ({"reasoning": {"summary": "long"}}, "reasoning.summary", "auto"),
     ({"input": []}, "input", "non-empty"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type", "input_image"),
@@ -589,6 +590,21 @@ def test_reasoning_items(r1_client):
     # It never closed its thinking: every output token is reasoning (vLLM's count).
     assert out.usage.output_tokens_details.reasoning_tokens == out.usage.output_tokens == 20
     assert events[-1].response.usage.output_tokens_details.reasoning_tokens == 20
+
+
+def test_reasoning_effort(r1_client):
+    """reasoning.effort is the chat path's reasoning_effort (low=4 on this server): the
+    reasoning item holds what the chat path's reasoning_content does, the answer follows, and
+    the response echoes the effort and summary asked for (no summary is written)."""
+    out = r1_client.responses.create(model="sy-test", input=ASK, max_output_tokens=16,
+                                      temperature=0, reasoning={"effort": "low", "summary": "auto"})
+    chat = r1_client.chat.completions.create(
+        model="sy-test", messages=[{"role": "user", "content": ASK}], max_tokens=16,
+        temperature=0, reasoning_effort="low").choices[0].message
+    assert [item.type for item in out.output] == ["reasoning", "message"], out.output
+    assert out.output[0].content[0].text == chat.model_extra["reasoning_content"]
+    assert out.output_text == chat.content
+    assert (out.reasoning.effort, out.reasoning.summary) == ("low", "auto")
 
 
 def test_output_text_logprobs(client):

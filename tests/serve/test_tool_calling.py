@@ -388,7 +388,7 @@ def r1_client(model_dir):
     """R1's template: its generation prompt opens the think block, so the output starts inside
     the reasoning."""
     s = Server(with_template(model_dir, "deepseek-r1"), "--kv-cache-tokens", "16384",
-               "--reasoning-parser", "deepseek_r1")
+               "--reasoning-parser", "deepseek_r1", "--reasoning-effort-budgets", "low=4")
     yield OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
     assert s.stop() == 0, "".join(s.log)
 
@@ -452,6 +452,29 @@ def test_thinking_token_budget_closes_the_reasoning(r1_client):
         with pytest.raises(openai.BadRequestError) as info:
             r1_client.chat.completions.create(**args, extra_body={"thinking_token_budget": bad})
         assert "thinking_token_budget" in str(info.value), info.value
+
+
+def test_reasoning_effort_is_a_thinking_budget(r1_client):
+    """reasoning_effort as the level's budget (--reasoning-effort-budgets low=4 here): low thinks
+    for 4 tokens, as thinking_token_budget 4 does; none answers at once; high (unbounded by
+    default) never closes; an explicit thinking_token_budget rules; unknown levels are refused."""
+    args = dict(model="sy-test", messages=CHAT, max_tokens=16, temperature=0)
+    low = r1_client.chat.completions.create(**args, reasoning_effort="low").choices[0].message
+    four = r1_client.chat.completions.create(
+        **args, extra_body={"thinking_token_budget": 4}).choices[0].message
+    assert low.model_extra["reasoning_content"] and low.content, low
+    assert (low.model_extra["reasoning_content"], low.content) == (
+        four.model_extra["reasoning_content"], four.content)
+    none = r1_client.chat.completions.create(**args, reasoning_effort="none").choices[0].message
+    assert not none.model_extra.get("reasoning_content") and none.content, none
+    high = r1_client.chat.completions.create(**args, reasoning_effort="high").choices[0].message
+    assert high.content is None, high
+    ruled = r1_client.chat.completions.create(
+        **args, reasoning_effort="none", extra_body={"thinking_token_budget": -1}).choices[0]
+    assert ruled.message.content is None, ruled.message
+    with pytest.raises(openai.BadRequestError) as info:
+        r1_client.chat.completions.create(**args, extra_body={"reasoning_effort": "extreme"})
+    assert "reasoning_effort" in str(info.value) and "low" in str(info.value), info.value
 
 
 def test_structured_output_constrains_only_the_answer(r1_client):
