@@ -779,9 +779,9 @@ TEST_P(MtpEngineTest, GatedGrammarIsUnchangedByDrafting) {
   }
 }
 
-// The reasoning budget with drafts: the drafter proposes "</think>" where the budget forces it
-// and verification forces it there too, so greedy output is the undrafted one — with a grammar
-// behind the reasoning gate as well (the forced "</think>" opens it).
+// The reasoning budget with drafts: verification forces "</think>" where the budget does, so
+// greedy output is the undrafted one — with a grammar behind the reasoning gate as well (the
+// forced "</think>" opens it) — and the drafter proposes it there, so such drafts are kept.
 TEST_P(MtpEngineTest, ReasoningBudgetIsUnchangedByDrafting) {
   const Tokenizer& tokenizer = *TrainedModel().tokenizer;
   const int32_t begin = *tokenizer.TokenToId("<think>"), end = *tokenizer.TokenToId("</think>");
@@ -820,6 +820,24 @@ TEST_P(MtpEngineTest, ReasoningBudgetIsUnchangedByDrafting) {
     }
     EXPECT_GT(h.engine.Metrics().spec_accepted_tokens_total, 0);
   }
+  // Where the output is settled — "<think>" biased up, so sections of the opening marker and 2
+  // more, each closed by the budget — the drafter proposes exactly it ("</think>" where the
+  // budget forces it): every draft is kept.
+  SamplingParams settled = Greedy(24);
+  settled.logit_bias = {{begin, 100}, {end, -100}};
+  settled.thinking_token_budget = 2;
+  EngineConfig config;
+  config.num_speculative_tokens = GetParam();
+  Harness h(4096, config, TrainedModel());
+  auto stream = h.Submit("settled", Text("KING HENRY:"), settled);
+  h.RunToIdle();
+  std::vector<int32_t> want;
+  for (int i = 0; i < 6; ++i)
+    want.insert(want.end(), {begin, begin, begin, end});
+  EXPECT_EQ(Collect(*stream).tokens, want);
+  const EngineMetrics m = h.engine.Metrics();
+  EXPECT_GT(m.spec_draft_tokens_total, 0);
+  EXPECT_EQ(m.spec_accepted_tokens_total, m.spec_draft_tokens_total);
 }
 
 // Under page pressure requests are preempted and recomputed; drafts are dropped, never lost
@@ -986,6 +1004,21 @@ TEST(EngineTest, ReasoningBudgetClosesTheThinkingSection) {
   const std::vector<int32_t> sections = run(base, 2, false, 0, 100);
   EXPECT_EQ(sections, (std::vector<int32_t>{begin, begin, begin, end, begin, begin, begin, end,
                                             begin, begin, begin, end}));
+  // A grammar not gated on "</think>" decides every token: the budget yields to it.
+  {
+    Harness g(1024, EngineConfig{});
+    SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = 12;
+    params.grammar = PersonSchema();
+    params.thinking_token_budget = 0;
+    auto stream = g.Submit("grammar", with({begin}), params);
+    g.RunToIdle();
+    const Collected c = Collect(*stream);
+    EXPECT_NE(c.finish, "error") << c.text;
+    EXPECT_EQ(ends(c.tokens), 0);
+    EXPECT_TRUE(InLanguage(*params.grammar, c.text, c.finish == "stop")) << c.text;
+  }
   // A negative budget is refused by name.
   Harness h(1024, EngineConfig{});
   SamplingParams negative = Greedy(2);
