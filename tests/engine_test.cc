@@ -113,10 +113,8 @@ struct Collected {
   std::vector<TokenLogprob> logprobs;
 };
 
-Collected Collect(RequestStream& stream) {
+Collected FromEvents(std::vector<RequestEvent>& events) {
   Collected c;
-  std::vector<RequestEvent> events;
-  stream.Drain(&events);
   for (auto& e : events) {
     c.tokens.insert(c.tokens.end(), e.token_ids.begin(), e.token_ids.end());
     c.text += e.text;
@@ -134,6 +132,12 @@ Collected Collect(RequestStream& stream) {
     }
   }
   return c;
+}
+
+Collected Collect(RequestStream& stream) {
+  std::vector<RequestEvent> events;
+  stream.Drain(&events);
+  return FromEvents(events);
 }
 
 struct Harness {
@@ -652,6 +656,130 @@ TEST(EngineTest, BadRequestsAreRefusedByField) {
   auto too_long = h.engine.Submit({"z", {1, 2}, Greedy(5000)}, &error);
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.status().message().find("cache"), std::string::npos);
+}
+
+// Runs the engine to idle, noting the order in which requests finish.
+std::vector<std::string> FinishOrder(
+    Harness& h, const std::map<std::string, std::shared_ptr<RequestStream>>& streams,
+    std::map<std::string, Collected>* out) {
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<RequestEvent>> events;
+  for (int i = 0; i < 100000; ++i) {
+    const bool busy = h.engine.StepOnce();
+    for (const auto& [id, stream] : streams) {
+      if (std::ranges::find(order, id) != order.end()) continue;
+      if (stream->Drain(&events[id])) order.push_back(id);
+    }
+    if (!busy) break;
+  }
+  for (auto& [id, list] : events)
+    (*out)[id] = FromEvents(list);
+  return order;
+}
+
+EngineConfig PriorityConfig() {
+  EngineConfig config;
+  config.scheduling_policy = EngineConfig::SchedulingPolicy::kPriority;
+  return config;
+}
+
+// --scheduling-policy priority: waiting requests are admitted by (priority, arrival), where first
+// come, first served takes them in arrival order; outputs are each request's own either way.
+TEST(EngineTest, PriorityAdmitsTheMostUrgentFirst) {
+  for (bool priority : {false, true}) {
+    EngineConfig config = priority ? PriorityConfig() : EngineConfig{};
+    config.max_num_seqs = 1;
+    Harness h(2048, config);
+    std::map<std::string, std::shared_ptr<RequestStream>> streams;
+    const std::vector<std::pair<std::string, int64_t>> requests = {
+        {"later", 5}, {"normal", 0}, {"urgent", -3}, {"normal2", 0}};
+    SubmitError error;
+    for (const auto& [id, level] : requests) {
+      EngineRequest request{id, Prompt(12, static_cast<int32_t>(id.size())), Greedy(4)};
+      request.priority = priority ? level : 0;
+      auto stream = h.engine.Submit(request, &error);
+      ASSERT_TRUE(stream.ok()) << stream.status().message();
+      streams[id] = stream.value();
+    }
+    std::map<std::string, Collected> got;
+    const auto order = FinishOrder(h, streams, &got);
+    const std::vector<std::string> want =
+        priority ? std::vector<std::string>{"urgent", "normal", "normal2", "later"}
+                 : std::vector<std::string>{"later", "normal", "urgent", "normal2"};
+    EXPECT_EQ(order, want);
+    for (const auto& [id, level] : requests)
+      EXPECT_EQ(got[id].tokens, GreedyAlone(Prompt(12, static_cast<int32_t>(id.size())), 4)) << id;
+  }
+}
+
+// A more urgent arrival takes the slot of a less urgent running request, which is preempted and
+// later recomputed, losing nothing; an equally urgent one waits its turn.
+TEST(EngineTest, PriorityPreemptsLessUrgentRunningRequests) {
+  EngineConfig config = PriorityConfig();
+  config.max_num_seqs = 1;
+  Harness h(2048, config);
+  std::map<std::string, std::shared_ptr<RequestStream>> streams;
+  SubmitError error;
+  auto submit = [&](const std::string& id, int64_t level, int32_t salt, int64_t tokens) {
+    EngineRequest request{id, Prompt(10, salt), Greedy(tokens)};
+    request.priority = level;
+    auto stream = h.engine.Submit(request, &error);
+    ASSERT_TRUE(stream.ok()) << stream.status().message();
+    streams[id] = stream.value();
+  };
+  submit("batch", 1, 1, 24);
+  for (int i = 0; i < 4; ++i)
+    h.engine.StepOnce();  // the batch request is decoding
+  submit("peer", 1, 2, 3);
+  submit("interactive", 0, 3, 3);
+  std::map<std::string, Collected> got;
+  const auto order = FinishOrder(h, streams, &got);
+  EXPECT_EQ(order, (std::vector<std::string>{"interactive", "batch", "peer"}));
+  EXPECT_EQ(got["batch"].tokens, GreedyAlone(Prompt(10, 1), 24));
+  EXPECT_EQ(got["interactive"].tokens, GreedyAlone(Prompt(10, 3), 3));
+  EXPECT_EQ(got["peer"].tokens, GreedyAlone(Prompt(10, 2), 3));
+  EXPECT_EQ(h.engine.Metrics().preemptions_total, 1);
+  EXPECT_EQ(h.engine.Metrics().used_pages, 0);
+}
+
+// When pages run out, the least urgent running request is preempted (first come, first served
+// preempts the newest): the urgent one, though newer, runs through.
+TEST(EngineTest, PriorityPreemptsTheLeastUrgentUnderPagePressure) {
+  for (bool priority : {false, true}) {
+    Harness h(16 * 10, priority ? PriorityConfig() : EngineConfig{});
+    std::map<std::string, std::shared_ptr<RequestStream>> streams;
+    SubmitError error;
+    for (const auto& [id, level, salt] : {std::tuple{"older", 2, 1}, std::tuple{"newer", -2, 2}}) {
+      EngineRequest request{id, Prompt(30, salt), Greedy(60)};
+      request.priority = priority ? level : 0;
+      auto stream = h.engine.Submit(request, &error);
+      ASSERT_TRUE(stream.ok()) << stream.status().message();
+      streams[id] = stream.value();
+      h.engine.StepOnce();
+    }
+    std::map<std::string, Collected> got;
+    const auto order = FinishOrder(h, streams, &got);
+    const std::vector<std::string> want = priority ? std::vector<std::string>{"newer", "older"}
+                                                   : std::vector<std::string>{"older", "newer"};
+    EXPECT_EQ(order, want);
+    // One preemption: the less urgent request (or, first come, first served, the newer) gives
+    // way once and the other runs through.
+    EXPECT_EQ(h.engine.Metrics().preemptions_total, 1);
+    EXPECT_EQ(got["older"].tokens, GreedyAlone(Prompt(30, 1), 60));
+    EXPECT_EQ(got["newer"].tokens, GreedyAlone(Prompt(30, 2), 60));
+  }
+}
+
+// Under first come, first served a priority is refused by name, not silently ignored.
+TEST(EngineTest, PriorityNeedsThePriorityPolicy) {
+  Harness h(1024, EngineConfig{});
+  EngineRequest request{"p", {1, 2, 3}, Greedy(2)};
+  request.priority = -1;
+  SubmitError error;
+  auto refused = h.engine.Submit(request, &error);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--scheduling-policy priority"), std::string::npos)
+      << refused.status().message();
 }
 
 // MTP speculative decoding, on the trained default model: both the accept and the reject paths

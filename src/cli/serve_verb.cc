@@ -29,6 +29,7 @@ struct ServeArgs {
   std::string served_model_name;
   int64_t max_num_seqs = 256;
   std::string grammar_masks = "beside-forward";
+  std::string scheduling_policy = "fcfs";
   int64_t max_num_batched_tokens = 2048;
   int64_t kv_cache_tokens = 0;
   int64_t max_model_len = 0;
@@ -103,6 +104,8 @@ std::unique_ptr<serve::GrpcEngineServer> StartGrpc(
   info.vocab_size = vocab_size;
   info.max_model_len = engine_config.max_model_len;
   info.num_speculative_tokens = engine_config.num_speculative_tokens;
+  info.priority_scheduling =
+      engine_config.scheduling_policy == EngineConfig::SchedulingPolicy::kPriority;
   auto server = std::make_unique<serve::GrpcEngineServer>(frontend, info);
   const std::string host = args.grpc_host.empty() ? args.host : args.grpc_host;
   *status = server->Start(host, args.grpc_port, serve::GrpcServerCredentials(args.grpc_tls));
@@ -245,6 +248,9 @@ void RunServe(const ServeArgs& args) {
   engine_config.step_timeout_seconds = args.step_timeout;
   engine_config.num_speculative_tokens = speculative_tokens;
   engine_config.masks_beside_forward = args.grammar_masks == "beside-forward";
+  engine_config.scheduling_policy = args.scheduling_policy == "priority"
+                                        ? EngineConfig::SchedulingPolicy::kPriority
+                                        : EngineConfig::SchedulingPolicy::kFcfs;
   engine_config.max_model_len =
       args.max_model_len > 0 ? args.max_model_len : config.max_position_embeddings;
   if (engine_config.max_model_len > config.max_position_embeddings)
@@ -296,6 +302,11 @@ void AddServeVerb(CLI::App& app) {
   AddChatOutputOptions(verb, args->chat_output);
   verb->add_option("--max-num-seqs", args->max_num_seqs, "Requests in the running batch at most")
       ->check(CLI::Range(1, 4096));
+  verb->add_option("--scheduling-policy", args->scheduling_policy,
+                   "fcfs: requests run in arrival order (default); priority: by each request's "
+                   "priority (lower first; vLLM's), a more urgent request taking the place of "
+                   "less urgent running ones")
+      ->check(CLI::IsMember({"fcfs", "priority"}));
   verb->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
                    "Tokens one step computes at most (decode tokens + prefill chunks)")
       ->check(CLI::Range(1, 1 << 20));

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <unordered_set>
 
 #include "base/clock.h"
 #include "structured/matcher.h"
@@ -41,6 +42,7 @@ struct Engine::Sequence {
   std::unique_ptr<IncrementalDetokenizer> detokenizer;
   std::vector<std::optional<TokenLogprob>> prompt_logprobs;
   double arrival = 0, last_token_time = 0;
+  uint64_t arrival_index = 0;  // arrival order, for the priority policy's ties
   bool aborted = false;
   bool finished = false;
   // MTP drafts for the next step's verification, each with the distribution it was drawn from.
@@ -127,6 +129,11 @@ Status ValidateRequest(const EngineRequest& request, const RequestLimits& limits
       return Status::Errorf("prompt token {} (position {}) is outside [0, {})", request.prompt[i],
                             i, vocab);
   SY_RETURN_IF_ERROR(request.params.Validate(vocab));
+  if (request.priority != 0 && !limits.priority_scheduling)
+    return Status::Errorf(
+        "priority {}: this server runs requests first come, first served (priorities need "
+        "--scheduling-policy priority)",
+        request.priority);
   const int64_t length = static_cast<int64_t>(request.prompt.size()) - request.resumed_tokens +
                          request.params.max_tokens;
   if (length > limits.max_model_len)
@@ -146,7 +153,9 @@ Status ValidateRequest(const EngineRequest& request, const RequestLimits& limits
 Status Engine::Validate(const EngineRequest& request) const {
   // Whole pages: a request needs ceil(length / page) of them.
   const int64_t cache_tokens = pool_.total_pages() * pool_.page_size();
-  return ValidateRequest(request, {model_.config().vocab_size, max_model_len_, cache_tokens});
+  return ValidateRequest(request,
+                         {model_.config().vocab_size, max_model_len_, cache_tokens,
+                          config_.scheduling_policy == EngineConfig::SchedulingPolicy::kPriority});
 }
 
 bool Engine::HasWork() const {
@@ -333,8 +342,10 @@ void Engine::TakeIncoming() {
   std::vector<std::string> aborts;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& seq : incoming_)
+    for (auto& seq : incoming_) {
+      seq->arrival_index = next_arrival_index_++;
       waiting_.push_back(std::move(seq));
+    }
     incoming_.clear();
     aborts.swap(aborts_);
   }
@@ -815,6 +826,183 @@ void Engine::Draft(const std::vector<std::pair<Sequence*, int64_t>>& scheduled,
   }
 }
 
+bool Engine::ReadyToAdmit(Sequence& seq, int64_t budget, int64_t* count) {
+  if (!seq.looked_up) {
+    // The last token is always computed (its logits start generation), so at most the pages
+    // before it come from the cache. A received request matches at most the pages the prefill
+    // instance (or a colocated engine) could for the prompt it ran: the last prompt row comes
+    // from the transfer, whose MTP row pairs it with this request's own first token (a cached
+    // page's last MTP row pairs it with whatever token followed it there, which changes drafts
+    // and so seeded draws).
+    const int64_t total = static_cast<int64_t>(seq.tokens.size()) - (seq.request.imported ? 1 : 0);
+    const int64_t max_pages = (total - 1) / pool_.page_size();
+    seq.cache.pages = pool_.Match(seq.tokens, max_pages, GeneratedFrom(seq), &seq.page_hashes);
+    seq.computed = static_cast<int64_t>(seq.cache.pages.size()) * pool_.page_size();
+    seq.cache.length = seq.computed;
+    seq.looked_up = true;
+    // Prompt log-probabilities need every prompt row: those requests compute from the start.
+    if (seq.wants_prompt_logprobs() && seq.first_admission && seq.computed > 0) {
+      FreePages(seq);
+      seq.looked_up = true;
+    }
+  }
+  const int64_t matched = seq.computed;
+  const bool room = !seq.request.imported || InstallImported(seq);
+  *count = room ? StepCount(seq, budget) : 0;  // a received request's drafts too
+  if (!room || !EnsurePages(seq, seq.computed + *count)) {
+    // A waiting request holds no pages: the prefix it matched goes back (still cached) and is
+    // looked up again at its next try.
+    FreePages(seq);
+    return false;
+  }
+  if (seq.first_admission) {
+    seq.cached_tokens = matched;
+    std::lock_guard<std::mutex> lock(metrics_mutex_);
+    metrics_.prefix_cache_queries_total += seq.prompt_length;
+    metrics_.prefix_cache_hits_total += matched;
+    metrics_.prompt_tokens_total += seq.prompt_length;
+    metrics_.queue_time.Observe(NowSeconds() - seq.arrival);
+  }
+  seq.first_admission = false;
+  return true;
+}
+
+void Engine::RefuseUnfittable(Sequence& seq) {
+  // Nothing else holds pages; cached ones were evictable. Cannot happen for a request that
+  // passed Submit's size check, but never spin on it.
+  auto it =
+      std::find_if(waiting_.begin(), waiting_.end(), [&](auto& w) { return w.get() == &seq; });
+  std::unique_ptr<Sequence> owned = std::move(*it);
+  waiting_.erase(it);
+  RequestEvent event;
+  event.error = "the request does not fit in the cache";
+  Finish(*owned, "error", std::move(event));
+}
+
+void Engine::PreemptRunning(Sequence& seq) {
+  auto it =
+      std::find_if(running_.begin(), running_.end(), [&](auto& r) { return r.get() == &seq; });
+  std::unique_ptr<Sequence> owned = std::move(*it);
+  running_.erase(it);
+  Preempt(*owned);
+  waiting_.push_front(std::move(owned));
+}
+
+void Engine::ScheduleFcfs(int64_t& budget, std::vector<std::pair<Sequence*, int64_t>>& scheduled) {
+  // Running requests first (oldest first), preempting the newest when pages run out.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence& seq = *running_[i];
+    const int64_t count = StepCount(seq, budget);
+    if (EnsurePages(seq, seq.computed + count)) {
+      scheduled.push_back({&seq, count});
+      budget -= count;
+      ++i;
+      continue;
+    }
+    // Preempt the newest running request (perhaps this one) and try again.
+    PreemptRunning(*running_.back());
+  }
+  // Then admissions in arrival order, while the budget, the sequence limit and pages allow.
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+    Sequence& seq = *waiting_.front();
+    int64_t count = 0;
+    if (!ReadyToAdmit(seq, budget, &count)) {
+      if (running_.empty() && scheduled.empty()) RefuseUnfittable(seq);
+      break;
+    }
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    scheduled.push_back({running_.back().get(), count});
+    budget -= count;
+  }
+}
+
+void Engine::SchedulePriority(int64_t& budget,
+                              std::vector<std::pair<Sequence*, int64_t>>& scheduled) {
+  // Running and waiting requests in one order, most urgent first: (priority, arrival). Each
+  // running one is stepped; each waiting one is admitted, taking the slot and pages of the least
+  // urgent running ones behind it if need be. Every request behind the current one in the order
+  // is unscheduled yet, so a preempted one never has to be taken back out of `scheduled`.
+  auto key = [](const Sequence* s) { return std::pair(s->request.priority, s->arrival_index); };
+  std::vector<Sequence*> order;
+  for (auto& seq : running_)
+    order.push_back(seq.get());
+  for (auto& seq : waiting_)
+    order.push_back(seq.get());
+  std::sort(order.begin(), order.end(), [&](auto* a, auto* b) { return key(a) < key(b); });
+  std::unordered_set<const Sequence*> done, running;  // done: scheduled or preempted this step
+  for (auto& seq : running_)
+    running.insert(seq.get());
+  // The least urgent running request not yet scheduled, if it is behind `than`.
+  auto least_urgent = [&](const Sequence& than) -> Sequence* {
+    Sequence* victim = nullptr;
+    for (auto& seq : running_)
+      if (!done.contains(seq.get()) && key(seq.get()) >= key(&than) &&
+          (!victim || key(seq.get()) > key(victim)))
+        victim = seq.get();
+    return victim;
+  };
+  auto preempt = [&](Sequence& victim) {
+    PreemptRunning(victim);
+    running.erase(&victim);
+    done.insert(&victim);
+  };
+  bool admitting = true;  // admissions stop at the first waiting request that cannot run
+  for (Sequence* seq : order) {
+    if (budget <= 0) break;
+    if (done.contains(seq)) continue;
+    int64_t count = 0;
+    if (running.contains(seq)) {
+      count = StepCount(*seq, budget);
+      bool ready = EnsurePages(*seq, seq->computed + count);
+      while (!ready) {  // pages from the least urgent, perhaps this one
+        Sequence* victim = least_urgent(*seq);
+        preempt(*victim);
+        if (victim == seq) break;
+        ready = EnsurePages(*seq, seq->computed + count);
+      }
+      if (ready) {
+        scheduled.push_back({seq, count});
+        budget -= count;
+        done.insert(seq);
+      }
+      continue;
+    }
+    if (!admitting) continue;
+    auto behind = [&]() -> Sequence* {  // strictly less urgent than this waiting request
+      Sequence* victim = least_urgent(*seq);
+      return victim && key(victim) > key(seq) ? victim : nullptr;
+    };
+    while (static_cast<int64_t>(running_.size()) >= config_.max_num_seqs)
+      if (Sequence* victim = behind())
+        preempt(*victim);
+      else
+        break;
+    bool ready = static_cast<int64_t>(running_.size()) < config_.max_num_seqs &&
+                 ReadyToAdmit(*seq, budget, &count);
+    while (!ready && static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+      Sequence* victim = behind();
+      if (!victim) break;
+      preempt(*victim);
+      ready = ReadyToAdmit(*seq, budget, &count);
+    }
+    if (!ready) {
+      if (running_.empty() && scheduled.empty()) RefuseUnfittable(*seq);
+      admitting = false;
+      continue;
+    }
+    auto it =
+        std::find_if(waiting_.begin(), waiting_.end(), [&](auto& w) { return w.get() == seq; });
+    running_.push_back(std::move(*it));
+    waiting_.erase(it);
+    running.insert(seq);
+    scheduled.push_back({seq, count});
+    budget -= count;
+    done.insert(seq);
+  }
+}
+
 bool Engine::StepOnce(bool must_step) {
   TakeIncoming();
   // Aborted requests leave first.
@@ -851,80 +1039,12 @@ bool Engine::StepOnce(bool must_step) {
     return false;
   }
 
-  // Schedule: running requests first (oldest first), preempting the newest when pages run out.
   int64_t budget = config_.max_num_batched_tokens;
   std::vector<std::pair<Sequence*, int64_t>> scheduled;
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
-    Sequence& seq = *running_[i];
-    const int64_t count = StepCount(seq, budget);
-    if (EnsurePages(seq, seq.computed + count)) {
-      scheduled.push_back({&seq, count});
-      budget -= count;
-      ++i;
-      continue;
-    }
-    // Preempt the newest running request (perhaps this one) and try again.
-    std::unique_ptr<Sequence> victim = std::move(running_.back());
-    running_.pop_back();
-    Preempt(*victim);
-    waiting_.push_front(std::move(victim));
-  }
-  // Then admissions in arrival order, while the budget, the sequence limit and pages allow.
-  while (budget > 0 && !waiting_.empty() &&
-         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
-    Sequence& seq = *waiting_.front();
-    if (!seq.looked_up) {
-      // The last token is always computed (its logits start generation), so at most the pages
-      // before it come from the cache. A received request matches at most the pages the prefill
-      // instance (or a colocated engine) could for the prompt it ran: the last prompt row comes
-      // from the transfer, whose MTP row pairs it with this request's own first token (a cached
-      // page's last MTP row pairs it with whatever token followed it there, which changes drafts
-      // and so seeded draws).
-      const int64_t total =
-          static_cast<int64_t>(seq.tokens.size()) - (seq.request.imported ? 1 : 0);
-      const int64_t max_pages = (total - 1) / pool_.page_size();
-      seq.cache.pages = pool_.Match(seq.tokens, max_pages, GeneratedFrom(seq), &seq.page_hashes);
-      seq.computed = static_cast<int64_t>(seq.cache.pages.size()) * pool_.page_size();
-      seq.cache.length = seq.computed;
-      seq.looked_up = true;
-      // Prompt log-probabilities need every prompt row: those requests compute from the start.
-      if (seq.wants_prompt_logprobs() && seq.first_admission && seq.computed > 0) {
-        FreePages(seq);
-        seq.looked_up = true;
-      }
-    }
-    const int64_t matched = seq.computed;
-    const bool room = !seq.request.imported || InstallImported(seq);
-    const int64_t count = room ? StepCount(seq, budget) : 0;  // a received request's drafts too
-    if (!room || !EnsurePages(seq, seq.computed + count)) {
-      // A waiting request holds no pages: the prefix it matched goes back (still cached) and
-      // is looked up again at its next try.
-      FreePages(seq);
-      if (running_.empty() && scheduled.empty()) {
-        // Nothing else holds pages; cached ones were evictable. Cannot happen for a request that
-        // passed Submit's size check, but never spin on it.
-        auto victim = std::move(waiting_.front());
-        waiting_.pop_front();
-        RequestEvent event;
-        event.error = "the request does not fit in the cache";
-        Finish(*victim, "error", std::move(event));
-      }
-      break;
-    }
-    if (seq.first_admission) {
-      seq.cached_tokens = matched;
-      std::lock_guard<std::mutex> lock(metrics_mutex_);
-      metrics_.prefix_cache_queries_total += seq.prompt_length;
-      metrics_.prefix_cache_hits_total += matched;
-      metrics_.prompt_tokens_total += seq.prompt_length;
-      metrics_.queue_time.Observe(NowSeconds() - seq.arrival);
-    }
-    seq.first_admission = false;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
-    scheduled.push_back({running_.back().get(), count});
-    budget -= count;
-  }
+  if (config_.scheduling_policy == EngineConfig::SchedulingPolicy::kPriority)
+    SchedulePriority(budget, scheduled);
+  else
+    ScheduleFcfs(budget, scheduled);
   CountWaiting();
   if (scheduled.empty() && !must_step) return !running_.empty() || !waiting_.empty();
 

@@ -43,6 +43,13 @@ struct EngineConfig {
   // Structured output: make the next token masks of the step's constrained sequences on a thread
   // of their own while the model's forward runs, instead of after it (same masks either way).
   bool masks_beside_forward = true;
+  // kFcfs: requests run in arrival order; when pages run out the newest running request is
+  // preempted. kPriority (vLLM's --scheduling-policy priority): by (priority, arrival) — the step's
+  // token budget goes to the most urgent first, a waiting request takes the slot and pages of
+  // less urgent running ones (preempted, recomputed later), and page pressure preempts the least
+  // urgent.
+  enum class SchedulingPolicy { kFcfs, kPriority };
+  SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
 };
 
 // The latency histograms' bucket bounds in seconds (vLLM's, for TTFT, ITL and end-to-end).
@@ -94,6 +101,7 @@ struct RequestLimits {
   int64_t vocab_size = 0;
   int64_t max_model_len = 0;
   int64_t cache_tokens = 0;
+  bool priority_scheduling = false;  // else a priority other than 0 is refused
 };
 Status ValidateRequest(const EngineRequest& request, const RequestLimits& limits);
 
@@ -170,6 +178,18 @@ class Engine : public RequestFrontend {
   // hands a prefill request's newly computed rows to its sink, and the request on once its
   // first token is out.
   bool InstallImported(Sequence& seq);
+  // The scheduling step's two policies (EngineConfig::SchedulingPolicy): each adds to
+  // `scheduled` and spends `budget`.
+  void ScheduleFcfs(int64_t& budget, std::vector<std::pair<Sequence*, int64_t>>& scheduled);
+  void SchedulePriority(int64_t& budget, std::vector<std::pair<Sequence*, int64_t>>& scheduled);
+  // Readies a waiting request to run this step: its prefix from the cache (first look), its
+  // received rows, and pages for the `*count` tokens it computes within `budget`. False, holding
+  // no pages, where the pages are not there.
+  bool ReadyToAdmit(Sequence& seq, int64_t budget, int64_t* count);
+  // A waiting request that cannot fit even with nothing else running: finished with an error.
+  void RefuseUnfittable(Sequence& seq);
+  // Moves a running request back to the waiting queue, its rows dropped.
+  void PreemptRunning(Sequence& seq);
   // Tokens seq computes this step within `budget`: a chunk, a decode token, or the last token
   // with its MTP drafts (trimmed to the budget, the request's length and the pages there are).
   int64_t StepCount(Sequence& seq, int64_t budget);
@@ -225,6 +245,7 @@ class Engine : public RequestFrontend {
 
   // Owned by the step loop.
   std::deque<std::unique_ptr<Sequence>> waiting_;
+  uint64_t next_arrival_index_ = 0;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<float> logits_;
   std::vector<float> final_hidden_;  // the step's final hidden rows, for MTP drafting

@@ -23,6 +23,9 @@ struct EngineRequest {
   std::string id;
   std::vector<int32_t> prompt;
   SamplingParams params;
+  // Under --scheduling-policy priority, lower runs first (vLLM's field; 0 by default, and only 0
+  // under first come, first served).
+  int64_t priority = 0;
   // A request resumed elsewhere (a router's failover): the last `resumed_tokens` ids of `prompt`
   // are its own output so far. They count as generated — the sampler's step, penalties,
   // min/max_tokens and the stop-string state continue from them — and are not sent again.

@@ -212,8 +212,12 @@ Status Router::Start(double seconds) {
 RequestLimits Router::limits() const {
   std::lock_guard<std::mutex> lock(mutex_);
   RequestLimits limits;
+  bool answered = false;
+  limits.priority_scheduling = true;  // where every instance that answered schedules by it
   for (const auto& t : targets_) {
     if (t->health.vocab_size() == 0) continue;  // never answered
+    answered = true;
+    limits.priority_scheduling = limits.priority_scheduling && t->health.priority_scheduling();
     limits.vocab_size = t->health.vocab_size();
     limits.max_model_len = limits.max_model_len == 0
                                ? t->health.max_model_len()
@@ -221,6 +225,7 @@ RequestLimits Router::limits() const {
     limits.cache_tokens =
         std::max(limits.cache_tokens, t->health.total_pages() * t->health.page_size());
   }
+  limits.priority_scheduling = limits.priority_scheduling && answered;
   return limits;
 }
 

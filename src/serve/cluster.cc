@@ -417,6 +417,7 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
                    {"group", p.group},
                    {"prompt", p.request.prompt},
                    {"resumed", p.request.resumed_tokens},
+                   {"priority", p.request.priority},
                    {"params", ParamsToJson(p.request.params)}};
     if (p.request.kv_sink) submit["sink"] = true;
     if (p.request.imported) {
@@ -532,6 +533,7 @@ void ClusterServing::Run() {
       request.prompt = s["prompt"].get<std::vector<int32_t>>();
       request.params = ParamsFromJson(s["params"]);
       request.resumed_tokens = s["resumed"];
+      request.priority = s["priority"];
       if (s.contains("sink")) request.kv_sink = LocalSink(request.id);
       if (s.contains("imported")) {
         const json& j = s["imported"];

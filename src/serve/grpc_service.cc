@@ -68,6 +68,7 @@ EngineRequest RequestFromProto(const pb::GenerateRequest& request) {
   out.id = request.request_id();
   out.prompt.assign(request.prompt().begin(), request.prompt().end());
   out.resumed_tokens = request.resumed_tokens();
+  out.priority = request.priority();
   const pb::SamplingParams& p = request.params();
   SamplingParams& s = out.params;
   if (p.has_temperature()) s.temperature = p.temperature();
@@ -107,6 +108,7 @@ pb::GenerateRequest RequestToProto(const EngineRequest& request) {
   out.set_request_id(request.id);
   out.mutable_prompt()->Add(request.prompt.begin(), request.prompt.end());
   out.set_resumed_tokens(request.resumed_tokens);
+  out.set_priority(request.priority);
   const SamplingParams& s = request.params;
   pb::SamplingParams* p = out.mutable_params();
   p->set_temperature(s.temperature);
@@ -300,6 +302,7 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
     response->set_vocab_size(info_.vocab_size);
     response->set_max_model_len(info_.max_model_len);
     response->set_num_speculative_tokens(info_.num_speculative_tokens);
+    response->set_priority_scheduling(info_.priority_scheduling);
     response->set_role(info_.role);
     if (info_.receiver != nullptr) response->set_transfer_address(info_.receiver->address());
     return grpc::Status::OK;

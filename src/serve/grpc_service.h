@@ -30,6 +30,7 @@ struct InstanceInfo {
   int64_t vocab_size = 0;
   int64_t max_model_len = 0;
   int64_t num_speculative_tokens = 0;
+  bool priority_scheduling = false;  // serve --scheduling-policy priority
   // Disaggregation (serve --role): "both", "prefill" (sends rows: `sender`) or "decode"
   // (receives them: `receiver`, into a cache of `cache_layers` rows of `cache_row_bytes`).
   std::string role = "both";

@@ -653,6 +653,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       request.id = fmt::format("{}-{}", g->id, i);
       request.prompt = g->plan.prompts[i / g->plan.n];
       request.params = g->plan.params;
+      request.priority = g->plan.priority;
       // Several samples of one seeded prompt draw from consecutive seeds.
       if (request.params.seed && i % g->plan.n > 0) *request.params.seed += i % g->plan.n;
       g->request_ids.push_back(request.id);
@@ -1037,6 +1038,7 @@ std::optional<ApiError> OpenAiServer::Impl::StartBackground(ResponsesPlan plan, 
   request.id = run->request_id;
   request.prompt = run->plan.chat.prompts[0];
   request.params = run->plan.chat.params;
+  request.priority = run->plan.chat.priority;
   SubmitError why;
   std::vector<EngineRequest> requests;
   requests.push_back(std::move(request));

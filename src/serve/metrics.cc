@@ -131,8 +131,9 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
     out += fmt::format("switchyard:request_success_total{{{},finished_reason=\"{}\"}} {}\n", labels,
                        reason, it == m.finished_by_reason.end() ? 0 : it->second);
   }
-  Metric(out, "num_preemptions_total", "counter", "Requests preempted for want of cache pages.",
-         labels, static_cast<double>(m.preemptions_total));
+  Metric(out, "num_preemptions_total", "counter",
+         "Requests preempted (for want of cache pages, or for a more urgent request).", labels,
+         static_cast<double>(m.preemptions_total));
   Metric(out, "prefix_cache_queries_total", "counter",
          "Prompt tokens looked up in the prefix cache.", labels,
          static_cast<double>(m.prefix_cache_queries_total));

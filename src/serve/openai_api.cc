@@ -409,6 +409,8 @@ void ReadSampling(Reader& r, GenerationPlan& plan, int64_t vocab) {
     }
   }
   r.Integer("n", &plan.n, 1, 16);
+  r.Integer("priority", &plan.priority, std::numeric_limits<int32_t>::min(),
+            std::numeric_limits<int32_t>::max());
   if (const json* best_of = r.Get("best_of")) {
     if (!best_of->is_number_integer() || best_of->get<int64_t>() != plan.n)
       r.Fail("best_of", "only best_of equal to n is supported");

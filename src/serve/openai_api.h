@@ -114,6 +114,7 @@ struct GenerationPlan {
   bool include_usage = false;
   bool echo = false;
   bool chat_logprobs = false;  // chat: logprobs=true (top_logprobs in params.logprobs)
+  int64_t priority = 0;        // vLLM's: lower runs first (--scheduling-policy priority)
   // Chat: the request's tools (absent when it has none) and how each choice's output is split
   // into reasoning, content and tool calls (parse_output false: all content, as written).
   std::optional<chat_output::ToolRequest> tools;

@@ -44,7 +44,8 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool stored) {
                                        "include",
                                        "top_logprobs",
                                        "reasoning",
-                                       "service_tier"};
+                                       "service_tier",
+                                       "priority"};
   for (const auto& [key, value] : body.items()) {
     bool known = false;
     for (const char* k : kKnown)
@@ -531,7 +532,7 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
     return out;
   }
   chat["messages"] = std::move(messages);
-  for (const char* key : {"model", "temperature", "top_p", "stream"})
+  for (const char* key : {"model", "temperature", "top_p", "stream", "priority"})
     if (const json* v = Get(root, key)) chat[key] = *v;
   json effort, summary;  // echoed in the response
   if (const json* reasoning = Get(root, "reasoning")) {

@@ -371,6 +371,41 @@ def test_api_key_is_required_when_set(model_dir):
         assert s.stop() == 0
 
 
+def test_priority_scheduling(server, client, model_dir):
+    """--scheduling-policy priority with one running slot: an urgent request (priority -1, vLLM's
+    field) sent while a long one (priority 1) streams takes its slot and finishes while the long
+    one goes on; the long one, preempted and recomputed, loses nothing (its greedy text is what
+    it is alone). Under first come, first served a priority is
+    refused by name."""
+    from conftest import Server
+    from openai import OpenAI
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="sy-test", prompt="x", max_tokens=2,
+                                  extra_body={"priority": -1})
+    assert "--scheduling-policy priority" in str(info.value), info.value
+    s = Server(model_dir, "--kv-cache-tokens", "8192", "--max-num-seqs", "1",
+               "--scheduling-policy", "priority")
+    try:
+        c = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        long_args = dict(model="sy-test", prompt="ROMEO:", max_tokens=1500, temperature=0,
+                         extra_body={"ignore_eos": True, "priority": 1})
+        alone = c.completions.create(**long_args).choices[0].text
+        preempted = s.metric("num_preemptions_total")
+        stream = c.completions.create(**long_args, stream=True)
+        text = next(iter(stream)).choices[0].text  # the long request is running
+        urgent = c.completions.create(model="sy-test", prompt="JULIET:", max_tokens=4,
+                                      temperature=0, extra_body={"ignore_eos": True,
+                                                                 "priority": -1})
+        assert urgent.usage.completion_tokens == 4
+        rest = [chunk.choices[0].text for chunk in stream]
+        assert text + "".join(rest) == alone
+        # It took the long one's slot (nothing else preempts with this cache) and was done
+        # while the long one went on.
+        assert s.metric("num_preemptions_total") == preempted + 1 and rest
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
 def test_bench_serve_reports_vllms_keys(server):
     out = subprocess.run(
         [BINARY, "bench", "serve", "--url", server.url, "--num-prompts", "12", "--input-len", "40",

@@ -164,7 +164,8 @@ def test_bad_input_through_the_router_gets_the_servers_errors(instances):
 
         for body in [{"model": "sy-test", "prompt": [1, 2, 99999], "max_tokens": 2},
                      {"model": "sy-test", "prompt": "hi", "max_tokens": 100000},
-                     {"model": "sy-test", "prompt": "hi", "top_p": 0}]:
+                     {"model": "sy-test", "prompt": "hi", "top_p": 0},
+                     {"model": "sy-test", "prompt": "hi", "priority": -1}]:  # fcfs instances
             via_router = post(router.url, body)
             direct = post(procs[1].url, body)
             assert via_router[0] == direct[0] == 400, (via_router, direct)
@@ -199,6 +200,23 @@ def test_bad_input_through_the_router_gets_the_servers_errors(instances):
         assert m['switchyard:request_success_total{model_name="sy-test",finished_reason="length"}'] >= 6
     finally:
         assert router.stop() == 0, "".join(router.log)
+
+
+def test_priorities_pass_through_to_instances_that_schedule_by_them():
+    """An instance with --scheduling-policy priority says so in its Health answer; a router whose
+    instances all do takes vLLM's priority field and sends it on."""
+    port = free_port()
+    instance = start_instance(port, "--scheduling-policy", "priority")
+    router = start_router([port])
+    try:
+        out = client_for(router).completions.create(
+            model="sy-test", prompt="ROMEO:", max_tokens=3, temperature=0,
+            extra_body={"priority": -5, "ignore_eos": True})
+        assert out.usage.completion_tokens == 3
+        assert instance.metric("request_success_total", finished_reason="length") == 1
+    finally:
+        router.stop()
+        instance.stop()
 
 
 def test_stored_responses_live_in_the_router(instances):
