@@ -23,6 +23,11 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
                    "Thinking budgets (tokens, -1: none) for the reasoning effort levels a request "
                    "may ask for (reasoning_effort, reasoning.effort, output_config.effort), e.g. "
                    "low=1024,medium=4096,high=16384 (default: none=0, the others unbounded)");
+  verb->add_option("--sse-keepalive-seconds", args.sse_keepalive_seconds,
+                   "A streamed response idle this long (queued, or a long prompt prefilling) gets "
+                   "an SSE comment line, so proxies and client timeouts do not cut it; 0: never "
+                   "(default 15)")
+      ->check(CLI::Range(0.0, 3600.0));
   verb->add_option("--responses-store-mb", args.responses_store_mb,
                    "Memory for stored Responses API responses (store, previous_response_id, "
                    "GET /v1/responses/{id}) and Anthropic message threads; the least recently "
@@ -37,6 +42,7 @@ void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,
                                         args.reasoning_parser, codec, &options->limits);
   if (!s.ok()) FailVerb(s.message());
   options->limits.exclude_tools_when_tool_choice_none = args.exclude_tools_when_tool_choice_none;
+  options->sse_keepalive_seconds = args.sse_keepalive_seconds;
   if (!args.effort_budgets.empty()) {
     s = serve::ParseEffortBudgets(args.effort_budgets, &options->limits.effort_budgets);
     if (!s.ok()) FailVerb(s.message());

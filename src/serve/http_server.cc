@@ -700,6 +700,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     header_->chunked(true);
     serializer_ = std::make_unique<http::response_serializer<http::empty_body>>(*header_);
     writing_ = true;
+    event_stream_ = true;
+    last_stream_write_ = std::chrono::steady_clock::now();
     http::async_write_header(stream_, *serializer_,
                              [self = shared_from_this()](beast::error_code ec, size_t) {
                                self->writing_ = false;
@@ -765,8 +767,20 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       const ssize_t n = ::recv(self->Socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return self->ClientGone();
       if (kTls && n > 0) self->ProbeRead();
+      self->KeepStreamAlive();
       self->WatchForHangUp();
     });
+  }
+
+  // An event stream idle for --sse-keepalive-seconds gets a comment line (ServerOptions).
+  void KeepStreamAlive() {
+    const double interval = server_.options_.sse_keepalive_seconds;
+    if (!event_stream_ || finishing_ || writing_ || !pending_.empty() || interval <= 0) return;
+    const std::chrono::duration<double> idle =
+        std::chrono::steady_clock::now() - last_stream_write_;
+    if (idle.count() < interval) return;
+    Queue(": keep-alive\n\n");
+    FlushWrites();
   }
 
   // Reads what the client sent during a generation into the request buffer (a pipelined request
@@ -893,6 +907,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       if (finishing_) {
         finishing_ = false;
         writing_ = true;
+        event_stream_ = false;
         net::async_write(stream_, http::make_chunk_last(),
                          [self = shared_from_this()](beast::error_code ec, size_t) {
                            self->writing_ = false;
@@ -910,6 +925,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       *data += *piece;
     pending_.clear();
     writing_ = true;
+    last_stream_write_ = std::chrono::steady_clock::now();
     net::async_write(stream_, http::make_chunk(net::buffer(*data)),
                      [self = shared_from_this(), data](beast::error_code ec, size_t) {
                        self->writing_ = false;
@@ -933,6 +949,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     bool keep_alive = true;
   };
   std::unique_ptr<Follow> follow_;
+  // An event stream is open (its header written, its last chunk not): when it last sent.
+  bool event_stream_ = false;
+  std::chrono::steady_clock::time_point last_stream_write_;
   bool anthropic_ = false;  // the request being answered is Anthropic's (its error shape)
   // The request being answered, as http_requests_total counts it.
   std::string route_ = "other", method_ = "unknown";

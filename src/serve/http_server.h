@@ -28,6 +28,10 @@ struct ServerOptions {
   TlsFiles tls;
   int io_threads = 2;
   size_t max_body_bytes = 32u << 20;
+  // An event stream that has sent nothing for this long (a request queued, or a long prompt
+  // prefilling on a CPU) gets an SSE comment line, which clients skip and which keeps proxies
+  // and client read timeouts from cutting it; 0: never.
+  double sse_keepalive_seconds = 15;
   ServingLimits limits;
   // The front's store: stored and background responses, conversations, Anthropic message
   // threads; null: all of them are refused (the APIs are stateless).

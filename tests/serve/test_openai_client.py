@@ -406,6 +406,47 @@ def test_priority_scheduling(server, client, model_dir):
         assert s.stop() == 0, "".join(s.log)
 
 
+def test_a_queued_stream_gets_keepalive_comments(model_dir):
+    """--sse-keepalive-seconds: a stream that waits (here queued behind a long request holding the
+    only running slot) gets SSE comment lines until its data comes, and the official client
+    skips them: its text is the unqueued request's."""
+    import http.client
+    from conftest import Server
+    from openai import OpenAI
+    s = Server(model_dir, "--kv-cache-tokens", "8192", "--max-num-seqs", "1",
+               "--sse-keepalive-seconds", "0.1")
+    try:
+        c = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        blocker = dict(model="sy-test", prompt="ROMEO:", max_tokens=1500, temperature=0,
+                       extra_body={"ignore_eos": True}, stream=True)
+        body = {"model": "sy-test", "prompt": "JULIET:", "max_tokens": 4, "temperature": 0,
+                "ignore_eos": True}
+        args = {**{k: v for k, v in body.items() if k != "ignore_eos"},
+                "extra_body": {"ignore_eos": True}}
+        expected = c.completions.create(**args).choices[0].text
+        running = c.completions.create(**blocker)
+        next(iter(running))  # it holds the slot
+        conn = http.client.HTTPConnection(s.host, s.port, timeout=300)
+        conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True}),
+                     {"Content-Type": "application/json"})
+        lines = [line.decode() for line in conn.getresponse()]
+        first_data = next(i for i, line in enumerate(lines) if line.startswith("data:"))
+        assert ": keep-alive\n" in lines[:first_data], lines[:first_data + 1]
+        text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in lines
+                       if line.startswith("data: {"))
+        assert text == expected
+        for _ in running:
+            pass
+        running = c.completions.create(**blocker)
+        next(iter(running))
+        streamed = c.completions.create(**args, stream=True)
+        assert "".join(chunk.choices[0].text for chunk in streamed) == expected
+        for _ in running:
+            pass
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
 def test_bench_serve_reports_vllms_keys(server):
     out = subprocess.run(
         [BINARY, "bench", "serve", "--url", server.url, "--num-prompts", "12", "--input-len", "40",
