@@ -124,6 +124,34 @@ TEST(OpenAiApiTest, ThinkingTokenBudgetIsReadAndPlaced) {
   EXPECT_EQ(out.plan->params.thinking_token_budget, 0);
 }
 
+// OpenAI's service_tier: priorities where the engine schedules by them ("priority" before the
+// default tier, "flex" after, an explicit priority ruling), else every tier served as the default
+// one — and the plan says which tier was served.
+TEST(OpenAiApiTest, ServiceTiersArePrioritiesWhereTheEngineHasThem) {
+  ServingLimits by_priority = Limits();
+  by_priority.priority_scheduling = true;
+  auto plan = [&](const json& extra, const ServingLimits& limits) {
+    json body = {{"prompt", "hi"}};
+    body.update(extra);
+    const ParsedRequest out = Parse(Endpoint::kCompletions, body, limits);
+    EXPECT_TRUE(out.plan) << out.error.message;
+    return out.plan ? std::pair(out.plan->priority, out.plan->service_tier)
+                    : std::pair(int64_t{99}, std::string("?"));
+  };
+  using Served = std::pair<int64_t, std::string>;
+  EXPECT_EQ(plan(json::object(), by_priority), Served(0, ""));
+  EXPECT_EQ(plan({{"service_tier", "priority"}}, by_priority), Served(-1, "priority"));
+  EXPECT_EQ(plan({{"service_tier", "flex"}}, by_priority), Served(1, "flex"));
+  EXPECT_EQ(plan({{"service_tier", "auto"}}, by_priority), Served(0, "default"));
+  EXPECT_EQ(plan({{"service_tier", "flex"}, {"priority", -7}}, by_priority), Served(-7, "flex"));
+  EXPECT_EQ(plan({{"service_tier", "priority"}}, Limits()), Served(0, "default"));
+  EXPECT_EQ(plan({{"service_tier", "flex"}}, Limits()), Served(0, "default"));
+  const ParsedRequest bad =
+      Parse(Endpoint::kCompletions, {{"prompt", "hi"}, {"service_tier", "gold"}});
+  ASSERT_FALSE(bad.plan);
+  EXPECT_EQ(bad.error.param, "service_tier");
+}
+
 // reasoning_effort (chat) is its level's thinking budget: none is 0 and the others unbounded by
 // default, --reasoning-effort-budgets sets levels; an explicit thinking_token_budget rules.
 TEST(OpenAiApiTest, ReasoningEffortIsALevelsThinkingBudget) {

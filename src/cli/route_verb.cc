@@ -93,6 +93,7 @@ void RunRoute(const RouteArgs& args) {
       args.served_model_name.empty() ? std::string("default") : args.served_model_name;
   server_options.limits.max_model_len = limits.max_model_len;
   server_options.limits.cache_tokens = limits.cache_tokens;
+  server_options.limits.priority_scheduling = limits.priority_scheduling;
   ApplyChatOutputOrFail(args.chat_output, codec, &server_options);
   // Admin: GET /admin/engines; POST /admin/drain and /admin/resume with {"engine": "host:port"}.
   server_options.admin = [&router](const std::string& method, const std::string& path,

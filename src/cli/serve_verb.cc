@@ -147,6 +147,8 @@ serve::ServerOptions ServerOptionsFrom(const ServeArgs& args, int64_t cache_toke
                                   : args.served_model_name;
   options.limits.max_model_len = engine_config.max_model_len;
   options.limits.cache_tokens = cache_tokens;
+  options.limits.priority_scheduling =
+      engine_config.scheduling_policy == EngineConfig::SchedulingPolicy::kPriority;
   return options;
 }
 

@@ -348,6 +348,24 @@ void ChooseOutputParsing(const std::string& prompt, const ChatOptions& options,
   if (plan.parse_output) plan.params.skip_special_tokens = false;
 }
 
+// OpenAI's service_tier: where the engine schedules by priority, "priority" runs before the
+// default tier and "flex" after it (priority -1 and 1, unless the request gives its own); else
+// every tier is served as the default one, and the response says so, as OpenAI's does.
+void ReadServiceTier(Reader& r, GenerationPlan& plan, const ServingLimits& limits) {
+  const json* tier = r.Get("service_tier");
+  if (!tier) return;
+  static const std::map<std::string, int64_t> kTiers = {
+      {"auto", 0}, {"default", 0}, {"scale", 0}, {"flex", 1}, {"priority", -1}};
+  auto it = tier->is_string() ? kTiers.find(tier->get<std::string>()) : kTiers.end();
+  if (it == kTiers.end())
+    return r.Fail("service_tier",
+                  "must be \"auto\", \"default\", \"flex\", \"scale\" or \"priority\"");
+  plan.service_tier = "default";
+  if (!limits.priority_scheduling || it->second == 0) return;
+  plan.service_tier = it->first;
+  if (!r.Get("priority")) plan.priority = it->second;
+}
+
 // Fields both endpoints share: sampling and streaming.
 void ReadSampling(Reader& r, GenerationPlan& plan, int64_t vocab) {
   SamplingParams& p = plan.params;
@@ -497,6 +515,7 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
   }
   RefuseUnimplemented(r, endpoint);
   ReadSampling(r, plan, vocab);
+  ReadServiceTier(r, plan, limits);
   ReadStructuredOutput(r, plan);
   // vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context length).
   int64_t truncate = 0;
@@ -913,13 +932,15 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
                              {"stop_reason", StopReason(c.stop_string, c.stop_token)}});
     }
   }
-  return DumpJson(
-      {{"id", id},
-       {"object", plan.endpoint == Endpoint::kCompletions ? "text_completion" : "chat.completion"},
-       {"created", created},
-       {"model", limits.model_name},
-       {"choices", out_choices},
-       {"usage", Usage(plan, choices, codec)}});
+  json body = {
+      {"id", id},
+      {"object", plan.endpoint == Endpoint::kCompletions ? "text_completion" : "chat.completion"},
+      {"created", created},
+      {"model", limits.model_name},
+      {"choices", out_choices},
+      {"usage", Usage(plan, choices, codec)}};
+  if (!plan.service_tier.empty()) body["service_tier"] = plan.service_tier;
+  return DumpJson(body);
 }
 
 std::string StreamChunk(const GenerationPlan& plan, int64_t index, const RequestEvent& event,
@@ -1001,6 +1022,7 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
                 {"created", created},
                 {"model", limits.model_name},
                 {"choices", json::array({choice})}};
+  if (!plan.service_tier.empty()) chunk["service_tier"] = plan.service_tier;
   if (plan.include_usage) chunk["usage"] = nullptr;
   return "data: " + DumpJson(chunk) + "\n\n";
 }

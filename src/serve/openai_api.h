@@ -95,6 +95,9 @@ struct ServingLimits {
   // no effort levels, so the engine's budget gives them one. --reasoning-effort-budgets sets
   // levels over the defaults (DefaultEffortBudgets).
   std::map<std::string, int64_t> effort_budgets = DefaultEffortBudgets();
+  // The engine schedules by priority (serve --scheduling-policy priority; behind a router, every
+  // instance does): OpenAI's service_tier "priority" and "flex" then become priorities.
+  bool priority_scheduling = false;
 };
 
 // Sets `limits`' chat output fields from the serve/route flags (empty strings: not given) and
@@ -115,6 +118,9 @@ struct GenerationPlan {
   bool echo = false;
   bool chat_logprobs = false;  // chat: logprobs=true (top_logprobs in params.logprobs)
   int64_t priority = 0;        // vLLM's: lower runs first (--scheduling-policy priority)
+  // OpenAI's service_tier as served ("default", "flex" or "priority"); empty where the request
+  // named none (the response then names none either).
+  std::string service_tier;
   // Chat: the request's tools (absent when it has none) and how each choice's output is split
   // into reasoning, content and tool calls (parse_output false: all content, as written).
   std::optional<chat_output::ToolRequest> tools;

@@ -111,8 +111,6 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool stored) {
       return Invalid("reasoning." + key, "is not a reasoning field");
     }
   }
-  if (const json* tier = Get(body, "service_tier"); tier && *tier != "auto" && *tier != "default")
-    return Invalid("service_tier", "only \"auto\" and \"default\" are supported");
   if (const json* options = Get(body, "stream_options")) {
     if (!options->is_object()) return Invalid("stream_options", "must be an object");
     for (const auto& [key, value] : options->items())
@@ -532,7 +530,7 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
     return out;
   }
   chat["messages"] = std::move(messages);
-  for (const char* key : {"model", "temperature", "top_p", "stream", "priority"})
+  for (const char* key : {"model", "temperature", "top_p", "stream", "priority", "service_tier"})
     if (const json* v = Get(root, key)) chat[key] = *v;
   json effort, summary;  // echoed in the response
   if (const json* reasoning = Get(root, "reasoning")) {
@@ -594,7 +592,8 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
                {"metadata", root.value("metadata", json::object())},
                {"reasoning", {{"effort", effort}, {"summary", summary}}},
                {"truncation", "disabled"},
-               {"service_tier", "default"},
+               {"service_tier",
+                plan.chat.service_tier.empty() ? std::string("default") : plan.chat.service_tier},
                {"user", root.value("user", json())},
                {"store", plan.store},
                {"background", plan.background},

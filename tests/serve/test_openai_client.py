@@ -402,6 +402,17 @@ def test_priority_scheduling(server, client, model_dir):
         # It took the long one's slot (nothing else preempts with this cache) and was done
         # while the long one went on.
         assert s.metric("num_preemptions_total") == preempted + 1 and rest
+        # OpenAI's service_tier: "flex" runs after the default tier here, and the response says
+        # which tier served it; a server without priorities serves every tier as the default.
+        flex = c.chat.completions.create(model="sy-test", messages=[{"role": "user",
+                                                                     "content": "hi"}],
+                                         max_tokens=2, service_tier="flex")
+        assert flex.service_tier == "flex"
+        assert client.chat.completions.create(
+            model="sy-test", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            service_tier="priority").service_tier == "default"
+        assert c.responses.create(model="sy-test", input="hi", max_output_tokens=2,
+                                  service_tier="priority").service_tier == "priority"
     finally:
         assert s.stop() == 0, "".join(s.log)
 
