@@ -444,6 +444,8 @@ void Engine::RecordPromptLogprobs(Sequence& seq, int64_t first, int64_t count, c
     TokenLogprob entry;
     entry.token = seq.tokens[position];
     entry.logprob = scratch_[entry.token];
+    entry.rank = 1 + std::count_if(scratch_.begin(), scratch_.end(),
+                                   [&](float l) { return l > entry.logprob; });
     const int64_t top = *seq.request.params.prompt_logprobs;
     if (top > 0) entry.top = TopEntries(scratch_.data(), vocab, top);
     seq.prompt_logprobs.push_back(std::move(entry));

@@ -42,6 +42,8 @@ struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;
+  // Prompt log-probabilities: 1 + how many tokens were more likely (vLLM's rank); 0 elsewhere.
+  int64_t rank = 0;
 };
 
 struct RequestEvent {

@@ -88,13 +88,14 @@ json LogprobToJson(const TokenLogprob& l) {
   json top = json::array();
   for (const auto& [t, v] : l.top)
     top.push_back({t, v});
-  return {l.token, l.logprob, top};
+  return {l.token, l.logprob, top, l.rank};
 }
 
 TokenLogprob LogprobFromJson(const json& j) {
   TokenLogprob l;
   l.token = j[0];
   l.logprob = j[1];
+  l.rank = j[3];
   for (const auto& pair : j[2])
     l.top.push_back({pair[0].get<int32_t>(), pair[1].get<float>()});
   return l;

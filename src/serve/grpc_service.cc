@@ -19,6 +19,7 @@ namespace {
 void ToProto(const TokenLogprob& from, pb::TokenLogprob* to) {
   to->set_token(from.token);
   to->set_logprob(from.logprob);
+  to->set_rank(from.rank);
   for (const auto& [token, logprob] : from.top) {
     pb::TopLogprob* top = to->add_top();
     top->set_token(token);
@@ -30,6 +31,7 @@ TokenLogprob FromProto(const pb::TokenLogprob& from) {
   TokenLogprob to;
   to.token = from.token();
   to.logprob = from.logprob();
+  to.rank = from.rank();
   for (const auto& top : from.top())
     to.top.push_back({top.token(), top.logprob()});
   return to;

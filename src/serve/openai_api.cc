@@ -91,9 +91,6 @@ void RefuseUnimplemented(Reader& r, Endpoint endpoint) {
   for (const char* name :
        {"guided_whitespace_pattern", "allowed_token_ids", "bad_words", "logits_processors"})
     if (r.Get(name)) r.Fail(name, "is not supported");
-  if (r.Get("prompt_logprobs"))
-    r.Fail("prompt_logprobs",
-           "is not supported (echo with logprobs gives the prompt's log-probabilities)");
   if (const json* beam = r.Get("use_beam_search"); beam && *beam != false)
     r.Fail("use_beam_search", "is not supported");
   if (endpoint != Endpoint::kChat) {
@@ -516,6 +513,16 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
   RefuseUnimplemented(r, endpoint);
   ReadSampling(r, plan, vocab);
   ReadServiceTier(r, plan, limits);
+  // vLLM's prompt_logprobs (not streamed: the prompt's come with the whole answer) and
+  // return_token_ids.
+  int64_t prompt_top = -1;
+  r.Integer("prompt_logprobs", &prompt_top, 0, 20);
+  if (prompt_top >= 0) {
+    if (plan.stream) r.Fail("prompt_logprobs", "is not available with stream: true");
+    plan.prompt_logprobs = prompt_top;
+    plan.params.prompt_logprobs = prompt_top;
+  }
+  r.Bool("return_token_ids", &plan.return_token_ids);
   ReadStructuredOutput(r, plan);
   // vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context length).
   int64_t truncate = 0;
@@ -606,7 +613,9 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
       out.error = Invalid("prompt", "must be a non-empty string or list");
       return out;
     }
-    if (plan.echo && plan.params.logprobs) plan.params.prompt_logprobs = *plan.params.logprobs;
+    if (plan.echo && plan.params.logprobs)
+      plan.params.prompt_logprobs =
+          std::max(*plan.params.logprobs, plan.prompt_logprobs.value_or(0));
   } else {
     if (r.Get("max_tokens") || r.Get("max_completion_tokens")) max_given = true;
     r.Integer("max_tokens", &plan.params.max_tokens, 0, limits.max_model_len);
@@ -766,7 +775,8 @@ namespace {
 
 // The legacy completions logprobs object for a run of tokens; `offset` starts text_offset.
 void AppendCompletionLogprobs(const TextCodec& codec, const std::optional<TokenLogprob>& lp,
-                              int32_t token, json& out, int64_t* offset) {
+                              int32_t token, json& out, int64_t* offset,
+                              size_t top_limit = SIZE_MAX) {
   const std::string text = TokenText(codec, token);
   out["tokens"].push_back(text);
   out["text_offset"].push_back(*offset);
@@ -778,15 +788,16 @@ void AppendCompletionLogprobs(const TextCodec& codec, const std::optional<TokenL
   }
   out["token_logprobs"].push_back(lp->logprob);
   json top = json::object();
-  for (const auto& [t, l] : lp->top)
-    top[TokenText(codec, t)] = l;
+  for (size_t i = 0; i < lp->top.size() && i < top_limit; ++i)
+    top[TokenText(codec, lp->top[i].first)] = lp->top[i].second;
   out["top_logprobs"].push_back(top);
 }
 
 // The legacy completions logprobs object: the echoed prompt's tokens first (when `prompt` is
 // given; offsets from 0), then the generated ones, whose offsets continue from the prompt's or
-// start at `generated_offset` when given.
-json CompletionLogprobs(const TextCodec& codec, const std::vector<int32_t>* prompt,
+// start at `generated_offset` when given. The prompt's alternatives are cut to the request's
+// `logprobs` (prompt_logprobs may have asked the engine for more).
+json CompletionLogprobs(const TextCodec& codec, int64_t top, const std::vector<int32_t>* prompt,
                         const std::vector<std::optional<TokenLogprob>>& prompt_logprobs,
                         const std::vector<int32_t>& tokens,
                         const std::vector<TokenLogprob>& logprobs,
@@ -800,11 +811,36 @@ json CompletionLogprobs(const TextCodec& codec, const std::vector<int32_t>* prom
     for (size_t p = 0; p < prompt->size(); ++p)
       AppendCompletionLogprobs(codec,
                                p < prompt_logprobs.size() ? prompt_logprobs[p] : std::nullopt,
-                               (*prompt)[p], out, &offset);
+                               (*prompt)[p], out, &offset, static_cast<size_t>(top));
   if (generated_offset) offset = *generated_offset;
   for (size_t t = 0; t < tokens.size(); ++t)
     AppendCompletionLogprobs(codec, t < logprobs.size() ? std::optional(logprobs[t]) : std::nullopt,
                              tokens[t], out, &offset);
+  return out;
+}
+
+// vLLM's prompt_logprobs: per prompt token (none for the first) {token id: {logprob, rank,
+// decoded_token}} for the token itself and the `top` most likely in its place.
+json VllmPromptLogprobs(const TextCodec& codec, const std::vector<std::optional<TokenLogprob>>& lps,
+                        int64_t top) {
+  json out = json::array();
+  for (const auto& lp : lps) {
+    if (!lp) {
+      out.push_back(nullptr);
+      continue;
+    }
+    json position = json::object();
+    auto add = [&](int32_t token, float logprob, int64_t rank) {
+      // -inf is not JSON: vLLM writes -9999.0 for it.
+      position[std::to_string(token)] = {{"logprob", std::isfinite(logprob) ? logprob : -9999.0f},
+                                         {"rank", rank},
+                                         {"decoded_token", TokenText(codec, token)}};
+    };
+    add(lp->token, lp->logprob, lp->rank);
+    for (size_t i = 0; i < lp->top.size() && static_cast<int64_t>(i) < top; ++i)
+      add(lp->top[i].first, lp->top[i].second, static_cast<int64_t>(i) + 1);
+    out.push_back(std::move(position));
+  }
   return out;
 }
 
@@ -903,13 +939,21 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
       std::string text = plan.echo ? plan.prompt_texts[prompt_index] + c.text : c.text;
       json logprobs = nullptr;
       if (plan.params.logprobs)
-        logprobs = CompletionLogprobs(codec, plan.echo ? &plan.prompts[prompt_index] : nullptr,
+        logprobs = CompletionLogprobs(codec, *plan.params.logprobs,
+                                      plan.echo ? &plan.prompts[prompt_index] : nullptr,
                                       c.prompt_logprobs, c.tokens, c.logprobs, std::nullopt);
       out_choices.push_back({{"index", i},
                              {"text", text},
                              {"logprobs", logprobs},
                              {"finish_reason", FinishReason(c)},
                              {"stop_reason", StopReason(c.stop_string, c.stop_token)}});
+      if (plan.prompt_logprobs)
+        out_choices.back()["prompt_logprobs"] =
+            VllmPromptLogprobs(codec, c.prompt_logprobs, *plan.prompt_logprobs);
+      if (plan.return_token_ids) {
+        out_choices.back()["prompt_token_ids"] = plan.prompts[prompt_index];
+        out_choices.back()["token_ids"] = c.tokens;
+      }
     } else {
       json logprobs = nullptr;
       if (plan.chat_logprobs) {
@@ -930,6 +974,7 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
                              {"logprobs", logprobs},
                              {"finish_reason", finish},
                              {"stop_reason", StopReason(c.stop_string, c.stop_token)}});
+      if (plan.return_token_ids) out_choices.back()["token_ids"] = c.tokens;
     }
   }
   json body = {
@@ -940,6 +985,13 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
       {"choices", out_choices},
       {"usage", Usage(plan, choices, codec)}};
   if (!plan.service_tier.empty()) body["service_tier"] = plan.service_tier;
+  // Chat has one prompt: its log-probabilities and ids go beside the choices (vLLM's).
+  if (plan.endpoint == Endpoint::kChat && !choices.empty()) {
+    if (plan.prompt_logprobs)
+      body["prompt_logprobs"] =
+          VllmPromptLogprobs(codec, choices[0].prompt_logprobs, *plan.prompt_logprobs);
+    if (plan.return_token_ids) body["prompt_token_ids"] = plan.prompts[0];
+  }
   return DumpJson(body);
 }
 
@@ -962,9 +1014,9 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
       const int64_t before =
           (plan.echo ? static_cast<int64_t>(plan.prompt_texts[prompt_index].size()) : 0) +
           static_cast<int64_t>(so_far.text.size() - event.text.size());
-      logprobs =
-          CompletionLogprobs(codec, plan.echo && first ? &plan.prompts[prompt_index] : nullptr,
-                             event.prompt_logprobs, event.token_ids, event.logprobs, before);
+      logprobs = CompletionLogprobs(codec, *plan.params.logprobs,
+                                    plan.echo && first ? &plan.prompts[prompt_index] : nullptr,
+                                    event.prompt_logprobs, event.token_ids, event.logprobs, before);
     }
     if (plan.echo && first) text = plan.prompt_texts[prompt_index] + text;
     choice = {{"index", index},
@@ -992,8 +1044,11 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
         if (*event.finish_reason == "stop" && so_far.output->CalledTools()) finish = "tool_calls";
       }
       // Tokens the parser holds back or that belong to a call's header say nothing yet: no
-      // chunk, as vLLM sends none (unless log-probabilities or the finish must go out).
-      if (parsed.empty() && !first && !event.finish_reason && !plan.chat_logprobs) return "";
+      // chunk, as vLLM sends none (unless log-probabilities, token ids or the finish must go
+      // out).
+      if (parsed.empty() && !first && !event.finish_reason && !plan.chat_logprobs &&
+          !plan.return_token_ids)
+        return "";
       if (!parsed.reasoning.empty()) delta["reasoning_content"] = parsed.reasoning;
       if (!parsed.content.empty() || first ||
           (parsed.reasoning.empty() && parsed.tool_calls.empty()))
@@ -1023,6 +1078,13 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
                 {"model", limits.model_name},
                 {"choices", json::array({choice})}};
   if (!plan.service_tier.empty()) chunk["service_tier"] = plan.service_tier;
+  if (plan.return_token_ids) {  // each chunk's ids; the prompt's with a choice's first (vLLM's)
+    chunk["choices"][0]["token_ids"] = event.token_ids;
+    if (first) {
+      json& at = plan.endpoint == Endpoint::kCompletions ? chunk["choices"][0] : chunk;
+      at["prompt_token_ids"] = plan.prompts[prompt_index];
+    }
+  }
   if (plan.include_usage) chunk["usage"] = nullptr;
   return "data: " + DumpJson(chunk) + "\n\n";
 }

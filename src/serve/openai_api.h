@@ -118,6 +118,10 @@ struct GenerationPlan {
   bool echo = false;
   bool chat_logprobs = false;  // chat: logprobs=true (top_logprobs in params.logprobs)
   int64_t priority = 0;        // vLLM's: lower runs first (--scheduling-policy priority)
+  // vLLM's prompt_logprobs (the top k beside each prompt token's own) and return_token_ids
+  // (the prompt's and the output's ids) in the response.
+  std::optional<int64_t> prompt_logprobs;
+  bool return_token_ids = false;
   // OpenAI's service_tier as served ("default", "flex" or "priority"); empty where the request
   // named none (the response then names none either).
   std::string service_tier;

@@ -147,6 +147,63 @@ def test_echo_prompt_logprobs_equal_the_logits(server, client, model_dir):
         assert abs(lp.token_logprobs[position] - (row[ids[position]] - log_sum)) < 1e-3, position
 
 
+def test_vllms_prompt_logprobs_and_token_ids(server, client, model_dir):
+    """vLLM's prompt_logprobs (each prompt token's own log-probability and rank, and the top k in
+    its place, checked against the logits verb) and return_token_ids (the prompt's and the
+    output's ids), on completions and chat, whole and streamed."""
+    ids = [0, 55, 432, 94, 27, 923, 16, 236, 176, 137, 270]
+    out = client.completions.create(model="sy-test", prompt=ids, max_tokens=3, temperature=0,
+                                    extra_body={"prompt_logprobs": 2, "return_token_ids": True,
+                                                "ignore_eos": True}).choices[0].model_extra
+    assert out["prompt_token_ids"] == ids and len(out["token_ids"]) == 3
+    plp = out["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None
+    logits_file = f"{TMP}/prompt_logprobs.bin"
+    subprocess.run([BINARY, "logits", "--model", model_dir, "--tokens", ",".join(map(str, ids)),
+                    "--out", logits_file, "--kv-dtype", "bf16"], check=True, capture_output=True)
+    values = array.array("f")
+    with open(logits_file, "rb") as f:
+        values.frombytes(f.read())
+    vocab = len(values) // len(ids)
+    for position in range(1, len(ids)):
+        row = values[(position - 1) * vocab:position * vocab]
+        top = max(row)
+        log_sum = top + math.log(sum(math.exp(x - top) for x in row))
+        own = plp[position][str(ids[position])]
+        want = row[ids[position]] - log_sum
+        assert abs(own["logprob"] - want) < 1e-3, position
+        # The rank within what the logits' 1e-3 agreement allows.
+        above = sum(1 for x in row if x - log_sum > want + 1e-3)
+        near = sum(1 for x in row if x - log_sum > want - 1e-3)
+        assert above + 1 <= own["rank"] <= near + 1, (position, own)
+        assert own["decoded_token"] == server.request(
+            "POST", "/detokenize", {"tokens": [ids[position]]})[1]["prompt"]
+        # The top 2 beside it (itself perhaps one of them), best first.
+        ranked = sorted(plp[position].values(), key=lambda e: e["rank"])
+        assert [e["rank"] for e in ranked] == sorted({1, 2, own["rank"]}), plp[position]
+        assert all(a["logprob"] >= b["logprob"] for a, b in zip(ranked, ranked[1:]))
+    messages = [{"role": "user", "content": "Who art thou?"}]
+    chat = client.chat.completions.create(model="sy-test", messages=messages, max_tokens=4,
+                                          temperature=0,
+                                          extra_body={"prompt_logprobs": 0, "ignore_eos": True,
+                                                      "return_token_ids": True})
+    prompt_ids = server.request("POST", "/tokenize", {"messages": messages})[1]["tokens"]
+    assert chat.model_extra["prompt_token_ids"] == prompt_ids
+    assert len(chat.model_extra["prompt_logprobs"]) == len(prompt_ids)
+    assert all(len(p) == 1 for p in chat.model_extra["prompt_logprobs"][1:])  # its own only
+    token_ids = chat.choices[0].model_extra["token_ids"]
+    assert len(token_ids) == chat.usage.completion_tokens == 4
+    chunks = list(client.chat.completions.create(
+        model="sy-test", messages=messages, max_tokens=4, stream=True,
+        extra_body={"return_token_ids": True, "ignore_eos": True}, temperature=0))
+    assert chunks[0].model_extra["prompt_token_ids"] == prompt_ids
+    assert [t for c in chunks for t in c.choices[0].model_extra["token_ids"]] == token_ids
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="sy-test", prompt="x", stream=True,
+                                  extra_body={"prompt_logprobs": 1})
+    assert "prompt_logprobs" in str(info.value)
+
+
 def test_chat_completion_and_stream_with_usage(client):
     messages = [{"role": "system", "content": "You are terse."},
                 {"role": "user", "content": "Who art thou?"}]
@@ -310,7 +367,9 @@ BAD_REQUESTS = [
     # Known to vLLM, changing the output, not implemented here: refused by name, never ignored.
     ("/v1/completions", {"prompt": "x", "guided_whitespace_pattern": " *"}, 400,
      "guided_whitespace_pattern"),
-    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1}, 400, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "stream": True}, 400,
+     "prompt_logprobs"),
     ("/v1/completions", {"prompt": "x", "allowed_token_ids": [5]}, 400, "allowed_token_ids"),
     ("/v1/completions", {"prompt": "x", "use_beam_search": True}, 400, "use_beam_search"),
     ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 0}, 400,
