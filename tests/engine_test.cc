@@ -810,6 +810,19 @@ bool InLanguage(const structured::GrammarSpec& spec, const std::string& text, bo
   return !complete || m.IsComplete();
 }
 
+// One request alone on the trained model, with `draft_tokens` MTP drafts a step (0: none);
+// `metrics`, when given, gets the engine's.
+Collected RunAlone(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                   int64_t draft_tokens = 0, EngineMetrics* metrics = nullptr) {
+  EngineConfig config;
+  config.num_speculative_tokens = draft_tokens;
+  Harness h(4096, config, TrainedModel());
+  auto stream = h.Submit("alone", prompt, params);
+  h.RunToIdle();
+  if (metrics) *metrics = h.engine.Metrics();
+  return Collect(*stream);
+}
+
 class MtpEngineTest : public ::testing::TestWithParam<int64_t> {};
 
 // Greedy output is the model's own, with drafts of any count, under continuous batching,
@@ -888,16 +901,8 @@ TEST_P(MtpEngineTest, GatedGrammarIsUnchangedByDrafting) {
     params.grammar = PersonSchema();
     params.grammar->begin_after = "</think>";
     if (bias > 0) params.logit_bias[think_end] = bias;
-    Harness plain(4096, EngineConfig{}, TrainedModel());
-    auto expected = plain.Submit("plain", prompt, params);
-    plain.RunToIdle();
-    const Collected want = Collect(*expected);
-    EngineConfig config;
-    config.num_speculative_tokens = GetParam();
-    Harness h(4096, config, TrainedModel());
-    auto stream = h.Submit("drafted", prompt, params);
-    h.RunToIdle();
-    const Collected got = Collect(*stream);
+    const Collected want = RunAlone(prompt, params);
+    const Collected got = RunAlone(prompt, params, GetParam());
     EXPECT_EQ(got.tokens, want.tokens) << "bias " << bias;
     EXPECT_EQ(got.finish, bias > 0 ? "stop" : "length") << got.text;
     if (bias > 0) {
@@ -926,19 +931,12 @@ TEST_P(MtpEngineTest, ReasoningBudgetIsUnchangedByDrafting) {
       params.grammar = PersonSchema();
       params.grammar->begin_after = "</think>";
     }
-    Harness plain(4096, EngineConfig{}, TrainedModel());
-    auto expected = plain.Submit("plain", prompt, params);
-    plain.RunToIdle();
-    const Collected want = Collect(*expected);
+    const Collected want = RunAlone(prompt, params);
     ASSERT_GT(want.tokens.size(), 10u);
     EXPECT_EQ(want.tokens[9], end) << "gated " << gated;
     EXPECT_EQ(std::ranges::count(want.tokens, end), 1);
-    EngineConfig config;
-    config.num_speculative_tokens = GetParam();
-    Harness h(4096, config, TrainedModel());
-    auto stream = h.Submit("drafted", prompt, params);
-    h.RunToIdle();
-    const Collected got = Collect(*stream);
+    EngineMetrics metrics;
+    const Collected got = RunAlone(prompt, params, GetParam(), &metrics);
     EXPECT_EQ(got.tokens, want.tokens) << "gated " << gated;
     EXPECT_EQ(got.finish, want.finish);
     if (gated) {
@@ -946,7 +944,7 @@ TEST_P(MtpEngineTest, ReasoningBudgetIsUnchangedByDrafting) {
       ASSERT_TRUE(answer.ok());
       EXPECT_TRUE(InLanguage(*params.grammar, *answer, got.finish == "stop")) << *answer;
     }
-    EXPECT_GT(h.engine.Metrics().spec_accepted_tokens_total, 0);
+    EXPECT_GT(metrics.spec_accepted_tokens_total, 0);
   }
   // Where the output is settled — "<think>" biased up, so sections of the opening marker and 2
   // more, each closed by the budget — the drafter proposes exactly it ("</think>" where the

@@ -125,6 +125,24 @@ def test_completion_logprobs_and_n(client):
     assert out.usage.completion_tokens == 15
 
 
+def log_softmax_rows(model_dir, ids):
+    """The logits verb's rows for `ids` (row p predicts token p + 1), as log-probabilities."""
+    logits_file = f"{TMP}/logits-{len(ids)}-{ids[-1]}.bin"
+    subprocess.run([BINARY, "logits", "--model", model_dir, "--tokens", ",".join(map(str, ids)),
+                    "--out", logits_file, "--kv-dtype", "bf16"], check=True, capture_output=True)
+    values = array.array("f")
+    with open(logits_file, "rb") as f:
+        values.frombytes(f.read())
+    vocab = len(values) // len(ids)
+    rows = []
+    for p in range(len(ids)):
+        row = values[p * vocab:(p + 1) * vocab]
+        top = max(row)
+        log_sum = top + math.log(sum(math.exp(x - top) for x in row))
+        rows.append([x - log_sum for x in row])
+    return rows
+
+
 def test_echo_prompt_logprobs_equal_the_logits(server, client, model_dir):
     # lm-evaluation-harness's loglikelihood request: token ids, echo, logprobs=1, max_tokens=1.
     ids = [0, 55, 432, 94, 27, 923, 16, 236, 176, 137, 270]
@@ -133,18 +151,10 @@ def test_echo_prompt_logprobs_equal_the_logits(server, client, model_dir):
     lp = out.choices[0].logprobs
     assert len(lp.token_logprobs) == len(ids) + 1
     assert lp.token_logprobs[0] is None
-    logits_file = f"{TMP}/echo_logits.bin"
-    subprocess.run([BINARY, "logits", "--model", model_dir, "--tokens", ",".join(map(str, ids)),
-                    "--out", logits_file, "--kv-dtype", "bf16"], check=True, capture_output=True)
-    values = array.array("f")
-    with open(logits_file, "rb") as f:
-        values.frombytes(f.read())
-    vocab = len(values) // len(ids)
+    rows = log_softmax_rows(model_dir, ids)
     for position in range(1, len(ids)):
-        row = values[(position - 1) * vocab:position * vocab]
-        top = max(row)
-        log_sum = top + math.log(sum(math.exp(x - top) for x in row))
-        assert abs(lp.token_logprobs[position] - (row[ids[position]] - log_sum)) < 1e-3, position
+        want = rows[position - 1][ids[position]]
+        assert abs(lp.token_logprobs[position] - want) < 1e-3, position
 
 
 def test_vllms_prompt_logprobs_and_token_ids(server, client, model_dir):
@@ -158,23 +168,15 @@ def test_vllms_prompt_logprobs_and_token_ids(server, client, model_dir):
     assert out["prompt_token_ids"] == ids and len(out["token_ids"]) == 3
     plp = out["prompt_logprobs"]
     assert len(plp) == len(ids) and plp[0] is None
-    logits_file = f"{TMP}/prompt_logprobs.bin"
-    subprocess.run([BINARY, "logits", "--model", model_dir, "--tokens", ",".join(map(str, ids)),
-                    "--out", logits_file, "--kv-dtype", "bf16"], check=True, capture_output=True)
-    values = array.array("f")
-    with open(logits_file, "rb") as f:
-        values.frombytes(f.read())
-    vocab = len(values) // len(ids)
+    rows = log_softmax_rows(model_dir, ids)
     for position in range(1, len(ids)):
-        row = values[(position - 1) * vocab:position * vocab]
-        top = max(row)
-        log_sum = top + math.log(sum(math.exp(x - top) for x in row))
+        row = rows[position - 1]
         own = plp[position][str(ids[position])]
-        want = row[ids[position]] - log_sum
+        want = row[ids[position]]
         assert abs(own["logprob"] - want) < 1e-3, position
         # The rank within what the logits' 1e-3 agreement allows.
-        above = sum(1 for x in row if x - log_sum > want + 1e-3)
-        near = sum(1 for x in row if x - log_sum > want - 1e-3)
+        above = sum(1 for x in row if x > want + 1e-3)
+        near = sum(1 for x in row if x > want - 1e-3)
         assert above + 1 <= own["rank"] <= near + 1, (position, own)
         assert own["decoded_token"] == server.request(
             "POST", "/detokenize", {"tokens": [ids[position]]})[1]["prompt"]
