@@ -20,6 +20,7 @@ seed() { printf '%s' "$2" > "$corpus/$1"; }
 seed body-completion $'\x00{"model":"fuzz","prompt":"Hello","max_tokens":5,"temperature":0.5,"logprobs":2,"echo":true,"stop":["a"],"n":2,"logit_bias":{"5":1.5}}'
 seed body-budget $'\x02{"messages":[{"role":"user","content":"hi"}],"thinking_token_budget":7,"response_format":{"type":"json_object"}}'
 seed body-effort $'\x24{"input":"hi","reasoning":{"effort":"low","summary":"auto"},"previous_response_id":"resp_1"}'
+seed body-vllm-extras $'\x00{"prompt":"def f():","suffix":"  return 1","priority":3,"service_tier":"flex","prompt_logprobs":2,"return_token_ids":true,"thinking_token_budget":4}'
 seed body-ids $'\x00{"prompt":[[1,2,3],[4,5]],"stream":true,"stream_options":{"include_usage":true},"seed":3}'
 seed body-chat $'\x02{"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"logprobs":true,"top_logprobs":2,"chat_template_kwargs":{"thinking":true}}'
 seed body-grammar $'\x00{"prompt":"x","max_tokens":3,"guided_json":{"type":"object","properties":{"a":{"type":"integer","maximum":9}}}}'
