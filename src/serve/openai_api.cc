@@ -439,6 +439,12 @@ void ReadSampling(Reader& r, GenerationPlan& plan, int64_t vocab) {
       if (!usage->is_boolean()) return r.Fail("stream_options", "include_usage must be a boolean");
       plan.include_usage = usage->get<bool>();
     }
+    auto continuous = options->find("continuous_usage_stats");
+    if (continuous != options->end() && !continuous->is_null()) {
+      if (!continuous->is_boolean())
+        return r.Fail("stream_options", "continuous_usage_stats must be a boolean");
+      plan.continuous_usage = plan.include_usage && continuous->get<bool>();
+    }
   }
 }
 
@@ -1085,7 +1091,14 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
       at["prompt_token_ids"] = plan.prompts[prompt_index];
     }
   }
-  if (plan.include_usage) chunk["usage"] = nullptr;
+  if (plan.continuous_usage) {
+    const auto completion = static_cast<int64_t>(so_far.tokens.size());
+    chunk["usage"] = {{"prompt_tokens", so_far.prompt_tokens},
+                      {"completion_tokens", completion},
+                      {"total_tokens", so_far.prompt_tokens + completion}};
+  } else if (plan.include_usage) {
+    chunk["usage"] = nullptr;
+  }
   return "data: " + DumpJson(chunk) + "\n\n";
 }
 

@@ -115,6 +115,9 @@ struct GenerationPlan {
   SamplingParams params;
   bool stream = false;
   bool include_usage = false;
+  // vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries its
+  // choice's usage so far.
+  bool continuous_usage = false;
   bool echo = false;
   bool chat_logprobs = false;  // chat: logprobs=true (top_logprobs in params.logprobs)
   int64_t priority = 0;        // vLLM's: lower runs first (--scheduling-policy priority)

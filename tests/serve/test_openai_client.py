@@ -224,6 +224,14 @@ def test_chat_completion_and_stream_with_usage(client):
     assert chunks[-1].choices == []
     assert chunks[-1].usage.completion_tokens == 6
     assert chunks[-1].usage.prompt_tokens == out.usage.prompt_tokens
+    # vLLM's continuous_usage_stats: each chunk has the usage so far, the last one the whole.
+    chunks = list(client.chat.completions.create(
+        model="sy-test", messages=messages, max_tokens=6, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, **GREEDY))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts == sorted(counts) and counts[-1] == 6, counts
+    assert all(c.usage.prompt_tokens == out.usage.prompt_tokens for c in chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
 
 
 def test_prefix_cache_hits_are_reported_and_change_nothing(client):
