@@ -4,6 +4,10 @@
 #include "serve/responses_store.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "serve/responses_api.h"
 
@@ -122,6 +126,82 @@ TEST(ResponsesStore, AThreadReplyIsContinuedOnce) {
   EXPECT_EQ(store.ClaimContinuation("msg_a"), ResponsesStore::Claim::kNotFound);
   store.Put("msg_a", StoredResponse{});
   EXPECT_EQ(store.ClaimContinuation("msg_a"), ResponsesStore::Claim::kClaimed);
+}
+
+// A store kept in a directory: what one process stored, changed, deleted and continued, the next
+// reads back (its order of use too); the journal is rewritten as it grows; a last line cut by a
+// crash is dropped, damage before it is an error naming the line; one process at a time.
+TEST(ResponsesStore, AStoreInADirectoryOutlivesItsProcess) {
+  const std::string dir = ::testing::TempDir() + "/store-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  {
+    auto opened = ResponsesStore::Open(1 << 20, dir);
+    ASSERT_TRUE(opened.ok()) << opened.status().message();
+    ResponsesStore& store = **opened;
+    store.Put("a", Entry(100));
+    StoredResponse with_events = Entry(50);
+    with_events.events = std::make_shared<const std::vector<std::string>>(
+        std::vector<std::string>{"event: one\n\n", "event: two\n\n"});
+    store.Put("b", with_events);
+    store.Put("gone", Entry(10));
+    EXPECT_TRUE(store.Erase("gone"));
+    EXPECT_TRUE(store.Update("a", [](StoredResponse& e) { e.context.push_back("item"); }));
+    ASSERT_EQ(store.ClaimContinuation("b"), ResponsesStore::Claim::kClaimed);
+    store.ReleaseContinuation("b", true);
+    // A second process (a second open while this one holds the directory) is refused.
+    auto second = ResponsesStore::Open(1 << 20, dir);
+    ASSERT_FALSE(second.ok());
+    EXPECT_NE(second.status().message().find("another process"), std::string::npos);
+  }
+  {
+    auto opened = ResponsesStore::Open(1 << 20, dir);
+    ASSERT_TRUE(opened.ok()) << opened.status().message();
+    ResponsesStore& store = **opened;
+    EXPECT_EQ(store.size(), 2u);
+    EXPECT_EQ(store.Get("gone"), nullptr);
+    auto a = store.Get("a");
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(a->response, Entry(100).response);
+    EXPECT_EQ(a->context, json::array({"item"}));
+    auto b = store.Get("b");
+    ASSERT_NE(b, nullptr);
+    ASSERT_NE(b->events, nullptr);
+    EXPECT_EQ(*b->events, (std::vector<std::string>{"event: one\n\n", "event: two\n\n"}));
+    EXPECT_EQ(store.ClaimContinuation("b"), ResponsesStore::Claim::kContinued);
+    // Growth past twice what is live rewrites the journal: it stays near the live size.
+    for (int i = 0; i < 400; ++i)
+      store.Put("churn", Entry(10000));
+    const auto journal = std::filesystem::file_size(dir + "/responses.jsonl");
+    EXPECT_LT(journal, 2 * store.bytes() + (1 << 20) + 20000);
+  }
+  {
+    // A smaller budget on the way back (room for the 10 kB entry only): the least recently
+    // used are dropped.
+    auto opened = ResponsesStore::Open(10100, dir);
+    ASSERT_TRUE(opened.ok()) << opened.status().message();
+    EXPECT_EQ((*opened)->size(), 1u);
+    EXPECT_NE((*opened)->Get("churn"), nullptr);  // the most recent
+    EXPECT_LE((*opened)->bytes(), 10100u);
+  }
+  // A crash mid-write leaves a cut last line: dropped. Damage before the last line is an error.
+  { std::ofstream(dir + "/responses.jsonl", std::ios::app) << R"({"op": "put", "id": "cut", "re)"; }
+  {
+    auto opened = ResponsesStore::Open(1 << 20, dir);
+    ASSERT_TRUE(opened.ok()) << opened.status().message();
+    EXPECT_EQ((*opened)->Get("cut"), nullptr);
+    EXPECT_NE((*opened)->Get("churn"), nullptr);
+  }
+  {
+    std::ofstream out(dir + "/responses.jsonl", std::ios::trunc);
+    out << "not json\n"
+        << R"({"op": "erase", "id": "x"})"
+        << "\n";
+  }
+  auto damaged = ResponsesStore::Open(1 << 20, dir);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_NE(damaged.status().message().find("responses.jsonl line 1"), std::string::npos)
+      << damaged.status().message();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace sy::serve

@@ -23,6 +23,11 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
                    "Thinking budgets (tokens, -1: none) for the reasoning effort levels a request "
                    "may ask for (reasoning_effort, reasoning.effort, output_config.effort), e.g. "
                    "low=1024,medium=4096,high=16384 (default: none=0, the others unbounded)");
+  verb->add_option("--responses-store-dir", args.responses_store_dir,
+                   "Keep the store (stored responses, conversations, message threads) in this "
+                   "directory too, so it outlives the process: changes are journaled as they are "
+                   "made and read back at start (one process per directory; default: memory "
+                   "only)");
   verb->add_option("--sse-keepalive-seconds", args.sse_keepalive_seconds,
                    "A streamed response idle this long (queued, or a long prompt prefilling) gets "
                    "an SSE comment line, so proxies and client timeouts do not cut it; 0: never "
@@ -47,9 +52,16 @@ void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,
     s = serve::ParseEffortBudgets(args.effort_budgets, &options->limits.effort_budgets);
     if (!s.ok()) FailVerb(s.message());
   }
-  if (args.responses_store_mb > 0)
-    options->responses_store = std::make_shared<serve::ResponsesStore>(
-        static_cast<size_t>(args.responses_store_mb * (1 << 20)));
+  const auto store_bytes = static_cast<size_t>(args.responses_store_mb * (1 << 20));
+  if (!args.responses_store_dir.empty()) {
+    if (store_bytes == 0)
+      FailVerb("--responses-store-dir needs a store: --responses-store-mb must not be 0");
+    auto store = serve::ResponsesStore::Open(store_bytes, args.responses_store_dir);
+    if (!store.ok()) FailVerb(store.status().message());
+    options->responses_store = std::move(store).value();
+  } else if (store_bytes > 0) {
+    options->responses_store = std::make_shared<serve::ResponsesStore>(store_bytes);
+  }
 }
 
 }  // namespace sy

@@ -1,7 +1,7 @@
 // The OpenAI front's flags serve and route share: the chat output's (vLLM's names)
 // --enable-auto-tool-choice, --exclude-tools-when-tool-choice-none, --tool-call-parser,
 // --reasoning-parser; --reasoning-effort-budgets; the Responses API's store,
-// --responses-store-mb; and --sse-keepalive-seconds.
+// --responses-store-mb and --responses-store-dir; and --sse-keepalive-seconds.
 #pragma once
 
 #include <string>
@@ -20,6 +20,7 @@ struct ChatOutputArgs {
   std::string reasoning_parser;     // "": none
   std::string effort_budgets;       // "": the defaults (serve::DefaultEffortBudgets)
   double responses_store_mb = 256;  // 0: the Responses API keeps nothing
+  std::string responses_store_dir;  // "": in memory only
   double sse_keepalive_seconds = 15;
 };
 void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args);

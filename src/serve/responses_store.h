@@ -7,8 +7,10 @@
 // below.
 //
 // The store belongs to the HTTP front (serve, or route in front of its instances): a follow-up
-// turn works whichever instance ran the one before. It does not outlive the process, and several
-// routers do not share one (a client with more than one front keeps sending whole inputs).
+// turn works whichever instance ran the one before. Kept in a directory (Open), it outlives the
+// process: every change is appended to a journal there as it is made and read back at the next
+// start. Several fronts do not share one (a client with more than one front keeps sending whole
+// inputs).
 #pragma once
 
 #include <cstddef>
@@ -22,6 +24,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "base/status.h"
 
 namespace sy::serve {
 
@@ -39,6 +43,18 @@ struct StoredResponse {
 class ResponsesStore {
  public:
   explicit ResponsesStore(size_t max_bytes) : max_bytes_(max_bytes) {}
+  // A store kept in `directory` as well (created if need be): its journal, responses.jsonl, is
+  // read back (what an earlier process stored, deleted and continued, within the budget), then
+  // every change is appended as it is made (flushed to the OS: it survives the process, not a
+  // power cut) and the journal is rewritten when it holds over twice what is live. One process
+  // at a time: a directory another process holds is an error naming it, as is a journal damaged
+  // before its last line; a last line cut short (a crash mid-write) is dropped with a warning.
+  // A write that fails is reported once and the store goes on in memory.
+  static Result<std::shared_ptr<ResponsesStore>> Open(size_t max_bytes,
+                                                      const std::string& directory);
+  ~ResponsesStore();
+  ResponsesStore(const ResponsesStore&) = delete;
+  ResponsesStore& operator=(const ResponsesStore&) = delete;
 
   // Keeps `entry` under `id`, evicting the least recently used entries beyond the budget. An
   // entry larger than the whole budget is not kept (Get then finds nothing).
@@ -65,6 +81,10 @@ class ResponsesStore {
 
  private:
   void EvictBeyondBudget();  // least recently used first; with mutex_ held
+  // The journal (Open), with mutex_ held: one record appended; the live entries rewritten.
+  void Journal(const nlohmann::ordered_json& record);
+  void Compact();
+  Status Replay(const std::string& path);
   struct Entry {
     std::string id;
     std::shared_ptr<const StoredResponse> value;
@@ -78,6 +98,10 @@ class ResponsesStore {
   int64_t evictions_ = 0;
   // Claimed ids: false while the continuation runs, true once it finished.
   std::unordered_map<std::string, bool> continued_;
+  std::string journal_path_;  // empty: in memory only
+  int journal_fd_ = -1, lock_fd_ = -1;
+  size_t journal_bytes_ = 0;
+  bool journal_failed_ = false;
 };
 
 }  // namespace sy::serve

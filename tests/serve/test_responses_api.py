@@ -414,6 +414,42 @@ def test_conversations_hold_turns_and_their_items(server, client):
         assert got == 400 and error["error"]["param"] == param, error
 
 
+def test_a_store_in_a_directory_outlives_the_server(model_dir):
+    """--responses-store-dir: a stored response and a conversation outlive a restart of the
+    server: retrieved, listed and continued (previous_response_id, conversation) by the next
+    process as by the first; a second server on the same directory is refused."""
+    from conftest import TMP
+    directory = f"{TMP}/responses-store-{time.time_ns()}"
+    first = Server(model_dir, "--responses-store-dir", directory)
+    try:
+        c = openai.OpenAI(base_url=first.url + "/v1", api_key="x", max_retries=0)
+        stored = c.responses.create(model="sy-test", input="Tell me of the king.",
+                                    max_output_tokens=4, temperature=0)
+        conv = c.conversations.create(items=[{"role": "system", "content": "Be brief."}],
+                                      metadata={"topic": "kings"})
+        c.responses.create(model="sy-test", input="And the queen?", conversation=conv.id,
+                           max_output_tokens=4, temperature=0)
+        items = [i.id for i in c.conversations.items.list(conv.id, order="asc")]
+        follow = dict(model="sy-test", input="Go on.", previous_response_id=stored.id,
+                      max_output_tokens=4, temperature=0, store=False)
+        before = c.responses.create(**follow).output_text
+        with pytest.raises(AssertionError) as refused:  # the directory is this server's
+            Server(model_dir, "--responses-store-dir", directory)
+        assert "another process" in str(refused.value)
+    finally:
+        assert first.stop() == 0, "".join(first.log)
+    second = Server(model_dir, "--responses-store-dir", directory)
+    try:
+        c = openai.OpenAI(base_url=second.url + "/v1", api_key="x", max_retries=0)
+        again = c.responses.retrieve(stored.id)
+        assert again.output_text == stored.output_text and again.id == stored.id
+        assert c.conversations.retrieve(conv.id).metadata == {"topic": "kings"}
+        assert [i.id for i in c.conversations.items.list(conv.id, order="asc")] == items
+        assert c.responses.create(**follow).output_text == before
+    finally:
+        assert second.stop() == 0, "".join(second.log)
+
+
 def test_the_store_keeps_its_budget_and_can_be_off(model_dir):
     """--responses-store-mb: the least recently used go first; 0 keeps nothing and refuses
     store: true and previous_response_id by name."""
