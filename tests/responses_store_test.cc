@@ -191,16 +191,19 @@ TEST(ResponsesStore, AStoreInADirectoryOutlivesItsProcess) {
     EXPECT_EQ((*opened)->Get("cut"), nullptr);
     EXPECT_NE((*opened)->Get("churn"), nullptr);
   }
-  {
-    std::ofstream out(dir + "/responses.jsonl", std::ios::trunc);
-    out << "not json\n"
-        << R"({"op": "erase", "id": "x"})"
-        << "\n";
+  for (const char* bad : {"not json", R"({"op": "put", "id": "x", "events": [1]})",
+                          R"({"op": 7, "id": "x"})", R"({"op": "rename", "id": "x"})"}) {
+    {
+      std::ofstream out(dir + "/responses.jsonl", std::ios::trunc);
+      out << bad << "\n"
+          << R"({"op": "erase", "id": "x"})"
+          << "\n";
+    }
+    auto damaged = ResponsesStore::Open(1 << 20, dir);
+    ASSERT_FALSE(damaged.ok()) << bad;
+    EXPECT_NE(damaged.status().message().find("responses.jsonl line 1"), std::string::npos)
+        << damaged.status().message();
   }
-  auto damaged = ResponsesStore::Open(1 << 20, dir);
-  ASSERT_FALSE(damaged.ok());
-  EXPECT_NE(damaged.status().message().find("responses.jsonl line 1"), std::string::npos)
-      << damaged.status().message();
   std::filesystem::remove_all(dir);
 }
 

@@ -694,12 +694,14 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
       if (endpoint == Endpoint::kChat) plan.params.max_tokens = std::max<int64_t>(room, 0);
       plan.params.max_tokens = std::min(plan.params.max_tokens, std::max<int64_t>(room, 0));
     }
+    // OpenAI's code for both: clients (and the Responses API's truncation) know it.
     if (static_cast<int64_t>(prompt.size()) + plan.params.max_tokens > limits.max_model_len) {
       out.error = Invalid(max_given ? "max_tokens" : "prompt",
                           fmt::format("this model's maximum context length is {} tokens; the "
                                       "request asks for {} ({} in the prompt, {} to generate)",
                                       limits.max_model_len, prompt.size() + plan.params.max_tokens,
                                       prompt.size(), plan.params.max_tokens));
+      out.error.code = kContextLengthExceeded;
       return out;
     }
     if (static_cast<int64_t>(prompt.size()) + plan.params.max_tokens > limits.cache_tokens) {
@@ -707,6 +709,7 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
                           fmt::format("the request needs {} tokens of cache but the server's "
                                       "whole cache holds {}",
                                       prompt.size() + plan.params.max_tokens, limits.cache_tokens));
+      out.error.code = kContextLengthExceeded;
       return out;
     }
   }

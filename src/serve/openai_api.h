@@ -30,6 +30,8 @@ struct ApiError {
   std::string param;  // the request field at fault, when there is one
   std::string code;   // a short machine-readable reason
 };
+// The code of a request whose prompt and max_tokens do not fit the context (OpenAI's).
+inline constexpr const char* kContextLengthExceeded = "context_length_exceeded";
 
 // {"error": {"message", "type", "param", "code"}} — OpenAI's shape.
 std::string ErrorBody(const ApiError& error);

@@ -85,10 +85,8 @@ std::optional<ApiError> RefuseUnsupported(const json& body, bool stored) {
     if (const json* s = Get(body, "store"); s && *s == false)
       return Invalid("store", "a background response is stored: store cannot be false");
   }
-  if (const json* t = Get(body, "truncation"); t && *t != "disabled")
-    return Invalid("truncation",
-                   "only \"disabled\" is supported (a prompt longer than the "
-                   "context is an error)");
+  if (const json* t = Get(body, "truncation"); t && *t != "disabled" && *t != "auto")
+    return Invalid("truncation", "must be \"auto\" or \"disabled\"");
   if (const json* include = Get(body, "include")) {
     if (!include->is_array()) return Invalid("include", "must be a list of strings");
     for (const json& item : *include)
@@ -229,6 +227,46 @@ std::optional<ApiError> Messages(const json& body, const json& prior, json* mess
     if (auto error = AddInputItem((*input)[i], fmt::format("input[{}]", i), messages)) return error;
   if (messages->empty()) return Invalid("input", "holds no message");
   return std::nullopt;
+}
+
+// truncation "auto" (OpenAI's): a conversation too long for the context loses its earliest turns
+// — each a user message and what followed it, so a call and its output go together — after the
+// leading system messages (the instructions) until it fits; the turn of this input stays. The
+// fewest turns are dropped (a binary search: fewer turns, shorter prompt). `failed` is the
+// untruncated attempt, answered when even the last turn alone does not fit.
+ParsedRequest PlanTruncated(const json& chat, const TextCodec& codec, const ServingLimits& limits,
+                            const ParsedRequest& failed) {
+  const json& messages = chat["messages"];
+  size_t system = 0;
+  while (system < messages.size() && messages[system].value("role", "") == "system")
+    ++system;
+  std::vector<size_t> turns;  // where each turn starts
+  for (size_t i = system; i < messages.size(); ++i)
+    if (messages[i].value("role", "") == "user" || i == system) turns.push_back(i);
+  auto without = [&](size_t dropped) {  // the first `dropped` turns left out
+    json shorter = chat;
+    json kept = json::array();
+    const size_t from = dropped < turns.size() ? turns[dropped] : messages.size();
+    for (size_t i = 0; i < messages.size(); ++i)
+      if (i < system || i >= from) kept.push_back(messages[i]);
+    shorter["messages"] = std::move(kept);
+    return PlanGenerationRequest(Endpoint::kChat, shorter, codec, limits);
+  };
+  if (turns.size() < 2) return failed;
+  size_t low = 1, high = turns.size() - 1;  // dropping `high` turns is the last resort
+  ParsedRequest best = without(high);
+  if (!best.plan) return best.error.code == kContextLengthExceeded ? failed : best;
+  while (low < high) {
+    const size_t mid = (low + high) / 2;
+    ParsedRequest attempt = without(mid);
+    if (attempt.plan) {
+      high = mid;
+      best = std::move(attempt);
+    } else {
+      low = mid + 1;
+    }
+  }
+  return best;
 }
 
 // text.format as the chat path's response_format; *format is the normalized value echoed back.
@@ -562,6 +600,9 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
     chat["top_logprobs"] = top ? *top : json(0);
   }
   ParsedRequest parsed = PlanGenerationRequest(Endpoint::kChat, chat, codec, limits);
+  const bool truncate = Get(root, "truncation") && root["truncation"] == "auto";
+  if (!parsed.plan && truncate && parsed.error.code == kContextLengthExceeded)
+    parsed = PlanTruncated(chat, codec, limits, parsed);
   if (!parsed.plan) {
     out.error = Renamed(parsed.error);
     return out;
@@ -591,7 +632,7 @@ ParsedResponsesRequest ParseChecked(const std::string& body, const TextCodec& co
                {"parallel_tool_calls", root.value("parallel_tool_calls", json(true))},
                {"metadata", root.value("metadata", json::object())},
                {"reasoning", {{"effort", effort}, {"summary", summary}}},
-               {"truncation", "disabled"},
+               {"truncation", truncate ? "auto" : "disabled"},
                {"service_tier",
                 plan.chat.service_tier.empty() ? std::string("default") : plan.chat.service_tier},
                {"user", root.value("user", json())},

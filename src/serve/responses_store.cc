@@ -178,52 +178,61 @@ Status ResponsesStore::Replay(const std::string& path) {
     lines.push_back(std::move(line));
   for (size_t i = 0; i < lines.size(); ++i) {
     if (lines[i].empty()) continue;
-    const json record = json::parse(lines[i], nullptr, false);
-    const bool valid = !record.is_discarded() && record.is_object() &&
-                       record.value("op", "") != "" && record.contains("id") &&
-                       record["id"].is_string();
-    if (!valid) {
-      if (i + 1 == lines.size()) {  // cut short by a crash mid-write: the change never was
-        std::fprintf(stderr, "switchyard: %s: dropped a last line cut short (%zu bytes)\n",
-                     path.c_str(), lines[i].size());
-        break;
-      }
-      return Status::Errorf("{} line {}: not a journal record; the store cannot be read back", path,
-                            i + 1);
-    }
-    const std::string id = record["id"];
-    const std::string op = record["op"];
-    if (op == "put") {
-      StoredResponse entry;
-      entry.response = record.value("response", json());
-      entry.context = record.value("context", json());
-      if (record.contains("events") && record["events"].is_array())
-        entry.events = std::make_shared<const std::vector<std::string>>(
-            record["events"].get<std::vector<std::string>>());
-      const size_t bytes = EntryBytes(id, entry);
-      if (auto it = by_id_.find(id); it != by_id_.end()) {
-        bytes_ -= it->second->bytes;
-        order_.erase(it->second);
-        by_id_.erase(it);
-      }
-      order_.push_front({id, std::make_shared<const StoredResponse>(std::move(entry)), bytes});
-      by_id_[id] = order_.begin();
-      bytes_ += bytes;
-      EvictBeyondBudget();
-    } else if (op == "erase") {
-      if (auto it = by_id_.find(id); it != by_id_.end()) {
-        bytes_ -= it->second->bytes;
-        order_.erase(it->second);
-        by_id_.erase(it);
-      }
-      continued_.erase(id);
-    } else if (op == "continued") {
-      if (by_id_.contains(id)) continued_[id] = true;
-    } else {
-      return Status::Errorf("{} line {}: unknown journal operation '{}'", path, i + 1, op);
+    try {
+      SY_RETURN_IF_ERROR(ReplayLine(path, lines[i], i + 1, i + 1 == lines.size()));
+    } catch (const json::exception& e) {  // a field of the wrong type
+      return Status::Errorf("{} line {}: not a journal record ({})", path, i + 1, e.what());
     }
   }
   evictions_ = 0;  // replaying is not evicting
+  return Status::Ok();
+}
+
+Status ResponsesStore::ReplayLine(const std::string& path, const std::string& line, size_t number,
+                                  bool last) {
+  const json record = json::parse(line, nullptr, false);
+  const bool valid = !record.is_discarded() && record.is_object() && record.contains("op") &&
+                     record["op"].is_string() && record.contains("id") && record["id"].is_string();
+  if (!valid) {
+    if (last) {  // cut short by a crash mid-write: the change never was
+      std::fprintf(stderr, "switchyard: %s: dropped a last line cut short (%zu bytes)\n",
+                   path.c_str(), line.size());
+      return Status::Ok();
+    }
+    return Status::Errorf("{} line {}: not a journal record; the store cannot be read back", path,
+                          number);
+  }
+  const std::string id = record["id"];
+  const std::string op = record["op"];
+  if (op == "put") {
+    StoredResponse entry;
+    entry.response = record.value("response", json());
+    entry.context = record.value("context", json());
+    if (record.contains("events") && record["events"].is_array())
+      entry.events = std::make_shared<const std::vector<std::string>>(
+          record["events"].get<std::vector<std::string>>());
+    const size_t bytes = EntryBytes(id, entry);
+    if (auto it = by_id_.find(id); it != by_id_.end()) {
+      bytes_ -= it->second->bytes;
+      order_.erase(it->second);
+      by_id_.erase(it);
+    }
+    order_.push_front({id, std::make_shared<const StoredResponse>(std::move(entry)), bytes});
+    by_id_[id] = order_.begin();
+    bytes_ += bytes;
+    EvictBeyondBudget();
+  } else if (op == "erase") {
+    if (auto it = by_id_.find(id); it != by_id_.end()) {
+      bytes_ -= it->second->bytes;
+      order_.erase(it->second);
+      by_id_.erase(it);
+    }
+    continued_.erase(id);
+  } else if (op == "continued") {
+    if (by_id_.contains(id)) continued_[id] = true;
+  } else {
+    return Status::Errorf("{} line {}: unknown journal operation '{}'", path, number, op);
+  }
   return Status::Ok();
 }
 

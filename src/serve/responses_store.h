@@ -85,6 +85,7 @@ class ResponsesStore {
   void Journal(const nlohmann::ordered_json& record);
   void Compact();
   Status Replay(const std::string& path);
+  Status ReplayLine(const std::string& path, const std::string& line, size_t number, bool last);
   struct Entry {
     std::string id;
     std::shared_ptr<const StoredResponse> value;

@@ -227,7 +227,7 @@ def test_refusals_in_anthropics_shape_and_the_server_goes_on(claude, tool_server
                    tools=[{"type": "web_search_20250305", "name": "web_search"}]
                    )["message"].startswith("tools[0].type:")
     assert refused(anthropic.BadRequestError,
-                   output_config={"effort": "high"})["message"].startswith("output_config.effort")
+                   output_config={"effort": "extreme"})["message"].startswith("output_config.effort")
     assert refused(anthropic.BadRequestError, max_tokens=0)["message"].startswith("max_tokens")
     assert refused(anthropic.NotFoundError, model="claude-opus")["type"] == "not_found_error"
     # The HTTP server's own errors on this path take the same shape.

@@ -158,7 +158,7 @@ def test_json_schema_and_json_object_formats(client):
      "[0, 20]"),
     ({"frobnicate": 1}, "frobnicate", "not supported"),
     ({"include": ["reasoning.encrypted_content"]}, "include", "not supported"),
-    ({"truncation": "auto"}, "truncation", "disabled"),
+    ({"truncation": "middle"}, "truncation", "disabled"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "must be one of"),
     ({"reasoning": {"summary": "long"}}, "reasoning.summary", "auto"),
     ({"input": []}, "input", "non-empty"),
@@ -448,6 +448,40 @@ def test_a_store_in_a_directory_outlives_the_server(model_dir):
         assert c.responses.create(**follow).output_text == before
     finally:
         assert second.stop() == 0, "".join(second.log)
+
+
+def test_truncation_auto_drops_the_earliest_turns(model_dir):
+    """truncation "auto": a conversation longer than the context loses its earliest turns (after
+    the instructions) until it fits — the same answer as the client sending the fewest turns
+    that fit by hand; "disabled" (the default) answers context_length_exceeded."""
+    s = Server(model_dir, "--max-model-len", "160", "--kv-cache-tokens", "4096")
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        turns = []
+        for i in range(6):
+            turns.append({"role": "user", "content": f"Tell me of king number {i}, and his " +
+                          "deeds " * 6})
+            turns.append({"role": "assistant", "content": f"King {i} was " + "great " * 6})
+        turns.append({"role": "user", "content": "Which was the best?"})
+        args = dict(model="sy-test", instructions="Be brief.", max_output_tokens=8,
+                    temperature=0)
+        with pytest.raises(openai.BadRequestError) as info:
+            c.responses.create(input=turns, **args)
+        assert info.value.body["code"] == "context_length_exceeded", info.value.body
+        assert info.value.body["param"] == "max_output_tokens", info.value.body
+        out = c.responses.create(input=turns, truncation="auto", **args)
+        assert out.truncation == "auto" and out.usage.input_tokens + 8 <= 160
+        for dropped in range(1, 7):  # whole turns, earliest first, by hand
+            try:
+                by_hand = c.responses.create(input=turns[2 * dropped:], **args)
+                break
+            except openai.BadRequestError:
+                continue
+        assert dropped > 1  # more than one turn had to go
+        assert out.output_text == by_hand.output_text
+        assert out.usage.input_tokens == by_hand.usage.input_tokens
+    finally:
+        assert s.stop() == 0, "".join(s.log)
 
 
 def test_the_store_keeps_its_budget_and_can_be_off(model_dir):
