@@ -24,6 +24,11 @@ json PutRecord(const std::string& id, const StoredResponse& entry) {
           {"events", entry.events ? json(*entry.events) : json(nullptr)}};
 }
 
+// One journal line: the record's JSON (invalid UTF-8 replaced) and a newline.
+std::string JournalLine(const json& record) {
+  return record.dump(-1, ' ', false, json::error_handler_t::replace) + '\n';
+}
+
 bool WriteAll(int fd, const std::string& text) {
   for (size_t done = 0; done < text.size();) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -57,23 +62,32 @@ void ResponsesStore::EvictBeyondBudget() {
   }
 }
 
+bool ResponsesStore::Remove(const std::string& id) {
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return false;
+  bytes_ -= it->second->bytes;
+  order_.erase(it->second);
+  by_id_.erase(it);
+  return true;
+}
+
+void ResponsesStore::Keep(const std::string& id, StoredResponse entry, size_t bytes) {
+  order_.push_front({id, std::make_shared<const StoredResponse>(std::move(entry)), bytes});
+  by_id_[id] = order_.begin();
+  bytes_ += bytes;
+  EvictBeyondBudget();
+}
+
 void ResponsesStore::Put(const std::string& id, StoredResponse entry) {
   const size_t bytes = EntryBytes(id, entry);
   std::lock_guard lock(mutex_);
-  if (auto it = by_id_.find(id); it != by_id_.end()) {
-    bytes_ -= it->second->bytes;
-    order_.erase(it->second);
-    by_id_.erase(it);
-  }
+  Remove(id);
   if (bytes > max_bytes_) {
     Journal({{"op", "erase"}, {"id", id}});
     return;
   }
   Journal(PutRecord(id, entry));
-  order_.push_front({id, std::make_shared<const StoredResponse>(std::move(entry)), bytes});
-  by_id_[id] = order_.begin();
-  bytes_ += bytes;
-  EvictBeyondBudget();
+  Keep(id, std::move(entry), bytes);
   Compact();
 }
 
@@ -87,11 +101,7 @@ std::shared_ptr<const StoredResponse> ResponsesStore::Get(const std::string& id)
 
 bool ResponsesStore::Erase(const std::string& id) {
   std::lock_guard lock(mutex_);
-  auto it = by_id_.find(id);
-  if (it == by_id_.end()) return false;
-  bytes_ -= it->second->bytes;
-  order_.erase(it->second);
-  by_id_.erase(it);
+  if (!Remove(id)) return false;
   continued_.erase(id);
   Journal({{"op", "erase"}, {"id", id}});
   return true;
@@ -212,21 +222,10 @@ Status ResponsesStore::ReplayLine(const std::string& path, const std::string& li
       entry.events = std::make_shared<const std::vector<std::string>>(
           record["events"].get<std::vector<std::string>>());
     const size_t bytes = EntryBytes(id, entry);
-    if (auto it = by_id_.find(id); it != by_id_.end()) {
-      bytes_ -= it->second->bytes;
-      order_.erase(it->second);
-      by_id_.erase(it);
-    }
-    order_.push_front({id, std::make_shared<const StoredResponse>(std::move(entry)), bytes});
-    by_id_[id] = order_.begin();
-    bytes_ += bytes;
-    EvictBeyondBudget();
+    Remove(id);
+    if (bytes <= max_bytes_) Keep(id, std::move(entry), bytes);  // as Put: larger is not kept
   } else if (op == "erase") {
-    if (auto it = by_id_.find(id); it != by_id_.end()) {
-      bytes_ -= it->second->bytes;
-      order_.erase(it->second);
-      by_id_.erase(it);
-    }
+    Remove(id);
     continued_.erase(id);
   } else if (op == "continued") {
     if (by_id_.contains(id)) continued_[id] = true;
@@ -236,18 +235,18 @@ Status ResponsesStore::ReplayLine(const std::string& path, const std::string& li
   return Status::Ok();
 }
 
+void ResponsesStore::JournalFailed(const char* doing) {
+  journal_failed_ = true;
+  std::fprintf(stderr,
+               "switchyard: cannot %s %s (%s): stored responses are kept in memory only from now "
+               "on\n",
+               doing, journal_path_.c_str(), std::strerror(errno));
+}
+
 void ResponsesStore::Journal(const json& record) {
   if (journal_fd_ < 0 || journal_failed_) return;
-  std::string line = record.dump(-1, ' ', false, json::error_handler_t::replace);
-  line += '\n';
-  if (!WriteAll(journal_fd_, line)) {
-    journal_failed_ = true;
-    std::fprintf(stderr,
-                 "switchyard: cannot append to %s (%s): stored responses are kept in memory only "
-                 "from now on\n",
-                 journal_path_.c_str(), std::strerror(errno));
-    return;
-  }
+  const std::string line = JournalLine(record);
+  if (!WriteAll(journal_fd_, line)) return JournalFailed("append to");
   journal_bytes_ += line.size();
 }
 
@@ -260,38 +259,22 @@ void ResponsesStore::Compact() {
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   bool ok = fd >= 0;
   size_t written = 0;
-  for (auto it = order_.rbegin(); ok && it != order_.rend(); ++it) {
-    std::string line =
-        PutRecord(it->id, *it->value).dump(-1, ' ', false, json::error_handler_t::replace);
-    line += '\n';
-    ok = WriteAll(fd, line);
+  auto write = [&](const json& record) {
+    const std::string line = JournalLine(record);
+    ok = ok && WriteAll(fd, line);
     written += line.size();
-  }
-  for (const auto& [id, done] : continued_) {
-    if (!ok || !done) continue;
-    const std::string line = json({{"op", "continued"}, {"id", id}}).dump() + "\n";
-    ok = WriteAll(fd, line);
-    written += line.size();
-  }
+  };
+  for (auto it = order_.rbegin(); ok && it != order_.rend(); ++it)
+    write(PutRecord(it->id, *it->value));
+  for (const auto& [id, done] : continued_)
+    if (done) write({{"op", "continued"}, {"id", id}});
   ok = ok && ::fsync(fd) == 0;
   if (fd >= 0) ::close(fd);
   ok = ok && std::rename(temporary.c_str(), journal_path_.c_str()) == 0;
-  if (!ok) {
-    journal_failed_ = true;
-    std::fprintf(stderr,
-                 "switchyard: cannot rewrite %s (%s): stored responses are kept in memory only "
-                 "from now on\n",
-                 journal_path_.c_str(), std::strerror(errno));
-    return;
-  }
+  if (!ok) return JournalFailed("rewrite");
   if (journal_fd_ >= 0) ::close(journal_fd_);
   journal_fd_ = ::open(journal_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (journal_fd_ < 0) {
-    journal_failed_ = true;
-    std::fprintf(stderr, "switchyard: cannot append to %s (%s)\n", journal_path_.c_str(),
-                 std::strerror(errno));
-    return;
-  }
+  if (journal_fd_ < 0) return JournalFailed("append to");
   journal_bytes_ = written;
 }
 

@@ -81,8 +81,13 @@ class ResponsesStore {
 
  private:
   void EvictBeyondBudget();  // least recently used first; with mutex_ held
+  // With mutex_ held: `id`'s entry out of the map and the budget (false: there was none); an
+  // entry in as the most recently used, then the budget kept.
+  bool Remove(const std::string& id);
+  void Keep(const std::string& id, StoredResponse entry, size_t bytes);
   // The journal (Open), with mutex_ held: one record appended; the live entries rewritten.
   void Journal(const nlohmann::ordered_json& record);
+  void JournalFailed(const char* doing);  // reported once; the store goes on in memory
   void Compact();
   Status Replay(const std::string& path);
   Status ReplayLine(const std::string& path, const std::string& line, size_t number, bool last);
