@@ -599,6 +599,53 @@ TEST(CliTest, TokenizeNamesBadLinesAndKeepsGoing) {
   EXPECT_NE(lines[1].find("ids[0]"), std::string::npos) << lines[1];
 }
 
+// N-gram speculative decoding from the command line, on the trained default model (whose greedy
+// output repeats itself): the same tokens as plain decoding, drafts proposed and some kept, in
+// switchyard's options and in vLLM's --speculative-config alike; bad combinations are refused by
+// name.
+TEST(CliTest, NgramSpeculationGivesThePlainTokens) {
+  const std::string base = Binary() +
+                           " generate --prompt 'ROMEO: But soft, what light' --prompt "
+                           "'KING HENRY: Now, lords' --max-tokens 40 --ignore-eos --json";
+  std::string output;
+  ASSERT_EQ(RunCommand(base, &output), 0) << output;
+  const auto plain = nlohmann::json::parse(output);
+  for (const std::string& flags :
+       {std::string(" --speculative ngram --num-speculative-tokens 3 --prompt-lookup-max 3"),
+        std::string(" --speculative-config '{\"method\": \"ngram\", "
+                    "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3}'")}) {
+    SCOPED_TRACE(flags);
+    ASSERT_EQ(RunCommand(base + flags, &output), 0) << output;
+    const auto drafted = nlohmann::json::parse(output);
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_EQ(drafted["outputs"][i]["token_ids"], plain["outputs"][i]["token_ids"]);
+    const auto& speculative = drafted["speculative"];
+    EXPECT_EQ(speculative["method"], "ngram");
+    EXPECT_EQ(speculative["num_speculative_tokens"], 3);
+    EXPECT_GT(speculative["draft_tokens"].get<int64_t>(), 0);
+    EXPECT_GT(speculative["accepted_tokens"].get<int64_t>(), 0);
+    EXPECT_LE(speculative["accepted_per_position"].size(), 3u);
+  }
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {" --speculative ngram --prompt-lookup-min 4 --prompt-lookup-max 2",
+       "the minimum 4 exceeds the maximum 2"},
+      {" --prompt-lookup-max 3", "need --speculative"},
+      {" --speculative mtp --prompt-lookup-max 3", "only for --speculative ngram"},
+      {" --speculative-config '{\"method\": \"eagle\"}'", "method \"eagle\" is not supported"},
+      {" --speculative-config '{\"method\": \"ngram\", \"draft_model\": 1}'",
+       "\"draft_model\" is not supported"},
+      {" --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 9}'",
+       "num_speculative_tokens 9 is not in [1, 8]"},
+      {" --speculative-config '{\"num_speculative_tokens\": 2}'", "no method"},
+      {" --speculative-config '[1]'", "not a JSON object"},
+      {" --speculative ngram --speculative-config '{\"method\": \"ngram\"}'", "alone"},
+  };
+  for (const auto& [flags, message] : refused) {
+    EXPECT_NE(RunCommand(base + flags, &output), 0) << flags;
+    EXPECT_NE(output.find(message), std::string::npos) << flags << ": " << output;
+  }
+}
+
 TEST(CliTest, TextPromptsGenerateTheSameTokensAsTheirIds) {
   std::string dir = testing::TempDirectory("cli_text") + "/m";
   std::string output;
@@ -630,7 +677,7 @@ TEST(CliTest, TextPromptsGenerateTheSameTokensAsTheirIds) {
   EXPECT_EQ(text_report["outputs"][0]["token_ids"], ids_report["outputs"][0]["token_ids"]);
   EXPECT_EQ(text_report["outputs"][0]["text"], ids_report["outputs"][0]["text"]);
   EXPECT_EQ(text_report["outputs"][0]["token_ids"].size(), 5u);
-  EXPECT_TRUE(text_report["mtp"].is_null());
+  EXPECT_TRUE(text_report["speculative"].is_null());
   // The chat form renders the template (BOS, user tag, assistant tag) before generating.
   ASSERT_EQ(RunCommand(Binary() + " generate --model " + dir +
                            " --chat --prompt 'Who art thou?' --max-tokens 2 --ignore-eos --json",

@@ -143,11 +143,12 @@ Collected Collect(RequestStream& stream) {
 struct Harness {
   LatentCache cache;
   Engine engine;
-  // With config.num_speculative_tokens > 0 the cache has the MTP layer.
+  // With MTP drafts (config.num_speculative_tokens > 0) the cache has the MTP layer.
   Harness(int64_t cache_tokens, EngineConfig config, const Setup& setup = DefaultModel(),
           ForwardOptions forward = {})
-      : cache(setup.model->NewCache(cache_tokens, 1, DType::kF32, 16,
-                                    config.num_speculative_tokens > 0)),
+      : cache(setup.model->NewCache(
+            cache_tokens, 1, DType::kF32, 16,
+            config.num_speculative_tokens > 0 && config.drafter == Drafter::kMtp)),
         engine(*setup.model, cache, *setup.tokenizer, forward, config) {}
   std::shared_ptr<RequestStream> Submit(std::string id, std::vector<int32_t> prompt,
                                         SamplingParams params) {
@@ -810,12 +811,10 @@ bool InLanguage(const structured::GrammarSpec& spec, const std::string& text, bo
   return !complete || m.IsComplete();
 }
 
-// One request alone on the trained model, with `draft_tokens` MTP drafts a step (0: none);
+// One request alone on the trained model, drafting as `config` says (by default not at all);
 // `metrics`, when given, gets the engine's.
 Collected RunAlone(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                   int64_t draft_tokens = 0, EngineMetrics* metrics = nullptr) {
-  EngineConfig config;
-  config.num_speculative_tokens = draft_tokens;
+                   const EngineConfig& config = {}, EngineMetrics* metrics = nullptr) {
   Harness h(4096, config, TrainedModel());
   auto stream = h.Submit("alone", prompt, params);
   h.RunToIdle();
@@ -823,15 +822,32 @@ Collected RunAlone(const std::vector<int32_t>& prompt, const SamplingParams& par
   return Collect(*stream);
 }
 
-class MtpEngineTest : public ::testing::TestWithParam<int64_t> {};
+// Each drafter at draft counts: the MTP module's drafts, and n-gram lookup's in the request's
+// own tokens (where the trained model's output repeats its prompt or itself).
+struct DraftingCase {
+  Drafter drafter;
+  int64_t k;
+};
+void PrintTo(const DraftingCase& c, std::ostream* os) {
+  *os << (c.drafter == Drafter::kMtp ? "mtp" : "ngram") << " K=" << c.k;
+}
+
+class SpeculativeEngineTest : public ::testing::TestWithParam<DraftingCase> {
+ protected:
+  static EngineConfig Drafting(EngineConfig config = {}) {
+    config.num_speculative_tokens = GetParam().k;
+    config.drafter = GetParam().drafter;
+    return config;
+  }
+  static bool Mtp() { return GetParam().drafter == Drafter::kMtp; }
+};
 
 // Greedy output is the model's own, with drafts of any count, under continuous batching,
 // chunked prefill and prefix hits; the counters add up and some drafts are kept.
-TEST_P(MtpEngineTest, GreedyOutputIsUnchangedByDrafting) {
+TEST_P(SpeculativeEngineTest, GreedyOutputIsUnchangedByDrafting) {
   EngineConfig config;
   config.max_num_batched_tokens = 40;
-  config.num_speculative_tokens = GetParam();
-  Harness h(4096, config, TrainedModel());
+  Harness h(4096, Drafting(config), TrainedModel());
   const std::vector<std::vector<int32_t>> prompts = {
       Text("ROMEO: But soft, what light through yonder window breaks?"), Text("KING HENRY:"),
       Text("To be, or not to be, that is the question: whether 'tis nobler in the mind"),
@@ -851,7 +867,12 @@ TEST_P(MtpEngineTest, GreedyOutputIsUnchangedByDrafting) {
   EXPECT_GT(m.spec_drafts_total, 0);
   EXPECT_GT(m.spec_accepted_tokens_total, 0);
   EXPECT_LE(m.spec_accepted_tokens_total, m.spec_draft_tokens_total);
-  ASSERT_EQ(static_cast<int64_t>(m.spec_accepted_per_position.size()), GetParam());
+  // MTP drafts K every step; lookup at most K, where the suffix recurs.
+  if (Mtp()) {
+    ASSERT_EQ(static_cast<int64_t>(m.spec_accepted_per_position.size()), GetParam().k);
+  } else {
+    ASSERT_LE(static_cast<int64_t>(m.spec_accepted_per_position.size()), GetParam().k);
+  }
   int64_t per_position = 0;
   for (size_t j = 0; j < m.spec_accepted_per_position.size(); ++j) {
     per_position += m.spec_accepted_per_position[j];
@@ -867,7 +888,7 @@ TEST_P(MtpEngineTest, GreedyOutputIsUnchangedByDrafting) {
 // Structured output with drafts: the drafter samples from the grammar-masked distribution at the
 // state after the drafts so far, verification masks p the same way, so greedy output equals the
 // undrafted structured output and drafts are still kept.
-TEST_P(MtpEngineTest, StructuredOutputIsUnchangedByDrafting) {
+TEST_P(SpeculativeEngineTest, StructuredOutputIsUnchangedByDrafting) {
   const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
   SamplingParams params;
   params.temperature = 0;
@@ -877,9 +898,7 @@ TEST_P(MtpEngineTest, StructuredOutputIsUnchangedByDrafting) {
   auto expected = plain.Submit("plain", prompt, params);
   plain.RunToIdle();
   const Collected want = Collect(*expected);
-  EngineConfig config;
-  config.num_speculative_tokens = GetParam();
-  Harness h(4096, config, TrainedModel());
+  Harness h(4096, Drafting(), TrainedModel());
   auto stream = h.Submit("drafted", prompt, params);
   h.RunToIdle();
   const Collected got = Collect(*stream);
@@ -891,7 +910,7 @@ TEST_P(MtpEngineTest, StructuredOutputIsUnchangedByDrafting) {
 
 // A grammar behind a reasoning gate: drafts in the free phase (never "</think>" here: all free
 // until max_tokens) and right after it ("</think>" forced first) give the model's own tokens.
-TEST_P(MtpEngineTest, GatedGrammarIsUnchangedByDrafting) {
+TEST_P(SpeculativeEngineTest, GatedGrammarIsUnchangedByDrafting) {
   const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
   const int32_t think_end = *TrainedModel().tokenizer->TokenToId("</think>");
   for (double bias : {0.0, 50.0}) {
@@ -902,7 +921,7 @@ TEST_P(MtpEngineTest, GatedGrammarIsUnchangedByDrafting) {
     params.grammar->begin_after = "</think>";
     if (bias > 0) params.logit_bias[think_end] = bias;
     const Collected want = RunAlone(prompt, params);
-    const Collected got = RunAlone(prompt, params, GetParam());
+    const Collected got = RunAlone(prompt, params, Drafting());
     EXPECT_EQ(got.tokens, want.tokens) << "bias " << bias;
     EXPECT_EQ(got.finish, bias > 0 ? "stop" : "length") << got.text;
     if (bias > 0) {
@@ -915,7 +934,7 @@ TEST_P(MtpEngineTest, GatedGrammarIsUnchangedByDrafting) {
 // The reasoning budget with drafts: verification forces "</think>" where the budget does, so
 // greedy output is the undrafted one — with a grammar behind the reasoning gate as well (the
 // forced "</think>" opens it) — and the drafter proposes it there, so such drafts are kept.
-TEST_P(MtpEngineTest, ReasoningBudgetIsUnchangedByDrafting) {
+TEST_P(SpeculativeEngineTest, ReasoningBudgetIsUnchangedByDrafting) {
   const Tokenizer& tokenizer = *TrainedModel().tokenizer;
   const int32_t begin = *tokenizer.TokenToId("<think>"), end = *tokenizer.TokenToId("</think>");
   std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
@@ -936,7 +955,7 @@ TEST_P(MtpEngineTest, ReasoningBudgetIsUnchangedByDrafting) {
     EXPECT_EQ(want.tokens[9], end) << "gated " << gated;
     EXPECT_EQ(std::ranges::count(want.tokens, end), 1);
     EngineMetrics metrics;
-    const Collected got = RunAlone(prompt, params, GetParam(), &metrics);
+    const Collected got = RunAlone(prompt, params, Drafting(), &metrics);
     EXPECT_EQ(got.tokens, want.tokens) << "gated " << gated;
     EXPECT_EQ(got.finish, want.finish);
     if (gated) {
@@ -952,9 +971,7 @@ TEST_P(MtpEngineTest, ReasoningBudgetIsUnchangedByDrafting) {
   SamplingParams settled = Greedy(24);
   settled.logit_bias = {{begin, 100}, {end, -100}};
   settled.thinking_token_budget = 2;
-  EngineConfig config;
-  config.num_speculative_tokens = GetParam();
-  Harness h(4096, config, TrainedModel());
+  Harness h(4096, Drafting(), TrainedModel());
   auto stream = h.Submit("settled", Text("KING HENRY:"), settled);
   h.RunToIdle();
   std::vector<int32_t> want;
@@ -968,11 +985,10 @@ TEST_P(MtpEngineTest, ReasoningBudgetIsUnchangedByDrafting) {
 
 // Under page pressure requests are preempted and recomputed; drafts are dropped, never lost
 // tokens, and greedy output still equals the model's own.
-TEST_P(MtpEngineTest, PreemptionWithDraftsLosesNothing) {
+TEST_P(SpeculativeEngineTest, PreemptionWithDraftsLosesNothing) {
   EngineConfig config;
   config.max_num_batched_tokens = 256;
-  config.num_speculative_tokens = GetParam();
-  Harness h(16 * 12, config, TrainedModel());
+  Harness h(16 * 12, Drafting(config), TrainedModel());
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 5; ++i) {
@@ -992,9 +1008,9 @@ TEST_P(MtpEngineTest, PreemptionWithDraftsLosesNothing) {
 
 // Seeded sampling with drafts is reproducible whatever else is in the batch, and stop strings,
 // max_tokens and logprobs behave as without drafts (one entry per token).
-TEST_P(MtpEngineTest, SeededSamplingWithDraftsIsReproducible) {
-  EngineConfig config;
-  config.num_speculative_tokens = GetParam();
+TEST_P(SpeculativeEngineTest, SeededSamplingWithDraftsIsReproducible) {
+  EngineConfig config = Drafting();
+  config.ngram.min_n = 1;  // sampled text repeats single tokens more often than pairs
   SamplingParams params;
   params.temperature = 0.7;
   params.top_p = 0.95;
@@ -1002,10 +1018,13 @@ TEST_P(MtpEngineTest, SeededSamplingWithDraftsIsReproducible) {
   params.max_tokens = 20;
   params.ignore_eos = true;
   params.logprobs = 2;
+  // A prompt that repeats itself, so that sampled output finds n-grams to look up too.
+  const std::vector<int32_t> prompt =
+      Text("ROMEO: O, she is the sun, the sun, the sun.\nROMEO: O, she is the sun, the");
   Collected alone;
   {
     Harness h(4096, config, TrainedModel());
-    auto s = h.Submit("alone", Text("ROMEO:"), params);
+    auto s = h.Submit("alone", prompt, params);
     h.RunToIdle();
     alone = Collect(*s);
   }
@@ -1013,7 +1032,7 @@ TEST_P(MtpEngineTest, SeededSamplingWithDraftsIsReproducible) {
   std::vector<std::shared_ptr<RequestStream>> others;
   for (int i = 0; i < 3; ++i)
     others.push_back(h.Submit("o" + std::to_string(i), Text("KING HENRY: Now"), Greedy(12)));
-  auto s = h.Submit("crowd", Text("ROMEO:"), params);
+  auto s = h.Submit("crowd", prompt, params);
   h.RunToIdle();
   Collected crowd = Collect(*s);
   EXPECT_EQ(crowd.tokens, alone.tokens);
@@ -1436,7 +1455,14 @@ TEST(EngineTest, ForcedToolCallsAreValid) {
   EXPECT_FALSE(again.engine.Submit(wrong, &error).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(DraftTokens, MtpEngineTest, ::testing::Values(1, 3));
+INSTANTIATE_TEST_SUITE_P(
+    Drafters, SpeculativeEngineTest,
+    ::testing::Values(DraftingCase{Drafter::kMtp, 1}, DraftingCase{Drafter::kMtp, 3},
+                      DraftingCase{Drafter::kNgram, 2}, DraftingCase{Drafter::kNgram, 5}),
+    [](const ::testing::TestParamInfo<DraftingCase>& info) {
+      return std::string(info.param.drafter == Drafter::kMtp ? "mtp" : "ngram") +
+             std::to_string(info.param.k);
+    });
 
 }  // namespace
 }  // namespace sy

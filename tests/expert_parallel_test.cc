@@ -217,9 +217,10 @@ TEST(ExpertParallelInt8, TokensMatchTheSingleProcessRun) {
   ExpectSameSequenceLines(one, many, 3);
 }
 
-// MTP speculative decoding under mpirun, on the trained default model: four ranks (one DP group
+// Speculative decoding under mpirun, on the trained default model: four ranks (one DP group
 // idle, the others finishing apart), drafts verified and the MTP block's experts exchanged like
-// any MoE layer's — greedy tokens equal the single process's plain decoding.
+// any MoE layer's (n-gram drafts: verification steps of different lengths on the ranks) — greedy
+// tokens equal the single process's plain decoding.
 class ExpertParallelMtp : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ExpertParallelMtp, GreedyTokensEqualPlainDecodingInOneProcess) {
@@ -230,22 +231,24 @@ TEST_P(ExpertParallelMtp, GreedyTokensEqualPlainDecodingInOneProcess) {
                            " --ignore-eos";
   std::string one, many;
   ASSERT_EQ(RunCommand(std::string(testing::kBinary) + args, &one), 0) << one;
-  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args +
-                           " --wire-dtype f32 --speculative mtp " + GetParam(),
-                       &many),
-            0)
+  ASSERT_EQ(
+      RunCommand(Mpirun(4) + testing::kBinary + args + " --wire-dtype f32 " + GetParam(), &many), 0)
       << many;
   ExpectSameSequenceLines(one, many, 3);
   EXPECT_NE(many.find("draft tokens accepted"), std::string::npos) << many;
 }
 
 INSTANTIATE_TEST_SUITE_P(Launches, ExpertParallelMtp,
-                         ::testing::Values("", "--num-speculative-tokens 2 --overlap microbatch",
-                                           "--tp 2 --overlap microbatch"),
+                         ::testing::Values("--speculative mtp",
+                                           "--speculative mtp --num-speculative-tokens 2 "
+                                           "--overlap microbatch",
+                                           "--speculative mtp --tp 2 --overlap microbatch",
+                                           "--speculative ngram --num-speculative-tokens 3"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.index == 0   ? std::string("ep4_k1")
                                   : info.index == 1 ? std::string("ep4_k2_microbatch")
-                                                    : std::string("ep4_tp2_microbatch");
+                                  : info.index == 2 ? std::string("ep4_tp2_microbatch")
+                                                    : std::string("ep4_ngram_k3");
                          });
 
 TEST(ExpertParallelErrors, ExpertsThatDoNotDivideFailOnEveryRank) {

@@ -146,6 +146,45 @@ TEST(SamplingTest, RejectionSamplingPreservesTheTargetDistribution) {
   EXPECT_LT(overlap, 0.8);  // the test means something: q differs from p
 }
 
+// A deterministic drafter (n-gram lookup) proposes one token with certainty: q is one-hot. The
+// draft is kept with probability p(d) and otherwise replaced from p without d, so what comes out
+// still follows p — for a draft p likes, one it does not, and one outside p's support.
+TEST(SamplingTest, OneHotDraftsKeepTheTargetDistribution) {
+  const int64_t vocab = 5;
+  std::vector<float> target = {1.0f, 0.2f, -0.4f, 1.6f, -3.0f};
+  SamplingParams params;
+  params.temperature = 0.9;
+  params.top_k = 4;  // token 4 is outside p
+  std::vector<float> scratch, dense;
+  const TokenDistribution p = ProcessedDistribution(target.data(), vocab, params, {}, {}, scratch);
+  ASSERT_EQ(p.tokens.size(), 4u);
+  for (int32_t draft : {3, 2, 4}) {
+    SCOPED_TRACE("draft " + std::to_string(draft));
+    const TokenDistribution q{{draft}, {1.0}};
+    const int draws = 30000;
+    std::vector<int> counts(static_cast<size_t>(vocab), 0);
+    int kept = 0;
+    for (int i = 0; i < draws; ++i) {
+      const uint64_t seed = static_cast<uint64_t>(i) * 104729u + 11;
+      const DraftVerdict verdict = VerifyDraft(p, draft, q, seed, i % 13, vocab, dense);
+      kept += verdict.kept;
+      if (verdict.kept) {
+        EXPECT_EQ(verdict.token, draft);
+      }
+      ++counts[static_cast<size_t>(verdict.token)];
+    }
+    EXPECT_EQ(counts[4], 0);
+    double chi2 = 0;
+    for (int32_t t = 0; t < 4; ++t) {
+      const double e = draws * p.Prob(t);
+      chi2 += (counts[t] - e) * (counts[t] - e) / e;
+    }
+    EXPECT_LT(chi2, 16.3);  // 3 degrees of freedom: P(χ² > 16.3) ≈ 0.001
+    const double accept = p.Prob(draft);
+    EXPECT_NEAR(kept, draws * accept, 5 * std::sqrt(draws * accept * (1 - accept)) + 1e-9);
+  }
+}
+
 TEST(SamplingTest, GreedyVerificationKeepsExactlyTheArgmax) {
   std::vector<float> logits = {0.1f, 2.0f, 1.5f, -1.0f};
   SamplingParams greedy;

@@ -46,7 +46,8 @@ Result<MtpBenchReport> BenchMtp(const ParallelRun& run, const TextCodec& codec,
     if (static_cast<int64_t>(p.size()) + options.max_tokens > config.max_position_embeddings)
       return Status::Errorf("a prompt of {} tokens + {} to generate exceeds the context of {}",
                             p.size(), options.max_tokens, config.max_position_embeddings);
-  if (!run.model->has_mtp()) return Status::Error("the checkpoint has no MTP module");
+  if (options.drafter == Drafter::kMtp && !run.model->has_mtp())
+    return Status::Error("the checkpoint has no MTP module (--speculative ngram needs none)");
   Communicator& comm = *run.comm;
   MtpBenchReport report;
   report.prompts = static_cast<int64_t>(pool.size());
@@ -56,6 +57,8 @@ Result<MtpBenchReport> BenchMtp(const ParallelRun& run, const TextCodec& codec,
   report.mean_prompt_tokens = total / report.prompts;
   report.max_tokens = options.max_tokens;
   report.repeats = options.repeats;
+  report.drafter = options.drafter;
+  report.ngram = options.ngram;
   std::vector<int64_t> ks = {0};
   ks.insert(ks.end(), options.draft_counts.begin(), options.draft_counts.end());
   for (int64_t batch : options.batches) {
@@ -73,6 +76,8 @@ Result<MtpBenchReport> BenchMtp(const ParallelRun& run, const TextCodec& codec,
         decode.max_tokens = options.max_tokens;
         decode.ignore_eos = true;  // every run generates the same number of tokens
         decode.speculative_tokens = ks[i];
+        decode.drafter = options.drafter;
+        decode.ngram = options.ngram;
         decode.kv_dtype = options.kv_dtype;
         BatchDecodeResult result = BatchDecode(run, prompts, decode);
         const int64_t decoded = comm.AllReduceSum(result.decoded_tokens);
@@ -115,11 +120,22 @@ Result<MtpBenchReport> BenchMtp(const ParallelRun& run, const TextCodec& codec,
   return report;
 }
 
+namespace {
+
+std::string DrafterName(const MtpBenchReport& report) {
+  return report.drafter == Drafter::kMtp
+             ? "MTP"
+             : fmt::format("n-gram (prompt lookup {}..{})", report.ngram.min_n, report.ngram.max_n);
+}
+
+}  // namespace
+
 std::string MtpReportTable(const MtpBenchReport& report) {
   std::string out = fmt::format(
-      "MTP speculative decoding, greedy: {} held-out prompts (mean {} tokens), {} tokens each, "
+      "{} speculative decoding, greedy: {} prompts (mean {} tokens), {} tokens each, "
       "median of {} runs; speed-up against plain decoding (K = 0) of the same batch, same run\n",
-      report.prompts, report.mean_prompt_tokens, report.max_tokens, report.repeats);
+      DrafterName(report), report.prompts, report.mean_prompt_tokens, report.max_tokens,
+      report.repeats);
   out += fmt::format("{:>5} {:>2} {:>12} {:>21} {:>8} {:>10} {:>11} {:>6}  {}\n", "batch", "K",
                      "decode tok/s", "(min .. max)", "speed-up", "acceptance", "tokens/step",
                      "same", "acceptance by position");
@@ -150,7 +166,10 @@ std::string MtpReportJson(const MtpBenchReport& report) {
                     {"acceptance_per_position", r.acceptance_per_position},
                     {"tokens_per_step", r.tokens_per_step},
                     {"same_tokens", r.same_tokens}});
-  return nlohmann::json({{"prompts", report.prompts},
+  return nlohmann::json({{"drafter", report.drafter == Drafter::kMtp ? "mtp" : "ngram"},
+                         {"prompt_lookup_min", report.ngram.min_n},
+                         {"prompt_lookup_max", report.ngram.max_n},
+                         {"prompts", report.prompts},
                          {"mean_prompt_tokens", report.mean_prompt_tokens},
                          {"max_tokens", report.max_tokens},
                          {"repeats", report.repeats},

@@ -1,5 +1,6 @@
-// `switchyard bench mtp`: greedy decoding with MTP drafts (K = 1, 2, …) side by side with plain
-// decoding (K = 0) in one run, at several batch sizes, on held-out prompts. Reports decode
+// `switchyard bench mtp` (also `bench speculative`): greedy decoding with drafts (K = 1, 2, …) —
+// the MTP module's, or n-gram lookup's (--speculative ngram) — side by side with plain decoding
+// (K = 0) in one run, at several batch sizes, on held-out prompts. Reports decode
 // throughput (median of repeats) with its ratio to the plain run of the same batch, the
 // acceptance rate per draft position, tokens per step, and whether the tokens equal the plain
 // run's (they must: greedy verification keeps the model's own output).
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "model/ngram_drafter.h"
 #include "parallel/parallel_run.h"
 #include "tokenizer/text_codec.h"
 
@@ -21,6 +23,8 @@ struct MtpBenchOptions {
   int64_t max_tokens = 64;
   int repeats = 3;
   DType kv_dtype = DType::kBF16;
+  Drafter drafter = Drafter::kMtp;
+  NgramLookup ngram;
 };
 
 struct MtpBenchRow {
@@ -35,6 +39,8 @@ struct MtpBenchRow {
 
 struct MtpBenchReport {
   std::vector<MtpBenchRow> rows;
+  Drafter drafter = Drafter::kMtp;
+  NgramLookup ngram;
   int64_t prompts = 0, mean_prompt_tokens = 0, max_tokens = 0;
   int repeats = 0;
 };

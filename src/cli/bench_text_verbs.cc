@@ -112,11 +112,22 @@ void AddBenchMtpCommand(CLI::App& bench_app) {
     std::string kv_dtype = "bf16";
     bool json = false;
     ParallelArgs parallel;
+    std::string drafter = "mtp";
+    std::optional<int64_t> lookup_min, lookup_max;
   };
   auto args = std::make_shared<Args>();
   args->options.prompts = std::string(SY_SOURCE_DIR) + "/configs/bench/heldout-prompts.jsonl";
   CLI::App* m = bench_app.add_subcommand(
-      "mtp", "Greedy decoding with MTP drafts side by side with plain decoding, by batch size");
+      "mtp",
+      "Greedy decoding with speculative drafts (MTP, or n-gram lookup) side by side with plain "
+      "decoding, by batch size");
+  m->alias("speculative");
+  m->add_option("--speculative", args->drafter, "The drafter: mtp (default) or ngram")
+      ->check(CLI::IsMember({"mtp", "ngram"}));
+  m->add_option("--prompt-lookup-min", args->lookup_min, "--speculative ngram: see serve")
+      ->check(CLI::Range(1, 64));
+  m->add_option("--prompt-lookup-max", args->lookup_max, "--speculative ngram: see serve")
+      ->check(CLI::Range(1, 64));
   m->add_option("--model", args->model, "Checkpoint directory (default: the default model)");
   m->add_option("--prompts", args->options.prompts,
                 "JSON Lines of {\"text\": ...} (default: held-out Tempest and Sonnets passages)");
@@ -139,6 +150,13 @@ void AddBenchMtpCommand(CLI::App& bench_app) {
     TextCodec codec = LoadTextCodecOrFail(directory);
     ParallelRun run = LoadParallel(directory, args->parallel);
     args->options.kv_dtype = KvDTypeOrFail(args->kv_dtype);
+    // The drafter and lookup sizes as serve reads them (the draft counts are this verb's list).
+    SpeculativeArgs speculative{args->drafter, std::nullopt, args->lookup_min, args->lookup_max,
+                                ""};
+    auto speculation = ParseSpeculation(speculative, run.model->has_mtp());
+    if (!speculation.ok()) FailEverywhere(*run.comm, speculation.status().message());
+    args->options.drafter = speculation->drafter;
+    args->options.ngram = speculation->ngram;
     auto report = bench::BenchMtp(run, codec, args->options);
     if (!report.ok()) FailEverywhere(*run.comm, report.status().message());
     if (run.comm->rank() != 0) return;

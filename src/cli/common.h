@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/model.h"
+#include "model/ngram_drafter.h"
 #include "tokenizer/text_codec.h"
 
 namespace CLI {
@@ -36,13 +37,27 @@ void AddBatchInvariantOption(CLI::App* verb, bool& flag);
 // Sets the kernels' global options and the step's attention form when `on`.
 void ApplyBatchInvariant(bool on, ForwardOptions& options);
 
-// --speculative mtp [--num-speculative-tokens K], for generate and serve.
+// Speculative decoding, for generate, serve and bench mtp: --speculative mtp|ngram
+// [--num-speculative-tokens K] [--prompt-lookup-min N --prompt-lookup-max N], or vLLM's
+// --speculative-config JSON ({"method": "ngram", "num_speculative_tokens": 4,
+// "prompt_lookup_max": 4, ...}).
+inline constexpr int64_t kDefaultMtpDrafts = 1, kDefaultNgramDrafts = 4;
 struct SpeculativeArgs {
-  std::string method;  // "" (off) or "mtp"
-  int64_t tokens = 1;
+  std::string method;  // "" (off), "mtp" or "ngram"
+  std::optional<int64_t> tokens;
+  std::optional<int64_t> lookup_min, lookup_max;
+  std::string config_json;
 };
 void AddSpeculativeOptions(CLI::App* verb, SpeculativeArgs& args);
-// Draft tokens per step (0: off); fails the verb when the checkpoint has no MTP module.
-int64_t SpeculativeTokensOrFail(const SpeculativeArgs& args, const Model& model);
+struct Speculation {
+  int64_t tokens = 0;  // drafts per step (0: off)
+  Drafter drafter = Drafter::kMtp;
+  NgramLookup ngram;
+};
+// What the options ask for, checked: the message names the option or JSON key. `has_mtp`: the
+// checkpoint has an MTP module (--speculative mtp needs one).
+Result<Speculation> ParseSpeculation(const SpeculativeArgs& args, bool has_mtp);
+// ParseSpeculation, failing the verb on an error.
+Speculation SpeculationOrFail(const SpeculativeArgs& args, const Model& model);
 
 }  // namespace sy

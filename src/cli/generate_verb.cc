@@ -89,11 +89,14 @@ void RunGenerate(const GenerateArgs& args) {
                             "model's context of {} tokens",
                             s, prompts[s].size(), args.max_tokens, config.max_position_embeddings));
   }
-  const int64_t K = SpeculativeTokensOrFail(args.speculative, model);
+  const Speculation speculation = SpeculationOrFail(args.speculative, model);
+  const int64_t K = speculation.tokens;
   BatchDecodeOptions decode_options;
   decode_options.max_tokens = args.max_tokens;
   decode_options.ignore_eos = args.ignore_eos;
   decode_options.speculative_tokens = K;
+  decode_options.drafter = speculation.drafter;
+  decode_options.ngram = speculation.ngram;
   decode_options.kv_dtype = KvDTypeOrFail(args.kv_dtype);
   ForwardOptions invariant;
   ApplyBatchInvariant(args.batch_invariant, invariant);
@@ -142,10 +145,11 @@ void RunGenerate(const GenerateArgs& args) {
         {"prefill_seconds", prefill_seconds},
         {"decode_tokens_per_second", total_decoded / std::max(decode_seconds, 1e-9)},
         {"expert_imbalance", nullptr},
-        {"mtp", nullptr}};
+        {"speculative", nullptr}};
     if (load.imbalance) report["expert_imbalance"] = *load.imbalance;
     if (K > 0) {
-      report["mtp"] = {
+      report["speculative"] = {
+          {"method", speculation.drafter == Drafter::kMtp ? "mtp" : "ngram"},
           {"draft_tokens", total_drafts},
           {"accepted_tokens", total_accepted},
           {"acceptance_rate", total_drafts > 0 ? double(total_accepted) / total_drafts : 0.0},
@@ -181,7 +185,8 @@ void RunGenerate(const GenerateArgs& args) {
         "summed over layers and steps)\n",
         *load.imbalance);
   if (K > 0)
-    std::printf("mtp: %lld of %lld draft tokens accepted (%.3f), up to %lld per step\n",
+    std::printf("%s: %lld of %lld draft tokens accepted (%.3f), up to %lld per step\n",
+                speculation.drafter == Drafter::kMtp ? "mtp" : "ngram",
                 static_cast<long long>(total_accepted), static_cast<long long>(total_drafts),
                 total_drafts > 0 ? double(total_accepted) / total_drafts : 0.0,
                 static_cast<long long>(K));

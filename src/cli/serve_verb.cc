@@ -234,13 +234,14 @@ void RunServe(const ServeArgs& args) {
                          config.vocab_size));
   const DType kv_dtype = KvDTypeOrFail(args.kv_dtype);
   // The cache: as asked, or 64 Ki tokens kept under 4 GiB.
-  const int64_t speculative_tokens = SpeculativeTokensOrFail(args.speculative, model);
+  const Speculation speculation = SpeculationOrFail(args.speculative, model);
+  const bool mtp_layer = speculation.tokens > 0 && speculation.drafter == Drafter::kMtp;
   int64_t cache_tokens = args.kv_cache_tokens;
-  const int64_t bytes_per_token = model.CacheLayers(speculative_tokens > 0) *
+  const int64_t bytes_per_token = model.CacheLayers(mtp_layer) *
                                   (config.kv_lora_rank + config.qk_rope_head_dim) *
                                   static_cast<int64_t>(DTypeSize(kv_dtype));
   if (cache_tokens == 0) cache_tokens = std::min<int64_t>(65536, (4ll << 30) / bytes_per_token);
-  LatentCache cache = model.NewCache(cache_tokens, 1, kv_dtype, 16, speculative_tokens > 0);
+  LatentCache cache = model.NewCache(cache_tokens, 1, kv_dtype, 16, mtp_layer);
   cache_tokens = cache.total_pages() * cache.page_size();
 
   EngineConfig engine_config;
@@ -248,7 +249,9 @@ void RunServe(const ServeArgs& args) {
   engine_config.max_num_batched_tokens = args.max_num_batched_tokens;
   engine_config.max_waiting = args.max_waiting;
   engine_config.step_timeout_seconds = args.step_timeout;
-  engine_config.num_speculative_tokens = speculative_tokens;
+  engine_config.num_speculative_tokens = speculation.tokens;
+  engine_config.drafter = speculation.drafter;
+  engine_config.ngram = speculation.ngram;
   engine_config.masks_beside_forward = args.grammar_masks == "beside-forward";
   engine_config.scheduling_policy = args.scheduling_policy == "priority"
                                         ? EngineConfig::SchedulingPolicy::kPriority

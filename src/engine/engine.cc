@@ -621,7 +621,44 @@ void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, doub
   Deliver(seq, std::move(event), reason, stopped_by_string);
 }
 
+void Engine::LookUpDrafts(Sequence& seq) {
+  const SamplingParams& params = seq.request.params;
+  // Drafts never run past the request's end: at most max_tokens − generated − 1 of them.
+  const int64_t k =
+      std::min(config_.num_speculative_tokens, params.max_tokens - seq.generated() - 1);
+  std::vector<int32_t> drafts = NgramDrafts(seq.tokens, config_.ngram, k);
+  ThinkingCount thinking = seq.thinking;
+  size_t keep = 0;
+  bool forced = false;
+  for (; keep < drafts.size() && !forced; ++keep) {
+    int32_t& draft = drafts[keep];
+    if (params.thinking_token_budget) {
+      // The budget closes the section here: "</think>" is what the step will take, and what
+      // followed the looked-up n-gram no longer follows it.
+      forced = ThinkingSpent(seq, thinking);
+      if (forced) draft = think_->end;
+      thinking.Add(draft, *think_);
+    }
+    if (seq.grammar) {
+      if (!seq.grammar->AcceptToken(draft).ok()) break;
+      ++seq.grammar_drafts;
+    }
+  }
+  if (seq.grammar_drafts > 0) {
+    (void)seq.grammar->Rollback(static_cast<int>(seq.grammar_drafts));
+    seq.grammar_drafts = 0;
+  }
+  drafts.resize(keep);
+  seq.draft_distributions.clear();
+  for (int32_t draft : drafts)  // deterministic drafts: q is one-hot
+    seq.draft_distributions.push_back(TokenDistribution{{draft}, {1.0}});
+  seq.drafts = std::move(drafts);
+}
+
 int64_t Engine::StepCount(Sequence& seq, int64_t budget) {
+  if (seq.remaining() == 1 && seq.drafts.empty() && config_.num_speculative_tokens > 0 &&
+      config_.drafter == Drafter::kNgram)
+    LookUpDrafts(seq);
   if (seq.remaining() != 1 || seq.drafts.empty()) return std::min(seq.remaining(), budget);
   // Verify the drafts with the last token: query length 1 + drafts, within the budget and the
   // request's length; without pages for them, decode plainly rather than preempt.
@@ -1067,7 +1104,7 @@ bool Engine::StepOnce(bool must_step) {
     batch.sequences.back().all_logit_rows =
         seq->wants_prompt_logprobs() && seq->computed < seq->prompt_length;
   }
-  const bool speculative = config_.num_speculative_tokens > 0;
+  const bool speculative = mtp_drafting();
   // The constrained sequences that sample this step (a prefill's last chunk, a decode step, a
   // verification's first row) have their masks made beside the forward: their matchers are idle
   // until sampling, and the mask depends on nothing the forward computes.

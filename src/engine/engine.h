@@ -26,6 +26,7 @@
 #include "engine/page_pool.h"
 #include "engine/request.h"
 #include "model/model.h"
+#include "model/ngram_drafter.h"
 #include "structured/compiler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -37,9 +38,13 @@ struct EngineConfig {
   int64_t max_waiting = 4096;
   int64_t max_model_len = 0;          // 0: the model's max_position_embeddings
   double step_timeout_seconds = 120;  // the watchdog's limit for one step
-  // MTP speculative decoding: draft tokens per decode step (0: off). The model must have an MTP
-  // module and the cache its layer (Model::NewCache with mtp).
+  // Speculative decoding: draft tokens per decode step (0: off), and what drafts them — the
+  // checkpoint's MTP module (the model must have one and the cache its layer: Model::NewCache
+  // with mtp), or n-gram lookup in the request's own tokens (model/ngram_drafter.h), which needs
+  // neither.
   int64_t num_speculative_tokens = 0;
+  Drafter drafter = Drafter::kMtp;
+  NgramLookup ngram;
   // Structured output: make the next token masks of the step's constrained sequences on a thread
   // of their own while the model's forward runs, instead of after it (same masks either way).
   bool masks_beside_forward = true;
@@ -212,6 +217,13 @@ class Engine : public RequestFrontend {
   // and whether a sequence at `count` must close its thinking section now.
   Result<ThinkTokens> ThinkMarkers();
   bool ThinkingSpent(const Sequence& seq, const ThinkingCount& count) const;
+  // N-gram drafting: a decoding sequence's drafts looked up in its own tokens, cut where the
+  // sequence's grammar refuses one and ending with "</think>" where the reasoning budget forces
+  // it (what verification would do to them anyway).
+  void LookUpDrafts(Sequence& seq);
+  bool mtp_drafting() const {
+    return config_.num_speculative_tokens > 0 && config_.drafter == Drafter::kMtp;
+  }
   // Runs the MTP module over the rows this step made valid and drafts the next tokens.
   void Draft(const std::vector<std::pair<Sequence*, int64_t>>& scheduled,
              const std::vector<int64_t>& first_positions, const ForwardBatch& batch);

@@ -21,12 +21,13 @@ BatchDecodeResult BatchDecode(const ParallelRun& run,
   const ModelConfig& config = model.config();
   const int64_t vocab = config.vocab_size;
   const int64_t K = options.speculative_tokens;
+  const bool mtp = K > 0 && options.drafter == Drafter::kMtp;
   const size_t count = prompts.size();
   int64_t capacity = 0;
   for (size_t s = 0; s < count; ++s)
     if (run.Owns(s)) capacity += static_cast<int64_t>(prompts[s].size()) + options.max_tokens;
   LatentCache cache =
-      model.NewCache(capacity, static_cast<int64_t>(count), options.kv_dtype, 16, K > 0);
+      model.NewCache(capacity, static_cast<int64_t>(count), options.kv_dtype, 16, mtp);
   std::vector<SequenceCache> caches(count);
   std::vector<std::vector<int32_t>> drafts(count);
   ForwardOptions forward_options = run.Options();
@@ -34,8 +35,7 @@ BatchDecodeResult BatchDecode(const ParallelRun& run,
   forward_options.attention = options.attention;
   std::vector<float> logits, hidden, mtp_logits, mtp_hidden;
   auto forward = [&](const ForwardBatch& batch) {
-    Status status =
-        model.Forward(batch, cache, forward_options, &logits, K > 0 ? &hidden : nullptr);
+    Status status = model.Forward(batch, cache, forward_options, &logits, mtp ? &hidden : nullptr);
     if (!status.ok()) comm.Abort(status.message(), 1);
   };
   // MTP drafting (greedy): the MTP layer catches up over the positions the last step made valid
@@ -53,6 +53,17 @@ BatchDecodeResult BatchDecode(const ParallelRun& run,
   result.accepted_per_position.assign(static_cast<size_t>(K), 0);
   result.drafted_per_position.assign(static_cast<size_t>(K), 0);
   auto draft = [&](const std::vector<MtpRows>& rows) {
+    if (!mtp) {
+      // N-gram drafts: looked up in the sequence's prompt and output, no pass of any model.
+      std::vector<int32_t> tokens;
+      for (const MtpRows& r : rows) {
+        tokens = prompts[r.s];
+        tokens.insert(tokens.end(), generated[r.s].begin(), generated[r.s].end());
+        const int64_t left = options.max_tokens - static_cast<int64_t>(generated[r.s].size());
+        drafts[r.s] = NgramDrafts(tokens, options.ngram, std::min(K, left - 1));
+      }
+      return;
+    }
     ForwardBatch mtp;
     std::vector<float> hidden_in;
     const int64_t D = config.hidden_size;

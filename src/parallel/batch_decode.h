@@ -1,12 +1,14 @@
 // Offline batched greedy decoding over a ParallelRun (one process or an mpirun job): every
 // prompt prefilled at once, then one decode step for all running sequences at a time, every rank
-// stepping while any has work. With MTP drafts each step verifies them (query length 1 + K) and
-// the MTP module drafts the next ones. `switchyard generate` and `bench mtp` run it.
+// stepping while any has work. With drafts each step verifies them (query length 1 + K) and the
+// drafter — the MTP module, or n-gram lookup in the sequence's tokens — proposes the next ones.
+// `switchyard generate` and `bench mtp` run it.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "model/ngram_drafter.h"
 #include "parallel/parallel_run.h"
 
 namespace sy {
@@ -14,7 +16,9 @@ namespace sy {
 struct BatchDecodeOptions {
   int64_t max_tokens = 16;
   bool ignore_eos = false;
-  int64_t speculative_tokens = 0;  // MTP drafts per step (0: off; the model must have MTP)
+  int64_t speculative_tokens = 0;   // drafts per step (0: off)
+  Drafter drafter = Drafter::kMtp;  // kMtp: the model must have an MTP module
+  NgramLookup ngram;
   DType kv_dtype = DType::kBF16;
   AttentionForm attention = AttentionForm::kAuto;  // kAbsorbed under --batch-invariant
 };

@@ -20,8 +20,9 @@ def greedy(client, prompt):
                                      extra_body={"ignore_eos": True}).choices[0].text
 
 
-@pytest.mark.parametrize("ranks,extra", [(2, []), (4, ["--tp", "2"]), (2, ["--speculative", "mtp"])],
-                         ids=["dp2", "dp2_tp2", "dp2_mtp"])
+@pytest.mark.parametrize("ranks,extra", [(2, []), (4, ["--tp", "2"]), (2, ["--speculative", "mtp"]),
+                                         (2, ["--speculative", "ngram"])],
+                         ids=["dp2", "dp2_tp2", "dp2_mtp", "dp2_ngram"])
 def test_mpi_server_matches_one_process(model_dir, ranks, extra):
     # Both servers keep f32 activations in their products: expert parallelism sums the experts'
     # rows in another order than one process does (and TP splits o_proj's sums over the heads),

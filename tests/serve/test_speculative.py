@@ -1,6 +1,7 @@
-"""MTP speculative decoding in the server, on the trained default model (models/default), whose
-drafts are often right: greedy output equals the plain server's, streamed or not; seeded sampling
-is reproducible; the spec-decode counters Prometheus scrapes add up."""
+"""Speculative decoding in the server — MTP drafts and n-gram lookup drafts — on the trained default
+model (models/default), whose MTP drafts are often right and whose greedy output repeats itself:
+greedy output equals the plain server's, streamed or not; seeded sampling is reproducible; the
+spec-decode counters Prometheus scrapes add up."""
 
 import concurrent.futures
 import os
@@ -32,11 +33,11 @@ def plain():
     assert s.stop() == 0, "".join(s.log)
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_mtp_server_greedy_equals_plain_and_counts_drafts(plain, k):
+@pytest.mark.parametrize("method,k", [("mtp", 1), ("mtp", 3), ("ngram", 4)])
+def test_speculative_server_greedy_equals_plain_and_counts_drafts(plain, method, k):
     plain_server, plain_client = plain
     reference = [completion(plain_client, p) for p in PROMPTS]
-    s = Server(TRAINED, "--kv-cache-tokens", "8192", "--speculative", "mtp",
+    s = Server(TRAINED, "--kv-cache-tokens", "8192", "--speculative", method,
                "--num-speculative-tokens", str(k))
     try:
         client = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
@@ -65,7 +66,7 @@ def test_mtp_server_greedy_equals_plain_and_counts_drafts(plain, k):
         assert s.stop() == 0, "".join(s.log)
 
 
-def test_speculative_needs_an_mtp_module(tmp_path):
+def test_mtp_needs_its_module_and_ngram_needs_none(tmp_path):
     import json
     import shutil
     import subprocess
@@ -80,3 +81,12 @@ def test_speculative_needs_an_mtp_module(tmp_path):
                           "--speculative", "mtp"], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "MTP" in out.stderr, out.stderr
+    # N-gram drafting needs no module: the same checkpoint serves with it, drafts kept.
+    s = Server(str(model), "--speculative", "ngram")
+    try:
+        client = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        assert len(completion(client, "KING HENRY: Now, lords", max_tokens=48)) > 0
+        m = s.metrics()
+        assert m['switchyard:spec_decode_num_accepted_tokens_total{model_name="sy-test"}'] > 0
+    finally:
+        assert s.stop() == 0, "".join(s.log)
