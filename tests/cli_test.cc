@@ -612,6 +612,7 @@ TEST(CliTest, NgramSpeculationGivesThePlainTokens) {
   const auto plain = nlohmann::json::parse(output);
   for (const std::string& flags :
        {std::string(" --speculative ngram --num-speculative-tokens 3 --prompt-lookup-max 3"),
+        std::string(" --speculative ngram --num-speculative-tokens 3 --prompt-lookup-drafts fixed"),
         std::string(" --speculative-config '{\"method\": \"ngram\", "
                     "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3}'")}) {
     SCOPED_TRACE(flags);
@@ -630,6 +631,7 @@ TEST(CliTest, NgramSpeculationGivesThePlainTokens) {
       {" --speculative ngram --prompt-lookup-min 4 --prompt-lookup-max 2",
        "the minimum 4 exceeds the maximum 2"},
       {" --prompt-lookup-max 3", "need --speculative"},
+      {" --prompt-lookup-drafts fixed", "need --speculative"},
       {" --speculative mtp --prompt-lookup-max 3", "only for --speculative ngram"},
       {" --speculative-config '{\"method\": \"eagle\"}'", "method \"eagle\" is not supported"},
       {" --speculative-config '{\"method\": \"ngram\", \"draft_model\": 1}'",

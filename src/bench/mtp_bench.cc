@@ -102,6 +102,7 @@ Result<MtpBenchReport> BenchMtp(const ParallelRun& run, const TextCodec& codec,
       const int64_t kept = comm.AllReduceSum(result.accepted_tokens);
       row.tokens_per_step = steps > 0 ? double(decoded) / steps : 0;
       row.acceptance = drafts > 0 ? double(kept) / drafts : 0;
+      row.drafts_per_step = steps > 0 ? double(drafts) / steps : 0;
       for (int64_t j = 0; j < ks[i]; ++j) {
         const int64_t at = comm.AllReduceSum(result.accepted_per_position[static_cast<size_t>(j)]);
         const int64_t of = comm.AllReduceSum(result.drafted_per_position[static_cast<size_t>(j)]);
@@ -125,7 +126,8 @@ namespace {
 std::string DrafterName(const MtpBenchReport& report) {
   return report.drafter == Drafter::kMtp
              ? "MTP"
-             : fmt::format("n-gram (prompt lookup {}..{})", report.ngram.min_n, report.ngram.max_n);
+             : fmt::format("n-gram (prompt lookup {}..{}, drafts {})", report.ngram.min_n,
+                           report.ngram.max_n, report.ngram.drafts_by_match ? "by match" : "fixed");
 }
 
 }  // namespace
@@ -136,18 +138,19 @@ std::string MtpReportTable(const MtpBenchReport& report) {
       "median of {} runs; speed-up against plain decoding (K = 0) of the same batch, same run\n",
       DrafterName(report), report.prompts, report.mean_prompt_tokens, report.max_tokens,
       report.repeats);
-  out += fmt::format("{:>5} {:>2} {:>12} {:>21} {:>8} {:>10} {:>11} {:>6}  {}\n", "batch", "K",
-                     "decode tok/s", "(min .. max)", "speed-up", "acceptance", "tokens/step",
-                     "same", "acceptance by position");
+  out += fmt::format("{:>5} {:>2} {:>12} {:>21} {:>8} {:>11} {:>10} {:>11} {:>6}  {}\n", "batch",
+                     "K", "decode tok/s", "(min .. max)", "speed-up", "drafts/step", "acceptance",
+                     "tokens/step", "same", "acceptance by position");
   for (const auto& r : report.rows) {
     std::string positions;
     for (double a : r.acceptance_per_position)
       positions += fmt::format("{}{:.3f}", positions.empty() ? "" : " ", a);
     out += fmt::format(
-        "{:>5} {:>2} {:>12.1f} {:>21} {:>7.2f}x {:>10} {:>11.2f} {:>6}  {}\n", r.batch,
+        "{:>5} {:>2} {:>12.1f} {:>21} {:>7.2f}x {:>11.2f} {:>10} {:>11.2f} {:>6}  {}\n", r.batch,
         r.draft_tokens, r.median_tokens_per_second,
         fmt::format("({:.1f} .. {:.1f})", r.min_tokens_per_second, r.max_tokens_per_second),
-        r.speedup, r.draft_tokens > 0 ? fmt::format("{:.3f}", r.acceptance) : "-",
+        r.speedup, r.drafts_per_step,
+        r.draft_tokens > 0 ? fmt::format("{:.3f}", r.acceptance) : "-",
         r.tokens_per_step, r.same_tokens ? "yes" : "NO", positions);
   }
   return out;
@@ -165,10 +168,12 @@ std::string MtpReportJson(const MtpBenchReport& report) {
                     {"acceptance_rate", r.acceptance},
                     {"acceptance_per_position", r.acceptance_per_position},
                     {"tokens_per_step", r.tokens_per_step},
+                    {"drafts_per_step", r.drafts_per_step},
                     {"same_tokens", r.same_tokens}});
   return nlohmann::json({{"drafter", report.drafter == Drafter::kMtp ? "mtp" : "ngram"},
                          {"prompt_lookup_min", report.ngram.min_n},
                          {"prompt_lookup_max", report.ngram.max_n},
+                         {"prompt_lookup_drafts", report.ngram.drafts_by_match ? "by-match" : "fixed"},
                          {"prompts", report.prompts},
                          {"mean_prompt_tokens", report.mean_prompt_tokens},
                          {"max_tokens", report.max_tokens},

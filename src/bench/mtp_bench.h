@@ -34,6 +34,8 @@ struct MtpBenchRow {
   double acceptance = 0;  // drafts kept / drafts proposed
   std::vector<double> acceptance_per_position;
   double tokens_per_step = 1;
+  // Draft tokens proposed per sequence step: K for MTP; for n-gram lookup, where a suffix recurs.
+  double drafts_per_step = 0;
   bool same_tokens = true;  // as the plain run's
 };
 

@@ -114,6 +114,7 @@ void AddBenchMtpCommand(CLI::App& bench_app) {
     ParallelArgs parallel;
     std::string drafter = "mtp";
     std::optional<int64_t> lookup_min, lookup_max;
+    std::string lookup_drafts;
   };
   auto args = std::make_shared<Args>();
   args->options.prompts = std::string(SY_SOURCE_DIR) + "/configs/bench/heldout-prompts.jsonl";
@@ -128,6 +129,9 @@ void AddBenchMtpCommand(CLI::App& bench_app) {
       ->check(CLI::Range(1, 64));
   m->add_option("--prompt-lookup-max", args->lookup_max, "--speculative ngram: see serve")
       ->check(CLI::Range(1, 64));
+  m->add_option("--prompt-lookup-drafts", args->lookup_drafts,
+                "--speculative ngram: by-match or fixed (see serve)")
+      ->check(CLI::IsMember({"by-match", "fixed"}));
   m->add_option("--model", args->model, "Checkpoint directory (default: the default model)");
   m->add_option("--prompts", args->options.prompts,
                 "JSON Lines of {\"text\": ...} (default: held-out Tempest and Sonnets passages)");
@@ -152,7 +156,7 @@ void AddBenchMtpCommand(CLI::App& bench_app) {
     args->options.kv_dtype = KvDTypeOrFail(args->kv_dtype);
     // The drafter and lookup sizes as serve reads them (the draft counts are this verb's list).
     SpeculativeArgs speculative{args->drafter, std::nullopt, args->lookup_min, args->lookup_max,
-                                ""};
+                                args->lookup_drafts, ""};
     auto speculation = ParseSpeculation(speculative, run.model->has_mtp());
     if (!speculation.ok()) FailEverywhere(*run.comm, speculation.status().message());
     args->options.drafter = speculation->drafter;

@@ -84,6 +84,11 @@ void AddSpeculativeOptions(CLI::App* verb, SpeculativeArgs& args) {
                                "first (default {}; --prompt-lookup-min when only that is given)",
                                NgramLookup{}.max_n))
       ->check(CLI::Range(1, 64));
+  verb->add_option("--prompt-lookup-drafts", args.lookup_drafts,
+                   "--speculative ngram: how many drafts a match earns — by-match (the default: "
+                   "one for the shortest match, one more per longer token, at most K) or fixed "
+                   "(K, as vLLM drafts)")
+      ->check(CLI::IsMember({"by-match", "fixed"}));
   verb->add_option("--speculative-config", args.config_json,
                    "vLLM's form, a JSON object: method (mtp, deepseek_mtp or ngram), "
                    "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max");
@@ -140,9 +145,10 @@ Result<Speculation> ParseSpeculation(const SpeculativeArgs& given, bool has_mtp)
   }
   Speculation out;
   if (args.method.empty()) {
-    if (args.tokens || args.lookup_min || args.lookup_max)
+    if (args.tokens || args.lookup_min || args.lookup_max || !args.lookup_drafts.empty())
       return Status::Error(
-          "--num-speculative-tokens and --prompt-lookup-min/max need --speculative mtp|ngram");
+          "--num-speculative-tokens and --prompt-lookup-min/max/drafts need --speculative "
+          "mtp|ngram");
     return out;
   }
   if (args.method == "mtp") {
@@ -150,8 +156,8 @@ Result<Speculation> ParseSpeculation(const SpeculativeArgs& given, bool has_mtp)
       return Status::Error(
           "--speculative mtp: the checkpoint has no MTP module (num_nextn_predict_layers is 0); "
           "--speculative ngram needs none");
-    if (args.lookup_min || args.lookup_max)
-      return Status::Error("--prompt-lookup-min/max: only for --speculative ngram");
+    if (args.lookup_min || args.lookup_max || !args.lookup_drafts.empty())
+      return Status::Error("--prompt-lookup-min/max/drafts: only for --speculative ngram");
     out.tokens = args.tokens.value_or(kDefaultMtpDrafts);
     return out;
   }
@@ -162,6 +168,7 @@ Result<Speculation> ParseSpeculation(const SpeculativeArgs& given, bool has_mtp)
     out.ngram.min_n = args.lookup_min.value_or(*args.lookup_max);
     out.ngram.max_n = args.lookup_max.value_or(*args.lookup_min);
   }
+  out.ngram.drafts_by_match = args.lookup_drafts != "fixed";
   if (out.ngram.min_n > out.ngram.max_n)
     return Status::Errorf("prompt lookup: the minimum {} exceeds the maximum {}", out.ngram.min_n,
                           out.ngram.max_n);

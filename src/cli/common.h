@@ -38,14 +38,15 @@ void AddBatchInvariantOption(CLI::App* verb, bool& flag);
 void ApplyBatchInvariant(bool on, ForwardOptions& options);
 
 // Speculative decoding, for generate, serve and bench mtp: --speculative mtp|ngram
-// [--num-speculative-tokens K] [--prompt-lookup-min N --prompt-lookup-max N], or vLLM's
-// --speculative-config JSON ({"method": "ngram", "num_speculative_tokens": 4,
-// "prompt_lookup_max": 4, ...}).
+// [--num-speculative-tokens K] [--prompt-lookup-min N --prompt-lookup-max N]
+// [--prompt-lookup-drafts by-match|fixed], or vLLM's --speculative-config JSON ({"method":
+// "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, ...}).
 inline constexpr int64_t kDefaultMtpDrafts = 1, kDefaultNgramDrafts = 4;
 struct SpeculativeArgs {
   std::string method;  // "" (off), "mtp" or "ngram"
   std::optional<int64_t> tokens;
   std::optional<int64_t> lookup_min, lookup_max;
+  std::string lookup_drafts;  // "" (by-match), "by-match" or "fixed"
   std::string config_json;
 };
 void AddSpeculativeOptions(CLI::App* verb, SpeculativeArgs& args);

@@ -28,6 +28,7 @@ std::vector<int32_t> NgramDrafts(std::span<const int32_t> tokens, const NgramLoo
     }
   }
   if (best < lookup.min_n) return {};
+  if (lookup.drafts_by_match) k = std::min(k, best - lookup.min_n + 1);
   const int64_t from = best_end + 1, count = std::min(k, size - from);
   return {t + from, t + from + count};
 }

@@ -20,12 +20,17 @@ enum class Drafter { kMtp, kNgram };
 struct NgramLookup {
   // The suffix lengths tried, longest first (vLLM's prompt_lookup_min / prompt_lookup_max).
   int64_t min_n = 2, max_n = 5;
+  // How many drafts a match earns. By match (the default): one for a match of min_n tokens and
+  // one more for each token it is longer, at most k — a longer match is likelier to go on, and
+  // on a CPU every verified row costs (docs/benchmarks.md: as many tokens per step for 40% of
+  // the rows). Otherwise k whatever the match, as vLLM drafts.
+  bool drafts_by_match = true;
 };
 
-// At most `k` drafts for the sequence `tokens` (prompt then output): the longest suffix of
-// length n in [min_n, max_n] that also occurs ending earlier (the occurrence may overlap the
-// suffix), at its earliest such place, as vLLM picks it; the drafts are the tokens after that
-// occurrence, up to the sequence's end. None where no suffix recurs.
+// Drafts for the sequence `tokens` (prompt then output): the longest suffix of length n in
+// [min_n, max_n] that also occurs ending earlier (the occurrence may overlap the suffix), at its
+// earliest such place, as vLLM picks it; the drafts are the tokens after that occurrence, up to
+// the sequence's end, at most `k` (and n − min_n + 1 by match). None where no suffix recurs.
 std::vector<int32_t> NgramDrafts(std::span<const int32_t> tokens, const NgramLookup& lookup,
                                  int64_t k);
 
