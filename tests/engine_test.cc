@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <map>
 
 #include <nlohmann/json.hpp>
 #include "chat_output/tool_choice.h"
@@ -106,6 +108,7 @@ struct Collected {
   std::vector<int32_t> tokens;
   std::string text;
   std::string finish;
+  std::string error;
   std::optional<std::string> stop_string;
   std::optional<int32_t> stop_token;
   int64_t prompt_tokens = -1, cached_tokens = -1;
@@ -127,6 +130,7 @@ Collected FromEvents(std::vector<RequestEvent>& events) {
     }
     if (e.finish_reason) {
       c.finish = *e.finish_reason;
+      c.error = e.error;
       c.stop_string = e.stop_string;
       c.stop_token = e.stop_token;
     }
@@ -1212,6 +1216,109 @@ TEST(EngineTest, ReasoningBudgetNeedsTheThinkingTokens) {
 // Structured output: every token the grammar forbids is masked, so the text is in the grammar's
 // language — complete when the request stopped, a prefix when it ran out of tokens — through
 // batching, preemption and failover (the matcher rebuilt from the resumed tokens).
+// Greedy decoding straight through Model::Forward where `allowed(output, token)` says which
+// tokens may come next: the argmax over those (the reference for the token constraints).
+std::vector<int32_t> GreedyConstrained(
+    const std::vector<int32_t>& prompt, int64_t count,
+    const std::function<bool(const std::vector<int32_t>&, int32_t)>& allowed) {
+  const Model& model = *TrainedModel().model;
+  LatentCache cache = model.NewCache(static_cast<int64_t>(prompt.size()) + count, 1, DType::kF32);
+  SequenceCache seq;
+  seq.prompt_end = static_cast<int64_t>(prompt.size());
+  ForwardOptions options;
+  options.logit_rows = LogitRows::kLast;
+  std::vector<float> logits;
+  std::vector<int32_t> out, next = prompt;
+  const int64_t vocab = model.config().vocab_size;
+  for (int64_t i = 0; i < count; ++i) {
+    ForwardBatch batch;
+    batch.Add(next.data(), static_cast<int64_t>(next.size()), &seq);
+    EXPECT_TRUE(model.Forward(batch, cache, options, &logits).ok());
+    int32_t best = -1;
+    for (int32_t t = 0; t < vocab; ++t)
+      if (allowed(out, t) && (best < 0 || logits[t] > logits[best])) best = t;
+    out.push_back(best);
+    next = {best};
+  }
+  return out;
+}
+
+// vLLM's allowed_token_ids and bad_words: greedy output is the model's argmax over what they
+// leave, computed independently above; a bad word's last token still comes where the rest of it
+// does not precede; drafts change nothing; where nothing is left the request ends with an error
+// that says so.
+TEST(EngineTest, AllowedTokensAndBadWordsConstrainTheOutput) {
+  const std::vector<int32_t> prompt = Text("ROMEO: But soft, what light through yonder window");
+  const std::vector<int32_t> free = GreedyAlone(prompt, 30, TrainedModel());
+  // Allowed: the free output's tokens but its two most frequent ones, and a few others.
+  std::map<int32_t, int> frequency;
+  for (int32_t t : free)
+    ++frequency[t];
+  std::vector<std::pair<int, int32_t>> by_count;
+  for (auto [t, n] : frequency)
+    by_count.push_back({-n, t});
+  std::sort(by_count.begin(), by_count.end());
+  ASSERT_GE(by_count.size(), 4u);
+  std::vector<int32_t> allowed = {5, 40, 300};
+  for (size_t i = 2; i < by_count.size(); ++i)
+    allowed.push_back(by_count[i].second);
+  SamplingParams params = Greedy(30);
+  params.allowed_token_ids = allowed;
+  const auto in_allowed = [&](const std::vector<int32_t>&, int32_t t) {
+    return std::ranges::find(allowed, t) != allowed.end();
+  };
+  const std::vector<int32_t> want_allowed = GreedyConstrained(prompt, 30, in_allowed);
+  ASSERT_NE(want_allowed, free);
+  // Bad words: the free output's third token alone, and the pair at its positions 5 and 6 (its
+  // second token may still come after anything else).
+  const int32_t single = free[2];
+  const std::vector<int32_t> pair = {free[5], free[6]};
+  params = Greedy(30);
+  params.bad_words_token_ids = {{single}, pair};
+  const auto not_bad = [&](const std::vector<int32_t>& out, int32_t t) {
+    return t != single && !(t == pair[1] && !out.empty() && out.back() == pair[0]);
+  };
+  const std::vector<int32_t> want_bad = GreedyConstrained(prompt, 30, not_bad);
+  ASSERT_NE(want_bad, free);
+  EXPECT_EQ(std::ranges::count(want_bad, single), 0);
+  for (size_t i = 1; i < want_bad.size(); ++i)
+    EXPECT_FALSE(want_bad[i - 1] == pair[0] && want_bad[i] == pair[1]) << "at " << i;
+
+  for (int64_t drafts : {0, 3}) {
+    SCOPED_TRACE(std::to_string(drafts) + " n-gram drafts");
+    EngineConfig config;
+    config.num_speculative_tokens = drafts;
+    config.drafter = Drafter::kNgram;
+    SamplingParams only = Greedy(30);
+    only.allowed_token_ids = allowed;
+    EXPECT_EQ(RunAlone(prompt, only, config).tokens, want_allowed);
+    SamplingParams bad = Greedy(30);
+    bad.bad_words_token_ids = {{single}, pair};
+    EXPECT_EQ(RunAlone(prompt, bad, config).tokens, want_bad);
+  }
+  // Only the end-of-sequence token allowed while min_tokens blocks it: nothing may come.
+  SamplingParams none;
+  none.temperature = 0.7;
+  none.max_tokens = 8;
+  none.min_tokens = 2;
+  none.allowed_token_ids = {static_cast<int32_t>(TrainedModel().model->config().eos_token_id)};
+  const Collected refused = RunAlone(prompt, none);
+  EXPECT_EQ(refused.finish, "error");
+  EXPECT_TRUE(refused.tokens.empty());
+  EXPECT_NE(refused.error.find("allowed_token_ids"), std::string::npos) << refused.error;
+  // Bad ids are refused at submission, naming the field.
+  Harness h(1024, EngineConfig{}, TrainedModel());
+  SubmitError error;
+  SamplingParams out_of_range = Greedy(4);
+  out_of_range.allowed_token_ids = {-1};
+  EXPECT_FALSE(h.engine.Submit({"a", prompt, out_of_range}, &error).ok());
+  out_of_range.allowed_token_ids.clear();
+  out_of_range.bad_words_token_ids = {{}};
+  auto empty_word = h.engine.Submit({"b", prompt, out_of_range}, &error);
+  ASSERT_FALSE(empty_word.ok());
+  EXPECT_NE(empty_word.status().message().find("bad_words"), std::string::npos);
+}
+
 TEST(EngineTest, StructuredOutputStaysInItsGrammar) {
   const std::vector<int32_t> prompt = Text("KING HENRY: Now, lords, for France");
   std::vector<SamplingParams> params;

@@ -174,6 +174,16 @@ TEST(GrpcTest, ReasoningBudgetsCrossTheWire) {
   EXPECT_TRUE(back.params.starts_in_thinking);
 }
 
+// Token constraints cross the wire: the allowed ids and each bad word's token sequence.
+TEST(GrpcTest, TokenConstraintsCrossTheWire) {
+  EngineRequest request{"constraints", {1, 2, 3}, {}};
+  request.params.allowed_token_ids = {5, 9, 11};
+  request.params.bad_words_token_ids = {{7}, {8, 9, 10}, {12, 13}};
+  const EngineRequest back = serve::RequestFromProto(serve::RequestToProto(request));
+  EXPECT_EQ(back.params.allowed_token_ids, request.params.allowed_token_ids);
+  EXPECT_EQ(back.params.bad_words_token_ids, request.params.bad_words_token_ids);
+}
+
 TEST(GrpcTest, GenerateStreamsWhatTheEngineGives) {
   for (double temperature : {0.0, 0.8}) {
     EngineRequest request{

@@ -194,3 +194,71 @@ TEST(OpenAiApiTest, ReasoningEffortIsALevelsThinkingBudget) {
 
 }  // namespace
 }  // namespace sy::serve
+
+namespace sy::serve {
+namespace {
+
+// bad_words: each word tokenized as it starts a text and after a space, the spaced form kept
+// unless the plain form already covers it (equal, or its tail); duplicates once. Unlike vLLM's
+// rule, a spaced form of another length is kept: with DeepSeek's byte-level BPE " Romeo" and
+// "Romeo" differ in length, and the word must be banned mid-text too. allowed_token_ids passes
+// through. Both are refused by field when malformed.
+TEST(OpenAiApiTest, BadWordsBecomeTokenSequencesForTheWordAloneAndAfterASpace) {
+  const Tokenizer& tokenizer = *Codec().tokenizer;
+  auto ids = [&](const std::string& text) { return tokenizer.Encode(text).value(); };
+  std::vector<std::vector<int32_t>> want;
+  bool other_length = false, covered = false;
+  for (const std::string word : {"Romeo", "hello world", "zqxjkv", "123"}) {
+    const auto plain = ids(word), spaced = ids(" " + word);
+    want.push_back(plain);
+    const bool ends_with_plain =
+        spaced.size() >= plain.size() &&
+        std::equal(plain.begin(), plain.end(), spaced.end() - static_cast<long>(plain.size()));
+    if (!ends_with_plain) want.push_back(spaced);
+    other_length = other_length || (!ends_with_plain && spaced.size() != plain.size());
+    covered = covered || ends_with_plain;
+  }
+  // The test means something: a spaced form of another length is kept, and one is covered.
+  ASSERT_TRUE(other_length);
+  ASSERT_TRUE(covered);
+  json body = {{"model", "sy-test"},
+               {"prompt", "x"},
+               {"bad_words", {"Romeo", "  hello world", "zqxjkv", "123", "Romeo"}},
+               {"allowed_token_ids", {5, 6, 7}}};
+  ParsedRequest out = Parse(Endpoint::kCompletions, body);
+  ASSERT_TRUE(out.plan) << out.error.message;
+  EXPECT_EQ(out.plan->params.bad_words_token_ids, want);
+  EXPECT_EQ(out.plan->params.allowed_token_ids, (std::vector<int32_t>{5, 6, 7}));
+  body["messages"] = {{{"role", "user"}, {"content", "hi"}}};
+  body.erase("prompt");
+  out = Parse(Endpoint::kChat, body);
+  ASSERT_TRUE(out.plan) << out.error.message;
+  EXPECT_EQ(out.plan->params.bad_words_token_ids, want);
+
+  const std::vector<std::pair<json, std::string>> refused = {
+      {{{"bad_words", "Romeo"}}, "bad_words"},
+      {{{"bad_words", {"ok", ""}}}, "bad_words"},
+      {{{"bad_words", {"ok", 3}}}, "bad_words"},
+      {{{"bad_words", {"   "}}}, "bad_words"},
+      {{{"allowed_token_ids", json::array()}}, "allowed_token_ids"},
+      {{{"allowed_token_ids", {1, -2}}}, "allowed_token_ids"},
+      {{{"allowed_token_ids", {1 << 30}}}, "allowed_token_ids"},
+  };
+  for (const auto& [fields, param] : refused) {
+    json bad = {{"model", "sy-test"}, {"prompt", "x"}};
+    bad.update(fields);
+    const ParsedRequest r = Parse(Endpoint::kCompletions, bad);
+    EXPECT_FALSE(r.plan) << bad.dump();
+    EXPECT_EQ(r.error.param, param) << bad.dump() << ": " << r.error.message;
+  }
+  // More than 128 sequences after tokenization.
+  json many = {{"model", "sy-test"}, {"prompt", "x"}, {"bad_words", json::array()}};
+  for (int i = 0; i < 130; ++i)
+    many["bad_words"].push_back("w" + std::to_string(i));
+  const ParsedRequest r = Parse(Endpoint::kCompletions, many);
+  EXPECT_FALSE(r.plan);
+  EXPECT_NE(r.error.message.find("at most 128"), std::string::npos) << r.error.message;
+}
+
+}  // namespace
+}  // namespace sy::serve

@@ -185,6 +185,38 @@ TEST(SamplingTest, OneHotDraftsKeepTheTargetDistribution) {
   }
 }
 
+// vLLM's bad_words rule: a word's last token is banned where the output ends with the rest of it
+// (a one-token word always); the prompt does not count.
+TEST(SamplingTest, BadWordsBanTheTokenThatWouldCompleteThem) {
+  SamplingParams params;
+  params.bad_words_token_ids = {{7}, {3, 4}, {1, 2, 3}};
+  auto banned = [&](std::vector<int32_t> output) { return BadWordTokens(params, output); };
+  EXPECT_EQ(banned({}), (std::vector<int32_t>{7}));
+  EXPECT_EQ(banned({5, 3}), (std::vector<int32_t>{7, 4}));
+  EXPECT_EQ(banned({3}), (std::vector<int32_t>{7, 4}));
+  EXPECT_EQ(banned({1, 2}), (std::vector<int32_t>{7, 3}));
+  EXPECT_EQ(banned({9, 1, 2}), (std::vector<int32_t>{7, 3}));
+  EXPECT_EQ(banned({2}), (std::vector<int32_t>{7}));
+  EXPECT_EQ(banned({3, 5}), (std::vector<int32_t>{7}));
+  // Allowed and banned together: only allowed tokens come, a banned one never does, and where
+  // nothing is left the distribution is empty.
+  std::vector<float> logits = {3.0f, 2.0f, 1.0f, 0.5f, 0.0f};
+  params.bad_words_token_ids.clear();
+  params.temperature = 0.7;
+  params.allowed_token_ids = {1, 3, 4};
+  std::vector<float> scratch;
+  TokenDistribution p = ProcessedDistribution(logits.data(), 5, params, {}, {3}, scratch);
+  EXPECT_EQ(p.tokens, (std::vector<int32_t>{1, 4}));
+  p = ProcessedDistribution(logits.data(), 5, params, {}, {1, 3, 4}, scratch);
+  EXPECT_TRUE(p.tokens.empty());
+  params.temperature = 0;
+  p = ProcessedDistribution(logits.data(), 5, params, {}, {1}, scratch);
+  EXPECT_EQ(p.tokens, (std::vector<int32_t>{3}));
+  p = ProcessedDistribution(logits.data(), 5, params, {}, {1, 3, 4}, scratch);
+  EXPECT_TRUE(p.tokens.empty());
+  EXPECT_EQ(SampleToken(logits.data(), 5, params, {}, 0, {1, 3, 4}, scratch).token, -1);
+}
+
 TEST(SamplingTest, GreedyVerificationKeepsExactlyTheArgmax) {
   std::vector<float> logits = {0.1f, 2.0f, 1.5f, -1.0f};
   SamplingParams greedy;

@@ -150,8 +150,8 @@ std::string MtpReportTable(const MtpBenchReport& report) {
         r.draft_tokens, r.median_tokens_per_second,
         fmt::format("({:.1f} .. {:.1f})", r.min_tokens_per_second, r.max_tokens_per_second),
         r.speedup, r.drafts_per_step,
-        r.draft_tokens > 0 ? fmt::format("{:.3f}", r.acceptance) : "-",
-        r.tokens_per_step, r.same_tokens ? "yes" : "NO", positions);
+        r.draft_tokens > 0 ? fmt::format("{:.3f}", r.acceptance) : "-", r.tokens_per_step,
+        r.same_tokens ? "yes" : "NO", positions);
   }
   return out;
 }
@@ -170,15 +170,16 @@ std::string MtpReportJson(const MtpBenchReport& report) {
                     {"tokens_per_step", r.tokens_per_step},
                     {"drafts_per_step", r.drafts_per_step},
                     {"same_tokens", r.same_tokens}});
-  return nlohmann::json({{"drafter", report.drafter == Drafter::kMtp ? "mtp" : "ngram"},
-                         {"prompt_lookup_min", report.ngram.min_n},
-                         {"prompt_lookup_max", report.ngram.max_n},
-                         {"prompt_lookup_drafts", report.ngram.drafts_by_match ? "by-match" : "fixed"},
-                         {"prompts", report.prompts},
-                         {"mean_prompt_tokens", report.mean_prompt_tokens},
-                         {"max_tokens", report.max_tokens},
-                         {"repeats", report.repeats},
-                         {"rows", rows}})
+  return nlohmann::json(
+             {{"drafter", report.drafter == Drafter::kMtp ? "mtp" : "ngram"},
+              {"prompt_lookup_min", report.ngram.min_n},
+              {"prompt_lookup_max", report.ngram.max_n},
+              {"prompt_lookup_drafts", report.ngram.drafts_by_match ? "by-match" : "fixed"},
+              {"prompts", report.prompts},
+              {"mean_prompt_tokens", report.mean_prompt_tokens},
+              {"max_tokens", report.max_tokens},
+              {"repeats", report.repeats},
+              {"rows", rows}})
       .dump();
 }
 

@@ -155,8 +155,8 @@ void AddBenchMtpCommand(CLI::App& bench_app) {
     ParallelRun run = LoadParallel(directory, args->parallel);
     args->options.kv_dtype = KvDTypeOrFail(args->kv_dtype);
     // The drafter and lookup sizes as serve reads them (the draft counts are this verb's list).
-    SpeculativeArgs speculative{args->drafter, std::nullopt, args->lookup_min, args->lookup_max,
-                                args->lookup_drafts, ""};
+    SpeculativeArgs speculative{args->drafter,    std::nullopt,        args->lookup_min,
+                                args->lookup_max, args->lookup_drafts, ""};
     auto speculation = ParseSpeculation(speculative, run.model->has_mtp());
     if (!speculation.ok()) FailEverywhere(*run.comm, speculation.status().message());
     args->options.drafter = speculation->drafter;

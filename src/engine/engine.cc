@@ -498,6 +498,11 @@ std::vector<int32_t> Engine::BlockedTokens(const Sequence& seq) const {
     blocked = params.stop_token_ids;
     if (!params.ignore_eos) blocked.push_back(static_cast<int32_t>(model_.config().eos_token_id));
   }
+  if (!params.bad_words_token_ids.empty()) {
+    const std::vector<int32_t> bad = BadWordTokens(
+        params, std::span(seq.tokens).subspan(static_cast<size_t>(seq.prompt_length)));
+    blocked.insert(blocked.end(), bad.begin(), bad.end());
+  }
   return blocked;
 }
 
@@ -611,7 +616,12 @@ void Engine::ProcessOutput(Sequence& seq, int64_t count, const float* rows, doub
                               : SampleToken(last, vocab, params, seq.penalties, seq.generated(),
                                             BlockedTokens(seq), scratch_)
                                     .token;
-    reason = EmitToken(seq, token, last, now, event, stopped_by_string);
+    if (token < 0) {
+      event.error = kNothingAllowedError;
+      reason = "error";
+    } else {
+      reason = EmitToken(seq, token, last, now, event, stopped_by_string);
+    }
   } else {
     reason = "length";
   }
@@ -739,6 +749,11 @@ void Engine::ProcessVerification(Sequence& seq, int64_t drafts, const float* row
                                     ? TokenDistribution{{think_->end}, {1.0}}
                                     : ProcessedDistribution(row, vocab, params, seq.penalties,
                                                             BlockedTokens(seq), scratch_);
+    if (p.tokens.empty()) {
+      event.error = kNothingAllowedError;
+      reason = "error";
+      break;
+    }
     int32_t token;
     bool kept = false;
     if (j < drafts) {
@@ -835,6 +850,7 @@ void Engine::Draft(const std::vector<std::pair<Sequence*, int64_t>>& scheduled,
                                 ? TokenDistribution{{think_->end}, {1.0}}
                                 : ProcessedDistribution(row, vocab, params, seq.penalties,
                                                         BlockedTokens(seq), scratch_);
+      if (q.tokens.empty()) continue;  // verification will say why
       const int32_t draft =
           q.tokens.size() == 1
               ? q.tokens[0]

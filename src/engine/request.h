@@ -38,6 +38,13 @@ struct EngineRequest {
   std::shared_ptr<const ImportedRows> imported = nullptr;
 };
 
+// The error a request ends with where its own constraints (allowed_token_ids, bad_words, a
+// grammar, min_tokens) leave no token to sample: the request's fault, which a server reports as
+// such (400 where nothing was sent yet).
+inline constexpr const char* kNothingAllowedError =
+    "no token may come next: allowed_token_ids, bad_words, the structured output's grammar and "
+    "min_tokens together exclude every one";
+
 struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0;

@@ -28,6 +28,15 @@ Status SamplingParams::Validate(int64_t vocab_size) const {
   for (int32_t token : stop_token_ids)
     if (token < 0 || token >= vocab_size)
       return Status::Errorf("stop_token_ids: token id {} is outside [0, {})", token, vocab_size);
+  for (int32_t token : allowed_token_ids)
+    if (token < 0 || token >= vocab_size)
+      return Status::Errorf("allowed_token_ids: token id {} is outside [0, {})", token, vocab_size);
+  for (const auto& word : bad_words_token_ids) {
+    if (word.empty()) return Status::Error("bad_words: a word without tokens");
+    for (int32_t token : word)
+      if (token < 0 || token >= vocab_size)
+        return Status::Errorf("bad_words: token id {} is outside [0, {})", token, vocab_size);
+  }
   for (const auto& s : stop)
     if (s.empty()) return Status::Error("stop: empty strings are not allowed");
   if (stop.size() > 16) return Status::Errorf("stop: at most 16 strings, got {}", stop.size());
@@ -126,12 +135,22 @@ TokenDistribution ProcessedDistribution(const float* logits, int64_t vocab,
   for (const auto& [token, bias] : params.logit_bias)
     x[token] += static_cast<float>(bias);
   const float minus_inf = -std::numeric_limits<float>::infinity();
+  if (!params.allowed_token_ids.empty()) {  // before the blocked ones, which stay blocked
+    std::vector<float> allowed;
+    for (int32_t token : params.allowed_token_ids)
+      allowed.push_back(x[token]);
+    std::fill(x, x + vocab, minus_inf);
+    for (size_t i = 0; i < allowed.size(); ++i)
+      x[params.allowed_token_ids[i]] = allowed[i];
+  }
   for (int32_t token : blocked_tokens)
     x[token] = minus_inf;
 
   TokenDistribution out;
+  const int64_t best = std::max_element(x, x + vocab) - x;
+  if (x[best] == minus_inf) return out;  // nothing is left to sample
   if (params.temperature == 0) {
-    out.tokens = {static_cast<int32_t>(std::max_element(x, x + vocab) - x)};
+    out.tokens = {static_cast<int32_t>(best)};
     out.probs = {1.0};
     return out;
   }
@@ -155,7 +174,11 @@ TokenDistribution ProcessedDistribution(const float* logits, int64_t vocab,
   double sum = 0;
   for (size_t i = 0; i < order.size(); ++i)
     sum += probs[i] = std::exp(double(x[order[i]] - top));
+  // Masked tokens (-inf: blocked, banned, not allowed, outside the grammar) are no candidates:
+  // kept at probability 0, the draw's rounding fallback (the last candidate) could pick one.
   size_t cut = order.size();
+  while (cut > 1 && probs[cut - 1] == 0)
+    --cut;
   if (params.min_p > 0) {  // relative to the most likely token
     for (size_t i = 0; i < order.size(); ++i)
       if (probs[i] < params.min_p * probs[0]) {
@@ -222,12 +245,30 @@ DraftVerdict VerifyDraft(const TokenDistribution& p, int32_t draft, const TokenD
   return {residual.Draw(u), false};
 }
 
+std::vector<int32_t> BadWordTokens(const SamplingParams& params, std::span<const int32_t> output) {
+  // vLLM's rule: the word's tokens but its last are the output's last ones (none for a one-token
+  // word), so the last would complete it. Only the output counts, not the prompt.
+  std::vector<int32_t> banned;
+  for (const auto& word : params.bad_words_token_ids) {
+    const size_t prefix = word.size() - 1;
+    if (prefix > output.size()) continue;
+    if (std::equal(word.begin(), word.end() - 1,
+                   output.end() - static_cast<std::ptrdiff_t>(prefix)))
+      banned.push_back(word.back());
+  }
+  return banned;
+}
+
 SampledToken SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
                          const PenaltyState& penalties, int64_t step,
                          const std::vector<int32_t>& blocked_tokens, std::vector<float>& scratch) {
   const TokenDistribution p =
       ProcessedDistribution(logits, vocab, params, penalties, blocked_tokens, scratch);
   SampledToken out;
+  if (p.tokens.empty()) {
+    out.token = -1;
+    return out;
+  }
   out.token = p.tokens.size() == 1 ? p.tokens[0]
                                    : p.Draw(UniformDraw(SamplingSeed(params), step, kTokenStream));
   FillLogprobs(logits, vocab, params, scratch, out);

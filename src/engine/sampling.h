@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,12 @@ struct SamplingParams {
   double frequency_penalty = 0.0;
   double repetition_penalty = 1.0;
   std::map<int32_t, double> logit_bias;
+  // vLLM's allowed_token_ids: only these may be sampled (empty: any token).
+  std::vector<int32_t> allowed_token_ids;
+  // vLLM's bad_words as token sequences (the API tokenizes each word as it starts a text and
+  // after a space): a sequence's last token may not come where the output ends with the rest of
+  // it (a one-token word never comes).
+  std::vector<std::vector<int32_t>> bad_words_token_ids;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
@@ -97,8 +104,10 @@ struct PenaltyState {
 };
 
 // The distribution a request samples its next token from: the logits after penalties, bias,
-// blocked tokens, temperature and top-k/top-p/min-p truncation, as probabilities of the kept
-// candidates, best first. Greedy (temperature 0) is the argmax with probability 1.
+// allowed and blocked tokens, temperature and top-k/top-p/min-p truncation, as probabilities of
+// the kept candidates, best first. Greedy (temperature 0) is the argmax with probability 1.
+// Empty where no token is left (allowed_token_ids, blocked tokens and a grammar's mask exclude
+// every one): the caller ends the request with an error rather than sample anything.
 struct TokenDistribution {
   std::vector<int32_t> tokens;
   std::vector<double> probs;  // sums to 1
@@ -137,7 +146,11 @@ DraftVerdict VerifyDraft(const TokenDistribution& p, int32_t draft, const TokenD
                          uint64_t seed, int64_t step, int64_t vocab,
                          std::vector<float>& dense_scratch);
 
-// Picks the next token from `logits` (one row of `vocab` values, left unchanged).
+// The tokens `bad_words_token_ids` forbid after `output` (the request's generated tokens).
+std::vector<int32_t> BadWordTokens(const SamplingParams& params, std::span<const int32_t> output);
+
+// Picks the next token from `logits` (one row of `vocab` values, left unchanged); -1 where no
+// token is left (ProcessedDistribution).
 // `step` numbers the request's generated tokens from 0 (the random stream's position).
 // `eos_blocked`: min_tokens not reached yet, so end-of-sequence and stop tokens are masked.
 SampledToken SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,

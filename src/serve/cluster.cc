@@ -48,7 +48,9 @@ json ParamsToJson(const SamplingParams& p) {
           {"include_stop_str_in_output", p.include_stop_str_in_output},
           {"thinking_token_budget",
            p.thinking_token_budget ? json(*p.thinking_token_budget) : json(nullptr)},
-          {"starts_in_thinking", p.starts_in_thinking}};
+          {"starts_in_thinking", p.starts_in_thinking},
+          {"allowed_token_ids", p.allowed_token_ids},
+          {"bad_words_token_ids", p.bad_words_token_ids}};
 }
 
 SamplingParams ParamsFromJson(const json& j) {
@@ -75,6 +77,8 @@ SamplingParams ParamsFromJson(const json& j) {
   if (!j["thinking_token_budget"].is_null())
     p.thinking_token_budget = j["thinking_token_budget"].get<int64_t>();
   p.starts_in_thinking = j["starts_in_thinking"];
+  p.allowed_token_ids = j["allowed_token_ids"].get<std::vector<int32_t>>();
+  p.bad_words_token_ids = j["bad_words_token_ids"].get<std::vector<std::vector<int32_t>>>();
   if (!j["grammar"].is_null())
     p.grammar = structured::GrammarSpec{
         static_cast<structured::GrammarSpec::Kind>(j["grammar"]["kind"].get<int>()),

@@ -94,6 +94,9 @@ EngineRequest RequestFromProto(const pb::GenerateRequest& request) {
   s.include_stop_str_in_output = p.include_stop_str_in_output();
   if (p.has_thinking_token_budget()) s.thinking_token_budget = p.thinking_token_budget();
   s.starts_in_thinking = p.starts_in_thinking();
+  s.allowed_token_ids.assign(p.allowed_token_ids().begin(), p.allowed_token_ids().end());
+  for (const pb::TokenIds& word : p.bad_words())
+    s.bad_words_token_ids.emplace_back(word.ids().begin(), word.ids().end());
   if (p.has_grammar()) {
     structured::GrammarSpec spec;
     spec.kind = static_cast<structured::GrammarSpec::Kind>(p.grammar().kind());
@@ -135,6 +138,9 @@ pb::GenerateRequest RequestToProto(const EngineRequest& request) {
   p->set_include_stop_str_in_output(s.include_stop_str_in_output);
   if (s.thinking_token_budget) p->set_thinking_token_budget(*s.thinking_token_budget);
   p->set_starts_in_thinking(s.starts_in_thinking);
+  p->mutable_allowed_token_ids()->Add(s.allowed_token_ids.begin(), s.allowed_token_ids.end());
+  for (const auto& word : s.bad_words_token_ids)
+    p->add_bad_words()->mutable_ids()->Add(word.begin(), word.end());
   if (s.grammar) {
     pb::Grammar* g = p->mutable_grammar();
     g->set_kind(static_cast<pb::Grammar::Kind>(s.grammar->kind));

@@ -873,8 +873,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     }
     for (const ChoiceResult& r : g->results)
       if (r.finish_reason == "error")
-        return SendError({500, "generation failed: " + r.error, "", "internal_error"}, g->version,
-                         g->keep_alive);
+        return SendError(r.error == kNothingAllowedError
+                             ? ApiError{400, r.error, "", "invalid_value"}
+                             : ApiError{500, "generation failed: " + r.error, "", "internal_error"},
+                         g->version, g->keep_alive);
     if (g->messages)
       return Send(MakeResponse(
           http::status::ok,

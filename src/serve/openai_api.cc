@@ -88,8 +88,7 @@ struct Reader {
 // Parameters vLLM knows that would change the output and that this server does not implement:
 // refused by name rather than ignored (names nobody knows are ignored, as vLLM does).
 void RefuseUnimplemented(Reader& r, Endpoint endpoint) {
-  for (const char* name :
-       {"guided_whitespace_pattern", "allowed_token_ids", "bad_words", "logits_processors"})
+  for (const char* name : {"guided_whitespace_pattern", "logits_processors"})
     if (r.Get(name)) r.Fail(name, "is not supported");
   if (const json* beam = r.Get("use_beam_search"); beam && *beam != false)
     r.Fail("use_beam_search", "is not supported");
@@ -345,6 +344,48 @@ void ChooseOutputParsing(const std::string& prompt, const ChatOptions& options,
   if (plan.parse_output) plan.params.skip_special_tokens = false;
 }
 
+// vLLM's allowed_token_ids (a non-empty list of ids) and bad_words (strings, each tokenized as it
+// would start a text and after a space, at most 128 sequences in all). The spaced form is kept
+// unless it is the plain one or ends with it (a space token before the word, which the plain
+// form's ban already covers). vLLM keeps it only where it has as many tokens as the plain form,
+// which with a byte-level BPE tokenizer such as DeepSeek's often drops it (" soon" one token,
+// "soon" two) and lets the word through anywhere but at the start of the text.
+void ReadTokenConstraints(Reader& r, GenerationPlan& plan, const TextCodec& codec, int64_t vocab) {
+  SamplingParams& p = plan.params;
+  r.TokenList("allowed_token_ids", &p.allowed_token_ids, vocab);
+  if (const json* allowed = r.Get("allowed_token_ids");
+      allowed && allowed->is_array() && allowed->empty())
+    r.Fail("allowed_token_ids", "must not be empty");
+  const json* words = r.Get("bad_words");
+  if (!words) return;
+  if (!words->is_array()) return r.Fail("bad_words", "must be a list of strings");
+  std::vector<std::string> seen;
+  for (size_t i = 0; i < words->size(); ++i) {
+    const json& word = (*words)[i];
+    if (!word.is_string() || word.get<std::string>().empty())
+      return r.Fail("bad_words", fmt::format("[{}] must be a non-empty string", i));
+    std::string text = word.get<std::string>();
+    if (std::find(seen.begin(), seen.end(), text) != seen.end()) continue;
+    seen.push_back(text);
+    text.erase(0, std::min(text.find_first_not_of(" \t\n\r\f\v"), text.size()));
+    for (bool spaced : {false, true}) {
+      auto ids = codec.tokenizer->Encode(spaced ? " " + text : text);
+      if (!ids.ok()) return r.Fail("bad_words", fmt::format("[{}]: {}", i, ids.status().message()));
+      if (ids->empty()) {
+        if (!spaced) return r.Fail("bad_words", fmt::format("[{}] has no tokens", i));
+        continue;
+      }
+      const auto& plain = p.bad_words_token_ids.back();
+      if (!spaced || !(ids->size() >= plain.size() &&
+                       std::equal(plain.begin(), plain.end(), ids->end() - plain.size())))
+        p.bad_words_token_ids.push_back(std::move(ids).value());
+    }
+  }
+  if (p.bad_words_token_ids.size() > 128)
+    r.Fail("bad_words",
+           fmt::format("{} token sequences; at most 128", p.bad_words_token_ids.size()));
+}
+
 // OpenAI's service_tier: where the engine schedules by priority, "priority" runs before the
 // default tier and "flex" after it (priority -1 and 1, unless the request gives its own); else
 // every tier is served as the default one, and the response says so, as OpenAI's does.
@@ -518,6 +559,7 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
   }
   RefuseUnimplemented(r, endpoint);
   ReadSampling(r, plan, vocab);
+  ReadTokenConstraints(r, plan, codec, vocab);
   ReadServiceTier(r, plan, limits);
   // vLLM's prompt_logprobs (not streamed: the prompt's come with the whole answer) and
   // return_token_ids.

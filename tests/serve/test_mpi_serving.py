@@ -15,9 +15,13 @@ PROMPTS = ["ROMEO: But soft", "KING HENRY:", "To be, or not", "Good morrow, cous
            "HAMLET: Words, words", "Once more unto the breach"]
 
 
-def greedy(client, prompt):
+def greedy(client, prompt, **extra):
     return client.completions.create(model="sy-test", prompt=prompt, max_tokens=10, temperature=0,
-                                     extra_body={"ignore_eos": True}).choices[0].text
+                                     extra_body={"ignore_eos": True, **extra}).choices[0].text
+
+
+# Token constraints cross to the groups (the cluster's own encoding of a request).
+CONSTRAINED = dict(bad_words=["the", "and"], allowed_token_ids=list(range(2, 3000)))
 
 
 @pytest.mark.parametrize("ranks,extra", [(2, []), (4, ["--tp", "2"]), (2, ["--speculative", "mtp"]),
@@ -37,12 +41,15 @@ def test_mpi_server_matches_one_process(model_dir, ranks, extra):
         client = OpenAI(base_url=reference_server.url + "/v1", api_key="x", max_retries=0,
                         timeout=300)
         reference = [greedy(client, p) for p in PROMPTS]
+        constrained = greedy(client, PROMPTS[0], **CONSTRAINED)
+        assert constrained != reference[0]
     finally:
         assert reference_server.stop() == 0
     s = Server(model_dir, "--kv-cache-tokens", "4096", *extra, ranks=ranks, threads=1)
     try:
         mpi_client = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
         assert [greedy(mpi_client, p) for p in PROMPTS] == reference
+        assert greedy(mpi_client, PROMPTS[0], **CONSTRAINED) == constrained
         # A concurrent load spreads over the groups and completes.
         with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
             outs = list(pool.map(lambda i: mpi_client.completions.create(
@@ -58,7 +65,7 @@ def test_mpi_server_matches_one_process(model_dir, ranks, extra):
         assert finished == 16
         metrics = s.metrics()
         assert metrics['switchyard:generation_tokens_total{model_name="sy-test"}'] == \
-            len(PROMPTS) * 10 + 16 * 6
+            len(PROMPTS) * 10 + 10 + 16 * 6
         assert metrics['switchyard:kv_cache_usage_perc{model_name="sy-test"}'] == 0
         # What stopped a request crosses from its group to rank 0.
         stop = reference[0][2:5]

@@ -206,6 +206,60 @@ def test_vllms_prompt_logprobs_and_token_ids(server, client, model_dir):
     assert "prompt_logprobs" in str(info.value)
 
 
+def test_allowed_token_ids_and_bad_words(server, client):
+    """vLLM's allowed_token_ids (every output id among them) and bad_words (a word's token
+    sequence never completed, and the output changed by it), on completions and chat, streamed
+    and not; constraints that leave nothing to sample are a 400 that says so."""
+    prompt = "ROMEO: But soft, what light"
+    free = client.completions.create(model="sy-test", prompt=prompt, max_tokens=16,
+                                     extra_body={"return_token_ids": True, "ignore_eos": True},
+                                     temperature=0).choices[0]
+    free_ids = free.model_extra["token_ids"]
+    allowed = sorted(set(free_ids[1:]) | {5, 40, 300})
+    for stream in (False, True):
+        args = dict(model="sy-test", prompt=prompt, max_tokens=16, temperature=0.9, seed=3,
+                    stream=stream, extra_body={"allowed_token_ids": allowed,
+                                               "return_token_ids": True, "ignore_eos": True})
+        out = client.completions.create(**args)
+        ids = ([t for c in out for t in c.choices[0].model_extra["token_ids"]] if stream
+               else out.choices[0].model_extra["token_ids"])
+        assert len(ids) == 16 and set(ids) <= set(allowed), ids
+    # A word of the free output whose tokens (alone, or after a space) it holds, as a bad word:
+    # those never complete, and the output is not the free one.
+
+    def spellings(word):
+        return [server.request("POST", "/tokenize", {"prompt": w, "add_special_tokens": False})[1]
+                ["tokens"] for w in (word, " " + word)]
+
+    def holds(ids, seq):
+        return any(ids[i:i + len(seq)] == seq for i in range(len(ids) - len(seq) + 1))
+
+    word = next(w for w in free.text.split() if any(holds(free_ids, s) for s in spellings(w)))
+    messages = [{"role": "user", "content": prompt}]
+    chat_free = client.chat.completions.create(
+        model="sy-test", messages=messages, max_tokens=16, temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True}).choices[0]
+    for endpoint in ("completions", "chat"):
+        extra = {"bad_words": [word], "return_token_ids": True, "ignore_eos": True}
+        if endpoint == "completions":
+            got = client.completions.create(model="sy-test", prompt=prompt, max_tokens=16,
+                                            temperature=0, extra_body=extra).choices[0]
+            assert got.model_extra["token_ids"] != free_ids
+        else:
+            got = client.chat.completions.create(model="sy-test", messages=messages,
+                                                 max_tokens=16, temperature=0,
+                                                 extra_body=extra).choices[0]
+            if word in chat_free.message.content:
+                assert got.model_extra["token_ids"] != chat_free.model_extra["token_ids"]
+        for seq in spellings(word):
+            assert not holds(got.model_extra["token_ids"], seq), (endpoint, word, seq)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="sy-test", prompt=prompt, max_tokens=4,
+                                  extra_body={"allowed_token_ids": [1], "min_tokens": 2})
+    assert "allowed_token_ids" in info.value.body["message"]
+    assert client.completions.create(model="sy-test", prompt=prompt, max_tokens=2).choices
+
+
 def test_chat_completion_and_stream_with_usage(client):
     messages = [{"role": "system", "content": "You are terse."},
                 {"role": "user", "content": "Who art thou?"}]
@@ -380,7 +434,12 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs"),
     ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "stream": True}, 400,
      "prompt_logprobs"),
-    ("/v1/completions", {"prompt": "x", "allowed_token_ids": [5]}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": [5, 10 ** 9]}, 400,
+     "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "bad_words": ["ok", ""]}, 400, "bad_words"),
+    ("/v1/completions", {"prompt": "x", "bad_words": "word"}, 400, "bad_words"),
+    ("/v1/completions", {"prompt": "x", "logits_processors": ["f"]}, 400, "logits_processors"),
     ("/v1/completions", {"prompt": "x", "use_beam_search": True}, 400, "use_beam_search"),
     ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 0}, 400,
      "truncate_prompt_tokens"),
