@@ -33,6 +33,12 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
                    "an SSE comment line, so proxies and client timeouts do not cut it; 0: never "
                    "(default 15)")
       ->check(CLI::Range(0.0, 3600.0));
+  verb->add_option("--files-mb", args.files_mb,
+                   "Memory for OpenAI's Files and Batch APIs (/v1/files, /v1/batches): uploaded "
+                   "batch inputs and the output and error files batches write; files stay until "
+                   "deleted and a file that does not fit is refused. 0: no Files and Batch APIs "
+                   "(default 512)")
+      ->check(CLI::Range(0.0, 1e6));
   verb->add_option("--responses-store-mb", args.responses_store_mb,
                    "Memory for stored Responses API responses (store, previous_response_id, "
                    "GET /v1/responses/{id}) and Anthropic message threads; the least recently "
@@ -52,6 +58,7 @@ void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,
     s = serve::ParseEffortBudgets(args.effort_budgets, &options->limits.effort_budgets);
     if (!s.ok()) FailVerb(s.message());
   }
+  options->files_bytes = static_cast<size_t>(args.files_mb * (1 << 20));
   const auto store_bytes = static_cast<size_t>(args.responses_store_mb * (1 << 20));
   if (!args.responses_store_dir.empty()) {
     if (store_bytes == 0)

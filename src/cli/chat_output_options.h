@@ -1,7 +1,8 @@
 // The OpenAI front's flags serve and route share: the chat output's (vLLM's names)
 // --enable-auto-tool-choice, --exclude-tools-when-tool-choice-none, --tool-call-parser,
 // --reasoning-parser; --reasoning-effort-budgets; the Responses API's store,
-// --responses-store-mb and --responses-store-dir; and --sse-keepalive-seconds.
+// --responses-store-mb and --responses-store-dir; --sse-keepalive-seconds; and --files-mb (the
+// Files and Batch APIs).
 #pragma once
 
 #include <string>
@@ -22,6 +23,7 @@ struct ChatOutputArgs {
   double responses_store_mb = 256;  // 0: the Responses API keeps nothing
   std::string responses_store_dir;  // "": in memory only
   double sse_keepalive_seconds = 15;
+  double files_mb = 512;  // 0: no Files and Batch APIs
 };
 void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args);
 // Sets the server's chat output limits and its Responses store; fails the verb on an unknown

@@ -149,6 +149,8 @@ serve::ServerOptions ServerOptionsFrom(const ServeArgs& args, int64_t cache_toke
   options.limits.cache_tokens = cache_tokens;
   options.limits.priority_scheduling =
       engine_config.scheduling_policy == EngineConfig::SchedulingPolicy::kPriority;
+  // Batches fill the running batch at most: live requests queue behind no more than that.
+  options.batch_max_in_flight = engine_config.max_num_seqs;
   return options;
 }
 

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "serve/access.h"
+#include "serve/batches.h"
 #include "serve/conversations_api.h"
 #include "serve/messages_api.h"
 #include "serve/metrics.h"
@@ -54,25 +55,6 @@ ApiError SubmitRefusal(const Status& status, SubmitError why) {
   return {400, status.message(), "", "invalid_value"};
 }
 
-// One engine event added to its choice's result; true when it finished the choice.
-bool AddEvent(ChoiceResult& r, const RequestEvent& e) {
-  r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
-  r.text += e.text;
-  for (const auto& lp : e.logprobs)
-    r.logprobs.push_back(lp);
-  if (e.first) {
-    r.prompt_tokens = e.prompt_tokens;
-    r.cached_tokens = e.cached_tokens;
-    r.prompt_logprobs = e.prompt_logprobs;
-  }
-  if (!e.finish_reason) return false;
-  r.finish_reason = *e.finish_reason;
-  r.error = e.error;
-  r.stop_string = e.stop_string;
-  r.stop_token = e.stop_token;
-  return true;
-}
-
 }  // namespace
 
 class OpenAiServer::Impl {
@@ -83,7 +65,13 @@ class OpenAiServer::Impl {
         options_(std::move(options)),
         acceptor_(net::make_strand(io_)),
         signals_(io_, SIGTERM, SIGINT),
-        reload_signal_(io_) {}
+        reload_signal_(io_) {
+    if (options_.files_bytes > 0) {
+      files_ = std::make_unique<FileStore>(options_.files_bytes);
+      batches_ = std::make_unique<BatchRunner>(engine_, codec_, options_.limits, *files_,
+                                               options_.batch_max_in_flight);
+    }
+  }
 
   Status Listen();
   void Run();
@@ -107,6 +95,8 @@ class OpenAiServer::Impl {
   HttpRequestCounts http_counts_;  // http_requests_total
   std::atomic<bool> shutting_down_{false};
   std::thread drainer_;
+  std::unique_ptr<FileStore> files_;  // null: no Files and Batch APIs
+  std::unique_ptr<BatchRunner> batches_;
 
   // background: true — Responses requests the server runs on its own. Their state is in the
   // store: "queued" when accepted, "in_progress" from the first token, the finished Response
@@ -408,6 +398,26 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return Send(MakeResponse(http::status::ok, std::move(reply.body), "application/json", version,
                                keep_alive));
     }
+    for (const char* prefix : {"/v1/files", "/v1/batches"}) {
+      const std::string_view base(prefix);
+      if (path != base && !(path.starts_with(base) && path[base.size()] == '/')) continue;
+      if (!server_.files_)
+        return SendError(
+            {404, "this server runs no batches and keeps no files (--files-mb 0)", "", "not_found"},
+            version, keep_alive);
+      const size_t q = target.find('?');
+      const std::string query = q == std::string::npos ? "" : target.substr(q + 1);
+      const std::string method(request.method_string());
+      ApiReply reply = base == "/v1/files"
+                           ? FilesRequest(*server_.files_, method, path.substr(base.size()), query,
+                                          std::string(request[http::field::content_type]),
+                                          request.body(), UnixSeconds())
+                           : server_.batches_->Request(method, path.substr(base.size()), query,
+                                                       request.body(), UnixSeconds());
+      if (!reply.ok()) return SendError(reply.error, version, keep_alive);
+      return Send(MakeResponse(http::status::ok, std::move(reply.body), reply.content_type.c_str(),
+                               version, keep_alive));
+    }
     if (path == "/v1/messages" && post) {
       ResponsesStore* store = server_.options_.responses_store.get();
       ParsedMessagesRequest parsed =
@@ -647,18 +657,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     g->results.resize(choices);
     g->done.assign(choices, false);
     g->started.assign(choices, false);
-    std::vector<EngineRequest> requests;
-    for (int64_t i = 0; i < choices; ++i) {
-      EngineRequest request;
-      request.id = fmt::format("{}-{}", g->id, i);
-      request.prompt = g->plan.prompts[i / g->plan.n];
-      request.params = g->plan.params;
-      request.priority = g->plan.priority;
-      // Several samples of one seeded prompt draw from consecutive seeds.
-      if (request.params.seed && i % g->plan.n > 0) *request.params.seed += i % g->plan.n;
+    std::vector<EngineRequest> requests = ChoiceRequests(g->plan, g->id);
+    for (const EngineRequest& request : requests)
       g->request_ids.push_back(request.id);
-      requests.push_back(std::move(request));
-    }
     // All of the request's sequences or none: a refusal leaves nothing running.
     SubmitError why;
     auto streams = server_.engine_.SubmitAll(std::move(requests), &why);
@@ -823,7 +824,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       g->streams[i]->Drain(&events);
       ChoiceResult& r = g->results[i];
       for (RequestEvent& e : events) {
-        if (AddEvent(r, e)) g->done[i] = true;
+        if (AddChoiceEvent(r, e)) g->done[i] = true;
         const bool failed = e.finish_reason && *e.finish_reason == "error";
         if (g->messages_stream && !client_gone_) {
           Queue(failed ? g->messages_stream->Failed("generation failed: " + e.error)
@@ -1150,7 +1151,7 @@ void OpenAiServer::Impl::PumpBackground(const std::shared_ptr<BackgroundRun>& ru
     streamed += run->writer->InProgress();
   }
   for (const RequestEvent& e : events) {
-    finished = AddEvent(run->result, e) || finished;
+    finished = AddChoiceEvent(run->result, e) || finished;
     streamed += e.finish_reason && *e.finish_reason == "error"
                     ? run->writer->Failed("generation failed: " + e.error, run->result)
                     : run->writer->OnEvent(e, run->result);
@@ -1224,6 +1225,8 @@ void OpenAiServer::Impl::Shutdown() {
   // Running requests finish (their streams keep flowing), then the I/O threads stop; Run()
   // joins this thread.
   drainer_ = std::thread([this] {
+    // Batches do not outlive the process: theirs stop now, live requests drain.
+    if (batches_) batches_->Stop();
     engine_.Stop(/*drain=*/true);
     for (int i = 0; i < 500 && active_generations_ > 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -1,7 +1,7 @@
 // The OpenAI-compatible HTTP front of an engine: /v1/completions and /v1/chat/completions
 // (JSON or server-sent events), /v1/responses (stored, background, streamed again),
-// /v1/conversations, /v1/models, /tokenize, /detokenize, /health, /metrics; and Anthropic's
-// /v1/messages (serve/messages_api.h).
+// /v1/conversations, /v1/files and /v1/batches (serve/batches.h), /v1/models, /tokenize,
+// /detokenize, /health, /metrics; and Anthropic's /v1/messages (serve/messages_api.h).
 // Boost.Beast over Asio (Debian's Boost): asynchronous connections on a small fixed pool of I/O
 // threads, so hundreds of open streams cost sockets and buffers, not threads; the engine's step
 // loop hands events over without waiting for any reader.
@@ -36,6 +36,10 @@ struct ServerOptions {
   // The front's store: stored and background responses, conversations, Anthropic message
   // threads; null: all of them are refused (the APIs are stateless).
   std::shared_ptr<ResponsesStore> responses_store;
+  // OpenAI's Files and Batch APIs (serve/batches.h): memory for uploaded and written files; 0:
+  // both APIs are off (404). A batch's requests in flight at once, over all batches.
+  size_t files_bytes = 0;
+  int64_t batch_max_in_flight = 64;
   // Answers /admin/* (after the API key check) when set: (method, path, body) → (HTTP status,
   // JSON body). The router's drain and resume live here.
   std::function<std::pair<int, std::string>(const std::string&, const std::string&,

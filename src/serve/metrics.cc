@@ -81,6 +81,14 @@ std::string HttpRequestCounts::Route(const std::string& path) {
     return path.size() > items + 6 ? "/v1/conversations/{id}/items/{item_id}"
                                    : "/v1/conversations/{id}/items";
   }
+  for (const char* base : {"/v1/files", "/v1/batches"}) {
+    const std::string prefix = std::string(base) + "/";
+    if (path == base) return base;
+    if (!path.starts_with(prefix)) continue;
+    for (const char* tail : {"/content", "/cancel"})
+      if (path.ends_with(tail)) return std::string(base) + "/{id}" + tail;
+    return std::string(base) + "/{id}";
+  }
   if (path.starts_with("/admin/")) return "/admin";
   return "other";
 }

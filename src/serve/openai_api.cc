@@ -495,6 +495,38 @@ std::string DumpJson(const json& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+std::vector<EngineRequest> ChoiceRequests(const GenerationPlan& plan, const std::string& id) {
+  std::vector<EngineRequest> requests;
+  for (int64_t i = 0; i < plan.choices(); ++i) {
+    EngineRequest request;
+    request.id = fmt::format("{}-{}", id, i);
+    request.prompt = plan.prompts[i / plan.n];
+    request.params = plan.params;
+    request.priority = plan.priority;
+    if (request.params.seed && i % plan.n > 0) *request.params.seed += i % plan.n;
+    requests.push_back(std::move(request));
+  }
+  return requests;
+}
+
+bool AddChoiceEvent(ChoiceResult& r, const RequestEvent& e) {
+  r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
+  r.text += e.text;
+  for (const auto& lp : e.logprobs)
+    r.logprobs.push_back(lp);
+  if (e.first) {
+    r.prompt_tokens = e.prompt_tokens;
+    r.cached_tokens = e.cached_tokens;
+    r.prompt_logprobs = e.prompt_logprobs;
+  }
+  if (!e.finish_reason) return false;
+  r.finish_reason = *e.finish_reason;
+  r.error = e.error;
+  r.stop_string = e.stop_string;
+  r.stop_token = e.stop_token;
+  return true;
+}
+
 std::string ErrorBody(const ApiError& error) {
   return DumpJson(json{{"error",
                         {{"message", error.message},

@@ -165,6 +165,12 @@ struct ChoiceResult {
   std::shared_ptr<chat_output::ChatOutputParser> output;
 };
 
+// The engine requests of a plan's choices (prompts × n), ids "<id>-<choice>"; several samples of
+// one seeded prompt draw from consecutive seeds.
+std::vector<EngineRequest> ChoiceRequests(const GenerationPlan& plan, const std::string& id);
+// One engine event added to its choice's result; true when it finished the choice.
+bool AddChoiceEvent(ChoiceResult& result, const RequestEvent& event);
+
 // Where a choice's reasoning lies in its tokens (with a reasoning parser), by the tokens' bytes:
 // `reasoning_tokens` counts the tokens inside it as vLLM's count_reasoning_tokens does — from the
 // start of an output that starts in reasoning (an opening "<think>" not counted) up to "</think>"

@@ -7,6 +7,7 @@ fuzz_build \
   -DSY_FUZZ_TOKENIZER_DIR="\"$src/configs/tokenizer/default\"" \
   "$src/src/serve/openai_api.cc" "$src/src/serve/responses_api.cc" \
   "$src/src/serve/messages_api.cc" "$src/src/serve/conversations_api.cc" \
+  "$src/src/serve/files_api.cc" \
   "$src/src/engine/sampling.cc" \
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
@@ -21,6 +22,7 @@ seed body-completion $'\x00{"model":"fuzz","prompt":"Hello","max_tokens":5,"temp
 seed body-budget $'\x02{"messages":[{"role":"user","content":"hi"}],"thinking_token_budget":7,"response_format":{"type":"json_object"}}'
 seed body-effort $'\x24{"input":"hi","reasoning":{"effort":"low","summary":"auto"},"previous_response_id":"resp_1"}'
 seed body-vllm-extras $'\x00{"prompt":"def f():","suffix":"  return 1","priority":3,"service_tier":"flex","prompt_logprobs":2,"return_token_ids":true,"thinking_token_budget":4}'
+seed multipart $'\x80multipart/form-data; boundary="b x"\n--b x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--b x\r\nContent-Disposition: form-data; name="file"; filename="a\\"b.jsonl"\r\nContent-Type: application/octet-stream\r\n\r\n{"custom_id":"1"}\n\r\n--b x--\r\n'
 seed body-ids $'\x00{"prompt":[[1,2,3],[4,5]],"stream":true,"stream_options":{"include_usage":true},"seed":3}'
 seed body-chat $'\x02{"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"logprobs":true,"top_logprobs":2,"chat_template_kwargs":{"thinking":true}}'
 seed body-grammar $'\x00{"prompt":"x","max_tokens":3,"guided_json":{"type":"object","properties":{"a":{"type":"integer","maximum":9}}}}'

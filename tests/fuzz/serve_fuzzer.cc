@@ -8,7 +8,8 @@
 // store holding "resp_1" (previous_response_id, the stored response written back), and the input
 // is also an input-items query string, and the body goes through the Conversations API. With bit 6
 // the body goes to Anthropic's Messages API (the request, count_tokens, the Message object and its
-// events, the error body); with bit 5 as well, a thread reply "msg_1" is stored to continue.
+// events, the error body); with bit 5 as well, a thread reply "msg_1" is stored to continue. With
+// bit 7 the input is a Content-Type line and a body for the Files API's multipart upload.
 #include <boost/beast/http.hpp>
 #include <cstdint>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 
 #include "chat_output/chat_output.h"
 #include "serve/conversations_api.h"
+#include "serve/files_api.h"
 #include "serve/messages_api.h"
 #include "serve/openai_api.h"
 #include "serve/responses_api.h"
@@ -130,6 +132,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.exclude_tools_when_tool_choice_none = data[0] & 16;
   if (data[0] & 8) limits.reasoning = sy::chat_output::ReasoningFormat::kDeepSeekR1;
   if (data[0] & 4) CheckChatOutput(input, data[0]);
+  if (data[0] & 128) {
+    // A multipart upload: the parts lie inside the body, and the Files API answers with a file
+    // or a clean error.
+    const size_t line = input.find('\n');
+    const std::string type = input.substr(0, line);
+    const std::string upload = line == std::string::npos ? "" : input.substr(line + 1);
+    auto parts = sy::serve::ParseMultipart(type, upload);
+    if (parts.ok())
+      for (const auto& part : *parts)
+        if (part.data.size() > upload.size()) std::abort();
+    static sy::serve::FileStore files(1 << 16);
+    sy::serve::ApiReply reply = sy::serve::FilesRequest(files, "POST", "", "", type, upload, 0);
+    if (!reply.ok() && (reply.error.status < 400 || reply.error.status > 599)) std::abort();
+    if (reply.ok()) {
+      const auto object = nlohmann::ordered_json::parse(reply.body);
+      sy::serve::FilesRequest(files, "DELETE", "/" + object["id"].get<std::string>(), "", "", "",
+                              0);
+    }
+    return 0;
+  }
   std::string body = input;
   if (data[0] & 1) {
     // As bytes on the wire.

@@ -244,6 +244,38 @@ def test_stored_responses_live_in_the_router(instances):
         router.stop()
 
 
+def test_a_batch_through_the_router(instances):
+    """The Files and Batch APIs belong to the HTTP front too: a batch uploaded to the router runs
+    its lines on the instances (round robin), each answer the one the router gives live."""
+    import io
+    ports, _ = instances
+    router = start_router(ports, "round_robin")
+    try:
+        client = client_for(router)
+        prompts = ["Tell me of the king.", "And the queen?", "Who comes here?"]
+        lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                  "body": {"model": "sy-test", "prompt": p, "max_tokens": 6, "temperature": 0}}
+                 for i, p in enumerate(prompts)]
+        uploaded = client.files.create(file=("r.jsonl", io.BytesIO(
+            "".join(json.dumps(line) + "\n" for line in lines).encode())), purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
+                                      completion_window="24h")
+        for _ in range(600):
+            batch = client.batches.retrieve(batch.id)
+            if batch.status not in ("validating", "in_progress", "finalizing"):
+                break
+            time.sleep(0.1)
+        assert batch.status == "completed" and batch.request_counts.completed == 3, batch
+        out = {json.loads(line)["custom_id"]: json.loads(line)
+               for line in client.files.content(batch.output_file_id).text.splitlines()}
+        for i, p in enumerate(prompts):
+            live = client.completions.create(model="sy-test", prompt=p, max_tokens=6,
+                                             temperature=0)
+            assert out[f"r{i}"]["response"]["body"]["choices"][0]["text"] == live.choices[0].text
+    finally:
+        router.stop()
+
+
 def test_anthropic_messages_through_the_router(instances):
     """The router's front is the same HTTP server: Anthropic's Messages API through it, whole and
     streamed, gives the instances' answer, and its errors keep Anthropic's shape."""

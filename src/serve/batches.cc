@@ -1,0 +1,408 @@
+#include "serve/batches.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+namespace sy::serve {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+int64_t UnixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+// One request of a batch line: the plan, its engine requests' streams, what they gave.
+struct BatchRunner::InFlight {
+  std::shared_ptr<Batch> batch;
+  std::string custom_id, response_id;
+  int64_t created = 0;
+  GenerationPlan plan;
+  std::vector<std::string> request_ids;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<ChoiceResult> results;
+  std::vector<bool> done;
+};
+
+BatchRunner::BatchRunner(RequestFrontend& engine, const TextCodec& codec,
+                         const ServingLimits& limits, FileStore& files, int64_t max_in_flight)
+    : engine_(engine),
+      codec_(codec),
+      limits_(limits),
+      files_(files),
+      max_in_flight_(std::max<int64_t>(1, max_in_flight)),
+      thread_([this] { Loop(); }) {}
+
+BatchRunner::~BatchRunner() {
+  Stop();
+}
+
+void BatchRunner::Stop() {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // The streams outlive this runner in the engine: their notifiers must not call it any more.
+  for (const auto& flight : in_flight_) {
+    for (const auto& stream : flight->streams)
+      stream->SetNotifier(nullptr);
+    for (const auto& id : flight->request_ids)
+      engine_.Abort(id);
+  }
+  in_flight_.clear();
+}
+
+json BatchRunner::BatchObject(const Batch& batch) const {
+  auto time = [&](const char* key) {
+    auto it = batch.times.find(key);
+    return it == batch.times.end() ? json(nullptr) : json(it->second);
+  };
+  json object = {{"id", batch.id},
+                 {"object", "batch"},
+                 {"endpoint", batch.endpoint},
+                 {"errors", batch.errors},
+                 {"input_file_id", batch.input_file_id},
+                 {"completion_window", batch.completion_window},
+                 {"status", batch.status},
+                 {"output_file_id", batch.output_file_id ? json(*batch.output_file_id) : json()},
+                 {"error_file_id", batch.error_file_id ? json(*batch.error_file_id) : json()}};
+  for (const char* key :
+       {"created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
+        "expired_at", "cancelling_at", "cancelled_at"})
+    object[key] = time(key);
+  object["request_counts"] = {{"total", static_cast<int64_t>(batch.lines.size())},
+                              {"completed", batch.completed},
+                              {"failed", batch.failed}};
+  object["metadata"] = batch.metadata;
+  return object;
+}
+
+ApiReply BatchRunner::Request(const std::string& method, const std::string& path,
+                              const std::string& query, const std::string& body, int64_t now) {
+  if (path.empty() || path == "/") {
+    if (method == "POST") return Create(body, now);
+    if (method != "GET")
+      return ErrorReply(405, "use GET or POST on /v1/batches", "", "invalid_method");
+    std::lock_guard lock(mutex_);
+    std::vector<json> newest_first;
+    for (auto it = batches_.rbegin(); it != batches_.rend(); ++it)
+      newest_first.push_back(BatchObject(**it));
+    return ListPage(newest_first, query);
+  }
+  std::string id = path.substr(1);
+  const bool cancel = id.ends_with("/cancel");
+  if (cancel) id.resize(id.size() - std::string_view("/cancel").size());
+  std::lock_guard lock(mutex_);
+  auto it =
+      std::find_if(batches_.begin(), batches_.end(), [&](const auto& b) { return b->id == id; });
+  if (it == batches_.end())
+    return ErrorReply(404, fmt::format("no batch '{}'", id), "batch_id", "not_found");
+  Batch& batch = **it;
+  if (!cancel) {
+    if (method != "GET") return ErrorReply(405, "use GET on a batch", "", "invalid_method");
+    return JsonReply(BatchObject(batch));
+  }
+  if (method != "POST") return ErrorReply(405, "use POST to cancel a batch", "", "invalid_method");
+  if (batch.status != "in_progress" && batch.status != "validating")
+    return ErrorReply(
+        409,
+        fmt::format("batch '{}' is {}: only a running batch can be cancelled", id, batch.status),
+        "batch_id", "invalid_state");
+  batch.status = "cancelling";
+  batch.times["cancelling_at"] = now;
+  for (const auto& flight : in_flight_)
+    if (flight->batch.get() == &batch)
+      for (const auto& request_id : flight->request_ids)
+        engine_.Abort(request_id);
+  woken_ = true;
+  wake_.notify_all();
+  return JsonReply(BatchObject(batch));
+}
+
+ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
+  const json request = json::parse(body, nullptr, false);
+  if (!request.is_object())
+    return ErrorReply(400, "the body must be a JSON object", "", "invalid_json");
+  auto text = [&](const char* key) -> std::optional<std::string> {
+    auto it = request.find(key);
+    if (it == request.end() || !it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+  };
+  const auto input = text("input_file_id"), endpoint = text("endpoint"),
+             window = text("completion_window");
+  if (!input)
+    return ErrorReply(400, "input_file_id must be a string", "input_file_id", "invalid_value");
+  if (!endpoint || (*endpoint != "/v1/chat/completions" && *endpoint != "/v1/completions"))
+    return ErrorReply(400, "endpoint must be \"/v1/chat/completions\" or \"/v1/completions\"",
+                      "endpoint", "invalid_value");
+  if (!window || *window != "24h")
+    return ErrorReply(400, "completion_window must be \"24h\"", "completion_window",
+                      "invalid_value");
+  json metadata = nullptr;
+  if (auto it = request.find("metadata"); it != request.end() && !it->is_null()) {
+    if (!it->is_object() || it->size() > 16)
+      return ErrorReply(400, "metadata must be an object of at most 16 string values", "metadata",
+                        "invalid_value");
+    for (const auto& [key, value] : it->items())
+      if (!value.is_string() || key.size() > 64 || value.get<std::string>().size() > 512)
+        return ErrorReply(400,
+                          "metadata: keys of at most 64 characters, string values of at most 512",
+                          "metadata", "invalid_value");
+    metadata = *it;
+  }
+  for (const auto& [key, value] : request.items())
+    if (key != "input_file_id" && key != "endpoint" && key != "completion_window" &&
+        key != "metadata" && key != "output_expires_after")
+      return ErrorReply(400, fmt::format("\"{}\" is not supported", key), key, "invalid_value");
+  auto file = files_.Get(*input);
+  if (!file)
+    return ErrorReply(404, fmt::format("no file '{}'", *input), "input_file_id", "not_found");
+  if (file->purpose != "batch")
+    return ErrorReply(
+        400, fmt::format("file '{}' was uploaded for \"{}\", not \"batch\"", *input, file->purpose),
+        "input_file_id", "invalid_value");
+
+  auto batch = std::make_shared<Batch>();
+  batch->id = RandomObjectId("batch_");
+  batch->endpoint = *endpoint;
+  batch->input_file_id = *input;
+  batch->completion_window = *window;
+  batch->metadata = metadata;
+  batch->times["created_at"] = now;
+  batch->times["expires_at"] = now + 24 * 3600;
+  // The file's lines, checked as OpenAI checks them: each a request to this batch's endpoint
+  // with a custom_id of its own. Any bad line fails the batch before anything runs.
+  json errors = json::array();
+  std::map<std::string, int64_t> seen;
+  const std::string& content = file->content;
+  int64_t number = 0;
+  for (size_t at = 0; at < content.size();) {
+    size_t end = content.find('\n', at);
+    if (end == std::string::npos) end = content.size();
+    std::string_view line(content.data() + at, end - at);
+    at = end + 1;
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    auto fail = [&](const std::string& message, const char* param) {
+      if (errors.size() < 100)
+        errors.push_back({{"code", "invalid_request"},
+                          {"message", message},
+                          {"param", param ? json(param) : json(nullptr)},
+                          {"line", number}});
+    };
+    json entry = json::parse(line, nullptr, false);
+    if (!entry.is_object()) {
+      fail("the line is not a JSON object", nullptr);
+      continue;
+    }
+    auto custom = entry.find("custom_id");
+    if (custom == entry.end() || !custom->is_string() || custom->get<std::string>().empty()) {
+      fail("custom_id must be a non-empty string", "custom_id");
+      continue;
+    }
+    const std::string custom_id = custom->get<std::string>();
+    if (auto [it, fresh] = seen.emplace(custom_id, number); !fresh) {
+      fail(fmt::format("custom_id \"{}\" is also on line {}", custom_id, it->second), "custom_id");
+      continue;
+    }
+    if (auto m = entry.find("method"); m == entry.end() || *m != "POST") {
+      fail("method must be \"POST\"", "method");
+      continue;
+    }
+    if (auto u = entry.find("url"); u == entry.end() || *u != *endpoint) {
+      fail(fmt::format("url must be the batch's endpoint, \"{}\"", *endpoint), "url");
+      continue;
+    }
+    auto b = entry.find("body");
+    if (b == entry.end() || !b->is_object()) {
+      fail("body must be a JSON object", "body");
+      continue;
+    }
+    batch->lines.push_back({number, custom_id, std::move(*b)});
+  }
+  if (batch->lines.empty() && errors.empty())
+    errors.push_back({{"code", "empty_file"},
+                      {"message", "the input file has no requests"},
+                      {"param", nullptr},
+                      {"line", nullptr}});
+  std::lock_guard lock(mutex_);
+  if (!errors.empty()) {
+    batch->status = "failed";
+    batch->times["failed_at"] = now;
+    batch->errors = {{"object", "list"}, {"data", errors}};
+    batch->lines.clear();
+  } else {
+    batch->status = "in_progress";
+    batch->times["in_progress_at"] = now;
+  }
+  batches_.push_back(batch);
+  woken_ = true;
+  wake_.notify_all();
+  return JsonReply(BatchObject(*batch));
+}
+
+void BatchRunner::Record(Batch& batch, const std::string& custom_id, int status,
+                         const std::string& request_id, const json& body) {
+  const json line = {
+      {"id", RandomObjectId("batch_req_")},
+      {"custom_id", custom_id},
+      {"response", {{"status_code", status}, {"request_id", request_id}, {"body", body}}},
+      {"error", nullptr}};
+  std::string& out = status == 200 ? batch.output : batch.error_output;
+  out += line.dump(-1, ' ', false, json::error_handler_t::replace);
+  out += '\n';
+  ++(status == 200 ? batch.completed : batch.failed);
+}
+
+void BatchRunner::Advance(Batch& batch) {
+  const int64_t now = UnixNow();
+  while (batch.status == "in_progress" && batch.next < batch.lines.size() &&
+         static_cast<int64_t>(in_flight_.size()) < max_in_flight_) {
+    const Line& line = batch.lines[batch.next];
+    ParsedRequest parsed = PlanGenerationRequest(
+        batch.endpoint == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat, line.body,
+        codec_, limits_);
+    if (parsed.plan && parsed.plan->stream)
+      parsed = {std::nullopt,
+                {400, "stream: true is not available in a batch", "stream", "invalid_value"}};
+    if (!parsed.plan) {
+      Record(batch, line.custom_id, parsed.error.status, "", json::parse(ErrorBody(parsed.error)));
+      ++batch.next;
+      continue;
+    }
+    auto flight = std::make_shared<InFlight>();
+    flight->response_id =
+        RandomObjectId(parsed.plan->endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-");
+    flight->created = now;
+    flight->plan = std::move(*parsed.plan);
+    std::vector<EngineRequest> requests = ChoiceRequests(flight->plan, flight->response_id);
+    for (const auto& r : requests)
+      flight->request_ids.push_back(r.id);
+    SubmitError why;
+    auto streams = engine_.SubmitAll(std::move(requests), &why);
+    if (!streams.ok()) {
+      // A full queue or a stopping engine: the line waits for the next round.
+      if (why == SubmitError::kQueueFull || why == SubmitError::kStopping) return;
+      Record(batch, line.custom_id, 400, flight->response_id,
+             json::parse(ErrorBody({400, streams.status().message(), "", "invalid_value"})));
+      ++batch.next;
+      continue;
+    }
+    flight->batch = nullptr;
+    for (const auto& b : batches_)
+      if (b.get() == &batch) flight->batch = b;
+    flight->custom_id = line.custom_id;
+    flight->streams = std::move(streams.value());
+    flight->results.resize(flight->streams.size());
+    flight->done.assign(flight->streams.size(), false);
+    for (auto& stream : flight->streams)
+      // Without the lock: SubmitAll runs under it, and a frontend may call notifiers from
+      // threads it waits on. A wake lost between the loop's check and its wait costs at most
+      // the wait's timeout.
+      stream->SetNotifier([this] {
+        woken_ = true;
+        wake_.notify_all();
+      });
+    ++batch.in_flight;
+    ++batch.next;
+    in_flight_.push_back(std::move(flight));
+  }
+}
+
+void BatchRunner::Collect() {
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    InFlight& flight = **it;
+    bool all = true;
+    for (size_t i = 0; i < flight.streams.size(); ++i) {
+      if (flight.done[i]) continue;
+      std::vector<RequestEvent> events;
+      flight.streams[i]->Drain(&events);
+      for (const RequestEvent& e : events)
+        if (AddChoiceEvent(flight.results[i], e)) flight.done[i] = true;
+      all = all && flight.done[i];
+    }
+    if (!all) {
+      ++it;
+      continue;
+    }
+    Batch& batch = *flight.batch;
+    bool failed = false;
+    std::string error;
+    for (const ChoiceResult& r : flight.results)
+      if (r.finish_reason == "error" || r.finish_reason == "abort") {
+        failed = true;
+        error = r.finish_reason == "abort" ? "the batch was cancelled" : r.error;
+      }
+    if (!failed) {
+      Record(batch, flight.custom_id, 200, flight.response_id,
+             json::parse(ResponseBody(flight.plan, flight.results, flight.response_id,
+                                      flight.created, codec_, limits_)));
+    } else if (batch.status == "in_progress" || error != "the batch was cancelled") {
+      const bool ours = error == kNothingAllowedError;
+      Record(batch, flight.custom_id, ours ? 400 : 500, flight.response_id,
+             json::parse(ErrorBody({ours ? 400 : 500, ours ? error : "generation failed: " + error,
+                                    "", ours ? "invalid_value" : "internal_error"})));
+    }
+    for (auto& stream : flight.streams)
+      stream->SetNotifier(nullptr);
+    --batch.in_flight;
+    it = in_flight_.erase(it);
+  }
+}
+
+void BatchRunner::Close(Batch& batch) {
+  const int64_t now = UnixNow();
+  const bool cancelled = batch.status == "cancelling";
+  batch.times["finalizing_at"] = now;
+  // Results go to files; where the file budget is full the batch fails saying so (its lines'
+  // results would otherwise be lost without a word).
+  for (auto [content, target] : {std::pair{&batch.output, &batch.output_file_id},
+                                 std::pair{&batch.error_output, &batch.error_file_id}}) {
+    if (content->empty()) continue;
+    auto file = files_.Add(
+        fmt::format("{}_{}.jsonl", batch.id, target == &batch.output_file_id ? "output" : "error"),
+        "batch_output", std::move(*content), now);
+    content->clear();
+    if (!file.ok()) {
+      batch.status = "failed";
+      batch.times["failed_at"] = now;
+      batch.errors = {{"object", "list"},
+                      {"data", json::array({{{"code", "file_too_large"},
+                                             {"message", file.status().message()},
+                                             {"param", nullptr},
+                                             {"line", nullptr}}})}};
+      return;
+    }
+    *target = (*file)->id;
+  }
+  batch.status = cancelled ? "cancelled" : "completed";
+  batch.times[cancelled ? "cancelled_at" : "completed_at"] = now;
+}
+
+void BatchRunner::Loop() {
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    woken_ = false;
+    Collect();
+    for (const auto& batch : batches_) {
+      Advance(*batch);
+      const bool ended = batch->status == "cancelling" ||
+                         (batch->status == "in_progress" && batch->next >= batch->lines.size());
+      if (ended && batch->in_flight == 0) Close(*batch);
+    }
+    wake_.wait_for(lock, std::chrono::milliseconds(50), [&] { return woken_ || stopping_; });
+  }
+}
+
+}  // namespace sy::serve

@@ -1,0 +1,81 @@
+// OpenAI's Files API (/v1/files): uploads (multipart/form-data, as the official SDK's
+// `client.files.create(file=..., purpose="batch")` sends them) and the files batches write, kept
+// in memory under a byte budget (`serve --files-mb`); they do not outlive the process. The Batch
+// API (serve/batches.h) reads and writes them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "serve/openai_api.h"
+
+namespace sy::serve {
+
+// One part of a multipart/form-data body (RFC 7578).
+struct FormPart {
+  std::string name, filename, content_type, data;
+};
+// The parts of `body` under `content_type` ("multipart/form-data; boundary=..."); an error says
+// what is malformed. Written here: Boost.Beast parses HTTP but not multipart bodies, and the one
+// Debian library that does (GMime) brings a MIME stack for four header fields. Fuzzed.
+Result<std::vector<FormPart>> ParseMultipart(std::string_view content_type, std::string_view body);
+
+struct StoredFile {
+  std::string id, filename, purpose;
+  int64_t created_at = 0;
+  std::string content;
+};
+nlohmann::ordered_json FileObject(const StoredFile& file);
+
+// Uploaded files and the files batches write, under a byte budget (a file that does not fit is
+// refused; nothing is evicted: a batch's files are its results).
+class FileStore {
+ public:
+  explicit FileStore(size_t budget_bytes) : budget_(budget_bytes) {}
+  // The stored file, or an error (413) where the budget has no room for it.
+  Result<std::shared_ptr<const StoredFile>> Add(std::string filename, std::string purpose,
+                                                std::string content, int64_t now);
+  std::shared_ptr<const StoredFile> Get(const std::string& id) const;
+  bool Remove(const std::string& id);
+  // Newest first (OpenAI's default order), after the file `after` when given.
+  std::vector<std::shared_ptr<const StoredFile>> List(const std::string& purpose) const;
+  size_t budget() const { return budget_; }
+
+ private:
+  mutable std::mutex mutex_;
+  size_t budget_, used_ = 0;
+  std::vector<std::shared_ptr<const StoredFile>> files_;  // in upload order
+};
+
+// What an API call answers: a JSON body (200), raw content, or an error.
+struct ApiReply {
+  ApiError error{0, "", "", ""};  // status 0: no error
+  std::string body;
+  std::string content_type = "application/json";
+  bool ok() const { return error.status == 0; }
+};
+
+// /v1/files: POST (multipart upload), GET (list), /{id} GET and DELETE, /{id}/content GET.
+// `path` is what follows "/v1/files".
+ApiReply FilesRequest(FileStore& files, const std::string& method, const std::string& path,
+                      const std::string& query, std::string_view content_type,
+                      std::string_view body, int64_t now);
+
+// An id for a new object: `prefix` and 24 random hex digits.
+std::string RandomObjectId(const char* prefix);
+ApiReply ErrorReply(int status, std::string message, std::string param, std::string code);
+ApiReply JsonReply(const nlohmann::ordered_json& body);
+// Query parameters of a list call (limit, after, purpose): the value, or "" where absent.
+std::string QueryParameter(const std::string& query, const std::string& key);
+// A list in OpenAI's shape ({"object": "list", "data", "first_id", "last_id", "has_more"}): at
+// most `limit` (default 20) objects after the one whose id is `after`.
+ApiReply ListPage(const std::vector<nlohmann::ordered_json>& objects, const std::string& query);
+
+}  // namespace sy::serve

@@ -1,0 +1,182 @@
+"""OpenAI's Files and Batch APIs through the official client: a JSONL file uploaded with
+files.create, a batch run beside live traffic, its output and error files read back; each
+line's response equal to the same request sent live (greedy); bad files fail the batch naming
+their lines; cancelling keeps what finished (test_route.py runs a batch through the router)."""
+
+import io
+import json
+import time
+
+import openai
+import pytest
+
+from conftest import Server
+
+GREEDY = {"temperature": 0, "max_tokens": 8, "ignore_eos": True}
+
+
+def jsonl(lines):
+    return io.BytesIO("".join(json.dumps(line) + "\n" for line in lines).encode())
+
+
+def chat_line(custom_id, content, **extra):
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "sy-test", "messages": [{"role": "user", "content": content}],
+                     **GREEDY, **extra}}
+
+
+def wait(client, batch_id, statuses=("completed", "failed", "cancelled"), timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in statuses:
+            return batch
+        time.sleep(0.2)
+    raise AssertionError(f"batch {batch_id} still {batch.status}")
+
+
+def lines_of(client, file_id):
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def test_a_chat_batch_gives_the_live_answers(server, client):
+    prompts = ["Who art thou?", "Speak, speak!", "What news?", "Good morrow."]
+    lines = [chat_line(f"q{i}", p) for i, p in enumerate(prompts)]
+    lines.append(chat_line("two", prompts[0], n=2, temperature=0.8, seed=5))
+    lines.append(chat_line("bad", "x", temperature=1e6))
+    lines.append(chat_line("streamed", "x", stream=True))
+    uploaded = client.files.create(file=("requests.jsonl", jsonl(lines)), purpose="batch")
+    assert uploaded.purpose == "batch" and uploaded.filename == "requests.jsonl"
+    assert uploaded.bytes == len(jsonl(lines).getvalue())
+    assert client.files.retrieve(uploaded.id).id == uploaded.id
+    assert uploaded.id in [f.id for f in client.files.list(purpose="batch").data]
+
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h", metadata={"job": "nightly"})
+    assert batch.status in ("validating", "in_progress", "completed")
+    assert batch.metadata == {"job": "nightly"}
+    # Live traffic is served while the batch runs.
+    live = client.chat.completions.create(model="sy-test", messages=[
+        {"role": "user", "content": prompts[1]}], **{k: v for k, v in GREEDY.items()
+                                                     if k != "ignore_eos"},
+        extra_body={"ignore_eos": True})
+    done = wait(client, batch.id)
+    assert done.status == "completed", done
+    assert (done.request_counts.total, done.request_counts.completed,
+            done.request_counts.failed) == (7, 5, 2)
+    assert done.completed_at >= done.in_progress_at >= done.created_at
+    assert batch.id in [b.id for b in client.batches.list().data]
+
+    out = {line["custom_id"]: line for line in lines_of(client, done.output_file_id)}
+    assert set(out) == {"q0", "q1", "q2", "q3", "two"}
+    for i, prompt in enumerate(prompts):
+        want = client.chat.completions.create(
+            model="sy-test", messages=[{"role": "user", "content": prompt}], temperature=0,
+            max_tokens=8, extra_body={"ignore_eos": True}).choices[0].message.content
+        line = out[f"q{i}"]
+        assert line["response"]["status_code"] == 200 and line["error"] is None
+        body = line["response"]["body"]
+        assert body["object"] == "chat.completion"
+        assert body["id"] == line["response"]["request_id"]
+        assert body["choices"][0]["message"]["content"] == want
+        assert body["usage"]["completion_tokens"] == 8
+    assert out["q1"]["response"]["body"]["choices"][0]["message"]["content"] == \
+        live.choices[0].message.content
+    two = out["two"]["response"]["body"]["choices"]
+    assert [c["index"] for c in two] == [0, 1]
+
+    errors = {line["custom_id"]: line for line in lines_of(client, done.error_file_id)}
+    assert set(errors) == {"bad", "streamed"}
+    assert errors["bad"]["response"]["status_code"] == 400
+    assert errors["bad"]["response"]["body"]["error"]["param"] == "temperature"
+    assert errors["streamed"]["response"]["body"]["error"]["param"] == "stream"
+
+    # Files go when deleted; a deleted one is a 404.
+    assert client.files.delete(done.error_file_id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(done.error_file_id)
+
+
+def test_a_completions_batch(server, client):
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "sy-test", "prompt": p, **GREEDY}}
+             for i, p in enumerate(["ROMEO:", "JULIET:"])]
+    uploaded = client.files.create(file=("c.jsonl", jsonl(lines)), purpose="batch")
+    done = wait(client, client.batches.create(input_file_id=uploaded.id,
+                                              endpoint="/v1/completions",
+                                              completion_window="24h").id)
+    assert done.status == "completed" and done.error_file_id is None
+    for line in lines_of(client, done.output_file_id):
+        prompt = "ROMEO:" if line["custom_id"] == "c0" else "JULIET:"
+        want = client.completions.create(model="sy-test", prompt=prompt, temperature=0,
+                                         max_tokens=8, extra_body={"ignore_eos": True})
+        assert line["response"]["body"]["choices"][0]["text"] == want.choices[0].text
+
+
+def test_bad_files_fail_the_batch_naming_their_lines(server, client):
+    good = chat_line("a", "hi")
+    lines = [good, chat_line("a", "again"), {**chat_line("b", "x"), "url": "/v1/completions"},
+             {"custom_id": "c", "method": "GET", "url": "/v1/chat/completions", "body": {}}]
+    uploaded = client.files.create(file=("bad.jsonl", io.BytesIO(
+        b"".join(json.dumps(line).encode() + b"\n" for line in lines) + b"not json\n")),
+        purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    assert batch.status == "failed"
+    assert [(e.line, e.param) for e in batch.errors.data] == \
+        [(2, "custom_id"), (3, "url"), (4, "method"), (5, None)]
+    assert batch.request_counts.total == 0
+    # Requests refused by field before anything runs.
+    for kwargs, param in [({"endpoint": "/v1/embeddings"}, "endpoint"),
+                          ({"completion_window": "1h"}, "completion_window"),
+                          ({"input_file_id": "file-nothing"}, "input_file_id")]:
+        args = dict(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                    completion_window="24h")
+        args.update(kwargs)
+        with pytest.raises(openai.APIStatusError) as info:
+            client.batches.create(**args)
+        assert info.value.body["param"] == param, info.value.body
+    with pytest.raises(openai.BadRequestError) as info:
+        client.files.create(file=("x.jsonl", jsonl([good])), purpose="fine-tune")
+    assert info.value.body["param"] == "purpose"
+    with pytest.raises(openai.NotFoundError):
+        client.batches.retrieve("batch_nothing")
+    status, body, _ = server.request("POST", "/v1/files", raw=b"not multipart")
+    assert status == 400 and body["error"]["param"] == "file"
+
+
+def test_cancelling_keeps_what_finished(server, client):
+    lines = [chat_line(f"long{i}", f"Tell a long tale, {i}.", max_tokens=400) for i in range(12)]
+    uploaded = client.files.create(file=("long.jsonl", jsonl(lines)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    done = wait(client, batch.id, timeout=60)
+    assert done.status == "cancelled" and done.cancelled_at is not None
+    assert done.request_counts.completed < 12
+    finished = lines_of(client, done.output_file_id) if done.output_file_id else []
+    assert len(finished) == done.request_counts.completed
+    with pytest.raises(openai.APIStatusError) as info:
+        client.batches.cancel(batch.id)
+    assert info.value.status_code == 409
+    # The server still answers.
+    assert client.completions.create(model="sy-test", prompt="x", max_tokens=2).choices
+
+
+def test_files_and_batches_off_and_through_the_router(model_dir):
+    off = Server(model_dir, "--files-mb", "0")
+    try:
+        status, body, _ = off.request("GET", "/v1/batches")
+        assert status == 404 and "--files-mb" in body["error"]["message"]
+    finally:
+        assert off.stop() == 0
+    # A file larger than the budget is refused, saying so.
+    small = Server(model_dir, "--files-mb", "0.001")
+    try:
+        client = openai.OpenAI(base_url=small.url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as info:
+            client.files.create(file=("big.jsonl", io.BytesIO(b"x" * 5000)), purpose="batch")
+        assert info.value.status_code == 413 and "--files-mb" in info.value.body["message"]
+    finally:
+        assert small.stop() == 0
