@@ -148,14 +148,14 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
   Metric(out, "prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
          labels, static_cast<double>(m.prefix_cache_hits_total));
   Metric(out, "spec_decode_num_drafts_total", "counter",
-         "Verification steps of sequences with MTP drafts.", labels,
+         "Verification steps of sequences with drafts (MTP or n-gram).", labels,
          static_cast<double>(m.spec_drafts_total));
-  Metric(out, "spec_decode_num_draft_tokens_total", "counter", "MTP draft tokens proposed.", labels,
+  Metric(out, "spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", labels,
          static_cast<double>(m.spec_draft_tokens_total));
-  Metric(out, "spec_decode_num_accepted_tokens_total", "counter", "MTP draft tokens accepted.",
+  Metric(out, "spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
          labels, static_cast<double>(m.spec_accepted_tokens_total));
   out +=
-      "# HELP switchyard:spec_decode_num_accepted_tokens_per_pos_total MTP draft tokens accepted, "
+      "# HELP switchyard:spec_decode_num_accepted_tokens_per_pos_total Draft tokens accepted, "
       "by draft position.\n"
       "# TYPE switchyard:spec_decode_num_accepted_tokens_per_pos_total counter\n";
   for (size_t i = 0; i < m.spec_accepted_per_position.size(); ++i)
