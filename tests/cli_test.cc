@@ -1,6 +1,8 @@
 // The switchyard binary as a user runs it: outputs and one-line errors with a non-zero exit.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -646,6 +648,67 @@ TEST(CliTest, NgramSpeculationGivesThePlainTokens) {
     EXPECT_NE(RunCommand(base + flags, &output), 0) << flags;
     EXPECT_NE(output.find(message), std::string::npos) << flags << ": " << output;
   }
+}
+
+// `run-batch` (vLLM's): a file of batch requests to both endpoints, run without a server, every
+// line's result written in the input's order — the completion's text the one `generate` gives
+// (greedy, the same prompt), a refused line with its error; the exit code says a line failed;
+// a malformed file fails naming its line and writes nothing.
+TEST(CliTest, RunBatchWritesEveryLinesResultInOrder) {
+  const std::string dir = testing::TempDirectory("cli_run_batch");
+  const std::string in = dir + "/in.jsonl", out = dir + "/out.jsonl";
+  {
+    std::ofstream f(in);
+    f << R"({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": )"
+         R"({"model": "default", "messages": [{"role": "user", "content": "Who art thou?"}], )"
+         R"("max_tokens": 5, "temperature": 0}})"
+      << "\n"
+      << R"({"custom_id": "text", "method": "POST", "url": "/v1/completions", "body": )"
+         R"({"model": "default", "prompt": "ROMEO: But soft", "max_tokens": 6, )"
+         R"("temperature": 0, "ignore_eos": true}})"
+      << "\n\n"
+      << R"({"custom_id": "bad", "method": "POST", "url": "/v1/completions", "body": )"
+         R"({"model": "default", "prompt": "x", "top_p": 7}})"
+      << "\n";
+  }
+  std::string output;
+  EXPECT_EQ(RunCommand(Binary() + " run-batch -i " + in + " -o " + out, &output), 1) << output;
+  EXPECT_NE(output.find("3 requests, 2 completed, 1 failed"), std::string::npos) << output;
+  std::ifstream f(out);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(f, line);)
+    lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["custom_id"], "chat");
+  EXPECT_EQ(lines[0]["response"]["body"]["object"], "chat.completion");
+  EXPECT_EQ(lines[0]["response"]["body"]["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(lines[1]["custom_id"], "text");
+  EXPECT_EQ(lines[1]["response"]["status_code"], 200);
+  std::string generated;
+  ASSERT_EQ(RunCommand(Binary() + " generate --prompt 'ROMEO: But soft' --max-tokens 6 "
+                                  "--ignore-eos --json",
+                       &generated),
+            0)
+      << generated;
+  EXPECT_EQ(lines[1]["response"]["body"]["choices"][0]["text"],
+            nlohmann::json::parse(generated)["outputs"][0]["text"]);
+  EXPECT_EQ(lines[2]["custom_id"], "bad");
+  EXPECT_EQ(lines[2]["response"]["status_code"], 400);
+  EXPECT_EQ(lines[2]["response"]["body"]["error"]["param"], "top_p");
+  // A custom_id twice: the batch fails before anything runs, naming the input's line.
+  {
+    std::ofstream g(in);
+    g << R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}})"
+      << "\n"
+      << R"({"custom_id": "z", "method": "POST", "url": "/v1/chat/completions", "body": {}})"
+      << "\n"
+      << R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "y"}})"
+      << "\n";
+  }
+  std::filesystem::remove(out);
+  EXPECT_NE(RunCommand(Binary() + " run-batch -i " + in + " -o " + out, &output), 0);
+  EXPECT_NE(output.find("line 3: custom_id \"a\""), std::string::npos) << output;
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 TEST(CliTest, TextPromptsGenerateTheSameTokensAsTheirIds) {

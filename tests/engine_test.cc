@@ -193,7 +193,31 @@ TEST(EngineTest, ContinuousBatchingMatchesEachRequestAlone) {
     EXPECT_EQ(c.prompt_tokens, static_cast<int64_t>(prompts[i].size()));
     EXPECT_EQ(c.tokens, GreedyAlone(prompts[i], 12)) << "request " << i;
   }
-  EXPECT_EQ(h.engine.Metrics().used_pages, 0);
+  EngineMetrics m = h.engine.Metrics();
+  EXPECT_EQ(m.used_pages, 0);
+  // vLLM's request histograms: one entry per finished request, their sums what the requests
+  // were; each step's computed tokens add up to every prompt token and every decode token (the
+  // last generated token of each is never computed).
+  int64_t prompt_total = 0;
+  for (const auto& p : prompts)
+    prompt_total += static_cast<int64_t>(p.size());
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  EXPECT_EQ(m.request_prompt_tokens.count, n);
+  EXPECT_EQ(m.request_prompt_tokens.sum, prompt_total);
+  EXPECT_EQ(m.request_generation_tokens.sum, 12 * n);
+  EXPECT_EQ(m.request_max_tokens.sum, 12 * n);
+  EXPECT_EQ(m.iteration_tokens.sum, prompt_total + 11 * n);
+  EXPECT_EQ(m.iteration_tokens.count, m.steps_total);
+  for (const Histogram* h : {&m.request_prefill_time, &m.request_decode_time,
+                             &m.request_inference_time, &m.queue_time}) {
+    EXPECT_EQ(h->count, n);
+    EXPECT_GE(h->sum, 0);
+  }
+  EXPECT_LE(m.request_prefill_time.sum + m.request_decode_time.sum,
+            m.request_inference_time.sum + 1e-9);
+  // The token bounds are vLLM's 1-2-5 series up to the context: 120 prompt tokens fall in
+  // the bucket bounded by 200.
+  EXPECT_EQ(TokenBucketBounds(120), (std::vector<double>{1, 2, 5, 10, 20, 50, 100}));
 }
 
 TEST(EngineTest, PrefixHitGivesTheSameTokensAsAMiss) {

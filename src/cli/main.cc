@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
   sy::AddBenchVerb(app);
   sy::AddTokenizeVerb(app);
   sy::AddServeVerb(app);
+  sy::AddRunBatchVerb(app);
   sy::AddRouteVerb(app);
   sy::AddEplbVerb(app);
   sy::AddQuantizeVerb(app);

@@ -1,9 +1,15 @@
 // switchyard serve: the engine behind the OpenAI-compatible HTTP server.
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/chat_output_options.h"
 #include "cli/common.h"
@@ -12,6 +18,7 @@
 #include "cli/verbs.h"
 #include "engine/engine.h"
 #include "serve/access.h"
+#include "serve/batches.h"
 #include "serve/cluster.h"
 #include "serve/grpc_service.h"
 #include "serve/grpc_tls.h"
@@ -51,6 +58,8 @@ struct ServeArgs {
   int transfer_port = 0;
   double transfer_timeout = 600;
   ChatOutputArgs chat_output;
+  // `switchyard run-batch` (vLLM's `run-batch`): the requests file, and where the results go.
+  std::string batch_input, batch_output;
 };
 
 // The transfer side of --role: a prefill instance sends rows, a decode instance receives them.
@@ -219,6 +228,102 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   std::printf("switchyard: stopped\n");
 }
 
+// `switchyard run-batch -i IN -o OUT`: the Batch API's runner on a file, without a server (as
+// vLLM's run-batch). Lines go to the endpoint their url names (a batch per endpoint, run one
+// after the other); every line's result goes to OUT in the input's order — the responses and, in
+// the same shape, the errors — with a summary on stderr. The exit code is 0 when every line
+// succeeded, 1 otherwise; a malformed file fails naming its lines and writes nothing.
+void RunBatchFile(const ServeArgs& args, Engine& engine, const TextCodec& codec,
+                  const serve::ServerOptions& options) {
+  std::ifstream in(args.batch_input, std::ios::binary);
+  if (!in) FailVerb(fmt::format("--input-file {}: cannot open it", args.batch_input));
+  const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The lines by endpoint, each with its number in the input (a line the batch refuses is named
+  // by it); custom_id → input position, to write the results back in order.
+  struct Group {
+    std::string content;
+    std::vector<int64_t> numbers;
+  };
+  std::map<std::string, Group> groups;
+  std::map<std::string, int64_t> order;
+  int64_t number = 0;
+  for (size_t at = 0; at < content.size();) {
+    const size_t end = std::min(content.find('\n', at), content.size());
+    const std::string line = content.substr(at, end - at);
+    at = end + 1;
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto entry = nlohmann::json::parse(line, nullptr, false);
+    std::string url = "/v1/chat/completions";  // a line without one fails in that batch
+    if (entry.is_object() && entry.contains("url") && entry["url"].is_string() &&
+        entry["url"] == "/v1/completions")
+      url = "/v1/completions";
+    if (entry.is_object() && entry.contains("custom_id") && entry["custom_id"].is_string())
+      order.emplace(entry["custom_id"].get<std::string>(), number);
+    groups[url].content += line + "\n";
+    groups[url].numbers.push_back(number);
+  }
+  if (groups.empty()) FailVerb(fmt::format("--input-file {}: no requests", args.batch_input));
+  serve::FileStore files(content.size() * 4 + (size_t{256} << 20));
+  engine.Start();
+  serve::BatchRunner runner(engine, codec, options.limits, files, options.batch_max_in_flight);
+  std::vector<std::pair<int64_t, std::string>> results;
+  int64_t total = 0, completed = 0, failed = 0;
+  for (auto& [url, group] : groups) {
+    auto input = files.Add(args.batch_input, "batch", std::move(group.content), 0);
+    if (!input.ok()) FailVerb(input.status().message());
+    const nlohmann::json create = {
+        {"input_file_id", (*input)->id}, {"endpoint", url}, {"completion_window", "24h"}};
+    serve::ApiReply reply = runner.Request("POST", "", "", create.dump(), 0);
+    if (!reply.ok())
+      FailVerb(fmt::format("--input-file {}: {}", args.batch_input, reply.error.message));
+    nlohmann::json batch = nlohmann::json::parse(reply.body);
+    const std::string id = batch["id"];
+    while (batch["status"] == "in_progress" || batch["status"] == "validating" ||
+           batch["status"] == "finalizing") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      batch = nlohmann::json::parse(runner.Request("GET", "/" + id, "", "", 0).body);
+    }
+    if (batch["status"] == "failed") {
+      std::string why;
+      for (const auto& e : batch["errors"]["data"]) {
+        const std::string where =
+            e["line"].is_number()
+                ? fmt::format("line {}", group.numbers[e["line"].get<size_t>() - 1])
+                : std::string("the file");
+        why += fmt::format("\n  {}: {}", where, e["message"].get<std::string>());
+      }
+      FailVerb(fmt::format("--input-file {}: the batch failed:{}", args.batch_input, why));
+    }
+    for (const char* key : {"output_file_id", "error_file_id"}) {
+      if (batch[key].is_null()) continue;
+      const std::string& text = files.Get(batch[key].get<std::string>())->content;
+      for (size_t at = 0; at < text.size();) {
+        const size_t end = std::min(text.find('\n', at), text.size());
+        std::string line = text.substr(at, end - at);
+        at = end + 1;
+        const int64_t position = order[nlohmann::json::parse(line)["custom_id"].get<std::string>()];
+        results.push_back({position, std::move(line)});
+      }
+    }
+    total += batch["request_counts"]["total"].get<int64_t>();
+    completed += batch["request_counts"]["completed"].get<int64_t>();
+    failed += batch["request_counts"]["failed"].get<int64_t>();
+  }
+  runner.Stop();
+  engine.Stop(/*drain=*/false);
+  std::sort(results.begin(), results.end());
+  std::ofstream out(args.batch_output, std::ios::binary);
+  for (const auto& [position, line] : results)
+    out << line << '\n';
+  out.flush();
+  if (!out) FailVerb(fmt::format("--output-file {}: cannot write it", args.batch_output));
+  std::fprintf(stderr, "switchyard: run-batch: %lld requests, %lld completed, %lld failed -> %s\n",
+               static_cast<long long>(total), static_cast<long long>(completed),
+               static_cast<long long>(failed), args.batch_output.c_str());
+  if (failed > 0) throw CLI::RuntimeError(1);
+}
+
 void RunServe(const ServeArgs& args) {
   CheckSecurityFlagsOrFail(args);
   if (args.role != "both" && args.grpc_port < 0)
@@ -266,13 +371,15 @@ void RunServe(const ServeArgs& args) {
   ForwardOptions forward_options = run.Options();
   ApplyBatchInvariant(args.batch_invariant, forward_options);
   Engine engine(model, cache, *codec.tokenizer, forward_options, engine_config);
-  if (comm.size() > 1)
+  if (comm.size() > 1) {
+    if (!args.batch_input.empty()) FailEverywhere(comm, "run-batch: run it in one process");
     return RunCluster(args, run, engine, codec, cache, cache_tokens, engine_config);
-  Disaggregation disaggregation;
-  if (Status s = StartDisaggregation(args, &disaggregation); !s.ok()) FailVerb(s.message());
-
+  }
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
   ApplyChatOutputOrFail(args.chat_output, codec, &options);
+  if (!args.batch_input.empty()) return RunBatchFile(args, engine, codec, options);
+  Disaggregation disaggregation;
+  if (Status s = StartDisaggregation(args, &disaggregation); !s.ok()) FailVerb(s.message());
   serve::OpenAiServer server(engine, codec, options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
   WarnIfExposed(serve::HttpExposureWarning(args.host, server.port(), options.tls.enabled(),
@@ -297,9 +404,10 @@ void RunServe(const ServeArgs& args) {
 
 }  // namespace
 
-void AddServeVerb(CLI::App& app) {
-  auto args = std::make_shared<ServeArgs>();
-  CLI::App* verb = app.add_subcommand("serve", "OpenAI-compatible server with continuous batching");
+namespace {
+
+// The options serve and run-batch share.
+void AddServeOptions(CLI::App* verb, const std::shared_ptr<ServeArgs>& args) {
   verb->add_option("--model", args->model,
                    "Checkpoint directory (default: the default model, models/default)");
   verb->add_option("--host", args->host, "Address to bind (default 127.0.0.1)");
@@ -368,6 +476,28 @@ void AddServeVerb(CLI::App& app) {
       ->check(CLI::Range(0.1, 1e6));
   AddSpeculativeOptions(verb, args->speculative);
   AddParallelOptions(verb, args->parallel);
+}
+
+}  // namespace
+
+void AddServeVerb(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* verb = app.add_subcommand("serve", "OpenAI-compatible server with continuous batching");
+  AddServeOptions(verb, args);
+  verb->callback([args] { RunServe(*args); });
+}
+
+void AddRunBatchVerb(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* verb = app.add_subcommand(
+      "run-batch",
+      "Run a file of OpenAI batch requests (one JSON object a line: custom_id, method POST, url "
+      "/v1/chat/completions or /v1/completions, body) and write every line's result, in order "
+      "(vLLM's run-batch; the Batch API's format)");
+  verb->add_option("-i,--input-file", args->batch_input, "The requests, JSON Lines")->required();
+  verb->add_option("-o,--output-file", args->batch_output, "Where the results go, JSON Lines")
+      ->required();
+  AddServeOptions(verb, args);
   verb->callback([args] { RunServe(*args); });
 }
 

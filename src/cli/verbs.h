@@ -13,6 +13,7 @@ void AddPlanVerb(CLI::App& app);
 void AddBenchVerb(CLI::App& app);
 void AddTokenizeVerb(CLI::App& app);
 void AddServeVerb(CLI::App& app);
+void AddRunBatchVerb(CLI::App& app);
 void AddRouteVerb(CLI::App& app);
 void AddEplbVerb(CLI::App& app);
 void AddQuantizeVerb(CLI::App& app);

@@ -59,6 +59,11 @@ struct EngineConfig {
 
 // The latency histograms' bucket bounds in seconds (vLLM's, for TTFT, ITL and end-to-end).
 std::vector<double> LatencyBucketBounds();
+// Token-count histograms' bounds: 1, 2, 5, 10, 20, 50, … up to `max` (vLLM's 1-2-5 series, for
+// prompt and generation lengths and max_tokens).
+std::vector<double> TokenBucketBounds(int64_t max);
+// Tokens per engine step: vLLM's iteration_tokens_total bounds.
+std::vector<double> StepTokenBucketBounds();
 
 struct Histogram {
   std::vector<double> bounds;
@@ -94,6 +99,20 @@ struct EngineMetrics {
   std::map<std::string, int64_t> finished_by_reason;
   Histogram time_to_first_token, inter_token_latency, e2e_request_latency;
   Histogram queue_time;  // arrival to first admission
+  // Per finished request, as vLLM's: its prompt and generated token counts, its max_tokens;
+  // prefill (first admission to first token), decode (first token to finish) and inference
+  // (first admission to finish) times. Per step: the tokens it computed.
+  Histogram request_prompt_tokens, request_generation_tokens, request_max_tokens;
+  Histogram request_prefill_time, request_decode_time, request_inference_time;
+  Histogram iteration_tokens;
+  // Every histogram above with its Prometheus name (without the prefix) and help, so that
+  // whoever carries or sums metrics (MPI groups) takes all of them.
+  struct NamedHistogram {
+    const char* name;
+    const char* help;
+    Histogram* histogram;
+  };
+  std::vector<NamedHistogram> Histograms();
   std::vector<LabeledHistogram> extra_histograms;
   std::vector<LabeledValue> extra_values;
   double last_step_age_seconds = 0;  // since the last step completed (0 when idle)

@@ -156,6 +156,10 @@ void AddHistogram(Histogram& into, const json& j) {
 }
 
 json MetricsToJson(const EngineMetrics& m) {
+  json histograms = json::object();
+  EngineMetrics copy = m;
+  for (const EngineMetrics::NamedHistogram& h : copy.Histograms())
+    histograms[h.name] = HistogramToJson(*h.histogram);
   return {{"running", m.running},
           {"waiting", m.waiting},
           {"total_pages", m.total_pages},
@@ -172,19 +176,18 @@ json MetricsToJson(const EngineMetrics& m) {
           {"spec", {m.spec_drafts_total, m.spec_draft_tokens_total, m.spec_accepted_tokens_total}},
           {"spec_positions", m.spec_accepted_per_position},
           {"finished", m.finished_by_reason},
-          {"ttft", HistogramToJson(m.time_to_first_token)},
-          {"itl", HistogramToJson(m.inter_token_latency)},
-          {"e2e", HistogramToJson(m.e2e_request_latency)},
+          {"histograms", histograms},
           {"healthy", m.healthy},
           {"age", m.last_step_age_seconds}};
 }
 
 EngineMetrics MetricsFromJson(const json& j, const EngineMetrics& shape) {
   EngineMetrics m = shape;  // histogram bounds
-  for (Histogram* h : {&m.time_to_first_token, &m.inter_token_latency, &m.e2e_request_latency}) {
-    std::fill(h->counts.begin(), h->counts.end(), 0);
-    h->sum = 0;
-    h->count = 0;
+  for (const EngineMetrics::NamedHistogram& h : m.Histograms()) {
+    std::fill(h.histogram->counts.begin(), h.histogram->counts.end(), 0);
+    h.histogram->sum = 0;
+    h.histogram->count = 0;
+    AddHistogram(*h.histogram, j["histograms"][h.name]);
   }
   m.running = j["running"];
   m.waiting = j["waiting"];
@@ -204,9 +207,6 @@ EngineMetrics MetricsFromJson(const json& j, const EngineMetrics& shape) {
   m.spec_accepted_tokens_total = j["spec"][2];
   m.spec_accepted_per_position = j["spec_positions"].get<std::vector<int64_t>>();
   m.finished_by_reason = j["finished"].get<std::map<std::string, int64_t>>();
-  AddHistogram(m.time_to_first_token, j["ttft"]);
-  AddHistogram(m.inter_token_latency, j["itl"]);
-  AddHistogram(m.e2e_request_latency, j["e2e"]);
   m.healthy = j["healthy"];
   m.last_step_age_seconds = j["age"];
   return m;
@@ -353,7 +353,7 @@ EngineMetrics ClusterServing::Metrics() const {
   std::lock_guard<std::mutex> lock(mutex_);
   EngineMetrics total = group_metrics_[0];
   for (size_t g = 1; g < group_metrics_.size(); ++g) {
-    const EngineMetrics& m = group_metrics_[g];
+    EngineMetrics m = group_metrics_[g];  // Histograms() names its members
     total.running += m.running;
     total.waiting += m.waiting;
     total.total_pages += m.total_pages;
@@ -375,13 +375,15 @@ EngineMetrics ClusterServing::Metrics() const {
       total.spec_accepted_per_position[i] += m.spec_accepted_per_position[i];
     for (const auto& [reason, count] : m.finished_by_reason)
       total.finished_by_reason[reason] += count;
-    for (auto [into, from] : {std::pair{&total.time_to_first_token, &m.time_to_first_token},
-                              std::pair{&total.inter_token_latency, &m.inter_token_latency},
-                              std::pair{&total.e2e_request_latency, &m.e2e_request_latency}}) {
-      for (size_t i = 0; i < into->counts.size(); ++i)
-        into->counts[i] += from->counts[i];
-      into->sum += from->sum;
-      into->count += from->count;
+    const auto totals = total.Histograms();
+    const auto parts = m.Histograms();
+    for (size_t h = 0; h < totals.size(); ++h) {
+      Histogram& into = *totals[h].histogram;
+      const Histogram& from = *parts[h].histogram;
+      for (size_t i = 0; i < into.counts.size() && i < from.counts.size(); ++i)
+        into.counts[i] += from.counts[i];
+      into.sum += from.sum;
+      into.count += from.count;
     }
     total.healthy = total.healthy && m.healthy;
     total.last_step_age_seconds = std::max(total.last_step_age_seconds, m.last_step_age_seconds);

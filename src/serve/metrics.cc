@@ -152,8 +152,8 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
          static_cast<double>(m.spec_drafts_total));
   Metric(out, "spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", labels,
          static_cast<double>(m.spec_draft_tokens_total));
-  Metric(out, "spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
-         labels, static_cast<double>(m.spec_accepted_tokens_total));
+  Metric(out, "spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", labels,
+         static_cast<double>(m.spec_accepted_tokens_total));
   out +=
       "# HELP switchyard:spec_decode_num_accepted_tokens_per_pos_total Draft tokens accepted, "
       "by draft position.\n"
@@ -162,15 +162,11 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
     out += fmt::format(
         "switchyard:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n",
         labels, i, m.spec_accepted_per_position[i]);
-  HistogramText(out, "time_to_first_token_seconds", "Time to the first generated token.", labels,
-                m.time_to_first_token);
-  HistogramText(out, "inter_token_latency_seconds", "Time between generated tokens.", labels,
-                m.inter_token_latency);
-  HistogramText(out, "e2e_request_latency_seconds", "Time from arrival to the finish.", labels,
-                m.e2e_request_latency);
-  HistogramText(out, "request_queue_time_seconds",
-                "Time from arrival to the first admission into the running batch.", labels,
-                m.queue_time);
+  // vLLM's request histograms; one a frontend does not keep (no bounds: the router's token
+  // counts) is left out.
+  EngineMetrics histograms = m;
+  for (const EngineMetrics::NamedHistogram& h : histograms.Histograms())
+    if (!h.histogram->bounds.empty()) HistogramText(out, h.name, h.help, labels, *h.histogram);
   for (const LabeledHistogram& h : m.extra_histograms)
     HistogramText(out, h.name.c_str(), h.help.c_str(), labels + "," + h.labels, h.histogram);
   for (const LabeledValue& v : m.extra_values)

@@ -67,6 +67,14 @@ def test_mpi_server_matches_one_process(model_dir, ranks, extra):
         assert metrics['switchyard:generation_tokens_total{model_name="sy-test"}'] == \
             len(PROMPTS) * 10 + 10 + 16 * 6
         assert metrics['switchyard:kv_cache_usage_perc{model_name="sy-test"}'] == 0
+        # vLLM's per-request histograms, summed over the groups.
+        label = '{model_name="sy-test"}'
+        assert metrics[f"switchyard:request_generation_tokens_sum{label}"] == \
+            metrics[f'switchyard:generation_tokens_total{label}']
+        assert metrics[f"switchyard:request_generation_tokens_count{label}"] == len(PROMPTS) + 1 + 16
+        assert metrics[f"switchyard:request_decode_time_seconds_count{label}"] == \
+            len(PROMPTS) + 1 + 16
+        assert metrics[f"switchyard:iteration_tokens_total_sum{label}"] > 0
         # What stopped a request crosses from its group to rank 0.
         stop = reference[0][2:5]
         out = mpi_client.completions.create(model="sy-test", prompt=PROMPTS[0], max_tokens=10,
