@@ -245,12 +245,30 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return;
     }
     parser_.emplace();
-    parser_->body_limit(server_.options_.max_body_bytes);
+    // A file upload (POST /v1/files) may be as large as the files' budget (OpenAI takes batch
+    // files of up to 200 MB), any other body only max_body_bytes. The parser checks a declared
+    // length against its limit as it finishes the header, so the limit starts at the larger one
+    // and other requests are held to theirs once the header says what they are.
+    const size_t upload_limit =
+        server_.files_ ? std::max(server_.options_.max_body_bytes, server_.files_->budget()) : 0;
+    parser_->body_limit(std::max(server_.options_.max_body_bytes, upload_limit));
     parser_->header_limit(64 * 1024);
     Lowest().expires_after(std::chrono::minutes(10));  // idle keep-alive connections
-    http::async_read(
-        stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+    http::async_read_header(
+        stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+          if (ec) return self->OnRead(ec);
+          const auto& header = self->parser_->get();
+          const bool upload = header.method() == http::verb::post &&
+                              header.target().starts_with("/v1/files") && self->server_.files_;
+          if (!upload) {
+            const size_t limit = self->server_.options_.max_body_bytes;
+            const auto declared = self->parser_->content_length();
+            if (declared && *declared > limit) return self->OnRead(http::error::body_limit);
+            self->parser_->body_limit(limit);  // a chunked body is held to it as it comes
+          }
+          http::async_read(self->stream_, self->buffer_, *self->parser_,
+                           [self](beast::error_code ec, size_t) { self->OnRead(ec); });
+        });
   }
 
   void OnRead(beast::error_code ec) {
@@ -262,8 +280,14 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return Close();
     }
     if (ec == http::error::body_limit) {
+      const bool upload = parser_->get().target().starts_with("/v1/files") && server_.files_;
       return SendError(
-          {413, fmt::format("the request body exceeds {} bytes", server_.options_.max_body_bytes),
+          {413,
+           upload
+               ? fmt::format("the upload exceeds the {} bytes the server keeps for files "
+                             "(serve --files-mb)",
+                             std::max(server_.options_.max_body_bytes, server_.files_->budget()))
+               : fmt::format("the request body exceeds {} bytes", server_.options_.max_body_bytes),
            "", "request_too_large"},
           11, false);
     }

@@ -171,6 +171,23 @@ def test_files_and_batches_off_and_through_the_router(model_dir):
         assert status == 404 and "--files-mb" in body["error"]["message"]
     finally:
         assert off.stop() == 0
+    # An upload may be larger than other bodies (32 MiB): up to the files' budget.
+    big = Server(model_dir, "--files-mb", "40")
+    try:
+        client = openai.OpenAI(base_url=big.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        size = 36 << 20
+        uploaded = client.files.create(file=("big.jsonl", io.BytesIO(b"\n" * size)),
+                                       purpose="batch")
+        assert uploaded.bytes == size
+        assert len(client.files.content(uploaded.id).content) == size
+        with pytest.raises(openai.APIStatusError) as info:
+            client.files.create(file=("bigger.jsonl", io.BytesIO(b"\n" * (42 << 20))),
+                                purpose="batch")
+        assert info.value.status_code == 413
+        status, body, _ = big.request("POST", "/v1/completions", raw=b" " * (33 << 20))
+        assert status == 413 and "files" not in body["error"]["message"]
+    finally:
+        assert big.stop() == 0
     # A file larger than the budget is refused, saying so.
     small = Server(model_dir, "--files-mb", "0.001")
     try:
