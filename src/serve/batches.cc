@@ -80,7 +80,7 @@ json BatchRunner::BatchObject(const Batch& batch) const {
        {"created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
         "expired_at", "cancelling_at", "cancelled_at"})
     object[key] = time(key);
-  object["request_counts"] = {{"total", static_cast<int64_t>(batch.lines.size())},
+  object["request_counts"] = {{"total", batch.total},
                               {"completed", batch.completed},
                               {"failed", batch.failed}};
   object["metadata"] = batch.metadata;
@@ -230,6 +230,7 @@ ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
       continue;
     }
     batch->lines.push_back({number, custom_id, std::move(*b)});
+    ++batch->total;
   }
   if (batch->lines.empty() && errors.empty())
     errors.push_back({{"code", "empty_file"},
@@ -242,6 +243,7 @@ ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
     batch->times["failed_at"] = now;
     batch->errors = {{"object", "list"}, {"data", errors}};
     batch->lines.clear();
+    batch->total = 0;
   } else {
     batch->status = "in_progress";
     batch->times["in_progress_at"] = now;
@@ -365,6 +367,8 @@ void BatchRunner::Close(Batch& batch) {
   const int64_t now = UnixNow();
   const bool cancelled = batch.status == "cancelling";
   batch.times["finalizing_at"] = now;
+  std::vector<Line>().swap(batch.lines);  // the requests' bodies are not needed any more
+  batch.next = 0;
   // Results go to files; where the file budget is full the batch fails saying so (its lines'
   // results would otherwise be lost without a word).
   for (auto [content, target] : {std::pair{&batch.output, &batch.output_file_id},

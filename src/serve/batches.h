@@ -56,8 +56,9 @@ class BatchRunner {
     std::string status;  // validating, failed, in_progress, finalizing, completed, cancelling,
                          // cancelled
     std::map<std::string, int64_t> times;  // created_at, in_progress_at, … where set
-    std::vector<Line> lines;
-    size_t next = 0;  // the first line not yet submitted
+    std::vector<Line> lines;  // released once the batch ends
+    int64_t total = 0;        // lines
+    size_t next = 0;          // the first line not yet submitted
     int64_t completed = 0, failed = 0;
     std::string output, error_output;  // JSONL so far
     std::optional<std::string> output_file_id, error_file_id;
