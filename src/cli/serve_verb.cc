@@ -255,9 +255,9 @@ void RunBatchFile(const ServeArgs& args, Engine& engine, const TextCodec& codec,
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const auto entry = nlohmann::json::parse(line, nullptr, false);
     std::string url = "/v1/chat/completions";  // a line without one fails in that batch
-    if (entry.is_object() && entry.contains("url") && entry["url"].is_string() &&
-        entry["url"] == "/v1/completions")
-      url = "/v1/completions";
+    if (entry.is_object() && entry.contains("url") &&
+        (entry["url"] == "/v1/completions" || entry["url"] == "/v1/responses"))
+      url = entry["url"].get<std::string>();
     if (entry.is_object() && entry.contains("custom_id") && entry["custom_id"].is_string())
       order.emplace(entry["custom_id"].get<std::string>(), number);
     groups[url].content += line + "\n";
@@ -492,7 +492,8 @@ void AddRunBatchVerb(CLI::App& app) {
   CLI::App* verb = app.add_subcommand(
       "run-batch",
       "Run a file of OpenAI batch requests (one JSON object a line: custom_id, method POST, url "
-      "/v1/chat/completions or /v1/completions, body) and write every line's result, in order "
+      "/v1/chat/completions, /v1/completions or /v1/responses, body) and write every line's "
+      "result, in order "
       "(vLLM's run-batch; the Batch API's format)");
   verb->add_option("-i,--input-file", args->batch_input, "The requests, JSON Lines")->required();
   verb->add_option("-o,--output-file", args->batch_output, "Where the results go, JSON Lines")

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "serve/responses_api.h"
+
 namespace sy::serve {
 
 using json = nlohmann::ordered_json;
@@ -25,6 +27,7 @@ struct BatchRunner::InFlight {
   std::string custom_id, response_id;
   int64_t created = 0;
   GenerationPlan plan;
+  std::optional<ResponsesPlan> responses;  // a /v1/responses line: its Response object's plan
   std::vector<std::string> request_ids;
   std::vector<std::shared_ptr<RequestStream>> streams;
   std::vector<ChoiceResult> results;
@@ -80,9 +83,8 @@ json BatchRunner::BatchObject(const Batch& batch) const {
        {"created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
         "expired_at", "cancelling_at", "cancelled_at"})
     object[key] = time(key);
-  object["request_counts"] = {{"total", batch.total},
-                              {"completed", batch.completed},
-                              {"failed", batch.failed}};
+  object["request_counts"] = {
+      {"total", batch.total}, {"completed", batch.completed}, {"failed", batch.failed}};
   object["metadata"] = batch.metadata;
   return object;
 }
@@ -142,8 +144,11 @@ ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
              window = text("completion_window");
   if (!input)
     return ErrorReply(400, "input_file_id must be a string", "input_file_id", "invalid_value");
-  if (!endpoint || (*endpoint != "/v1/chat/completions" && *endpoint != "/v1/completions"))
-    return ErrorReply(400, "endpoint must be \"/v1/chat/completions\" or \"/v1/completions\"",
+  if (!endpoint || (*endpoint != "/v1/chat/completions" && *endpoint != "/v1/completions" &&
+                    *endpoint != "/v1/responses"))
+    return ErrorReply(400,
+                      "endpoint must be \"/v1/chat/completions\", \"/v1/completions\" or "
+                      "\"/v1/responses\"",
                       "endpoint", "invalid_value");
   if (!window || *window != "24h")
     return ErrorReply(400, "completion_window must be \"24h\"", "completion_window",
@@ -272,9 +277,26 @@ void BatchRunner::Advance(Batch& batch) {
   while (batch.status == "in_progress" && batch.next < batch.lines.size() &&
          static_cast<int64_t>(in_flight_.size()) < max_in_flight_) {
     const Line& line = batch.lines[batch.next];
-    ParsedRequest parsed = PlanGenerationRequest(
-        batch.endpoint == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat, line.body,
-        codec_, limits_);
+    ParsedRequest parsed;
+    std::optional<ResponsesPlan> responses;
+    if (batch.endpoint == "/v1/responses") {
+      // Stateless: a batch's responses are not stored (store: true and previous_response_id are
+      // refused by the parser without a store), and none runs in the background.
+      ParsedResponsesRequest r = ParseResponsesRequest(line.body.dump(), codec_, limits_, nullptr);
+      if (r.plan && r.plan->background)
+        r = {std::nullopt,
+             {400, "background: true is not available in a batch", "background", "invalid_value"}};
+      if (r.plan) {
+        parsed.plan = r.plan->chat;
+        responses = std::move(r.plan);
+      } else {
+        parsed.error = r.error;
+      }
+    } else {
+      parsed = PlanGenerationRequest(
+          batch.endpoint == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat, line.body,
+          codec_, limits_);
+    }
     if (parsed.plan && parsed.plan->stream)
       parsed = {std::nullopt,
                 {400, "stream: true is not available in a batch", "stream", "invalid_value"}};
@@ -285,9 +307,12 @@ void BatchRunner::Advance(Batch& batch) {
     }
     auto flight = std::make_shared<InFlight>();
     flight->response_id =
-        RandomObjectId(parsed.plan->endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-");
+        RandomObjectId(responses                                         ? "resp_"
+                       : parsed.plan->endpoint == Endpoint::kCompletions ? "cmpl-"
+                                                                         : "chatcmpl-");
     flight->created = now;
     flight->plan = std::move(*parsed.plan);
+    flight->responses = std::move(responses);
     std::vector<EngineRequest> requests = ChoiceRequests(flight->plan, flight->response_id);
     for (const auto& r : requests)
       flight->request_ids.push_back(r.id);
@@ -348,8 +373,11 @@ void BatchRunner::Collect() {
       }
     if (!failed) {
       Record(batch, flight.custom_id, 200, flight.response_id,
-             json::parse(ResponseBody(flight.plan, flight.results, flight.response_id,
-                                      flight.created, codec_, limits_)));
+             flight.responses
+                 ? ResponsesObject(*flight.responses, flight.results[0], flight.response_id,
+                                   flight.created, codec_, limits_)
+                 : json::parse(ResponseBody(flight.plan, flight.results, flight.response_id,
+                                            flight.created, codec_, limits_)));
     } else if (batch.status == "in_progress" || error != "the batch was cancelled") {
       const bool ours = error == kNothingAllowedError;
       Record(batch, flight.custom_id, ours ? 400 : 500, flight.response_id,

@@ -113,6 +113,38 @@ def test_a_completions_batch(server, client):
         assert line["response"]["body"]["choices"][0]["text"] == want.choices[0].text
 
 
+def test_a_responses_batch(server, client):
+    """/v1/responses lines: each Response object the one the live endpoint gives (stateless:
+    store: true and background are refused per line)."""
+    inputs = ["Tell me of the king.", "Who comes here?"]
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+              "body": {"model": "sy-test", "input": text, "max_output_tokens": 6,
+                       "temperature": 0, "store": False}}
+             for i, text in enumerate(inputs)]
+    lines.append({"custom_id": "stored", "method": "POST", "url": "/v1/responses",
+                  "body": {"model": "sy-test", "input": "x", "store": True}})
+    lines.append({"custom_id": "later", "method": "POST", "url": "/v1/responses",
+                  "body": {"model": "sy-test", "input": "x", "background": True,
+                           "store": False}})
+    uploaded = client.files.create(file=("r.jsonl", jsonl(lines)), purpose="batch")
+    done = wait(client, client.batches.create(input_file_id=uploaded.id,
+                                              endpoint="/v1/responses",
+                                              completion_window="24h").id)
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 2)
+    out = {line["custom_id"]: line for line in lines_of(client, done.output_file_id)}
+    for i, text in enumerate(inputs):
+        body = out[f"r{i}"]["response"]["body"]
+        assert body["object"] == "response" and body["id"].startswith("resp_")
+        live = client.responses.create(model="sy-test", input=text, max_output_tokens=6,
+                                       temperature=0, store=False)
+        assert body["status"] == live.status  # "incomplete": max_output_tokens cut it
+        assert body["output"][0]["content"][0]["text"] == live.output_text
+    errors = {line["custom_id"]: line for line in lines_of(client, done.error_file_id)}
+    assert set(errors) == {"stored", "later"}
+    assert errors["later"]["response"]["body"]["error"]["param"] == "background"
+
+
 def test_bad_files_fail_the_batch_naming_their_lines(server, client):
     good = chat_line("a", "hi")
     lines = [good, chat_line("a", "again"), {**chat_line("b", "x"), "url": "/v1/completions"},
