@@ -493,8 +493,7 @@ void AddRunBatchVerb(CLI::App& app) {
       "run-batch",
       "Run a file of OpenAI batch requests (one JSON object a line: custom_id, method POST, url "
       "/v1/chat/completions, /v1/completions or /v1/responses, body) and write every line's "
-      "result, in order "
-      "(vLLM's run-batch; the Batch API's format)");
+      "result, in order (vLLM's run-batch; the Batch API's format)");
   verb->add_option("-i,--input-file", args->batch_input, "The requests, JSON Lines")->required();
   verb->add_option("-o,--output-file", args->batch_output, "Where the results go, JSON Lines")
       ->required();
