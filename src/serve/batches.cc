@@ -272,7 +272,8 @@ void BatchRunner::Record(Batch& batch, const std::string& custom_id, int status,
   ++(status == 200 ? batch.completed : batch.failed);
 }
 
-void BatchRunner::Advance(Batch& batch) {
+void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
+  Batch& batch = *owner;
   const int64_t now = UnixNow();
   while (batch.status == "in_progress" && batch.next < batch.lines.size() &&
          static_cast<int64_t>(in_flight_.size()) < max_in_flight_) {
@@ -326,9 +327,7 @@ void BatchRunner::Advance(Batch& batch) {
       ++batch.next;
       continue;
     }
-    flight->batch = nullptr;
-    for (const auto& b : batches_)
-      if (b.get() == &batch) flight->batch = b;
+    flight->batch = owner;
     flight->custom_id = line.custom_id;
     flight->streams = std::move(streams.value());
     flight->results.resize(flight->streams.size());
@@ -428,7 +427,7 @@ void BatchRunner::Loop() {
     woken_ = false;
     Collect();
     for (const auto& batch : batches_) {
-      Advance(*batch);
+      Advance(batch);
       const bool ended = batch->status == "cancelling" ||
                          (batch->status == "in_progress" && batch->next >= batch->lines.size());
       if (ended && batch->in_flight == 0) Close(*batch);

@@ -56,9 +56,9 @@ class BatchRunner {
     std::string status;  // validating, failed, in_progress, finalizing, completed, cancelling,
                          // cancelled
     std::map<std::string, int64_t> times;  // created_at, in_progress_at, … where set
-    std::vector<Line> lines;  // released once the batch ends
-    int64_t total = 0;        // lines
-    size_t next = 0;          // the first line not yet submitted
+    std::vector<Line> lines;               // released once the batch ends
+    int64_t total = 0;                     // lines
+    size_t next = 0;                       // the first line not yet submitted
     int64_t completed = 0, failed = 0;
     std::string output, error_output;  // JSONL so far
     std::optional<std::string> output_file_id, error_file_id;
@@ -68,7 +68,7 @@ class BatchRunner {
   ApiReply Create(const std::string& body, int64_t now);
   void Loop();
   // Under mutex_: submits what fits, takes finished requests, closes finished batches.
-  void Advance(Batch& batch);
+  void Advance(const std::shared_ptr<Batch>& batch);
   void Collect();
   void Close(Batch& batch);
   // One output line: `status` 200 with the response body, else the error's.
