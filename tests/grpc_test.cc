@@ -49,6 +49,7 @@ struct Instance {
     info.served_model_name = "sy-test";
     info.vocab_size = model->config().vocab_size;
     info.max_model_len = engine->max_model_len();
+    info.eos_token_id = static_cast<int32_t>(model->config().eos_token_id);
     server = std::make_unique<serve::GrpcEngineServer>(*engine, info);
     EXPECT_TRUE(server->Start("127.0.0.1", 0).ok());
     stub = pb::Engine::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(server->port()),
@@ -246,6 +247,9 @@ TEST(GrpcTest, HealthLoadAndCancellation) {
   EXPECT_EQ(health.served_model_name(), "sy-test");
   EXPECT_EQ(health.page_size(), 16);
   EXPECT_EQ(health.vocab_size(), 4096);
+  // A router's beam searches end a beam on it.
+  ASSERT_TRUE(health.has_eos_token_id());
+  EXPECT_EQ(health.eos_token_id(), TheInstance().model->config().eos_token_id);
   EXPECT_GT(health.total_pages(), 0);
   EXPECT_NE(health.instance_epoch(), 0u);
 

@@ -9,6 +9,7 @@
 #include "cli/common.h"
 #include "cli/tls_options.h"
 #include "cli/verbs.h"
+#include "engine/beam_search.h"
 #include "route/router.h"
 #include "serve/access.h"
 #include "serve/grpc_tls.h"
@@ -129,7 +130,8 @@ void RunRoute(const RouteArgs& args) {
     }
     return error(404, "no such admin endpoint: " + method + " " + path);
   };
-  serve::OpenAiServer server(router, codec, server_options);
+  BeamSearchFrontend beams(router, *codec.tokenizer, limits);
+  serve::OpenAiServer server(beams, codec, server_options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
   WarnIfExposed(serve::HttpExposureWarning(args.host, server.port(), server_options.tls.enabled(),
                                            !args.api_key.empty()));

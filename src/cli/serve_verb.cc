@@ -16,6 +16,7 @@
 #include "cli/parallel_setup.h"
 #include "cli/tls_options.h"
 #include "cli/verbs.h"
+#include "engine/beam_search.h"
 #include "engine/engine.h"
 #include "serve/access.h"
 #include "serve/batches.h"
@@ -94,10 +95,12 @@ std::string RoleNote(const ServeArgs& args, const Disaggregation& d) {
 }
 
 // The gRPC instance API beside HTTP, when --grpc-port is given; fails the verb if it cannot bind.
-std::unique_ptr<serve::GrpcEngineServer> StartGrpc(
-    const ServeArgs& args, RequestFrontend& frontend, const serve::ServerOptions& options,
-    const EngineConfig& engine_config, int64_t page_size, int64_t vocab_size, Status* status,
-    const Disaggregation* disaggregation = nullptr, const LatentCache* cache = nullptr) {
+std::unique_ptr<serve::GrpcEngineServer> StartGrpc(const ServeArgs& args, RequestFrontend& frontend,
+                                                   const serve::ServerOptions& options,
+                                                   const EngineConfig& engine_config,
+                                                   const Engine& engine, Status* status,
+                                                   const Disaggregation* disaggregation = nullptr,
+                                                   const LatentCache* cache = nullptr) {
   if (args.grpc_port < 0) return nullptr;
   serve::InstanceInfo info;
   if (disaggregation != nullptr) {
@@ -109,8 +112,9 @@ std::unique_ptr<serve::GrpcEngineServer> StartGrpc(
     info.transfer_timeout_seconds = args.transfer_timeout;
   }
   info.served_model_name = options.limits.model_name;
-  info.page_size = page_size;
-  info.vocab_size = vocab_size;
+  info.page_size = engine.page_size();
+  info.vocab_size = engine.model_config().vocab_size;
+  info.eos_token_id = static_cast<int32_t>(engine.model_config().eos_token_id);
   info.max_model_len = engine_config.max_model_len;
   info.num_speculative_tokens = engine_config.num_speculative_tokens;
   info.priority_scheduling =
@@ -171,6 +175,7 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   Communicator& comm = *run.comm;
   Disaggregation disaggregation;
   serve::ClusterServing cluster(engine, comm, run.tp, engine_config.max_waiting);
+  BeamSearchFrontend beams(cluster, *codec.tokenizer, engine.limits());
   serve::ServerOptions options = ServerOptionsFrom(args, cache_tokens, engine_config);
   ApplyChatOutputOrFail(args.chat_output, codec, &options);
   std::unique_ptr<serve::OpenAiServer> server;
@@ -180,7 +185,7 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   Status listening = Status::Ok();
   if (comm.rank() == 0) {
     listening = StartDisaggregation(args, &disaggregation);
-    server = std::make_unique<serve::OpenAiServer>(cluster, codec, options);
+    server = std::make_unique<serve::OpenAiServer>(beams, codec, options);
     if (listening.ok()) listening = server->Listen();
     if (listening.ok())
       WarnIfExposed(serve::HttpExposureWarning(args.host, server->port(), options.tls.enabled(),
@@ -189,9 +194,8 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
       groups.push_back(std::make_unique<serve::GroupFrontend>(cluster, g));
       ServeArgs group_args = args;
       if (args.grpc_port > 0) group_args.grpc_port = args.grpc_port + g;
-      grpc.push_back(StartGrpc(group_args, *groups.back(), options, engine_config,
-                               engine.page_size(), engine.model_config().vocab_size, &listening,
-                               &disaggregation, &cache));
+      grpc.push_back(StartGrpc(group_args, *groups.back(), options, engine_config, engine,
+                               &listening, &disaggregation, &cache));
     }
   }
   // Every rank learns whether rank 0 could listen, so none is left waiting.
@@ -266,7 +270,8 @@ void RunBatchFile(const ServeArgs& args, Engine& engine, const TextCodec& codec,
   if (groups.empty()) FailVerb(fmt::format("--input-file {}: no requests", args.batch_input));
   serve::FileStore files(content.size() * 4 + (size_t{256} << 20));
   engine.Start();
-  serve::BatchRunner runner(engine, codec, options.limits, files, options.batch_max_in_flight);
+  BeamSearchFrontend beams(engine, *codec.tokenizer, engine.limits());
+  serve::BatchRunner runner(beams, codec, options.limits, files, options.batch_max_in_flight);
   std::vector<std::pair<int64_t, std::string>> results;
   int64_t total = 0, completed = 0, failed = 0;
   for (auto& [url, group] : groups) {
@@ -311,7 +316,7 @@ void RunBatchFile(const ServeArgs& args, Engine& engine, const TextCodec& codec,
     failed += batch["request_counts"]["failed"].get<int64_t>();
   }
   runner.Stop();
-  engine.Stop(/*drain=*/false);
+  beams.Stop(/*drain=*/false);
   std::sort(results.begin(), results.end());
   std::ofstream out(args.batch_output, std::ios::binary);
   for (const auto& [position, line] : results)
@@ -380,13 +385,14 @@ void RunServe(const ServeArgs& args) {
   if (!args.batch_input.empty()) return RunBatchFile(args, engine, codec, options);
   Disaggregation disaggregation;
   if (Status s = StartDisaggregation(args, &disaggregation); !s.ok()) FailVerb(s.message());
-  serve::OpenAiServer server(engine, codec, options);
+  BeamSearchFrontend beams(engine, *codec.tokenizer, engine.limits());
+  serve::OpenAiServer server(beams, codec, options);
   if (Status s = server.Listen(); !s.ok()) FailVerb(s.message());
   WarnIfExposed(serve::HttpExposureWarning(args.host, server.port(), options.tls.enabled(),
                                            !args.api_key.empty()));
   Status grpc_status = Status::Ok();
-  auto grpc = StartGrpc(args, engine, options, engine_config, engine.page_size(), config.vocab_size,
-                        &grpc_status, &disaggregation, &cache);
+  auto grpc = StartGrpc(args, engine, options, engine_config, engine, &grpc_status, &disaggregation,
+                        &cache);
   if (!grpc_status.ok()) FailVerb(grpc_status.message());
   engine.Start();
   std::printf(

@@ -171,6 +171,10 @@ Status ValidateRequest(const EngineRequest& request, const RequestLimits& limits
       return Status::Errorf("prompt token {} (position {}) is outside [0, {})", request.prompt[i],
                             i, vocab);
   SY_RETURN_IF_ERROR(request.params.Validate(vocab));
+  if (request.params.beam_width > 0)
+    return Status::Error(
+        "use_beam_search: beam search runs above the engine (BeamSearchFrontend), which this "
+        "request did not pass through");
   if (request.priority != 0 && !limits.priority_scheduling)
     return Status::Errorf(
         "priority {}: this server runs requests first come, first served (priorities need "
@@ -192,12 +196,15 @@ Status ValidateRequest(const EngineRequest& request, const RequestLimits& limits
   return Status::Ok();
 }
 
-Status Engine::Validate(const EngineRequest& request) const {
+RequestLimits Engine::limits() const {
   // Whole pages: a request needs ceil(length / page) of them.
-  const int64_t cache_tokens = pool_.total_pages() * pool_.page_size();
-  return ValidateRequest(request,
-                         {model_.config().vocab_size, max_model_len_, cache_tokens,
-                          config_.scheduling_policy == EngineConfig::SchedulingPolicy::kPriority});
+  return {model_.config().vocab_size, max_model_len_, pool_.total_pages() * pool_.page_size(),
+          config_.scheduling_policy == EngineConfig::SchedulingPolicy::kPriority,
+          static_cast<int32_t>(model_.config().eos_token_id)};
+}
+
+Status Engine::Validate(const EngineRequest& request) const {
+  return ValidateRequest(request, limits());
 }
 
 bool Engine::HasWork() const {

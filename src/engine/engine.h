@@ -126,6 +126,7 @@ struct RequestLimits {
   int64_t max_model_len = 0;
   int64_t cache_tokens = 0;
   bool priority_scheduling = false;  // else a priority other than 0 is refused
+  int32_t eos_token_id = -1;         // the model's end of sequence (-1: unknown)
 };
 Status ValidateRequest(const EngineRequest& request, const RequestLimits& limits);
 
@@ -170,8 +171,10 @@ class Engine : public RequestFrontend {
                                                                 SubmitError* error) override;
   void Abort(const std::string& id) override;
   EngineMetrics Metrics() const override;
-  // The checks Submit makes, without queueing (the same on every rank).
+  // The checks Submit makes, without queueing (the same on every rank), and the limits they
+  // check against.
   Status Validate(const EngineRequest& request) const;
+  RequestLimits limits() const;
   // Whether a step would have anything to do (requests queued, running or waiting).
   bool HasWork() const;
   const Tokenizer& tokenizer() const { return tokenizer_; }

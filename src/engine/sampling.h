@@ -53,6 +53,12 @@ struct SamplingParams {
   // first template, whose generation prompt leaves "<think>" to the model; the chat path knows).
   // Otherwise the prompt tells: inside when its last "<think>" follows its last "</think>".
   bool starts_in_thinking = false;
+  // Beam search (vLLM's use_beam_search; engine/beam_search.h): the width W (0: no search), and
+  // the exponent of the length that divides a beam's cumulative log-probability when beams of
+  // different lengths are ranked. A search runs above the engine (BeamSearchFrontend), which
+  // refuses a request that still carries one.
+  int64_t beam_width = 0;
+  double length_penalty = 1.0;
 
   // Ranges as vLLM checks them; the message names the field.
   Status Validate(int64_t vocab_size) const;

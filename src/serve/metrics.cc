@@ -167,10 +167,11 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
   EngineMetrics histograms = m;
   for (const EngineMetrics::NamedHistogram& h : histograms.Histograms())
     if (!h.histogram->bounds.empty()) HistogramText(out, h.name, h.help, labels, *h.histogram);
+  auto with = [&](const std::string& more) { return more.empty() ? labels : labels + "," + more; };
   for (const LabeledHistogram& h : m.extra_histograms)
-    HistogramText(out, h.name.c_str(), h.help.c_str(), labels + "," + h.labels, h.histogram);
+    HistogramText(out, h.name.c_str(), h.help.c_str(), with(h.labels), h.histogram);
   for (const LabeledValue& v : m.extra_values)
-    Metric(out, v.name.c_str(), v.type.c_str(), v.help.c_str(), labels + "," + v.labels, v.value);
+    Metric(out, v.name.c_str(), v.type.c_str(), v.help.c_str(), with(v.labels), v.value);
   {
     PublishedTransfers& t = Transfers();
     std::lock_guard<std::mutex> lock(t.mutex);

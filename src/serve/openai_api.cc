@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/beam_search.h"
 #include "structured/compiler.h"
 
 namespace sy::serve {
@@ -90,8 +91,6 @@ struct Reader {
 void RefuseUnimplemented(Reader& r, Endpoint endpoint) {
   for (const char* name : {"guided_whitespace_pattern", "logits_processors"})
     if (r.Get(name)) r.Fail(name, "is not supported");
-  if (const json* beam = r.Get("use_beam_search"); beam && *beam != false)
-    r.Fail("use_beam_search", "is not supported");
   if (endpoint != Endpoint::kChat) {
     for (const char* name : {"tools", "tool_choice"})
       if (r.Get(name)) r.Fail(name, "is for chat completions");
@@ -471,6 +470,11 @@ void ReadSampling(Reader& r, GenerationPlan& plan, int64_t vocab) {
     if (!best_of->is_number_integer() || best_of->get<int64_t>() != plan.n)
       r.Fail("best_of", "only best_of equal to n is supported");
   }
+  // vLLM's beam search: n is the width; length_penalty ranks beams of different lengths.
+  bool beam_search = false;
+  r.Bool("use_beam_search", &beam_search);
+  r.Number("length_penalty", &p.length_penalty, -100, 100);
+  if (beam_search) p.beam_width = plan.n;
   r.Bool("stream", &plan.stream);
   if (const json* options = r.Get("stream_options")) {
     if (!options->is_object()) return r.Fail("stream_options", "must be an object");
@@ -603,6 +607,7 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
     plan.params.prompt_logprobs = prompt_top;
   }
   r.Bool("return_token_ids", &plan.return_token_ids);
+  r.Bool("return_tokens_as_token_ids", &plan.tokens_as_ids);
   ReadStructuredOutput(r, plan);
   // vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context length).
   int64_t truncate = 0;
@@ -791,6 +796,12 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
     out.error = Invalid("min_tokens", "must not exceed max_tokens");
     return out;
   }
+  if (plan.params.beam_width > 0) {
+    if (Status s = CheckBeamSearchParams(plan.params); !s.ok()) {
+      out.error = Invalid("use_beam_search", s.message());
+      return out;
+    }
+  }
   if (Status s = plan.params.Validate(vocab); !s.ok()) {
     out.error = Invalid("", s.message());
     return out;
@@ -802,7 +813,10 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
 
 namespace {
 
-std::string TokenText(const TextCodec& codec, int32_t token) {
+// vLLM's return_tokens_as_token_ids: "token_id:N" names a token whatever its bytes (two tokens of
+// one text stay apart; a token that is not whole UTF-8 keeps its identity).
+std::string TokenText(const TextCodec& codec, int32_t token, bool as_id = false) {
+  if (as_id) return fmt::format("token_id:{}", token);
   const int32_t ids[1] = {token};
   auto text = codec.tokenizer->Decode(ids);
   return text.ok() ? text.value() : "";
@@ -817,12 +831,13 @@ json TokenBytes(const TextCodec& codec, int32_t token) {
 
 }  // namespace
 
-json ChatLogprobEntry(const TextCodec& codec, const TokenLogprob& lp) {
+json ChatLogprobEntry(const TextCodec& codec, const TokenLogprob& lp, bool tokens_as_ids) {
   json top = json::array();
   for (const auto& [t, l] : lp.top)
-    top.push_back(
-        {{"token", TokenText(codec, t)}, {"logprob", l}, {"bytes", TokenBytes(codec, t)}});
-  return {{"token", TokenText(codec, lp.token)},
+    top.push_back({{"token", TokenText(codec, t, tokens_as_ids)},
+                   {"logprob", l},
+                   {"bytes", TokenBytes(codec, t)}});
+  return {{"token", TokenText(codec, lp.token, tokens_as_ids)},
           {"logprob", lp.logprob},
           {"bytes", TokenBytes(codec, lp.token)},
           {"top_logprobs", top}};
@@ -858,9 +873,9 @@ namespace {
 
 // The legacy completions logprobs object for a run of tokens; `offset` starts text_offset.
 void AppendCompletionLogprobs(const TextCodec& codec, const std::optional<TokenLogprob>& lp,
-                              int32_t token, json& out, int64_t* offset,
+                              int32_t token, json& out, int64_t* offset, bool as_ids,
                               size_t top_limit = SIZE_MAX) {
-  const std::string text = TokenText(codec, token);
+  const std::string text = TokenText(codec, token, as_ids);
   out["tokens"].push_back(text);
   out["text_offset"].push_back(*offset);
   *offset += static_cast<int64_t>(text.size());
@@ -872,7 +887,7 @@ void AppendCompletionLogprobs(const TextCodec& codec, const std::optional<TokenL
   out["token_logprobs"].push_back(lp->logprob);
   json top = json::object();
   for (size_t i = 0; i < lp->top.size() && i < top_limit; ++i)
-    top[TokenText(codec, lp->top[i].first)] = lp->top[i].second;
+    top[TokenText(codec, lp->top[i].first, as_ids)] = lp->top[i].second;
   out["top_logprobs"].push_back(top);
 }
 
@@ -884,7 +899,7 @@ json CompletionLogprobs(const TextCodec& codec, int64_t top, const std::vector<i
                         const std::vector<std::optional<TokenLogprob>>& prompt_logprobs,
                         const std::vector<int32_t>& tokens,
                         const std::vector<TokenLogprob>& logprobs,
-                        std::optional<int64_t> generated_offset) {
+                        std::optional<int64_t> generated_offset, bool as_ids) {
   json out = {{"tokens", json::array()},
               {"token_logprobs", json::array()},
               {"top_logprobs", json::array()},
@@ -894,11 +909,11 @@ json CompletionLogprobs(const TextCodec& codec, int64_t top, const std::vector<i
     for (size_t p = 0; p < prompt->size(); ++p)
       AppendCompletionLogprobs(codec,
                                p < prompt_logprobs.size() ? prompt_logprobs[p] : std::nullopt,
-                               (*prompt)[p], out, &offset, static_cast<size_t>(top));
+                               (*prompt)[p], out, &offset, as_ids, static_cast<size_t>(top));
   if (generated_offset) offset = *generated_offset;
   for (size_t t = 0; t < tokens.size(); ++t)
     AppendCompletionLogprobs(codec, t < logprobs.size() ? std::optional(logprobs[t]) : std::nullopt,
-                             tokens[t], out, &offset);
+                             tokens[t], out, &offset, as_ids);
   return out;
 }
 
@@ -1022,9 +1037,9 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
       std::string text = plan.echo ? plan.prompt_texts[prompt_index] + c.text : c.text;
       json logprobs = nullptr;
       if (plan.params.logprobs)
-        logprobs = CompletionLogprobs(codec, *plan.params.logprobs,
-                                      plan.echo ? &plan.prompts[prompt_index] : nullptr,
-                                      c.prompt_logprobs, c.tokens, c.logprobs, std::nullopt);
+        logprobs = CompletionLogprobs(
+            codec, *plan.params.logprobs, plan.echo ? &plan.prompts[prompt_index] : nullptr,
+            c.prompt_logprobs, c.tokens, c.logprobs, std::nullopt, plan.tokens_as_ids);
       out_choices.push_back({{"index", i},
                              {"text", text},
                              {"logprobs", logprobs},
@@ -1042,7 +1057,7 @@ std::string ResponseBody(const GenerationPlan& plan, const std::vector<ChoiceRes
       if (plan.chat_logprobs) {
         json content = json::array();
         for (const auto& lp : c.logprobs)
-          content.push_back(ChatLogprobEntry(codec, lp));
+          content.push_back(ChatLogprobEntry(codec, lp, plan.tokens_as_ids));
         logprobs = {{"content", content}};
       }
       json message = {{"role", "assistant"}, {"content", c.text}};
@@ -1097,9 +1112,9 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
       const int64_t before =
           (plan.echo ? static_cast<int64_t>(plan.prompt_texts[prompt_index].size()) : 0) +
           static_cast<int64_t>(so_far.text.size() - event.text.size());
-      logprobs = CompletionLogprobs(codec, *plan.params.logprobs,
-                                    plan.echo && first ? &plan.prompts[prompt_index] : nullptr,
-                                    event.prompt_logprobs, event.token_ids, event.logprobs, before);
+      logprobs = CompletionLogprobs(
+          codec, *plan.params.logprobs, plan.echo && first ? &plan.prompts[prompt_index] : nullptr,
+          event.prompt_logprobs, event.token_ids, event.logprobs, before, plan.tokens_as_ids);
     }
     if (plan.echo && first) text = plan.prompt_texts[prompt_index] + text;
     choice = {{"index", index},
@@ -1145,7 +1160,7 @@ std::string StreamChunk(const GenerationPlan& plan, int64_t index, const Request
     if (plan.chat_logprobs) {
       json content = json::array();
       for (const auto& lp : event.logprobs)
-        content.push_back(ChatLogprobEntry(codec, lp));
+        content.push_back(ChatLogprobEntry(codec, lp, plan.tokens_as_ids));
       logprobs = {{"content", content}};
     }
     choice = {{"index", index},

@@ -127,6 +127,8 @@ struct GenerationPlan {
   // (the prompt's and the output's ids) in the response.
   std::optional<int64_t> prompt_logprobs;
   bool return_token_ids = false;
+  // vLLM's return_tokens_as_token_ids: log-probabilities name tokens "token_id:N".
+  bool tokens_as_ids = false;
   // OpenAI's service_tier as served ("default", "flex" or "priority"); empty where the request
   // named none (the response then names none either).
   std::string service_tier;
@@ -235,7 +237,8 @@ class OutputBlocks {
 
 // One chat log-probability entry: {token, logprob, bytes, top_logprobs: [...]} (the Responses
 // API's output_text logprobs take the same shape).
-nlohmann::ordered_json ChatLogprobEntry(const TextCodec& codec, const TokenLogprob& logprob);
+nlohmann::ordered_json ChatLogprobEntry(const TextCodec& codec, const TokenLogprob& logprob,
+                                        bool tokens_as_ids = false);
 std::string StreamError(const ApiError& error);
 constexpr const char* kStreamDone = "data: [DONE]\n\n";
 

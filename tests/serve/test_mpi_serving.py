@@ -20,6 +20,12 @@ def greedy(client, prompt, **extra):
                                      extra_body={"ignore_eos": True, **extra}).choices[0].text
 
 
+def beam_texts(client):
+    out = client.completions.create(model="sy-test", prompt=PROMPTS[1], max_tokens=8, n=3,
+                                    extra_body={"use_beam_search": True})
+    return [c.text for c in out.choices]
+
+
 # Token constraints cross to the groups (the cluster's own encoding of a request).
 CONSTRAINED = dict(bad_words=["the", "and"], allowed_token_ids=list(range(2, 3000)))
 
@@ -43,6 +49,7 @@ def test_mpi_server_matches_one_process(model_dir, ranks, extra):
         reference = [greedy(client, p) for p in PROMPTS]
         constrained = greedy(client, PROMPTS[0], **CONSTRAINED)
         assert constrained != reference[0]
+        beams = beam_texts(client)
     finally:
         assert reference_server.stop() == 0
     s = Server(model_dir, "--kv-cache-tokens", "4096", *extra, ranks=ranks, threads=1)
@@ -82,6 +89,8 @@ def test_mpi_server_matches_one_process(model_dir, ranks, extra):
                                             extra_body={"ignore_eos": True})
         assert out.choices[0].text == reference[0][:reference[0].index(stop)]
         assert out.choices[0].model_extra["stop_reason"] == stop
+        # A beam search runs on rank 0, its steps spread over the groups.
+        assert beam_texts(mpi_client) == beams
     finally:
         assert s.stop() == 0, "".join(s.log)
 

@@ -56,6 +56,79 @@ def test_seeds_reproduce_and_differ(client):
     assert a != c
 
 
+def test_beam_search_gives_n_ranked_beams_streamed_or_not(client):
+    # vLLM's use_beam_search: n is the width; the choices are the n best beams, best first. With
+    # ignore_eos every beam has max_tokens tokens, so the ranking is by cumulative log-probability,
+    # which the returned token log-probabilities add up to.
+    args = dict(model="sy-test", prompt="Once upon a time", max_tokens=10, n=4, logprobs=1,
+                extra_body={"use_beam_search": True, "ignore_eos": True})
+    out = client.completions.create(**args)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert len({c.text for c in out.choices}) == 4
+    assert all(c.finish_reason == "length" for c in out.choices)
+    sums = [sum(c.logprobs.token_logprobs) for c in out.choices]
+    assert sums == sorted(sums, reverse=True)
+    assert out.usage.completion_tokens == 40
+    # Deterministic: temperature and seed do not change a search.
+    again = client.completions.create(temperature=1.5, seed=3, **args)
+    assert [c.text for c in again.choices] == [c.text for c in out.choices]
+    # Chat, streamed: each choice's text arrives whole, and equals the unstreamed search's.
+    chat = dict(model="sy-test", messages=[{"role": "user", "content": "Speak, friend"}],
+                max_tokens=8, n=3, extra_body={"use_beam_search": True})
+    whole = client.chat.completions.create(**chat)
+    streamed = {}
+    finished = {}
+    for chunk in client.chat.completions.create(stream=True, **chat):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finished[c.index] = c.finish_reason
+    assert [streamed[i] for i in range(3)] == [c.message.content for c in whole.choices]
+    assert finished == {i: c.finish_reason for i, c in enumerate(whole.choices)}
+
+
+def vllm_beam_search(client, prompt, width, max_tokens, eos, length_penalty=1.0):
+    """vLLM's online beam search (vllm/entrypoints/generate/beam_search/online.py), restated
+    step for step, its one-token requests (2W top log-probabilities each, tokens named by id)
+    sent to this server: the reference the server's own search must agree with."""
+    beams, completed = [(list(prompt), 0.0)], []
+    for _ in range(max_tokens):
+        candidates = []
+        for tokens, cumulative in beams:
+            out = client.completions.create(
+                model="sy-test", prompt=tokens, max_tokens=1, temperature=0,
+                logprobs=2 * width, extra_body={"return_tokens_as_token_ids": True})
+            for key, logprob in out.choices[0].logprobs.top_logprobs[0].items():
+                token = int(key.removeprefix("token_id:"))
+                if token == eos:
+                    completed.append((tokens + [token], cumulative + logprob))
+                else:
+                    candidates.append((tokens + [token], cumulative + logprob))
+        beams = sorted(candidates, key=lambda b: b[1], reverse=True)[:width]
+        if not beams:
+            break
+
+    def score(beam):
+        length = len(beam[0]) - (beam[0][-1] == eos)
+        return beam[1] / max(length, 1) ** length_penalty
+    ranked = sorted(completed + beams, key=score, reverse=True)[:width]
+    return [(tokens[len(prompt):], cumulative) for tokens, cumulative in ranked]
+
+
+def test_beam_search_agrees_with_vllms_algorithm_on_the_same_steps(server, client):
+    eos = server.request("POST", "/tokenize", {"prompt": "<｜end▁of▁sentence｜>",
+                                               "add_special_tokens": False})[1]["tokens"][0]
+    prompt = server.request("POST", "/tokenize", {"prompt": "The King hath"})[1]["tokens"]
+    reference = vllm_beam_search(client, prompt, width=3, max_tokens=6, eos=eos)
+    out = client.completions.create(model="sy-test", prompt=prompt, max_tokens=6, n=3,
+                                    logprobs=0, extra_body={"use_beam_search": True,
+                                                            "return_token_ids": True})
+    got = [(c.model_extra["token_ids"], sum(c.logprobs.token_logprobs)) for c in out.choices]
+    assert [tokens for tokens, _ in got] == [tokens for tokens, _ in reference]
+    for (_, mine), (_, theirs) in zip(got, reference):
+        assert math.isclose(mine, theirs, rel_tol=1e-9)
+
+
 def test_stop_strings_end_the_text_and_are_not_returned(client):
     full = client.completions.create(model="sy-test", prompt="HAMLET:", max_tokens=24,
                                      **GREEDY).choices[0].text
@@ -440,7 +513,16 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "x", "bad_words": ["ok", ""]}, 400, "bad_words"),
     ("/v1/completions", {"prompt": "x", "bad_words": "word"}, 400, "bad_words"),
     ("/v1/completions", {"prompt": "x", "logits_processors": ["f"]}, 400, "logits_processors"),
-    ("/v1/completions", {"prompt": "x", "use_beam_search": True}, 400, "use_beam_search"),
+    # Beam search ranks by the model's own log-probabilities: what would change them is refused.
+    ("/v1/completions", {"prompt": "x", "use_beam_search": True, "presence_penalty": 0.5}, 400,
+     "use_beam_search"),
+    ("/v1/completions", {"prompt": "x", "use_beam_search": True, "n": 11}, 400,
+     "use_beam_search"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "use_beam_search": True, "response_format": {"type": "json_object"}},
+     400, "use_beam_search"),
+    ("/v1/completions", {"prompt": "x", "use_beam_search": True, "length_penalty": "long"}, 400,
+     "length_penalty"),
     ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 0}, 400,
      "truncate_prompt_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],

@@ -276,6 +276,26 @@ def test_a_batch_through_the_router(instances):
         router.stop()
 
 
+def test_a_beam_search_through_the_router_is_the_instances_own(instances):
+    """The router runs a beam search itself, its steps as requests spread over the instances
+    (the model's end of sequence learned from their health answers): the beams are those an
+    instance's own search finds, ended beams included."""
+    ports, procs = instances
+    router = start_router(ports, "round_robin")
+    try:
+        args = dict(model="sy-test", messages=[{"role": "user", "content": "Who is there?"}],
+                    max_tokens=24, n=3, extra_body={"use_beam_search": True})
+        routed = client_for(router).chat.completions.create(**args)
+        direct = client_for(procs[0]).chat.completions.create(**args)
+        assert [c.message.content for c in routed.choices] == \
+            [c.message.content for c in direct.choices]
+        assert [c.finish_reason for c in routed.choices] == \
+            [c.finish_reason for c in direct.choices]
+        assert len({c.message.content for c in routed.choices}) == 3
+    finally:
+        router.stop()
+
+
 def test_anthropic_messages_through_the_router(instances):
     """The router's front is the same HTTP server: Anthropic's Messages API through it, whole and
     streamed, gives the instances' answer, and its errors keep Anthropic's shape."""
