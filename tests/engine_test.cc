@@ -241,6 +241,50 @@ TEST(EngineTest, PrefixHitGivesTheSameTokensAsAMiss) {
   EXPECT_GT(metrics.cached_pages, 0);
 }
 
+// A finished request's partial last page, when it holds prompt rows only, is kept: a later
+// request extending those tokens copies the rows it shares instead of computing them.
+TEST(EngineTest, APartialPageOfPromptRowsIsCopiedIntoALaterRequest) {
+  const std::vector<int32_t> prompt = Prompt(37, 8);  // two full pages and 5 rows
+  auto extended = [&](std::initializer_list<int32_t> more, int64_t keep) {
+    std::vector<int32_t> p(prompt.begin(), prompt.begin() + keep);
+    p.insert(p.end(), more);
+    return p;
+  };
+  for (bool keep : {true, false}) {
+    SCOPED_TRACE(keep ? "kept" : "not kept");
+    EngineConfig config;
+    config.keep_partial_pages = keep;
+    Harness h(4096, config);
+    h.Submit("one token", prompt, Greedy(1));
+    h.RunToIdle();
+    // The whole prompt and one more token: its 5 rows come from the kept page.
+    const std::vector<int32_t> b = extended({11}, 37);
+    auto stream = h.Submit("b", b, Greedy(5));
+    h.RunToIdle();
+    Collected c = Collect(*stream);
+    EXPECT_EQ(c.cached_tokens, keep ? 37 : 32);
+    EXPECT_EQ(c.tokens, GreedyAlone(b, 5));
+    // Tokens that part from the kept page's within it: only the rows they share.
+    const std::vector<int32_t> d = extended({12, 13}, 35);
+    stream = h.Submit("d", d, Greedy(5));
+    h.RunToIdle();
+    c = Collect(*stream);
+    EXPECT_EQ(c.cached_tokens, keep ? 35 : 32);
+    EXPECT_EQ(c.tokens, GreedyAlone(d, 5));
+    EXPECT_EQ(h.engine.Metrics().used_pages, 0);
+  }
+  // A request that generated keeps no partial page: its last page holds output rows.
+  Harness h(4096, EngineConfig{});
+  const std::vector<int32_t> other = Prompt(53, 9);
+  h.Submit("generates", other, Greedy(4));
+  h.RunToIdle();
+  std::vector<int32_t> e = other;
+  e.push_back(14);
+  auto stream = h.Submit("e", e, Greedy(3));
+  h.RunToIdle();
+  EXPECT_EQ(Collect(*stream).cached_tokens, 48);
+}
+
 TEST(EngineTest, PreemptionUnderPagePressureLosesNothing) {
   EngineConfig config;
   config.max_num_batched_tokens = 256;
@@ -430,6 +474,19 @@ void ExpectOneAnswer(int64_t length) {
     c = Collect(*stream);
     EXPECT_EQ(c.cached_tokens, (length - 1) / page * page);
     expect_same(c, "sent twice");
+  }
+  {  // after a one-token request of all but its last two tokens (a beam search's step, say):
+     // its full pages come from the prefix cache and the rows of its partial last page are
+     // copied from that request's kept page
+    ServingRun run(4096, EngineConfig{});
+    std::vector<int32_t> head(prompt.begin(), prompt.end() - 2);
+    run.Submit("head", head, Greedy(1));
+    run.RunToIdle();
+    auto stream = run.Submit("x", prompt, GreedyWithLogprobs(kTokens));
+    run.RunToIdle();
+    Collected c = Collect(*stream);
+    EXPECT_EQ(c.cached_tokens, static_cast<int64_t>(head.size()));
+    expect_same(c, "after its head's partial page was kept");
   }
   {  // in chunks of 24 tokens, beside three other requests decoding and prefilling
     EngineConfig config;

@@ -100,8 +100,10 @@ void AddBenchServeCommand(CLI::App& bench_app) {
 }  // namespace sy
 
 #include "bench/accuracy_bench.h"
+#include "bench/beam_bench.h"
 #include "bench/mtp_bench.h"
 #include "cli/parallel_setup.h"
+#include "engine/beam_search.h"
 
 namespace sy {
 
@@ -166,6 +168,52 @@ void AddBenchMtpCommand(CLI::App& bench_app) {
     if (run.comm->rank() != 0) return;
     std::fputs((args->json ? bench::MtpReportJson(report.value()) + "\n"
                            : bench::MtpReportTable(report.value()))
+                   .c_str(),
+               stdout);
+  });
+}
+
+void AddBenchBeamSearchCommand(CLI::App& bench_app) {
+  struct Args {
+    std::string model;
+    bench::BeamBenchOptions options;
+    std::string kv_dtype = "bf16";
+    bool json = false;
+    ParallelArgs parallel;
+  };
+  auto args = std::make_shared<Args>();
+  args->options.prompts = std::string(SY_SOURCE_DIR) + "/configs/bench/heldout-prompts.jsonl";
+  CLI::App* b = bench_app.add_subcommand(
+      "beam-search",
+      "Beam searches (use_beam_search) side by side with sampling as many sequences, by width");
+  b->add_option("--model", args->model, "Checkpoint directory (default: the default model)");
+  b->add_option("--prompts", args->options.prompts,
+                "JSON Lines of {\"text\": ...} (default: held-out Tempest and Sonnets passages)");
+  b->add_option("--widths", args->options.widths, "Beam widths (n)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, kMaxBeamWidth));
+  b->add_option("--searches", args->options.searches, "Prompts searched at once")
+      ->check(CLI::Range(int64_t{1}, int64_t{256}));
+  b->add_option("--max-tokens", args->options.max_tokens, "Tokens per sequence")
+      ->check(CLI::Range(int64_t{1}, int64_t{100000}));
+  b->add_option("--repeats", args->options.repeats, "Timed runs of each case (median reported)")
+      ->check(CLI::Range(1, 101));
+  b->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  b->add_flag("--no-partial-pages{false}", args->options.keep_partial_pages,
+              "Recompute each step's partial last pages instead of copying the kept ones (as "
+              "engines without them do)");
+  b->add_flag("--json", args->json, "Print one JSON object");
+  AddParallelOptions(b, args->parallel);
+  b->callback([args] {
+    const std::string directory = ResolveModelDirectory(args->model);
+    TextCodec codec = LoadTextCodecOrFail(directory);
+    ParallelRun run = LoadParallel(directory, args->parallel);
+    args->options.kv_dtype = KvDTypeOrFail(args->kv_dtype);
+    auto report = bench::BenchBeamSearch(run, codec, args->options);
+    if (!report.ok()) FailEverywhere(*run.comm, report.status().message());
+    std::fputs((args->json ? bench::BeamReportJson(report.value()) + "\n"
+                           : bench::BeamReportTable(report.value()))
                    .c_str(),
                stdout);
   });

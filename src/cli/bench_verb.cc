@@ -86,6 +86,7 @@ void AddBenchVerb(CLI::App& app) {
   AddBenchTokenizerCommand(*verb);
   AddBenchServeCommand(*verb);
   AddBenchMtpCommand(*verb);
+  AddBenchBeamSearchCommand(*verb);
   AddBenchAccuracyCommand(*verb);
   AddBenchTransferCommand(*verb);
 }

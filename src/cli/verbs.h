@@ -24,6 +24,7 @@ void AddBenchExchangeCommand(CLI::App& bench);
 void AddBenchTokenizerCommand(CLI::App& bench);
 void AddBenchServeCommand(CLI::App& bench);
 void AddBenchMtpCommand(CLI::App& bench);
+void AddBenchBeamSearchCommand(CLI::App& bench);
 void AddBenchAccuracyCommand(CLI::App& bench);
 void AddBenchTransferCommand(CLI::App& bench);
 

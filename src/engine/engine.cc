@@ -453,6 +453,7 @@ void Engine::Finish(Sequence& seq, const std::string& reason, RequestEvent event
   event.finish_reason = reason;
   seq.finished = true;
   if (seq.request.kv_sink && reason != "transferred") seq.request.kv_sink->Abandon();
+  KeepTail(seq);
   FreePages(seq);
   const double now = NowSeconds();
   {
@@ -472,6 +473,40 @@ void Engine::Finish(Sequence& seq, const std::string& reason, RequestEvent event
     }
   }
   seq.stream->Push(std::move(event));
+}
+
+void Engine::KeepTail(Sequence& seq) {
+  const int64_t size = pool_.page_size();
+  const int64_t full = seq.computed / size, rows = seq.computed % size;
+  // Prompt rows only: a sequence extending these tokens computes them as prompt too (the roles
+  // decide the attention form), and its own full pages before them are all registered.
+  if (!config_.keep_partial_pages || rows == 0 || seq.computed > GeneratedFrom(seq) ||
+      static_cast<int64_t>(seq.cache.pages.size()) <= full ||
+      static_cast<int64_t>(seq.page_hashes.size()) != full)
+    return;
+  pool_.RegisterTail(
+      seq.cache.pages[static_cast<size_t>(full)], full > 0 ? seq.page_hashes.back() : 0,
+      std::span(seq.tokens).subspan(static_cast<size_t>(full * size), static_cast<size_t>(rows)));
+}
+
+void Engine::AdoptTail(Sequence& seq, int64_t total) {
+  const int64_t size = pool_.page_size();
+  if (!config_.keep_partial_pages || seq.request.imported || seq.computed % size != 0) return;
+  const int64_t limit =
+      std::min({total - 1, GeneratedFrom(seq), seq.computed + size - 1}) - seq.computed;
+  if (limit <= 0) return;
+  const auto [tail, rows] =
+      pool_.MatchTail(seq.page_hashes.empty() ? 0 : seq.page_hashes.back(),
+                      std::span(seq.tokens).subspan(static_cast<size_t>(seq.computed)), limit);
+  if (tail < 0) return;
+  const int32_t page = pool_.Allocate();
+  if (page >= 0) {
+    cache_.CopyPageRows(tail, page, rows);
+    seq.cache.pages.push_back(page);
+    seq.computed += rows;
+    seq.cache.length = seq.computed;
+  }
+  pool_.Release(tail);
 }
 
 int64_t Engine::GeneratedFrom(const Sequence& seq) const {
@@ -957,9 +992,11 @@ bool Engine::ReadyToAdmit(Sequence& seq, int64_t budget, int64_t* count) {
     seq.cache.length = seq.computed;
     seq.looked_up = true;
     // Prompt log-probabilities need every prompt row: those requests compute from the start.
-    if (seq.wants_prompt_logprobs() && seq.first_admission && seq.computed > 0) {
-      FreePages(seq);
+    if (seq.wants_prompt_logprobs() && seq.first_admission) {
+      if (seq.computed > 0) FreePages(seq);
       seq.looked_up = true;
+    } else {
+      AdoptTail(seq, total);
     }
   }
   const int64_t matched = seq.computed;

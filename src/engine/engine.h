@@ -53,6 +53,10 @@ struct EngineConfig {
   // token budget goes to the most urgent first, a waiting request takes the slot and pages of
   // less urgent running ones (preempted, recomputed later), and page pressure preempts the least
   // urgent.
+  // Keep the partly filled last page of a request whose rows are all prompt rows (a one-token
+  // request: a beam search's step, a scoring request) when it finishes, so that a later request
+  // extending those tokens copies the rows instead of computing them (PagePool::RegisterTail).
+  bool keep_partial_pages = true;
   enum class SchedulingPolicy { kFcfs, kPriority };
   SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
 };
@@ -201,6 +205,11 @@ class Engine : public RequestFrontend {
   void Preempt(Sequence& seq);
   void Finish(Sequence& seq, const std::string& reason, RequestEvent event);
   void RegisterFullPages(Sequence& seq);
+  // keep_partial_pages: a finishing sequence's partial last page kept as a tail; a sequence
+  // being admitted (at most `total` − 1 rows from the cache) takes a tail's rows after its
+  // matched pages.
+  void KeepTail(Sequence& seq);
+  void AdoptTail(Sequence& seq, int64_t total);
   // Disaggregation: puts a decode request's received rows into its pages (false: no pages);
   // hands a prefill request's newly computed rows to its sink, and the request on once its
   // first token is out.

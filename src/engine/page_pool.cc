@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+
 namespace sy {
 
 PagePool::PagePool(LatentCache& cache) : cache_(cache), pages_(cache.total_pages()) {}
@@ -20,8 +22,18 @@ int32_t PagePool::Allocate() {
 void PagePool::Evict(int32_t page) {
   Page& p = pages_[page];
   lru_.erase(p.lru_entry);
-  by_hash_.erase(p.hash);
-  if (events_ != nullptr) events_->Record(p.hash, false);
+  if (p.tail) {
+    auto [first, last] = tails_.equal_range(p.hash);
+    for (auto it = first; it != last; ++it)
+      if (it->second == page) {
+        tails_.erase(it);
+        break;
+      }
+    p.tail = false;
+  } else {
+    by_hash_.erase(p.hash);
+    if (events_ != nullptr) events_->Record(p.hash, false);
+  }
   p.cached = false;
   p.tokens.clear();
 }
@@ -77,6 +89,44 @@ void PagePool::Register(int32_t page, uint64_t hash, std::span<const int32_t> to
   p.tokens.assign(tokens.begin(), tokens.end());
   by_hash_[hash] = page;
   if (events_ != nullptr) events_->Record(hash, true);
+}
+
+void PagePool::RegisterTail(int32_t page, uint64_t previous, std::span<const int32_t> tokens) {
+  Page& p = pages_[page];
+  if (p.cached || tokens.empty()) return;
+  auto [first, last] = tails_.equal_range(previous);
+  for (auto it = first; it != last; ++it) {
+    const Page& kept = pages_[it->second];
+    if (std::equal(kept.tokens.begin(), kept.tokens.end(), tokens.begin(), tokens.end())) return;
+  }
+  p.cached = true;
+  p.tail = true;
+  p.hash = previous;
+  p.tokens.assign(tokens.begin(), tokens.end());
+  tails_.emplace(previous, page);
+}
+
+std::pair<int32_t, int64_t> PagePool::MatchTail(uint64_t previous, std::span<const int32_t> tokens,
+                                                int64_t max_rows) {
+  int32_t best = -1;
+  int64_t best_rows = 0;
+  auto [first, last] = tails_.equal_range(previous);
+  for (auto it = first; it != last; ++it) {
+    const Page& p = pages_[it->second];
+    const size_t limit = std::min({p.tokens.size(), tokens.size(), static_cast<size_t>(max_rows)});
+    const int64_t rows =
+        std::mismatch(p.tokens.begin(), p.tokens.begin() + static_cast<std::ptrdiff_t>(limit),
+                      tokens.begin())
+            .first -
+        p.tokens.begin();
+    if (rows > best_rows) {
+      best = it->second;
+      best_rows = rows;
+    }
+  }
+  if (best < 0) return {-1, 0};
+  if (pages_[best].refs++ == 0) lru_.erase(pages_[best].lru_entry);
+  return {best, best_rows};
 }
 
 }  // namespace sy

@@ -10,6 +10,7 @@
 #include <list>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "engine/cache_events.h"
@@ -55,6 +56,20 @@ class PagePool {
   // Records a now-full page under `hash` (no-op if that content is cached already).
   void Register(int32_t page, uint64_t hash, std::span<const int32_t> tokens);
 
+  // Tails: the last, partly filled page of a sequence that is done with it, kept (evictable
+  // like a cached page) so that a later sequence whose tokens after the same full pages begin
+  // with these gets its rows by copying instead of recomputing them — a beam search's next step
+  // extends each beam by one token. A tail is never shared: its rows are copied into the new
+  // sequence's own page. `previous`: the hash of the full page before it (0: none). No-op where
+  // the same tail is kept already.
+  void RegisterTail(int32_t page, uint64_t previous, std::span<const int32_t> tokens);
+  // The kept tail after `previous` that shares the longest run of leading tokens with `tokens`
+  // (at most `max_rows`): its page, with a reference taken (Release it after copying), and the
+  // rows that run covers; {-1, 0} when none shares any.
+  std::pair<int32_t, int64_t> MatchTail(uint64_t previous, std::span<const int32_t> tokens,
+                                        int64_t max_rows);
+  int64_t tail_pages() const { return static_cast<int64_t>(tails_.size()); }
+
   // Where pages entering and leaving the prefix cache are reported (none by default).
   void SetEventLog(CacheEventLog* log) { events_ = log; }
 
@@ -62,6 +77,7 @@ class PagePool {
   struct Page {
     int32_t refs = 0;
     bool cached = false;
+    bool tail = false;  // cached as a tail (under tails_, hash = the previous page's)
     uint64_t hash = 0;
     std::vector<int32_t> tokens;  // the page's token ids, when cached
     std::list<int32_t>::iterator lru_entry;
@@ -71,6 +87,7 @@ class PagePool {
   LatentCache& cache_;
   std::vector<Page> pages_;
   std::unordered_map<uint64_t, int32_t> by_hash_;
+  std::unordered_multimap<uint64_t, int32_t> tails_;  // previous page's hash → tail pages
   std::list<int32_t> lru_;  // unreferenced cached pages, least recently used first
   CacheEventLog* events_ = nullptr;
 };

@@ -53,6 +53,16 @@ uint8_t* LatentCache::RowAddress(int64_t layer, const SequenceCache& sequence,
          static_cast<size_t>(slot * row_width_) * DTypeSize(dtype_);
 }
 
+void LatentCache::CopyPageRows(int32_t from, int32_t to, int64_t rows) {
+  const size_t page_bytes = static_cast<size_t>(page_size_ * row_bytes());
+  for (int64_t l = 0; l < layers_; ++l) {
+    uint8_t* base = storage_[static_cast<size_t>(l)].get();
+    std::memcpy(base + static_cast<size_t>(to) * page_bytes,
+                base + static_cast<size_t>(from) * page_bytes,
+                static_cast<size_t>(rows * row_bytes()));
+  }
+}
+
 void LatentCache::Write(int64_t layer, const SequenceCache& sequence, int64_t position,
                         const float* row) {
   uint8_t* target = RowAddress(layer, sequence, position);

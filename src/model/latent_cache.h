@@ -81,6 +81,9 @@ class LatentCache {
                  const uint8_t* rows);
   // Copies rows [0, count) of `layer` into out[count, row_width] as f32.
   void Gather(int64_t layer, const SequenceCache& sequence, int64_t count, float* out) const;
+  // The first `rows` rows of page `from` copied into page `to`, in every layer (the engine's
+  // reuse of a kept partial page).
+  void CopyPageRows(int32_t from, int32_t to, int64_t rows);
 
  private:
   uint8_t* RowAddress(int64_t layer, const SequenceCache& sequence, int64_t position) const;
