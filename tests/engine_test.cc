@@ -285,6 +285,35 @@ TEST(EngineTest, APartialPageOfPromptRowsIsCopiedIntoALaterRequest) {
   EXPECT_EQ(Collect(*stream).cached_tokens, 48);
 }
 
+// Requests of one prompt arriving together (n > 1 samples, one system prompt): the first
+// computes the shared pages, the others wait for them and take them from the cache, while
+// unrelated requests behind them are admitted.
+TEST(EngineTest, RequestsOfOnePromptComputeItOnce) {
+  const std::vector<int32_t> prompt = Prompt(100, 12);
+  for (bool wait : {true, false}) {
+    SCOPED_TRACE(wait ? "waiting for shared pages" : "each computing its own");
+    EngineConfig config;
+    config.wait_for_shared_pages = wait;
+    Harness h(8192, config);  // a step's budget holds every prompt
+    std::vector<std::shared_ptr<RequestStream>> siblings;
+    for (int i = 0; i < 3; ++i)
+      siblings.push_back(h.Submit("n" + std::to_string(i), prompt, Greedy(4)));
+    auto other = h.Submit("other", Prompt(20, 13), Greedy(4));
+    h.engine.StepOnce();
+    // The unrelated request is not held back by the waiting ones.
+    EXPECT_EQ(h.engine.Metrics().waiting, wait ? 2 : 0);
+    h.RunToIdle();
+    const std::vector<int32_t> alone = GreedyAlone(prompt, 4);
+    for (size_t i = 0; i < siblings.size(); ++i) {
+      Collected c = Collect(*siblings[i]);
+      EXPECT_EQ(c.tokens, alone) << "sibling " << i;
+      EXPECT_EQ(c.cached_tokens, i == 0 || !wait ? 0 : 96) << "sibling " << i;
+    }
+    EXPECT_EQ(Collect(*other).tokens, GreedyAlone(Prompt(20, 13), 4));
+    EXPECT_EQ(h.engine.Metrics().prefix_cache_hits_total, wait ? 2 * 96 : 0);
+  }
+}
+
 TEST(EngineTest, PreemptionUnderPagePressureLosesNothing) {
   EngineConfig config;
   config.max_num_batched_tokens = 256;

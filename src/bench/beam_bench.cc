@@ -88,7 +88,9 @@ Result<BeamBenchReport> BenchBeamSearch(const ParallelRun& run, const TextCodec&
   EngineConfig config;
   config.max_num_seqs = std::max<int64_t>(256, options.searches * widest);
   config.keep_partial_pages = options.keep_partial_pages;
+  config.wait_for_shared_pages = options.wait_for_shared_pages;
   report.keep_partial_pages = options.keep_partial_pages;
+  report.wait_for_shared_pages = options.wait_for_shared_pages;
   Engine engine(model, cache, *codec.tokenizer, run.Options(), config);
   BeamSearchFrontend beams(engine, *codec.tokenizer, engine.limits());
   engine.Start();
@@ -170,9 +172,10 @@ Result<BeamBenchReport> BenchBeamSearch(const ParallelRun& run, const TextCodec&
 std::string BeamReportTable(const BeamBenchReport& report) {
   std::string out = fmt::format(
       "Beam search against sampling n = W: {} prompts at once (mean {} tokens), {} tokens per "
-      "sequence (ignore_eos), median of {} runs, page size {}, partial pages {}\n",
+      "sequence (ignore_eos), median of {} runs, page size {}, partial pages {}, shared pages {}\n",
       report.searches, report.mean_prompt_tokens, report.max_tokens, report.repeats,
-      report.page_size, report.keep_partial_pages ? "kept" : "recomputed");
+      report.page_size, report.keep_partial_pages ? "kept" : "recomputed",
+      report.wait_for_shared_pages ? "waited for" : "computed by each");
   out += fmt::format("{:>5} {:>15} {:>17} {:>8} {:>20} {:>12} {:>15}\n", "width", "beam out tok/s",
                      "sample out tok/s", "ratio", "computed per output", "cache share",
                      "steps per token");
@@ -199,6 +202,7 @@ std::string BeamReportJson(const BeamBenchReport& report) {
                          {"repeats", report.repeats},
                          {"page_size", report.page_size},
                          {"keep_partial_pages", report.keep_partial_pages},
+                         {"wait_for_shared_pages", report.wait_for_shared_pages},
                          {"rows", rows}})
       .dump();
 }

@@ -24,7 +24,8 @@ struct BeamBenchOptions {
   int64_t max_tokens = 32;
   int repeats = 3;
   DType kv_dtype = DType::kBF16;
-  bool keep_partial_pages = true;  // EngineConfig's (off: every step recomputes partial pages)
+  bool keep_partial_pages = true;     // EngineConfig's (off: every step recomputes partial pages)
+  bool wait_for_shared_pages = true;  // EngineConfig's (off: n samples each compute the prompt)
 };
 
 struct BeamBenchRow {
@@ -40,7 +41,7 @@ struct BeamBenchReport {
   std::vector<BeamBenchRow> rows;
   int64_t searches = 0, max_tokens = 0, mean_prompt_tokens = 0, page_size = 0;
   int repeats = 0;
-  bool keep_partial_pages = true;
+  bool keep_partial_pages = true, wait_for_shared_pages = true;
 };
 
 // One process (the searches run on this process's engine).

@@ -203,6 +203,9 @@ void AddBenchBeamSearchCommand(CLI::App& bench_app) {
   b->add_flag("--no-partial-pages{false}", args->options.keep_partial_pages,
               "Recompute each step's partial last pages instead of copying the kept ones (as "
               "engines without them do)");
+  b->add_flag("--no-shared-page-wait{false}", args->options.wait_for_shared_pages,
+              "Let requests of one prompt arriving together each compute it (the sampling side "
+              "mostly)");
   b->add_flag("--json", args->json, "Print one JSON object");
   AddParallelOptions(b, args->parallel);
   b->callback([args] {

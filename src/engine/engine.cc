@@ -1056,20 +1056,50 @@ void Engine::ScheduleFcfs(int64_t& budget, std::vector<std::pair<Sequence*, int6
     // Preempt the newest running request (perhaps this one) and try again.
     PreemptRunning(*running_.back());
   }
-  // Then admissions in arrival order, while the budget, the sequence limit and pages allow.
-  while (budget > 0 && !waiting_.empty() &&
-         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
-    Sequence& seq = *waiting_.front();
+  // Then admissions in arrival order, while the budget, the sequence limit and pages allow; a
+  // request waiting for a page another computes now is passed over for this step.
+  for (size_t i = 0; budget > 0 && i < waiting_.size() &&
+                     static_cast<int64_t>(running_.size()) < config_.max_num_seqs;) {
+    Sequence& seq = *waiting_[i];
+    if (AwaitsSharedPage(seq, scheduled)) {
+      ++i;
+      continue;
+    }
     int64_t count = 0;
     if (!ReadyToAdmit(seq, budget, &count)) {
       if (running_.empty() && scheduled.empty()) RefuseUnfittable(seq);
       break;
     }
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(waiting_[i]));
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
     scheduled.push_back({running_.back().get(), count});
     budget -= count;
   }
+}
+
+bool Engine::AwaitsSharedPage(const Sequence& seq,
+                              const std::vector<std::pair<Sequence*, int64_t>>& scheduled) const {
+  if (!config_.wait_for_shared_pages || seq.request.imported ||
+      (seq.wants_prompt_logprobs() && seq.first_admission))
+    return false;
+  const int64_t size = pool_.page_size();
+  // The pages it could take from the cache: prompt rows before its last token.
+  const int64_t usable =
+      std::min(static_cast<int64_t>(seq.tokens.size()) - 1, GeneratedFrom(seq)) / size;
+  for (const auto& [other, count] : scheduled) {
+    if (count <= 0 || other->request.imported) continue;
+    // Its pages computed before this step are in the cache already; the first it completes now
+    // (prompt rows only) is the one to wait for, when `seq` shares it.
+    const int64_t before = other->computed / size;
+    const int64_t after = std::min(other->computed + count, GeneratedFrom(*other)) / size;
+    if (after <= before || before >= usable) continue;
+    const auto end = static_cast<size_t>((before + 1) * size);
+    if (other->tokens.size() >= end &&
+        std::equal(seq.tokens.begin(), seq.tokens.begin() + static_cast<std::ptrdiff_t>(end),
+                   other->tokens.begin()))
+      return true;
+  }
+  return false;
 }
 
 void Engine::SchedulePriority(int64_t& budget,

@@ -57,6 +57,11 @@ struct EngineConfig {
   // request: a beam search's step, a scoring request) when it finishes, so that a later request
   // extending those tokens copies the rows instead of computing them (PagePool::RegisterTail).
   bool keep_partial_pages = true;
+  // In-batch prefix sharing (first come, first served): a waiting request whose next prompt
+  // page a scheduled request computes this step waits a step and takes it from the cache then,
+  // instead of computing it again (n > 1 samples of one prompt, requests with one system prompt
+  // arriving together); the requests behind it are admitted meanwhile.
+  bool wait_for_shared_pages = true;
   enum class SchedulingPolicy { kFcfs, kPriority };
   SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
 };
@@ -222,6 +227,10 @@ class Engine : public RequestFrontend {
   // received rows, and pages for the `*count` tokens it computes within `budget`. False, holding
   // no pages, where the pages are not there.
   bool ReadyToAdmit(Sequence& seq, int64_t budget, int64_t* count);
+  // wait_for_shared_pages: whether a request of `scheduled` completes, this step, the first
+  // prompt page `seq` would otherwise compute itself.
+  bool AwaitsSharedPage(const Sequence& seq,
+                        const std::vector<std::pair<Sequence*, int64_t>>& scheduled) const;
   // A waiting request that cannot fit even with nothing else running: finished with an error.
   void RefuseUnfittable(Sequence& seq);
   // Moves a running request back to the waiting queue, its rows dropped.
