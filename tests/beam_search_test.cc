@@ -10,9 +10,6 @@
 #include <map>
 #include <thread>
 
-#include "kernels/cpu/bf16_dot.h"
-#include "kernels/cpu/fast_linear.h"
-#include "model/synthetic.h"
 #include "test_support.h"
 #include "tokenizer/embedded_tokenizers.h"
 
@@ -275,32 +272,7 @@ TEST(BeamSearchTest, WhatWouldChangeTheDistributionIsRefusedByName) {
 // ---------------------------------------------------------------------------------------------
 // The frontend over the engine.
 
-struct EngineSetup {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-};
-
-const EngineSetup& SmallModel() {
-  static EngineSetup setup = [] {
-    // Products whose rows do not depend on the batch, and one attention form (below), so that a
-    // beam's step gives the bits a plain request of the same tokens gets.
-    kernels::GlobalKernelOptions().allow_bf16_gemm = false;
-    kernels::SplitKEnabled() = false;
-    kernels::GlobalKernelOptions().bf16_dot = false;
-    const std::string dir = testing::TempDirectory("beam_model");
-    EXPECT_TRUE(WriteSyntheticCheckpoint(SmallModelConfig(), dir).ok());
-    EXPECT_TRUE(WriteEmbeddedTokenizer("default", dir).ok());
-    EngineSetup s;
-    auto model = Model::Load(dir);
-    EXPECT_TRUE(model.ok()) << model.status().message();
-    s.model = std::move(model).value();
-    auto tokenizer = Tokenizer::Load(dir);
-    EXPECT_TRUE(tokenizer.ok());
-    s.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer).value());
-    return s;
-  }();
-  return setup;
-}
+const testing::LoadedModel& SmallModel() { return testing::BatchInvariantSmallModel(); }
 
 struct Running {
   LatentCache cache;
@@ -355,10 +327,7 @@ Outcome Wait(RequestStream& stream) {
 }
 
 std::vector<int32_t> Prompt(int64_t length, int32_t salt) {
-  std::vector<int32_t> p(static_cast<size_t>(length));
-  for (int64_t i = 0; i < length; ++i)
-    p[i] = static_cast<int32_t>((i * 37 + salt * 101 + 5) % 4000 + 20);
-  return p;
+  return testing::SaltedPrompt(length, salt);
 }
 
 // A search's choices as a server submits them: W requests of one prompt.
@@ -382,13 +351,7 @@ std::vector<Outcome> Search(BeamSearchFrontend& beams, const std::string& id,
   return out;
 }
 
-SamplingParams Greedy(int64_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
+using testing::Greedy;
 
 TEST(BeamSearchFrontendTest, WidthOneGivesTheGreedyTokens) {
   Running r;

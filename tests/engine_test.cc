@@ -24,48 +24,15 @@
 namespace sy {
 namespace {
 
-struct Setup {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-};
+using Setup = testing::LoadedModel;
 
-Setup LoadSetup(const std::string& dir) {
-  Setup s;
-  auto model = Model::Load(dir);
-  EXPECT_TRUE(model.ok()) << model.status().message();
-  s.model = std::move(model).value();
-  auto tokenizer = Tokenizer::Load(dir);
-  EXPECT_TRUE(tokenizer.ok());
-  s.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer).value());
-  return s;
-}
-
-const Setup& DefaultModel() {
-  static Setup setup = [] {
-    // The engine is compared with each request run alone, so the kernels must give a row the
-    // same result whatever the batch (the bf16 GEMM for big batches and split-K for small ones
-    // would change rounding, and the random model's routing amplifies it).
-    kernels::GlobalKernelOptions().allow_bf16_gemm = false;
-    kernels::SplitKEnabled() = false;
-    // f32 products too: a request recomputed after preemption runs its prompt through the
-    // expanded attention form, decode through the absorbed one; in f32 the two agree to ~1e-6,
-    // while rounding activations to bf16 (the dot kernel) can turn that into a flipped near-tie
-    // on this random model. The dot kernel with one attention form is tested below
-    // (PreemptionOnTheBf16DotPathLosesNothing) and in bf16_dot_test.
-    kernels::GlobalKernelOptions().bf16_dot = false;
-    const std::string dir = testing::TempDirectory("engine_model");
-    EXPECT_TRUE(WriteSyntheticCheckpoint(SmallModelConfig(), dir).ok());
-    EXPECT_TRUE(WriteEmbeddedTokenizer("default", dir).ok());
-    return LoadSetup(dir);
-  }();
-  return setup;
-}
+const Setup& DefaultModel() { return testing::BatchInvariantSmallModel(); }
 
 // The trained default model (models/default), whose MTP drafts are often right.
 const Setup& TrainedModel() {
   static Setup setup = [] {
     DefaultModel();  // the batch-invariant kernel settings
-    return LoadSetup(std::string(SY_SOURCE_DIR) + "/models/default");
+    return testing::LoadModelAndTokenizer(std::string(SY_SOURCE_DIR) + "/models/default");
   }();
   return setup;
 }
@@ -98,10 +65,7 @@ std::vector<int32_t> GreedyAlone(const std::vector<int32_t>& prompt, int64_t cou
 }
 
 std::vector<int32_t> Prompt(int64_t length, int32_t salt) {
-  std::vector<int32_t> p(static_cast<size_t>(length));
-  for (int64_t i = 0; i < length; ++i)
-    p[i] = static_cast<int32_t>((i * 37 + salt * 101 + 5) % 4000 + 20);
-  return p;
+  return testing::SaltedPrompt(length, salt);
 }
 
 struct Collected {
@@ -167,13 +131,7 @@ struct Harness {
   }
 };
 
-SamplingParams Greedy(int64_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
+using testing::Greedy;
 
 TEST(EngineTest, ContinuousBatchingMatchesEachRequestAlone) {
   EngineConfig config;

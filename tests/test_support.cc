@@ -16,10 +16,59 @@
 #include <stdexcept>
 #include <system_error>
 
+#include <gtest/gtest.h>
+
 #include "cli/token_lists.h"
+#include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/fast_linear.h"
+#include "model/synthetic.h"
 #include "tensor/dtype.h"
+#include "tokenizer/embedded_tokenizers.h"
 
 namespace sy::testing {
+
+LoadedModel LoadModelAndTokenizer(const std::string& directory) {
+  LoadedModel loaded;
+  auto model = Model::Load(directory);
+  EXPECT_TRUE(model.ok()) << model.status().message();
+  if (model.ok()) loaded.model = std::move(model).value();
+  auto tokenizer = Tokenizer::Load(directory);
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().message();
+  if (tokenizer.ok()) loaded.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer).value());
+  return loaded;
+}
+
+const LoadedModel& BatchInvariantSmallModel() {
+  static LoadedModel loaded = [] {
+    kernels::GlobalKernelOptions().allow_bf16_gemm = false;
+    kernels::SplitKEnabled() = false;
+    // f32 products too: a request recomputed after preemption runs its prompt through the
+    // expanded attention form, decode through the absorbed one; in f32 the two agree to ~1e-6,
+    // while rounding activations to bf16 (the dot kernel) can turn that into a flipped near-tie
+    // on this random model.
+    kernels::GlobalKernelOptions().bf16_dot = false;
+    const std::string dir = TempDirectory("engine_model");
+    EXPECT_TRUE(WriteSyntheticCheckpoint(SmallModelConfig(), dir).ok());
+    EXPECT_TRUE(WriteEmbeddedTokenizer("default", dir).ok());
+    return LoadModelAndTokenizer(dir);
+  }();
+  return loaded;
+}
+
+std::vector<int32_t> SaltedPrompt(int64_t length, int32_t salt) {
+  std::vector<int32_t> p(static_cast<size_t>(length));
+  for (int64_t i = 0; i < length; ++i)
+    p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + salt * 101 + 5) % 4000 + 20);
+  return p;
+}
+
+SamplingParams Greedy(int64_t max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

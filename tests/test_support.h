@@ -3,11 +3,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/mla_decode.h"
+#include "engine/sampling.h"
+#include "model/model.h"
 #include "tensor/matrix.h"
+#include "tokenizer/tokenizer.h"
 
 namespace sy::testing {
 
@@ -36,6 +40,23 @@ struct LogitComparison {
 };
 LogitComparison CompareLogits(const std::vector<float>& reference, const std::vector<float>& got,
                               int64_t vocab, float margin = 0.05f);
+
+// A model and its tokenizer, loaded from one directory (failures are test failures).
+struct LoadedModel {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+LoadedModel LoadModelAndTokenizer(const std::string& directory);
+// The engine tests' model: the small synthetic checkpoint with the default tokenizer, loaded once,
+// with the kernels set so that a row's result does not depend on the batch (no bf16 GEMM for big
+// batches or split-K for small ones, f32 activations in the products): a request served among
+// others, chunked or from the prefix cache must give the tokens it gives alone, and the random
+// model's routing would amplify any rounding difference into a flipped near-tie.
+const LoadedModel& BatchInvariantSmallModel();
+// A prompt of `length` ordinary token ids, different for each salt.
+std::vector<int32_t> SaltedPrompt(int64_t length, int32_t salt);
+// Greedy sampling of exactly `max_tokens` tokens (ignore_eos).
+SamplingParams Greedy(int64_t max_tokens);
 
 // A fresh empty directory under the test temp area.
 std::string TempDirectory(const std::string& name);
