@@ -301,14 +301,7 @@ void BeamSearchFrontend::EndSearches(bool drain) {
 
 Result<std::shared_ptr<RequestStream>> BeamSearchFrontend::Submit(EngineRequest request,
                                                                   SubmitError* error) {
-  if (request.params.beam_width == 0) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) {
-      *error = SubmitError::kStopping;
-      return Status::Error("the server is shutting down");
-    }
-    return inner_.Submit(std::move(request), error);
-  }
+  if (request.params.beam_width == 0) return inner_.Submit(std::move(request), error);
   std::vector<EngineRequest> one;
   one.push_back(std::move(request));
   auto streams = SubmitAll(std::move(one), error);
@@ -372,16 +365,19 @@ Result<std::vector<std::shared_ptr<RequestStream>>> BeamSearchFrontend::SubmitAl
     i += static_cast<size_t>(width);
   }
 
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (stopping_)
-    return refuse(SubmitError::kStopping, Status::Error("the server is shutting down"));
-  ReapLocked();
-  if (searches_.size() + searches.size() > kMaxSearches)
-    return refuse(SubmitError::kQueueFull,
-                  Status::Errorf("{} beam searches are running; try again later", kMaxSearches));
-  auto submitted = inner.empty() ? Result<std::vector<std::shared_ptr<RequestStream>>>(
-                                       std::vector<std::shared_ptr<RequestStream>>{})
-                                 : inner_.SubmitAll(std::move(inner), error);
+  if (searches.empty()) return inner_.SubmitAll(std::move(inner), error);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_)
+      return refuse(SubmitError::kStopping, Status::Error("the server is shutting down"));
+    ReapLocked();
+    if (searches_.size() + searches.size() > kMaxSearches)
+      return refuse(SubmitError::kQueueFull,
+                    Status::Errorf("{} beam searches are running; try again later", kMaxSearches));
+  }
+  // Not under the lock: a router's submission may take a while, and aborts and metrics must not
+  // wait for it.
+  auto submitted = inner_.SubmitAll(std::move(inner), error);
   if (!submitted.ok()) return submitted.status();
   std::vector<std::shared_ptr<RequestStream>> streams(requests.size());
   for (size_t k = 0; k < owners.size(); ++k) {
@@ -390,6 +386,7 @@ Result<std::vector<std::shared_ptr<RequestStream>>> BeamSearchFrontend::SubmitAl
     else
       searches[~owners[k]]->step_streams.push_back((*submitted)[k]);
   }
+  std::lock_guard<std::mutex> lock(mutex_);
   for (size_t s = 0; s < searches.size(); ++s) {
     const std::shared_ptr<Search>& search = searches[s];
     for (size_t k = 0; k < search->choices.size(); ++k) {
