@@ -26,7 +26,9 @@ namespace {
 
 using Setup = testing::LoadedModel;
 
-const Setup& DefaultModel() { return testing::BatchInvariantSmallModel(); }
+const Setup& DefaultModel() {
+  return testing::BatchInvariantSmallModel();
+}
 
 // The trained default model (models/default), whose MTP drafts are often right.
 const Setup& TrainedModel() {
@@ -248,10 +250,14 @@ TEST(EngineTest, APartialPageOfPromptRowsIsCopiedIntoALaterRequest) {
 // unrelated requests behind them are admitted.
 TEST(EngineTest, RequestsOfOnePromptComputeItOnce) {
   const std::vector<int32_t> prompt = Prompt(100, 12);
-  for (bool wait : {true, false}) {
-    SCOPED_TRACE(wait ? "waiting for shared pages" : "each computing its own");
+  for (auto [wait, policy] : {std::pair(true, EngineConfig::SchedulingPolicy::kFcfs),
+                              std::pair(false, EngineConfig::SchedulingPolicy::kFcfs),
+                              std::pair(true, EngineConfig::SchedulingPolicy::kPriority)}) {
+    SCOPED_TRACE(std::string(wait ? "waiting for shared pages" : "each computing its own") +
+                 (policy == EngineConfig::SchedulingPolicy::kPriority ? ", by priority" : ""));
     EngineConfig config;
     config.wait_for_shared_pages = wait;
+    config.scheduling_policy = policy;
     Harness h(8192, config);  // a step's budget holds every prompt
     std::vector<std::shared_ptr<RequestStream>> siblings;
     for (int i = 0; i < 3; ++i)

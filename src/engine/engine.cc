@@ -1153,7 +1153,7 @@ void Engine::SchedulePriority(int64_t& budget,
       }
       continue;
     }
-    if (!admitting) continue;
+    if (!admitting || AwaitsSharedPage(*seq, scheduled)) continue;
     auto behind = [&]() -> Sequence* {  // strictly less urgent than this waiting request
       Sequence* victim = least_urgent(*seq);
       return victim && key(victim) > key(seq) ? victim : nullptr;

@@ -57,10 +57,10 @@ struct EngineConfig {
   // request: a beam search's step, a scoring request) when it finishes, so that a later request
   // extending those tokens copies the rows instead of computing them (PagePool::RegisterTail).
   bool keep_partial_pages = true;
-  // In-batch prefix sharing (first come, first served): a waiting request whose next prompt
-  // page a scheduled request computes this step waits a step and takes it from the cache then,
-  // instead of computing it again (n > 1 samples of one prompt, requests with one system prompt
-  // arriving together); the requests behind it are admitted meanwhile.
+  // In-batch prefix sharing: a waiting request whose next prompt page a scheduled request
+  // computes this step waits a step and takes it from the cache then, instead of computing it
+  // again (n > 1 samples of one prompt, requests with one system prompt arriving together); the
+  // requests behind it are admitted meanwhile.
   bool wait_for_shared_pages = true;
   enum class SchedulingPolicy { kFcfs, kPriority };
   SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
