@@ -7,33 +7,6 @@
 
 namespace sy {
 
-Status CheckBeamSearchParams(const SamplingParams& params) {
-  if (params.beam_width < 1 || params.beam_width > kMaxBeamWidth)
-    return Status::Errorf("n (the beam width) must be in [1, {}], got {}", kMaxBeamWidth,
-                          params.beam_width);
-  if (!std::isfinite(params.length_penalty))
-    return Status::Error("length_penalty must be a finite number");
-  // What would change the distribution the beams are ranked by: refused, not ignored.
-  auto refuse = [](const char* field) {
-    return Status::Errorf(
-        "{} cannot be combined with it (beams are ranked by the model's own "
-        "log-probabilities)",
-        field);
-  };
-  if (params.presence_penalty != 0) return refuse("presence_penalty");
-  if (params.frequency_penalty != 0) return refuse("frequency_penalty");
-  if (params.repetition_penalty != 1) return refuse("repetition_penalty");
-  if (!params.logit_bias.empty()) return refuse("logit_bias");
-  if (!params.allowed_token_ids.empty()) return refuse("allowed_token_ids");
-  if (!params.bad_words_token_ids.empty()) return refuse("bad_words");
-  if (params.grammar)
-    return refuse(
-        "a structured output constraint (response_format, structured_outputs, "
-        "tool_choice \"required\" or a named tool)");
-  if (params.thinking_token_budget) return refuse("thinking_token_budget (reasoning_effort)");
-  return Status::Ok();
-}
-
 BeamSearch::BeamSearch(const Tokenizer& tokenizer, std::vector<int32_t> prompt,
                        SamplingParams params, int32_t eos_token_id)
     : tokenizer_(tokenizer),

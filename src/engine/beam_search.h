@@ -11,7 +11,7 @@
 // The search is deterministic: the log-probabilities are the model's own (raw), so temperature
 // and the truncations (top-k, top-p, min-p) and seed do not change it. Constraints that would
 // change the distribution (penalties, logit_bias, allowed_token_ids, bad_words, a grammar, a
-// reasoning budget) are refused, not ignored (CheckBeamSearchParams).
+// reasoning budget) are refused, not ignored (CheckBeamSearchParams, engine/sampling.h).
 #pragma once
 
 #include <condition_variable>
@@ -32,14 +32,6 @@
 #include "tokenizer/tokenizer.h"
 
 namespace sy {
-
-// Widest search: its 2W candidates per beam come as top log-probabilities, of which a request
-// may ask for at most 20.
-inline constexpr int64_t kMaxBeamWidth = 10;
-
-// Whether `params` describe a search this implementation runs exactly; the message names the
-// field that cannot take part in one.
-Status CheckBeamSearchParams(const SamplingParams& params);
 
 // One of a search's results: a choice.
 struct BeamResult {

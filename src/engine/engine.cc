@@ -479,9 +479,12 @@ void Engine::KeepTail(Sequence& seq) {
   const int64_t size = pool_.page_size();
   const int64_t full = seq.computed / size, rows = seq.computed % size;
   // Prompt rows only: a sequence extending these tokens computes them as prompt too (the roles
-  // decide the attention form), and its own full pages before them are all registered.
-  if (!config_.keep_partial_pages || rows == 0 || seq.computed > GeneratedFrom(seq) ||
-      static_cast<int64_t>(seq.cache.pages.size()) <= full ||
+  // decide the attention form), and its own full pages before them are all registered. Not with
+  // MTP drafting: a finishing sequence's last step leaves its MTP rows unwritten (row p pairs
+  // position p with token p + 1, drafted only for sequences that go on), and stale MTP rows
+  // would change a later request's drafts and so its seeded draws.
+  if (!config_.keep_partial_pages || mtp_drafting() || rows == 0 ||
+      seq.computed > GeneratedFrom(seq) || static_cast<int64_t>(seq.cache.pages.size()) <= full ||
       static_cast<int64_t>(seq.page_hashes.size()) != full)
     return;
   pool_.RegisterTail(

@@ -113,16 +113,12 @@ std::pair<int32_t, int64_t> PagePool::MatchTail(uint64_t previous, std::span<con
   auto [first, last] = tails_.equal_range(previous);
   for (auto it = first; it != last; ++it) {
     const Page& p = pages_[it->second];
-    const size_t limit = std::min({p.tokens.size(), tokens.size(), static_cast<size_t>(max_rows)});
-    const int64_t rows =
-        std::mismatch(p.tokens.begin(), p.tokens.begin() + static_cast<std::ptrdiff_t>(limit),
-                      tokens.begin())
-            .first -
-        p.tokens.begin();
-    if (rows > best_rows) {
-      best = it->second;
-      best_rows = rows;
-    }
+    const auto rows = static_cast<int64_t>(p.tokens.size());
+    if (rows > max_rows || rows > static_cast<int64_t>(tokens.size()) || rows <= best_rows ||
+        !std::equal(p.tokens.begin(), p.tokens.end(), tokens.begin()))
+      continue;
+    best = it->second;
+    best_rows = rows;
   }
   if (best < 0) return {-1, 0};
   if (pages_[best].refs++ == 0) lru_.erase(pages_[best].lru_entry);

@@ -63,9 +63,10 @@ class PagePool {
   // sequence's own page. `previous`: the hash of the full page before it (0: none). No-op where
   // the same tail is kept already.
   void RegisterTail(int32_t page, uint64_t previous, std::span<const int32_t> tokens);
-  // The kept tail after `previous` that shares the longest run of leading tokens with `tokens`
-  // (at most `max_rows`): its page, with a reference taken (Release it after copying), and the
-  // rows that run covers; {-1, 0} when none shares any.
+  // The longest kept tail after `previous` whose tokens all begin `tokens` (at most `max_rows`
+  // of them): its page, with a reference taken (Release it after copying), and its row count;
+  // {-1, 0} when none does. Only a request that extends a tail takes it: one that merely shares
+  // its first tokens (the BOS every prompt starts with) would save next to nothing.
   std::pair<int32_t, int64_t> MatchTail(uint64_t previous, std::span<const int32_t> tokens,
                                         int64_t max_rows);
   int64_t tail_pages() const { return static_cast<int64_t>(tails_.size()); }

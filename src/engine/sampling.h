@@ -64,6 +64,15 @@ struct SamplingParams {
   Status Validate(int64_t vocab_size) const;
 };
 
+// Beam search's widest: its 2W candidates per beam come as top log-probabilities, of which a
+// request may ask for at most 20.
+inline constexpr int64_t kMaxBeamWidth = 10;
+
+// Whether `params` describe a beam search that engine/beam_search.h runs exactly: a width in
+// [1, kMaxBeamWidth], and nothing that would change the distribution beams are ranked by. The
+// message names the field.
+Status CheckBeamSearchParams(const SamplingParams& params);
+
 // The reasoning budget's bookkeeping: the marker tokens, and where a sequence stands.
 struct ThinkTokens {
   int32_t begin = 0, end = 0;  // "<think>", "</think>"
