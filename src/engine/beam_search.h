@@ -76,7 +76,6 @@ class BeamSearch {
     std::string finish_reason;
     std::optional<std::string> stop_string;
     std::optional<int32_t> stop_token;
-    std::string stopped_text;  // a stop string's: the text up to it (or through it)
   };
   double Score(const Beam& beam) const;
   BeamResult Result(const Beam& beam) const;
