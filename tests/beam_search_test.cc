@@ -272,7 +272,9 @@ TEST(BeamSearchTest, WhatWouldChangeTheDistributionIsRefusedByName) {
 // ---------------------------------------------------------------------------------------------
 // The frontend over the engine.
 
-const testing::LoadedModel& SmallModel() { return testing::BatchInvariantSmallModel(); }
+const testing::LoadedModel& SmallModel() {
+  return testing::BatchInvariantSmallModel();
+}
 
 struct Running {
   LatentCache cache;

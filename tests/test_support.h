@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/mla_decode.h"
 #include "engine/sampling.h"
+#include "kernels/cpu/mla_decode.h"
 #include "model/model.h"
 #include "tensor/matrix.h"
 #include "tokenizer/tokenizer.h"
