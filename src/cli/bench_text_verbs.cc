@@ -103,7 +103,7 @@ void AddBenchServeCommand(CLI::App& bench_app) {
 #include "bench/beam_bench.h"
 #include "bench/mtp_bench.h"
 #include "cli/parallel_setup.h"
-#include "engine/beam_search.h"
+#include "engine/sampling.h"
 
 namespace sy {
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <thread>
 
 namespace sy {
 

@@ -14,14 +14,12 @@
 // reasoning budget) are refused, not ignored (CheckBeamSearchParams, engine/sampling.h).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 

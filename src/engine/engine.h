@@ -48,11 +48,6 @@ struct EngineConfig {
   // Structured output: make the next token masks of the step's constrained sequences on a thread
   // of their own while the model's forward runs, instead of after it (same masks either way).
   bool masks_beside_forward = true;
-  // kFcfs: requests run in arrival order; when pages run out the newest running request is
-  // preempted. kPriority (vLLM's --scheduling-policy priority): by (priority, arrival) — the step's
-  // token budget goes to the most urgent first, a waiting request takes the slot and pages of
-  // less urgent running ones (preempted, recomputed later), and page pressure preempts the least
-  // urgent.
   // Keep the partly filled last page of a request whose rows are all prompt rows (a one-token
   // request: a beam search's step, a scoring request) when it finishes, so that a later request
   // extending those tokens copies the rows instead of computing them (PagePool::RegisterTail).
@@ -62,6 +57,11 @@ struct EngineConfig {
   // again (n > 1 samples of one prompt, requests with one system prompt arriving together); the
   // requests behind it are admitted meanwhile.
   bool wait_for_shared_pages = true;
+  // kFcfs: requests run in arrival order; when pages run out the newest running request is
+  // preempted. kPriority (vLLM's --scheduling-policy priority): by (priority, arrival) — the step's
+  // token budget goes to the most urgent first, a waiting request takes the slot and pages of
+  // less urgent running ones (preempted, recomputed later), and page pressure preempts the least
+  // urgent.
   enum class SchedulingPolicy { kFcfs, kPriority };
   SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
 };

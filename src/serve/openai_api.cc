@@ -6,7 +6,6 @@
 #include <cmath>
 #include <limits>
 
-#include "engine/beam_search.h"
 #include "structured/compiler.h"
 
 namespace sy::serve {
