@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "jinja/template.h"
+
 namespace sy {
 namespace {
 
@@ -446,7 +448,30 @@ Result<ChatTemplate> ChatTemplate::Recognize(std::string_view template_text,
       hash, template_text.size(), names);
 }
 
+Result<ChatTemplate> ChatTemplate::Load(std::string_view template_text,
+                                        const SpecialTokens& tokens) {
+  if (template_text.empty()) return Status::Error("the tokenizer has no chat template");
+  auto known = Recognize(template_text, tokens.bos_token);
+  if (known.ok()) {
+    known->eos_ = tokens.eos_token;
+    return known;
+  }
+  return Interpret(template_text, tokens);
+}
+
+Result<ChatTemplate> ChatTemplate::Interpret(std::string_view template_text,
+                                             const SpecialTokens& tokens) {
+  auto parsed = jinja::Template::Parse(template_text);
+  if (!parsed.ok()) return parsed.status().WithContext("chat template");
+  ChatTemplate chat(ChatTemplateKind::kJinja, tokens.bos_token);
+  chat.eos_ = tokens.eos_token;
+  chat.takes_content_parts_ = parsed->IteratesOver("content");
+  chat.jinja_ = std::make_shared<const jinja::Template>(std::move(parsed).value());
+  return chat;
+}
+
 std::string_view ChatTemplate::name() const {
+  if (kind_ == ChatTemplateKind::kJinja) return "jinja";
   for (const KnownTemplate& known : kKnownTemplates)
     if (known.kind == kind_) return known.name;
   return "unknown";
@@ -482,21 +507,39 @@ Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
         "final message, the other starts a new assistant message");
   if (messages.empty()) return Status::Error("continue_final_message needs a final message");
   const size_t last = messages.size() - 1;
-  auto content = messages[last].find("content");
-  if (content == messages[last].end() || !content->is_string())
+  nlohmann::ordered_json tagged = messages;
+  json& content = tagged[last]["content"];
+  std::string final_text;
+  if (content.is_string()) {
+    final_text = content.get<std::string>();
+    content = final_text + std::string(kContinueTag);
+  } else if (content.is_array()) {
+    // A list of parts: the last part with text is the one continued, as transformers does.
+    bool found = false;
+    for (auto part = content.rbegin(); part != content.rend() && !found; ++part)
+      if (part->is_object() && part->contains("text") && (*part)["text"].is_string()) {
+        final_text = (*part)["text"].get<std::string>();
+        (*part)["text"] = final_text + std::string(kContinueTag);
+        found = true;
+      }
+    if (!found)
+      return Status::Errorf(
+          "messages[{}]: continue_final_message needs a text part in the final message", last);
+  } else {
     return Status::Errorf("messages[{}]: continue_final_message needs the final message's text",
                           last);
-  const std::string final_text = content->get<std::string>();
-  nlohmann::ordered_json tagged = messages;
-  tagged[last]["content"] = final_text + std::string(kContinueTag);
+  }
   SY_ASSIGN_OR_RETURN(std::string rendered, RenderKind(tagged, options));
   const std::string_view marker = StripAsciiSpace(kContinueTag);
   if (rendered.find(StripAsciiSpace(final_text)) == std::string::npos ||
       rendered.find(marker) == std::string::npos)
     return Status::Errorf(
         "messages[{}]: continue_final_message is set but the chat template drops part of the "
-        "final message (the DeepSeek-V3 family keeps only what follows \"</think>\")",
-        last);
+        "final message{}",
+        last,
+        kind_ == ChatTemplateKind::kJinja
+            ? ""
+            : " (the DeepSeek-V3 family keeps only what follows \"</think>\")");
   const size_t at = rendered.rfind(marker);
   if (rendered.compare(at, kContinueTag.size(), kContinueTag) == 0) {
     rendered.resize(at);
@@ -518,8 +561,37 @@ Result<std::string> ChatTemplate::RenderKind(const nlohmann::ordered_json& messa
       return RenderV3_0324(messages, options, bos_);
     case ChatTemplateKind::kDeepSeekV3_1:
       return RenderV3_1(messages, options, bos_);
+    case ChatTemplateKind::kJinja:
+      return RenderInterpreted(messages, options);
   }
   return Status::Error("unreachable chat template kind");
+}
+
+Result<std::string> ChatTemplate::RenderInterpreted(const nlohmann::ordered_json& messages,
+                                                    const ChatOptions& options) const {
+  // transformers' render(messages=…, tools=…, documents=None, add_generation_prompt=…,
+  // **special tokens, **kwargs): the request's kwargs may replace a special token, not the
+  // conversation.
+  auto context = std::make_shared<jinja::Dict>();
+  auto set = [&](const char* key, jinja::Value value) {
+    context->Set(jinja::Value::String(key), std::move(value));
+  };
+  set("bos_token", jinja::Value::String(bos_));
+  set("eos_token", jinja::Value::String(eos_));
+  if (options.template_kwargs && options.template_kwargs->is_object())
+    for (const auto& [key, value] : options.template_kwargs->items())
+      if (key != "messages" && key != "tools" && key != "documents" &&
+          key != "add_generation_prompt")
+        context->Set(jinja::Value::String(key), jinja::Value::FromJson(value));
+  set("messages", jinja::Value::FromJson(messages));
+  set("tools", options.tools ? jinja::Value::FromJson(*options.tools) : jinja::Value::None());
+  set("documents", jinja::Value::None());
+  set("add_generation_prompt", jinja::Value::Bool(options.add_generation_prompt));
+  jinja::Limits limits;
+  if (options.fixed_time) limits.fixed_time = *options.fixed_time;
+  auto rendered = jinja_->Render(jinja::Value::MakeDict(std::move(context)), limits);
+  if (!rendered.ok()) return rendered.status().WithContext("chat template");
+  return rendered;
 }
 
 }  // namespace sy

@@ -1,11 +1,14 @@
-// DeepSeek's chat templates, rendered natively. A checkpoint's tokenizer_config.json carries a
-// Jinja template; switchyard recognises the DeepSeek-V3/R1 family by the template's exact text
-// and renders it with code that follows that template line by line, byte-identical to
-// transformers' apply_chat_template (tests/tokenizer_test.cc checks every variant against
-// jinja2's output on a committed set of conversations). A template not recognised is an error
-// when a chat is asked for — never a prompt that merely looks right.
+// Chat templates. A checkpoint's tokenizer_config.json (or GGUF, or --chat-template, or a request)
+// carries a Jinja template. The DeepSeek-V3/R1 family is recognised by the template's exact text
+// and rendered natively, with code that follows that template line by line (and appends the
+// request's tools as vLLM's DeepSeek tool templates do); any other template is interpreted by
+// src/jinja. Both are byte-identical to transformers' apply_chat_template: tests/tokenizer_test.cc
+// checks the native renderings, tests/jinja_test.cc the interpreter, against jinja2's output on
+// committed conversations.
 #pragma once
 
+#include <ctime>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,6 +24,13 @@ enum class ChatTemplateKind {
   kDeepSeekR1,       // as V3, but the generation prompt opens the think block
   kDeepSeekV3_0324,  // V3-0324 / R1-0528 family: a user turn ends with "<｜Assistant｜>"
   kDeepSeekV3_1,     // V3.1: a `thinking` switch; </think> or <think> after "<｜Assistant｜>"
+  kJinja,            // any other template, interpreted
+};
+
+// The tokenizer's special tokens a template may write ({{ bos_token }}, {{ eos_token }}).
+struct SpecialTokens {
+  std::string bos_token;
+  std::string eos_token;
 };
 
 struct ChatOptions {
@@ -38,30 +48,53 @@ struct ChatOptions {
   // rest of the conversation is the official template's.
   // Held in the client's key order (ordered_json), as vLLM's Jinja writes it with `tojson`.
   const nlohmann::ordered_json* tools = nullptr;
+  // The request's chat_template_kwargs (an object): an interpreted template sees each key as a
+  // variable, as transformers passes them; the native renderings read only `thinking` above.
+  const nlohmann::ordered_json* template_kwargs = nullptr;
+  // The time an interpreted template's strftime_now() formats; null: now. Tests fix it.
+  const std::tm* fixed_time = nullptr;
 };
+
+namespace jinja {
+class Template;
+}
 
 class ChatTemplate {
  public:
-  // Recognises `template_text`; `bos_token` is what the template's {{ bos_token }} writes.
+  // Recognises `template_text` as one of the DeepSeek templates rendered natively; `bos_token`
+  // is what the template's {{ bos_token }} writes.
   static Result<ChatTemplate> Recognize(std::string_view template_text, std::string bos_token);
+  // Any template: natively when recognised, else interpreted (an error names the line at fault).
+  static Result<ChatTemplate> Load(std::string_view template_text, const SpecialTokens& tokens);
+  // Interpreted even when recognised (a request's own template; the tests' cross-check).
+  static Result<ChatTemplate> Interpret(std::string_view template_text,
+                                        const SpecialTokens& tokens);
 
   // Renders a conversation in OpenAI's message shape: [{"role", "content", "tool_calls"?,
   // "prefix"?}]. Values the template cannot use (a missing or non-string content where the
-  // template concatenates it, tool calls that are not a list) are errors naming the message,
-  // where jinja2 would raise.
+  // template concatenates it, tool calls that are not a list) are errors naming the message
+  // (natively) or the template line (interpreted), where jinja2 would raise.
   Result<std::string> Render(const nlohmann::ordered_json& messages,
                              const ChatOptions& options) const;
 
   ChatTemplateKind kind() const { return kind_; }
   std::string_view name() const;
+  // vLLM's content-format detection: whether the template loops over a message's content, so
+  // it takes OpenAI's list of parts rather than one string (natively: never).
+  bool takes_content_parts() const { return takes_content_parts_; }
 
  private:
   ChatTemplate(ChatTemplateKind kind, std::string bos) : kind_(kind), bos_(std::move(bos)) {}
   // The variant's rendering of the conversation as given.
   Result<std::string> RenderKind(const nlohmann::ordered_json& messages,
                                  const ChatOptions& options) const;
+  Result<std::string> RenderInterpreted(const nlohmann::ordered_json& messages,
+                                        const ChatOptions& options) const;
   ChatTemplateKind kind_;
   std::string bos_;
+  std::string eos_;
+  std::shared_ptr<const jinja::Template> jinja_;
+  bool takes_content_parts_ = false;
 };
 
 }  // namespace sy

@@ -26,13 +26,25 @@ Result<TextCodec> TextCodec::Load(const std::string& directory, const std::strin
   }
   if (!codec.config.bos_token.empty())
     codec.bos_id = codec.tokenizer->TokenToId(codec.config.bos_token);
-  auto chat = ChatTemplate::Recognize(codec.config.chat_template, codec.config.bos_token);
+  auto chat = ChatTemplate::Load(codec.config.chat_template, codec.special_tokens());
   if (chat.ok()) {
     codec.chat = chat.value();
   } else {
     codec.chat_status = chat.status().WithContext(codec.config.source);
   }
   return codec;
+}
+
+SpecialTokens TextCodec::special_tokens() const {
+  return SpecialTokens{config.bos_token, config.eos_token};
+}
+
+Status TextCodec::UseChatTemplate(std::string_view template_text, const std::string& source) {
+  auto chat = ChatTemplate::Load(template_text, special_tokens());
+  if (!chat.ok()) return chat.status().WithContext(source);
+  this->chat = std::move(chat).value();
+  chat_status = Status::Ok();
+  return Status::Ok();
 }
 
 Result<std::vector<int32_t>> TextCodec::EncodePrompt(const std::string& text,

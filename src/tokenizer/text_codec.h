@@ -1,5 +1,5 @@
 // A checkpoint's text interface in one place: tokenizer.json, and from tokenizer_config.json the
-// chat template (recognised once) and the BOS that plain prompts start with.
+// chat template (recognised or parsed once) and the BOS that plain prompts start with.
 #pragma once
 
 #include <memory>
@@ -19,12 +19,16 @@ struct TextCodec {
   std::unique_ptr<Tokenizer> tokenizer;
   TokenizerConfig config;
   std::optional<int32_t> bos_id;
-  std::optional<ChatTemplate> chat;  // absent when the template is missing or not recognised
+  std::optional<ChatTemplate> chat;  // absent when the template is missing or does not parse
   Status chat_status;                // why `chat` is absent
 
   // Loads `directory`'s tokenizer, or the file/directory `tokenizer_path` names instead.
   static Result<TextCodec> Load(const std::string& directory,
                                 const std::string& tokenizer_path = "");
+
+  // Replaces the checkpoint's chat template (--chat-template); `source` names it in errors.
+  Status UseChatTemplate(std::string_view template_text, const std::string& source);
+  SpecialTokens special_tokens() const;
 
   // Plain text → prompt ids (BOS first when add_special_tokens and the config asks for it).
   Result<std::vector<int32_t>> EncodePrompt(const std::string& text,
