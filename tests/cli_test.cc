@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/isa_level.h"
@@ -423,6 +424,48 @@ TEST(CliTest, BadInputGivesOneLineAndNonZeroExit) {
     EXPECT_NE(status, 0) << call.arguments;
     EXPECT_LT(status, 128) << "crashed: " << call.arguments << "\n" << output;
     EXPECT_NE(output.find(call.expected), std::string::npos) << call.arguments << "\n" << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+  }
+}
+
+// `generate --chat --chat-template`: a template that writes BOS and the message's text makes the
+// chat prompt the plain prompt, so both generate the same tokens; a template file works the
+// same; a missing file or a template that does not parse is one line naming the problem.
+TEST(CliTest, GenerateWithAChatTemplateOfOurOwn) {
+  const std::string model = std::string(SY_SOURCE_DIR) + "/models/default";
+  const std::string generate = Binary() + " generate --model " + model + " --max-tokens 6 ";
+  const std::string template_text =
+      "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}";
+  const std::string file = testing::TempDirectory("cli_chat_template") + "/plain.jinja";
+  std::ofstream(file) << template_text;
+  std::string plain, chat, from_file;
+  ASSERT_EQ(RunCommand(generate + "--prompt 'ROMEO: But soft'", &plain), 0) << plain;
+  ASSERT_EQ(RunCommand(fmt::format("{}--chat --chat-template '{}' --prompt 'ROMEO: But soft'",
+                                   generate, template_text),
+                       &chat),
+            0)
+      << chat;
+  ASSERT_EQ(RunCommand(fmt::format("{}--chat --chat-template {} --prompt 'ROMEO: But soft'",
+                                   generate, file),
+                       &from_file),
+            0)
+      << from_file;
+  EXPECT_FALSE(LineAfter(plain, "sequence 0:").empty()) << plain;
+  EXPECT_EQ(LineAfter(chat, "sequence 0:"), LineAfter(plain, "sequence 0:"));
+  EXPECT_EQ(LineAfter(from_file, "sequence 0:"), LineAfter(plain, "sequence 0:"));
+  // The default model's own (DeepSeek-V3's) template gives another prompt.
+  std::string own;
+  ASSERT_EQ(RunCommand(generate + "--chat --prompt 'ROMEO: But soft'", &own), 0) << own;
+  EXPECT_NE(LineAfter(own, "sequence 0:"), LineAfter(plain, "sequence 0:"));
+  for (const auto& [arguments, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"--chat --chat-template /nonexistent.jinja --prompt x", "no such file"},
+           {"--chat --chat-template '{% if %}' --prompt x", "line 1"},
+       }) {
+    std::string output;
+    const int status = RunCommand(generate + arguments, &output);
+    EXPECT_NE(status, 0) << arguments;
+    EXPECT_LT(status, 128) << output;
+    EXPECT_NE(output.find(expected), std::string::npos) << output;
     EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
   }
 }

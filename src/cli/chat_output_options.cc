@@ -1,10 +1,47 @@
 #include "cli/chat_output_options.h"
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include "cli/verbs.h"
 
 namespace sy {
 
+void ApplyChatTemplateOrFail(const std::string& path_or_text, TextCodec* codec) {
+  if (path_or_text.empty()) return;
+  std::string text = path_or_text, source = "--chat-template";
+  std::error_code error;
+  if (std::filesystem::is_regular_file(path_or_text, error)) {
+    std::ifstream in(path_or_text, std::ios::binary);
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    if (!in) FailVerb("--chat-template: cannot read " + path_or_text);
+    text = buffer.str();
+    source = path_or_text;
+  } else if (path_or_text.find("{{") == std::string::npos &&
+             path_or_text.find("{%") == std::string::npos) {
+    // vLLM takes a path or the template itself; text with no tag is a path that is not there.
+    FailVerb("--chat-template: no such file '" + path_or_text +
+             "' (give a template file, or the template's text)");
+  }
+  Status s = codec->UseChatTemplate(text, source);
+  if (!s.ok()) FailVerb(s.message());
+}
+
 void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
+  verb->add_option("--chat-template", args.chat_template,
+                   "A Jinja chat template (a file, or the template's text) to use instead of the "
+                   "checkpoint's; DeepSeek's own are rendered natively, any other is interpreted "
+                   "as transformers renders it");
+  verb->add_option("--chat-template-content-format", args.chat_template_content_format,
+                   "How an interpreted template gets a message's content: string (text parts "
+                   "joined), openai (a list of {type, text} parts), or auto (parts when the "
+                   "template loops over content; default)")
+      ->check(CLI::IsMember({"auto", "string", "openai"}));
+  verb->add_flag("--trust-request-chat-template", args.trust_request_chat_template,
+                 "Let a request send its own chat_template (a template is code the server runs; "
+                 "it is bounded in steps and memory, but only trusted clients should send one)");
   verb->add_flag("--enable-auto-tool-choice", args.enable_auto_tool_choice,
                  "Allow tool_choice \"auto\" (the default when a request gives tools): the model "
                  "may call tools and its output is parsed for calls");
@@ -53,6 +90,11 @@ void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,
                                         args.reasoning_parser, codec, &options->limits);
   if (!s.ok()) FailVerb(s.message());
   options->limits.exclude_tools_when_tool_choice_none = args.exclude_tools_when_tool_choice_none;
+  options->limits.content_format =
+      args.chat_template_content_format == "openai"   ? serve::ContentFormat::kOpenAI
+      : args.chat_template_content_format == "string" ? serve::ContentFormat::kString
+                                                      : serve::ContentFormat::kAuto;
+  options->limits.trust_request_chat_template = args.trust_request_chat_template;
   options->sse_keepalive_seconds = args.sse_keepalive_seconds;
   if (!args.effort_budgets.empty()) {
     s = serve::ParseEffortBudgets(args.effort_budgets, &options->limits.effort_budgets);

@@ -1,5 +1,6 @@
-// The OpenAI front's flags serve and route share: the chat output's (vLLM's names)
-// --enable-auto-tool-choice, --exclude-tools-when-tool-choice-none, --tool-call-parser,
+// The OpenAI front's flags serve and route share: the chat template's (vLLM's names)
+// --chat-template, --chat-template-content-format, --trust-request-chat-template; the chat
+// output's --enable-auto-tool-choice, --exclude-tools-when-tool-choice-none, --tool-call-parser,
 // --reasoning-parser; --reasoning-effort-budgets; the Responses API's store,
 // --responses-store-mb and --responses-store-dir; --sse-keepalive-seconds; and --files-mb (the
 // Files and Batch APIs).
@@ -23,9 +24,15 @@ struct ChatOutputArgs {
   double responses_store_mb = 256;  // 0: the Responses API keeps nothing
   std::string responses_store_dir;  // "": in memory only
   double sse_keepalive_seconds = 15;
-  double files_mb = 512;  // 0: no Files and Batch APIs
+  double files_mb = 512;                              // 0: no Files and Batch APIs
+  std::string chat_template;                          // "": the checkpoint's
+  std::string chat_template_content_format = "auto";  // auto, string or openai
+  bool trust_request_chat_template = false;
 };
 void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args);
+// --chat-template (a file, or the template itself) replaces the codec's chat template; an
+// empty value leaves it. Fails the verb on a template that does not parse.
+void ApplyChatTemplateOrFail(const std::string& path_or_text, TextCodec* codec);
 // Sets the server's chat output limits and its Responses store; fails the verb on an unknown
 // parser.
 void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/chat_output_options.h"
 #include "cli/common.h"
 #include "cli/parallel_setup.h"
 #include "cli/token_lists.h"
@@ -21,6 +22,7 @@ struct GenerateArgs {
   std::string prompt_tokens;
   std::vector<std::string> prompts;
   bool chat = false;
+  std::string chat_template;  // --chat-template: instead of the checkpoint's
   bool json = false;
   int64_t max_tokens = 16;
   int64_t warmup = 0;  // untimed runs of the whole batch before the measured one
@@ -63,6 +65,7 @@ void RunGenerate(const GenerateArgs& args) {
   std::unique_ptr<TextCodec> codec;
   if (!args.prompts.empty() || args.json)
     codec = std::make_unique<TextCodec>(LoadTextCodecOrFail(directory));
+  ApplyChatTemplateOrFail(args.chat_template, codec.get());
   const std::vector<std::vector<int32_t>> prompts =
       PromptIds(args, args.prompts.empty() ? nullptr : codec.get());
   ParallelArgs parallel = args.parallel;
@@ -202,6 +205,9 @@ void AddGenerateVerb(CLI::App& app) {
   verb->add_option("--prompt", args->prompts, "A text prompt (repeat for a batch)");
   verb->add_flag("--chat", args->chat,
                  "Render each --prompt as a user message through the chat template");
+  verb->add_option("--chat-template", args->chat_template,
+                   "With --chat: a Jinja chat template (a file, or the template's text) instead "
+                   "of the checkpoint's");
   verb->add_option("--prompt-tokens", args->prompt_tokens,
                    "Prompt token ids: '1,2,3;4,5' is two prompts");
   verb->add_flag("--json", args->json, "Print one JSON object: outputs, timings");

@@ -64,6 +64,7 @@ void RunRoute(const RouteArgs& args) {
   WarnIfEnginesInClearText(args);
   const std::string directory = ResolveModelDirectory(args.model);
   TextCodec codec = LoadTextCodecOrFail(directory);
+  ApplyChatTemplateOrFail(args.chat_output.chat_template, &codec);
   route::RouterOptions options;
   options.engines = args.engines;
   options.prefill_engines = args.prefill_engines;

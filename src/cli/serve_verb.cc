@@ -336,6 +336,7 @@ void RunServe(const ServeArgs& args) {
         fmt::format("--role {}: needs --grpc-port (a router sends it its requests)", args.role));
   const std::string directory = ResolveModelDirectory(args.model);
   TextCodec codec = LoadTextCodecOrFail(directory);
+  ApplyChatTemplateOrFail(args.chat_output.chat_template, &codec);
   ParallelRun run = LoadParallel(directory, args.parallel);
   Communicator& comm = *run.comm;
   const Model& model = *run.model;

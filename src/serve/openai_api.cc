@@ -97,8 +97,6 @@ void RefuseUnimplemented(Reader& r, Endpoint endpoint) {
   }
   if (const json* echo = r.Get("echo"); echo && *echo != false)
     r.Fail("echo", "is not supported for chat");
-  if (r.Get("chat_template"))
-    r.Fail("chat_template", "is not supported (the model's template is used)");
 }
 
 // Structured output: OpenAI's response_format (json_object, json_schema), vLLM's
@@ -238,7 +236,8 @@ bool ReadTools(Reader& r, GenerationPlan& plan, const ServingLimits& limits, Cha
 }
 
 // The chat-template fields a chat request and /tokenize share: add_generation_prompt,
-// continue_final_message and chat_template_kwargs (`thinking`, or `enable_thinking`).
+// continue_final_message and chat_template_kwargs (each key a variable of an interpreted
+// template; `thinking` or `enable_thinking` for the native ones).
 void ReadChatTemplateOptions(Reader& r, ChatOptions& options) {
   r.Bool("add_generation_prompt", &options.add_generation_prompt);
   r.Bool("continue_final_message", &options.continue_final_message);
@@ -247,6 +246,7 @@ void ReadChatTemplateOptions(Reader& r, ChatOptions& options) {
            "cannot be combined with add_generation_prompt (send add_generation_prompt: false)");
   if (const json* kwargs = r.Get("chat_template_kwargs")) {
     if (!kwargs->is_object()) return r.Fail("chat_template_kwargs", "must be an object");
+    options.template_kwargs = kwargs;
     for (const char* key : {"thinking", "enable_thinking"}) {
       auto it = kwargs->find(key);
       if (it != kwargs->end() && it->is_boolean()) options.thinking = it->get<bool>();
@@ -254,9 +254,80 @@ void ReadChatTemplateOptions(Reader& r, ChatOptions& options) {
   }
 }
 
+// The template a chat request renders with: its own chat_template (vLLM's, only when the server
+// trusts requests with templates: a template is code the server runs), else the model's. Null
+// with `error` set when there is none or the request's does not parse.
+const ChatTemplate* ChooseChatTemplate(Reader& r, const TextCodec& codec,
+                                       const ServingLimits& limits,
+                                       std::optional<ChatTemplate>* own, ApiError* error) {
+  if (const json* text = r.Get("chat_template")) {
+    if (!text->is_string() || text->get_ref<const std::string&>().empty()) {
+      *error = Invalid("chat_template", "must be a non-empty string (a Jinja template)");
+      return nullptr;
+    }
+    if (!limits.trust_request_chat_template) {
+      *error = Invalid("chat_template",
+                       "a request's own chat template runs only on a server started with "
+                       "--trust-request-chat-template");
+      return nullptr;
+    }
+    auto chat = ChatTemplate::Interpret(text->get<std::string>(), codec.special_tokens());
+    if (!chat.ok()) {
+      *error = Invalid("chat_template", chat.status().message());
+      return nullptr;
+    }
+    *own = std::move(chat).value();
+    return &**own;
+  }
+  if (!codec.chat) {
+    *error = Invalid("messages", codec.chat_status.message());
+    return nullptr;
+  }
+  return &*codec.chat;
+}
+
+// vLLM's preparation of messages for a Jinja template (chat_utils' _postprocess_messages):
+// tool-call arguments become objects, as tool-use templates expect (null or "" → {}); an empty
+// tool_calls list goes. The native DeepSeek renderings take the arguments as the client sent
+// them.
+bool PrepareForInterpretedTemplate(json& flat, ApiError* error) {
+  for (size_t i = 0; i < flat.size(); ++i) {
+    json& m = flat[i];
+    auto calls = m.find("tool_calls");
+    if (m["role"] != "assistant" || calls == m.end() || !calls->is_array()) continue;
+    if (calls->empty()) {
+      m.erase("tool_calls");
+      continue;
+    }
+    for (size_t j = 0; j < calls->size(); ++j) {
+      json& call = (*calls)[j];
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+        continue;
+      json& function = call["function"];
+      auto arguments = function.find("arguments");
+      if (arguments == function.end() || arguments->is_null() ||
+          (arguments->is_string() && arguments->get_ref<const std::string&>().empty())) {
+        function["arguments"] = json::object();
+      } else if (arguments->is_string()) {
+        json parsed = json::parse(arguments->get<std::string>(), nullptr, false);
+        if (parsed.is_discarded()) {
+          *error = Invalid(fmt::format("messages[{}].tool_calls[{}].function.arguments", i, j),
+                           "must be JSON (the chat template takes the arguments as an object)");
+          return false;
+        }
+        *arguments = std::move(parsed);
+      }
+    }
+  }
+  return true;
+}
+
 // A request's messages as the template takes them: roles checked, developer as system, content
-// given as parts joined into text (the DeepSeek templates take strings).
-bool FlattenMessages(const json* messages, json& flat, ApiError* error) {
+// as one string (text parts joined: the DeepSeek templates take strings) or, for a template that
+// loops over content (`content_as_parts`, vLLM's "openai" content format), as a list of text
+// parts, a string becoming one part.
+bool FlattenMessages(const json* messages, json& flat, ApiError* error,
+                     bool content_as_parts = false) {
   if (!messages || !messages->is_array() || messages->empty()) {
     *error = Invalid("messages", "must be a non-empty list");
     return false;
@@ -285,6 +356,7 @@ bool FlattenMessages(const json* messages, json& flat, ApiError* error) {
     if (content != m.end() && content->is_array()) {
       // Parts joined by newlines, as vLLM joins them for templates that take a string.
       std::string text;
+      json parts = json::array();
       for (const auto& part : *content) {
         if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
             !part.contains("text") || !part["text"].is_string()) {
@@ -293,8 +365,11 @@ bool FlattenMessages(const json* messages, json& flat, ApiError* error) {
         }
         if (&part != &content->front()) text += '\n';
         text += part["text"].get<std::string>();
+        parts.push_back({{"type", "text"}, {"text", part["text"]}});
       }
-      copy["content"] = text;
+      copy["content"] = content_as_parts ? parts : json(text);
+    } else if (content != m.end() && content->is_string() && content_as_parts) {
+      copy["content"] = json::array({{{"type", "text"}, {"text", *content}}});
     } else if (content != m.end() && !content->is_string() && !content->is_null()) {
       *error = Invalid(where + ".content", "must be a string or a list of text parts");
       return false;
@@ -306,6 +381,19 @@ bool FlattenMessages(const json* messages, json& flat, ApiError* error) {
     flat.push_back(std::move(copy));
   }
   return true;
+}
+
+// The request's messages ready for `chat`: flattened, and prepared as vLLM prepares them for an
+// interpreted template.
+bool RenderableMessages(const json* messages, const ChatTemplate& chat, const ServingLimits& limits,
+                        json& flat, ApiError* error) {
+  const bool interpreted = chat.kind() == ChatTemplateKind::kJinja;
+  const bool parts =
+      interpreted &&
+      (limits.content_format == ContentFormat::kOpenAI ||
+       (limits.content_format == ContentFormat::kAuto && chat.takes_content_parts()));
+  if (!FlattenMessages(messages, flat, error, parts)) return false;
+  return !interpreted || PrepareForInterpretedTemplate(flat, error);
 }
 
 // Chat: whether the output is split into reasoning, content and tool calls. With a reasoning
@@ -729,11 +817,14 @@ ParsedRequest PlanChecked(Endpoint endpoint, const json& root, const TextCodec& 
       out.error = *r.error;
       return out;
     }
+    std::optional<ChatTemplate> own_template;
+    const ChatTemplate* chat = ChooseChatTemplate(r, codec, limits, &own_template, &out.error);
+    if (!chat) return out;
     json flat;
-    if (!FlattenMessages(r.Get("messages"), flat, &out.error)) return out;
+    if (!RenderableMessages(r.Get("messages"), *chat, limits, flat, &out.error)) return out;
     json rendered_tools;
     if (!ReadTools(r, plan, limits, options, rendered_tools, &out.error)) return out;
-    auto rendered = codec.RenderChat(flat, options);
+    auto rendered = chat->Render(flat, options);
     if (!rendered.ok()) {
       out.error = Invalid("messages", rendered.status().message());
       return out;
@@ -1233,7 +1324,8 @@ Status ConfigureChatOutput(const std::string& tool_call_parser, bool enable_auto
     if (!limits->tool_format)
       return Status::Errorf("--tool-call-parser: unknown parser '{}' (deepseek_v3, deepseek_v31)",
                             tool_call_parser);
-  } else if (codec.chat) {
+  } else if (codec.chat && codec.chat->kind() != ChatTemplateKind::kJinja) {
+    // An interpreted template's tool-call format is the model's own: --tool-call-parser names it.
     limits->tool_format = codec.chat->kind() == ChatTemplateKind::kDeepSeekV3_1
                               ? chat_output::ToolCallFormat::kDeepSeekV31
                               : chat_output::ToolCallFormat::kDeepSeekV3;
@@ -1291,14 +1383,17 @@ std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
     Reader r{root, std::nullopt};
     ChatOptions options;
     ReadChatTemplateOptions(r, options);
-    for (const char* name : {"chat_template", "return_token_strs"})
-      if (const json* v = r.Get(name); v && *v != false) r.Fail(name, "is not supported");
+    if (const json* v = r.Get("return_token_strs"); v && *v != false)
+      r.Fail("return_token_strs", "is not supported");
     if (r.error) {
       *error = *r.error;
       return "";
     }
+    std::optional<ChatTemplate> own_template;
+    const ChatTemplate* chat = ChooseChatTemplate(r, codec, limits, &own_template, error);
+    if (!chat) return "";
     json flat, rendered_tools;
-    if (!FlattenMessages(&*messages, flat, error)) return "";
+    if (!RenderableMessages(&*messages, *chat, limits, flat, error)) return "";
     if (const json* tools = r.Get("tools")) {
       if (!limits.tool_format) {
         *error = Invalid("tools", "tool calling needs a chat template with a tool-call format");
@@ -1315,7 +1410,9 @@ std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
         options.tools = &rendered_tools;
       }
     }
-    ids = codec.EncodeChat(flat, options);
+    auto rendered = chat->Render(flat, options);
+    ids = rendered.ok() ? codec.tokenizer->Encode(*rendered)
+                        : Result<std::vector<int32_t>>(rendered.status());
     if (!ids.ok()) {
       *error = Invalid("messages", ids.status().message());
       return "";

@@ -77,6 +77,8 @@ std::map<std::string, int64_t> DefaultEffortBudgets();
 Status ParseEffortBudgets(const std::string& text, std::map<std::string, int64_t>* budgets);
 
 // What the server knows when it validates a request.
+enum class ContentFormat { kAuto, kString, kOpenAI };
+
 struct ServingLimits {
   std::string model_name;
   int64_t max_model_len = 0;
@@ -100,6 +102,13 @@ struct ServingLimits {
   // The engine schedules by priority (serve --scheduling-policy priority; behind a router, every
   // instance does): OpenAI's service_tier "priority" and "flex" then become priorities.
   bool priority_scheduling = false;
+  // Chat templates (vLLM's flags): --chat-template-content-format, whether an interpreted
+  // template gets a message's content as OpenAI's list of parts (kOpenAI), as one string
+  // (kString), or as the template shows it wants (kAuto: a loop over content means parts); and
+  // --trust-request-chat-template, whether a request may send its own template (code the server
+  // runs, bounded in time and memory, so off by default).
+  ContentFormat content_format = ContentFormat::kAuto;
+  bool trust_request_chat_template = false;
 };
 
 // Sets `limits`' chat output fields from the serve/route flags (empty strings: not given) and

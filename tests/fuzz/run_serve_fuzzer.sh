@@ -9,7 +9,7 @@ fuzz_build \
   "$src/src/serve/messages_api.cc" "$src/src/serve/conversations_api.cc" \
   "$src/src/serve/files_api.cc" \
   "$src/src/engine/sampling.cc" \
-  "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" \
+  "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" "$src"/src/jinja/*.cc \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" "$src"/src/structured/*.cc \
   "$src"/src/chat_output/*.cc "$src/src/serve/responses_store.cc" \
