@@ -470,6 +470,32 @@ TEST(CliTest, GenerateWithAChatTemplateOfOurOwn) {
   }
 }
 
+// `bench chat-template` without the transformers side: a row per template, the DeepSeek one with
+// a native figure, the other without; a missing reference Python is said, not fatal.
+TEST(CliTest, BenchChatTemplateReportsEachTemplate) {
+  const std::string fixtures = testing::kFixturesDir;
+  std::string output;
+  ASSERT_EQ(RunCommand(Binary() + " bench chat-template --repetitions 1 --hf-python '' " +
+                           "--templates " + fixtures + "/tokenizer/templates/deepseek-v3.jinja " +
+                           fixtures + "/jinja/templates/qwen3-0.6b.jinja",
+                       &output),
+            0)
+      << output;
+  const std::string deepseek = LineAfter(output, "deepseek-v3.jinja");
+  const std::string qwen = LineAfter(output, "qwen3-0.6b.jinja");
+  std::istringstream d(deepseek), q(qwen);
+  std::string renders, parse, interpreted, native;
+  d >> renders >> parse >> interpreted >> native;
+  EXPECT_GT(std::stoi(renders), 40) << output;
+  EXPECT_GT(std::stod(native), 0) << output;
+  q >> renders >> parse >> interpreted >> native;
+  EXPECT_GT(std::stoi(renders), 30) << output;
+  EXPECT_GT(std::stod(interpreted), 0) << output;
+  EXPECT_EQ(native, "-") << output;
+  EXPECT_NE(output.find("no transformers column: no --hf-python given"), std::string::npos)
+      << output;
+}
+
 TEST(CliTest, InitModelWritesALoadableDefault) {
   std::string dir = testing::TempDirectory("cli_init");
   std::string output;

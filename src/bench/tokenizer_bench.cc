@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/clock.h"
+#include "bench/side_process.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -41,31 +42,6 @@ for name, load in (("corpus", texts), ("long-prompt", [long_text])):
     out[name] = {"times": times, "tokens": tokens, "checksum": checksum}
 print(json.dumps(out))
 )PY";
-
-struct Timing {
-  double median = 0, min = 0, max = 0;
-};
-
-Timing Summarize(std::vector<double> times) {
-  std::sort(times.begin(), times.end());
-  return {times[times.size() / 2], times.front(), times.back()};
-}
-
-Result<std::string> ReadAll(FILE* pipe) {
-  std::string out;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0)
-    out.append(buffer, n);
-  return out;
-}
-
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s)
-    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
 
 // Prefill tokens per second of the model on a 2,048-token prompt (the median of three).
 Result<double> PrefillRate(const std::string& model_dir) {
@@ -153,26 +129,21 @@ Result<TokenizerBenchReport> BenchTokenizer(const TokenizerBenchOptions& options
                                " not found (tools/tokenizer/make_tokenizer_fixtures.sh "
                                "makes .venv-tokenizer)";
   } else {
-    const std::string scratch =
-        (std::filesystem::temp_directory_path() / ("sy-bench-tok-" + std::to_string(::getpid())))
-            .string();
-    std::filesystem::create_directories(scratch);
-    std::ofstream(scratch + "/bench.py") << kHfScript;
-    std::ofstream(scratch + "/long.txt", std::ios::binary) << long_prompt;
+    const std::string long_path = (std::filesystem::temp_directory_path() /
+                                   ("sy-bench-tok-" + std::to_string(::getpid()) + ".txt"))
+                                      .string();
+    std::ofstream(long_path, std::ios::binary) << long_prompt;
     std::string file = options.tokenizer;
     if (std::filesystem::is_directory(file)) file += "/tokenizer.json";
-    const std::string command =
-        "RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false " + ShellQuote(options.hf_python) + " " +
-        ShellQuote(scratch + "/bench.py") + " " + ShellQuote(file) + " " +
-        ShellQuote(options.corpus) + " " + ShellQuote(scratch + "/long.txt") + " " +
-        std::to_string(options.repetitions);
-    FILE* pipe = ::popen(command.c_str(), "r");
-    std::string output = pipe ? ReadAll(pipe).value() : "";
-    const int status = pipe ? ::pclose(pipe) : -1;
-    std::filesystem::remove_all(scratch);
+    auto ran =
+        RunPythonScript(options.hf_python, kHfScript,
+                        {file, options.corpus, long_path, std::to_string(options.repetitions)},
+                        "RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false");
+    std::filesystem::remove(long_path);
+    if (!ran.ok()) return ran.status().WithContext("the Hugging Face side");
+    const std::string output = ran.value();
     json hf = json::parse(output, nullptr, false);
-    if (status != 0 || !hf.is_object())
-      return Status::Errorf("the Hugging Face side failed (exit {}): {}", status, output);
+    if (!hf.is_object()) return Status::Errorf("the Hugging Face side printed: {}", output);
     for (const char* name : {"corpus", "long-prompt"}) {
       const Timing timing = Summarize(hf[name]["times"].get<std::vector<double>>());
       const int64_t tokens = hf[name]["tokens"].get<int64_t>();

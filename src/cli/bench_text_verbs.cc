@@ -1,7 +1,11 @@
-// switchyard bench tokenizer (encode throughput beside Hugging Face tokenizers) and bench serve
-// (a load generator with vLLM bench serve's metrics).
+// switchyard bench tokenizer (encode throughput beside Hugging Face tokenizers), bench
+// chat-template (prompt rendering beside transformers') and bench serve (a load generator with
+// vLLM bench serve's metrics).
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
+#include "bench/chat_template_bench.h"
 #include "bench/tokenizer_bench.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
@@ -38,6 +42,37 @@ void AddBenchTokenizerCommand(CLI::App& bench_app) {
                            : bench::TokenizerReportTable(report.value()))
                    .c_str(),
                stdout);
+  });
+}
+
+void AddBenchChatTemplateCommand(CLI::App& bench_app) {
+  auto options = std::make_shared<bench::ChatTemplateBenchOptions>();
+  const std::string fixtures = std::string(SY_SOURCE_DIR) + "/tests/fixtures";
+  options->hf_python = std::string(SY_SOURCE_DIR) + "/.venv-tokenizer/bin/python";
+  options->conversations = {fixtures + "/tokenizer/chat/conversations.json",
+                            fixtures + "/jinja/conversations.json"};
+  CLI::App* c = bench_app.add_subcommand(
+      "chat-template",
+      "Prompt rendering per chat template, side by side with transformers' (Jinja2)");
+  c->add_option("--templates", options->templates,
+                "Template files (default: the committed ones, tests/fixtures/{jinja,tokenizer}/"
+                "templates)");
+  c->add_option("--conversations", options->conversations,
+                "JSON lists of {messages, add_generation_prompt, tools?, extra?} (default: the "
+                "fixtures')");
+  c->add_option("--hf-python", options->hf_python,
+                "A Python with transformers installed (default: .venv-tokenizer in the checkout)");
+  c->add_option("--repetitions", options->repetitions, "Timed repetitions (median reported)")
+      ->check(CLI::Range(1, 101));
+  c->callback([options, fixtures] {
+    if (options->templates.empty())
+      for (const char* dir : {"/jinja/templates", "/tokenizer/templates"})
+        for (const auto& entry : std::filesystem::directory_iterator(fixtures + dir))
+          if (entry.path().extension() == ".jinja") options->templates.push_back(entry.path());
+    std::sort(options->templates.begin(), options->templates.end());
+    auto report = bench::RunChatTemplateBench(*options);
+    if (!report.ok()) FailVerb(report.status().message());
+    std::fputs(bench::ChatTemplateReportTable(report.value()).c_str(), stdout);
   });
 }
 

@@ -84,6 +84,7 @@ void AddBenchVerb(CLI::App& app) {
   AddBenchDecodeCommand(*verb);
   AddBenchExchangeCommand(*verb);
   AddBenchTokenizerCommand(*verb);
+  AddBenchChatTemplateCommand(*verb);
   AddBenchServeCommand(*verb);
   AddBenchMtpCommand(*verb);
   AddBenchBeamSearchCommand(*verb);

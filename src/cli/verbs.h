@@ -22,6 +22,7 @@ void AddBenchLayerCommand(CLI::App& bench);
 void AddBenchDecodeCommand(CLI::App& bench);
 void AddBenchExchangeCommand(CLI::App& bench);
 void AddBenchTokenizerCommand(CLI::App& bench);
+void AddBenchChatTemplateCommand(CLI::App& bench);
 void AddBenchServeCommand(CLI::App& bench);
 void AddBenchMtpCommand(CLI::App& bench);
 void AddBenchBeamSearchCommand(CLI::App& bench);
