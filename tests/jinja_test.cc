@@ -207,6 +207,14 @@ TEST(JinjaLimits, HostileTemplatesEndInErrors) {
            {"{{ range(1000000) }}", "Range too big"},
            {"{{ 9223372036854775807 + 1 }}", "overflow"},
            {"{{ 2 ** 64 }}", "overflow"},
+           // A namespace made to contain itself: printing, comparing or serializing it ends.
+           {"{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}", "contain themselves"},
+           {"{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns.a | tojson }}",
+            "not JSON serializable"},
+           // Lists nested by a loop, one level an iteration.
+           {"{% set ns = namespace(l=[]) %}{% for i in range(2000) %}{% set ns.l = [ns.l] %}"
+            "{% endfor %}{{ ns.l }}",
+            "nest deeper"},
        }) {
     SCOPED_TRACE(c.template_text);
     auto parsed = jinja::Template::Parse(c.template_text);
@@ -225,6 +233,23 @@ TEST(JinjaLimits, HostileTemplatesEndInErrors) {
   for (int i = 0; i < 5000; ++i)
     deep_blocks += "{% if true %}";
   EXPECT_FALSE(jinja::Template::Parse(deep_blocks).ok());
+}
+
+// Request JSON nested past what a template's values may hold is an error naming it, not a
+// stack overflow.
+TEST(JinjaLimits, DeepRequestJsonIsRefused) {
+  std::string deep = "\"x\"";
+  for (int i = 0; i < 5000; ++i)
+    deep = "[" + deep + "]";
+  json messages =
+      json::array({{{"role", "user"}, {"content", "hi"}, {"extra", json::parse(deep)}}});
+  auto chat = ChatTemplate::Interpret("{% for m in messages %}{{ m.content }}{% endfor %}",
+                                      SpecialTokens{"<s>", "</s>"});
+  ASSERT_TRUE(chat.ok());
+  auto rendered = chat->Render(messages, ChatOptions{});
+  ASSERT_FALSE(rendered.ok());
+  EXPECT_NE(rendered.status().message().find("nest deeper than 512"), std::string::npos)
+      << rendered.status().message();
 }
 
 TEST(JinjaErrors, NameTheLine) {

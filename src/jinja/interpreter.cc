@@ -82,13 +82,14 @@ bool Template::IteratesOver(std::string_view attribute) const {
 }
 
 Result<std::string> Template::Render(const Value& context, const Limits& limits) const {
+  Interpreter interpreter(limits, context);
   try {
-    Interpreter interpreter(limits, context);
     return interpreter.Run(parsed_->body);
   } catch (const RaisedError& error) {
     return Status::Error(error.what());
   } catch (const TemplateError& error) {
-    return Status::Errorf("line {}: {}", error.line(), error.what());
+    return Status::Errorf("line {}: {}", error.line() ? error.line() : interpreter.line(),
+                          error.what());
   } catch (const std::bad_alloc&) {
     return Status::Error("the template ran out of memory");
   }

@@ -49,6 +49,7 @@ class Interpreter {
 
   [[noreturn]] void Fail(const std::string& message) const;
   const Limits& limits() const { return limits_; }
+  int line() const { return line_; }
   // One unit of work: fails when the template has run too long.
   void Step();
   // Fails when a string or list being built would pass the output limit.

@@ -14,7 +14,7 @@ namespace sy::jinja {
 namespace {
 
 // Deep nesting in a hostile template must end in an error, not in a stack overflow.
-constexpr int kMaxNesting = 200;
+constexpr int kMaxNesting = 100;
 
 class Parser {
  public:

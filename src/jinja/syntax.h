@@ -4,7 +4,6 @@
 #pragma once
 
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,18 +11,6 @@
 #include "jinja/value.h"
 
 namespace sy::jinja {
-
-// Thrown inside the parser and the interpreter, caught at Template's boundary and turned into a
-// Status: a template error unwinds through deep recursion, and every frame would otherwise have
-// to test and forward it.
-class TemplateError : public std::runtime_error {
- public:
-  TemplateError(int line, const std::string& message) : std::runtime_error(message), line_(line) {}
-  int line() const { return line_; }
-
- private:
-  int line_;
-};
 
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;

@@ -9,7 +9,7 @@
 // tools/tokenizer/gen_jinja_fixtures.py makes: real chat templates and the language's corners.
 //
 // A template is untrusted input when a request sends it: rendering is bounded in steps, output
-// size, call depth and range() size, and every failure is a Status naming the line.
+// size, call depth, value nesting and range() size, and every failure is a Status naming the line.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@ namespace sy::jinja {
 struct Limits {
   int64_t max_steps = 20'000'000;       // statements, expressions and loop iterations
   size_t max_output_bytes = 64u << 20;  // the rendered text, and any string built on the way
-  int max_call_depth = 64;              // macro calls within macro calls
+  int max_call_depth = 50;              // macro calls within macro calls
   // The time strftime_now() formats (local time); unset: now. Tests fix it.
   std::optional<std::tm> fixed_time;
 };

@@ -10,6 +10,25 @@
 #include "base/utf8.h"
 
 namespace sy::jinja {
+namespace {
+
+// Nesting of the recursive value operations on this thread.
+thread_local int nesting = 0;
+
+struct NestingGuard {
+  NestingGuard() {
+    if (++nesting > kMaxValueNesting) {
+      --nesting;
+      throw TemplateError(
+          0, fmt::format("values nest deeper than {} (or contain themselves)", kMaxValueNesting));
+    }
+  }
+  ~NestingGuard() { --nesting; }
+  NestingGuard(const NestingGuard&) = delete;
+  NestingGuard& operator=(const NestingGuard&) = delete;
+};
+
+}  // namespace
 
 const Value* Dict::Find(const Value& key) const {
   for (const auto& [k, v] : items)
@@ -109,6 +128,7 @@ Value Value::MakeFunction(std::string name, Function function) {
 }
 
 Value Value::FromJson(const nlohmann::ordered_json& json) {
+  NestingGuard guard;
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null:
       return None();
@@ -291,6 +311,7 @@ std::string Value::Str() const {
 }
 
 std::string Value::Repr() const {
+  NestingGuard guard;
   switch (kind_) {
     case Kind::kUndefined:
       return "Undefined";
@@ -365,6 +386,7 @@ bool IsNumeric(const Value& v) {
 }  // namespace
 
 bool Equal(const Value& a, const Value& b) {
+  NestingGuard guard;
   if (IsNumeric(a) && IsNumeric(b)) {
     if (a.kind() != Value::Kind::kFloat && b.kind() != Value::Kind::kFloat)
       return a.integer() == b.integer();
@@ -401,6 +423,7 @@ bool Equal(const Value& a, const Value& b) {
 }
 
 bool Comparable(const Value& a, const Value& b) {
+  NestingGuard guard;
   if (IsNumeric(a) && IsNumeric(b)) return true;
   if (a.is_string() && b.is_string()) return true;
   if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple() && !a.is_generator() &&
@@ -416,6 +439,7 @@ bool Comparable(const Value& a, const Value& b) {
 }
 
 int Compare(const Value& a, const Value& b) {
+  NestingGuard guard;
   if (IsNumeric(a) && IsNumeric(b)) {
     if (a.kind() != Value::Kind::kFloat && b.kind() != Value::Kind::kFloat)
       return a.integer() < b.integer() ? -1 : a.integer() > b.integer() ? 1 : 0;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -16,6 +17,23 @@
 #include <nlohmann/json_fwd.hpp>
 
 namespace sy::jinja {
+
+// Thrown inside the parser, the interpreter and the value operations, caught at Template's
+// boundary (and by callers of Value::FromJson) and turned into a Status: a template error unwinds
+// through deep recursion, and every frame would otherwise have to test and forward it. Line 0:
+// where the interpreter is.
+class TemplateError : public std::runtime_error {
+ public:
+  TemplateError(int line, const std::string& message) : std::runtime_error(message), line_(line) {}
+  int line() const { return line_; }
+
+ private:
+  int line_;
+};
+
+// Values nest at most this deep (Python's repr and == give up near 1,000): deeper JSON, or a
+// value a template made to contain itself, is an error rather than a stack overflow.
+inline constexpr int kMaxValueNesting = 512;
 
 class Value;
 using List = std::vector<Value>;
@@ -56,7 +74,8 @@ class Value {
   // jinja's namespace(): a dict whose attributes `{% set ns.x = … %}` may assign.
   static Value Namespace(std::shared_ptr<Dict> dict);
   static Value MakeFunction(std::string name, Function function);
-  // JSON (the request's messages and tools) as Python would see it after json.loads.
+  // JSON (the request's messages and tools) as Python would see it after json.loads. Throws
+  // TemplateError past kMaxValueNesting.
   static Value FromJson(const nlohmann::ordered_json& json);
 
   Kind kind() const { return kind_; }
@@ -104,7 +123,8 @@ class Value {
 
 // Python's ==, and the ordering of <, sorted() and max(): numbers with numbers, strings with
 // strings, sequences element by element. Ordering values Python cannot order is an error thrown
-// by the caller; `Comparable` says whether they can be.
+// by the caller; `Comparable` says whether they can be. These, Repr and Str throw TemplateError
+// past kMaxValueNesting.
 bool Equal(const Value& a, const Value& b);
 bool Comparable(const Value& a, const Value& b);
 int Compare(const Value& a, const Value& b);  // <0, 0, >0; only where Comparable

@@ -572,6 +572,16 @@ Result<std::string> ChatTemplate::RenderInterpreted(const nlohmann::ordered_json
   // transformers' render(messages=…, tools=…, documents=None, add_generation_prompt=…,
   // **special tokens, **kwargs): the request's kwargs may replace a special token, not the
   // conversation.
+  // The request's JSON may nest deeper than a template's values can (jinja::kMaxValueNesting).
+  try {
+    return RenderInterpretedChecked(messages, options);
+  } catch (const jinja::TemplateError& error) {
+    return Status::Error(std::string("chat template: the request's ") + error.what());
+  }
+}
+
+Result<std::string> ChatTemplate::RenderInterpretedChecked(const nlohmann::ordered_json& messages,
+                                                           const ChatOptions& options) const {
   auto context = std::make_shared<jinja::Dict>();
   auto set = [&](const char* key, jinja::Value value) {
     context->Set(jinja::Value::String(key), std::move(value));

@@ -90,6 +90,8 @@ class ChatTemplate {
                                  const ChatOptions& options) const;
   Result<std::string> RenderInterpreted(const nlohmann::ordered_json& messages,
                                         const ChatOptions& options) const;
+  Result<std::string> RenderInterpretedChecked(const nlohmann::ordered_json& messages,
+                                               const ChatOptions& options) const;
   ChatTemplateKind kind_;
   std::string bos_;
   std::string eos_;
