@@ -425,15 +425,20 @@ bool Interpreter::CallTest(const std::string& name, const Value& operand, CallAr
   return test(*this, operand, args);
 }
 
-Value Interpreter::EvalFilter(const Expr& expr) {
-  Value operand =
-      expr.operands[0] ? Eval(*expr.operands[0]) : (block_input_ ? *block_input_ : Value());
-  line_ = expr.line;
+CallArguments Interpreter::EvalArguments(const Expr& expr) {
   CallArguments args;
   for (size_t i = 1; i < expr.operands.size(); ++i)
     args.positional.push_back(Eval(*expr.operands[i]));
   for (const auto& [key, value] : expr.keywords)
     args.keyword.emplace_back(key, Eval(*value));
+  line_ = expr.line;
+  return args;
+}
+
+Value Interpreter::EvalFilter(const Expr& expr) {
+  Value operand =
+      expr.operands[0] ? Eval(*expr.operands[0]) : (block_input_ ? *block_input_ : Value());
+  CallArguments args = EvalArguments(expr);
   return CallFilter(expr.name, operand, args);
 }
 
@@ -667,24 +672,14 @@ Value Interpreter::Eval(const Expr& expr) {
     }
     case Expr::Kind::kCall: {
       Value callee = Eval(*expr.operands[0]);
-      CallArguments args;
-      for (size_t i = 1; i < expr.operands.size(); ++i)
-        args.positional.push_back(Eval(*expr.operands[i]));
-      for (const auto& [key, value] : expr.keywords)
-        args.keyword.emplace_back(key, Eval(*value));
-      line_ = expr.line;
+      CallArguments args = EvalArguments(expr);
       return Call(callee, args);
     }
     case Expr::Kind::kFilter:
       return EvalFilter(expr);
     case Expr::Kind::kTest: {
       Value operand = Eval(*expr.operands[0]);
-      CallArguments args;
-      for (size_t i = 1; i < expr.operands.size(); ++i)
-        args.positional.push_back(Eval(*expr.operands[i]));
-      for (const auto& [key, value] : expr.keywords)
-        args.keyword.emplace_back(key, Eval(*value));
-      line_ = expr.line;
+      CallArguments args = EvalArguments(expr);
       return Value::Bool(CallTest(expr.name, operand, args));
     }
     case Expr::Kind::kNot:

@@ -75,6 +75,8 @@ class Interpreter {
   Value EvalBinary(const std::string& op, const Value& a, const Value& b);
   bool EvalCompare(const std::string& op, const Value& a, const Value& b);
   Value EvalFilter(const Expr& expr);
+  // A call's, filter's or test's arguments: operands[1..] and the keywords.
+  CallArguments EvalArguments(const Expr& expr);
   Value Lookup(const std::string& name) const;
   Value MakeMacro(const Node& node);
 

@@ -497,28 +497,20 @@ void JsonString(std::string_view s, bool ensure_ascii, std::string* out) {
   *out += '"';
 }
 
+bool JsonAt(const Value& value, const JsonStyle& style, int depth, std::string* out,
+            std::string* why);
+
+// json.dumps turns the scalar keys Python allows into strings: a string as it is, the others as
+// their JSON.
 bool JsonKey(const Value& key, std::string* out, std::string* why) {
-  // json.dumps turns the scalar keys Python allows into strings.
-  switch (key.kind()) {
-    case Value::Kind::kString:
-      *out = key.text();
-      return true;
-    case Value::Kind::kNone:
-      *out = "null";
-      return true;
-    case Value::Kind::kBool:
-      *out = key.boolean() ? "true" : "false";
-      return true;
-    case Value::Kind::kInt:
-      *out = std::to_string(key.integer());
-      return true;
-    case Value::Kind::kFloat:
-      *out = FloatRepr(key.number());
-      return true;
-    default:
-      *why = fmt::format("keys must be str, int, float, bool or None, not {}", key.TypeName());
-      return false;
+  if (key.is_string()) {
+    *out = key.text();
+    return true;
   }
+  if (key.is_none() || key.is_number() || key.kind() == Value::Kind::kBool)
+    return JsonAt(key, JsonStyle(), 0, out, why);
+  *why = fmt::format("keys must be str, int, float, bool or None, not {}", key.TypeName());
+  return false;
 }
 
 bool JsonAt(const Value& value, const JsonStyle& style, int depth, std::string* out,
