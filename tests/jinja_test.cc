@@ -252,6 +252,33 @@ TEST(JinjaLimits, DeepRequestJsonIsRefused) {
       << rendered.status().message();
 }
 
+TEST(ChatTemplateCache, KeepsTheMostRecentlyUsed) {
+  ChatTemplateCache cache(2);
+  const SpecialTokens tokens{"<s>", "</s>"};
+  const json messages = json::array({{{"role", "user"}, {"content", "hi"}}});
+  auto render = [&](const std::string& text) {
+    auto chat = cache.Interpret(text, tokens);
+    EXPECT_TRUE(chat.ok()) << chat.status().message();
+    return chat.ok() ? chat->Render(messages, ChatOptions{}).value() : std::string();
+  };
+  EXPECT_EQ(render("A{{ messages[0].content }}"), "Ahi");
+  EXPECT_EQ(render("B{{ bos_token }}"), "B<s>");
+  EXPECT_EQ(render("A{{ messages[0].content }}"), "Ahi");  // a hit
+  EXPECT_EQ(cache.hits(), 1);
+  EXPECT_EQ(render("C"), "C");  // evicts B, the least recently used
+  EXPECT_EQ(render("B{{ bos_token }}"), "B<s>");
+  EXPECT_EQ(cache.hits(), 1);
+  EXPECT_EQ(render("C"), "C");
+  EXPECT_EQ(cache.hits(), 2);
+  // Other special tokens are another entry; a template that does not parse is not kept.
+  auto other = cache.Interpret("B{{ bos_token }}", SpecialTokens{"<bos>", "</s>"});
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->Render(messages, ChatOptions{}).value(), "B<bos>");
+  EXPECT_FALSE(cache.Interpret("{% if %}", tokens).ok());
+  EXPECT_FALSE(cache.Interpret("{% if %}", tokens).ok());
+  EXPECT_EQ(cache.hits(), 2);
+}
+
 TEST(JinjaErrors, NameTheLine) {
   auto parsed = jinja::Template::Parse("line one\n{% if x %}\n{{ x | nope }}\n{% endif %}");
   ASSERT_FALSE(parsed.ok());

@@ -4,6 +4,8 @@
 // tools/tokenizer/make_tokenizer_fixtures.sh.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <fstream>
 #include <sstream>
 
@@ -391,6 +393,36 @@ TEST(ChatTemplateTest, ConfigFromTheCheckpointDirectory) {
   auto bad = chat->Render(json::parse(R"([{"role":"user","content":null}])"), ChatOptions{});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("messages[0]"), std::string::npos);
+}
+
+// Where transformers keeps a checkpoint's templates: tokenizer_config.json's "chat_template" (a
+// string, or named templates), replaced by chat_template.jinja and
+// additional_chat_templates/NAME.jinja where those are there.
+TEST(ChatTemplateTest, TemplatesBesideTheConfigAsTransformersReadsThem) {
+  const std::string dir = testing::TempDirectory("chat_template_files");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(dir + "/" + name).parent_path());
+    std::ofstream(dir + "/" + name, std::ios::binary) << text;
+  };
+  write("tokenizer_config.json",
+        R"({"bos_token": "<s>", "chat_template": [{"name": "default", "template": "D"},
+            {"name": "tool_use", "template": "T"}, {"name": "rag", "template": "R"}]})");
+  auto config = LoadTokenizerConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->chat_template, "D");
+  EXPECT_EQ(config->tool_use_chat_template, "T");
+  write("chat_template.jinja", "J");
+  config = LoadTokenizerConfig(dir);
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->chat_template, "J");
+  EXPECT_EQ(config->tool_use_chat_template, "");  // the files replace the config's templates
+  EXPECT_EQ(config->source, dir + "/chat_template.jinja");
+  write("additional_chat_templates/tool_use.jinja", "JT");
+  config = LoadTokenizerConfig(dir);
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->chat_template, "J");
+  EXPECT_EQ(config->tool_use_chat_template, "JT");
+  EXPECT_EQ(config->bos_token, "<s>");  // the rest of the config still read
 }
 
 }  // namespace

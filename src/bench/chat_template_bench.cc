@@ -176,9 +176,7 @@ Result<ChatTemplateBenchReport> RunChatTemplateBench(const ChatTemplateBenchOpti
                                ".venv-tokenizer)";
     return report;
   }
-  const std::string input = (std::filesystem::temp_directory_path() /
-                             ("sy-bench-chat-" + std::to_string(::getpid()) + ".json"))
-                                .string();
+  const std::string input = ScratchPath("chat", ".json");
   std::ofstream(input) << json{
       {"templates", texts},
       {"conversations", conversations},

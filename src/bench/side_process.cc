@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+
 namespace sy::bench {
 
 Timing Summarize(std::vector<double> times) {
@@ -29,17 +31,22 @@ std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
+std::string ScratchPath(const std::string& stem, const std::string& extension) {
+  return (std::filesystem::temp_directory_path() /
+          fmt::format("sy-bench-{}-{}{}", stem, ::getpid(), extension))
+      .string();
+}
+
 Result<std::string> RunPythonScript(const std::string& python, const char* script,
                                     const std::vector<std::string>& args,
                                     const std::string& environment) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("sy-bench-" + std::to_string(::getpid()) + ".py"))
-          .string();
+  const std::string path = ScratchPath("script", ".py");
   std::ofstream(path) << script;
-  std::string command =
-      environment + (environment.empty() ? "" : " ") + ShellQuote(python) + " " + ShellQuote(path);
+  std::string command = environment;
+  if (!command.empty()) command.append(" ");
+  command.append(ShellQuote(python)).append(" ").append(ShellQuote(path));
   for (const std::string& arg : args)
-    command += " " + ShellQuote(arg);
+    command.append(" ").append(ShellQuote(arg));
   FILE* pipe = ::popen(command.c_str(), "r");
   std::string output = pipe ? ReadAll(pipe) : "";
   const int status = pipe ? ::pclose(pipe) : -1;

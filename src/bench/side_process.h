@@ -19,6 +19,8 @@ Timing Summarize(std::vector<double> times);
 std::string ReadAll(FILE* pipe);
 // A single-quoted shell word.
 std::string ShellQuote(const std::string& s);
+// A file name in the temporary directory, unique to this process: sy-bench-STEM-PID.EXT.
+std::string ScratchPath(const std::string& stem, const std::string& extension);
 // Runs `python script args…` (the script written to a scratch file) with `environment`
 // prepended ("NAME=value …"), and returns what it printed; an error with its output when it
 // fails.

@@ -129,9 +129,7 @@ Result<TokenizerBenchReport> BenchTokenizer(const TokenizerBenchOptions& options
                                " not found (tools/tokenizer/make_tokenizer_fixtures.sh "
                                "makes .venv-tokenizer)";
   } else {
-    const std::string long_path = (std::filesystem::temp_directory_path() /
-                                   ("sy-bench-tok-" + std::to_string(::getpid()) + ".txt"))
-                                      .string();
+    const std::string long_path = ScratchPath("tok", ".txt");
     std::ofstream(long_path, std::ios::binary) << long_prompt;
     std::string file = options.tokenizer;
     if (std::filesystem::is_directory(file)) file += "/tokenizer.json";

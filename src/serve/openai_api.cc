@@ -255,8 +255,9 @@ void ReadChatTemplateOptions(Reader& r, ChatOptions& options) {
 }
 
 // The template a chat request renders with: its own chat_template (vLLM's, only when the server
-// trusts requests with templates: a template is code the server runs), else the model's. Null
-// with `error` set when there is none or the request's does not parse.
+// trusts requests with templates: a template is code the server runs), else the model's (its
+// "tool_use" one when the request gives tools and the checkpoint has one). Null with `error` set
+// when there is none or the request's does not parse.
 const ChatTemplate* ChooseChatTemplate(Reader& r, const TextCodec& codec,
                                        const ServingLimits& limits,
                                        std::optional<ChatTemplate>* own, ApiError* error) {
@@ -271,7 +272,8 @@ const ChatTemplate* ChooseChatTemplate(Reader& r, const TextCodec& codec,
                        "--trust-request-chat-template");
       return nullptr;
     }
-    auto chat = ChatTemplate::Interpret(text->get<std::string>(), codec.special_tokens());
+    static ChatTemplateCache parsed(16);  // a client tends to send the same template each time
+    auto chat = parsed.Interpret(text->get<std::string>(), codec.special_tokens());
     if (!chat.ok()) {
       *error = Invalid("chat_template", chat.status().message());
       return nullptr;
@@ -279,6 +281,10 @@ const ChatTemplate* ChooseChatTemplate(Reader& r, const TextCodec& codec,
     *own = std::move(chat).value();
     return &**own;
   }
+  // transformers' choice among a checkpoint's named templates: "tool_use" when tools are given.
+  if (const json* tools = r.Get("tools");
+      codec.tool_use_chat && tools && tools->is_array() && !tools->empty())
+    return &*codec.tool_use_chat;
   if (!codec.chat) {
     *error = Invalid("messages", codec.chat_status.message());
     return nullptr;

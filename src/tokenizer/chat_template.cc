@@ -604,4 +604,31 @@ Result<std::string> ChatTemplate::RenderInterpretedChecked(const nlohmann::order
   return rendered;
 }
 
+Result<ChatTemplate> ChatTemplateCache::Interpret(std::string_view template_text,
+                                                  const SpecialTokens& tokens) {
+  std::string key = tokens.bos_token;
+  key.append(1, '\0').append(tokens.eos_token).append(1, '\0').append(template_text);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+      if (it->first == key) {
+        entries_.splice(entries_.begin(), entries_, it);
+        ++hits_;
+        return entries_.front().second;
+      }
+  }
+  // Parsed outside the lock: a slow template does not hold up the others.
+  SY_ASSIGN_OR_RETURN(ChatTemplate chat, ChatTemplate::Interpret(template_text, tokens));
+  std::lock_guard<std::mutex> lock(mutex_);
+  entries_.emplace_front(std::move(key), chat);
+  while (entries_.size() > capacity_)
+    entries_.pop_back();
+  return chat;
+}
+
+int64_t ChatTemplateCache::hits() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return hits_;
+}
+
 }  // namespace sy

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <ctime>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -97,6 +99,24 @@ class ChatTemplate {
   std::string eos_;
   std::shared_ptr<const jinja::Template> jinja_;
   bool takes_content_parts_ = false;
+};
+
+// Parsed templates by their text, for requests that send their own (transformers keeps an
+// lru_cache of compiled templates the same way): parsing one takes 10–500 µs, a cache hit a
+// comparison. The least recently used of `capacity` go first; safe from any thread.
+class ChatTemplateCache {
+ public:
+  explicit ChatTemplateCache(size_t capacity) : capacity_(capacity) {}
+  // ChatTemplate::Interpret(text, tokens), from the cache when it holds it. Failures are not
+  // kept.
+  Result<ChatTemplate> Interpret(std::string_view template_text, const SpecialTokens& tokens);
+  int64_t hits() const;
+
+ private:
+  mutable std::mutex mutex_;
+  const size_t capacity_;
+  std::list<std::pair<std::string, ChatTemplate>> entries_;  // most recently used first
+  int64_t hits_ = 0;
 };
 
 }  // namespace sy

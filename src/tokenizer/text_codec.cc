@@ -32,6 +32,12 @@ Result<TextCodec> TextCodec::Load(const std::string& directory, const std::strin
   } else {
     codec.chat_status = chat.status().WithContext(codec.config.source);
   }
+  if (!codec.config.tool_use_chat_template.empty()) {
+    auto tool_use = ChatTemplate::Load(codec.config.tool_use_chat_template, codec.special_tokens());
+    if (!tool_use.ok())
+      return tool_use.status().WithContext(codec.config.source + " (the tool_use template)");
+    codec.tool_use_chat = std::move(tool_use).value();
+  }
   return codec;
 }
 
@@ -44,6 +50,7 @@ Status TextCodec::UseChatTemplate(std::string_view template_text, const std::str
   if (!chat.ok()) return chat.status().WithContext(source);
   this->chat = std::move(chat).value();
   chat_status = Status::Ok();
+  tool_use_chat.reset();  // the operator's template is the one for every request
   return Status::Ok();
 }
 

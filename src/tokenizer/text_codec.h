@@ -21,6 +21,8 @@ struct TextCodec {
   std::optional<int32_t> bos_id;
   std::optional<ChatTemplate> chat;  // absent when the template is missing or does not parse
   Status chat_status;                // why `chat` is absent
+  // The checkpoint's "tool_use" template, for requests that give tools (transformers' choice).
+  std::optional<ChatTemplate> tool_use_chat;
 
   // Loads `directory`'s tokenizer, or the file/directory `tokenizer_path` names instead.
   static Result<TextCodec> Load(const std::string& directory,

@@ -299,12 +299,49 @@ Result<TokenizerConfig> LoadTokenizerConfigChecked(const std::string& directory)
 
 }  // namespace
 
+namespace {
+
+// transformers' newer layout: chat_template.jinja holds the default template and
+// additional_chat_templates/NAME.jinja the named ones; where any is there, they replace
+// tokenizer_config.json's, as from_pretrained does.
+Status ReadChatTemplateFiles(const std::string& directory, TokenizerConfig* config) {
+  std::error_code error;
+  const std::string file = directory + "/chat_template.jinja";
+  const std::string named = directory + "/additional_chat_templates";
+  const bool has_file = std::filesystem::is_regular_file(file, error);
+  const bool has_named = std::filesystem::is_directory(named, error);
+  if (!has_file && !has_named) return Status::Ok();
+  config->chat_template.clear();
+  config->tool_use_chat_template.clear();
+  if (has_file) {
+    SY_ASSIGN_OR_RETURN(config->chat_template, ReadText(file));
+    config->source = file;
+  }
+  if (has_named) {
+    const std::string tool_use = named + "/tool_use.jinja";
+    if (std::filesystem::is_regular_file(tool_use, error)) {
+      SY_ASSIGN_OR_RETURN(config->tool_use_chat_template, ReadText(tool_use));
+    }
+    const std::string default_file = named + "/default.jinja";
+    if (!has_file && std::filesystem::is_regular_file(default_file, error)) {
+      SY_ASSIGN_OR_RETURN(config->chat_template, ReadText(default_file));
+      config->source = default_file;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<TokenizerConfig> LoadTokenizerConfig(const std::string& directory) {
+  TokenizerConfig config;
   try {
-    return LoadTokenizerConfigChecked(directory);
+    SY_ASSIGN_OR_RETURN(config, LoadTokenizerConfigChecked(directory));
   } catch (const nlohmann::json::exception& e) {
     return Status::Errorf("{}/tokenizer_config.json: malformed: {}", directory, e.what());
   }
+  SY_RETURN_IF_ERROR(ReadChatTemplateFiles(directory, &config));
+  return config;
 }
 
 namespace {
@@ -327,11 +364,16 @@ Result<TokenizerConfig> LoadTokenizerConfigChecked(const std::string& directory)
     if (it->is_string()) {
       config.chat_template = it->get<std::string>();
     } else if (it->is_array()) {
-      // Several named templates: the "default" one is the chat template.
-      for (const auto& entry : *it)
-        if (entry.is_object() && entry.value("name", "") == "default" &&
-            entry.contains("template") && entry["template"].is_string())
-          config.chat_template = entry["template"].get<std::string>();
+      // Several named templates: "default" is the chat template, "tool_use" the one transformers
+      // picks when a request gives tools.
+      for (const auto& entry : *it) {
+        if (!entry.is_object() || !entry.contains("template") || !entry["template"].is_string())
+          continue;
+        const std::string name = entry.value("name", "");
+        if (name == "default") config.chat_template = entry["template"].get<std::string>();
+        if (name == "tool_use")
+          config.tool_use_chat_template = entry["template"].get<std::string>();
+      }
     } else {
       return Status::Errorf("{}: \"chat_template\" must be a string or a list", path);
     }

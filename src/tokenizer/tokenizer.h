@@ -80,6 +80,9 @@ class Tokenizer {
 // tokens it refers to.
 struct TokenizerConfig {
   std::string chat_template;  // empty when the file has none
+  // A named "tool_use" template (tokenizer_config.json's list form, or
+  // additional_chat_templates/tool_use.jinja): transformers renders with it when tools are given.
+  std::string tool_use_chat_template;
   std::string bos_token;
   std::string eos_token;
   bool add_bos_token = false;
@@ -87,7 +90,9 @@ struct TokenizerConfig {
   std::string source;
 };
 
-// Reads `directory`/tokenizer_config.json (a missing file gives an empty config).
+// Reads `directory`/tokenizer_config.json (a missing file gives an empty config), and the chat
+// templates transformers keeps beside it (chat_template.jinja, additional_chat_templates/), which
+// replace the config's.
 Result<TokenizerConfig> LoadTokenizerConfig(const std::string& directory);
 
 }  // namespace sy

@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from conftest import REPO, Server
+from conftest import REPO, TMP, Server
 
 TEMPLATES = os.path.join(REPO, "tests", "fixtures", "jinja", "templates")
 
@@ -82,6 +82,48 @@ def trusting_server(model_dir):
     s = Server(model_dir, "--kv-cache-tokens", "8192", "--trust-request-chat-template")
     yield s
     assert s.stop() == 0, "".join(s.log)
+
+
+TOOL_USE = ("TOOLS {{ tools | tojson }}\n{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+            "{% endfor %}")
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def named_templates_server(model_dir):
+    """The default model as a checkpoint in transformers' newer layout: chat_template.jinja
+    (ChatML) and additional_chat_templates/tool_use.jinja beside tokenizer_config.json."""
+    path = os.path.join(TMP, "model-named-templates")
+    os.makedirs(os.path.join(path, "additional_chat_templates"), exist_ok=True)
+    for name in os.listdir(model_dir):
+        if not os.path.exists(os.path.join(path, name)):
+            os.symlink(os.path.join(model_dir, name), os.path.join(path, name))
+    with open(os.path.join(path, "chat_template.jinja"), "w", encoding="utf-8") as f:
+        f.write(read_template("vllm-chatml.jinja"))
+    with open(os.path.join(path, "additional_chat_templates", "tool_use.jinja"), "w") as f:
+        f.write(TOOL_USE)
+    s = Server(path, "--kv-cache-tokens", "8192", "--tool-call-parser", "deepseek_v3")
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+def test_named_templates_as_transformers_picks_them(named_templates_server, model_dir):
+    """chat_template.jinja replaces tokenizer_config.json's template; a request with tools
+    renders with the tool_use template, as transformers' get_chat_template chooses."""
+    tokens = special_tokens(model_dir)
+    messages = CONVERSATIONS[0]
+    assert server_ids(named_templates_server, messages) == reference_ids(
+        named_templates_server, read_template("vllm-chatml.jinja"), messages, tokens)
+    rendered, _ = render_jinja_template(
+        conversations=[messages], tools=[WEATHER], documents=None, chat_template=TOOL_USE,
+        add_generation_prompt=True, **tokens)
+    status, body, _ = named_templates_server.request(
+        "POST", "/tokenize", {"prompt": rendered[0], "add_special_tokens": False})
+    assert status == 200, body
+    assert server_ids(named_templates_server, messages, tools=[WEATHER]) == body["tokens"]
 
 
 @pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
