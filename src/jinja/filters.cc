@@ -49,17 +49,16 @@ Value CaseKey(const Value& v, bool case_sensitive) {
   return Value::String(MapCase(v.text(), Lower));
 }
 
-void SortValues(Interpreter& in, std::vector<std::pair<Value, Value>>* keyed, bool reverse) {
-  for (size_t i = 1; i < keyed->size(); ++i)
-    if (!Comparable((*keyed)[0].first, (*keyed)[i].first))
-      in.Fail(fmt::format("'<' not supported between instances of '{}' and '{}'",
-                          (*keyed)[i].first.TypeName(), (*keyed)[0].first.TypeName()));
-  std::stable_sort(keyed->begin(), keyed->end(), [&](const auto& a, const auto& b) {
-    if (!Comparable(a.first, b.first))
-      in.Fail(fmt::format("'<' not supported between instances of '{}' and '{}'",
-                          a.first.TypeName(), b.first.TypeName()));
+// The items of (sort key, item) pairs in a stable sort by key, as a list.
+Value SortedItems(Interpreter& in, std::vector<std::pair<Value, Value>> keyed, bool reverse) {
+  std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
+    RequireOrderable(in, "<", a.first, b.first);
     return reverse ? Compare(b.first, a.first) < 0 : Compare(a.first, b.first) < 0;
   });
+  List out;
+  for (auto& [key, item] : keyed)
+    out.push_back(std::move(item));
+  return Value::MakeList(std::move(out));
 }
 
 // select/reject/selectattr/rejectattr.
@@ -177,15 +176,19 @@ Value FilterMinMax(Interpreter& in, const Value& v, Args& a, bool max) {
   const bool case_sensitive = BoolArgument(b[0], false);
   std::vector<Value> items = in.Iterate(v);
   if (items.empty()) return Value::Undefined("no items for min/max");
+  auto key = [&](const Value& item) {
+    return CaseKey(Pick(in, item, b[1], Value()), case_sensitive);
+  };
   size_t best = 0;
+  Value best_key = key(items[0]);
   for (size_t i = 1; i < items.size(); ++i) {
-    const Value x = CaseKey(Pick(in, items[i], b[1], Value()), case_sensitive);
-    const Value y = CaseKey(Pick(in, items[best], b[1], Value()), case_sensitive);
-    if (!Comparable(x, y))
-      in.Fail(fmt::format("'<' not supported between instances of '{}' and '{}'", x.TypeName(),
-                          y.TypeName()));
-    const int c = Compare(x, y);
-    if (max ? c > 0 : c < 0) best = i;
+    Value x = key(items[i]);
+    RequireOrderable(in, max ? ">" : "<", x, best_key);
+    const int c = Compare(x, best_key);
+    if (max ? c > 0 : c < 0) {
+      best = i;
+      best_key = std::move(x);
+    }
   }
   return items[best];
 }
@@ -316,9 +319,7 @@ const std::unordered_map<std::string_view, FilterFunction>& Filters() {
       {"capitalize",
        [](Interpreter& in, const Value& v, Args& a) {
          BindArguments(in, "capitalize", a, {});
-         std::vector<uint32_t> cps = CodePoints(v.Str());
-         for (size_t i = 0; i < cps.size(); ++i) cps[i] = i ? Lower(cps[i]) : Upper(cps[i]);
-         return Value::String(FromCodePoints(cps, 0, cps.size()));
+         return Value::String(Capitalize(v.Str()));
        }},
       {"center",
        [](Interpreter& in, const Value& v, Args& a) {
@@ -356,10 +357,7 @@ const std::unordered_map<std::string_view, FilterFunction>& Filters() {
          for (const auto& [key, value] : v.dict().items)
            keyed.emplace_back(CaseKey(by == "key" ? key : value, BoolArgument(b[0], false)),
                               Tuple(key, value));
-         SortValues(in, &keyed, BoolArgument(b[2], false));
-         List out;
-         for (auto& [key, item] : keyed) out.push_back(std::move(item));
-         return Value::MakeList(std::move(out));
+         return SortedItems(in, std::move(keyed), BoolArgument(b[2], false));
        }},
       {"escape",
        [](Interpreter& in, const Value& v, Args& a) {
@@ -503,10 +501,7 @@ const std::unordered_map<std::string_view, FilterFunction>& Filters() {
          for (const Value& item : in.Iterate(v))
            keyed.emplace_back(CaseKey(Pick(in, item, b[2], Value()), BoolArgument(b[1], false)),
                               item);
-         SortValues(in, &keyed, BoolArgument(b[0], false));
-         List out;
-         for (auto& [key, item] : keyed) out.push_back(std::move(item));
-         return Value::MakeList(std::move(out));
+         return SortedItems(in, std::move(keyed), BoolArgument(b[0], false));
        }},
       {"string",
        [](Interpreter& in, const Value& v, Args& a) {
@@ -595,15 +590,7 @@ namespace {
 
 bool CompareTest(Interpreter& in, const Value& v, Args& a, const char* op) {
   auto b = BindArguments(in, op, a, {"other"});
-  const std::string o = op;
-  if (o == "==") return Equal(v, b[0]);
-  if (o == "!=") return !Equal(v, b[0]);
-  if (v.is_undefined()) in.Fail(v.label());
-  if (!Comparable(v, b[0]))
-    in.Fail(fmt::format("'{}' not supported between instances of '{}' and '{}'", o, v.TypeName(),
-                        b[0].TypeName()));
-  const int c = Compare(v, b[0]);
-  return o == "<" ? c < 0 : o == "<=" ? c <= 0 : o == ">" ? c > 0 : c >= 0;
+  return in.EvalCompare(op, v, b[0]);  // `x is gt y` is `x > y`
 }
 
 const std::unordered_map<std::string_view, TestFunction>& Tests() {
@@ -647,16 +634,7 @@ const std::unordered_map<std::string_view, TestFunction>& Tests() {
       {"in",
        [](Interpreter& in, const Value& v, Args& a) {
          auto b = BindArguments(in, "in", a, {"seq"});
-         if (b[0].is_string())
-           return v.is_string() && b[0].text().find(v.text()) != std::string::npos;
-         if (b[0].is_list()) {
-           for (const Value& item : b[0].list())
-             if (Equal(item, v)) return true;
-           return false;
-         }
-         if (b[0].is_dict() && !b[0].is_namespace()) return b[0].dict().Find(v) != nullptr;
-         if (b[0].is_undefined()) return false;
-         in.Fail(fmt::format("argument of type '{}' is not iterable", b[0].TypeName()));
+         return in.EvalCompare("in", v, b[0]);
        }},
       {"iterable",
        [](Interpreter&, const Value& v, Args&) {

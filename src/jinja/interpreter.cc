@@ -1,6 +1,7 @@
 #include "jinja/interpreter.h"
 
 #include "base/utf8.h"
+#include "jinja/python_str.h"
 
 #include <fmt/format.h>
 
@@ -39,10 +40,6 @@ void CheckNames(const Body& body) {
     for (const auto& inner : node->bodies)
       CheckNames(inner);
   }
-}
-
-bool IsIntLike(const Value& v) {
-  return v.kind() == Value::Kind::kInt || v.kind() == Value::Kind::kBool;
 }
 
 }  // namespace
@@ -579,9 +576,7 @@ bool Interpreter::EvalCompare(const std::string& op, const Value& a, const Value
   }
   if (a.is_undefined()) Fail(a.label());
   if (b.is_undefined()) Fail(b.label());
-  if (!Comparable(a, b))
-    Fail(fmt::format("'{}' not supported between instances of '{}' and '{}'", op, a.TypeName(),
-                     b.TypeName()));
+  RequireOrderable(*this, op, a, b);
   const int c = Compare(a, b);
   if (op == "<") return c < 0;
   if (op == "<=") return c <= 0;

@@ -61,6 +61,8 @@ class Interpreter {
   Value CallFilter(const std::string& name, const Value& operand, CallArguments& args);
   bool CallTest(const std::string& name, const Value& operand, CallArguments& args);
   Value Call(const Value& callee, CallArguments& args);
+  // Python's `a op b` for ==, !=, <, <=, >, >=, in, not in (the comparison tests use it too).
+  bool EvalCompare(const std::string& op, const Value& a, const Value& b);
 
  private:
   using Frame = std::unordered_map<std::string, Value>;
@@ -73,7 +75,6 @@ class Interpreter {
   void Append(std::string* out, std::string_view text) const;
   Value Eval(const Expr& expr);
   Value EvalBinary(const std::string& op, const Value& a, const Value& b);
-  bool EvalCompare(const std::string& op, const Value& a, const Value& b);
   Value EvalFilter(const Expr& expr);
   // A call's, filter's or test's arguments: operands[1..] and the keywords.
   CallArguments EvalArguments(const Expr& expr);

@@ -187,13 +187,7 @@ Value StringMethod(Interpreter& in, const std::string& s, const std::string& nam
     });
   if (name == "upper") return unary([](const std::string& t) { return MapCase(t, Upper); });
   if (name == "lower") return unary([](const std::string& t) { return MapCase(t, Lower); });
-  if (name == "capitalize")
-    return unary([](const std::string& t) {
-      std::vector<uint32_t> cps = CodePoints(t);
-      for (size_t i = 0; i < cps.size(); ++i)
-        cps[i] = i ? Lower(cps[i]) : Upper(cps[i]);
-      return FromCodePoints(cps, 0, cps.size());
-    });
+  if (name == "capitalize") return unary(Capitalize);
   if (name == "title")
     return unary([](const std::string& t) {
       // str.title(): a letter after a non-letter starts a word.

@@ -295,25 +295,17 @@ class Parser {
     return value;
   }
 
-  ExprPtr ParseOr() {
-    ExprPtr left = ParseAnd();
-    while (IsName("or")) {
-      auto node = Make(Expr::Kind::kOr, Current().line);
-      ++pos_;
-      node->operands.push_back(std::move(left));
-      node->operands.push_back(ParseAnd());
-      left = std::move(node);
-    }
-    return left;
-  }
+  ExprPtr ParseOr() { return ParseLogical("or", Expr::Kind::kOr, &Parser::ParseAnd); }
+  ExprPtr ParseAnd() { return ParseLogical("and", Expr::Kind::kAnd, &Parser::ParseNot); }
 
-  ExprPtr ParseAnd() {
-    ExprPtr left = ParseNot();
-    while (IsName("and")) {
-      auto node = Make(Expr::Kind::kAnd, Current().line);
+  // `next (keyword next)*`, left-associative.
+  ExprPtr ParseLogical(const char* keyword, Expr::Kind kind, ExprPtr (Parser::*next)()) {
+    ExprPtr left = (this->*next)();
+    while (IsName(keyword)) {
+      auto node = Make(kind, Current().line);
       ++pos_;
       node->operands.push_back(std::move(left));
-      node->operands.push_back(ParseNot());
+      node->operands.push_back((this->*next)());
       left = std::move(node);
     }
     return left;

@@ -228,4 +228,17 @@ Value Tuple(Value a, Value b) {
   return Value::MakeList({std::move(a), std::move(b)}, true);
 }
 
+std::string Capitalize(const std::string& s) {
+  std::vector<uint32_t> cps = CodePoints(s);
+  for (size_t i = 0; i < cps.size(); ++i)
+    cps[i] = i ? Lower(cps[i]) : Upper(cps[i]);
+  return FromCodePoints(cps, 0, cps.size());
+}
+
+void RequireOrderable(Interpreter& in, const std::string& op, const Value& a, const Value& b) {
+  if (!Comparable(a, b))
+    in.Fail(fmt::format("'{}' not supported between instances of '{}' and '{}'", op, a.TypeName(),
+                        b.TypeName()));
+}
+
 }  // namespace sy::jinja

@@ -36,6 +36,11 @@ std::vector<std::string> SplitLines(const std::string& s, bool keep_ends);
 std::string Replace(const std::string& s, const std::string& old, const std::string& replacement,
                     int64_t count, Interpreter& in);
 
+// str.capitalize(): the first character upper case, the rest lower.
+std::string Capitalize(const std::string& s);
+// Fails as Python does ("'<' not supported between instances of …") where `a op b` cannot order.
+void RequireOrderable(Interpreter& in, const std::string& op, const Value& a, const Value& b);
+
 Value Tuple(Value a, Value b);
 
 }  // namespace sy::jinja
