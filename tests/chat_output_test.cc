@@ -32,6 +32,13 @@ const std::string kV31Two =
     "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
     "<｜tool▁calls▁end｜>";
 
+// Kimi K2's: space around ids and arguments, an id without "functions.", content first.
+const std::string kKimiTwo =
+    "Checking.<|tool_calls_section_begin|> <|tool_call_begin|> functions.get_weather:0 "
+    "<|tool_call_argument_begin|> {\"city\": \"<Paris>\"} \n<|tool_call_end|>"
+    "<|tool_call_begin|>get_time:12<|tool_call_argument_begin|>{}<|tool_call_end|>"
+    "<|tool_calls_section_end|>";
+
 // What a client rebuilds from streamed deltas.
 struct Assembled {
   std::string reasoning, content;
@@ -136,6 +143,60 @@ TEST(ToolParser, DeepSeekV31WholeOutput) {
   EXPECT_EQ(p.calls[0].arguments, "{\"city\": \"<\"}");
   EXPECT_EQ(p.calls[1].name, "get_time");
   EXPECT_EQ(p.calls[1].arguments, "{}");
+}
+
+TEST(ToolParser, KimiK2WholeOutput) {
+  const ParsedToolCalls p = ParseToolCalls(ToolCallFormat::kKimiK2, kKimiTwo);
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.content.value_or(""), "Checking.");
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].id, "functions.get_weather:0");  // the model's id, as vLLM returns it
+  EXPECT_EQ(p.calls[0].arguments, "{\"city\": \"<Paris>\"}");
+  EXPECT_EQ(p.calls[1].name, "get_time");
+  EXPECT_EQ(p.calls[1].id, "get_time:12");
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  ChatOutputOptions kimi;
+  kimi.tool_format = ToolCallFormat::kKimiK2;
+  CheckSplits(kimi, kKimiTwo);
+  CheckSplits(kimi, "no calls <|tool_calls_sect here");
+  EXPECT_EQ(ToolCallFormatByName("kimi_k2"), ToolCallFormat::kKimiK2);
+  EXPECT_EQ(ToolCallFormatName(ToolCallFormat::kKimiK2), "kimi_k2");
+}
+
+TEST(ToolParser, KimiK2MalformedAndCut) {
+  ChatOutputOptions kimi;
+  kimi.tool_format = ToolCallFormat::kKimiK2;
+  const std::string malformed[] = {
+      // an id without its index
+      "<|tool_calls_section_begin|><|tool_call_begin|>functions.f<|tool_call_argument_begin|>{}"
+      "<|tool_call_end|><|tool_calls_section_end|>",
+      // an index that is not a number
+      "<|tool_calls_section_begin|><|tool_call_begin|>f:x<|tool_call_argument_begin|>{}"
+      "<|tool_call_end|><|tool_calls_section_end|>",
+      // arguments that are not JSON
+      "<|tool_calls_section_begin|><|tool_call_begin|>f:0<|tool_call_argument_begin|>{a}"
+      "<|tool_call_end|><|tool_calls_section_end|>",
+      // text where a call should begin
+      "<|tool_calls_section_begin|>so<|tool_call_begin|>f:0<|tool_call_argument_begin|>{}"
+      "<|tool_call_end|>",
+      // unterminated
+      "<|tool_calls_section_begin|><|tool_call_begin|>f:0<|tool_call_argument_begin|>{\"a\": ",
+  };
+  for (const std::string& text : malformed) {
+    const ChatMessage m = ParseChatOutput(kimi, text);
+    EXPECT_TRUE(m.tool_calls.empty()) << text;
+    EXPECT_EQ(m.content.value_or(""), text);
+    CheckSplits(kimi, text);
+  }
+  // Cut by the budget: the call with the arguments written so far (trailing space held back).
+  const std::string cut =
+      "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:3<|tool_call_argument_begin|>"
+      "{\"a\": 1 ";
+  const ChatMessage m = ParseChatOutput(kimi, cut, true);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].arguments, "{\"a\": 1");
+  EXPECT_EQ(m.tool_calls[0].id, "functions.f:3");
+  CheckSplits(kimi, cut, true);
 }
 
 TEST(ToolParser, NoCallsIsContent) {
@@ -303,6 +364,32 @@ TEST(ReasoningParser, ThenToolCalls) {
   CheckSplits(options, text);
 }
 
+// K2-Thinking: "<think>" written by the model, the reasoning ended by "</think>" or by the call
+// list itself, which stays with the answer.
+TEST(ReasoningParser, KimiK2EndsAtThinkEndOrAtTheCalls) {
+  ChatOutputOptions options;
+  options.reasoning = true;
+  options.reasoning_format = ReasoningFormat::kKimiK2;
+  options.starts_in_reasoning = true;
+  options.tool_format = ToolCallFormat::kKimiK2;
+  const std::string direct = "<think>Need the weather." + kKimiTwo;
+  ChatMessage m = ParseChatOutput(options, direct);
+  EXPECT_EQ(m.reasoning.value_or("?"), "Need the weather.Checking.");
+  EXPECT_FALSE(m.content.has_value());
+  EXPECT_EQ(m.tool_calls.size(), 2u);
+  CheckSplits(options, direct);
+  const std::string closed = "<think>Easy.</think>It is 4.";
+  m = ParseChatOutput(options, closed);
+  EXPECT_EQ(m.reasoning.value_or("?"), "Easy.");
+  EXPECT_EQ(m.content.value_or("?"), "It is 4.");
+  CheckSplits(options, closed);
+  EXPECT_EQ(FindReasoningEnd(ReasoningFormat::kKimiK2, "ab<|tool_calls_section_begin|>x"),
+            std::make_pair(size_t{2}, size_t{2}));
+  EXPECT_EQ(FindReasoningEnd(ReasoningFormat::kDeepSeekR1, "ab<|tool_calls_section_begin|>x"),
+            std::make_pair(std::string::npos, std::string::npos));
+  EXPECT_EQ(FindReasoningEnd(ReasoningFormat::kKimiK2, "ab</think>x").second, 10u);
+}
+
 // ---- the forcing grammars ----
 
 structured::Vocabulary LoadVocabulary(const std::string& path) {
@@ -316,7 +403,10 @@ structured::Vocabulary LoadVocabulary(const std::string& path) {
   }
   for (const AddedToken& t : tokenizer->added_tokens())
     vocab.named_tokens.emplace_back(t.content, t.id);
-  vocab.eos_ids.push_back(*tokenizer->TokenToId("<｜end▁of▁sentence｜>"));
+  auto eos = tokenizer->TokenToId("<｜end▁of▁sentence｜>");
+  if (!eos) eos = tokenizer->TokenToId("<|im_end|>");  // Kimi K2's end of turn
+  EXPECT_TRUE(eos.has_value());
+  vocab.eos_ids.push_back(eos.value_or(0));
   return vocab;
 }
 
@@ -354,12 +444,12 @@ void WalkForcedCalls(const std::string& tokenizer_path, ToolCallFormat format, i
   ASSERT_TRUE(read.request && read.request->grammar);
   auto grammar = compiler.Compile(*read.request->grammar);
   ASSERT_TRUE(grammar.ok()) << grammar.status().message();
-  const int32_t calls_begin = *vocab.NamedToken(kCallsBegin);
+  const int32_t calls_begin = *vocab.NamedToken(CallsBeginMarker(format));
   std::mt19937 rng(3);
   int finished = 0;
   for (int walk = 0; walk < 12; ++walk) {
     structured::GrammarMatcher m(*grammar);
-    // The first token can only be the one "<｜tool▁calls▁begin｜>" token, never its text in pieces.
+    // The first token can only be the one calls-begin token, never its text in pieces.
     EXPECT_EQ(Allowed(m, vocab.size()), std::vector<int32_t>{calls_begin});
     std::string text;
     for (int step = 0; step < 400 && !m.IsTerminated(); ++step) {
@@ -425,6 +515,11 @@ TEST(ForcedToolCalls, DefaultTokenizerV31) {
 TEST(ForcedToolCalls, DeepSeekTokenizerV3) {  // the format's tokens are not special there
   WalkForcedCalls(std::string(SY_FIXTURES_DIR) + "/tokenizer/deepseek-v3/tokenizer.json",
                   ToolCallFormat::kDeepSeekV3, 6);
+}
+
+// Kimi K2's format over a tiktoken vocabulary with Kimi's special tokens (tests/fixtures/tiktoken).
+TEST(ForcedToolCalls, KimiK2Tokenizer) {
+  WalkForcedCalls(std::string(SY_FIXTURES_DIR) + "/tiktoken", ToolCallFormat::kKimiK2, 6);
 }
 
 TEST(ForcedToolCalls, NamedFunctionAndGateAfterThink) {
@@ -551,6 +646,17 @@ TEST(ToolRequest, ToolsForTemplateTakeVllmsShape) {
             R"({"type":"object","required":["b"],"properties":{"b":{},"a":{}}},"strict":true},)"
             R"("x":1},{"type":"function","function":{"name":"g","description":"G",)"
             R"("parameters":null}}])");
+}
+
+// Kimi's tokenizer class hands its template the tools with every object's keys sorted.
+TEST(ToolRequest, ToolsForTemplateSortedForKimi) {
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "f",
+      "parameters": {"type": "object", "required": ["b"], "properties": {"b": {}, "a": {"z": 1,
+      "y": [{"d": 0, "c": 1}]}}}}}])");
+  EXPECT_EQ(ToolsForTemplate(tools, true).dump(),
+            R"([{"function":{"description":null,"name":"f","parameters":{"properties":)"
+            R"({"a":{"y":[{"c":1,"d":0}],"z":1},"b":{}},"required":["b"],"type":"object"}},)"
+            R"("type":"function"}])");
 }
 
 TEST(ToolRequest, BadToolsNameTheField) {

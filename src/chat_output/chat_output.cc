@@ -3,7 +3,8 @@
 namespace sy::chat_output {
 
 ChatOutputParser::ChatOutputParser(const ChatOutputOptions& options) : options_(options) {
-  if (options_.reasoning) reasoning_.emplace(options_.starts_in_reasoning);
+  if (options_.reasoning)
+    reasoning_.emplace(options_.starts_in_reasoning, options_.reasoning_format);
   if (options_.tool_format) tools_.emplace(*options_.tool_format);
 }
 

@@ -16,8 +16,9 @@ namespace sy::chat_output {
 struct ChatOutputOptions {
   std::optional<ToolCallFormat> tool_format;  // parse tool calls in the answer
   bool reasoning = false;                     // a reasoning parser is on
-  bool starts_in_reasoning = false;           // ... and this output starts inside the reasoning
-  int max_calls = -1;                         // parallel_tool_calls false: 1 (later ones dropped)
+  ReasoningFormat reasoning_format = ReasoningFormat::kDeepSeekR1;  // ... which
+  bool starts_in_reasoning = false;  // ... and this output starts inside the reasoning
+  int max_calls = -1;                // parallel_tool_calls false: 1 (later ones dropped)
 };
 
 // The whole message after Finish: fields that are empty are null in the response.

@@ -1,5 +1,7 @@
 #include "chat_output/reasoning_parser.h"
 
+#include <algorithm>
+
 namespace sy::chat_output {
 namespace {
 
@@ -14,6 +16,7 @@ size_t HeldPrefix(std::string_view text, std::string_view marker) {
 std::optional<ReasoningFormat> ReasoningFormatByName(std::string_view name) {
   if (name == "deepseek_r1") return ReasoningFormat::kDeepSeekR1;
   if (name == "deepseek_v3") return ReasoningFormat::kDeepSeekV3;
+  if (name == "kimi_k2") return ReasoningFormat::kKimiK2;
   return std::nullopt;
 }
 
@@ -21,8 +24,19 @@ bool StartsInReasoning(ReasoningFormat format, bool thinking) {
   return format == ReasoningFormat::kDeepSeekR1 || thinking;
 }
 
-ReasoningParser::ReasoningParser(bool starts_in_reasoning)
-    : in_reasoning_(starts_in_reasoning), at_start_(starts_in_reasoning) {}
+std::pair<size_t, size_t> FindReasoningEnd(ReasoningFormat format, std::string_view text,
+                                           size_t from) {
+  const size_t think_end = text.find(kThinkEnd, from);
+  const size_t calls = format == ReasoningFormat::kKimiK2 ? text.find(kKimiCallsBegin, from)
+                                                          : std::string_view::npos;
+  if (calls != std::string_view::npos && (think_end == std::string_view::npos || calls < think_end))
+    return {calls, calls};  // the calls are the answer's
+  if (think_end == std::string_view::npos) return {think_end, think_end};
+  return {think_end, think_end + kThinkEnd.size()};
+}
+
+ReasoningParser::ReasoningParser(bool starts_in_reasoning, ReasoningFormat format)
+    : format_(format), in_reasoning_(starts_in_reasoning), at_start_(starts_in_reasoning) {}
 
 void ReasoningParser::Feed(std::string_view text, OutputDelta* out) {
   buffer_ += text;
@@ -45,15 +59,17 @@ void ReasoningParser::Run(OutputDelta* out, bool final) {
     }
   }
   if (in_reasoning_) {
-    const size_t at = buffer_.find(kThinkEnd);
+    const auto [at, answer] = FindReasoningEnd(format_, buffer_);
     if (at == std::string::npos) {
-      const size_t hold = final ? 0 : HeldPrefix(buffer_, kThinkEnd);
+      size_t hold = final ? 0 : HeldPrefix(buffer_, kThinkEnd);
+      if (!final && format_ == ReasoningFormat::kKimiK2)
+        hold = std::max(hold, HeldPrefix(buffer_, kKimiCallsBegin));
       out->reasoning += buffer_.substr(0, buffer_.size() - hold);
       buffer_.erase(0, buffer_.size() - hold);
       return;
     }
     out->reasoning += buffer_.substr(0, at);
-    buffer_.erase(0, at + kThinkEnd.size());
+    buffer_.erase(0, answer);
     in_reasoning_ = false;
   }
   out->content += buffer_;

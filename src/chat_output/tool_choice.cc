@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 
 namespace sy::chat_output {
@@ -35,6 +36,17 @@ json ToolCallGrammar(ToolCallFormat format, const std::vector<FunctionTool>& fun
                        {"elements",
                         {Token(kCallBegin), Text("function"), Token(kToolSep), Text(f.name),
                          Text("\n```json\n"), schema, Text("\n```"), Token(kCallEnd)}}});
+    } else if (format == ToolCallFormat::kKimiK2) {
+      // "functions.NAME:INDEX": the index counts the conversation's calls, which only the model
+      // keeps, so any 1 to 4 digits.
+      json digit = {{"type", "alternatives"}, {"elements", json::array()}};
+      for (char d = '0'; d <= '9'; ++d)
+        digit["elements"].push_back(Text(std::string(1, d)));
+      json index = {{"type", "repeat"}, {"element", digit}, {"min", 1}, {"max", 4}};
+      calls.push_back({{"type", "sequence"},
+                       {"elements",
+                        {Token(kKimiCallBegin), Text("functions." + f.name + ":"), index,
+                         Token(kKimiArgumentsBegin), schema, Token(kKimiCallEnd)}}});
     } else {
       calls.push_back(
           {{"type", "sequence"},
@@ -47,7 +59,11 @@ json ToolCallGrammar(ToolCallFormat format, const std::vector<FunctionTool>& fun
                  {"min", 1},
                  {"max", max_calls}};
   if (format == ToolCallFormat::kDeepSeekV3) repeat["separator"] = Text("\n");
-  return {{"type", "sequence"}, {"elements", {Token(kCallsBegin), repeat, Token(kCallsEnd)}}};
+  const bool kimi = format == ToolCallFormat::kKimiK2;
+  return {{"type", "sequence"},
+          {"elements",
+           {Token(kimi ? kKimiCallsBegin : kCallsBegin), repeat,
+            Token(kimi ? kKimiCallsEnd : kCallsEnd)}}};
 }
 
 std::optional<structured::GrammarSpec> AnswerOrCalls(ToolCallFormat format,
@@ -73,7 +89,30 @@ std::optional<structured::GrammarSpec> AnswerOrCalls(ToolCallFormat format,
   return spec;
 }
 
-json ToolsForTemplate(const json& tools) {
+namespace {
+
+json SortedKeys(const json& value) {
+  if (value.is_array()) {
+    json out = json::array();
+    for (const json& item : value)
+      out.push_back(SortedKeys(item));
+    return out;
+  }
+  if (!value.is_object()) return value;
+  std::vector<std::string> keys;
+  for (const auto& [key, item] : value.items())
+    keys.push_back(key);
+  std::sort(keys.begin(), keys.end());  // Python's sorted(): by code point, as UTF-8 bytes sort
+  json out = json::object();
+  for (const std::string& key : keys)
+    out[key] = SortedKeys(value[key]);
+  return out;
+}
+
+}  // namespace
+
+json ToolsForTemplate(const json& tools, bool sort_keys) {
+  if (sort_keys) return SortedKeys(ToolsForTemplate(tools, false));
   json out = json::array();
   for (const json& tool : tools) {
     const json& function = tool.at("function");

@@ -64,8 +64,10 @@ ToolRequestOrError ReadToolRequest(const nlohmann::ordered_json* tools,
 // The request's tools as vLLM hands them to the chat template (each tool's pydantic model_dump):
 // {"type", "function": {"name", "description" (null when absent), "parameters" (null when
 // absent), other function keys}, other tool keys}, every schema and extra field in the client's
-// key order. `tools` must have passed ReadToolRequest.
-nlohmann::ordered_json ToolsForTemplate(const nlohmann::ordered_json& tools);
+// key order. `tools` must have passed ReadToolRequest. `sort_keys`: every object's keys sorted,
+// at every depth, as Kimi's tokenizer class hands tools to its template.
+nlohmann::ordered_json ToolsForTemplate(const nlohmann::ordered_json& tools,
+                                        bool sort_keys = false);
 
 // The structural grammar (structured/structural.h) of calls to `functions` in `format`: the call
 // list and nothing else, `max_calls` calls at most (-1: any number, at least one).

@@ -20,16 +20,68 @@ bool IsSpace(char c) {
 constexpr std::string_view kV3NameEnd = "\n```json\n";
 constexpr std::string_view kV3ArgumentsEnd = "\n```<｜tool▁call▁end｜>";
 
+// Each format's markers.
+struct Markers {
+  std::string_view calls_begin, calls_end, call_begin, name_end, arguments_end;
+};
+
+Markers MarkersOf(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kDeepSeekV3:
+      return {kCallsBegin, kCallsEnd, kCallBegin, kV3NameEnd, kV3ArgumentsEnd};
+    case ToolCallFormat::kDeepSeekV31:
+      return {kCallsBegin, kCallsEnd, kCallBegin, kToolSep, kCallEnd};
+    case ToolCallFormat::kKimiK2:
+      return {kKimiCallsBegin, kKimiCallsEnd, kKimiCallBegin, kKimiArgumentsBegin, kKimiCallEnd};
+  }
+  return {};
+}
+
+// Kimi K2's call id, "functions.NAME:INDEX" (vLLM: [^<]+:\d+ with the space around dropped),
+// and the name in it; false when the text is not one.
+bool ReadKimiId(std::string_view text, std::string* id, std::string* name) {
+  while (!text.empty() && IsSpace(text.front()))
+    text.remove_prefix(1);
+  while (!text.empty() && IsSpace(text.back()))
+    text.remove_suffix(1);
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size() ||
+      text.find('<') != std::string_view::npos)
+    return false;
+  for (char c : text.substr(colon + 1))
+    if (c < '0' || c > '9') return false;
+  std::string_view before = text.substr(0, text.find(':'));
+  if (const size_t dot = before.rfind('.'); dot != std::string_view::npos)
+    before.remove_prefix(dot + 1);
+  if (before.empty()) return false;
+  *id = std::string(text);
+  *name = std::string(before);
+  return true;
+}
+
 }  // namespace
 
 std::optional<ToolCallFormat> ToolCallFormatByName(std::string_view name) {
   if (name == "deepseek_v3" || name == "deepseekv3") return ToolCallFormat::kDeepSeekV3;
   if (name == "deepseek_v31" || name == "deepseekv31") return ToolCallFormat::kDeepSeekV31;
+  if (name == "kimi_k2") return ToolCallFormat::kKimiK2;
   return std::nullopt;
 }
 
 std::string_view ToolCallFormatName(ToolCallFormat format) {
-  return format == ToolCallFormat::kDeepSeekV3 ? "deepseek_v3" : "deepseek_v31";
+  switch (format) {
+    case ToolCallFormat::kDeepSeekV3:
+      return "deepseek_v3";
+    case ToolCallFormat::kDeepSeekV31:
+      return "deepseek_v31";
+    case ToolCallFormat::kKimiK2:
+      return "kimi_k2";
+  }
+  return "";
+}
+
+std::string_view CallsBeginMarker(ToolCallFormat format) {
+  return MarkersOf(format).calls_begin;
 }
 
 ToolCallParser::ToolCallParser(ToolCallFormat format)
@@ -55,6 +107,8 @@ void ToolCallParser::Finish(OutputDelta* out, bool cut) {
 
 void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
   const bool v3 = format_ == ToolCallFormat::kDeepSeekV3;
+  const bool kimi = format_ == ToolCallFormat::kKimiK2;
+  const Markers m = MarkersOf(format_);
   auto junk = [&] {  // from here on the output is not a tool call
     malformed_ = true;
     state_ = State::kJunk;
@@ -62,14 +116,14 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
   for (;;) {
     switch (state_) {
       case State::kContent: {
-        const size_t at = buffer_.find(kCallsBegin);
+        const size_t at = buffer_.find(m.calls_begin);
         if (at != std::string::npos) {
           out->content += buffer_.substr(0, at);
-          buffer_.erase(0, at + kCallsBegin.size());
+          buffer_.erase(0, at + m.calls_begin.size());
           state_ = State::kBetween;
           continue;
         }
-        const size_t hold = final ? 0 : HeldSuffix(buffer_, kCallsBegin);
+        const size_t hold = final ? 0 : HeldSuffix(buffer_, m.calls_begin);
         out->content += buffer_.substr(0, buffer_.size() - hold);
         buffer_.erase(0, buffer_.size() - hold);
         return;
@@ -79,14 +133,15 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
         while (skip < buffer_.size() && IsSpace(buffer_[skip]))
           ++skip;
         buffer_.erase(0, skip);
-        if (buffer_.starts_with(kCallBegin)) {
-          buffer_.erase(0, kCallBegin.size());
+        if (buffer_.starts_with(m.call_begin)) {
+          buffer_.erase(0, m.call_begin.size());
           current_ = ToolCall{};
+          arguments_started_ = false;
           state_ = v3 ? State::kType : State::kName;
           continue;
         }
-        if (buffer_.starts_with(kCallsEnd)) {
-          buffer_.erase(0, kCallsEnd.size());
+        if (buffer_.starts_with(m.calls_end)) {
+          buffer_.erase(0, m.calls_end.size());
           state_ = State::kDone;
           continue;
         }
@@ -95,8 +150,8 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
           if (final && calls_.empty() && !cut) malformed_ = true;
           return;
         }
-        const bool may_become = std::string_view(kCallBegin).starts_with(buffer_) ||
-                                std::string_view(kCallsEnd).starts_with(buffer_);
+        const bool may_become =
+            m.call_begin.starts_with(buffer_) || m.calls_end.starts_with(buffer_);
         if (may_become && (!final || cut)) {
           if (final) buffer_.clear();  // a marker the budget cut
           return;
@@ -106,7 +161,7 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
       }
       case State::kType:
       case State::kName: {
-        const std::string_view end = state_ == State::kType ? kToolSep : v3 ? kV3NameEnd : kToolSep;
+        const std::string_view end = state_ == State::kType ? kToolSep : m.name_end;
         const size_t at = buffer_.find(end);
         if (at == std::string::npos) {
           if (!final) return;
@@ -122,8 +177,15 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
           state_ = State::kName;
           continue;
         }
-        current_.name = buffer_.substr(0, at);
-        current_.id = NewId();
+        if (kimi) {
+          if (!ReadKimiId(std::string_view(buffer_).substr(0, at), &current_.id, &current_.name)) {
+            junk();
+            continue;
+          }
+        } else {
+          current_.name = buffer_.substr(0, at);
+          current_.id = NewId();
+        }
         buffer_.erase(0, at + end.size());
         ToolCallDelta delta;
         delta.index = static_cast<int>(calls_.size());
@@ -134,11 +196,22 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
         continue;
       }
       case State::kArguments: {
-        const std::string_view end = v3 ? kV3ArgumentsEnd : kCallEnd;
+        const std::string_view end = m.arguments_end;
+        if (kimi && !arguments_started_) {  // space before the arguments is not theirs
+          size_t skip = 0;
+          while (skip < buffer_.size() && IsSpace(buffer_[skip]))
+            ++skip;
+          buffer_.erase(0, skip);
+          arguments_started_ = !buffer_.empty();
+        }
         const size_t at = buffer_.find(end);
-        const size_t take = at != std::string::npos ? at
-                            : final                 ? buffer_.size()
-                                                    : buffer_.size() - HeldSuffix(buffer_, end);
+        size_t take = at != std::string::npos ? at
+                      : final                 ? buffer_.size()
+                                              : buffer_.size() - HeldSuffix(buffer_, end);
+        if (kimi) {  // nor is space after them: held until more arguments follow it
+          while (take > 0 && IsSpace(buffer_[take - 1]))
+            --take;
+        }
         if (take > 0) {
           const std::string piece = buffer_.substr(0, take);
           current_.arguments += piece;
@@ -160,9 +233,10 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
           } else if (final) {
             malformed_ = true;  // the call never ended
           }
+          if (final) buffer_.clear();
           return;
         }
-        buffer_.erase(0, end.size());
+        buffer_.erase(0, at - take + end.size());
         if (!nlohmann::json::accept(current_.arguments)) malformed_ = true;
         calls_.push_back(std::move(current_));
         current_ = ToolCall{};

@@ -9,6 +9,13 @@
 //   deepseek_v31 (V3.1 — vLLM's "deepseek_v31"):
 //     content? <｜tool▁calls▁begin｜> CALL* <｜tool▁calls▁end｜>
 //     CALL = <｜tool▁call▁begin｜> NAME <｜tool▁sep｜> ARGS <｜tool▁call▁end｜>
+//   kimi_k2 (Moonshot's Kimi K2, K2-Instruct, K2-Thinking — vLLM's "kimi_k2"):
+//     content? <|tool_calls_section_begin|> CALL* <|tool_calls_section_end|>
+//     CALL = <|tool_call_begin|> ID <|tool_call_argument_begin|> ARGS <|tool_call_end|>
+//     ID = "functions." NAME ":" INDEX (INDEX counts the conversation's calls). The call's id is
+//     ID itself, which the template writes back into the next prompt; the name is what comes
+//     before the first ":", after its last "." (vLLM's reading). Space around ID and ARGS is
+//     dropped.
 //
 // Streaming follows vLLM's deltas: a call's first delta carries its index, id ("call_" + 24
 // characters), type and name once the name is whole; later deltas append argument text. Text
@@ -35,9 +42,9 @@
 
 namespace sy::chat_output {
 
-enum class ToolCallFormat { kDeepSeekV3, kDeepSeekV31 };
+enum class ToolCallFormat { kDeepSeekV3, kDeepSeekV31, kKimiK2 };
 
-// "deepseek_v3" / "deepseek_v31" (vLLM's --tool-call-parser names; "deepseekv3" and
+// "deepseek_v3" / "deepseek_v31" / "kimi_k2" (vLLM's --tool-call-parser names; "deepseekv3" and
 // "deepseekv31" too).
 std::optional<ToolCallFormat> ToolCallFormatByName(std::string_view name);
 std::string_view ToolCallFormatName(ToolCallFormat format);
@@ -48,9 +55,18 @@ inline constexpr std::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
 inline constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
 inline constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
 inline constexpr std::string_view kToolSep = "<｜tool▁sep｜>";
+// Kimi K2's.
+inline constexpr std::string_view kKimiCallsBegin = "<|tool_calls_section_begin|>";
+inline constexpr std::string_view kKimiCallsEnd = "<|tool_calls_section_end|>";
+inline constexpr std::string_view kKimiCallBegin = "<|tool_call_begin|>";
+inline constexpr std::string_view kKimiArgumentsBegin = "<|tool_call_argument_begin|>";
+inline constexpr std::string_view kKimiCallEnd = "<|tool_call_end|>";
+
+// Where a format's call list starts: the text a model writes to begin calling.
+std::string_view CallsBeginMarker(ToolCallFormat format);
 
 struct ToolCall {
-  std::string id;  // "call_..."
+  std::string id;  // "call_..." (Kimi K2: the model's own "functions.NAME:INDEX")
   std::string name;
   std::string arguments;  // JSON text as the model wrote it
 };
@@ -96,6 +112,7 @@ class ToolCallParser {
   std::string buffer_;  // text fed but not yet decided
   std::vector<ToolCall> calls_;
   ToolCall current_;
+  bool arguments_started_ = false;  // Kimi K2: space before the arguments is dropped
   bool malformed_ = false;
   std::mt19937_64 rng_;
 };

@@ -49,13 +49,15 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
                  "Leave the tools out of the prompt when a request's tool_choice is \"none\" "
                  "(default: they are shown to the model, as vLLM does)");
   verb->add_option("--tool-call-parser", args.tool_call_parser,
-                   "Tool-call format: deepseek_v3 (V3, R1, V3-0324) or deepseek_v31 (default: "
-                   "the chat template's)")
-      ->check(CLI::IsMember({"deepseek_v3", "deepseek_v31", "deepseekv3", "deepseekv31"}));
+                   "Tool-call format: deepseek_v3 (V3, R1, V3-0324), deepseek_v31 or kimi_k2 "
+                   "(Kimi K2; default: the chat template's, or kimi_k2 when the tokenizer has "
+                   "its tokens)")
+      ->check(
+          CLI::IsMember({"deepseek_v3", "deepseek_v31", "deepseekv3", "deepseekv31", "kimi_k2"}));
   verb->add_option("--reasoning-parser", args.reasoning_parser,
-                   "Split <think>...</think> into reasoning_content: deepseek_r1 or deepseek_v3 "
-                   "(default: off)")
-      ->check(CLI::IsMember({"deepseek_r1", "deepseek_v3"}));
+                   "Split <think>...</think> into reasoning_content: deepseek_r1, deepseek_v3 or "
+                   "kimi_k2 (K2-Thinking; default: off)")
+      ->check(CLI::IsMember({"deepseek_r1", "deepseek_v3", "kimi_k2"}));
   verb->add_option("--reasoning-effort-budgets", args.effort_budgets,
                    "Thinking budgets (tokens, -1: none) for the reasoning effort levels a request "
                    "may ask for (reasoning_effort, reasoning.effort, output_config.effort), e.g. "

@@ -333,9 +333,13 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   ModelConfig c;
   FieldReader read(root, source);
   read.String("model_type", c.model_type);
-  if (!c.model_type.empty() && c.model_type != "deepseek_v3" && c.model_type != "deepseek_v2") {
-    return Status::Errorf("{}: field 'model_type' is '{}'; supported: deepseek_v3, deepseek_v2",
-                          source, c.model_type);
+  // Moonshot's Kimi K2 is DeepSeek-V3's architecture (DeepseekV3ForCausalLM) under its own
+  // model_type: the same maths, more experts and heads set in the config.
+  if (!c.model_type.empty() && c.model_type != "deepseek_v3" && c.model_type != "deepseek_v2" &&
+      c.model_type != "kimi_k2") {
+    return Status::Errorf(
+        "{}: field 'model_type' is '{}'; supported: deepseek_v3, deepseek_v2, kimi_k2", source,
+        c.model_type);
   }
   read.Int("vocab_size", c.vocab_size);
   read.Int("hidden_size", c.hidden_size);

@@ -225,7 +225,7 @@ bool ReadTools(Reader& r, GenerationPlan& plan, const ServingLimits& limits, Cha
   const bool excluded = plan.tools->choice == chat_output::ToolChoice::kNone &&
                         limits.exclude_tools_when_tool_choice_none;
   if (!plan.tools->functions.empty() && !excluded) {
-    rendered_tools = chat_output::ToolsForTemplate(*tools);
+    rendered_tools = chat_output::ToolsForTemplate(*tools, limits.sort_tool_keys);
     options.tools = &rendered_tools;
   }
   if (plan.tools->parse()) {
@@ -411,15 +411,29 @@ void ChooseOutputParsing(const std::string& prompt, const ChatOptions& options,
                          const ServingLimits& limits, GenerationPlan& plan) {
   if (limits.reasoning) {
     plan.output.reasoning = true;
+    plan.output.reasoning_format = *limits.reasoning;
     if (options.continue_final_message) {
       // The output continues the final message: it is inside the reasoning when that turn
-      // (from the last assistant tag) opened a think block and did not close it.
-      const size_t turn = prompt.rfind("<｜Assistant｜>");
+      // (from the last assistant tag, DeepSeek's or Kimi's) opened a think block and did not
+      // close it.
+      size_t turn = prompt.rfind("<｜Assistant｜>");
+      const size_t kimi_turn = prompt.rfind("<|im_assistant|>");
+      if (kimi_turn != std::string::npos && (turn == std::string::npos || kimi_turn > turn))
+        turn = kimi_turn;
       const std::string_view tail =
           std::string_view(prompt).substr(turn == std::string::npos ? 0 : turn);
       const size_t open = tail.rfind("<think>"), close = tail.rfind("</think>");
       plan.output.starts_in_reasoning =
           open != std::string_view::npos && (close == std::string_view::npos || open > close);
+    } else if (*limits.reasoning == chat_output::ReasoningFormat::kKimiK2) {
+      // K2-Thinking writes its own "<think>" after the generation prompt; thinking: false in
+      // chat_template_kwargs turns the reasoning parser off (vLLM's).
+      bool thinking = true;
+      if (const auto* kwargs = options.template_kwargs; kwargs && kwargs->is_object()) {
+        auto it = kwargs->find("thinking");
+        if (it != kwargs->end() && it->is_boolean()) thinking = it->get<bool>();
+      }
+      plan.output.starts_in_reasoning = thinking && !prompt.ends_with("</think>");
     } else {
       const bool opened = prompt.ends_with("<think>") || prompt.ends_with("<think>\n");
       const bool closed = prompt.ends_with("</think>");
@@ -952,10 +966,9 @@ ReasoningSplit SplitReasoningTokens(const GenerationPlan& plan, const std::vecto
   }
   const size_t start =
       bytes.starts_with(chat_output::kThinkBegin) ? chat_output::kThinkBegin.size() : 0;
-  const size_t end_at = bytes.find(chat_output::kThinkEnd, start);
+  const auto [end_at, answer] =
+      chat_output::FindReasoningEnd(plan.output.reasoning_format, bytes, start);
   const size_t end = end_at == std::string::npos ? bytes.size() : end_at;
-  const size_t answer =
-      end_at == std::string::npos ? std::string::npos : end_at + chat_output::kThinkEnd.size();
   out.answer_begin = tokens.size();
   for (size_t i = 0; i < tokens.size(); ++i) {
     const size_t begin = i ? ends[i - 1] : 0;
@@ -1340,8 +1353,9 @@ Status ConfigureChatOutput(const std::string& tool_call_parser, bool enable_auto
   if (!reasoning_parser.empty()) {
     limits->reasoning = chat_output::ReasoningFormatByName(reasoning_parser);
     if (!limits->reasoning)
-      return Status::Errorf("--reasoning-parser: unknown parser '{}' (deepseek_r1, deepseek_v3)",
-                            reasoning_parser);
+      return Status::Errorf(
+          "--reasoning-parser: unknown parser '{}' (deepseek_r1, deepseek_v3, kimi_k2)",
+          reasoning_parser);
   }
   return Status::Ok();
 }
@@ -1412,7 +1426,7 @@ std::string TokenizeResponse(const std::string& body, const TextCodec& codec,
         return "";
       }
       if (!read.request->functions.empty()) {
-        rendered_tools = chat_output::ToolsForTemplate(*tools);
+        rendered_tools = chat_output::ToolsForTemplate(*tools, limits.sort_tool_keys);
         options.tools = &rendered_tools;
       }
     }

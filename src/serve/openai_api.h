@@ -86,14 +86,17 @@ struct ServingLimits {
   int64_t max_n = 16;
   // Chat output parsing (chat_output/): the format tool calls are written and forced in
   // (--tool-call-parser, else the chat template's: deepseek_v31 for V3.1, deepseek_v3 for the
-  // others), whether tool_choice "auto" is allowed (--enable-auto-tool-choice), and the reasoning
-  // parser (--reasoning-parser; none by default, as vLLM).
+  // other DeepSeek templates, kimi_k2 for a tokenizer with Kimi K2's call tokens), whether
+  // tool_choice "auto" is allowed (--enable-auto-tool-choice), and the reasoning parser
+  // (--reasoning-parser; none by default, as vLLM).
   std::optional<chat_output::ToolCallFormat> tool_format;
   bool auto_tool_choice = false;
   // --exclude-tools-when-tool-choice-none (vLLM's): tool_choice "none" leaves the tools out of
   // the prompt; by default they are rendered (the model sees them but its output is not parsed).
   bool exclude_tools_when_tool_choice_none = false;
   std::optional<chat_output::ReasoningFormat> reasoning;
+  // The tokenizer's class sorts the tools' keys before its template sees them (Kimi's).
+  bool sort_tool_keys = false;
   // Reasoning effort (chat's reasoning_effort, the Responses API's reasoning.effort, Anthropic's
   // output_config.effort) as a thinking budget in tokens, -1 for none: DeepSeek's templates have
   // no effort levels, so the engine's budget gives them one. --reasoning-effort-budgets sets

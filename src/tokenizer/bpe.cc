@@ -68,10 +68,8 @@ Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
     return Status::Error("model.dropout is not supported (encoding must be deterministic)");
   if (model.value("byte_fallback", false))
     return Status::Error("model.byte_fallback is not supported (byte-level BPE needs none)");
-  if (model.value("ignore_merges", false))
-    return Status::Error("model.ignore_merges is not supported");
-
   BpeModel bpe;
+  bpe.whole_piece_first_ = model.value("ignore_merges", false);
   bpe.serial_ = next_serial.fetch_add(1);
   const auto vocab = model.find("vocab");
   if (vocab == model.end() || !vocab->is_object())
@@ -138,6 +136,54 @@ Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
     bpe.merges_.Insert(static_cast<uint64_t>(l->second) << 32 | static_cast<uint32_t>(r->second),
                        static_cast<uint64_t>(rank) << 32 | static_cast<uint32_t>(m->second));
   }
+  if (bpe.whole_piece_first_) {
+    std::string bytes;
+    bpe.bytes_to_id_.reserve(bpe.token_to_id_.size());
+    for (const auto& [token, id] : bpe.token_to_id_) {
+      bytes.clear();
+      if (alphabet.Decode(token, &bytes)) bpe.bytes_to_id_.emplace(bytes, id);
+    }
+  }
+  return bpe;
+}
+
+Result<BpeModel> BpeModel::FromRanks(const std::vector<std::string>& token_bytes) {
+  if (token_bytes.size() >= (size_t{1} << 31)) return Status::Error("too many tokens");
+  BpeModel bpe;
+  bpe.serial_ = next_serial.fetch_add(1);
+  bpe.whole_piece_first_ = true;
+  bpe.id_to_token_.assign(token_bytes.size(), std::string());
+  bpe.bytes_to_id_.reserve(token_bytes.size());
+  bpe.token_to_id_.reserve(token_bytes.size());
+  const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::Get();
+  for (size_t id = 0; id < token_bytes.size(); ++id) {
+    const std::string& bytes = token_bytes[id];
+    if (bytes.empty()) continue;
+    if (!bpe.bytes_to_id_.emplace(bytes, static_cast<int32_t>(id)).second)
+      return Status::Errorf("ranks {} and {} are the same token", bpe.bytes_to_id_[bytes], id);
+    bpe.id_to_token_[id] = alphabet.Encode(bytes);
+    bpe.token_to_id_.emplace(bpe.id_to_token_[id], static_cast<int32_t>(id));
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto found = bpe.bytes_to_id_.find(std::string(1, static_cast<char>(b)));
+    bpe.byte_to_id_[b] = found == bpe.bytes_to_id_.end() ? -1 : found->second;
+  }
+  // Every split of every token into two tokens.
+  std::vector<std::pair<uint64_t, uint64_t>> merges;
+  for (size_t id = 0; id < token_bytes.size(); ++id) {
+    const std::string_view bytes = token_bytes[id];
+    for (size_t cut = 1; cut < bytes.size(); ++cut) {
+      auto l = bpe.bytes_to_id_.find(std::string(bytes.substr(0, cut)));
+      if (l == bpe.bytes_to_id_.end()) continue;
+      auto r = bpe.bytes_to_id_.find(std::string(bytes.substr(cut)));
+      if (r == bpe.bytes_to_id_.end()) continue;
+      merges.push_back({static_cast<uint64_t>(l->second) << 32 | static_cast<uint32_t>(r->second),
+                        static_cast<uint64_t>(id) << 32 | static_cast<uint32_t>(id)});
+    }
+  }
+  bpe.merges_.Reserve(merges.size());
+  for (const auto& [key, value] : merges)
+    bpe.merges_.Insert(key, value);
   return bpe;
 }
 
@@ -212,6 +258,13 @@ void BpeModel::Merge(const int32_t* symbols, size_t count, std::vector<int32_t>*
 }
 
 void BpeModel::EncodePiece(std::string_view bytes, std::vector<int32_t>* ids) const {
+  if (whole_piece_first_) {
+    auto whole = bytes_to_id_.find(bytes);
+    if (whole != bytes_to_id_.end()) {
+      ids->push_back(whole->second);
+      return;
+    }
+  }
   if (bytes.size() == 1) {
     const int32_t id = byte_to_id_[static_cast<uint8_t>(bytes[0])];
     if (id >= 0) ids->push_back(id);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -23,6 +24,13 @@ class BpeModel {
  public:
   // Parses the "model" object of tokenizer.json (type BPE, byte-level vocabulary).
   static Result<BpeModel> FromJson(const nlohmann::json& model);
+  // A tiktoken vocabulary: `token_bytes[rank]` is the raw bytes of the token with that rank (and
+  // id); empty where a rank is unused. tiktoken's rule, not tokenizers': a piece that is itself a
+  // token is that token, and otherwise the adjacent pair whose concatenation has the lowest rank
+  // merges first (leftmost on ties). Every split of a token into two tokens is a merge ranked as
+  // the token, so two pairs making the same token tie and the leftmost wins, as in tiktoken; a
+  // tokenizer.json merge list cannot say that (its ranks are its positions).
+  static Result<BpeModel> FromRanks(const std::vector<std::string>& token_bytes);
 
   // Appends the ids of one pre-tokenized piece (raw bytes).
   void EncodePiece(std::string_view bytes, std::vector<int32_t>* ids) const;
@@ -55,6 +63,14 @@ class BpeModel {
   std::vector<std::string> id_to_token_;
   std::unordered_map<std::string, int32_t> token_to_id_;
   int32_t byte_to_id_[256];  // -1 where the vocabulary lacks a byte (the byte is dropped)
+  // tokenizers' ignore_merges (and tiktoken's rule): a piece that is a token whole is that token.
+  // Raw bytes → id, filled only then.
+  bool whole_piece_first_ = false;
+  struct BytesHash {
+    using is_transparent = void;  // looked up by string_view, no copy per piece
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+  };
+  std::unordered_map<std::string, int32_t, BytesHash, std::equal_to<>> bytes_to_id_;
   MergeTable merges_;
   uint64_t serial_ = 0;  // identifies this model to the per-thread piece caches
 };

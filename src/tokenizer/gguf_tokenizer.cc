@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/tiktoken.h"
+
 namespace sy {
 namespace {
 
@@ -51,6 +53,8 @@ const std::vector<PreTokenizerRegexes>& KnownPreTokenizers() {
       {"deepseek-coder",
        {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
         "\\p{N}"}},
+      // Kimi K2's tiktoken pattern (llama.cpp splits with its own code written to match it).
+      {"kimi-k2", {std::string(kKimiK2Pattern)}},
       {"gpt-2", {"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"}},
       // What llama.cpp uses when `pre` is absent or "default".
       {"default",

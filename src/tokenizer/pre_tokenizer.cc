@@ -325,6 +325,61 @@ Status PreTokenizer::AddSteps(const nlohmann::json& spec, const std::string& whe
   return Status::Errorf("{}: pre-tokenizer type \"{}\" is not supported", where, type);
 }
 
+Result<std::unique_ptr<PreTokenizer>> PreTokenizer::Tiktoken(const std::string& pattern,
+                                                             size_t max_chunk, size_t max_run) {
+  auto pre = std::unique_ptr<PreTokenizer>(new PreTokenizer());
+  if (max_chunk > 0) {
+    Step limit;
+    limit.kind = Step::kRunLimit;
+    limit.max_chunk = max_chunk;
+    limit.max_run = max_run;
+    pre->steps_.push_back(limit);
+  }
+  Step split;
+  SY_ASSIGN_OR_RETURN(split.regex, CompileOnig(pattern, "tiktoken pattern"));
+  // Removed + invert: the matches are kept and the text between them goes.
+  split.behavior = SplitBehavior::kRemoved;
+  split.invert = true;
+  pre->steps_.push_back(std::move(split));
+  return pre;
+}
+
+namespace {
+
+// Python's str.isspace: White_Space, and the information separators U+001C..U+001F.
+bool IsPythonSpace(uint32_t c) {
+  return IsUnicodeWhitespace(c) || (c >= 0x1C && c <= 0x1F);
+}
+
+// Kimi's tokenizer's cuts: chunks of `max_chunk` code points, each cut where a run of the same
+// kind (space or not) would pass `max_run`.
+void CutRuns(std::string_view text, TextPiece piece, size_t max_chunk, size_t max_run,
+             std::vector<TextPiece>* out) {
+  size_t pos = piece.begin, slice_start = piece.begin, in_chunk = 0, run = 0;
+  bool run_is_space = false;
+  while (pos < piece.end) {
+    const size_t at = pos;
+    const bool space = IsPythonSpace(NextCodePoint(text, &pos));
+    if (in_chunk == max_chunk) {  // a new chunk starts its own first run
+      if (at > slice_start) out->push_back({uint32_t(slice_start), uint32_t(at)});
+      slice_start = at;
+      in_chunk = 0;
+    }
+    if (in_chunk == 0 || space != run_is_space) {
+      run = 1;
+      run_is_space = space;
+    } else if (++run > max_run) {
+      out->push_back({uint32_t(slice_start), uint32_t(at)});
+      slice_start = at;
+      run = 1;
+    }
+    ++in_chunk;
+  }
+  if (piece.end > slice_start) out->push_back({uint32_t(slice_start), piece.end});
+}
+
+}  // namespace
+
 Result<std::unique_ptr<PreTokenizer>> PreTokenizer::FromJson(const nlohmann::json& spec) {
   auto pre = std::unique_ptr<PreTokenizer>(new PreTokenizer());
   if (!spec.is_null()) SY_RETURN_IF_ERROR(AddSteps(spec, "pre_tokenizer", &pre->steps_));
@@ -349,6 +404,9 @@ Status PreTokenizer::Split(std::string* text, std::vector<TextPiece>* pieces) co
         next.push_back({begin, static_cast<uint32_t>(rebuilt.size())});
       }
       *text = std::move(rebuilt);
+    } else if (step.kind == Step::kRunLimit) {
+      for (const TextPiece& p : *pieces)
+        CutRuns(*text, p, step.max_chunk, step.max_run, &next);
     } else {
       for (const TextPiece& p : *pieces) {
         matches.clear();

@@ -32,6 +32,13 @@ class PreTokenizer {
  public:
   // Parses the "pre_tokenizer" object of tokenizer.json (null: the whole text is one piece).
   static Result<std::unique_ptr<PreTokenizer>> FromJson(const nlohmann::json& spec);
+  // tiktoken's: the pieces are the matches of `pattern` (Rust regex syntax, whose \s is
+  // Oniguruma's), and text no match covers is dropped, as tiktoken drops it. First, where
+  // `max_chunk` is not 0, the text is cut into chunks of at most `max_chunk` code points, and
+  // each chunk wherever a run of whitespace or of non-whitespace (Python's str.isspace) would
+  // pass `max_run` code points: Kimi's tokenizer does both before tiktoken sees the text.
+  static Result<std::unique_ptr<PreTokenizer>> Tiktoken(const std::string& pattern,
+                                                        size_t max_chunk, size_t max_run);
   ~PreTokenizer();
 
   // Splits `*text` into pieces. A step that must add characters (ByteLevel's prefix space)
@@ -40,10 +47,11 @@ class PreTokenizer {
 
  private:
   struct Step {
-    enum Kind { kSplit, kByteLevelPrefixSpace } kind = kSplit;
+    enum Kind { kSplit, kByteLevelPrefixSpace, kRunLimit } kind = kSplit;
     std::shared_ptr<CompiledRegex> regex;
     SplitBehavior behavior = SplitBehavior::kIsolated;
     bool invert = false;
+    size_t max_chunk = 0, max_run = 0;  // kRunLimit
   };
   static Status AddSteps(const nlohmann::json& spec, const std::string& where,
                          std::vector<Step>* steps);

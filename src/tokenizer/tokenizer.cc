@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/gguf_tokenizer.h"
+#include "tokenizer/tiktoken.h"
 #include "tokenizer/unicode.h"
 
 namespace sy {
@@ -67,7 +68,14 @@ Tokenizer::~Tokenizer() = default;
 Result<Tokenizer> Tokenizer::Load(const std::string& path) {
   std::string file = path;
   std::error_code error;
-  if (std::filesystem::is_directory(path, error)) file = path + "/tokenizer.json";
+  if (std::filesystem::is_directory(path, error)) {
+    // Kimi's checkpoints ship tiktoken.model instead (tokenizer/tiktoken.h).
+    if (HasTiktokenModel(path)) return LoadTiktokenTokenizer(path);
+    file = path + "/tokenizer.json";
+  } else if (std::filesystem::path(path).filename() == "tiktoken.model") {
+    const std::string directory = std::filesystem::path(path).parent_path().string();
+    return LoadTiktokenTokenizer(directory.empty() ? "." : directory);
+  }
   if (IsGgufFile(file)) {
     // A GGUF model carries its tokenizer: the equivalent tokenizer.json is made from it.
     SY_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::Open(file));
@@ -99,17 +107,13 @@ Result<Tokenizer> Tokenizer::FromJsonChecked(std::string_view json_text,
   auto fail = [&](const Status& s) { return s.WithContext(source); };
   if (!root.is_object()) return Status::Errorf("{}: expected a JSON object", source);
 
-  Tokenizer tokenizer;
-  tokenizer.source_ = source;
   if (auto s = CheckNormalizer(root.value("normalizer", nlohmann::json()), "normalizer"); !s.ok())
     return fail(s);
   auto pre = PreTokenizer::FromJson(root.value("pre_tokenizer", nlohmann::json()));
   if (!pre.ok()) return fail(pre.status());
-  tokenizer.pre_tokenizer_ = std::move(pre).value();
   if (!root.contains("model")) return Status::Errorf("{}: missing \"model\"", source);
   auto model = BpeModel::FromJson(root["model"]);
   if (!model.ok()) return fail(model.status());
-  tokenizer.model_ = std::make_unique<BpeModel>(std::move(model).value());
   if (auto s = CheckDecoder(root.value("decoder", nlohmann::json())); !s.ok()) return fail(s);
   if (auto s = CheckPostProcessor(root.value("post_processor", nlohmann::json())); !s.ok())
     return fail(s);
@@ -117,6 +121,7 @@ Result<Tokenizer> Tokenizer::FromJsonChecked(std::string_view json_text,
   // Added tokens: content → id; they may reuse vocabulary ids or extend past them.
   const auto added = root.value("added_tokens", nlohmann::json::array());
   if (!added.is_array()) return Status::Errorf("{}: \"added_tokens\" must be a list", source);
+  std::vector<AddedToken> added_tokens;
   for (size_t i = 0; i < added.size(); ++i) {
     const auto& a = added[i];
     const std::string where = fmt::format("{}: added_tokens[{}]", source, i);
@@ -125,10 +130,8 @@ Result<Tokenizer> Tokenizer::FromJsonChecked(std::string_view json_text,
       return Status::Errorf("{}: needs an integer \"id\" and a string \"content\"", where);
     AddedToken token;
     const int64_t id = a["id"].get<int64_t>();
-    // Tables are sized by the largest id: added tokens extend the vocabulary by their own number
-    // of ids and at most kIdSlack unused ones, so a corrupt id cannot ask for gigabytes.
     const int64_t limit =
-        static_cast<int64_t>(tokenizer.model_->id_to_token().size() + added.size()) + kIdSlack;
+        static_cast<int64_t>(model->id_to_token().size() + added.size()) + kIdSlack;
     if (id < 0 || id >= limit)
       return Status::Errorf("{}: id {} outside [0, {}) (the vocabulary plus the added tokens)",
                             where, id, limit);
@@ -141,12 +144,35 @@ Result<Tokenizer> Tokenizer::FromJsonChecked(std::string_view json_text,
     if (a.value("single_word", false))
       return Status::Errorf("{} (\"{}\"): single_word tokens are not supported", where,
                             token.content);
-    tokenizer.added_tokens_.push_back(std::move(token));
+    added_tokens.push_back(std::move(token));
+  }
+  return FromParts(source, std::move(pre).value(), std::move(model).value(),
+                   std::move(added_tokens));
+}
+
+Result<Tokenizer> Tokenizer::FromParts(const std::string& source,
+                                       std::unique_ptr<PreTokenizer> pre_tokenizer, BpeModel model,
+                                       std::vector<AddedToken> added_tokens) {
+  Tokenizer tokenizer;
+  tokenizer.source_ = source;
+  tokenizer.pre_tokenizer_ = std::move(pre_tokenizer);
+  tokenizer.model_ = std::make_unique<BpeModel>(std::move(model));
+  tokenizer.added_tokens_ = std::move(added_tokens);
+  // Tables are sized by the largest id: added tokens extend the vocabulary by their own number
+  // of ids and at most kIdSlack unused ones, so a corrupt id cannot ask for gigabytes.
+  const auto& vocab = tokenizer.model_->id_to_token();
+  const int64_t limit =
+      static_cast<int64_t>(vocab.size() + tokenizer.added_tokens_.size()) + kIdSlack;
+  for (const AddedToken& t : tokenizer.added_tokens_) {
+    if (t.id < 0 || t.id >= limit)
+      return Status::Errorf("{}: added token \"{}\" has id {}, outside [0, {})", source, t.content,
+                            t.id, limit);
+    if (t.content.empty())
+      return Status::Errorf("{}: an added token (id {}) is empty", source, t.id);
   }
 
   // Every id's decoded bytes (the ByteLevel decoder's rule: a token whose characters are all in
   // the byte alphabet stands for those bytes, any other token for its own UTF-8).
-  const auto& vocab = tokenizer.model_->id_to_token();
   size_t size = vocab.size();
   for (const AddedToken& t : tokenizer.added_tokens_)
     size = std::max(size, static_cast<size_t>(t.id) + 1);
@@ -377,6 +403,13 @@ Result<TokenizerConfig> LoadTokenizerConfigChecked(const std::string& directory)
     } else {
       return Status::Errorf("{}: \"chat_template\" must be a string or a list", path);
     }
+  }
+  // Kimi's tokenizer class (tokenizer/tiktoken.h) sorts the tools' keys before rendering.
+  if (auto map = root.find("auto_map"); map != root.end() && map->is_object()) {
+    const auto tok = map->find("AutoTokenizer");
+    if (tok != map->end() && tok->is_array() && !tok->empty() && (*tok)[0].is_string())
+      config.sort_tool_keys =
+          (*tok)[0].get<std::string>().find("tokenization_kimi.") != std::string::npos;
   }
   SY_ASSIGN_OR_RETURN(config.bos_token, TokenText(root, "bos_token", path));
   SY_ASSIGN_OR_RETURN(config.eos_token, TokenText(root, "eos_token", path));

@@ -35,6 +35,11 @@ class Tokenizer {
   static Result<Tokenizer> Load(const std::string& path);
   // Parses tokenizer.json text; `source` names it in messages.
   static Result<Tokenizer> FromJson(std::string_view json_text, const std::string& source);
+  // A tokenizer made of its parts (tiktoken vocabularies, tokenizer/tiktoken.h). Added tokens'
+  // ids must lie within the vocabulary plus the added tokens plus kIdSlack.
+  static Result<Tokenizer> FromParts(const std::string& source,
+                                     std::unique_ptr<PreTokenizer> pre_tokenizer, BpeModel model,
+                                     std::vector<AddedToken> added_tokens);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -87,6 +92,9 @@ struct TokenizerConfig {
   std::string eos_token;
   bool add_bos_token = false;
   bool add_eos_token = false;
+  // Kimi's tokenizer class sorts the keys of the tools, recursively, before its template sees
+  // them (its apply_chat_template override): prompts match only if we do the same.
+  bool sort_tool_keys = false;
   std::string source;
 };
 

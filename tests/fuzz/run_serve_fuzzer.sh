@@ -11,11 +11,11 @@ fuzz_build \
   "$src/src/engine/sampling.cc" \
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" "$src"/src/jinja/*.cc \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
-  "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" "$src"/src/structured/*.cc \
+  "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" "$src/src/tokenizer/tiktoken.cc" "$src"/src/structured/*.cc \
   "$src"/src/chat_output/*.cc "$src/src/serve/responses_store.cc" \
   "$src/src/tokenizer/gguf_tokenizer.cc" "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" \
   "$src/src/tensor/dtype.cc" "$src/src/base/mapped_file.cc" "$src/src/base/utf8.cc" \
-  $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt
+  $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt -lcrypto
 # Seeds: bodies the client tests send, raw and as HTTP requests.
 seed() { printf '%s' "$2" > "$corpus/$1"; }
 seed body-completion $'\x00{"model":"fuzz","prompt":"Hello","max_tokens":5,"temperature":0.5,"logprobs":2,"echo":true,"stop":["a"],"n":2,"logit_bias":{"5":1.5}}'

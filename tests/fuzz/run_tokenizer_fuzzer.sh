@@ -10,10 +10,12 @@ fuzz_build \
   "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" "$src"/src/jinja/*.cc \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/unicode.cc" "$src/src/tokenizer/gguf_tokenizer.cc" \
+  "$src/src/tokenizer/tiktoken.cc" \
   "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" "$src/src/tensor/dtype.cc" \
   "$src/src/base/mapped_file.cc" "$src/src/base/utf8.cc" \
-  $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt
-# Seeds: a small tokenizer.json (mode 0), corpus texts (1), ids (2), conversations (3).
+  $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt -lcrypto
+# Seeds: a small tokenizer.json (mode 0), corpus texts (1), ids (2), conversations (3), a
+# tiktoken.model (4).
 python3 - "$src" "$corpus" <<'PY'
 import json, pathlib, sys
 src, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
@@ -30,5 +32,9 @@ for i, line in enumerate((src / "tests/fixtures/tokenizer/corpus.jsonl").read_te
 (out / "seed-ids").write_bytes(b"\x02" + b"".join(i.to_bytes(4, "little") for i in (0, 5, 300, 4095)))
 for i, case in enumerate(json.loads((src / "tests/fixtures/tokenizer/chat/conversations.json").read_text(encoding="utf-8"))):
     (out / f"seed-chat-{i}").write_bytes(bytes([3 | 8]) + json.dumps(case["messages"]).encode())
+import base64
+ranks = [bytes([b]) for b in range(256)] + [b"it", b"'s", b"  ", b"\n\n", b"12", b"123"]
+(out / "seed-tiktoken").write_bytes(b"\x04" + b"".join(
+    base64.b64encode(t) + b" %d\n" % r for r, t in enumerate(ranks)))
 PY
 fuzz_run 16384

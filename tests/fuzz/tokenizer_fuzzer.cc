@@ -4,7 +4,9 @@
 //      same bytes (byte-level BPE loses nothing), invalid UTF-8 must be refused;
 //   2: token ids (little-endian int32) to decode — out-of-range ids refused, never read;
 //   3: a JSON message list for each chat template — rendered or refused, never a crash (also
-//      with the same JSON given as the request's tools).
+//      with the same JSON given as the request's tools);
+//   4 (first byte 4 mod 8): a tiktoken.model — refused with a message, or a tokenizer with Kimi
+//      K2's pattern whose ids decode back to the text wherever the vocabulary has every byte.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/chat_template.h"
+#include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/tiktoken.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 
@@ -41,7 +45,28 @@ std::string ReadTemplate(const char* stem) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 4) {
+  switch (data[0] % 8 == 4 ? 4 : data[0] % 4) {
+    case 4: {
+      auto ranks = sy::ParseTiktokenRanks(rest, "fuzz");
+      if (!ranks.ok() || ranks->size() > 4096) break;
+      auto model = sy::BpeModel::FromRanks(*ranks);
+      if (!model.ok()) break;
+      bool all_bytes = true;
+      for (int b = 0; b < 256; ++b)
+        all_bytes = all_bytes && model->token_to_id().count(
+                                     sy::ByteLevelAlphabet::Get().Encode(std::string(1, char(b))));
+      auto pre = sy::PreTokenizer::Tiktoken(std::string(sy::kKimiK2Pattern), 400000, 25000);
+      if (!pre.ok()) std::abort();
+      auto t =
+          sy::Tokenizer::FromParts("fuzz", std::move(pre).value(), std::move(model).value(), {});
+      if (!t.ok()) break;
+      const std::string text = "Fuzz 中文 it's  123456\n\n x";
+      auto ids = t->Encode(text);
+      if (!ids.ok()) std::abort();
+      auto back = t->Decode(ids.value());
+      if (all_bytes && (!back.ok() || back.value() != text)) std::abort();
+      break;
+    }
     case 0: {
       auto t = sy::Tokenizer::FromJson(rest, "fuzz");
       if (t.ok()) {
