@@ -227,5 +227,30 @@ TEST(TiktokenTest, KimiK2ConfigIsDeepSeekV3) {
             std::string::npos);
 }
 
+// Kimi K2 ends chat turns with <|im_end|>, which only generation_config.json names as an end of
+// sequence: generation stops on it as on config.json's eos_token_id.
+TEST(TiktokenTest, GenerationConfigEosIdsEndSequencesToo) {
+  ModelConfig config;
+  config.vocab_size = 1000;
+  config.eos_token_id = 900;
+  const std::string dir = testing::TempDirectory("generation-config");
+  EXPECT_TRUE(ReadGenerationConfig(dir, &config).ok());  // none: nothing changes
+  EXPECT_TRUE(config.generation_eos_token_ids.empty());
+  testing::WriteFile(dir + "/generation_config.json", R"({"eos_token_id": [900, 901, 902]})");
+  ASSERT_TRUE(ReadGenerationConfig(dir, &config).ok());
+  EXPECT_EQ(config.generation_eos_token_ids, (std::vector<int64_t>{901, 902}));
+  EXPECT_TRUE(config.IsEos(900) && config.IsEos(901) && config.IsEos(902));
+  EXPECT_FALSE(config.IsEos(903));
+  testing::WriteFile(dir + "/generation_config.json", R"({"eos_token_id": 903, "top_p": 0.9})");
+  ASSERT_TRUE(ReadGenerationConfig(dir, &config).ok());
+  EXPECT_EQ(config.generation_eos_token_ids, (std::vector<int64_t>{903}));
+  for (const char* bad : {R"({"eos_token_id": 1000})", R"({"eos_token_id": ["x"]})", "[1]", "{"}) {
+    testing::WriteFile(dir + "/generation_config.json", bad);
+    const Status s = ReadGenerationConfig(dir, &config);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("generation_config.json"), std::string::npos) << s.message();
+  }
+}
+
 }  // namespace
 }  // namespace sy

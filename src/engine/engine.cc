@@ -560,6 +560,8 @@ structured::GrammarCompiler& Engine::Grammars() {
       vocab.special.push_back(tokenizer_.IsSpecial(t) ? 1 : 0);
     }
     vocab.eos_ids.push_back(static_cast<int32_t>(model_.config().eos_token_id));
+    for (int64_t id : model_.config().generation_eos_token_ids)
+      vocab.eos_ids.push_back(static_cast<int32_t>(id));
     for (const AddedToken& t : tokenizer_.added_tokens())
       if (t.id < size) vocab.named_tokens.emplace_back(t.content, t.id);
     grammars_ = std::make_unique<structured::GrammarCompiler>(std::move(vocab));
@@ -594,7 +596,11 @@ std::vector<int32_t> Engine::BlockedTokens(const Sequence& seq) const {
   const bool grammar_done = seq.grammar && seq.grammar->IsComplete();
   if (seq.generated() < params.min_tokens && !grammar_done) {
     blocked = params.stop_token_ids;
-    if (!params.ignore_eos) blocked.push_back(static_cast<int32_t>(model_.config().eos_token_id));
+    if (!params.ignore_eos) {
+      blocked.push_back(static_cast<int32_t>(model_.config().eos_token_id));
+      for (int64_t id : model_.config().generation_eos_token_ids)
+        blocked.push_back(static_cast<int32_t>(id));
+    }
   }
   if (!params.bad_words_token_ids.empty()) {
     const std::vector<int32_t> bad = BadWordTokens(
@@ -656,7 +662,7 @@ std::string Engine::EmitToken(Sequence& seq, int32_t token, const float* row, do
       metrics_.inter_token_latency.Observe(now - seq.last_token_time);
   }
   seq.last_token_time = now;
-  const bool eos = !params.ignore_eos && token == model_.config().eos_token_id;
+  const bool eos = !params.ignore_eos && model_.config().IsEos(token);
   // The end-of-sequence token that ends the output is not part of its text (as vLLM), even when
   // special tokens are kept (tool-call and reasoning parsing keep them).
   if (!eos) event.text += seq.detokenizer->Add(token, &stopped_by_string);

@@ -496,6 +496,29 @@ Result<ModelConfig> LoadModelConfig(const std::string& path) {
   return ParseModelConfig(text.str(), path);
 }
 
+Status ReadGenerationConfig(const std::string& directory, ModelConfig* config) {
+  const std::string path = directory + "/generation_config.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::Ok();  // optional
+  std::stringstream text;
+  text << in.rdbuf();
+  const json root = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object())
+    return Status::Errorf("{}: not a JSON object", path);
+  auto it = root.find("eos_token_id");
+  if (it == root.end() || it->is_null()) return Status::Ok();
+  const json ids = it->is_array() ? *it : json::array({*it});
+  config->generation_eos_token_ids.clear();
+  for (const json& id : ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= config->vocab_size)
+      return Status::Errorf("{}: eos_token_id {} is not a token id (vocab_size {})", path,
+                            id.dump(), config->vocab_size);
+    if (!config->IsEos(id.get<int64_t>()))
+      config->generation_eos_token_ids.push_back(id.get<int64_t>());
+  }
+  return Status::Ok();
+}
+
 std::string ModelConfigToJson(const ModelConfig& c) {
   json j;
   j["architectures"] = {c.model_type == "deepseek_v2" ? "DeepseekV2ForCausalLM"

@@ -2,6 +2,8 @@
 // Everything downstream reads this struct, never the JSON.
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -81,6 +83,10 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int64_t bos_token_id = 0;
   int64_t eos_token_id = 1;
+  // generation_config.json's eos_token_id (a number or a list) beyond eos_token_id: generation
+  // stops on these too, as vLLM's does. Kimi K2's chat turns end in <|im_end|>, which only
+  // generation_config.json names.
+  std::vector<int64_t> generation_eos_token_ids;
   // quantization_config: fp8 e4m3 weights with [block_rows, block_cols] scale blocks.
   bool fp8_weights = false;
   int64_t weight_block_rows = 128;
@@ -92,6 +98,11 @@ struct ModelConfig {
   // Elements cached per token per layer by absorbed MLA: the normalized latent and rotated k_pe.
   int64_t latent_cache_width() const { return kv_lora_rank + qk_rope_head_dim; }
   int64_t shared_expert_width() const { return moe_intermediate_size * n_shared_experts; }
+  bool IsEos(int64_t token) const {
+    return token == eos_token_id ||
+           std::find(generation_eos_token_ids.begin(), generation_eos_token_ids.end(), token) !=
+               generation_eos_token_ids.end();
+  }
   bool IsMoeLayer(int64_t layer) const {
     return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
   }
@@ -100,6 +111,9 @@ struct ModelConfig {
 // Parses and validates config.json text; `source` names the file in messages.
 Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source);
 Result<ModelConfig> LoadModelConfig(const std::string& path);
+// Reads `directory`/generation_config.json, where there is one, into
+// config->generation_eos_token_ids; an id outside the vocabulary is an error naming the file.
+Status ReadGenerationConfig(const std::string& directory, ModelConfig* config);
 // Writes the config back as HF-style config.json text (used by the model generator).
 std::string ModelConfigToJson(const ModelConfig& config);
 

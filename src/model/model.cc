@@ -68,6 +68,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
     SY_ASSIGN_OR_RETURN(
         model->config_,
         LoadModelConfig((std::filesystem::path(directory) / "config.json").string()));
+    SY_RETURN_IF_ERROR(ReadGenerationConfig(directory, &model->config_));
     SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(directory));
     model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
     progress.Stage(

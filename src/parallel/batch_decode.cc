@@ -136,7 +136,7 @@ BatchDecodeResult BatchDecode(const ParallelRun& run,
     const size_t s = members[i];
     const int32_t token = Argmax(logits.data() + i * vocab, vocab);
     generated[s].push_back(token);
-    const bool stop = (!options.ignore_eos && token == config.eos_token_id) ||
+    const bool stop = (!options.ignore_eos && config.IsEos(token)) ||
                       static_cast<int64_t>(generated[s].size()) >= options.max_tokens;
     if (stop) continue;
     running.push_back(s);
@@ -174,7 +174,7 @@ BatchDecodeResult BatchDecode(const ParallelRun& run,
         const int32_t token = Argmax(logits.data() + (row + j) * vocab, vocab);
         generated[s].push_back(token);
         ++result.decoded_tokens;
-        stop = (!options.ignore_eos && token == config.eos_token_id) ||
+        stop = (!options.ignore_eos && config.IsEos(token)) ||
                static_cast<int64_t>(generated[s].size()) >= options.max_tokens;
         if (j == n_drafts || token != drafts[s][static_cast<size_t>(j)]) break;
         ++kept;

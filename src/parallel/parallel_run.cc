@@ -32,6 +32,9 @@ Result<ParallelRun> LoadParallelRun(const std::string& directory, const Parallel
   // fingerprint comparison below.
   auto config = IsGgufFile(directory) ? LoadGgufModelConfig(directory)
                                       : LoadModelConfig(directory + "/config.json");
+  if (config.ok() && !IsGgufFile(directory)) {
+    if (Status s = ReadGenerationConfig(directory, &config.value()); !s.ok()) config = s;
+  }
   int64_t local_ok = config.ok() ? 1 : 0;
   std::string reason = config.ok() ? "" : config.status().message();
   const bool placed =

@@ -1341,14 +1341,20 @@ Status ConfigureChatOutput(const std::string& tool_call_parser, bool enable_auto
   if (!tool_call_parser.empty()) {
     limits->tool_format = chat_output::ToolCallFormatByName(tool_call_parser);
     if (!limits->tool_format)
-      return Status::Errorf("--tool-call-parser: unknown parser '{}' (deepseek_v3, deepseek_v31)",
-                            tool_call_parser);
+      return Status::Errorf(
+          "--tool-call-parser: unknown parser '{}' (deepseek_v3, deepseek_v31, kimi_k2)",
+          tool_call_parser);
   } else if (codec.chat && codec.chat->kind() != ChatTemplateKind::kJinja) {
-    // An interpreted template's tool-call format is the model's own: --tool-call-parser names it.
     limits->tool_format = codec.chat->kind() == ChatTemplateKind::kDeepSeekV3_1
                               ? chat_output::ToolCallFormat::kDeepSeekV31
                               : chat_output::ToolCallFormat::kDeepSeekV3;
+  } else if (codec.tokenizer &&
+             codec.tokenizer->TokenToId(chat_output::kKimiCallsBegin).has_value()) {
+    // Kimi K2's tokenizer has its call format's tokens. Any other interpreted template's format
+    // is the model's own: --tool-call-parser names it.
+    limits->tool_format = chat_output::ToolCallFormat::kKimiK2;
   }
+  limits->sort_tool_keys = codec.config.sort_tool_keys;
   limits->auto_tool_choice = enable_auto_tool_choice;
   if (!reasoning_parser.empty()) {
     limits->reasoning = chat_output::ReasoningFormatByName(reasoning_parser);
