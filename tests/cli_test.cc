@@ -496,6 +496,30 @@ TEST(CliTest, BenchChatTemplateReportsEachTemplate) {
       << output;
 }
 
+// `bench tokenizer` on a tiktoken checkpoint (Kimi K2's class) without the tiktoken side: the
+// corpus row counts the tokens tiktoken gives the corpus (the fixture's expected ids).
+TEST(CliTest, BenchTokenizerTakesATiktokenCheckpoint) {
+  const std::string fixtures = testing::kFixturesDir;
+  std::string output;
+  ASSERT_EQ(RunCommand(Binary() + " bench tokenizer --repetitions 1 --hf-python '' --tokenizer " +
+                           fixtures + "/tiktoken",
+                       &output),
+            0)
+      << output;
+  std::istringstream expected(testing::ReadFile(fixtures + "/tiktoken/expected.jsonl"));
+  std::istringstream corpus(testing::ReadFile(fixtures + "/tokenizer/corpus.jsonl"));
+  int64_t tokens = 0;
+  std::string line, unused;
+  while (std::getline(corpus, unused) && std::getline(expected, line))
+    tokens += static_cast<int64_t>(nlohmann::json::parse(line)["ids"].size());
+  std::istringstream row(LineAfter(output, "corpus       switchyard"));
+  double megabytes = 0;
+  int64_t counted = 0;
+  row >> megabytes >> counted;
+  EXPECT_EQ(counted, tokens) << output;
+  EXPECT_NE(output.find("no reference row: no --hf-python given"), std::string::npos) << output;
+}
+
 TEST(CliTest, InitModelWritesALoadableDefault) {
   std::string dir = testing::TempDirectory("cli_init");
   std::string output;

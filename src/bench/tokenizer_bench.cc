@@ -13,6 +13,7 @@
 #include "base/clock.h"
 #include "bench/side_process.h"
 #include "model/model.h"
+#include "tokenizer/tiktoken.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sy::bench {
@@ -38,6 +39,74 @@ for name, load in (("corpus", texts), ("long-prompt", [long_text])):
     checksum = 0
     for t in load:
         for i in tok.encode(t, add_special_tokens=False).ids:
+            checksum = (checksum * 1000003 + i) & 0xFFFFFFFFFFFFFFFF
+    out[name] = {"times": times, "tokens": tokens, "checksum": checksum}
+print(json.dumps(out))
+)PY";
+
+// The tiktoken side, for a tiktoken.model checkpoint of Kimi's tokenizer class: the library
+// driven as vLLM drives that class through transformers (special tokens split out first, then
+// its encode(): chunks of 400,000 characters, runs cut at 25,000, tiktoken), Kimi's pattern in
+// tiktoken's own (Rust) syntax. Timed around that whole encode, the splitting in Python included,
+// as a server running Kimi's tokenizer pays it.
+constexpr const char* kTiktokenScript = R"PY(
+import base64, json, re, statistics, sys, time
+import tiktoken
+d = sys.argv[1]
+ranks = {}
+for line in open(d + "/tiktoken.model", "rb").read().splitlines():
+    if line:
+        token, rank = line.split()
+        ranks[base64.b64decode(token)] = int(rank)
+config = json.load(open(d + "/tokenizer_config.json", encoding="utf-8"))
+n = len(ranks)
+named = {int(k): v["content"] for k, v in config.get("added_tokens_decoder", {}).items()}
+specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(n, n + 258)}
+pattern = "|".join([
+    r"""[\p{Han}]+""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""",
+    r"""\s+"""])
+enc = tiktoken.Encoding(name="bench", pat_str=pattern, mergeable_ranks=ranks,
+                        special_tokens=specials)
+def runs(text):
+    for at in range(0, len(text), 400000):
+        s = text[at:at + 400000]
+        run, space, start = 0, s[:1].isspace(), 0
+        for i, c in enumerate(s):
+            now = c.isspace()
+            if space ^ now:
+                run, space = 1, now
+            else:
+                run += 1
+                if run > 25000:
+                    yield s[start:i]
+                    start, run = i, 1
+        yield s[start:]
+split = re.compile("(" + "|".join(map(re.escape, sorted(specials, key=len, reverse=True))) + ")")
+def encode(text):  # special tokens out first (transformers' added-token split), then Kimi's encode
+    ids = []
+    for k, part in enumerate(split.split(text)):
+        if k % 2:
+            ids.append(specials[part])
+        else:
+            for piece in runs(part):
+                ids.extend(enc.encode_ordinary(piece))
+    return ids
+texts = [json.loads(l)["text"] for l in open(sys.argv[2], encoding="utf-8") if l.strip()]
+long_text = open(sys.argv[3], encoding="utf-8", newline="").read()  # keep \r as is
+reps = int(sys.argv[4])
+out = {"version": tiktoken.__version__}
+for name, load in (("corpus", texts), ("long-prompt", [long_text])):
+    times, tokens = [], 0
+    for _ in range(reps):
+        start = time.perf_counter()
+        tokens = sum(len(encode(t)) for t in load)
+        times.append(time.perf_counter() - start)
+    checksum = 0
+    for t in load:
+        for i in encode(t):
             checksum = (checksum * 1000003 + i) & 0xFFFFFFFFFFFFFFFF
     out[name] = {"times": times, "tokens": tokens, "checksum": checksum}
 print(json.dumps(out))
@@ -132,9 +201,11 @@ Result<TokenizerBenchReport> BenchTokenizer(const TokenizerBenchOptions& options
     const std::string long_path = ScratchPath("tok", ".txt");
     std::ofstream(long_path, std::ios::binary) << long_prompt;
     std::string file = options.tokenizer;
-    if (std::filesystem::is_directory(file)) file += "/tokenizer.json";
+    // A tiktoken checkpoint is set beside the tiktoken library; any other beside tokenizers.
+    const bool tiktoken = std::filesystem::is_directory(file) && HasTiktokenModel(file);
+    if (std::filesystem::is_directory(file) && !tiktoken) file += "/tokenizer.json";
     auto ran =
-        RunPythonScript(options.hf_python, kHfScript,
+        RunPythonScript(options.hf_python, tiktoken ? kTiktokenScript : kHfScript,
                         {file, options.corpus, long_path, std::to_string(options.repetitions)},
                         "RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false");
     std::filesystem::remove(long_path);
@@ -149,8 +220,9 @@ Result<TokenizerBenchReport> BenchTokenizer(const TokenizerBenchOptions& options
       const TokenizerBenchRow& ours = report.rows[corpus ? 0 : 1];
       report.ids_match = report.ids_match && tokens == ours.tokens &&
                          hf[name]["checksum"].get<uint64_t>() == checksums[corpus ? 0 : 1];
-      report.rows.push_back({name, "hf-tokenizers " + hf["version"].get<std::string>(), ours.bytes,
-                             tokens, timing.median, timing.min, timing.max});
+      report.rows.push_back(
+          {name, (tiktoken ? "tiktoken " : "hf-tokenizers ") + hf["version"].get<std::string>(),
+           ours.bytes, tokens, timing.median, timing.min, timing.max});
     }
   }
 
@@ -165,7 +237,7 @@ Result<TokenizerBenchReport> BenchTokenizer(const TokenizerBenchOptions& options
 
 std::string TokenizerReportTable(const TokenizerBenchReport& report) {
   std::string out = fmt::format("{:<12} {:<22} {:>10} {:>9} {:>10} {:>9} {:>9}\n", "load", "engine",
-                                "MB", "tokens", "median ms", "MB/s", "vs HF");
+                                "MB", "tokens", "median ms", "MB/s", "vs ref");
   for (const auto& row : report.rows) {
     double ratio = 0;
     for (const auto& other : report.rows)
@@ -176,10 +248,10 @@ std::string TokenizerReportTable(const TokenizerBenchReport& report) {
         row.bytes / 1e6, row.tokens, row.median_seconds * 1e3, row.MegabytesPerSecond(),
         row.engine == "switchyard" && ratio > 0 ? fmt::format("{:.2f}x", ratio) : std::string("-"));
   }
-  if (!report.hf_note.empty()) out += "no Hugging Face row: " + report.hf_note + "\n";
+  if (!report.hf_note.empty()) out += "no reference row: " + report.hf_note + "\n";
   if (report.rows.size() > 2)
-    out += fmt::format("ids {} Hugging Face's (count and checksum)\n",
-                       report.ids_match ? "equal" : "DIFFER from");
+    out += fmt::format("ids {} {}'s (count and checksum)\n",
+                       report.ids_match ? "equal" : "DIFFER from", report.rows[2].engine);
   if (report.prefill_tokens_per_second > 0) {
     const double encode = report.rows[1].median_seconds;
     const double prefill = report.model_prompt_tokens / report.prefill_tokens_per_second;

@@ -1,4 +1,5 @@
-// switchyard bench tokenizer (encode throughput beside Hugging Face tokenizers), bench
+// switchyard bench tokenizer (encode throughput beside Hugging Face tokenizers, or the tiktoken
+// library for a tiktoken.model checkpoint), bench
 // chat-template (prompt rendering beside transformers') and bench serve (a load generator with
 // vLLM bench serve's metrics).
 #include <algorithm>
@@ -22,12 +23,17 @@ void AddBenchTokenizerCommand(CLI::App& bench_app) {
   args->options.corpus = std::string(SY_SOURCE_DIR) + "/tests/fixtures/tokenizer/corpus.jsonl";
   args->options.hf_python = std::string(SY_SOURCE_DIR) + "/.venv-tokenizer/bin/python";
   CLI::App* t = bench_app.add_subcommand(
-      "tokenizer", "Encode throughput on one thread, side by side with Hugging Face tokenizers");
+      "tokenizer",
+      "Encode throughput on one thread, side by side with Hugging Face tokenizers (tiktoken for "
+      "a tiktoken.model checkpoint)");
   t->add_option("--tokenizer", args->options.tokenizer,
-                "tokenizer.json or its directory (default: DeepSeek-V3's, from the fixtures)");
+                "tokenizer.json or its directory, or a directory with tiktoken.model (Kimi K2's; "
+                "tests/fixtures/tiktoken is one) (default: DeepSeek-V3's, from the fixtures)");
   t->add_option("--corpus", args->options.corpus, "JSON Lines of {\"text\": ...}");
-  t->add_option("--hf-python", args->options.hf_python,
-                "A Python with `tokenizers` installed (default: .venv-tokenizer in the checkout)");
+  t->add_option(
+      "--hf-python", args->options.hf_python,
+      "A Python with `tokenizers` (and `tiktoken`) installed (default: .venv-tokenizer in "
+      "the checkout)");
   t->add_option("--model", args->options.model,
                 "Model whose prefill rate the long prompt is set against (default: the embedded "
                 "model)");
