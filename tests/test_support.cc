@@ -78,6 +78,15 @@ std::string ReadFile(const std::string& path) {
   return text.str();
 }
 
+std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
+  std::istringstream in(ReadFile(path));
+  std::vector<nlohmann::json> lines;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
 void WriteFile(const std::string& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << contents;

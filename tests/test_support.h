@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/sampling.h"
 #include "kernels/cpu/mla_decode.h"
 #include "model/model.h"
@@ -63,6 +65,8 @@ std::string TempDirectory(const std::string& name);
 // Recursively copies a directory.
 void CopyDirectory(const std::string& from, const std::string& to);
 std::string ReadFile(const std::string& path);
+// A JSON Lines file, one value per non-empty line.
+std::vector<nlohmann::json> ReadJsonLines(const std::string& path);
 void WriteFile(const std::string& path, const std::string& contents);
 
 // Runs a shell command; returns its exit status and captures stdout+stderr.

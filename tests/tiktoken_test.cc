@@ -27,16 +27,6 @@ std::string Fixtures() {
   return std::string(testing::kFixturesDir) + "/tiktoken";
 }
 
-std::vector<json> ReadJsonLines(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::vector<json> lines;
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) lines.push_back(json::parse(line));
-  return lines;
-}
-
 const Tokenizer& Kimi() {
   static const Tokenizer* tokenizer = [] {
     auto t = Tokenizer::Load(Fixtures());
@@ -50,10 +40,11 @@ constexpr int32_t kRanks = 127997;  // the fixture's tiktoken.model
 
 TEST(TiktokenTest, IdsAndDecodingMatchTiktoken) {
   const Tokenizer& tokenizer = Kimi();
-  auto corpus = ReadJsonLines(std::string(testing::kFixturesDir) + "/tokenizer/corpus.jsonl");
-  for (json& extra : ReadJsonLines(Fixtures() + "/corpus-extra.jsonl"))
+  auto corpus =
+      testing::ReadJsonLines(std::string(testing::kFixturesDir) + "/tokenizer/corpus.jsonl");
+  for (json& extra : testing::ReadJsonLines(Fixtures() + "/corpus-extra.jsonl"))
     corpus.push_back(extra);
-  const auto expected = ReadJsonLines(Fixtures() + "/expected.jsonl");
+  const auto expected = testing::ReadJsonLines(Fixtures() + "/expected.jsonl");
   ASSERT_EQ(corpus.size(), expected.size());
   ASSERT_GT(corpus.size(), 260u);
   for (size_t i = 0; i < corpus.size(); ++i) {

@@ -26,16 +26,6 @@ std::string TokenizerFixtures() {
   return std::string(testing::kFixturesDir) + "/tokenizer";
 }
 
-std::vector<json> ReadJsonLines(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::vector<json> lines;
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) lines.push_back(json::parse(line));
-  return lines;
-}
-
 const Tokenizer& LoadOnce(const std::string& name) {
   static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
   auto& slot = loaded[name];
@@ -55,8 +45,9 @@ class CorpusTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CorpusTest, IdsAndDecodingMatchHuggingFace) {
   const Tokenizer& tokenizer = LoadOnce(GetParam());
-  const auto corpus = ReadJsonLines(TokenizerFixtures() + "/corpus.jsonl");
-  const auto expected = ReadJsonLines(TokenizerFixtures() + "/" + GetParam() + "/expected.jsonl");
+  const auto corpus = testing::ReadJsonLines(TokenizerFixtures() + "/corpus.jsonl");
+  const auto expected =
+      testing::ReadJsonLines(TokenizerFixtures() + "/" + GetParam() + "/expected.jsonl");
   ASSERT_EQ(corpus.size(), expected.size());
   ASSERT_GE(corpus.size(), 100u);
   int mismatches = 0;

@@ -2,9 +2,7 @@
 
 #include <charconv>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include <openssl/evp.h>
 #include <nlohmann/json.hpp>
@@ -28,15 +26,6 @@ struct TiktokenClass {
 const TiktokenClass kKnownClasses[] = {
     {"tokenization_kimi.TikTokenTokenizer", kKimiK2Pattern, 256 + 2, 400000, 25000},
 };
-
-Result<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Errorf("{}: cannot open", path);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return Status::Errorf("{}: read failed", path);
-  return buffer.str();
-}
 
 // Standard base64 (OpenSSL's decoder: the library does this better than code written here).
 bool DecodeBase64(std::string_view text, std::string* out) {
@@ -140,7 +129,7 @@ Result<std::vector<std::string>> ParseTiktokenRanks(std::string_view text,
 Result<Tokenizer> LoadTiktokenTokenizer(const std::string& directory) {
   const std::string model_path = directory + "/tiktoken.model";
   const std::string config_path = directory + "/tokenizer_config.json";
-  SY_ASSIGN_OR_RETURN(std::string config_text, ReadFile(config_path));
+  SY_ASSIGN_OR_RETURN(std::string config_text, ReadTextFile(config_path));
   nlohmann::json config;
   try {
     config = nlohmann::json::parse(config_text);
@@ -150,7 +139,7 @@ Result<Tokenizer> LoadTiktokenTokenizer(const std::string& directory) {
   if (!config.is_object()) return Status::Errorf("{}: expected a JSON object", config_path);
   SY_ASSIGN_OR_RETURN(const TiktokenClass* cls, ClassOf(config, config_path));
 
-  SY_ASSIGN_OR_RETURN(std::string model_text, ReadFile(model_path));
+  SY_ASSIGN_OR_RETURN(std::string model_text, ReadTextFile(model_path));
   SY_ASSIGN_OR_RETURN(std::vector<std::string> ranks, ParseTiktokenRanks(model_text, model_path));
   auto model = BpeModel::FromRanks(ranks);
   if (!model.ok()) return model.status().WithContext(model_path);

@@ -14,15 +14,6 @@
 namespace sy {
 namespace {
 
-Result<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Errorf("{}: cannot open", path);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return Status::Errorf("{}: read failed", path);
-  return buffer.str();
-}
-
 Status CheckNormalizer(const nlohmann::json& spec, const std::string& where) {
   if (spec.is_null()) return Status::Ok();
   if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string())
@@ -61,6 +52,15 @@ Status CheckPostProcessor(const nlohmann::json& spec) {
 
 }  // namespace
 
+Result<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::Errorf("{}: cannot open", path);
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) return Status::Errorf("{}: read failed", path);
+  return buffer.str();
+}
+
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
@@ -82,7 +82,7 @@ Result<Tokenizer> Tokenizer::Load(const std::string& path) {
     SY_ASSIGN_OR_RETURN(std::string json, GgufTokenizerJson(gguf));
     return FromJson(json, file);
   }
-  SY_ASSIGN_OR_RETURN(std::string text, ReadText(file));
+  SY_ASSIGN_OR_RETURN(std::string text, ReadTextFile(file));
   return FromJson(text, file);
 }
 
@@ -340,17 +340,17 @@ Status ReadChatTemplateFiles(const std::string& directory, TokenizerConfig* conf
   config->chat_template.clear();
   config->tool_use_chat_template.clear();
   if (has_file) {
-    SY_ASSIGN_OR_RETURN(config->chat_template, ReadText(file));
+    SY_ASSIGN_OR_RETURN(config->chat_template, ReadTextFile(file));
     config->source = file;
   }
   if (has_named) {
     const std::string tool_use = named + "/tool_use.jinja";
     if (std::filesystem::is_regular_file(tool_use, error)) {
-      SY_ASSIGN_OR_RETURN(config->tool_use_chat_template, ReadText(tool_use));
+      SY_ASSIGN_OR_RETURN(config->tool_use_chat_template, ReadTextFile(tool_use));
     }
     const std::string default_file = named + "/default.jinja";
     if (!has_file && std::filesystem::is_regular_file(default_file, error)) {
-      SY_ASSIGN_OR_RETURN(config->chat_template, ReadText(default_file));
+      SY_ASSIGN_OR_RETURN(config->chat_template, ReadTextFile(default_file));
       config->source = default_file;
     }
   }
@@ -378,7 +378,7 @@ Result<TokenizerConfig> LoadTokenizerConfigChecked(const std::string& directory)
   config.source = path;
   std::error_code error;
   if (!std::filesystem::exists(path, error)) return config;
-  SY_ASSIGN_OR_RETURN(std::string text, ReadText(path));
+  SY_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
   nlohmann::json root;
   try {
     root = nlohmann::json::parse(text);

@@ -81,6 +81,9 @@ class Tokenizer {
   std::vector<uint8_t> special_;          // 1 for special added tokens
 };
 
+// A whole file's bytes; an error names the path.
+Result<std::string> ReadTextFile(const std::string& path);
+
 // What tokenizer_config.json says around the vocabulary: the chat template and the BOS/EOS
 // tokens it refers to.
 struct TokenizerConfig {

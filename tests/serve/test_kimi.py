@@ -19,7 +19,7 @@ from conftest import REPO, TMP, Server
 
 sys.path.insert(0, os.path.join(REPO, "tools", "tokenizer"))
 import tiktoken  # noqa: E402
-from gen_tiktoken_fixtures import KIMI_PATTERN, SPECIAL_IDS, encode  # noqa: E402
+from gen_tiktoken_fixtures import KIMI_PATTERN, SPECIAL_IDS, byte_level_decoder, encode  # noqa: E402
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "tiktoken")
 TEMPLATE = os.path.join(REPO, "tests", "fixtures", "jinja", "templates", "kimi-k2-thinking.jinja")
@@ -36,17 +36,6 @@ ADD = {"type": "function", "function": {
     "parameters": {"type": "object", "required": ["a", "b"],
                    "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}},
                    "additionalProperties": False}}}
-
-
-def byte_level_decoder():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
 
 
 class Kimi:

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import tiktoken
+from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_tokenizer_fixtures import jdump, write_jsonl, write_text  # noqa: E402
@@ -64,16 +65,8 @@ NAMED = {0: "[BOS]", 1: "[EOS]", 2: "<|im_end|>", 3: "<|im_user|>", 4: "<|im_ass
 
 
 def byte_level_decoder():
-    """GPT-2's byte-level alphabet, character → byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    """GPT-2's byte-level alphabet, character → byte (transformers' own table)."""
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def ranks_from_deepseek():
