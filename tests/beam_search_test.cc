@@ -64,8 +64,9 @@ struct ToyModel {
 
 // Runs a search to its end against the toy model.
 std::vector<BeamResult> RunToy(const ToyModel& model, const std::vector<int32_t>& prompt,
-                               const SamplingParams& params, int32_t eos) {
-  BeamSearch search(DefaultTokenizer(), prompt, params, eos);
+                               const SamplingParams& params, int32_t eos,
+                               std::vector<int32_t> more_eos = {}) {
+  BeamSearch search(DefaultTokenizer(), prompt, params, eos, std::move(more_eos));
   while (!search.done()) {
     std::vector<Next> next;
     for (const auto& p : search.LivePrompts())
@@ -157,6 +158,13 @@ TEST(BeamSearchTest, AnEndedBeamIsRankedByItsLengthWithoutTheEndToken) {
   EXPECT_EQ(best[0].text, "");
   EXPECT_EQ(best[0].finish_reason, "stop");
   EXPECT_FALSE(best[0].stop_token);
+  // The same end named by generation_config.json instead (Kimi K2's <|im_end|>): the same result.
+  const std::vector<BeamResult> by_generation_config =
+      RunToy(model, prompt, flat, /*eos=*/-1, /*more_eos=*/{eos});
+  ASSERT_EQ(by_generation_config.size(), 2u);
+  EXPECT_EQ(by_generation_config[0].tokens, best[0].tokens);
+  EXPECT_EQ(by_generation_config[0].finish_reason, "stop");
+  EXPECT_EQ(by_generation_config[1].score, best[1].score);
   // With vLLM's default (cumulative / length, the prompt counted, the end token not): the ended
   // beam scores log(0.5) / 2 and "a a a a" log(0.3·0.9³) / 6, which is higher.
   best = RunToy(model, prompt, Beams(2, 4), eos);

@@ -294,6 +294,103 @@ TEST(HfInt4Test, BatchInvariant) {
   }
 }
 
+// compressed-tensors' symmetric groups of 32, as Kimi K2-Thinking ships its experts: the ct-sym
+// fixture said again in groups of 32 (each group's scale repeated over its four quarters), so the
+// weights and transformers' logits are the fixture's. They load as Q4_0 blocks decoding to the
+// fixture's dequantized weights bit for bit; the model's logits meet the native bar, and through
+// the dequantized path the f32 products' 1e-4.
+std::string GroupsOf32Checkpoint() {
+  static const std::string dir = [] {
+    const std::string from = FormatDir("ct-sym");
+    const std::string to = testing::TempDirectory("hf-int4-ct-sym-g32");
+    for (const char* name :
+         {"tokens.txt", "logits.bin", "meta.json", "dequant.bin", "dequant.json"})
+      testing::WriteFile(to + "/" + name, testing::ReadFile(from + "/" + name));
+    auto config = nlohmann::json::parse(testing::ReadFile(from + "/config.json"));
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 32;
+    testing::WriteFile(to + "/config.json", config.dump(1));
+    auto checkpoint = Checkpoint::Open(from);
+    EXPECT_TRUE(checkpoint.ok()) << checkpoint.status().message();
+    std::vector<TensorToWrite> tensors;
+    for (const auto& [name, t] : checkpoint->tensors()) {
+      TensorToWrite out{name, t.entry->dtype, t.entry->shape, {}};
+      const uint8_t* data = t.data;
+      const size_t bytes = t.entry->data_end - t.entry->data_begin;
+      if (name.ends_with(".weight_scale")) {
+        const int64_t rows = t.entry->shape[0], groups = t.entry->shape[1];
+        const size_t element = bytes / static_cast<size_t>(rows * groups);
+        out.shape = {rows, groups * 4};
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t g = 0; g < groups; ++g)
+            for (int k = 0; k < 4; ++k)
+              out.bytes.insert(out.bytes.end(), data + (r * groups + g) * element,
+                               data + (r * groups + g + 1) * element);
+      } else {
+        out.bytes.assign(data, data + bytes);
+      }
+      tensors.push_back(std::move(out));
+    }
+    const Status written = WriteSafetensors(to + "/model.safetensors", tensors);
+    EXPECT_TRUE(written.ok()) << written.message();
+    return to;
+  }();
+  return dir;
+}
+
+TEST(HfInt4Test, GroupsOf32AreQ4_0) {
+  const std::string dir = GroupsOf32Checkpoint();
+  auto config = LoadModelConfig(dir + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->int4.group_size, 32);
+  auto checkpoint = Checkpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().message();
+  const auto modules = nlohmann::json::parse(testing::ReadFile(dir + "/dequant.json"));
+  const std::string bytes = testing::ReadFile(dir + "/dequant.bin");
+  size_t offset = 0;
+  for (const auto& entry : modules) {
+    const std::string module = entry["module"];
+    const int64_t rows = entry["shape"][0], cols = entry["shape"][1];
+    auto m = LoadInt4Matrix(checkpoint.value(), config->int4, module, rows, cols);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    EXPECT_EQ(m->ggml_type, GgmlType::kQ4_0);
+    std::vector<float> row(static_cast<size_t>(cols)), want(static_cast<size_t>(cols));
+    int64_t mismatches = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      m->DecodeRow(r, row.data());
+      std::memcpy(want.data(), bytes.data() + offset + static_cast<size_t>(r * cols) * 4,
+                  static_cast<size_t>(cols) * 4);
+      for (int64_t c = 0; c < cols; ++c)
+        mismatches += BitsFromF32(row[c]) != BitsFromF32(want[c]);
+    }
+    EXPECT_EQ(mismatches, 0) << module;
+    offset += static_cast<size_t>(rows * cols) * 4;
+  }
+  EXPECT_EQ(offset, bytes.size());
+
+  const auto fixture = testing::LoadFixture(dir);
+  auto model = LoadOrFail(dir);
+  ASSERT_TRUE(model);
+  EXPECT_EQ(model->weights().layers.back().moe.experts[0].down_proj.packed->ggml_type,
+            GgmlType::kQ4_0);
+  float largest = 0;
+  for (float logit : fixture.logits)
+    largest = std::max(largest, std::fabs(logit));
+  auto native = testing::CompareLogits(fixture.logits, RunLogits(*model, fixture.tokens, false),
+                                       fixture.vocab, 0.5f * largest);
+  EXPECT_LE(native.RowsOver(0.5), static_cast<int64_t>(native.row_max_diff.size()) / 20);
+  GlobalGgufWeights() = GgufWeights::kDequantized;
+  auto dequantized = LoadOrFail(dir);
+  GlobalGgufWeights() = GgufWeights::kNative;
+  ASSERT_TRUE(dequantized);
+  auto exact = testing::CompareLogits(
+      fixture.logits, RunLogits(*dequantized, fixture.tokens, false), fixture.vocab);
+  EXPECT_EQ(exact.argmax_mismatches, 0);
+  EXPECT_LE(exact.max_abs_diff, 1e-4 * exact.max_abs_reference);
+  std::printf("ct-sym in groups of 32: native max |Δ| %.2g, dequantized %.2g of max |logit|\n",
+              native.max_abs_diff / native.max_abs_reference,
+              exact.max_abs_diff / exact.max_abs_reference);
+}
+
 // Malformed int4 tensors and unsupported configs: errors naming the tensor or field and what is
 // wrong with it, never a crash (hf_int4_fuzz covers the rest).
 TEST(HfInt4Test, MalformedCheckpointsAreErrorsNamingWhatIsWrong) {
@@ -391,6 +488,9 @@ TEST(HfInt4Test, MalformedCheckpointsAreErrorsNamingWhatIsWrong) {
       {"awq", "version", [](auto& q) { q["version"] = "gemv"; }},
       {"awq", "8-bit", [](auto& q) { q["bits"] = 8; }},
       {"awq", "group size 64", [](auto& q) { q["group_size"] = 64; }},
+      {"awq", "group size 32", [](auto& q) { q["group_size"] = 32; }},  // Q4_0 has no zeros
+      {"ct-asym", "group size 32",
+       [](auto& q) { q["config_groups"]["group_0"]["weights"]["group_size"] = 32; }},
       {"awq", "zero_point", [](auto& q) { q["zero_point"] = false; }},
       {"gptq", "checkpoint_format", [](auto& q) { q["checkpoint_format"] = "marlin"; }},
       {"ct-sym", "pack-quantized",

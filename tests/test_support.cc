@@ -94,7 +94,7 @@ void WriteFile(const std::string& path, const std::string& contents) {
 
 Fixture LoadFixture(const std::string& name) {
   Fixture f;
-  f.directory = std::string(kFixturesDir) + "/" + name;
+  f.directory = name.starts_with("/") ? name : std::string(kFixturesDir) + "/" + name;
   f.tokens_text = ReadFile(f.directory + "/tokens.txt");
   while (!f.tokens_text.empty() && (f.tokens_text.back() == '\n' || f.tokens_text.back() == '\r'))
     f.tokens_text.pop_back();

@@ -28,6 +28,7 @@ struct Fixture {
   int64_t vocab = 0;
 };
 
+// `name` under tests/fixtures, or an absolute directory laid out the same way.
 Fixture LoadFixture(const std::string& name);
 std::vector<std::string> FixtureNames();
 

@@ -115,6 +115,8 @@ std::unique_ptr<serve::GrpcEngineServer> StartGrpc(const ServeArgs& args, Reques
   info.page_size = engine.page_size();
   info.vocab_size = engine.model_config().vocab_size;
   info.eos_token_id = static_cast<int32_t>(engine.model_config().eos_token_id);
+  for (int64_t id : engine.model_config().generation_eos_token_ids)
+    info.more_eos_token_ids.push_back(static_cast<int32_t>(id));
   info.max_model_len = engine_config.max_model_len;
   info.num_speculative_tokens = engine_config.num_speculative_tokens;
   info.priority_scheduling =

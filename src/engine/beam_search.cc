@@ -10,11 +10,12 @@
 namespace sy {
 
 BeamSearch::BeamSearch(const Tokenizer& tokenizer, std::vector<int32_t> prompt,
-                       SamplingParams params, int32_t eos_token_id)
+                       SamplingParams params, int32_t eos_token_id, std::vector<int32_t> more_eos)
     : tokenizer_(tokenizer),
       prompt_(std::move(prompt)),
       params_(std::move(params)),
-      eos_(eos_token_id) {
+      eos_(eos_token_id),
+      more_eos_(std::move(more_eos)) {
   Beam first;
   if (!params_.stop.empty())
     first.detokenizer = std::make_shared<IncrementalDetokenizer>(
@@ -66,7 +67,7 @@ void BeamSearch::Extend(const std::vector<std::vector<std::pair<int32_t, float>>
     for (size_t rank = 0; rank < std::min(per_beam, next[b].size()); ++rank) {
       const auto& [token, logprob] = next[b][rank];
       if (!std::isfinite(logprob)) continue;
-      const bool eos = !params_.ignore_eos && token == eos_;
+      const bool eos = !params_.ignore_eos && IsEos(token);
       const bool stop_token =
           std::find(params_.stop_token_ids.begin(), params_.stop_token_ids.end(), token) !=
           params_.stop_token_ids.end();
@@ -114,7 +115,7 @@ void BeamSearch::Extend(const std::vector<std::vector<std::pair<int32_t, float>>
 double BeamSearch::Score(const Beam& beam) const {
   // vLLM's length: the prompt and the output, without an end-of-sequence token that ends it.
   int64_t length = static_cast<int64_t>(prompt_.size() + beam.tokens.size());
-  if (!beam.tokens.empty() && beam.tokens.back() == eos_ && !params_.ignore_eos) --length;
+  if (!beam.tokens.empty() && IsEos(beam.tokens.back()) && !params_.ignore_eos) --length;
   return beam.cumulative_logprob /
          std::pow(static_cast<double>(std::max<int64_t>(length, 1)), params_.length_penalty);
 }
@@ -134,7 +135,7 @@ BeamResult BeamSearch::Result(const Beam& beam) const {
                               params_.include_stop_str_in_output);
   bool stopped = false;
   for (int32_t token : beam.tokens) {
-    if (token == eos_ && !params_.ignore_eos) break;
+    if (IsEos(token) && !params_.ignore_eos) break;
     out.text += text.Add(token, &stopped);
     if (stopped) break;
   }
@@ -184,8 +185,10 @@ struct StepOutcome {
 }  // namespace
 
 struct BeamSearchFrontend::Search {
-  Search(const Tokenizer& tokenizer, const EngineRequest& first, int32_t eos)
-      : request(first), search(tokenizer, first.prompt, first.params, eos) {}
+  Search(const Tokenizer& tokenizer, const EngineRequest& first, const RequestLimits& limits)
+      : request(first),
+        search(tokenizer, first.prompt, first.params, limits.eos_token_id,
+               limits.more_eos_token_ids) {}
   EngineRequest request;  // the first choice's: prompt, parameters, priority
   std::vector<std::string> choice_ids;
   std::vector<std::shared_ptr<RequestStream>> choices;
@@ -321,7 +324,7 @@ Result<std::vector<std::shared_ptr<RequestStream>>> BeamSearchFrontend::SubmitAl
                     Status::Errorf("use_beam_search: a search of width {} needs its {} choices "
                                    "submitted together",
                                    width, width));
-    auto search = std::make_shared<Search>(tokenizer_, r, limits_.eos_token_id);
+    auto search = std::make_shared<Search>(tokenizer_, r, limits_);
     for (size_t k = i; k < i + static_cast<size_t>(width); ++k) {
       if (requests[k].prompt != r.prompt || requests[k].params.beam_width != width)
         return refuse(SubmitError::kInvalid,

@@ -14,6 +14,8 @@
 // reasoning budget) are refused, not ignored (CheckBeamSearchParams, engine/sampling.h).
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -47,9 +49,9 @@ struct BeamResult {
 class BeamSearch {
  public:
   // `prompt` and `params` (params.beam_width ≥ 1) as the request gives them; `eos_token_id`: the
-  // model's end of sequence (-1: none).
+  // model's end of sequence (-1: none), and `more_eos` its others (generation_config.json's).
   BeamSearch(const Tokenizer& tokenizer, std::vector<int32_t> prompt, SamplingParams params,
-             int32_t eos_token_id);
+             int32_t eos_token_id, std::vector<int32_t> more_eos = {});
 
   int64_t width() const { return params_.beam_width; }
   // Top log-probabilities a step's request must return: the 2W candidates, or more where the
@@ -81,7 +83,11 @@ class BeamSearch {
   const Tokenizer& tokenizer_;
   std::vector<int32_t> prompt_;
   SamplingParams params_;
+  bool IsEos(int32_t token) const {
+    return token == eos_ || std::find(more_eos_.begin(), more_eos_.end(), token) != more_eos_.end();
+  }
   int32_t eos_;
+  std::vector<int32_t> more_eos_;
   int64_t steps_ = 0;
   std::vector<Beam> live_;
   std::vector<Beam> finished_;

@@ -198,9 +198,13 @@ Status ValidateRequest(const EngineRequest& request, const RequestLimits& limits
 
 RequestLimits Engine::limits() const {
   // Whole pages: a request needs ceil(length / page) of them.
-  return {model_.config().vocab_size, max_model_len_, pool_.total_pages() * pool_.page_size(),
-          config_.scheduling_policy == EngineConfig::SchedulingPolicy::kPriority,
-          static_cast<int32_t>(model_.config().eos_token_id)};
+  RequestLimits limits{model_.config().vocab_size, max_model_len_,
+                       pool_.total_pages() * pool_.page_size(),
+                       config_.scheduling_policy == EngineConfig::SchedulingPolicy::kPriority,
+                       static_cast<int32_t>(model_.config().eos_token_id)};
+  for (int64_t id : model_.config().generation_eos_token_ids)
+    limits.more_eos_token_ids.push_back(static_cast<int32_t>(id));
+  return limits;
 }
 
 Status Engine::Validate(const EngineRequest& request) const {

@@ -136,6 +136,9 @@ struct RequestLimits {
   int64_t cache_tokens = 0;
   bool priority_scheduling = false;  // else a priority other than 0 is refused
   int32_t eos_token_id = -1;         // the model's end of sequence (-1: unknown)
+  // generation_config.json's other ends of sequence (Kimi K2's <|im_end|>): a beam ends on them
+  // too.
+  std::vector<int32_t> more_eos_token_ids;
 };
 Status ValidateRequest(const EngineRequest& request, const RequestLimits& limits);
 

@@ -318,8 +318,13 @@ Status ParseInt4Config(const json& quant, const std::string& method, const std::
     SY_RETURN_IF_ERROR(ReadNameList(quant, "ignore", where, out.not_converted));
   }
   if (bits != 4) return Status::Errorf("{}: {}-bit weights; supported: 4", where, bits);
-  if (out.group_size != 128)
-    return Status::Errorf("{}: group size {}; supported: 128", where, out.group_size);
+  // Groups of 32 (Kimi K2-Thinking's release): compressed-tensors' symmetric scheme only, which
+  // is exactly llama.cpp's Q4_0 (hf_int4.h).
+  const bool q4_0 = out.group_size == 32 && out.format == Int4Format::kCompressed && out.symmetric;
+  if (out.group_size != 128 && !q4_0)
+    return Status::Errorf(
+        "{}: group size {}; supported: 128, and 32 for symmetric compressed-tensors", where,
+        out.group_size);
   return Status::Ok();
 }
 

@@ -106,6 +106,10 @@ class Tensor {
   const CheckpointTensor& t_;
 };
 
+// llama.cpp's Q4_0 block: a half scale, then 32 codes in 16 bytes.
+constexpr int64_t kQ4_0GroupCols = 32;
+constexpr int64_t kQ4_0BlockBytes = 2 + kQ4_0GroupCols / 2;
+
 struct Unpacked {
   std::vector<uint8_t> codes;    // [rows][cols], 0..15
   std::vector<uint8_t> zeros;    // [rows][groups], 0..16
@@ -320,9 +324,11 @@ Result<Matrix> LoadInt4Matrix(const Checkpoint& checkpoint, const Int4Config& co
                               const std::string& module, int64_t rows, int64_t cols,
                               std::set<std::string>* used) {
   const int64_t g = config.group_size;
-  if (g != kHfInt4GroupCols)
-    return Status::Errorf("{}: group size {} for '{}'; supported: {}", checkpoint.directory(), g,
-                          module, kHfInt4GroupCols);
+  const bool q4_0 = g == kQ4_0GroupCols;
+  if (g != kHfInt4GroupCols && !(q4_0 && config.format == Int4Format::kCompressed))
+    return Status::Errorf(
+        "{}: group size {} for '{}'; supported: {}, and {} for compressed-tensors",
+        checkpoint.directory(), g, module, kHfInt4GroupCols, kQ4_0GroupCols);
   if (rows <= 0 || cols <= 0 || cols % g != 0 || rows % 8 != 0)
     return Status::Errorf(
         "{}: '{}' is [{}, {}]: int4 layers need input columns in whole groups of {} and output "
@@ -347,19 +353,42 @@ Result<Matrix> LoadInt4Matrix(const Checkpoint& checkpoint, const Int4Config& co
     default:
       return Status::Errorf("'{}': the checkpoint has no int4 quantization_config", module);
   }
-  // HF_INT4_G128 blocks (tensor/ggml_quants.h), row after row.
-  auto blocks = std::make_shared<std::vector<uint8_t>>(
-      static_cast<size_t>(rows * groups * kHfInt4BlockBytes));
-  ParallelRows(rows, [&](int64_t o) {
-    for (int64_t b = 0; b < groups; ++b) {
-      uint8_t* block = blocks->data() + (o * groups + b) * kHfInt4BlockBytes;
-      std::memcpy(block, &unpacked.scales[o * groups + b], 2);
-      block[2] = unpacked.zeros[o * groups + b];
-      const uint8_t* q = unpacked.codes.data() + o * cols + b * g;
-      for (int64_t i = 0; i < g / 2; ++i)
-        block[4 + i] = static_cast<uint8_t>(q[2 * i] | q[2 * i + 1] << 4);
-    }
-  });
+  std::shared_ptr<std::vector<uint8_t>> blocks;
+  if (q4_0) {
+    // Groups of 32, symmetric: (q − 8) · s is llama.cpp's Q4_0 exactly (a half scale, the codes
+    // of elements j and j + 16 sharing byte j), which the GGML kernels multiply natively.
+    for (size_t i = 0; i < unpacked.zeros.size(); ++i)
+      if (unpacked.zeros[i] != 8)
+        return Status::Errorf(
+            "{}: '{}' has a zero point other than 8 in groups of {}; supported there: symmetric "
+            "schemes",
+            checkpoint.directory(), module, g);
+    blocks = std::make_shared<std::vector<uint8_t>>(
+        static_cast<size_t>(rows * groups * kQ4_0BlockBytes));
+    ParallelRows(rows, [&](int64_t o) {
+      for (int64_t b = 0; b < groups; ++b) {
+        uint8_t* block = blocks->data() + (o * groups + b) * kQ4_0BlockBytes;
+        std::memcpy(block, &unpacked.scales[o * groups + b], 2);
+        const uint8_t* q = unpacked.codes.data() + o * cols + b * g;
+        for (int64_t j = 0; j < g / 2; ++j)
+          block[2 + j] = static_cast<uint8_t>(q[j] | q[j + g / 2] << 4);
+      }
+    });
+  } else {
+    // HF_INT4_G128 blocks (tensor/ggml_quants.h), row after row.
+    blocks = std::make_shared<std::vector<uint8_t>>(
+        static_cast<size_t>(rows * groups * kHfInt4BlockBytes));
+    ParallelRows(rows, [&](int64_t o) {
+      for (int64_t b = 0; b < groups; ++b) {
+        uint8_t* block = blocks->data() + (o * groups + b) * kHfInt4BlockBytes;
+        std::memcpy(block, &unpacked.scales[o * groups + b], 2);
+        block[2] = unpacked.zeros[o * groups + b];
+        const uint8_t* q = unpacked.codes.data() + o * cols + b * g;
+        for (int64_t i = 0; i < g / 2; ++i)
+          block[4 + i] = static_cast<uint8_t>(q[2 * i] | q[2 * i + 1] << 4);
+      }
+    });
+  }
   // The checkpoint's packed tensors are read once: give their mapped pages back, so resident
   // memory holds the weights once (as PackMatrix does for other formats' matrices).
   if (used)
@@ -369,11 +398,12 @@ Result<Matrix> LoadInt4Matrix(const Checkpoint& checkpoint, const Int4Config& co
                                  static_cast<size_t>(t->entry->data_end - t->entry->data_begin));
   Matrix m;
   m.dtype = DType::kGgml;
-  m.ggml_type = GgmlType::kHfInt4;
+  m.ggml_type = q4_0 ? GgmlType::kQ4_0 : GgmlType::kHfInt4;
   m.rows = rows;
   m.cols = cols;
   m.data = blocks->data();
   m.owner = blocks;
+  m.rows_dropped_when_packed = true;
   return m;
 }
 

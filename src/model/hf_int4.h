@@ -1,9 +1,11 @@
 // Hugging Face int4 (W4A16) weights: AWQ, GPTQ and compressed-tensors pack-quantized checkpoints,
 // read from their packed int32 tensors and repacked once, at load, into switchyard's
 // HF_INT4_G128 blocks (tensor/ggml_quants.h), which the native 4-bit panel kernels multiply
-// (kernels/cpu/ggml_gemm.h). The repacking is exact: every weight keeps the value the
-// checkpoint's own dequantizer gives before it rounds to the checkpoint's dtype, s · (q − z)
-// (an fp16 scale, or a bf16/f32 one that a half holds exactly, times a small integer).
+// (kernels/cpu/ggml_gemm.h). compressed-tensors' symmetric groups of 32 (Kimi K2-Thinking's
+// release) become llama.cpp's Q4_0 blocks instead, the same values: a half scale times q − 8. The
+// repacking is exact: every weight keeps the value the checkpoint's own dequantizer gives before it
+// rounds to the checkpoint's dtype, s · (q − z) (an fp16 scale, or a bf16/f32 one that a half holds
+// exactly, times a small integer).
 //
 // The layouts, for a linear layer of `out` × `in` weights in groups of g = 128 input columns,
 // as the libraries' pack code writes them (tools/hf_int4/make_fixtures.py packs the same way):
@@ -50,9 +52,9 @@ bool Int4Quantizes(const Int4Config& config, const std::string& module);
 std::vector<std::string> Int4TensorNames(const Int4Config& config, const std::string& module);
 
 // Reads `module`'s int4 weights, [rows (out), cols (in)], out of `checkpoint` and repacks them
-// into HF_INT4_G128 blocks: a Matrix of dtype kGgml that owns them. Every shape, dtype and value
-// that does not fit the format is an error naming the tensor; nothing is trusted. The names of
-// the tensors read are added to `used`.
+// into HF_INT4_G128 blocks (Q4_0 for groups of 32): a Matrix of dtype kGgml that owns them. Every
+// shape, dtype and value that does not fit the format is an error naming the tensor; nothing is
+// trusted. The names of the tensors read are added to `used`.
 Result<Matrix> LoadInt4Matrix(const Checkpoint& checkpoint, const Int4Config& config,
                               const std::string& module, int64_t rows, int64_t cols,
                               std::set<std::string>* used = nullptr);

@@ -240,11 +240,12 @@ void PackMatrix(Matrix& m, bool exact = false) {
   MappedFile::ReleaseRange(m.data, static_cast<size_t>(m.rows) * m.RowBytes());
 }
 
-// An int4 checkpoint's weights are repacked into owned HF_INT4_G128 blocks at load; once in
-// panels nothing reads the row-major blocks of an MLP's matrices (head sharding reads only
-// attention's), so they are dropped: resident memory holds the weights once.
+// An int4 checkpoint's weights are repacked into owned GGML blocks at load (HF_INT4_G128, or Q4_0
+// for groups of 32); once in panels nothing reads the row-major blocks of an MLP's matrices
+// (head sharding reads only attention's), so they are dropped: resident memory holds the weights
+// once.
 void DropRepackedRows(Matrix& m) {
-  if (m.packed && m.dtype == DType::kGgml && m.ggml_type == GgmlType::kHfInt4) {
+  if (m.packed && m.rows_dropped_when_packed) {
     m.data = nullptr;
     m.owner.reset();
   }

@@ -220,6 +220,8 @@ RequestLimits Router::limits() const {
     limits.priority_scheduling = limits.priority_scheduling && t->health.priority_scheduling();
     limits.vocab_size = t->health.vocab_size();
     if (t->health.has_eos_token_id()) limits.eos_token_id = t->health.eos_token_id();
+    limits.more_eos_token_ids.assign(t->health.more_eos_token_ids().begin(),
+                                     t->health.more_eos_token_ids().end());
     limits.max_model_len = limits.max_model_len == 0
                                ? t->health.max_model_len()
                                : std::min(limits.max_model_len, t->health.max_model_len());

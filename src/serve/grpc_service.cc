@@ -310,6 +310,8 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
     response->set_vocab_size(info_.vocab_size);
     response->set_max_model_len(info_.max_model_len);
     if (info_.eos_token_id >= 0) response->set_eos_token_id(info_.eos_token_id);
+    for (int32_t id : info_.more_eos_token_ids)
+      response->add_more_eos_token_ids(id);
     response->set_num_speculative_tokens(info_.num_speculative_tokens);
     response->set_priority_scheduling(info_.priority_scheduling);
     response->set_role(info_.role);

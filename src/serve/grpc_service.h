@@ -30,8 +30,9 @@ struct InstanceInfo {
   int64_t vocab_size = 0;
   int64_t max_model_len = 0;
   int64_t num_speculative_tokens = 0;
-  bool priority_scheduling = false;  // serve --scheduling-policy priority
-  int32_t eos_token_id = -1;         // the model's end of sequence
+  bool priority_scheduling = false;         // serve --scheduling-policy priority
+  int32_t eos_token_id = -1;                // the model's end of sequence
+  std::vector<int32_t> more_eos_token_ids;  // generation_config.json's others
   // Disaggregation (serve --role): "both", "prefill" (sends rows: `sender`) or "decode"
   // (receives them: `receiver`, into a cache of `cache_layers` rows of `cache_row_bytes`).
   std::string role = "both";

@@ -27,6 +27,9 @@ struct Matrix {
   int64_t first_row = 0;  // row offset of this view within the quantized matrix (for scales)
   GgmlType ggml_type = GgmlType::kF32;  // kGgml: the blocks' type (each row whole blocks)
   std::shared_ptr<const void> owner;    // keeps owned data alive (mapped files, converted copies)
+  // The rows are a copy made at load that nothing reads once the matrix is packed (an HF int4
+  // checkpoint's weights repacked into GGML blocks): packing may drop them.
+  bool rows_dropped_when_packed = false;
   // The same weights re-laid out for the fast kernels (tensor/packed_matrix.h), when packed.
   std::shared_ptr<const struct PackedMatrix> packed;
 

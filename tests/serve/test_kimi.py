@@ -235,3 +235,19 @@ def test_a_bad_generation_config_is_a_clear_error(kimi, tmp_path):
                           "--max-tokens", "1"], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "generation_config.json: eos_token_id 99999999 is not a token id" in out.stderr + out.stdout
+
+
+def test_im_end_ends_a_turn(kimi, kimi_server):
+    """<|im_end|> ends the output as config.json's [EOS] does (generation_config.json names it),
+    and is not part of the text; ignore_eos ignores it too."""
+    client = client_of(kimi_server)
+    im_end = kimi.id["<|im_end|>"]
+    args = dict(model="sy-test", messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+                logit_bias={str(im_end): 100})
+    response = client.chat.completions.create(**args)
+    assert response.choices[0].finish_reason == "stop"
+    assert response.usage.completion_tokens == 1
+    assert not response.choices[0].message.content
+    response = client.chat.completions.create(**args, extra_body={"ignore_eos": True})
+    assert response.choices[0].finish_reason == "length"
+    assert response.usage.completion_tokens == 8
