@@ -71,6 +71,20 @@ std::unique_ptr<Model> LoadOrFail(const std::string& directory) {
   return model.ok() ? std::move(model.value()) : nullptr;
 }
 
+// Weights of `m` whose decoded bits differ from the float32 matrix at `want` (dequant.bin's).
+int64_t DecodeMismatches(const Matrix& m, const char* want_bytes) {
+  std::vector<float> row(static_cast<size_t>(m.cols)), want(static_cast<size_t>(m.cols));
+  int64_t mismatches = 0;
+  for (int64_t r = 0; r < m.rows; ++r) {
+    m.DecodeRow(r, row.data());
+    std::memcpy(want.data(), want_bytes + static_cast<size_t>(r * m.cols) * 4,
+                static_cast<size_t>(m.cols) * 4);
+    for (int64_t c = 0; c < m.cols; ++c)
+      mismatches += BitsFromF32(row[c]) != BitsFromF32(want[c]);
+  }
+  return mismatches;
+}
+
 // The repacked blocks decode to exactly the dequantized weights the reference recorded,
 // s · (q − z) in float32, for every format; and the panels hold the same integers.
 TEST(HfInt4Test, DequantizationIsBitExact) {
@@ -92,17 +106,9 @@ TEST(HfInt4Test, DequantizationIsBitExact) {
       auto m = LoadInt4Matrix(checkpoint.value(), config.value().int4, module, rows, cols);
       ASSERT_TRUE(m.ok()) << m.status().message();
       ASSERT_LE(offset + static_cast<size_t>(rows * cols) * 4, bytes.size());
-      std::vector<float> row(static_cast<size_t>(cols)), want(static_cast<size_t>(cols));
-      int64_t mismatches = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        m.value().DecodeRow(r, row.data());
-        std::memcpy(want.data(), bytes.data() + offset + static_cast<size_t>(r * cols) * 4,
-                    static_cast<size_t>(cols) * 4);
-        for (int64_t c = 0; c < cols; ++c)
-          mismatches += BitsFromF32(row[c]) != BitsFromF32(want[c]);
-      }
-      EXPECT_EQ(mismatches, 0);
+      EXPECT_EQ(DecodeMismatches(m.value(), bytes.data() + offset), 0);
       offset += static_cast<size_t>(rows * cols) * 4;
+      std::vector<float> row(static_cast<size_t>(cols));
       // The panel form: d · sc · q − dmin · mn per weight, in double, is the same value.
       auto packed = PackGgml(m.value());
       int64_t panel_mismatches = 0;
@@ -353,16 +359,8 @@ TEST(HfInt4Test, GroupsOf32AreQ4_0) {
     auto m = LoadInt4Matrix(checkpoint.value(), config->int4, module, rows, cols);
     ASSERT_TRUE(m.ok()) << m.status().message();
     EXPECT_EQ(m->ggml_type, GgmlType::kQ4_0);
-    std::vector<float> row(static_cast<size_t>(cols)), want(static_cast<size_t>(cols));
-    int64_t mismatches = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      m->DecodeRow(r, row.data());
-      std::memcpy(want.data(), bytes.data() + offset + static_cast<size_t>(r * cols) * 4,
-                  static_cast<size_t>(cols) * 4);
-      for (int64_t c = 0; c < cols; ++c)
-        mismatches += BitsFromF32(row[c]) != BitsFromF32(want[c]);
-    }
-    EXPECT_EQ(mismatches, 0) << module;
+    ASSERT_LE(offset + static_cast<size_t>(rows * cols) * 4, bytes.size());
+    EXPECT_EQ(DecodeMismatches(m.value(), bytes.data() + offset), 0) << module;
     offset += static_cast<size_t>(rows * cols) * 4;
   }
   EXPECT_EQ(offset, bytes.size());

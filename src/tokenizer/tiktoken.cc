@@ -24,7 +24,7 @@ struct TiktokenClass {
 };
 
 const TiktokenClass kKnownClasses[] = {
-    {"tokenization_kimi.TikTokenTokenizer", kKimiK2Pattern, 256 + 2, 400000, 25000},
+    {kKimiTokenizerClass, kKimiK2Pattern, 256 + 2, 400000, 25000},
 };
 
 // Standard base64 (OpenSSL's decoder: the library does this better than code written here).
@@ -43,8 +43,22 @@ bool DecodeBase64(std::string_view text, std::string* out) {
   return true;
 }
 
-// tokenizer_config.json's class: auto_map.AutoTokenizer[0], or tokenizer_class alone.
 Result<const TiktokenClass*> ClassOf(const nlohmann::json& config, const std::string& source) {
+  const std::string name = TokenizerClassName(config);
+  for (const TiktokenClass& known : kKnownClasses)
+    if (known.module_class == name) return &known;
+  std::string names;
+  for (const TiktokenClass& known : kKnownClasses)
+    names += (names.empty() ? "" : ", ") + std::string(known.module_class);
+  return Status::Errorf(
+      "{}: tokenizer class \"{}\" is not supported for tiktoken.model (its pattern is in its "
+      "Python code; known: {})",
+      source, name.empty() ? "(none)" : name, names);
+}
+
+}  // namespace
+
+std::string TokenizerClassName(const nlohmann::json& config) {
   std::string name;
   if (auto map = config.find("auto_map"); map != config.end() && map->is_object()) {
     if (auto tok = map->find("AutoTokenizer"); tok != map->end()) {
@@ -58,22 +72,11 @@ Result<const TiktokenClass*> ClassOf(const nlohmann::json& config, const std::st
   if (const size_t sep = name.find("--"); sep != std::string::npos) name = name.substr(sep + 2);
   if (name.empty()) {
     if (auto cls = config.find("tokenizer_class"); cls != config.end() && cls->is_string())
-      name = cls->get<std::string>() == "TikTokenTokenizer"
-                 ? std::string(kKnownClasses[0].module_class)
-                 : cls->get<std::string>();
+      name = cls->get<std::string>() == "TikTokenTokenizer" ? std::string(kKimiTokenizerClass)
+                                                            : cls->get<std::string>();
   }
-  for (const TiktokenClass& known : kKnownClasses)
-    if (known.module_class == name) return &known;
-  std::string names;
-  for (const TiktokenClass& known : kKnownClasses)
-    names += (names.empty() ? "" : ", ") + std::string(known.module_class);
-  return Status::Errorf(
-      "{}: tokenizer class \"{}\" is not supported for tiktoken.model (its pattern is in its "
-      "Python code; known: {})",
-      source, name.empty() ? "(none)" : name, names);
+  return name;
 }
-
-}  // namespace
 
 bool HasTiktokenModel(const std::string& directory) {
   std::error_code error;

@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "base/status.h"
 #include "tokenizer/tokenizer.h"
 
@@ -37,6 +39,12 @@ inline constexpr std::string_view kKimiK2Pattern =
     "|\\s*[\\r\\n]+"
     "|\\s+(?!\\S)"
     "|\\s+";
+
+// tokenizer_config.json's tokenizer class as "module.Class": auto_map.AutoTokenizer[0] (without
+// a repository prefix "org/repo--"), or tokenizer_class alone ("TikTokenTokenizer" is Kimi's);
+// empty when it names none.
+std::string TokenizerClassName(const nlohmann::json& config);
+inline constexpr std::string_view kKimiTokenizerClass = "tokenization_kimi.TikTokenTokenizer";
 
 // Whether `directory` holds tiktoken.model (and no tokenizer.json, which would come first).
 bool HasTiktokenModel(const std::string& directory);

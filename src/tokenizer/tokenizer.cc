@@ -405,12 +405,7 @@ Result<TokenizerConfig> LoadTokenizerConfigChecked(const std::string& directory)
     }
   }
   // Kimi's tokenizer class (tokenizer/tiktoken.h) sorts the tools' keys before rendering.
-  if (auto map = root.find("auto_map"); map != root.end() && map->is_object()) {
-    const auto tok = map->find("AutoTokenizer");
-    if (tok != map->end() && tok->is_array() && !tok->empty() && (*tok)[0].is_string())
-      config.sort_tool_keys =
-          (*tok)[0].get<std::string>().find("tokenization_kimi.") != std::string::npos;
-  }
+  config.sort_tool_keys = TokenizerClassName(root) == kKimiTokenizerClass;
   SY_ASSIGN_OR_RETURN(config.bos_token, TokenText(root, "bos_token", path));
   SY_ASSIGN_OR_RETURN(config.eos_token, TokenText(root, "eos_token", path));
   for (auto [key, field] : {std::pair{"add_bos_token", &config.add_bos_token},
