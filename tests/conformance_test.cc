@@ -52,6 +52,41 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return name;
 }
 
+// The bar of a path that rounds to bf16 (the cache, or activations in the bf16 kernels) against
+// the f32 reference: every confident row's argmax, and max |Δ| ≤ 1e-2 of the largest logit but
+// in `budget` rows, where rounding flips a near-tie expert choice.
+//
+// DeepSeek-V3.2's indexer makes a discrete choice per query and layer too, its top-k keys, from
+// scores these paths round: the DSA fixtures' closest k-th and (k+1)-th scores are 1e-4 of a
+// row's largest apart (tools/deepseek_v32/make_fixtures.py), bf16's step is 4e-3, and one key
+// swapped in a model this small moves its row by up to half the largest logit (as a flip moves
+// a real deployment's, whose indexer scores in fp8). There the rows before index_topk, which see
+// every key, keep the bar; the sparse rows may flip, up to a quarter of all rows and a
+// confident argmax in twenty (5 to 11 rows of 70 flip on Zen 4, AVX2 and portable) — a fault in
+// the rounded sparse path itself moves all 47. The f32 cases hold every row, the choice
+// included, to 1e-4.
+void ExpectRoundedPathMeetsTheBar(const Model& model, const Fixture& fixture,
+                                  const testing::LogitComparison& comparison, int64_t budget,
+                                  const std::string& what) {
+  const int64_t rows = static_cast<int64_t>(comparison.row_max_diff.size());
+  if (!model.config().has_indexer()) {
+    EXPECT_EQ(comparison.argmax_mismatches, 0) << what;
+    EXPECT_LE(comparison.RowsOver(1e-2), budget) << what << ": of " << rows << " rows";
+    return;
+  }
+  int64_t row = 0, dense_rows = 0, dense_over = 0;
+  for (const auto& sequence : fixture.tokens)
+    for (size_t position = 0; position < sequence.size(); ++position, ++row)
+      if (static_cast<int64_t>(position) < model.config().index_topk) {
+        ++dense_rows;
+        dense_over += comparison.row_max_diff[row] > 1e-2 * comparison.max_abs_reference;
+      }
+  EXPECT_LE(dense_over, std::max<int64_t>(1, dense_rows / 20))
+      << what << ": of " << dense_rows << " rows before index_topk";
+  EXPECT_LE(comparison.argmax_mismatches, rows / 20) << what;
+  EXPECT_LE(comparison.RowsOver(1e-2), rows / 4) << what << ": of " << rows << " rows";
+}
+
 // Runs the fixture's sequences as the CLI does: a batched prefill of the first K positions of
 // every sequence, then one batched decode step per later position.
 std::vector<float> RunModel(const Model& model, const Fixture& fixture, const Case& c) {
@@ -120,17 +155,17 @@ TEST_P(ConformanceTest, MatchesTransformers) {
   std::vector<float> logits = RunModel(*model.value(), fixture, c);
   auto comparison = CompareLogits(fixture.logits, logits, fixture.vocab);
   EXPECT_GT(comparison.argmax_checked, 0);
-  EXPECT_EQ(comparison.argmax_mismatches, 0);
   if (c.kv_dtype == DType::kF32) {
     // With an f32 cache the arithmetic is the reference's: the bar (max |Δ| ≤ 1e-2 ·
     // max|logit|) with a hundredfold margin.
+    EXPECT_EQ(comparison.argmax_mismatches, 0);
     EXPECT_LE(comparison.max_abs_diff, 1e-4 * comparison.max_abs_reference);
   } else {
     // A bf16 cache rounds the cached latent, which can flip a near-tie expert choice in a later
     // layer (one row of tiny-v3-qproj-f16 does), as HF itself does in bf16. Every other row must
     // meet the bar.
     const int64_t rows = static_cast<int64_t>(comparison.row_max_diff.size());
-    EXPECT_LE(comparison.RowsOver(1e-2), rows / 20) << "of " << rows << " rows";
+    ExpectRoundedPathMeetsTheBar(*model.value(), fixture, comparison, rows / 20, c.fixture);
   }
 }
 
@@ -198,9 +233,8 @@ TEST(ConformanceTest, Bf16GemmPathMeetsTheBar) {
     ASSERT_TRUE(model.ok()) << model.status().message();
     auto logits = RunModel(*model.value(), fixture, {name, AttentionForm::kAuto, DType::kF32, 5});
     auto comparison = CompareLogits(fixture.logits, logits, fixture.vocab);
-    EXPECT_EQ(comparison.argmax_mismatches, 0) << name;
-    EXPECT_LE(comparison.RowsOver(1e-2), static_cast<int64_t>(comparison.row_max_diff.size()) / 20)
-        << name;
+    ExpectRoundedPathMeetsTheBar(*model.value(), fixture, comparison,
+                                 static_cast<int64_t>(comparison.row_max_diff.size()) / 20, name);
   }
   kernels::GlobalKernelOptions().bf16_gemm_min_rows = 128;
   kernels::GlobalKernelOptions().allow_bf16_gemm = false;
@@ -222,13 +256,14 @@ TEST(ConformanceTest, Bf16DotPathMeetsTheBar) {
       auto logits =
           RunModel(*model.value(), fixture, {name, AttentionForm::kAuto, kv, decode_from});
       auto comparison = CompareLogits(fixture.logits, logits, fixture.vocab);
-      EXPECT_EQ(comparison.argmax_mismatches, 0) << name;
       // Rounded activations flip a near-tie expert choice now and then on these random models
       // (two rows of tiny-v3-fp8's 38 move by 0.16 and 0.22 of the largest logit; the others stay
       // under 0.008): at most two such rows, or one in twenty.
       const int64_t rows = static_cast<int64_t>(comparison.row_max_diff.size());
-      EXPECT_LE(comparison.RowsOver(1e-2), std::max<int64_t>(2, rows / 20))
-          << name << " decode from " << decode_from << " cache " << DTypeName(kv);
+      ExpectRoundedPathMeetsTheBar(*model.value(), fixture, comparison,
+                                   std::max<int64_t>(2, rows / 20),
+                                   name + " decode from " + std::to_string(decode_from) +
+                                       " cache " + std::string(DTypeName(kv)));
     }
   }
   Fixture fixture = LoadFixture("default-model");

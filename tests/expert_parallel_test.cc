@@ -128,7 +128,7 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{4, "f32", "dispatch", 3, 4, "sp-tp-sp"}),
     EpCaseName);
 
-// Every conformance fixture (V3 bf16, V3 fp8, V3 with q_proj and f16, V2's softmax gate) under
+// Every conformance fixture (V3 bf16, V3 fp8, V3 with q_proj and f16, V2's softmax gate, V3.2's DSA) under
 // four ranks in the five-stage schedule, prefill then decode: EP4, and EP4 with SP-TP-SP pairs
 // where the heads split in two — against the single-process logits and against HF's.
 class ExpertParallelFixtures : public ::testing::TestWithParam<std::string> {};
@@ -147,6 +147,8 @@ TEST_P(ExpertParallelFixtures, EveryFixtureMatchesTheSingleProcessRun) {
   const bool even_heads = config.find("\"num_attention_heads\": 3") == std::string::npos;
   std::vector<std::string> launches = {" --overlap microbatch"};
   if (even_heads) launches.push_back(" --overlap microbatch --tp 2 --attention-split sp-tp-sp");
+  // DSA: heads split over a TP pair, each rank choosing the same keys with the whole indexer.
+  if (config.find("\"index_topk\"") != std::string::npos) launches.push_back(" --tp 2");
   for (const std::string& flags : launches) {
     ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args + " --out " + dir +
                              "/many.bin --wire-dtype f32" + flags,

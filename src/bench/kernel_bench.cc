@@ -265,7 +265,7 @@ void BenchMlaPrefill(const MachinePeaks& peaks, const KernelBenchOptions& option
   for (AttentionForm form : {AttentionForm::kExpanded, AttentionForm::kAbsorbed}) {
     KernelResult r;
     r.seconds = MedianTime(options.repetitions, [&] {
-      MlaAttend(c, rope, w, 0, batch, positions, cache, form, q.data(), heads_out.data());
+      MlaAttend(c, rope, w, 0, batch, positions, cache, form, q.data(), nullptr, heads_out.data());
     });
     const bool expanded = form == AttentionForm::kExpanded;
     r.flops =

@@ -192,6 +192,14 @@ Status Validate(const ModelConfig& c, const std::string& s) {
                                "leaves fewer than 2 experts per group (noaux_tc sums the top 2)"));
     }
   }
+  if (c.model_type == "deepseek_v32") {
+    SY_RETURN_IF_ERROR(Check(c.index_topk > 0, s, "index_topk", "must be positive"));
+    SY_RETURN_IF_ERROR(Check(c.index_n_heads > 0, s, "index_n_heads", "must be positive"));
+    SY_RETURN_IF_ERROR(Check(c.index_head_dim >= c.qk_rope_head_dim, s, "index_head_dim",
+                             "must be at least qk_rope_head_dim (the indexer rotates that many)"));
+    SY_RETURN_IF_ERROR(Check(c.q_lora_rank.has_value(), s, "q_lora_rank",
+                             "must be set: the indexer's queries come from the q_lora latent"));
+  }
   if (c.yarn) {
     SY_RETURN_IF_ERROR(Check(c.yarn->factor > 0, s, "rope_scaling.factor", "must be positive"));
     SY_RETURN_IF_ERROR(Check(c.yarn->original_max_position_embeddings > 0, s,
@@ -340,11 +348,13 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   read.String("model_type", c.model_type);
   // Moonshot's Kimi K2 is DeepSeek-V3's architecture (DeepseekV3ForCausalLM) under its own
   // model_type: the same maths, more experts and heads set in the config.
+  // DeepSeek-V3.2 (deepseek_v32) is V3 with a lightning indexer in every attention layer (DSA).
   if (!c.model_type.empty() && c.model_type != "deepseek_v3" && c.model_type != "deepseek_v2" &&
-      c.model_type != "kimi_k2") {
+      c.model_type != "kimi_k2" && c.model_type != "deepseek_v32") {
     return Status::Errorf(
-        "{}: field 'model_type' is '{}'; supported: deepseek_v3, deepseek_v2, kimi_k2", source,
-        c.model_type);
+        "{}: field 'model_type' is '{}'; supported: deepseek_v3, deepseek_v2, kimi_k2, "
+        "deepseek_v32",
+        source, c.model_type);
   }
   read.Int("vocab_size", c.vocab_size);
   read.Int("hidden_size", c.hidden_size);
@@ -376,6 +386,11 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   read.Bool("tie_word_embeddings", c.tie_word_embeddings);
   read.Int("bos_token_id", c.bos_token_id, false);
   read.Int("eos_token_id", c.eos_token_id, false);
+  if (c.model_type == "deepseek_v32") {
+    read.Int("index_topk", c.index_topk);
+    read.Int("index_head_dim", c.index_head_dim);
+    read.Int("index_n_heads", c.index_n_heads);
+  }
   SY_RETURN_IF_ERROR(read.status());
 
   // V2 configs default to softmax + greedy; V3 is always sigmoid + noaux_tc in HF.
@@ -428,6 +443,15 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   }
 
   auto scaling = root.find("rope_scaling");
+  // transformers 5 saves RoPE as rope_parameters: rope_theta and the scaling in one object.
+  if (auto params = root.find("rope_parameters");
+      (scaling == root.end() || scaling->is_null()) && params != root.end() &&
+      params->is_object()) {
+    scaling = params;
+    FieldReader theta(*params, source + ": rope_parameters");
+    theta.Double("rope_theta", c.rope_theta, false);
+    SY_RETURN_IF_ERROR(theta.status());
+  }
   if (scaling != root.end() && !scaling->is_null()) {
     if (!scaling->is_object())
       return Status::Errorf("{}: field 'rope_scaling' must be an object", source);
@@ -526,8 +550,9 @@ Status ReadGenerationConfig(const std::string& directory, ModelConfig* config) {
 
 std::string ModelConfigToJson(const ModelConfig& c) {
   json j;
-  j["architectures"] = {c.model_type == "deepseek_v2" ? "DeepseekV2ForCausalLM"
-                                                      : "DeepseekV3ForCausalLM"};
+  j["architectures"] = {c.model_type == "deepseek_v2"    ? "DeepseekV2ForCausalLM"
+                        : c.model_type == "deepseek_v32" ? "DeepseekV32ForCausalLM"
+                                                         : "DeepseekV3ForCausalLM"};
   j["model_type"] = c.model_type.empty() ? "deepseek_v3" : c.model_type;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -576,6 +601,11 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["bos_token_id"] = c.bos_token_id;
   j["eos_token_id"] = c.eos_token_id;
+  if (c.has_indexer()) {
+    j["index_topk"] = c.index_topk;
+    j["index_head_dim"] = c.index_head_dim;
+    j["index_n_heads"] = c.index_n_heads;
+  }
   if (c.fp8_weights) {
     j["quantization_config"] = {{"activation_scheme", "dynamic"},
                                 {"fmt", "e4m3"},

@@ -50,7 +50,7 @@ struct Int4Config {
 };
 
 struct ModelConfig {
-  std::string model_type;  // "deepseek_v3" or "deepseek_v2"
+  std::string model_type;  // "deepseek_v3", "deepseek_v2", "kimi_k2" or "deepseek_v32"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -87,6 +87,12 @@ struct ModelConfig {
   // stops on these too, as vLLM's does. Kimi K2's chat turns end in <|im_end|>, which only
   // generation_config.json names.
   std::vector<int64_t> generation_eos_token_ids;
+  // DeepSeek-V3.2's sparse attention (DSA, model/sparse_attention.h): each layer's lightning
+  // indexer scores every cached key for each query, and the query attends to its index_topk
+  // best only. 0: dense MLA (every other model type).
+  int64_t index_topk = 0;
+  int64_t index_head_dim = 0;
+  int64_t index_n_heads = 0;
   // quantization_config: fp8 e4m3 weights with [block_rows, block_cols] scale blocks.
   bool fp8_weights = false;
   int64_t weight_block_rows = 128;
@@ -97,6 +103,13 @@ struct ModelConfig {
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Elements cached per token per layer by absorbed MLA: the normalized latent and rotated k_pe.
   int64_t latent_cache_width() const { return kv_lora_rank + qk_rope_head_dim; }
+  bool has_indexer() const { return index_topk > 0; }
+  // Elements per token per layer in the paged cache: the latent row, and where the model has
+  // DSA the indexer's key after it, so paging, prefix sharing, rollback and the prefill-to-decode
+  // hand-off carry both with no second cache.
+  int64_t cache_row_width() const {
+    return latent_cache_width() + (has_indexer() ? index_head_dim : 0);
+  }
   int64_t shared_expert_width() const { return moe_intermediate_size * n_shared_experts; }
   bool IsEos(int64_t token) const {
     return token == eos_token_id ||

@@ -9,6 +9,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_linear.h"
 #include "model/feed_forward.h"
+#include "model/sparse_attention.h"
 
 namespace sy {
 
@@ -128,15 +129,20 @@ class LayerRunner {
     const int P = group_->size();
     const int64_t T = mb.batch.size(), rows = mb.rows, H = c_.num_attention_heads;
     const int64_t local_heads = attention_c_.num_attention_heads;
-    const int64_t dqk = c_.qk_head_dim(), dv = c_.v_head_dim, width = c_.latent_cache_width();
+    const int64_t dqk = c_.qk_head_dim(), dv = c_.v_head_dim, width = c_.cache_row_width();
     std::vector<int64_t> shard_rows(static_cast<size_t>(P));
     for (int r = 0; r < P; ++r)
       shard_rows[r] = T * (r + 1) / P - T * r / P;
 
     std::vector<float> q(static_cast<size_t>(rows * H * dqk)),
         latent(static_cast<size_t>(rows * width));
+    // DSA: the indexer's queries of every token go to every rank with the latent rows, and each
+    // rank chooses the keys of all the micro-batch's queries for its heads (the same choice on
+    // every rank: the same rows, the same arithmetic).
+    const int64_t index_width = w.has_indexer() ? IndexerQueryWidth(c_) : 0;
+    std::vector<float> index_queries(static_cast<size_t>(rows * index_width));
     MlaProject(c_, *context_.rope, w, rows, mb.positions.data() + mb.row_begin, x, q.data(),
-               latent.data());
+               latent.data(), index_queries.data());
     // Every rank's latent rows, in token order, into the replicated cache.
     std::vector<int64_t> counts(static_cast<size_t>(P));
     for (int r = 0; r < P; ++r)
@@ -144,6 +150,12 @@ class LayerRunner {
     std::vector<float> all_latent(static_cast<size_t>(T * width));
     group_->AllGather(latent.data(), counts, all_latent.data());
     MlaWriteCache(c_, l, mb.batch, all_latent.data(), *context_.cache);
+    std::vector<float> all_index_queries(static_cast<size_t>(T * index_width));
+    if (index_width > 0) {
+      for (int r = 0; r < P; ++r)
+        counts[r] = shard_rows[r] * index_width;
+      group_->AllGather(index_queries.data(), counts, all_index_queries.data());
+    }
 
     // q: to rank j go this shard's queries for heads [j·Hl, (j+1)·Hl); from each rank come its
     // tokens' queries for this rank's heads, in token order.
@@ -163,7 +175,8 @@ class LayerRunner {
     const int64_t out_block = local_heads * dv;
     std::vector<float> heads_out(static_cast<size_t>(T * out_block));
     MlaAttend(attention_c_, *context_.rope, w, l, mb.batch, mb.positions, *context_.cache,
-              options_.attention, q_heads.data(), heads_out.data());
+              options_.attention, q_heads.data(),
+              index_width > 0 ? all_index_queries.data() : nullptr, heads_out.data());
 
     // Back to the token owners: rank j gets its shard's rows of this rank's heads.
     for (int j = 0; j < P; ++j) {

@@ -88,15 +88,16 @@ void LatentCache::WriteRows(int64_t layer, const SequenceCache& sequence, int64_
     std::memcpy(RowAddress(layer, sequence, first + r), rows + r * bytes, bytes);
 }
 
-void LatentCache::Gather(int64_t layer, const SequenceCache& sequence, int64_t count,
-                         float* out) const {
+void LatentCache::GatherColumns(int64_t layer, const SequenceCache& sequence, int64_t count,
+                                int64_t column, int64_t width, float* out) const {
+  const size_t element = DTypeSize(dtype_);
   for (int64_t position = 0; position < count; ++position) {
-    const uint8_t* source = RowAddress(layer, sequence, position);
-    float* target = out + position * row_width_;
+    const uint8_t* source = RowAddress(layer, sequence, position) + column * element;
+    float* target = out + position * width;
     if (dtype_ == DType::kF32) {
-      std::memcpy(target, source, static_cast<size_t>(row_width_) * sizeof(float));
-    } else {  // rows of bf16 are 2-byte aligned (2 · row_width_ bytes apart)
-      kernels::WidenBf16(reinterpret_cast<const uint16_t*>(source), row_width_, target);
+      std::memcpy(target, source, static_cast<size_t>(width) * sizeof(float));
+    } else {  // bf16 values are 2-byte aligned (rows are 2 · row_width_ bytes apart)
+      kernels::WidenBf16(reinterpret_cast<const uint16_t*>(source), width, target);
     }
   }
 }

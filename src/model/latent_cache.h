@@ -80,7 +80,13 @@ class LatentCache {
   void WriteRows(int64_t layer, const SequenceCache& sequence, int64_t first, int64_t count,
                  const uint8_t* rows);
   // Copies rows [0, count) of `layer` into out[count, row_width] as f32.
-  void Gather(int64_t layer, const SequenceCache& sequence, int64_t count, float* out) const;
+  void Gather(int64_t layer, const SequenceCache& sequence, int64_t count, float* out) const {
+    GatherColumns(layer, sequence, count, 0, row_width_, out);
+  }
+  // Columns [column, column + width) of rows [0, count) of `layer` into out[count, width] as
+  // f32: the MLA latents (from column 0), or a DSA model's indexer keys (after them).
+  void GatherColumns(int64_t layer, const SequenceCache& sequence, int64_t count, int64_t column,
+                     int64_t width, float* out) const;
   // The first `rows` rows of page `from` copied into page `to`, in every layer (the engine's
   // reuse of a kept partial page).
   void CopyPageRows(int32_t from, int32_t to, int64_t rows);

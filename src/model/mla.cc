@@ -12,6 +12,7 @@
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/mla_decode.h"
 #include "model/calibration.h"
+#include "model/sparse_attention.h"
 
 namespace sy {
 namespace {
@@ -79,10 +80,17 @@ int64_t FirstAbsorbedPosition(const SequenceSlice& seq, bool absorbed_prompts) {
 
 // Absorbed attention for the listed sequences on the fast kernels: per-head q·W_UK, attention
 // straight from the cache pages, per-head W_UV; heads spread over the threads.
+// A sparse query's part (one token): the physical cache slot of each key it attends to, a page
+// table of one-row pages the kernels walk as if the chosen keys were the whole sequence.
+// Empty for dense parts.
+struct SparseView {
+  std::vector<int32_t> slots;
+};
+
 void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionWeights& w,
                   int64_t layer, const ForwardBatch& batch, const std::vector<size_t>& members,
-                  const std::vector<int64_t>& positions, const LatentCache& cache, const float* q,
-                  float* heads_out) {
+                  const std::vector<SparseView>& views, const std::vector<int64_t>& positions,
+                  const LatentCache& cache, const float* q, float* heads_out) {
   const int64_t H = c.num_attention_heads, dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim;
   const int64_t dr = c.qk_rope_head_dim, dv = c.v_head_dim, latent = c.kv_lora_rank;
   // The member sequences' tokens, compacted.
@@ -168,6 +176,17 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
       const Item& item = items[i];
       const SequenceSlice& seq = batch.sequences[members[item.member]];
       const int64_t t0 = item.first_token + item.token_begin;
+      const SparseView* view = views.empty() ? nullptr : &views[members[item.member]];
+      if (view != nullptr && !view->slots.empty()) {
+        kernels::LatentPages chosen = cache.Pages(layer, *seq.cache);
+        chosen.page_size = 1;
+        chosen.pages = view->slots.data();
+        const int64_t keys = static_cast<int64_t>(view->slots.size()), last = keys - 1;
+        kernels::MlaDecodeAttention(q_latent.get() + t0 * H * latent, q_pe.get() + t0 * H * dr, 1,
+                                    &last, chosen, keys, H, item.head_begin, item.head_end, latent,
+                                    dr, rope.softmax_scale, o_latent.get() + t0 * H * latent);
+        continue;
+      }
       kernels::MlaDecodeAttention(
           q_latent.get() + t0 * H * latent, q_pe.get() + t0 * H * dr, item.token_count,
           positions.data() + seq.token_offset + item.token_begin, cache.Pages(layer, *seq.cache),
@@ -191,9 +210,10 @@ void AbsorbedFast(const ModelConfig& c, const RopeParams& rope, const AttentionW
 
 void MlaProject(const ModelConfig& c, const RopeParams& rope, const AttentionWeights& w,
                 int64_t tokens, const int64_t* positions, const float* x, float* q,
-                float* latent_rows) {
+                float* latent_rows, float* index_queries) {
   const int64_t T = tokens, H = c.num_attention_heads, dqk = c.qk_head_dim();
-  const int64_t latent = c.kv_lora_rank, dr = c.qk_rope_head_dim, row = c.latent_cache_width();
+  const int64_t latent = c.kv_lora_rank, dr = c.qk_rope_head_dim, row = c.cache_row_width();
+  const int64_t mla_width = c.latent_cache_width();
   if (T == 0) return;
   {
     ScopedStage gemm(Stage::kGemm);
@@ -205,12 +225,28 @@ void MlaProject(const ModelConfig& c, const RopeParams& rope, const AttentionWei
       kernels::RmsNorm(cq.get(), T, rq, w.q_a_layernorm.data(), kLatentNormEps, cq.get());
       ObserveLinearInput(w.q_b_proj, cq.get(), T, rq, rq);
       kernels::LinearAuto(cq.get(), T, w.q_b_proj, q);
+      // DSA: the indexer's key goes after the latent in the cache row, its queries aside.
+      if (w.has_indexer())
+        IndexerProject(c, rope, w, T, positions, x, cq.get(), latent_rows + mla_width, row,
+                       index_queries);
     } else {
       ObserveLinearInput(w.q_proj, x, T, c.hidden_size, c.hidden_size);
       kernels::LinearAuto(x, T, w.q_proj, q);
     }
     ObserveLinearInput(w.kv_a_proj_with_mqa, x, T, c.hidden_size, c.hidden_size);
-    kernels::LinearAuto(x, T, w.kv_a_proj_with_mqa, latent_rows);
+    if (row == mla_width) {
+      kernels::LinearAuto(x, T, w.kv_a_proj_with_mqa, latent_rows);
+    } else {
+      // Rows wider than the product (a DSA cache row): through a buffer. An MTP layer stored
+      // without an indexer leaves zeros where the key would be; nothing reads them.
+      auto product = UninitializedArray<float>(T * mla_width);
+      kernels::LinearAuto(x, T, w.kv_a_proj_with_mqa, product.get());
+      for (int64_t t = 0; t < T; ++t) {
+        std::copy_n(product.get() + t * mla_width, mla_width, latent_rows + t * row);
+        if (!w.has_indexer())
+          std::fill(latent_rows + t * row + mla_width, latent_rows + (t + 1) * row, 0.0f);
+      }
+    }
   }
   // Per token: the latent's norm, and one cos/sin table for its rope part and every head's.
   ThreadPool::Global().ParallelFor(static_cast<size_t>(T), [&](size_t begin, size_t end) {
@@ -231,7 +267,7 @@ void MlaProject(const ModelConfig& c, const RopeParams& rope, const AttentionWei
 
 void MlaWriteCache(const ModelConfig& c, int64_t layer, const ForwardBatch& batch,
                    const float* latent_rows, LatentCache& cache) {
-  const int64_t row = c.latent_cache_width(), T = batch.size();
+  const int64_t row = c.cache_row_width(), T = batch.size();
   // Rows over the threads (each its own): a prompt's thousands of rows on one thread were 2% of
   // its prefill while the others waited.
   std::vector<int32_t> sequence_of(static_cast<size_t>(T), -1);
@@ -252,7 +288,8 @@ void MlaWriteCache(const ModelConfig& c, int64_t layer, const ForwardBatch& batc
 
 void MlaAttend(const ModelConfig& c, const RopeParams& rope, const AttentionWeights& w,
                int64_t layer, const ForwardBatch& batch, const std::vector<int64_t>& positions,
-               const LatentCache& cache, AttentionForm form, const float* q, float* heads_out) {
+               const LatentCache& cache, AttentionForm form, const float* q,
+               const float* index_queries, float* heads_out) {
   ScopedStage attention(Stage::kAttention);
   const int64_t H = c.num_attention_heads, dqk = c.qk_head_dim(), dr = c.qk_rope_head_dim;
   const int64_t latent = c.kv_lora_rank, row = c.latent_cache_width();
@@ -262,12 +299,19 @@ void MlaAttend(const ModelConfig& c, const RopeParams& rope, const AttentionWeig
   const bool have_fast_absorbed = !w.w_uk_t.empty();
   const bool absorbed_prompts = have_fast_absorbed && kernels::GlobalKernelOptions().bf16_dot &&
                                 kernels::MlaDecodeBf16Applies(cache.dtype(), latent, dr);
+  // DSA: queries at positions ≥ index_topk attend to their chosen keys, each a part of its own
+  // in the absorbed form; the slices below keep the positions before that, which see every key.
+  const bool dsa = index_queries != nullptr && w.has_indexer();
+  std::vector<SparseQuery> sparse;
+  if (dsa) sparse = SelectSparseKeys(c, layer, batch, positions, cache, index_queries);
   // Each slice in at most two parts, expanded then absorbed (its rows are all in the cache
   // already, so each part attends over the keys up to its own last position).
   ForwardBatch parts;
   std::vector<bool> part_absorbed;
   for (const SequenceSlice& seq : batch.sequences) {
-    const int64_t end = seq.start_position + seq.token_count;
+    const int64_t end = dsa ? std::min(seq.start_position + seq.token_count, c.index_topk)
+                            : seq.start_position + seq.token_count;
+    if (end <= seq.start_position) continue;
     int64_t cut = form == AttentionForm::kAbsorbed   ? seq.start_position
                   : form == AttentionForm::kExpanded ? end
                                                      : FirstAbsorbedPosition(seq, absorbed_prompts);
@@ -286,22 +330,56 @@ void MlaAttend(const ModelConfig& c, const RopeParams& rope, const AttentionWeig
       part_absorbed.push_back(true);
     }
   }
+  std::vector<SparseView> views;
+  if (!sparse.empty()) {
+    views.resize(parts.sequences.size());
+    const int64_t page = cache.page_size();
+    for (const SparseQuery& query : sparse) {
+      const SequenceSlice& seq = batch.sequences[query.sequence];
+      parts.sequences.push_back({query.token, 1, query.position, seq.cache});
+      part_absorbed.push_back(true);
+      SparseView view;
+      view.slots.reserve(query.keys.size());
+      for (const int32_t key : query.keys)
+        view.slots.push_back(static_cast<int32_t>(seq.cache->pages[key / page] * page + key % page));
+      views.push_back(std::move(view));
+    }
+  }
   for (size_t s = 0; s < parts.sequences.size(); ++s) {
     const SequenceSlice& seq = parts.sequences[s];
-    const int64_t keys = seq.start_position + seq.token_count;
     if (part_absorbed[s] && have_fast_absorbed) {
       fast_absorbed.push_back(s);
       continue;
     }
+    if (!views.empty() && !views[s].slots.empty()) {
+      // A sparse query on the reference kernels: its chosen rows gathered, all of them visible.
+      const std::vector<int32_t>& slots = views[s].slots;
+      const int64_t keys = static_cast<int64_t>(slots.size()), last = keys - 1;
+      kernels::LatentPages chosen = cache.Pages(layer, *seq.cache);
+      latents.resize(static_cast<size_t>(keys * row));
+      for (int64_t k = 0; k < keys; ++k) {
+        const uint8_t* source = chosen.base + static_cast<size_t>(slots[k]) *
+                                                  static_cast<size_t>(cache.row_bytes());
+        if (cache.dtype() == DType::kF32)
+          std::copy_n(reinterpret_cast<const float*>(source), row, latents.data() + k * row);
+        else
+          kernels::WidenBf16(reinterpret_cast<const uint16_t*>(source), row,
+                             latents.data() + k * row);
+      }
+      kernels::MlaAttendAbsorbed(q + seq.token_offset * H * dqk, 1, &last, latents.data(), keys,
+                                 w.kv_b_proj, dims, heads_out + seq.token_offset * H * c.v_head_dim);
+      continue;
+    }
+    const int64_t keys = seq.start_position + seq.token_count;
     latents.resize(static_cast<size_t>(keys * row));
-    cache.Gather(layer, *seq.cache, keys, latents.data());
+    cache.GatherColumns(layer, *seq.cache, keys, 0, row, latents.data());
     auto attend = part_absorbed[s] ? kernels::MlaAttendAbsorbed : kernels::MlaAttendExpandedTiled;
     attend(q + seq.token_offset * H * dqk, seq.token_count, positions.data() + seq.token_offset,
            latents.data(), keys, w.kv_b_proj, dims,
            heads_out + seq.token_offset * H * c.v_head_dim);
   }
   if (!fast_absorbed.empty())
-    AbsorbedFast(c, rope, w, layer, parts, fast_absorbed, positions, cache, q, heads_out);
+    AbsorbedFast(c, rope, w, layer, parts, fast_absorbed, views, positions, cache, q, heads_out);
 }
 
 void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWeights& w,
@@ -310,11 +388,13 @@ void MlaForward(const ModelConfig& c, const RopeParams& rope, const AttentionWei
   const int64_t T = batch.size(), H = c.num_attention_heads;
   // Written whole by MlaProject and MlaAttend before they are read.
   auto q = UninitializedArray<float>(T * H * c.qk_head_dim());
-  auto latent_rows = UninitializedArray<float>(T * c.latent_cache_width());
-  MlaProject(c, rope, w, T, positions.data(), x, q.get(), latent_rows.get());
+  auto latent_rows = UninitializedArray<float>(T * c.cache_row_width());
+  auto index_queries = UninitializedArray<float>(w.has_indexer() ? T * IndexerQueryWidth(c) : 0);
+  MlaProject(c, rope, w, T, positions.data(), x, q.get(), latent_rows.get(), index_queries.get());
   MlaWriteCache(c, layer, batch, latent_rows.get(), cache);
   auto heads_out = UninitializedArray<float>(T * H * c.v_head_dim);
-  MlaAttend(c, rope, w, layer, batch, positions, cache, form, q.get(), heads_out.get());
+  MlaAttend(c, rope, w, layer, batch, positions, cache, form, q.get(),
+            w.has_indexer() ? index_queries.get() : nullptr, heads_out.get());
   ScopedStage gemm(Stage::kGemm);
   ObserveLinearInput(w.o_proj, heads_out.get(), T, H * c.v_head_dim, H * c.v_head_dim);
   if (T > 0) kernels::LinearAuto(heads_out.get(), T, w.o_proj, out);

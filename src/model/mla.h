@@ -33,19 +33,24 @@ inline constexpr int64_t kAbsorbedPromptKeys = 384;
 
 // The block in its phases, for schedules that exchange between them (SP-TP-SP attention):
 // Projections of `tokens` rows x [tokens, D]: q [tokens, H, qk_head_dim] with RoPE applied, and
-// latent rows [tokens, kv_lora_rank + qk_rope_head_dim] (c normalized, k_pe rotated), ready for
-// the cache. H is config.num_attention_heads (q_b_proj must hold that many heads).
+// cache rows [tokens, config.cache_row_width()] (c normalized, k_pe rotated, and in a DSA model
+// the indexer's key), ready for the cache. H is config.num_attention_heads (q_b_proj must hold
+// that many heads). Where the layer has an indexer, index_queries [tokens,
+// IndexerQueryWidth(config)] receives its queries (model/sparse_attention.h); else it is unused.
 void MlaProject(const ModelConfig& config, const RopeParams& rope, const AttentionWeights& w,
                 int64_t tokens, const int64_t* positions, const float* x, float* q,
-                float* latent_rows);
+                float* latent_rows, float* index_queries);
 // Appends the batch's latent rows [batch.size(), width] to this layer of the cache.
 void MlaWriteCache(const ModelConfig& config, int64_t layer, const ForwardBatch& batch,
                    const float* latent_rows, LatentCache& cache);
 // Attention of the batch's queries q [T, H, qk_head_dim] over the cache (this layer's rows for
-// the batch already written): heads_out [T, H, v_head_dim], before o_proj.
+// the batch already written): heads_out [T, H, v_head_dim], before o_proj. With index_queries
+// (a DSA layer: MlaProject's), queries at positions ≥ index_topk attend to the keys their
+// indexer picks, in the absorbed form; nullptr: dense.
 void MlaAttend(const ModelConfig& config, const RopeParams& rope, const AttentionWeights& w,
                int64_t layer, const ForwardBatch& batch, const std::vector<int64_t>& positions,
-               const LatentCache& cache, AttentionForm form, const float* q, float* heads_out);
+               const LatentCache& cache, AttentionForm form, const float* q,
+               const float* index_queries, float* heads_out);
 
 // The whole block:
 // x:   [tokens, D] output of input_layernorm

@@ -116,7 +116,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
 LatentCache Model::NewCache(int64_t max_tokens, int64_t max_sequences, DType dtype,
                             int64_t page_size, bool mtp) const {
   const int64_t pages = (max_tokens + page_size - 1) / page_size + max_sequences;
-  return LatentCache(CacheLayers(mtp && has_mtp()), config_.latent_cache_width(), page_size, pages,
+  return LatentCache(CacheLayers(mtp && has_mtp()), config_.cache_row_width(), page_size, pages,
                      dtype);
 }
 

@@ -185,6 +185,20 @@ Result<DecoderLayerWeights> LoadDecoderLayer(TensorReader& reader, const ModelCo
         a.gguf_v_b, reader.LoadMatrix(attn + ".gguf_v_b.weight", H * c.v_head_dim, c.kv_lora_rank));
   }
   SY_ASSIGN_OR_RETURN(a.o_proj, reader.LoadMatrix(attn + ".o_proj.weight", D, H * c.v_head_dim));
+  // Every main layer of a DSA model has its indexer; an MTP layer stored without one drafts with
+  // dense attention (its drafts are verified by the main layers either way).
+  const std::string indexer = attn + ".indexer";
+  if (c.has_indexer() &&
+      (layer < c.num_hidden_layers || reader.Find(indexer + ".wk.weight") != nullptr)) {
+    const int64_t dI = c.index_head_dim;
+    SY_ASSIGN_OR_RETURN(a.indexer_wq_b, reader.LoadMatrix(indexer + ".wq_b.weight",
+                                                          c.index_n_heads * dI, *c.q_lora_rank));
+    SY_ASSIGN_OR_RETURN(a.indexer_wk, reader.LoadMatrix(indexer + ".wk.weight", dI, D));
+    SY_ASSIGN_OR_RETURN(a.indexer_k_norm, reader.LoadVector(indexer + ".k_norm.weight", dI));
+    SY_ASSIGN_OR_RETURN(a.indexer_k_norm_bias, reader.LoadVector(indexer + ".k_norm.bias", dI));
+    SY_ASSIGN_OR_RETURN(a.indexer_weights_proj,
+                        reader.LoadMatrix(indexer + ".weights_proj.weight", c.index_n_heads, D));
+  }
   SY_ASSIGN_OR_RETURN(w.post_attention_layernorm,
                       reader.LoadVector(p + ".post_attention_layernorm.weight", D));
 
@@ -401,6 +415,12 @@ void PackLayer(const ModelConfig& config, DecoderLayerWeights& layer) {
   for (Matrix* m :
        {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj_with_mqa, &a.kv_b_proj, &a.o_proj})
     PackMatrix(*m);
+  // The indexer's products keep their inputs to f32 (kernels::LinearF32), as the router's do:
+  // which keys a query attends to turns on the order of its scores, and rounding activations to
+  // bf16 where the CPU has the bf16 kernels would let near ties go differently from one CPU to
+  // the next. They are small beside the attention's own (wq_b is a third of q_b_proj).
+  for (Matrix* m : {&a.indexer_wq_b, &a.indexer_wk, &a.indexer_weights_proj})
+    PackMatrix(*m, /*exact=*/true);
   PackFeedForward(layer.mlp);
   PackMatrix(layer.moe.gate, /*exact=*/true);
   for (auto& expert : layer.moe.experts)

@@ -31,6 +31,14 @@ struct AttentionWeights {
   // A GGUF's attn_k_b [H·kv_lora_rank, dn] and attn_v_b [H·dv, kv_lora_rank] kept as GGML blocks:
   // per head, exactly W_UKᵀ and W_UV, which then multiply natively (dropped once packed).
   Matrix gguf_k_b, gguf_v_b;
+  // DeepSeek-V3.2's lightning indexer (model/sparse_attention.h); empty in dense models, and in
+  // an MTP layer stored without one (which then attends densely: it only drafts).
+  Matrix indexer_wq_b;                   // [Hi·dI, q_lora_rank]
+  Matrix indexer_wk;                     // [dI, D]
+  std::vector<float> indexer_k_norm;     // [dI] LayerNorm weight
+  std::vector<float> indexer_k_norm_bias;  // [dI]
+  Matrix indexer_weights_proj;           // [Hi, D]
+  bool has_indexer() const { return !indexer_wk.empty(); }
 };
 
 // One SwiGLU MLP: down(silu(gate(x)) · up(x)).
