@@ -2,6 +2,8 @@
 // prefix reuse, preemption and sampling must not change what a request gets.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -887,6 +889,62 @@ bool InLanguage(const structured::GrammarSpec& spec, const std::string& text, bo
   structured::GrammarMatcher m(*compiled);
   if (!m.AcceptBytes(text).ok()) return false;
   return !complete || m.IsComplete();
+}
+
+// DeepSeek-V3.2's sparse attention under the engine (the tiny-v32-fp8 fixture, whose queries at
+// positions ≥ 8 attend to their indexer's 8 best keys, and whose MTP layer has an indexer too,
+// with the default tokenizer beside it): chunked prefill, continuous batching, a prefix hit and
+// MTP drafts verified 1 + K queries at a time give each request the tokens it decodes alone.
+// The chosen keys live in the cache rows that prefix pages share and rollback truncates.
+const Setup& DsaModel() {
+  static Setup setup = [] {
+    DefaultModel();  // the batch-invariant kernel settings
+    Setup s;
+    auto model = Model::Load(testing::LoadFixture("tiny-v32-fp8").directory);
+    EXPECT_TRUE(model.ok()) << model.status().message();
+    if (model.ok()) s.model = std::move(model).value();
+    auto tokenizer = Tokenizer::Load(std::string(SY_SOURCE_DIR) + "/models/default");
+    EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().message();
+    if (tokenizer.ok()) s.tokenizer = std::make_unique<Tokenizer>(std::move(tokenizer).value());
+    return s;
+  }();
+  return setup;
+}
+
+TEST(EngineTest, SparseAttentionServesAsItDecodesAlone) {
+  const testing::LoadedModel& setup = DsaModel();
+  ASSERT_TRUE(setup.model && setup.tokenizer);
+  ASSERT_TRUE(setup.model->config().has_indexer());
+  std::mt19937 rng(32);
+  std::uniform_int_distribution<int32_t> id(2, 999);
+  std::vector<int32_t> long_prompt(40), short_prompt(9);
+  for (int32_t& t : long_prompt) t = id(rng);
+  for (int32_t& t : short_prompt) t = id(rng);
+  std::vector<int32_t> extended(long_prompt.begin(), long_prompt.begin() + 36);
+  extended.insert(extended.end(), {17, 18, 19});
+  for (bool mtp : {false, true}) {
+    EngineConfig config;
+    config.max_num_batched_tokens = 12;  // prompts in chunks, beside decode steps
+    if (mtp) {
+      config.num_speculative_tokens = 2;
+      config.drafter = Drafter::kMtp;
+    }
+    Harness h(4096, config, setup);
+    auto first = h.Submit("long", long_prompt, Greedy(20));
+    h.engine.StepOnce();
+    auto second = h.Submit("short", short_prompt, Greedy(20));
+    h.RunToIdle();
+    auto third = h.Submit("extended", extended, Greedy(20));  // two pages of 16 from the cache
+    h.RunToIdle();
+    const Collected a = Collect(*first), b = Collect(*second), c = Collect(*third);
+    EXPECT_EQ(a.tokens, GreedyAlone(long_prompt, 20, setup)) << "mtp " << mtp;
+    EXPECT_EQ(b.tokens, GreedyAlone(short_prompt, 20, setup)) << "mtp " << mtp;
+    EXPECT_EQ(c.tokens, GreedyAlone(extended, 20, setup)) << "mtp " << mtp;
+    EXPECT_EQ(c.cached_tokens, 32);
+    const EngineMetrics m = h.engine.Metrics();
+    if (mtp) EXPECT_GT(m.spec_draft_tokens_total, 0);  // (a random MTP layer's are rarely kept)
+    EXPECT_EQ(m.used_pages, 0);
+  }
 }
 
 // One request alone on the trained model, drafting as `config` says (by default not at all);

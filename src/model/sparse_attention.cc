@@ -81,6 +81,22 @@ void IndexerProject(const ModelConfig& c, const RopeParams& rope, const Attentio
       });
 }
 
+void ChooseTopKeys(const float* scores, int64_t count, int64_t topk, std::vector<int32_t>& order,
+                   std::vector<int32_t>& chosen) {
+  order.resize(static_cast<size_t>(count));
+  std::iota(order.begin(), order.end(), 0);
+  // A NaN score (from NaN weights) sorts last rather than breaking the ordering.
+  const auto better = [&](int32_t a, int32_t b) {
+    const float sa = scores[a], sb = scores[b];
+    if (std::isnan(sa) != std::isnan(sb)) return std::isnan(sb);
+    if (std::isnan(sa)) return a < b;
+    return sa > sb || (sa == sb && a < b);
+  };
+  std::nth_element(order.begin(), order.begin() + topk, order.end(), better);
+  chosen.assign(order.begin(), order.begin() + topk);
+  std::sort(chosen.begin(), chosen.end());
+}
+
 std::vector<SparseQuery> SelectSparseKeys(const ModelConfig& c, int64_t layer,
                                           const ForwardBatch& batch,
                                           const std::vector<int64_t>& positions,
@@ -119,19 +135,7 @@ std::vector<SparseQuery> SelectSparseKeys(const ModelConfig& c, int64_t layer,
         const float* q = queries + query.token * width;
         scores.resize(static_cast<size_t>(visible));
         kernels::IndexScores(q, q + Hi * dI, Hi, dI, keys.data(), visible, scores.data());
-        order.resize(static_cast<size_t>(visible));
-        std::iota(order.begin(), order.end(), 0);
-        // The best topk, higher score first and the earlier key on a tie; a NaN score (from
-        // NaN weights) sorts last rather than breaking the ordering.
-        const auto better = [&](int32_t a, int32_t b) {
-          const float sa = scores[a], sb = scores[b];
-          if (std::isnan(sa) != std::isnan(sb)) return std::isnan(sb);
-          if (std::isnan(sa)) return a < b;
-          return sa > sb || (sa == sb && a < b);
-        };
-        std::nth_element(order.begin(), order.begin() + topk, order.end(), better);
-        query.keys.assign(order.begin(), order.begin() + topk);
-        std::sort(query.keys.begin(), query.keys.end());
+        ChooseTopKeys(scores.data(), visible, topk, order, query.keys);
       }
     }
   });
