@@ -13,6 +13,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "model/sparse_attention.h"
+#include "tensor/dtype.h"
 #include "test_support.h"
 
 namespace sy {
@@ -36,28 +37,54 @@ uint32_t Bits(float v) {
 TEST(SparseAttentionTest, IndexScoresAreTheScalarSumsBitForBit) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
-  for (int64_t heads : {1, 3, 4, 8, 13}) {
-    for (int64_t dim : {8, 32, 128}) {
-      for (int64_t count : {1, 7, 15, 16, 17, 33, 100}) {
-        std::vector<float> q(heads * dim), weights(heads), keys(count * dim), got(count);
-        for (float& v : q) v = normal(rng);
-        for (float& v : weights) v = normal(rng);
-        for (float& v : keys) v = normal(rng);
-        kernels::IndexScores(q.data(), weights.data(), heads, dim, keys.data(), count,
-                             got.data());
-        for (int64_t j = 0; j < count; ++j) {
-          float total = 0;
-          for (int64_t h = 0; h < heads; ++h) {
-            float dot = 0;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t heads : {1, 3, 4, 8, 13}) {
+      for (int64_t dim : {8, 32, 128}) {
+        for (int64_t count : {1, 7, 15, 16, 17, 33, 100}) {
+          // Rows of [5 other values | the key | 3 more] in pages of 4 rows, pages out of order:
+          // the kernel reads the key columns in place, as from a DSA cache.
+          const int64_t column = 5, row_width = column + dim + 3, page = 4;
+          const int64_t pages = (count + 2 + page - 1) / page;
+          std::vector<int32_t> table(static_cast<size_t>(pages));
+          for (int64_t p = 0; p < pages; ++p)
+            table[p] = static_cast<int32_t>(pages - 1 - p);
+          std::vector<uint8_t> storage(static_cast<size_t>(pages * page * row_width) *
+                                       DTypeSize(dtype));
+          kernels::LatentPages rows{storage.data(), dtype, page, row_width, table.data()};
+          std::vector<float> q(heads * dim), weights(heads), keys((count + 2) * dim), got(count);
+          for (float& v : q) v = normal(rng);
+          for (float& v : weights) v = normal(rng);
+          for (int64_t j = 0; j < count + 2; ++j) {
+            uint8_t* row = const_cast<uint8_t*>(rows.Row(j)) + column * DTypeSize(dtype);
             for (int64_t d = 0; d < dim; ++d) {
-              const volatile float product = q[h * dim + d] * keys[j * dim + d];
-              dot = dot + product;
+              float& v = keys[j * dim + d];
+              v = normal(rng);
+              if (dtype == DType::kBF16) {
+                v = BF16ToF32(F32ToBF16(v));
+                reinterpret_cast<uint16_t*>(row)[d] = F32ToBF16(v);
+              } else {
+                reinterpret_cast<float*>(row)[d] = v;
+              }
             }
-            const volatile float weighted = weights[h] * std::max(dot, 0.0f);
-            total = total + weighted;
           }
-          ASSERT_EQ(Bits(got[j]), Bits(total))
-              << "heads " << heads << " dim " << dim << " key " << j << " of " << count;
+          const int64_t first = 2;  // keys from the third row on
+          kernels::IndexScores(q.data(), weights.data(), heads, dim, rows, column, first, count,
+                               got.data());
+          for (int64_t j = 0; j < count; ++j) {
+            float total = 0;
+            for (int64_t h = 0; h < heads; ++h) {
+              float dot = 0;
+              for (int64_t d = 0; d < dim; ++d) {
+                const volatile float product = q[h * dim + d] * keys[(first + j) * dim + d];
+                dot = dot + product;
+              }
+              const volatile float weighted = weights[h] * std::max(dot, 0.0f);
+              total = total + weighted;
+            }
+            ASSERT_EQ(Bits(got[j]), Bits(total)) << DTypeName(dtype) << " heads " << heads
+                                                 << " dim " << dim << " key " << j << " of "
+                                                 << count;
+          }
         }
       }
     }

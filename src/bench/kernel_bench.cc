@@ -21,6 +21,7 @@
 #include "kernels/cpu/onednn_linear.h"
 #include "model/latent_cache.h"
 #include "model/mla.h"
+#include "model/sparse_attention.h"
 #include "model/rope.h"
 #include "model/synthetic.h"
 #include "tensor/ggml_quants.h"
@@ -285,6 +286,106 @@ void BenchMlaPrefill(const MachinePeaks& peaks, const KernelBenchOptions& option
   }
 }
 
+// DeepSeek-V3.2's sparse attention in decode (model/sparse_attention.h), one layer at V3.2's
+// shapes over `batch` sequences of kv_len cached rows (bf16), one new token each, through the
+// model's own MlaAttend: dense MLA over every key (V3's attention, the baseline beside it), the
+// indexer's scoring and top-2048 choice alone, and DSA whole (the choice, then attention over
+// the chosen keys). The indexer's products round each product (no FMA, index_scores.h): its
+// rate is held to half the f32 FMA peak.
+void BenchDsaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options, int64_t batch,
+                    int64_t kv_len, std::vector<KernelResult>& out) {
+  ModelConfig c = DeepSeekV3Config();
+  c.model_type = "deepseek_v32";
+  c.index_topk = 2048;
+  c.index_head_dim = 128;
+  c.index_n_heads = 64;
+  const RopeParams rope = ComputeRopeParams(c);
+  const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim;
+  const int64_t latent = c.kv_lora_rank, width = c.latent_cache_width();
+  const int64_t row = c.cache_row_width(), page = 64;
+  AttentionWeights w;  // kv_b and its per-head split, as PackWeights makes them from fp8
+  w.kv_b_proj = RandomPackedMatrix(DType::kF8E4M3, H * (nope + v), latent, 31);
+  for (int64_t h = 0; h < H; ++h) {
+    w.w_uk_t.push_back(RandomPackedMatrix(DType::kF8E4M3, latent, nope, 100 + h));
+    w.w_uv.push_back(RandomPackedMatrix(DType::kF8E4M3, v, latent, 400 + h));
+  }
+  // MlaAttend takes a layer with an indexer for a DSA layer; its projections are not run here.
+  w.indexer_wk = RandomPackedMatrix(DType::kBF16, c.index_head_dim, c.hidden_size, 7);
+  const int64_t pages_per_sequence = (kv_len + page - 1) / page;
+  LatentCache cache(1, row, page, batch * pages_per_sequence, DType::kBF16);
+  std::vector<SequenceCache> sequences(static_cast<size_t>(batch));
+  const auto rows = RandomActivations(static_cast<size_t>(4096 * row));
+  ForwardBatch step;
+  std::vector<int64_t> positions;
+  std::vector<SequenceCache> views(static_cast<size_t>(batch));
+  const int32_t id = 7;
+  for (int64_t b = 0; b < batch; ++b) {
+    (void)cache.Reserve(sequences[b], kv_len);
+    for (int64_t p = 0; p < kv_len; ++p)
+      cache.Write(0, sequences[b], p, rows.data() + ((p * 31 + b * 977) % 4096) * row);
+    sequences[b].length = kv_len;
+    views[b] = sequences[b];  // the step's view: its own row written, generated from kv_len - 1
+    views[b].length = kv_len - 1;
+    views[b].prompt_end = kv_len - 1;
+    step.Add(&id, 1, &views[b]);
+    positions.push_back(kv_len - 1);
+  }
+  const auto q = RandomActivations(static_cast<size_t>(batch * H * c.qk_head_dim()));
+  const auto index_queries = RandomActivations(static_cast<size_t>(batch * IndexerQueryWidth(c)));
+  std::vector<float> heads_out(static_cast<size_t>(batch * H * v));
+  const bool bf16 = kernels::GlobalKernelOptions().bf16_dot &&
+                    kernels::MlaDecodeBf16Applies(DType::kBF16, latent, c.qk_rope_head_dim);
+  const auto attention = [&](int64_t keys) {
+    KernelResult r;
+    r.kernel = "dsa_decode";
+    r.weight_dtype = "bf16";
+    r.m = batch;
+    r.n = H;
+    r.k = keys;
+    r.groups = batch;
+    r.flops = 2.0 * batch * (H * (nope + v) * latent + H * keys * (width + latent));
+    r.bytes = static_cast<double>(batch) * keys * width * 2;
+    return r;
+  };
+  KernelResult dense = attention(kv_len);
+  dense.seconds = MedianTime(options.repetitions, [&] {
+    MlaAttend(c, rope, w, 0, step, positions, cache, AttentionForm::kAuto, q.data(), nullptr,
+              heads_out.data());
+  });
+  dense.path = fmt::format("{}dense MLA kv{}", bf16 ? "bf16-dot " : "", kv_len);
+  Score(dense, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
+  out.push_back(dense);
+
+  KernelResult indexer;
+  indexer.kernel = "dsa_decode";
+  indexer.weight_dtype = "bf16";
+  indexer.m = batch;
+  indexer.n = c.index_n_heads;
+  indexer.k = kv_len;
+  indexer.groups = batch;
+  indexer.seconds = MedianTime(options.repetitions, [&] {
+    (void)SelectSparseKeys(c, 0, step, positions, cache, index_queries.data());
+  });
+  indexer.flops = 2.0 * batch * kv_len * c.index_n_heads * c.index_head_dim;
+  indexer.bytes = static_cast<double>(batch) * kv_len * c.index_head_dim * 2;
+  indexer.path = fmt::format("indexer top{} of kv{} ({:.0f}% of dense)", c.index_topk, kv_len,
+                             100 * indexer.seconds / dense.seconds);
+  Score(indexer, peaks, peaks.f32_gflops / 2);
+  out.push_back(indexer);
+
+  KernelResult sparse = attention(c.index_topk);
+  sparse.flops += indexer.flops;
+  sparse.bytes += indexer.bytes;
+  sparse.seconds = MedianTime(options.repetitions, [&] {
+    MlaAttend(c, rope, w, 0, step, positions, cache, AttentionForm::kAuto, q.data(),
+              index_queries.data(), heads_out.data());
+  });
+  sparse.path = fmt::format("{}DSA top{} of kv{} ({:.2f}x dense)", bf16 ? "bf16-dot " : "",
+                            c.index_topk, kv_len, dense.seconds / sparse.seconds);
+  Score(sparse, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
+  out.push_back(sparse);
+}
+
 // oneDNN's bf16 matmul (f32 where the CPU has no bf16 one) on the same shape and row counts,
 // scored against the matching peak; each of our rows with that shape and m gets the ratio of its
 // GFLOP/s to oneDNN's.
@@ -339,6 +440,13 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
   };
   const std::vector<int64_t> ggml_m =
       options.quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 2, 8, 32};
+  const std::vector<int64_t> dsa_kv =
+      options.quick ? std::vector<int64_t>{16384} : std::vector<int64_t>{4096, 16384, 65536};
+  if (options.dsa_only) {
+    for (int64_t kv_len : dsa_kv)
+      BenchDsaDecode(peaks, options, 4, kv_len, out);
+    return out;
+  }
   if (options.ggml_only) {
     for (const auto& shape : ggml_shapes)
       BenchLinear(peaks, options, shape, ggml_m, out);
@@ -471,6 +579,8 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
                           {0, 512}, {0, 2048}, {1024, 32}, {4096, 32}, {4096, 256}};
   for (auto [prefix, tokens] : prefill_chunks)
     BenchMlaPrefill(peaks, options, prefix, tokens, out);
+  for (int64_t kv_len : dsa_kv)
+    BenchDsaDecode(peaks, options, 4, kv_len, out);
   return out;
 }
 

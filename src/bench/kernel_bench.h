@@ -31,6 +31,7 @@ struct KernelBenchOptions {
   bool onednn = true;                // oneDNN's bf16 matmul beside ours
   bool ggml_only = false;            // only the GGML (GGUF Q4_K, Q6_K) products
   bool amx_only = false;             // only the AMX bf16 products, and oneDNN's o_proj beside them
+  bool dsa_only = false;             // only DeepSeek-V3.2's sparse attention (dsa_decode rows)
 };
 
 std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,

@@ -18,6 +18,7 @@ struct BenchKernelsArgs {
   bool onednn = true;
   bool ggml_only = false;
   bool amx_only = false;
+  bool dsa_only = false;
   int64_t stream_mib = 0;
   int repetitions = 5;
 };
@@ -44,6 +45,7 @@ void RunBenchKernels(const BenchKernelsArgs& args) {
   options.onednn = args.onednn;
   options.ggml_only = args.ggml_only;
   options.amx_only = args.amx_only;
+  options.dsa_only = args.dsa_only;
   if (args.stream_mib > 0) options.stream_bytes = args.stream_mib << 20;
   auto results = bench::BenchKernels(peaks, options);
   std::fputs((args.json ? bench::KernelResultsJson(peaks, results)
@@ -72,6 +74,9 @@ void AddBenchVerb(CLI::App& app) {
               "Only the products on AMX bf16 tiles, plain and grouped: fp8 (--amx-bf16), and "
               "bf16 laid out as the tiles (as the loader lays it out where the CPU has AMX), with "
               "oneDNN's o_proj beside them; where the CPU has AMX");
+  k->add_flag("--dsa-only", kernels->dsa_only,
+              "Only DeepSeek-V3.2's sparse attention in decode: dense MLA, the indexer's choice "
+              "and DSA whole, side by side at 4k, 16k and 64k cached keys");
   k->add_option("--stream-mib", kernels->stream_mib,
                 "Weights cycled per shape, MiB (default: the rule above). Small: the kernels "
                 "from cache, their compute rate")

@@ -15,8 +15,8 @@ namespace {
 
 // The indexer key's LayerNorm eps (HF's nn.LayerNorm(index_head_dim, eps=1e-6)).
 constexpr double kKeyNormEps = 1e-6;
-// Sparse queries of one sequence share one gather of its keys, this many at a time.
-constexpr int64_t kQueriesPerItem = 16;
+// A decode step's query splits its keys over the threads in chunks of at least this many.
+constexpr int64_t kMinKeysPerChunk = 1024;
 
 // RoPE on halves: element i pairs with i + dim/2 (HF's rotate_half), both turned by the angle of
 // frequency i, from the same cos/sin table as the pairwise form (RopeTable).
@@ -102,42 +102,67 @@ std::vector<SparseQuery> SelectSparseKeys(const ModelConfig& c, int64_t layer,
                                           const std::vector<int64_t>& positions,
                                           const LatentCache& cache, const float* queries) {
   const int64_t topk = c.index_topk, Hi = c.index_n_heads, dI = c.index_head_dim;
-  const int64_t width = IndexerQueryWidth(c);
+  const int64_t width = IndexerQueryWidth(c), column = c.latent_cache_width();
   std::vector<SparseQuery> sparse;
-  struct Item {
-    size_t first, count;  // in `sparse`
-  };
-  std::vector<Item> items;
   for (size_t s = 0; s < batch.sequences.size(); ++s) {
     const SequenceSlice& seq = batch.sequences[s];
-    const size_t first = sparse.size();
     for (int64_t i = 0; i < seq.token_count; ++i) {
       const int64_t token = seq.token_offset + i;
       if (positions[token] >= topk) sparse.push_back({token, positions[token], s, {}});
     }
-    for (size_t b = first; b < sparse.size(); b += kQueriesPerItem)
-      items.push_back({b, std::min<size_t>(kQueriesPerItem, sparse.size() - b)});
   }
   if (sparse.empty()) return sparse;
-  ThreadPool::Global().ParallelFor(items.size(), [&](size_t begin, size_t end) {
-    std::vector<float> keys, scores;
-    std::vector<int32_t> order;
-    for (size_t i = begin; i < end; ++i) {
-      const Item& item = items[i];
-      // Queries are in position order: the last sees the most keys.
-      const int64_t key_count = sparse[item.first + item.count - 1].position + 1;
-      const SequenceSlice& seq = batch.sequences[sparse[item.first].sequence];
-      keys.resize(static_cast<size_t>(key_count * dI));
-      cache.GatherColumns(layer, *seq.cache, key_count, c.latent_cache_width(), dI, keys.data());
-      for (size_t j = item.first; j < item.first + item.count; ++j) {
+  const auto keys_of = [&](const SparseQuery& query) {
+    return cache.Pages(layer, *batch.sequences[query.sequence].cache);
+  };
+  const auto score = [&](const SparseQuery& query, int64_t first, int64_t count, float* out) {
+    const float* q = queries + query.token * width;
+    kernels::IndexScores(q, q + Hi * dI, Hi, dI, keys_of(query), column, first, count, out);
+  };
+  // Prompt chunks bring many queries: each thread scores and chooses whole queries. Decode
+  // steps bring one or a few: each query's keys are split over the threads (a score depends on
+  // its query and key alone, so the split changes no bit), then each chooses.
+  const size_t threads = ThreadPool::Global().size();
+  if (sparse.size() >= 2 * threads) {
+    ThreadPool::Global().ParallelFor(sparse.size(), [&](size_t begin, size_t end) {
+      std::vector<float> scores;
+      std::vector<int32_t> order;
+      for (size_t j = begin; j < end; ++j) {
         SparseQuery& query = sparse[j];
         const int64_t visible = query.position + 1;
-        const float* q = queries + query.token * width;
         scores.resize(static_cast<size_t>(visible));
-        kernels::IndexScores(q, q + Hi * dI, Hi, dI, keys.data(), visible, scores.data());
+        score(query, 0, visible, scores.data());
         ChooseTopKeys(scores.data(), visible, topk, order, query.keys);
       }
+    });
+    return sparse;
+  }
+  struct Chunk {
+    size_t query;
+    int64_t first, count;
+  };
+  std::vector<std::vector<float>> scores(sparse.size());
+  std::vector<Chunk> chunks;
+  for (size_t j = 0; j < sparse.size(); ++j) {
+    const int64_t visible = sparse[j].position + 1;
+    scores[j].resize(static_cast<size_t>(visible));
+    const int64_t per_chunk = std::max<int64_t>(
+        kMinKeysPerChunk, (visible + 2 * static_cast<int64_t>(threads) - 1) /
+                              (2 * static_cast<int64_t>(threads)));
+    for (int64_t first = 0; first < visible; first += per_chunk)
+      chunks.push_back({j, first, std::min(per_chunk, visible - first)});
+  }
+  ThreadPool::Global().ParallelFor(chunks.size(), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const Chunk& chunk = chunks[i];
+      score(sparse[chunk.query], chunk.first, chunk.count,
+            scores[chunk.query].data() + chunk.first);
     }
+  });
+  ThreadPool::Global().ParallelFor(sparse.size(), [&](size_t begin, size_t end) {
+    std::vector<int32_t> order;
+    for (size_t j = begin; j < end; ++j)
+      ChooseTopKeys(scores[j].data(), sparse[j].position + 1, topk, order, sparse[j].keys);
   });
   return sparse;
 }

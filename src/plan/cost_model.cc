@@ -32,8 +32,10 @@ CostModel::CostModel(const ModelConfig& model, const HardwareSpec& hardware,
                      const Workload& workload)
     : m_(model), hw_(hardware), work_(workload) {}
 
+// A DSA model (DeepSeek-V3.2) caches the indexer's key beside each latent row, as switchyard
+// lays its rows out (ModelConfig::cache_row_width).
 int64_t CostModel::KvBytesPerToken() const {
-  return m_.latent_cache_width() * 2 * m_.num_hidden_layers;
+  return m_.cache_row_width() * 2 * m_.num_hidden_layers;
 }
 
 MemoryEstimate CostModel::Memory(const Deployment& d) const {
@@ -57,6 +59,10 @@ MemoryEstimate CostModel::Memory(const Deployment& d) const {
   double replicated = Fp8Bytes(m_.latent_cache_width(), D) +
                       Fp8Bytes(H * (m_.qk_nope_head_dim + m_.v_head_dim), m_.kv_lora_rank) +
                       (m_.q_lora_rank ? Fp8Bytes(rq, D) : 0);
+  // DSA's indexer serves every head too: wq_b and wk in fp8, weights_proj in bf16.
+  if (m_.has_indexer())
+    replicated += Fp8Bytes(m_.index_n_heads * m_.index_head_dim, rq) +
+                  Fp8Bytes(m_.index_head_dim, D) + m_.index_n_heads * D * kBf16;
   double split = (m_.q_lora_rank ? Fp8Bytes(H * dqk, rq) : Fp8Bytes(H * dqk, D)) +
                  Fp8Bytes(D, H * m_.v_head_dim);
   mem.attention_bytes = attention_layers * (replicated + split / T);
@@ -78,7 +84,7 @@ MemoryEstimate CostModel::Memory(const Deployment& d) const {
   mem.activation_bytes = group_tokens * (4 * D * kBf16 + H / T * (dqk + m_.kv_lora_rank) * kBf16) +
                          group_tokens / T * m_.num_experts_per_tok * D * (kFp8 + kBf16) + 0.5 * kGB;
   mem.kv_bytes_per_request =
-      static_cast<double>(work_.kv_len) * m_.latent_cache_width() * kBf16 * attention_layers;
+      static_cast<double>(work_.kv_len) * m_.cache_row_width() * kBf16 * attention_layers;
   mem.free_bytes = hw_.memory_capacity_gb * kGB - hw_.memory_reserved_gb * kGB - mem.weight_bytes -
                    mem.activation_bytes;
   mem.max_requests =
@@ -144,13 +150,31 @@ CostModel::Parts CostModel::LayerParts(const Deployment& d, double group_tokens,
   p.projections += GemmUs(group_tokens, latent, H * m_.v_head_dim, kFp8, true);
   p.projections += GemmUs(group_tokens, H * m_.v_head_dim, D, kFp8, true);  // o_proj
   // MLA decode over the latent cache: each request's cache is read once for all local heads.
+  // Under DSA each query attends to index_topk keys at most, and the indexer (replicated over
+  // TP, every rank choosing the same keys) scores all of them first: its projections, then its
+  // heads against every cached key, read once per request.
+  const double kv = static_cast<double>(work_.kv_len);
+  const double attended = m_.has_indexer() ? std::min(kv, static_cast<double>(m_.index_topk)) : kv;
   {
-    const double kv = static_cast<double>(work_.kv_len);
-    const double flops = 2 * group_tokens * H * kv * (row + latent);
-    const double bytes = requests * kv * row * kBf16 + group_tokens * H * (row + latent) * kBf16;
+    const double flops = 2 * group_tokens * H * attended * (row + latent);
+    const double bytes =
+        group_tokens * attended * row * kBf16 + group_tokens * H * (row + latent) * kBf16;
+    // Dense: a request's queries share one read of its cache; DSA: each query reads its own keys.
+    const double read = m_.has_indexer() ? bytes : requests * kv * row * kBf16 +
+                                                       group_tokens * H * (row + latent) * kBf16;
     p.attention = std::max({flops / (hw_.peak_bf16_tflops * 1e12 * e.attention_compute) * 1e6,
-                            bytes / (hw_.memory_bandwidth_gbps * kGB * e.attention_memory) * 1e6,
+                            read / (hw_.memory_bandwidth_gbps * kGB * e.attention_memory) * 1e6,
                             e.kernel_floor_us});
+  }
+  if (m_.has_indexer() && m_.q_lora_rank) {
+    const double Hi = m_.index_n_heads, dI = m_.index_head_dim;
+    p.projections += GemmUs(group_tokens, *m_.q_lora_rank, Hi * dI, kFp8, true) +
+                     GemmUs(group_tokens, D, dI + Hi, kFp8, true);
+    const double flops = 2 * group_tokens * Hi * dI * kv;
+    const double bytes = requests * kv * dI * kBf16;
+    p.attention += std::max({flops / (hw_.peak_bf16_tflops * 1e12 * e.attention_compute) * 1e6,
+                             bytes / (hw_.memory_bandwidth_gbps * kGB * e.attention_memory) * 1e6,
+                             e.kernel_floor_us});
   }
   if (d.tp > 1) {  // reduce-scatter of o_proj's output inside the node
     const double bytes = group_tokens * D * kBf16 * (T - 1) / T;

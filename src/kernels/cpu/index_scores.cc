@@ -1,6 +1,7 @@
-// IndexScores (index_scores.h): a block of keys a vector wide at a time, transposed so that each
-// head's dot products with all of them accumulate lane-wise (no horizontal sums), four heads at
-// once so four independent chains hide their latency. Compiled without contraction
+// IndexScores (index_scores.h): heads along the lanes (q transposed once), two keys at a time,
+// each key's value at d broadcast against every head's q — four head vectors for each of the two
+// keys, eight independent sums to hide the adds' latency; then each key's weighted relu sum over
+// the heads in order. Compiled without contraction
 // (CMakeLists.txt): every product is rounded before it is added, on every target.
 #include "kernels/cpu/index_scores.h"
 
@@ -21,44 +22,77 @@ namespace sy::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 void IndexScoresImpl(const float* q, const float* weights, int64_t heads, int64_t dim,
-                     const float* keys, int64_t count, float* scores) {
-  const hn::ScalableTag<float> df;
-  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
-  // keys_t[d · n + i] = keys[j + i][d] for one block of n keys (zero past the last).
-  auto keys_t = hwy::AllocateAligned<float>(static_cast<size_t>(dim * n));
-  auto block_scores = hwy::AllocateAligned<float>(static_cast<size_t>(n));
-  const auto zero = hn::Zero(df);
-  for (int64_t j = 0; j < count; j += n) {
-    const int64_t in_block = std::min(n, count - j);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t d = 0; d < dim; ++d)
-        keys_t[d * n + i] = i < in_block ? keys[(j + i) * dim + d] : 0.0f;
-    auto total = zero;
-    int64_t h = 0;
-    for (; h + 4 <= heads; h += 4) {
-      const float *q0 = q + h * dim, *q1 = q0 + dim, *q2 = q1 + dim, *q3 = q2 + dim;
-      auto a0 = zero, a1 = zero, a2 = zero, a3 = zero;
-      for (int64_t d = 0; d < dim; ++d) {
-        const auto k = hn::Load(df, keys_t.get() + d * n);
-        a0 = hn::Add(a0, hn::Mul(hn::Set(df, q0[d]), k));
-        a1 = hn::Add(a1, hn::Mul(hn::Set(df, q1[d]), k));
-        a2 = hn::Add(a2, hn::Mul(hn::Set(df, q2[d]), k));
-        a3 = hn::Add(a3, hn::Mul(hn::Set(df, q3[d]), k));
+                     const LatentPages& key_rows, int64_t column, int64_t first, int64_t count,
+                     float* scores) {
+  using D = hn::ScalableTag<float>;
+  using V = hn::Vec<D>;
+  const D df;
+  const hn::Rebind<uint16_t, D> du16;
+  const hn::Rebind<uint32_t, D> du32;
+  constexpr int kGroup = 4;  // head vectors summed at once, for each of two keys
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df)), group_heads = kGroup * n;
+  const int64_t padded = (heads + group_heads - 1) / group_heads * group_heads;
+  // q transposed, heads along the lanes (zero past the last head): each key's value at d is
+  // broadcast once and multiplies every head's q[h][d].
+  auto q_t = hwy::AllocateAligned<float>(static_cast<size_t>(dim * padded));
+  for (int64_t d = 0; d < dim; ++d)
+    for (int64_t h = 0; h < padded; ++h)
+      q_t[d * padded + h] = h < heads ? q[h * dim + d] : 0.0f;
+  const int64_t dim_padded = (dim + n - 1) / n * n;
+  auto key = hwy::AllocateAligned<float>(static_cast<size_t>(2 * dim_padded));
+  // Each key's per-head sums, for a block of keys whose weighted sums over the heads then run
+  // side by side (independent chains; one chain at a time was a third of the time).
+  constexpr int64_t kBlock = 16;
+  auto sums = hwy::AllocateAligned<float>(static_cast<size_t>(kBlock * padded));
+  const bool bf16 = key_rows.dtype == DType::kBF16;
+  const size_t element = DTypeSize(key_rows.dtype);
+  // Key j widened into key[slot · dim_padded …] (bf16: the bits shifted up, exact).
+  const auto widen = [&](int64_t j, int slot) {
+    const uint8_t* row = key_rows.Row(first + j) + column * element;
+    float* out = key.get() + slot * dim_padded;
+    int64_t d = 0;
+    if (bf16) {
+      const auto* values = reinterpret_cast<const uint16_t*>(row);
+      for (; d + n <= dim; d += n)
+        hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, values + d)))),
+                  df, out + d);
+      for (; d < dim; ++d)
+        out[d] = BF16ToF32(values[d]);
+    } else {
+      std::copy_n(reinterpret_cast<const float*>(row), dim, out);
+    }
+  };
+  const V zero = hn::Zero(df);
+  for (int64_t j0 = 0; j0 < count; j0 += kBlock) {
+    const int64_t in_block = std::min(kBlock, count - j0);
+    for (int64_t i = 0; i < in_block; i += 2) {
+      const bool pair = i + 1 < in_block;
+      widen(j0 + i, 0);
+      if (pair) widen(j0 + i + 1, 1);
+      for (int64_t g = 0; g < padded; g += group_heads) {
+        V a[kGroup] = {zero, zero, zero, zero}, b[kGroup] = {zero, zero, zero, zero};
+        for (int64_t d = 0; d < dim; ++d) {
+          const V k0 = hn::Set(df, key[d]), k1 = hn::Set(df, key[dim_padded + d]);
+          const float* row = q_t.get() + d * padded + g;
+          for (int v = 0; v < kGroup; ++v) {
+            const V qv = hn::Load(df, row + v * n);
+            a[v] = hn::Add(a[v], hn::Mul(qv, k0));
+            b[v] = hn::Add(b[v], hn::Mul(qv, k1));
+          }
+        }
+        for (int v = 0; v < kGroup; ++v) {
+          hn::Store(a[v], df, sums.get() + i * padded + g + v * n);
+          if (pair) hn::Store(b[v], df, sums.get() + (i + 1) * padded + g + v * n);
+        }
       }
-      total = hn::Add(total, hn::Mul(hn::Set(df, weights[h]), hn::Max(a0, zero)));
-      total = hn::Add(total, hn::Mul(hn::Set(df, weights[h + 1]), hn::Max(a1, zero)));
-      total = hn::Add(total, hn::Mul(hn::Set(df, weights[h + 2]), hn::Max(a2, zero)));
-      total = hn::Add(total, hn::Mul(hn::Set(df, weights[h + 3]), hn::Max(a3, zero)));
     }
-    for (; h < heads; ++h) {
-      const float* qh = q + h * dim;
-      auto a = zero;
-      for (int64_t d = 0; d < dim; ++d)
-        a = hn::Add(a, hn::Mul(hn::Set(df, qh[d]), hn::Load(df, keys_t.get() + d * n)));
-      total = hn::Add(total, hn::Mul(hn::Set(df, weights[h]), hn::Max(a, zero)));
-    }
-    hn::Store(total, df, block_scores.get());
-    std::copy_n(block_scores.get(), in_block, scores + j);
+    // Over the heads in order, one rounding a step, as the scalar form: the same bits at every
+    // vector width.
+    float totals[kBlock] = {};
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < in_block; ++i)
+        totals[i] += weights[h] * std::max(sums[i * padded + h], 0.0f);
+    std::copy_n(totals, in_block, scores + j0);
   }
 }
 
@@ -71,8 +105,10 @@ namespace sy::kernels {
 HWY_EXPORT(IndexScoresImpl);
 
 void IndexScores(const float* q, const float* weights, int64_t heads, int64_t dim,
-                 const float* keys, int64_t count, float* scores) {
-  HWY_DYNAMIC_DISPATCH(IndexScoresImpl)(q, weights, heads, dim, keys, count, scores);
+                 const LatentPages& keys, int64_t column, int64_t first, int64_t count,
+                 float* scores) {
+  HWY_DYNAMIC_DISPATCH(IndexScoresImpl)(q, weights, heads, dim, keys, column, first, count,
+                                        scores);
 }
 
 }  // namespace sy::kernels

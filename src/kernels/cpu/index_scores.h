@@ -4,13 +4,18 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/mla_decode.h"
+
 namespace sy::kernels {
 
-// scores[j] = Σ_h weights[h] · max(0, q[h]·keys[j]) for j < count.
-// q: [heads, dim]; weights: [heads]; keys: [count, dim] f32 rows. One thread. Each score sums
-// over dim, then over heads, in one order with every product rounded (no FMA) whatever the CPU's
-// vector width: the scores, and so the keys a query attends to, are the same bits on every CPU.
+// scores[j − first] = Σ_h weights[h] · max(0, q[h]·k_j) for j in [first, first + count), where
+// k_j is `dim` values from column `column` of row j of `keys` (the indexer keys in a DSA cache
+// row, bf16 or f32, read in place). q: [heads, dim]; weights: [heads]. One thread. Each score
+// sums over dim, then over heads, in one order with every product rounded (no FMA) whatever the
+// CPU's vector width: the scores, and so the keys a query attends to, are the same bits on every
+// CPU.
 void IndexScores(const float* q, const float* weights, int64_t heads, int64_t dim,
-                 const float* keys, int64_t count, float* scores);
+                 const LatentPages& keys, int64_t column, int64_t first, int64_t count,
+                 float* scores);
 
 }  // namespace sy::kernels

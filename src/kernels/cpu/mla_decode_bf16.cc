@@ -207,6 +207,15 @@ SY_MLA_TARGET void MlaDecodeAttentionBf16(const float* q_latent, const float* q_
     const uint8_t* rows[kChunk];
     for (int64_t j = 0; j < count; ++j)
       rows[j] = cache.Row(start + j);
+    // The next chunk's rows on their way while this one computes, as the f32 kernel does: under
+    // DSA the keys are a query's chosen rows, scattered over the pages, which the hardware
+    // prefetcher does not follow (2,048 chosen keys took 1.6x the time of 2,048 in a row).
+    const int64_t next_count = std::min(kChunk, last_visible - start - count);
+    for (int64_t j = 0; j < next_count; ++j) {
+      const char* next = reinterpret_cast<const char*>(cache.Row(start + count + j));
+      for (int64_t b = 0; b < width * 2; b += 64)
+        __builtin_prefetch(next + b);
+    }
     // Values: rows 2jj and 2jj + 1 interleaved into pairs, latent dims in lanes.
     const int64_t count_pairs = (count + 1) / 2;
     for (int64_t jj = 0; jj < count_pairs; ++jj) {
