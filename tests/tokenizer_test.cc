@@ -305,6 +305,37 @@ TEST_P(ChatTemplateTest, RendersLikeTransformers) {
   }
 }
 
+// DeepSeek-V3.2's encoding (no template: DeepSeek's encoding_dsv32.py, as vLLM drives it) on
+// committed conversations rendered by that Python (tools/deepseek_v32/make_encoding_fixtures.py):
+// chat and thinking modes, tools, DSML calls with every kind of value, tool results, dropped
+// reasoning, a developer turn, and the conversations the encoding refuses.
+TEST(ChatTemplateTest, DeepSeekV32EncodingMatchesDeepSeeksPython) {
+  using ordered = nlohmann::ordered_json;  // the tools' and arguments' keys in their order
+  const ordered cases = ordered::parse(
+      testing::ReadFile(std::string(testing::kFixturesDir) + "/deepseek-v32-encoding/cases.json"));
+  ASSERT_GE(cases.size(), 20u);
+  const ChatTemplate chat =
+      ChatTemplate::DeepSeekV32({"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"});
+  EXPECT_EQ(chat.kind(), ChatTemplateKind::kDeepSeekV3_2);
+  int errors = 0;
+  for (const ordered& c : cases) {
+    const std::string name = c["name"];
+    ChatOptions options;
+    options.thinking = c["thinking"].get<bool>();
+    if (!c["tools"].is_null()) options.tools = &c["tools"];
+    auto rendered = chat.Render(c["messages"], options);
+    if (c.contains("error")) {
+      ++errors;
+      EXPECT_FALSE(rendered.ok()) << name << ": the encoding raised " << c["error"]
+                                  << " but switchyard rendered " << rendered.value();
+      continue;
+    }
+    ASSERT_TRUE(rendered.ok()) << name << ": " << rendered.status().message();
+    EXPECT_EQ(rendered.value(), c["rendered"].get<std::string>()) << name;
+  }
+  EXPECT_EQ(errors, 3);
+}
+
 INSTANTIATE_TEST_SUITE_P(DeepSeek, ChatTemplateTest,
                          ::testing::Values("deepseek-v3", "deepseek-r1", "deepseek-v3-0324",
                                            "deepseek-v3.1"),

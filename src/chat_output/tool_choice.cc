@@ -26,8 +26,86 @@ json Text(std::string_view text) {
 
 }  // namespace
 
+namespace {
+
+// A JSON schema whose values include every string with no constraint on it: {"type": "string"},
+// or any schema of annotations only. Such a DSML parameter may be written as plain text.
+bool AnyString(const json& schema) {
+  if (schema.is_boolean()) return schema.get<bool>();
+  if (!schema.is_object()) return false;
+  static const std::set<std::string> kAnnotations = {"type",    "description", "title",
+                                                     "default", "examples",    "$comment"};
+  for (const auto& [key, value] : schema.items())
+    if (!kAnnotations.count(key)) return false;
+  auto type = schema.find("type");
+  if (type == schema.end()) return true;
+  if (type->is_string()) return *type == "string";
+  if (type->is_array())
+    return std::find(type->begin(), type->end(), json("string")) != type->end();
+  return false;
+}
+
+// DeepSeek-V3.2's DSML call to `f`: its schema's properties as parameters in the schema's order,
+// the required ones always, each as plain text (string="true", no "</" in it, which would end
+// it early) where the property takes any string, or as JSON its schema validates (string="false",
+// which the arguments take as written). Keys the schema requires without describing take any
+// JSON value. No properties: no parameters (an empty object).
+json DsmlInvokeGrammar(const FunctionTool& f) {
+  const json& schema = f.parameters;
+  json required = json::array();
+  if (schema.is_object() && schema.contains("required") && schema["required"].is_array())
+    required = schema["required"];
+  const auto is_required = [&](const std::string& key) {
+    return std::find(required.begin(), required.end(), json(key)) != required.end();
+  };
+  json properties = json::object();
+  if (schema.is_object() && schema.contains("properties") && schema["properties"].is_object())
+    properties = schema["properties"];
+  for (const json& key : required)
+    if (key.is_string() && !properties.contains(key.get<std::string>()))
+      properties[key.get<std::string>()] = json::object();
+  json elements = json::array({Text(std::string(kDsmlInvokeBegin) + f.name + "\">\n")});
+  if (properties.empty()) elements.push_back(Text("\n"));
+  for (const auto& [key, property] : properties.items()) {
+    json forms = json::array();
+    if (AnyString(property))
+      forms.push_back({{"type", "sequence"},
+                       {"elements",
+                        {Text("true\">"),
+                         {{"type", "regex"}, {"pattern", "([^<]|<+[^</])*<*"}}}}});
+    forms.push_back({{"type", "sequence"},
+                     {"elements", {Text("false\">"), {{"type", "json_schema"}, {"schema", property}}}}});
+    json parameter = {{"type", "sequence"},
+                      {"elements",
+                       {Text(std::string(kDsmlParameterBegin) + key + "\" string=\""),
+                        {{"type", "alternatives"}, {"elements", forms}},
+                        Text(std::string(kDsmlParameterEnd) + "\n")}}};
+    elements.push_back(is_required(key)
+                           ? parameter
+                           : json{{"type", "repeat"}, {"element", parameter}, {"min", 0}, {"max", 1}});
+  }
+  elements.push_back(Text(kDsmlInvokeEnd));
+  return {{"type", "sequence"}, {"elements", elements}};
+}
+
+}  // namespace
+
 json ToolCallGrammar(ToolCallFormat format, const std::vector<FunctionTool>& functions,
                      int max_calls) {
+  if (format == ToolCallFormat::kDeepSeekV32) {
+    json invokes = json::array();
+    for (const FunctionTool& f : functions)
+      invokes.push_back(DsmlInvokeGrammar(f));
+    json repeat = {{"type", "repeat"},
+                   {"element", {{"type", "alternatives"}, {"elements", invokes}}},
+                   {"min", 1},
+                   {"max", max_calls},
+                   {"separator", Text("\n")}};
+    return {{"type", "sequence"},
+            {"elements",
+             {Text(std::string(kDsmlCallsBegin) + "\n"), repeat,
+              Text("\n" + std::string(kDsmlCallsEnd))}}};
+  }
   json calls = json::array();
   for (const FunctionTool& f : functions) {
     json schema = {{"type", "json_schema"}, {"schema", f.parameters}};

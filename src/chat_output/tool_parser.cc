@@ -1,5 +1,7 @@
 #include "chat_output/tool_parser.h"
 
+#include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 
 namespace sy::chat_output {
@@ -18,6 +20,10 @@ bool IsSpace(char c) {
 }
 
 constexpr std::string_view kV3NameEnd = "\n```json\n";
+// DSML: what ends an invoke's or a parameter's opening tag, and parts a parameter's name from
+// its string flag.
+constexpr std::string_view kDsmlTagEnd = "\">";
+constexpr std::string_view kDsmlStringFlag = "\" string=\"";
 constexpr std::string_view kV3ArgumentsEnd = "\n```<｜tool▁call▁end｜>";
 
 // Each format's markers.
@@ -33,8 +39,48 @@ Markers MarkersOf(ToolCallFormat format) {
       return {kCallsBegin, kCallsEnd, kCallBegin, kToolSep, kCallEnd};
     case ToolCallFormat::kKimiK2:
       return {kKimiCallsBegin, kKimiCallsEnd, kKimiCallBegin, kKimiArgumentsBegin, kKimiCallEnd};
+    case ToolCallFormat::kDeepSeekV32:
+      return {kDsmlCallsBegin, kDsmlCallsEnd, kDsmlInvokeBegin, kDsmlTagEnd, kDsmlInvokeEnd};
   }
   return {};
+}
+
+// Text as inside a JSON string, as Python's json.dumps(ensure_ascii=False) writes it: '"', '\\'
+// and control characters escaped, everything else (UTF-8 included) as it is. Byte by byte, so
+// a piece of a value escapes as the whole value would.
+std::string JsonEscaped(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20)
+          out += fmt::format("\\u{:04x}", static_cast<unsigned char>(c));
+        else
+          out += c;
+    }
+  }
+  return out;
 }
 
 // Kimi K2's call id, "functions.NAME:INDEX" (vLLM: [^<]+:\d+ with the space around dropped),
@@ -65,6 +111,7 @@ std::optional<ToolCallFormat> ToolCallFormatByName(std::string_view name) {
   if (name == "deepseek_v3" || name == "deepseekv3") return ToolCallFormat::kDeepSeekV3;
   if (name == "deepseek_v31" || name == "deepseekv31") return ToolCallFormat::kDeepSeekV31;
   if (name == "kimi_k2") return ToolCallFormat::kKimiK2;
+  if (name == "deepseek_v32" || name == "deepseekv32") return ToolCallFormat::kDeepSeekV32;
   return std::nullopt;
 }
 
@@ -76,6 +123,8 @@ std::string_view ToolCallFormatName(ToolCallFormat format) {
       return "deepseek_v31";
     case ToolCallFormat::kKimiK2:
       return "kimi_k2";
+    case ToolCallFormat::kDeepSeekV32:
+      return "deepseek_v32";
   }
   return "";
 }
@@ -108,6 +157,7 @@ void ToolCallParser::Finish(OutputDelta* out, bool cut) {
 void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
   const bool v3 = format_ == ToolCallFormat::kDeepSeekV3;
   const bool kimi = format_ == ToolCallFormat::kKimiK2;
+  const bool dsml = format_ == ToolCallFormat::kDeepSeekV32;
   const Markers m = MarkersOf(format_);
   auto junk = [&] {  // from here on the output is not a tool call
     malformed_ = true;
@@ -182,6 +232,14 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
             junk();
             continue;
           }
+        } else if (dsml) {
+          const std::string_view name = std::string_view(buffer_).substr(0, at);
+          if (name.empty() || name.find_first_of("<\"\n") != std::string_view::npos) {
+            junk();
+            continue;
+          }
+          current_.name = std::string(name);
+          current_.id = NewId();
         } else {
           current_.name = buffer_.substr(0, at);
           current_.id = NewId();
@@ -192,7 +250,8 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
         delta.id = current_.id;
         delta.name = current_.name;
         out->tool_calls.push_back(std::move(delta));
-        state_ = State::kArguments;
+        state_ = dsml ? State::kParameters : State::kArguments;
+        parameters_ = 0;
         continue;
       }
       case State::kArguments: {
@@ -213,17 +272,7 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
             --take;
         }
         if (take > 0) {
-          const std::string piece = buffer_.substr(0, take);
-          current_.arguments += piece;
-          if (!out->tool_calls.empty() &&
-              out->tool_calls.back().index == static_cast<int>(calls_.size())) {
-            out->tool_calls.back().arguments += piece;  // one delta per call per Feed
-          } else {
-            ToolCallDelta delta;
-            delta.index = static_cast<int>(calls_.size());
-            delta.arguments = piece;
-            out->tool_calls.push_back(std::move(delta));
-          }
+          AppendArguments(buffer_.substr(0, take), out);
           buffer_.erase(0, take);
         }
         if (at == std::string::npos) {
@@ -250,7 +299,134 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
         out->content += buffer_;
         buffer_.clear();
         return;
+      case State::kParameters:
+      case State::kParameterHeader:
+      case State::kValue: {
+        bool done = false;
+        if (RunDsml(out, final, cut, &done) && done) return;
+        continue;
+      }
     }
+  }
+}
+
+void ToolCallParser::AppendArguments(const std::string& text, OutputDelta* out) {
+  if (text.empty()) return;
+  current_.arguments += text;
+  if (!out->tool_calls.empty() && out->tool_calls.back().index == static_cast<int>(calls_.size())) {
+    out->tool_calls.back().arguments += text;  // one delta per call per Feed
+  } else {
+    ToolCallDelta delta;
+    delta.index = static_cast<int>(calls_.size());
+    delta.arguments = text;
+    out->tool_calls.push_back(std::move(delta));
+  }
+}
+
+// One step of DSML's invoke body; *done when Run must return (more text is needed, or the end).
+bool ToolCallParser::RunDsml(OutputDelta* out, bool final, bool cut, bool* done) {
+  auto junk = [&] {
+    malformed_ = true;
+    state_ = State::kJunk;
+  };
+  // The end of the output inside an invoke: a budget cut keeps the call as written so far (the
+  // stream sent it), anything else is malformed.
+  auto ended = [&] {
+    if (cut) {
+      calls_.push_back(std::move(current_));
+      current_ = ToolCall{};
+    } else {
+      malformed_ = true;
+    }
+    buffer_.clear();
+    *done = true;
+  };
+  switch (state_) {
+    case State::kParameters: {
+      size_t skip = 0;
+      while (skip < buffer_.size() && IsSpace(buffer_[skip]))
+        ++skip;
+      buffer_.erase(0, skip);
+      if (buffer_.starts_with(kDsmlParameterBegin)) {
+        buffer_.erase(0, kDsmlParameterBegin.size());
+        state_ = State::kParameterHeader;
+        return true;
+      }
+      if (buffer_.starts_with(kDsmlInvokeEnd)) {
+        buffer_.erase(0, kDsmlInvokeEnd.size());
+        AppendArguments(parameters_ == 0 ? "{}" : "}", out);
+        if (!nlohmann::json::accept(current_.arguments)) malformed_ = true;
+        calls_.push_back(std::move(current_));
+        current_ = ToolCall{};
+        state_ = State::kBetween;
+        return true;
+      }
+      if (buffer_.empty() ||
+          ((kDsmlParameterBegin.starts_with(buffer_) || kDsmlInvokeEnd.starts_with(buffer_)))) {
+        if (final) {
+          ended();
+        } else {
+          *done = true;
+        }
+        return true;
+      }
+      junk();
+      return true;
+    }
+    case State::kParameterHeader: {
+      const size_t at = buffer_.find(kDsmlTagEnd);
+      if (at == std::string::npos) {
+        if (final) {
+          ended();  // the parameter's name was not whole: nothing of it was sent
+        } else {
+          *done = true;
+        }
+        return true;
+      }
+      const std::string_view header = std::string_view(buffer_).substr(0, at);
+      const size_t flag = header.rfind(kDsmlStringFlag);
+      const std::string_view key =
+          flag == std::string_view::npos ? std::string_view() : header.substr(0, flag);
+      const std::string_view value_kind = flag == std::string_view::npos
+                                              ? std::string_view()
+                                              : header.substr(flag + kDsmlStringFlag.size());
+      if (key.empty() || key.find_first_of("<\n") != std::string_view::npos ||
+          (value_kind != "true" && value_kind != "false")) {
+        junk();
+        return true;
+      }
+      string_value_ = value_kind == "true";
+      AppendArguments(std::string(parameters_ == 0 ? "{" : ", ") + "\"" + JsonEscaped(key) +
+                          "\": " + (string_value_ ? "\"" : ""),
+                      out);
+      ++parameters_;
+      buffer_.erase(0, at + kDsmlTagEnd.size());
+      state_ = State::kValue;
+      return true;
+    }
+    case State::kValue: {
+      const size_t at = buffer_.find(kDsmlParameterEnd);
+      const size_t take = at != std::string::npos ? at
+                          : final                 ? buffer_.size()
+                                                  : buffer_.size() - HeldSuffix(buffer_, kDsmlParameterEnd);
+      const std::string_view piece = std::string_view(buffer_).substr(0, take);
+      AppendArguments(string_value_ ? JsonEscaped(piece) : std::string(piece), out);
+      buffer_.erase(0, take);
+      if (at == std::string::npos) {
+        if (final) {
+          ended();
+        } else {
+          *done = true;
+        }
+        return true;
+      }
+      buffer_.erase(0, kDsmlParameterEnd.size());
+      if (string_value_) AppendArguments("\"", out);
+      state_ = State::kParameters;
+      return true;
+    }
+    default:
+      return false;
   }
 }
 
@@ -264,7 +440,10 @@ ParsedToolCalls ParseToolCalls(ToolCallFormat format, std::string_view text, boo
     if (!text.empty()) out.content = std::string(text);
     return out;
   }
-  if (!delta.content.empty()) out.content = std::move(delta.content);
+  // DSML's call list follows the content after a blank line: content of nothing else is none.
+  const bool blank = format == ToolCallFormat::kDeepSeekV32 && !parser.calls().empty() &&
+                     delta.content.find_first_not_of(" \t\r\n") == std::string::npos;
+  if (!delta.content.empty() && !blank) out.content = std::move(delta.content);
   out.calls = parser.calls();
   return out;
 }

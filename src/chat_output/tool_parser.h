@@ -16,6 +16,14 @@
 //     ID itself, which the template writes back into the next prompt; the name is what comes
 //     before the first ":", after its last "." (vLLM's reading). Space around ID and ARGS is
 //     dropped.
+//   deepseek_v32 (DeepSeek-V3.2's DSML — vLLM's "deepseek_v32"):
+//     content? <｜DSML｜function_calls> INVOKE* </｜DSML｜function_calls>
+//     INVOKE = <｜DSML｜invoke name="NAME"> PARAM* </｜DSML｜invoke>
+//     PARAM = <｜DSML｜parameter name="KEY" string="true|false"> VALUE </｜DSML｜parameter>
+//     with newlines between the tags (space there is dropped). The arguments are the JSON object
+//     DeepSeek's encoding decodes them to, {"KEY": VALUE, ...} with Python's separators: a
+//     string="true" value as a JSON string of its text, a string="false" one as written (it must
+//     be JSON). Streamed a parameter's text at a time, the object's punctuation around it.
 //
 // Streaming follows vLLM's deltas: a call's first delta carries its index, id ("call_" + 24
 // characters), type and name once the name is whole; later deltas append argument text. Text
@@ -42,10 +50,10 @@
 
 namespace sy::chat_output {
 
-enum class ToolCallFormat { kDeepSeekV3, kDeepSeekV31, kKimiK2 };
+enum class ToolCallFormat { kDeepSeekV3, kDeepSeekV31, kKimiK2, kDeepSeekV32 };
 
-// "deepseek_v3" / "deepseek_v31" / "kimi_k2" (vLLM's --tool-call-parser names; "deepseekv3" and
-// "deepseekv31" too).
+// "deepseek_v3" / "deepseek_v31" / "kimi_k2" / "deepseek_v32" (vLLM's --tool-call-parser names;
+// "deepseekv3", "deepseekv31" and "deepseekv32" too).
 std::optional<ToolCallFormat> ToolCallFormatByName(std::string_view name);
 std::string_view ToolCallFormatName(ToolCallFormat format);
 
@@ -61,6 +69,14 @@ inline constexpr std::string_view kKimiCallsEnd = "<|tool_calls_section_end|>";
 inline constexpr std::string_view kKimiCallBegin = "<|tool_call_begin|>";
 inline constexpr std::string_view kKimiArgumentsBegin = "<|tool_call_argument_begin|>";
 inline constexpr std::string_view kKimiCallEnd = "<|tool_call_end|>";
+
+// DeepSeek-V3.2's (DSML: text, not special tokens).
+inline constexpr std::string_view kDsmlCallsBegin = "<｜DSML｜function_calls>";
+inline constexpr std::string_view kDsmlCallsEnd = "</｜DSML｜function_calls>";
+inline constexpr std::string_view kDsmlInvokeBegin = "<｜DSML｜invoke name=\"";
+inline constexpr std::string_view kDsmlInvokeEnd = "</｜DSML｜invoke>";
+inline constexpr std::string_view kDsmlParameterBegin = "<｜DSML｜parameter name=\"";
+inline constexpr std::string_view kDsmlParameterEnd = "</｜DSML｜parameter>";
 
 // Where a format's call list starts: the text a model writes to begin calling.
 std::string_view CallsBeginMarker(ToolCallFormat format);
@@ -103,8 +119,24 @@ class ToolCallParser {
   bool malformed() const { return malformed_; }
 
  private:
-  enum class State { kContent, kBetween, kType, kName, kArguments, kDone, kJunk };
+  enum class State {
+    kContent,
+    kBetween,
+    kType,
+    kName,
+    kArguments,
+    kDone,
+    kJunk,
+    // DSML (deepseek_v32): between an invoke's parameters, in a parameter's header, its value.
+    kParameters,
+    kParameterHeader,
+    kValue,
+  };
   void Run(OutputDelta* out, bool final, bool cut = false);
+  // DSML's states (deepseek_v32); false when the state is not one of them.
+  bool RunDsml(OutputDelta* out, bool final, bool cut, bool* done);
+  // Appends argument text of the current call to it and to `out`'s delta for it.
+  void AppendArguments(const std::string& text, OutputDelta* out);
   std::string NewId();
 
   ToolCallFormat format_;
@@ -113,6 +145,8 @@ class ToolCallParser {
   std::vector<ToolCall> calls_;
   ToolCall current_;
   bool arguments_started_ = false;  // Kimi K2: space before the arguments is dropped
+  int parameters_ = 0;              // DSML: the current invoke's parameters so far
+  bool string_value_ = false;       // DSML: the current parameter has string="true"
   bool malformed_ = false;
   std::mt19937_64 rng_;
 };

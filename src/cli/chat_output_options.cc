@@ -10,6 +10,10 @@ namespace sy {
 
 void ApplyChatTemplateOrFail(const std::string& path_or_text, TextCodec* codec) {
   if (path_or_text.empty()) return;
+  if (path_or_text == "deepseek_v32") {  // DeepSeek-V3.2's encoding, which has no template
+    codec->UseDeepSeekV32Encoding();
+    return;
+  }
   std::string text = path_or_text, source = "--chat-template";
   std::error_code error;
   if (std::filesystem::is_regular_file(path_or_text, error)) {
@@ -33,7 +37,9 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
   verb->add_option("--chat-template", args.chat_template,
                    "A Jinja chat template (a file, or the template's text) to use instead of the "
                    "checkpoint's; DeepSeek's own are rendered natively, any other is interpreted "
-                   "as transformers renders it");
+                   "as transformers renders it. deepseek_v32: DeepSeek-V3.2's encoding (its "
+                   "release has no template; chosen by default for a deepseek_v32 checkpoint "
+                   "without one)");
   verb->add_option("--chat-template-content-format", args.chat_template_content_format,
                    "How an interpreted template gets a message's content: string (text parts "
                    "joined), openai (a list of {type, text} parts), or auto (parts when the "
@@ -49,11 +55,11 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
                  "Leave the tools out of the prompt when a request's tool_choice is \"none\" "
                  "(default: they are shown to the model, as vLLM does)");
   verb->add_option("--tool-call-parser", args.tool_call_parser,
-                   "Tool-call format: deepseek_v3 (V3, R1, V3-0324), deepseek_v31 or kimi_k2 "
-                   "(Kimi K2; default: the chat template's, or kimi_k2 when the tokenizer has "
-                   "its tokens)")
-      ->check(
-          CLI::IsMember({"deepseek_v3", "deepseek_v31", "deepseekv3", "deepseekv31", "kimi_k2"}));
+                   "Tool-call format: deepseek_v3 (V3, R1, V3-0324), deepseek_v31, deepseek_v32 "
+                   "(V3.2's DSML) or kimi_k2 (Kimi K2; default: the chat template's, or kimi_k2 "
+                   "when the tokenizer has its tokens)")
+      ->check(CLI::IsMember({"deepseek_v3", "deepseek_v31", "deepseek_v32", "deepseekv3",
+                             "deepseekv31", "deepseekv32", "kimi_k2"}));
   verb->add_option("--reasoning-parser", args.reasoning_parser,
                    "Split <think>...</think> into reasoning_content: deepseek_r1, deepseek_v3 or "
                    "kimi_k2 (K2-Thinking; default: off)")

@@ -1342,11 +1342,14 @@ Status ConfigureChatOutput(const std::string& tool_call_parser, bool enable_auto
     limits->tool_format = chat_output::ToolCallFormatByName(tool_call_parser);
     if (!limits->tool_format)
       return Status::Errorf(
-          "--tool-call-parser: unknown parser '{}' (deepseek_v3, deepseek_v31, kimi_k2)",
+          "--tool-call-parser: unknown parser '{}' (deepseek_v3, deepseek_v31, deepseek_v32, "
+          "kimi_k2)",
           tool_call_parser);
   } else if (codec.chat && codec.chat->kind() != ChatTemplateKind::kJinja) {
     limits->tool_format = codec.chat->kind() == ChatTemplateKind::kDeepSeekV3_1
                               ? chat_output::ToolCallFormat::kDeepSeekV31
+                          : codec.chat->kind() == ChatTemplateKind::kDeepSeekV3_2
+                              ? chat_output::ToolCallFormat::kDeepSeekV32
                               : chat_output::ToolCallFormat::kDeepSeekV3;
   } else if (codec.tokenizer &&
              codec.tokenizer->TokenToId(chat_output::kKimiCallsBegin).has_value()) {

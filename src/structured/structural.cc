@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "structured/json_schema.h"
+#include "structured/regex.h"
 
 namespace sy::structured {
 namespace {
@@ -41,6 +42,15 @@ class Builder {
       auto sub = JsonSchemaGrammar(schema->dump(), limits_);
       if (!sub.ok()) return sub.status().WithContext(where);
       const int root = ImportGrammar(grammar_, *sub, fmt::format("s{}.", schemas_++));
+      return Ref(root);
+    }
+    if (type == "regex") {
+      const json* pattern = field("pattern");
+      if (!pattern || !pattern->is_string())
+        return Status::Errorf("{}: \"pattern\" must be a string", where);
+      auto sub = RegexGrammar(pattern->get<std::string>(), limits_);
+      if (!sub.ok()) return sub.status().WithContext(where);
+      const int root = ImportGrammar(grammar_, *sub, fmt::format("r{}.", regexes_++));
       return Ref(root);
     }
     if (type == "sequence" || type == "alternatives") {
@@ -95,6 +105,7 @@ class Builder {
   Grammar& grammar_;
   const GrammarLimits& limits_;
   int schemas_ = 0;
+  int regexes_ = 0;
 };
 
 }  // namespace

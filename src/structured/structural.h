@@ -8,6 +8,7 @@
 //                                                     SpecialToken), never the text in pieces
 //   {"type": "json_schema", "schema": {...}}          a JSON value the schema validates
 //                                                     (json_schema.h, every keyword enforced)
+//   {"type": "regex", "pattern": "..."}               text the pattern matches whole (regex.h)
 //   {"type": "sequence", "elements": [...]}           one after another
 //   {"type": "alternatives", "elements": [...]}       one of them
 //   {"type": "repeat", "element": {...}, "min": 1, "max": -1, "separator": {...}}

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jinja/template.h"
+#include "tokenizer/deepseek_v32_encoding.h"
 
 namespace sy {
 namespace {
@@ -470,8 +471,15 @@ Result<ChatTemplate> ChatTemplate::Interpret(std::string_view template_text,
   return chat;
 }
 
+ChatTemplate ChatTemplate::DeepSeekV32(const SpecialTokens& tokens) {
+  ChatTemplate chat(ChatTemplateKind::kDeepSeekV3_2, tokens.bos_token);
+  chat.eos_ = tokens.eos_token;
+  return chat;
+}
+
 std::string_view ChatTemplate::name() const {
   if (kind_ == ChatTemplateKind::kJinja) return "jinja";
+  if (kind_ == ChatTemplateKind::kDeepSeekV3_2) return "deepseek-v3.2 (encoding_dsv32)";
   for (const KnownTemplate& known : kKnownTemplates)
     if (known.kind == kind_) return known.name;
   return "unknown";
@@ -561,6 +569,8 @@ Result<std::string> ChatTemplate::RenderKind(const nlohmann::ordered_json& messa
       return RenderV3_0324(messages, options, bos_);
     case ChatTemplateKind::kDeepSeekV3_1:
       return RenderV3_1(messages, options, bos_);
+    case ChatTemplateKind::kDeepSeekV3_2:
+      return RenderDeepSeekV32(messages, options, bos_, eos_);
     case ChatTemplateKind::kJinja:
       return RenderInterpreted(messages, options);
   }

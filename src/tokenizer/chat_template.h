@@ -26,6 +26,7 @@ enum class ChatTemplateKind {
   kDeepSeekR1,       // as V3, but the generation prompt opens the think block
   kDeepSeekV3_0324,  // V3-0324 / R1-0528 family: a user turn ends with "<｜Assistant｜>"
   kDeepSeekV3_1,     // V3.1: a `thinking` switch; </think> or <think> after "<｜Assistant｜>"
+  kDeepSeekV3_2,     // V3.2: no template, DeepSeek's encoding_dsv32.py (deepseek_v32_encoding.h)
   kJinja,            // any other template, interpreted
 };
 
@@ -41,7 +42,7 @@ struct ChatOptions {
   // text ends, so the model continues it (an assistant message given as a prefix: vLLM's
   // continue_final_message, Anthropic's prefill). Not with add_generation_prompt.
   bool continue_final_message = false;
-  // V3.1's `thinking` template argument; ignored by the other variants.
+  // V3.1's and V3.2's `thinking` template argument; ignored by the other variants.
   bool thinking = false;
   // The request's tools (OpenAI's list of {"type": "function", "function": {...}}), or null. The
   // official DeepSeek templates do not render tools; like vLLM's tool chat templates
@@ -68,6 +69,9 @@ class ChatTemplate {
   static Result<ChatTemplate> Recognize(std::string_view template_text, std::string bos_token);
   // Any template: natively when recognised, else interpreted (an error names the line at fault).
   static Result<ChatTemplate> Load(std::string_view template_text, const SpecialTokens& tokens);
+  // DeepSeek-V3.2's encoding (tokenizer/deepseek_v32_encoding.h), which its release uses in
+  // place of a template.
+  static ChatTemplate DeepSeekV32(const SpecialTokens& tokens);
   // Interpreted even when recognised (a request's own template; the tests' cross-check).
   static Result<ChatTemplate> Interpret(std::string_view template_text,
                                         const SpecialTokens& tokens);

@@ -1,12 +1,29 @@
 #include "tokenizer/text_codec.h"
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/gguf_tokenizer.h"
 
 namespace sy {
+namespace {
+
+// Whether `directory`/config.json names model_type deepseek_v32 (read for that field only: the
+// model's loader checks the rest).
+bool IsDeepSeekV32Checkpoint(const std::string& directory) {
+  std::ifstream in(directory + "/config.json", std::ios::binary);
+  if (!in) return false;
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json config = nlohmann::json::parse(text.str(), nullptr, false);
+  return config.is_object() && config.contains("model_type") &&
+         config["model_type"] == "deepseek_v32";
+}
+
+}  // namespace
 
 Result<TextCodec> TextCodec::Load(const std::string& directory, const std::string& tokenizer_path) {
   TextCodec codec;
@@ -26,6 +43,10 @@ Result<TextCodec> TextCodec::Load(const std::string& directory, const std::strin
   }
   if (!codec.config.bos_token.empty())
     codec.bos_id = codec.tokenizer->TokenToId(codec.config.bos_token);
+  if (codec.config.chat_template.empty() && IsDeepSeekV32Checkpoint(directory)) {
+    codec.UseDeepSeekV32Encoding();
+    return codec;
+  }
   auto chat = ChatTemplate::Load(codec.config.chat_template, codec.special_tokens());
   if (chat.ok()) {
     codec.chat = chat.value();
@@ -39,6 +60,12 @@ Result<TextCodec> TextCodec::Load(const std::string& directory, const std::strin
     codec.tool_use_chat = std::move(tool_use).value();
   }
   return codec;
+}
+
+void TextCodec::UseDeepSeekV32Encoding() {
+  chat = ChatTemplate::DeepSeekV32(special_tokens());
+  chat_status = Status::Ok();
+  tool_use_chat.reset();
 }
 
 SpecialTokens TextCodec::special_tokens() const {

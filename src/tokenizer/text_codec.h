@@ -30,6 +30,9 @@ struct TextCodec {
 
   // Replaces the checkpoint's chat template (--chat-template); `source` names it in errors.
   Status UseChatTemplate(std::string_view template_text, const std::string& source);
+  // DeepSeek-V3.2's encoding in place of a template (--chat-template deepseek_v32; chosen by
+  // Load for a deepseek_v32 checkpoint whose tokenizer has no template, as V3.2's has none).
+  void UseDeepSeekV32Encoding();
   SpecialTokens special_tokens() const;
 
   // Plain text → prompt ids (BOS first when add_special_tokens and the config asks for it).
