@@ -39,6 +39,16 @@ const std::string kKimiTwo =
     "<|tool_call_begin|>get_time:12<|tool_call_argument_begin|>{}<|tool_call_end|>"
     "<|tool_calls_section_end|>";
 
+// DeepSeek-V3.2's DSML, as its encoding writes calls: a string value as text ('<', quotes and
+// newlines in it as they are), others as JSON; a call without parameters.
+const std::string kDsmlTwo =
+    "Checking.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+    "<｜DSML｜parameter name=\"city\" string=\"true\">Paris <\"FR\">\nü</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"opts\" string=\"false\">{\"a\": [1, 2.5], \"b\": null}"
+    "</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n\n"
+    "</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+
 // What a client rebuilds from streamed deltas.
 struct Assembled {
   std::string reasoning, content;
@@ -161,6 +171,58 @@ TEST(ToolParser, KimiK2WholeOutput) {
   CheckSplits(kimi, "no calls <|tool_calls_sect here");
   EXPECT_EQ(ToolCallFormatByName("kimi_k2"), ToolCallFormat::kKimiK2);
   EXPECT_EQ(ToolCallFormatName(ToolCallFormat::kKimiK2), "kimi_k2");
+}
+
+TEST(ToolParser, DeepSeekV32Dsml) {
+  const ParsedToolCalls p = ParseToolCalls(ToolCallFormat::kDeepSeekV32, kDsmlTwo);
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.content.value_or(""), "Checking.");  // the blank line before the calls dropped
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  // DeepSeek's decode_dsml_to_arguments: {"KEY": VALUE} with Python's separators.
+  EXPECT_EQ(p.calls[0].arguments,
+            "{\"city\": \"Paris <\\\"FR\\\">\\nü\", \"days\": 3, \"opts\": {\"a\": [1, 2.5], "
+            "\"b\": null}}");
+  EXPECT_EQ(json::parse(p.calls[0].arguments)["city"], "Paris <\"FR\">\nü");
+  EXPECT_TRUE(p.calls[0].id.starts_with("call_"));
+  EXPECT_EQ(p.calls[1].name, "get_time");
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  ChatOutputOptions dsml;
+  dsml.tool_format = ToolCallFormat::kDeepSeekV32;
+  CheckSplits(dsml, kDsmlTwo);
+  CheckSplits(dsml, "no calls \n <｜DSML｜functi here\n\n");
+  // Only a blank line before the calls: no content.
+  EXPECT_FALSE(ParseToolCalls(ToolCallFormat::kDeepSeekV32, kDsmlTwo.substr(9)).content);
+  EXPECT_EQ(ToolCallFormatByName("deepseek_v32"), ToolCallFormat::kDeepSeekV32);
+  EXPECT_EQ(ToolCallFormatName(ToolCallFormat::kDeepSeekV32), "deepseek_v32");
+
+  const std::string begin = "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n";
+  const std::string malformed[] = {
+      // a string flag that is neither true nor false
+      begin + "<｜DSML｜parameter name=\"a\" string=\"yes\">1</｜DSML｜parameter>\n"
+              "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+      // a non-string value that is not JSON
+      begin + "<｜DSML｜parameter name=\"a\" string=\"false\">one</｜DSML｜parameter>\n"
+              "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+      // text where a parameter should begin
+      begin + "so <｜DSML｜parameter name=\"a\" string=\"true\">x</｜DSML｜parameter>\n"
+              "</｜DSML｜invoke>",
+      // a parameter without a name
+      begin + "<｜DSML｜parameter name=\"\" string=\"true\">x</｜DSML｜parameter>\n</｜DSML｜invoke>",
+      // unterminated
+      begin + "<｜DSML｜parameter name=\"a\" string=\"true\">x",
+  };
+  for (const std::string& text : malformed) {
+    const ChatMessage m = ParseChatOutput(dsml, text);
+    EXPECT_TRUE(m.tool_calls.empty()) << text;
+    EXPECT_EQ(m.content.value_or(""), text);
+    CheckSplits(dsml, text);
+  }
+  // Cut by the budget inside a string value: the arguments written so far.
+  const std::string cut = begin + "<｜DSML｜parameter name=\"a\" string=\"true\">x\"y";
+  const ChatMessage m = ParseChatOutput(dsml, cut, true);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].arguments, "{\"a\": \"x\\\"y");
+  CheckSplits(dsml, cut, true);
 }
 
 TEST(ToolParser, KimiK2MalformedAndCut) {
@@ -433,24 +495,27 @@ std::vector<int32_t> Allowed(structured::GrammarMatcher& m, int32_t vocab_size) 
 // Random walks through the forced-call grammar (mostly short tokens so strings end); every
 // finished walk's text is read back by the parser into calls of the tools with JSON arguments
 // holding the required keys.
-void WalkForcedCalls(const std::string& tokenizer_path, ToolCallFormat format, int brute_steps) {
+void WalkForcedCalls(const std::string& tokenizer_path, ToolCallFormat format, int brute_steps,
+                     const json& tools = kTools) {
   structured::GrammarCompiler compiler(LoadVocabulary(tokenizer_path));
   const structured::Vocabulary& vocab = compiler.vocabulary();
-  auto read = ReadToolRequest(&kTools, nullptr, nullptr, format, false);
+  auto read = ReadToolRequest(&tools, nullptr, nullptr, format, false);
   ASSERT_TRUE(read.error.has_value());  // auto without --enable-auto-tool-choice
   const json required = "required";
-  read = ReadToolRequest(&kTools, &required, nullptr, format, false);
+  read = ReadToolRequest(&tools, &required, nullptr, format, false);
   ASSERT_FALSE(read.error) << read.error->message;
   ASSERT_TRUE(read.request && read.request->grammar);
   auto grammar = compiler.Compile(*read.request->grammar);
   ASSERT_TRUE(grammar.ok()) << grammar.status().message();
-  const int32_t calls_begin = *vocab.NamedToken(CallsBeginMarker(format));
+  // DSML's markers are text, not tokens.
+  const std::optional<int32_t> calls_begin = vocab.NamedToken(CallsBeginMarker(format));
+  ASSERT_EQ(calls_begin.has_value(), format != ToolCallFormat::kDeepSeekV32);
   std::mt19937 rng(3);
   int finished = 0;
   for (int walk = 0; walk < 12; ++walk) {
     structured::GrammarMatcher m(*grammar);
     // The first token can only be the one calls-begin token, never its text in pieces.
-    EXPECT_EQ(Allowed(m, vocab.size()), std::vector<int32_t>{calls_begin});
+    if (calls_begin) EXPECT_EQ(Allowed(m, vocab.size()), std::vector<int32_t>{*calls_begin});
     std::string text;
     for (int step = 0; step < 400 && !m.IsTerminated(); ++step) {
       std::vector<int32_t> allowed = Allowed(m, vocab.size());
@@ -494,6 +559,10 @@ void WalkForcedCalls(const std::string& tokenizer_path, ToolCallFormat format, i
         EXPECT_LE(code_points, 12) << call.arguments;
         EXPECT_TRUE(args["unit"] == "celsius" || args["unit"] == "fahrenheit");
         EXPECT_EQ(args.size(), 2u);
+      } else if (call.name == "note") {  // DSML: a plain-text string, or a JSON one
+        EXPECT_TRUE(args["text"].is_string()) << call.arguments;
+        EXPECT_TRUE(args.size() == 1 || (args.size() == 2 && args["pinned"].is_boolean()))
+            << call.arguments;
       } else {
         ASSERT_EQ(call.name, "add");
         EXPECT_TRUE(args["a"].is_number_integer() && args["a"] >= 0 && args["a"] <= 99);
@@ -520,6 +589,17 @@ TEST(ForcedToolCalls, DeepSeekTokenizerV3) {  // the format's tokens are not spe
 // Kimi K2's format over a tiktoken vocabulary with Kimi's special tokens (tests/fixtures/tiktoken).
 TEST(ForcedToolCalls, KimiK2Tokenizer) {
   WalkForcedCalls(std::string(SY_FIXTURES_DIR) + "/tiktoken", ToolCallFormat::kKimiK2, 6);
+}
+
+// DeepSeek-V3.2's DSML over DeepSeek-V3's vocabulary (V3.2's is the same): parameters as text
+// or JSON, a required one and an optional one.
+TEST(ForcedToolCalls, DeepSeekV32Dsml) {
+  json tools = kTools;
+  tools.push_back(json::parse(R"({"type": "function", "function": {"name": "note", "parameters":
+      {"type": "object", "properties": {"text": {"type": "string", "description": "the note"},
+       "pinned": {"type": "boolean"}}, "required": ["text"]}}})"));
+  WalkForcedCalls(std::string(SY_FIXTURES_DIR) + "/tokenizer/deepseek-v3/tokenizer.json",
+                  ToolCallFormat::kDeepSeekV32, 6, tools);
 }
 
 TEST(ForcedToolCalls, NamedFunctionAndGateAfterThink) {

@@ -8,12 +8,14 @@
 
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "test_support.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/text_codec.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 
@@ -334,6 +336,37 @@ TEST(ChatTemplateTest, DeepSeekV32EncodingMatchesDeepSeeksPython) {
     EXPECT_EQ(rendered.value(), c["rendered"].get<std::string>()) << name;
   }
   EXPECT_EQ(errors, 3);
+}
+
+// A deepseek_v32 checkpoint whose tokenizer has no template (V3.2's release) gets the encoding; a
+// template it has wins; another model type without one has none (an error when a chat comes).
+TEST(ChatTemplateTest, DeepSeekV32CheckpointsWithoutATemplateGetTheEncoding) {
+  const std::string source = std::string(SY_SOURCE_DIR) + "/models/default";
+  nlohmann::ordered_json tokenizer_config =
+      nlohmann::ordered_json::parse(testing::ReadFile(source + "/tokenizer_config.json"));
+  const std::string with_template = tokenizer_config.dump();
+  tokenizer_config.erase("chat_template");
+  for (const auto& [model_type, keep_template, expected] :
+       std::vector<std::tuple<std::string, bool, std::string>>{
+           {"deepseek_v32", false, "deepseek-v3.2 (encoding_dsv32)"},
+           {"deepseek_v32", true, "deepseek-v3"},  // the default model's template
+           {"deepseek_v3", false, ""}}) {
+    const std::string dir =
+        testing::TempDirectory("v32_codec_" + model_type + (keep_template ? "_t" : ""));
+    std::filesystem::copy_file(source + "/tokenizer.json", dir + "/tokenizer.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    testing::WriteFile(dir + "/tokenizer_config.json",
+                       keep_template ? with_template : tokenizer_config.dump());
+    testing::WriteFile(dir + "/config.json", "{\"model_type\": \"" + model_type + "\"}");
+    auto codec = TextCodec::Load(dir);
+    ASSERT_TRUE(codec.ok()) << codec.status().message();
+    if (expected.empty()) {
+      EXPECT_FALSE(codec->chat.has_value()) << model_type;
+      continue;
+    }
+    ASSERT_TRUE(codec->chat.has_value()) << model_type;
+    EXPECT_EQ(codec->chat->name(), expected) << model_type << " " << keep_template;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(DeepSeek, ChatTemplateTest,

@@ -168,12 +168,18 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
       case State::kContent: {
         const size_t at = buffer_.find(m.calls_begin);
         if (at != std::string::npos) {
-          out->content += buffer_.substr(0, at);
+          // DSML's call list follows its content after a blank line, which is not content.
+          size_t end = at;
+          while (dsml && end > 0 && IsSpace(buffer_[end - 1]))
+            --end;
+          out->content += buffer_.substr(0, end);
           buffer_.erase(0, at + m.calls_begin.size());
           state_ = State::kBetween;
           continue;
         }
-        const size_t hold = final ? 0 : HeldSuffix(buffer_, m.calls_begin);
+        size_t hold = final ? 0 : HeldSuffix(buffer_, m.calls_begin);
+        while (dsml && !final && hold < buffer_.size() && IsSpace(buffer_[buffer_.size() - hold - 1]))
+          ++hold;  // space that may precede the call list: sent once text follows it
         out->content += buffer_.substr(0, buffer_.size() - hold);
         buffer_.erase(0, buffer_.size() - hold);
         return;
@@ -440,10 +446,7 @@ ParsedToolCalls ParseToolCalls(ToolCallFormat format, std::string_view text, boo
     if (!text.empty()) out.content = std::string(text);
     return out;
   }
-  // DSML's call list follows the content after a blank line: content of nothing else is none.
-  const bool blank = format == ToolCallFormat::kDeepSeekV32 && !parser.calls().empty() &&
-                     delta.content.find_first_not_of(" \t\r\n") == std::string::npos;
-  if (!delta.content.empty() && !blank) out.content = std::move(delta.content);
+  if (!delta.content.empty()) out.content = std::move(delta.content);
   out.calls = parser.calls();
   return out;
 }

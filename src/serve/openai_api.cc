@@ -328,12 +328,13 @@ bool PrepareForInterpretedTemplate(json& flat, ApiError* error) {
   return true;
 }
 
-// A request's messages as the template takes them: roles checked, developer as system, content
+// A request's messages as the template takes them: roles checked, developer as system (but where
+// `keep_developer`), content
 // as one string (text parts joined: the DeepSeek templates take strings) or, for a template that
 // loops over content (`content_as_parts`, vLLM's "openai" content format), as a list of text
 // parts, a string becoming one part.
 bool FlattenMessages(const json* messages, json& flat, ApiError* error,
-                     bool content_as_parts = false) {
+                     bool content_as_parts = false, bool keep_developer = false) {
   if (!messages || !messages->is_array() || messages->empty()) {
     *error = Invalid("messages", "must be a non-empty list");
     return false;
@@ -353,7 +354,7 @@ bool FlattenMessages(const json* messages, json& flat, ApiError* error,
       return false;
     }
     json copy = m;
-    if (role == "developer") copy["role"] = "system";
+    if (role == "developer" && !keep_developer) copy["role"] = "system";
     // OpenAI lets an assistant message with tool calls leave out its content: null, as the
     // templates' `content is none` branch expects.
     if (role == "assistant" && m.contains("tool_calls") && !m.contains("content"))
@@ -398,7 +399,10 @@ bool RenderableMessages(const json* messages, const ChatTemplate& chat, const Se
       interpreted &&
       (limits.content_format == ContentFormat::kOpenAI ||
        (limits.content_format == ContentFormat::kAuto && chat.takes_content_parts()));
-  if (!FlattenMessages(messages, flat, error, parts)) return false;
+  // DeepSeek-V3.2's encoding has a developer turn of its own (vLLM passes the role through).
+  if (!FlattenMessages(messages, flat, error, parts,
+                       chat.kind() == ChatTemplateKind::kDeepSeekV3_2))
+    return false;
   return !interpreted || PrepareForInterpretedTemplate(flat, error);
 }
 
