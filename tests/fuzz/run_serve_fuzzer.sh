@@ -9,7 +9,7 @@ fuzz_build \
   "$src/src/serve/messages_api.cc" "$src/src/serve/conversations_api.cc" \
   "$src/src/serve/files_api.cc" \
   "$src/src/engine/sampling.cc" \
-  "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" "$src"/src/jinja/*.cc \
+  "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" "$src/src/tokenizer/deepseek_v32_encoding.cc" "$src"/src/jinja/*.cc \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/text_codec.cc" "$src/src/tokenizer/unicode.cc" "$src/src/tokenizer/tiktoken.cc" "$src"/src/structured/*.cc \
   "$src"/src/chat_output/*.cc "$src/src/serve/responses_store.cc" \
@@ -38,6 +38,7 @@ seed query-items $'\x24limit=2&order=asc&after=msg_1_in0'
 seed body-conversation $'\x24{"items":[{"role":"user","content":"hi"},{"type":"function_call_output","call_id":"c","output":"ok"}],"metadata":{"a":"b"}}'
 seed body-messages $'\x40{"model":"fuzz","max_tokens":9,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":"s"},{"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"},{"type":"text","text":"and?"}]}],"tools":[{"name":"f","input_schema":{"type":"object","properties":{"a":{"type":"integer"}}}}],"tool_choice":{"type":"any","disable_parallel_tool_use":true},"stop_sequences":["x"]}'
 seed body-messages-prefill $'\x40{"model":"fuzz","max_tokens":9,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"text","text":"<think>So"}]}]}'
+seed dsml-output $'\x04ok\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="f">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="a" string="true">x"y</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n</\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>'
 seed body-chat-continue $'\x0a{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Once"}],"continue_final_message":true,"add_generation_prompt":false}'
 seed body-messages-thread $'\x60{"model":"fuzz","max_tokens":9,"thread":{"type":"continue","previous_message_id":"msg_1"},"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"call_1","content":"ok"}]}]}'
 seed body-messages-create $'\x60{"model":"fuzz","max_tokens":9,"system":"s","thread":{"type":"create"},"messages":[{"role":"user","content":"hi"}]}'

@@ -7,7 +7,7 @@ fuzz_build \
   -DSY_FUZZ_TOKENIZER="\"$src/configs/tokenizer/default/tokenizer.json\"" \
   -DSY_FUZZ_TEMPLATES="\"$src/tests/fixtures/tokenizer/templates\"" \
   \
-  "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" "$src"/src/jinja/*.cc \
+  "$src/src/tokenizer/bpe.cc" "$src/src/tokenizer/chat_template.cc" "$src/src/tokenizer/deepseek_v32_encoding.cc" "$src"/src/jinja/*.cc \
   "$src/src/tokenizer/pre_tokenizer.cc" "$src/src/tokenizer/tokenizer.cc" \
   "$src/src/tokenizer/unicode.cc" "$src/src/tokenizer/gguf_tokenizer.cc" \
   "$src/src/tokenizer/tiktoken.cc" \

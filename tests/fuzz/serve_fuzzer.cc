@@ -104,12 +104,14 @@ Assembled Stream(const sy::chat_output::ChatOutputOptions& options, std::string_
 
 void CheckChatOutput(std::string_view text, uint8_t seed) {
   using namespace sy::chat_output;
-  for (int variant = 0; variant < 8; ++variant) {
+  constexpr ToolCallFormat kFormats[] = {ToolCallFormat::kDeepSeekV3, ToolCallFormat::kDeepSeekV31,
+                                         ToolCallFormat::kKimiK2, ToolCallFormat::kDeepSeekV32};
+  for (int variant = 0; variant < 16; ++variant) {
     ChatOutputOptions options;
-    options.tool_format = variant & 1 ? ToolCallFormat::kDeepSeekV31 : ToolCallFormat::kDeepSeekV3;
-    options.reasoning = variant & 2;
-    options.starts_in_reasoning = variant & 2;
-    const bool budget_cut = variant & 4;  // finish_reason "length"
+    options.tool_format = kFormats[variant & 3];
+    options.reasoning = variant & 4;
+    options.starts_in_reasoning = variant & 4;
+    const bool budget_cut = variant & 8;  // finish_reason "length"
     const Assembled whole = Stream(options, text, 0, budget_cut);
     const Assembled split = Stream(options, text, seed | 1, budget_cut);
     if (whole.reasoning != split.reasoning || whole.content != split.content) std::abort();

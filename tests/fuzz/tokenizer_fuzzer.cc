@@ -117,6 +117,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         options.tools = &messages;
         (void)chat->Render(messages, options);
       }
+      {  // DeepSeek-V3.2's encoding (no template text)
+        const sy::ChatTemplate v32 =
+            sy::ChatTemplate::DeepSeekV32({"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"});
+        sy::ChatOptions options;
+        options.thinking = data[0] & 4;
+        (void)v32.Render(messages, options);
+        options.tools = &messages;
+        (void)v32.Render(messages, options);
+      }
       break;
     }
   }
