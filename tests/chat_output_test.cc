@@ -198,16 +198,20 @@ TEST(ToolParser, DeepSeekV32Dsml) {
   const std::string begin = "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n";
   const std::string malformed[] = {
       // a string flag that is neither true nor false
-      begin + "<｜DSML｜parameter name=\"a\" string=\"yes\">1</｜DSML｜parameter>\n"
-              "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+      begin +
+          "<｜DSML｜parameter name=\"a\" string=\"yes\">1</｜DSML｜parameter>\n"
+          "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
       // a non-string value that is not JSON
-      begin + "<｜DSML｜parameter name=\"a\" string=\"false\">one</｜DSML｜parameter>\n"
-              "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+      begin +
+          "<｜DSML｜parameter name=\"a\" string=\"false\">one</｜DSML｜parameter>\n"
+          "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
       // text where a parameter should begin
-      begin + "so <｜DSML｜parameter name=\"a\" string=\"true\">x</｜DSML｜parameter>\n"
-              "</｜DSML｜invoke>",
+      begin +
+          "so <｜DSML｜parameter name=\"a\" string=\"true\">x</｜DSML｜parameter>\n"
+          "</｜DSML｜invoke>",
       // a parameter without a name
-      begin + "<｜DSML｜parameter name=\"\" string=\"true\">x</｜DSML｜parameter>\n</｜DSML｜invoke>",
+      begin +
+          "<｜DSML｜parameter name=\"\" string=\"true\">x</｜DSML｜parameter>\n</｜DSML｜invoke>",
       // unterminated
       begin + "<｜DSML｜parameter name=\"a\" string=\"true\">x",
   };

@@ -918,8 +918,10 @@ TEST(EngineTest, SparseAttentionServesAsItDecodesAlone) {
   std::mt19937 rng(32);
   std::uniform_int_distribution<int32_t> id(2, 999);
   std::vector<int32_t> long_prompt(40), short_prompt(9);
-  for (int32_t& t : long_prompt) t = id(rng);
-  for (int32_t& t : short_prompt) t = id(rng);
+  for (int32_t& t : long_prompt)
+    t = id(rng);
+  for (int32_t& t : short_prompt)
+    t = id(rng);
   std::vector<int32_t> extended(long_prompt.begin(), long_prompt.begin() + 36);
   extended.insert(extended.end(), {17, 18, 19});
   for (bool mtp : {false, true}) {

@@ -128,9 +128,9 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{4, "f32", "dispatch", 3, 4, "sp-tp-sp"}),
     EpCaseName);
 
-// Every conformance fixture (V3 bf16, V3 fp8, V3 with q_proj and f16, V2's softmax gate, V3.2's DSA) under
-// four ranks in the five-stage schedule, prefill then decode: EP4, and EP4 with SP-TP-SP pairs
-// where the heads split in two — against the single-process logits and against HF's.
+// Every conformance fixture (V3 bf16, V3 fp8, V3 with q_proj and f16, V2's softmax gate, V3.2's
+// DSA) under four ranks in the five-stage schedule, prefill then decode: EP4, and EP4 with SP-TP-SP
+// pairs where the heads split in two — against the single-process logits and against HF's.
 class ExpertParallelFixtures : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ExpertParallelFixtures, EveryFixtureMatchesTheSingleProcessRun) {

@@ -52,8 +52,10 @@ TEST(SparseAttentionTest, IndexScoresAreTheScalarSumsBitForBit) {
                                        DTypeSize(dtype));
           kernels::LatentPages rows{storage.data(), dtype, page, row_width, table.data()};
           std::vector<float> q(heads * dim), weights(heads), keys((count + 2) * dim), got(count);
-          for (float& v : q) v = normal(rng);
-          for (float& v : weights) v = normal(rng);
+          for (float& v : q)
+            v = normal(rng);
+          for (float& v : weights)
+            v = normal(rng);
           for (int64_t j = 0; j < count + 2; ++j) {
             uint8_t* row = const_cast<uint8_t*>(rows.Row(j)) + column * DTypeSize(dtype);
             for (int64_t d = 0; d < dim; ++d) {
@@ -81,9 +83,9 @@ TEST(SparseAttentionTest, IndexScoresAreTheScalarSumsBitForBit) {
               const volatile float weighted = weights[h] * std::max(dot, 0.0f);
               total = total + weighted;
             }
-            ASSERT_EQ(Bits(got[j]), Bits(total)) << DTypeName(dtype) << " heads " << heads
-                                                 << " dim " << dim << " key " << j << " of "
-                                                 << count;
+            ASSERT_EQ(Bits(got[j]), Bits(total))
+                << DTypeName(dtype) << " heads " << heads << " dim " << dim << " key " << j
+                << " of " << count;
           }
         }
       }
@@ -148,8 +150,8 @@ TEST(SparseAttentionTest, TheFixturesLogitsTurnOnTheChoice) {
     auto sparse = Model::Load(fixture.directory);
     ASSERT_TRUE(sparse.ok()) << sparse.status().message();
     const int64_t topk = sparse.value()->config().index_topk;
-    auto exact = testing::CompareLogits(fixture.logits, Prefill(*sparse.value(), fixture),
-                                        fixture.vocab);
+    auto exact =
+        testing::CompareLogits(fixture.logits, Prefill(*sparse.value(), fixture), fixture.vocab);
     EXPECT_LE(exact.max_abs_diff, 1e-4 * exact.max_abs_reference) << name;
 
     const std::string dense_dir = EditedFixture(
@@ -157,8 +159,8 @@ TEST(SparseAttentionTest, TheFixturesLogitsTurnOnTheChoice) {
         [](std::string& config) { Replace(config, "\"index_topk\": 8", "\"index_topk\": 4096"); });
     auto dense = Model::Load(dense_dir);
     ASSERT_TRUE(dense.ok()) << dense.status().message();
-    auto comparison = testing::CompareLogits(fixture.logits, Prefill(*dense.value(), fixture),
-                                             fixture.vocab);
+    auto comparison =
+        testing::CompareLogits(fixture.logits, Prefill(*dense.value(), fixture), fixture.vocab);
     int64_t row = 0, sparse_rows = 0, sparse_over = 0;
     for (const auto& tokens : fixture.tokens) {
       for (int64_t position = 0; position < static_cast<int64_t>(tokens.size());
@@ -178,8 +180,8 @@ TEST(SparseAttentionTest, TheFixturesLogitsTurnOnTheChoice) {
 }
 
 TEST(SparseAttentionTest, TheConfigIsReadCheckedAndWrittenBack) {
-  const std::string text = testing::ReadFile(testing::LoadFixture("tiny-v32-bf16").directory +
-                                             "/config.json");
+  const std::string text =
+      testing::ReadFile(testing::LoadFixture("tiny-v32-bf16").directory + "/config.json");
   auto config = ParseModelConfig(text, "config.json");
   ASSERT_TRUE(config.ok()) << config.status().message();
   EXPECT_EQ(config->model_type, "deepseek_v32");
@@ -204,13 +206,13 @@ TEST(SparseAttentionTest, TheConfigIsReadCheckedAndWrittenBack) {
   struct Bad {
     std::string from, to, message;
   };
-  for (const Bad& bad : std::vector<Bad>{
-           {"\"index_topk\": 8,", "", "index_topk"},
-           {"\"index_topk\": 8", "\"index_topk\": 0", "index_topk"},
-           {"\"index_n_heads\": 8", "\"index_n_heads\": -1", "index_n_heads"},
-           {"\"index_head_dim\": 32", "\"index_head_dim\": 8", "index_head_dim"},
-           {"\"q_lora_rank\": 64", "\"q_lora_rank\": null", "q_lora_rank"},
-           {"\"index_topk\": 8", "\"index_topk\": \"many\"", "index_topk"}}) {
+  for (const Bad& bad :
+       std::vector<Bad>{{"\"index_topk\": 8,", "", "index_topk"},
+                        {"\"index_topk\": 8", "\"index_topk\": 0", "index_topk"},
+                        {"\"index_n_heads\": 8", "\"index_n_heads\": -1", "index_n_heads"},
+                        {"\"index_head_dim\": 32", "\"index_head_dim\": 8", "index_head_dim"},
+                        {"\"q_lora_rank\": 64", "\"q_lora_rank\": null", "q_lora_rank"},
+                        {"\"index_topk\": 8", "\"index_topk\": \"many\"", "index_topk"}}) {
     std::string edited = text;
     Replace(edited, bad.from, bad.to);
     auto parsed = ParseModelConfig(edited, "config.json");
@@ -223,8 +225,8 @@ TEST(SparseAttentionTest, TheConfigIsReadCheckedAndWrittenBack) {
 
 // transformers 5 writes RoPE as rope_parameters: the same theta and YaRN scaling.
 TEST(SparseAttentionTest, RopeParametersAreReadAsRopeScaling) {
-  std::string text = testing::ReadFile(testing::LoadFixture("tiny-v32-bf16").directory +
-                                       "/config.json");
+  std::string text =
+      testing::ReadFile(testing::LoadFixture("tiny-v32-bf16").directory + "/config.json");
   auto legacy = ParseModelConfig(text, "config.json");
   ASSERT_TRUE(legacy.ok());
   Replace(text, "\"rope_theta\": 10000,", "");
@@ -242,9 +244,9 @@ TEST(SparseAttentionTest, RopeParametersAreReadAsRopeScaling) {
 TEST(SparseAttentionTest, IndexerTensorsAreLoadedOrNamed) {
   const std::string v3_weights = testing::LoadFixture("tiny-v3-bf16").directory;
   const std::string dir = testing::TempDirectory("v32_without_indexer");
-  testing::WriteFile(dir + "/config.json",
-                     testing::ReadFile(testing::LoadFixture("tiny-v32-bf16").directory +
-                                       "/config.json"));
+  testing::WriteFile(
+      dir + "/config.json",
+      testing::ReadFile(testing::LoadFixture("tiny-v32-bf16").directory + "/config.json"));
   std::filesystem::remove(dir + "/model.safetensors");
   std::filesystem::create_symlink(v3_weights + "/model.safetensors", dir + "/model.safetensors");
   auto missing = Model::Load(dir);

@@ -112,8 +112,8 @@ Fixture LoadFixture(const std::string& name) {
 }
 
 std::vector<std::string> FixtureNames() {
-  return {"tiny-v3-bf16", "tiny-v3-fp8", "tiny-v3-qproj-f16", "tiny-v2-f32",
-          "tiny-v32-bf16", "tiny-v32-fp8"};
+  return {"tiny-v3-bf16", "tiny-v3-fp8",   "tiny-v3-qproj-f16",
+          "tiny-v2-f32",  "tiny-v32-bf16", "tiny-v32-fp8"};
 }
 
 LogitComparison CompareLogits(const std::vector<float>& reference, const std::vector<float>& got,

@@ -21,8 +21,8 @@
 #include "kernels/cpu/onednn_linear.h"
 #include "model/latent_cache.h"
 #include "model/mla.h"
-#include "model/sparse_attention.h"
 #include "model/rope.h"
+#include "model/sparse_attention.h"
 #include "model/synthetic.h"
 #include "tensor/ggml_quants.h"
 

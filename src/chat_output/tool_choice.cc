@@ -40,8 +40,7 @@ bool AnyString(const json& schema) {
   auto type = schema.find("type");
   if (type == schema.end()) return true;
   if (type->is_string()) return *type == "string";
-  if (type->is_array())
-    return std::find(type->begin(), type->end(), json("string")) != type->end();
+  if (type->is_array()) return std::find(type->begin(), type->end(), json("string")) != type->end();
   return false;
 }
 
@@ -69,20 +68,21 @@ json DsmlInvokeGrammar(const FunctionTool& f) {
   for (const auto& [key, property] : properties.items()) {
     json forms = json::array();
     if (AnyString(property))
-      forms.push_back({{"type", "sequence"},
-                       {"elements",
-                        {Text("true\">"),
-                         {{"type", "regex"}, {"pattern", "([^<]|<+[^</])*<*"}}}}});
-    forms.push_back({{"type", "sequence"},
-                     {"elements", {Text("false\">"), {{"type", "json_schema"}, {"schema", property}}}}});
+      forms.push_back(
+          {{"type", "sequence"},
+           {"elements", {Text("true\">"), {{"type", "regex"}, {"pattern", "([^<]|<+[^</])*<*"}}}}});
+    forms.push_back(
+        {{"type", "sequence"},
+         {"elements", {Text("false\">"), {{"type", "json_schema"}, {"schema", property}}}}});
     json parameter = {{"type", "sequence"},
                       {"elements",
                        {Text(std::string(kDsmlParameterBegin) + key + "\" string=\""),
                         {{"type", "alternatives"}, {"elements", forms}},
                         Text(std::string(kDsmlParameterEnd) + "\n")}}};
-    elements.push_back(is_required(key)
-                           ? parameter
-                           : json{{"type", "repeat"}, {"element", parameter}, {"min", 0}, {"max", 1}});
+    elements.push_back(
+        is_required(key)
+            ? parameter
+            : json{{"type", "repeat"}, {"element", parameter}, {"min", 0}, {"max", 1}});
   }
   elements.push_back(Text(kDsmlInvokeEnd));
   return {{"type", "sequence"}, {"elements", elements}};

@@ -178,7 +178,8 @@ void ToolCallParser::Run(OutputDelta* out, bool final, bool cut) {
           continue;
         }
         size_t hold = final ? 0 : HeldSuffix(buffer_, m.calls_begin);
-        while (dsml && !final && hold < buffer_.size() && IsSpace(buffer_[buffer_.size() - hold - 1]))
+        while (dsml && !final && hold < buffer_.size() &&
+               IsSpace(buffer_[buffer_.size() - hold - 1]))
           ++hold;  // space that may precede the call list: sent once text follows it
         out->content += buffer_.substr(0, buffer_.size() - hold);
         buffer_.erase(0, buffer_.size() - hold);
@@ -414,7 +415,7 @@ bool ToolCallParser::RunDsml(OutputDelta* out, bool final, bool cut, bool* done)
       const size_t at = buffer_.find(kDsmlParameterEnd);
       const size_t take = at != std::string::npos ? at
                           : final                 ? buffer_.size()
-                                                  : buffer_.size() - HeldSuffix(buffer_, kDsmlParameterEnd);
+                                  : buffer_.size() - HeldSuffix(buffer_, kDsmlParameterEnd);
       const std::string_view piece = std::string_view(buffer_).substr(0, take);
       AppendArguments(string_value_ ? JsonEscaped(piece) : std::string(piece), out);
       buffer_.erase(0, take);

@@ -444,9 +444,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
 
   auto scaling = root.find("rope_scaling");
   // transformers 5 saves RoPE as rope_parameters: rope_theta and the scaling in one object.
-  if (auto params = root.find("rope_parameters");
-      (scaling == root.end() || scaling->is_null()) && params != root.end() &&
-      params->is_object()) {
+  if (auto params = root.find("rope_parameters"); (scaling == root.end() || scaling->is_null()) &&
+                                                  params != root.end() && params->is_object()) {
     scaling = params;
     FieldReader theta(*params, source + ": rope_parameters");
     theta.Double("rope_theta", c.rope_theta, false);

@@ -341,7 +341,8 @@ void MlaAttend(const ModelConfig& c, const RopeParams& rope, const AttentionWeig
       SparseView view;
       view.slots.reserve(query.keys.size());
       for (const int32_t key : query.keys)
-        view.slots.push_back(static_cast<int32_t>(seq.cache->pages[key / page] * page + key % page));
+        view.slots.push_back(
+            static_cast<int32_t>(seq.cache->pages[key / page] * page + key % page));
       views.push_back(std::move(view));
     }
   }
@@ -358,8 +359,8 @@ void MlaAttend(const ModelConfig& c, const RopeParams& rope, const AttentionWeig
       kernels::LatentPages chosen = cache.Pages(layer, *seq.cache);
       latents.resize(static_cast<size_t>(keys * row));
       for (int64_t k = 0; k < keys; ++k) {
-        const uint8_t* source = chosen.base + static_cast<size_t>(slots[k]) *
-                                                  static_cast<size_t>(cache.row_bytes());
+        const uint8_t* source =
+            chosen.base + static_cast<size_t>(slots[k]) * static_cast<size_t>(cache.row_bytes());
         if (cache.dtype() == DType::kF32)
           std::copy_n(reinterpret_cast<const float*>(source), row, latents.data() + k * row);
         else
@@ -367,7 +368,8 @@ void MlaAttend(const ModelConfig& c, const RopeParams& rope, const AttentionWeig
                              latents.data() + k * row);
       }
       kernels::MlaAttendAbsorbed(q + seq.token_offset * H * dqk, 1, &last, latents.data(), keys,
-                                 w.kv_b_proj, dims, heads_out + seq.token_offset * H * c.v_head_dim);
+                                 w.kv_b_proj, dims,
+                                 heads_out + seq.token_offset * H * c.v_head_dim);
       continue;
     }
     const int64_t keys = seq.start_position + seq.token_count;

@@ -146,9 +146,9 @@ std::vector<SparseQuery> SelectSparseKeys(const ModelConfig& c, int64_t layer,
   for (size_t j = 0; j < sparse.size(); ++j) {
     const int64_t visible = sparse[j].position + 1;
     scores[j].resize(static_cast<size_t>(visible));
-    const int64_t per_chunk = std::max<int64_t>(
-        kMinKeysPerChunk, (visible + 2 * static_cast<int64_t>(threads) - 1) /
-                              (2 * static_cast<int64_t>(threads)));
+    const int64_t per_chunk =
+        std::max<int64_t>(kMinKeysPerChunk, (visible + 2 * static_cast<int64_t>(threads) - 1) /
+                                                (2 * static_cast<int64_t>(threads)));
     for (int64_t first = 0; first < visible; first += per_chunk)
       chunks.push_back({j, first, std::min(per_chunk, visible - first)});
   }

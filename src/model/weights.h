@@ -33,11 +33,11 @@ struct AttentionWeights {
   Matrix gguf_k_b, gguf_v_b;
   // DeepSeek-V3.2's lightning indexer (model/sparse_attention.h); empty in dense models, and in
   // an MTP layer stored without one (which then attends densely: it only drafts).
-  Matrix indexer_wq_b;                   // [Hi·dI, q_lora_rank]
-  Matrix indexer_wk;                     // [dI, D]
-  std::vector<float> indexer_k_norm;     // [dI] LayerNorm weight
+  Matrix indexer_wq_b;                     // [Hi·dI, q_lora_rank]
+  Matrix indexer_wk;                       // [dI, D]
+  std::vector<float> indexer_k_norm;       // [dI] LayerNorm weight
   std::vector<float> indexer_k_norm_bias;  // [dI]
-  Matrix indexer_weights_proj;           // [Hi, D]
+  Matrix indexer_weights_proj;             // [Hi, D]
   bool has_indexer() const { return !indexer_wk.empty(); }
 };
 

@@ -160,8 +160,9 @@ CostModel::Parts CostModel::LayerParts(const Deployment& d, double group_tokens,
     const double bytes =
         group_tokens * attended * row * kBf16 + group_tokens * H * (row + latent) * kBf16;
     // Dense: a request's queries share one read of its cache; DSA: each query reads its own keys.
-    const double read = m_.has_indexer() ? bytes : requests * kv * row * kBf16 +
-                                                       group_tokens * H * (row + latent) * kBf16;
+    const double read =
+        m_.has_indexer() ? bytes
+                         : requests * kv * row * kBf16 + group_tokens * H * (row + latent) * kBf16;
     p.attention = std::max({flops / (hw_.peak_bf16_tflops * 1e12 * e.attention_compute) * 1e6,
                             read / (hw_.memory_bandwidth_gbps * kGB * e.attention_memory) * 1e6,
                             e.kernel_floor_us});

@@ -23,8 +23,8 @@ std::string ToolsBlock(const std::string& schemas) {
          d + "function_calls>\" block like the following as part of your reply to the user:\n<" +
          d + "function_calls>\n<" + d + "invoke name=\"$FUNCTION_NAME\">\n<" + d +
          "parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</" + d +
-         "parameter>\n...\n</" + d + "invoke>\n<" + d + "invoke name=\"$FUNCTION_NAME2\">\n...\n</" +
-         d + "invoke>\n</" + d +
+         "parameter>\n...\n</" + d + "invoke>\n<" + d +
+         "invoke name=\"$FUNCTION_NAME2\">\n...\n</" + d + "invoke>\n</" + d +
          "function_calls>\n\nString and scalar parameters should be specified as is without any "
          "escaping or quotes, while lists and objects should use JSON format. The \"string\" "
          "attribute should be set to \"true\" for string type parameters and \"false\" for "
@@ -99,9 +99,10 @@ Result<std::string> SystemExtras(const json& message, const json* tools, size_t 
   }
   if (auto it = message.find("response_format"); it != message.end() && !it->is_null()) {
     SY_ASSIGN_OR_RETURN(std::string schema, ToJson(*it));
-    out += "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to "
-           "reply:\n" +
-           schema;
+    out +=
+        "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to "
+        "reply:\n" +
+        schema;
   }
   return out;
 }
@@ -140,13 +141,13 @@ Result<std::string> ToolCallsDsml(const json& calls, size_t index) {
       } else {
         SY_ASSIGN_OR_RETURN(text, ToJson(value));
       }
-      parameters += (first ? "" : "\n") + fmt::format("<{}parameter name=\"{}\" string=\"{}\">{}</{}parameter>", d, key,
-                                 value.is_string() ? "true" : "false", text, d);
+      parameters += (first ? "" : "\n") +
+                    fmt::format("<{}parameter name=\"{}\" string=\"{}\">{}</{}parameter>", d, key,
+                                value.is_string() ? "true" : "false", text, d);
       first = false;
     }
-    invokes += (c ? "\n" : "") +
-               fmt::format("<{}invoke name=\"{}\">\n{}\n</{}invoke>", d,
-                           function["name"].get<std::string>(), parameters, d);
+    invokes += (c ? "\n" : "") + fmt::format("<{}invoke name=\"{}\">\n{}\n</{}invoke>", d,
+                                             function["name"].get<std::string>(), parameters, d);
   }
   return fmt::format("\n\n<{}function_calls>\n{}\n</{}function_calls>", d, invokes, d);
 }

@@ -54,8 +54,9 @@ void IndexScoresImpl(const float* q, const float* weights, int64_t heads, int64_
     if (bf16) {
       const auto* values = reinterpret_cast<const uint16_t*>(row);
       for (; d + n <= dim; d += n)
-        hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, values + d)))),
-                  df, out + d);
+        hn::Store(
+            hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, values + d)))),
+            df, out + d);
       for (; d < dim; ++d)
         out[d] = BF16ToF32(values[d]);
     } else {
@@ -107,8 +108,7 @@ HWY_EXPORT(IndexScoresImpl);
 void IndexScores(const float* q, const float* weights, int64_t heads, int64_t dim,
                  const LatentPages& keys, int64_t column, int64_t first, int64_t count,
                  float* scores) {
-  HWY_DYNAMIC_DISPATCH(IndexScoresImpl)(q, weights, heads, dim, keys, column, first, count,
-                                        scores);
+  HWY_DYNAMIC_DISPATCH(IndexScoresImpl)(q, weights, heads, dim, keys, column, first, count, scores);
 }
 
 }  // namespace sy::kernels
