@@ -232,11 +232,7 @@ def build(name, out_root, seed):
             drift = (incremental - logits).abs().max().item()
             assert drift <= 1e-4 * logits.abs().max().item(), f"HF cache drift {drift}"
             rows.append(logits.numpy())
-    all_rows = np.concatenate(rows).astype("<f4")
-    all_rows.tofile(os.path.join(directory, "logits.bin"))
-    with open(os.path.join(directory, "tokens.txt"), "w") as f:
-        f.write(";".join(",".join(str(t) for t in ids) for ids in sequences) + "\n")
-    meta = {
+    meta = write_reference(directory, config, np.concatenate(rows), sequences, {
         "reference": f"transformers {transformers.__version__} {model_class.__name__}, float32, eager attention",
         "torch": torch.__version__,
         "seed": seed,
@@ -244,13 +240,22 @@ def build(name, out_root, seed):
         "exercises": exercises,
         "sequence_lengths": SEQUENCE_LENGTHS,
         "decode_from": DECODE_FROM,
-        "rows": int(all_rows.shape[0]),
-        "vocab_size": config["vocab_size"],
-        "max_abs_logit": float(np.abs(all_rows).max()),
-    }
+    })
+    print(f"{name}: {meta['rows']} rows, max |logit| {meta['max_abs_logit']:.3f}")
+
+
+def write_reference(directory, config, rows, sequences, meta):
+    """A fixture's reference files: logits.bin (float32 rows), tokens.txt and meta.json, which gets
+    the row count, vocabulary size and largest |logit| added. Returns the meta."""
+    rows = rows.astype("<f4")
+    rows.tofile(os.path.join(directory, "logits.bin"))
+    with open(os.path.join(directory, "tokens.txt"), "w") as f:
+        f.write(";".join(",".join(str(t) for t in ids) for ids in sequences) + "\n")
+    meta = dict(meta, rows=int(rows.shape[0]), vocab_size=config["vocab_size"],
+                max_abs_logit=float(np.abs(rows).max()))
     with open(os.path.join(directory, "meta.json"), "w") as f:
         json.dump(meta, f, indent=2)
-    print(f"{name}: {meta['rows']} rows, max |logit| {meta['max_abs_logit']:.3f}")
+    return meta
 
 
 def main():

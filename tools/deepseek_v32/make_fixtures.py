@@ -29,7 +29,7 @@ import transformers
 from transformers.models.deepseek_v32 import modeling_deepseek_v32
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from gen_fixtures import BLOCK, FP8_SUFFIXES, quantize_fp8, write_checkpoint  # noqa: E402
+from gen_fixtures import BLOCK, FP8_SUFFIXES, quantize_fp8, write_checkpoint, write_reference  # noqa: E402
 
 # The indexer's projections are stored in fp8 in DeepSeek-V3.2's release, as the attention's are;
 # weights_proj stays bf16.
@@ -255,10 +255,7 @@ def build(name, out_root, seed):
     write_checkpoint(directory, tensors, 1)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    logits.tofile(os.path.join(directory, "logits.bin"))
-    with open(os.path.join(directory, "tokens.txt"), "w") as f:
-        f.write(";".join(",".join(str(t) for t in ids) for ids in sequences) + "\n")
-    meta = {
+    meta = write_reference(directory, config, logits, sequences, {
         "reference": f"transformers {transformers.__version__} DeepseekV32ForCausalLM, float32, eager attention",
         "torch": torch.__version__,
         "seed": seed,
@@ -266,14 +263,9 @@ def build(name, out_root, seed):
         "exercises": exercises,
         "sequence_lengths": SEQUENCE_LENGTHS,
         "decode_from": DECODE_FROM,
-        "rows": int(logits.shape[0]),
-        "vocab_size": config["vocab_size"],
-        "max_abs_logit": float(np.abs(logits).max()),
         "sparse_query_rows": gaps.rows,
         "smallest_topk_gap": gaps.smallest,
-    }
-    with open(os.path.join(directory, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=2)
+    })
     print(f"{name}: seed {seed}, {meta['rows']} rows, {gaps.rows} sparse query rows, "
           f"smallest top-k gap {gaps.smallest:.2e}, max |logit| {meta['max_abs_logit']:.3f}")
 
