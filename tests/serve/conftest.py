@@ -280,6 +280,25 @@ def client_for(process):
     return OpenAI(base_url=process.url + "/v1", api_key="x", max_retries=0, timeout=300)
 
 
+def streamed_calls(client, args):
+    """A streamed chat completion's tool calls as a client assembles them from the deltas, and
+    its finish reason: [{"id", "name", "arguments"}] in index order."""
+    calls, finish = {}, None
+    for chunk in client.chat.completions.create(**args, stream=True):
+        if not chunk.choices:
+            continue
+        for d in chunk.choices[0].delta.tool_calls or []:
+            entry = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+            if d.id:
+                entry["id"] = d.id
+            if d.function and d.function.name:
+                entry["name"] = d.function.name
+            if d.function and d.function.arguments:
+                entry["arguments"] += d.function.arguments
+        finish = chunk.choices[0].finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish
+
+
 def stop_all(procs):
     for p in procs:
         if p.process.poll() is None:

@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 from tokenizers import Tokenizer
 
-from conftest import REPO, Server
+from conftest import REPO, Server, streamed_calls
 
 CASES = os.path.join(REPO, "tests", "fixtures", "deepseek-v32-encoding", "cases.json")
 
@@ -86,20 +86,10 @@ def test_forced_calls_come_back_from_dsml(v32_server):
         else:
             assert call.function.name == "add"
             assert set(arguments) == {"a", "b"} and all(isinstance(v, int) for v in arguments.values())
-    calls, finish = {}, None
-    for chunk in client.chat.completions.create(**args, stream=True):
-        if not chunk.choices:
-            continue
-        for d in chunk.choices[0].delta.tool_calls or []:
-            entry = calls.setdefault(d.index, {"name": None, "arguments": ""})
-            if d.function and d.function.name:
-                entry["name"] = d.function.name
-            if d.function and d.function.arguments:
-                entry["arguments"] += d.function.arguments
-        finish = chunk.choices[0].finish_reason or finish
+    calls, finish = streamed_calls(client, args)  # the ids are new "call_…" ones each request
     assert finish == "tool_calls"
-    assert [calls[i] for i in sorted(calls)] == [
-        {"name": c.function.name, "arguments": c.function.arguments} for c in choice.message.tool_calls]
+    assert [(c["name"], c["arguments"]) for c in calls] == [
+        (c.function.name, c.function.arguments) for c in choice.message.tool_calls]
 
 
 def test_thinking_mode_reasons_then_calls(v32_server):

@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from conftest import REPO, TMP, Server
+from conftest import REPO, TMP, Server, streamed_calls
 
 sys.path.insert(0, os.path.join(REPO, "tools", "tokenizer"))
 import tiktoken  # noqa: E402
@@ -177,23 +177,9 @@ def test_forced_calls_come_back_in_kimis_format(kimi_server):
         else:
             assert set(arguments) == {"a", "b"} and all(isinstance(v, int) for v in arguments.values())
     # Streamed: the same calls, assembled from deltas.
-    calls = {}
-    finish = None
-    for chunk in client.chat.completions.create(**args, stream=True):
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        for d in delta.tool_calls or []:
-            entry = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
-            if d.id:
-                entry["id"] = d.id
-            if d.function and d.function.name:
-                entry["name"] = d.function.name
-            if d.function and d.function.arguments:
-                entry["arguments"] += d.function.arguments
-        finish = chunk.choices[0].finish_reason or finish
+    calls, finish = streamed_calls(client, args)
     assert finish == "tool_calls"
-    assert [calls[i] for i in sorted(calls)] == [
+    assert calls == [
         {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
         for c in choice.message.tool_calls]
 
