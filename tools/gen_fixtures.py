@@ -219,18 +219,8 @@ def build(name, out_root, seed):
     rows = []
     with torch.no_grad():
         for ids in sequences:
-            input_ids = torch.tensor([ids])
-            logits = model(input_ids).logits[0].to(torch.float32)
-            # HF's own cache path must agree with its full forward: prefill, then one token a step.
-            out = model(input_ids[:, :DECODE_FROM], use_cache=True)
-            cache, steps = out.past_key_values, [out.logits[0]]
-            for position in range(DECODE_FROM, len(ids)):
-                out = model(input_ids[:, position:position + 1], past_key_values=cache, use_cache=True)
-                cache = out.past_key_values
-                steps.append(out.logits[0])
-            incremental = torch.cat(steps)
-            drift = (incremental - logits).abs().max().item()
-            assert drift <= 1e-4 * logits.abs().max().item(), f"HF cache drift {drift}"
+            logits, drift = reference_logits(model, ids)
+            assert drift <= 1e-4, f"HF cache drift {drift} of the largest logit"
             rows.append(logits.numpy())
     meta = write_reference(directory, config, np.concatenate(rows), sequences, {
         "reference": f"transformers {transformers.__version__} {model_class.__name__}, float32, eager attention",
@@ -242,6 +232,21 @@ def build(name, out_root, seed):
         "decode_from": DECODE_FROM,
     })
     print(f"{name}: {meta['rows']} rows, max |logit| {meta['max_abs_logit']:.3f}")
+
+
+def reference_logits(model, ids):
+    """HF's logits for one sequence in one forward, and how far its own cache path (a prefill of
+    DECODE_FROM tokens, then one token a step) strays from them, over the largest logit."""
+    input_ids = torch.tensor([ids])
+    logits = model(input_ids).logits[0].to(torch.float32)
+    out = model(input_ids[:, :DECODE_FROM], use_cache=True)
+    cache, steps = out.past_key_values, [out.logits[0]]
+    for position in range(DECODE_FROM, len(ids)):
+        out = model(input_ids[:, position:position + 1], past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        steps.append(out.logits[0])
+    drift = (torch.cat(steps) - logits).abs().max().item() / logits.abs().max().item()
+    return logits, drift
 
 
 def write_reference(directory, config, rows, sequences, meta):

@@ -29,7 +29,8 @@ import transformers
 from transformers.models.deepseek_v32 import modeling_deepseek_v32
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from gen_fixtures import BLOCK, FP8_SUFFIXES, quantize_fp8, write_checkpoint, write_reference  # noqa: E402
+from gen_fixtures import (BLOCK, DECODE_FROM, FP8_SUFFIXES, quantize_fp8, reference_logits,  # noqa: E402
+                          write_checkpoint, write_reference)
 
 # The indexer's projections are stored in fp8 in DeepSeek-V3.2's release, as the attention's are;
 # weights_proj stays bf16.
@@ -67,7 +68,6 @@ VARIANTS = {
 }
 
 SEQUENCE_LENGTHS = [40, 7, 23]
-DECODE_FROM = 5
 MARGIN = 1e-4
 HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
            "num_hidden_layers", "first_k_dense_replace", "num_attention_heads",
@@ -222,17 +222,8 @@ def attempt(name, seed):
     rows, drifts = [], []
     with torch.no_grad(), GapRecorder() as gaps:
         for ids in sequences:
-            input_ids = torch.tensor([ids])
-            logits = model(input_ids).logits[0].to(torch.float32)
-            # HF's own cache path must agree with its full forward: prefill, then a token a step.
-            out = model(input_ids[:, :DECODE_FROM], use_cache=True)
-            cache, steps = out.past_key_values, [out.logits[0]]
-            for position in range(DECODE_FROM, len(ids)):
-                out = model(input_ids[:, position:position + 1], past_key_values=cache, use_cache=True)
-                cache = out.past_key_values
-                steps.append(out.logits[0])
-            incremental = torch.cat(steps)
-            drifts.append((incremental - logits).abs().max().item() / logits.abs().max().item())
+            logits, drift = reference_logits(model, ids)  # the full forward and HF's cache path
+            drifts.append(drift)
             rows.append(logits.numpy())
     return tensors, sequences, np.concatenate(rows).astype("<f4"), gaps, max(drifts)
 
