@@ -29,35 +29,17 @@ import transformers
 from transformers.models.deepseek_v32 import modeling_deepseek_v32
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from gen_fixtures import (BLOCK, DECODE_FROM, FP8_SUFFIXES, quantize_fp8, reference_logits,  # noqa: E402
-                          write_checkpoint, write_reference)
+from gen_fixtures import (BLOCK, DECODE_FROM, FP8_SUFFIXES, TINY_V3, quantize_fp8,  # noqa: E402
+                          reference_logits, write_checkpoint, write_reference)
 
 # The indexer's projections are stored in fp8 in DeepSeek-V3.2's release, as the attention's are;
 # weights_proj stays bf16.
 INDEXER_FP8 = ("indexer.wq_b.weight", "indexer.wk.weight")
 
-YARN = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
-
 # tools/gen_fixtures.py's tiny V3 with DeepSeek-V3.2's indexer: 8 heads of 32 (half of it
 # rotated), the best 8 keys for each query.
-TINY_V32 = {
-    "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
-    "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 64,
-    "num_hidden_layers": 3, "first_k_dense_replace": 1,
-    "num_attention_heads": 4, "num_key_value_heads": 4,
-    "q_lora_rank": 64, "kv_lora_rank": 32,
-    "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 24,
-    "n_routed_experts": 16, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 4,
-    "n_shared_experts": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
-    "scoring_func": "sigmoid", "topk_method": "noaux_tc",
-    "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000,
-    "rope_scaling": YARN, "max_position_embeddings": 163840,
-    "attention_bias": False, "tie_word_embeddings": False,
-    "num_nextn_predict_layers": 1,
-    "index_topk": 8, "index_head_dim": 32, "index_n_heads": 8,
-    "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "float32",
-}
+TINY_V32 = dict(TINY_V3, architectures=["DeepseekV32ForCausalLM"], model_type="deepseek_v32",
+                index_topk=8, index_head_dim=32, index_n_heads=8)
 
 VARIANTS = {
     "tiny-v32-bf16": (TINY_V32, "bf16", "DSA (index_topk 8 of up to 40 keys), bf16, MTP declared but not stored"),
