@@ -263,15 +263,21 @@ def write_reference(directory, config, rows, sequences, meta):
     return meta
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_variants(description, variants, build_one, seed):
+    """The fixture scripts' command line: builds the named variants (all by default) into --out,
+    variant i with seed --seed + i."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures"))
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--seed", type=int, default=seed)
+    parser.add_argument("variants", nargs="*", default=list(variants))
     args = parser.parse_args()
     torch.set_num_threads(2)
     for index, name in enumerate(args.variants):
-        build(name, args.out, args.seed + index)
+        build_one(name, args.out, args.seed + index)
+
+
+def main():
+    build_variants(__doc__, VARIANTS, build, 1234)
 
 
 if __name__ == "__main__":

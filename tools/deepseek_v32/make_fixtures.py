@@ -16,7 +16,6 @@ rounding. meta.json records the smallest gap found.
 Run through tools/deepseek_v32/make_fixtures.sh, which installs the pinned versions.
 """
 
-import argparse
 import json
 import math
 import os
@@ -29,8 +28,8 @@ import transformers
 from transformers.models.deepseek_v32 import modeling_deepseek_v32
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from gen_fixtures import (BLOCK, DECODE_FROM, FP8_SUFFIXES, TINY_V3, quantize_fp8,  # noqa: E402
-                          reference_logits, write_checkpoint, write_reference)
+from gen_fixtures import (BLOCK, DECODE_FROM, FP8_SUFFIXES, TINY_V3, build_variants,  # noqa: E402
+                          quantize_fp8, reference_logits, write_checkpoint, write_reference)
 
 # The indexer's projections are stored in fp8 in DeepSeek-V3.2's release, as the attention's are;
 # weights_proj stays bf16.
@@ -244,14 +243,7 @@ def build(name, out_root, seed):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures"))
-    parser.add_argument("--seed", type=int, default=3200)
-    parser.add_argument("variants", nargs="*", default=list(VARIANTS))
-    args = parser.parse_args()
-    torch.set_num_threads(2)
-    for index, name in enumerate(args.variants):
-        build(name, args.out, args.seed + index)
+    build_variants(__doc__, VARIANTS, build, 3200)
 
 
 if __name__ == "__main__":
