@@ -109,10 +109,12 @@ def init_weights(model, config, generator):
             value = torch.randn(shape, generator=generator)
         elif name.endswith("mlp.gate.weight"):
             value = torch.randn(shape, generator=generator) / math.sqrt(hidden)
+        elif name.endswith("k_norm.bias"):  # DeepSeek-V3.2's indexer LayerNorm
+            value = 0.1 * torch.randn(shape, generator=generator)
         elif "norm" in name.split(".")[-2] or name.endswith("norm.weight"):
             value = 1.0 + 0.1 * torch.randn(shape, generator=generator)
-        elif len(shape) == 2:
-            value = torch.randn(shape, generator=generator) / math.sqrt(shape[1])
+        elif len(shape) in (2, 3):  # transformers 5 fuses experts: [experts, rows, cols]
+            value = torch.randn(shape, generator=generator) / math.sqrt(shape[-1])
         else:
             raise ValueError(f"no init rule for {name}")
         param.data.copy_(value)

@@ -29,7 +29,8 @@ from transformers.models.deepseek_v32 import modeling_deepseek_v32
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from gen_fixtures import (BLOCK, DECODE_FROM, FP8_SUFFIXES, TINY_V3, build_variants,  # noqa: E402
-                          quantize_fp8, reference_logits, write_checkpoint, write_reference)
+                          init_weights, quantize_fp8, reference_logits, write_checkpoint,
+                          write_reference)
 
 # The indexer's projections are stored in fp8 in DeepSeek-V3.2's release, as the attention's are;
 # weights_proj stays bf16.
@@ -86,31 +87,6 @@ def store(tensors, name, value, storage):
         return tensors[name].clone()
     tensors[name] = value.to(torch.bfloat16).contiguous()
     return tensors[name].to(torch.float32)
-
-
-def init(model, config, generator):
-    """tools/gen_fixtures.py's rules (spec §9.2), with transformers 5's fused expert tensors
-    [experts, 2·width, D] and [experts, D, width] drawn as the per-expert matrices they hold."""
-    hidden = config["hidden_size"]
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            shape = param.shape
-            if name.endswith("embed_tokens.weight"):
-                value = torch.randn(shape, generator=generator)
-            elif name.endswith("mlp.gate.weight"):
-                value = torch.randn(shape, generator=generator) / math.sqrt(hidden)
-            elif name.endswith("k_norm.bias"):
-                value = 0.1 * torch.randn(shape, generator=generator)
-            elif "norm" in name.split(".")[-2] or name.endswith("norm.weight"):
-                value = 1.0 + 0.1 * torch.randn(shape, generator=generator)
-            elif len(shape) in (2, 3):
-                value = torch.randn(shape, generator=generator) / math.sqrt(shape[-1])
-            else:
-                raise ValueError(f"no init rule for {name}")
-            param.copy_(value)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(0.1 * torch.rand(buffer.shape, generator=generator))
 
 
 def store_state(tensors, prefix, module, storage):
@@ -180,7 +156,7 @@ def attempt(name, seed):
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     model = transformers.DeepseekV32ForCausalLM(hf_config(config)).float().eval()
-    init(model, config, generator)
+    init_weights(model, config, generator)
     tensors = {}
     with torch.no_grad():
         store_state(tensors, "", model, storage)
@@ -189,7 +165,7 @@ def attempt(name, seed):
             block = transformers.DeepseekV32ForCausalLM(hf_config(config, layer + 1)).model.layers[layer]
             wrapper = torch.nn.Module()
             wrapper.layers = torch.nn.ModuleList([block])
-            init(wrapper, config, generator)
+            init_weights(wrapper, config, generator)
             prefix = f"model.layers.{layer}."
             store_state(tensors, prefix, block, storage)
             hidden = config["hidden_size"]
