@@ -224,15 +224,8 @@ def build(name, out_root, seed):
             logits, drift = reference_logits(model, ids)
             assert drift <= 1e-4, f"HF cache drift {drift} of the largest logit"
             rows.append(logits.numpy())
-    meta = write_reference(directory, config, np.concatenate(rows), sequences, {
-        "reference": f"transformers {transformers.__version__} {model_class.__name__}, float32, eager attention",
-        "torch": torch.__version__,
-        "seed": seed,
-        "storage": storage,
-        "exercises": exercises,
-        "sequence_lengths": SEQUENCE_LENGTHS,
-        "decode_from": DECODE_FROM,
-    })
+    meta = write_reference(directory, config, np.concatenate(rows), sequences, model_class.__name__,
+                           seed, storage, exercises)
     print(f"{name}: {meta['rows']} rows, max |logit| {meta['max_abs_logit']:.3f}")
 
 
@@ -251,9 +244,19 @@ def reference_logits(model, ids):
     return logits, drift
 
 
-def write_reference(directory, config, rows, sequences, meta):
-    """A fixture's reference files: logits.bin (float32 rows), tokens.txt and meta.json, which gets
-    the row count, vocabulary size and largest |logit| added. Returns the meta."""
+def write_reference(directory, config, rows, sequences, model_class, seed, storage, exercises, **extra):
+    """A fixture's reference files: logits.bin (float32 rows), tokens.txt and meta.json (what made
+    them, `extra` fields, the row count, vocabulary size and largest |logit|). Returns the meta."""
+    meta = {
+        "reference": f"transformers {transformers.__version__} {model_class}, float32, eager attention",
+        "torch": torch.__version__,
+        "seed": seed,
+        "storage": storage,
+        "exercises": exercises,
+        "sequence_lengths": [len(ids) for ids in sequences],
+        "decode_from": DECODE_FROM,
+        **extra,
+    }
     rows = rows.astype("<f4")
     rows.tofile(os.path.join(directory, "logits.bin"))
     with open(os.path.join(directory, "tokens.txt"), "w") as f:

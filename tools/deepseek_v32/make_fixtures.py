@@ -28,7 +28,7 @@ import transformers
 from transformers.models.deepseek_v32 import modeling_deepseek_v32
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from gen_fixtures import (BLOCK, DECODE_FROM, FP8_SUFFIXES, TINY_V3, build_variants,  # noqa: E402
+from gen_fixtures import (BLOCK, FP8_SUFFIXES, TINY_V3, build_variants,  # noqa: E402
                           init_weights, quantize_fp8, reference_logits, write_checkpoint,
                           write_reference)
 
@@ -203,17 +203,9 @@ def build(name, out_root, seed):
     write_checkpoint(directory, tensors, 1)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    meta = write_reference(directory, config, logits, sequences, {
-        "reference": f"transformers {transformers.__version__} DeepseekV32ForCausalLM, float32, eager attention",
-        "torch": torch.__version__,
-        "seed": seed,
-        "storage": storage,
-        "exercises": exercises,
-        "sequence_lengths": SEQUENCE_LENGTHS,
-        "decode_from": DECODE_FROM,
-        "sparse_query_rows": gaps.rows,
-        "smallest_topk_gap": gaps.smallest,
-    })
+    meta = write_reference(directory, config, logits, sequences, "DeepseekV32ForCausalLM", seed,
+                           storage, exercises, sparse_query_rows=gaps.rows,
+                           smallest_topk_gap=gaps.smallest)
     print(f"{name}: seed {seed}, {meta['rows']} rows, {gaps.rows} sparse query rows, "
           f"smallest top-k gap {gaps.smallest:.2e}, max |logit| {meta['max_abs_logit']:.3f}")
 
