@@ -554,6 +554,28 @@ TEST(CliTest, QuantizeWritesAGgufTheVerbsLoad) {
   EXPECT_NE(output.find("generated 4 tokens"), std::string::npos) << output;
 }
 
+// DeepSeek-V3.2 has no GGUF form (llama.cpp's deepseek2 has no place for the indexer): a named
+// error that points to int4; the int4 export keeps the indexer's layers dense and says so.
+TEST(CliTest, QuantizeKeepsDeepSeekV32sIndexer) {
+  const std::string dir = testing::TempDirectory("cli_quantize_v32");
+  const std::string model = std::string(SY_FIXTURES_DIR) + "/tiny-v32-bf16";
+  std::string output;
+  EXPECT_NE(RunCommand(Binary() + " quantize --model " + model + " --to q4_k_m --out " + dir +
+                           "/m.gguf",
+                       &output),
+            0);
+  EXPECT_NE(output.find("model_type deepseek_v32"), std::string::npos) << output;
+  EXPECT_NE(output.find("--to awq-int4"), std::string::npos) << output;
+  ASSERT_EQ(
+      RunCommand(Binary() + " quantize --model " + model + " --to awq-int4 --out " + dir + "/awq",
+                 &output),
+      0)
+      << output;
+  const std::string config = testing::ReadFile(dir + "/awq/config.json");
+  for (const char* module : {"indexer.wq_b", "indexer.wk", "indexer.weights_proj"})
+    EXPECT_NE(config.find(std::string("\"") + module + "\""), std::string::npos) << module;
+}
+
 // quantize --to awq-int4 writes a checkpoint directory the verbs load (int4_export_test checks
 // its codes through the int4 loader).
 TEST(CliTest, QuantizeWritesAnAwqCheckpointTheVerbsLoad) {

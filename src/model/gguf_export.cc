@@ -273,6 +273,12 @@ Status ExportGguf(const std::string& model_dir, const std::string& out,
   SY_ASSIGN_OR_RETURN(ExportSource source, OpenExportSource(model_dir));
   json& raw = source.raw_config;
   const ModelConfig& config = source.config;
+  if (config.has_indexer())
+    return Status::Errorf(
+        "{}/config.json: model_type deepseek_v32 (DeepSeek-V3.2's sparse attention): llama.cpp's "
+        "deepseek2 GGUF has no place for the indexer's tensors; quantize it to int4 "
+        "(--to awq-int4, gptq-int4, ct-w4a16) instead",
+        model_dir);
   const Checkpoint& ckpt = source.checkpoint;
 
   GgufWriter w;

@@ -588,6 +588,11 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
       skipped.insert(short_name);
     } else if (name.ends_with("eh_proj.weight")) {
       skipped.insert("eh_proj");  // the MTP projection: vLLM keeps it a plain linear layer
+    } else {
+      // DeepSeek-V3.2's indexer: its choice of keys is only as good as its scores, so its linear
+      // layers stay dense (switchyard multiplies them in f32 whatever they hold).
+      for (const char* indexer : {"indexer.wq_b", "indexer.wk", "indexer.weights_proj"})
+        if (name.ends_with(std::string(".") + indexer + ".weight")) skipped.insert(indexer);
     }
     // Kept as it is; fp8 decoded (times its block scales) to bf16. A norm, router or dense
     // projection a calibration rescaled is written in f32, its scales applied.
