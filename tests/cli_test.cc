@@ -576,6 +576,25 @@ TEST(CliTest, QuantizeKeepsDeepSeekV32sIndexer) {
     EXPECT_NE(config.find(std::string("\"") + module + "\""), std::string::npos) << module;
 }
 
+// init-model --index-topk writes a DeepSeek-V3.2 model (an indexer in every layer) that loads and
+// generates, its queries past the 16th key attending sparsely.
+TEST(CliTest, InitModelWritesADeepSeekV32Model) {
+  const std::string dir = testing::TempDirectory("cli_init_v32");
+  std::string output;
+  ASSERT_EQ(RunCommand(Binary() + " init-model --out " + dir + " --index-topk 16", &output), 0)
+      << output;
+  const std::string config = testing::ReadFile(dir + "/config.json");
+  EXPECT_NE(config.find("\"deepseek_v32\""), std::string::npos) << config;
+  EXPECT_NE(config.find("\"index_topk\": 16"), std::string::npos) << config;
+  ASSERT_EQ(RunCommand(Binary() + " generate --model " + dir +
+                           " --prompt 'ROMEO: But soft, what light through yonder window breaks?'"
+                           " --max-tokens 8 --ignore-eos",
+                       &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("generated 8 tokens"), std::string::npos) << output;
+}
+
 // quantize --to awq-int4 writes a checkpoint directory the verbs load (int4_export_test checks
 // its codes through the int4 loader).
 TEST(CliTest, QuantizeWritesAnAwqCheckpointTheVerbsLoad) {

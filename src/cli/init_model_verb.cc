@@ -1,4 +1,5 @@
 // switchyard init-model: writes a synthetic (random-weight) model and its tokenizer.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -17,6 +18,7 @@ struct InitModelArgs {
   int mtp_layers = -1;       // -1: the preset's
   int64_t kv_lora_rank = 0;  // 0: the preset's
   int64_t qk_rope_head_dim = 0;
+  int64_t index_topk = 0;  // > 0: DeepSeek-V3.2's sparse attention
 };
 
 void RunInitModel(const InitModelArgs& args) {
@@ -27,6 +29,15 @@ void RunInitModel(const InitModelArgs& args) {
   // 64 only), so a side-by-side needs the bench shapes with that latent.
   if (args.kv_lora_rank > 0) config.kv_lora_rank = args.kv_lora_rank;
   if (args.qk_rope_head_dim > 0) config.qk_rope_head_dim = args.qk_rope_head_dim;
+  if (args.index_topk > 0) {
+    if (!config.q_lora_rank) FailVerb("--index-topk: the indexer needs a q_lora_rank preset");
+    // DeepSeek-V3.2's indexer shapes (64 heads of 128), narrowed where the preset is smaller.
+    config.model_type = "deepseek_v32";
+    config.index_topk = args.index_topk;
+    config.index_n_heads = std::min<int64_t>(64, config.num_attention_heads * 4);
+    config.index_head_dim = std::max<int64_t>(config.qk_rope_head_dim,
+                                              std::min<int64_t>(128, config.hidden_size / 4));
+  }
   SyntheticOptions options;
   options.seed = args.seed;
   Status status = WriteSyntheticCheckpoint(config, args.out, options);
@@ -60,6 +71,11 @@ void AddInitModelVerb(CLI::App& app) {
   verb->add_option("--qk-rope-head-dim", args->qk_rope_head_dim,
                    "Decoupled RoPE width per head (even; default: the preset's)")
       ->check(CLI::Range(int64_t{2}, int64_t{512}));
+  verb->add_option("--index-topk", args->index_topk,
+                   "DeepSeek-V3.2's sparse attention (model_type deepseek_v32): every layer gets a "
+                   "lightning indexer and each query attends to this many keys (V3.2: 2048; "
+                   "default: dense MLA)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   verb->callback([args] { RunInitModel(*args); });
 }
 

@@ -147,6 +147,15 @@ void AddDecoderLayer(CheckpointBuilder& b, const ModelConfig& c, int64_t layer) 
   b.Linear(p + ".self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim),
            c.kv_lora_rank);
   b.Linear(p + ".self_attn.o_proj.weight", D, H * c.v_head_dim);
+  if (c.has_indexer()) {  // DeepSeek-V3.2's lightning indexer (its weights_proj stays bf16)
+    const std::string indexer = p + ".self_attn.indexer";
+    b.Linear(indexer + ".wq_b.weight", c.index_n_heads * c.index_head_dim, *c.q_lora_rank);
+    b.Linear(indexer + ".wk.weight", c.index_head_dim, D);
+    b.Norm(indexer + ".k_norm.weight", c.index_head_dim);
+    b.Bias(indexer + ".k_norm.bias", c.index_head_dim);
+    b.Matrix(indexer + ".weights_proj.weight", c.index_n_heads, D,
+             1.0 / std::sqrt(static_cast<double>(D)), false);
+  }
   b.Norm(p + ".post_attention_layernorm.weight", D);
   if (!c.IsMoeLayer(layer)) {
     AddFeedForward(b, p + ".mlp", c.intermediate_size, D);
