@@ -560,10 +560,10 @@ TEST(CliTest, QuantizeKeepsDeepSeekV32sIndexer) {
   const std::string dir = testing::TempDirectory("cli_quantize_v32");
   const std::string model = std::string(SY_FIXTURES_DIR) + "/tiny-v32-bf16";
   std::string output;
-  EXPECT_NE(RunCommand(Binary() + " quantize --model " + model + " --to q4_k_m --out " + dir +
-                           "/m.gguf",
-                       &output),
-            0);
+  EXPECT_NE(
+      RunCommand(Binary() + " quantize --model " + model + " --to q4_k_m --out " + dir + "/m.gguf",
+                 &output),
+      0);
   EXPECT_NE(output.find("model_type deepseek_v32"), std::string::npos) << output;
   EXPECT_NE(output.find("--to awq-int4"), std::string::npos) << output;
   ASSERT_EQ(

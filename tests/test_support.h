@@ -44,6 +44,15 @@ struct LogitComparison {
 LogitComparison CompareLogits(const std::vector<float>& reference, const std::vector<float>& got,
                               int64_t vocab, float margin = 0.05f);
 
+// The bar of a path that rounds to bf16 (the cache, activations in the bf16 kernels or on AMX
+// tiles) against a fixture's f32 reference: every confident row's argmax, and max |Δ| ≤ 1e-2 of
+// the largest logit but in `budget` rows, where rounding flips a near-tie expert choice. For a
+// DSA fixture (DeepSeek-V3.2), whose indexer's top-k choice rounding flips too, the rows before
+// index_topk keep that bar and at least half of the sparse rows must meet it (test_support.cc).
+void ExpectRoundedPathMeetsTheBar(const Model& model, const Fixture& fixture,
+                                  const LogitComparison& comparison, int64_t budget,
+                                  const std::string& what);
+
 // A model and its tokenizer, loaded from one directory (failures are test failures).
 struct LoadedModel {
   std::unique_ptr<Model> model;

@@ -35,8 +35,8 @@ void RunInitModel(const InitModelArgs& args) {
     config.model_type = "deepseek_v32";
     config.index_topk = args.index_topk;
     config.index_n_heads = std::min<int64_t>(64, config.num_attention_heads * 4);
-    config.index_head_dim = std::max<int64_t>(config.qk_rope_head_dim,
-                                              std::min<int64_t>(128, config.hidden_size / 4));
+    config.index_head_dim =
+        std::max<int64_t>(config.qk_rope_head_dim, std::min<int64_t>(128, config.hidden_size / 4));
   }
   SyntheticOptions options;
   options.seed = args.seed;
