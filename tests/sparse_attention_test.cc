@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <random>
 
 #include "kernels/cpu/fast_linear.h"
@@ -94,17 +95,40 @@ TEST(SparseAttentionTest, IndexScoresAreTheScalarSumsBitForBit) {
 }
 
 TEST(SparseAttentionTest, ChooseTopKeysPrefersTheEarlierKeyOnATieAndPutsNaNLast) {
-  std::vector<int32_t> order, chosen;
+  std::vector<float> scratch;
+  std::vector<int32_t> chosen;
   const float scores[] = {1.0f, 3.0f, 2.0f, 3.0f, 0.5f, 2.0f};
-  ChooseTopKeys(scores, 6, 3, order, chosen);
+  ChooseTopKeys(scores, 6, 3, scratch, chosen);
   EXPECT_EQ(chosen, (std::vector<int32_t>{1, 2, 3}));  // 3, 3, then the first 2
-  ChooseTopKeys(scores, 6, 1, order, chosen);
+  ChooseTopKeys(scores, 6, 1, scratch, chosen);
   EXPECT_EQ(chosen, (std::vector<int32_t>{1}));
   const float with_nan[] = {NAN, -1.0f, NAN, -2.0f};
-  ChooseTopKeys(with_nan, 4, 2, order, chosen);
+  ChooseTopKeys(with_nan, 4, 2, scratch, chosen);
   EXPECT_EQ(chosen, (std::vector<int32_t>{1, 3}));
-  ChooseTopKeys(with_nan, 4, 3, order, chosen);
+  ChooseTopKeys(with_nan, 4, 3, scratch, chosen);
   EXPECT_EQ(chosen, (std::vector<int32_t>{0, 1, 3}));
+  // Against a full sort by (score descending, key ascending, NaN last) on scores with many ties,
+  // infinities and NaNs.
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t count = 2 + static_cast<int64_t>(rng() % 200);
+    const int64_t topk = 1 + static_cast<int64_t>(rng() % (count - 1));
+    std::vector<float> values(static_cast<size_t>(count));
+    for (float& v : values) {
+      const uint32_t r = rng() % 20;
+      v = r == 0 ? NAN : r == 1 ? -INFINITY : r == 2 ? INFINITY : static_cast<float>(rng() % 7);
+    }
+    std::vector<int32_t> order(static_cast<size_t>(count));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      if (std::isnan(values[a]) != std::isnan(values[b])) return std::isnan(values[b]);
+      return !std::isnan(values[a]) && values[a] > values[b];
+    });
+    std::vector<int32_t> expected(order.begin(), order.begin() + topk);
+    std::sort(expected.begin(), expected.end());
+    ChooseTopKeys(values.data(), count, topk, scratch, chosen);
+    ASSERT_EQ(chosen, expected) << "trial " << trial;
+  }
 }
 
 // Logits of the fixture's sequences, each in one prefill (f32 cache, f32 products).

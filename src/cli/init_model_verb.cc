@@ -31,12 +31,13 @@ void RunInitModel(const InitModelArgs& args) {
   if (args.qk_rope_head_dim > 0) config.qk_rope_head_dim = args.qk_rope_head_dim;
   if (args.index_topk > 0) {
     if (!config.q_lora_rank) FailVerb("--index-topk: the indexer needs a q_lora_rank preset");
-    // DeepSeek-V3.2's indexer shapes (64 heads of 128), narrowed where the preset is smaller.
+    // DeepSeek-V3.2's proportions: half as many indexer heads as attention heads (64 of 128),
+    // keys a quarter of the latent (128 of 512) — so the indexer costs what it costs there, a
+    // seventeenth of dense attention per key.
     config.model_type = "deepseek_v32";
     config.index_topk = args.index_topk;
-    config.index_n_heads = std::min<int64_t>(64, config.num_attention_heads * 4);
-    config.index_head_dim =
-        std::max<int64_t>(config.qk_rope_head_dim, std::min<int64_t>(128, config.hidden_size / 4));
+    config.index_n_heads = std::max<int64_t>(1, config.num_attention_heads / 2);
+    config.index_head_dim = std::max<int64_t>(config.qk_rope_head_dim, config.kv_lora_rank / 4);
   }
   SyntheticOptions options;
   options.seed = args.seed;

@@ -44,9 +44,9 @@ struct SparseQuery {
   std::vector<int32_t> keys;
 };
 
-// The positions of the `topk` best of scores[0, count) (topk < count), ascending: higher score
-// first, the earlier key on a tie, NaN last.
-void ChooseTopKeys(const float* scores, int64_t count, int64_t topk, std::vector<int32_t>& order,
+// The positions of the `topk` best of scores[0, count) (0 < topk < count), ascending: higher
+// score first, the earlier key on a tie, NaN last. `scratch` is working space.
+void ChooseTopKeys(const float* scores, int64_t count, int64_t topk, std::vector<float>& scratch,
                    std::vector<int32_t>& chosen);
 
 // The batch's queries at positions ≥ index_topk (the others attend to every key), with their
