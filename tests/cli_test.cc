@@ -576,6 +576,31 @@ TEST(CliTest, QuantizeKeepsDeepSeekV32sIndexer) {
     EXPECT_NE(config.find(std::string("\"") + module + "\""), std::string::npos) << module;
 }
 
+// A model where only some layers of a kind fit int4 groups of 128 (tiny-v3-bf16: the experts'
+// down_proj is 64 wide, the dense one 512): the unquantized ones are listed by full name, so
+// every format loads (a short "down_proj" took in the quantized ones too, which then were
+// "missing").
+TEST(CliTest, QuantizeListsPartlyQuantizedKindsByModule) {
+  const std::string dir = testing::TempDirectory("cli_quantize_partial");
+  const std::string model = std::string(SY_FIXTURES_DIR) + "/tiny-v3-bf16";
+  for (const char* to : {"awq-int4", "gptq-int4", "ct-w4a16", "ct-w4a16-asym"}) {
+    std::string output;
+    ASSERT_EQ(RunCommand(Binary() + " quantize --model " + model + " --to " + to + " --out " + dir +
+                             "/" + to,
+                         &output),
+              0)
+        << output;
+    const std::string config = testing::ReadFile(dir + "/" + to + "/config.json");
+    EXPECT_NE(config.find("model.layers.1.mlp.experts.0.down_proj"), std::string::npos) << to;
+    EXPECT_EQ(config.find("\"down_proj\""), std::string::npos) << to;
+    ASSERT_EQ(RunCommand(Binary() + " logits --model " + dir + "/" + to + " --tokens 1,2,3 --out " +
+                             dir + "/" + to + ".bin",
+                         &output),
+              0)
+        << to << ": " << output;
+  }
+}
+
 // init-model --index-topk writes a DeepSeek-V3.2 model (an indexer in every layer) that loads and
 // generates, its queries past the 16th key attending sparsely.
 TEST(CliTest, InitModelWritesADeepSeekV32Model) {

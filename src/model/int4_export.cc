@@ -502,6 +502,12 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
 
   SafetensorsWriter writer;
   std::set<std::string> skipped;  // short module names left unquantized
+  // Linear layers left unquantized (too small for the groups) by full name, and the short names
+  // of those quantized: where a kind is both (a small model's dense down_proj beside its
+  // experts'), the list names the unquantized modules whole, since loaders match its entries as
+  // substrings of every module's name and "down_proj" would take in the quantized ones too.
+  std::vector<std::pair<std::string, std::string>> skipped_linear;  // (module, short name)
+  std::set<std::string> quantized_kinds;
   // The packed tensors of the module being written: made when its first tensor is written, the
   // others taken from here (the writer asks for them in order).
   auto current = std::make_shared<PackedModule>();
@@ -562,6 +568,7 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
         return Status::Errorf("{}: '{}' is not a matrix", *tensor.file, name);
       const int64_t rows = entry.shape[0], cols = entry.shape[1];
       if (fits(entry)) {
+        quantized_kinds.insert(short_name);
         const std::vector<PackedTensor> layout = PackedLayout(scheme, rows, cols);
         for (size_t i = 0; i < layout.size(); ++i)
           SY_RETURN_IF_ERROR(writer.AddTensor(
@@ -585,7 +592,7 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
               }));
         continue;
       }
-      skipped.insert(short_name);
+      skipped_linear.emplace_back(module, short_name);
     } else if (name.ends_with("eh_proj.weight")) {
       skipped.insert("eh_proj");  // the MTP projection: vLLM keeps it a plain linear layer
     } else {
@@ -626,6 +633,8 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
           return Status::Ok();
         }));
   }
+  for (const auto& [module, short_name] : skipped_linear)
+    skipped.insert(quantized_kinds.count(short_name) ? module : short_name);
   raw["quantization_config"] = QuantizationConfig(scheme, skipped);
 
   // Everything goes into OUT.partial, renamed when whole: a failed or stopped run leaves no
