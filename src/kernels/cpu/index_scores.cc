@@ -51,7 +51,6 @@ void IndexScoresImpl(const float* q, const float* weights, int64_t heads, int64_
                      const LatentPages& key_rows, int64_t column, int64_t first, int64_t count,
                      float* scores) {
   using D = hn::ScalableTag<float>;
-  using V = hn::Vec<D>;
   const D df;
   const hn::Rebind<uint16_t, D> du16;
   const hn::Rebind<uint32_t, D> du32;
