@@ -263,6 +263,19 @@ TEST(GrpcTest, HealthLoadAndCancellation) {
     auto reader = TheInstance().stub->Generate(&context, serve::RequestToProto(request));
     pb::GenerateResponse response;
     ASSERT_TRUE(reader->Read(&response));
+    // Load lists the request by its id with its share of the queue (what a router tells its
+    // own requests by): the tokens it has still to generate, and they make up the whole.
+    pb::LoadResponse running;
+    for (int i = 0; i < 200 && running.requests_size() == 0; ++i) {
+      grpc::ClientContext load_context;
+      ASSERT_TRUE(TheInstance().stub->Load(&load_context, {}, &running).ok());
+      if (running.requests_size() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_EQ(running.requests_size(), 1);
+    EXPECT_EQ(running.requests(0).request_id(), "long");
+    EXPECT_GT(running.requests(0).queued_tokens(), 0);
+    EXPECT_LE(running.requests(0).queued_tokens(), 1500);
+    EXPECT_EQ(running.requests(0).queued_tokens(), running.queued_tokens());
     context.TryCancel();
     while (reader->Read(&response)) {
     }
@@ -279,6 +292,7 @@ TEST(GrpcTest, HealthLoadAndCancellation) {
   }
   EXPECT_EQ(load.running(), 0);
   EXPECT_EQ(load.used_pages(), 0);
+  EXPECT_EQ(load.requests_size(), 0);
   EXPECT_EQ(load.instance_epoch(), health.instance_epoch());
   EXPECT_GT(load.steps_total(), 0);
   EXPECT_LT(load.generation_tokens_total(), 1500 + 100);  // stopped well before its end

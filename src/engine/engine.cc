@@ -1348,13 +1348,21 @@ void Engine::PublishGauges() {
   auto left = [](const Sequence& seq) {
     return seq.request.kv_sink ? 1 : seq.request.params.max_tokens - seq.generated();
   };
+  std::vector<std::pair<std::string, int64_t>> requests;
+  requests.reserve(running_.size() + waiting_.size());
+  auto count = [&](const Sequence& seq) {
+    const int64_t tokens = seq.remaining() + left(seq);
+    queued += tokens;
+    requests.emplace_back(seq.request.id, tokens);
+  };
   for (const auto& seq : running_)
-    queued += seq->remaining() + left(*seq);
+    count(*seq);
   for (const auto& seq : waiting_)
-    queued += seq->remaining() + left(*seq);
+    count(*seq);
   std::lock_guard<std::mutex> lock(mutex_);
   running_count_ = static_cast<int64_t>(running_.size());
   queued_tokens_ = queued;
+  queued_requests_ = std::move(requests);
   used_pages_ = pool_.used_pages();
   cached_pages_ = pool_.cached_pages();
   free_pages_ = pool_.available_pages();
@@ -1405,6 +1413,7 @@ EngineMetrics Engine::Metrics() const {
     m.waiting = waiting_count_;
     m.running = running_count_;
     m.queued_tokens = queued_tokens_;
+    m.queued_requests = queued_requests_;
     m.used_pages = used_pages_;
     m.cached_pages = cached_pages_;
     m.free_pages = free_pages_;

@@ -98,6 +98,9 @@ struct EngineMetrics {
   int64_t running = 0, waiting = 0;
   int64_t total_pages = 0, used_pages = 0, cached_pages = 0, free_pages = 0;
   int64_t queued_tokens = 0;  // prompt tokens not yet computed plus tokens still to generate
+  // The requests queued_tokens counts, by id, each with its share: a router tells its own
+  // requests, and which of them the instance has taken in, from other clients' work.
+  std::vector<std::pair<std::string, int64_t>> queued_requests;
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0, preemptions_total = 0;
   int64_t prefix_cache_queries_total = 0, prefix_cache_hits_total = 0;  // in tokens
   int64_t steps_total = 0;
@@ -295,6 +298,7 @@ class Engine : public RequestFrontend {
   bool stopping_ = false, drain_ = false, stopped_ = false;
   int64_t waiting_count_ = 0;  // incoming + waiting, for the queue limit
   // Gauges the step loop publishes after each step.
+  std::vector<std::pair<std::string, int64_t>> queued_requests_;
   int64_t running_count_ = 0, queued_tokens_ = 0, used_pages_ = 0, cached_pages_ = 0,
           free_pages_ = 0;
 

@@ -1,5 +1,7 @@
 #include "route/router.h"
 
+#include "route/queue_estimate.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -52,49 +54,8 @@ struct Router::Target {
   double ejected_until = 0;
   pb::HealthResponse health;
   pb::LoadResponse load;
-  // Work queued here (tokens: prompt to compute, output to generate) as the router sees it: the
-  // last Load, as old as the probe that asked for it, corrected for what the router did since.
-  // Requests routed here since that probe are not in it (`sent`); requests that ended since,
-  // having been routed before it, may still be (`done`, taken off). Without `done` a request that
-  // had ended still weighed on its instance until the next probe, so cache-aware routing sent a
-  // prefix's next request to its holder or elsewhere depending on when the probes fell.
-  struct Correction {
-    uint64_t epoch = 0;  // the Load request it corrects (probes asked for so far, then)
-    int64_t sent = 0, done = 0;
-    void Ended(int64_t tokens, uint64_t sent_in_epoch) {
-      if (sent_in_epoch >= epoch)
-        sent -= tokens;
-      else
-        done += tokens;
-    }
-  };
-  Correction applied, asking;  // for `load`; for the Load being asked for
-  bool load_asked = false;
-  uint64_t load_epochs = 0;  // Load requests so far
-  int64_t Queued() const {
-    return std::max<int64_t>(0, load.queued_tokens() - applied.done) + applied.sent;
-  }
-  // A request's tokens routed here: returns the epoch to pass to Ended.
-  uint64_t Routed(int64_t tokens) {
-    applied.sent += tokens;
-    if (load_asked) asking.sent += tokens;
-    return load_epochs;
-  }
-  void Ended(int64_t tokens, uint64_t sent_in_epoch) {
-    applied.Ended(tokens, sent_in_epoch);
-    if (load_asked) asking.Ended(tokens, sent_in_epoch);
-  }
-  void LoadAsked() {
-    asking = {++load_epochs, 0, 0};
-    load_asked = true;
-  }
-  void LoadAnswered(const pb::LoadResponse* answer) {  // null: the probe failed
-    if (answer) {
-      load = *answer;
-      applied = asking;
-    }
-    load_asked = false;
-  }
+  // Work queued here as the router sees it: the last Load, corrected request by request.
+  QueueEstimate queue;
   std::unordered_set<uint64_t> cached;  // the mirror of its prefix cache
   // Pages of requests just routed here, until their stored events arrive (or 5 s pass): a burst
   // of requests sharing a prefix follows the first instead of racing its prefill.
@@ -242,6 +203,7 @@ void Router::MarkFailed(Target& target, const std::string& why) {
   target.ejected_until = NowSeconds() + std::max(1.0, 4 * options_.probe_interval_seconds);
   target.cached.clear();
   target.pending.clear();
+  target.queue.Clear();
   // Requests in flight there fail over now rather than wait for their streams to time out.
   for (auto& [id, flight] : flights_) {
     if (flight->target >= 0 && targets_[flight->target].get() == &target && flight->context)
@@ -275,9 +237,10 @@ void Router::Probe(Target& target) {
                       target.pool.empty() ? "--engines" : "--" + wanted + "-engines", wanted));
     else if (h.ok() && target.pool == "decode" && health.transfer_address().empty())
       h = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "gives no transfer address");
+    uint64_t probe = 0;
     if (h.ok()) {
       std::lock_guard<std::mutex> lock(mutex_);
-      target.LoadAsked();
+      probe = target.queue.Asked();
     }
     grpc::Status l = h.ok() ? target.stub->Load(&load_context, {}, &load) : h;
     {
@@ -322,8 +285,10 @@ void Router::Probe(Target& target) {
       } else if (NowSeconds() >= target.ejected_until) {
         if (!target.healthy) {
           if (target.health.instance_epoch() != 0 &&
-              target.health.instance_epoch() != health.instance_epoch())
+              target.health.instance_epoch() != health.instance_epoch()) {
             target.cached.clear();  // a restarted instance starts with an empty cache
+            target.queue.Clear();
+          }
           std::fprintf(stderr, "switchyard route: %s serving\n", target.address.c_str());
         }
         target.healthy = true;
@@ -331,7 +296,14 @@ void Router::Probe(Target& target) {
         changed_.notify_all();
       }
       if (h.ok()) target.health = health;
-      if (h.ok()) target.LoadAnswered(l.ok() ? &load : nullptr);
+      if (h.ok() && l.ok()) {
+        target.load = load;
+        std::vector<std::pair<std::string, int64_t>> requests;
+        requests.reserve(static_cast<size_t>(load.requests_size()));
+        for (const pb::QueuedRequest& r : load.requests())
+          requests.emplace_back(r.request_id(), r.queued_tokens());
+        target.queue.Answered(probe, load.queued_tokens(), requests);
+      }
       if (l.ok()) {
         if (load.steps_total() != target.last_steps || load.running() + load.waiting() == 0) {
           target.last_steps = load.steps_total();
@@ -439,10 +411,7 @@ int Router::Pick(const std::vector<uint64_t>& page_hashes, int64_t tokens, int a
           (pass >= 1 || targets_[i]->missed_probes == 0))
         healthy.push_back(static_cast<int>(i));
   if (healthy.empty()) return -1;
-  auto queued = [&](int i) {
-    const Target& t = *targets_[i];
-    return t.Queued();
-  };
+  auto queued = [&](int i) { return targets_[i]->queue.Queued(); };
   const uint64_t turn = rotation_[pool]++;
   switch (pool == "decode" ? Policy::kLeastLoad : options_.policy) {
     case Policy::kRoundRobin:
@@ -553,7 +522,7 @@ void Router::Fly(Flight& flight) {
     grpc::Status status;
   };
   auto read = [&](grpc::ClientReader<pb::GenerateResponse>& reader, grpc::ClientContext& context,
-                  const Target& target, const std::function<void()>& on_tokens) {
+                  Target& target, const std::function<void()>& on_tokens) {
     StreamEnd end;
     pb::GenerateResponse response;
     std::string garbage;  // what made the instance's answer untrustworthy
@@ -587,6 +556,12 @@ void Router::Fly(Flight& flight) {
         if (event.token_ids.empty() && !event.first) continue;
       }
       end.finished = event.finish_reason.has_value();
+      if (end.finished || end.transferred) {
+        // The instance is done with it: off its queue before the client hears, or the client's
+        // next request could be routed while this one still weighs there.
+        std::lock_guard<std::mutex> lock(mutex_);
+        target.queue.Ended(request.id);
+      }
       deliver(std::move(event));
     }
     end.status = reader.Finish();
@@ -627,9 +602,8 @@ void Router::Fly(Flight& flight) {
     attempt.resumed_tokens = static_cast<int64_t>(flight.generated.size());
     grpc::ClientContext context, decode_context;
     int chosen = -1, decode = -1;
-    // The tokens this attempt adds to each instance's queue, and the epochs Routed gave them.
+    // The tokens this attempt adds to each instance's queue, as far as the router can tell.
     int64_t queued = 0, decode_queued = 0;
-    uint64_t epoch = 0, decode_epoch = 0;
     // The prompt's page hashes, outside the lock.
     std::vector<uint64_t> hashes;
     uint64_t hash = 0;
@@ -663,7 +637,7 @@ void Router::Fly(Flight& flight) {
         const int64_t output =
             disaggregated() ? 1 : request.params.max_tokens - attempt.resumed_tokens;
         queued = n - CachedTokens(t, hashes) + output;
-        epoch = t.Routed(queued);
+        t.queue.Routed(request.id, queued);
         const double now = NowSeconds();
         if (t.pending.size() > 65536)  // drop the expired
           for (auto it = t.pending.begin(); it != t.pending.end();)
@@ -677,7 +651,7 @@ void Router::Fly(Flight& flight) {
           ++d.in_flight;
           ++d.routed_total;
           decode_queued = request.params.max_tokens - attempt.resumed_tokens;
-          decode_epoch = d.Routed(decode_queued);
+          d.queue.Routed(request.id, decode_queued);
           send_to = d.health.transfer_address();
           flight.decode_context = &decode_context;
           flight.decode_target = decode;
@@ -700,10 +674,7 @@ void Router::Fly(Flight& flight) {
     auto after_call = [&](Target& t, const StreamEnd& end, bool was_decode) {
       std::lock_guard<std::mutex> lock(mutex_);
       --t.in_flight;
-      if (was_decode)
-        t.Ended(decode_queued, decode_epoch);
-      else
-        t.Ended(queued, epoch);
+      t.queue.Ended(request.id);
       if (was_decode) {
         flight.decode_context = nullptr;
         flight.decode_target = -1;
@@ -727,7 +698,7 @@ void Router::Fly(Flight& flight) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         --target.in_flight;
-        target.Ended(queued, epoch);
+        target.queue.Ended(request.id);
         flight.context = nullptr;
         flight.target = -1;
         if (!end.finished && !flight.aborted && !stopping_ &&

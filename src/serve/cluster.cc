@@ -167,6 +167,7 @@ json MetricsToJson(const EngineMetrics& m) {
           {"cached_pages", m.cached_pages},
           {"free_pages", m.free_pages},
           {"queued_tokens", m.queued_tokens},
+          {"queued_requests", m.queued_requests},
           {"prompt", m.prompt_tokens_total},
           {"generation", m.generation_tokens_total},
           {"preemptions", m.preemptions_total},
@@ -196,6 +197,7 @@ EngineMetrics MetricsFromJson(const json& j, const EngineMetrics& shape) {
   m.cached_pages = j["cached_pages"];
   m.free_pages = j["free_pages"];
   m.queued_tokens = j["queued_tokens"];
+  m.queued_requests = j["queued_requests"].get<std::vector<std::pair<std::string, int64_t>>>();
   m.prompt_tokens_total = j["prompt"];
   m.generation_tokens_total = j["generation"];
   m.preemptions_total = j["preemptions"];
@@ -361,6 +363,8 @@ EngineMetrics ClusterServing::Metrics() const {
     total.cached_pages += m.cached_pages;
     total.free_pages += m.free_pages;
     total.queued_tokens += m.queued_tokens;
+    total.queued_requests.insert(total.queued_requests.end(), m.queued_requests.begin(),
+                                 m.queued_requests.end());
     total.prompt_tokens_total += m.prompt_tokens_total;
     total.generation_tokens_total += m.generation_tokens_total;
     total.preemptions_total += m.preemptions_total;

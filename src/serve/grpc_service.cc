@@ -335,6 +335,11 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
     response->set_prompt_tokens_total(m.prompt_tokens_total);
     response->set_generation_tokens_total(m.generation_tokens_total);
     response->set_prefix_cache_hits_total(m.prefix_cache_hits_total);
+    for (const auto& [id, tokens] : m.queued_requests) {
+      pb::QueuedRequest* r = response->add_requests();
+      r->set_request_id(id);
+      r->set_queued_tokens(tokens);
+    }
     return grpc::Status::OK;
   }
 
