@@ -293,8 +293,10 @@ void BenchMlaPrefill(const MachinePeaks& peaks, const KernelBenchOptions& option
 // the chosen keys). The indexer's products round each product (no FMA, index_scores.h): a
 // multiply and an add for an FMA's two flops, which CPUs with separate add pipes (Zen) run at the
 // FMA's rate; its roofline is the f32 FMA peak.
+// `tokens` > 1: a prompt chunk of that many tokens ending at kv_len in each sequence (DSA's
+// prefill: every query of the chunk chooses its own keys).
 void BenchDsaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options, int64_t batch,
-                    int64_t kv_len, std::vector<KernelResult>& out) {
+                    int64_t kv_len, std::vector<KernelResult>& out, int64_t tokens = 1) {
   ModelConfig c = DeepSeekV3Config();
   c.model_type = "deepseek_v32";
   c.index_topk = 2048;
@@ -319,70 +321,88 @@ void BenchDsaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
   ForwardBatch step;
   std::vector<int64_t> positions;
   std::vector<SequenceCache> views(static_cast<size_t>(batch));
-  const int32_t id = 7;
+  const std::vector<int32_t> ids(static_cast<size_t>(tokens), 7);
   for (int64_t b = 0; b < batch; ++b) {
     (void)cache.Reserve(sequences[b], kv_len);
     for (int64_t p = 0; p < kv_len; ++p)
       cache.Write(0, sequences[b], p, rows.data() + ((p * 31 + b * 977) % 4096) * row);
     sequences[b].length = kv_len;
-    views[b] = sequences[b];  // the step's view: its own row written, generated from kv_len - 1
-    views[b].length = kv_len - 1;
-    views[b].prompt_end = kv_len - 1;
-    step.Add(&id, 1, &views[b]);
-    positions.push_back(kv_len - 1);
+    // The step's view: its own rows written, from kv_len - tokens on.
+    views[b] = sequences[b];
+    views[b].length = kv_len - tokens;
+    views[b].prompt_end = tokens > 1 ? kv_len : kv_len - 1;
+    step.Add(ids.data(), tokens, &views[b]);
+    for (int64_t t = kv_len - tokens; t < kv_len; ++t)
+      positions.push_back(t);
   }
-  const auto q = RandomActivations(static_cast<size_t>(batch * H * c.qk_head_dim()));
-  const auto index_queries = RandomActivations(static_cast<size_t>(batch * IndexerQueryWidth(c)));
-  std::vector<float> heads_out(static_cast<size_t>(batch * H * v));
+  const int64_t queries = batch * tokens;
+  const auto q = RandomActivations(static_cast<size_t>(queries * H * c.qk_head_dim()));
+  const auto index_queries = RandomActivations(static_cast<size_t>(queries * IndexerQueryWidth(c)));
+  std::vector<float> heads_out(static_cast<size_t>(queries * H * v));
   const bool bf16 = kernels::GlobalKernelOptions().bf16_dot &&
                     kernels::MlaDecodeBf16Applies(DType::kBF16, latent, c.qk_rope_head_dim);
   const auto attention = [&](int64_t keys) {
     KernelResult r;
     r.kernel = "dsa_decode";
     r.weight_dtype = "bf16";
-    r.m = batch;
+    r.m = queries;
     r.n = H;
     r.k = keys;
     r.groups = batch;
-    r.flops = 2.0 * batch * (H * (nope + v) * latent + H * keys * (width + latent));
-    r.bytes = static_cast<double>(batch) * keys * width * 2;
+    r.flops = 2.0 * queries * (H * (nope + v) * latent + H * keys * (width + latent));
+    r.bytes = static_cast<double>(queries) * keys * width * 2;
     return r;
   };
+  // Dense, each query over the keys up to itself.
+  const double pairs = static_cast<double>(batch) * tokens * (kv_len - (tokens - 1) / 2.0);
   KernelResult dense = attention(kv_len);
+  if (tokens > 1) {
+    dense.kernel = "dsa_prefill";
+    dense.bytes = static_cast<double>(batch) * kv_len * width * 2;
+    // Prompt rows this far in take the absorbed form where the bf16 MLA kernel runs, else the
+    // expanded one: every key the chunk sees expanded by kv_b, then causal attention per head.
+    dense.flops = bf16
+                      ? 2.0 * queries * H * (nope + v) * latent + 2.0 * pairs * H * (width + latent)
+                      : 2.0 * batch * kv_len * latent * H * (nope + v) +
+                            2.0 * pairs * H * (c.qk_head_dim() + v);
+  }
   dense.seconds = MedianTime(options.repetitions, [&] {
     MlaAttend(c, rope, w, 0, step, positions, cache, AttentionForm::kAuto, q.data(), nullptr,
               heads_out.data());
   });
-  dense.path = fmt::format("{}dense MLA kv{}", bf16 ? "bf16-dot " : "", kv_len);
+  const std::string chunk = tokens > 1 ? fmt::format(" chunk{}", tokens) : "";
+  dense.path = fmt::format("{}dense MLA kv{}{}", bf16 ? "bf16-dot " : "", kv_len, chunk);
   Score(dense, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
   out.push_back(dense);
 
   KernelResult indexer;
-  indexer.kernel = "dsa_decode";
+  indexer.kernel = tokens > 1 ? "dsa_prefill" : "dsa_decode";
   indexer.weight_dtype = "bf16";
-  indexer.m = batch;
+  indexer.m = queries;
   indexer.n = c.index_n_heads;
   indexer.k = kv_len;
   indexer.groups = batch;
   indexer.seconds = MedianTime(options.repetitions, [&] {
     (void)SelectSparseKeys(c, 0, step, positions, cache, index_queries.data());
   });
-  indexer.flops = 2.0 * batch * kv_len * c.index_n_heads * c.index_head_dim;
+  // Each query scores the keys up to its own position.
+  indexer.flops = 2.0 * pairs * c.index_n_heads * c.index_head_dim;
   indexer.bytes = static_cast<double>(batch) * kv_len * c.index_head_dim * 2;
-  indexer.path = fmt::format("indexer top{} of kv{} ({:.0f}% of dense)", c.index_topk, kv_len,
-                             100 * indexer.seconds / dense.seconds);
+  indexer.path = fmt::format("indexer top{} of kv{}{} ({:.0f}% of dense)", c.index_topk, kv_len,
+                             chunk, 100 * indexer.seconds / dense.seconds);
   Score(indexer, peaks, peaks.f32_gflops);
   out.push_back(indexer);
 
   KernelResult sparse = attention(c.index_topk);
+  sparse.kernel = indexer.kernel;
   sparse.flops += indexer.flops;
   sparse.bytes += indexer.bytes;
   sparse.seconds = MedianTime(options.repetitions, [&] {
     MlaAttend(c, rope, w, 0, step, positions, cache, AttentionForm::kAuto, q.data(),
               index_queries.data(), heads_out.data());
   });
-  sparse.path = fmt::format("{}DSA top{} of kv{} ({:.2f}x dense)", bf16 ? "bf16-dot " : "",
-                            c.index_topk, kv_len, dense.seconds / sparse.seconds);
+  sparse.path = fmt::format("{}DSA top{} of kv{}{} ({:.2f}x dense)", bf16 ? "bf16-dot " : "",
+                            c.index_topk, kv_len, chunk, dense.seconds / sparse.seconds);
   Score(sparse, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
   out.push_back(sparse);
 }
@@ -443,9 +463,14 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
       options.quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 2, 8, 32};
   const std::vector<int64_t> dsa_kv =
       options.quick ? std::vector<int64_t>{16384} : std::vector<int64_t>{4096, 16384, 65536};
+  const std::vector<int64_t> dsa_prefill_kv =
+      options.quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384};
   if (options.dsa_only) {
     for (int64_t kv_len : dsa_kv)
       BenchDsaDecode(peaks, options, 4, kv_len, out);
+    // A prompt's chunk of 512 past the first 2,048 tokens (every query sparse).
+    for (int64_t kv_len : dsa_prefill_kv)
+      BenchDsaDecode(peaks, options, 1, kv_len, out, 512);
     return out;
   }
   if (options.ggml_only) {
@@ -582,6 +607,8 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
     BenchMlaPrefill(peaks, options, prefix, tokens, out);
   for (int64_t kv_len : dsa_kv)
     BenchDsaDecode(peaks, options, 4, kv_len, out);
+  for (int64_t kv_len : dsa_prefill_kv)
+    BenchDsaDecode(peaks, options, 1, kv_len, out, 512);
   return out;
 }
 

@@ -75,8 +75,9 @@ void AddBenchVerb(CLI::App& app) {
               "bf16 laid out as the tiles (as the loader lays it out where the CPU has AMX), with "
               "oneDNN's o_proj beside them; where the CPU has AMX");
   k->add_flag("--dsa-only", kernels->dsa_only,
-              "Only DeepSeek-V3.2's sparse attention in decode: dense MLA, the indexer's choice "
-              "and DSA whole, side by side at 4k, 16k and 64k cached keys");
+              "Only DeepSeek-V3.2's sparse attention: dense MLA, the indexer's choice and DSA "
+              "whole, side by side, in decode at 4k, 16k and 64k cached keys and for a 512-token "
+              "prompt chunk ending at 4k and 16k");
   k->add_option("--stream-mib", kernels->stream_mib,
                 "Weights cycled per shape, MiB (default: the rule above). Small: the kernels "
                 "from cache, their compute rate")
