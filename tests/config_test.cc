@@ -52,6 +52,48 @@ TEST(ConfigTest, V2DefaultsToSoftmax) {
   EXPECT_EQ(config.value().topk_method, TopkMethod::kGroupLimitedGreedy);
 }
 
+// Kimi K2.5: the language model's config in text_config (its quantization_config there or at
+// the top), read as the model's; a malformed wrapper is named.
+TEST(ConfigTest, KimiK25ReadsItsTextConfig) {
+  auto text = nlohmann::json::parse(FixtureConfig("tiny-v3-fp8"));
+  text["model_type"] = "kimi_k2";
+  nlohmann::json wrapper = {{"model_type", "kimi_k25"},
+                            {"text_config", text},
+                            {"vision_config", {{"hidden_size", 1152}}}};
+  auto config = ParseModelConfig(wrapper.dump(), "config.json");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config.value().wrapper_type, "kimi_k25");
+  EXPECT_EQ(config.value().model_type, "kimi_k2");
+  EXPECT_EQ(config.value().checkpoint_prefix, "language_model.");
+  EXPECT_EQ(config.value().hidden_size, 256);
+  EXPECT_TRUE(config.value().fp8_weights);
+
+  nlohmann::json top = wrapper;
+  top["quantization_config"] = text["quantization_config"];
+  top["text_config"].erase("quantization_config");
+  config = ParseModelConfig(top.dump(), "config.json");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_TRUE(config.value().fp8_weights);
+
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> bad = {
+      {[](auto& j) { j.erase("text_config"); }, "needs a 'text_config' object"},
+      {[](auto& j) { j["text_config"] = "deepseek_v3"; }, "needs a 'text_config' object"},
+      {[](auto& j) { j["text_config"].erase("kv_lora_rank"); },
+       "config.json: text_config: field 'kv_lora_rank' is missing"},
+      {[](auto& j) { j["text_config"]["model_type"] = "qwen3_moe"; },
+       "text_config: field 'model_type' is 'qwen3_moe'"},
+      {[&](auto& j) { j["text_config"] = wrapper; }, "text_config is itself a kimi_k25 wrapper"},
+  };
+  for (const auto& [edit, message] : bad) {
+    nlohmann::json broken = wrapper;
+    edit(broken);
+    auto result = ParseModelConfig(broken.dump(), "config.json");
+    ASSERT_FALSE(result.ok()) << message;
+    EXPECT_NE(result.status().message().find(message), std::string::npos)
+        << result.status().message();
+  }
+}
+
 TEST(ConfigTest, MissingFieldIsNamed) {
   auto config = ParseEdited([](auto& j) { j.erase("kv_lora_rank"); });
   ASSERT_FALSE(config.ok());

@@ -3,11 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/fast_linear.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "test_support.h"
 
 namespace sy {
@@ -179,6 +183,67 @@ TEST(ConformanceTest, MtpTensorsAreLoaded) {
   auto without = Model::Load(LoadFixture("tiny-v3-bf16").directory);
   ASSERT_TRUE(without.ok()) << without.status().message();
   EXPECT_TRUE(without.value()->weights().mtp.empty());
+}
+
+// A fixture as Kimi K2.5 ships its language model (KimiK25ForConditionalGeneration): the
+// config under text_config, every tensor under "language_model.", beside a vision tower and
+// projector (a few stand-in tensors). `quantization_at_top`: the fp8 quantization_config at the
+// top level instead of in text_config. Returns the new fixture's directory.
+std::string WrapAsKimiK25(const std::string& name, bool quantization_at_top) {
+  namespace fs = std::filesystem;
+  const Fixture fixture = LoadFixture(name);
+  const std::string dir = testing::TempDirectory("kimi_k25_" + name);
+  std::ifstream in(fixture.directory + "/config.json");
+  nlohmann::json text = nlohmann::json::parse(in);
+  nlohmann::json config = {{"architectures", {"KimiK25ForConditionalGeneration"}},
+                           {"model_type", "kimi_k25"},
+                           {"media_placeholder_token_id", 163605},
+                           {"vision_config", {{"hidden_size", 8}, {"patch_size", 14}}}};
+  if (quantization_at_top && text.contains("quantization_config")) {
+    config["quantization_config"] = text["quantization_config"];
+    text.erase("quantization_config");
+  }
+  config["text_config"] = text;
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  auto checkpoint = Checkpoint::Open(fixture.directory);
+  EXPECT_TRUE(checkpoint.ok()) << checkpoint.status().message();
+  std::vector<TensorToWrite> tensors;
+  for (const auto& [tensor_name, tensor] : checkpoint.value().tensors()) {
+    TensorToWrite t{"language_model." + tensor_name, tensor.entry->dtype, tensor.entry->shape, {}};
+    t.bytes.assign(tensor.data, tensor.data + (tensor.entry->data_end - tensor.entry->data_begin));
+    tensors.push_back(std::move(t));
+  }
+  for (const char* vision : {"vision_tower.patch_embed.proj.weight", "mm_projector.proj.0.weight"})
+    tensors.push_back({vision, DType::kF32, {2, 2}, std::vector<uint8_t>(16, 0)});
+  EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
+  for (const char* file : {"tokens.txt", "logits.bin", "meta.json"})
+    fs::copy_file(fixture.directory + "/" + file, dir + "/" + file,
+                  fs::copy_options::overwrite_existing);
+  return dir;
+}
+
+// Kimi K2.5's language model is DeepSeek-V3's (vLLM runs it as DeepseekV2Model on text_config):
+// the wrapped fixtures give transformers' DeepseekV3 logits, bit for bit the plain fixtures'.
+TEST(ConformanceTest, KimiK25LanguageModelMatchesTransformers) {
+  for (const auto& [name, quantization_at_top] : std::vector<std::pair<std::string, bool>>{
+           {"tiny-v3-bf16", false}, {"tiny-v3-fp8", false}, {"tiny-v3-fp8", true}}) {
+    SCOPED_TRACE(name + (quantization_at_top ? ", quantization_config at the top" : ""));
+    const Fixture fixture = LoadFixture(WrapAsKimiK25(name, quantization_at_top));
+    auto wrapped = Model::Load(fixture.directory);
+    ASSERT_TRUE(wrapped.ok()) << wrapped.status().message();
+    EXPECT_EQ(wrapped.value()->config().wrapper_type, "kimi_k25");
+    // Every language-model tensor read, the vision tower's set aside.
+    EXPECT_TRUE(wrapped.value()->unused_tensors().empty());
+    auto plain = Model::Load(LoadFixture(name).directory);
+    ASSERT_TRUE(plain.ok()) << plain.status().message();
+    EXPECT_EQ(wrapped.value()->weights().mtp.size(), plain.value()->weights().mtp.size());
+    const Case c{name, AttentionForm::kAuto, DType::kF32, 3};
+    const std::vector<float> logits = RunModel(*wrapped.value(), fixture, c);
+    EXPECT_EQ(logits, RunModel(*plain.value(), fixture, c));
+    auto comparison = CompareLogits(fixture.logits, logits, fixture.vocab);
+    EXPECT_EQ(comparison.argmax_mismatches, 0);
+    EXPECT_LE(comparison.max_abs_diff, 1e-4 * comparison.max_abs_reference);
+  }
 }
 
 }  // namespace

@@ -389,6 +389,56 @@ TEST(HfInt4Test, GroupsOf32AreQ4_0) {
               exact.max_abs_diff / exact.max_abs_reference);
 }
 
+// Kimi K2.5 as released: its language model in compressed-tensors' symmetric groups of 32 under
+// "language_model.", the quantization_config in text_config, ignore entries naming modules with
+// the prefix or by a pattern; a vision tower beside it. Served, it gives the unwrapped
+// checkpoint's logits bit for bit.
+TEST(HfInt4Test, KimiK25WrapperOfGroupsOf32) {
+  const std::string from = GroupsOf32Checkpoint();
+  const std::string to = testing::TempDirectory("hf-int4-kimi-k25");
+  for (const char* name : {"tokens.txt", "logits.bin", "meta.json"})
+    testing::WriteFile(to + "/" + name, testing::ReadFile(from + "/" + name));
+  auto text = nlohmann::json::parse(testing::ReadFile(from + "/config.json"));
+  text["quantization_config"]["ignore"] = {"language_model.lm_head", "re:.*mlp.gate$",
+                                           "re:.*vision_tower.*", "re:.*mm_projector.*"};
+  const nlohmann::json config = {{"architectures", {"KimiK25ForConditionalGeneration"}},
+                                 {"model_type", "kimi_k25"},
+                                 {"text_config", text},
+                                 {"vision_config", {{"hidden_size", 8}}}};
+  testing::WriteFile(to + "/config.json", config.dump(1));
+  auto checkpoint = Checkpoint::Open(from);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().message();
+  std::vector<TensorToWrite> tensors;
+  for (const auto& [name, t] : checkpoint->tensors()) {
+    TensorToWrite out{"language_model." + name, t.entry->dtype, t.entry->shape, {}};
+    out.bytes.assign(t.data, t.data + (t.entry->data_end - t.entry->data_begin));
+    tensors.push_back(std::move(out));
+  }
+  tensors.push_back({"vision_tower.encoder.blocks.0.wqkv.weight", DType::kF32, {1}, {0, 0, 0, 0}});
+  ASSERT_TRUE(WriteSafetensors(to + "/model.safetensors", tensors).ok());
+
+  auto wrapped = LoadOrFail(to);
+  auto plain = LoadOrFail(from);
+  ASSERT_TRUE(wrapped && plain);
+  EXPECT_TRUE(wrapped->unused_tensors().empty());
+  EXPECT_EQ(wrapped->weights().layers.back().moe.experts[0].down_proj.packed->ggml_type,
+            GgmlType::kQ4_0);
+  const auto fixture = testing::LoadFixture(to);
+  EXPECT_EQ(RunLogits(*wrapped, fixture.tokens, false), RunLogits(*plain, fixture.tokens, false));
+
+  // The ignore list's names, with the prefix or without, and its patterns, either way.
+  Int4Config int4 = wrapped->config().int4;
+  int4.not_converted = {"language_model.model.layers.0.self_attn.q_a_proj",
+                        "model.layers.0.self_attn.kv_a_proj_with_mqa",
+                        "re:language_model\\.model\\.layers\\.1\\.", "re:.*shared_experts"};
+  EXPECT_FALSE(Int4Quantizes(int4, "model.layers.0.self_attn.q_a_proj"));
+  EXPECT_FALSE(Int4Quantizes(int4, "model.layers.0.self_attn.kv_a_proj_with_mqa"));
+  EXPECT_FALSE(Int4Quantizes(int4, "model.layers.1.mlp.experts.0.up_proj"));
+  EXPECT_FALSE(Int4Quantizes(int4, "model.layers.2.mlp.shared_experts.up_proj"));
+  EXPECT_TRUE(Int4Quantizes(int4, "model.layers.2.mlp.experts.0.up_proj"));
+  EXPECT_TRUE(Int4Quantizes(int4, "model.layers.0.self_attn.o_proj"));
+}
+
 // Malformed int4 tensors and unsupported configs: errors naming the tensor or field and what is
 // wrong with it, never a crash (hf_int4_fuzz covers the rest).
 TEST(HfInt4Test, MalformedCheckpointsAreErrorsNamingWhatIsWrong) {

@@ -343,6 +343,33 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   if (root.is_discarded()) return Status::Errorf("{}: not valid JSON", source);
   if (!root.is_object()) return Status::Errorf("{}: must be a JSON object", source);
 
+  // Kimi K2.5 (KimiK25ForConditionalGeneration): Kimi K2's language model, config and all, in
+  // text_config, beside a vision tower (MoonViT) and projector. Served text-only, as vLLM's
+  // model does with no media: the language model is DeepSeek-V3's (vLLM runs it as
+  // DeepseekV2Model on text_config), its tensors under "language_model.".
+  if (auto type = root.find("model_type");
+      type != root.end() && type->is_string() && *type == "kimi_k25") {
+    auto text = root.find("text_config");
+    if (text == root.end() || !text->is_object())
+      return Status::Errorf(
+          "{}: model_type kimi_k25 needs a 'text_config' object (the language "
+          "model's config)",
+          source);
+    json inner = *text;
+    if (auto inner_type = inner.find("model_type");
+        inner_type != inner.end() && *inner_type == "kimi_k25")
+      return Status::Errorf("{}: text_config is itself a kimi_k25 wrapper", source);
+    // vLLM's KimiK25Config propagates the text model's quantization_config; take either.
+    if (!inner.contains("quantization_config") && root.contains("quantization_config"))
+      inner["quantization_config"] = root["quantization_config"];
+    SY_ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(inner.dump(), source + ": text_config"));
+    c.wrapper_type = "kimi_k25";
+    c.checkpoint_prefix = "language_model.";
+    c.checkpoint_set_aside = {"vision_tower.", "mm_projector."};
+    c.int4.module_prefix = c.checkpoint_prefix;
+    return c;
+  }
+
   ModelConfig c;
   FieldReader read(root, source);
   read.String("model_type", c.model_type);
@@ -352,7 +379,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   if (!c.model_type.empty() && c.model_type != "deepseek_v3" && c.model_type != "deepseek_v2" &&
       c.model_type != "kimi_k2" && c.model_type != "deepseek_v32") {
     return Status::Errorf(
-        "{}: field 'model_type' is '{}'; supported: deepseek_v3, deepseek_v2, kimi_k2, "
+        "{}: field 'model_type' is '{}'; supported: deepseek_v3, deepseek_v2, kimi_k2, kimi_k25, "
         "deepseek_v32",
         source, c.model_type);
   }

@@ -46,6 +46,9 @@ struct Int4Config {
   // name, or from its start as a regular expression where written "re:PATTERN".
   std::vector<std::string> not_converted;
   bool ignore_is_regex_list = false;  // compressed-tensors' matching rules
+  // The checkpoint's prefix for the language model's modules (ModelConfig::checkpoint_prefix):
+  // entries may name a module with or without it.
+  std::string module_prefix;
   bool enabled() const { return format != Int4Format::kNone; }
 };
 
@@ -99,6 +102,13 @@ struct ModelConfig {
   int64_t weight_block_cols = 128;
   // quantization_config: AWQ, GPTQ or compressed-tensors 4-bit weights.
   Int4Config int4;
+  // A multimodal wrapper whose language model this is (Kimi K2.5's "kimi_k25": Kimi K2's model
+  // in text_config beside a vision tower), or empty. Its language model's tensors are named with
+  // `checkpoint_prefix` ("language_model."); those under `checkpoint_set_aside` (the vision tower
+  // and projector, which this engine does not run) are not read.
+  std::string wrapper_type;
+  std::string checkpoint_prefix;
+  std::vector<std::string> checkpoint_set_aside;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Elements cached per token per layer by absorbed MLA: the normalized latent and rotated k_pe.

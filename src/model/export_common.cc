@@ -29,6 +29,15 @@ Result<ExportSource> OpenExportSource(const std::string& model_dir) {
     return Status::Errorf("{}: an int4 checkpoint; quantize reads fp8, bf16 and f32 ones",
                           model_dir);
   SY_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(model_dir));
+  if (!config.wrapper_type.empty()) {
+    // A multimodal wrapper (Kimi K2.5): its language model is what gets written, on its own.
+    SY_RETURN_IF_ERROR(
+        ckpt.UseLanguageModel(config.checkpoint_prefix, config.checkpoint_set_aside));
+    nlohmann::ordered_json text = raw["text_config"];
+    if (!text.contains("quantization_config") && raw.contains("quantization_config"))
+      text["quantization_config"] = raw["quantization_config"];
+    raw = std::move(text);
+  }
   return ExportSource{std::move(raw), std::move(config), std::move(ckpt)};
 }
 

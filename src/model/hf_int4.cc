@@ -286,20 +286,23 @@ Status UnpackCompressed(const Checkpoint& checkpoint, const Int4Config& config,
 }  // namespace
 
 bool Int4Quantizes(const Int4Config& config, const std::string& module) {
+  // A wrapper's checkpoint (Kimi K2.5's "language_model.") may name its modules either way.
+  const std::string full = config.module_prefix + module;
   for (const std::string& entry : config.not_converted) {
     if (!config.ignore_is_regex_list) {
-      if (module.find(entry) != std::string::npos) return false;
+      if (full.find(entry) != std::string::npos) return false;
     } else if (entry.rfind("re:", 0) == 0) {
       // compressed-tensors: Python's re.match, anchored at the start only.
       try {
-        if (std::regex_search(module, std::regex(entry.substr(3)),
-                              std::regex_constants::match_continuous))
-          return false;
+        const std::regex pattern(entry.substr(3));
+        for (const std::string* name : {&module, &full})
+          if (std::regex_search(*name, pattern, std::regex_constants::match_continuous))
+            return false;
       } catch (const std::regex_error&) {
         // A pattern std::regex cannot read matches nothing; the module is then expected
         // quantized, and a missing tensor says so.
       }
-    } else if (module == entry) {
+    } else if (module == entry || full == entry) {
       return false;
     }
   }

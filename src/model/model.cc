@@ -70,9 +70,16 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& directory,
         LoadModelConfig((std::filesystem::path(directory) / "config.json").string()));
     SY_RETURN_IF_ERROR(ReadGenerationConfig(directory, &model->config_));
     SY_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(directory));
+    std::string set_aside;
+    if (!model->config_.wrapper_type.empty()) {
+      SY_RETURN_IF_ERROR(checkpoint.UseLanguageModel(model->config_.checkpoint_prefix,
+                                                     model->config_.checkpoint_set_aside));
+      set_aside = fmt::format("; {}'s language model alone ({} vision tensors not read: text only)",
+                              model->config_.wrapper_type, checkpoint.set_aside_count());
+    }
     model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
-    progress.Stage(
-        fmt::format("config read, checkpoint mapped, {}", CheckpointSize(*model->checkpoint_)));
+    progress.Stage(fmt::format("config read, checkpoint mapped, {}{}",
+                               CheckpointSize(*model->checkpoint_), set_aside));
   }
   SY_ASSIGN_OR_RETURN(model->weights_, LoadWeights(*model->checkpoint_, model->config_, options,
                                                    &model->unused_tensors_));

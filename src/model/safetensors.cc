@@ -126,6 +126,24 @@ Status Checkpoint::AddShard(const std::string& path) {
   return Status::Ok();
 }
 
+Status Checkpoint::UseLanguageModel(const std::string& prefix,
+                                    const std::vector<std::string>& set_aside) {
+  std::map<std::string, CheckpointTensor> renamed;
+  for (auto& [name, tensor] : tensors_) {
+    if (std::any_of(set_aside.begin(), set_aside.end(),
+                    [&](const std::string& p) { return name.starts_with(p); })) {
+      ++set_aside_count_;
+      continue;
+    }
+    const std::string key = name.starts_with(prefix) ? name.substr(prefix.size()) : name;
+    if (!renamed.emplace(key, tensor).second)
+      return Status::Errorf("{}: tensor '{}' is there both with and without the prefix '{}'",
+                            directory_, key, prefix);
+  }
+  tensors_ = std::move(renamed);
+  return Status::Ok();
+}
+
 Result<Checkpoint> Checkpoint::Open(const std::string& directory) {
   namespace fs = std::filesystem;
   Checkpoint checkpoint;

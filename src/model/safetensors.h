@@ -64,6 +64,12 @@ class Checkpoint {
   static Checkpoint FromMemory(const std::string& name, std::vector<TensorToWrite> tensors,
                                std::vector<std::string> sources);
 
+  // A multimodal wrapper's checkpoint (ModelConfig::checkpoint_prefix): the language model's
+  // tensors are found by their names without `prefix`; those under a `set_aside` prefix (a vision
+  // tower) are dropped from the listing. Errors if a name would be there twice.
+  Status UseLanguageModel(const std::string& prefix, const std::vector<std::string>& set_aside);
+  int64_t set_aside_count() const { return set_aside_count_; }
+
   // Null when the tensor is absent.
   const CheckpointTensor* Find(const std::string& name) const;
   const std::map<std::string, CheckpointTensor>& tensors() const { return tensors_; }
@@ -83,6 +89,7 @@ class Checkpoint {
   std::string directory_;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::map<std::string, CheckpointTensor> tensors_;
+  int64_t set_aside_count_ = 0;
 };
 
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
