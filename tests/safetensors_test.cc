@@ -90,6 +90,45 @@ TEST(SafetensorsTest, WriteThenOpenRoundTrips) {
   EXPECT_EQ(checkpoint.value().Find("z"), nullptr);
 }
 
+// A multimodal wrapper's checkpoint (Kimi K2.5): the language model's tensors found without the
+// prefix, the set-aside ones gone, a name there both ways an error naming it.
+TEST(SafetensorsTest, LanguageModelOfAWrapper) {
+  std::string dir = testing::TempDirectory("safetensors_wrapper");
+  auto tensor = [](const char* name) {
+    return TensorToWrite{name, DType::kF32, {1}, std::vector<uint8_t>(4)};
+  };
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors",
+                               {tensor("language_model.model.norm.weight"),
+                                tensor("language_model.lm_head.weight"),
+                                tensor("vision_tower.patch_embed.weight"),
+                                tensor("mm_projector.proj.0.weight"), tensor("stray.weight")})
+                  .ok());
+  auto checkpoint = Checkpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().message();
+  ASSERT_TRUE(checkpoint.value()
+                  .UseLanguageModel("language_model.", {"vision_tower.", "mm_projector."})
+                  .ok());
+  EXPECT_EQ(checkpoint.value().set_aside_count(), 2);
+  ASSERT_NE(checkpoint.value().Find("model.norm.weight"), nullptr);
+  EXPECT_EQ(checkpoint.value().Find("model.norm.weight")->entry->name,
+            "language_model.model.norm.weight");  // messages name the file's tensor
+  EXPECT_NE(checkpoint.value().Find("lm_head.weight"), nullptr);
+  EXPECT_NE(checkpoint.value().Find("stray.weight"), nullptr);  // left for LoadWeights to report
+  EXPECT_EQ(checkpoint.value().Find("vision_tower.patch_embed.weight"), nullptr);
+  EXPECT_EQ(checkpoint.value().tensors().size(), 3u);
+
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors",
+                               {tensor("language_model.lm_head.weight"), tensor("lm_head.weight")})
+                  .ok());
+  auto both = Checkpoint::Open(dir);
+  ASSERT_TRUE(both.ok()) << both.status().message();
+  const Status status = both.value().UseLanguageModel("language_model.", {});
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("'lm_head.weight' is there both with and without the prefix"),
+            std::string::npos)
+      << status.message();
+}
+
 TEST(SafetensorsTest, ShardedIndexIsChecked) {
   std::string dir = testing::TempDirectory("safetensors_index");
   ASSERT_TRUE(
