@@ -129,7 +129,9 @@ Status Checkpoint::AddShard(const std::string& path) {
 Status Checkpoint::UseLanguageModel(const std::string& prefix,
                                     const std::vector<std::string>& set_aside) {
   std::map<std::string, CheckpointTensor> renamed;
-  for (auto& [name, tensor] : tensors_) {
+  for (const auto& entry : tensors_) {
+    const std::string& name = entry.first;
+    const CheckpointTensor& tensor = entry.second;
     if (std::any_of(set_aside.begin(), set_aside.end(),
                     [&](const std::string& p) { return name.starts_with(p); })) {
       ++set_aside_count_;

@@ -1,7 +1,7 @@
 // libFuzzer target: the Hugging Face int4 loader (model/hf_int4.h) on checkpoints whose tensors
-// have fuzzed presence, dtypes, shapes and bytes, and config.json's quantization_config parser on
-// fuzzed text. Either must give an error or a result, never a crash or a read outside a tensor
-// (ASan watches); whatever loads must decode and pack.
+// have fuzzed presence, dtypes, shapes and bytes, and config.json's quantization_config parser
+// (and a Kimi K2.5 wrapper's text_config) on fuzzed text. Either must give an error or a result,
+// never a crash or a read outside a tensor (ASan watches); whatever loads must decode and pack.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -36,6 +36,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         R"("qk_nope_head_dim":8,"qk_rope_head_dim":8,"v_head_dim":8,"quantization_config":)" +
         text + "}";
     (void)sy::ParseModelConfig(config, "fuzz");
+    return 0;
+  }
+  if (mode & 0x40) {  // a Kimi K2.5 wrapper's fields (text_config, its quantization_config)
+    const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
+    auto parsed = sy::ParseModelConfig(R"({"model_type":"kimi_k25",)" + text + "}", "fuzz");
+    if (!parsed.ok() && parsed.status().message().empty()) std::abort();
     return 0;
   }
   sy::Int4Config config;

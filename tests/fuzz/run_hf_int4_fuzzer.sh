@@ -23,5 +23,11 @@ open(os.path.join(out, "seed-config"), "wb").write(
 open(os.path.join(out, "seed-config-huge"), "wb").write(
     b"\x80" + b'{"quant_method":"awq","bits":4,"group_size":1.2e69,"zero_point":true,'
     b'"version":"gemm"}')
+# A Kimi K2.5 wrapper: its text_config, quantization_config at the top level.
+open(os.path.join(out, "seed-kimi-k25"), "wb").write(
+    b"\x40" + b'"text_config":{"model_type":"kimi_k2","vocab_size":16,"hidden_size":128,'
+    b'"num_hidden_layers":1,"num_attention_heads":1,"kv_lora_rank":16,"qk_nope_head_dim":8,'
+    b'"qk_rope_head_dim":8,"v_head_dim":8},"quantization_config":{"quant_method":"fp8",'
+    b'"fmt":"e4m3","weight_block_size":[128,128]}')
 PY
 fuzz_run 8192
