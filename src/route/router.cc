@@ -1,5 +1,6 @@
 #include "route/router.h"
 
+#include "route/pending_pages.h"
 #include "route/queue_estimate.h"
 
 #include <algorithm>
@@ -57,9 +58,7 @@ struct Router::Target {
   // Work queued here as the router sees it: the last Load, corrected request by request.
   QueueEstimate queue;
   std::unordered_set<uint64_t> cached;  // the mirror of its prefix cache
-  // Pages of requests just routed here, until their stored events arrive (or 5 s pass): a burst
-  // of requests sharing a prefix follows the first instead of racing its prefill.
-  std::unordered_map<uint64_t, double> pending;
+  PendingPages pending;  // pages of requests routed here that the mirror does not hold yet
   grpc::ClientContext* mirror_context = nullptr;
   int64_t in_flight = 0, routed_total = 0, failovers_from = 0;
   bool draining = false;        // by the admin
@@ -202,7 +201,7 @@ void Router::MarkFailed(Target& target, const std::string& why) {
   target.missed_probes = 0;
   target.ejected_until = NowSeconds() + std::max(1.0, 4 * options_.probe_interval_seconds);
   target.cached.clear();
-  target.pending.clear();
+  target.pending.Clear();
   target.queue.Clear();
   // Requests in flight there fail over now rather than wait for their streams to time out.
   for (auto& [id, flight] : flights_) {
@@ -377,8 +376,7 @@ int64_t CachedPrefix(const T& t, const std::vector<uint64_t>& page_hashes) {
   while (hits < static_cast<int64_t>(page_hashes.size())) {
     const uint64_t h = page_hashes[static_cast<size_t>(hits)];
     if (!t.cached.count(h)) {
-      auto it = t.pending.find(h);
-      if (it == t.pending.end() || it->second < now) break;
+      if (!t.pending.Holds(h, now)) break;
     }
     ++hits;
   }
@@ -638,12 +636,7 @@ void Router::Fly(Flight& flight) {
             disaggregated() ? 1 : request.params.max_tokens - attempt.resumed_tokens;
         queued = n - CachedTokens(t, hashes) + output;
         t.queue.Routed(request.id, queued);
-        const double now = NowSeconds();
-        if (t.pending.size() > 65536)  // drop the expired
-          for (auto it = t.pending.begin(); it != t.pending.end();)
-            it = it->second < now ? t.pending.erase(it) : std::next(it);
-        for (uint64_t h : hashes)
-          t.pending[h] = now + 5;
+        t.pending.Hold(hashes, NowSeconds());
         flight.context = &context;
         flight.target = chosen;
         if (decode >= 0) {
@@ -675,6 +668,7 @@ void Router::Fly(Flight& flight) {
       std::lock_guard<std::mutex> lock(mutex_);
       --t.in_flight;
       t.queue.Ended(request.id);
+      if (!was_decode) t.pending.Release(hashes, NowSeconds());
       if (was_decode) {
         flight.decode_context = nullptr;
         flight.decode_target = -1;
@@ -699,6 +693,7 @@ void Router::Fly(Flight& flight) {
         std::lock_guard<std::mutex> lock(mutex_);
         --target.in_flight;
         target.queue.Ended(request.id);
+        target.pending.Release(hashes, NowSeconds());
         flight.context = nullptr;
         flight.target = -1;
         if (!end.finished && !flight.aborted && !stopping_ &&

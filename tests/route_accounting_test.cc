@@ -1,6 +1,8 @@
-// The router's view of an instance's queue (route/queue_estimate.h), one ordering of routing,
-// probes and stream ends at a time: each case is one the probe-epoch bookkeeping it replaced got
-// wrong or could get wrong.
+// The router's view of an instance: its queue (route/queue_estimate.h), one ordering of routing,
+// probes and stream ends at a time, each case one the probe-epoch bookkeeping it replaced got
+// wrong or could get wrong; and the pages sent there that its cache mirror does not show yet
+// (route/pending_pages.h).
+#include "route/pending_pages.h"
 #include "route/queue_estimate.h"
 
 #include <gtest/gtest.h>
@@ -113,6 +115,40 @@ TEST(QueueEstimate, ClearForgetsTheInstance) {
   q.Clear();
   EXPECT_EQ(q.Queued(), 0);
   EXPECT_EQ(q.tracked(), 0u);
+}
+
+TEST(PendingPages, HeldWhileInFlightHoweverLongThenForTheGrace) {
+  PendingPages pages;
+  pages.Hold({1, 2}, 0);
+  // A long prompt's prefill: an hour on, still held (a fixed 5 s from routing forgot it).
+  EXPECT_TRUE(pages.Holds(1, 3600));
+  EXPECT_FALSE(pages.Holds(3, 0));
+  pages.Release({1, 2}, 3600);
+  EXPECT_TRUE(pages.Holds(2, 3600 + PendingPages::kGraceSeconds));
+  EXPECT_FALSE(pages.Holds(2, 3600 + PendingPages::kGraceSeconds + 1));
+}
+
+TEST(PendingPages, ASharedPageIsHeldUntilItsLastRequestEnds) {
+  PendingPages pages;
+  pages.Hold({7, 8}, 0);
+  pages.Hold({7}, 1);
+  pages.Release({7, 8}, 2);
+  EXPECT_TRUE(pages.Holds(7, 100));  // the second request is still in flight
+  EXPECT_FALSE(pages.Holds(8, 100));
+  pages.Release({7}, 100);
+  EXPECT_TRUE(pages.Holds(7, 100 + PendingPages::kGraceSeconds));
+  // Released more often than held (a second release after a failover): no effect.
+  pages.Release({7, 7, 9}, 200);
+  EXPECT_FALSE(pages.Holds(7, 200));
+}
+
+TEST(PendingPages, ClearedPagesStayForgottenWhenTheirRequestsEnd) {
+  PendingPages pages;
+  pages.Hold({5}, 0);
+  pages.Clear();  // the instance failed
+  pages.Release({5}, 1);
+  EXPECT_FALSE(pages.Holds(5, 1));
+  EXPECT_EQ(pages.size(), 0u);
 }
 
 }  // namespace
