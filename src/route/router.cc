@@ -1,8 +1,5 @@
 #include "route/router.h"
 
-#include "route/pending_pages.h"
-#include "route/queue_estimate.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +11,8 @@
 
 #include "base/clock.h"
 #include "engine/page_pool.h"
+#include "route/pending_pages.h"
+#include "route/queue_estimate.h"
 #include "serve/grpc_service.h"
 #include "switchyard/v1/engine.grpc.pb.h"
 
