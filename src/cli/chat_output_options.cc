@@ -84,6 +84,12 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
                    "deleted and a file that does not fit is refused. 0: no Files and Batch APIs "
                    "(default 512)")
       ->check(CLI::Range(0.0, 1e6));
+  verb->add_option("--files-dir", args.files_dir,
+                   "Keep the Files and Batch APIs' state in this directory as well (created if "
+                   "need be): files as they are uploaded or written, each batch's state and each "
+                   "line's result as it is recorded. A restart reads them back and runs on the "
+                   "batches it interrupted from their first line without a result. One process "
+                   "at a time (default: memory only)");
   verb->add_option("--responses-store-mb", args.responses_store_mb,
                    "Memory for stored Responses API responses (store, previous_response_id, "
                    "GET /v1/responses/{id}) and Anthropic message threads; the least recently "
@@ -109,6 +115,9 @@ void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,
     if (!s.ok()) FailVerb(s.message());
   }
   options->files_bytes = static_cast<size_t>(args.files_mb * (1 << 20));
+  if (!args.files_dir.empty() && options->files_bytes == 0)
+    FailVerb("--files-dir keeps the Files and Batch APIs' state: --files-mb must not be 0");
+  options->files_dir = args.files_dir;
   const auto store_bytes = static_cast<size_t>(args.responses_store_mb * (1 << 20));
   if (!args.responses_store_dir.empty()) {
     if (store_bytes == 0)

@@ -25,6 +25,7 @@ struct ChatOutputArgs {
   std::string responses_store_dir;  // "": in memory only
   double sse_keepalive_seconds = 15;
   double files_mb = 512;                              // 0: no Files and Batch APIs
+  std::string files_dir;                              // "": files and batches in memory only
   std::string chat_template;                          // "": the checkpoint's
   std::string chat_template_content_format = "auto";  // auto, string or openai
   bool trust_request_chat_template = false;

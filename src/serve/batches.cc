@@ -2,8 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 
 #include <fmt/format.h>
+
+#include "base/partial_file.h"
 
 #include "serve/responses_api.h"
 
@@ -24,6 +31,7 @@ int64_t UnixNow() {
 // One request of a batch line: the plan, its engine requests' streams, what they gave.
 struct BatchRunner::InFlight {
   std::shared_ptr<Batch> batch;
+  int64_t line = 0;  // in the input file
   std::string custom_id, response_id;
   int64_t created = 0;
   GenerationPlan plan;
@@ -41,7 +49,10 @@ BatchRunner::BatchRunner(RequestFrontend& engine, const TextCodec& codec,
       limits_(limits),
       files_(files),
       max_in_flight_(std::max<int64_t>(1, max_in_flight)),
-      thread_([this] { Loop(); }) {}
+      directory_(files.batches_directory()) {
+  if (!directory_.empty()) restored_ = Restore();
+  thread_ = std::thread([this] { Loop(); });
+}
 
 BatchRunner::~BatchRunner() {
   Stop();
@@ -122,6 +133,7 @@ ApiReply BatchRunner::Request(const std::string& method, const std::string& path
         "batch_id", "invalid_state");
   batch.status = "cancelling";
   batch.times["cancelling_at"] = now;
+  Save(batch);
   for (const auto& flight : in_flight_)
     if (flight->batch.get() == &batch)
       for (const auto& request_id : flight->request_ids)
@@ -129,6 +141,57 @@ ApiReply BatchRunner::Request(const std::string& method, const std::string& path
   woken_ = true;
   wake_.notify_all();
   return JsonReply(BatchObject(batch));
+}
+
+void BatchRunner::ParseLines(const std::string& content, const std::string& endpoint,
+                             std::vector<Line>* lines, json* errors) {
+  std::map<std::string, int64_t> seen;
+  int64_t number = 0;
+  for (size_t at = 0; at < content.size();) {
+    size_t end = content.find('\n', at);
+    if (end == std::string::npos) end = content.size();
+    std::string_view line(content.data() + at, end - at);
+    at = end + 1;
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    auto fail = [&](const std::string& message, const char* param) {
+      if (errors->size() < 100)
+        errors->push_back({{"code", "invalid_request"},
+                           {"message", message},
+                           {"param", param ? json(param) : json(nullptr)},
+                           {"line", number}});
+    };
+    json entry = json::parse(line, nullptr, false);
+    if (!entry.is_object()) {
+      fail("the line is not a JSON object", nullptr);
+      continue;
+    }
+    auto custom = entry.find("custom_id");
+    if (custom == entry.end() || !custom->is_string() || custom->get<std::string>().empty()) {
+      fail("custom_id must be a non-empty string", "custom_id");
+      continue;
+    }
+    const std::string custom_id = custom->get<std::string>();
+    if (auto [it, fresh] = seen.emplace(custom_id, number); !fresh) {
+      fail(fmt::format("custom_id \"{}\" is also on line {}", custom_id, it->second), "custom_id");
+      continue;
+    }
+    if (auto m = entry.find("method"); m == entry.end() || *m != "POST") {
+      fail("method must be \"POST\"", "method");
+      continue;
+    }
+    if (auto u = entry.find("url"); u == entry.end() || *u != endpoint) {
+      fail(fmt::format("url must be the batch's endpoint, \"{}\"", endpoint), "url");
+      continue;
+    }
+    auto b = entry.find("body");
+    if (b == entry.end() || !b->is_object()) {
+      fail("body must be a JSON object", "body");
+      continue;
+    }
+    lines->push_back({number, custom_id, std::move(*b)});
+  }
 }
 
 ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
@@ -188,55 +251,8 @@ ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
   // The file's lines, checked as OpenAI checks them: each a request to this batch's endpoint
   // with a custom_id of its own. Any bad line fails the batch before anything runs.
   json errors = json::array();
-  std::map<std::string, int64_t> seen;
-  const std::string& content = file->content;
-  int64_t number = 0;
-  for (size_t at = 0; at < content.size();) {
-    size_t end = content.find('\n', at);
-    if (end == std::string::npos) end = content.size();
-    std::string_view line(content.data() + at, end - at);
-    at = end + 1;
-    ++number;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
-    auto fail = [&](const std::string& message, const char* param) {
-      if (errors.size() < 100)
-        errors.push_back({{"code", "invalid_request"},
-                          {"message", message},
-                          {"param", param ? json(param) : json(nullptr)},
-                          {"line", number}});
-    };
-    json entry = json::parse(line, nullptr, false);
-    if (!entry.is_object()) {
-      fail("the line is not a JSON object", nullptr);
-      continue;
-    }
-    auto custom = entry.find("custom_id");
-    if (custom == entry.end() || !custom->is_string() || custom->get<std::string>().empty()) {
-      fail("custom_id must be a non-empty string", "custom_id");
-      continue;
-    }
-    const std::string custom_id = custom->get<std::string>();
-    if (auto [it, fresh] = seen.emplace(custom_id, number); !fresh) {
-      fail(fmt::format("custom_id \"{}\" is also on line {}", custom_id, it->second), "custom_id");
-      continue;
-    }
-    if (auto m = entry.find("method"); m == entry.end() || *m != "POST") {
-      fail("method must be \"POST\"", "method");
-      continue;
-    }
-    if (auto u = entry.find("url"); u == entry.end() || *u != *endpoint) {
-      fail(fmt::format("url must be the batch's endpoint, \"{}\"", *endpoint), "url");
-      continue;
-    }
-    auto b = entry.find("body");
-    if (b == entry.end() || !b->is_object()) {
-      fail("body must be a JSON object", "body");
-      continue;
-    }
-    batch->lines.push_back({number, custom_id, std::move(*b)});
-    ++batch->total;
-  }
+  ParseLines(file->content, *endpoint, &batch->lines, &errors);
+  batch->total = static_cast<int64_t>(batch->lines.size());
   if (batch->lines.empty() && errors.empty())
     errors.push_back({{"code", "empty_file"},
                       {"message", "the input file has no requests"},
@@ -254,22 +270,24 @@ ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
     batch->times["in_progress_at"] = now;
   }
   batches_.push_back(batch);
+  Save(*batch);
   woken_ = true;
   wake_.notify_all();
   return JsonReply(BatchObject(*batch));
 }
 
-void BatchRunner::Record(Batch& batch, const std::string& custom_id, int status,
+void BatchRunner::Record(Batch& batch, int64_t line, const std::string& custom_id, int status,
                          const std::string& request_id, const json& body) {
-  const json line = {
+  const json record = {
       {"id", RandomObjectId("batch_req_")},
       {"custom_id", custom_id},
       {"response", {{"status_code", status}, {"request_id", request_id}, {"body", body}}},
       {"error", nullptr}};
   std::string& out = status == 200 ? batch.output : batch.error_output;
-  out += line.dump(-1, ' ', false, json::error_handler_t::replace);
+  out += record.dump(-1, ' ', false, json::error_handler_t::replace);
   out += '\n';
   ++(status == 200 ? batch.completed : batch.failed);
+  Journal(batch, line, record);
 }
 
 void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
@@ -302,7 +320,8 @@ void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
       parsed = {std::nullopt,
                 {400, "stream: true is not available in a batch", "stream", "invalid_value"}};
     if (!parsed.plan) {
-      Record(batch, line.custom_id, parsed.error.status, "", json::parse(ErrorBody(parsed.error)));
+      Record(batch, line.number, line.custom_id, parsed.error.status, "",
+             json::parse(ErrorBody(parsed.error)));
       ++batch.next;
       continue;
     }
@@ -322,12 +341,13 @@ void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
     if (!streams.ok()) {
       // A full queue or a stopping engine: the line waits for the next round.
       if (why == SubmitError::kQueueFull || why == SubmitError::kStopping) return;
-      Record(batch, line.custom_id, 400, flight->response_id,
+      Record(batch, line.number, line.custom_id, 400, flight->response_id,
              json::parse(ErrorBody({400, streams.status().message(), "", "invalid_value"})));
       ++batch.next;
       continue;
     }
     flight->batch = owner;
+    flight->line = line.number;
     flight->custom_id = line.custom_id;
     flight->streams = std::move(streams.value());
     flight->results.resize(flight->streams.size());
@@ -371,7 +391,7 @@ void BatchRunner::Collect() {
         error = r.finish_reason == "abort" ? "the batch was cancelled" : r.error;
       }
     if (!failed) {
-      Record(batch, flight.custom_id, 200, flight.response_id,
+      Record(batch, flight.line, flight.custom_id, 200, flight.response_id,
              flight.responses
                  ? ResponsesObject(*flight.responses, flight.results[0], flight.response_id,
                                    flight.created, codec_, limits_)
@@ -379,7 +399,7 @@ void BatchRunner::Collect() {
                                             flight.created, codec_, limits_)));
     } else if (batch.status == "in_progress" || error != "the batch was cancelled") {
       const bool ours = error == kNothingAllowedError;
-      Record(batch, flight.custom_id, ours ? 400 : 500, flight.response_id,
+      Record(batch, flight.line, flight.custom_id, ours ? 400 : 500, flight.response_id,
              json::parse(ErrorBody({ours ? 400 : 500, ours ? error : "generation failed: " + error,
                                     "", ours ? "invalid_value" : "internal_error"})));
     }
@@ -413,12 +433,160 @@ void BatchRunner::Close(Batch& batch) {
                                              {"message", file.status().message()},
                                              {"param", nullptr},
                                              {"line", nullptr}}})}};
+      Save(batch);
       return;
     }
     *target = (*file)->id;
   }
   batch.status = cancelled ? "cancelled" : "completed";
   batch.times[cancelled ? "cancelled_at" : "completed_at"] = now;
+  Save(batch);
+}
+
+// On disk, per batch: ID.json, the Batch object as the API would return it (written whole at
+// each change of state), and ID.lines.jsonl, one {"line", "status", "record"} a line as its result
+// is recorded (appended; the counts and output of a running batch are rebuilt from it). A
+// finished batch's results are in its files; its log goes.
+void BatchRunner::Save(const Batch& batch) {
+  if (directory_.empty()) return;
+  const std::string text = BatchObject(batch).dump();
+  auto out = PartialFile::Create(directory_ + "/" + batch.id + ".json");
+  Status status = out.ok() ? out.value().Put(text.data(), text.size()) : out.status();
+  if (status.ok()) status = out.value().Commit();
+  if (!status.ok()) return DiskFailed(status.message());
+  const bool ended = batch.status == "completed" || batch.status == "failed" ||
+                     batch.status == "cancelled" || batch.status == "expired";
+  if (ended) std::remove((directory_ + "/" + batch.id + ".lines.jsonl").c_str());
+}
+
+void BatchRunner::Journal(const Batch& batch, int64_t line, const json& record) {
+  if (directory_.empty()) return;
+  const std::string path = directory_ + "/" + batch.id + ".lines.jsonl";
+  const json entry = {
+      {"line", line}, {"status", record["response"]["status_code"]}, {"record", record}};
+  const std::string text = entry.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  // Flushed to the OS as it is written: it survives the process, not a power cut (a line lost
+  // that way runs again).
+  std::FILE* file = std::fopen(path.c_str(), "ab");
+  const bool ok = file != nullptr && std::fwrite(text.data(), 1, text.size(), file) == text.size();
+  if (file != nullptr && std::fclose(file) != 0) return DiskFailed("cannot write " + path);
+  if (!ok) DiskFailed("cannot write " + path);
+}
+
+void BatchRunner::DiskFailed(const std::string& what) {
+  if (disk_failed_) return;
+  disk_failed_ = true;
+  std::fprintf(stderr,
+               "switchyard: --files-dir: %s; batches go on in memory and a restart may not find "
+               "them as they are\n",
+               what.c_str());
+}
+
+Status BatchRunner::Restore() {
+  namespace fs = std::filesystem;
+  auto read_text = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  std::vector<std::shared_ptr<Batch>> restored;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
+    const fs::path path = entry.path();
+    if (path.extension() != ".json") continue;
+    const json object = json::parse(read_text(path), nullptr, false);
+    if (!object.is_object())
+      return Status::Errorf("{}: not a batch (a JSON object)", path.string());
+    auto batch = std::make_shared<Batch>();
+    try {
+      batch->id = object.at("id").get<std::string>();
+      batch->endpoint = object.at("endpoint").get<std::string>();
+      batch->input_file_id = object.at("input_file_id").get<std::string>();
+      batch->completion_window = object.at("completion_window").get<std::string>();
+      batch->status = object.at("status").get<std::string>();
+      batch->errors = object.at("errors");
+      batch->metadata = object.at("metadata");
+      for (const char* key :
+           {"created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at",
+            "failed_at", "expired_at", "cancelling_at", "cancelled_at"})
+        if (object.contains(key) && !object[key].is_null())
+          batch->times[key] = object[key].get<int64_t>();
+      for (auto [key, target] : {std::pair{"output_file_id", &batch->output_file_id},
+                                 std::pair{"error_file_id", &batch->error_file_id}})
+        if (object.contains(key) && !object[key].is_null())
+          *target = object[key].get<std::string>();
+      const json& counts = object.at("request_counts");
+      batch->total = counts.at("total").get<int64_t>();
+      batch->completed = counts.at("completed").get<int64_t>();
+      batch->failed = counts.at("failed").get<int64_t>();
+    } catch (const json::exception& e) {
+      return Status::Errorf("{}: not a batch ({})", path.string(), e.what());
+    }
+    if (path.stem().string() != batch->id)
+      return Status::Errorf("{}: describes batch '{}'", path.string(), batch->id);
+    const bool running = batch->status == "in_progress" || batch->status == "validating" ||
+                         batch->status == "finalizing" || batch->status == "cancelling";
+    if (running) {
+      // Interrupted: its lines again from the input file, less those with a result in its log.
+      auto input = files_.Get(batch->input_file_id);
+      if (!input) {  // deleted while the batch ran: what finished is in the log, not worth a guess
+        batch->status = "failed";
+        batch->times["failed_at"] = UnixNow();
+        batch->errors = {
+            {"object", "list"},
+            {"data", json::array({{{"code", "input_file_gone"},
+                                   {"message", fmt::format("the batch was interrupted and its "
+                                                           "input file '{}' is gone",
+                                                           batch->input_file_id)},
+                                   {"param", "input_file_id"},
+                                   {"line", nullptr}}})}};
+        Save(*batch);
+        restored.push_back(std::move(batch));
+        continue;
+      }
+      json errors = json::array();
+      ParseLines(input->content, batch->endpoint, &batch->lines, &errors);
+      batch->completed = batch->failed = 0;
+      std::set<int64_t> done;
+      const fs::path log = fs::path(directory_) / (batch->id + ".lines.jsonl");
+      std::istringstream lines(read_text(log));
+      std::vector<std::string> texts;
+      for (std::string text; std::getline(lines, text);)
+        texts.push_back(std::move(text));
+      for (size_t i = 0; i < texts.size(); ++i) {
+        const json logged = json::parse(texts[i], nullptr, false);
+        const bool valid = logged.is_object() && logged.contains("line") &&
+                           logged["line"].is_number_integer() && logged.contains("status") &&
+                           logged["status"].is_number_integer() && logged.contains("record") &&
+                           logged["record"].is_object();
+        if (!valid) {
+          if (i + 1 == texts.size()) {  // cut short by a crash mid-write: that line runs again
+            std::fprintf(stderr, "switchyard: %s: dropped a last line cut short (%zu bytes)\n",
+                         log.string().c_str(), texts[i].size());
+            continue;
+          }
+          return Status::Errorf("{} line {}: not a line's result", log.string(), i + 1);
+        }
+        if (!done.insert(logged["line"].get<int64_t>()).second) continue;
+        const bool ok = logged["status"].get<int>() == 200;
+        std::string& out = ok ? batch->output : batch->error_output;
+        out += logged["record"].dump(-1, ' ', false, json::error_handler_t::replace);
+        out += '\n';
+        ++(ok ? batch->completed : batch->failed);
+      }
+      std::erase_if(batch->lines, [&](const Line& line) { return done.contains(line.number); });
+      if (batch->status != "cancelling") batch->status = "in_progress";
+    }
+    restored.push_back(std::move(batch));
+  }
+  if (ec) return Status::Errorf("--files-dir {}: cannot list it ({})", directory_, ec.message());
+  std::sort(restored.begin(), restored.end(), [](const auto& a, const auto& b) {
+    const int64_t ta = a->times["created_at"], tb = b->times["created_at"];
+    return ta != tb ? ta < tb : a->id < b->id;
+  });
+  batches_.assign(restored.begin(), restored.end());
+  return Status::Ok();
 }
 
 void BatchRunner::Loop() {

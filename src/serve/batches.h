@@ -2,8 +2,11 @@
 // JSONL file of requests uploaded through the Files API (serve/files_api.h) runs line by line
 // through the same planning and engine as the live endpoints — beside live traffic, a bounded
 // number of requests in flight — and writes an output file (the successful lines' responses)
-// and an error file (the rest), each line naming its custom_id. Batches live in memory; they do
-// not outlive the process.
+// and an error file (the rest), each line naming its custom_id. Batches live in memory and, where
+// the file store is kept on disk (`serve --files-dir`), beside it: each batch's state as it
+// changes and each line's result as it is recorded, so that a restart finds every batch and
+// runs on those it interrupted from their first line without a result (a line in flight at the
+// crash runs again).
 #pragma once
 
 #include <atomic>
@@ -33,9 +36,13 @@ class BatchRunner {
  public:
   // `max_in_flight`: the batches' requests submitted at once, over all batches (the engine's
   // running batch size is a good value: live requests queue behind at most that many).
+  // Batches are kept in files.batches_directory() where the store has one, and read back here.
   BatchRunner(RequestFrontend& engine, const TextCodec& codec, const ServingLimits& limits,
               FileStore& files, int64_t max_in_flight);
   ~BatchRunner();
+  // Whether the batches kept on disk were read back (an error names the file and what is wrong;
+  // the server refuses to start on it rather than lose them).
+  const Status& restored() const { return restored_; }
   // /v1/batches: POST (create), GET (list), /{id} GET, /{id}/cancel POST. `path` is what follows
   // "/v1/batches".
   ApiReply Request(const std::string& method, const std::string& path, const std::string& query,
@@ -66,20 +73,32 @@ class BatchRunner {
   };
   nlohmann::ordered_json BatchObject(const Batch& batch) const;
   ApiReply Create(const std::string& body, int64_t now);
+  // The file's lines as requests to `endpoint`, checked as OpenAI checks them; `errors` gets
+  // OpenAI's line errors (at most 100).
+  static void ParseLines(const std::string& content, const std::string& endpoint,
+                         std::vector<Line>* lines, nlohmann::ordered_json* errors);
+  // On disk (directory_ not empty): the batch's state, written whole; a line's result, appended.
+  void Save(const Batch& batch);
+  void Journal(const Batch& batch, int64_t line, const nlohmann::ordered_json& record);
+  void DiskFailed(const std::string& what);
+  Status Restore();
   void Loop();
   // Under mutex_: submits what fits, takes finished requests, closes finished batches.
   void Advance(const std::shared_ptr<Batch>& batch);
   void Collect();
   void Close(Batch& batch);
   // One output line: `status` 200 with the response body, else the error's.
-  void Record(Batch& batch, const std::string& custom_id, int status, const std::string& request_id,
-              const nlohmann::ordered_json& body);
+  void Record(Batch& batch, int64_t line, const std::string& custom_id, int status,
+              const std::string& request_id, const nlohmann::ordered_json& body);
 
   RequestFrontend& engine_;
   const TextCodec& codec_;
   const ServingLimits limits_;
   FileStore& files_;
   const int64_t max_in_flight_;
+  const std::string directory_;  // "": batches in memory only
+  Status restored_;
+  bool disk_failed_ = false;  // reported once
 
   std::mutex mutex_;
   std::condition_variable wake_;

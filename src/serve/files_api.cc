@@ -1,10 +1,21 @@
 #include "serve/files_api.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
+#include <sstream>
 
 #include <fmt/format.h>
+
+#include "base/partial_file.h"
 
 namespace sy::serve {
 
@@ -207,6 +218,105 @@ json FileObject(const StoredFile& file) {
           {"status_details", nullptr}};
 }
 
+namespace {
+
+// A file's description on disk, beside its content.
+json FileRecord(const StoredFile& file) {
+  return {{"id", file.id},
+          {"filename", file.filename},
+          {"purpose", file.purpose},
+          {"created_at", file.created_at},
+          {"bytes", file.content.size()}};
+}
+
+Status WriteWhole(const std::string& path, const std::string& bytes) {
+  SY_ASSIGN_OR_RETURN(PartialFile out, PartialFile::Create(path));
+  SY_RETURN_IF_ERROR(out.Put(bytes.data(), bytes.size()));
+  return out.Commit();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<FileStore>> FileStore::Open(size_t budget_bytes,
+                                                   const std::string& directory) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(fs::path(directory) / "files", ec);
+  if (!ec) fs::create_directories(fs::path(directory) / "batches", ec);
+  if (ec) return Status::Errorf("--files-dir {}: cannot create it ({})", directory, ec.message());
+  std::unique_ptr<FileStore> store(new FileStore(budget_bytes));
+  store->directory_ = directory;
+  const std::string lock_path = directory + "/lock";
+  store->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (store->lock_fd_ < 0)
+    return Status::Errorf("--files-dir {}: cannot open {} ({})", directory, lock_path,
+                          std::strerror(errno));
+  if (::flock(store->lock_fd_, LOCK_EX | LOCK_NB) != 0)
+    return Status::Errorf("--files-dir {}: another process keeps its files there (one at a time)",
+                          directory);
+  SY_RETURN_IF_ERROR(store->Load());
+  return store;
+}
+
+FileStore::~FileStore() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // the lock goes with it
+}
+
+std::string FileStore::batches_directory() const {
+  return directory_.empty() ? "" : directory_ + "/batches";
+}
+
+std::string FileStore::FilePath(const std::string& id, const char* suffix) const {
+  return directory_ + "/files/" + id + suffix;
+}
+
+Status FileStore::Load() {
+  namespace fs = std::filesystem;
+  std::vector<std::shared_ptr<StoredFile>> loaded;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(directory_ + "/files", ec)) {
+    const fs::path path = entry.path();
+    if (path.extension() != ".json") continue;  // contents, and .partial files a crash left
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const json record = json::parse(text.str(), nullptr, false);
+    if (!record.is_object())
+      return Status::Errorf("{}: not a file description (a JSON object)", path.string());
+    auto file = std::make_shared<StoredFile>();
+    try {
+      file->id = record.at("id").get<std::string>();
+      file->filename = record.at("filename").get<std::string>();
+      file->purpose = record.at("purpose").get<std::string>();
+      file->created_at = record.at("created_at").get<int64_t>();
+      const auto bytes = record.at("bytes").get<uint64_t>();
+      if (path.stem().string() != file->id)
+        return Status::Errorf("{}: describes file '{}'", path.string(), file->id);
+      std::ifstream content(FilePath(file->id, ".content"), std::ios::binary);
+      std::stringstream data;
+      data << content.rdbuf();
+      file->content = data.str();
+      if (!content || file->content.size() != bytes)
+        return Status::Errorf("{}: its content holds {} bytes where it says {}", path.string(),
+                              file->content.size(), bytes);
+    } catch (const json::exception& e) {
+      return Status::Errorf("{}: not a file description ({})", path.string(), e.what());
+    }
+    used_ += file->content.size();
+    loaded.push_back(std::move(file));
+  }
+  if (ec) return Status::Errorf("--files-dir {}: cannot list it ({})", directory_, ec.message());
+  if (used_ > budget_)
+    return Status::Errorf(
+        "--files-dir {}: its files hold {} bytes, more than --files-mb allows ({} bytes)",
+        directory_, used_, budget_);
+  std::sort(loaded.begin(), loaded.end(), [](const auto& a, const auto& b) {
+    return a->created_at != b->created_at ? a->created_at < b->created_at : a->id < b->id;
+  });
+  files_.assign(loaded.begin(), loaded.end());
+  return Status::Ok();
+}
+
 Result<std::shared_ptr<const StoredFile>> FileStore::Add(std::string filename, std::string purpose,
                                                          std::string content, int64_t now) {
   auto file = std::make_shared<StoredFile>();
@@ -221,6 +331,15 @@ Result<std::shared_ptr<const StoredFile>> FileStore::Add(std::string filename, s
         "the file ({} bytes) does not fit: {} of the server's {} bytes for files are taken "
         "(serve --files-mb; delete files that are no longer needed)",
         file->content.size(), used_, budget_);
+  if (!directory_.empty()) {
+    // The content first: a description on disk always has its content.
+    Status written = WriteWhole(FilePath(file->id, ".content"), file->content);
+    if (written.ok()) written = WriteWhole(FilePath(file->id, ".json"), FileRecord(*file).dump());
+    if (!written.ok()) {
+      std::remove(FilePath(file->id, ".content").c_str());
+      return Status::Errorf("the file could not be kept: {}", written.message());
+    }
+  }
   used_ += file->content.size();
   files_.push_back(file);
   return std::shared_ptr<const StoredFile>(file);
@@ -238,6 +357,10 @@ bool FileStore::Remove(const std::string& id) {
   auto it = std::find_if(files_.begin(), files_.end(), [&](const auto& f) { return f->id == id; });
   if (it == files_.end()) return false;
   used_ -= (*it)->content.size();
+  if (!directory_.empty()) {  // the description first: a content alone is not read back
+    std::remove(FilePath((*it)->id, ".json").c_str());
+    std::remove(FilePath((*it)->id, ".content").c_str());
+  }
   files_.erase(it);
   return true;
 }

@@ -1,7 +1,7 @@
 // OpenAI's Files API (/v1/files): uploads (multipart/form-data, as the official SDK's
 // `client.files.create(file=..., purpose="batch")` sends them) and the files batches write, kept
-// in memory under a byte budget (`serve --files-mb`); they do not outlive the process. The Batch
-// API (serve/batches.h) reads and writes them.
+// in memory under a byte budget (`serve --files-mb`) and, with `serve --files-dir`, on disk as
+// well, so that they outlive the process. The Batch API (serve/batches.h) reads and writes them.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +39,18 @@ nlohmann::ordered_json FileObject(const StoredFile& file);
 class FileStore {
  public:
   explicit FileStore(size_t budget_bytes) : budget_(budget_bytes) {}
-  // The stored file, or an error (413) where the budget has no room for it.
+  // A store kept in `directory` as well (created if need be; one process at a time, by a lock
+  // file there): the files an earlier process kept are read back (more than the budget is an
+  // error naming both), each file added is on disk before Add answers (its content, then its
+  // description: a crash between leaves no half file), each removed is deleted. The batches'
+  // state lives beside them (batches_directory()).
+  static Result<std::unique_ptr<FileStore>> Open(size_t budget_bytes, const std::string& directory);
+  ~FileStore();
+  FileStore(const FileStore&) = delete;
+  FileStore& operator=(const FileStore&) = delete;
+
+  // The stored file, or an error (413) where the budget has no room for it or the disk refuses
+  // it.
   Result<std::shared_ptr<const StoredFile>> Add(std::string filename, std::string purpose,
                                                 std::string content, int64_t now);
   std::shared_ptr<const StoredFile> Get(const std::string& id) const;
@@ -47,11 +58,18 @@ class FileStore {
   // Newest first (OpenAI's default order), after the file `after` when given.
   std::vector<std::shared_ptr<const StoredFile>> List(const std::string& purpose) const;
   size_t budget() const { return budget_; }
+  // Where a batch runner keeps its batches: DIRECTORY/batches; "" for a store in memory.
+  std::string batches_directory() const;
 
  private:
+  Status Load();  // under Open
+  std::string FilePath(const std::string& id, const char* suffix) const;
+
   mutable std::mutex mutex_;
   size_t budget_, used_ = 0;
   std::vector<std::shared_ptr<const StoredFile>> files_;  // in upload order
+  std::string directory_;                                 // "": in memory only
+  int lock_fd_ = -1;
 };
 
 // What an API call answers: a JSON body (200), raw content, or an error.

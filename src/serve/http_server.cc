@@ -67,9 +67,19 @@ class OpenAiServer::Impl {
         signals_(io_, SIGTERM, SIGINT),
         reload_signal_(io_) {
     if (options_.files_bytes > 0) {
-      files_ = std::make_unique<FileStore>(options_.files_bytes);
-      batches_ = std::make_unique<BatchRunner>(engine_, codec_, options_.limits, *files_,
-                                               options_.batch_max_in_flight);
+      if (options_.files_dir.empty()) {
+        files_ = std::make_unique<FileStore>(options_.files_bytes);
+      } else if (auto opened = FileStore::Open(options_.files_bytes, options_.files_dir);
+                 opened.ok()) {
+        files_ = std::move(opened).value();
+      } else {
+        files_status_ = opened.status();
+      }
+      if (files_) {
+        batches_ = std::make_unique<BatchRunner>(engine_, codec_, options_.limits, *files_,
+                                                 options_.batch_max_in_flight);
+        files_status_ = batches_->restored();
+      }
     }
   }
 
@@ -96,6 +106,7 @@ class OpenAiServer::Impl {
   std::atomic<bool> shutting_down_{false};
   std::thread drainer_;
   std::unique_ptr<FileStore> files_;  // null: no Files and Batch APIs
+  Status files_status_;               // the kept files and batches read back (Listen fails)
   std::unique_ptr<BatchRunner> batches_;
 
   // background: true — Responses requests the server runs on its own. Their state is in the
@@ -1000,6 +1011,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 }  // namespace
 
 Status OpenAiServer::Impl::Listen() {
+  SY_RETURN_IF_ERROR(files_status_);
   beast::error_code ec;
   const auto address = net::ip::make_address(options_.host, ec);
   if (ec) return Status::Errorf("--host {}: not an IP address ({})", options_.host, ec.message());

@@ -39,6 +39,9 @@ struct ServerOptions {
   // OpenAI's Files and Batch APIs (serve/batches.h): memory for uploaded and written files; 0:
   // both APIs are off (404). A batch's requests in flight at once, over all batches.
   size_t files_bytes = 0;
+  // Where the files and batches are kept as well, so that they outlive the process ("": memory
+  // only). Listen fails on a directory that cannot be read back.
+  std::string files_dir;
   int64_t batch_max_in_flight = 64;
   // Answers /admin/* (after the API key check) when set: (method, path, body) → (HTTP status,
   // JSON body). The router's drain and resume live here.

@@ -15,6 +15,7 @@ fuzz_build \
   "$src"/src/chat_output/*.cc "$src/src/serve/responses_store.cc" \
   "$src/src/tokenizer/gguf_tokenizer.cc" "$src/src/model/gguf.cc" "$src/src/tensor/ggml_quants.cc" \
   "$src/src/tensor/dtype.cc" "$src/src/base/mapped_file.cc" "$src/src/base/utf8.cc" \
+  "$src/src/base/partial_file.cc" \
   $(pkg-config --cflags --libs libpcre2-8) -lxxhash -lfmt -lcrypto
 # Seeds: bodies the client tests send, raw and as HTTP requests.
 seed() { printf '%s' "$2" > "$corpus/$1"; }

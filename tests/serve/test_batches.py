@@ -1,10 +1,12 @@
 """OpenAI's Files and Batch APIs through the official client: a JSONL file uploaded with
 files.create, a batch run beside live traffic, its output and error files read back; each
 line's response equal to the same request sent live (greedy); bad files fail the batch naming
-their lines; cancelling keeps what finished (test_route.py runs a batch through the router)."""
+their lines; cancelling keeps what finished; with --files-dir, files and batches outlive a kill -9
+(test_route.py runs a batch through the router)."""
 
 import io
 import json
+import os
 import time
 
 import openai
@@ -229,3 +231,82 @@ def test_files_and_batches_off_and_through_the_router(model_dir):
         assert info.value.status_code == 413 and "--files-mb" in info.value.body["message"]
     finally:
         assert small.stop() == 0
+
+
+def test_files_and_batches_outlive_the_process(model_dir, tmp_path):
+    """--files-dir: after kill -9 mid-batch, a new process reads the files and batches back; the
+    batch runs on from its first line without a result, every line answered once and as live
+    (greedy); a finished batch's files and a deleted file stay as they were; one process at a
+    time holds the directory."""
+    keep = str(tmp_path / "kept")
+    first = Server(model_dir, "--files-dir", keep, "--max-num-seqs", "2")
+    client = openai.OpenAI(base_url=first.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    small_input = client.files.create(file=("small.jsonl", jsonl([chat_line("k", "Hail!")])),
+                                      purpose="batch")
+    gone = client.files.create(file=("gone.jsonl", jsonl([chat_line("g", "Hail!")])),
+                               purpose="batch")
+    assert client.files.delete(gone.id).deleted
+    small = wait(client, client.batches.create(input_file_id=small_input.id,
+                                               endpoint="/v1/chat/completions",
+                                               completion_window="24h").id)
+    assert small.status == "completed"
+
+    prompts = [f"Tell a tale of the {i}th night." for i in range(10)]
+    lines = [chat_line(f"t{i}", p, max_tokens=48) for i, p in enumerate(prompts)]
+    tales = client.files.create(file=("tales.jsonl", jsonl(lines)), purpose="batch")
+    batch = client.batches.create(input_file_id=tales.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    deadline = time.time() + 120
+    while client.batches.retrieve(batch.id).request_counts.completed < 3 and \
+            time.time() < deadline:
+        time.sleep(0.02)
+    first.process.kill()  # kill -9, two lines in flight
+    first.process.wait()
+    first.stopped = True
+    with open(f"{keep}/batches/{batch.id}.json") as f:
+        assert json.load(f)["status"] == "in_progress"
+    with open(f"{keep}/batches/{batch.id}.lines.jsonl") as f:
+        logged = [json.loads(line) for line in f]
+    assert 3 <= len(logged) < 10, "the batch was not interrupted mid-way"
+    # What finished before the kill, by custom_id: its response's id (not run again after).
+    before = {entry["record"]["custom_id"]: entry["record"]["response"]["request_id"]
+              for entry in logged}
+
+    second = Server(model_dir, "--files-dir", keep)
+    try:
+        with pytest.raises(AssertionError) as info:
+            Server(model_dir, "--files-dir", keep)
+        assert "another process keeps its files there" in str(info.value)
+        client = openai.OpenAI(base_url=second.url + "/v1", api_key="x", max_retries=0,
+                               timeout=120)
+        kept = {f.id: f for f in client.files.list().data}
+        assert small_input.id in kept and tales.id in kept and gone.id not in kept
+        assert kept[tales.id].filename == "tales.jsonl" and kept[tales.id].bytes == \
+            len(jsonl(lines).getvalue())
+        assert lines_of(client, small.output_file_id)[0]["custom_id"] == "k"
+        assert client.batches.retrieve(small.id).status == "completed"
+
+        done = wait(client, batch.id)
+        assert done.status == "completed", done
+        assert (done.request_counts.total, done.request_counts.completed) == (10, 10)
+        out = lines_of(client, done.output_file_id)
+        assert sorted(line["custom_id"] for line in out) == sorted(f"t{i}" for i in range(10))
+        ids = {line["custom_id"]: line["response"]["request_id"] for line in out}
+        assert all(ids[custom_id] == before[custom_id] for custom_id in before)
+        for line in out:
+            prompt = prompts[int(line["custom_id"][1:])]
+            want = client.chat.completions.create(
+                model="sy-test", messages=[{"role": "user", "content": prompt}], temperature=0,
+                max_tokens=48, extra_body={"ignore_eos": True}).choices[0].message.content
+            assert line["response"]["body"]["choices"][0]["message"]["content"] == want
+        # A finished batch's log goes; its state stays.
+        assert not os.path.exists(f"{keep}/batches/{batch.id}.lines.jsonl")
+    finally:
+        assert second.stop() == 0
+
+    # Damaged state is named at start, not lost in silence.
+    with open(f"{keep}/batches/{batch.id}.json", "w") as f:
+        f.write("{not json")
+    with pytest.raises(AssertionError) as info:
+        Server(model_dir, "--files-dir", keep)
+    assert f"{batch.id}.json: not a batch" in str(info.value)
