@@ -71,9 +71,14 @@ TEST(ConfigTest, KimiK25ReadsItsTextConfig) {
   nlohmann::json top = wrapper;
   top["quantization_config"] = text["quantization_config"];
   top["text_config"].erase("quantization_config");
+  top["eos_token_id"] = 999;
+  top["text_config"].erase("eos_token_id");
+  top["bos_token_id"] = 5;  // text_config's own wins
   config = ParseModelConfig(top.dump(), "config.json");
   ASSERT_TRUE(config.ok()) << config.status().message();
   EXPECT_TRUE(config.value().fp8_weights);
+  EXPECT_EQ(config.value().eos_token_id, 999);
+  EXPECT_EQ(config.value().bos_token_id, text["bos_token_id"].get<int64_t>());
 
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> bad = {
       {[](auto& j) { j.erase("text_config"); }, "needs a 'text_config' object"},

@@ -359,9 +359,10 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     if (auto inner_type = inner.find("model_type");
         inner_type != inner.end() && *inner_type == "kimi_k25")
       return Status::Errorf("{}: text_config is itself a kimi_k25 wrapper", source);
-    // vLLM's KimiK25Config propagates the text model's quantization_config; take either.
-    if (!inner.contains("quantization_config") && root.contains("quantization_config"))
-      inner["quantization_config"] = root["quantization_config"];
+    // vLLM's KimiK25Config propagates the text model's quantization_config; take either. The
+    // token ids too may be written at the top only.
+    for (const char* key : {"quantization_config", "bos_token_id", "eos_token_id"})
+      if (!inner.contains(key) && root.contains(key)) inner[key] = root[key];
     SY_ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(inner.dump(), source + ": text_config"));
     c.wrapper_type = "kimi_k25";
     c.checkpoint_prefix = "language_model.";
