@@ -11,7 +11,6 @@
 #include "kernels/cpu/bf16_gemm.h"
 #include "kernels/cpu/fast_linear.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 #include "test_support.h"
 
 namespace sy {
@@ -205,17 +204,7 @@ std::string WrapAsKimiK25(const std::string& name, bool quantization_at_top) {
   }
   config["text_config"] = text;
   std::ofstream(dir + "/config.json") << config.dump(2);
-  auto checkpoint = Checkpoint::Open(fixture.directory);
-  EXPECT_TRUE(checkpoint.ok()) << checkpoint.status().message();
-  std::vector<TensorToWrite> tensors;
-  for (const auto& [tensor_name, tensor] : checkpoint.value().tensors()) {
-    TensorToWrite t{"language_model." + tensor_name, tensor.entry->dtype, tensor.entry->shape, {}};
-    t.bytes.assign(tensor.data, tensor.data + (tensor.entry->data_end - tensor.entry->data_begin));
-    tensors.push_back(std::move(t));
-  }
-  for (const char* vision : {"vision_tower.patch_embed.proj.weight", "mm_projector.proj.0.weight"})
-    tensors.push_back({vision, DType::kF32, {2, 2}, std::vector<uint8_t>(16, 0)});
-  EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
+  testing::WritePrefixedCheckpoint(fixture.directory, dir, "language_model.");
   for (const char* file : {"tokens.txt", "logits.bin", "meta.json"})
     fs::copy_file(fixture.directory + "/" + file, dir + "/" + file,
                   fs::copy_options::overwrite_existing);

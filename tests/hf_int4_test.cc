@@ -406,16 +406,7 @@ TEST(HfInt4Test, KimiK25WrapperOfGroupsOf32) {
                                  {"text_config", text},
                                  {"vision_config", {{"hidden_size", 8}}}};
   testing::WriteFile(to + "/config.json", config.dump(1));
-  auto checkpoint = Checkpoint::Open(from);
-  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().message();
-  std::vector<TensorToWrite> tensors;
-  for (const auto& [name, t] : checkpoint->tensors()) {
-    TensorToWrite out{"language_model." + name, t.entry->dtype, t.entry->shape, {}};
-    out.bytes.assign(t.data, t.data + (t.entry->data_end - t.entry->data_begin));
-    tensors.push_back(std::move(out));
-  }
-  tensors.push_back({"vision_tower.encoder.blocks.0.wqkv.weight", DType::kF32, {1}, {0, 0, 0, 0}});
-  ASSERT_TRUE(WriteSafetensors(to + "/model.safetensors", tensors).ok());
+  testing::WritePrefixedCheckpoint(from, to, "language_model.");
 
   auto wrapped = LoadOrFail(to);
   auto plain = LoadOrFail(from);

@@ -21,6 +21,7 @@
 #include "cli/token_lists.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/fast_linear.h"
+#include "model/safetensors.h"
 #include "model/synthetic.h"
 #include "tensor/dtype.h"
 #include "tokenizer/embedded_tokenizers.h"
@@ -222,6 +223,22 @@ class ProcessTempRoot {
 };
 
 }  // namespace
+
+void WritePrefixedCheckpoint(const std::string& from, const std::string& to,
+                             const std::string& prefix) {
+  auto checkpoint = Checkpoint::Open(from);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().message();
+  std::vector<TensorToWrite> tensors;
+  for (const auto& [name, t] : checkpoint->tensors()) {
+    TensorToWrite out{prefix + name, t.entry->dtype, t.entry->shape, {}};
+    out.bytes.assign(t.data, t.data + (t.entry->data_end - t.entry->data_begin));
+    tensors.push_back(std::move(out));
+  }
+  for (const char* vision : {"vision_tower.patch_embed.proj.weight", "mm_projector.proj.0.weight"})
+    tensors.push_back({vision, DType::kF32, {2, 2}, std::vector<uint8_t>(16, 0)});
+  const Status written = WriteSafetensors(to + "/model.safetensors", tensors);
+  ASSERT_TRUE(written.ok()) << written.message();
+}
 
 std::string TempDirectory(const std::string& name) {
   namespace fs = std::filesystem;

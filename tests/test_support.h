@@ -78,6 +78,10 @@ std::string ReadFile(const std::string& path);
 // A JSON Lines file, one value per non-empty line.
 std::vector<nlohmann::json> ReadJsonLines(const std::string& path);
 void WriteFile(const std::string& path, const std::string& contents);
+// `from`'s safetensors checkpoint written to `to`/model.safetensors as a multimodal wrapper
+// ships it (Kimi K2.5): every tensor under `prefix`, then stand-in vision tensors.
+void WritePrefixedCheckpoint(const std::string& from, const std::string& to,
+                             const std::string& prefix);
 
 // Runs a shell command; returns its exit status and captures stdout+stderr.
 int RunCommand(const std::string& command, std::string* output);

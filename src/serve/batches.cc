@@ -4,13 +4,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "base/partial_file.h"
+#include "tokenizer/tokenizer.h"  // ReadTextFile
 
 #include "serve/responses_api.h"
 
@@ -484,18 +484,13 @@ void BatchRunner::DiskFailed(const std::string& what) {
 
 Status BatchRunner::Restore() {
   namespace fs = std::filesystem;
-  auto read_text = [](const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  };
   std::vector<std::shared_ptr<Batch>> restored;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(directory_, ec)) {
     const fs::path path = entry.path();
     if (path.extension() != ".json") continue;
-    const json object = json::parse(read_text(path), nullptr, false);
+    SY_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path.string()));
+    const json object = json::parse(text, nullptr, false);
     if (!object.is_object())
       return Status::Errorf("{}: not a batch (a JSON object)", path.string());
     auto batch = std::make_shared<Batch>();
@@ -550,7 +545,11 @@ Status BatchRunner::Restore() {
       batch->completed = batch->failed = 0;
       std::set<int64_t> done;
       const fs::path log = fs::path(directory_) / (batch->id + ".lines.jsonl");
-      std::istringstream lines(read_text(log));
+      // No log yet: no line had a result.
+      Result<std::string> logged_text = std::string();
+      if (fs::exists(log)) logged_text = ReadTextFile(log.string());
+      if (!logged_text.ok()) return logged_text.status();
+      std::istringstream lines(logged_text.value());
       std::vector<std::string> texts;
       for (std::string text; std::getline(lines, text);)
         texts.push_back(std::move(text));

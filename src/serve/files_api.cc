@@ -8,14 +8,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <random>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "base/partial_file.h"
+#include "tokenizer/tokenizer.h"  // ReadTextFile
 
 namespace sy::serve {
 
@@ -277,10 +276,8 @@ Status FileStore::Load() {
   for (const auto& entry : fs::directory_iterator(directory_ + "/files", ec)) {
     const fs::path path = entry.path();
     if (path.extension() != ".json") continue;  // contents, and .partial files a crash left
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    const json record = json::parse(text.str(), nullptr, false);
+    SY_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path.string()));
+    const json record = json::parse(text, nullptr, false);
     if (!record.is_object())
       return Status::Errorf("{}: not a file description (a JSON object)", path.string());
     auto file = std::make_shared<StoredFile>();
@@ -292,11 +289,8 @@ Status FileStore::Load() {
       const auto bytes = record.at("bytes").get<uint64_t>();
       if (path.stem().string() != file->id)
         return Status::Errorf("{}: describes file '{}'", path.string(), file->id);
-      std::ifstream content(FilePath(file->id, ".content"), std::ios::binary);
-      std::stringstream data;
-      data << content.rdbuf();
-      file->content = data.str();
-      if (!content || file->content.size() != bytes)
+      SY_ASSIGN_OR_RETURN(file->content, ReadTextFile(FilePath(file->id, ".content")));
+      if (file->content.size() != bytes)
         return Status::Errorf("{}: its content holds {} bytes where it says {}", path.string(),
                               file->content.size(), bytes);
     } catch (const json::exception& e) {
