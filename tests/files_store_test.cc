@@ -78,5 +78,25 @@ TEST(FileStoreTest, WhatCannotBeReadBackIsNamed) {
       << damaged.status().message();
 }
 
+TEST(FileStoreTest, AMessageBatchsFilesAreNotTheFilesApis) {
+  // Counted and kept by the store, but neither listed nor served by /v1/files.
+  FileStore store(1 << 20);
+  auto requests = store.Add("msgbatch_1_requests.jsonl", kMessageBatchRequestsPurpose, "x\n", 1);
+  auto results = store.Add("msgbatch_1_results.jsonl", kMessageBatchResultsPurpose, "y\n", 2);
+  auto upload = store.Add("a.jsonl", "batch", "z\n", 3);
+  ASSERT_TRUE(requests.ok() && results.ok() && upload.ok());
+  const auto listed = nlohmann::json::parse(FilesRequest(store, "GET", "", "", "", "", 0).body);
+  ASSERT_EQ(listed["data"].size(), 1u);
+  EXPECT_EQ(listed["data"][0]["id"], upload.value()->id);
+  for (const auto& hidden : {requests.value()->id, results.value()->id})
+    for (const char* method : {"GET", "DELETE"})
+      for (const char* tail : {"", "/content"}) {
+        const ApiReply reply = FilesRequest(store, method, "/" + hidden + tail, "", "", "", 0);
+        EXPECT_EQ(reply.error.status, 404) << method << " " << hidden << tail;
+      }
+  EXPECT_NE(store.Get(results.value()->id), nullptr);  // still kept
+  EXPECT_EQ(store.List("").size(), 3u);
+}
+
 }  // namespace
 }  // namespace sy::serve

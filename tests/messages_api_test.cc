@@ -486,5 +486,47 @@ TEST(MessagesApiTest, AThreadContinuedIsTheConversationSentWhole) {
             json::parse(R"({"error_code": "thread_unsupported_request", "unsupported": []})"));
 }
 
+TEST(MessagesApiTest, MessageBatchRequestsAreCheckedAsAnthropicChecksThem) {
+  ApiError error;
+  const json params = {{"model", "m"}, {"max_tokens", 4}, {"messages", json::array()}};
+  const json body = {{"requests",
+                      {{{"custom_id", "a-1"}, {"params", params}},
+                       {{"params", json::object()}, {"custom_id", "B_2"}}}}};
+  auto lines = MessageBatchRequestLines(body.dump(), &error);
+  ASSERT_TRUE(lines) << error.message;
+  // Kept as JSONL, custom_id first; params whole (whether they are valid is each line's result).
+  EXPECT_EQ(*lines, "{\"custom_id\":\"a-1\",\"params\":" + params.dump() +
+                        "}\n{\"custom_id\":\"B_2\",\"params\":{}}\n");
+  auto refused = [&](const json& b) {
+    ApiError e;
+    EXPECT_FALSE(MessageBatchRequestLines(b.dump(), &e)) << b.dump();
+    EXPECT_EQ(e.status, 400);
+    return e.message;
+  };
+  auto with = [&](json request) { return json{{"requests", {body["requests"][0], request}}}; };
+  EXPECT_EQ(refused(json{{"requests", json::array()}}).rfind("requests:", 0), 0u);
+  EXPECT_EQ(refused(json{{"requests", body["requests"]}, {"batch", 1}}).rfind("batch:", 0), 0u);
+  EXPECT_EQ(refused(with({{"custom_id", "a-1"}, {"params", params}}))
+                .rfind("requests.1.custom_id: \"a-1\" is used by an earlier request", 0),
+            0u);
+  for (const json& id : {json("a b"), json(std::string(65, 'x')), json(""), json(7), json("é")})
+    EXPECT_EQ(
+        refused(with({{"custom_id", id}, {"params", params}})).rfind("requests.1.custom_id:", 0),
+        0u)
+        << id;
+  EXPECT_TRUE(MessageBatchRequestLines(
+      with({{"custom_id", std::string(64, 'x')}, {"params", params}}).dump(), &error));
+  EXPECT_EQ(refused(with({{"custom_id", "c"}, {"params", "hi"}})).rfind("requests.1.params:", 0),
+            0u);
+  EXPECT_EQ(refused(with({{"custom_id", "c"}, {"params", params}, {"x", 1}}))
+                .rfind("requests.1.x: Extra inputs are not permitted", 0),
+            0u);
+  EXPECT_EQ(refused(json{{"requests", {1}}}).rfind("requests.0: each request must be an object", 0),
+            0u);
+  ApiError e;
+  EXPECT_FALSE(MessageBatchRequestLines("{not json", &e));
+  EXPECT_EQ(e.status, 400);
+}
+
 }  // namespace
 }  // namespace sy::serve

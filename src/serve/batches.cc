@@ -7,11 +7,13 @@
 #include <set>
 #include <sstream>
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 
 #include "base/partial_file.h"
 #include "tokenizer/tokenizer.h"  // ReadTextFile
 
+#include "serve/messages_api.h"
 #include "serve/responses_api.h"
 
 namespace sy::serve {
@@ -26,6 +28,64 @@ int64_t UnixNow() {
       .count();
 }
 
+// Anthropic's times: RFC 3339, UTC.
+json Rfc3339(int64_t seconds) {
+  const std::time_t t = static_cast<std::time_t>(seconds);
+  return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(t));
+}
+
+// A list page in Anthropic's shape ({"data", "has_more", "first_id", "last_id"}), newest first:
+// at most `limit` (1 to 1000, default 20) objects after the one whose id is `after_id`, or the
+// `limit` just before `before_id`.
+ApiReply AnthropicListPage(const std::vector<json>& objects, const std::string& query) {
+  int64_t limit = 20;
+  if (const std::string given = QueryParameter(query, "limit"); !given.empty()) {
+    try {
+      size_t used = 0;
+      limit = std::stoll(given, &used);
+      if (used != given.size()) limit = -1;
+    } catch (...) {
+      limit = -1;
+    }
+  }
+  if (limit < 1 || limit > 1000)
+    return ErrorReply(400, "limit must be an integer in [1, 1000]", "limit", "invalid_value");
+  const std::string after = QueryParameter(query, "after_id"),
+                    before = QueryParameter(query, "before_id");
+  if (!after.empty() && !before.empty())
+    return ErrorReply(400, "give after_id or before_id, not both", "before_id", "invalid_value");
+  auto position = [&](const std::string& id) -> std::optional<size_t> {
+    auto it = std::find_if(objects.begin(), objects.end(),
+                           [&](const json& object) { return object["id"] == id; });
+    if (it == objects.end()) return std::nullopt;
+    return static_cast<size_t>(it - objects.begin());
+  };
+  size_t from = 0, to = objects.size();
+  if (!after.empty()) {
+    auto at = position(after);
+    if (!at) return ErrorReply(400, fmt::format("after_id: no batch '{}'", after), "after_id", "");
+    from = *at + 1;
+    to = std::min(objects.size(), from + static_cast<size_t>(limit));
+  } else if (!before.empty()) {
+    auto at = position(before);
+    if (!at)
+      return ErrorReply(400, fmt::format("before_id: no batch '{}'", before), "before_id", "");
+    to = *at;
+    from = to > static_cast<size_t>(limit) ? to - static_cast<size_t>(limit) : 0;
+  } else {
+    to = std::min(objects.size(), static_cast<size_t>(limit));
+  }
+  json data = json::array();
+  for (size_t i = from; i < to; ++i)
+    data.push_back(objects[i]);
+  json page = {{"data", data}};
+  // has_more: whether a page lies on in the direction asked (older, or newer for before_id).
+  page["has_more"] = before.empty() ? to < objects.size() : from > 0;
+  page["first_id"] = data.empty() ? json(nullptr) : data.front()["id"];
+  page["last_id"] = data.empty() ? json(nullptr) : data.back()["id"];
+  return JsonReply(page);
+}
+
 }  // namespace
 
 // One request of a batch line: the plan, its engine requests' streams, what they gave.
@@ -36,6 +96,7 @@ struct BatchRunner::InFlight {
   int64_t created = 0;
   GenerationPlan plan;
   std::optional<ResponsesPlan> responses;  // a /v1/responses line: its Response object's plan
+  bool message = false;                    // an Anthropic batch's line: a Message object
   std::vector<std::string> request_ids;
   std::vector<std::shared_ptr<RequestStream>> streams;
   std::vector<ChoiceResult> results;
@@ -109,18 +170,16 @@ ApiReply BatchRunner::Request(const std::string& method, const std::string& path
     std::lock_guard lock(mutex_);
     std::vector<json> newest_first;
     for (auto it = batches_.rbegin(); it != batches_.rend(); ++it)
-      newest_first.push_back(BatchObject(**it));
+      if ((*it)->api == Api::kOpenAI) newest_first.push_back(BatchObject(**it));
     return ListPage(newest_first, query);
   }
   std::string id = path.substr(1);
   const bool cancel = id.ends_with("/cancel");
   if (cancel) id.resize(id.size() - std::string_view("/cancel").size());
   std::lock_guard lock(mutex_);
-  auto it =
-      std::find_if(batches_.begin(), batches_.end(), [&](const auto& b) { return b->id == id; });
-  if (it == batches_.end())
-    return ErrorReply(404, fmt::format("no batch '{}'", id), "batch_id", "not_found");
-  Batch& batch = **it;
+  auto found = Find(Api::kOpenAI, id);
+  if (!found) return ErrorReply(404, fmt::format("no batch '{}'", id), "batch_id", "not_found");
+  Batch& batch = *found;
   if (!cancel) {
     if (method != "GET") return ErrorReply(405, "use GET on a batch", "", "invalid_method");
     return JsonReply(BatchObject(batch));
@@ -131,6 +190,17 @@ ApiReply BatchRunner::Request(const std::string& method, const std::string& path
         409,
         fmt::format("batch '{}' is {}: only a running batch can be cancelled", id, batch.status),
         "batch_id", "invalid_state");
+  Cancel(batch, now);
+  return JsonReply(BatchObject(batch));
+}
+
+std::shared_ptr<BatchRunner::Batch> BatchRunner::Find(Api api, const std::string& id) {
+  for (const auto& batch : batches_)
+    if (batch->api == api && batch->id == id) return batch;
+  return nullptr;
+}
+
+void BatchRunner::Cancel(Batch& batch, int64_t now) {
   batch.status = "cancelling";
   batch.times["cancelling_at"] = now;
   Save(batch);
@@ -140,10 +210,148 @@ ApiReply BatchRunner::Request(const std::string& method, const std::string& path
         engine_.Abort(request_id);
   woken_ = true;
   wake_.notify_all();
-  return JsonReply(BatchObject(batch));
 }
 
-void BatchRunner::ParseLines(const std::string& content, const std::string& endpoint,
+json BatchRunner::MessageBatchObject(const Batch& batch, const std::string& origin) const {
+  auto time = [&](const char* key) {
+    auto it = batch.times.find(key);
+    return it == batch.times.end() ? json(nullptr) : Rfc3339(it->second);
+  };
+  const bool ended =
+      batch.status == "completed" || batch.status == "cancelled" || batch.status == "failed";
+  // Progress is shown as it comes (Anthropic's own counts move only at the end); the counts sum
+  // to the batch's requests either way.
+  const int64_t processing =
+      ended ? 0
+            : std::max<int64_t>(0, batch.total - batch.completed - batch.failed - batch.canceled);
+  const char* ended_key = batch.status == "completed"   ? "completed_at"
+                          : batch.status == "cancelled" ? "cancelled_at"
+                                                        : "failed_at";
+  json object = {{"id", batch.id},
+                 {"type", "message_batch"},
+                 {"processing_status", ended                          ? "ended"
+                                       : batch.status == "cancelling" ? "canceling"
+                                                                      : "in_progress"},
+                 {"request_counts",
+                  {{"processing", processing},
+                   {"succeeded", batch.completed},
+                   {"errored", batch.failed},
+                   {"canceled", batch.canceled},
+                   {"expired", 0}}},
+                 {"ended_at", ended ? time(ended_key) : json(nullptr)},
+                 {"created_at", time("created_at")},
+                 {"expires_at", time("expires_at")},
+                 {"archived_at", nullptr},
+                 {"cancel_initiated_at", time("cancelling_at")},
+                 {"results_url", nullptr}};
+  if (ended && batch.output_file_id)
+    object["results_url"] = fmt::format("{}/v1/messages/batches/{}/results", origin, batch.id);
+  return object;
+}
+
+ApiReply BatchRunner::MessageBatchesRequest(const std::string& method, const std::string& path,
+                                            const std::string& query, const std::string& body,
+                                            int64_t now, const std::string& origin) {
+  if (path.empty() || path == "/") {
+    if (method == "POST") return CreateMessageBatch(body, now, origin);
+    if (method != "GET")
+      return ErrorReply(405, "use GET or POST on /v1/messages/batches", "", "invalid_method");
+    std::lock_guard lock(mutex_);
+    std::vector<json> newest_first;
+    for (auto it = batches_.rbegin(); it != batches_.rend(); ++it)
+      if ((*it)->api == Api::kAnthropic) newest_first.push_back(MessageBatchObject(**it, origin));
+    return AnthropicListPage(newest_first, query);
+  }
+  std::string id = path.substr(1), action;
+  if (const size_t slash = id.find('/'); slash != std::string::npos) {
+    action = id.substr(slash + 1);
+    id.resize(slash);
+  }
+  std::lock_guard lock(mutex_);
+  auto found = Find(Api::kAnthropic, id);
+  if (!found) return ErrorReply(404, fmt::format("no message batch '{}'", id), "", "not_found");
+  Batch& batch = *found;
+  const bool ended =
+      batch.status == "completed" || batch.status == "cancelled" || batch.status == "failed";
+  if (action.empty()) {
+    if (method == "GET") return JsonReply(MessageBatchObject(batch, origin));
+    if (method != "DELETE")
+      return ErrorReply(405, "use GET or DELETE on a message batch", "", "invalid_method");
+    if (!ended)
+      return ErrorReply(400,
+                        fmt::format("message batch '{}' is still processing: cancel it, and "
+                                    "delete it once it has ended",
+                                    id),
+                        "", "invalid_state");
+    for (const auto& file : {batch.output_file_id, std::optional(batch.input_file_id)})
+      if (file) files_.Remove(*file);
+    if (!directory_.empty()) std::remove((directory_ + "/" + batch.id + ".json").c_str());
+    std::erase_if(batches_, [&](const auto& b) { return b.get() == &batch; });
+    return JsonReply(json{{"id", id}, {"type", "message_batch_deleted"}});
+  }
+  if (action == "cancel") {
+    if (method != "POST")
+      return ErrorReply(405, "use POST to cancel a message batch", "", "invalid_method");
+    if (batch.status == "in_progress") Cancel(batch, now);
+    // Cancelling one that is cancelling or ended changes nothing: the batch as it is.
+    return JsonReply(MessageBatchObject(batch, origin));
+  }
+  if (action == "results") {
+    if (method != "GET")
+      return ErrorReply(405, "use GET on a message batch's results", "", "invalid_method");
+    if (!ended)
+      return ErrorReply(400,
+                        fmt::format("message batch '{}' is still processing: its results come "
+                                    "once it has ended",
+                                    id),
+                        "", "invalid_state");
+    auto results = batch.output_file_id ? files_.Get(*batch.output_file_id) : nullptr;
+    if (!results) {
+      std::string why = "its results were not kept";
+      if (batch.errors.is_object() && !batch.errors["data"].empty())
+        why = batch.errors["data"][0]["message"].get<std::string>();
+      return ErrorReply(500, fmt::format("message batch '{}' has no results: {}", id, why), "",
+                        "internal_error");
+    }
+    ApiReply reply;
+    reply.body = results->content;
+    reply.content_type = "application/x-jsonl";
+    return reply;
+  }
+  return ErrorReply(404, fmt::format("no such message batch resource: {}", path), "", "not_found");
+}
+
+ApiReply BatchRunner::CreateMessageBatch(const std::string& body, int64_t now,
+                                         const std::string& origin) {
+  ApiError error;
+  std::optional<std::string> kept = MessageBatchRequestLines(body, &error);
+  if (!kept) return ErrorReply(error.status, error.message, error.param, error.code);
+  auto batch = std::make_shared<Batch>();
+  batch->api = Api::kAnthropic;
+  batch->id = RandomObjectId("msgbatch_");
+  batch->endpoint = "/v1/messages";
+  // The requests are kept as a file of the store: counted in its budget, and on disk with it.
+  auto input = files_.Add(batch->id + "_requests.jsonl", kMessageBatchRequestsPurpose,
+                          std::move(*kept), now);
+  if (!input.ok()) return ErrorReply(413, input.status().message(), "requests", "");
+  batch->input_file_id = (*input)->id;
+  batch->completion_window = "24h";
+  batch->times["created_at"] = now;
+  batch->times["expires_at"] = now + 24 * 3600;
+  json unused = json::array();
+  ParseLines(Api::kAnthropic, (*input)->content, batch->endpoint, &batch->lines, &unused);
+  batch->total = static_cast<int64_t>(batch->lines.size());
+  batch->status = "in_progress";
+  batch->times["in_progress_at"] = now;
+  std::lock_guard lock(mutex_);
+  batches_.push_back(batch);
+  Save(*batch);
+  woken_ = true;
+  wake_.notify_all();
+  return JsonReply(MessageBatchObject(*batch, origin));
+}
+
+void BatchRunner::ParseLines(Api api, const std::string& content, const std::string& endpoint,
                              std::vector<Line>* lines, json* errors) {
   std::map<std::string, int64_t> seen;
   int64_t number = 0;
@@ -173,6 +381,15 @@ void BatchRunner::ParseLines(const std::string& content, const std::string& endp
       continue;
     }
     const std::string custom_id = custom->get<std::string>();
+    if (api == Api::kAnthropic) {  // written by CreateMessageBatch, which checked it
+      auto params = entry.find("params");
+      if (params == entry.end() || !params->is_object()) {
+        fail("params must be a JSON object", "params");
+        continue;
+      }
+      lines->push_back({number, custom_id, std::move(*params)});
+      continue;
+    }
     if (auto [it, fresh] = seen.emplace(custom_id, number); !fresh) {
       fail(fmt::format("custom_id \"{}\" is also on line {}", custom_id, it->second), "custom_id");
       continue;
@@ -251,7 +468,7 @@ ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
   // The file's lines, checked as OpenAI checks them: each a request to this batch's endpoint
   // with a custom_id of its own. Any bad line fails the batch before anything runs.
   json errors = json::array();
-  ParseLines(file->content, *endpoint, &batch->lines, &errors);
+  ParseLines(Api::kOpenAI, file->content, *endpoint, &batch->lines, &errors);
   batch->total = static_cast<int64_t>(batch->lines.size());
   if (batch->lines.empty() && errors.empty())
     errors.push_back({{"code", "empty_file"},
@@ -276,18 +493,47 @@ ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
   return JsonReply(BatchObject(*batch));
 }
 
-void BatchRunner::Record(Batch& batch, int64_t line, const std::string& custom_id, int status,
-                         const std::string& request_id, const json& body) {
-  const json record = {
-      {"id", RandomObjectId("batch_req_")},
-      {"custom_id", custom_id},
-      {"response", {{"status_code", status}, {"request_id", request_id}, {"body", body}}},
-      {"error", nullptr}};
-  std::string& out = status == 200 ? batch.output : batch.error_output;
+void BatchRunner::RecordResponse(Batch& batch, int64_t line, const std::string& custom_id,
+                                 const std::string& request_id, const json& body) {
+  if (batch.api == Api::kAnthropic)
+    return Append(
+        batch, line, 200,
+        {{"custom_id", custom_id}, {"result", {{"type", "succeeded"}, {"message", body}}}});
+  Append(batch, line, 200,
+         {{"id", RandomObjectId("batch_req_")},
+          {"custom_id", custom_id},
+          {"response", {{"status_code", 200}, {"request_id", request_id}, {"body", body}}},
+          {"error", nullptr}});
+}
+
+void BatchRunner::RecordError(Batch& batch, int64_t line, const std::string& custom_id,
+                              const std::string& request_id, const ApiError& error) {
+  if (batch.api == Api::kAnthropic)
+    return Append(
+        batch, line, error.status,
+        {{"custom_id", custom_id},
+         {"result", {{"type", "errored"}, {"error", json::parse(MessagesErrorBody(error))}}}});
+  Append(batch, line, error.status,
+         {{"id", RandomObjectId("batch_req_")},
+          {"custom_id", custom_id},
+          {"response",
+           {{"status_code", error.status},
+            {"request_id", request_id},
+            {"body", json::parse(ErrorBody(error))}}},
+          {"error", nullptr}});
+}
+
+void BatchRunner::RecordCanceled(Batch& batch, int64_t line, const std::string& custom_id) {
+  Append(batch, line, 0, {{"custom_id", custom_id}, {"result", {{"type", "canceled"}}}});
+}
+
+void BatchRunner::Append(Batch& batch, int64_t line, int status, const json& record) {
+  const bool ok = status == 200;
+  std::string& out = ok || batch.api == Api::kAnthropic ? batch.output : batch.error_output;
   out += record.dump(-1, ' ', false, json::error_handler_t::replace);
   out += '\n';
-  ++(status == 200 ? batch.completed : batch.failed);
-  Journal(batch, line, record);
+  ++(ok ? batch.completed : status == 0 ? batch.canceled : batch.failed);
+  Journal(batch, line, status, record);
 }
 
 void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
@@ -298,7 +544,17 @@ void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
     const Line& line = batch.lines[batch.next];
     ParsedRequest parsed;
     std::optional<ResponsesPlan> responses;
-    if (batch.endpoint == "/v1/responses") {
+    if (batch.api == Api::kAnthropic) {
+      // Threads are refused (no store: thread_unsupported_request), as a batch has no turns.
+      ParsedMessagesRequest m = ParseMessagesRequest(line.body.dump(), codec_, limits_, nullptr);
+      if (m.plan)
+        parsed.plan = std::move(m.plan->chat);
+      else if (m.error.code == "thread_unsupported_request")
+        parsed.error = {400, "thread is not available in a batch: send each request whole",
+                        "thread", "thread_unsupported_request"};
+      else
+        parsed.error = m.error;
+    } else if (batch.endpoint == "/v1/responses") {
       // Stateless: a batch's responses are not stored (store: true and previous_response_id are
       // refused by the parser without a store), and none runs in the background.
       ParsedResponsesRequest r = ParseResponsesRequest(line.body.dump(), codec_, limits_, nullptr);
@@ -320,16 +576,17 @@ void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
       parsed = {std::nullopt,
                 {400, "stream: true is not available in a batch", "stream", "invalid_value"}};
     if (!parsed.plan) {
-      Record(batch, line.number, line.custom_id, parsed.error.status, "",
-             json::parse(ErrorBody(parsed.error)));
+      RecordError(batch, line.number, line.custom_id, "", parsed.error);
       ++batch.next;
       continue;
     }
     auto flight = std::make_shared<InFlight>();
     flight->response_id =
-        RandomObjectId(responses                                         ? "resp_"
+        RandomObjectId(batch.api == Api::kAnthropic                      ? "msg_"
+                       : responses                                       ? "resp_"
                        : parsed.plan->endpoint == Endpoint::kCompletions ? "cmpl-"
                                                                          : "chatcmpl-");
+    flight->message = batch.api == Api::kAnthropic;
     flight->created = now;
     flight->plan = std::move(*parsed.plan);
     flight->responses = std::move(responses);
@@ -341,8 +598,8 @@ void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
     if (!streams.ok()) {
       // A full queue or a stopping engine: the line waits for the next round.
       if (why == SubmitError::kQueueFull || why == SubmitError::kStopping) return;
-      Record(batch, line.number, line.custom_id, 400, flight->response_id,
-             json::parse(ErrorBody({400, streams.status().message(), "", "invalid_value"})));
+      RecordError(batch, line.number, line.custom_id, flight->response_id,
+                  {400, streams.status().message(), "", "invalid_value"});
       ++batch.next;
       continue;
     }
@@ -391,17 +648,21 @@ void BatchRunner::Collect() {
         error = r.finish_reason == "abort" ? "the batch was cancelled" : r.error;
       }
     if (!failed) {
-      Record(batch, flight.line, flight.custom_id, 200, flight.response_id,
-             flight.responses
-                 ? ResponsesObject(*flight.responses, flight.results[0], flight.response_id,
-                                   flight.created, codec_, limits_)
-                 : json::parse(ResponseBody(flight.plan, flight.results, flight.response_id,
-                                            flight.created, codec_, limits_)));
+      RecordResponse(batch, flight.line, flight.custom_id, flight.response_id,
+                     flight.message ? MessageObject(flight.plan, flight.results[0],
+                                                    flight.response_id, limits_)
+                     : flight.responses
+                         ? ResponsesObject(*flight.responses, flight.results[0], flight.response_id,
+                                           flight.created, codec_, limits_)
+                         : json::parse(ResponseBody(flight.plan, flight.results, flight.response_id,
+                                                    flight.created, codec_, limits_)));
     } else if (batch.status == "in_progress" || error != "the batch was cancelled") {
       const bool ours = error == kNothingAllowedError;
-      Record(batch, flight.line, flight.custom_id, ours ? 400 : 500, flight.response_id,
-             json::parse(ErrorBody({ours ? 400 : 500, ours ? error : "generation failed: " + error,
-                                    "", ours ? "invalid_value" : "internal_error"})));
+      RecordError(batch, flight.line, flight.custom_id, flight.response_id,
+                  {ours ? 400 : 500, ours ? error : "generation failed: " + error, "",
+                   ours ? "invalid_value" : "internal_error"});
+    } else if (batch.api == Api::kAnthropic) {
+      RecordCanceled(batch, flight.line, flight.custom_id);
     }
     for (auto& stream : flight.streams)
       stream->SetNotifier(nullptr);
@@ -413,43 +674,76 @@ void BatchRunner::Collect() {
 void BatchRunner::Close(Batch& batch) {
   const int64_t now = UnixNow();
   const bool cancelled = batch.status == "cancelling";
+  const bool anthropic = batch.api == Api::kAnthropic;
+  // Anthropic's results name every request: those a cancel kept from running too.
+  if (anthropic)
+    for (size_t i = batch.next; i < batch.lines.size(); ++i)
+      RecordCanceled(batch, batch.lines[i].number, batch.lines[i].custom_id);
   batch.times["finalizing_at"] = now;
   std::vector<Line>().swap(batch.lines);  // the requests' bodies are not needed any more
   batch.next = 0;
+  batch.status = cancelled ? "cancelled" : "completed";
   // Results go to files; where the file budget is full the batch fails saying so (its lines'
-  // results would otherwise be lost without a word).
+  // results would otherwise be lost without a word). The files are named after the batch, so
+  // that a restart finds those a crash before the state's save left (RemoveLeftovers).
   for (auto [content, target] : {std::pair{&batch.output, &batch.output_file_id},
                                  std::pair{&batch.error_output, &batch.error_file_id}}) {
     if (content->empty()) continue;
-    auto file = files_.Add(
-        fmt::format("{}_{}.jsonl", batch.id, target == &batch.output_file_id ? "output" : "error"),
-        "batch_output", std::move(*content), now);
+    auto file = files_.Add(fmt::format("{}_{}.jsonl", batch.id,
+                                       anthropic                         ? "results"
+                                       : target == &batch.output_file_id ? "output"
+                                                                         : "error"),
+                           anthropic ? kMessageBatchResultsPurpose : "batch_output",
+                           std::move(*content), now);
     content->clear();
     if (!file.ok()) {
       batch.status = "failed";
-      batch.times["failed_at"] = now;
       batch.errors = {{"object", "list"},
                       {"data", json::array({{{"code", "file_too_large"},
                                              {"message", file.status().message()},
                                              {"param", nullptr},
                                              {"line", nullptr}}})}};
-      Save(batch);
-      return;
+      break;
     }
     *target = (*file)->id;
   }
-  batch.status = cancelled ? "cancelled" : "completed";
-  batch.times[cancelled ? "cancelled_at" : "completed_at"] = now;
+  batch.output.clear();
+  batch.error_output.clear();
+  batch.times[batch.status == "failed"      ? "failed_at"
+              : batch.status == "cancelled" ? "cancelled_at"
+                                            : "completed_at"] = now;
   Save(batch);
+  // An Anthropic batch's requests go once its end is saved: nothing reads them after.
+  if (anthropic) files_.Remove(batch.input_file_id);
 }
 
-// On disk, per batch: ID.json, the Batch object as the API would return it (written whole at
-// each change of state), and ID.lines.jsonl, one {"line", "status", "record"} a line as its result
-// is recorded (appended; the counts and output of a running batch are rebuilt from it). A
-// finished batch's results are in its files; its log goes.
+// On disk, per batch: ID.json, the Batch object as the API would return it (an Anthropic batch's
+// state as MessageBatchState writes it; written whole at each change of state), and ID.lines.jsonl,
+// one {"line", "status", "record"} a line as its result is recorded (appended; the counts and
+// output of a running batch are rebuilt from it). A finished batch's results are in its files; its
+// log goes.
+json BatchRunner::MessageBatchState(const Batch& batch) const {
+  json times = json::object();
+  for (const auto& [key, value] : batch.times)
+    times[key] = value;
+  return {{"id", batch.id},
+          {"type", "message_batch"},
+          {"status", batch.status},
+          {"input_file_id", batch.input_file_id},
+          {"results_file_id", batch.output_file_id ? json(*batch.output_file_id) : json()},
+          {"errors", batch.errors},
+          {"times", times},
+          {"request_counts",
+           {{"total", batch.total},
+            {"succeeded", batch.completed},
+            {"errored", batch.failed},
+            {"canceled", batch.canceled}}}};
+}
+
 void BatchRunner::Save(const Batch& batch) {
   if (directory_.empty()) return;
-  const std::string text = BatchObject(batch).dump();
+  const std::string text =
+      (batch.api == Api::kAnthropic ? MessageBatchState(batch) : BatchObject(batch)).dump();
   auto out = PartialFile::Create(directory_ + "/" + batch.id + ".json");
   Status status = out.ok() ? out.value().Put(text.data(), text.size()) : out.status();
   if (status.ok()) status = out.value().Commit();
@@ -459,11 +753,10 @@ void BatchRunner::Save(const Batch& batch) {
   if (ended) std::remove((directory_ + "/" + batch.id + ".lines.jsonl").c_str());
 }
 
-void BatchRunner::Journal(const Batch& batch, int64_t line, const json& record) {
+void BatchRunner::Journal(const Batch& batch, int64_t line, int status, const json& record) {
   if (directory_.empty()) return;
   const std::string path = directory_ + "/" + batch.id + ".lines.jsonl";
-  const json entry = {
-      {"line", line}, {"status", record["response"]["status_code"]}, {"record", record}};
+  const json entry = {{"line", line}, {"status", status}, {"record", record}};
   const std::string text = entry.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
   // Flushed to the OS as it is written: it survives the process, not a power cut (a line lost
   // that way runs again).
@@ -495,26 +788,45 @@ Status BatchRunner::Restore() {
       return Status::Errorf("{}: not a batch (a JSON object)", path.string());
     auto batch = std::make_shared<Batch>();
     try {
-      batch->id = object.at("id").get<std::string>();
-      batch->endpoint = object.at("endpoint").get<std::string>();
-      batch->input_file_id = object.at("input_file_id").get<std::string>();
-      batch->completion_window = object.at("completion_window").get<std::string>();
-      batch->status = object.at("status").get<std::string>();
-      batch->errors = object.at("errors");
-      batch->metadata = object.at("metadata");
-      for (const char* key :
-           {"created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at",
-            "failed_at", "expired_at", "cancelling_at", "cancelled_at"})
-        if (object.contains(key) && !object[key].is_null())
-          batch->times[key] = object[key].get<int64_t>();
-      for (auto [key, target] : {std::pair{"output_file_id", &batch->output_file_id},
-                                 std::pair{"error_file_id", &batch->error_file_id}})
-        if (object.contains(key) && !object[key].is_null())
-          *target = object[key].get<std::string>();
-      const json& counts = object.at("request_counts");
-      batch->total = counts.at("total").get<int64_t>();
-      batch->completed = counts.at("completed").get<int64_t>();
-      batch->failed = counts.at("failed").get<int64_t>();
+      if (object.value("type", "") == "message_batch") {
+        batch->api = Api::kAnthropic;
+        batch->id = object.at("id").get<std::string>();
+        batch->endpoint = "/v1/messages";
+        batch->completion_window = "24h";
+        batch->status = object.at("status").get<std::string>();
+        batch->input_file_id = object.at("input_file_id").get<std::string>();
+        if (!object.at("results_file_id").is_null())
+          batch->output_file_id = object["results_file_id"].get<std::string>();
+        batch->errors = object.at("errors");
+        for (const auto& [key, value] : object.at("times").items())
+          batch->times[key] = value.get<int64_t>();
+        const json& counts = object.at("request_counts");
+        batch->total = counts.at("total").get<int64_t>();
+        batch->completed = counts.at("succeeded").get<int64_t>();
+        batch->failed = counts.at("errored").get<int64_t>();
+        batch->canceled = counts.at("canceled").get<int64_t>();
+      } else {
+        batch->id = object.at("id").get<std::string>();
+        batch->endpoint = object.at("endpoint").get<std::string>();
+        batch->input_file_id = object.at("input_file_id").get<std::string>();
+        batch->completion_window = object.at("completion_window").get<std::string>();
+        batch->status = object.at("status").get<std::string>();
+        batch->errors = object.at("errors");
+        batch->metadata = object.at("metadata");
+        for (const char* key :
+             {"created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at",
+              "failed_at", "expired_at", "cancelling_at", "cancelled_at"})
+          if (object.contains(key) && !object[key].is_null())
+            batch->times[key] = object[key].get<int64_t>();
+        for (auto [key, target] : {std::pair{"output_file_id", &batch->output_file_id},
+                                   std::pair{"error_file_id", &batch->error_file_id}})
+          if (object.contains(key) && !object[key].is_null())
+            *target = object[key].get<std::string>();
+        const json& counts = object.at("request_counts");
+        batch->total = counts.at("total").get<int64_t>();
+        batch->completed = counts.at("completed").get<int64_t>();
+        batch->failed = counts.at("failed").get<int64_t>();
+      }
     } catch (const json::exception& e) {
       return Status::Errorf("{}: not a batch ({})", path.string(), e.what());
     }
@@ -522,6 +834,7 @@ Status BatchRunner::Restore() {
       return Status::Errorf("{}: describes batch '{}'", path.string(), batch->id);
     const bool running = batch->status == "in_progress" || batch->status == "validating" ||
                          batch->status == "finalizing" || batch->status == "cancelling";
+    RemoveLeftovers(*batch, running);
     if (running) {
       // Interrupted: its lines again from the input file, less those with a result in its log.
       auto input = files_.Get(batch->input_file_id);
@@ -541,8 +854,8 @@ Status BatchRunner::Restore() {
         continue;
       }
       json errors = json::array();
-      ParseLines(input->content, batch->endpoint, &batch->lines, &errors);
-      batch->completed = batch->failed = 0;
+      ParseLines(batch->api, input->content, batch->endpoint, &batch->lines, &errors);
+      batch->completed = batch->failed = batch->canceled = 0;
       std::set<int64_t> done;
       const fs::path log = fs::path(directory_) / (batch->id + ".lines.jsonl");
       // No log yet: no line had a result.
@@ -568,11 +881,12 @@ Status BatchRunner::Restore() {
           return Status::Errorf("{} line {}: not a line's result", log.string(), i + 1);
         }
         if (!done.insert(logged["line"].get<int64_t>()).second) continue;
-        const bool ok = logged["status"].get<int>() == 200;
-        std::string& out = ok ? batch->output : batch->error_output;
+        const int status = logged["status"].get<int>();
+        std::string& out =
+            status == 200 || batch->api == Api::kAnthropic ? batch->output : batch->error_output;
         out += logged["record"].dump(-1, ' ', false, json::error_handler_t::replace);
         out += '\n';
-        ++(ok ? batch->completed : batch->failed);
+        ++(status == 200 ? batch->completed : status == 0 ? batch->canceled : batch->failed);
       }
       std::erase_if(batch->lines, [&](const Line& line) { return done.contains(line.number); });
       if (batch->status != "cancelling") batch->status = "in_progress";
@@ -586,6 +900,23 @@ Status BatchRunner::Restore() {
   });
   batches_.assign(restored.begin(), restored.end());
   return Status::Ok();
+}
+
+void BatchRunner::RemoveLeftovers(const Batch& batch, bool running) {
+  if (!running) {
+    if (batch.api == Api::kAnthropic) files_.Remove(batch.input_file_id);
+    return;
+  }
+  const std::string prefix = batch.id + "_";
+  for (const auto& file : files_.List(""))
+    if ((file->purpose == "batch_output" || file->purpose == kMessageBatchResultsPurpose) &&
+        file->filename.starts_with(prefix)) {
+      std::fprintf(stderr,
+                   "switchyard: --files-dir: removed %s (%s), written by an interrupted "
+                   "end of batch %s\n",
+                   file->id.c_str(), file->filename.c_str(), batch.id.c_str());
+      files_.Remove(file->id);
+    }
 }
 
 void BatchRunner::Loop() {

@@ -7,6 +7,13 @@
 // changes and each line's result as it is recorded, so that a restart finds every batch and
 // runs on those it interrupted from their first line without a result (a line in flight at the
 // crash runs again).
+//
+// Anthropic's Message Batches API (/v1/messages/batches, `client.messages.batches`) runs on the
+// same runner: its requests come in the create call's body rather than a file (they are kept as
+// a file of the store all the same, one the Files API does not show, so that they count against
+// the same budget and outlive a restart the same way), each line is a Messages request, and the
+// results — succeeded, errored or, for lines a cancel stopped, canceled — go to one results file
+// read back at the batch's results_url.
 #pragma once
 
 #include <atomic>
@@ -47,6 +54,13 @@ class BatchRunner {
   // "/v1/batches".
   ApiReply Request(const std::string& method, const std::string& path, const std::string& query,
                    const std::string& body, int64_t now);
+  // /v1/messages/batches: POST (create), GET (list), /{id} GET and DELETE, /{id}/cancel POST,
+  // /{id}/results GET (JSONL). `path` is what follows "/v1/messages/batches"; `origin`
+  // ("http://host:port", or "" for none) makes the absolute results_url Anthropic's clients
+  // fetch (a relative one where it is empty).
+  ApiReply MessageBatchesRequest(const std::string& method, const std::string& path,
+                                 const std::string& query, const std::string& body, int64_t now,
+                                 const std::string& origin);
   // Stops the thread, aborting what is in flight (server shutdown).
   void Stop();
 
@@ -57,7 +71,12 @@ class BatchRunner {
     nlohmann::ordered_json body;
   };
   struct InFlight;
+  // Which API a batch belongs to: its objects, its lines and its results take that API's shapes.
+  enum class Api { kOpenAI, kAnthropic };
   struct Batch {
+    Api api = Api::kOpenAI;
+    // An Anthropic batch: endpoint "/v1/messages"; input_file_id names the store's hidden file
+    // of its requests (gone once the batch ends) and output_file_id its results.
     std::string id, endpoint, input_file_id, completion_window;
     nlohmann::ordered_json metadata, errors;  // errors: null, or OpenAI's list of line errors
     std::string status;  // validating, failed, in_progress, finalizing, completed, cancelling,
@@ -67,19 +86,30 @@ class BatchRunner {
     int64_t total = 0;                     // lines
     size_t next = 0;                       // the first line not yet submitted
     int64_t completed = 0, failed = 0;
-    std::string output, error_output;  // JSONL so far
+    int64_t canceled = 0;              // Anthropic's: lines a cancel stopped
+    std::string output, error_output;  // JSONL so far (an Anthropic batch's all in output)
     std::optional<std::string> output_file_id, error_file_id;
     int64_t in_flight = 0;
   };
   nlohmann::ordered_json BatchObject(const Batch& batch) const;
+  // Anthropic's MessageBatch object; `origin` as MessageBatchesRequest's.
+  nlohmann::ordered_json MessageBatchObject(const Batch& batch, const std::string& origin) const;
+  // What an Anthropic batch keeps on disk: its state in this runner's terms.
+  nlohmann::ordered_json MessageBatchState(const Batch& batch) const;
   ApiReply Create(const std::string& body, int64_t now);
+  ApiReply CreateMessageBatch(const std::string& body, int64_t now, const std::string& origin);
+  // Under mutex_: the batch of `api` whose id is `id`, or null.
+  std::shared_ptr<Batch> Find(Api api, const std::string& id);
+  // Under mutex_: marks a running batch cancelling and aborts its requests in flight.
+  void Cancel(Batch& batch, int64_t now);
   // The file's lines as requests to `endpoint`, checked as OpenAI checks them; `errors` gets
-  // OpenAI's line errors (at most 100).
-  static void ParseLines(const std::string& content, const std::string& endpoint,
+  // OpenAI's line errors (at most 100). An Anthropic batch's kept requests are lines of
+  // {"custom_id", "params"}, checked when the batch was created.
+  static void ParseLines(Api api, const std::string& content, const std::string& endpoint,
                          std::vector<Line>* lines, nlohmann::ordered_json* errors);
   // On disk (directory_ not empty): the batch's state, written whole; a line's result, appended.
   void Save(const Batch& batch);
-  void Journal(const Batch& batch, int64_t line, const nlohmann::ordered_json& record);
+  void Journal(const Batch& batch, int64_t line, int status, const nlohmann::ordered_json& record);
   void DiskFailed(const std::string& what);
   Status Restore();
   void Loop();
@@ -87,9 +117,19 @@ class BatchRunner {
   void Advance(const std::shared_ptr<Batch>& batch);
   void Collect();
   void Close(Batch& batch);
-  // One output line: `status` 200 with the response body, else the error's.
-  void Record(Batch& batch, int64_t line, const std::string& custom_id, int status,
-              const std::string& request_id, const nlohmann::ordered_json& body);
+  // One result line, in the batch's API's shape: a response body (200), an error, or (Anthropic's
+  // batches) a line the batch's cancel stopped.
+  void RecordResponse(Batch& batch, int64_t line, const std::string& custom_id,
+                      const std::string& request_id, const nlohmann::ordered_json& body);
+  void RecordError(Batch& batch, int64_t line, const std::string& custom_id,
+                   const std::string& request_id, const ApiError& error);
+  void RecordCanceled(Batch& batch, int64_t line, const std::string& custom_id);
+  // Appends a result line and journals it; `status` 200, an error's, or 0 for canceled.
+  void Append(Batch& batch, int64_t line, int status, const nlohmann::ordered_json& record);
+  // Under Restore: a running batch's files that a Close interrupted before its state was saved
+  // left (named after the batch), and an ended Anthropic batch's requests, whose removal a
+  // crash prevented.
+  void RemoveLeftovers(const Batch& batch, bool running);
 
   RequestFrontend& engine_;
   const TextCodec& codec_;

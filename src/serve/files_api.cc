@@ -217,6 +217,11 @@ json FileObject(const StoredFile& file) {
           {"status_details", nullptr}};
 }
 
+bool HiddenFromFilesApi(const StoredFile& file) {
+  return file.purpose == kMessageBatchRequestsPurpose ||
+         file.purpose == kMessageBatchResultsPurpose;
+}
+
 namespace {
 
 // A file's description on disk, beside its content.
@@ -374,7 +379,7 @@ ApiReply FilesRequest(FileStore& files, const std::string& method, const std::st
     if (method == "GET") {
       std::vector<json> objects;
       for (const auto& file : files.List(QueryParameter(query, "purpose")))
-        objects.push_back(FileObject(*file));
+        if (!HiddenFromFilesApi(*file)) objects.push_back(FileObject(*file));
       return ListPage(objects, query);
     }
     if (method != "POST")
@@ -407,7 +412,8 @@ ApiReply FilesRequest(FileStore& files, const std::string& method, const std::st
   const bool content = id.ends_with("/content");
   if (content) id.resize(id.size() - std::string_view("/content").size());
   auto file = files.Get(id);
-  if (!file) return ErrorReply(404, fmt::format("no file '{}'", id), "file_id", "not_found");
+  if (!file || HiddenFromFilesApi(*file))
+    return ErrorReply(404, fmt::format("no file '{}'", id), "file_id", "not_found");
   if (content) {
     if (method != "GET")
       return ErrorReply(405, "use GET on a file's content", "", "invalid_method");

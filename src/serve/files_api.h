@@ -34,6 +34,13 @@ struct StoredFile {
 };
 nlohmann::ordered_json FileObject(const StoredFile& file);
 
+// The purposes of the files an Anthropic message batch keeps in the store (serve/batches.h): its
+// requests and its results. They count against the store's budget and live on its disk, but
+// the Files API neither lists nor serves them (they are the Message Batches API's).
+inline constexpr const char* kMessageBatchRequestsPurpose = "message_batch_requests";
+inline constexpr const char* kMessageBatchResultsPurpose = "message_batch_results";
+bool HiddenFromFilesApi(const StoredFile& file);
+
 // Uploaded files and the files batches write, under a byte budget (a file that does not fit is
 // refused; nothing is evicted: a batch's files are its results).
 class FileStore {

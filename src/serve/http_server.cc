@@ -256,8 +256,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return;
     }
     parser_.emplace();
-    // A file upload (POST /v1/files) may be as large as the files' budget (OpenAI takes batch
-    // files of up to 200 MB), any other body only max_body_bytes. The parser checks a declared
+    // A file upload (POST /v1/files) or a message batch's requests (POST /v1/messages/batches)
+    // may be as large as the files' budget (OpenAI takes batch files of up to 200 MB, Anthropic
+    // batches of up to 256 MB), any other body only max_body_bytes. The parser checks a declared
     // length against its limit as it finishes the header, so the limit starts at the larger one
     // and other requests are held to theirs once the header says what they are.
     const size_t upload_limit =
@@ -269,9 +270,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
         stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
           if (ec) return self->OnRead(ec);
           const auto& header = self->parser_->get();
-          const bool upload = header.method() == http::verb::post &&
-                              header.target().starts_with("/v1/files") && self->server_.files_;
-          if (!upload) {
+          if (!self->Upload(header)) {
             const size_t limit = self->server_.options_.max_body_bytes;
             const auto declared = self->parser_->content_length();
             if (declared && *declared > limit) return self->OnRead(http::error::body_limit);
@@ -280,6 +279,14 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
           http::async_read(self->stream_, self->buffer_, *self->parser_,
                            [self](beast::error_code ec, size_t) { self->OnRead(ec); });
         });
+  }
+
+  // Whether a request's body goes to the file store, and so may be as large as its budget.
+  bool Upload(const http::request_header<>& header) const {
+    if (header.method() != http::verb::post || !server_.files_) return false;
+    const std::string_view target(header.target().data(), header.target().size());
+    const std::string_view path = target.substr(0, target.find('?'));
+    return path.starts_with("/v1/files") || path == "/v1/messages/batches";
   }
 
   void OnRead(beast::error_code ec) {
@@ -291,7 +298,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return Close();
     }
     if (ec == http::error::body_limit) {
-      const bool upload = parser_->get().target().starts_with("/v1/files") && server_.files_;
+      const bool upload = Upload(parser_->get());
+      anthropic_ = parser_->get().target().starts_with("/v1/messages");
       return SendError(
           {413,
            upload
@@ -327,7 +335,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     const bool get = request.method() == http::verb::get;
     const bool post = request.method() == http::verb::post;
     // Anthropic's API answers errors in its own shape.
-    anthropic_ = path == "/v1/messages" || path == "/v1/messages/count_tokens";
+    anthropic_ = path == "/v1/messages" || path.starts_with("/v1/messages/");
     route_ = HttpRequestCounts::Route(path);
     method_ = std::string(request.method_string());
     if (path == "/health" && get) {
@@ -449,6 +457,25 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                                           request.body(), UnixSeconds())
                            : server_.batches_->Request(method, path.substr(base.size()), query,
                                                        request.body(), UnixSeconds());
+      if (!reply.ok()) return SendError(reply.error, version, keep_alive);
+      return Send(MakeResponse(http::status::ok, std::move(reply.body), reply.content_type.c_str(),
+                               version, keep_alive));
+    }
+    if (path == "/v1/messages/batches" || path.starts_with("/v1/messages/batches/")) {
+      if (!server_.files_)
+        return SendError(
+            {404, "this server runs no batches and keeps no files (--files-mb 0)", "", "not_found"},
+            version, keep_alive);
+      const size_t q = target.find('?');
+      // results_url is absolute, as Anthropic's is, on the host and scheme the client used.
+      const auto host = request[http::field::host];
+      const std::string origin =
+          host.empty() ? "" : fmt::format("{}://{}", kTls ? "https" : "http", std::string(host));
+      ApiReply reply = server_.batches_->MessageBatchesRequest(
+          std::string(request.method_string()),
+          path.substr(std::string_view("/v1/messages/batches").size()),
+          q == std::string::npos ? "" : target.substr(q + 1), request.body(), UnixSeconds(),
+          origin);
       if (!reply.ok()) return SendError(reply.error, version, keep_alive);
       return Send(MakeResponse(http::status::ok, std::move(reply.body), reply.content_type.c_str(),
                                version, keep_alive));

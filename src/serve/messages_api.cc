@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
+#include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -590,6 +594,58 @@ std::string CountTokensBody(const std::string& body, const TextCodec& codec,
     *error = {400, fmt::format("malformed request: {}", e.what()), "", "invalid_value"};
     return "";
   }
+}
+
+namespace {
+
+// Anthropic's custom_id: 1 to 64 of [a-zA-Z0-9_-].
+bool ValidCustomId(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  return std::all_of(id.begin(), id.end(),
+                     [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; });
+}
+
+}  // namespace
+
+std::optional<std::string> MessageBatchRequestLines(const std::string& body, ApiError* error) {
+  auto fail = [&](std::string message, std::string param) {
+    *error = {400, std::move(message), std::move(param), ""};
+    return std::nullopt;
+  };
+  const json request = json::parse(body, nullptr, false);
+  if (!request.is_object()) return fail("the body must be a JSON object", "");
+  for (const auto& [key, value] : request.items())
+    if (key != "requests") return fail(fmt::format("{}: Extra inputs are not permitted", key), key);
+  auto requests = request.find("requests");
+  if (requests == request.end() || !requests->is_array() || requests->empty())
+    return fail("requests: a non-empty list of requests is required", "requests");
+  std::string lines;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < requests->size(); ++i) {
+    const json& entry = (*requests)[i];
+    auto refuse = [&](const std::string& what) {
+      return fail(fmt::format("requests.{}{}", i, what), "requests");
+    };
+    if (!entry.is_object()) return refuse(": each request must be an object");
+    for (const auto& [key, value] : entry.items())
+      if (key != "custom_id" && key != "params")
+        return refuse(fmt::format(".{}: Extra inputs are not permitted", key));
+    auto custom = entry.find("custom_id");
+    if (custom == entry.end() || !custom->is_string() || !ValidCustomId(custom->get<std::string>()))
+      return refuse(".custom_id: 1 to 64 characters of letters, digits, '_' and '-' are required");
+    if (!seen.insert(custom->get<std::string>()).second)
+      return refuse(
+          fmt::format(".custom_id: \"{}\" is used by an earlier request; each "
+                      "request's custom_id must be unique",
+                      custom->get<std::string>()));
+    auto params = entry.find("params");
+    if (params == entry.end() || !params->is_object())
+      return refuse(".params: an object (a Messages request) is required");
+    lines += json{{"custom_id", *custom}, {"params", *params}}.dump(-1, ' ', false,
+                                                                    json::error_handler_t::replace);
+    lines += '\n';
+  }
+  return lines;
 }
 
 std::string MessagesErrorBody(const ApiError& error) {

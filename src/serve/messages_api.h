@@ -62,6 +62,13 @@ std::string CountTokensBody(const std::string& body, const TextCodec& codec,
 // A thread error (code thread_…) carries details.error_code, which clients act on.
 std::string MessagesErrorBody(const ApiError& error);
 
+// The requests of a Message Batches create body ({"requests": [{"custom_id", "params"}, ...]}),
+// checked as Anthropic checks them at creation — custom_ids of 1 to 64 of [a-zA-Z0-9_-], each
+// used once, params an object; whether the params make a Messages request is each request's
+// result — as the JSONL a batch keeps (serve/batches.h), {"custom_id", "params"} a line. A refusal
+// (*error, 400) names the request and field. Fuzzed.
+std::optional<std::string> MessageBatchRequestLines(const std::string& body, ApiError* error);
+
 // The Message object of a finished (non-streaming) request.
 nlohmann::ordered_json MessageObject(const GenerationPlan& plan, const ChoiceResult& result,
                                      const std::string& id, const ServingLimits& limits);

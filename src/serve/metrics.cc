@@ -81,11 +81,11 @@ std::string HttpRequestCounts::Route(const std::string& path) {
     return path.size() > items + 6 ? "/v1/conversations/{id}/items/{item_id}"
                                    : "/v1/conversations/{id}/items";
   }
-  for (const char* base : {"/v1/files", "/v1/batches"}) {
+  for (const char* base : {"/v1/files", "/v1/batches", "/v1/messages/batches"}) {
     const std::string prefix = std::string(base) + "/";
     if (path == base) return base;
     if (!path.starts_with(prefix)) continue;
-    for (const char* tail : {"/content", "/cancel"})
+    for (const char* tail : {"/content", "/cancel", "/results"})
       if (path.ends_with(tail)) return std::string(base) + "/{id}" + tail;
     return std::string(base) + "/{id}";
   }

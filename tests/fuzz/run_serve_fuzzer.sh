@@ -24,6 +24,7 @@ seed body-budget $'\x02{"messages":[{"role":"user","content":"hi"}],"thinking_to
 seed body-effort $'\x24{"input":"hi","reasoning":{"effort":"low","summary":"auto"},"previous_response_id":"resp_1"}'
 seed body-vllm-extras $'\x00{"prompt":"def f():","suffix":"  return 1","priority":3,"service_tier":"flex","prompt_logprobs":2,"return_token_ids":true,"thinking_token_budget":4}'
 seed multipart $'\x80multipart/form-data; boundary="b x"\n--b x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--b x\r\nContent-Disposition: form-data; name="file"; filename="a\\"b.jsonl"\r\nContent-Type: application/octet-stream\r\n\r\n{"custom_id":"1"}\n\r\n--b x--\r\n'
+seed message-batch $'\xc0{"requests":[{"custom_id":"a-1","params":{"model":"m","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}},{"custom_id":"b_2","params":{}}]}'
 seed body-ids $'\x00{"prompt":[[1,2,3],[4,5]],"stream":true,"stream_options":{"include_usage":true},"seed":3}'
 seed body-chat $'\x02{"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"logprobs":true,"top_logprobs":2,"chat_template_kwargs":{"thinking":true}}'
 seed body-grammar $'\x00{"prompt":"x","max_tokens":3,"guided_json":{"type":"object","properties":{"a":{"type":"integer","maximum":9}}}}'

@@ -9,13 +9,16 @@
 // is also an input-items query string, and the body goes through the Conversations API. With bit 6
 // the body goes to Anthropic's Messages API (the request, count_tokens, the Message object and its
 // events, the error body); with bit 5 as well, a thread reply "msg_1" is stored to continue. With
-// bit 7 the input is a Content-Type line and a body for the Files API's multipart upload.
+// bit 7 the input is a Content-Type line and a body for the Files API's multipart upload; with
+// bits 7 and 6 it is the body of an Anthropic message batch's create call.
 #include <boost/beast/http.hpp>
 #include <cstdint>
 #include <cstdlib>
+#include <set>
 #include <string>
 
 #include "chat_output/chat_output.h"
+#include "serve/batches.h"
 #include "serve/conversations_api.h"
 #include "serve/files_api.h"
 #include "serve/messages_api.h"
@@ -134,6 +137,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.exclude_tools_when_tool_choice_none = data[0] & 16;
   if (data[0] & 8) limits.reasoning = sy::chat_output::ReasoningFormat::kDeepSeekR1;
   if (data[0] & 4) CheckChatOutput(input, data[0]);
+  if ((data[0] & 128) && (data[0] & 64)) {
+    // A message batch's requests: refused with a 400, or kept as lines of {"custom_id",
+    // "params"} with each custom_id once.
+    sy::serve::ApiError error;
+    auto lines = sy::serve::MessageBatchRequestLines(input, &error);
+    if (!lines) {
+      if (error.status != 400) std::abort();
+      CheckUtf8(sy::serve::MessagesErrorBody(error));
+      return 0;
+    }
+    CheckUtf8(*lines);
+    std::set<std::string> ids;
+    for (size_t at = 0; at < lines->size();) {
+      const size_t end = lines->find('\n', at);
+      if (end == std::string::npos) std::abort();  // every line ends
+      const auto line = nlohmann::json::parse(lines->substr(at, end - at), nullptr, false);
+      if (!line.is_object() || line.size() != 2 || !line["params"].is_object() ||
+          !ids.insert(line["custom_id"].get<std::string>()).second)
+        std::abort();
+      at = end + 1;
+    }
+    if (ids.empty()) std::abort();
+    return 0;
+  }
   if (data[0] & 128) {
     // A multipart upload: the parts lie inside the body, and the Files API answers with a file
     // or a clean error.

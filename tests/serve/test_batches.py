@@ -9,6 +9,7 @@ import json
 import os
 import time
 
+import anthropic
 import openai
 import pytest
 
@@ -310,3 +311,212 @@ def test_files_and_batches_outlive_the_process(model_dir, tmp_path):
     with pytest.raises(AssertionError) as info:
         Server(model_dir, "--files-dir", keep)
     assert f"{batch.id}.json: not a batch" in str(info.value)
+
+
+# Anthropic's Message Batches API (client.messages.batches) on the same runner.
+GREEDY_MESSAGES = {"temperature": 0}  # not in the SDK's signature: sent as an extra field
+
+def claude_for(server):
+    return anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+
+
+def message_request(custom_id, content, **extra):
+    return {"custom_id": custom_id,
+            "params": {"model": "sy-test", "max_tokens": 8, "temperature": 0,
+                       "messages": [{"role": "user", "content": content}], **extra}}
+
+
+def wait_ended(claude, batch_id, timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        batch = claude.messages.batches.retrieve(batch_id)
+        if batch.processing_status == "ended":
+            return batch
+        time.sleep(0.2)
+    raise AssertionError(f"message batch {batch_id} still {batch.processing_status}")
+
+
+def test_a_message_batch_gives_the_live_answers(server):
+    """Each succeeded result is the Message the live endpoint gives (greedy); requests the
+    Messages API refuses are errored results in its error shape; the batch is listed, its
+    results_url absolute, its files hidden from the Files API, and it goes when deleted."""
+    claude = claude_for(server)
+    prompts = ["Who art thou?", "Speak, speak!", "What news?"]
+    requests = [message_request(f"m{i}", p) for i, p in enumerate(prompts)]
+    requests.append(message_request("hot", "x", temperature=1e6))
+    requests.append(message_request("streamed", "x", stream=True))
+    requests.append(message_request("threaded", "x", thread={"type": "create"}))
+    batch = claude.messages.batches.create(requests=requests)
+    assert batch.id.startswith("msgbatch_") and batch.type == "message_batch"
+    assert batch.processing_status in ("in_progress", "ended")
+    assert batch.expires_at > batch.created_at and batch.archived_at is None
+    counts = batch.request_counts
+    assert counts.processing + counts.succeeded + counts.errored + counts.canceled == 6
+    # Live traffic is served while the batch runs.
+    live = claude.messages.create(model="sy-test", max_tokens=8, messages=[
+        {"role": "user", "content": prompts[0]}], extra_body=GREEDY_MESSAGES)
+    done = wait_ended(claude, batch.id)
+    assert done.ended_at is not None and done.cancel_initiated_at is None
+    assert (done.request_counts.processing, done.request_counts.succeeded,
+            done.request_counts.errored, done.request_counts.canceled,
+            done.request_counts.expired) == (0, 3, 3, 0, 0)
+    assert done.results_url == f"{server.url}/v1/messages/batches/{batch.id}/results"
+    assert batch.id in [b.id for b in claude.messages.batches.list().data]
+
+    results = {r.custom_id: r.result for r in claude.messages.batches.results(batch.id)}
+    assert set(results) == {"m0", "m1", "m2", "hot", "streamed", "threaded"}
+    for i, prompt in enumerate(prompts):
+        want = claude.messages.create(model="sy-test", max_tokens=8, messages=[
+            {"role": "user", "content": prompt}], extra_body=GREEDY_MESSAGES)
+        got = results[f"m{i}"]
+        assert got.type == "succeeded"
+        assert got.message.id.startswith("msg_") and got.message.model == "sy-test"
+        assert [b.text for b in got.message.content] == [b.text for b in want.content]
+        assert got.message.stop_reason == want.stop_reason == "max_tokens"
+        assert got.message.usage.output_tokens == 8
+    assert results["m0"].message.content[0].text == live.content[0].text
+    for custom_id, field in [("hot", "temperature"), ("streamed", "stream"),
+                             ("threaded", "thread")]:
+        assert results[custom_id].type == "errored"
+        error = results[custom_id].error
+        assert error.type == "error" and error.error.type == "invalid_request_error"
+        assert field in error.error.message, (custom_id, error.error.message)
+
+    # Its requests and results are the Message Batches API's, not the Files API's.
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    assert not [f for f in client.files.list().data if f.filename.startswith(batch.id)]
+
+    deleted = claude.messages.batches.delete(batch.id)
+    assert deleted.id == batch.id and deleted.type == "message_batch_deleted"
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.batches.retrieve(batch.id)
+    status, body, _ = server.request("GET", f"/v1/messages/batches/{batch.id}/results")
+    assert status == 404 and body["error"]["type"] == "not_found_error"
+
+
+def test_message_batches_refused_listed_and_cancelled(server):
+    """A create body Anthropic would refuse is a 400 naming the request and field, before
+    anything runs; the list pages both ways; a cancel stops what has not run, which comes back as
+    canceled results; a batch is deleted only once it has ended, and its results come only
+    then."""
+    claude = claude_for(server)
+    good = message_request("a", "hi")
+    for requests, where in [([], "requests"),
+                            ([good, {**good, "params": {**good["params"]}}], "requests.1.custom_id"),
+                            ([{**good, "custom_id": "has space"}], "requests.0.custom_id"),
+                            ([{**good, "custom_id": "x" * 65}], "requests.0.custom_id"),
+                            ([{"custom_id": "p", "params": "hi"}], "requests.0.params"),
+                            ([{**good, "extra": 1}], "requests.0.extra")]:
+        with pytest.raises(anthropic.BadRequestError) as info:
+            claude.messages.batches.create(requests=requests)
+        assert info.value.body["error"]["type"] == "invalid_request_error"
+        assert info.value.body["error"]["message"].startswith(where), info.value.body
+    status, body, _ = server.request("POST", "/v1/messages/batches", raw=b"{not json")
+    assert status == 400 and body["type"] == "error"
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.batches.retrieve("msgbatch_nothing")
+
+    # Three short batches, then a long one to cancel.
+    short = [claude.messages.batches.create(requests=[message_request(f"s{i}", "Hail!")]).id
+             for i in range(3)]
+    long = claude.messages.batches.create(requests=[
+        message_request(f"long{i}", f"Tell a long tale, {i}.", max_tokens=400)
+        for i in range(12)])
+    with pytest.raises(anthropic.BadRequestError) as info:
+        claude.messages.batches.delete(long.id)
+    assert "cancel it" in info.value.body["error"]["message"]
+    status, body, _ = server.request("GET", f"/v1/messages/batches/{long.id}/results")
+    assert status == 400 and "still processing" in body["error"]["message"]
+    with pytest.raises(anthropic.AnthropicError) as no_results:
+        claude.messages.batches.results(long.id)
+    assert "results_url" in str(no_results.value)
+
+    newest_first = [long.id] + short[::-1]
+    page = claude.messages.batches.list(limit=2)
+    assert [b.id for b in page.data] == newest_first[:2] and page.has_more
+    assert page.first_id == newest_first[0] and page.last_id == newest_first[1]
+    older = claude.messages.batches.list(limit=2, after_id=page.last_id)
+    assert [b.id for b in older.data] == newest_first[2:4]
+    newer = claude.messages.batches.list(limit=1, before_id=newest_first[2])
+    assert [b.id for b in newer.data] == [newest_first[1]] and newer.has_more
+    # The SDK's auto-pagination walks every page.
+    walked = [b.id for b in claude.messages.batches.list(limit=2)]
+    assert walked[:4] == newest_first and len(walked) == len(set(walked))
+
+    cancelling = claude.messages.batches.cancel(long.id)
+    assert cancelling.processing_status in ("canceling", "ended")
+    assert cancelling.cancel_initiated_at is not None
+    done = wait_ended(claude, long.id, timeout=60)
+    counts = done.request_counts
+    assert counts.canceled > 0 and counts.succeeded + counts.canceled == 12
+    assert counts.errored == 0 and counts.processing == 0
+    results = list(claude.messages.batches.results(long.id))
+    assert sorted(r.custom_id for r in results) == sorted(f"long{i}" for i in range(12))
+    assert sum(r.result.type == "canceled" for r in results) == counts.canceled
+    assert claude.messages.batches.cancel(long.id).processing_status == "ended"
+    assert claude.messages.batches.delete(long.id).type == "message_batch_deleted"
+    for batch_id in short:
+        assert wait_ended(claude, batch_id).request_counts.succeeded == 1
+    # The server still answers.
+    assert claude.messages.create(model="sy-test", max_tokens=2, messages=[
+        {"role": "user", "content": "x"}]).content
+
+
+def test_message_batches_outlive_the_process(model_dir, tmp_path):
+    """--files-dir: a message batch killed (-9) mid-way runs on in the next process, each request
+    answered once and as live; an ended batch keeps its results and drops its requests; output
+    files that an end interrupted before its state was saved are not left behind."""
+    keep = str(tmp_path / "kept")
+    first = Server(model_dir, "--files-dir", keep, "--max-num-seqs", "2")
+    claude = claude_for(first)
+    small = wait_ended(claude, claude.messages.batches.create(
+        requests=[message_request("k", "Hail!")]).id)
+    prompts = [f"Tell a tale of the {i}th night." for i in range(10)]
+    batch = claude.messages.batches.create(requests=[
+        message_request(f"t{i}", p, max_tokens=48) for i, p in enumerate(prompts)])
+    deadline = time.time() + 120
+    while claude.messages.batches.retrieve(batch.id).request_counts.succeeded < 3 and \
+            time.time() < deadline:
+        time.sleep(0.02)
+    first.process.kill()
+    first.process.wait()
+    first.stopped = True
+    with open(f"{keep}/batches/{batch.id}.lines.jsonl") as f:
+        logged = [json.loads(line) for line in f]
+    assert 3 <= len(logged) < 10, "the batch was not interrupted mid-way"
+    before = {entry["record"]["custom_id"]: entry["record"]["result"]["message"]["id"]
+              for entry in logged}
+    # As if the process had died inside the batch's end: its results file written, its state
+    # not yet saved.
+    with open(f"{keep}/files/file-leftover.content", "w") as f:
+        f.write("{}\n")
+    with open(f"{keep}/files/file-leftover.json", "w") as f:
+        json.dump({"id": "file-leftover", "filename": f"{batch.id}_results.jsonl",
+                   "purpose": "message_batch_results", "created_at": 1, "bytes": 3}, f)
+    def contents():
+        return sum(name.endswith(".content") for name in os.listdir(f"{keep}/files"))
+
+    # The ended batch keeps its results alone (its requests went with its end); the running one
+    # its requests; and the leftover.
+    assert contents() == 3
+
+    second = Server(model_dir, "--files-dir", keep)
+    try:
+        assert any("removed file-leftover" in line for line in second.log)
+        claude = claude_for(second)
+        assert [r.custom_id for r in claude.messages.batches.results(small.id)] == ["k"]
+        done = wait_ended(claude, batch.id)
+        assert (done.request_counts.succeeded, done.request_counts.errored) == (10, 0)
+        results = list(claude.messages.batches.results(batch.id))
+        assert sorted(r.custom_id for r in results) == sorted(f"t{i}" for i in range(10))
+        ids = {r.custom_id: r.result.message.id for r in results}
+        assert all(ids[custom_id] == before[custom_id] for custom_id in before)
+        for r in results:
+            want = claude.messages.create(model="sy-test", max_tokens=48, messages=[
+                {"role": "user", "content": prompts[int(r.custom_id[1:])]}],
+                extra_body=GREEDY_MESSAGES)
+            assert r.result.message.content[0].text == want.content[0].text
+        assert not os.path.exists(f"{keep}/files/file-leftover.json")
+        assert contents() == 2  # each ended batch's results, nothing else
+    finally:
+        assert second.stop() == 0

@@ -244,12 +244,15 @@ def test_stored_responses_live_in_the_router(instances):
         router.stop()
 
 
-def test_a_batch_through_the_router(instances):
+def test_a_batch_through_the_router(instances, tmp_path):
     """The Files and Batch APIs belong to the HTTP front too: a batch uploaded to the router runs
-    its lines on the instances (round robin), each answer the one the router gives live."""
+    its lines on the instances (round robin), each answer the one the router gives live; so does
+    an Anthropic message batch. With --files-dir the next router finds both."""
     import io
+    import anthropic
     ports, _ = instances
-    router = start_router(ports, "round_robin")
+    keep = str(tmp_path / "kept")
+    router = start_router(ports, "round_robin", "--files-dir", keep)
     try:
         client = client_for(router)
         prompts = ["Tell me of the king.", "And the queen?", "Who comes here?"]
@@ -272,6 +275,34 @@ def test_a_batch_through_the_router(instances):
             live = client.completions.create(model="sy-test", prompt=p, max_tokens=6,
                                              temperature=0)
             assert out[f"r{i}"]["response"]["body"]["choices"][0]["text"] == live.choices[0].text
+
+        claude = anthropic.Anthropic(base_url=router.url, api_key="x", max_retries=0, timeout=120)
+        message_batch = claude.messages.batches.create(requests=[
+            {"custom_id": f"m{i}", "params": {"model": "sy-test", "max_tokens": 6,
+                                              "temperature": 0,
+                                              "messages": [{"role": "user", "content": p}]}}
+            for i, p in enumerate(prompts)])
+        for _ in range(600):
+            message_batch = claude.messages.batches.retrieve(message_batch.id)
+            if message_batch.processing_status == "ended":
+                break
+            time.sleep(0.1)
+        assert message_batch.request_counts.succeeded == 3, message_batch
+        results = {r.custom_id: r.result for r in claude.messages.batches.results(message_batch.id)}
+        for i, p in enumerate(prompts):
+            live = claude.messages.create(model="sy-test", max_tokens=6, messages=[
+                {"role": "user", "content": p}], extra_body={"temperature": 0})
+            assert results[f"m{i}"].message.content[0].text == live.content[0].text
+    finally:
+        router.stop()
+    router = start_router(ports, "round_robin", "--files-dir", keep)
+    try:
+        client = client_for(router)
+        assert client.batches.retrieve(batch.id).status == "completed"
+        assert len(client.files.content(batch.output_file_id).text.splitlines()) == 3
+        claude = anthropic.Anthropic(base_url=router.url, api_key="x", max_retries=0)
+        assert sorted(r.custom_id for r in claude.messages.batches.results(message_batch.id)) == \
+            ["m0", "m1", "m2"]
     finally:
         router.stop()
 
