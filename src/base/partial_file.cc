@@ -1,9 +1,25 @@
 #include "base/partial_file.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 namespace sy {
+
+Status SyncDirectoryOf(const std::string& path) {
+  std::string directory = std::filesystem::path(path).parent_path().string();
+  if (directory.empty()) directory = ".";
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  const int error = errno;
+  if (fd >= 0) ::close(fd);
+  if (!synced)
+    return Status::Errorf("{}: cannot sync its directory: {}", path, std::strerror(error));
+  return Status::Ok();
+}
 
 Result<PartialFile> PartialFile::Create(const std::string& path) {
   PartialFile f;
@@ -27,8 +43,9 @@ Status PartialFile::Put(const void* bytes, size_t n) {
   return Status::Ok();
 }
 
-Status PartialFile::Commit() {
-  const bool flushed = std::fflush(file_.get()) == 0;
+Status PartialFile::Commit(bool durable) {
+  bool flushed = std::fflush(file_.get()) == 0;
+  if (flushed && durable) flushed = ::fsync(::fileno(file_.get())) == 0;
   const int error = errno;
   if (std::fclose(file_.release()) != 0 || !flushed) {
     std::remove(temporary_.c_str());
@@ -41,6 +58,8 @@ Status PartialFile::Commit() {
     return Status::Errorf("{}: cannot rename to {}: {}", temporary_, path_,
                           std::strerror(rename_error));
   }
+  // The rename is an entry of the directory: synced with it.
+  if (durable) return SyncDirectoryOf(path_);
   return Status::Ok();
 }
 

@@ -11,6 +11,10 @@
 
 namespace sy {
 
+// fsync of the directory holding `path`: what makes a file created, renamed or removed there
+// survive a power cut.
+Status SyncDirectoryOf(const std::string& path);
+
 class PartialFile {
  public:
   static Result<PartialFile> Create(const std::string& path);
@@ -20,7 +24,10 @@ class PartialFile {
 
   // Errors name the .partial file and the system's reason.
   Status Put(const void* bytes, size_t n);
-  Status Commit();
+  // `durable`: the bytes and then the rename reach the disk before it returns (fsync of the file
+  // and of its directory), so that after a power cut PATH holds the old file or the new one
+  // whole — not a renamed file whose bytes never arrived.
+  Status Commit(bool durable = false);
 
  private:
   PartialFile() = default;

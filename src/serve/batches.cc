@@ -7,6 +7,8 @@
 #include <set>
 #include <sstream>
 
+#include <unistd.h>
+
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
@@ -746,24 +748,43 @@ void BatchRunner::Save(const Batch& batch) {
       (batch.api == Api::kAnthropic ? MessageBatchState(batch) : BatchObject(batch)).dump();
   auto out = PartialFile::Create(directory_ + "/" + batch.id + ".json");
   Status status = out.ok() ? out.value().Put(text.data(), text.size()) : out.status();
-  if (status.ok()) status = out.value().Commit();
+  if (status.ok()) status = out.value().Commit(/*durable=*/true);
   if (!status.ok()) return DiskFailed(status.message());
   const bool ended = batch.status == "completed" || batch.status == "failed" ||
                      batch.status == "cancelled" || batch.status == "expired";
   if (ended) std::remove((directory_ + "/" + batch.id + ".lines.jsonl").c_str());
 }
 
-void BatchRunner::Journal(const Batch& batch, int64_t line, int status, const json& record) {
+void BatchRunner::Journal(Batch& batch, int64_t line, int status, const json& record) {
   if (directory_.empty()) return;
-  const std::string path = directory_ + "/" + batch.id + ".lines.jsonl";
   const json entry = {{"line", line}, {"status", status}, {"record", record}};
-  const std::string text = entry.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-  // Flushed to the OS as it is written: it survives the process, not a power cut (a line lost
-  // that way runs again).
-  std::FILE* file = std::fopen(path.c_str(), "ab");
-  const bool ok = file != nullptr && std::fwrite(text.data(), 1, text.size(), file) == text.size();
-  if (file != nullptr && std::fclose(file) != 0) return DiskFailed("cannot write " + path);
-  if (!ok) DiskFailed("cannot write " + path);
+  batch.journal_pending += entry.dump(-1, ' ', false, json::error_handler_t::replace);
+  batch.journal_pending += '\n';
+}
+
+void BatchRunner::FlushJournals() {
+  for (const auto& owner : batches_) {
+    Batch& batch = *owner;
+    if (batch.journal_pending.empty()) continue;
+    const std::string text = std::move(batch.journal_pending);
+    batch.journal_pending.clear();
+    const bool ended = batch.status == "completed" || batch.status == "failed" ||
+                       batch.status == "cancelled" || batch.status == "expired";
+    if (ended) continue;  // its results are in its files, its journal gone
+    // On the disk before the loop waits: a power cut loses at most the pass in progress, whose
+    // lines run again (a line cut mid-write is dropped at the restart). The batch thread waits
+    // for the disk, not the engine.
+    const std::string path = directory_ + "/" + batch.id + ".lines.jsonl";
+    std::error_code ec;
+    const bool fresh = !std::filesystem::exists(path, ec);
+    std::FILE* file = std::fopen(path.c_str(), "ab");
+    const bool ok = file != nullptr &&
+                    std::fwrite(text.data(), 1, text.size(), file) == text.size() &&
+                    std::fflush(file) == 0 && ::fdatasync(::fileno(file)) == 0 &&
+                    (!fresh || SyncDirectoryOf(path).ok());
+    if (file != nullptr && std::fclose(file) != 0) DiskFailed("cannot write " + path);
+    if (!ok) DiskFailed("cannot write " + path);
+  }
 }
 
 void BatchRunner::DiskFailed(const std::string& what) {
@@ -930,6 +951,7 @@ void BatchRunner::Loop() {
                          (batch->status == "in_progress" && batch->next >= batch->lines.size());
       if (ended && batch->in_flight == 0) Close(*batch);
     }
+    FlushJournals();
     wake_.wait_for(lock, std::chrono::milliseconds(50), [&] { return woken_ || stopping_; });
   }
 }

@@ -88,6 +88,7 @@ class BatchRunner {
     int64_t completed = 0, failed = 0;
     int64_t canceled = 0;              // Anthropic's: lines a cancel stopped
     std::string output, error_output;  // JSONL so far (an Anthropic batch's all in output)
+    std::string journal_pending;       // results not yet in ID.lines.jsonl
     std::optional<std::string> output_file_id, error_file_id;
     int64_t in_flight = 0;
   };
@@ -109,7 +110,12 @@ class BatchRunner {
                          std::vector<Line>* lines, nlohmann::ordered_json* errors);
   // On disk (directory_ not empty): the batch's state, written whole; a line's result, appended.
   void Save(const Batch& batch);
-  void Journal(const Batch& batch, int64_t line, int status, const nlohmann::ordered_json& record);
+  // A line's result goes to the batch's journal_pending; FlushJournals puts every batch's on the
+  // disk (one write and one fdatasync a batch) at the end of each pass of the loop, before it
+  // waits or stops — a group commit: a fast model's many lines a pass cost one sync, not one
+  // each.
+  void Journal(Batch& batch, int64_t line, int status, const nlohmann::ordered_json& record);
+  void FlushJournals();
   void DiskFailed(const std::string& what);
   Status Restore();
   void Loop();

@@ -236,7 +236,7 @@ json FileRecord(const StoredFile& file) {
 Status WriteWhole(const std::string& path, const std::string& bytes) {
   SY_ASSIGN_OR_RETURN(PartialFile out, PartialFile::Create(path));
   SY_RETURN_IF_ERROR(out.Put(bytes.data(), bytes.size()));
-  return out.Commit();
+  return out.Commit(/*durable=*/true);
 }
 
 }  // namespace
