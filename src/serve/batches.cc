@@ -40,18 +40,10 @@ json Rfc3339(int64_t seconds) {
 // at most `limit` (1 to 1000, default 20) objects after the one whose id is `after_id`, or the
 // `limit` just before `before_id`.
 ApiReply AnthropicListPage(const std::vector<json>& objects, const std::string& query) {
-  int64_t limit = 20;
-  if (const std::string given = QueryParameter(query, "limit"); !given.empty()) {
-    try {
-      size_t used = 0;
-      limit = std::stoll(given, &used);
-      if (used != given.size()) limit = -1;
-    } catch (...) {
-      limit = -1;
-    }
-  }
-  if (limit < 1 || limit > 1000)
+  const std::optional<int64_t> given = LimitParameter(query, 1000);
+  if (!given)
     return ErrorReply(400, "limit must be an integer in [1, 1000]", "limit", "invalid_value");
+  const size_t limit = static_cast<size_t>(*given);
   const std::string after = QueryParameter(query, "after_id"),
                     before = QueryParameter(query, "before_id");
   if (!after.empty() && !before.empty())
@@ -67,15 +59,15 @@ ApiReply AnthropicListPage(const std::vector<json>& objects, const std::string& 
     auto at = position(after);
     if (!at) return ErrorReply(400, fmt::format("after_id: no batch '{}'", after), "after_id", "");
     from = *at + 1;
-    to = std::min(objects.size(), from + static_cast<size_t>(limit));
+    to = std::min(objects.size(), from + limit);
   } else if (!before.empty()) {
     auto at = position(before);
     if (!at)
       return ErrorReply(400, fmt::format("before_id: no batch '{}'", before), "before_id", "");
     to = *at;
-    from = to > static_cast<size_t>(limit) ? to - static_cast<size_t>(limit) : 0;
+    from = to > limit ? to - limit : 0;
   } else {
-    to = std::min(objects.size(), static_cast<size_t>(limit));
+    to = std::min(objects.size(), limit);
   }
   json data = json::array();
   for (size_t i = from; i < to; ++i)

@@ -113,18 +113,24 @@ ApiReply JsonReply(const json& body) {
   return reply;
 }
 
-ApiReply ListPage(const std::vector<json>& objects, const std::string& query) {
-  int64_t limit = 20;
-  if (const std::string given = QueryParameter(query, "limit"); !given.empty()) {
-    try {
-      size_t used = 0;
-      limit = std::stoll(given, &used);
-      if (used != given.size()) limit = -1;
-    } catch (...) {
-      limit = -1;
-    }
+std::optional<int64_t> LimitParameter(const std::string& query, int64_t most) {
+  const std::string given = QueryParameter(query, "limit");
+  if (given.empty()) return 20;
+  int64_t limit = -1;
+  try {
+    size_t used = 0;
+    limit = std::stoll(given, &used);
+    if (used != given.size()) return std::nullopt;
+  } catch (...) {
+    return std::nullopt;
   }
-  if (limit < 1 || limit > 10000)
+  if (limit < 1 || limit > most) return std::nullopt;
+  return limit;
+}
+
+ApiReply ListPage(const std::vector<json>& objects, const std::string& query) {
+  const std::optional<int64_t> limit = LimitParameter(query, 10000);
+  if (!limit)
     return ErrorReply(400, "limit must be an integer in [1, 10000]", "limit", "invalid_value");
   const std::string after = QueryParameter(query, "after");
   size_t from = 0;
@@ -136,7 +142,7 @@ ApiReply ListPage(const std::vector<json>& objects, const std::string& query) {
     from = static_cast<size_t>(it - objects.begin()) + 1;
   }
   json data = json::array();
-  for (size_t i = from; i < objects.size() && static_cast<int64_t>(data.size()) < limit; ++i)
+  for (size_t i = from; i < objects.size() && static_cast<int64_t>(data.size()) < *limit; ++i)
     data.push_back(objects[i]);
   json page = {{"object", "list"}, {"data", data}};
   page["first_id"] = data.empty() ? json(nullptr) : data.front()["id"];

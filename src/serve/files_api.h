@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -99,6 +100,8 @@ ApiReply ErrorReply(int status, std::string message, std::string param, std::str
 ApiReply JsonReply(const nlohmann::ordered_json& body);
 // Query parameters of a list call (limit, after, purpose): the value, or "" where absent.
 std::string QueryParameter(const std::string& query, const std::string& key);
+// A list call's `limit`: 20 where absent, or an integer in [1, most]; nullopt when it is not.
+std::optional<int64_t> LimitParameter(const std::string& query, int64_t most);
 // A list in OpenAI's shape ({"object": "list", "data", "first_id", "last_id", "has_more"}): at
 // most `limit` (default 20) objects after the one whose id is `after`.
 ApiReply ListPage(const std::vector<nlohmann::ordered_json>& objects, const std::string& query);
