@@ -851,6 +851,42 @@ TEST(EngineTest, PriorityPreemptsTheLeastUrgentUnderPagePressure) {
   }
 }
 
+// Background requests (a batch's lines) run behind the others under either policy: a live
+// arrival takes a running background request's slot (preempted, recomputed later, losing
+// nothing), is admitted before background requests that came earlier, and among live requests
+// first come, first served still holds.
+TEST(EngineTest, BackgroundRequestsRunBehindTheOthers) {
+  for (bool priority : {false, true}) {
+    EngineConfig config = priority ? PriorityConfig() : EngineConfig{};
+    config.max_num_seqs = 1;
+    Harness h(2048, config);
+    std::map<std::string, std::shared_ptr<RequestStream>> streams;
+    SubmitError error;
+    auto submit = [&](const std::string& id, bool background, int32_t salt, int64_t tokens) {
+      EngineRequest request{id, Prompt(10, salt), Greedy(tokens)};
+      request.background = background;
+      auto stream = h.engine.Submit(request, &error);
+      ASSERT_TRUE(stream.ok()) << stream.status().message();
+      streams[id] = stream.value();
+    };
+    submit("line1", true, 1, 24);
+    for (int i = 0; i < 4; ++i)
+      h.engine.StepOnce();  // the first line is decoding
+    submit("line2", true, 2, 3);
+    submit("live1", false, 3, 3);
+    submit("live2", false, 4, 3);
+    std::map<std::string, Collected> got;
+    const auto order = FinishOrder(h, streams, &got);
+    EXPECT_EQ(order, (std::vector<std::string>{"live1", "live2", "line1", "line2"})) << priority;
+    EXPECT_EQ(got["line1"].tokens, GreedyAlone(Prompt(10, 1), 24));
+    EXPECT_EQ(got["line2"].tokens, GreedyAlone(Prompt(10, 2), 3));
+    EXPECT_EQ(got["live1"].tokens, GreedyAlone(Prompt(10, 3), 3));
+    EXPECT_EQ(got["live2"].tokens, GreedyAlone(Prompt(10, 4), 3));
+    EXPECT_EQ(h.engine.Metrics().preemptions_total, 1);
+    EXPECT_EQ(h.engine.Metrics().used_pages, 0);
+  }
+}
+
 // Under first come, first served a priority is refused by name, not silently ignored.
 TEST(EngineTest, PriorityNeedsThePriorityPolicy) {
   Harness h(1024, EngineConfig{});

@@ -185,6 +185,17 @@ TEST(GrpcTest, TokenConstraintsCrossTheWire) {
   EXPECT_EQ(back.params.bad_words_token_ids, request.params.bad_words_token_ids);
 }
 
+// A batch line's place behind live traffic crosses the wire with its priority.
+TEST(GrpcTest, BackgroundAndPriorityCrossTheWire) {
+  EngineRequest request{"line", {1, 2, 3}, {}};
+  EXPECT_FALSE(serve::RequestFromProto(serve::RequestToProto(request)).background);
+  request.background = true;
+  request.priority = 2;
+  const EngineRequest back = serve::RequestFromProto(serve::RequestToProto(request));
+  EXPECT_TRUE(back.background);
+  EXPECT_EQ(back.priority, 2);
+}
+
 TEST(GrpcTest, GenerateStreamsWhatTheEngineGives) {
   for (double temperature : {0.0, 0.8}) {
     EngineRequest request{

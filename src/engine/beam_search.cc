@@ -222,6 +222,7 @@ struct BeamSearchFrontend::Search {
       r.id = fmt::format("{}-beam{}-{}", choice_ids.front(), step, i);
       r.prompt = prompts[i];
       r.priority = request.priority;
+      r.background = request.background;
       r.params.temperature = 0;
       r.params.max_tokens = 1;
       r.params.ignore_eos = true;

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <tuple>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -1121,7 +1122,9 @@ void Engine::SchedulePriority(int64_t& budget,
   // running one is stepped; each waiting one is admitted, taking the slot and pages of the least
   // urgent running ones behind it if need be. Every request behind the current one in the order
   // is unscheduled yet, so a preempted one never has to be taken back out of `scheduled`.
-  auto key = [](const Sequence* s) { return std::pair(s->request.priority, s->arrival_index); };
+  auto key = [](const Sequence* s) {
+    return std::tuple(s->request.background, s->request.priority, s->arrival_index);
+  };
   std::vector<Sequence*> order;
   for (auto& seq : running_)
     order.push_back(seq.get());
@@ -1238,7 +1241,13 @@ bool Engine::StepOnce(bool must_step) {
 
   int64_t budget = config_.max_num_batched_tokens;
   std::vector<std::pair<Sequence*, int64_t>> scheduled;
-  if (config_.scheduling_policy == EngineConfig::SchedulingPolicy::kPriority)
+  // Background requests run behind the others under first come, first served too: by the
+  // priority order, whose key puts them last (with every other priority 0 it orders the rest by
+  // arrival, as first come, first served does).
+  auto background = [](const auto& seq) { return seq->request.background; };
+  if (config_.scheduling_policy == EngineConfig::SchedulingPolicy::kPriority ||
+      std::any_of(running_.begin(), running_.end(), background) ||
+      std::any_of(waiting_.begin(), waiting_.end(), background))
     SchedulePriority(budget, scheduled);
   else
     ScheduleFcfs(budget, scheduled);

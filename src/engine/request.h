@@ -26,6 +26,11 @@ struct EngineRequest {
   // Under --scheduling-policy priority, lower runs first (vLLM's field; 0 by default, and only 0
   // under first come, first served).
   int64_t priority = 0;
+  // Background work (a batch's line): it runs behind every other request under either policy —
+  // admitted only where no other request waits, and preempted (recomputed later, losing nothing)
+  // when one needs its slot or pages — so that batches beside live traffic cost the live
+  // requests little. Among background requests `priority` and arrival order as usual.
+  bool background = false;
   // A request resumed elsewhere (a router's failover): the last `resumed_tokens` ids of `prompt`
   // are its own output so far. They count as generated — the sampler's step, penalties,
   // min/max_tokens and the stop-string state continue from them — and are not sent again.

@@ -585,8 +585,10 @@ void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
     flight->plan = std::move(*parsed.plan);
     flight->responses = std::move(responses);
     std::vector<EngineRequest> requests = ChoiceRequests(flight->plan, flight->response_id);
-    for (const auto& r : requests)
+    for (auto& r : requests) {
+      r.background = true;  // behind live traffic (engine/request.h)
       flight->request_ids.push_back(r.id);
+    }
     SubmitError why;
     auto streams = engine_.SubmitAll(std::move(requests), &why);
     if (!streams.ok()) {

@@ -429,6 +429,7 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
                    {"prompt", p.request.prompt},
                    {"resumed", p.request.resumed_tokens},
                    {"priority", p.request.priority},
+                   {"background", p.request.background},
                    {"params", ParamsToJson(p.request.params)}};
     if (p.request.kv_sink) submit["sink"] = true;
     if (p.request.imported) {
@@ -545,6 +546,7 @@ void ClusterServing::Run() {
       request.params = ParamsFromJson(s["params"]);
       request.resumed_tokens = s["resumed"];
       request.priority = s["priority"];
+      request.background = s["background"];
       if (s.contains("sink")) request.kv_sink = LocalSink(request.id);
       if (s.contains("imported")) {
         const json& j = s["imported"];

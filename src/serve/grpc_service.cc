@@ -71,6 +71,7 @@ EngineRequest RequestFromProto(const pb::GenerateRequest& request) {
   out.prompt.assign(request.prompt().begin(), request.prompt().end());
   out.resumed_tokens = request.resumed_tokens();
   out.priority = request.priority();
+  out.background = request.background();
   const pb::SamplingParams& p = request.params();
   SamplingParams& s = out.params;
   if (p.has_temperature()) s.temperature = p.temperature();
@@ -114,6 +115,7 @@ pb::GenerateRequest RequestToProto(const EngineRequest& request) {
   out.mutable_prompt()->Add(request.prompt.begin(), request.prompt.end());
   out.set_resumed_tokens(request.resumed_tokens);
   out.set_priority(request.priority);
+  out.set_background(request.background);
   const SamplingParams& s = request.params;
   pb::SamplingParams* p = out.mutable_params();
   p->set_temperature(s.temperature);

@@ -199,6 +199,37 @@ def test_cancelling_keeps_what_finished(server, client):
     assert client.completions.create(model="sy-test", prompt="x", max_tokens=2).choices
 
 
+def test_live_requests_run_before_a_batch(model_dir):
+    """A batch's lines run behind live traffic: with every slot taken by long lines, a live
+    request takes a line's place (the line is recomputed later, losing nothing) and finishes
+    before any line does."""
+    server = Server(model_dir, "--max-num-seqs", "2")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
+                               timeout=120)
+        lines = [chat_line(f"long{i}", f"Tell a long tale, {i}.", max_tokens=400)
+                 for i in range(4)]
+        uploaded = client.files.create(file=("long.jsonl", jsonl(lines)), purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id,
+                                      endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.time() + 60
+        while server.metric("num_requests_running") < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        assert server.metric("num_requests_running") == 2
+        live = client.chat.completions.create(
+            model="sy-test", messages=[{"role": "user", "content": "Hail!"}], max_tokens=4,
+            temperature=0, extra_body={"ignore_eos": True})
+        assert live.usage.completion_tokens == 4
+        assert client.batches.retrieve(batch.id).request_counts.completed == 0
+        assert server.metric("num_preemptions_total") >= 1
+        done = wait(client, batch.id)
+        assert done.request_counts.completed == 4
+        for line in lines_of(client, done.output_file_id):  # the preempted line lost nothing
+            assert line["response"]["body"]["usage"]["completion_tokens"] == 400
+    finally:
+        assert server.stop() == 0
+
+
 def test_files_and_batches_off_and_through_the_router(model_dir):
     off = Server(model_dir, "--files-mb", "0")
     try:
