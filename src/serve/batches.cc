@@ -333,7 +333,8 @@ ApiReply BatchRunner::CreateMessageBatch(const std::string& body, int64_t now,
   batch->times["created_at"] = now;
   batch->times["expires_at"] = now + 24 * 3600;
   json unused = json::array();
-  ParseLines(Api::kAnthropic, (*input)->content, batch->endpoint, &batch->lines, &unused);
+  batch->input = *input;
+  ParseLines(Api::kAnthropic, batch->input->content, batch->endpoint, &batch->lines, &unused);
   batch->total = static_cast<int64_t>(batch->lines.size());
   batch->status = "in_progress";
   batch->times["in_progress_at"] = now;
@@ -381,7 +382,8 @@ void BatchRunner::ParseLines(Api api, const std::string& content, const std::str
         fail("params must be a JSON object", "params");
         continue;
       }
-      lines->push_back({number, custom_id, std::move(*params)});
+      lines->push_back(
+          {number, custom_id, static_cast<size_t>(line.data() - content.data()), line.size()});
       continue;
     }
     if (auto [it, fresh] = seen.emplace(custom_id, number); !fresh) {
@@ -401,7 +403,8 @@ void BatchRunner::ParseLines(Api api, const std::string& content, const std::str
       fail("body must be a JSON object", "body");
       continue;
     }
-    lines->push_back({number, custom_id, std::move(*b)});
+    lines->push_back(
+        {number, custom_id, static_cast<size_t>(line.data() - content.data()), line.size()});
   }
 }
 
@@ -462,6 +465,7 @@ ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
   // The file's lines, checked as OpenAI checks them: each a request to this batch's endpoint
   // with a custom_id of its own. Any bad line fails the batch before anything runs.
   json errors = json::array();
+  batch->input = file;
   ParseLines(Api::kOpenAI, file->content, *endpoint, &batch->lines, &errors);
   batch->total = static_cast<int64_t>(batch->lines.size());
   if (batch->lines.empty() && errors.empty())
@@ -475,6 +479,7 @@ ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
     batch->times["failed_at"] = now;
     batch->errors = {{"object", "list"}, {"data", errors}};
     batch->lines.clear();
+    batch->input.reset();
     batch->total = 0;
   } else {
     batch->status = "in_progress";
@@ -536,11 +541,23 @@ void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
   while (batch.status == "in_progress" && batch.next < batch.lines.size() &&
          static_cast<int64_t>(in_flight_.size()) < max_in_flight_) {
     const Line& line = batch.lines[batch.next];
+    // The line's request again (checked when the batch was created, from the same bytes).
+    const json entry = json::parse(
+        std::string_view(batch.input->content).substr(line.offset, line.length), nullptr, false);
+    const char* key = batch.api == Api::kAnthropic ? "params" : "body";
+    if (!entry.is_object() || !entry.contains(key) || !entry[key].is_object()) {
+      RecordError(
+          batch, line.number, line.custom_id, "",
+          {500, "the line could not be read again from the batch's input", "", "internal_error"});
+      ++batch.next;
+      continue;
+    }
+    const json& body = entry[key];
     ParsedRequest parsed;
     std::optional<ResponsesPlan> responses;
     if (batch.api == Api::kAnthropic) {
       // Threads are refused (no store: thread_unsupported_request), as a batch has no turns.
-      ParsedMessagesRequest m = ParseMessagesRequest(line.body.dump(), codec_, limits_, nullptr);
+      ParsedMessagesRequest m = ParseMessagesRequest(body.dump(), codec_, limits_, nullptr);
       if (m.plan)
         parsed.plan = std::move(m.plan->chat);
       else if (m.error.code == "thread_unsupported_request")
@@ -551,7 +568,7 @@ void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
     } else if (batch.endpoint == "/v1/responses") {
       // Stateless: a batch's responses are not stored (store: true and previous_response_id are
       // refused by the parser without a store), and none runs in the background.
-      ParsedResponsesRequest r = ParseResponsesRequest(line.body.dump(), codec_, limits_, nullptr);
+      ParsedResponsesRequest r = ParseResponsesRequest(body.dump(), codec_, limits_, nullptr);
       if (r.plan && r.plan->background)
         r = {std::nullopt,
              {400, "background: true is not available in a batch", "background", "invalid_value"}};
@@ -563,7 +580,7 @@ void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
       }
     } else {
       parsed = PlanGenerationRequest(
-          batch.endpoint == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat, line.body,
+          batch.endpoint == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat, body,
           codec_, limits_);
     }
     if (parsed.plan && parsed.plan->stream)
@@ -676,7 +693,8 @@ void BatchRunner::Close(Batch& batch) {
     for (size_t i = batch.next; i < batch.lines.size(); ++i)
       RecordCanceled(batch, batch.lines[i].number, batch.lines[i].custom_id);
   batch.times["finalizing_at"] = now;
-  std::vector<Line>().swap(batch.lines);  // the requests' bodies are not needed any more
+  std::vector<Line>().swap(batch.lines);  // the requests are not needed any more
+  batch.input.reset();
   batch.next = 0;
   batch.status = cancelled ? "cancelled" : "completed";
   // Results go to files; where the file budget is full the batch fails saying so (its lines'
@@ -869,6 +887,7 @@ Status BatchRunner::Restore() {
         continue;
       }
       json errors = json::array();
+      batch->input = input;
       ParseLines(batch->api, input->content, batch->endpoint, &batch->lines, &errors);
       batch->completed = batch->failed = batch->canceled = 0;
       std::set<int64_t> done;

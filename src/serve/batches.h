@@ -65,10 +65,13 @@ class BatchRunner {
   void Stop();
 
  private:
+  // A line waiting to run: where its text lies in the batch's input. Its request is parsed again
+  // when it is submitted rather than held parsed — a parsed line takes several times its text,
+  // and a batch may hold a hundred thousand.
   struct Line {
     int64_t number = 0;  // 1-based, in the input file
     std::string custom_id;
-    nlohmann::ordered_json body;
+    size_t offset = 0, length = 0;  // in the input's content
   };
   struct InFlight;
   // Which API a batch belongs to: its objects, its lines and its results take that API's shapes.
@@ -81,10 +84,11 @@ class BatchRunner {
     nlohmann::ordered_json metadata, errors;  // errors: null, or OpenAI's list of line errors
     std::string status;  // validating, failed, in_progress, finalizing, completed, cancelling,
                          // cancelled
-    std::map<std::string, int64_t> times;  // created_at, in_progress_at, … where set
-    std::vector<Line> lines;               // released once the batch ends
-    int64_t total = 0;                     // lines
-    size_t next = 0;                       // the first line not yet submitted
+    std::map<std::string, int64_t> times;     // created_at, in_progress_at, … where set
+    std::vector<Line> lines;                  // released once the batch ends
+    std::shared_ptr<const StoredFile> input;  // what `lines` point into, held while they run
+    int64_t total = 0;                        // lines
+    size_t next = 0;                          // the first line not yet submitted
     int64_t completed = 0, failed = 0;
     int64_t canceled = 0;              // Anthropic's: lines a cancel stopped
     std::string output, error_output;  // JSONL so far (an Anthropic batch's all in output)
