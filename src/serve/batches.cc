@@ -131,6 +131,24 @@ void BatchRunner::Stop() {
   in_flight_.clear();
 }
 
+BatchGauges BatchRunner::Gauges() {
+  std::lock_guard lock(mutex_);
+  BatchGauges gauges;
+  for (const auto& batch : batches_) {
+    const bool ended = batch->status == "completed" || batch->status == "failed" ||
+                       batch->status == "cancelled" || batch->status == "expired";
+    if (ended) continue;
+    ++gauges.batches_running;
+    if (batch->status == "in_progress")
+      gauges.requests_waiting += static_cast<int64_t>(batch->lines.size() - batch->next);
+  }
+  gauges.requests_running = static_cast<int64_t>(in_flight_.size());
+  gauges.succeeded_total = succeeded_total_;
+  gauges.errored_total = errored_total_;
+  gauges.canceled_total = canceled_total_;
+  return gauges;
+}
+
 json BatchRunner::BatchObject(const Batch& batch) const {
   auto time = [&](const char* key) {
     auto it = batch.times.find(key);
@@ -532,6 +550,7 @@ void BatchRunner::Append(Batch& batch, int64_t line, int status, const json& rec
   out += record.dump(-1, ' ', false, json::error_handler_t::replace);
   out += '\n';
   ++(ok ? batch.completed : status == 0 ? batch.canceled : batch.failed);
+  ++(ok ? succeeded_total_ : status == 0 ? canceled_total_ : errored_total_);
   Journal(batch, line, status, record);
 }
 

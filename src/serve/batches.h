@@ -34,6 +34,7 @@
 #include "base/status.h"
 #include "engine/engine.h"
 #include "serve/files_api.h"
+#include "serve/metrics.h"
 #include "serve/openai_api.h"
 
 namespace sy::serve {
@@ -63,6 +64,8 @@ class BatchRunner {
                                  const std::string& origin);
   // Stops the thread, aborting what is in flight (server shutdown).
   void Stop();
+  // For /metrics.
+  BatchGauges Gauges();
 
  private:
   // A line waiting to run: where its text lies in the batch's input. Its request is parsed again
@@ -148,7 +151,8 @@ class BatchRunner {
   const int64_t max_in_flight_;
   const std::string directory_;  // "": batches in memory only
   Status restored_;
-  bool disk_failed_ = false;  // reported once
+  bool disk_failed_ = false;                                              // reported once
+  int64_t succeeded_total_ = 0, errored_total_ = 0, canceled_total_ = 0;  // this process's
 
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -344,11 +344,14 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                                "text/plain", version, keep_alive));
     }
     if (path == "/metrics" && get) {
-      return Send(MakeResponse(
-          http::status::ok,
-          PrometheusText(server_.engine_.Metrics(), server_.options_.limits.model_name,
-                         server_.options_.responses_store.get(), &server_.http_counts_),
-          "text/plain; version=0.0.4; charset=utf-8", version, keep_alive));
+      const BatchGauges batch_gauges =
+          server_.batches_ ? server_.batches_->Gauges() : BatchGauges{};
+      return Send(
+          MakeResponse(http::status::ok,
+                       PrometheusText(server_.engine_.Metrics(), server_.options_.limits.model_name,
+                                      server_.options_.responses_store.get(), &server_.http_counts_,
+                                      server_.batches_ ? &batch_gauges : nullptr),
+                       "text/plain; version=0.0.4; charset=utf-8", version, keep_alive));
     }
     if (!server_.options_.api_key.empty()) {
       // OpenAI's clients send "Authorization: Bearer KEY"; Anthropic's API takes "x-api-key: KEY"

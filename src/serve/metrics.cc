@@ -108,7 +108,8 @@ std::vector<HttpRequestCounts::Row> HttpRequestCounts::Rows() const {
 }
 
 std::string PrometheusText(const EngineMetrics& m, const std::string& model_name,
-                           const ResponsesStore* responses, const HttpRequestCounts* http) {
+                           const ResponsesStore* responses, const HttpRequestCounts* http,
+                           const BatchGauges* batches) {
   std::string escaped;
   for (char c : model_name) {
     if (c == '\\' || c == '"') escaped += '\\';
@@ -200,6 +201,24 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
       out += fmt::format(
           "switchyard:http_requests_total{{{},handler=\"{}\",method=\"{}\",status=\"{}\"}} {}\n",
           labels, row.route, row.method, row.status_class, row.count);
+  }
+  if (batches) {
+    Metric(out, "batches_running", "gauge",
+           "Batches (OpenAI's and Anthropic's message batches) not yet ended.", labels,
+           static_cast<double>(batches->batches_running));
+    Metric(out, "batch_requests_waiting", "gauge",
+           "Lines of running batches not yet submitted (they run behind live requests).", labels,
+           static_cast<double>(batches->requests_waiting));
+    Metric(out, "batch_requests_running", "gauge", "Batch lines in the engine.", labels,
+           static_cast<double>(batches->requests_running));
+    out +=
+        "# HELP switchyard:batch_requests_total Batch lines ended by this process, by outcome.\n"
+        "# TYPE switchyard:batch_requests_total counter\n";
+    for (const auto& [outcome, count] : {std::pair{"succeeded", batches->succeeded_total},
+                                         std::pair{"errored", batches->errored_total},
+                                         std::pair{"canceled", batches->canceled_total}})
+      out += fmt::format("switchyard:batch_requests_total{{{},outcome=\"{}\"}} {}\n", labels,
+                         outcome, count);
   }
   if (responses) {
     Metric(out, "responses_stored", "gauge",

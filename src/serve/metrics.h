@@ -38,11 +38,23 @@ class HttpRequestCounts {
   std::map<std::tuple<std::string, std::string, std::string>, int64_t> counts_;
 };
 
+// The Batch APIs' work (serve/batches.h: OpenAI's batches and Anthropic's message batches
+// together), for /metrics: how much is queued behind live traffic, and how it ended.
+struct BatchGauges {
+  int64_t batches_running = 0;   // not yet ended
+  int64_t requests_waiting = 0;  // running batches' lines not yet submitted
+  int64_t requests_running = 0;  // lines in the engine
+  // Lines this process ended, by outcome: a response, an error, stopped by a cancel.
+  int64_t succeeded_total = 0, errored_total = 0, canceled_total = 0;
+};
+
 // `responses`: the Responses API's store, when the server keeps one (responses_stored,
-// responses_store_bytes, responses_store_evictions_total); `http`: the front's answers.
+// responses_store_bytes, responses_store_evictions_total); `http`: the front's answers;
+// `batches`: the Batch APIs' work, where the server runs them.
 std::string PrometheusText(const EngineMetrics& metrics, const std::string& model_name,
                            const ResponsesStore* responses = nullptr,
-                           const HttpRequestCounts* http = nullptr);
+                           const HttpRequestCounts* http = nullptr,
+                           const BatchGauges* batches = nullptr);
 
 // The expert-parallel imbalance over the last completed window of `serve --record-expert-load`
 // (busiest rank's routed rows over the mean rank's, summed over layers and steps), and per MoE

@@ -202,7 +202,7 @@ def test_cancelling_keeps_what_finished(server, client):
 def test_live_requests_run_before_a_batch(model_dir):
     """A batch's lines run behind live traffic: with every slot taken by long lines, a live
     request takes a line's place (the line is recomputed later, losing nothing) and finishes
-    before any line does."""
+    before any line does. /metrics shows the batch's lines running, waiting and ended."""
     server = Server(model_dir, "--max-num-seqs", "2")
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
@@ -216,6 +216,10 @@ def test_live_requests_run_before_a_batch(model_dir):
         while server.metric("num_requests_running") < 2 and time.time() < deadline:
             time.sleep(0.01)
         assert server.metric("num_requests_running") == 2
+        # /metrics: the batch's lines in the engine and behind it.
+        assert server.metric("batches_running") == 1
+        assert server.metric("batch_requests_running") == 2
+        assert server.metric("batch_requests_waiting") == 2
         live = client.chat.completions.create(
             model="sy-test", messages=[{"role": "user", "content": "Hail!"}], max_tokens=4,
             temperature=0, extra_body={"ignore_eos": True})
@@ -224,6 +228,10 @@ def test_live_requests_run_before_a_batch(model_dir):
         assert server.metric("num_preemptions_total") >= 1
         done = wait(client, batch.id)
         assert done.request_counts.completed == 4
+        assert server.metric("batch_requests_total", outcome="succeeded") == 4
+        assert server.metric("batch_requests_total", outcome="errored") == 0
+        assert server.metric("batches_running") == 0
+        assert server.metric("batch_requests_running") == 0
         for line in lines_of(client, done.output_file_id):  # the preempted line lost nothing
             assert line["response"]["body"]["usage"]["completion_tokens"] == 400
     finally:
