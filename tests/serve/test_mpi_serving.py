@@ -3,7 +3,10 @@ stepping together. Greedy output must equal the single-process server's; every r
 concurrent load completes; metrics add up over the groups; SIGTERM stops every rank cleanly."""
 
 import concurrent.futures
+import io
+import json
 import os
+import time
 
 import pytest
 from openai import OpenAI
@@ -91,6 +94,22 @@ def test_mpi_server_matches_one_process(model_dir, ranks, extra):
         assert out.choices[0].model_extra["stop_reason"] == stop
         # A beam search runs on rank 0, its steps spread over the groups.
         assert beam_texts(mpi_client) == beams
+        # A batch's lines (background work in the groups' engines) give the live answers.
+        lines = [{"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions",
+                  "body": {"model": "sy-test", "prompt": p, "max_tokens": 10, "temperature": 0,
+                           "ignore_eos": True}} for i, p in enumerate(PROMPTS)]
+        uploaded = mpi_client.files.create(file=("p.jsonl", io.BytesIO(
+            "".join(json.dumps(line) + "\n" for line in lines).encode())), purpose="batch")
+        batch = mpi_client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
+                                          completion_window="24h")
+        deadline = time.time() + 120
+        while batch.status != "completed" and time.time() < deadline:
+            time.sleep(0.1)
+            batch = mpi_client.batches.retrieve(batch.id)
+        assert batch.status == "completed" and batch.request_counts.completed == len(PROMPTS)
+        out = {json.loads(line)["custom_id"]: json.loads(line)["response"]["body"]
+               for line in mpi_client.files.content(batch.output_file_id).text.splitlines()}
+        assert [out[f"p{i}"]["choices"][0]["text"] for i in range(len(PROMPTS))] == reference
     finally:
         assert s.stop() == 0, "".join(s.log)
 
