@@ -243,6 +243,9 @@ def test_files_and_batches_off_and_through_the_router(model_dir):
     try:
         status, body, _ = off.request("GET", "/v1/batches")
         assert status == 404 and "--files-mb" in body["error"]["message"]
+        status, body, _ = off.request("GET", "/v1/messages/batches")  # in Anthropic's shape
+        assert status == 404 and body["type"] == "error"
+        assert body["error"]["type"] == "not_found_error" and "--files-mb" in body["error"]["message"]
     finally:
         assert off.stop() == 0
     # An upload may be larger than other bodies (32 MiB): up to the files' budget.
@@ -269,6 +272,13 @@ def test_files_and_batches_off_and_through_the_router(model_dir):
         with pytest.raises(openai.APIStatusError) as info:
             client.files.create(file=("big.jsonl", io.BytesIO(b"x" * 5000)), purpose="batch")
         assert info.value.status_code == 413 and "--files-mb" in info.value.body["message"]
+        # A message batch's requests count against the same budget.
+        with pytest.raises(anthropic.APIStatusError) as info:
+            claude_for(small).messages.batches.create(
+                requests=[message_request(f"r{i}", "x" * 100) for i in range(20)])
+        assert info.value.status_code == 413
+        assert info.value.body["error"]["type"] == "request_too_large"
+        assert "--files-mb" in info.value.body["error"]["message"]
     finally:
         assert small.stop() == 0
 
