@@ -1,11 +1,11 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <tuple>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <unordered_set>
 
 #include "base/clock.h"
