@@ -4,7 +4,9 @@
 // ids as models/default/tokenizer.json on the whole committed corpus, and the same config.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -123,6 +125,57 @@ TEST(GgufTokenizerTest, EveryKnownPreTokenizerCompilesAndSplits) {
     for (size_t i = 1; i < pieces.size(); ++i)
       EXPECT_EQ(pieces[i].begin, pieces[i - 1].end);
   }
+}
+
+// A named "tool_use" template (tokenizer.chat_template.tool_use, as gguf-py writes a
+// checkpoint's list of named templates) is the one requests with tools are rendered by.
+TEST(GgufTokenizerTest, ANamedToolUseTemplateIsRead) {
+  std::ifstream in(kGguf, std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 24u);
+  uint64_t tensors = 0, pairs = 0;
+  std::memcpy(&tensors, bytes.data() + 8, 8);
+  std::memcpy(&pairs, bytes.data() + 16, 8);
+  ASSERT_EQ(tensors, 0u);
+  // The two pairs go first, right after the header; a Jinja comment pads them to the file's
+  // 32-byte alignment, so the (empty) data section still starts where the file ends.
+  auto pairs_bytes = [](const std::string& tool_use) {
+    std::vector<uint8_t> out;
+    auto put = [&](const void* p, size_t n) {
+      out.insert(out.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+    };
+    auto put_string = [&](std::string_view s) {
+      const uint64_t n = s.size();
+      put(&n, 8);
+      put(s.data(), s.size());
+    };
+    const uint32_t string_type = 8, array_type = 9;
+    const uint64_t names = 1;
+    put_string("tokenizer.chat_template.tool_use"), put(&string_type, 4), put_string(tool_use);
+    put_string("tokenizer.chat_templates"), put(&array_type, 4), put(&string_type, 4);
+    put(&names, 8), put_string("tool_use");
+    return out;
+  };
+  const std::string base = "{{ bos_token }}TOOLS{% for m in messages %}{{ m.content }}{% endfor %}";
+  const size_t unpadded = pairs_bytes(base + "{##}").size();
+  const std::string tool_use = base + "{#" + std::string((32 - unpadded % 32) % 32, ' ') + "#}";
+  const std::vector<uint8_t> added = pairs_bytes(tool_use);
+  ASSERT_EQ(added.size() % 32, 0u);
+  bytes.insert(bytes.begin() + 24, added.begin(), added.end());
+  pairs += 2;
+  std::memcpy(bytes.data() + 16, &pairs, 8);
+  const std::string path = testing::TempDir() + "/tool-use-template.gguf";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+  auto codec = TextCodec::Load(path);
+  ASSERT_TRUE(codec.ok()) << codec.status().message();
+  EXPECT_EQ(codec->config.tool_use_chat_template, tool_use);
+  ASSERT_TRUE(codec->tool_use_chat.has_value());
+  auto plain = TextCodec::Load(kGguf);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->tool_use_chat.has_value());
 }
 
 TEST(GgufTokenizerTest, RecognisesGgufFilesByMagic) {

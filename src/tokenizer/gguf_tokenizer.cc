@@ -223,6 +223,14 @@ Result<TokenizerConfig> GgufTokenizerConfig(const GgufFile& file) {
     SY_ASSIGN_OR_RETURN(std::string_view chat, RequireString(file, "tokenizer.chat_template"));
     config.chat_template = std::string(chat);
   }
+  // llama.cpp's converter (gguf-py) writes a checkpoint's named templates as
+  // tokenizer.chat_template.NAME; "tool_use" is the one transformers renders requests with tools
+  // by, as it is from tokenizer_config.json.
+  if (file.Find("tokenizer.chat_template.tool_use") != nullptr) {
+    SY_ASSIGN_OR_RETURN(std::string_view tool_use,
+                        RequireString(file, "tokenizer.chat_template.tool_use"));
+    config.tool_use_chat_template = std::string(tool_use);
+  }
   return config;
 }
 
