@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/isa_level.h"
 #include "test_support.h"
+#include "tokenizer/text_codec.h"
 
 namespace sy {
 namespace {
@@ -552,6 +553,50 @@ TEST(CliTest, QuantizeWritesAGgufTheVerbsLoad) {
             0)
       << output;
   EXPECT_NE(output.find("generated 4 tokens"), std::string::npos) << output;
+}
+
+// A checkpoint whose chat templates sit in transformers' files (chat_template.jinja, and a named
+// tool_use one in additional_chat_templates/) keeps both in the GGUF, and serving it renders with
+// them as with the checkpoint.
+TEST(CliTest, QuantizeKeepsTheCheckpointsChatTemplateFiles) {
+  const std::string dir = testing::TempDirectory("cli_quantize_templates");
+  const std::string model = dir + "/model";
+  std::filesystem::create_directories(model + "/additional_chat_templates");
+  for (const char* name : {"config.json", "model.safetensors", "tokenizer.json",
+                           "tokenizer_config.json", "generation_config.json"})
+    std::filesystem::create_symlink(std::string(SY_SOURCE_DIR) + "/models/default/" + name,
+                                    model + "/" + name);
+  std::ofstream(model + "/chat_template.jinja")
+      << "{% for m in messages %}[{{ m.content }}]{% endfor %}";
+  std::ofstream(model + "/additional_chat_templates/tool_use.jinja")
+      << "{{ tools | length }} tools{% for m in messages %}<{{ m.content }}>{% endfor %}";
+  std::string output;
+  ASSERT_EQ(
+      RunCommand(Binary() + " quantize --model " + model + " --to q8_0 --out " + dir + "/m.gguf",
+                 &output),
+      0)
+      << output;
+  auto from_gguf = TextCodec::Load(dir + "/m.gguf");
+  auto from_checkpoint = TextCodec::Load(model);
+  ASSERT_TRUE(from_gguf.ok()) << from_gguf.status().message();
+  ASSERT_TRUE(from_checkpoint.ok()) << from_checkpoint.status().message();
+  EXPECT_EQ(from_gguf->config.chat_template, from_checkpoint->config.chat_template);
+  EXPECT_EQ(from_gguf->config.chat_template,
+            "{% for m in messages %}[{{ m.content }}]{% endfor %}");
+  EXPECT_EQ(from_gguf->config.tool_use_chat_template,
+            from_checkpoint->config.tool_use_chat_template);
+  EXPECT_TRUE(from_gguf->tool_use_chat.has_value());
+  // The int4 export copies them, the named ones' folder too.
+  ASSERT_EQ(
+      RunCommand(Binary() + " quantize --model " + model + " --to awq-int4 --out " + dir + "/awq",
+                 &output),
+      0)
+      << output;
+  auto from_awq = TextCodec::Load(dir + "/awq");
+  ASSERT_TRUE(from_awq.ok()) << from_awq.status().message();
+  EXPECT_EQ(from_awq->config.chat_template, from_checkpoint->config.chat_template);
+  EXPECT_EQ(from_awq->config.tool_use_chat_template,
+            from_checkpoint->config.tool_use_chat_template);
 }
 
 // DeepSeek-V3.2 has no GGUF form (llama.cpp's deepseek2 has no place for the indexer): a named

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "model/gguf.h"
 #include "model/gguf_export.h"
 #include "tensor/dtype.h"
 #include "tensor/ggml_quants.h"
@@ -77,6 +78,39 @@ TEST(GgufExportTest, EveryTypeIsTheConvertersFileByteForByte) {
     EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
     std::filesystem::remove(out);
   }
+}
+
+// Chat templates given by the caller (all the forms a checkpoint keeps them in) are written as
+// gguf-py writes them: the default one, and a named tool_use one with the list of names.
+TEST(GgufExportTest, ChatTemplatesAreWrittenAsGgufPyWritesThem) {
+  const std::string out = ::testing::TempDir() + "/export-templates.gguf";
+  GgufExportOptions options;
+  options.type = "f32";
+  options.chat_template = "{{ messages[0].content }}";
+  options.tool_use_chat_template = "TOOLS {{ tools | length }}";
+  ASSERT_TRUE(ExportGguf(kDefaultModel, out, options).ok());
+  auto file = GgufFile::Open(out);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  auto text = [&](const char* key) -> std::string {
+    const GgufValue* v = file->Find(key);
+    return v ? std::string(v->string_value) : "<absent>";
+  };
+  EXPECT_EQ(text("tokenizer.chat_template"), *options.chat_template);
+  EXPECT_EQ(text("tokenizer.chat_template.tool_use"), options.tool_use_chat_template);
+  const GgufValue* names = file->Find("tokenizer.chat_templates");
+  ASSERT_NE(names, nullptr);
+  ASSERT_EQ(names->elements.size(), 1u);
+  EXPECT_EQ(names->elements[0].string_value, "tool_use");
+  // Without a tool_use template neither of its keys is written; an empty template, no key.
+  options.tool_use_chat_template.clear();
+  options.chat_template = "";
+  ASSERT_TRUE(ExportGguf(kDefaultModel, out, options).ok());
+  auto plain = GgufFile::Open(out);
+  ASSERT_TRUE(plain.ok());
+  for (const char* key :
+       {"tokenizer.chat_template", "tokenizer.chat_template.tool_use", "tokenizer.chat_templates"})
+    EXPECT_EQ(plain->Find(key), nullptr) << key;
+  std::filesystem::remove(out);
 }
 
 // Decoding what was encoded lands within the encoder's own error of each value (below, per type,

@@ -17,6 +17,7 @@
 #include "model/gguf_export.h"
 #include "model/int4_export.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace sy {
 namespace {
@@ -125,6 +126,12 @@ void RunQuantize(const QuantizeArgs& args) {
     options.type = args.to;
     options.kv_b = args.kv_b;
     options.progress = progress;
+    // Every form transformers keeps chat templates in (chat_template.jinja, named ones), not
+    // only tokenizer_config.json's string: the GGUF is served with them.
+    auto templates = LoadTokenizerConfig(args.model);
+    if (!templates.ok()) FailVerb(templates.status().message());
+    options.chat_template = templates->chat_template;
+    options.tool_use_chat_template = templates->tool_use_chat_template;
     s = ExportGguf(args.model, args.out, options);
   }
   if (!s.ok()) FailVerb(s.message());

@@ -33,7 +33,8 @@ enum TokenType : int32_t { kNormal = 1, kControl = 3, kUserDefined = 4, kUnused 
 // gguf-py's SpecialVocab): every id's spelling (added tokens by content; ids nothing names as
 // [PADn], unused), token types, merges as "a b", the special ids tokenizer_config.json names (by
 // their added token's content) or config.json gives, the add_*_token flags and the chat template.
-Status AddTokenizer(const std::string& dir, const json& config, int64_t vocab_size, GgufWriter& w) {
+Status AddTokenizer(const std::string& dir, const json& config, int64_t vocab_size,
+                    const GgufExportOptions& options, GgufWriter& w) {
   SY_ASSIGN_OR_RETURN(json tok, ReadJsonObject(dir + "/tokenizer.json", true));
   SY_ASSIGN_OR_RETURN(json tc, ReadJsonObject(dir + "/tokenizer_config.json", false));
   const json* vocab = tok.contains("model") ? &tok["model"] : nullptr;
@@ -129,8 +130,14 @@ Status AddTokenizer(const std::string& dir, const json& config, int64_t vocab_si
       if (tc.contains(k) && tc[k].is_boolean())
         w.AddBool(fmt::format("tokenizer.ggml.add_{}_token", typ), tc[k].get<bool>());
     }
-    if (tc.contains("chat_template") && tc["chat_template"].is_string())
+    if (!options.chat_template && tc.contains("chat_template") && tc["chat_template"].is_string())
       w.AddString("tokenizer.chat_template", tc["chat_template"].get<std::string>());
+  }
+  if (options.chat_template && !options.chat_template->empty())
+    w.AddString("tokenizer.chat_template", *options.chat_template);
+  if (options.chat_template && !options.tool_use_chat_template.empty()) {
+    w.AddString("tokenizer.chat_template.tool_use", options.tool_use_chat_template);
+    w.AddStrings("tokenizer.chat_templates", {"tool_use"});
   }
   return Status::Ok();
 }
@@ -289,7 +296,7 @@ Status ExportGguf(const std::string& model_dir, const std::string& out,
   w.AddString("general.name", name.substr(name.find_last_of('/') + 1));
   // The JSON files are read as they come: a value of an unexpected type is an error naming them.
   try {
-    SY_RETURN_IF_ERROR(AddTokenizer(model_dir, raw, config.vocab_size, w));
+    SY_RETURN_IF_ERROR(AddTokenizer(model_dir, raw, config.vocab_size, options, w));
   } catch (const json::exception& e) {
     return Status::Errorf("{}/tokenizer.json or tokenizer_config.json: {}", model_dir, e.what());
   }

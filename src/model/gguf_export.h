@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "base/status.h"
@@ -27,6 +28,14 @@ struct GgufExportOptions {
   std::string kv_b = "split";   // split (attn_k_b, attn_v_b), fused (attn_kv_b) or both
   // After each tensor: (tensors done, of all, bytes written).
   std::function<void(size_t, size_t, uint64_t)> progress;
+  // The checkpoint's chat templates as its tokenizer configuration gives them (the tokenizer
+  // library's LoadTokenizerConfig: chat_template.jinja and additional_chat_templates/, which
+  // replace tokenizer_config.json's string or list of named templates), written as
+  // tokenizer.chat_template and a named tool_use one as gguf-py writes named templates
+  // (tokenizer.chat_template.tool_use, listed in tokenizer.chat_templates). Unset: only
+  // tokenizer_config.json's chat_template string, as this library reads no more of it.
+  std::optional<std::string> chat_template;
+  std::string tool_use_chat_template;
 };
 
 // Writes `out` from the checkpoint in `model_dir` (config.json, safetensors, tokenizer.json,

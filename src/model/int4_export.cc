@@ -661,6 +661,16 @@ Status ExportInt4Checkpoint(const std::string& model_dir, const std::string& out
                               error.message());
     }
     if (error) return Status::Errorf("{}: cannot list: {}", model_dir, error.message());
+    // transformers' named chat templates live in a folder of their own (tool_use.jinja, ...).
+    const fs::path named = fs::path(model_dir) / "additional_chat_templates";
+    std::error_code absent;
+    if (fs::is_directory(named, absent)) {
+      fs::copy(named, fs::path(temporary) / "additional_chat_templates",
+               fs::copy_options::recursive, error);
+      if (error)
+        return Status::Errorf("{}: cannot copy to {}: {}", named.string(), temporary,
+                              error.message());
+    }
     fs::remove(out_dir, error);  // empty, if there
     fs::rename(temporary, out_dir, error);
     if (error)
