@@ -135,9 +135,7 @@ BatchGauges BatchRunner::Gauges() {
   std::lock_guard lock(mutex_);
   BatchGauges gauges;
   for (const auto& batch : batches_) {
-    const bool ended = batch->status == "completed" || batch->status == "failed" ||
-                       batch->status == "cancelled" || batch->status == "expired";
-    if (ended) continue;
+    if (Ended(*batch)) continue;
     ++gauges.batches_running;
     if (batch->status == "in_progress")
       gauges.requests_waiting += static_cast<int64_t>(batch->lines.size() - batch->next);
@@ -147,6 +145,18 @@ BatchGauges BatchRunner::Gauges() {
   gauges.errored_total = errored_total_;
   gauges.canceled_total = canceled_total_;
   return gauges;
+}
+
+bool BatchRunner::Ended(const Batch& batch) {
+  return batch.status == "completed" || batch.status == "failed" || batch.status == "cancelled" ||
+         batch.status == "expired";
+}
+
+const char* BatchRunner::EndedAtKey(const Batch& batch) {
+  return batch.status == "failed"      ? "failed_at"
+         : batch.status == "cancelled" ? "cancelled_at"
+         : batch.status == "expired"   ? "expired_at"
+                                       : "completed_at";
 }
 
 json BatchRunner::BatchObject(const Batch& batch) const {
@@ -229,16 +239,12 @@ json BatchRunner::MessageBatchObject(const Batch& batch, const std::string& orig
     auto it = batch.times.find(key);
     return it == batch.times.end() ? json(nullptr) : Rfc3339(it->second);
   };
-  const bool ended =
-      batch.status == "completed" || batch.status == "cancelled" || batch.status == "failed";
+  const bool ended = Ended(batch);
   // Progress is shown as it comes (Anthropic's own counts move only at the end); the counts sum
   // to the batch's requests either way.
   const int64_t processing =
       ended ? 0
             : std::max<int64_t>(0, batch.total - batch.completed - batch.failed - batch.canceled);
-  const char* ended_key = batch.status == "completed"   ? "completed_at"
-                          : batch.status == "cancelled" ? "cancelled_at"
-                                                        : "failed_at";
   json object = {{"id", batch.id},
                  {"type", "message_batch"},
                  {"processing_status", ended                          ? "ended"
@@ -250,7 +256,7 @@ json BatchRunner::MessageBatchObject(const Batch& batch, const std::string& orig
                    {"errored", batch.failed},
                    {"canceled", batch.canceled},
                    {"expired", 0}}},
-                 {"ended_at", ended ? time(ended_key) : json(nullptr)},
+                 {"ended_at", ended ? time(EndedAtKey(batch)) : json(nullptr)},
                  {"created_at", time("created_at")},
                  {"expires_at", time("expires_at")},
                  {"archived_at", nullptr},
@@ -283,8 +289,7 @@ ApiReply BatchRunner::MessageBatchesRequest(const std::string& method, const std
   auto found = Find(Api::kAnthropic, id);
   if (!found) return ErrorReply(404, fmt::format("no message batch '{}'", id), "", "not_found");
   Batch& batch = *found;
-  const bool ended =
-      batch.status == "completed" || batch.status == "cancelled" || batch.status == "failed";
+  const bool ended = Ended(batch);
   if (action.empty()) {
     if (method == "GET") return JsonReply(MessageBatchObject(batch, origin));
     if (method != "DELETE")
@@ -742,9 +747,7 @@ void BatchRunner::Close(Batch& batch) {
   }
   batch.output.clear();
   batch.error_output.clear();
-  batch.times[batch.status == "failed"      ? "failed_at"
-              : batch.status == "cancelled" ? "cancelled_at"
-                                            : "completed_at"] = now;
+  batch.times[EndedAtKey(batch)] = now;
   Save(batch);
   // An Anthropic batch's requests go once its end is saved: nothing reads them after.
   if (anthropic) files_.Remove(batch.input_file_id);
@@ -781,9 +784,7 @@ void BatchRunner::Save(const Batch& batch) {
   Status status = out.ok() ? out.value().Put(text.data(), text.size()) : out.status();
   if (status.ok()) status = out.value().Commit(/*durable=*/true);
   if (!status.ok()) return DiskFailed(status.message());
-  const bool ended = batch.status == "completed" || batch.status == "failed" ||
-                     batch.status == "cancelled" || batch.status == "expired";
-  if (ended) std::remove((directory_ + "/" + batch.id + ".lines.jsonl").c_str());
+  if (Ended(batch)) std::remove((directory_ + "/" + batch.id + ".lines.jsonl").c_str());
 }
 
 void BatchRunner::Journal(Batch& batch, int64_t line, int status, const json& record) {
@@ -799,9 +800,7 @@ void BatchRunner::FlushJournals() {
     if (batch.journal_pending.empty()) continue;
     const std::string text = std::move(batch.journal_pending);
     batch.journal_pending.clear();
-    const bool ended = batch.status == "completed" || batch.status == "failed" ||
-                       batch.status == "cancelled" || batch.status == "expired";
-    if (ended) continue;  // its results are in its files, its journal gone
+    if (Ended(batch)) continue;  // its results are in its files, its journal gone
     // On the disk before the loop waits: a power cut loses at most the pass in progress, whose
     // lines run again (a line cut mid-write is dropped at the restart). The batch thread waits
     // for the disk, not the engine.

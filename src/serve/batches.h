@@ -99,6 +99,10 @@ class BatchRunner {
     std::optional<std::string> output_file_id, error_file_id;
     int64_t in_flight = 0;
   };
+  // Whether a batch has ended (completed, failed, cancelled, expired), and the key of `times`
+  // its end is kept under.
+  static bool Ended(const Batch& batch);
+  static const char* EndedAtKey(const Batch& batch);
   nlohmann::ordered_json BatchObject(const Batch& batch) const;
   // Anthropic's MessageBatch object; `origin` as MessageBatchesRequest's.
   nlohmann::ordered_json MessageBatchObject(const Batch& batch, const std::string& origin) const;
