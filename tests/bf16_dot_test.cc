@@ -241,7 +241,7 @@ TEST_F(Bf16DotTest, MlaDecodeMatchesTheSoftmaxAndDoesNotDependOnItsNeighbours) {
       const testing::TestLatentCache cache = testing::MakeTestLatentCache(keys, width, page, 11);
       const kernels::LatentPages& view = cache.view;
       const std::vector<float>& rows = cache.rows;
-      ASSERT_TRUE(kernels::MlaDecodeBf16Applies(view.dtype, latent, rope));
+      ASSERT_TRUE(kernels::MlaDecodeBf16Applies(view.layout.dtype, latent, rope));
       auto q_latent = RandomRows(tokens * heads, latent, 12);
       auto q_pe = RandomRows(tokens * heads, rope, 13);
       std::vector<int64_t> positions;
@@ -271,6 +271,37 @@ TEST_F(Bf16DotTest, MlaDecodeMatchesTheSoftmaxAndDoesNotDependOnItsNeighbours) {
         EXPECT_NEAR(whole[i], want[i], 2e-2)
             << "keys " << keys << " tokens " << tokens << " at " << i;
     }
+  }
+}
+
+// An fp8 cache's rows are widened to bf16 exactly (kernels/cpu/latent_row.h), so the kernel gives
+// the bits it gives on a bf16 cache holding the same values: two scale blocks, the second
+// partial (latent 160), keys over one, two and three key steps.
+TEST_F(Bf16DotTest, MlaDecodeOnAnFp8CacheIsTheBf16CacheOfItsValues) {
+  const int64_t heads = 21, latent = 160, rope = 8, page = 7, width = latent + rope;
+  for (int64_t keys : {int64_t{1}, int64_t{70}, int64_t{600}}) {
+    const int64_t tokens = std::min<int64_t>(keys, 2);
+    const testing::TestLatentCache fp8 =
+        testing::MakeTestLatentCache(keys, width, page, 17, DType::kF8E4M3, latent);
+    const testing::TestLatentCache bf16 =
+        testing::MakeTestLatentCacheOf(fp8.rows, width, page, DType::kBF16, latent);
+    ASSERT_EQ(0, std::memcmp(fp8.rows.data(), bf16.rows.data(), fp8.rows.size() * sizeof(float)))
+        << "an fp8 cache's values are bf16 values";
+    ASSERT_TRUE(kernels::MlaDecodeBf16Applies(DType::kF8E4M3, latent, rope));
+    auto q_latent = RandomRows(tokens * heads, latent, 12);
+    auto q_pe = RandomRows(tokens * heads, rope, 13);
+    std::vector<int64_t> positions;
+    for (int64_t t = 0; t < tokens; ++t)
+      positions.push_back(keys - tokens + t);
+    std::vector<float> got(static_cast<size_t>(tokens * heads * latent)), want(got.size());
+    kernels::MlaDecodeAttentionBf16(q_latent.data(), q_pe.data(), tokens, positions.data(),
+                                    fp8.view, keys, heads, 0, heads, latent, rope, 0.3f,
+                                    got.data());
+    kernels::MlaDecodeAttentionBf16(q_latent.data(), q_pe.data(), tokens, positions.data(),
+                                    bf16.view, keys, heads, 0, heads, latent, rope, 0.3f,
+                                    want.data());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+        << keys << " keys";
   }
 }
 

@@ -542,31 +542,16 @@ namespace {
 void CheckMlaDecodeAgainstDirectSums() {
   const int64_t heads = 5, rope = 6, page = 7;
   for (int64_t latent : {int64_t{24}, int64_t{40}})
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
       for (int64_t keys : {int64_t{1}, int64_t{33}, int64_t{70}}) {
         for (int64_t tokens : {int64_t{1}, int64_t{2}}) {
           if (tokens > keys) continue;
-          const int64_t width = latent + rope, pages = (keys + page - 1) / page;
-          // Pages deliberately out of order in the pool.
-          std::vector<int32_t> table(static_cast<size_t>(pages));
-          for (int64_t p = 0; p < pages; ++p)
-            table[p] = static_cast<int32_t>(pages - 1 - p);
-          auto rows = RandomVector(static_cast<size_t>(keys * width), 11);
-          std::vector<uint8_t> pool(static_cast<size_t>(pages * page * width) * DTypeSize(dtype));
-          for (int64_t j = 0; j < keys; ++j) {
-            const int64_t slot = table[j / page] * page + j % page;
-            for (int64_t d = 0; d < width; ++d) {
-              float& v = rows[j * width + d];
-              if (dtype == DType::kBF16) {
-                uint16_t b = F32ToBF16(v);
-                v = BF16ToF32(b);
-                std::memcpy(&pool[(slot * width + d) * 2], &b, 2);
-              } else {
-                std::memcpy(&pool[(slot * width + d) * 4], &v, 4);
-              }
-            }
-          }
-          kernels::LatentPages view{pool.data(), dtype, page, width, table.data()};
+          const int64_t width = latent + rope;
+          // Pages deliberately out of order in the pool; `rows` the values the cache holds.
+          const testing::TestLatentCache cache = testing::MakeTestLatentCacheOf(
+              RandomVector(static_cast<size_t>(keys * width), 11), width, page, dtype, latent);
+          const std::vector<float>& rows = cache.rows;
+          const kernels::LatentPages& view = cache.view;
           auto q_latent = RandomVector(static_cast<size_t>(tokens * heads * latent), 12);
           auto q_pe = RandomVector(static_cast<size_t>(tokens * heads * rope), 13);
           std::vector<int64_t> positions;
@@ -645,21 +630,10 @@ TEST_P(PerTargetMla, ExpandedAttentionRowsAreTheSameBitsHoweverTheSliceIsCut) {
 TEST_P(PerTargetMla, AbsorbedRowsAreTheSameBitsHoweverTheItemIsCut) {
   const int64_t heads = 11, latent = 43, rope = 6, page = 16, keys = 300, tokens = 37;
   const int64_t width = latent + rope, pages = (keys + page - 1) / page;
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    std::vector<int32_t> table(static_cast<size_t>(pages));
-    for (int64_t p = 0; p < pages; ++p)
-      table[p] = static_cast<int32_t>(p);
-    auto rows = RandomVector(static_cast<size_t>(pages * page * width), 41);
-    std::vector<uint8_t> pool(rows.size() * DTypeSize(dtype));
-    for (size_t i = 0; i < rows.size(); ++i) {
-      if (dtype == DType::kBF16) {
-        const uint16_t b = F32ToBF16(rows[i]);
-        std::memcpy(&pool[i * 2], &b, 2);
-      } else {
-        std::memcpy(&pool[i * 4], &rows[i], 4);
-      }
-    }
-    const kernels::LatentPages view{pool.data(), dtype, page, width, table.data()};
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
+    const testing::TestLatentCache cache = testing::MakeTestLatentCacheOf(
+        RandomVector(static_cast<size_t>(pages * page * width), 41), width, page, dtype, latent);
+    const kernels::LatentPages& view = cache.view;
     auto q_latent = RandomVector(static_cast<size_t>(tokens * heads * latent), 42);
     auto q_pe = RandomVector(static_cast<size_t>(tokens * heads * rope), 43);
     std::vector<int64_t> positions;
@@ -677,6 +651,26 @@ TEST_P(PerTargetMla, AbsorbedRowsAreTheSameBitsHoweverTheItemIsCut) {
     EXPECT_EQ(std::memcmp(whole.data(), cut.data(), whole.size() * sizeof(float)), 0)
         << DTypeName(dtype);
   }
+}
+
+// An fp8 cache gives the bits an f32 cache holding the same values gives: its rows are decoded
+// exactly (kernels/cpu/latent_row.h). Two scale blocks, the second partial, over pages of 5.
+TEST_P(PerTargetMla, AnFp8CacheGivesTheAnswersOfAnF32CacheHoldingItsValues) {
+  const int64_t heads = 7, latent = 160, rope = 8, page = 5, keys = 300, tokens = 3;
+  const int64_t width = latent + rope;
+  const testing::TestLatentCache fp8 =
+      testing::MakeTestLatentCache(keys, width, page, 21, DType::kF8E4M3, latent);
+  const testing::TestLatentCache f32 =
+      testing::MakeTestLatentCacheOf(fp8.rows, width, page, DType::kF32, latent);
+  auto q_latent = RandomVector(static_cast<size_t>(tokens * heads * latent), 22);
+  auto q_pe = RandomVector(static_cast<size_t>(tokens * heads * rope), 23);
+  const std::vector<int64_t> positions = {keys - 3, keys - 2, keys - 1};
+  std::vector<float> got(static_cast<size_t>(tokens * heads * latent)), want(got.size());
+  kernels::MlaDecodeAttention(q_latent.data(), q_pe.data(), tokens, positions.data(), fp8.view,
+                              keys, heads, 0, heads, latent, rope, 0.3f, got.data());
+  kernels::MlaDecodeAttention(q_latent.data(), q_pe.data(), tokens, positions.data(), f32.view,
+                              keys, heads, 0, heads, latent, rope, 0.3f, want.data());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, PerTargetMla, ::testing::ValuesIn(kernels::PanelGemmTargets()),

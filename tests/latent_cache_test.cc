@@ -1,8 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
+#include <vector>
 
+#include "kernels/cpu/latent_row.h"
 #include "model/batch.h"
 #include "model/config.h"
 #include "model/latent_cache.h"
@@ -107,6 +112,139 @@ TEST(LatentCacheTest, APromptsRowsAreWrittenWhereTheirSequencesPutThem) {
 TEST(LatentCacheTest, BytesPerTokenOfDeepSeekV3InBf16) {
   LatentCache cache(61, 512 + 64, 16, 1, DType::kBF16);
   EXPECT_EQ(cache.BytesPerToken(), 70272);
+}
+
+// 512 e4m3 codes, 4 exponents and 64 bf16 values: 644 bytes a row.
+TEST(LatentCacheTest, BytesPerTokenOfDeepSeekV3InFp8) {
+  LatentCache cache(61, 512 + 64, 16, 1, DType::kF8E4M3, 512);
+  EXPECT_EQ(cache.BytesPerToken(), 61 * 644);
+  // A DSA row's index keys (128 more values) are bf16 after the rope part.
+  EXPECT_EQ(kernels::LatentRowLayout::Of(DType::kF8E4M3, 512 + 64 + 128, 512).row_bytes, 900);
+  // An odd count of codes and exponents is padded to an even byte before the bf16 values.
+  const auto odd = kernels::LatentRowLayout::Of(DType::kF8E4M3, 40 + 6, 40);
+  EXPECT_EQ(odd.tail, 42);
+  EXPECT_EQ(odd.row_bytes, 54);
+}
+
+// Rows of 300 latent values (scale blocks of 128, 128 and 44) and 20 more, at magnitudes from
+// 1e-38 to 1e30: each block's exponent is the smallest e with max|x| ≤ 448 · 2^e (inside
+// ±100), each latent value reads back as the e4m3 value times 2^e nearest to it (ties to the
+// even code), found here by trying every code, and the other columns as bf16 rounds them.
+std::vector<float> Fp8TestRows(int64_t rows, int64_t width, int64_t latent) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  const float magnitudes[] = {1.0f, 1e-3f, 3e4f, 0.0f, 1e-38f, 1e30f, 448.0f, 7.0f};
+  std::vector<float> values(static_cast<size_t>(rows * width));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < width; ++d) {
+      const float magnitude = magnitudes[(r + d / 128) % 8];
+      values[r * width + d] = d < latent ? normal(rng) * magnitude : normal(rng);
+    }
+  // Exact powers of two times 448 (a block's largest on the boundary) and a tie between codes.
+  values[0] = 448.0f * 4.0f;
+  values[1] = 1.0625f * 4.0f;  // halfway between codes 1.0 and 1.125 of scale 4
+  return values;
+}
+
+TEST(LatentCacheTest, Fp8RowsHoldTheNearestScaledCodes) {
+  const int64_t latent = 300, width = latent + 20, rows = 16;
+  const auto layout = kernels::LatentRowLayout::Of(DType::kF8E4M3, width, latent);
+  ASSERT_EQ(layout.scale_blocks(), 3);
+  const std::vector<float> values = Fp8TestRows(rows, width, latent);
+  std::vector<uint8_t> row(static_cast<size_t>(layout.row_bytes));
+  std::vector<float> got(static_cast<size_t>(width));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = values.data() + r * width;
+    kernels::EncodeLatentRow(layout, x, row.data());
+    kernels::DecodeLatentRow(layout, row.data(), 0, width, got.data());
+    for (int64_t b = 0; b < 3; ++b) {
+      const int64_t begin = b * 128, end = std::min<int64_t>(latent, begin + 128);
+      double max_abs = 0;
+      for (int64_t d = begin; d < end; ++d)
+        max_abs = std::max(max_abs, std::fabs(static_cast<double>(x[d])));
+      const int e = static_cast<int8_t>(row[latent + b]);
+      if (max_abs > 0) {
+        EXPECT_TRUE(max_abs <= std::ldexp(448.0, e) || e == 100) << "row " << r << " block " << b;
+        EXPECT_TRUE(max_abs > std::ldexp(448.0, e - 1) || e == -100)
+            << "row " << r << " block " << b << ": " << max_abs << " at exponent " << e;
+      }
+      for (int64_t d = begin; d < end; ++d) {
+        double best = 0;
+        int best_code = 0;
+        double best_distance = INFINITY;
+        for (int code = 0; code < 256; ++code) {
+          if ((code & 0x7f) == 0x7f) continue;  // NaN
+          const double v = std::ldexp(static_cast<double>(F8E4M3ToF32(static_cast<uint8_t>(code))), e);
+          const double distance = std::fabs(v - static_cast<double>(x[d]));
+          if (distance < best_distance ||
+              (distance == best_distance && (code & 1) == 0 && (best_code & 1) == 1)) {
+            best_distance = distance;
+            best = v;
+            best_code = code;
+          }
+        }
+        ASSERT_EQ(static_cast<double>(got[d]), best)
+            << "row " << r << " column " << d << ": " << x[d] << " at exponent " << e;
+      }
+    }
+    for (int64_t d = latent; d < width; ++d)
+      ASSERT_EQ(got[d], BF16ToF32(F32ToBF16(x[d]))) << "row " << r << " column " << d;
+    // Any run of columns reads back as the same values (blocks entered and left midway).
+    for (auto [column, count] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 1}, {5, 200}, {127, 2}, {130, 190}, {299, 3}, {310, 10}}) {
+      std::vector<float> part(static_cast<size_t>(count));
+      kernels::DecodeLatentRow(layout, row.data(), column, count, part.data());
+      ASSERT_EQ(0, std::memcmp(part.data(), got.data() + column, part.size() * sizeof(float)))
+          << column << "+" << count;
+    }
+  }
+  // NaN stays NaN; the rest of its block is unaffected.
+  std::vector<float> x(values.begin(), values.begin() + width);
+  x[3] = NAN;
+  kernels::EncodeLatentRow(layout, x.data(), row.data());
+  kernels::DecodeLatentRow(layout, row.data(), 0, width, got.data());
+  EXPECT_TRUE(std::isnan(got[3]));
+  EXPECT_EQ(got[0], 448.0f * 4.0f);
+}
+
+// The cache's own paths over fp8 rows: written, gathered, copied out and in (disaggregation),
+// and a kept page's rows copied (the prefix cache) — all the same values; and an f32 cache told
+// to round as fp8 holds those values exactly.
+TEST(LatentCacheTest, Fp8RowsSurviveEveryCopyAndMatchAnF32CacheRoundingAsFp8) {
+  const int64_t latent = 300, width = latent + 20, rows = 16, page = 4;
+  const std::vector<float> values = Fp8TestRows(rows, width, latent);
+  LatentCache fp8(2, width, page, 12, DType::kF8E4M3, latent);
+  LatentCache f32(2, width, page, 12, DType::kF32, latent);
+  f32.RoundRowsAs(DType::kF8E4M3);
+  SequenceCache a, b, c, d;
+  ASSERT_TRUE(fp8.Reserve(a, rows).ok());
+  ASSERT_TRUE(f32.Reserve(d, rows).ok());
+  for (int64_t p = 0; p < rows; ++p) {
+    fp8.Write(1, a, p, values.data() + p * width);
+    f32.Write(1, d, p, values.data() + p * width);
+  }
+  std::vector<float> want(values.size()), got(values.size());
+  fp8.Gather(1, a, rows, want.data());
+  f32.Gather(1, d, rows, got.data());
+  EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+  // Rows out and into another sequence, as a decode instance receives them.
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * fp8.row_bytes()));
+  fp8.CopyRows(1, a, 0, rows, bytes.data());
+  ASSERT_TRUE(fp8.Reserve(b, rows).ok());
+  fp8.WriteRows(1, b, 0, rows, bytes.data());
+  fp8.Gather(1, b, rows, got.data());
+  EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+  // Page 2 of a (rows 8..11) copied, three rows of it, into c's first page.
+  ASSERT_TRUE(fp8.Reserve(c, 3).ok());
+  fp8.CopyPageRows(a.pages[2], c.pages[0], 3);
+  fp8.Gather(1, c, 3, got.data());
+  EXPECT_EQ(0, std::memcmp(want.data() + 8 * width, got.data(), 3 * width * sizeof(float)));
+  // Columns from the middle (a DSA model's index keys are gathered so).
+  std::vector<float> columns(static_cast<size_t>(rows * 30));
+  fp8.GatherColumns(1, a, rows, 290, 30, columns.data());
+  for (int64_t p = 0; p < rows; ++p)
+    ASSERT_EQ(0, std::memcmp(columns.data() + p * 30, want.data() + p * width + 290,
+                             30 * sizeof(float)));
 }
 
 }  // namespace

@@ -51,7 +51,9 @@ TEST(SparseAttentionTest, IndexScoresAreTheScalarSumsBitForBit) {
             table[p] = static_cast<int32_t>(pages - 1 - p);
           std::vector<uint8_t> storage(static_cast<size_t>(pages * page * row_width) *
                                        DTypeSize(dtype));
-          kernels::LatentPages rows{storage.data(), dtype, page, row_width, table.data()};
+          kernels::LatentPages rows{storage.data(),
+                                    kernels::LatentRowLayout::Of(dtype, row_width, 0), page,
+                                    table.data()};
           std::vector<float> q(heads * dim), weights(heads), keys((count + 2) * dim), got(count);
           for (float& v : q)
             v = normal(rng);

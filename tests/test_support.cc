@@ -344,22 +344,28 @@ TestMatrix MakeTestMatrix(DType dtype, int64_t rows, int64_t cols, int64_t block
   return m;
 }
 
-TestLatentCache MakeTestLatentCache(int64_t keys, int64_t width, int64_t page, uint32_t seed) {
+TestLatentCache MakeTestLatentCache(int64_t keys, int64_t width, int64_t page, uint32_t seed,
+                                    DType dtype, int64_t latent) {
+  return MakeTestLatentCacheOf(RandomRows(keys, width, seed), width, page, dtype, latent);
+}
+
+TestLatentCache MakeTestLatentCacheOf(std::vector<float> rows, int64_t width, int64_t page,
+                                      DType dtype, int64_t latent) {
   TestLatentCache c;
+  const int64_t keys = static_cast<int64_t>(rows.size()) / width;
   const int64_t pages = (keys + page - 1) / page;
+  const kernels::LatentRowLayout layout = kernels::LatentRowLayout::Of(dtype, width, latent);
   c.table.resize(static_cast<size_t>(pages));
   for (int64_t p = 0; p < pages; ++p)
     c.table[p] = static_cast<int32_t>(pages - 1 - p);  // out of order in the pool
-  c.rows = RandomRows(keys, width, seed);
-  c.pool.resize(static_cast<size_t>(pages * page * width));
-  for (int64_t j = 0; j < keys; ++j)
-    for (int64_t d = 0; d < width; ++d) {
-      const uint16_t bits = F32ToBF16(c.rows[j * width + d]);
-      c.rows[j * width + d] = BF16ToF32(bits);
-      c.pool[(c.table[j / page] * page + j % page) * width + d] = bits;
-    }
-  c.view = {reinterpret_cast<const uint8_t*>(c.pool.data()), DType::kBF16, page, width,
-            c.table.data()};
+  c.rows = std::move(rows);
+  c.pool.resize(static_cast<size_t>(pages * page * layout.row_bytes));
+  c.view = {c.pool.data(), layout, page, c.table.data()};
+  for (int64_t j = 0; j < keys; ++j) {
+    uint8_t* row = const_cast<uint8_t*>(c.view.Row(j));
+    kernels::EncodeLatentRow(layout, c.rows.data() + j * width, row);
+    kernels::DecodeLatentRow(layout, row, 0, width, c.rows.data() + j * width);
+  }
   return c;
 }
 

@@ -101,15 +101,20 @@ std::vector<double> AbsorbedAttentionReference(const std::vector<float>& q_laten
                                                const std::vector<int64_t>& positions, int64_t heads,
                                                int64_t latent, int64_t rope, double scale);
 
-// A paged bf16 latent cache of `keys` random rows of `width` (pages of `page` rows, laid out in
-// the pool in reverse order), and the rows as f32 (their bf16 values).
+// A paged latent cache of `keys` random rows of `width` (pages of `page` rows, laid out in the
+// pool in reverse order), and the rows as f32 (the values the cache holds). An fp8 cache
+// quantizes the first `latent` columns (kernels/cpu/latent_row.h).
 struct TestLatentCache {
   std::vector<float> rows;
-  std::vector<uint16_t> pool;
+  std::vector<uint8_t> pool;
   std::vector<int32_t> table;
   kernels::LatentPages view;
 };
-TestLatentCache MakeTestLatentCache(int64_t keys, int64_t width, int64_t page, uint32_t seed);
+TestLatentCache MakeTestLatentCache(int64_t keys, int64_t width, int64_t page, uint32_t seed,
+                                    DType dtype = DType::kBF16, int64_t latent = 0);
+// The same from given rows (`rows` is replaced by the values the cache holds).
+TestLatentCache MakeTestLatentCacheOf(std::vector<float> rows, int64_t width, int64_t page,
+                                      DType dtype, int64_t latent);
 
 // Weights for the bf16 product kernels (bf16 dot, AMX): an fp8 matrix (scale blocks of
 // block × block, scales 0.002 · (1 + i mod 7)) or a bf16 one, owning its bytes.

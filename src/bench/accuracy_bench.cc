@@ -15,7 +15,8 @@ namespace {
 
 // Every passage's logits, [tokens][vocab] each, under the current weight packing.
 Result<std::vector<std::vector<float>>> PassageLogits(
-    const std::string& directory, const std::vector<std::vector<int32_t>>& passages) {
+    const std::string& directory, const std::vector<std::vector<int32_t>>& passages,
+    DType cache_dtype = DType::kF32) {
   SY_ASSIGN_OR_RETURN(auto model, Model::Load(directory));
   std::vector<std::vector<float>> out;
   for (const auto& ids : passages) {
@@ -25,7 +26,7 @@ Result<std::vector<std::vector<float>>> PassageLogits(
     // --int8-products it multiplies by the per-head absorbed matrices in int8 too.
     options.attention = AttentionForm::kAbsorbed;
     std::vector<float> logits;
-    SY_RETURN_IF_ERROR(model->ForwardSequence(ids, options, &logits));
+    SY_RETURN_IF_ERROR(model->ForwardSequence(ids, options, &logits, cache_dtype));
     out.push_back(std::move(logits));
   }
   return out;
@@ -115,6 +116,24 @@ Result<AccuracyReport> BenchAccuracyAgainst(const std::string& model, const std:
   SY_ASSIGN_OR_RETURN(AccuracyReport report, Score(passages, exact.value(), candidate, prompts));
   report.exact_label = reference;
   report.int8_label = model;
+  return report;
+}
+
+Result<AccuracyReport> BenchCacheAccuracy(const std::string& model_directory,
+                                          const TextCodec& codec, const std::string& prompts,
+                                          DType cache_dtype) {
+  SY_ASSIGN_OR_RETURN(auto passages, LoadPrompts(prompts, codec));
+  const WeightPacking before = GlobalWeightPacking();
+  GlobalWeightPacking() = WeightPacking::kExact;
+  auto exact = PassageLogits(model_directory, passages);
+  auto rounded = exact.ok() ? PassageLogits(model_directory, passages, cache_dtype) : exact;
+  GlobalWeightPacking() = before;
+  if (!exact.ok()) return exact.status();
+  if (!rounded.ok()) return rounded.status();
+  SY_ASSIGN_OR_RETURN(AccuracyReport report,
+                      Score(passages, exact.value(), rounded.value(), prompts));
+  report.exact_label = "f32 cache";
+  report.int8_label = fmt::format("{} cache", cache_dtype == DType::kF8E4M3 ? "fp8" : "bf16");
   return report;
 }
 

@@ -1,12 +1,14 @@
-// `switchyard bench accuracy`: what `--int8-products` costs in quality, measured on held-out
-// text. The model is loaded twice, exactly and with int8 products; every held-out passage runs
-// through both, and the report gives each one's perplexity, the mean KL divergence of the int8
-// next-token distribution from the exact one, and how often their top-1 tokens agree.
+// `switchyard bench accuracy`: what `--int8-products` (or a rounded latent cache, or a quantized
+// checkpoint) costs in quality, measured on held-out text. The model is loaded twice, exactly and
+// with int8 products; every held-out passage runs through both, and the report gives each one's
+// perplexity, the mean KL divergence of the int8 next-token distribution from the exact one, and
+// how often their top-1 tokens agree.
 #pragma once
 
 #include <string>
 
 #include "base/status.h"
+#include "tensor/dtype.h"
 #include "tokenizer/text_codec.h"
 
 namespace sy::bench {
@@ -27,6 +29,11 @@ Result<AccuracyReport> BenchInt8Accuracy(const std::string& model_directory, con
 // against `reference` with exact products (the fp8 checkpoint it came from).
 Result<AccuracyReport> BenchAccuracyAgainst(const std::string& model, const std::string& reference,
                                             const TextCodec& codec, const std::string& prompts);
+// The same measures for a latent cache of `cache_dtype` (bf16, fp8) against an f32 one, the
+// products exact in both.
+Result<AccuracyReport> BenchCacheAccuracy(const std::string& model_directory,
+                                          const TextCodec& codec, const std::string& prompts,
+                                          DType cache_dtype);
 std::string AccuracyReportTable(const AccuracyReport& report);
 std::string AccuracyReportJson(const AccuracyReport& report);
 

@@ -169,13 +169,21 @@ void BenchGrouped(const MachinePeaks& peaks, const KernelBenchOptions& options, 
   }
 }
 
+// The flash-decode kernel over a bf16 or an fp8 cache (latent_row.h) of random rows.
 void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options, int64_t batch,
-                    int64_t kv_len, int64_t query_len, std::vector<KernelResult>& out) {
+                    int64_t kv_len, int64_t query_len, DType cache_dtype,
+                    std::vector<KernelResult>& out) {
   const int64_t width = kLatent + kRope, page = 64;
   const int64_t pages_per_request = (kv_len + page - 1) / page;
-  std::vector<uint16_t> pool(static_cast<size_t>(batch * pages_per_request * page * width));
-  for (size_t i = 0; i < pool.size(); ++i)
-    pool[i] = static_cast<uint16_t>(0x3c00 | (i * 2654435761u >> 24 & 0xff));
+  const kernels::LatentRowLayout layout = kernels::LatentRowLayout::Of(cache_dtype, width, kLatent);
+  const int64_t rows = batch * pages_per_request * page;
+  std::vector<uint8_t> pool(static_cast<size_t>(rows * layout.row_bytes));
+  {
+    const auto values = RandomActivations(static_cast<size_t>(page * width));
+    for (int64_t r = 0; r < rows; ++r)
+      kernels::EncodeLatentRow(layout, values.data() + (r % page) * width,
+                               pool.data() + r * layout.row_bytes);
+  }
   std::vector<int32_t> table(static_cast<size_t>(batch * pages_per_request));
   for (size_t i = 0; i < table.size(); ++i)
     table[i] = static_cast<int32_t>(i);
@@ -196,8 +204,7 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
         const int64_t b = static_cast<int64_t>(i) / ((kHeads + head_block - 1) / head_block);
         const int64_t h0 =
             (static_cast<int64_t>(i) % ((kHeads + head_block - 1) / head_block)) * head_block;
-        kernels::LatentPages view{reinterpret_cast<const uint8_t*>(pool.data()), DType::kBF16, page,
-                                  width, table.data() + b * pages_per_request};
+        kernels::LatentPages view{pool.data(), layout, page, table.data() + b * pages_per_request};
         const int64_t t0 = b * query_len;
         kernels::MlaDecodeAttention(
             q_latent.data() + t0 * kHeads * kLatent, q_pe.data() + t0 * kHeads * kRope, query_len,
@@ -208,17 +215,17 @@ void BenchMlaDecode(const MachinePeaks& peaks, const KernelBenchOptions& options
   });
   KernelResult r;
   r.kernel = "mla_decode";
-  r.weight_dtype = "bf16";
+  r.weight_dtype = cache_dtype == DType::kF8E4M3 ? "fp8" : "bf16";
   const bool bf16 = kernels::GlobalKernelOptions().bf16_dot &&
-                    kernels::MlaDecodeBf16Applies(DType::kBF16, kLatent, kRope);
+                    kernels::MlaDecodeBf16Applies(cache_dtype, kLatent, kRope);
   r.path = fmt::format("{}flash-decode q{} kv{}", bf16 ? "bf16-dot " : "", query_len, kv_len);
   r.m = tokens;
   r.n = kHeads;
   r.k = kv_len;
   r.groups = batch;
   r.seconds = seconds;
-  r.bytes =
-      static_cast<double>(batch) * kv_len * width * 2 + tokens * kHeads * (width + kLatent) * 4.0;
+  r.bytes = static_cast<double>(batch) * kv_len * layout.row_bytes +
+            tokens * kHeads * (width + kLatent) * 4.0;
   r.flops = 2.0 * tokens * kHeads * kv_len * (width + kLatent);
   Score(r, peaks, bf16 ? peaks.bf16_gflops : peaks.f32_gflops);
   out.push_back(r);
@@ -595,7 +602,8 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
 
   for (int64_t q : {1, 2}) {
     for (int64_t batch : options.quick ? std::vector<int64_t>{4} : std::vector<int64_t>{1, 4, 16}) {
-      BenchMlaDecode(peaks, options, batch, 5000, q, out);
+      for (DType cache_dtype : {DType::kBF16, DType::kF8E4M3})
+        BenchMlaDecode(peaks, options, batch, 5000, q, cache_dtype, out);
     }
   }
   // Prompt chunks: a fresh prompt, and a short suffix after a cached prefix (a chat's next turn).

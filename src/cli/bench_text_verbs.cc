@@ -189,7 +189,7 @@ void AddBenchMtpCommand(CLI::App& bench_app) {
   m->add_option("--repeats", args->options.repeats, "Timed runs of each case (median reported)")
       ->check(CLI::Range(1, 101));
   m->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")
-      ->check(CLI::IsMember({"bf16", "f32"}));
+      ->check(CLI::IsMember(kKvDTypeNames));
   m->add_flag("--json", args->json, "Print one JSON object");
   AddParallelOptions(m, args->parallel);
   m->callback([args] {
@@ -240,7 +240,7 @@ void AddBenchBeamSearchCommand(CLI::App& bench_app) {
   b->add_option("--repeats", args->options.repeats, "Timed runs of each case (median reported)")
       ->check(CLI::Range(1, 101));
   b->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")
-      ->check(CLI::IsMember({"bf16", "f32"}));
+      ->check(CLI::IsMember(kKvDTypeNames));
   b->add_flag("--no-partial-pages{false}", args->options.keep_partial_pages,
               "Recompute each step's partial last pages instead of copying the kept ones (as "
               "engines without them do)");
@@ -267,27 +267,38 @@ void AddBenchAccuracyCommand(CLI::App& bench_app) {
   struct Args {
     std::string model;
     std::string against;
+    std::string kv_dtype;
     std::string prompts = std::string(SY_SOURCE_DIR) + "/configs/bench/heldout-prompts.jsonl";
     bool json = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* a = bench_app.add_subcommand(
       "accuracy",
-      "What --int8-products costs: perplexity, KL from the exact products and top-1 agreement "
-      "on held-out text (the model loaded both ways)");
+      "What --int8-products (or --kv-dtype, or a quantized checkpoint) costs: perplexity, KL "
+      "from the exact run and top-1 agreement on held-out text");
   a->add_option("--model", args->model, "Checkpoint directory (default: the default model)");
   a->add_option("--prompts", args->prompts,
                 "JSON Lines of {\"text\": ...} (default: held-out Tempest and Sonnets passages)");
   a->add_option("--against", args->against,
                 "Compare the model as it loads (a GGUF with its native quantized products, say) "
                 "with this checkpoint's exact products, instead of exact against int8");
+  a->add_option("--kv-dtype", args->kv_dtype,
+                "Compare a latent cache of this dtype (bf16, fp8) with an f32 one, the products "
+                "exact in both, instead of exact against int8")
+      ->check(CLI::IsMember(kKvDTypeNames));
   a->add_flag("--json", args->json, "Print one JSON object");
   a->callback([args] {
     const std::string directory = ResolveModelDirectory(args->model);
     TextCodec codec = LoadTextCodecOrFail(directory);
-    auto report = args->against.empty()
-                      ? bench::BenchInt8Accuracy(directory, codec, args->prompts)
-                      : bench::BenchAccuracyAgainst(directory, args->against, codec, args->prompts);
+    if (!args->against.empty() && !args->kv_dtype.empty())
+      FailVerb("--against and --kv-dtype each choose what is compared: give one");
+    auto report =
+        !args->kv_dtype.empty()
+            ? bench::BenchCacheAccuracy(directory, codec, args->prompts,
+                                        KvDTypeOrFail(args->kv_dtype))
+        : args->against.empty()
+            ? bench::BenchInt8Accuracy(directory, codec, args->prompts)
+            : bench::BenchAccuracyAgainst(directory, args->against, codec, args->prompts);
     if (!report.ok()) FailVerb(report.status().message());
     std::fputs((args->json ? bench::AccuracyReportJson(report.value()) + "\n"
                            : bench::AccuracyReportTable(report.value()))

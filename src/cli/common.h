@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "model/model.h"
 #include "model/ngram_drafter.h"
@@ -22,7 +23,9 @@ std::string ResolveModelDirectory(const std::string& model);
 // Loads the model or fails the verb with the loader's message.
 std::unique_ptr<Model> LoadModelOrFail(const std::string& directory);
 
-// "bf16" or "f32".
+// The latent cache's dtypes as --kv-dtype spells them: "bf16", "f32", and "fp8" (or vLLM's
+// "fp8_e4m3"): the latent as scaled e4m3, the rope part bf16 (kernels/cpu/latent_row.h).
+inline const std::vector<std::string> kKvDTypeNames = {"bf16", "f32", "fp8", "fp8_e4m3"};
 DType KvDTypeOrFail(const std::string& name);
 
 // Loads the tokenizer of `directory` (or the file/directory `tokenizer_path` overrides it with);

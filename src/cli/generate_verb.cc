@@ -221,7 +221,7 @@ void AddGenerateVerb(CLI::App& app) {
   verb->add_flag("--ignore-eos", args->ignore_eos,
                  "Keep generating past the end-of-sequence token");
   verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")
-      ->check(CLI::IsMember({"bf16", "f32"}));
+      ->check(CLI::IsMember(kKvDTypeNames));
   AddSpeculativeOptions(verb, args->speculative);
   AddBatchInvariantOption(verb, args->batch_invariant);
   verb->add_option("--record-expert-load", args->record_expert_load,

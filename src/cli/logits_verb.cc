@@ -158,8 +158,8 @@ void AddLogitsVerb(CLI::App& app) {
                    "Prefill positions [0, K), then decode every later position one token per step")
       ->check(CLI::NonNegativeNumber);
   verb->add_option("--kv-dtype", args->kv_dtype,
-                   "Latent cache dtype (f32 keeps the reference's arithmetic; bf16 as deployed)")
-      ->check(CLI::IsMember({"bf16", "f32"}));
+                   "Latent cache dtype (f32 keeps the reference's arithmetic; bf16 as deployed; fp8)")
+      ->check(CLI::IsMember(kKvDTypeNames));
   verb->add_option(
           "--attention", args->attention,
           "MLA form: auto (expanded for prefill, absorbed for decode), expanded or absorbed")

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cli/common.h"
 #include "cli/verbs.h"
 #include "model/config.h"
 #include "model/gguf_model.h"
@@ -18,6 +19,7 @@ struct PlanArgs {
   std::string hardware = "H100";
   std::string calibrate;
   int64_t kv_len = 5000;
+  std::string kv_dtype = "bf16";
   int mtp = 0;
   double acceptance = 0.6;
   std::vector<int> ep;
@@ -45,7 +47,8 @@ void RunPlan(const PlanArgs& args) {
     if (config.value().n_routed_experts % ep != 0)
       FailVerb(fmt::format("--ep {} does not divide the {} routed experts", ep,
                            config.value().n_routed_experts));
-  plan::Workload workload{args.kv_len, args.mtp, args.acceptance};
+  plan::Workload workload{args.kv_len, args.mtp, args.acceptance, KvDTypeOrFail(args.kv_dtype)};
+  if (workload.kv_dtype == DType::kF32) FailVerb("--kv-dtype: the planner models bf16 or fp8");
   plan::CostModel model(config.value(), spec, workload);
   plan::SearchSpace space;
   space.ep = args.ep;
@@ -79,6 +82,9 @@ void AddPlanVerb(CLI::App& app) {
                    "`switchyard bench kernels --json` output measured on the target machine");
   verb->add_option("--kv-len", args->kv_len, "Context tokens per request")
       ->check(CLI::PositiveNumber);
+  verb->add_option("--kv-dtype", args->kv_dtype,
+                   "Latent cache dtype: bf16, or fp8 (the latent as scaled e4m3, rope bf16)")
+      ->check(CLI::IsMember({"bf16", "fp8", "fp8_e4m3"}));
   verb->add_option("--mtp", args->mtp, "MTP draft tokens per step")->check(CLI::Range(0, 1));
   verb->add_option("--acceptance", args->acceptance, "Draft acceptance rate")
       ->check(CLI::Range(0.0, 1.0));

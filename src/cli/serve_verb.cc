@@ -18,6 +18,7 @@
 #include "cli/verbs.h"
 #include "engine/beam_search.h"
 #include "engine/engine.h"
+#include "kernels/cpu/latent_row.h"
 #include "serve/access.h"
 #include "serve/batches.h"
 #include "serve/cluster.h"
@@ -352,9 +353,10 @@ void RunServe(const ServeArgs& args) {
   const Speculation speculation = SpeculationOrFail(args.speculative, model);
   const bool mtp_layer = speculation.tokens > 0 && speculation.drafter == Drafter::kMtp;
   int64_t cache_tokens = args.kv_cache_tokens;
-  const int64_t bytes_per_token = model.CacheLayers(mtp_layer) *
-                                  (config.kv_lora_rank + config.qk_rope_head_dim) *
-                                  static_cast<int64_t>(DTypeSize(kv_dtype));
+  const int64_t bytes_per_token =
+      model.CacheLayers(mtp_layer) *
+      kernels::LatentRowLayout::Of(kv_dtype, config.cache_row_width(), config.kv_lora_rank)
+          .row_bytes;
   if (cache_tokens == 0) cache_tokens = std::min<int64_t>(65536, (4ll << 30) / bytes_per_token);
   LatentCache cache = model.NewCache(cache_tokens, 1, kv_dtype, 16, mtp_layer);
   cache_tokens = cache.total_pages() * cache.page_size();
@@ -445,7 +447,7 @@ void AddServeOptions(CLI::App* verb, const std::shared_ptr<ServeArgs>& args) {
       ->check(CLI::Range(1, 1 << 20));
   AddHttpsOptions(verb, args->https, args->api_key);
   verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")
-      ->check(CLI::IsMember({"bf16", "f32"}));
+      ->check(CLI::IsMember(kKvDTypeNames));
   verb->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
   verb->add_option("--step-timeout", args->step_timeout,
                    "Seconds one step may take before /health reports unhealthy")

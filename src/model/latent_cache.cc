@@ -1,16 +1,22 @@
 #include "model/latent_cache.h"
 
 #include <cstring>
+#include <vector>
 
-#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/latent_row.h"
 #include "tensor/packed_matrix.h"
 
 namespace sy {
 
 LatentCache::LatentCache(int64_t layers, int64_t row_width, int64_t page_size, int64_t pages,
-                         DType dtype)
-    : layers_(layers), row_width_(row_width), page_size_(page_size), pages_(pages), dtype_(dtype) {
-  const size_t layer_bytes = static_cast<size_t>(pages * page_size * row_width) * DTypeSize(dtype);
+                         DType dtype, int64_t latent)
+    : layers_(layers),
+      row_width_(row_width),
+      page_size_(page_size),
+      pages_(pages),
+      latent_(latent),
+      layout_(kernels::LatentRowLayout::Of(dtype, row_width, latent)) {
+  const size_t layer_bytes = static_cast<size_t>(pages * page_size * layout_.row_bytes);
   // Huge pages from 2 MiB up (AllocatePanels): attention streams a long context's rows, and
   // through 4 KiB pages that is a page walk every 4 KiB. Touched now, as a vector's zeros were,
   // so resident memory is the cache's size from the start.
@@ -50,7 +56,7 @@ uint8_t* LatentCache::RowAddress(int64_t layer, const SequenceCache& sequence,
   const int64_t page = sequence.pages[static_cast<size_t>(position / page_size_)];
   const int64_t slot = page * page_size_ + position % page_size_;
   return const_cast<uint8_t*>(storage_[static_cast<size_t>(layer)].get()) +
-         static_cast<size_t>(slot * row_width_) * DTypeSize(dtype_);
+         static_cast<size_t>(slot * layout_.row_bytes);
 }
 
 void LatentCache::CopyPageRows(int32_t from, int32_t to, int64_t rows) {
@@ -65,13 +71,20 @@ void LatentCache::CopyPageRows(int32_t from, int32_t to, int64_t rows) {
 
 void LatentCache::Write(int64_t layer, const SequenceCache& sequence, int64_t position,
                         const float* row) {
-  uint8_t* target = RowAddress(layer, sequence, position);
-  if (dtype_ == DType::kF32) {
-    std::memcpy(target, row, static_cast<size_t>(row_width_) * sizeof(float));
-    return;
+  if (rounding_) {
+    thread_local std::vector<uint8_t> encoded;
+    thread_local std::vector<float> rounded;
+    encoded.resize(static_cast<size_t>(rounding_->row_bytes));
+    rounded.resize(static_cast<size_t>(row_width_));
+    kernels::EncodeLatentRow(*rounding_, row, encoded.data());
+    kernels::DecodeLatentRow(*rounding_, encoded.data(), 0, row_width_, rounded.data());
+    row = rounded.data();
   }
-  // A bf16 row starts on an even byte: pages and rows are whole multiples of 2 bytes.
-  kernels::RoundToBf16(row, row_width_, reinterpret_cast<uint16_t*>(target));
+  kernels::EncodeLatentRow(layout_, row, RowAddress(layer, sequence, position));
+}
+
+void LatentCache::RoundRowsAs(DType dtype) {
+  rounding_ = kernels::LatentRowLayout::Of(dtype, row_width_, latent_);
 }
 
 void LatentCache::CopyRows(int64_t layer, const SequenceCache& sequence, int64_t first,
@@ -90,16 +103,9 @@ void LatentCache::WriteRows(int64_t layer, const SequenceCache& sequence, int64_
 
 void LatentCache::GatherColumns(int64_t layer, const SequenceCache& sequence, int64_t count,
                                 int64_t column, int64_t width, float* out) const {
-  const size_t element = DTypeSize(dtype_);
-  for (int64_t position = 0; position < count; ++position) {
-    const uint8_t* source = RowAddress(layer, sequence, position) + column * element;
-    float* target = out + position * width;
-    if (dtype_ == DType::kF32) {
-      std::memcpy(target, source, static_cast<size_t>(width) * sizeof(float));
-    } else {  // bf16 values are 2-byte aligned (rows are 2 · row_width_ bytes apart)
-      kernels::WidenBf16(reinterpret_cast<const uint16_t*>(source), width, target);
-    }
-  }
+  for (int64_t position = 0; position < count; ++position)
+    kernels::DecodeLatentRow(layout_, RowAddress(layer, sequence, position), column, width,
+                             out + position * width);
 }
 
 }  // namespace sy

@@ -1,12 +1,13 @@
 // The paged latent KV cache of absorbed MLA. Per token and layer it holds one row of
 // [c (kv_lora_rank, normalized) | k_pe (qk_rope_head_dim, rotated)] — 576 values for
-// DeepSeek-V3, 70,272 bytes per token over 61 layers in bf16. Rows live in fixed-size pages
-// shared by all layers; a sequence owns a list of pages, so sequences of any length share one
-// pool and continuous batching needs no copying.
+// DeepSeek-V3, 70,272 bytes per token over 61 layers in bf16, 39,284 in fp8. Rows live in
+// fixed-size pages shared by all layers; a sequence owns a list of pages, so sequences of any
+// length share one pool and continuous batching needs no copying.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "base/status.h"
@@ -29,8 +30,10 @@ struct SequenceCache {
 
 class LatentCache {
  public:
-  // dtype: kBF16 (as deployed) or kF32 (exact, for conformance checks).
-  LatentCache(int64_t layers, int64_t row_width, int64_t page_size, int64_t pages, DType dtype);
+  // dtype: kBF16 (as deployed), kF32 (exact, for conformance checks) or kF8E4M3 (the first
+  // `latent` columns of each row as scaled e4m3 codes, the rest bf16: kernels/cpu/latent_row.h).
+  LatentCache(int64_t layers, int64_t row_width, int64_t page_size, int64_t pages, DType dtype,
+              int64_t latent = 0);
   LatentCache(LatentCache&&) = default;
   LatentCache& operator=(LatentCache&&) = default;
   LatentCache(const LatentCache&) = delete;
@@ -40,11 +43,13 @@ class LatentCache {
   int64_t page_size() const { return page_size_; }
   int64_t row_width() const { return row_width_; }
   int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
-  DType dtype() const { return dtype_; }
+  DType dtype() const { return layout_.dtype; }
+  const kernels::LatentRowLayout& layout() const { return layout_; }
+  // For conformance checks: rows written from now on hold exactly the values a `dtype` cache's
+  // would (an f32 cache rounding as an fp8 one does), so the two must give the same answers.
+  void RoundRowsAs(DType dtype);
   // Bytes one token occupies over all layers.
-  int64_t BytesPerToken() const {
-    return layers_ * row_width_ * static_cast<int64_t>(DTypeSize(dtype_));
-  }
+  int64_t BytesPerToken() const { return layers_ * layout_.row_bytes; }
 
   // Makes room for `length` rows in total; fails without side effects if the pool is full.
   Status Reserve(SequenceCache& sequence, int64_t length);
@@ -68,11 +73,11 @@ class LatentCache {
   void Write(int64_t layer, const SequenceCache& sequence, int64_t position, const float* row);
   // The sequence's rows of `layer` as the attention kernels read them, in place.
   kernels::LatentPages Pages(int64_t layer, const SequenceCache& sequence) const {
-    return {storage_[static_cast<size_t>(layer)].get(), dtype_, page_size_, row_width_,
+    return {storage_[static_cast<size_t>(layer)].get(), layout_, page_size_,
             sequence.pages.data()};
   }
   // Bytes of one row of one layer.
-  int64_t row_bytes() const { return row_width_ * static_cast<int64_t>(DTypeSize(dtype_)); }
+  int64_t row_bytes() const { return layout_.row_bytes; }
   // Rows [first, first + count) of `layer` as stored (the cache's dtype), to and from a buffer
   // of count · row_bytes(): how a prefill instance hands rows to a decode instance.
   void CopyRows(int64_t layer, const SequenceCache& sequence, int64_t first, int64_t count,
@@ -95,7 +100,9 @@ class LatentCache {
   uint8_t* RowAddress(int64_t layer, const SequenceCache& sequence, int64_t position) const;
 
   int64_t layers_, row_width_, page_size_, pages_;
-  DType dtype_;
+  int64_t latent_;  // the latent columns (what an fp8 layout quantizes)
+  kernels::LatentRowLayout layout_;
+  std::optional<kernels::LatentRowLayout> rounding_;  // RoundRowsAs
   // [layer][page · page_size · row_width], each layer's own: a copy of the cache would share
   // them, hence move-only.
   std::vector<std::shared_ptr<uint8_t>> storage_;

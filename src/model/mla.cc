@@ -361,11 +361,7 @@ void MlaAttend(const ModelConfig& c, const RopeParams& rope, const AttentionWeig
       for (int64_t k = 0; k < keys; ++k) {
         const uint8_t* source =
             chosen.base + static_cast<size_t>(slots[k]) * static_cast<size_t>(cache.row_bytes());
-        if (cache.dtype() == DType::kF32)
-          std::copy_n(reinterpret_cast<const float*>(source), row, latents.data() + k * row);
-        else
-          kernels::WidenBf16(reinterpret_cast<const uint16_t*>(source), row,
-                             latents.data() + k * row);
+        kernels::DecodeLatentRow(cache.layout(), source, 0, row, latents.data() + k * row);
       }
       kernels::MlaAttendAbsorbed(q + seq.token_offset * H * dqk, 1, &last, latents.data(), keys,
                                  w.kv_b_proj, dims,

@@ -124,7 +124,7 @@ LatentCache Model::NewCache(int64_t max_tokens, int64_t max_sequences, DType dty
                             int64_t page_size, bool mtp) const {
   const int64_t pages = (max_tokens + page_size - 1) / page_size + max_sequences;
   return LatentCache(CacheLayers(mtp && has_mtp()), config_.cache_row_width(), page_size, pages,
-                     dtype);
+                     dtype, config_.kv_lora_rank);
 }
 
 const MoeWeights* Model::MoeAt(int64_t layer) const {
@@ -347,8 +347,8 @@ void Model::Head(const ForwardBatch& batch, const ForwardOptions& options,
 }
 
 Status Model::ForwardSequence(const std::vector<int32_t>& ids, const ForwardOptions& options,
-                              std::vector<float>* logits) const {
-  LatentCache cache = NewCache(static_cast<int64_t>(ids.size()), 1, DType::kF32);
+                              std::vector<float>* logits, DType cache_dtype) const {
+  LatentCache cache = NewCache(static_cast<int64_t>(ids.size()), 1, cache_dtype);
   SequenceCache sequence;
   ForwardBatch batch;
   batch.Add(ids.data(), static_cast<int64_t>(ids.size()), &sequence);

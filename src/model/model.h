@@ -65,9 +65,10 @@ class Model {
   // what the MTP module drafts from.
   Status Forward(const ForwardBatch& batch, LatentCache& cache, const ForwardOptions& options,
                  std::vector<float>* logits, std::vector<float>* final_hidden = nullptr) const;
-  // One sequence as a prefill of its own, in a fresh f32 cache (scoring, calibration, tests).
+  // One sequence as a prefill of its own, in a fresh cache (f32 unless told; scoring,
+  // calibration, tests).
   Status ForwardSequence(const std::vector<int32_t>& ids, const ForwardOptions& options,
-                         std::vector<float>* logits) const;
+                         std::vector<float>* logits, DType cache_dtype = DType::kF32) const;
 
   // Runs the MTP module (spec 8; the DeepSeek-V3 report's MTP): for each token row t,
   //   u = eh_proj([enorm(embed(batch.tokens[t])); hnorm(main_hidden[t])]),

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/latent_row.h"
+
 namespace sy::plan {
 namespace {
 
@@ -34,8 +36,11 @@ CostModel::CostModel(const ModelConfig& model, const HardwareSpec& hardware,
 
 // A DSA model (DeepSeek-V3.2) caches the indexer's key beside each latent row, as switchyard
 // lays its rows out (ModelConfig::cache_row_width).
-int64_t CostModel::KvBytesPerToken() const {
-  return m_.cache_row_width() * 2 * m_.num_hidden_layers;
+int64_t CostModel::KvBytesPerToken() const { return KvRowBytes() * m_.num_hidden_layers; }
+
+int64_t CostModel::KvRowBytes(bool index_keys) const {
+  const int64_t width = index_keys ? m_.cache_row_width() : m_.latent_cache_width();
+  return kernels::LatentRowLayout::Of(work_.kv_dtype, width, m_.kv_lora_rank).row_bytes;
 }
 
 MemoryEstimate CostModel::Memory(const Deployment& d) const {
@@ -84,7 +89,7 @@ MemoryEstimate CostModel::Memory(const Deployment& d) const {
   mem.activation_bytes = group_tokens * (4 * D * kBf16 + H / T * (dqk + m_.kv_lora_rank) * kBf16) +
                          group_tokens / T * m_.num_experts_per_tok * D * (kFp8 + kBf16) + 0.5 * kGB;
   mem.kv_bytes_per_request =
-      static_cast<double>(work_.kv_len) * m_.cache_row_width() * kBf16 * attention_layers;
+      static_cast<double>(work_.kv_len) * static_cast<double>(KvRowBytes()) * attention_layers;
   mem.free_bytes = hw_.memory_capacity_gb * kGB - hw_.memory_reserved_gb * kGB - mem.weight_bytes -
                    mem.activation_bytes;
   mem.max_requests =
@@ -157,12 +162,13 @@ CostModel::Parts CostModel::LayerParts(const Deployment& d, double group_tokens,
   const double attended = m_.has_indexer() ? std::min(kv, static_cast<double>(m_.index_topk)) : kv;
   {
     const double flops = 2 * group_tokens * H * attended * (row + latent);
+    const double row_bytes = static_cast<double>(KvRowBytes(/*index_keys=*/false));
     const double bytes =
-        group_tokens * attended * row * kBf16 + group_tokens * H * (row + latent) * kBf16;
+        group_tokens * attended * row_bytes + group_tokens * H * (row + latent) * kBf16;
     // Dense: a request's queries share one read of its cache; DSA: each query reads its own keys.
     const double read =
         m_.has_indexer() ? bytes
-                         : requests * kv * row * kBf16 + group_tokens * H * (row + latent) * kBf16;
+                         : requests * kv * row_bytes + group_tokens * H * (row + latent) * kBf16;
     p.attention = std::max({flops / (hw_.peak_bf16_tflops * 1e12 * e.attention_compute) * 1e6,
                             read / (hw_.memory_bandwidth_gbps * kGB * e.attention_memory) * 1e6,
                             e.kernel_floor_us});

@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "plan/hardware.h"
+#include "tensor/dtype.h"
 
 namespace sy::plan {
 
@@ -20,6 +21,7 @@ struct Workload {
   int64_t kv_len = 5000;    // tokens of context per request
   int mtp = 0;              // draft tokens per step (0 or 1): query length 1 + mtp
   double acceptance = 0.6;  // probability a draft token is accepted
+  DType kv_dtype = DType::kBF16;  // the latent cache's rows: kBF16 or kF8E4M3 (latent_row.h)
 };
 
 struct Deployment {
@@ -82,6 +84,9 @@ class CostModel {
   MemoryEstimate Memory(const Deployment& deployment) const;
   // Latent KV bytes per token over the main layers (70,272 for DeepSeek-V3 in bf16).
   int64_t KvBytesPerToken() const;
+  // Bytes of one token's row in one layer, as the workload's cache dtype lays it out: all of it,
+  // or the part attention reads (without a DSA model's index keys).
+  int64_t KvRowBytes(bool index_keys = true) const;
 
   const HardwareSpec& hardware() const { return hw_; }
   const Workload& workload() const { return work_; }

@@ -21,6 +21,7 @@ std::vector<int> DefaultEpSizes(const ModelConfig& model, const HardwareSpec& hw
 Plan MakePlan(const CostModel& model, const ModelConfig& config, const SearchSpace& space) {
   Plan plan;
   plan.kv_bytes_per_token = model.KvBytesPerToken();
+  plan.kv_dtype = model.workload().kv_dtype;
   std::vector<int> eps = space.ep.empty() ? DefaultEpSizes(config, model.hardware()) : space.ep;
   const int per_node = std::max(1, model.hardware().devices_per_node);
   for (int ep : eps) {
@@ -88,6 +89,7 @@ double ThroughputAt(const ParetoFrontier& f, double speed) {
 std::string PlanToJson(const Plan& plan) {
   nlohmann::json j;
   j["kv_bytes_per_token"] = plan.kv_bytes_per_token;
+  j["kv_dtype"] = plan.kv_dtype == DType::kF8E4M3 ? "fp8" : "bf16";
   j["configs"] = nlohmann::json::array();
   for (const auto& p : plan.configs) {
     const auto& d = p.deployment;
@@ -135,8 +137,10 @@ std::string PlanToJson(const Plan& plan) {
 }
 
 std::string PlanToTable(const Plan& plan, const HardwareSpec& hw) {
-  std::string out = fmt::format("KV cache: {} bytes per token. Hardware: {} ({} per node).\n",
-                                plan.kv_bytes_per_token, hw.name, hw.devices_per_node);
+  std::string out = fmt::format("KV cache: {} bytes per token ({}). Hardware: {} ({} per node).\n",
+                                plan.kv_bytes_per_token,
+                                plan.kv_dtype == DType::kF8E4M3 ? "fp8" : "bf16", hw.name,
+                                hw.devices_per_node);
   for (const BalanceEstimate& b : plan.balance)
     out += fmt::format(
         "EP{}: {} redundant experts ({} per device); expert imbalance {:.2f} contiguous, {:.2f} "

@@ -30,6 +30,7 @@ struct ParetoFrontier {
 
 struct Plan {
   int64_t kv_bytes_per_token = 0;
+  DType kv_dtype = DType::kBF16;
   std::vector<Prediction> configs;  // every enumerated configuration
   std::vector<ParetoFrontier> pareto;
   std::vector<BalanceEstimate> balance;  // per EP size, with an expert skew

@@ -757,7 +757,7 @@ SY_AMX_KERNEL void MlaDecodeBody(
   const int64_t padded = (width + kTileCols16 - 1) / kTileCols16 * kTileCols16;
   const int64_t steps = padded / kTileCols16, dim_tiles = latent / kPanelRows;
   const int64_t groups = (count_heads + kPanelRows - 1) / kPanelRows;
-  const int64_t row_bytes = cache.row_width * 2;
+  const int64_t row_bytes = cache.layout.row_bytes;
   thread_local CacheLineVector<uint16_t> q_tiles, staged, values, probs;  // tile loads read them
   thread_local CacheLineVector<float> scores, pv;
   thread_local std::vector<uint16_t> q_bf16;

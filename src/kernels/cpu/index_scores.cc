@@ -71,8 +71,9 @@ void IndexScoresImpl(const float* q, const float* weights, int64_t heads, int64_
   // side by side (independent chains; one chain at a time was a third of the time).
   constexpr int64_t kBlock = 16;
   auto sums = hwy::AllocateAligned<float>(static_cast<size_t>(kBlock * padded));
-  const bool bf16 = key_rows.dtype == DType::kBF16;
-  const size_t element = DTypeSize(key_rows.dtype);
+  // Index keys follow the latent, so they are stored whole in every layout (latent_row.h).
+  const bool bf16 = key_rows.layout.plain_dtype() == DType::kBF16;
+  const size_t element = DTypeSize(key_rows.layout.plain_dtype());
   // Key j widened into key[slot · dim_padded …] (bf16: the bits shifted up, exact). Each key is a
   // few cache lines of its own row, rows a page apart now and then: the one kAhead keys on is
   // fetched meanwhile (waiting on each key's load was three fifths of the kernel's time).
@@ -80,11 +81,11 @@ void IndexScoresImpl(const float* q, const float* weights, int64_t heads, int64_
   const int64_t key_bytes = dim * static_cast<int64_t>(element);
   const auto widen = [&](int64_t j, int slot) {
     if (j + kAhead < count) {
-      const uint8_t* ahead = key_rows.Row(first + j + kAhead) + column * element;
+      const uint8_t* ahead = key_rows.layout.Plain(key_rows.Row(first + j + kAhead), column);
       for (int64_t b = 0; b < key_bytes; b += 64)
         hwy::Prefetch(ahead + b);
     }
-    const uint8_t* row = key_rows.Row(first + j) + column * element;
+    const uint8_t* row = key_rows.layout.Plain(key_rows.Row(first + j), column);
     float* out = key.get() + slot * dim_padded;
     int64_t d = 0;
     if (bf16) {

@@ -31,7 +31,6 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
                             int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
                             int64_t rope, float scale, float* o_latent) {
   const DF df;
-  const size_t N = hn::Lanes(df);
   const int64_t width = latent + rope;
   const int64_t items = tokens * (head_end - head_begin);
   // Per (token, head): running max, running sum, and the output accumulator.
@@ -47,31 +46,12 @@ void MlaDecodeAttentionImpl(const float* q_latent, const float* q_pe, int64_t to
   for (int64_t start = 0; start < last_visible; start += kChunk) {
     const int64_t count = std::min(kChunk, last_visible - start);
     // Decode the chunk's rows once for every head of this block.
-    for (int64_t j = 0; j < count; ++j) {
-      const uint8_t* source = cache.Row(start + j);
-      float* target = rows.data() + j * width;
-      if (cache.dtype == DType::kF32) {
-        std::memcpy(target, source, static_cast<size_t>(width) * 4);
-      } else {  // bf16: the f32 with the same top half
-        const hn::Rebind<uint16_t, DF> du16;
-        const hn::Rebind<uint32_t, DF> du32;
-        const uint16_t* halves = reinterpret_cast<const uint16_t*>(source);
-        int64_t d = 0;
-        for (; d + static_cast<int64_t>(N) <= width; d += static_cast<int64_t>(N))
-          hn::StoreU(
-              hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, halves + d)))),
-              df, target + d);
-        for (; d < width; ++d) {
-          uint16_t bits;
-          std::memcpy(&bits, source + 2 * d, 2);
-          target[d] = BF16ToF32(bits);
-        }
-      }
-    }
+    for (int64_t j = 0; j < count; ++j)
+      DecodeLatentRow(cache.layout, cache.Row(start + j), 0, width, rows.data() + j * width);
     // The next chunk's rows come from memory (or L3) while this one computes: converting them
     // waited on the loads otherwise (8–10% of a 5,000-key decode on Zen 3).
     const int64_t next_count = std::min(kChunk, last_visible - start - count);
-    const int64_t row_bytes = width * static_cast<int64_t>(DTypeSize(cache.dtype));
+    const int64_t row_bytes = cache.layout.BytesThrough(width);
     for (int64_t j = 0; j < next_count; ++j) {
       const uint8_t* source = cache.Row(start + count + j);
       for (int64_t b = 0; b < row_bytes; b += 64)
@@ -136,12 +116,12 @@ void MlaDecodeAttention(const float* q_latent, const float* q_pe, int64_t tokens
                         const int64_t* positions, const LatentPages& cache, int64_t keys,
                         int64_t heads, int64_t head_begin, int64_t head_end, int64_t latent,
                         int64_t rope, float softmax_scale, float* o_latent) {
-  if (UseAmxMla(cache.dtype, latent, rope)) {
+  if (UseAmxMla(cache.layout.dtype, latent, rope)) {
     AmxMlaDecode(ActiveAmxBackend(), q_latent, q_pe, tokens, positions, cache, keys, heads,
                  head_begin, head_end, latent, rope, softmax_scale, o_latent);
     return;
   }
-  if (GlobalKernelOptions().bf16_dot && MlaDecodeBf16Applies(cache.dtype, latent, rope)) {
+  if (GlobalKernelOptions().bf16_dot && MlaDecodeBf16Applies(cache.layout.dtype, latent, rope)) {
     MlaDecodeAttentionBf16(q_latent, q_pe, tokens, positions, cache, keys, heads, head_begin,
                            head_end, latent, rope, softmax_scale, o_latent);
     return;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/latent_row.h"
 #include "tensor/dtype.h"
 
 namespace sy::kernels {
@@ -13,15 +14,14 @@ namespace sy::kernels {
 // One sequence's rows of one layer of the paged latent cache.
 struct LatentPages {
   const uint8_t* base = nullptr;  // the layer's storage
-  DType dtype = DType::kBF16;     // kBF16 or kF32
+  LatentRowLayout layout;         // how a row's values are stored
   int64_t page_size = 0;
-  int64_t row_width = 0;           // latent + rope
   const int32_t* pages = nullptr;  // page of position p is pages[p / page_size]
 
   const uint8_t* Row(int64_t position) const {
     const int64_t slot =
         static_cast<int64_t>(pages[position / page_size]) * page_size + position % page_size;
-    return base + static_cast<size_t>(slot * row_width) * DTypeSize(dtype);
+    return base + static_cast<size_t>(slot * layout.row_bytes);
   }
 };
 
@@ -51,7 +51,8 @@ inline int64_t BeginMlaDecode(const int64_t* positions, int64_t tokens, int64_t 
 }
 
 // The bf16 dot-product version (mla_decode_bf16.cc), which MlaDecodeAttention runs when this
-// holds (a bf16 cache, AVX-512 BF16, latent a multiple of 16) and the dot kernel is enabled.
+// holds (a bf16 or fp8 cache, AVX-512 BF16, latent a multiple of 16) and the dot kernel is
+// enabled. An fp8 cache's rows are widened to bf16 first, exactly (latent_row.h).
 bool MlaDecodeBf16Applies(DType cache_dtype, int64_t latent, int64_t rope);
 void MlaDecodeAttentionBf16(const float* q_latent, const float* q_pe, int64_t tokens,
                             const int64_t* positions, const LatentPages& cache, int64_t keys,

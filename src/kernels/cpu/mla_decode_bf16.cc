@@ -21,7 +21,8 @@
 namespace sy::kernels {
 
 bool MlaDecodeBf16Applies(DType cache_dtype, int64_t latent, int64_t rope) {
-  return HasBf16Dot() && cache_dtype == DType::kBF16 && latent % 16 == 0 && rope % 2 == 0;
+  return HasBf16Dot() && (cache_dtype == DType::kBF16 || cache_dtype == DType::kF8E4M3) &&
+         latent % 16 == 0 && rope % 2 == 0;
 }
 
 #if defined(__x86_64__)
@@ -163,6 +164,40 @@ constexpr ValueTileFn kValueTiles[5] = {nullptr, ValueTile<kHeads, 1>, ValueTile
 constexpr const ValueTileFn* kValueTable[5] = {nullptr, kValueTiles<1>, kValueTiles<2>,
                                                kValueTiles<3>, kValueTiles<4>};
 
+// An fp8 row's first `width` values as bf16 (latent_row.h), 16 codes at a time: each code's bits
+// moved into f32's place (exponent bias 7 → 127; a subnormal code m · 2^-9 converted), times the
+// block's power of two, then to bf16 — every step exact, a code has 4 significant bits. The
+// rows are staged once per chunk and shared by every head and token of the call.
+SY_MLA_TARGET void StageFp8Row(const LatentRowLayout& layout, const uint8_t* row, int64_t width,
+                               uint16_t* out) {
+  const __m512i magnitude_mask = _mm512_set1_epi32(0x7f), exponent_mask = _mm512_set1_epi32(0x78);
+  const __m512i bias = _mm512_set1_epi32(120 << 23), sign_mask = _mm512_set1_epi32(0x80);
+  const __m512 subnormal_step = _mm512_set1_ps(1.0f / 512.0f);
+  const __m512 nan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
+  const int64_t latent = layout.quantized;  // a multiple of 16 (MlaDecodeBf16Applies)
+  for (int64_t d = 0; d < latent; d += 16) {
+    const int exponent = static_cast<int8_t>(row[latent + d / LatentRowLayout::kScaleBlock]);
+    const __m512i code =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));
+    const __m512i magnitude = _mm512_and_si512(code, magnitude_mask);
+    const __m512 normal =
+        _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(magnitude, 20), bias));
+    const __m512 subnormal = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_and_si512(magnitude, _mm512_set1_epi32(7))), subnormal_step);
+    const __mmask16 is_subnormal =
+        _mm512_cmpeq_epi32_mask(_mm512_and_si512(code, exponent_mask), _mm512_setzero_si512());
+    __m512 value = _mm512_mul_ps(_mm512_mask_blend_ps(is_subnormal, normal, subnormal),
+                                 _mm512_set1_ps(std::ldexp(1.0f, exponent)));
+    value = _mm512_or_ps(value, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                    _mm512_and_si512(code, sign_mask), 24)));
+    value = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(magnitude, magnitude_mask), value, nan);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + d),
+                        reinterpret_cast<const __m256i&>(static_cast<const __m256bh&>(
+                            _mm512_cvtneps_pbh(value))));
+  }
+  std::memcpy(out + latent, layout.Plain(row, latent), static_cast<size_t>(width - latent) * 2);
+}
+
 }  // namespace
 
 SY_MLA_TARGET void MlaDecodeAttentionBf16(const float* q_latent, const float* q_pe, int64_t tokens,
@@ -201,19 +236,30 @@ SY_MLA_TARGET void MlaDecodeAttentionBf16(const float* q_latent, const float* q_
   std::vector<float> correction(16 * static_cast<size_t>(groups));
   const int64_t last_visible =
       BeginMlaDecode(positions, tokens, keys, heads, head_begin, head_end, latent, o_latent);
+  // An fp8 cache's rows are widened to bf16 a chunk at a time (exactly) and read from there.
+  const bool fp8 = cache.layout.dtype == DType::kF8E4M3;
+  const int64_t row_bytes = cache.layout.BytesThrough(width);
+  thread_local std::vector<uint16_t> staged;
+  if (fp8) staged.resize(static_cast<size_t>(kChunk * width));
 
   for (int64_t start = 0; start < last_visible; start += kChunk) {
     const int64_t count = std::min(kChunk, last_visible - start);
     const uint8_t* rows[kChunk];
-    for (int64_t j = 0; j < count; ++j)
+    for (int64_t j = 0; j < count; ++j) {
       rows[j] = cache.Row(start + j);
+      if (fp8) {
+        uint16_t* to = staged.data() + j * width;
+        StageFp8Row(cache.layout, rows[j], width, to);
+        rows[j] = reinterpret_cast<const uint8_t*>(to);
+      }
+    }
     // The next chunk's rows on their way while this one computes, as the f32 kernel does: under
     // DSA the keys are a query's chosen rows, scattered over the pages, which the hardware
     // prefetcher does not follow (2,048 chosen keys took 1.6x the time of 2,048 in a row).
     const int64_t next_count = std::min(kChunk, last_visible - start - count);
     for (int64_t j = 0; j < next_count; ++j) {
       const char* next = reinterpret_cast<const char*>(cache.Row(start + count + j));
-      for (int64_t b = 0; b < width * 2; b += 64)
+      for (int64_t b = 0; b < row_bytes; b += 64)
         __builtin_prefetch(next + b);
     }
     // Values: rows 2jj and 2jj + 1 interleaved into pairs, latent dims in lanes.
