@@ -279,10 +279,30 @@ TEST_F(Bf16DotTest, MlaDecodeMatchesTheSoftmaxAndDoesNotDependOnItsNeighbours) {
 // partial (latent 160), keys over one, two and three key steps.
 TEST_F(Bf16DotTest, MlaDecodeOnAnFp8CacheIsTheBf16CacheOfItsValues) {
   const int64_t heads = 21, latent = 160, rope = 8, page = 7, width = latent + rope;
+  // Random rows, and rows holding every code: each block's first value 448 · 2^k (so its
+  // exponent is k, from -100 to 90) and then the codes in turn, subnormals, zeros and signs
+  // included (NaN's two codes left out: NaN in a row poisons the whole output).
+  const auto every_code = [&](int64_t keys) {
+    std::vector<float> rows(static_cast<size_t>(keys * width));
+    for (int64_t j = 0; j < keys; ++j)
+      for (int64_t d = 0; d < width; ++d) {
+        const int k = static_cast<int>((j * 7 + d / 128 * 3) % 191) - 100;
+        int code = static_cast<int>((j * latent + d) % 256);
+        if ((code & 0x7f) == 0x7f) code -= 1;
+        const float value = d % 128 == 0 ? 448.0f : F8E4M3ToF32(static_cast<uint8_t>(code));
+        rows[j * width + d] = d < latent ? std::ldexp(value, k) : 0.25f * static_cast<float>(d);
+      }
+    return rows;
+  };
+  for (bool all_codes : {false, true})
   for (int64_t keys : {int64_t{1}, int64_t{70}, int64_t{600}}) {
     const int64_t tokens = std::min<int64_t>(keys, 2);
     const testing::TestLatentCache fp8 =
-        testing::MakeTestLatentCache(keys, width, page, 17, DType::kF8E4M3, latent);
+        all_codes ? testing::MakeTestLatentCacheOf(every_code(keys), width, page, DType::kF8E4M3,
+                                                   latent)
+                  : testing::MakeTestLatentCache(keys, width, page, 17, DType::kF8E4M3, latent);
+    if (all_codes)  // the codes went in as they were: nothing was rounded
+      ASSERT_EQ(fp8.rows, every_code(keys));
     const testing::TestLatentCache bf16 =
         testing::MakeTestLatentCacheOf(fp8.rows, width, page, DType::kBF16, latent);
     ASSERT_EQ(0, std::memcmp(fp8.rows.data(), bf16.rows.data(), fp8.rows.size() * sizeof(float)))
@@ -301,7 +321,7 @@ TEST_F(Bf16DotTest, MlaDecodeOnAnFp8CacheIsTheBf16CacheOfItsValues) {
                                     bf16.view, keys, heads, 0, heads, latent, rope, 0.3f,
                                     want.data());
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
-        << keys << " keys";
+        << keys << " keys" << (all_codes ? ", every code" : "");
   }
 }
 

@@ -389,11 +389,14 @@ struct DefaultServing {
   }
 };
 
+// The latent cache's dtype of the serving runs below (serve's --kv-dtype).
+DType g_serving_cache = DType::kBF16;
+
 struct ServingRun {
   LatentCache cache;
   Engine engine;
   ServingRun(int64_t cache_tokens, EngineConfig config)
-      : cache(DefaultModel().model->NewCache(cache_tokens, 1, DType::kBF16, 16)),
+      : cache(DefaultModel().model->NewCache(cache_tokens, 1, g_serving_cache, 16)),
         engine(*DefaultModel().model, cache, *DefaultModel().tokenizer, ForwardOptions{}, config) {}
   std::shared_ptr<RequestStream> Submit(std::string id, std::vector<int32_t> prompt,
                                         SamplingParams params, int64_t resumed = 0) {
@@ -535,6 +538,21 @@ TEST(EngineTest, OneAnswerPerRequestInTheDefaultMode) {
   // absorbed); 400: past it, where the bf16 MLA kernel runs the prompt's last rows are absorbed.
   ExpectOneAnswer(100);
   ExpectOneAnswer(400);
+}
+
+// The same on an fp8 cache (--kv-dtype fp8): its rows are rounded once, when written, and read
+// back exactly, so a request's answer does not depend on how its rows came to be there either.
+TEST(EngineTest, OneAnswerPerRequestOnAnFp8Cache) {
+  DefaultServing serving;
+  g_serving_cache = DType::kF8E4M3;
+  ExpectOneAnswer(100);
+  ExpectOneAnswer(400);
+  // And the cache is fp8: the answer is not the bf16 cache's (its log-probabilities move).
+  const std::vector<int32_t> prompt = Prompt(100, 31);
+  const Collected fp8 = ServedAlone(prompt, 16);
+  g_serving_cache = DType::kBF16;
+  const Collected bf16 = ServedAlone(prompt, 16);
+  EXPECT_NE(Logprobs(fp8), Logprobs(bf16));
 }
 
 // The same with --amx-bf16: products, grouped experts and absorbed attention on AMX tiles keep
@@ -1856,6 +1874,40 @@ TEST(EngineTest, DisaggregatedRequestGivesTheColocatedBitsInTheDefaultMode) {
   ExpectDisaggregatedOneAnswer(100, 0);
   ExpectDisaggregatedOneAnswer(400, 0);  // prompt rows past kAbsorbedPromptKeys too
   ExpectDisaggregatedOneAnswer(100, 3);  // a resumed attempt (after a decode instance failed)
+}
+
+// The same on fp8 caches at both ends: the rows travel as stored (codes, scales, bf16 rope). An
+// fp8 prefill instance's rows offered to a bf16 decode instance are refused, saying why.
+TEST(EngineTest, DisaggregatedRequestOnFp8CachesGivesTheColocatedBits) {
+  DefaultServing serving;
+  g_serving_cache = DType::kF8E4M3;
+  ExpectDisaggregatedOneAnswer(100, 0);
+  auto sink = std::make_shared<CollectingSink>();
+  const std::vector<int32_t> prompt = Prompt(40, 43);
+  {
+    ServingRun prefill(4096, EngineConfig{});
+    EngineRequest request{"x", prompt, Greedy(4)};
+    request.kv_sink = sink;
+    SubmitError error;
+    auto stream = prefill.engine.Submit(std::move(request), &error);
+    ASSERT_TRUE(stream.ok()) << stream.status().message();
+    prefill.RunToIdle();
+    EXPECT_EQ(Collect(*stream.value()).finish, "transferred");
+  }
+  g_serving_cache = DType::kBF16;
+  ServingRun decode(4096, EngineConfig{});
+  EngineRequest request{"x", prompt, Greedy(4)};
+  request.prompt.push_back(*sink->first_token);
+  request.resumed_tokens = 1;
+  request.imported = sink->Imported();
+  SubmitError error;
+  auto stream = decode.engine.Submit(std::move(request), &error);
+  std::string message = stream.ok() ? "" : stream.status().message();
+  if (stream.ok()) {
+    decode.RunToIdle();
+    message = Collect(*stream.value()).error;
+  }
+  EXPECT_NE(message.find("cache dtype"), std::string::npos) << message;
 }
 
 // A decode instance short of pages preempts requests whose rows it received; they recompute

@@ -205,6 +205,23 @@ INSTANTIATE_TEST_SUITE_P(
                                : std::string("ep4_tp2_sptpsp_microbatch");
     });
 
+// An fp8 latent cache under EP4 with SP-TP-SP attention groups of two: each rank's rows are
+// rounded as the single process rounds them, so the tokens are the single process's.
+TEST(ExpertParallelFp8Cache, TokensMatchTheSingleProcessRun) {
+  const std::string model = std::string(testing::kFixturesDir) + "/tiny-v3-bf16";
+  const std::string args = " --threads 1 generate --model " + model +
+                           " --prompt-tokens '5,6,7;8,9;10,11,12,13' --max-tokens 6 --kv-dtype fp8"
+                           " --ignore-eos";
+  std::string one, many;
+  ASSERT_EQ(RunCommand(std::string(testing::kBinary) + args, &one), 0) << one;
+  ASSERT_EQ(RunCommand(Mpirun(4) + testing::kBinary + args +
+                           " --wire-dtype f32 --tp 2 --attention-split sp-tp-sp",
+                       &many),
+            0)
+      << many;
+  ExpectSameSequenceLines(one, many, 3);
+}
+
 // --int8-products under EP4: a row's int8 products do not depend on the rows beside it, so the
 // experts' rows computed on other ranks (exchanged in f32) give the single process's tokens.
 TEST(ExpertParallelInt8, TokensMatchTheSingleProcessRun) {

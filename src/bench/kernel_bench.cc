@@ -480,6 +480,14 @@ std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,
       BenchDsaDecode(peaks, options, 1, kv_len, out, 512);
     return out;
   }
+  if (options.mla_only) {
+    for (int64_t batch : {1, 4, 16})
+      for (DType cache_dtype : {DType::kBF16, DType::kF8E4M3})
+        BenchMlaDecode(peaks, options, batch, 5000, 1, cache_dtype, out);
+    for (DType cache_dtype : {DType::kBF16, DType::kF8E4M3})
+      BenchMlaDecode(peaks, options, 4, 32768, 1, cache_dtype, out);
+    return out;
+  }
   if (options.ggml_only) {
     for (const auto& shape : ggml_shapes)
       BenchLinear(peaks, options, shape, ggml_m, out);

@@ -32,6 +32,7 @@ struct KernelBenchOptions {
   bool ggml_only = false;            // only the GGML (GGUF Q4_K, Q6_K) products
   bool amx_only = false;             // only the AMX bf16 products, and oneDNN's o_proj beside them
   bool dsa_only = false;             // only DeepSeek-V3.2's sparse attention (dsa_decode rows)
+  bool mla_only = false;             // only the flash-decode kernel, bf16 and fp8 caches
 };
 
 std::vector<KernelResult> BenchKernels(const MachinePeaks& peaks,

@@ -19,6 +19,7 @@ struct BenchKernelsArgs {
   bool ggml_only = false;
   bool amx_only = false;
   bool dsa_only = false;
+  bool mla_only = false;
   int64_t stream_mib = 0;
   int repetitions = 5;
 };
@@ -46,6 +47,7 @@ void RunBenchKernels(const BenchKernelsArgs& args) {
   options.ggml_only = args.ggml_only;
   options.amx_only = args.amx_only;
   options.dsa_only = args.dsa_only;
+  options.mla_only = args.mla_only;
   if (args.stream_mib > 0) options.stream_bytes = args.stream_mib << 20;
   auto results = bench::BenchKernels(peaks, options);
   std::fputs((args.json ? bench::KernelResultsJson(peaks, results)
@@ -78,6 +80,10 @@ void AddBenchVerb(CLI::App& app) {
               "Only DeepSeek-V3.2's sparse attention: dense MLA, the indexer's choice and DSA "
               "whole, side by side, in decode at 4k, 16k and 64k cached keys and for a 512-token "
               "prompt chunk ending at 4k and 16k");
+  k->add_flag("--mla-only", kernels->mla_only,
+              "Only MLA's flash-decode kernel at DeepSeek-V3's 128 heads, over a bf16 and an fp8 "
+              "latent cache side by side (--kv-dtype): 5k cached keys at batch 1, 4 and 16, and "
+              "32k at batch 4 (over twice the last-level cache of most CPUs)");
   k->add_option("--stream-mib", kernels->stream_mib,
                 "Weights cycled per shape, MiB (default: the rule above). Small: the kernels "
                 "from cache, their compute rate")

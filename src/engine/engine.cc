@@ -1428,6 +1428,9 @@ EngineMetrics Engine::Metrics() const {
     m.free_pages = free_pages_;
   }
   m.total_pages = pool_.total_pages();
+  m.page_size = cache_.page_size();
+  m.cache_dtype = cache_.dtype();
+  m.cache_bytes_per_token = cache_.BytesPerToken();
   m.healthy = healthy_;
   m.last_step_age_seconds = busy_ ? NowSeconds() - step_started_ : 0;
   return m;

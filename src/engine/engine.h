@@ -97,6 +97,9 @@ struct LabeledValue {
 struct EngineMetrics {
   int64_t running = 0, waiting = 0;
   int64_t total_pages = 0, used_pages = 0, cached_pages = 0, free_pages = 0;
+  // The latent cache as configured: tokens a page, row dtype, bytes a token over the layers.
+  int64_t page_size = 0, cache_bytes_per_token = 0;
+  DType cache_dtype = DType::kBF16;
   int64_t queued_tokens = 0;  // prompt tokens not yet computed plus tokens still to generate
   // The requests queued_tokens counts, by id, each with its share: a router tells its own
   // requests, and which of them the instance has taken in, from other clients' work.

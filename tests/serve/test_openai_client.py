@@ -567,6 +567,55 @@ def test_errors_through_the_client_and_the_server_keeps_answering(server, client
     assert out.usage.completion_tokens == 3
 
 
+def test_an_fp8_cache_serves_one_answer_and_reports_its_configuration(server, model_dir):
+    """serve --kv-dtype fp8: the OpenAI client's greedy chat is the same cached or not, streamed
+    or not, and /metrics names the cache as vLLM's cache_config_info does — with the bytes a
+    token takes (DeepSeek-V3's row: 644 bytes against bf16's 1,152)."""
+    from conftest import Server
+    from openai import OpenAI
+    s = Server(model_dir, "--kv-dtype", "fp8", "--kv-cache-tokens", "4096")
+    try:
+        client = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": "Speak of the tempest and the island, as "
+                     "Prospero would. (fp8 cache test)"}]
+        args = dict(model="sy-test", messages=messages, max_tokens=16, logprobs=True, **GREEDY)
+        first = client.chat.completions.create(**args)
+        chunks = list(client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **args))
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+            first.choices[0].message.content
+        streamed = [(t.token, t.logprob) for c in chunks if c.choices and c.choices[0].logprobs
+                    for t in c.choices[0].logprobs.content]
+        assert streamed == [(t.token, t.logprob) for t in first.choices[0].logprobs.content]
+        # The bf16 server's answer to the same request has other log-probabilities: the cache
+        # here really is fp8.
+        bf16 = OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        other = bf16.chat.completions.create(**args)
+        assert [t.logprob for t in other.choices[0].logprobs.content] != \
+            [t.logprob for t in first.choices[0].logprobs.content]
+        # A row: the latent's e4m3 codes and one exponent per 128 of them (padded to an even
+        # byte), then the rope part in bf16; the bf16 server's row is both parts in bf16.
+        with open(f"{model_dir}/config.json") as f:
+            config = json.load(f)
+        latent, rope = config["kv_lora_rank"], config["qk_rope_head_dim"]
+        fp8_row = (latent + (latent + 127) // 128 + 1) // 2 * 2 + 2 * rope
+        def info(of):
+            rows = [name for name in of.metrics() if name.startswith("switchyard:cache_config_info")]
+            assert len(rows) == 1, rows
+            labels = dict(part.split("=", 1) for part in rows[0][rows[0].index("{") + 1:-1].split(","))
+            assert of.metrics()[rows[0]] == 1
+            return {key: value.strip('"') for key, value in labels.items()}
+        fp8, bf16_info = info(s), info(server)
+        assert fp8["cache_dtype"] == "fp8" and bf16_info["cache_dtype"] == "bf16"
+        assert fp8["block_size"] == "16"
+        assert int(fp8["num_blocks"]) * 16 >= 4096
+        assert int(fp8["bytes_per_token"]) * 2 * (latent + rope) == \
+            int(bf16_info["bytes_per_token"]) * fp8_row
+    finally:
+        assert s.stop() == 0
+
+
 def test_api_key_is_required_when_set(model_dir):
     from conftest import Server
     from openai import OpenAI

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -164,36 +165,47 @@ constexpr ValueTileFn kValueTiles[5] = {nullptr, ValueTile<kHeads, 1>, ValueTile
 constexpr const ValueTileFn* kValueTable[5] = {nullptr, kValueTiles<1>, kValueTiles<2>,
                                                kValueTiles<3>, kValueTiles<4>};
 
-// An fp8 row's first `width` values as bf16 (latent_row.h), 16 codes at a time: each code's bits
-// moved into f32's place (exponent bias 7 → 127; a subnormal code m · 2^-9 converted), times the
-// block's power of two, then to bf16 — every step exact, a code has 4 significant bits. The
-// rows are staged once per chunk and shared by every head and token of the call.
+// bf16 bits of each e4m3 magnitude (codes 0..127) at scale 1; 127 (NaN) a quiet NaN. Exact:
+// e4m3 values have at most 4 significant bits and exponents -9..8.
+const std::array<uint16_t, 128> kFp8MagnitudeBf16 = [] {
+  std::array<uint16_t, 128> table{};
+  for (int code = 0; code < 128; ++code)
+    table[code] = F32ToBF16(F8E4M3ToF32(static_cast<uint8_t>(code)));
+  return table;
+}();
+
+// An fp8 row's first `width` values as bf16 (latent_row.h), 32 codes at a time: each magnitude
+// looked up in the table above (four registers, two VPERMI2W and a blend on bit 6), the block's
+// power of two added to the exponent field of every finite non-zero value, the sign put back.
+// Exact, and some three times fewer instructions than widening through f32 (the staging was a
+// fifth of the kernel's time at 128 heads). Rows are staged once per chunk and shared by every
+// head and token of the call.
 SY_MLA_TARGET void StageFp8Row(const LatentRowLayout& layout, const uint8_t* row, int64_t width,
                                uint16_t* out) {
-  const __m512i magnitude_mask = _mm512_set1_epi32(0x7f), exponent_mask = _mm512_set1_epi32(0x78);
-  const __m512i bias = _mm512_set1_epi32(120 << 23), sign_mask = _mm512_set1_epi32(0x80);
-  const __m512 subnormal_step = _mm512_set1_ps(1.0f / 512.0f);
-  const __m512 nan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
+  const __m512i t0 = _mm512_loadu_si512(kFp8MagnitudeBf16.data());
+  const __m512i t1 = _mm512_loadu_si512(kFp8MagnitudeBf16.data() + 32);
+  const __m512i t2 = _mm512_loadu_si512(kFp8MagnitudeBf16.data() + 64);
+  const __m512i t3 = _mm512_loadu_si512(kFp8MagnitudeBf16.data() + 96);
+  const __m512i magnitude_mask = _mm512_set1_epi16(0x7f), high_bit = _mm512_set1_epi16(0x40);
+  const __m512i sign_mask = _mm512_set1_epi16(0x80);
   const int64_t latent = layout.quantized;  // a multiple of 16 (MlaDecodeBf16Applies)
-  for (int64_t d = 0; d < latent; d += 16) {
+  for (int64_t d = 0; d < latent; d += 32) {
+    // 32 codes (16 for a last half step) never straddle a scale block: 32 divides 128.
+    const __mmask32 lanes = latent - d >= 32 ? ~__mmask32{0} : __mmask32{0xffff};
     const int exponent = static_cast<int8_t>(row[latent + d / LatentRowLayout::kScaleBlock]);
-    const __m512i code =
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));
+    const __m512i code = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(lanes, row + d));
     const __m512i magnitude = _mm512_and_si512(code, magnitude_mask);
-    const __m512 normal =
-        _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(magnitude, 20), bias));
-    const __m512 subnormal = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_and_si512(magnitude, _mm512_set1_epi32(7))), subnormal_step);
-    const __mmask16 is_subnormal =
-        _mm512_cmpeq_epi32_mask(_mm512_and_si512(code, exponent_mask), _mm512_setzero_si512());
-    __m512 value = _mm512_mul_ps(_mm512_mask_blend_ps(is_subnormal, normal, subnormal),
-                                 _mm512_set1_ps(std::ldexp(1.0f, exponent)));
-    value = _mm512_or_ps(value, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                    _mm512_and_si512(code, sign_mask), 24)));
-    value = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(magnitude, magnitude_mask), value, nan);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + d),
-                        reinterpret_cast<const __m256i&>(static_cast<const __m256bh&>(
-                            _mm512_cvtneps_pbh(value))));
+    const __m512i low = _mm512_permutex2var_epi16(t0, magnitude, t1);
+    const __m512i high = _mm512_permutex2var_epi16(t2, magnitude, t3);
+    __m512i value =
+        _mm512_mask_blend_epi16(_mm512_test_epi16_mask(magnitude, high_bit), low, high);
+    const __mmask32 scaled =
+        _mm512_cmpneq_epi16_mask(magnitude, _mm512_setzero_si512()) &
+        _mm512_cmpneq_epi16_mask(magnitude, magnitude_mask);
+    value = _mm512_mask_add_epi16(value, scaled, value,
+                                  _mm512_set1_epi16(static_cast<int16_t>(exponent * 128)));
+    value = _mm512_or_si512(value, _mm512_slli_epi16(_mm512_and_si512(code, sign_mask), 8));
+    _mm512_mask_storeu_epi16(out + d, lanes, value);
   }
   std::memcpy(out + latent, layout.Plain(row, latent), static_cast<size_t>(width - latent) * 2);
 }
