@@ -19,37 +19,48 @@ HWY_BEFORE_NAMESPACE();
 namespace sy::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// codes[i] · 2^exponent for `count` e4m3 codes. In integer arithmetic rather than a table: a
-// normal code's exponent and mantissa bits moved into f32's place with the bias raised by 120
-// (7 → 127); a subnormal one (exponent bits 0) is m · 2^-9. Both exact, the scale too.
-void DecodeCodesImpl(const uint8_t* codes, int64_t count, int exponent, float* out) {
+// Codes [column, column + count) of a row's quantized part as f32: code · 2^e, e the exponent of
+// its block of 128. In integer arithmetic rather than a table: a normal code's exponent and
+// mantissa bits moved into f32's place with the bias raised by 120 + e (7 → 127, and the scale
+// folded in); a subnormal one (exponent bits 0) is m · 2^(e-9). Both exact. One call a row: a
+// call and a libm ldexp per block were a tenth of the f32 flash-decode's time on AVX2.
+void DecodeCodesImpl(const uint8_t* codes, const int8_t* exponents, int64_t column, int64_t count,
+                     float* out) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Rebind<uint8_t, decltype(du)> du8;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
-  const float scale = std::ldexp(1.0f, exponent);
   const auto magnitude_mask = hn::Set(du, 0x7fu), sign_mask = hn::Set(du, 0x80u);
-  const auto exponent_mask = hn::Set(du, 0x78u), bias = hn::Set(du, 120u << 23);
-  const auto nan_code = hn::Set(du, 0x7fu);
-  const auto subnormal_step = hn::Set(df, 1.0f / 512.0f), scale_v = hn::Set(df, scale);
+  const auto exponent_mask = hn::Set(du, 0x78u), mantissa_mask = hn::Set(du, 7u);
   const auto nan = hn::Set(df, std::numeric_limits<float>::quiet_NaN());
-  int64_t i = 0;
-  for (; i + n <= count; i += n) {
-    const auto code = hn::PromoteTo(du, hn::LoadU(du8, codes + i));
-    const auto magnitude = hn::And(code, magnitude_mask);
-    const auto normal = hn::BitCast(df, hn::Add(hn::ShiftLeft<20>(magnitude), bias));
-    const auto subnormal =
-        hn::Mul(hn::ConvertTo(df, hn::BitCast(di, hn::And(magnitude, hn::Set(du, 7u)))),
-                subnormal_step);
-    const auto is_subnormal = hn::RebindMask(df, hn::Eq(hn::And(code, exponent_mask), hn::Zero(du)));
-    auto value = hn::Mul(hn::IfThenElse(is_subnormal, subnormal, normal), scale_v);
-    value = hn::Or(value, hn::BitCast(df, hn::ShiftLeft<24>(hn::And(code, sign_mask))));
-    const auto is_nan = hn::RebindMask(df, hn::Eq(magnitude, nan_code));
-    hn::StoreU(hn::IfThenElse(is_nan, nan, value), df, out + i);
+  const int64_t end = column + count;
+  while (column < end) {
+    const int64_t block = column / LatentRowLayout::kScaleBlock;
+    const int64_t stop = std::min(end, (block + 1) * LatentRowLayout::kScaleBlock);
+    const int e = exponents[block];
+    const auto bias = hn::Set(du, static_cast<uint32_t>(120 + e) << 23);
+    const auto subnormal_step = hn::Set(df, F32FromBits(static_cast<uint32_t>(127 + e - 9) << 23));
+    int64_t i = column;
+    for (; i + n <= stop; i += n) {
+      const auto code = hn::PromoteTo(du, hn::LoadU(du8, codes + i));
+      const auto magnitude = hn::And(code, magnitude_mask);
+      const auto normal = hn::BitCast(df, hn::Add(hn::ShiftLeft<20>(magnitude), bias));
+      const auto subnormal =
+          hn::Mul(hn::ConvertTo(df, hn::BitCast(di, hn::And(magnitude, mantissa_mask))),
+                  subnormal_step);
+      const auto is_subnormal =
+          hn::RebindMask(df, hn::Eq(hn::And(code, exponent_mask), hn::Zero(du)));
+      auto value = hn::IfThenElse(is_subnormal, subnormal, normal);
+      value = hn::Or(value, hn::BitCast(df, hn::ShiftLeft<24>(hn::And(code, sign_mask))));
+      const auto is_nan = hn::RebindMask(df, hn::Eq(magnitude, magnitude_mask));
+      hn::StoreU(hn::IfThenElse(is_nan, nan, value), df, out + (i - column));
+    }
+    for (; i < stop; ++i)
+      out[i - column] = F8E4M3ToF32(codes[i]) * F32FromBits(static_cast<uint32_t>(127 + e) << 23);
+    out += stop - column;
+    column = stop;
   }
-  for (; i < count; ++i)
-    out[i] = F8E4M3ToF32(codes[i]) * scale;
 }
 
 }  // namespace sy::kernels::HWY_NAMESPACE
@@ -124,12 +135,10 @@ void DecodeLatentRow(const LatentRowLayout& layout, const uint8_t* row, int64_t 
     std::memcpy(out, row + column * 4, static_cast<size_t>(count) * sizeof(float));
     return;
   }
-  // The quantized columns, a scale block (or the part of one asked for) at a time.
-  while (column < std::min(end, layout.quantized)) {
-    const int64_t block = column / LatentRowLayout::kScaleBlock;
-    const int64_t stop = std::min({end, layout.quantized, (block + 1) * LatentRowLayout::kScaleBlock});
-    const int exponent = static_cast<int8_t>(row[layout.quantized + block]);
-    HWY_DYNAMIC_DISPATCH(DecodeCodesImpl)(row + column, stop - column, exponent, out);
+  if (column < layout.quantized) {  // the quantized columns asked for
+    const int64_t stop = std::min(end, layout.quantized);
+    HWY_DYNAMIC_DISPATCH(DecodeCodesImpl)
+    (row, reinterpret_cast<const int8_t*>(row + layout.quantized), column, stop - column, out);
     out += stop - column;
     column = stop;
   }
