@@ -81,6 +81,26 @@ TEST(CliTest, GenerateIsDeterministicAndBatchInvariant) {
   EXPECT_NE(batched.find("tok/s"), std::string::npos);
 }
 
+// An fp8 latent cache under speculative decoding: drafts' rows are written, verified and rolled
+// back like any others, so greedy tokens are plain decoding's on the same cache (the default
+// model, which has an MTP layer). And `--kv-dtype` says what it takes.
+TEST(CliTest, SpeculativeDecodingOnAnFp8CacheGivesPlainDecodingsTokens) {
+  const std::string generate = Binary() +
+                               " generate --kv-dtype fp8 --prompt 'ROMEO: But soft' --prompt "
+                               "'To be, or not to be' --max-tokens 24 --ignore-eos";
+  std::string plain;
+  ASSERT_EQ(RunCommand(generate, &plain), 0) << plain;
+  for (const char* drafter : {" --speculative mtp", " --speculative ngram"}) {
+    std::string drafted;
+    ASSERT_EQ(RunCommand(generate + drafter, &drafted), 0) << drafted;
+    EXPECT_EQ(LineAfter(drafted, "sequence 0:"), LineAfter(plain, "sequence 0:")) << drafter;
+    EXPECT_EQ(LineAfter(drafted, "sequence 1:"), LineAfter(plain, "sequence 1:")) << drafter;
+  }
+  std::string bad;
+  EXPECT_NE(RunCommand(Binary() + " generate --kv-dtype fp4 --prompt x --max-tokens 1", &bad), 0);
+  EXPECT_NE(bad.find("fp8"), std::string::npos) << bad;
+}
+
 // `generate --warmup N` runs the batch N times untimed first: the measured run prints the same
 // tokens, and the recorded expert load is the measured run's alone (warm-up routing cleared).
 TEST(CliTest, GenerateWarmupKeepsTheOutputAndTheLoadOfTheMeasuredRun) {

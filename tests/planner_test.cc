@@ -32,6 +32,22 @@ TEST(PlannerTest, KvBytesPerToken) {
   EXPECT_EQ(model.KvBytesPerToken(), 70272);
 }
 
+// --kv-dtype fp8: 512 e4m3 codes, 4 exponents and 64 bf16 values a row (644 bytes); the same
+// memory then holds 1,152 / 644 times the requests, and the MLA kernel reads fewer bytes.
+TEST(PlannerTest, AnFp8CacheHoldsMoreRequests) {
+  Workload fp8_workload = kSeedWorkload;
+  fp8_workload.kv_dtype = DType::kF8E4M3;
+  const CostModel bf16(DeepSeekV3(), Hardware("H200"), kSeedWorkload);
+  const CostModel fp8(DeepSeekV3(), Hardware("H200"), fp8_workload);
+  EXPECT_EQ(fp8.KvBytesPerToken(), 644 * 61);
+  const Deployment d{8, 1, 32, Overlap::kNone};
+  const MemoryEstimate a = bf16.Memory(d), b = fp8.Memory(d);
+  EXPECT_DOUBLE_EQ(a.free_bytes, b.free_bytes);
+  EXPECT_DOUBLE_EQ(a.kv_bytes_per_request / b.kv_bytes_per_request, 1152.0 / 644.0);
+  EXPECT_GT(b.max_requests, a.max_requests * 17 / 10);
+  EXPECT_LE(fp8.Predict(d).moe_layer.attention, bf16.Predict(d).moe_layer.attention);
+}
+
 // DeepSeek-V3.2 (configs/deepseek-v3.2.json): the indexer's key beside each latent row, its
 // weights in every attention layer; attention over at most 2,048 keys, after scoring them all.
 // Shorter than index_topk the indexer is pure overhead; at 64k cached tokens DSA's attention is
