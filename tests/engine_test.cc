@@ -1894,6 +1894,23 @@ TEST(EngineTest, DisaggregatedRequestOnFp8CachesGivesTheColocatedBits) {
     prefill.RunToIdle();
     EXPECT_EQ(Collect(*stream.value()).finish, "transferred");
   }
+  {  // a row whose scale exponent no fp8 row has (corrupted on the way) is refused, named
+    ServingRun decode(4096, EngineConfig{});
+    CollectingSink corrupted = *sink;
+    const int64_t latent = DefaultModel().model->config().kv_lora_rank;
+    const int64_t layer = 1, row = 3, count = corrupted.chunks[0].first;
+    corrupted.chunks[0].second[(layer * count + row) * corrupted.row_bytes + latent] = 0x80;
+    EngineRequest request{"x", prompt, Greedy(4)};
+    request.prompt.push_back(*sink->first_token);
+    request.resumed_tokens = 1;
+    request.imported = corrupted.Imported();
+    SubmitError error;
+    auto stream = decode.engine.Submit(std::move(request), &error);
+    ASSERT_FALSE(stream.ok());
+    EXPECT_NE(stream.status().message().find("position 3 in layer 1 is not an fp8 cache row"),
+              std::string::npos)
+        << stream.status().message();
+  }
   g_serving_cache = DType::kBF16;
   ServingRun decode(4096, EngineConfig{});
   EngineRequest request{"x", prompt, Greedy(4)};

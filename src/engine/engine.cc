@@ -8,6 +8,8 @@
 #include <tuple>
 #include <unordered_set>
 
+#include "kernels/cpu/latent_row.h"
+
 #include "base/clock.h"
 #include "structured/matcher.h"
 
@@ -260,6 +262,16 @@ Result<std::unique_ptr<Engine::Sequence>> Engine::Prepare(EngineRequest request)
           "the received rows have {} layers of {} bytes; this instance's cache has {} of {} (the "
           "same model, cache dtype and MTP setting are needed on both sides)",
           rows.layers, rows.row_bytes, cache_.layers(), cache_.row_bytes());
+    for (const ImportedRows::Chunk& chunk : rows.chunks) {
+      const int64_t bad =
+          kernels::FirstBadLatentRow(cache_.layout(), chunk.rows, chunk.count * rows.layers);
+      if (bad >= 0)
+        return Status::Errorf(
+            "the received row of position {} in layer {} is not an fp8 cache row (a scale "
+            "exponent outside ±{})",
+            chunk.first + bad % chunk.count, bad / chunk.count,
+            kernels::LatentRowLayout::kMaxExponent);
+    }
     if (request.params.prompt_logprobs)
       return Status::Error(
           "prompt_logprobs: computed by the prefill instance, not by the decode instance");

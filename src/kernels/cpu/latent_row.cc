@@ -100,6 +100,18 @@ int BlockExponent(float max_abs) {
 
 }  // namespace
 
+int64_t FirstBadLatentRow(const LatentRowLayout& layout, const uint8_t* rows, int64_t count) {
+  if (layout.dtype != DType::kF8E4M3) return -1;  // every bit pattern is a value
+  for (int64_t r = 0; r < count; ++r) {
+    const auto* exponents = reinterpret_cast<const int8_t*>(rows + r * layout.row_bytes + layout.quantized);
+    for (int64_t b = 0; b < layout.scale_blocks(); ++b)
+      if (exponents[b] < -LatentRowLayout::kMaxExponent ||
+          exponents[b] > LatentRowLayout::kMaxExponent)
+        return r;
+  }
+  return -1;
+}
+
 void EncodeLatentRow(const LatentRowLayout& layout, const float* values, uint8_t* row) {
   if (layout.dtype == DType::kF32) {
     std::memcpy(row, values, static_cast<size_t>(layout.width) * sizeof(float));

@@ -51,6 +51,10 @@ struct LatentRowLayout {
   }
 };
 
+// Whether `count` rows (row_bytes apart) are rows this layout can hold: an fp8 row's exponents
+// in [-kMaxExponent, kMaxExponent] (others decode to wrong magnitudes). Returns the first row
+// that is not, or -1. Rows received from another instance are checked before they are used.
+int64_t FirstBadLatentRow(const LatentRowLayout& layout, const uint8_t* rows, int64_t count);
 // Stores `values` (layout.width of them) as one row.
 void EncodeLatentRow(const LatentRowLayout& layout, const float* values, uint8_t* row);
 // Columns [column, column + count) of a row as f32, exactly the values the row holds.
