@@ -295,34 +295,34 @@ TEST_F(Bf16DotTest, MlaDecodeOnAnFp8CacheIsTheBf16CacheOfItsValues) {
     return rows;
   };
   for (bool all_codes : {false, true})
-  for (int64_t keys : {int64_t{1}, int64_t{70}, int64_t{600}}) {
-    const int64_t tokens = std::min<int64_t>(keys, 2);
-    const testing::TestLatentCache fp8 =
-        all_codes ? testing::MakeTestLatentCacheOf(every_code(keys), width, page, DType::kF8E4M3,
-                                                   latent)
-                  : testing::MakeTestLatentCache(keys, width, page, 17, DType::kF8E4M3, latent);
-    if (all_codes)  // the codes went in as they were: nothing was rounded
-      ASSERT_EQ(fp8.rows, every_code(keys));
-    const testing::TestLatentCache bf16 =
-        testing::MakeTestLatentCacheOf(fp8.rows, width, page, DType::kBF16, latent);
-    ASSERT_EQ(0, std::memcmp(fp8.rows.data(), bf16.rows.data(), fp8.rows.size() * sizeof(float)))
-        << "an fp8 cache's values are bf16 values";
-    ASSERT_TRUE(kernels::MlaDecodeBf16Applies(DType::kF8E4M3, latent, rope));
-    auto q_latent = RandomRows(tokens * heads, latent, 12);
-    auto q_pe = RandomRows(tokens * heads, rope, 13);
-    std::vector<int64_t> positions;
-    for (int64_t t = 0; t < tokens; ++t)
-      positions.push_back(keys - tokens + t);
-    std::vector<float> got(static_cast<size_t>(tokens * heads * latent)), want(got.size());
-    kernels::MlaDecodeAttentionBf16(q_latent.data(), q_pe.data(), tokens, positions.data(),
-                                    fp8.view, keys, heads, 0, heads, latent, rope, 0.3f,
-                                    got.data());
-    kernels::MlaDecodeAttentionBf16(q_latent.data(), q_pe.data(), tokens, positions.data(),
-                                    bf16.view, keys, heads, 0, heads, latent, rope, 0.3f,
-                                    want.data());
-    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
-        << keys << " keys" << (all_codes ? ", every code" : "");
-  }
+    for (int64_t keys : {int64_t{1}, int64_t{70}, int64_t{600}}) {
+      const int64_t tokens = std::min<int64_t>(keys, 2);
+      const testing::TestLatentCache fp8 =
+          all_codes ? testing::MakeTestLatentCacheOf(every_code(keys), width, page, DType::kF8E4M3,
+                                                     latent)
+                    : testing::MakeTestLatentCache(keys, width, page, 17, DType::kF8E4M3, latent);
+      if (all_codes)  // the codes went in as they were: nothing was rounded
+        ASSERT_EQ(fp8.rows, every_code(keys));
+      const testing::TestLatentCache bf16 =
+          testing::MakeTestLatentCacheOf(fp8.rows, width, page, DType::kBF16, latent);
+      ASSERT_EQ(0, std::memcmp(fp8.rows.data(), bf16.rows.data(), fp8.rows.size() * sizeof(float)))
+          << "an fp8 cache's values are bf16 values";
+      ASSERT_TRUE(kernels::MlaDecodeBf16Applies(DType::kF8E4M3, latent, rope));
+      auto q_latent = RandomRows(tokens * heads, latent, 12);
+      auto q_pe = RandomRows(tokens * heads, rope, 13);
+      std::vector<int64_t> positions;
+      for (int64_t t = 0; t < tokens; ++t)
+        positions.push_back(keys - tokens + t);
+      std::vector<float> got(static_cast<size_t>(tokens * heads * latent)), want(got.size());
+      kernels::MlaDecodeAttentionBf16(q_latent.data(), q_pe.data(), tokens, positions.data(),
+                                      fp8.view, keys, heads, 0, heads, latent, rope, 0.3f,
+                                      got.data());
+      kernels::MlaDecodeAttentionBf16(q_latent.data(), q_pe.data(), tokens, positions.data(),
+                                      bf16.view, keys, heads, 0, heads, latent, rope, 0.3f,
+                                      want.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+          << keys << " keys" << (all_codes ? ", every code" : "");
+    }
 }
 
 }  // namespace

@@ -174,7 +174,8 @@ TEST(LatentCacheTest, Fp8RowsHoldTheNearestScaledCodes) {
         double best_distance = INFINITY;
         for (int code = 0; code < 256; ++code) {
           if ((code & 0x7f) == 0x7f) continue;  // NaN
-          const double v = std::ldexp(static_cast<double>(F8E4M3ToF32(static_cast<uint8_t>(code))), e);
+          const double v =
+              std::ldexp(static_cast<double>(F8E4M3ToF32(static_cast<uint8_t>(code))), e);
           const double distance = std::fabs(v - static_cast<double>(x[d]));
           if (distance < best_distance ||
               (distance == best_distance && (code & 1) == 0 && (best_code & 1) == 1)) {
@@ -243,8 +244,8 @@ TEST(LatentCacheTest, Fp8RowsSurviveEveryCopyAndMatchAnF32CacheRoundingAsFp8) {
   std::vector<float> columns(static_cast<size_t>(rows * 30));
   fp8.GatherColumns(1, a, rows, 290, 30, columns.data());
   for (int64_t p = 0; p < rows; ++p)
-    ASSERT_EQ(0, std::memcmp(columns.data() + p * 30, want.data() + p * width + 290,
-                             30 * sizeof(float)));
+    ASSERT_EQ(
+        0, std::memcmp(columns.data() + p * 30, want.data() + p * width + 290, 30 * sizeof(float)));
 }
 
 }  // namespace

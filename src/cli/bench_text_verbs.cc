@@ -292,13 +292,12 @@ void AddBenchAccuracyCommand(CLI::App& bench_app) {
     TextCodec codec = LoadTextCodecOrFail(directory);
     if (!args->against.empty() && !args->kv_dtype.empty())
       FailVerb("--against and --kv-dtype each choose what is compared: give one");
-    auto report =
-        !args->kv_dtype.empty()
-            ? bench::BenchCacheAccuracy(directory, codec, args->prompts,
-                                        KvDTypeOrFail(args->kv_dtype))
-        : args->against.empty()
-            ? bench::BenchInt8Accuracy(directory, codec, args->prompts)
-            : bench::BenchAccuracyAgainst(directory, args->against, codec, args->prompts);
+    auto report = !args->kv_dtype.empty()
+                      ? bench::BenchCacheAccuracy(directory, codec, args->prompts,
+                                                  KvDTypeOrFail(args->kv_dtype))
+                  : args->against.empty()
+                      ? bench::BenchInt8Accuracy(directory, codec, args->prompts)
+                      : bench::BenchAccuracyAgainst(directory, args->against, codec, args->prompts);
     if (!report.ok()) FailVerb(report.status().message());
     std::fputs((args->json ? bench::AccuracyReportJson(report.value()) + "\n"
                            : bench::AccuracyReportTable(report.value()))

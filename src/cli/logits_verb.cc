@@ -157,8 +157,9 @@ void AddLogitsVerb(CLI::App& app) {
   verb->add_option("--decode-from", args->decode_from,
                    "Prefill positions [0, K), then decode every later position one token per step")
       ->check(CLI::NonNegativeNumber);
-  verb->add_option("--kv-dtype", args->kv_dtype,
-                   "Latent cache dtype (f32 keeps the reference's arithmetic; bf16 as deployed; fp8)")
+  verb->add_option(
+          "--kv-dtype", args->kv_dtype,
+          "Latent cache dtype (f32 keeps the reference's arithmetic; bf16 as deployed; fp8)")
       ->check(CLI::IsMember(kKvDTypeNames));
   verb->add_option(
           "--attention", args->attention,

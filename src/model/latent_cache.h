@@ -73,8 +73,7 @@ class LatentCache {
   void Write(int64_t layer, const SequenceCache& sequence, int64_t position, const float* row);
   // The sequence's rows of `layer` as the attention kernels read them, in place.
   kernels::LatentPages Pages(int64_t layer, const SequenceCache& sequence) const {
-    return {storage_[static_cast<size_t>(layer)].get(), layout_, page_size_,
-            sequence.pages.data()};
+    return {storage_[static_cast<size_t>(layer)].get(), layout_, page_size_, sequence.pages.data()};
   }
   // Bytes of one row of one layer.
   int64_t row_bytes() const { return layout_.row_bytes; }

@@ -36,7 +36,9 @@ CostModel::CostModel(const ModelConfig& model, const HardwareSpec& hardware,
 
 // A DSA model (DeepSeek-V3.2) caches the indexer's key beside each latent row, as switchyard
 // lays its rows out (ModelConfig::cache_row_width).
-int64_t CostModel::KvBytesPerToken() const { return KvRowBytes() * m_.num_hidden_layers; }
+int64_t CostModel::KvBytesPerToken() const {
+  return KvRowBytes() * m_.num_hidden_layers;
+}
 
 int64_t CostModel::KvRowBytes(bool index_keys) const {
   const int64_t width = index_keys ? m_.cache_row_width() : m_.latent_cache_width();
@@ -166,9 +168,9 @@ CostModel::Parts CostModel::LayerParts(const Deployment& d, double group_tokens,
     const double bytes =
         group_tokens * attended * row_bytes + group_tokens * H * (row + latent) * kBf16;
     // Dense: a request's queries share one read of its cache; DSA: each query reads its own keys.
-    const double read =
-        m_.has_indexer() ? bytes
-                         : requests * kv * row_bytes + group_tokens * H * (row + latent) * kBf16;
+    const double read = m_.has_indexer()
+                            ? bytes
+                            : requests * kv * row_bytes + group_tokens * H * (row + latent) * kBf16;
     p.attention = std::max({flops / (hw_.peak_bf16_tflops * 1e12 * e.attention_compute) * 1e6,
                             read / (hw_.memory_bandwidth_gbps * kGB * e.attention_memory) * 1e6,
                             e.kernel_floor_us});

@@ -18,9 +18,9 @@ enum class Overlap { kNone, kDispatch, kMicrobatch };
 const char* OverlapName(Overlap overlap);
 
 struct Workload {
-  int64_t kv_len = 5000;    // tokens of context per request
-  int mtp = 0;              // draft tokens per step (0 or 1): query length 1 + mtp
-  double acceptance = 0.6;  // probability a draft token is accepted
+  int64_t kv_len = 5000;          // tokens of context per request
+  int mtp = 0;                    // draft tokens per step (0 or 1): query length 1 + mtp
+  double acceptance = 0.6;        // probability a draft token is accepted
   DType kv_dtype = DType::kBF16;  // the latent cache's rows: kBF16 or kF8E4M3 (latent_row.h)
 };
 

@@ -137,10 +137,9 @@ std::string PlanToJson(const Plan& plan) {
 }
 
 std::string PlanToTable(const Plan& plan, const HardwareSpec& hw) {
-  std::string out = fmt::format("KV cache: {} bytes per token ({}). Hardware: {} ({} per node).\n",
-                                plan.kv_bytes_per_token,
-                                plan.kv_dtype == DType::kF8E4M3 ? "fp8" : "bf16", hw.name,
-                                hw.devices_per_node);
+  std::string out = fmt::format(
+      "KV cache: {} bytes per token ({}). Hardware: {} ({} per node).\n", plan.kv_bytes_per_token,
+      plan.kv_dtype == DType::kF8E4M3 ? "fp8" : "bf16", hw.name, hw.devices_per_node);
   for (const BalanceEstimate& b : plan.balance)
     out += fmt::format(
         "EP{}: {} redundant experts ({} per device); expert imbalance {:.2f} contiguous, {:.2f} "

@@ -46,9 +46,8 @@ void DecodeCodesImpl(const uint8_t* codes, const int8_t* exponents, int64_t colu
       const auto code = hn::PromoteTo(du, hn::LoadU(du8, codes + i));
       const auto magnitude = hn::And(code, magnitude_mask);
       const auto normal = hn::BitCast(df, hn::Add(hn::ShiftLeft<20>(magnitude), bias));
-      const auto subnormal =
-          hn::Mul(hn::ConvertTo(df, hn::BitCast(di, hn::And(magnitude, mantissa_mask))),
-                  subnormal_step);
+      const auto subnormal = hn::Mul(
+          hn::ConvertTo(df, hn::BitCast(di, hn::And(magnitude, mantissa_mask))), subnormal_step);
       const auto is_subnormal =
           hn::RebindMask(df, hn::Eq(hn::And(code, exponent_mask), hn::Zero(du)));
       auto value = hn::IfThenElse(is_subnormal, subnormal, normal);
@@ -103,7 +102,8 @@ int BlockExponent(float max_abs) {
 int64_t FirstBadLatentRow(const LatentRowLayout& layout, const uint8_t* rows, int64_t count) {
   if (layout.dtype != DType::kF8E4M3) return -1;  // every bit pattern is a value
   for (int64_t r = 0; r < count; ++r) {
-    const auto* exponents = reinterpret_cast<const int8_t*>(rows + r * layout.row_bytes + layout.quantized);
+    const auto* exponents =
+        reinterpret_cast<const int8_t*>(rows + r * layout.row_bytes + layout.quantized);
     for (int64_t b = 0; b < layout.scale_blocks(); ++b)
       if (exponents[b] < -LatentRowLayout::kMaxExponent ||
           exponents[b] > LatentRowLayout::kMaxExponent)
@@ -136,8 +136,7 @@ void EncodeLatentRow(const LatentRowLayout& layout, const float* values, uint8_t
   }
   // The rest (all of a bf16 row): bf16, which starts on an even byte.
   const int64_t first = layout.quantized;
-  RoundToBf16(values + first, layout.width - first,
-              reinterpret_cast<uint16_t*>(row + layout.tail));
+  RoundToBf16(values + first, layout.width - first, reinterpret_cast<uint16_t*>(row + layout.tail));
 }
 
 void DecodeLatentRow(const LatentRowLayout& layout, const uint8_t* row, int64_t column,

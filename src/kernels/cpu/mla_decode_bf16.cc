@@ -197,11 +197,9 @@ SY_MLA_TARGET void StageFp8Row(const LatentRowLayout& layout, const uint8_t* row
     const __m512i magnitude = _mm512_and_si512(code, magnitude_mask);
     const __m512i low = _mm512_permutex2var_epi16(t0, magnitude, t1);
     const __m512i high = _mm512_permutex2var_epi16(t2, magnitude, t3);
-    __m512i value =
-        _mm512_mask_blend_epi16(_mm512_test_epi16_mask(magnitude, high_bit), low, high);
-    const __mmask32 scaled =
-        _mm512_cmpneq_epi16_mask(magnitude, _mm512_setzero_si512()) &
-        _mm512_cmpneq_epi16_mask(magnitude, magnitude_mask);
+    __m512i value = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(magnitude, high_bit), low, high);
+    const __mmask32 scaled = _mm512_cmpneq_epi16_mask(magnitude, _mm512_setzero_si512()) &
+                             _mm512_cmpneq_epi16_mask(magnitude, magnitude_mask);
     value = _mm512_mask_add_epi16(value, scaled, value,
                                   _mm512_set1_epi16(static_cast<int16_t>(exponent * 128)));
     value = _mm512_or_si512(value, _mm512_slli_epi16(_mm512_and_si512(code, sign_mask), 8));
