@@ -5,8 +5,8 @@
 //   kF32      every value as f32 (exact, for conformance checks);
 //   kBF16     every value as bf16 (as deployed);
 //   kF8E4M3   the latent columns as float8 e4m3 codes, one power-of-two scale per block of 128
-//             of them (an int8 exponent), then the other columns as bf16 (vLLM's fp8 MLA cache
-//             keeps rope in 16 bits the same way: its rotation is sensitive to rounding):
+//             of them (an int8 exponent), then the other columns as bf16, unquantized (as
+//             DeepSeek's fp8 MLA cache for V3.2 keeps its rope part):
 //             [codes (latent) | exponents (blocks) | pad to even | rest as bf16].
 //             DeepSeek-V3: 512 + 4 + 128 = 644 bytes a row against bf16's 1,152.
 // Why powers of two: code · 2^e is exact in f32 and in bf16 (4 significant bits), so every
