@@ -389,8 +389,13 @@ struct DefaultServing {
   }
 };
 
-// The latent cache's dtype of the serving runs below (serve's --kv-dtype).
+// The latent cache's dtype of the serving runs below (serve's --kv-dtype), bf16 unless a test
+// holds a ServingCacheDtype (which puts bf16 back however the test ends).
 DType g_serving_cache = DType::kBF16;
+struct ServingCacheDtype {
+  explicit ServingCacheDtype(DType dtype) { g_serving_cache = dtype; }
+  ~ServingCacheDtype() { g_serving_cache = DType::kBF16; }
+};
 
 struct ServingRun {
   LatentCache cache;
@@ -544,7 +549,7 @@ TEST(EngineTest, OneAnswerPerRequestInTheDefaultMode) {
 // back exactly, so a request's answer does not depend on how its rows came to be there either.
 TEST(EngineTest, OneAnswerPerRequestOnAnFp8Cache) {
   DefaultServing serving;
-  g_serving_cache = DType::kF8E4M3;
+  ServingCacheDtype fp8_cache(DType::kF8E4M3);
   ExpectOneAnswer(100);
   ExpectOneAnswer(400);
   // And the cache is fp8: the answer is not the bf16 cache's (its log-probabilities move).
@@ -1880,7 +1885,7 @@ TEST(EngineTest, DisaggregatedRequestGivesTheColocatedBitsInTheDefaultMode) {
 // fp8 prefill instance's rows offered to a bf16 decode instance are refused, saying why.
 TEST(EngineTest, DisaggregatedRequestOnFp8CachesGivesTheColocatedBits) {
   DefaultServing serving;
-  g_serving_cache = DType::kF8E4M3;
+  ServingCacheDtype fp8_cache(DType::kF8E4M3);
   ExpectDisaggregatedOneAnswer(100, 0);
   auto sink = std::make_shared<CollectingSink>();
   const std::vector<int32_t> prompt = Prompt(40, 43);

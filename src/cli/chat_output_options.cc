@@ -1,5 +1,6 @@
 #include "cli/chat_output_options.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -90,6 +91,12 @@ void AddChatOutputOptions(CLI::App* verb, ChatOutputArgs& args) {
                    "line's result as it is recorded. A restart reads them back and runs on the "
                    "batches it interrupted from their first line without a result. One process "
                    "at a time (default: memory only)");
+  verb->add_option("--batch-completion-window", args.batch_completion_window,
+                   "Seconds a batch (/v1/batches, /v1/messages/batches) may run: when they are "
+                   "up, its requests in flight stop and every line without a result is reported "
+                   "expired, beside the results so far (OpenAI's and Anthropic's 24 hours by "
+                   "default; 0: never)")
+      ->check(CLI::Range(0.0, 1e9));
   verb->add_option("--responses-store-mb", args.responses_store_mb,
                    "Memory for stored Responses API responses (store, previous_response_id, "
                    "GET /v1/responses/{id}) and Anthropic message threads; the least recently "
@@ -118,6 +125,7 @@ void ApplyChatOutputOrFail(const ChatOutputArgs& args, const TextCodec& codec,
   if (!args.files_dir.empty() && options->files_bytes == 0)
     FailVerb("--files-dir keeps the Files and Batch APIs' state: --files-mb must not be 0");
   options->files_dir = args.files_dir;
+  options->batch_completion_window = static_cast<int64_t>(std::ceil(args.batch_completion_window));
   const auto store_bytes = static_cast<size_t>(args.responses_store_mb * (1 << 20));
   if (!args.responses_store_dir.empty()) {
     if (store_bytes == 0)

@@ -26,6 +26,7 @@ struct ChatOutputArgs {
   double sse_keepalive_seconds = 15;
   double files_mb = 512;                              // 0: no Files and Batch APIs
   std::string files_dir;                              // "": files and batches in memory only
+  double batch_completion_window = 24 * 3600;         // seconds; 0: batches never expire
   std::string chat_template;                          // "": the checkpoint's
   std::string chat_template_content_format = "auto";  // auto, string or openai
   bool trust_request_chat_template = false;

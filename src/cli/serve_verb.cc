@@ -274,7 +274,9 @@ void RunBatchFile(const ServeArgs& args, Engine& engine, const TextCodec& codec,
   serve::FileStore files(content.size() * 4 + (size_t{256} << 20));
   engine.Start();
   BeamSearchFrontend beams(engine, *codec.tokenizer, engine.limits());
-  serve::BatchRunner runner(beams, codec, options.limits, files, options.batch_max_in_flight);
+  // Offline: nothing expires (vLLM's run_batch has no window either).
+  serve::BatchRunner runner(beams, codec, options.limits, files, options.batch_max_in_flight,
+                            /*completion_window=*/0);
   std::vector<std::pair<int64_t, std::string>> results;
   int64_t total = 0, completed = 0, failed = 0;
   for (auto& [url, group] : groups) {

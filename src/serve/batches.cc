@@ -98,12 +98,14 @@ struct BatchRunner::InFlight {
 };
 
 BatchRunner::BatchRunner(RequestFrontend& engine, const TextCodec& codec,
-                         const ServingLimits& limits, FileStore& files, int64_t max_in_flight)
+                         const ServingLimits& limits, FileStore& files, int64_t max_in_flight,
+                         int64_t completion_window)
     : engine_(engine),
       codec_(codec),
       limits_(limits),
       files_(files),
       max_in_flight_(std::max<int64_t>(1, max_in_flight)),
+      completion_window_(std::max<int64_t>(0, completion_window)),
       directory_(files.batches_directory()) {
   if (!directory_.empty()) restored_ = Restore();
   thread_ = std::thread([this] { Loop(); });
@@ -144,6 +146,7 @@ BatchGauges BatchRunner::Gauges() {
   gauges.succeeded_total = succeeded_total_;
   gauges.errored_total = errored_total_;
   gauges.canceled_total = canceled_total_;
+  gauges.expired_total = expired_total_;
   return gauges;
 }
 
@@ -177,8 +180,11 @@ json BatchRunner::BatchObject(const Batch& batch) const {
        {"created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
         "expired_at", "cancelling_at", "cancelled_at"})
     object[key] = time(key);
-  object["request_counts"] = {
-      {"total", batch.total}, {"completed", batch.completed}, {"failed", batch.failed}};
+  // OpenAI's counts have no "expired": a line the window ran out on is a failed one (its
+  // batch_expired error is in the error file).
+  object["request_counts"] = {{"total", batch.total},
+                              {"completed", batch.completed},
+                              {"failed", batch.failed + batch.expired}};
   object["metadata"] = batch.metadata;
   return object;
 }
@@ -234,6 +240,14 @@ void BatchRunner::Cancel(Batch& batch, int64_t now) {
   wake_.notify_all();
 }
 
+void BatchRunner::Expire(Batch& batch) {
+  batch.expiring = true;
+  for (const auto& flight : in_flight_)
+    if (flight->batch.get() == &batch)
+      for (const auto& request_id : flight->request_ids)
+        engine_.Abort(request_id);
+}
+
 json BatchRunner::MessageBatchObject(const Batch& batch, const std::string& origin) const {
   auto time = [&](const char* key) {
     auto it = batch.times.find(key);
@@ -244,7 +258,8 @@ json BatchRunner::MessageBatchObject(const Batch& batch, const std::string& orig
   // to the batch's requests either way.
   const int64_t processing =
       ended ? 0
-            : std::max<int64_t>(0, batch.total - batch.completed - batch.failed - batch.canceled);
+            : std::max<int64_t>(0, batch.total - batch.completed - batch.failed - batch.canceled -
+                                       batch.expired);
   json object = {{"id", batch.id},
                  {"type", "message_batch"},
                  {"processing_status", ended                          ? "ended"
@@ -255,7 +270,7 @@ json BatchRunner::MessageBatchObject(const Batch& batch, const std::string& orig
                    {"succeeded", batch.completed},
                    {"errored", batch.failed},
                    {"canceled", batch.canceled},
-                   {"expired", 0}}},
+                   {"expired", batch.expired}}},
                  {"ended_at", ended ? time(EndedAtKey(batch)) : json(nullptr)},
                  {"created_at", time("created_at")},
                  {"expires_at", time("expires_at")},
@@ -354,7 +369,7 @@ ApiReply BatchRunner::CreateMessageBatch(const std::string& body, int64_t now,
   batch->input_file_id = (*input)->id;
   batch->completion_window = "24h";
   batch->times["created_at"] = now;
-  batch->times["expires_at"] = now + 24 * 3600;
+  if (completion_window_ > 0) batch->times["expires_at"] = now + completion_window_;
   json unused = json::array();
   batch->input = *input;
   ParseLines(Api::kAnthropic, batch->input->content, batch->endpoint, &batch->lines, &unused);
@@ -484,7 +499,7 @@ ApiReply BatchRunner::Create(const std::string& body, int64_t now) {
   batch->completion_window = *window;
   batch->metadata = metadata;
   batch->times["created_at"] = now;
-  batch->times["expires_at"] = now + 24 * 3600;
+  if (completion_window_ > 0) batch->times["expires_at"] = now + completion_window_;
   // The file's lines, checked as OpenAI checks them: each a request to this batch's endpoint
   // with a custom_id of its own. Any bad line fails the batch before anything runs.
   json errors = json::array();
@@ -546,7 +561,23 @@ void BatchRunner::RecordError(Batch& batch, int64_t line, const std::string& cus
 }
 
 void BatchRunner::RecordCanceled(Batch& batch, int64_t line, const std::string& custom_id) {
-  Append(batch, line, 0, {{"custom_id", custom_id}, {"result", {{"type", "canceled"}}}});
+  Append(batch, line, kCanceledStatus,
+         {{"custom_id", custom_id}, {"result", {{"type", "canceled"}}}});
+}
+
+void BatchRunner::RecordExpired(Batch& batch, int64_t line, const std::string& custom_id) {
+  if (batch.api == Api::kAnthropic)
+    return Append(batch, line, kExpiredStatus,
+                  {{"custom_id", custom_id}, {"result", {{"type", "expired"}}}});
+  // As OpenAI writes a line the window ran out on: no response, the error on the line itself.
+  Append(batch, line, kExpiredStatus,
+         {{"id", RandomObjectId("batch_req_")},
+          {"custom_id", custom_id},
+          {"response", nullptr},
+          {"error",
+           {{"code", "batch_expired"},
+            {"message",
+             "This request could not be executed before the completion window expired."}}}});
 }
 
 void BatchRunner::Append(Batch& batch, int64_t line, int status, const json& record) {
@@ -554,15 +585,21 @@ void BatchRunner::Append(Batch& batch, int64_t line, int status, const json& rec
   std::string& out = ok || batch.api == Api::kAnthropic ? batch.output : batch.error_output;
   out += record.dump(-1, ' ', false, json::error_handler_t::replace);
   out += '\n';
-  ++(ok ? batch.completed : status == 0 ? batch.canceled : batch.failed);
-  ++(ok ? succeeded_total_ : status == 0 ? canceled_total_ : errored_total_);
+  ++(ok                          ? batch.completed
+     : status == kCanceledStatus ? batch.canceled
+     : status == kExpiredStatus  ? batch.expired
+                                 : batch.failed);
+  ++(ok                          ? succeeded_total_
+     : status == kCanceledStatus ? canceled_total_
+     : status == kExpiredStatus  ? expired_total_
+                                 : errored_total_);
   Journal(batch, line, status, record);
 }
 
 void BatchRunner::Advance(const std::shared_ptr<Batch>& owner) {
   Batch& batch = *owner;
   const int64_t now = UnixNow();
-  while (batch.status == "in_progress" && batch.next < batch.lines.size() &&
+  while (batch.status == "in_progress" && !batch.expiring && batch.next < batch.lines.size() &&
          static_cast<int64_t>(in_flight_.size()) < max_in_flight_) {
     const Line& line = batch.lines[batch.next];
     // The line's request again (checked when the batch was created, from the same bytes).
@@ -693,6 +730,8 @@ void BatchRunner::Collect() {
                                            flight.created, codec_, limits_)
                          : json::parse(ResponseBody(flight.plan, flight.results, flight.response_id,
                                                     flight.created, codec_, limits_)));
+    } else if (batch.expiring && error == "the batch was cancelled") {
+      RecordExpired(batch, flight.line, flight.custom_id);
     } else if (batch.status == "in_progress" || error != "the batch was cancelled") {
       const bool ours = error == kNothingAllowedError;
       RecordError(batch, flight.line, flight.custom_id, flight.response_id,
@@ -712,15 +751,19 @@ void BatchRunner::Close(Batch& batch) {
   const int64_t now = UnixNow();
   const bool cancelled = batch.status == "cancelling";
   const bool anthropic = batch.api == Api::kAnthropic;
-  // Anthropic's results name every request: those a cancel kept from running too.
-  if (anthropic)
-    for (size_t i = batch.next; i < batch.lines.size(); ++i)
+  // The lines that never ran: expired when the window ran out (in either API's results), or —
+  // Anthropic's results name every request — canceled when a cancel kept them from running.
+  for (size_t i = batch.next; i < batch.lines.size(); ++i) {
+    if (batch.expiring && !cancelled)
+      RecordExpired(batch, batch.lines[i].number, batch.lines[i].custom_id);
+    else if (anthropic)
       RecordCanceled(batch, batch.lines[i].number, batch.lines[i].custom_id);
+  }
   batch.times["finalizing_at"] = now;
   std::vector<Line>().swap(batch.lines);  // the requests are not needed any more
   batch.input.reset();
   batch.next = 0;
-  batch.status = cancelled ? "cancelled" : "completed";
+  batch.status = cancelled ? "cancelled" : batch.expiring ? "expired" : "completed";
   // Results go to files; where the file budget is full the batch fails saying so (its lines'
   // results would otherwise be lost without a word). The files are named after the batch, so
   // that a restart finds those a crash before the state's save left (RemoveLeftovers).
@@ -773,7 +816,8 @@ json BatchRunner::MessageBatchState(const Batch& batch) const {
            {{"total", batch.total},
             {"succeeded", batch.completed},
             {"errored", batch.failed},
-            {"canceled", batch.canceled}}}};
+            {"canceled", batch.canceled},
+            {"expired", batch.expired}}}};
 }
 
 void BatchRunner::Save(const Batch& batch) {
@@ -856,6 +900,7 @@ Status BatchRunner::Restore() {
         batch->completed = counts.at("succeeded").get<int64_t>();
         batch->failed = counts.at("errored").get<int64_t>();
         batch->canceled = counts.at("canceled").get<int64_t>();
+        batch->expired = counts.value("expired", int64_t{0});  // absent from older states
       } else {
         batch->id = object.at("id").get<std::string>();
         batch->endpoint = object.at("endpoint").get<std::string>();
@@ -907,7 +952,7 @@ Status BatchRunner::Restore() {
       json errors = json::array();
       batch->input = input;
       ParseLines(batch->api, input->content, batch->endpoint, &batch->lines, &errors);
-      batch->completed = batch->failed = batch->canceled = 0;
+      batch->completed = batch->failed = batch->canceled = batch->expired = 0;
       std::set<int64_t> done;
       const fs::path log = fs::path(directory_) / (batch->id + ".lines.jsonl");
       // No log yet: no line had a result.
@@ -938,7 +983,10 @@ Status BatchRunner::Restore() {
             status == 200 || batch->api == Api::kAnthropic ? batch->output : batch->error_output;
         out += logged["record"].dump(-1, ' ', false, json::error_handler_t::replace);
         out += '\n';
-        ++(status == 200 ? batch->completed : status == 0 ? batch->canceled : batch->failed);
+        ++(status == 200               ? batch->completed
+           : status == kCanceledStatus ? batch->canceled
+           : status == kExpiredStatus  ? batch->expired
+                                       : batch->failed);
       }
       std::erase_if(batch->lines, [&](const Line& line) { return done.contains(line.number); });
       if (batch->status != "cancelling") batch->status = "in_progress";
@@ -976,10 +1024,16 @@ void BatchRunner::Loop() {
   while (!stopping_) {
     woken_ = false;
     Collect();
+    const int64_t now = UnixNow();
     for (const auto& batch : batches_) {
+      if (batch->status == "in_progress" && !batch->expiring) {
+        auto expires = batch->times.find("expires_at");
+        if (expires != batch->times.end() && now >= expires->second) Expire(*batch);
+      }
       Advance(batch);
-      const bool ended = batch->status == "cancelling" ||
-                         (batch->status == "in_progress" && batch->next >= batch->lines.size());
+      const bool ended =
+          batch->status == "cancelling" ||
+          (batch->status == "in_progress" && (batch->expiring || batch->next >= batch->lines.size()));
       if (ended && batch->in_flight == 0) Close(*batch);
     }
     FlushJournals();

@@ -14,6 +14,10 @@
 // the same budget and outlive a restart the same way), each line is a Messages request, and the
 // results — succeeded, errored or, for lines a cancel stopped, canceled — go to one results file
 // read back at the batch's results_url.
+//
+// A batch that has not finished when its completion window (24 hours) runs out expires: what is
+// in flight is stopped, and every line without a result is reported expired — in the error file
+// (OpenAI's batch_expired) or the results (Anthropic's "expired") — beside the results so far.
 #pragma once
 
 #include <atomic>
@@ -45,8 +49,13 @@ class BatchRunner {
   // `max_in_flight`: the batches' requests submitted at once, over all batches (the engine's
   // running batch size is a good value: live requests queue behind at most that many).
   // Batches are kept in files.batches_directory() where the store has one, and read back here.
+  // `completion_window`: seconds a batch may run; what it has not run by then is reported
+  // expired and the batch ends (OpenAI's status "expired", Anthropic's "expired" results). 0:
+  // batches never expire (an offline run-batch).
   BatchRunner(RequestFrontend& engine, const TextCodec& codec, const ServingLimits& limits,
-              FileStore& files, int64_t max_in_flight);
+              FileStore& files, int64_t max_in_flight,
+              int64_t completion_window = kDefaultCompletionWindow);
+  static constexpr int64_t kDefaultCompletionWindow = 24 * 3600;  // both APIs' 24 h
   ~BatchRunner();
   // Whether the batches kept on disk were read back (an error names the file and what is wrong;
   // the server refuses to start on it rather than lose them).
@@ -94,6 +103,8 @@ class BatchRunner {
     size_t next = 0;                          // the first line not yet submitted
     int64_t completed = 0, failed = 0;
     int64_t canceled = 0;              // Anthropic's: lines a cancel stopped
+    int64_t expired = 0;               // lines the completion window ran out on
+    bool expiring = false;             // past expires_at: running lines aborted, no more start
     std::string output, error_output;  // JSONL so far (an Anthropic batch's all in output)
     std::string journal_pending;       // results not yet in ID.lines.jsonl
     std::optional<std::string> output_file_id, error_file_id;
@@ -114,6 +125,9 @@ class BatchRunner {
   std::shared_ptr<Batch> Find(Api api, const std::string& id);
   // Under mutex_: marks a running batch cancelling and aborts its requests in flight.
   void Cancel(Batch& batch, int64_t now);
+  // Under mutex_: a running batch past its expires_at: nothing more starts, its requests in
+  // flight are aborted and recorded expired, and the batch then closes as expired.
+  void Expire(Batch& batch);
   // The file's lines as requests to `endpoint`, checked as OpenAI checks them; `errors` gets
   // OpenAI's line errors (at most 100). An Anthropic batch's kept requests are lines of
   // {"custom_id", "params"}, checked when the batch was created.
@@ -141,7 +155,12 @@ class BatchRunner {
   void RecordError(Batch& batch, int64_t line, const std::string& custom_id,
                    const std::string& request_id, const ApiError& error);
   void RecordCanceled(Batch& batch, int64_t line, const std::string& custom_id);
-  // Appends a result line and journals it; `status` 200, an error's, or 0 for canceled.
+  // A line the completion window ran out on: OpenAI's batch_expired error, Anthropic's
+  // "expired" result.
+  void RecordExpired(Batch& batch, int64_t line, const std::string& custom_id);
+  // A result's journal status: 200, an error's HTTP status, or one of these.
+  static constexpr int kCanceledStatus = 0, kExpiredStatus = -1;
+  // Appends a result line and journals it; `status` as above.
   void Append(Batch& batch, int64_t line, int status, const nlohmann::ordered_json& record);
   // Under Restore: a running batch's files that a Close interrupted before its state was saved
   // left (named after the batch), and an ended Anthropic batch's requests, whose removal a
@@ -153,10 +172,12 @@ class BatchRunner {
   const ServingLimits limits_;
   FileStore& files_;
   const int64_t max_in_flight_;
+  const int64_t completion_window_;  // seconds; 0: never
   const std::string directory_;  // "": batches in memory only
   Status restored_;
   bool disk_failed_ = false;                                              // reported once
   int64_t succeeded_total_ = 0, errored_total_ = 0, canceled_total_ = 0;  // this process's
+  int64_t expired_total_ = 0;
 
   std::mutex mutex_;
   std::condition_variable wake_;

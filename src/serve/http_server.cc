@@ -77,7 +77,8 @@ class OpenAiServer::Impl {
       }
       if (files_) {
         batches_ = std::make_unique<BatchRunner>(engine_, codec_, options_.limits, *files_,
-                                                 options_.batch_max_in_flight);
+                                                 options_.batch_max_in_flight,
+                                                 options_.batch_completion_window);
         files_status_ = batches_->restored();
       }
     }

@@ -43,6 +43,8 @@ struct ServerOptions {
   // only). Listen fails on a directory that cannot be read back.
   std::string files_dir;
   int64_t batch_max_in_flight = 64;
+  // Seconds a batch may run before what it has not run expires (serve/batches.h); 0: never.
+  int64_t batch_completion_window = 24 * 3600;
   // Answers /admin/* (after the API key check) when set: (method, path, body) → (HTTP status,
   // JSON body). The router's drain and resume live here.
   std::function<std::pair<int, std::string>(const std::string&, const std::string&,

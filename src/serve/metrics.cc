@@ -227,7 +227,8 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
         "# TYPE switchyard:batch_requests_total counter\n";
     for (const auto& [outcome, count] : {std::pair{"succeeded", batches->succeeded_total},
                                          std::pair{"errored", batches->errored_total},
-                                         std::pair{"canceled", batches->canceled_total}})
+                                         std::pair{"canceled", batches->canceled_total},
+                                         std::pair{"expired", batches->expired_total}})
       out += fmt::format("switchyard:batch_requests_total{{{},outcome=\"{}\"}} {}\n", labels,
                          outcome, count);
   }

@@ -44,8 +44,9 @@ struct BatchGauges {
   int64_t batches_running = 0;   // not yet ended
   int64_t requests_waiting = 0;  // running batches' lines not yet submitted
   int64_t requests_running = 0;  // lines in the engine
-  // Lines this process ended, by outcome: a response, an error, stopped by a cancel.
-  int64_t succeeded_total = 0, errored_total = 0, canceled_total = 0;
+  // Lines this process ended, by outcome: a response, an error, stopped by a cancel, or left
+  // when the batch's completion window ran out.
+  int64_t succeeded_total = 0, errored_total = 0, canceled_total = 0, expired_total = 0;
 };
 
 // `responses`: the Responses API's store, when the server keeps one (responses_stored,

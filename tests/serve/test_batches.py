@@ -1,8 +1,9 @@
 """OpenAI's Files and Batch APIs through the official client: a JSONL file uploaded with
 files.create, a batch run beside live traffic, its output and error files read back; each
 line's response equal to the same request sent live (greedy); bad files fail the batch naming
-their lines; cancelling keeps what finished; with --files-dir, files and batches outlive a kill -9
-(test_route.py runs a batch through the router)."""
+their lines; cancelling keeps what finished; a batch past its completion window expires, keeping what
+finished; with --files-dir, files and batches outlive a kill -9 (test_route.py runs a batch
+through the router)."""
 
 import io
 import json
@@ -569,3 +570,69 @@ def test_message_batches_outlive_the_process(model_dir, tmp_path):
         assert contents() == 2  # each ended batch's results, nothing else
     finally:
         assert second.stop() == 0
+
+
+def test_batches_expire_when_their_window_runs_out(model_dir, tmp_path):
+    """--batch-completion-window: a batch still running when its window runs out expires. What
+    finished stays in the output (OpenAI) or results (Anthropic); the lines in flight and those
+    never started are each reported once — OpenAI's batch_expired error lines, Anthropic's
+    "expired" results — and the counts add up. With --files-dir the expired batch is read back
+    as it ended."""
+    # 64 lines of 400 tokens a batch, two batches sharing one slot: far more than any CPU runs
+    # in the two seconds.
+    keep = str(tmp_path / "kept")
+    server = Server(model_dir, "--batch-completion-window", "2", "--max-num-seqs", "1",
+                    "--files-dir", keep)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
+                               timeout=120)
+        lines = [chat_line(f"long{i}", f"Tell a long tale, {i}.", max_tokens=400)
+                 for i in range(64)]
+        uploaded = client.files.create(file=("long.jsonl", jsonl(lines)), purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id,
+                                      endpoint="/v1/chat/completions", completion_window="24h")
+        assert batch.expires_at == batch.created_at + 2
+        claude = claude_for(server)
+        message_batch = claude.messages.batches.create(requests=[
+            message_request(f"m{i}", f"Tell a tale, {i}.", max_tokens=400) for i in range(64)])
+        done = wait(client, batch.id, statuses=("completed", "expired", "failed"), timeout=120)
+        assert done.status == "expired", done
+        assert done.expired_at >= done.expires_at
+        counts = done.request_counts
+        assert counts.total == 64 and counts.completed + counts.failed == 64
+        assert counts.failed > 0
+        finished = lines_of(client, done.output_file_id) if done.output_file_id else []
+        assert len(finished) == counts.completed
+        for line in finished:  # what finished is whole
+            assert line["response"]["body"]["usage"]["completion_tokens"] == 400
+        expired = lines_of(client, done.error_file_id)
+        assert len(expired) == counts.failed
+        for line in expired:
+            assert line["response"] is None
+            assert line["error"]["code"] == "batch_expired", line
+        assert sorted(line["custom_id"] for line in finished + expired) == \
+            sorted(f"long{i}" for i in range(64))
+
+        ended = wait_ended(claude, message_batch.id, timeout=120)
+        assert ended.request_counts.expired > 0
+        assert ended.request_counts.processing == 0
+        assert (ended.request_counts.succeeded + ended.request_counts.errored +
+                ended.request_counts.canceled + ended.request_counts.expired) == 64
+        results = list(claude.messages.batches.results(message_batch.id))
+        assert sorted(r.custom_id for r in results) == sorted(f"m{i}" for i in range(64))
+        assert sum(r.result.type == "expired" for r in results) == ended.request_counts.expired
+        assert server.metric("batch_requests_total", outcome="expired") == \
+            counts.failed + ended.request_counts.expired
+        # The server still answers.
+        assert client.completions.create(model="sy-test", prompt="x", max_tokens=2).choices
+    finally:
+        assert server.stop() == 0
+    again = Server(model_dir, "--files-dir", keep)
+    try:
+        client = openai.OpenAI(base_url=again.url + "/v1", api_key="x", max_retries=0)
+        kept = client.batches.retrieve(batch.id)
+        assert kept.status == "expired" and kept.request_counts == done.request_counts
+        kept_message = claude_for(again).messages.batches.retrieve(message_batch.id)
+        assert kept_message.request_counts == ended.request_counts
+    finally:
+        assert again.stop() == 0
