@@ -985,6 +985,34 @@ TEST(AmxMlaTest, MatchesTheSoftmaxAndDoesNotDependOnItsNeighbours) {
     }
 }
 
+// An fp8 cache on the tiles: its chunks' rows widened to bf16 (exactly) give the bits a bf16
+// cache holding the same values gives — keys in place and copied, several chunks, two scale
+// blocks (latent 160, the second partial), on every backend here.
+TEST(AmxMlaTest, AnFp8CacheGivesTheBitsOfABf16CacheHoldingItsValues) {
+  const int64_t latent = 160, rope = 16, page = 24, heads = 21, width = latent + rope;
+  ASSERT_TRUE(kernels::AmxMlaApplies(DType::kF8E4M3, latent, rope));
+  for (AmxBackend backend : Backends())
+    for (int64_t keys : {int64_t{1}, int64_t{70}, int64_t{300}}) {
+      const int64_t tokens = std::min<int64_t>(keys, 3);
+      const testing::TestLatentCache fp8 =
+          testing::MakeTestLatentCache(keys, width, page, 19, DType::kF8E4M3, latent);
+      const testing::TestLatentCache bf16 =
+          testing::MakeTestLatentCacheOf(fp8.rows, width, page, DType::kBF16, latent);
+      auto q_latent = testing::RandomRows(tokens * heads, latent, 12);
+      auto q_pe = testing::RandomRows(tokens * heads, rope, 13);
+      std::vector<int64_t> positions;
+      for (int64_t t = 0; t < tokens; ++t)
+        positions.push_back(keys - tokens + t);
+      std::vector<float> got(static_cast<size_t>(tokens * heads * latent)), want(got.size());
+      kernels::AmxMlaDecode(backend, q_latent.data(), q_pe.data(), tokens, positions.data(),
+                            fp8.view, keys, heads, 0, heads, latent, rope, 0.3f, got.data());
+      kernels::AmxMlaDecode(backend, q_latent.data(), q_pe.data(), tokens, positions.data(),
+                            bf16.view, keys, heads, 0, heads, latent, rope, 0.3f, want.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+          << kernels::AmxBackendName(backend) << " keys " << keys;
+    }
+}
+
 // The model with --amx-bf16 against Hugging Face transformers, at the bar of the bf16 dot kernel
 // (conformance_test.cc's Bf16DotPathMeetsTheBar): every tiny fixture and the default model.
 TEST(AmxBf16Test, TheModelMeetsTheBf16Bar) {

@@ -7,7 +7,9 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/isa_level.h"
 #include "kernels/cpu/latent_row.h"
+#include "kernels/cpu/mla_decode.h"
 #include "model/batch.h"
 #include "model/config.h"
 #include "model/latent_cache.h"
@@ -206,6 +208,43 @@ TEST(LatentCacheTest, Fp8RowsHoldTheNearestScaledCodes) {
   kernels::DecodeLatentRow(layout, row.data(), 0, width, got.data());
   EXPECT_TRUE(std::isnan(got[3]));
   EXPECT_EQ(got[0], 448.0f * 4.0f);
+}
+
+// What the bf16 kernels read in an fp8 row's place (StageLatentRowBf16): every code, at
+// exponents from -100 to 100, widened to bf16 — the AVX-512 table lookup where the CPU has it
+// and the portable one — is exactly the value the row holds.
+TEST(LatentCacheTest, Fp8RowsWidenToBf16Exactly) {
+  const int64_t latent = 256 + 32, width = latent + 24;
+  const auto layout = kernels::LatentRowLayout::Of(DType::kF8E4M3, width, latent);
+  std::vector<uint8_t> row(static_cast<size_t>(layout.row_bytes));
+  std::vector<float> decoded(static_cast<size_t>(width));
+  std::vector<uint16_t> staged(static_cast<size_t>(width));
+  for (kernels::IsaLevel level : {kernels::IsaLevel::kNative, kernels::IsaLevel::kAvx2}) {
+    kernels::SetMaxIsaLevel(level);
+    for (int e = -100; e <= 100; e += 8) {
+      for (int64_t d = 0; d < latent; ++d)
+        row[d] = static_cast<uint8_t>((d * 7 + e + 256) % 256);  // every code, NaN's included
+      for (int64_t b = 0; b < layout.scale_blocks(); ++b)
+        row[latent + b] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(e + 3 * static_cast<int>(b), -100, 100)));
+      for (int64_t d = latent; d < width; ++d) {
+        const uint16_t bits = F32ToBF16(0.5f * static_cast<float>(d - latent) - 3.0f);
+        std::memcpy(row.data() + layout.tail + (d - latent) * 2, &bits, 2);
+      }
+      kernels::DecodeLatentRow(layout, row.data(), 0, width, decoded.data());
+      kernels::StageLatentRowBf16(layout, row.data(), width, staged.data());
+      for (int64_t d = 0; d < width; ++d) {
+        const float widened = BF16ToF32(staged[d]);
+        if (std::isnan(decoded[d])) {
+          ASSERT_TRUE(std::isnan(widened)) << "column " << d << " exponent " << e;
+          continue;
+        }
+        ASSERT_EQ(0, std::memcmp(&widened, &decoded[d], 4))
+            << "column " << d << " code " << int{row[d]} << " exponent " << e << ": "
+            << widened << " against " << decoded[d] << " at " << kernels::IsaLevelName(level);
+      }
+    }
+  }
+  kernels::SetMaxIsaLevel(kernels::IsaLevel::kNative);
 }
 
 // The cache's own paths over fp8 rows: written, gathered, copied out and in (disaggregation),

@@ -307,7 +307,8 @@ bool UseAmxBf16(const PackedMatrix& w) {
 }
 
 bool AmxMlaApplies(DType cache_dtype, int64_t latent, int64_t rope) {
-  return cache_dtype == DType::kBF16 && latent > 0 && latent % 16 == 0 && rope >= 0;
+  return (cache_dtype == DType::kBF16 || cache_dtype == DType::kF8E4M3) && latent > 0 &&
+         latent % 16 == 0 && rope >= 0;
 }
 
 void AmxMlaDecode(AmxBackend backend, const float* q_latent, const float* q_pe, int64_t tokens,

@@ -124,8 +124,9 @@ void AmxBf16RoutedPanels(AmxBackend backend, const uint16_t* x_bf16, int64_t m,
 // and w applies; always for panels of bf16 pairs (no other kernel reads them).
 bool UseAmxBf16(const PackedMatrix& w);
 
-// Absorbed MLA attention (mla_decode.h's MlaDecodeAttention) with heads as tile rows: a bf16
-// latent cache, latent a multiple of 16 (any rope width: the dims are zero-padded to tiles).
+// Absorbed MLA attention (mla_decode.h's MlaDecodeAttention) with heads as tile rows: a bf16 or
+// fp8 latent cache (an fp8 one widened to bf16 a chunk at a time, exactly), latent a multiple
+// of 16 (any rope width: the dims are zero-padded to tiles).
 bool AmxMlaApplies(DType cache_dtype, int64_t latent, int64_t rope);
 void AmxMlaDecode(AmxBackend backend, const float* q_latent, const float* q_pe, int64_t tokens,
                   const int64_t* positions, const LatentPages& cache, int64_t keys, int64_t heads,

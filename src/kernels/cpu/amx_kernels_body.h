@@ -734,7 +734,7 @@ SY_AMX_KERNEL inline void MlaScaleAdd(float* __restrict o, float c, const float*
 // zeros) as one row of P·V's weight tiles: out[dt · tile_stride + 2n + h] = (h ? r1 : r0)[16dt + n]
 // for each dim tile dt < latent / 16.
 //
-// MlaDecodeAttention's contract (mla_decode.h) on a bf16 cache, latent a multiple of 16: the
+// MlaDecodeAttention's contract (mla_decode.h) on a bf16 or fp8 cache, latent a multiple of 16: the
 // flash-decoding walk over chunks of kMlaChunk keys, on tiles both ways.
 // - Scores transposed, Sᵀ = K·Qᵀ: the A tiles are 16 cache rows as they lie (32 dims each), so
 //   the keys are never re-laid; the B tile is a head group's queries in dim pairs (16 heads),
@@ -795,28 +795,43 @@ SY_AMX_KERNEL void MlaDecodeBody(
   const int64_t last_visible =
       BeginMlaDecode(positions, tokens, keys, heads, head_begin, head_end, latent, o_latent);
 
+  // An fp8 cache's rows are widened to bf16 a chunk at a time (exactly: latent_row.h), into rows
+  // of `padded` values that stay zero past the width, and read from there as a bf16 cache's.
+  const bool fp8 = cache.layout.dtype == DType::kF8E4M3;
+  thread_local CacheLineVector<uint16_t> widened;
+  if (fp8) widened.assign(static_cast<size_t>(kMlaChunk * padded), 0);
+  const int64_t stride = fp8 ? padded * 2 : row_bytes;
+
   for (int64_t start = 0; start < last_visible; start += kMlaChunk) {
     const int64_t count = std::min(kMlaChunk, last_visible - start);
     const int64_t key_tiles = (count + kAmxMaxRows - 1) / kAmxMaxRows;
     const int64_t key_steps = (count + kTileCols16 - 1) / kTileCols16;
+    if (fp8)
+      for (int64_t r = 0; r < count; ++r)
+        StageLatentRowBf16(cache.layout, cache.Row(start + r), width, widened.data() + r * padded);
+    const auto row = [&](int64_t position) {
+      return fp8 ? reinterpret_cast<const uint8_t*>(widened.data() + (position - start) * padded)
+                 : cache.Row(position);
+    };
     // The scores' A tiles: 16 keys in place where they lie one row apart (one page, or pages
-    // side by side) and a row is whole tiles; else copied, zero past the keys and the width.
+    // side by side, or widened) and a row is whole tiles; else copied, zero past the keys and
+    // the width.
     const uint16_t* key_tile[kMlaKeyTiles];
     int64_t key_stride[kMlaKeyTiles];
     for (int64_t kt = 0; kt < key_tiles; ++kt) {
       const int64_t first = start + kt * kAmxMaxRows;
       const int64_t n = std::min<int64_t>(kAmxMaxRows, count - kt * kAmxMaxRows);
-      const uint8_t* row0 = cache.Row(first);
-      if (n == kAmxMaxRows && width == padded &&
-          cache.Row(first + n - 1) == row0 + (n - 1) * row_bytes) {
+      const uint8_t* row0 = row(first);
+      if (n == kAmxMaxRows && (fp8 || width == padded) &&
+          row(first + n - 1) == row0 + (n - 1) * stride) {
         key_tile[kt] = reinterpret_cast<const uint16_t*>(row0);
-        key_stride[kt] = row_bytes;
+        key_stride[kt] = stride;
         continue;
       }
       uint16_t* to = staged.data() + kt * kAmxMaxRows * padded;
       std::fill(to, to + kAmxMaxRows * padded, uint16_t{0});
       for (int64_t r = 0; r < n; ++r)
-        std::memcpy(to + r * padded, cache.Row(first + r), static_cast<size_t>(width) * 2);
+        std::memcpy(to + r * padded, row(first + r), static_cast<size_t>(width) * 2);
       key_tile[kt] = to;
       key_stride[kt] = padded * 2;
     }
@@ -830,7 +845,7 @@ SY_AMX_KERNEL void MlaDecodeBody(
           std::fill_n(out + dt * kMlaTileElems, 2 * kPanelRows, uint16_t{0});
         continue;
       }
-      pair_rows(cache.Row(start + k0), k1 < count ? cache.Row(start + k1) : nullptr, latent, out,
+      pair_rows(row(start + k0), k1 < count ? row(start + k1) : nullptr, latent, out,
                 kMlaTileElems);
     }
     for (int64_t t = 0; t < tokens; ++t) {

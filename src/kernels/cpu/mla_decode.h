@@ -50,6 +50,12 @@ inline int64_t BeginMlaDecode(const int64_t* positions, int64_t tokens, int64_t 
   return last_visible;
 }
 
+// An fp8 cache row's first `width` values (its latent, then bf16 columns) as bf16, exactly
+// (latent_row.h): what the bf16 dot and AMX kernels read in its place. The latent a multiple of
+// 16. AVX-512 where the CPU has it (mla_decode_bf16.cc), else a table lookup a value at a time.
+void StageLatentRowBf16(const LatentRowLayout& layout, const uint8_t* row, int64_t width,
+                        uint16_t* out);
+
 // The bf16 dot-product version (mla_decode_bf16.cc), which MlaDecodeAttention runs when this
 // holds (a bf16 or fp8 cache, AVX-512 BF16, latent a multiple of 16) and the dot kernel is
 // enabled. An fp8 cache's rows are widened to bf16 first, exactly (latent_row.h).

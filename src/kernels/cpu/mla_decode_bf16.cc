@@ -26,6 +26,19 @@ bool MlaDecodeBf16Applies(DType cache_dtype, int64_t latent, int64_t rope) {
          latent % 16 == 0 && rope % 2 == 0;
 }
 
+namespace {
+
+// bf16 bits of each e4m3 magnitude (codes 0..127) at scale 1; 127 (NaN) a quiet NaN. Exact:
+// e4m3 values have at most 4 significant bits and exponents -9..8.
+const std::array<uint16_t, 128> kFp8MagnitudeBf16 = [] {
+  std::array<uint16_t, 128> table{};
+  for (int code = 0; code < 128; ++code)
+    table[code] = F32ToBF16(F8E4M3ToF32(static_cast<uint8_t>(code)));
+  return table;
+}();
+
+}  // namespace
+
 #if defined(__x86_64__)
 #define SY_MLA_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma")))
@@ -164,15 +177,6 @@ constexpr ValueTileFn kValueTiles[5] = {nullptr, ValueTile<kHeads, 1>, ValueTile
                                         ValueTile<kHeads, 3>, ValueTile<kHeads, 4>};
 constexpr const ValueTileFn* kValueTable[5] = {nullptr, kValueTiles<1>, kValueTiles<2>,
                                                kValueTiles<3>, kValueTiles<4>};
-
-// bf16 bits of each e4m3 magnitude (codes 0..127) at scale 1; 127 (NaN) a quiet NaN. Exact:
-// e4m3 values have at most 4 significant bits and exponents -9..8.
-const std::array<uint16_t, 128> kFp8MagnitudeBf16 = [] {
-  std::array<uint16_t, 128> table{};
-  for (int code = 0; code < 128; ++code)
-    table[code] = F32ToBF16(F8E4M3ToF32(static_cast<uint8_t>(code)));
-  return table;
-}();
 
 // An fp8 row's first `width` values as bf16 (latent_row.h), 32 codes at a time: each magnitude
 // looked up in the table above (four registers, two VPERMI2W and a blend on bit 6), the block's
@@ -359,5 +363,25 @@ SY_MLA_TARGET void MlaDecodeAttentionBf16(const float* q_latent, const float* q_
 void MlaDecodeAttentionBf16(const float*, const float*, int64_t, const int64_t*, const LatentPages&,
                             int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float*) {}
 #endif
+
+void StageLatentRowBf16(const LatentRowLayout& layout, const uint8_t* row, int64_t width,
+                        uint16_t* out) {
+#if defined(__x86_64__)
+  if (HasBf16Dot()) return StageFp8Row(layout, row, width, out);
+#endif
+  // The same bits a value at a time: the magnitude's bf16 at scale 1, the block's exponent added
+  // to a finite non-zero one, the sign.
+  const int64_t latent = layout.quantized;
+  for (int64_t d = 0; d < latent; ++d) {
+    const uint8_t code = row[d];
+    const int magnitude = code & 0x7f;
+    uint16_t value = kFp8MagnitudeBf16[static_cast<size_t>(magnitude)];
+    if (magnitude != 0 && magnitude != 0x7f)
+      value = static_cast<uint16_t>(
+          value + static_cast<int8_t>(row[latent + d / LatentRowLayout::kScaleBlock]) * 128);
+    out[d] = static_cast<uint16_t>(value | ((code & 0x80) << 8));
+  }
+  std::memcpy(out + latent, layout.Plain(row, latent), static_cast<size_t>(width - latent) * 2);
+}
 
 }  // namespace sy::kernels
