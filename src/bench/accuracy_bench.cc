@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/mtp_bench.h"
+#include "kernels/cpu/latent_row.h"
 #include "model/model.h"
 #include "tensor/packed_matrix.h"
 
@@ -133,7 +134,7 @@ Result<AccuracyReport> BenchCacheAccuracy(const std::string& model_directory,
   SY_ASSIGN_OR_RETURN(AccuracyReport report,
                       Score(passages, exact.value(), rounded.value(), prompts));
   report.exact_label = "f32 cache";
-  report.int8_label = fmt::format("{} cache", cache_dtype == DType::kF8E4M3 ? "fp8" : "bf16");
+  report.int8_label = fmt::format("{} cache", kernels::LatentCacheDTypeName(cache_dtype));
   return report;
 }
 

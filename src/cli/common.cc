@@ -39,7 +39,7 @@ std::unique_ptr<Model> LoadModelOrFail(const std::string& directory) {
 }
 
 DType KvDTypeOrFail(const std::string& name) {
-  if (name == "bf16") return DType::kBF16;
+  if (name == "bf16" || name == "auto") return DType::kBF16;
   if (name == "f32") return DType::kF32;
   if (name == "fp8" || name == "fp8_e4m3") return DType::kF8E4M3;
   FailVerb("--kv-dtype must be bf16, f32 or fp8, not '" + name + "'");

@@ -26,6 +26,12 @@ std::unique_ptr<Model> LoadModelOrFail(const std::string& directory);
 // The latent cache's dtypes as --kv-dtype spells them: "bf16", "f32", and "fp8" (or vLLM's
 // "fp8_e4m3"): the latent as scaled e4m3, the rope part bf16 (kernels/cpu/latent_row.h).
 inline const std::vector<std::string> kKvDTypeNames = {"bf16", "f32", "fp8", "fp8_e4m3"};
+// The same and vLLM's "auto" (the deployed dtype, bf16), for serve's --kv-cache-dtype.
+inline std::vector<std::string> KvDTypeNamesWithAuto() {
+  std::vector<std::string> names = kKvDTypeNames;
+  names.push_back("auto");
+  return names;
+}
 DType KvDTypeOrFail(const std::string& name);
 
 // Loads the tokenizer of `directory` (or the file/directory `tokenizer_path` overrides it with);

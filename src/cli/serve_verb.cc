@@ -222,7 +222,7 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
       }()
           .c_str(),
       RoleNote(args, disaggregation).c_str(), static_cast<int>(::getpid()), comm.size(), run.dp(),
-      run.tp, static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+      run.tp, static_cast<long long>(cache_tokens), kernels::LatentCacheDTypeName(KvDTypeOrFail(args.kv_dtype)),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
   std::thread http([&] {
@@ -407,7 +407,7 @@ void RunServe(const ServeArgs& args) {
       "template %s)\n",
       options.limits.model_name.c_str(), Scheme(args), args.host.c_str(), server.port(),
       GrpcNote(grpc.get(), args).c_str(), RoleNote(args, disaggregation).c_str(),
-      static_cast<int>(::getpid()), static_cast<long long>(cache_tokens), args.kv_dtype.c_str(),
+      static_cast<int>(::getpid()), static_cast<long long>(cache_tokens), kernels::LatentCacheDTypeName(KvDTypeOrFail(args.kv_dtype)),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
   server.Run();
@@ -448,8 +448,11 @@ void AddServeOptions(CLI::App* verb, const std::shared_ptr<ServeArgs>& args) {
                    "Queued requests before new ones get 503 (Retry-After)")
       ->check(CLI::Range(1, 1 << 20));
   AddHttpsOptions(verb, args->https, args->api_key);
-  verb->add_option("--kv-dtype", args->kv_dtype, "Latent cache dtype")
-      ->check(CLI::IsMember(kKvDTypeNames));
+  // vLLM's spelling too (--kv-cache-dtype auto|fp8|fp8_e4m3), so its command lines carry over.
+  verb->add_option("--kv-dtype,--kv-cache-dtype", args->kv_dtype,
+                   "Latent cache dtype: bf16 (auto), f32, or fp8 (the latent as e4m3 with a "
+                   "power-of-two scale per 128 values, rope bf16: 1.79x the tokens)")
+      ->check(CLI::IsMember(KvDTypeNamesWithAuto()));
   verb->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
   verb->add_option("--step-timeout", args->step_timeout,
                    "Seconds one step may take before /health reports unhealthy")

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/latent_row.h"
+
 namespace sy::plan {
 
 std::vector<int> DefaultEpSizes(const ModelConfig& model, const HardwareSpec& hw) {
@@ -89,7 +91,7 @@ double ThroughputAt(const ParetoFrontier& f, double speed) {
 std::string PlanToJson(const Plan& plan) {
   nlohmann::json j;
   j["kv_bytes_per_token"] = plan.kv_bytes_per_token;
-  j["kv_dtype"] = plan.kv_dtype == DType::kF8E4M3 ? "fp8" : "bf16";
+  j["kv_dtype"] = kernels::LatentCacheDTypeName(plan.kv_dtype);
   j["configs"] = nlohmann::json::array();
   for (const auto& p : plan.configs) {
     const auto& d = p.deployment;

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 
+#include "kernels/cpu/latent_row.h"
 #include "transfer/kv_transfer.h"
 
 namespace sy::serve {
@@ -129,15 +130,12 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
          "Fraction of latent-cache pages held by requests (1 = full).", labels,
          m.total_pages > 0 ? static_cast<double>(m.used_pages) / m.total_pages : 0.0);
   // vLLM's cache_config_info: the configuration as labels of a constant 1.
-  const char* cache_dtype = m.cache_dtype == DType::kF8E4M3 ? "fp8"
-                            : m.cache_dtype == DType::kF32  ? "f32"
-                                                            : "bf16";
   Metric(out, "cache_config_info", "gauge",
          "The latent cache's configuration (block_size in tokens, cache_dtype, num_blocks, "
          "bytes_per_token over all layers).",
          fmt::format("{},block_size=\"{}\",cache_dtype=\"{}\",num_blocks=\"{}\","
                      "bytes_per_token=\"{}\"",
-                     labels, m.page_size, cache_dtype, m.total_pages, m.cache_bytes_per_token),
+                     labels, m.page_size, kernels::LatentCacheDTypeName(m.cache_dtype), m.total_pages, m.cache_bytes_per_token),
          1.0);
   Metric(out, "prompt_tokens_total", "counter", "Prompt tokens admitted.", labels,
          static_cast<double>(m.prompt_tokens_total));

@@ -568,12 +568,13 @@ def test_errors_through_the_client_and_the_server_keeps_answering(server, client
 
 
 def test_an_fp8_cache_serves_one_answer_and_reports_its_configuration(server, model_dir):
-    """serve --kv-dtype fp8: the OpenAI client's greedy chat is the same cached or not, streamed
-    or not, and /metrics names the cache as vLLM's cache_config_info does — with the bytes a
-    token takes (DeepSeek-V3's row: 644 bytes against bf16's 1,152)."""
+    """serve --kv-cache-dtype fp8 (vLLM's spelling of --kv-dtype): the OpenAI client's greedy
+    chat is the same cached or not, streamed or not, and /metrics names the cache as vLLM's
+    cache_config_info does — with the bytes a token takes (DeepSeek-V3's row: 644 bytes against
+    bf16's 1,152)."""
     from conftest import Server
     from openai import OpenAI
-    s = Server(model_dir, "--kv-dtype", "fp8", "--kv-cache-tokens", "4096")
+    s = Server(model_dir, "--kv-cache-dtype", "fp8", "--kv-cache-tokens", "4096")
     try:
         client = OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
         messages = [{"role": "user", "content": "Speak of the tempest and the island, as "

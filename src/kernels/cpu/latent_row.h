@@ -51,6 +51,11 @@ struct LatentRowLayout {
   }
 };
 
+// "bf16", "f32" or "fp8": a cache dtype as --kv-dtype, logs and /metrics name it.
+inline const char* LatentCacheDTypeName(DType dtype) {
+  return dtype == DType::kF8E4M3 ? "fp8" : dtype == DType::kF32 ? "f32" : "bf16";
+}
+
 // Whether `count` rows (row_bytes apart) are rows this layout can hold: an fp8 row's exponents
 // in [-kMaxExponent, kMaxExponent] (others decode to wrong magnitudes). Returns the first row
 // that is not, or -1. Rows received from another instance are checked before they are used.
