@@ -225,7 +225,8 @@ TEST(LatentCacheTest, Fp8RowsWidenToBf16Exactly) {
       for (int64_t d = 0; d < latent; ++d)
         row[d] = static_cast<uint8_t>((d * 7 + e + 256) % 256);  // every code, NaN's included
       for (int64_t b = 0; b < layout.scale_blocks(); ++b)
-        row[latent + b] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(e + 3 * static_cast<int>(b), -100, 100)));
+        row[latent + b] = static_cast<uint8_t>(
+            static_cast<int8_t>(std::clamp(e + 3 * static_cast<int>(b), -100, 100)));
       for (int64_t d = latent; d < width; ++d) {
         const uint16_t bits = F32ToBF16(0.5f * static_cast<float>(d - latent) - 3.0f);
         std::memcpy(row.data() + layout.tail + (d - latent) * 2, &bits, 2);
@@ -239,8 +240,8 @@ TEST(LatentCacheTest, Fp8RowsWidenToBf16Exactly) {
           continue;
         }
         ASSERT_EQ(0, std::memcmp(&widened, &decoded[d], 4))
-            << "column " << d << " code " << int{row[d]} << " exponent " << e << ": "
-            << widened << " against " << decoded[d] << " at " << kernels::IsaLevelName(level);
+            << "column " << d << " code " << int{row[d]} << " exponent " << e << ": " << widened
+            << " against " << decoded[d] << " at " << kernels::IsaLevelName(level);
       }
     }
   }

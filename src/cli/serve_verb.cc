@@ -222,7 +222,8 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
       }()
           .c_str(),
       RoleNote(args, disaggregation).c_str(), static_cast<int>(::getpid()), comm.size(), run.dp(),
-      run.tp, static_cast<long long>(cache_tokens), kernels::LatentCacheDTypeName(KvDTypeOrFail(args.kv_dtype)),
+      run.tp, static_cast<long long>(cache_tokens),
+      kernels::LatentCacheDTypeName(KvDTypeOrFail(args.kv_dtype)),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
   std::thread http([&] {
@@ -407,7 +408,8 @@ void RunServe(const ServeArgs& args) {
       "template %s)\n",
       options.limits.model_name.c_str(), Scheme(args), args.host.c_str(), server.port(),
       GrpcNote(grpc.get(), args).c_str(), RoleNote(args, disaggregation).c_str(),
-      static_cast<int>(::getpid()), static_cast<long long>(cache_tokens), kernels::LatentCacheDTypeName(KvDTypeOrFail(args.kv_dtype)),
+      static_cast<int>(::getpid()), static_cast<long long>(cache_tokens),
+      kernels::LatentCacheDTypeName(KvDTypeOrFail(args.kv_dtype)),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);
   server.Run();

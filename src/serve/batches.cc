@@ -258,8 +258,8 @@ json BatchRunner::MessageBatchObject(const Batch& batch, const std::string& orig
   // to the batch's requests either way.
   const int64_t processing =
       ended ? 0
-            : std::max<int64_t>(0, batch.total - batch.completed - batch.failed - batch.canceled -
-                                       batch.expired);
+            : std::max<int64_t>(
+                  0, batch.total - batch.completed - batch.failed - batch.canceled - batch.expired);
   json object = {{"id", batch.id},
                  {"type", "message_batch"},
                  {"processing_status", ended                          ? "ended"
@@ -1031,9 +1031,9 @@ void BatchRunner::Loop() {
         if (expires != batch->times.end() && now >= expires->second) Expire(*batch);
       }
       Advance(batch);
-      const bool ended =
-          batch->status == "cancelling" ||
-          (batch->status == "in_progress" && (batch->expiring || batch->next >= batch->lines.size()));
+      const bool ended = batch->status == "cancelling" ||
+                         (batch->status == "in_progress" &&
+                          (batch->expiring || batch->next >= batch->lines.size()));
       if (ended && batch->in_flight == 0) Close(*batch);
     }
     FlushJournals();

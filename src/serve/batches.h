@@ -173,7 +173,7 @@ class BatchRunner {
   FileStore& files_;
   const int64_t max_in_flight_;
   const int64_t completion_window_;  // seconds; 0: never
-  const std::string directory_;  // "": batches in memory only
+  const std::string directory_;      // "": batches in memory only
   Status restored_;
   bool disk_failed_ = false;                                              // reported once
   int64_t succeeded_total_ = 0, errored_total_ = 0, canceled_total_ = 0;  // this process's

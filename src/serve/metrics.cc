@@ -135,7 +135,8 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
          "bytes_per_token over all layers).",
          fmt::format("{},block_size=\"{}\",cache_dtype=\"{}\",num_blocks=\"{}\","
                      "bytes_per_token=\"{}\"",
-                     labels, m.page_size, kernels::LatentCacheDTypeName(m.cache_dtype), m.total_pages, m.cache_bytes_per_token),
+                     labels, m.page_size, kernels::LatentCacheDTypeName(m.cache_dtype),
+                     m.total_pages, m.cache_bytes_per_token),
          1.0);
   Metric(out, "prompt_tokens_total", "counter", "Prompt tokens admitted.", labels,
          static_cast<double>(m.prompt_tokens_total));
