@@ -11,7 +11,6 @@ namespace sy {
 LatentCache::LatentCache(int64_t layers, int64_t row_width, int64_t page_size, int64_t pages,
                          DType dtype, int64_t latent)
     : layers_(layers),
-      row_width_(row_width),
       page_size_(page_size),
       pages_(pages),
       latent_(latent),
@@ -75,16 +74,16 @@ void LatentCache::Write(int64_t layer, const SequenceCache& sequence, int64_t po
     thread_local std::vector<uint8_t> encoded;
     thread_local std::vector<float> rounded;
     encoded.resize(static_cast<size_t>(rounding_->row_bytes));
-    rounded.resize(static_cast<size_t>(row_width_));
+    rounded.resize(static_cast<size_t>(layout_.width));
     kernels::EncodeLatentRow(*rounding_, row, encoded.data());
-    kernels::DecodeLatentRow(*rounding_, encoded.data(), 0, row_width_, rounded.data());
+    kernels::DecodeLatentRow(*rounding_, encoded.data(), 0, layout_.width, rounded.data());
     row = rounded.data();
   }
   kernels::EncodeLatentRow(layout_, row, RowAddress(layer, sequence, position));
 }
 
 void LatentCache::RoundRowsAs(DType dtype) {
-  rounding_ = kernels::LatentRowLayout::Of(dtype, row_width_, latent_);
+  rounding_ = kernels::LatentRowLayout::Of(dtype, layout_.width, latent_);
 }
 
 void LatentCache::CopyRows(int64_t layer, const SequenceCache& sequence, int64_t first,

@@ -41,7 +41,7 @@ class LatentCache {
 
   int64_t layers() const { return layers_; }
   int64_t page_size() const { return page_size_; }
-  int64_t row_width() const { return row_width_; }
+  int64_t row_width() const { return layout_.width; }
   int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
   DType dtype() const { return layout_.dtype; }
   const kernels::LatentRowLayout& layout() const { return layout_; }
@@ -85,7 +85,7 @@ class LatentCache {
                  const uint8_t* rows);
   // Copies rows [0, count) of `layer` into out[count, row_width] as f32.
   void Gather(int64_t layer, const SequenceCache& sequence, int64_t count, float* out) const {
-    GatherColumns(layer, sequence, count, 0, row_width_, out);
+    GatherColumns(layer, sequence, count, 0, layout_.width, out);
   }
   // Columns [column, column + width) of rows [0, count) of `layer` into out[count, width] as
   // f32: the MLA latents (from column 0), or a DSA model's indexer keys (after them).
@@ -98,7 +98,7 @@ class LatentCache {
  private:
   uint8_t* RowAddress(int64_t layer, const SequenceCache& sequence, int64_t position) const;
 
-  int64_t layers_, row_width_, page_size_, pages_;
+  int64_t layers_, page_size_, pages_;
   int64_t latent_;  // the latent columns (what an fp8 layout quantizes)
   kernels::LatentRowLayout layout_;
   std::optional<kernels::LatentRowLayout> rounding_;  // RoundRowsAs

@@ -228,24 +228,25 @@ std::shared_ptr<BatchRunner::Batch> BatchRunner::Find(Api api, const std::string
   return nullptr;
 }
 
-void BatchRunner::Cancel(Batch& batch, int64_t now) {
-  batch.status = "cancelling";
-  batch.times["cancelling_at"] = now;
-  Save(batch);
+void BatchRunner::AbortInFlight(const Batch& batch) {
   for (const auto& flight : in_flight_)
     if (flight->batch.get() == &batch)
       for (const auto& request_id : flight->request_ids)
         engine_.Abort(request_id);
+}
+
+void BatchRunner::Cancel(Batch& batch, int64_t now) {
+  batch.status = "cancelling";
+  batch.times["cancelling_at"] = now;
+  Save(batch);
+  AbortInFlight(batch);
   woken_ = true;
   wake_.notify_all();
 }
 
 void BatchRunner::Expire(Batch& batch) {
   batch.expiring = true;
-  for (const auto& flight : in_flight_)
-    if (flight->batch.get() == &batch)
-      for (const auto& request_id : flight->request_ids)
-        engine_.Abort(request_id);
+  AbortInFlight(batch);
 }
 
 json BatchRunner::MessageBatchObject(const Batch& batch, const std::string& origin) const {

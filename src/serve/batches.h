@@ -123,6 +123,8 @@ class BatchRunner {
   ApiReply CreateMessageBatch(const std::string& body, int64_t now, const std::string& origin);
   // Under mutex_: the batch of `api` whose id is `id`, or null.
   std::shared_ptr<Batch> Find(Api api, const std::string& id);
+  // Under mutex_: aborts the batch's requests in flight (they end as "abort").
+  void AbortInFlight(const Batch& batch);
   // Under mutex_: marks a running batch cancelling and aborts its requests in flight.
   void Cancel(Batch& batch, int64_t now);
   // Under mutex_: a running batch past its expires_at: nothing more starts, its requests in
