@@ -106,7 +106,7 @@ void RunRoute(const RouteArgs& args) {
     };
     if (path == "/admin/engines" && method == "GET") {
       nlohmann::json engines = nlohmann::json::array();
-      for (const auto& t : router.Targets())
+      for (const auto& t : router.Targets()) {
         engines.push_back({{"engine", t.address},
                            {"pool", t.pool.empty() ? "both" : t.pool},
                            {"healthy", t.healthy},
@@ -116,6 +116,8 @@ void RunRoute(const RouteArgs& args) {
                            {"cached_pages", t.cached_pages},
                            {"failovers_from", t.failovers_from},
                            {"missed_probes", t.missed_probes}});
+        if (!t.transfer_address.empty()) engines.back()["transfer_address"] = t.transfer_address;
+      }
       return {200, nlohmann::json({{"engines", engines}}).dump()};
     }
     if ((path == "/admin/drain" || path == "/admin/resume") && method == "POST") {

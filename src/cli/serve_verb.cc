@@ -70,17 +70,21 @@ struct Disaggregation {
   std::unique_ptr<transfer::Receiver> receiver;
 };
 
-// Under mpirun only rank 0 starts one: it is the job's transfer endpoint for every DP group.
-Status StartDisaggregation(const ServeArgs& args, Disaggregation* d) {
+std::string TransferHost(const ServeArgs& args) {
+  return !args.transfer_host.empty() ? args.transfer_host
+         : !args.grpc_host.empty()   ? args.grpc_host
+                                     : args.host;
+}
+
+// Under mpirun rank 0 starts the prefill side's sender (the job's one endpoint for sending);
+// a decode job's receivers are its groups' (StartGroupReceivers).
+Status StartDisaggregation(const ServeArgs& args, Disaggregation* d, bool cluster = false) {
   if (args.role == "prefill") {
     auto sender = transfer::Sender::Start();
     if (!sender.ok()) return Status::Error("--role prefill: " + sender.status().message());
     d->sender = std::move(sender.value());
-  } else if (args.role == "decode") {
-    const std::string host = !args.transfer_host.empty() ? args.transfer_host
-                             : !args.grpc_host.empty()   ? args.grpc_host
-                                                         : args.host;
-    auto receiver = transfer::Receiver::Start(host, args.transfer_port);
+  } else if (args.role == "decode" && !cluster) {
+    auto receiver = transfer::Receiver::Start(TransferHost(args), args.transfer_port);
     if (!receiver.ok()) return Status::Error("--role decode: " + receiver.status().message());
     d->receiver = std::move(receiver.value());
   }
@@ -88,7 +92,54 @@ Status StartDisaggregation(const ServeArgs& args, Disaggregation* d) {
   return Status::Ok();
 }
 
-std::string RoleNote(const ServeArgs& args, const Disaggregation& d) {
+// A decode job under mpirun (collective): each DP group's first rank listens for its group's
+// rows — on --transfer-host where this machine has that address, else on its own host name (a
+// group on another host), on --transfer-port + g when a port is given — so rows go straight to
+// the group that decodes them. Returns every group's address (on every rank).
+std::vector<std::string> StartGroupReceivers(const ServeArgs& args, Communicator& comm, int tp,
+                                             std::unique_ptr<transfer::Receiver>* own) {
+  std::string line;  // this rank's address, or "!" and why it has none
+  if (comm.rank() % tp == 0) {
+    const int group = comm.rank() / tp;
+    const int port = args.transfer_port > 0 ? args.transfer_port + group : 0;
+    auto receiver = transfer::Receiver::Start(TransferHost(args), port);
+    if (!receiver.ok() && comm.rank() != 0) {
+      char name[256] = {};
+      if (::gethostname(name, sizeof name - 1) == 0) {
+        auto here = transfer::Receiver::Start(name, port);
+        if (here.ok()) receiver = std::move(here);
+      }
+    }
+    if (receiver.ok()) {
+      *own = std::move(receiver.value());
+      line = (*own)->address();
+    } else {
+      line = fmt::format("!--role decode, DP group {} (rank {}): {}", group, comm.rank(),
+                         receiver.status().message());
+    }
+  }
+  std::vector<uint8_t> bytes(line.begin(), line.end());
+  bytes.push_back(0);
+  const std::vector<uint8_t> all = comm.AllGather(bytes);
+  std::vector<std::string> addresses;
+  for (size_t at = 0, rank = 0; at < all.size(); ++rank) {
+    const std::string entry(reinterpret_cast<const char*>(all.data() + at));
+    at += entry.size() + 1;
+    if (rank % static_cast<size_t>(tp) != 0) continue;
+    if (!entry.empty() && entry[0] == '!') FailEverywhere(comm, entry.substr(1));
+    addresses.push_back(entry);
+  }
+  return addresses;
+}
+
+std::string RoleNote(const ServeArgs& args, const Disaggregation& d,
+                     const std::vector<std::string>& group_receivers = {}) {
+  if (!group_receivers.empty()) {
+    std::string note = " as a decode job receiving each DP group's rows on";
+    for (size_t g = 0; g < group_receivers.size(); ++g)
+      note += fmt::format("{} ucx://{} (group {})", g > 0 ? "," : "", group_receivers[g], g);
+    return note;
+  }
   if (args.role == "both") return "";
   if (d.receiver)
     return fmt::format(" as a decode instance receiving on ucx://{}", d.receiver->address());
@@ -101,7 +152,10 @@ std::unique_ptr<serve::GrpcEngineServer> StartGrpc(const ServeArgs& args, Reques
                                                    const EngineConfig& engine_config,
                                                    const Engine& engine, Status* status,
                                                    const Disaggregation* disaggregation = nullptr,
-                                                   const LatentCache* cache = nullptr) {
+                                                   const LatentCache* cache = nullptr,
+                                                   serve::ClusterServing* cluster = nullptr,
+                                                   int group = 0,
+                                                   const std::string& group_receiver = "") {
   if (args.grpc_port < 0) return nullptr;
   serve::InstanceInfo info;
   if (disaggregation != nullptr) {
@@ -111,6 +165,13 @@ std::unique_ptr<serve::GrpcEngineServer> StartGrpc(const ServeArgs& args, Reques
     info.cache_layers = cache->layers();
     info.cache_row_bytes = cache->row_bytes();
     info.transfer_timeout_seconds = args.transfer_timeout;
+  }
+  if (cluster != nullptr && !group_receiver.empty()) {
+    info.transfer_address = group_receiver;
+    info.submit_receiving = [cluster, group](EngineRequest request, uint64_t token,
+                                             SubmitError* error) {
+      return cluster->SubmitReceivingTo(group, std::move(request), token, error);
+    };
   }
   info.served_model_name = options.limits.model_name;
   info.page_size = engine.page_size();
@@ -185,9 +246,18 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   // gRPC: DP group g on --grpc-port + g (each port 0 when it is 0), so a router chooses the group.
   std::vector<std::unique_ptr<serve::GroupFrontend>> groups;
   std::vector<std::unique_ptr<serve::GrpcEngineServer>> grpc;
+  std::unique_ptr<transfer::Receiver> group_receiver;
+  std::vector<std::string> group_receivers;
+  if (args.role == "decode") {
+    group_receivers = StartGroupReceivers(args, comm, run.tp, &group_receiver);
+    cluster.ReceiveOnGroupLeaders(group_receiver.get(), cache.layers(), cache.row_bytes(),
+                                  args.transfer_timeout);
+    if (comm.rank() == 0)
+      serve::PublishReceivedTransfers([&cluster] { return cluster.ReceivedStats(); });
+  }
   Status listening = Status::Ok();
   if (comm.rank() == 0) {
-    listening = StartDisaggregation(args, &disaggregation);
+    listening = StartDisaggregation(args, &disaggregation, /*cluster=*/true);
     server = std::make_unique<serve::OpenAiServer>(beams, codec, options);
     if (listening.ok()) listening = server->Listen();
     if (listening.ok())
@@ -198,7 +268,8 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
       ServeArgs group_args = args;
       if (args.grpc_port > 0) group_args.grpc_port = args.grpc_port + g;
       grpc.push_back(StartGrpc(group_args, *groups.back(), options, engine_config, engine,
-                               &listening, &disaggregation, &cache));
+                               &listening, &disaggregation, &cache, &cluster, g,
+                               group_receivers.empty() ? "" : group_receivers[g]));
     }
   }
   // Every rank learns whether rank 0 could listen, so none is left waiting.
@@ -221,7 +292,8 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
         return note;
       }()
           .c_str(),
-      RoleNote(args, disaggregation).c_str(), static_cast<int>(::getpid()), comm.size(), run.dp(),
+      RoleNote(args, disaggregation, group_receivers).c_str(), static_cast<int>(::getpid()),
+      comm.size(), run.dp(),
       run.tp, static_cast<long long>(cache_tokens),
       kernels::LatentCacheDTypeName(KvDTypeOrFail(args.kv_dtype)),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
@@ -233,6 +305,7 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   });
   cluster.Run();
   http.join();
+  serve::PublishReceivedTransfers(nullptr);
   std::printf("switchyard: stopped\n");
 }
 

@@ -58,12 +58,15 @@ struct TokenLogprob {
   int64_t rank = 0;
 };
 
+inline constexpr const char* kTransferFailedReason = "transfer_failed";
+
 struct RequestEvent {
   std::vector<int32_t> token_ids;
   std::string text;  // the text delta these tokens complete
   std::vector<TokenLogprob> logprobs;
   // "stop", "length", "abort", "error"; "transferred": a prefill instance handed the request
-  // on (its first token was the event before).
+  // on (its first token was the event before); kTransferFailedReason: a decode job's group never
+  // received the request's rows (the gRPC service answers ABORTED, and the router redoes it).
   std::optional<std::string> finish_reason;
   std::string error;  // with "error"
   // With "stop", what stopped the request (vLLM's stop_reason): the stop string matched, or the

@@ -852,7 +852,7 @@ std::vector<TargetState> Router::Targets() const {
   for (const auto& t : targets_)
     out.push_back({t->address, t->pool, t->healthy, t->in_flight, t->routed_total,
                    static_cast<int64_t>(t->cached.size()), t->failovers_from, t->missed_probes,
-                   t->draining});
+                   t->draining, t->health.transfer_address()});
   return out;
 }
 

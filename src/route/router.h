@@ -70,6 +70,7 @@ struct TargetState {
   int64_t failovers_from = 0;  // requests moved away after it failed
   int64_t missed_probes = 0;   // in a row, now (ejected at RouterOptions::probe_failures)
   bool draining = false;       // by the admin: no new requests
+  std::string transfer_address;  // a decode instance's, where prefill instances send rows
 };
 
 class Router : public RequestFrontend {

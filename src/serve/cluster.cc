@@ -229,6 +229,65 @@ uint64_t ReadLength(const std::vector<uint8_t>& bytes, size_t at) {
   return length;
 }
 
+// A group's received rows as its first rank sends them to the group's other TP ranks: the row
+// count, the chunks' count and (first, count) pairs, their rows, then the encoded MTP drafts.
+std::vector<uint8_t> EncodeRowsForGroup(const ImportedRows& rows) {
+  std::vector<uint8_t> out;
+  auto put = [&](int64_t v) {
+    const size_t at = out.size();
+    out.resize(at + 8);
+    std::memcpy(out.data() + at, &v, 8);
+  };
+  put(rows.rows);
+  put(static_cast<int64_t>(rows.chunks.size()));
+  for (const ImportedRows::Chunk& c : rows.chunks) {
+    put(c.first);
+    put(c.count);
+  }
+  for (const ImportedRows::Chunk& c : rows.chunks)
+    out.insert(out.end(), c.rows, c.rows + c.count * rows.layers * rows.row_bytes);
+  const std::vector<uint8_t> drafts = transfer::EncodeDrafts(rows.drafts);
+  out.insert(out.end(), drafts.begin(), drafts.end());
+  return out;
+}
+
+// The other side; null for an empty or malformed message (the first rank had no rows).
+std::shared_ptr<ImportedRows> DecodeRowsFromGroup(std::shared_ptr<const std::vector<uint8_t>> bytes,
+                                                  int64_t layers, int64_t row_bytes) {
+  const std::vector<uint8_t>& b = *bytes;
+  size_t at = 0;
+  auto get = [&](int64_t* v) {
+    if (at + 8 > b.size()) return false;
+    std::memcpy(v, b.data() + at, 8);
+    at += 8;
+    return true;
+  };
+  auto rows = std::make_shared<ImportedRows>();
+  rows->layers = layers;
+  rows->row_bytes = row_bytes;
+  int64_t chunks = 0;
+  if (!get(&rows->rows) || !get(&chunks) || chunks < 0 ||
+      static_cast<uint64_t>(chunks) > b.size() / 16)
+    return nullptr;
+  for (int64_t i = 0; i < chunks; ++i) {
+    ImportedRows::Chunk c;
+    if (!get(&c.first) || !get(&c.count) || c.count < 0) return nullptr;
+    c.owner = bytes;
+    rows->chunks.push_back(c);
+  }
+  for (ImportedRows::Chunk& c : rows->chunks) {
+    const auto size = static_cast<uint64_t>(c.count) * static_cast<uint64_t>(layers * row_bytes);
+    if (size > b.size() - at) return nullptr;
+    c.rows = b.data() + at;
+    at += size;
+  }
+  auto drafts = transfer::ParseDrafts(b.data() + at, b.size() - at);
+  if (drafts.ok()) rows->drafts = std::move(drafts.value());
+  return rows;
+}
+
+constexpr int kGroupRowsTag = 1;
+
 }  // namespace
 
 // A group's first rank (not rank 0): the engine's sink calls, kept for the step's report to
@@ -316,7 +375,7 @@ Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAllTo(
       *error = SubmitError::kStopping;
       return Status::Error("the server is shutting down");
     }
-    int64_t waiting = static_cast<int64_t>(pending_.size());
+    int64_t waiting = static_cast<int64_t>(pending_.size() + receiving_.size());
     for (const auto& m : group_metrics_)
       waiting += m.waiting;
     if (waiting + count > max_waiting_) {
@@ -346,9 +405,209 @@ Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAllTo(
 void ClusterServing::Abort(const std::string& id) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    aborts_.push_back(id);
+    aborts_.push_back(id);  // also tells the group's first rank to stop waiting or drop the rows
+    if (receiving_.erase(id) > 0) {
+      RequestEvent event;
+      event.finish_reason = "abort";
+      EndUnadmitted(id, std::move(event));
+    }
   }
   wake_.notify_all();
+}
+
+void ClusterServing::EndUnadmitted(const std::string& id, RequestEvent event) {
+  auto it = tracked_.find(id);
+  if (it == tracked_.end()) return;
+  group_load_[it->second.group] -= it->second.outstanding;
+  it->second.stream->Push(std::move(event));
+  tracked_.erase(it);
+}
+
+void ClusterServing::ReceiveOnGroupLeaders(transfer::Receiver* own, int64_t layers,
+                                           int64_t row_bytes, double timeout_seconds) {
+  receives_ = true;
+  receiver_ = leader_ ? own : nullptr;
+  layers_ = layers;
+  row_bytes_ = row_bytes;
+  transfer_timeout_ = timeout_seconds;
+  group_received_.assign(static_cast<size_t>(groups_), {});
+  if (tp_ > 1) rows_comm_ = world_.Duplicate();  // collective
+}
+
+Result<std::shared_ptr<RequestStream>> ClusterServing::SubmitReceivingTo(int group,
+                                                                         EngineRequest request,
+                                                                         uint64_t token,
+                                                                         SubmitError* error) {
+  *error = SubmitError::kInvalid;
+  if (!receives_ || group < 0 || group >= groups_)
+    return Status::Error("this job does not receive transfers for that group");
+  {
+    // Checked as it will be admitted: with the first token the transfer brings (any id will
+    // do for the lengths); its rows are checked where they arrive.
+    EngineRequest probe = request;
+    probe.prompt.push_back(0);
+    probe.resumed_tokens += 1;
+    SY_RETURN_IF_ERROR(engine_.Validate(probe));
+  }
+  if (!request.params.seed) request.params.seed = std::random_device{}() * 0x100000001ull;
+  auto stream = std::make_shared<RequestStream>();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) {
+      *error = SubmitError::kStopping;
+      return Status::Error("the server is shutting down");
+    }
+    int64_t waiting = static_cast<int64_t>(pending_.size() + receiving_.size());
+    for (const auto& m : group_metrics_)
+      waiting += m.waiting;
+    if (waiting + 1 > max_waiting_) {
+      *error = SubmitError::kQueueFull;
+      return Status::Errorf("the waiting queue is full ({} requests)", max_waiting_);
+    }
+    if (tracked_.count(request.id) > 0)
+      return Status::Errorf("request {} is already running here", request.id);
+    const int64_t cost = static_cast<int64_t>(request.prompt.size()) + 1 -
+                         (request.resumed_tokens + 1) + request.params.max_tokens;
+    group_load_[group] += cost;
+    tracked_[request.id] = {stream, group, cost};
+    const std::string id = request.id;
+    receiving_[id] = {std::move(request), group, token, false};
+  }
+  *error = SubmitError::kNone;
+  wake_.notify_all();
+  return stream;
+}
+
+transfer::TransferStats ClusterServing::GroupReceivedStats(int group) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (group < 0 || static_cast<size_t>(group) >= group_received_.size()) return {};
+  return group_received_[static_cast<size_t>(group)];
+}
+
+transfer::TransferStats ClusterServing::ReceivedStats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  transfer::TransferStats total;
+  for (const transfer::TransferStats& s : group_received_) {
+    total.transfers += s.transfers;
+    total.bytes += s.bytes;
+    total.seconds += s.seconds;
+    total.refused += s.refused;
+  }
+  return total;
+}
+
+std::shared_ptr<ImportedRows> ClusterServing::RowsFromLeader(const std::string& id) {
+  const int first = group_ * tp_;
+  std::vector<Communicator::Message> none;
+  if (leader_) {
+    std::shared_ptr<ImportedRows> rows = TakeArrival(id);
+    if (tp_ > 1) {
+      const std::vector<uint8_t> bytes =
+          rows ? EncodeRowsForGroup(*rows) : std::vector<uint8_t>{};
+      std::vector<Communicator::Message> sends;
+      for (int r = 1; r < tp_; ++r)
+        sends.push_back({first + r, kGroupRowsTag, bytes});
+      rows_comm_->SendReceive(sends, none);
+    }
+    return rows;
+  }
+  std::vector<Communicator::Message> receives{{first, kGroupRowsTag, {}}};
+  rows_comm_->SendReceive(none, receives);
+  return DecodeRowsFromGroup(
+      std::make_shared<const std::vector<uint8_t>>(std::move(receives[0].bytes)), layers_,
+      row_bytes_);
+}
+
+void ClusterServing::StartReceiving(const std::string& id, uint64_t token) {
+  std::lock_guard<std::mutex> lock(arrivals_mutex_);
+  if (receiver_ == nullptr || arrivals_.count(id) > 0) return;
+  Arrival& arrival = arrivals_[id];
+  auto cancelled = arrival.cancelled;
+  arrival.waiter = std::thread([this, id, token, cancelled] {
+    auto received = receiver_->Wait(id, token, layers_, row_bytes_, transfer_timeout_,
+                                    [cancelled] { return cancelled->load(); });
+    std::lock_guard<std::mutex> lock(arrivals_mutex_);
+    Arrival& a = arrivals_[id];
+    a.received = std::move(received);
+    a.done = true;
+    if (world_.rank() == 0) wake_.notify_all();  // rank 0 reports it in its next step
+  });
+}
+
+std::vector<ClusterServing::ArrivalReport> ClusterServing::FinishedArrivals() {
+  std::vector<ArrivalReport> out;
+  std::vector<std::thread> finished;
+  {
+    std::lock_guard<std::mutex> lock(arrivals_mutex_);
+    for (auto it = arrivals_.begin(); it != arrivals_.end();) {
+      Arrival& a = it->second;
+      if (!a.done || a.reported) {
+        ++it;
+        continue;
+      }
+      a.reported = true;
+      finished.push_back(std::move(a.waiter));
+      if (a.received.ok() && !a.cancelled->load()) {
+        out.push_back({it->first, true, a.received->first_token, ""});
+        ++it;  // held until its request is admitted (or aborted)
+      } else {
+        out.push_back({it->first, false, 0,
+                       a.received.ok() ? "cancelled" : a.received.status().message()});
+        it = arrivals_.erase(it);
+      }
+    }
+  }
+  for (std::thread& t : finished)
+    if (t.joinable()) t.join();
+  return out;
+}
+
+std::shared_ptr<ImportedRows> ClusterServing::TakeArrival(const std::string& id) {
+  std::lock_guard<std::mutex> lock(arrivals_mutex_);
+  auto it = arrivals_.find(id);
+  if (it == arrivals_.end() || !it->second.done || !it->second.received.ok()) return nullptr;
+  std::shared_ptr<ImportedRows> rows = it->second.received->rows;
+  if (it->second.waiter.joinable()) it->second.waiter.join();  // done: it has returned
+  arrivals_.erase(it);
+  return rows;
+}
+
+void ClusterServing::DropArrival(const std::string& id) {
+  std::thread waiter;
+  {
+    std::lock_guard<std::mutex> lock(arrivals_mutex_);
+    auto it = arrivals_.find(id);
+    if (it == arrivals_.end()) return;
+    it->second.cancelled->store(true);
+    if (!it->second.done) return;  // its waiter returns soon; reported as failed, then erased
+    waiter = std::move(it->second.waiter);
+    arrivals_.erase(it);
+  }
+  if (waiter.joinable()) waiter.join();
+}
+
+void ClusterServing::StopReceiving() {
+  std::map<std::string, Arrival> arrivals;
+  {
+    std::lock_guard<std::mutex> lock(arrivals_mutex_);
+    for (auto& [id, a] : arrivals_)
+      a.cancelled->store(true);
+  }
+  // The waiters poll their cancellation; each takes the lock once more to finish.
+  while (true) {
+    std::vector<std::thread> waiters;
+    {
+      std::lock_guard<std::mutex> lock(arrivals_mutex_);
+      for (auto& [id, a] : arrivals_)
+        if (a.waiter.joinable()) waiters.push_back(std::move(a.waiter));
+      if (waiters.empty()) {
+        arrivals_.clear();
+        return;
+      }
+    }
+    for (std::thread& t : waiters)
+      t.join();
+  }
 }
 
 EngineMetrics ClusterServing::Metrics() const {
@@ -392,7 +651,7 @@ EngineMetrics ClusterServing::Metrics() const {
     total.healthy = total.healthy && m.healthy;
     total.last_step_age_seconds = std::max(total.last_step_age_seconds, m.last_step_age_seconds);
   }
-  total.waiting += static_cast<int64_t>(pending_.size());
+  total.waiting += static_cast<int64_t>(pending_.size() + receiving_.size());
   return total;
 }
 
@@ -401,6 +660,8 @@ EngineMetrics ClusterServing::GroupMetrics(int group) const {
   EngineMetrics m = group_metrics_[static_cast<size_t>(group)];
   for (const Pending& p : pending_)
     m.waiting += p.group == group;
+  for (const auto& [id, r] : receiving_)
+    m.waiting += r.group == group;
   return m;
 }
 
@@ -416,11 +677,33 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
   std::unique_lock<std::mutex> lock(mutex_);
   // Idle: wait for something to do (bounded, so a stop is seen; other ranks wait in the
   // broadcast meanwhile).
+  // While rows are on their way, sooner: a group's first rank reports an arrival only in a step.
   if (!any_work)
-    wake_.wait_for(lock, std::chrono::milliseconds(20),
-                   [&] { return !pending_.empty() || !aborts_.empty() || stop_; });
-  json control = {
-      {"submit", json::array()}, {"abort", aborts_}, {"stop", stop_}, {"drain", drain_}};
+    wake_.wait_for(lock, std::chrono::milliseconds(receiving_.empty() ? 20 : 2), [&] {
+      if (!pending_.empty() || !aborts_.empty() || stop_) return true;
+      for (const auto& [id, r] : receiving_)
+        if (!r.announced) return true;
+      return false;
+    });
+  // A stopping job takes no more rows: the router redoes those requests elsewhere.
+  if (stop_) {
+    for (auto& [id, r] : receiving_) {
+      RequestEvent event;
+      event.finish_reason = kTransferFailedReason;
+      event.error = "the decode job is stopping";
+      EndUnadmitted(id, std::move(event));
+    }
+    receiving_.clear();
+  }
+  json receive = json::array();
+  for (auto& [id, r] : receiving_) {
+    if (r.announced) continue;
+    receive.push_back({id, r.group, r.token});
+    r.announced = true;
+  }
+  json control = {{"submit", json::array()}, {"receive", std::move(receive)},
+                  {"abort", aborts_},         {"stop", stop_},
+                  {"drain", drain_}};
   // Received rows and drafts go after the JSON, as bytes (offsets in the JSON).
   std::vector<uint8_t> blob;
   for (const Pending& p : pending_) {
@@ -432,7 +715,9 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
                    {"background", p.request.background},
                    {"params", ParamsToJson(p.request.params)}};
     if (p.request.kv_sink) submit["sink"] = true;
-    if (p.request.imported) {
+    if (p.rows_at_leader) {
+      submit["rows_at_leader"] = true;
+    } else if (p.request.imported) {
       const ImportedRows& rows = *p.request.imported;
       json chunks = json::array();
       for (const ImportedRows::Chunk& c : rows.chunks) {
@@ -502,6 +787,32 @@ void ClusterServing::DeliverEvents(const std::vector<uint8_t>& gathered) {
           sinks_.erase(it);
       }
     }
+    // Rows that reached the group's first rank: the request is admitted in the next step.
+    for (const auto& r : part.value("received", json::array())) {
+      const std::string id = r[0].get<std::string>();
+      auto it = receiving_.find(id);
+      if (it == receiving_.end()) {
+        if (r[1].get<bool>()) aborts_.push_back(id);  // ended meanwhile: the rows are dropped
+        continue;
+      }
+      if (r[1].get<bool>()) {
+        EngineRequest request = std::move(it->second.request);
+        request.prompt.push_back(r[2].get<int32_t>());
+        request.resumed_tokens += 1;
+        pending_.push_back({std::move(request), group, /*rows_at_leader=*/true});
+      } else {
+        RequestEvent event;
+        event.finish_reason = kTransferFailedReason;
+        event.error = r[3].get<std::string>();
+        EndUnadmitted(id, std::move(event));
+      }
+      receiving_.erase(it);
+    }
+    if (part.contains("receiver") && static_cast<size_t>(group) < group_received_.size()) {
+      const json& t = part["receiver"];
+      group_received_[static_cast<size_t>(group)] = {t[0].get<int64_t>(), t[1].get<int64_t>(),
+                                                     t[2].get<double>(), t[3].get<int64_t>()};
+    }
     group_metrics_[group] = MetricsFromJson(part["metrics"], group_metrics_[group]);
     // The group's prefix-cache events, replayed into rank 0's copy of its log.
     CacheEventLog& log = *group_cache_[static_cast<size_t>(group)];
@@ -537,7 +848,9 @@ void ClusterServing::Run() {
     const uint64_t text_length = ReadLength(*bytes, 0);
     const json control = json::parse(bytes->begin() + 8, bytes->begin() + 8 + text_length);
     const uint8_t* blob = bytes->data() + 8 + text_length;
-    // 2. Requests for this rank's group.
+    // 2. Transfers for this rank's group to wait for, and requests for it.
+    for (const auto& r : control["receive"])
+      if (r[1].get<int>() == group_ && leader_) StartReceiving(r[0], r[2].get<uint64_t>());
     for (const auto& s : control["submit"]) {
       if (s["group"].get<int>() != group_) continue;
       EngineRequest request;
@@ -548,7 +861,9 @@ void ClusterServing::Run() {
       request.priority = s["priority"];
       request.background = s["background"];
       if (s.contains("sink")) request.kv_sink = LocalSink(request.id);
-      if (s.contains("imported")) {
+      if (s.contains("rows_at_leader")) {
+        request.imported = RowsFromLeader(request.id);
+      } else if (s.contains("imported")) {
         const json& j = s["imported"];
         auto rows = std::make_shared<ImportedRows>();
         rows->rows = j["rows"];
@@ -576,8 +891,10 @@ void ClusterServing::Run() {
         local_[request.id] = failed;
       }
     }
-    for (const auto& id : control["abort"])
+    for (const auto& id : control["abort"]) {
       engine_.Abort(id.get<std::string>());
+      if (receiver_ != nullptr) DropArrival(id.get<std::string>());
+    }
     // 3. One step everywhere if any rank has work.
     any_work = world_.AllReduceMax(engine_.HasWork() ? 1 : 0) > 0;
     if (any_work) engine_.StepOnce(/*must_step=*/true);
@@ -611,6 +928,14 @@ void ClusterServing::Run() {
         cache_reported_ += cache.size();
       }
       report["cache"] = std::move(cache);
+      if (receiver_ != nullptr) {
+        json received = json::array();
+        for (const ArrivalReport& a : FinishedArrivals())
+          received.push_back({a.id, a.ok, a.first_token, a.error});
+        report["received"] = std::move(received);
+        const transfer::TransferStats t = receiver_->stats();
+        report["receiver"] = {t.transfers, t.bytes, t.seconds, t.refused};
+      }
       // The sink calls of this group's prefilling requests (RelaySink), rows as bytes.
       json sink = json::array();
       std::vector<uint8_t> blob_out;
@@ -637,6 +962,7 @@ void ClusterServing::Run() {
       if (!any_work) break;
     }
   }
+  StopReceiving();
   std::lock_guard<std::mutex> lock(mutex_);
   stopped_ = true;
   stopped_cv_.notify_all();

@@ -10,21 +10,27 @@
 //   4. each group's first rank sends the step's events (tokens, text, finishes) and its metrics
 //      to rank 0, which hands them to the waiting HTTP streams.
 //
-// Disaggregation (serve --role prefill|decode under mpirun): rank 0 is the job's one transfer
-// endpoint. A request received for decoding rides step 1's broadcast with its rows and MTP drafts
-// (binary, after the control JSON) to the ranks of its group, which install them; a prefilling
-// request's rows, made on its group's ranks, ride step 4's gather from the group's first rank to
-// rank 0, which hands them to the request's sink (the transfer to the decode instance).
+// Disaggregation (serve --role prefill|decode under mpirun). Decode: each DP group receives its
+// own requests' rows on its first rank (its own UCX listener, the address its gRPC Health
+// reports), so rows never pass through rank 0 nor reach another group. Step 1 announces a
+// request to its group; the first rank waits for the rows beside the steps and reports their
+// arrival in step 4; the next step 1 admits the request, and the first rank sends the rows to the
+// group's other TP ranks, point to point. Prefill: a prefilling request's rows, made on its
+// group's ranks, ride step 4's gather from the group's first rank to rank 0, which hands them to
+// the request's sink (the transfer to the decode instance).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "engine/engine.h"
 #include "parallel/communicator.h"
+#include "transfer/kv_transfer.h"
 
 namespace sy::serve {
 
@@ -55,6 +61,19 @@ class ClusterServing : public RequestFrontend {
     return group_cache_[static_cast<size_t>(group)].get();
   }
 
+  // A decode job: every rank calls this before Run, collectively; `own` is this rank's receiver
+  // where it is its group's first rank (null elsewhere), the rows' shape is the cache's, and a
+  // transfer may take `timeout_seconds`.
+  void ReceiveOnGroupLeaders(transfer::Receiver* own, int64_t layers, int64_t row_bytes,
+                             double timeout_seconds);
+  // A request whose rows (and first token) group `group` receives under `token` before it is
+  // admitted. Its stream ends with kTransferFailedReason if the transfer fails.
+  Result<std::shared_ptr<RequestStream>> SubmitReceivingTo(int group, EngineRequest request,
+                                                           uint64_t token, SubmitError* error);
+  // Rank 0: what the groups' receivers have moved, summed (for /metrics).
+  transfer::TransferStats ReceivedStats() const;
+  transfer::TransferStats GroupReceivedStats(int group) const;
+
   // The lockstep loop, on every rank; returns on every rank once a stop has been broadcast and
   // no rank has work left.
   void Run();
@@ -63,6 +82,21 @@ class ClusterServing : public RequestFrontend {
   struct Pending {
     EngineRequest request;
     int group = 0;
+    bool rows_at_leader = false;  // received by the group's first rank (ReceiveOnGroupLeaders)
+  };
+  // Rank 0: a request waiting for its group's first rank to receive its rows.
+  struct Receiving {
+    EngineRequest request;
+    int group = 0;
+    uint64_t token = 0;
+    bool announced = false;  // broadcast to the group
+  };
+  // A group's first rank: one request's transfer, waited for on a thread of its own.
+  struct Arrival {
+    std::thread waiter;
+    std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+    bool done = false, reported = false;
+    Result<transfer::Received> received = Status::Error("not yet received");
   };
   // One KvSink call made on a group's first rank, for rank 0 to replay on the real sink.
   struct SinkCall {
@@ -75,6 +109,24 @@ class ClusterServing : public RequestFrontend {
   class RelaySink;
   std::vector<uint8_t> TakeControl(bool any_work);
   void DeliverEvents(const std::vector<uint8_t>& gathered);
+  // A group's first rank: starts waiting for a request's rows; what finished waiting, for the
+  // step's report; the rows of an admitted request (sent on to the group's other TP ranks).
+  void StartReceiving(const std::string& id, uint64_t token);
+  struct ArrivalReport {
+    std::string id;
+    bool ok = false;
+    int32_t first_token = 0;
+    std::string error;
+  };
+  std::vector<ArrivalReport> FinishedArrivals();
+  std::shared_ptr<ImportedRows> TakeArrival(const std::string& id);
+  // Every rank of the group, for a request admitted with rows_at_leader: the first rank's rows,
+  // sent to the others (null if it has none: the request is then computed again).
+  std::shared_ptr<ImportedRows> RowsFromLeader(const std::string& id);
+  void DropArrival(const std::string& id);
+  void StopReceiving();
+  // Rank 0, under mutex_: ends a request that never reached its engine.
+  void EndUnadmitted(const std::string& id, RequestEvent event);
   // The sink a request of this rank's group gets here: rank 0's real one (group 0), a relay to
   // rank 0 (another group's first rank), or one that drops what it is given (other TP ranks).
   std::shared_ptr<KvSink> LocalSink(const std::string& id);
@@ -109,6 +161,19 @@ class ClusterServing : public RequestFrontend {
   std::map<std::string, std::shared_ptr<KvSink>> sinks_;
   // A group's first rank: sink calls made this step, for rank 0.
   std::shared_ptr<std::vector<SinkCall>> relayed_ = std::make_shared<std::vector<SinkCall>>();
+
+  // Decode jobs (ReceiveOnGroupLeaders). Rank 0: requests whose rows are on their way, and what
+  // each group's receiver has moved.
+  bool receives_ = false;
+  std::map<std::string, Receiving> receiving_;
+  std::vector<transfer::TransferStats> group_received_;
+  // A group's first rank: its receiver, and the transfers it waits for or holds.
+  transfer::Receiver* receiver_ = nullptr;
+  std::unique_ptr<Communicator> rows_comm_;  // the group's first rank to its TP ranks
+  int64_t layers_ = 0, row_bytes_ = 0;
+  double transfer_timeout_ = 600;
+  std::mutex arrivals_mutex_;
+  std::map<std::string, Arrival> arrivals_;
 };
 
 }  // namespace sy::serve

@@ -218,6 +218,7 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
     // Disaggregation: rows go out as computed (prefill), or come in before the request starts
     // (decode). A failed transfer is ABORTED: the router redoes it, the instance stays in use.
     std::shared_ptr<transfer::Outgoing> outgoing;
+    std::optional<uint64_t> receive_token;
     if (request->has_handoff()) {
       const pb::Handoff& handoff = request->handoff();
       if (!handoff.send_to().empty()) {
@@ -227,6 +228,8 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
                   "prefill)"};
         outgoing = info_.sender->Open(handoff.send_to(), engine_request.id, handoff.token());
         engine_request.kv_sink = outgoing;
+      } else if (handoff.receive() && info_.submit_receiving) {
+        receive_token = handoff.token();  // the group's first rank waits for the rows
       } else if (handoff.receive()) {
         if (info_.receiver == nullptr)
           return {grpc::StatusCode::FAILED_PRECONDITION,
@@ -242,7 +245,9 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
       }
     }
     SubmitError why;
-    auto stream = frontend_.Submit(engine_request, &why);
+    auto stream = receive_token
+                      ? info_.submit_receiving(engine_request, *receive_token, &why)
+                      : frontend_.Submit(engine_request, &why);
     if (!stream.ok()) {
       const grpc::StatusCode code =
           why == SubmitError::kQueueFull  ? grpc::StatusCode::RESOURCE_EXHAUSTED
@@ -268,6 +273,10 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
       events.clear();
       const bool finished = stream.value()->Drain(&events);
       for (const RequestEvent& event : events) {
+        if (event.finish_reason == kTransferFailedReason) {
+          stream.value()->SetNotifier(nullptr);
+          return {grpc::StatusCode::ABORTED, event.error};
+        }
         if (outgoing && event.finish_reason == "transferred") {
           // Handed on only once every row has left.
           Status sent = outgoing->Wait(info_.transfer_timeout_seconds);
@@ -318,6 +327,7 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
     response->set_priority_scheduling(info_.priority_scheduling);
     response->set_role(info_.role);
     if (info_.receiver != nullptr) response->set_transfer_address(info_.receiver->address());
+    if (!info_.transfer_address.empty()) response->set_transfer_address(info_.transfer_address);
     return grpc::Status::OK;
   }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,11 @@ struct InstanceInfo {
   std::string role = "both";
   transfer::Sender* sender = nullptr;
   transfer::Receiver* receiver = nullptr;
+  // A decode job under mpirun instead receives on each DP group's first rank: this group's
+  // address, and how a request is submitted to wait there for its rows under a token.
+  std::string transfer_address;
+  std::function<Result<std::shared_ptr<RequestStream>>(EngineRequest, uint64_t, SubmitError*)>
+      submit_receiving;
   int64_t cache_layers = 0, cache_row_bytes = 0;
   double transfer_timeout_seconds = 600;
 };

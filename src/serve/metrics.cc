@@ -21,6 +21,7 @@ struct PublishedTransfers {
   std::mutex mutex;
   const transfer::Sender* sender = nullptr;
   const transfer::Receiver* receiver = nullptr;
+  std::function<transfer::TransferStats()> received;
 };
 
 PublishedTransfers& Transfers() {
@@ -189,6 +190,7 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
     std::vector<std::pair<const char*, transfer::TransferStats>> sides;
     if (t.sender) sides.push_back({"send", t.sender->stats()});
     if (t.receiver) sides.push_back({"receive", t.receiver->stats()});
+    else if (t.received) sides.push_back({"receive", t.received()});
     for (const auto& [side, stats] : sides) {
       const std::string l = labels + fmt::format(",side=\"{}\"", side);
       Metric(out, "kv_transfers_total", "counter",
@@ -264,6 +266,12 @@ void PublishTransfers(const transfer::Sender* sender, const transfer::Receiver* 
   std::lock_guard<std::mutex> lock(t.mutex);
   t.sender = sender;
   t.receiver = receiver;
+}
+
+void PublishReceivedTransfers(std::function<transfer::TransferStats()> received) {
+  PublishedTransfers& t = Transfers();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.received = std::move(received);
 }
 
 void PublishExpertImbalance(double imbalance, std::vector<std::pair<int64_t, double>> per_layer) {

@@ -14,6 +14,7 @@
 
 namespace sy::transfer {
 class Sender;
+struct TransferStats;
 class Receiver;
 }  // namespace sy::transfer
 
@@ -67,5 +68,8 @@ void PublishExpertImbalance(double imbalance, std::vector<std::pair<int64_t, dou
 // shown by every /metrics of this process (kv_transfers_total, kv_transfer_bytes_total,
 // kv_transfer_seconds_total, kv_transfers_refused_total, by side). Either may be null.
 void PublishTransfers(const transfer::Sender* sender, const transfer::Receiver* receiver);
+// A decode job under mpirun: what its groups' receivers moved (ClusterServing::ReceivedStats),
+// reported as the receiving side in place of one receiver's.
+void PublishReceivedTransfers(std::function<transfer::TransferStats()> received);
 
 }  // namespace sy::serve

@@ -195,6 +195,12 @@ def test_prefill_and_decode_jobs_of_other_layouts_give_the_colocated_output(
         status, engines, _ = split.request("GET", "/admin/engines")
         routed = {e["engine"]: e["routed_total"] for e in engines["engines"]}
         assert min(routed.values()) > 0, routed
+        # A decode job's groups each receive their own rows: one listener per group (on its
+        # first rank), never one for the whole job.
+        receivers = [e.get("transfer_address") for e in engines["engines"]
+                     if e["pool"] == "decode"]
+        assert len(receivers) == decode_ranks // decode_tp and all(receivers), engines
+        assert len(set(receivers)) == len(receivers), receivers
         requests = len(PROMPTS) * 3
         assert prefill.metric("kv_transfers_total", side="send") == requests
         assert decode.metric("kv_transfers_total", side="receive") == requests
@@ -205,15 +211,18 @@ def test_prefill_and_decode_jobs_of_other_layouts_give_the_colocated_output(
         stop_all(procs)
 
 
-def test_a_corrupted_transfer_is_refused_and_redone():
+# Also into a decode job of two DP groups, each receiving on its first rank: a refused transfer
+# ends its decode call ABORTED from there too.
+@pytest.mark.parametrize("decode_ranks", [1, 2], ids=["decode_1", "decode_ep2"])
+def test_a_corrupted_transfer_is_refused_and_redone(decode_ranks):
     procs = []
     try:
         colocated, c_addr = instance("both")
         # The test hook: this prefill instance flips a byte in its first two rows messages.
         prefill, p_addr = instance("prefill", env={"SWITCHYARD_TEST_CORRUPT_TRANSFERS": "2"})
-        decode, d_addr = instance("decode")
+        decode = start_instance(None, role="decode", ranks=decode_ranks)
         procs += [colocated, prefill, decode]
-        split = start_router(prefill=[p_addr], decode=[d_addr])
+        split = start_router(prefill=[p_addr], decode=decode.grpc)
         procs.append(split)
         args = dict(model="sy-test", prompt=PROMPTS[2], max_tokens=30, temperature=0,
                     extra_body={"ignore_eos": True})
@@ -223,6 +232,52 @@ def test_a_corrupted_transfer_is_refused_and_redone():
         assert split.metrics()['switchyard:router_kv_transfers_redone_total{model_name="sy-test",'
                                'pool="decode"}'] == 2
         assert "checksum" in "".join(decode.log)
+    finally:
+        stop_all(procs)
+
+
+def test_a_decode_job_lets_go_of_a_request_cancelled_while_its_rows_are_awaited():
+    """A decode job's group waits for a request's rows on its first rank; the client goes away
+    meanwhile (the prefill instance is stopped, so no row comes): the request leaves the job, the
+    rows that come later are dropped, and the job serves the next request as before."""
+    procs = []
+    try:
+        prefill, p_addr = instance("prefill")
+        decode = start_instance(None, role="decode", ranks=2)
+        procs += [prefill, decode]
+        split = start_router(prefill=[p_addr], decode=decode.grpc)
+        procs.append(split)
+        args = dict(model="sy-test", prompt=PROMPTS[2], max_tokens=20, temperature=0,
+                    extra_body={"ignore_eos": True})
+        want = client_for(split).completions.create(**args).choices[0].text
+        prefill.process.send_signal(signal.SIGSTOP)
+        try:
+            impatient = client_for(split).with_options(timeout=4, max_retries=0)
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+                call = pool.submit(lambda: impatient.completions.create(**args))
+                deadline = time.time() + 4
+                while decode.metric("num_requests_waiting") == 0 and time.time() < deadline:
+                    time.sleep(0.05)
+                assert decode.metric("num_requests_waiting") == 1, "the rows were never awaited"
+                with pytest.raises(Exception):
+                    call.result()
+            deadline = time.time() + 10
+            while decode.metric("num_requests_waiting") > 0 and time.time() < deadline:
+                time.sleep(0.05)
+            assert decode.metric("num_requests_waiting") == 0, "the cancelled request stayed"
+        finally:
+            prefill.process.send_signal(signal.SIGCONT)
+        deadline = time.time() + 30
+        while True:  # the router takes the prefill instance back once its probes answer
+            try:
+                got = client_for(split).completions.create(**args).choices[0].text
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert got == want
+        assert decode.metric("kv_transfers_total", side="receive") >= 2
     finally:
         stop_all(procs)
 
