@@ -76,14 +76,13 @@ std::string TransferHost(const ServeArgs& args) {
                                      : args.host;
 }
 
-// Under mpirun rank 0 starts the prefill side's sender (the job's one endpoint for sending);
-// a decode job's receivers are its groups' (StartGroupReceivers).
-Status StartDisaggregation(const ServeArgs& args, Disaggregation* d, bool cluster = false) {
+// One process's; under mpirun each DP group's first rank has its own (StartGroupTransfers).
+Status StartDisaggregation(const ServeArgs& args, Disaggregation* d) {
   if (args.role == "prefill") {
     auto sender = transfer::Sender::Start();
     if (!sender.ok()) return Status::Error("--role prefill: " + sender.status().message());
     d->sender = std::move(sender.value());
-  } else if (args.role == "decode" && !cluster) {
+  } else if (args.role == "decode") {
     auto receiver = transfer::Receiver::Start(TransferHost(args), args.transfer_port);
     if (!receiver.ok()) return Status::Error("--role decode: " + receiver.status().message());
     d->receiver = std::move(receiver.value());
@@ -92,31 +91,42 @@ Status StartDisaggregation(const ServeArgs& args, Disaggregation* d, bool cluste
   return Status::Ok();
 }
 
-// A decode job under mpirun (collective): each DP group's first rank listens for its group's
-// rows — on --transfer-host where this machine has that address, else on its own host name (a
-// group on another host), on --transfer-port + g when a port is given — so rows go straight to
-// the group that decodes them. Returns every group's address (on every rank).
-std::vector<std::string> StartGroupReceivers(const ServeArgs& args, Communicator& comm, int tp,
-                                             std::unique_ptr<transfer::Receiver>* own) {
+// A disaggregated job under mpirun (collective): each DP group's first rank moves its group's
+// rows itself, so they go straight between the instance that computes them and the group that
+// decodes them. A decode group's first rank listens on --transfer-host where this machine has
+// that address, else on its own host name (a group on another host), on --transfer-port + g
+// when a port is given; a prefill group's first rank starts a sender. Returns every group's
+// listening address (empty for prefill), on every rank.
+std::vector<std::string> StartGroupTransfers(const ServeArgs& args, Communicator& comm, int tp,
+                                             Disaggregation* own) {
   std::string line;  // this rank's address, or "!" and why it has none
   if (comm.rank() % tp == 0) {
     const int group = comm.rank() / tp;
-    const int port = args.transfer_port > 0 ? args.transfer_port + group : 0;
-    auto receiver = transfer::Receiver::Start(TransferHost(args), port);
-    if (!receiver.ok() && comm.rank() != 0) {
-      char name[256] = {};
-      if (::gethostname(name, sizeof name - 1) == 0) {
-        auto here = transfer::Receiver::Start(name, port);
-        if (here.ok()) receiver = std::move(here);
+    Status started = Status::Ok();
+    if (args.role == "prefill") {
+      auto sender = transfer::Sender::Start();
+      if (sender.ok()) own->sender = std::move(sender.value());
+      else started = sender.status();
+    } else {
+      const int port = args.transfer_port > 0 ? args.transfer_port + group : 0;
+      auto receiver = transfer::Receiver::Start(TransferHost(args), port);
+      if (!receiver.ok() && comm.rank() != 0) {
+        char name[256] = {};
+        if (::gethostname(name, sizeof name - 1) == 0) {
+          auto here = transfer::Receiver::Start(name, port);
+          if (here.ok()) receiver = std::move(here);
+        }
+      }
+      if (receiver.ok()) {
+        own->receiver = std::move(receiver.value());
+        line = own->receiver->address();
+      } else {
+        started = receiver.status();
       }
     }
-    if (receiver.ok()) {
-      *own = std::move(receiver.value());
-      line = (*own)->address();
-    } else {
-      line = fmt::format("!--role decode, DP group {} (rank {}): {}", group, comm.rank(),
-                         receiver.status().message());
-    }
+    if (!started.ok())
+      line = fmt::format("!--role {}, DP group {} (rank {}): {}", args.role, group, comm.rank(),
+                         started.message());
   }
   std::vector<uint8_t> bytes(line.begin(), line.end());
   bytes.push_back(0);
@@ -134,7 +144,7 @@ std::vector<std::string> StartGroupReceivers(const ServeArgs& args, Communicator
 
 std::string RoleNote(const ServeArgs& args, const Disaggregation& d,
                      const std::vector<std::string>& group_receivers = {}) {
-  if (!group_receivers.empty()) {
+  if (!group_receivers.empty() && !group_receivers[0].empty()) {
     std::string note = " as a decode job receiving each DP group's rows on";
     for (size_t g = 0; g < group_receivers.size(); ++g)
       note += fmt::format("{} ucx://{} (group {})", g > 0 ? "," : "", group_receivers[g], g);
@@ -166,13 +176,18 @@ std::unique_ptr<serve::GrpcEngineServer> StartGrpc(const ServeArgs& args, Reques
     info.cache_row_bytes = cache->row_bytes();
     info.transfer_timeout_seconds = args.transfer_timeout;
   }
-  if (cluster != nullptr && !group_receiver.empty()) {
+  if (cluster != nullptr && args.role == "decode") {
     info.transfer_address = group_receiver;
     info.submit_receiving = [cluster, group](EngineRequest request, uint64_t token,
                                              SubmitError* error) {
       return cluster->SubmitReceivingTo(group, std::move(request), token, error);
     };
   }
+  if (cluster != nullptr && args.role == "prefill")
+    info.submit_sending = [cluster, group](EngineRequest request, const std::string& send_to,
+                                           uint64_t token, SubmitError* error) {
+      return cluster->SubmitSendingTo(group, std::move(request), send_to, token, error);
+    };
   info.served_model_name = options.limits.model_name;
   info.page_size = engine.page_size();
   info.vocab_size = engine.model_config().vocab_size;
@@ -246,18 +261,22 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   // gRPC: DP group g on --grpc-port + g (each port 0 when it is 0), so a router chooses the group.
   std::vector<std::unique_ptr<serve::GroupFrontend>> groups;
   std::vector<std::unique_ptr<serve::GrpcEngineServer>> grpc;
-  std::unique_ptr<transfer::Receiver> group_receiver;
+  // Each group's first rank moves its own rows (rank 0 only relays the calls).
+  Disaggregation group_transfers;
   std::vector<std::string> group_receivers;
-  if (args.role == "decode") {
-    group_receivers = StartGroupReceivers(args, comm, run.tp, &group_receiver);
-    cluster.ReceiveOnGroupLeaders(group_receiver.get(), cache.layers(), cache.row_bytes(),
-                                  args.transfer_timeout);
+  if (args.role != "both") {
+    group_receivers = StartGroupTransfers(args, comm, run.tp, &group_transfers);
+    if (args.role == "decode")
+      cluster.ReceiveOnGroupLeaders(group_transfers.receiver.get(), cache.layers(),
+                                    cache.row_bytes(), args.transfer_timeout);
+    else
+      cluster.SendFromGroupLeaders(group_transfers.sender.get(), args.transfer_timeout);
     if (comm.rank() == 0)
-      serve::PublishReceivedTransfers([&cluster] { return cluster.ReceivedStats(); });
+      serve::PublishJobTransfers(args.role == "decode" ? "receive" : "send",
+                                 [&cluster] { return cluster.Transfers(); });
   }
   Status listening = Status::Ok();
   if (comm.rank() == 0) {
-    listening = StartDisaggregation(args, &disaggregation, /*cluster=*/true);
     server = std::make_unique<serve::OpenAiServer>(beams, codec, options);
     if (listening.ok()) listening = server->Listen();
     if (listening.ok())
@@ -305,7 +324,7 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
   });
   cluster.Run();
   http.join();
-  serve::PublishReceivedTransfers(nullptr);
+  serve::PublishJobTransfers("", nullptr);
   std::printf("switchyard: stopped\n");
 }
 
@@ -555,10 +574,11 @@ void AddServeOptions(CLI::App* verb, const std::shared_ptr<ServeArgs>& args) {
       ->check(CLI::IsMember({"both", "prefill", "decode"}));
   verb->add_option("--transfer-host", args->transfer_host,
                    "--role decode: address to receive rows on over UCX (default: --grpc-host, "
-                   "else --host)");
+                   "else --host; under mpirun a group on a machine without it: that machine's "
+                   "name)");
   verb->add_option("--transfer-port", args->transfer_port,
                    "--role decode: port to receive rows on (0: any free one, told to the router "
-                   "through Health)")
+                   "through Health; under mpirun DP group g's first rank listens on P + g)")
       ->check(CLI::Range(0, 65535));
   verb->add_option("--transfer-timeout", args->transfer_timeout,
                    "Seconds a decode instance waits for a request's rows, and a prefill instance "

@@ -214,7 +214,7 @@ EngineMetrics MetricsFromJson(const json& j, const EngineMetrics& shape) {
   return m;
 }
 
-// A TP rank that is not its group's first: the first rank reports the rows, this one drops its
+// A TP rank that is not its group's first: the first rank sends the rows, this one drops its
 // copy (every rank of the group computes them).
 class DiscardSink : public KvSink {
  public:
@@ -290,40 +290,6 @@ constexpr int kGroupRowsTag = 1;
 
 }  // namespace
 
-// A group's first rank (not rank 0): the engine's sink calls, kept for the step's report to
-// rank 0. Called on the lockstep thread only (the engine steps there).
-class ClusterServing::RelaySink : public KvSink {
- public:
-  RelaySink(std::string id, std::shared_ptr<std::vector<SinkCall>> out)
-      : id_(std::move(id)), out_(std::move(out)) {}
-  void Rows(int64_t first, int64_t count, int64_t layers, int64_t row_bytes,
-            std::vector<uint8_t> data) override {
-    out_->push_back({id_, SinkCall::kRows, first, count, layers, row_bytes, std::move(data), 0});
-  }
-  void Done(int32_t first_token, HandoffDrafts drafts) override {
-    out_->push_back(
-        {id_, SinkCall::kDone, 0, 0, 0, 0, transfer::EncodeDrafts(drafts), first_token});
-  }
-  void Abandon() override { out_->push_back({id_, SinkCall::kAbandon, 0, 0, 0, 0, {}, 0}); }
-
- private:
-  std::string id_;
-  std::shared_ptr<std::vector<SinkCall>> out_;
-};
-
-std::shared_ptr<KvSink> ClusterServing::LocalSink(const std::string& id) {
-  if (world_.rank() == 0) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = sinks_.find(id);
-    if (it == sinks_.end()) return std::make_shared<DiscardSink>();
-    std::shared_ptr<KvSink> sink = std::move(it->second);
-    sinks_.erase(it);
-    return sink;
-  }
-  if (leader_) return std::make_shared<RelaySink>(id, relayed_);
-  return std::make_shared<DiscardSink>();
-}
-
 ClusterServing::ClusterServing(Engine& engine, Communicator& world, int tp, int64_t max_waiting)
     : engine_(engine), world_(world), tp_(tp), max_waiting_(max_waiting) {
   groups_ = world.size() / tp;
@@ -356,7 +322,31 @@ Result<std::shared_ptr<RequestStream>> ClusterServing::SubmitTo(int chosen, Engi
 
 Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAllTo(
     int chosen, std::vector<EngineRequest> requests, SubmitError* error) {
+  return SubmitAllTo(chosen, std::move(requests), error, "", 0);
+}
+
+Result<std::shared_ptr<RequestStream>> ClusterServing::SubmitSendingTo(int group,
+                                                                       EngineRequest request,
+                                                                       const std::string& send_to,
+                                                                       uint64_t token,
+                                                                       SubmitError* error) {
   *error = SubmitError::kInvalid;
+  if (!sends_ || group < 0 || group >= groups_)
+    return Status::Error("this job does not send transfers from that group");
+  std::vector<EngineRequest> one;
+  one.push_back(std::move(request));
+  auto streams = SubmitAllTo(group, std::move(one), error, send_to, token);
+  if (!streams.ok()) return streams.status();
+  return streams.value()[0];
+}
+
+Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAllTo(
+    int chosen, std::vector<EngineRequest> requests, SubmitError* error,
+    const std::string& send_to, uint64_t token) {
+  *error = SubmitError::kInvalid;
+  for (const EngineRequest& request : requests)
+    if (request.kv_sink || request.imported)  // what SubmitSendingTo/SubmitReceivingTo set up
+      return Status::Error("a job's requests take rows only through its groups' transfers");
   const int64_t count = static_cast<int64_t>(requests.size());
   if (count > max_waiting_)
     return Status::Errorf(
@@ -392,8 +382,7 @@ Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAllTo(
                            request.params.max_tokens;
       group_load_[group] += cost;
       tracked_[request.id] = {stream, group, cost};
-      if (request.kv_sink) sinks_[request.id] = request.kv_sink;
-      pending_.push_back({std::move(request), group});
+      pending_.push_back({std::move(request), group, /*rows_at_leader=*/false, send_to, token});
       streams.push_back(std::move(stream));
     }
   }
@@ -430,8 +419,27 @@ void ClusterServing::ReceiveOnGroupLeaders(transfer::Receiver* own, int64_t laye
   layers_ = layers;
   row_bytes_ = row_bytes;
   transfer_timeout_ = timeout_seconds;
-  group_received_.assign(static_cast<size_t>(groups_), {});
+  group_transfers_.assign(static_cast<size_t>(groups_), {});
   if (tp_ > 1) rows_comm_ = world_.Duplicate();  // collective
+}
+
+void ClusterServing::SendFromGroupLeaders(transfer::Sender* own, double timeout_seconds) {
+  sends_ = true;
+  sender_ = leader_ ? own : nullptr;
+  transfer_timeout_ = timeout_seconds;
+  group_transfers_.assign(static_cast<size_t>(groups_), {});
+}
+
+void ClusterServing::FinishTransfer(const std::string& id, RequestEvent* finish) {
+  auto it = outgoing_.find(id);
+  if (it == outgoing_.end()) return;
+  std::shared_ptr<transfer::Outgoing> outgoing = std::move(it->second);
+  outgoing_.erase(it);
+  if (*finish->finish_reason != "transferred") return;  // the engine abandoned the transfer
+  if (Status sent = outgoing->Wait(transfer_timeout_); !sent.ok()) {
+    finish->finish_reason = kTransferFailedReason;
+    finish->error = "the transfer failed: " + sent.message();
+  }
 }
 
 Result<std::shared_ptr<RequestStream>> ClusterServing::SubmitReceivingTo(int group,
@@ -478,21 +486,17 @@ Result<std::shared_ptr<RequestStream>> ClusterServing::SubmitReceivingTo(int gro
   return stream;
 }
 
-transfer::TransferStats ClusterServing::GroupReceivedStats(int group) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (group < 0 || static_cast<size_t>(group) >= group_received_.size()) return {};
-  return group_received_[static_cast<size_t>(group)];
-}
-
-transfer::TransferStats ClusterServing::ReceivedStats() const {
+transfer::TransferStats ClusterServing::Transfers() const {
   std::lock_guard<std::mutex> lock(mutex_);
   transfer::TransferStats total;
-  for (const transfer::TransferStats& s : group_received_) {
+  for (const transfer::TransferStats& s : group_transfers_) {
     total.transfers += s.transfers;
     total.bytes += s.bytes;
     total.seconds += s.seconds;
     total.refused += s.refused;
   }
+  // Rank 0 knows which requests still wait for rows (each group's receiver only its own).
+  total.awaited = static_cast<int64_t>(receiving_.size());
   return total;
 }
 
@@ -651,7 +655,7 @@ EngineMetrics ClusterServing::Metrics() const {
     total.healthy = total.healthy && m.healthy;
     total.last_step_age_seconds = std::max(total.last_step_age_seconds, m.last_step_age_seconds);
   }
-  total.waiting += static_cast<int64_t>(pending_.size() + receiving_.size());
+  total.waiting += static_cast<int64_t>(pending_.size());
   return total;
 }
 
@@ -660,8 +664,6 @@ EngineMetrics ClusterServing::GroupMetrics(int group) const {
   EngineMetrics m = group_metrics_[static_cast<size_t>(group)];
   for (const Pending& p : pending_)
     m.waiting += p.group == group;
-  for (const auto& [id, r] : receiving_)
-    m.waiting += r.group == group;
   return m;
 }
 
@@ -704,8 +706,6 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
   json control = {{"submit", json::array()}, {"receive", std::move(receive)},
                   {"abort", aborts_},         {"stop", stop_},
                   {"drain", drain_}};
-  // Received rows and drafts go after the JSON, as bytes (offsets in the JSON).
-  std::vector<uint8_t> blob;
   for (const Pending& p : pending_) {
     json submit = {{"id", p.request.id},
                    {"group", p.group},
@@ -714,79 +714,29 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
                    {"priority", p.request.priority},
                    {"background", p.request.background},
                    {"params", ParamsToJson(p.request.params)}};
-    if (p.request.kv_sink) submit["sink"] = true;
-    if (p.rows_at_leader) {
-      submit["rows_at_leader"] = true;
-    } else if (p.request.imported) {
-      const ImportedRows& rows = *p.request.imported;
-      json chunks = json::array();
-      for (const ImportedRows::Chunk& c : rows.chunks) {
-        const auto bytes = static_cast<size_t>(c.count * rows.layers * rows.row_bytes);
-        chunks.push_back({c.first, c.count, blob.size()});
-        blob.insert(blob.end(), c.rows, c.rows + bytes);
-      }
-      const std::vector<uint8_t> drafts = transfer::EncodeDrafts(rows.drafts);
-      submit["imported"] = {{"rows", rows.rows},
-                            {"layers", rows.layers},
-                            {"row_bytes", rows.row_bytes},
-                            {"chunks", chunks},
-                            {"drafts", {blob.size(), drafts.size()}}};
-      blob.insert(blob.end(), drafts.begin(), drafts.end());
-    }
+    if (!p.send_to.empty()) submit["send"] = {p.send_to, p.token};
+    if (p.rows_at_leader) submit["rows_at_leader"] = true;
     control["submit"].push_back(std::move(submit));
   }
   pending_.clear();
   aborts_.clear();
   const std::string text = Dump(control);
-  const uint64_t length = text.size();
-  std::vector<uint8_t> message(8 + text.size() + blob.size());
-  std::memcpy(message.data(), &length, 8);
-  std::memcpy(message.data() + 8, text.data(), text.size());
-  if (!blob.empty()) std::memcpy(message.data() + 8 + text.size(), blob.data(), blob.size());
-  return message;
+  return std::vector<uint8_t>(text.begin(), text.end());
 }
 
 void ClusterServing::DeliverEvents(const std::vector<uint8_t>& gathered) {
-  // Each rank's part: the 8-byte lengths of a JSON {"events": [...], "metrics": {...}, "sink":
-  // [...]} and of the bytes the sink calls carry, then both.
+  // Each rank's part: the 8-byte length of a JSON {"group", "events", "metrics", "cache", and
+  // on a disaggregated job's group leaders "received" and "transfers"}, then the JSON (a length
+  // of 0 from the other TP ranks).
   size_t at = 0;
   std::lock_guard<std::mutex> lock(mutex_);
-  while (at + 16 <= gathered.size()) {
-    const uint64_t length = ReadLength(gathered, at), blob_length = ReadLength(gathered, at + 8);
-    at += 16;
-    if (length == 0) {
-      at += blob_length;
-      continue;
-    }
+  while (at + 8 <= gathered.size()) {
+    const uint64_t length = ReadLength(gathered, at);
+    at += 8;
+    if (length == 0) continue;
     const json part = json::parse(gathered.begin() + at, gathered.begin() + at + length);
     at += length;
-    const uint8_t* blob = gathered.data() + at;
-    at += blob_length;
     const int group = part["group"];
-    // The group's prefilling requests' rows, before its events: a request's "transferred" finish
-    // comes after its Done.
-    for (const auto& c : part["sink"]) {
-      auto it = sinks_.find(c[0].get<std::string>());
-      if (it == sinks_.end()) continue;
-      const uint8_t* data = blob + c[7].get<uint64_t>();
-      const auto size = c[8].get<size_t>();
-      switch (c[1].get<int>()) {
-        case SinkCall::kRows:
-          it->second->Rows(c[2].get<int64_t>(), c[3].get<int64_t>(), c[4].get<int64_t>(),
-                           c[5].get<int64_t>(), std::vector<uint8_t>(data, data + size));
-          break;
-        case SinkCall::kDone: {
-          auto drafts = transfer::ParseDrafts(data, size);  // made by this job's own ranks
-          it->second->Done(c[6].get<int32_t>(),
-                           drafts.ok() ? std::move(drafts.value()) : HandoffDrafts{});
-          sinks_.erase(it);
-          break;
-        }
-        default:
-          it->second->Abandon();
-          sinks_.erase(it);
-      }
-    }
     // Rows that reached the group's first rank: the request is admitted in the next step.
     for (const auto& r : part.value("received", json::array())) {
       const std::string id = r[0].get<std::string>();
@@ -799,7 +749,7 @@ void ClusterServing::DeliverEvents(const std::vector<uint8_t>& gathered) {
         EngineRequest request = std::move(it->second.request);
         request.prompt.push_back(r[2].get<int32_t>());
         request.resumed_tokens += 1;
-        pending_.push_back({std::move(request), group, /*rows_at_leader=*/true});
+        pending_.push_back({std::move(request), group, /*rows_at_leader=*/true, "", 0});
       } else {
         RequestEvent event;
         event.finish_reason = kTransferFailedReason;
@@ -808,10 +758,10 @@ void ClusterServing::DeliverEvents(const std::vector<uint8_t>& gathered) {
       }
       receiving_.erase(it);
     }
-    if (part.contains("receiver") && static_cast<size_t>(group) < group_received_.size()) {
-      const json& t = part["receiver"];
-      group_received_[static_cast<size_t>(group)] = {t[0].get<int64_t>(), t[1].get<int64_t>(),
-                                                     t[2].get<double>(), t[3].get<int64_t>()};
+    if (part.contains("transfers") && static_cast<size_t>(group) < group_transfers_.size()) {
+      const json& t = part["transfers"];
+      group_transfers_[static_cast<size_t>(group)] = {t[0].get<int64_t>(), t[1].get<int64_t>(),
+                                                      t[2].get<double>(), t[3].get<int64_t>()};
     }
     group_metrics_[group] = MetricsFromJson(part["metrics"], group_metrics_[group]);
     // The group's prefix-cache events, replayed into rank 0's copy of its log.
@@ -828,10 +778,6 @@ void ClusterServing::DeliverEvents(const std::vector<uint8_t>& gathered) {
       it->second.stream->Push(std::move(event));
       if (finished) {
         group_load_[it->second.group] -= it->second.outstanding;
-        if (auto sink = sinks_.find(it->first); sink != sinks_.end()) {  // never reached its engine
-          sink->second->Abandon();
-          sinks_.erase(sink);
-        }
         tracked_.erase(it);
       }
     }
@@ -842,12 +788,10 @@ void ClusterServing::Run() {
   const bool root = world_.rank() == 0;
   bool any_work = false;
   while (true) {
-    // 1. What arrived, from rank 0 (received rows stay in this buffer until installed).
-    const auto bytes = std::make_shared<const std::vector<uint8_t>>(
-        world_.Broadcast(root ? TakeControl(any_work) : std::vector<uint8_t>{}));
-    const uint64_t text_length = ReadLength(*bytes, 0);
-    const json control = json::parse(bytes->begin() + 8, bytes->begin() + 8 + text_length);
-    const uint8_t* blob = bytes->data() + 8 + text_length;
+    // 1. What arrived, from rank 0.
+    const std::vector<uint8_t> bytes =
+        world_.Broadcast(root ? TakeControl(any_work) : std::vector<uint8_t>{});
+    const json control = json::parse(bytes.begin(), bytes.end());
     // 2. Transfers for this rank's group to wait for, and requests for it.
     for (const auto& r : control["receive"])
       if (r[1].get<int>() == group_ && leader_) StartReceiving(r[0], r[2].get<uint64_t>());
@@ -860,23 +804,18 @@ void ClusterServing::Run() {
       request.resumed_tokens = s["resumed"];
       request.priority = s["priority"];
       request.background = s["background"];
-      if (s.contains("sink")) request.kv_sink = LocalSink(request.id);
-      if (s.contains("rows_at_leader")) {
-        request.imported = RowsFromLeader(request.id);
-      } else if (s.contains("imported")) {
-        const json& j = s["imported"];
-        auto rows = std::make_shared<ImportedRows>();
-        rows->rows = j["rows"];
-        rows->layers = j["layers"];
-        rows->row_bytes = j["row_bytes"];
-        for (const auto& c : j["chunks"])
-          rows->chunks.push_back(
-              {c[0].get<int64_t>(), c[1].get<int64_t>(), blob + c[2].get<uint64_t>(), bytes});
-        auto drafts = transfer::ParseDrafts(blob + j["drafts"][0].get<uint64_t>(),
-                                            j["drafts"][1].get<size_t>());
-        if (drafts.ok()) rows->drafts = std::move(drafts.value());
-        request.imported = std::move(rows);
+      // Prefill: the group's first rank sends the rows it computes (its TP ranks compute the
+      // same ones and drop theirs). Decode: the rows its first rank received.
+      if (s.contains("send")) {
+        if (leader_ && sender_ != nullptr) {
+          auto outgoing = sender_->Open(s["send"][0], request.id, s["send"][1].get<uint64_t>());
+          outgoing_[request.id] = outgoing;
+          request.kv_sink = std::move(outgoing);
+        } else {
+          request.kv_sink = std::make_shared<DiscardSink>();
+        }
       }
+      if (s.contains("rows_at_leader")) request.imported = RowsFromLeader(request.id);
       SubmitError why;
       auto stream = engine_.Submit(request, &why);
       if (stream.ok()) {
@@ -899,16 +838,20 @@ void ClusterServing::Run() {
     any_work = world_.AllReduceMax(engine_.HasWork() ? 1 : 0) > 0;
     if (any_work) engine_.StepOnce(/*must_step=*/true);
     // 4. Events to rank 0: every rank drains its streams, the group's first rank reports them
-    // (the other TP ranks computed the same ones).
-    std::vector<uint8_t> payload(16, 0);
+    // (the other TP ranks computed the same ones). A prefilled request is reported handed on
+    // only once its last rows have left (or as a failed transfer): the step waits for them, as
+    // it would wait to gather them.
+    std::vector<uint8_t> payload(8, 0);
     json events = json::array();
     std::vector<RequestEvent> drained;
     for (auto it = local_.begin(); it != local_.end();) {
       drained.clear();
       const bool finished = it->second->Drain(&drained);
       if (leader_)
-        for (const auto& e : drained)
+        for (RequestEvent& e : drained) {
+          if (e.finish_reason) FinishTransfer(it->first, &e);
           events.push_back(EventToJson(it->first, e));
+        }
       it = finished ? local_.erase(it) : std::next(it);
     }
     if (leader_) {
@@ -933,25 +876,15 @@ void ClusterServing::Run() {
         for (const ArrivalReport& a : FinishedArrivals())
           received.push_back({a.id, a.ok, a.first_token, a.error});
         report["received"] = std::move(received);
-        const transfer::TransferStats t = receiver_->stats();
-        report["receiver"] = {t.transfers, t.bytes, t.seconds, t.refused};
       }
-      // The sink calls of this group's prefilling requests (RelaySink), rows as bytes.
-      json sink = json::array();
-      std::vector<uint8_t> blob_out;
-      for (SinkCall& c : *relayed_) {
-        sink.push_back({c.id, static_cast<int>(c.kind), c.first, c.count, c.layers, c.row_bytes,
-                        c.first_token, blob_out.size(), c.data.size()});
-        blob_out.insert(blob_out.end(), c.data.begin(), c.data.end());
+      if (receiver_ != nullptr || sender_ != nullptr) {
+        const transfer::TransferStats t = receiver_ ? receiver_->stats() : sender_->stats();
+        report["transfers"] = {t.transfers, t.bytes, t.seconds, t.refused};
       }
-      relayed_->clear();
-      report["sink"] = std::move(sink);
       const std::string text = Dump(report);
-      const uint64_t length = text.size(), blob_length = blob_out.size();
+      const uint64_t length = text.size();
       std::memcpy(payload.data(), &length, 8);
-      std::memcpy(payload.data() + 8, &blob_length, 8);
       payload.insert(payload.end(), text.begin(), text.end());
-      payload.insert(payload.end(), blob_out.begin(), blob_out.end());
     }
     const std::vector<uint8_t> gathered = world_.GatherToRoot(payload);
     if (root) DeliverEvents(gathered);

@@ -10,14 +10,14 @@
 //   4. each group's first rank sends the step's events (tokens, text, finishes) and its metrics
 //      to rank 0, which hands them to the waiting HTTP streams.
 //
-// Disaggregation (serve --role prefill|decode under mpirun). Decode: each DP group receives its
-// own requests' rows on its first rank (its own UCX listener, the address its gRPC Health
-// reports), so rows never pass through rank 0 nor reach another group. Step 1 announces a
-// request to its group; the first rank waits for the rows beside the steps and reports their
-// arrival in step 4; the next step 1 admits the request, and the first rank sends the rows to the
-// group's other TP ranks, point to point. Prefill: a prefilling request's rows, made on its
-// group's ranks, ride step 4's gather from the group's first rank to rank 0, which hands them to
-// the request's sink (the transfer to the decode instance).
+// Disaggregation (serve --role prefill|decode under mpirun): each DP group moves its own
+// requests' rows on its first rank, so rows never pass through rank 0 nor reach another group.
+// Decode: the first rank listens (its own UCX listener, the address its gRPC Health reports).
+// Step 1 announces a request to its group; the first rank waits for the rows beside the steps
+// and reports their arrival in step 4; the next step 1 admits the request, and the first rank
+// sends the rows to the group's other TP ranks, point to point. Prefill: the first rank sends
+// the rows as its engine computes them (its TP ranks drop their copies); its step 4 reports a
+// request handed on once the last rows have left.
 #pragma once
 
 #include <atomic>
@@ -70,9 +70,15 @@ class ClusterServing : public RequestFrontend {
   // admitted. Its stream ends with kTransferFailedReason if the transfer fails.
   Result<std::shared_ptr<RequestStream>> SubmitReceivingTo(int group, EngineRequest request,
                                                            uint64_t token, SubmitError* error);
-  // Rank 0: what the groups' receivers have moved, summed (for /metrics).
-  transfer::TransferStats ReceivedStats() const;
-  transfer::TransferStats GroupReceivedStats(int group) const;
+  // A prefill job: the same for sending (`own`: this rank's sender on a group's first rank).
+  void SendFromGroupLeaders(transfer::Sender* own, double timeout_seconds);
+  // A request whose rows group `group` sends to the receiver at `send_to` under `token`. Its
+  // stream ends "transferred" once they have all left, or with kTransferFailedReason.
+  Result<std::shared_ptr<RequestStream>> SubmitSendingTo(int group, EngineRequest request,
+                                                         const std::string& send_to,
+                                                         uint64_t token, SubmitError* error);
+  // Rank 0: what the groups' senders or receivers have moved, summed (for /metrics).
+  transfer::TransferStats Transfers() const;
 
   // The lockstep loop, on every rank; returns on every rank once a stop has been broadcast and
   // no rank has work left.
@@ -83,6 +89,8 @@ class ClusterServing : public RequestFrontend {
     EngineRequest request;
     int group = 0;
     bool rows_at_leader = false;  // received by the group's first rank (ReceiveOnGroupLeaders)
+    std::string send_to;          // where the group's first rank sends its rows, and the token
+    uint64_t token = 0;
   };
   // Rank 0: a request waiting for its group's first rank to receive its rows.
   struct Receiving {
@@ -98,15 +106,6 @@ class ClusterServing : public RequestFrontend {
     bool done = false, reported = false;
     Result<transfer::Received> received = Status::Error("not yet received");
   };
-  // One KvSink call made on a group's first rank, for rank 0 to replay on the real sink.
-  struct SinkCall {
-    std::string id;
-    enum Kind { kRows, kDone, kAbandon } kind = kRows;
-    int64_t first = 0, count = 0, layers = 0, row_bytes = 0;
-    std::vector<uint8_t> data;  // kRows: the rows; kDone: the encoded MTP drafts
-    int32_t first_token = 0;
-  };
-  class RelaySink;
   std::vector<uint8_t> TakeControl(bool any_work);
   void DeliverEvents(const std::vector<uint8_t>& gathered);
   // A group's first rank: starts waiting for a request's rows; what finished waiting, for the
@@ -127,9 +126,12 @@ class ClusterServing : public RequestFrontend {
   void StopReceiving();
   // Rank 0, under mutex_: ends a request that never reached its engine.
   void EndUnadmitted(const std::string& id, RequestEvent event);
-  // The sink a request of this rank's group gets here: rank 0's real one (group 0), a relay to
-  // rank 0 (another group's first rank), or one that drops what it is given (other TP ranks).
-  std::shared_ptr<KvSink> LocalSink(const std::string& id);
+  Result<std::vector<std::shared_ptr<RequestStream>>> SubmitAllTo(
+      int group, std::vector<EngineRequest> requests, SubmitError* error,
+      const std::string& send_to, uint64_t token);
+  // A group's first rank, at a request's finish: a prefilled request's "transferred" stands once
+  // its rows have all left; else it becomes kTransferFailedReason.
+  void FinishTransfer(const std::string& id, RequestEvent* finish);
 
   Engine& engine_;
   Communicator& world_;
@@ -157,16 +159,15 @@ class ClusterServing : public RequestFrontend {
 
   // Every rank: the streams of requests this rank's engine runs.
   std::map<std::string, std::shared_ptr<RequestStream>> local_;
-  // Rank 0: prefilling requests' sinks (the transfers), until their Done or Abandon.
-  std::map<std::string, std::shared_ptr<KvSink>> sinks_;
-  // A group's first rank: sink calls made this step, for rank 0.
-  std::shared_ptr<std::vector<SinkCall>> relayed_ = std::make_shared<std::vector<SinkCall>>();
 
-  // Decode jobs (ReceiveOnGroupLeaders). Rank 0: requests whose rows are on their way, and what
-  // each group's receiver has moved.
-  bool receives_ = false;
+  // Disaggregated jobs. Rank 0: requests whose rows are on their way in, and what each group's
+  // sender or receiver has moved.
+  bool receives_ = false, sends_ = false;
   std::map<std::string, Receiving> receiving_;
-  std::vector<transfer::TransferStats> group_received_;
+  std::vector<transfer::TransferStats> group_transfers_;
+  // A group's first rank in a prefill job: its sender, and its requests' transfers.
+  transfer::Sender* sender_ = nullptr;
+  std::map<std::string, std::shared_ptr<transfer::Outgoing>> outgoing_;
   // A group's first rank: its receiver, and the transfers it waits for or holds.
   transfer::Receiver* receiver_ = nullptr;
   std::unique_ptr<Communicator> rows_comm_;  // the group's first rank to its TP ranks

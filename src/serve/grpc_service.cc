@@ -218,10 +218,12 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
     // Disaggregation: rows go out as computed (prefill), or come in before the request starts
     // (decode). A failed transfer is ABORTED: the router redoes it, the instance stays in use.
     std::shared_ptr<transfer::Outgoing> outgoing;
-    std::optional<uint64_t> receive_token;
+    std::optional<uint64_t> receive_token, send_token;
     if (request->has_handoff()) {
       const pb::Handoff& handoff = request->handoff();
-      if (!handoff.send_to().empty()) {
+      if (!handoff.send_to().empty() && info_.submit_sending) {
+        send_token = handoff.token();  // the group's first rank sends the rows
+      } else if (!handoff.send_to().empty()) {
         if (info_.sender == nullptr)
           return {grpc::StatusCode::FAILED_PRECONDITION,
                   "handoff.send_to: this instance does not prefill for others (serve --role "
@@ -245,9 +247,11 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
       }
     }
     SubmitError why;
-    auto stream = receive_token
-                      ? info_.submit_receiving(engine_request, *receive_token, &why)
-                      : frontend_.Submit(engine_request, &why);
+    auto stream =
+        receive_token ? info_.submit_receiving(engine_request, *receive_token, &why)
+        : send_token
+            ? info_.submit_sending(engine_request, request->handoff().send_to(), *send_token, &why)
+            : frontend_.Submit(engine_request, &why);
     if (!stream.ok()) {
       const grpc::StatusCode code =
           why == SubmitError::kQueueFull  ? grpc::StatusCode::RESOURCE_EXHAUSTED

@@ -39,11 +39,15 @@ struct InstanceInfo {
   std::string role = "both";
   transfer::Sender* sender = nullptr;
   transfer::Receiver* receiver = nullptr;
-  // A decode job under mpirun instead receives on each DP group's first rank: this group's
-  // address, and how a request is submitted to wait there for its rows under a token.
+  // A job under mpirun instead moves rows on each DP group's first rank: a decode group's
+  // address, and how a request is submitted to wait there for its rows under a token (decode),
+  // or to have its rows sent from there to a receiver under a token (prefill).
   std::string transfer_address;
   std::function<Result<std::shared_ptr<RequestStream>>(EngineRequest, uint64_t, SubmitError*)>
       submit_receiving;
+  std::function<Result<std::shared_ptr<RequestStream>>(EngineRequest, const std::string&,
+                                                       uint64_t, SubmitError*)>
+      submit_sending;
   int64_t cache_layers = 0, cache_row_bytes = 0;
   double transfer_timeout_seconds = 600;
 };

@@ -21,7 +21,8 @@ struct PublishedTransfers {
   std::mutex mutex;
   const transfer::Sender* sender = nullptr;
   const transfer::Receiver* receiver = nullptr;
-  std::function<transfer::TransferStats()> received;
+  std::string job_side;
+  std::function<transfer::TransferStats()> job;
 };
 
 PublishedTransfers& Transfers() {
@@ -190,7 +191,7 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
     std::vector<std::pair<const char*, transfer::TransferStats>> sides;
     if (t.sender) sides.push_back({"send", t.sender->stats()});
     if (t.receiver) sides.push_back({"receive", t.receiver->stats()});
-    else if (t.received) sides.push_back({"receive", t.received()});
+    if (t.job) sides.push_back({t.job_side.c_str(), t.job()});
     for (const auto& [side, stats] : sides) {
       const std::string l = labels + fmt::format(",side=\"{}\"", side);
       Metric(out, "kv_transfers_total", "counter",
@@ -203,6 +204,10 @@ std::string PrometheusText(const EngineMetrics& m, const std::string& model_name
       Metric(out, "kv_transfers_refused_total", "counter",
              "Transfer messages refused (checksum, token) and transfers that failed.", l,
              static_cast<double>(stats.refused));
+      if (std::string(side) == "receive")
+        Metric(out, "kv_transfers_awaited", "gauge",
+               "Requests admitted for decoding whose latent rows have not all arrived.", l,
+               static_cast<double>(stats.awaited));
     }
   }
   if (http) {
@@ -268,10 +273,11 @@ void PublishTransfers(const transfer::Sender* sender, const transfer::Receiver* 
   t.receiver = receiver;
 }
 
-void PublishReceivedTransfers(std::function<transfer::TransferStats()> received) {
+void PublishJobTransfers(const std::string& side, std::function<transfer::TransferStats()> stats) {
   PublishedTransfers& t = Transfers();
   std::lock_guard<std::mutex> lock(t.mutex);
-  t.received = std::move(received);
+  t.job_side = side;
+  t.job = std::move(stats);
 }
 
 void PublishExpertImbalance(double imbalance, std::vector<std::pair<int64_t, double>> per_layer) {

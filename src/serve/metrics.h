@@ -68,8 +68,8 @@ void PublishExpertImbalance(double imbalance, std::vector<std::pair<int64_t, dou
 // shown by every /metrics of this process (kv_transfers_total, kv_transfer_bytes_total,
 // kv_transfer_seconds_total, kv_transfers_refused_total, by side). Either may be null.
 void PublishTransfers(const transfer::Sender* sender, const transfer::Receiver* receiver);
-// A decode job under mpirun: what its groups' receivers moved (ClusterServing::ReceivedStats),
-// reported as the receiving side in place of one receiver's.
-void PublishReceivedTransfers(std::function<transfer::TransferStats()> received);
+// A disaggregated job under mpirun: what its groups' senders or receivers moved
+// (ClusterServing::Transfers), shown as `side` ("send" or "receive"); null stats: none.
+void PublishJobTransfers(const std::string& side, std::function<transfer::TransferStats()> stats);
 
 }  // namespace sy::serve

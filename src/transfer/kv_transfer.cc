@@ -536,7 +536,10 @@ Result<Received> Receiver::Wait(const std::string& id, uint64_t token, int64_t l
 
 TransferStats Receiver::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->stats;
+  TransferStats stats = impl_->stats;
+  for (const auto& [id, entry] : impl_->entries)
+    stats.awaited += entry.announced;
+  return stats;
 }
 
 // ---------------------------------------------------------------------------------------------

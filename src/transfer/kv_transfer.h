@@ -34,6 +34,7 @@ struct TransferStats {
   int64_t bytes = 0;      // message bytes
   double seconds = 0;     // first chunk to last, summed over transfers
   int64_t refused = 0;    // messages refused (checksum, token) or transfers failed
+  int64_t awaited = 0;    // receiving: requests announced whose rows have not all come (now)
 };
 
 // The closing message's content.

@@ -256,15 +256,17 @@ def test_a_decode_job_lets_go_of_a_request_cancelled_while_its_rows_are_awaited(
             with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
                 call = pool.submit(lambda: impatient.completions.create(**args))
                 deadline = time.time() + 4
-                while decode.metric("num_requests_waiting") == 0 and time.time() < deadline:
+                awaited = lambda: decode.metric("kv_transfers_awaited", side="receive")
+                while awaited() == 0 and time.time() < deadline:
                     time.sleep(0.05)
-                assert decode.metric("num_requests_waiting") == 1, "the rows were never awaited"
+                assert awaited() == 1, "the rows were never awaited"
                 with pytest.raises(Exception):
                     call.result()
             deadline = time.time() + 10
-            while decode.metric("num_requests_waiting") > 0 and time.time() < deadline:
+            while awaited() > 0 and time.time() < deadline:
                 time.sleep(0.05)
-            assert decode.metric("num_requests_waiting") == 0, "the cancelled request stayed"
+            assert awaited() == 0, "the cancelled request stayed"
+            assert decode.metric("num_requests_waiting") == 0
         finally:
             prefill.process.send_signal(signal.SIGCONT)
         deadline = time.time() + 30
