@@ -1,4 +1,7 @@
 // switchyard serve: the engine behind the OpenAI-compatible HTTP server.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -91,10 +94,42 @@ Status StartDisaggregation(const ServeArgs& args, Disaggregation* d) {
   return Status::Ok();
 }
 
+// This machine's address on the route toward `host` (a connected UDP socket's own address: no
+// packet is sent), or its host name where that fails: what a group on another machine of the
+// job listens on when `--transfer-host` names rank 0's.
+std::string LocalAddressToward(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  std::string out;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) == 0 && found != nullptr) {
+    const int fd = ::socket(found->ai_family, SOCK_DGRAM, 0);
+    sockaddr_storage own{};
+    socklen_t length = sizeof own;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&own), &length) == 0) {
+      const void* raw = own.ss_family == AF_INET
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&own)->sin_addr)
+                            : static_cast<const void*>(
+                                  &reinterpret_cast<sockaddr_in6*>(&own)->sin6_addr);
+      if (::inet_ntop(own.ss_family, raw, text, sizeof text) != nullptr) out = text;
+    }
+    if (fd >= 0) ::close(fd);
+    ::freeaddrinfo(found);
+  }
+  if (out.empty()) {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) == 0) out = name;
+  }
+  return out;
+}
+
 // A disaggregated job under mpirun (collective): each DP group's first rank moves its group's
 // rows itself, so they go straight between the instance that computes them and the group that
 // decodes them. A decode group's first rank listens on --transfer-host where this machine has
-// that address, else on its own host name (a group on another host), on --transfer-port + g
+// that address, else on its own address toward that host (a group on another machine), on
+// --transfer-port + g
 // when a port is given; a prefill group's first rank starts a sender. Returns every group's
 // listening address (empty for prefill), on every rank.
 std::vector<std::string> StartGroupTransfers(const ServeArgs& args, Communicator& comm, int tp,
@@ -111,10 +146,10 @@ std::vector<std::string> StartGroupTransfers(const ServeArgs& args, Communicator
       const int port = args.transfer_port > 0 ? args.transfer_port + group : 0;
       auto receiver = transfer::Receiver::Start(TransferHost(args), port);
       if (!receiver.ok() && comm.rank() != 0) {
-        char name[256] = {};
-        if (::gethostname(name, sizeof name - 1) == 0) {
-          auto here = transfer::Receiver::Start(name, port);
-          if (here.ok()) receiver = std::move(here);
+        const std::string here = LocalAddressToward(TransferHost(args));
+        if (!here.empty()) {
+          auto again = transfer::Receiver::Start(here, port);
+          if (again.ok()) receiver = std::move(again);
         }
       }
       if (receiver.ok()) {
@@ -575,7 +610,7 @@ void AddServeOptions(CLI::App* verb, const std::shared_ptr<ServeArgs>& args) {
   verb->add_option("--transfer-host", args->transfer_host,
                    "--role decode: address to receive rows on over UCX (default: --grpc-host, "
                    "else --host; under mpirun a group on a machine without it: that machine's "
-                   "name)");
+                   "address toward it)");
   verb->add_option("--transfer-port", args->transfer_port,
                    "--role decode: port to receive rows on (0: any free one, told to the router "
                    "through Health; under mpirun DP group g's first rank listens on P + g)")

@@ -393,3 +393,53 @@ def test_prefill_on_one_emulated_host_decode_on_another_router_on_a_third():
     finally:
         stop_all(procs)
         subprocess.run(["bash", netns, "down", "3"], capture_output=True)
+
+
+def test_a_decode_job_across_two_emulated_hosts_receives_each_groups_rows_on_its_host():
+    """A decode job of two ranks, one per emulated host (scripts/netns-cluster.sh mpirun): each DP
+    group's first rank listens on its own host — rank 1 cannot bind rank 0's --transfer-host and
+    takes its own address toward it — so the prefill instance on a third host sends group 1's
+    rows straight to host 1, not through rank 0."""
+    import subprocess
+    netns = os.path.join(REPO, "scripts", "netns-cluster.sh")
+    up = subprocess.run(["bash", netns, "up", "4"], capture_output=True, text=True)
+    if up.returncode != 0:
+        pytest.skip("cannot create network namespaces: " + up.stderr[-300:])
+    exact = ["--f32-products", "--wire-dtype", "f32"]  # EP sums as one process's, to ~1e-7
+    ucx = ["env", "UCX_TLS=tcp", "UCX_NET_DEVICES=eth0", BINARY, "--threads", "1"]
+    procs = []
+    try:
+        decode = Server(None, command=[
+            "bash", netns, "mpirun", "2", *ucx, "serve", "--model", TRAINED, "--host", "10.77.0.1",
+            "--port", "0", "--grpc-port", "50051", "--role", "decode", "--served-model-name",
+            "sy-test", *exact])
+        procs.append(decode)
+        log = "".join(decode.log)
+        assert "ucx://10.77.0.1:" in log and "ucx://10.77.0.2:" in log, log
+        procs.append(Server(None, command=[
+            "ip", "netns", "exec", "sy-host2", *ucx, "serve", "--model", TRAINED, "--host",
+            "10.77.0.3", "--port", "0", "--grpc-port", "50051", "--role", "prefill",
+            "--served-model-name", "sy-test", *exact]))
+        split = Server(None, command=[
+            "ip", "netns", "exec", "sy-host3", BINARY, "route", "--prefill-engines",
+            "10.77.0.3:50051", "--decode-engines", "10.77.0.1:50051,10.77.0.1:50052", "--host",
+            "10.77.0.4", "--port", "0", "--served-model-name", "sy-test", "--probe-interval",
+            "0.1", "--api-key", "x"])  # the key the clients send; admin off this host needs one
+        procs.append(split)
+        colocated = start_instance(None, *exact, role="both")
+        procs.append(colocated)
+        want = greedy_at_once(client_for(colocated))
+        got = []
+        for _ in range(2):  # at once: the router spreads them over both groups
+            got.append(greedy_at_once(client_for(split)))
+        assert got == [want, want]
+        status, engines, _ = split.request("GET", "/admin/engines",
+                                           headers={"Authorization": "Bearer x"})
+        assert status == 200, engines
+        decoders = {e["engine"]: e for e in engines["engines"] if e["pool"] == "decode"}
+        assert decoders["10.77.0.1:50052"]["transfer_address"].startswith("10.77.0.2:"), engines
+        assert min(e["routed_total"] for e in decoders.values()) > 0, engines
+        assert decode.metric("kv_transfers_total", side="receive") == 2 * len(PROMPTS)
+    finally:
+        stop_all(procs)
+        subprocess.run(["bash", netns, "down", "4"], capture_output=True)
