@@ -394,8 +394,10 @@ Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAllTo(
 void ClusterServing::Abort(const std::string& id) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    aborts_.push_back(id);  // also tells the group's first rank to stop waiting or drop the rows
-    if (receiving_.erase(id) > 0) {
+    aborts_.push_back(id);
+    if (auto it = receiving_.find(id); it != receiving_.end()) {
+      if (it->second.announced) drops_.push_back(it->second.token);  // its first rank waits
+      receiving_.erase(it);
       RequestEvent event;
       event.finish_reason = "abort";
       EndUnadmitted(id, std::move(event));
@@ -500,11 +502,11 @@ transfer::TransferStats ClusterServing::Transfers() const {
   return total;
 }
 
-std::shared_ptr<ImportedRows> ClusterServing::RowsFromLeader(const std::string& id) {
+std::shared_ptr<ImportedRows> ClusterServing::RowsFromLeader(uint64_t token) {
   const int first = group_ * tp_;
   std::vector<Communicator::Message> none;
   if (leader_) {
-    std::shared_ptr<ImportedRows> rows = TakeArrival(id);
+    std::shared_ptr<ImportedRows> rows = TakeArrival(token);
     if (tp_ > 1) {
       const std::vector<uint8_t> bytes =
           rows ? EncodeRowsForGroup(*rows) : std::vector<uint8_t>{};
@@ -524,16 +526,29 @@ std::shared_ptr<ImportedRows> ClusterServing::RowsFromLeader(const std::string& 
 
 void ClusterServing::StartReceiving(const std::string& id, uint64_t token) {
   std::lock_guard<std::mutex> lock(arrivals_mutex_);
-  if (receiver_ == nullptr || arrivals_.count(id) > 0) return;
-  Arrival& arrival = arrivals_[id];
+  if (receiver_ == nullptr || arrivals_.count(token) > 0) return;
+  Arrival& arrival = arrivals_[token];
+  arrival.id = id;
+  arrival.sequence = ++arrivals_started_;
   auto cancelled = arrival.cancelled;
-  arrival.waiter = std::thread([this, id, token, cancelled] {
+  arrival.waiter = std::thread([this, id, token, cancelled, sequence = arrival.sequence] {
+    {
+      // The receiver knows a request by its id: an earlier attempt of it (cancelled, its
+      // waiter polling) must end first.
+      std::unique_lock<std::mutex> lock(arrivals_mutex_);
+      arrival_ended_.wait(lock, [&] {
+        for (const auto& [t, a] : arrivals_)
+          if (a.sequence < sequence && a.id == id && !a.done) return false;
+        return true;
+      });
+    }
     auto received = receiver_->Wait(id, token, layers_, row_bytes_, transfer_timeout_,
                                     [cancelled] { return cancelled->load(); });
     std::lock_guard<std::mutex> lock(arrivals_mutex_);
-    Arrival& a = arrivals_[id];
+    Arrival& a = arrivals_[token];
     a.received = std::move(received);
     a.done = true;
+    arrival_ended_.notify_all();
     if (world_.rank() == 0) wake_.notify_all();  // rank 0 reports it in its next step
   });
 }
@@ -552,10 +567,10 @@ std::vector<ClusterServing::ArrivalReport> ClusterServing::FinishedArrivals() {
       a.reported = true;
       finished.push_back(std::move(a.waiter));
       if (a.received.ok() && !a.cancelled->load()) {
-        out.push_back({it->first, true, a.received->first_token, ""});
-        ++it;  // held until its request is admitted (or aborted)
+        out.push_back({a.id, it->first, true, a.received->first_token, ""});
+        ++it;  // held until its request is admitted (or dropped)
       } else {
-        out.push_back({it->first, false, 0,
+        out.push_back({a.id, it->first, false, 0,
                        a.received.ok() ? "cancelled" : a.received.status().message()});
         it = arrivals_.erase(it);
       }
@@ -566,21 +581,26 @@ std::vector<ClusterServing::ArrivalReport> ClusterServing::FinishedArrivals() {
   return out;
 }
 
-std::shared_ptr<ImportedRows> ClusterServing::TakeArrival(const std::string& id) {
-  std::lock_guard<std::mutex> lock(arrivals_mutex_);
-  auto it = arrivals_.find(id);
-  if (it == arrivals_.end() || !it->second.done || !it->second.received.ok()) return nullptr;
-  std::shared_ptr<ImportedRows> rows = it->second.received->rows;
-  if (it->second.waiter.joinable()) it->second.waiter.join();  // done: it has returned
-  arrivals_.erase(it);
+std::shared_ptr<ImportedRows> ClusterServing::TakeArrival(uint64_t token) {
+  std::thread waiter;
+  std::shared_ptr<ImportedRows> rows;
+  {
+    std::lock_guard<std::mutex> lock(arrivals_mutex_);
+    auto it = arrivals_.find(token);
+    if (it == arrivals_.end() || !it->second.done || !it->second.received.ok()) return nullptr;
+    rows = it->second.received->rows;
+    waiter = std::move(it->second.waiter);
+    arrivals_.erase(it);
+  }
+  if (waiter.joinable()) waiter.join();  // done: it has returned or is returning
   return rows;
 }
 
-void ClusterServing::DropArrival(const std::string& id) {
+void ClusterServing::DropArrival(uint64_t token) {
   std::thread waiter;
   {
     std::lock_guard<std::mutex> lock(arrivals_mutex_);
-    auto it = arrivals_.find(id);
+    auto it = arrivals_.find(token);
     if (it == arrivals_.end()) return;
     it->second.cancelled->store(true);
     if (!it->second.done) return;  // its waiter returns soon; reported as failed, then erased
@@ -591,10 +611,9 @@ void ClusterServing::DropArrival(const std::string& id) {
 }
 
 void ClusterServing::StopReceiving() {
-  std::map<std::string, Arrival> arrivals;
   {
     std::lock_guard<std::mutex> lock(arrivals_mutex_);
-    for (auto& [id, a] : arrivals_)
+    for (auto& [token, a] : arrivals_)
       a.cancelled->store(true);
   }
   // The waiters poll their cancellation; each takes the lock once more to finish.
@@ -602,7 +621,7 @@ void ClusterServing::StopReceiving() {
     std::vector<std::thread> waiters;
     {
       std::lock_guard<std::mutex> lock(arrivals_mutex_);
-      for (auto& [id, a] : arrivals_)
+      for (auto& [token, a] : arrivals_)
         if (a.waiter.joinable()) waiters.push_back(std::move(a.waiter));
       if (waiters.empty()) {
         arrivals_.clear();
@@ -704,8 +723,8 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
     r.announced = true;
   }
   json control = {{"submit", json::array()}, {"receive", std::move(receive)},
-                  {"abort", aborts_},         {"stop", stop_},
-                  {"drain", drain_}};
+                  {"drop", drops_},           {"abort", aborts_},
+                  {"stop", stop_},            {"drain", drain_}};
   for (const Pending& p : pending_) {
     json submit = {{"id", p.request.id},
                    {"group", p.group},
@@ -715,11 +734,12 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
                    {"background", p.request.background},
                    {"params", ParamsToJson(p.request.params)}};
     if (!p.send_to.empty()) submit["send"] = {p.send_to, p.token};
-    if (p.rows_at_leader) submit["rows_at_leader"] = true;
+    if (p.rows_at_leader) submit["rows_at_leader"] = p.token;
     control["submit"].push_back(std::move(submit));
   }
   pending_.clear();
   aborts_.clear();
+  drops_.clear();
   const std::string text = Dump(control);
   return std::vector<uint8_t>(text.begin(), text.end());
 }
@@ -740,20 +760,22 @@ void ClusterServing::DeliverEvents(const std::vector<uint8_t>& gathered) {
     // Rows that reached the group's first rank: the request is admitted in the next step.
     for (const auto& r : part.value("received", json::array())) {
       const std::string id = r[0].get<std::string>();
+      const auto token = r[1].get<uint64_t>();
+      const bool ok = r[2].get<bool>();
       auto it = receiving_.find(id);
-      if (it == receiving_.end()) {
-        if (r[1].get<bool>()) aborts_.push_back(id);  // ended meanwhile: the rows are dropped
+      if (it == receiving_.end() || it->second.token != token) {
+        if (ok) drops_.push_back(token);  // ended meanwhile: the rows are dropped
         continue;
       }
-      if (r[1].get<bool>()) {
+      if (ok) {
         EngineRequest request = std::move(it->second.request);
-        request.prompt.push_back(r[2].get<int32_t>());
+        request.prompt.push_back(r[3].get<int32_t>());
         request.resumed_tokens += 1;
-        pending_.push_back({std::move(request), group, /*rows_at_leader=*/true, "", 0});
+        pending_.push_back({std::move(request), group, /*rows_at_leader=*/true, "", token});
       } else {
         RequestEvent event;
         event.finish_reason = kTransferFailedReason;
-        event.error = r[3].get<std::string>();
+        event.error = r[4].get<std::string>();
         EndUnadmitted(id, std::move(event));
       }
       receiving_.erase(it);
@@ -815,7 +837,8 @@ void ClusterServing::Run() {
           request.kv_sink = std::make_shared<DiscardSink>();
         }
       }
-      if (s.contains("rows_at_leader")) request.imported = RowsFromLeader(request.id);
+      if (s.contains("rows_at_leader"))
+        request.imported = RowsFromLeader(s["rows_at_leader"].get<uint64_t>());
       SubmitError why;
       auto stream = engine_.Submit(request, &why);
       if (stream.ok()) {
@@ -830,10 +853,11 @@ void ClusterServing::Run() {
         local_[request.id] = failed;
       }
     }
-    for (const auto& id : control["abort"]) {
+    for (const auto& id : control["abort"])
       engine_.Abort(id.get<std::string>());
-      if (receiver_ != nullptr) DropArrival(id.get<std::string>());
-    }
+    if (receiver_ != nullptr)
+      for (const auto& token : control["drop"])
+        DropArrival(token.get<uint64_t>());
     // 3. One step everywhere if any rank has work.
     any_work = world_.AllReduceMax(engine_.HasWork() ? 1 : 0) > 0;
     if (any_work) engine_.StepOnce(/*must_step=*/true);
@@ -874,7 +898,7 @@ void ClusterServing::Run() {
       if (receiver_ != nullptr) {
         json received = json::array();
         for (const ArrivalReport& a : FinishedArrivals())
-          received.push_back({a.id, a.ok, a.first_token, a.error});
+          received.push_back({a.id, a.token, a.ok, a.first_token, a.error});
         report["received"] = std::move(received);
       }
       if (receiver_ != nullptr || sender_ != nullptr) {

@@ -88,8 +88,8 @@ class ClusterServing : public RequestFrontend {
   struct Pending {
     EngineRequest request;
     int group = 0;
-    bool rows_at_leader = false;  // received by the group's first rank (ReceiveOnGroupLeaders)
-    std::string send_to;          // where the group's first rank sends its rows, and the token
+    bool rows_at_leader = false;  // received by the group's first rank under `token`
+    std::string send_to;          // where the group's first rank sends its rows under `token`
     uint64_t token = 0;
   };
   // Rank 0: a request waiting for its group's first rank to receive its rows.
@@ -99,8 +99,11 @@ class ClusterServing : public RequestFrontend {
     uint64_t token = 0;
     bool announced = false;  // broadcast to the group
   };
-  // A group's first rank: one request's transfer, waited for on a thread of its own.
+  // A group's first rank: one attempt's transfer (by its token: a redone attempt has another),
+  // waited for on a thread of its own.
   struct Arrival {
+    std::string id;
+    uint64_t sequence = 0;  // the order the waits began in
     std::thread waiter;
     std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
     bool done = false, reported = false;
@@ -113,16 +116,17 @@ class ClusterServing : public RequestFrontend {
   void StartReceiving(const std::string& id, uint64_t token);
   struct ArrivalReport {
     std::string id;
+    uint64_t token = 0;
     bool ok = false;
     int32_t first_token = 0;
     std::string error;
   };
   std::vector<ArrivalReport> FinishedArrivals();
-  std::shared_ptr<ImportedRows> TakeArrival(const std::string& id);
-  // Every rank of the group, for a request admitted with rows_at_leader: the first rank's rows,
-  // sent to the others (null if it has none: the request is then computed again).
-  std::shared_ptr<ImportedRows> RowsFromLeader(const std::string& id);
-  void DropArrival(const std::string& id);
+  std::shared_ptr<ImportedRows> TakeArrival(uint64_t token);
+  // Every rank of the group, for a request admitted with its rows at the first rank: those
+  // rows, sent to the others (null if it has none: the request is then computed again).
+  std::shared_ptr<ImportedRows> RowsFromLeader(uint64_t token);
+  void DropArrival(uint64_t token);
   void StopReceiving();
   // Rank 0, under mutex_: ends a request that never reached its engine.
   void EndUnadmitted(const std::string& id, RequestEvent event);
@@ -174,7 +178,11 @@ class ClusterServing : public RequestFrontend {
   int64_t layers_ = 0, row_bytes_ = 0;
   double transfer_timeout_ = 600;
   std::mutex arrivals_mutex_;
-  std::map<std::string, Arrival> arrivals_;
+  std::condition_variable arrival_ended_;
+  std::map<uint64_t, Arrival> arrivals_;
+  uint64_t arrivals_started_ = 0;
+  // Rank 0: transfers whose first rank must stop waiting or drop the rows (by token).
+  std::vector<uint64_t> drops_;
 };
 
 }  // namespace sy::serve
