@@ -18,16 +18,24 @@
 # p99), the long prompts' TTFT (median, p99), the router's mean handoff (the prefill's first
 # token to the decode group's first: router_handoff_seconds) and output tok/s; then the medians
 # over the repeats and candidate / baseline. Builds alternate, baseline first in odd repeats.
-# Needs root (network namespaces). Knobs (environment): MODEL (default: the trained default
-# model), CHUNK (--max-num-batched-tokens, 512), the load sizes above, OUT.
+# Needs root (network namespaces). Knobs (environment): MODEL (a model directory, or "rows", the
+# default: the tests' small shapes with DeepSeek-V3's latent row — kv_lora_rank 512,
+# qk_rope_head_dim 64, 1,152 bytes a layer, 8 KB a token over its 6 layers and MTP layer — so
+# rows weigh as a real model's per layer while the two cores keep up with the compute; written
+# once under OUT), CHUNK (--max-num-batched-tokens, 512), the load sizes above, OUT.
 # Usage: scripts/bench-disagg-hosts.sh BASELINE_BINARY CANDIDATE_BINARY [REPEATS (3)] [RATE (1gbit)]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 baseline="${1:?baseline binary}" candidate="${2:?candidate binary}"
 repeats="${3:-3}" rate="${4:-1gbit}"
-model="${MODEL:-$root/models/default}" chunk="${CHUNK:-512}"
+model="${MODEL:-rows}" chunk="${CHUNK:-512}"
 out="${OUT:-${TMPDIR:-/tmp}/bench-disagg-hosts-$(id -un)}"
 mkdir -p "$out"
+if [ "$model" = rows ]; then
+  model="$out/model-rows"
+  [ -f "$model/config.json" ] ||
+    "$candidate" init-model --preset small --kv-lora-rank 512 --qk-rope-head-dim 64 --out "$model"
+fi
 netns="$root/scripts/netns-cluster.sh"
 vocab="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$model/config.json")"
 decode_load=(--num-prompts "${DECODE_PROMPTS:-64}" --request-rate "${DECODE_RATE:-4}")

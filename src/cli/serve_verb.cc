@@ -109,10 +109,10 @@ std::string LocalAddressToward(const std::string& host) {
     char text[INET6_ADDRSTRLEN] = {};
     if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
         ::getsockname(fd, reinterpret_cast<sockaddr*>(&own), &length) == 0) {
-      const void* raw = own.ss_family == AF_INET
-                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&own)->sin_addr)
-                            : static_cast<const void*>(
-                                  &reinterpret_cast<sockaddr_in6*>(&own)->sin6_addr);
+      const void* raw =
+          own.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&own)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&own)->sin6_addr);
       if (::inet_ntop(own.ss_family, raw, text, sizeof text) != nullptr) out = text;
     }
     if (fd >= 0) ::close(fd);
@@ -140,8 +140,10 @@ std::vector<std::string> StartGroupTransfers(const ServeArgs& args, Communicator
     Status started = Status::Ok();
     if (args.role == "prefill") {
       auto sender = transfer::Sender::Start();
-      if (sender.ok()) own->sender = std::move(sender.value());
-      else started = sender.status();
+      if (sender.ok())
+        own->sender = std::move(sender.value());
+      else
+        started = sender.status();
     } else {
       const int port = args.transfer_port > 0 ? args.transfer_port + group : 0;
       auto receiver = transfer::Receiver::Start(TransferHost(args), port);
@@ -192,15 +194,12 @@ std::string RoleNote(const ServeArgs& args, const Disaggregation& d,
 }
 
 // The gRPC instance API beside HTTP, when --grpc-port is given; fails the verb if it cannot bind.
-std::unique_ptr<serve::GrpcEngineServer> StartGrpc(const ServeArgs& args, RequestFrontend& frontend,
-                                                   const serve::ServerOptions& options,
-                                                   const EngineConfig& engine_config,
-                                                   const Engine& engine, Status* status,
-                                                   const Disaggregation* disaggregation = nullptr,
-                                                   const LatentCache* cache = nullptr,
-                                                   serve::ClusterServing* cluster = nullptr,
-                                                   int group = 0,
-                                                   const std::string& group_receiver = "") {
+std::unique_ptr<serve::GrpcEngineServer> StartGrpc(
+    const ServeArgs& args, RequestFrontend& frontend, const serve::ServerOptions& options,
+    const EngineConfig& engine_config, const Engine& engine, Status* status,
+    const Disaggregation* disaggregation = nullptr, const LatentCache* cache = nullptr,
+    serve::ClusterServing* cluster = nullptr, int group = 0,
+    const std::string& group_receiver = "") {
   if (args.grpc_port < 0) return nullptr;
   serve::InstanceInfo info;
   if (disaggregation != nullptr) {
@@ -347,8 +346,7 @@ void RunCluster(const ServeArgs& args, ParallelRun& run, Engine& engine, const T
       }()
           .c_str(),
       RoleNote(args, disaggregation, group_receivers).c_str(), static_cast<int>(::getpid()),
-      comm.size(), run.dp(),
-      run.tp, static_cast<long long>(cache_tokens),
+      comm.size(), run.dp(), run.tp, static_cast<long long>(cache_tokens),
       kernels::LatentCacheDTypeName(KvDTypeOrFail(args.kv_dtype)),
       codec.chat ? std::string(codec.chat->name()).c_str() : "none");
   std::fflush(stdout);

@@ -64,12 +64,12 @@ struct TargetState {
   std::string address;
   std::string pool;  // "", "prefill" or "decode"
   bool healthy = false;
-  int64_t in_flight = 0;       // the router's requests there now
-  int64_t routed_total = 0;    // requests sent there
-  int64_t cached_pages = 0;    // in the mirror
-  int64_t failovers_from = 0;  // requests moved away after it failed
-  int64_t missed_probes = 0;   // in a row, now (ejected at RouterOptions::probe_failures)
-  bool draining = false;       // by the admin: no new requests
+  int64_t in_flight = 0;         // the router's requests there now
+  int64_t routed_total = 0;      // requests sent there
+  int64_t cached_pages = 0;      // in the mirror
+  int64_t failovers_from = 0;    // requests moved away after it failed
+  int64_t missed_probes = 0;     // in a row, now (ejected at RouterOptions::probe_failures)
+  bool draining = false;         // by the admin: no new requests
   std::string transfer_address;  // a decode instance's, where prefill instances send rows
 };
 

@@ -341,8 +341,8 @@ Result<std::shared_ptr<RequestStream>> ClusterServing::SubmitSendingTo(int group
 }
 
 Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAllTo(
-    int chosen, std::vector<EngineRequest> requests, SubmitError* error,
-    const std::string& send_to, uint64_t token) {
+    int chosen, std::vector<EngineRequest> requests, SubmitError* error, const std::string& send_to,
+    uint64_t token) {
   *error = SubmitError::kInvalid;
   for (const EngineRequest& request : requests)
     if (request.kv_sink || request.imported)  // what SubmitSendingTo/SubmitReceivingTo set up
@@ -508,8 +508,7 @@ std::shared_ptr<ImportedRows> ClusterServing::RowsFromLeader(uint64_t token) {
   if (leader_) {
     std::shared_ptr<ImportedRows> rows = TakeArrival(token);
     if (tp_ > 1) {
-      const std::vector<uint8_t> bytes =
-          rows ? EncodeRowsForGroup(*rows) : std::vector<uint8_t>{};
+      const std::vector<uint8_t> bytes = rows ? EncodeRowsForGroup(*rows) : std::vector<uint8_t>{};
       std::vector<Communicator::Message> sends;
       for (int r = 1; r < tp_; ++r)
         sends.push_back({first + r, kGroupRowsTag, bytes});
@@ -723,8 +722,8 @@ std::vector<uint8_t> ClusterServing::TakeControl(bool any_work) {
     r.announced = true;
   }
   json control = {{"submit", json::array()}, {"receive", std::move(receive)},
-                  {"drop", drops_},           {"abort", aborts_},
-                  {"stop", stop_},            {"drain", drain_}};
+                  {"drop", drops_},          {"abort", aborts_},
+                  {"stop", stop_},           {"drain", drain_}};
   for (const Pending& p : pending_) {
     json submit = {{"id", p.request.id},
                    {"group", p.group},

@@ -75,8 +75,8 @@ class ClusterServing : public RequestFrontend {
   // A request whose rows group `group` sends to the receiver at `send_to` under `token`. Its
   // stream ends "transferred" once they have all left, or with kTransferFailedReason.
   Result<std::shared_ptr<RequestStream>> SubmitSendingTo(int group, EngineRequest request,
-                                                         const std::string& send_to,
-                                                         uint64_t token, SubmitError* error);
+                                                         const std::string& send_to, uint64_t token,
+                                                         SubmitError* error);
   // Rank 0: what the groups' senders or receivers have moved, summed (for /metrics).
   transfer::TransferStats Transfers() const;
 

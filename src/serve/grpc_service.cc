@@ -247,11 +247,10 @@ class GrpcEngineServer::Service final : public pb::Engine::Service {
       }
     }
     SubmitError why;
-    auto stream =
-        receive_token ? info_.submit_receiving(engine_request, *receive_token, &why)
-        : send_token
-            ? info_.submit_sending(engine_request, request->handoff().send_to(), *send_token, &why)
-            : frontend_.Submit(engine_request, &why);
+    auto stream = receive_token ? info_.submit_receiving(engine_request, *receive_token, &why)
+                  : send_token  ? info_.submit_sending(engine_request, request->handoff().send_to(),
+                                                       *send_token, &why)
+                                : frontend_.Submit(engine_request, &why);
     if (!stream.ok()) {
       const grpc::StatusCode code =
           why == SubmitError::kQueueFull  ? grpc::StatusCode::RESOURCE_EXHAUSTED

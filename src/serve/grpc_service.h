@@ -45,8 +45,8 @@ struct InstanceInfo {
   std::string transfer_address;
   std::function<Result<std::shared_ptr<RequestStream>>(EngineRequest, uint64_t, SubmitError*)>
       submit_receiving;
-  std::function<Result<std::shared_ptr<RequestStream>>(EngineRequest, const std::string&,
-                                                       uint64_t, SubmitError*)>
+  std::function<Result<std::shared_ptr<RequestStream>>(EngineRequest, const std::string&, uint64_t,
+                                                       SubmitError*)>
       submit_sending;
   int64_t cache_layers = 0, cache_row_bytes = 0;
   double transfer_timeout_seconds = 600;

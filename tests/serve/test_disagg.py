@@ -260,6 +260,9 @@ def test_a_decode_job_lets_go_of_a_request_cancelled_while_its_rows_are_awaited(
                 while awaited() == 0 and time.time() < deadline:
                     time.sleep(0.05)
                 assert awaited() == 1, "the rows were never awaited"
+                # Not waiting to be admitted: no step can serve it yet, and a router that saw
+                # waiting requests and no steps would eject the job as stalled.
+                assert decode.metric("num_requests_waiting") == 0
                 with pytest.raises(Exception):
                     call.result()
             deadline = time.time() + 10
