@@ -361,17 +361,7 @@ Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAllTo(
   std::vector<std::shared_ptr<RequestStream>> streams;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stop_) {
-      *error = SubmitError::kStopping;
-      return Status::Error("the server is shutting down");
-    }
-    int64_t waiting = static_cast<int64_t>(pending_.size() + receiving_.size());
-    for (const auto& m : group_metrics_)
-      waiting += m.waiting;
-    if (waiting + count > max_waiting_) {
-      *error = SubmitError::kQueueFull;
-      return Status::Errorf("the waiting queue is full ({} requests)", max_waiting_);
-    }
+    SY_RETURN_IF_ERROR(CheckRoomLocked(count, error));
     for (EngineRequest& request : requests) {
       auto stream = std::make_shared<RequestStream>();
       const int group =
@@ -389,6 +379,22 @@ Result<std::vector<std::shared_ptr<RequestStream>>> ClusterServing::SubmitAllTo(
   *error = SubmitError::kNone;
   wake_.notify_all();
   return streams;
+}
+
+Status ClusterServing::CheckRoomLocked(int64_t count, SubmitError* error) const {
+  if (stop_) {
+    *error = SubmitError::kStopping;
+    return Status::Error("the server is shutting down");
+  }
+  // Requests whose rows are on their way count: each will be admitted.
+  int64_t waiting = static_cast<int64_t>(pending_.size() + receiving_.size());
+  for (const auto& m : group_metrics_)
+    waiting += m.waiting;
+  if (waiting + count > max_waiting_) {
+    *error = SubmitError::kQueueFull;
+    return Status::Errorf("the waiting queue is full ({} requests)", max_waiting_);
+  }
+  return Status::Ok();
 }
 
 void ClusterServing::Abort(const std::string& id) {
@@ -463,17 +469,7 @@ Result<std::shared_ptr<RequestStream>> ClusterServing::SubmitReceivingTo(int gro
   auto stream = std::make_shared<RequestStream>();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stop_) {
-      *error = SubmitError::kStopping;
-      return Status::Error("the server is shutting down");
-    }
-    int64_t waiting = static_cast<int64_t>(pending_.size() + receiving_.size());
-    for (const auto& m : group_metrics_)
-      waiting += m.waiting;
-    if (waiting + 1 > max_waiting_) {
-      *error = SubmitError::kQueueFull;
-      return Status::Errorf("the waiting queue is full ({} requests)", max_waiting_);
-    }
+    SY_RETURN_IF_ERROR(CheckRoomLocked(1, error));
     if (tracked_.count(request.id) > 0)
       return Status::Errorf("request {} is already running here", request.id);
     const int64_t cost = static_cast<int64_t>(request.prompt.size()) + 1 -

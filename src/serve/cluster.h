@@ -128,6 +128,8 @@ class ClusterServing : public RequestFrontend {
   std::shared_ptr<ImportedRows> RowsFromLeader(uint64_t token);
   void DropArrival(uint64_t token);
   void StopReceiving();
+  // Rank 0, under mutex_: refuses `count` more requests when stopping or when the queue is full.
+  Status CheckRoomLocked(int64_t count, SubmitError* error) const;
   // Rank 0, under mutex_: ends a request that never reached its engine.
   void EndUnadmitted(const std::string& id, RequestEvent event);
   Result<std::vector<std::shared_ptr<RequestStream>>> SubmitAllTo(
