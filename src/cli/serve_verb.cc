@@ -129,9 +129,8 @@ std::string LocalAddressToward(const std::string& host) {
 // rows itself, so they go straight between the instance that computes them and the group that
 // decodes them. A decode group's first rank listens on --transfer-host where this machine has
 // that address, else on its own address toward that host (a group on another machine), on
-// --transfer-port + g
-// when a port is given; a prefill group's first rank starts a sender. Returns every group's
-// listening address (empty for prefill), on every rank.
+// --transfer-port + g when a port is given; a prefill group's first rank starts a sender.
+// Returns every group's listening address (empty for prefill), on every rank.
 std::vector<std::string> StartGroupTransfers(const ServeArgs& args, Communicator& comm, int tp,
                                              Disaggregation* own) {
   std::string line;  // this rank's address, or "!" and why it has none
