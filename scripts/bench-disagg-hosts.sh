@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Disaggregation into a decode job spread over machines: where a request's latent rows travel
-# (docs/benchmarks.md "A decode job's groups receive their own rows"). Two builds side by side
-# on the same emulated hosts (scripts/netns-cluster.sh: network namespaces on a bridge, every
-# host link shaped to RATE per direction, TCP between them):
+# Disaggregation with one side an mpirun job spread over machines: where a request's latent rows
+# travel (docs/benchmarks.md "A decode job's groups receive their own rows"). Two builds side by
+# side on the same emulated hosts (scripts/netns-cluster.sh: network namespaces on a bridge,
+# every host link shaped to RATE per direction, TCP between them). JOB=decode (the default):
 #   host 0, host 1: `serve --role decode` as an mpirun job of two ranks (EP2, DP groups 0 and 1)
 #   host 2:         `serve --role prefill`, one process
 #   host 3:         `switchyard route --prefill-engines … --decode-engines group0,group1`
+# JOB=prefill: the prefill side is the two-rank job on hosts 0 and 1, and decode one process on
+# host 2.
 # and this machine's own namespace runs the loads against the router, as bench-disagg.sh does:
 #   DECODE streams: DECODE_PROMPTS (64) prompts of 64 tokens, DECODE_OUT (128) out, Poisson
 #                   DECODE_RATE (4)/s;
@@ -13,8 +15,9 @@
 #                   from LONG_DELAY (2) s on, so every long prompt's rows arrive while streams
 #                   decode on both groups.
 # A build before 5ac8e99 receives every row on rank 0 and broadcasts it to every rank inside the
-# job's lockstep loop (each rank waits for it); from then on each group's first rank receives
-# its own rows beside the steps. Reported per repeat and build: the decode load's ITL (median,
+# job's lockstep loop (each rank waits for it), and before 8eee563 a prefill job gathers every
+# group's rows to rank 0 in each step, which sends them on; from then on each group's first rank
+# receives or sends its own rows beside the steps. Reported per repeat and build: the decode load's ITL (median,
 # p99), the long prompts' TTFT (median, p99), the router's mean handoff (the prefill's first
 # token to the decode group's first: router_handoff_seconds) and output tok/s; then the medians
 # over the repeats and candidate / baseline. Builds alternate, baseline first in odd repeats.
@@ -28,7 +31,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 baseline="${1:?baseline binary}" candidate="${2:?candidate binary}"
 repeats="${3:-3}" rate="${4:-1gbit}"
-model="${MODEL:-rows}" chunk="${CHUNK:-512}"
+model="${MODEL:-rows}" chunk="${CHUNK:-512}" job="${JOB:-decode}"
+case "$job" in decode) single=prefill ;; prefill) single=decode ;; *) echo "JOB: decode or prefill"; exit 2 ;; esac
 out="${OUT:-${TMPDIR:-/tmp}/bench-disagg-hosts-$(id -un)}"
 mkdir -p "$out"
 if [ "$model" = rows ]; then
@@ -61,14 +65,16 @@ start() {
 
 run() {  # NAME BINARY REPEAT
   local name="$1" bin="$2" r="$3"
-  start "$name-decode" bash "$netns" mpirun 2 "${ucx[@]}" "$bin" --threads 1 serve --model "$model" \
-    --host 10.77.0.1 --port 0 --grpc-port 50051 --role decode --kv-cache-tokens 16384 \
+  start "$name-$job-job" bash "$netns" mpirun 2 "${ucx[@]}" "$bin" --threads 1 serve --model "$model" \
+    --host 10.77.0.1 --port 0 --grpc-port 50051 --role "$job" --kv-cache-tokens 16384 \
     --max-num-batched-tokens "$chunk"
-  start "$name-prefill" ip netns exec sy-host2 "${ucx[@]}" "$bin" --threads 1 serve --model "$model" \
-    --host 10.77.0.3 --port 0 --grpc-port 50051 --role prefill --kv-cache-tokens 16384 \
+  start "$name-$single" ip netns exec sy-host2 "${ucx[@]}" "$bin" --threads 1 serve --model "$model" \
+    --host 10.77.0.3 --port 0 --grpc-port 50051 --role "$single" --kv-cache-tokens 16384 \
     --max-num-batched-tokens "$chunk"
-  start "$name-router" ip netns exec sy-host3 "$bin" route --model "$model" \
-    --prefill-engines 10.77.0.3:50051 --decode-engines 10.77.0.1:50051,10.77.0.1:50052 \
+  local pools=(--prefill-engines 10.77.0.3:50051 --decode-engines 10.77.0.1:50051,10.77.0.1:50052)
+  [ "$job" = prefill ] &&
+    pools=(--prefill-engines 10.77.0.1:50051,10.77.0.1:50052 --decode-engines 10.77.0.3:50051)
+  start "$name-router" ip netns exec sy-host3 "$bin" route --model "$model" "${pools[@]}" \
     --host 10.77.0.4 --port 0 --probe-interval 0.1
   local router="$url"
   sleep 1  # the router's first probes
@@ -85,7 +91,7 @@ run() {  # NAME BINARY REPEAT
   sleep 1
 }
 
-echo "== a decode job over two emulated hosts ($rate links), model $model, $repeats repeats ($(lscpu | sed -n 's/Model name: *//p'), $(nproc) cores, $(date -u +%FT%TZ))"
+echo "== a $job job over two emulated hosts ($rate links), model $model, $repeats repeats ($(lscpu | sed -n 's/Model name: *//p'), $(nproc) cores, $(date -u +%FT%TZ))"
 echo "baseline  $baseline"
 echo "candidate $candidate"
 for r in $(seq "$repeats"); do
