@@ -245,7 +245,10 @@ def test_a_decode_job_lets_go_of_a_request_cancelled_while_its_rows_are_awaited(
         prefill, p_addr = instance("prefill")
         decode = start_instance(None, role="decode", ranks=2)
         procs += [prefill, decode]
-        split = start_router(prefill=[p_addr], decode=decode.grpc)
+        # A stall check shorter than the wait: a group awaiting rows runs no step, and must not
+        # look stalled for it.
+        split = start_router((), None, "--stall-timeout", "1", prefill=[p_addr],
+                             decode=decode.grpc)
         procs.append(split)
         args = dict(model="sy-test", prompt=PROMPTS[2], max_tokens=20, temperature=0,
                     extra_body={"ignore_eos": True})
@@ -283,6 +286,8 @@ def test_a_decode_job_lets_go_of_a_request_cancelled_while_its_rows_are_awaited(
                 time.sleep(0.2)
         assert got == want
         assert decode.metric("kv_transfers_total", side="receive") >= 2
+        log = "".join(split.log)
+        assert not any(f"{a} ejected" in log for a in decode.grpc), log
     finally:
         stop_all(procs)
 
