@@ -3,12 +3,13 @@
 // step together, as expert parallelism needs (a group with nothing to do steps an empty batch).
 //
 // Each iteration of the lockstep loop, on every rank:
-//   1. rank 0 broadcasts what arrived — new requests with their group, aborts, stop;
+//   1. rank 0 broadcasts what arrived — new requests with their group, transfers for a group
+//      to wait for or drop, aborts, stop (a JSON document);
 //   2. the ranks of the named group queue the request in their engine (all TP ranks of a group
 //      make the same scheduling decisions from the same inputs, seeds included);
 //   3. if any rank has work, every rank runs one engine step;
-//   4. each group's first rank sends the step's events (tokens, text, finishes) and its metrics
-//      to rank 0, which hands them to the waiting HTTP streams.
+//   4. each group's first rank sends the step's events (tokens, text, finishes), its metrics and
+//      the transfers that arrived to rank 0, which hands the events to the waiting streams.
 //
 // Disaggregation (serve --role prefill|decode under mpirun): each DP group moves its own
 // requests' rows on its first rank, so rows never pass through rank 0 nor reach another group.
