@@ -29,6 +29,16 @@ def chat_line(custom_id, content, **extra):
                      **GREEDY, **extra}}
 
 
+def long_tales_batch(client, count):
+    """A chat batch of `count` lines of 400 tokens each, created: long enough to still be running
+    when a test cancels it, crowds it out or lets it expire."""
+    lines = [chat_line(f"long{i}", f"Tell a long tale, {i}.", max_tokens=400)
+             for i in range(count)]
+    uploaded = client.files.create(file=("long.jsonl", jsonl(lines)), purpose="batch")
+    return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                 completion_window="24h")
+
+
 def wait(client, batch_id, statuses=("completed", "failed", "cancelled"), timeout=180):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -182,10 +192,7 @@ def test_bad_files_fail_the_batch_naming_their_lines(server, client):
 
 
 def test_cancelling_keeps_what_finished(server, client):
-    lines = [chat_line(f"long{i}", f"Tell a long tale, {i}.", max_tokens=400) for i in range(12)]
-    uploaded = client.files.create(file=("long.jsonl", jsonl(lines)), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
+    batch = long_tales_batch(client, 12)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
     done = wait(client, batch.id, timeout=60)
@@ -208,11 +215,7 @@ def test_live_requests_run_before_a_batch(model_dir):
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
                                timeout=120)
-        lines = [chat_line(f"long{i}", f"Tell a long tale, {i}.", max_tokens=400)
-                 for i in range(4)]
-        uploaded = client.files.create(file=("long.jsonl", jsonl(lines)), purpose="batch")
-        batch = client.batches.create(input_file_id=uploaded.id,
-                                      endpoint="/v1/chat/completions", completion_window="24h")
+        batch = long_tales_batch(client, 4)
         deadline = time.time() + 60
         while server.metric("num_requests_running") < 2 and time.time() < deadline:
             time.sleep(0.01)
@@ -586,11 +589,7 @@ def test_batches_expire_when_their_window_runs_out(model_dir, tmp_path):
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
                                timeout=120)
-        lines = [chat_line(f"long{i}", f"Tell a long tale, {i}.", max_tokens=400)
-                 for i in range(64)]
-        uploaded = client.files.create(file=("long.jsonl", jsonl(lines)), purpose="batch")
-        batch = client.batches.create(input_file_id=uploaded.id,
-                                      endpoint="/v1/chat/completions", completion_window="24h")
+        batch = long_tales_batch(client, 64)
         assert batch.expires_at == batch.created_at + 2
         claude = claude_for(server)
         message_batch = claude.messages.batches.create(requests=[
